@@ -1,0 +1,388 @@
+/* The client side: sessions, call slots, credits, deadlines, cancellation.
+ *
+ * Calls live in a fixed slot table allocated with the endpoint, so starting
+ * and completing a call allocates nothing. A call id is the slot index plus a
+ * generation, so a late reply to a reused slot is recognised and dropped.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "rpc_internal.h"
+
+#define SLOT(id) ((uint32_t)(id))
+#define GEN(id) ((uint32_t)((id) >> 32))
+
+int rpc_calls_init(struct tern_rpc_ep *ep)
+{
+    unsigned n = ep->cfg.max_calls;
+
+    ep->calls = calloc(n, sizeof(*ep->calls));
+    ep->free_slots = calloc(n, sizeof(*ep->free_slots));
+    if (!ep->calls || !ep->free_slots) {
+        free(ep->calls);
+        free(ep->free_slots);
+        return TERN_ENOMEM;
+    }
+    for (unsigned i = 0; i < n; i++) {
+        ep->calls[i].id = i;            /* generation 0 */
+        ep->free_slots[i] = n - 1 - i;  /* hand out low slots first */
+    }
+    ep->n_free = n;
+    return 0;
+}
+
+unsigned tern_rpc_calls_in_flight(const struct tern_rpc_ep *ep)
+{
+    return ep->cfg.max_calls - ep->n_free;
+}
+
+static void list_push(struct call_list *l, struct rpc_call *c)
+{
+    c->next = NULL;
+    c->prev = l->tail;
+    if (l->tail)
+        l->tail->next = c;
+    else
+        l->head = c;
+    l->tail = c;
+    l->n++;
+}
+
+static void list_del(struct call_list *l, struct rpc_call *c)
+{
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        l->head = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    else
+        l->tail = c->prev;
+    l->n--;
+}
+
+static struct call_list *list_of(struct rpc_call *c)
+{
+    return c->state == CALL_QUEUED ? &c->s->queued : &c->s->sent;
+}
+
+/* Take the call off its session and give its slot back; returns what the
+ * continuation needs. The generation bump makes the old id stale. */
+static void call_release(struct tern_rpc_ep *ep, struct rpc_call *c)
+{
+    list_del(list_of(c), c);
+    if (c->deadline)
+        ep->n_deadlines--;
+    c->state = CALL_FREE;
+    c->id = ((uint64_t)(GEN(c->id) + 1) << 32) | SLOT(c->id);
+    ep->free_slots[ep->n_free++] = SLOT(c->id);
+}
+
+static void call_finish(struct tern_rpc_ep *ep, struct rpc_call *c, int status,
+                        const void *reply, size_t len)
+{
+    tern_cont_fn cont = c->cont;
+    void *arg = c->arg;
+
+    call_release(ep, c);
+    if (cont)
+        cont(arg, status, reply, len);
+}
+
+/* Put the call on the wire. TERN_EAGAIN leaves it queued. */
+static int call_send(struct tern_session *s, struct rpc_call *c, uint64_t now)
+{
+    struct rpc_hdr h = {
+        .type = RPC_REQ, .version = RPC_VERSION, .svc = c->svc, .method = c->method,
+        .req_id = c->id,
+    };
+    uint8_t *buf;
+    int rc;
+
+    if (c->deadline) {
+        uint64_t left = c->deadline > now ? (c->deadline - now) / 1000u : 0;
+
+        h.budget_us = left ? (left > UINT32_MAX ? UINT32_MAX : (uint32_t)left) : 1;
+    }
+    rc = tern_tp_msg_alloc(s->conn, sizeof(h) + c->len, (void **)&buf);
+    if (rc < 0)
+        return rc;
+    memcpy(buf, &h, sizeof(h));
+    memcpy(buf + sizeof(h), c->req, c->len);
+    return tern_tp_msg_post(s->conn, buf, sizeof(h) + c->len);
+}
+
+/* Send queued calls while credits and send space last. */
+static void pump(struct tern_session *s)
+{
+    uint64_t now = tern_now_ns();
+
+    while (s->state == SESS_OPEN && s->queued.head && s->sent.n < s->credits) {
+        struct rpc_call *c = s->queued.head;
+        int rc = call_send(s, c, now);
+
+        if (rc == TERN_EAGAIN) {
+            s->blocked = true;
+            return;
+        }
+        list_del(&s->queued, c);
+        if (rc < 0) {
+            list_push(&s->queued, c);   /* call_finish unlinks it from here */
+            call_finish(s->ep, c, rc, NULL, 0);
+            continue;
+        }
+        c->state = CALL_SENT;
+        list_push(&s->sent, c);
+    }
+}
+
+int tern_call(struct tern_session *s, uint16_t svc, uint16_t method, const void *req,
+              size_t len, uint64_t timeout_ns, tern_cont_fn cont, void *arg,
+              uint64_t *call_id)
+{
+    struct tern_rpc_ep *ep;
+    struct rpc_call *c;
+
+    if (!s || (!req && len))
+        return TERN_EINVAL;
+    ep = s->ep;
+    if (s->state == SESS_DEAD)
+        return s->status ? s->status : TERN_ENOTCONN;
+    if (len > ep->cfg.max_msg)
+        return TERN_EMSGSIZE;
+    if (!ep->n_free)
+        return TERN_ENOBUFS;
+    c = &ep->calls[ep->free_slots[--ep->n_free]];
+    c->state = CALL_QUEUED;
+    c->s = s;
+    c->req = req;
+    c->len = len;
+    c->svc = svc;
+    c->method = method;
+    c->cont = cont;
+    c->arg = arg;
+    c->deadline = timeout_ns ? tern_now_ns() + timeout_ns : 0;
+    if (c->deadline)
+        ep->n_deadlines++;
+    if (call_id)
+        *call_id = c->id;
+    list_push(&s->queued, c);
+    if (!s->blocked)
+        pump(s);
+    return 0;
+}
+
+int tern_call_cancel(struct tern_rpc_ep *ep, uint64_t call_id)
+{
+    struct rpc_call *c;
+
+    if (SLOT(call_id) >= ep->cfg.max_calls)
+        return TERN_ENOENT;
+    c = &ep->calls[SLOT(call_id)];
+    if (c->state == CALL_FREE || c->id != call_id)
+        return TERN_ENOENT;
+    /* The server may still run it; its reply will carry a stale id and be
+     * dropped. The credit comes back now so queued calls are not held up. */
+    call_finish(ep, c, TERN_ECANCELED, NULL, 0);
+    return 0;
+}
+
+void rpc_expire_calls(struct tern_rpc_ep *ep, uint64_t now)
+{
+    for (struct tern_session *s = ep->sessions; s; s = s->next) {
+        struct call_list *lists[2] = {&s->sent, &s->queued};
+
+        for (int l = 0; l < 2; l++) {
+            struct rpc_call *c = lists[l]->head, *next;
+
+            for (; c; c = next) {
+                next = c->next;
+                if (c->deadline && c->deadline <= now)
+                    call_finish(ep, c, TERN_ETIMEDOUT, NULL, 0);
+            }
+        }
+    }
+}
+
+/* Fail every call of the session and mark it dead. */
+void rpc_client_fail(struct tern_session *s, int status)
+{
+    if (s->state != SESS_DEAD) {
+        if (s->state == SESS_OPEN)
+            tern_log(TERN_LOG_WARN, "rpc", "session to %s lost: %s",
+                     tern_tp_conn_peer(s->conn), tern_strerror(status));
+        s->state = SESS_DEAD;
+        s->status = status;
+    }
+    while (s->sent.head)
+        call_finish(s->ep, s->sent.head, status, NULL, 0);
+    while (s->queued.head)
+        call_finish(s->ep, s->queued.head, status, NULL, 0);
+}
+
+void rpc_client_writable(struct tern_session *s)
+{
+    s->blocked = false;
+    pump(s);
+}
+
+static void on_hello_ack(struct tern_session *s, const void *body, size_t len)
+{
+    struct rpc_hello ack;
+
+    if (s->state != SESS_CONNECTING || len != sizeof(ack)) {
+        rpc_bad_frame(s, "unexpected HELLO_ACK");
+        return;
+    }
+    memcpy(&ack, body, sizeof(ack));
+    if (ack.magic != RPC_MAGIC || ack.credits == 0) {
+        rpc_bad_frame(s, "bad HELLO_ACK");
+        return;
+    }
+    s->credits = ack.credits < s->ep->cfg.credits ? ack.credits : s->ep->cfg.credits;
+    s->state = SESS_OPEN;
+    pump(s);
+}
+
+void rpc_client_recv(struct tern_session *s, const struct rpc_hdr *h, const void *body,
+                     size_t len)
+{
+    struct tern_rpc_ep *ep = s->ep;
+    struct rpc_call *c;
+
+    if (h->type == RPC_HELLO_ACK) {
+        on_hello_ack(s, body, len);
+        return;
+    }
+    if (h->type != RPC_RESP || s->state != SESS_OPEN) {
+        rpc_bad_frame(s, "unexpected message type from server");
+        return;
+    }
+    if (SLOT(h->req_id) >= ep->cfg.max_calls)
+        return;
+    c = &ep->calls[SLOT(h->req_id)];
+    if (c->state != CALL_SENT || c->id != h->req_id || c->s != s)
+        return;     /* cancelled or timed out: drop the late reply */
+    if (h->status > 0) {
+        rpc_bad_frame(s, "positive status in reply");
+        return;
+    }
+    call_finish(ep, c, h->status, h->status ? NULL : body, h->status ? 0 : len);
+    if (s->state == SESS_OPEN && s->queued.head && !s->blocked)
+        pump(s);
+}
+
+/* ---- connect and close ---- */
+
+int tern_rpc_connect(struct tern_rpc_ep *ep, const char *uri, uint64_t timeout_ns,
+                     struct tern_session **out)
+{
+    struct rpc_hello hello = {.magic = RPC_MAGIC, .credits = ep->cfg.credits,
+                              .max_msg = ep->cfg.max_msg};
+    struct rpc_hdr h = {.type = RPC_HELLO, .version = RPC_VERSION};
+    struct tern_tp_conn *conn;
+    struct tern_tp_ep *tp;
+    struct tern_session *s;
+    const char *addr;
+    uint8_t *buf;
+    uint64_t end;
+    int rc;
+
+    if (!out)
+        return TERN_EINVAL;
+    *out = NULL;
+    rc = rpc_tp_for(ep, uri, &addr, &tp);
+    if (rc < 0)
+        return rc;
+    rc = tern_tp_connect(tp, addr, &conn);
+    if (rc < 0)
+        return rc;
+    s = rpc_session_new(ep, conn, ROLE_CLIENT);
+    if (!s) {
+        tern_tp_disconnect(conn);
+        return TERN_ENOBUFS;
+    }
+    rc = tern_tp_msg_alloc(conn, sizeof(h) + sizeof(hello), (void **)&buf);
+    if (rc == 0) {
+        memcpy(buf, &h, sizeof(h));
+        memcpy(buf + sizeof(h), &hello, sizeof(hello));
+        rc = tern_tp_msg_post(conn, buf, sizeof(h) + sizeof(hello));
+    }
+    end = tern_now_ns() + (timeout_ns ? timeout_ns : 5000000000ull);
+    while (rc == 0 && s->state == SESS_CONNECTING) {
+        tern_rpc_poll(ep);
+        if (tern_now_ns() > end)
+            rc = TERN_ETIMEDOUT;
+    }
+    if (rc == 0 && s->state == SESS_DEAD)
+        rc = s->status ? s->status : TERN_ECONNRESET;
+    if (rc < 0) {
+        tern_session_close(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+void tern_session_close(struct tern_session *s)
+{
+    if (!s)
+        return;
+    if (s->role == ROLE_CLIENT) {
+        if (s->state != SESS_DEAD) {
+            s->state = SESS_DEAD;
+            s->status = TERN_ECANCELED;
+        }
+        rpc_client_fail(s, TERN_ECANCELED);
+    }
+    rpc_session_free(s);
+}
+
+int tern_session_status(const struct tern_session *s)
+{
+    return s->state == SESS_DEAD ? (s->status ? s->status : TERN_ENOTCONN) : 0;
+}
+
+unsigned tern_session_credits(const struct tern_session *s)
+{
+    return s->credits;
+}
+
+/* ---- synchronous wrapper ---- */
+
+struct sync_wait {
+    bool done;
+    int status;
+    void *buf;
+    size_t cap, len;
+};
+
+static void sync_cont(void *arg, int status, const void *reply, size_t len)
+{
+    struct sync_wait *w = arg;
+
+    w->done = true;
+    w->status = status;
+    w->len = len;
+    if (status == 0 && len > w->cap)
+        w->status = TERN_EMSGSIZE;
+    else if (status == 0 && len)
+        memcpy(w->buf, reply, len);
+}
+
+int tern_call_sync(struct tern_session *s, uint16_t svc, uint16_t method, const void *req,
+                   size_t len, void *reply, size_t reply_cap, size_t *reply_len,
+                   uint64_t timeout_ns)
+{
+    struct sync_wait w = {.buf = reply, .cap = reply ? reply_cap : 0};
+    int rc = tern_call(s, svc, method, req, len, timeout_ns, sync_cont, &w, NULL);
+
+    if (rc < 0)
+        return rc;
+    while (!w.done)
+        tern_rpc_poll(s->ep);
+    if (reply_len)
+        *reply_len = w.status == 0 ? w.len : 0;
+    return w.status;
+}

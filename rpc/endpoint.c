@@ -1,0 +1,393 @@
+/* RPC endpoints: transport endpoints per fabric, the service registry,
+ * sessions, and the poll loop that turns transport events into handler and
+ * continuation runs. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "log.h"
+#include "rpc_internal.h"
+
+uint64_t tern_now_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void free_zombies(struct tern_rpc_ep *ep);
+
+int tern_rpc_ep_create(const struct tern_rpc_config *cfg, struct tern_rpc_ep **out)
+{
+    struct tern_rpc_ep *ep;
+    int rc;
+
+    if (!out)
+        return TERN_EINVAL;
+    *out = NULL;
+    ep = calloc(1, sizeof(*ep));
+    if (!ep)
+        return TERN_ENOMEM;
+    if (cfg)
+        ep->cfg = *cfg;
+    if (!ep->cfg.spin_us)
+        ep->cfg.spin_us = 50;
+    if (!ep->cfg.max_msg)
+        ep->cfg.max_msg = 1u << 20;
+    if (!ep->cfg.credits)
+        ep->cfg.credits = 32;
+    if (!ep->cfg.max_calls)
+        ep->cfg.max_calls = 4096;
+    if (!ep->cfg.max_sessions)
+        ep->cfg.max_sessions = 4096;
+    if (ep->cfg.max_calls > (1u << 24) || ep->cfg.credits > ep->cfg.max_calls) {
+        free(ep);
+        return TERN_EINVAL;
+    }
+    rc = rpc_calls_init(ep);
+    if (rc < 0) {
+        free(ep);
+        return rc;
+    }
+    *out = ep;
+    return 0;
+}
+
+void tern_rpc_ep_destroy(struct tern_rpc_ep *ep)
+{
+    if (!ep)
+        return;
+    ep->polling = 0;
+    free_zombies(ep);
+    while (ep->sessions)
+        tern_session_close(ep->sessions);
+    for (unsigned i = 0; i < ep->n_tp; i++)
+        tern_tp_close(ep->tp[i]);
+    for (unsigned i = 0; i < ep->n_services; i++)
+        free(ep->services[i].by_method);
+    free(ep->calls);
+    free(ep->free_slots);
+    free(ep);
+}
+
+int tern_rpc_register(struct tern_rpc_ep *ep, const struct tern_service *svc)
+{
+    struct rpc_service *rs;
+    uint32_t n = 0;
+
+    if (!svc || !svc->methods || !svc->n_methods)
+        return TERN_EINVAL;
+    if (rpc_service_find(ep, svc->id))
+        return TERN_EEXIST;
+    if (ep->n_services == RPC_MAX_SERVICES)
+        return TERN_ENOBUFS;
+    for (size_t i = 0; i < svc->n_methods; i++) {
+        if (!svc->methods[i].handler)
+            return TERN_EINVAL;
+        if (svc->methods[i].id >= n)
+            n = svc->methods[i].id + 1u;
+    }
+    rs = &ep->services[ep->n_services];
+    rs->by_method = calloc(n, sizeof(*rs->by_method));
+    if (!rs->by_method)
+        return TERN_ENOMEM;
+    for (size_t i = 0; i < svc->n_methods; i++) {
+        if (rs->by_method[svc->methods[i].id]) {
+            free(rs->by_method);
+            rs->by_method = NULL;
+            return TERN_EINVAL;
+        }
+        rs->by_method[svc->methods[i].id] = svc->methods[i].handler;
+    }
+    rs->svc = svc;
+    rs->n_slots = n;
+    ep->n_services++;
+    return 0;
+}
+
+const struct rpc_service *rpc_service_find(const struct tern_rpc_ep *ep, uint16_t id)
+{
+    for (unsigned i = 0; i < ep->n_services; i++)
+        if (ep->services[i].svc->id == id)
+            return &ep->services[i];
+    return NULL;
+}
+
+/* Split "fabric://addr" and return (opening on first use) that fabric's
+ * transport endpoint. */
+int rpc_tp_for(struct tern_rpc_ep *ep, const char *uri, const char **addr,
+               struct tern_tp_ep **tp)
+{
+    const char *sep = uri ? strstr(uri, "://") : NULL;
+    char fabric[16];
+    size_t fl;
+    int rc;
+
+    if (!sep || sep == uri || (size_t)(sep - uri) >= sizeof(fabric) || !sep[3])
+        return TERN_EBADADDR;
+    fl = (size_t)(sep - uri);
+    memcpy(fabric, uri, fl);
+    fabric[fl] = 0;
+    *addr = sep + 3;
+    for (unsigned i = 0; i < ep->n_tp; i++) {
+        if (strcmp(tern_tp_fabric(ep->tp[i]), fabric) == 0) {
+            *tp = ep->tp[i];
+            return 0;
+        }
+    }
+    if (ep->n_tp == RPC_MAX_FABRICS)
+        return TERN_ENOBUFS;
+    struct tern_tp_config tc = {
+        .fabric = fabric, .mode = ep->cfg.mode,
+        .max_msg = ep->cfg.max_msg + sizeof(struct rpc_hdr),
+        .max_conns = ep->cfg.max_sessions,
+    };
+    rc = tern_tp_open(&tc, tp);
+    if (rc < 0)
+        return rc;
+    ep->tp[ep->n_tp++] = *tp;
+    return 0;
+}
+
+int tern_rpc_listen(struct tern_rpc_ep *ep, const char *uri, char *bound, size_t bound_len)
+{
+    struct tern_tp_ep *tp;
+    const char *addr;
+    char tb[128];
+    int rc = rpc_tp_for(ep, uri, &addr, &tp);
+
+    if (rc < 0)
+        return rc;
+    rc = tern_tp_listen(tp, addr, tb, sizeof(tb));
+    if (rc == 0 && bound && bound_len)
+        snprintf(bound, bound_len, "%s://%s", tern_tp_fabric(tp), tb);
+    return rc;
+}
+
+struct tern_session *rpc_session_new(struct tern_rpc_ep *ep, struct tern_tp_conn *conn,
+                                     enum session_role role)
+{
+    struct tern_session *s;
+
+    if (ep->n_sessions >= ep->cfg.max_sessions)
+        return NULL;
+    s = calloc(1, sizeof(*s));
+    if (!s)
+        return NULL;
+    s->ep = ep;
+    s->conn = conn;
+    s->role = role;
+    s->state = SESS_CONNECTING;
+    s->spill_tail = &s->spill_head;
+    s->next = ep->sessions;
+    if (ep->sessions)
+        ep->sessions->prev = s;
+    ep->sessions = s;
+    ep->n_sessions++;
+    tern_tp_conn_set_user(conn, s);
+    return s;
+}
+
+static void session_destroy(struct tern_session *s)
+{
+    if (s->role == ROLE_SERVER)
+        rpc_server_drop(s);
+    if (s->conn)
+        tern_tp_disconnect(s->conn);
+    free(s);
+}
+
+/* Inside a poll, later events of the same batch may still name this
+ * session's connection, so the session becomes a zombie that the end of the
+ * poll frees; outside a poll it goes at once. */
+void rpc_session_free(struct tern_session *s)
+{
+    struct tern_rpc_ep *ep = s->ep;
+
+    if (s->zombie)
+        return;
+    if (s->prev)
+        s->prev->next = s->next;
+    else
+        ep->sessions = s->next;
+    if (s->next)
+        s->next->prev = s->prev;
+    ep->n_sessions--;
+    if (ep->polling) {
+        s->zombie = true;
+        s->next = ep->zombies;
+        ep->zombies = s;
+        return;
+    }
+    session_destroy(s);
+}
+
+static void free_zombies(struct tern_rpc_ep *ep)
+{
+    while (ep->zombies) {
+        struct tern_session *s = ep->zombies;
+
+        ep->zombies = s->next;
+        session_destroy(s);
+    }
+}
+
+/* A peer sent something we cannot parse: it loses its session, nobody else
+ * notices. */
+void rpc_bad_frame(struct tern_session *s, const char *why)
+{
+    tern_log(TERN_LOG_WARN, "rpc", "session with %s: %s; closing it",
+             s->conn ? tern_tp_conn_peer(s->conn) : "?", why);
+    if (s->role == ROLE_CLIENT) {
+        rpc_client_fail(s, TERN_EPROTO);
+    } else {
+        rpc_session_free(s);
+    }
+}
+
+static void on_accept(struct tern_rpc_ep *ep, struct tern_tp_conn *conn)
+{
+    if (!rpc_session_new(ep, conn, ROLE_SERVER)) {
+        tern_log(TERN_LOG_WARN, "rpc", "refusing %s: session limit %u reached",
+                 tern_tp_conn_peer(conn), ep->cfg.max_sessions);
+        tern_tp_disconnect(conn);
+    }
+}
+
+static void on_recv(struct tern_session *s, const struct tern_tp_event *e)
+{
+    struct rpc_hdr h;
+
+    if (e->len < sizeof(h)) {
+        tern_tp_msg_release(s->conn, e->data);
+        rpc_bad_frame(s, "message shorter than the RPC header");
+        return;
+    }
+    memcpy(&h, e->data, sizeof(h));
+    if (h.version != RPC_VERSION) {
+        tern_tp_msg_release(s->conn, e->data);
+        rpc_bad_frame(s, "unsupported RPC version");
+        return;
+    }
+    if (s->role == ROLE_SERVER) {
+        if (!rpc_server_recv(s, e->data, e->len))
+            tern_tp_msg_release(s->conn, e->data);
+        return;
+    }
+    rpc_client_recv(s, &h, (const uint8_t *)e->data + sizeof(h), e->len - sizeof(h));
+    /* Even if a continuation closed the session, its conn lives until the
+     * end of this poll (see rpc_session_free). */
+    tern_tp_msg_release(e->conn, e->data);
+}
+
+static void on_event(struct tern_rpc_ep *ep, const struct tern_tp_event *e)
+{
+    struct tern_session *s = e->conn ? tern_tp_conn_user(e->conn) : NULL;
+
+    if (e->type == TERN_TP_EV_ACCEPTED) {
+        on_accept(ep, e->conn);
+        return;
+    }
+    if (!s)
+        return;
+    if (s->zombie) {
+        if (e->type == TERN_TP_EV_RECV)
+            tern_tp_msg_release(e->conn, e->data);
+        return;
+    }
+    switch (e->type) {
+    case TERN_TP_EV_RECV:
+        on_recv(s, e);
+        break;
+    case TERN_TP_EV_CONNECTED:
+        if (e->status < 0)
+            rpc_client_fail(s, e->status);
+        break;
+    case TERN_TP_EV_CLOSED:
+        if (s->role == ROLE_CLIENT) {
+            rpc_client_fail(s, e->status < 0 ? e->status : TERN_ECONNRESET);
+        } else {
+            tern_log(TERN_LOG_INFO, "rpc", "client %s left", tern_tp_conn_peer(e->conn));
+            rpc_session_free(s);
+        }
+        break;
+    case TERN_TP_EV_WRITABLE:
+        if (s->role == ROLE_CLIENT)
+            rpc_client_writable(s);
+        else
+            rpc_server_writable(s);
+        break;
+    default:
+        break;  /* one-sided completions are not used by the RPC core yet */
+    }
+}
+
+int tern_rpc_poll(struct tern_rpc_ep *ep)
+{
+    int total = 0;
+
+    ep->polling++;
+    for (unsigned t = 0; t < ep->n_tp; t++) {
+        int n = tern_tp_poll(ep->tp[t], ep->ev, RPC_EVENT_BATCH);
+
+        for (int i = 0; i < n; i++)
+            on_event(ep, &ep->ev[i]);
+        if (n > 0)
+            total += n;
+    }
+    if (ep->n_deadlines) {
+        uint64_t now = tern_now_ns();
+
+        /* Deadlines are checked at most every 100 us: precise enough for
+         * timeouts, and cheap when calls complete on time. */
+        if (now >= ep->next_deadline_scan) {
+            ep->next_deadline_scan = now + 100000;
+            rpc_expire_calls(ep, now);
+        }
+    }
+    if (--ep->polling == 0 && ep->zombies)
+        free_zombies(ep);
+    return total;
+}
+
+int tern_rpc_run(struct tern_rpc_ep *ep, int timeout_ms)
+{
+    uint64_t start = tern_now_ns(), idle_since = start;
+    uint64_t end = timeout_ms < 0 ? UINT64_MAX : start + (uint64_t)timeout_ms * 1000000u;
+    int total = 0;
+
+    ep->stop = 0;
+    while (!ep->stop) {
+        int n = tern_rpc_poll(ep);
+        uint64_t now;
+
+        if (n < 0)
+            return n;
+        total += n;
+        now = tern_now_ns();
+        if (now >= end)
+            break;
+        if (n > 0) {
+            idle_since = now;
+            continue;
+        }
+        if (ep->cfg.mode == TERN_TP_POLL_ADAPTIVE && ep->n_tp &&
+            now - idle_since > (uint64_t)ep->cfg.spin_us * 1000u) {
+            /* Sleep on one fabric at most 1 ms at a time so that the others
+             * and the deadlines still get served. */
+            int ms = ep->n_tp == 1 && !ep->n_deadlines ? 10 : 1;
+
+            if (end != UINT64_MAX && (end - now) / 1000000u < (uint64_t)ms)
+                ms = (int)((end - now) / 1000000u) + 1;
+            tern_tp_wait(ep->tp[0], ms);
+        }
+    }
+    return total;
+}
+
+void tern_rpc_stop(struct tern_rpc_ep *ep)
+{
+    ep->stop = 1;
+}

@@ -1,0 +1,158 @@
+/* tern RPC: services, sessions and calls over the transport layer.
+ *
+ * An RPC endpoint (tern_rpc_ep) belongs to one thread: it runs handlers and
+ * continuations to completion inside tern_rpc_poll(), without locks. Run one
+ * endpoint per thread and give each its own listen address or sessions.
+ *
+ * Servers register services: a 16-bit service id with a table of methods,
+ * each a 16-bit id and a handler. A handler reads the request in place in the
+ * receive buffer and writes its reply straight into the send buffer
+ * (tern_reply_alloc), so neither side copies in tern.
+ *
+ * Clients open sessions ("tcp://host:port") and issue calls; each call has a
+ * continuation that runs exactly once: with the reply, with the remote
+ * handler's error code, or with a local error (deadline, cancellation,
+ * connection loss).
+ */
+#ifndef TERN_RPC_H
+#define TERN_RPC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "error.h"
+#include "transport.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct tern_rpc_ep;
+struct tern_session;
+struct tern_req;
+
+/* ---- services (server side) ---- */
+
+/* A handler. `data`/`len` is the request, valid until the handler returns.
+ * Return 0 to send the reply built with tern_reply_alloc() (empty if none),
+ * or a negative tern code that the caller's continuation receives as status. */
+typedef int (*tern_handler_fn)(struct tern_req *req, const void *data, size_t len,
+                               void *svc_ctx);
+
+struct tern_method {
+    uint16_t id;
+    const char *name;
+    tern_handler_fn handler;
+    uint32_t flags;         /* reserved, 0 */
+};
+
+struct tern_service {
+    const char *name;
+    uint16_t id;
+    const struct tern_method *methods;
+    size_t n_methods;
+    void *ctx;              /* passed to every handler */
+};
+
+/* Reserve `len` bytes of reply in the send buffer; NULL if len is over the
+ * maximum message size. Call at most once per request. */
+void *tern_reply_alloc(struct tern_req *req, size_t len);
+
+/* Shrink the reply reserved by tern_reply_alloc() to `len` bytes. */
+void tern_reply_set_len(struct tern_req *req, size_t len);
+
+/* Absolute CLOCK_MONOTONIC deadline of the request in ns, 0 if none. The
+ * client's remaining budget travels with the request. */
+uint64_t tern_req_deadline(const struct tern_req *req);
+
+/* Ids of the request being served. */
+uint16_t tern_req_service(const struct tern_req *req);
+uint16_t tern_req_method(const struct tern_req *req);
+
+/* ---- endpoints ---- */
+
+struct tern_rpc_config {
+    enum tern_tp_poll_mode mode; /* busy (default) or adaptive */
+    unsigned spin_us;            /* adaptive: spin this long before sleeping; 0 = 50 */
+    size_t max_msg;              /* largest request or reply payload; 0 = 1 MiB */
+    unsigned credits;            /* calls in flight per session; 0 = 32 */
+    unsigned max_calls;          /* call slots per endpoint; 0 = 4096 */
+    unsigned max_sessions;       /* 0 = 4096 */
+};
+
+/* Create an endpoint. cfg may be NULL for defaults. */
+int tern_rpc_ep_create(const struct tern_rpc_config *cfg, struct tern_rpc_ep **out);
+
+/* Fail every call, close every session, free the endpoint. */
+void tern_rpc_ep_destroy(struct tern_rpc_ep *ep);
+
+/* Register a service; the struct and its method table must outlive the
+ * endpoint. TERN_EEXIST if the id is taken, TERN_EINVAL for duplicate
+ * method ids or a NULL handler. */
+int tern_rpc_register(struct tern_rpc_ep *ep, const struct tern_service *svc);
+
+/* Accept sessions at `uri` ("tcp://host:port"; port 0 picks one). The bound
+ * URI is written to `bound` if not NULL. */
+int tern_rpc_listen(struct tern_rpc_ep *ep, const char *uri, char *bound, size_t bound_len);
+
+/* Make progress: run handlers, continuations, deadlines. Returns the number
+ * of transport events handled (0 when idle). Never blocks. */
+int tern_rpc_poll(struct tern_rpc_ep *ep);
+
+/* Poll until tern_rpc_stop() or `timeout_ms` elapses (-1: no limit). In
+ * adaptive mode it sleeps on the transport's fd when idle. */
+int tern_rpc_run(struct tern_rpc_ep *ep, int timeout_ms);
+
+/* Make tern_rpc_run() return; safe from a handler or a signal handler. */
+void tern_rpc_stop(struct tern_rpc_ep *ep);
+
+/* ---- sessions and calls (client side) ---- */
+
+/* Open a session to `uri` and wait up to timeout_ns for the handshake.
+ * TERN_ECONNREFUSED, TERN_ETIMEDOUT, TERN_EVERSION, TERN_EBADADDR, ... */
+int tern_rpc_connect(struct tern_rpc_ep *ep, const char *uri, uint64_t timeout_ns,
+                     struct tern_session **out);
+
+/* Close a session; calls still in flight complete with TERN_ECANCELED. */
+void tern_session_close(struct tern_session *s);
+
+/* 0 while the session is usable, else the error that ended it. */
+int tern_session_status(const struct tern_session *s);
+
+/* Calls the server lets this session have in flight at once. */
+unsigned tern_session_credits(const struct tern_session *s);
+
+/* Continuation: status 0 with the reply (valid during the call only), or a
+ * negative tern code with reply NULL. */
+typedef void (*tern_cont_fn)(void *arg, int status, const void *reply, size_t len);
+
+/* Start a call. `req` must stay valid until the continuation runs (calls
+ * beyond the session's credits wait in a queue). timeout_ns 0 = no deadline.
+ * *call_id (if not NULL) names the call for tern_call_cancel(). Returns 0,
+ * or TERN_ENOBUFS (no call slot), TERN_ENOTCONN, TERN_EMSGSIZE, TERN_EINVAL. */
+int tern_call(struct tern_session *s, uint16_t svc, uint16_t method, const void *req,
+              size_t len, uint64_t timeout_ns, tern_cont_fn cont, void *arg,
+              uint64_t *call_id);
+
+/* Cancel a call: its continuation runs now with TERN_ECANCELED and a late
+ * reply is dropped. TERN_ENOENT if it already completed. */
+int tern_call_cancel(struct tern_rpc_ep *ep, uint64_t call_id);
+
+/* Call and wait. The reply is copied into reply/reply_cap (TERN_EMSGSIZE if
+ * it does not fit) and its length stored in *reply_len. Returns the call's
+ * status. Do not call from a handler or continuation. */
+int tern_call_sync(struct tern_session *s, uint16_t svc, uint16_t method, const void *req,
+                   size_t len, void *reply, size_t reply_cap, size_t *reply_len,
+                   uint64_t timeout_ns);
+
+/* Calls started and not yet completed on this endpoint. */
+unsigned tern_rpc_calls_in_flight(const struct tern_rpc_ep *ep);
+
+/* CLOCK_MONOTONIC in ns (vDSO, no system call). */
+uint64_t tern_now_ns(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

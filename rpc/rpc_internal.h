@@ -1,0 +1,127 @@
+/* RPC internals shared by endpoint.c, client.c and server.c. */
+#ifndef TERN_RPC_INTERNAL_H
+#define TERN_RPC_INTERNAL_H
+
+#include <stdbool.h>
+
+#include "rpc.h"
+#include "wire.h"
+
+#define RPC_MAX_SERVICES 64
+#define RPC_MAX_FABRICS 4
+#define RPC_EVENT_BATCH 32
+
+struct rpc_service {
+    const struct tern_service *svc;
+    tern_handler_fn *by_method;     /* dense table indexed by method id */
+    uint32_t n_slots;
+};
+
+enum call_state { CALL_FREE, CALL_QUEUED, CALL_SENT };
+
+struct rpc_call {
+    uint64_t id;                    /* generation << 32 | slot */
+    enum call_state state;
+    struct tern_session *s;
+    struct rpc_call *prev, *next;   /* session's queued or sent list */
+    const void *req;
+    size_t len;
+    uint16_t svc, method;
+    uint64_t deadline;              /* CLOCK_MONOTONIC ns, 0 = none */
+    tern_cont_fn cont;
+    void *arg;
+};
+
+struct call_list {
+    struct rpc_call *head, *tail;
+    unsigned n;
+};
+
+/* A reply that found the send path full: kept until WRITABLE. */
+struct spill {
+    struct spill *next;
+    size_t len;                     /* header + payload */
+    uint8_t data[];
+};
+
+/* A request held back (its view kept) while replies are spilled. */
+struct deferred {
+    const void *view;
+    size_t len;
+    uint64_t arrived;
+};
+
+enum session_role { ROLE_CLIENT, ROLE_SERVER };
+enum session_state { SESS_CONNECTING, SESS_OPEN, SESS_DEAD };
+
+struct tern_session {
+    struct tern_rpc_ep *ep;
+    struct tern_tp_conn *conn;
+    enum session_role role;
+    enum session_state state;
+    int status;                     /* why it died */
+    bool zombie;                    /* closed during a poll, freed after it */
+    struct tern_session *prev, *next;
+    /* client */
+    unsigned credits;
+    struct call_list queued, sent;
+    bool blocked;                   /* transport said EAGAIN */
+    /* server */
+    struct spill *spill_head, **spill_tail;
+    struct deferred *deferred;
+    unsigned n_deferred, cap_deferred;
+};
+
+struct tern_req {
+    struct tern_session *s;
+    const struct rpc_hdr *hdr;
+    uint64_t deadline;
+    uint8_t *reply;                 /* payload start in the send buffer */
+    size_t reply_len;
+    struct spill *spilled;          /* reply went to the heap instead */
+    bool reply_taken;
+};
+
+struct tern_rpc_ep {
+    struct tern_rpc_config cfg;
+    struct tern_tp_ep *tp[RPC_MAX_FABRICS];
+    unsigned n_tp;
+    struct rpc_service services[RPC_MAX_SERVICES];
+    unsigned n_services;
+    struct tern_session *sessions;
+    struct tern_session *zombies;
+    unsigned n_sessions;
+    unsigned polling;               /* nesting depth of tern_rpc_poll */
+    struct rpc_call *calls;         /* cfg.max_calls slots */
+    uint32_t *free_slots;
+    unsigned n_free;
+    unsigned n_deadlines;           /* live calls with a deadline */
+    uint64_t next_deadline_scan;
+    volatile int stop;
+    struct tern_tp_event ev[RPC_EVENT_BATCH];
+};
+
+/* endpoint.c */
+int rpc_tp_for(struct tern_rpc_ep *ep, const char *uri, const char **addr,
+               struct tern_tp_ep **tp);
+struct tern_session *rpc_session_new(struct tern_rpc_ep *ep, struct tern_tp_conn *conn,
+                                     enum session_role role);
+void rpc_session_free(struct tern_session *s);
+const struct rpc_service *rpc_service_find(const struct tern_rpc_ep *ep, uint16_t id);
+void rpc_bad_frame(struct tern_session *s, const char *why);
+
+/* client.c */
+void rpc_client_recv(struct tern_session *s, const struct rpc_hdr *h, const void *body,
+                     size_t len);
+void rpc_client_writable(struct tern_session *s);
+void rpc_client_fail(struct tern_session *s, int status);
+void rpc_expire_calls(struct tern_rpc_ep *ep, uint64_t now);
+int rpc_calls_init(struct tern_rpc_ep *ep);
+
+/* server.c */
+/* Returns true if the view was kept (deferred) and must not be released. */
+bool rpc_server_recv(struct tern_session *s, const void *view, size_t len);
+void rpc_server_writable(struct tern_session *s);
+void rpc_server_drop(struct tern_session *s);
+
+#endif

@@ -1,0 +1,238 @@
+/* The server side: handshake, dispatch to handlers, replies.
+ *
+ * A request is handled in place in the receive buffer and its reply is built
+ * in the transport's send buffer. Only when the send path is full (a client
+ * that does not read its replies) does a reply go to a heap "spill" buffer;
+ * the session then holds further requests, unreleased, which stops the
+ * transport from reading more of them: backpressure reaches the client
+ * without the server dropping or reordering anything.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "rpc_internal.h"
+
+#define HDR sizeof(struct rpc_hdr)
+
+void *tern_reply_alloc(struct tern_req *r, size_t len)
+{
+    uint8_t *buf;
+    int rc;
+
+    if (r->reply_taken || len > r->s->ep->cfg.max_msg)
+        return NULL;
+    r->reply_taken = true;
+    r->reply_len = len;
+    rc = tern_tp_msg_alloc(r->s->conn, HDR + len, (void **)&buf);
+    if (rc == 0) {
+        r->reply = buf + HDR;
+        return r->reply;
+    }
+    r->spilled = malloc(sizeof(*r->spilled) + HDR + len);
+    if (!r->spilled)
+        return NULL;
+    r->spilled->next = NULL;
+    return r->spilled->data + HDR;
+}
+
+void tern_reply_set_len(struct tern_req *r, size_t len)
+{
+    if (len < r->reply_len)
+        r->reply_len = len;
+}
+
+uint64_t tern_req_deadline(const struct tern_req *r)
+{
+    return r->deadline;
+}
+
+uint16_t tern_req_service(const struct tern_req *r)
+{
+    return r->hdr->svc;
+}
+
+uint16_t tern_req_method(const struct tern_req *r)
+{
+    return r->hdr->method;
+}
+
+static void spill_push(struct tern_session *s, struct spill *sp, size_t len)
+{
+    sp->len = len;
+    sp->next = NULL;
+    *s->spill_tail = sp;
+    s->spill_tail = &sp->next;
+}
+
+/* Send the reply of `r` with `status`. */
+static void send_reply(struct tern_session *s, struct tern_req *r, int status)
+{
+    struct rpc_hdr h = {.type = RPC_RESP, .version = RPC_VERSION, .svc = r->hdr->svc,
+                        .method = r->hdr->method, .status = status,
+                        .req_id = r->hdr->req_id};
+    size_t body = status == 0 ? r->reply_len : 0;
+    uint8_t *buf;
+
+    if (status < 0 || !r->reply_taken) {
+        /* Drop any half-built reply; an error carries no payload. */
+        if (r->reply)
+            tern_tp_msg_abort(s->conn, r->reply - HDR);
+        free(r->spilled);
+        r->reply = NULL;
+        r->spilled = NULL;
+        if (tern_tp_msg_alloc(s->conn, HDR, (void **)&buf) == 0) {
+            r->reply = buf + HDR;
+        } else {
+            r->spilled = malloc(sizeof(*r->spilled) + HDR);
+            if (!r->spilled) {
+                tern_log(TERN_LOG_ERROR, "rpc", "out of memory: reply to %s lost",
+                         tern_tp_conn_peer(s->conn));
+                return;
+            }
+        }
+        body = 0;
+    }
+    if (r->reply) {
+        memcpy(r->reply - HDR, &h, HDR);
+        tern_tp_msg_post(s->conn, r->reply - HDR, HDR + body);
+    } else if (r->spilled) {
+        memcpy(r->spilled->data, &h, HDR);
+        spill_push(s, r->spilled, HDR + body);
+    }
+}
+
+static void serve(struct tern_session *s, const void *view, size_t len, uint64_t arrived)
+{
+    const struct rpc_hdr *h = view;
+    const struct rpc_service *rs = rpc_service_find(s->ep, h->svc);
+    struct tern_req r = {
+        .s = s, .hdr = h,
+        .deadline = h->budget_us ? arrived + (uint64_t)h->budget_us * 1000u : 0,
+    };
+    int status;
+
+    if (!rs)
+        status = TERN_ENOSERVICE;
+    else if (h->method >= rs->n_slots || !rs->by_method[h->method])
+        status = TERN_ENOMETHOD;
+    else if (r.deadline && tern_now_ns() > r.deadline)
+        status = TERN_ETIMEDOUT;    /* the caller has given up already */
+    else
+        status = rs->by_method[h->method](&r, (const uint8_t *)view + HDR, len - HDR,
+                                          rs->svc->ctx);
+    if (status > 0) {
+        tern_log(TERN_LOG_WARN, "rpc", "handler %u.%u returned %d; replying EHANDLER",
+                 h->svc, h->method, status);
+        status = TERN_EHANDLER;
+    }
+    send_reply(s, &r, status);
+}
+
+static bool stalled(const struct tern_session *s)
+{
+    return s->spill_head || s->n_deferred;
+}
+
+static bool defer(struct tern_session *s, const void *view, size_t len)
+{
+    if (s->n_deferred == s->cap_deferred) {
+        unsigned cap = s->cap_deferred ? 2 * s->cap_deferred : 16;
+        struct deferred *d = realloc(s->deferred, cap * sizeof(*d));
+
+        if (!d)
+            return false;
+        s->deferred = d;
+        s->cap_deferred = cap;
+    }
+    s->deferred[s->n_deferred++] = (struct deferred){view, len, tern_now_ns()};
+    return true;
+}
+
+static void on_hello(struct tern_session *s, const void *view, size_t len)
+{
+    struct rpc_hdr h = {.type = RPC_HELLO_ACK, .version = RPC_VERSION};
+    struct rpc_hello hello, ack = {.magic = RPC_MAGIC, .max_msg = s->ep->cfg.max_msg};
+    uint8_t *buf;
+
+    if (s->state != SESS_CONNECTING || len != HDR + sizeof(hello)) {
+        rpc_bad_frame(s, "malformed or repeated HELLO");
+        return;
+    }
+    memcpy(&hello, (const uint8_t *)view + HDR, sizeof(hello));
+    if (hello.magic != RPC_MAGIC || hello.credits == 0) {
+        rpc_bad_frame(s, "HELLO with a bad magic or zero credits");
+        return;
+    }
+    ack.credits = hello.credits < s->ep->cfg.credits ? hello.credits : s->ep->cfg.credits;
+    if (tern_tp_msg_alloc(s->conn, HDR + sizeof(ack), (void **)&buf) < 0) {
+        rpc_bad_frame(s, "no room to answer HELLO");
+        return;
+    }
+    memcpy(buf, &h, HDR);
+    memcpy(buf + HDR, &ack, sizeof(ack));
+    tern_tp_msg_post(s->conn, buf, HDR + sizeof(ack));
+    s->state = SESS_OPEN;
+}
+
+bool rpc_server_recv(struct tern_session *s, const void *view, size_t len)
+{
+    const struct rpc_hdr *h = view;
+
+    switch (h->type) {
+    case RPC_HELLO:
+        on_hello(s, view, len);
+        return false;
+    case RPC_REQ:
+        if (s->state != SESS_OPEN) {
+            rpc_bad_frame(s, "request before HELLO");
+            return false;
+        }
+        if (stalled(s) && defer(s, view, len))
+            return true;
+        serve(s, view, len, tern_now_ns());
+        return false;
+    default:
+        rpc_bad_frame(s, "unexpected message type from client");
+        return false;
+    }
+}
+
+void rpc_server_writable(struct tern_session *s)
+{
+    unsigned done = 0;
+
+    while (s->spill_head) {
+        struct spill *sp = s->spill_head;
+
+        if (tern_tp_msg_send(s->conn, sp->data, sp->len) < 0)
+            return;     /* still full; another WRITABLE will come */
+        s->spill_head = sp->next;
+        if (!s->spill_head)
+            s->spill_tail = &s->spill_head;
+        free(sp);
+    }
+    /* Serve held requests in arrival order until the send path fills again. */
+    while (done < s->n_deferred && !s->spill_head) {
+        struct deferred *d = &s->deferred[done++];
+
+        serve(s, d->view, d->len, d->arrived);
+        tern_tp_msg_release(s->conn, d->view);
+    }
+    memmove(s->deferred, s->deferred + done, (s->n_deferred - done) * sizeof(*s->deferred));
+    s->n_deferred -= done;
+}
+
+void rpc_server_drop(struct tern_session *s)
+{
+    while (s->spill_head) {
+        struct spill *sp = s->spill_head;
+
+        s->spill_head = sp->next;
+        free(sp);
+    }
+    s->spill_tail = &s->spill_head;
+    free(s->deferred);
+    s->deferred = NULL;
+    s->n_deferred = s->cap_deferred = 0;
+}

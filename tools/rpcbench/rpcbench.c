@@ -1,0 +1,507 @@
+/* rpcbench: round-trip latency and throughput of tern RPCs.
+ *
+ *   rpcbench echo   [options]           server + client on this host
+ *   rpcbench server --listen URI        server only
+ *   rpcbench client --connect URI [opts] client only
+ *
+ * The echo service answers every request with its own payload. The client
+ * keeps `window` calls in flight, times each round trip into a fixed-size
+ * histogram, and prints a table row (or a JSON object with --json) per
+ * (size, window) pair of the sweep.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "hist.h"
+#include "rpc.h"
+
+#define SVC_BENCH 0x7b01
+#define M_ECHO 1
+#define M_STATS 2
+#define MAX_SWEEP 16
+
+struct opts {
+    const char *fabric, *listen, *connect;
+    size_t sizes[MAX_SWEEP];
+    unsigned n_sizes;
+    unsigned windows[MAX_SWEEP];
+    unsigned n_windows;
+    uint64_t iters;
+    bool json, adaptive;
+    int cpu_client, cpu_server;
+};
+
+/* ---- server ---- */
+
+static long rss_kb(void)
+{
+    long pages = 0, rss = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+
+    if (f) {
+        if (fscanf(f, "%ld %ld", &pages, &rss) != 2)
+            rss = 0;
+        fclose(f);
+    }
+    return rss * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+static int h_echo(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    void *out = tern_reply_alloc(req, len);
+
+    if (!out)
+        return TERN_EMSGSIZE;
+    memcpy(out, data, len);
+    return 0;
+}
+
+static int h_stats(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    long *out = tern_reply_alloc(req, sizeof(long));
+
+    if (!out)
+        return TERN_EMSGSIZE;
+    *out = rss_kb();
+    return 0;
+}
+
+static const struct tern_method bench_methods[] = {
+    {.id = M_ECHO, .name = "echo", .handler = h_echo},
+    {.id = M_STATS, .name = "stats", .handler = h_stats},
+};
+
+static const struct tern_service bench_service = {
+    .name = "rpcbench", .id = SVC_BENCH, .methods = bench_methods,
+    .n_methods = sizeof(bench_methods) / sizeof(bench_methods[0]),
+};
+
+static struct tern_rpc_ep *server_ep;
+
+static void on_signal(int sig)
+{
+    if (server_ep)
+        tern_rpc_stop(server_ep);
+}
+
+static void pin(int cpu)
+{
+    cpu_set_t set;
+
+    if (cpu < 0)
+        return;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    if (sched_setaffinity(0, sizeof(set), &set) < 0)
+        fprintf(stderr, "rpcbench: cannot pin to cpu %d: %s\n", cpu, strerror(errno));
+}
+
+static struct tern_rpc_config rpc_config(const struct opts *o, size_t max_size)
+{
+    return (struct tern_rpc_config){
+        .mode = o->adaptive ? TERN_TP_POLL_ADAPTIVE : TERN_TP_POLL_BUSY,
+        .max_msg = max_size < (1u << 20) ? (1u << 20) : max_size,
+        .credits = 256,
+    };
+}
+
+static size_t max_size(const struct opts *o)
+{
+    size_t m = 0;
+
+    for (unsigned i = 0; i < o->n_sizes; i++)
+        if (o->sizes[i] > m)
+            m = o->sizes[i];
+    return m;
+}
+
+/* Listen on `uri`, report the bound URI on `report_fd` (if >= 0) and serve
+ * until SIGTERM/SIGINT. */
+static int run_server(const struct opts *o, const char *uri, int report_fd)
+{
+    struct tern_rpc_config cfg = rpc_config(o, max_size(o));
+    char bound[160];
+    int rc;
+
+    pin(o->cpu_server);
+    rc = tern_rpc_ep_create(&cfg, &server_ep);
+    if (rc == 0)
+        rc = tern_rpc_register(server_ep, &bench_service);
+    if (rc == 0)
+        rc = tern_rpc_listen(server_ep, uri, bound, sizeof(bound));
+    if (rc < 0) {
+        fprintf(stderr, "rpcbench server: %s: %s\n", uri, tern_strerror(rc));
+        if (report_fd >= 0 && write(report_fd, "-", 1) < 0)
+            return 1;
+        return 1;
+    }
+    signal(SIGTERM, on_signal);
+    signal(SIGINT, on_signal);
+    if (report_fd >= 0) {
+        size_t n = strlen(bound) + 1;
+
+        if (write(report_fd, bound, n) != (ssize_t)n)
+            return 1;
+        close(report_fd);
+    } else {
+        printf("rpcbench server listening on %s\n", bound);
+        fflush(stdout);
+    }
+    tern_rpc_run(server_ep, -1);
+    tern_rpc_ep_destroy(server_ep);
+    return 0;
+}
+
+/* ---- client ---- */
+
+struct slot {
+    struct bench *b;
+    uint64_t start;
+    uint8_t *buf;
+};
+
+struct bench {
+    struct tern_session *s;
+    size_t size;
+    uint64_t issued, done, warmup, target;
+    int error;
+    struct hist *hist;
+    struct slot *slots;
+};
+
+static void issue(struct slot *sl);
+
+static void on_reply(void *arg, int status, const void *reply, size_t len)
+{
+    struct slot *sl = arg;
+    struct bench *b = sl->b;
+    uint64_t now = tern_now_ns();
+
+    if (status < 0 || len != b->size) {
+        if (!b->error)
+            b->error = status < 0 ? status : TERN_EPROTO;
+        return;
+    }
+    if (b->done++ >= b->warmup)
+        hist_add(b->hist, now - sl->start);
+    if (b->issued < b->target)
+        issue(sl);
+}
+
+static void issue(struct slot *sl)
+{
+    struct bench *b = sl->b;
+    int rc;
+
+    sl->start = tern_now_ns();
+    b->issued++;
+    rc = tern_call(b->s, SVC_BENCH, M_ECHO, sl->buf, b->size, 10ull * 1000000000u, on_reply,
+                   sl, NULL);
+    if (rc < 0 && !b->error)
+        b->error = rc;
+}
+
+static long server_rss(struct tern_session *s)
+{
+    long v = 0;
+    size_t len;
+
+    if (tern_call_sync(s, SVC_BENCH, M_STATS, NULL, 0, &v, sizeof(v), &len, 2000000000ull) < 0)
+        return -1;
+    return v;
+}
+
+struct result {
+    const char *fabric;
+    size_t size;
+    unsigned window;
+    uint64_t iters;
+    double secs;
+    struct hist *hist;
+    long rss[2], srv_rss[2];
+};
+
+static void print_result(const struct opts *o, const struct result *r, bool header)
+{
+    double ops = (double)r->iters / r->secs, mbs = ops * (double)r->size / 1e6;
+    const struct hist *h = r->hist;
+
+    if (o->json) {
+        printf("{\"workload\":\"echo\",\"fabric\":\"%s\",\"size\":%zu,\"window\":%u,"
+               "\"iters\":%llu,\"p50_ns\":%llu,\"p90_ns\":%llu,\"p99_ns\":%llu,"
+               "\"p999_ns\":%llu,\"min_ns\":%llu,\"max_ns\":%llu,\"mean_ns\":%.0f,"
+               "\"ops_per_s\":%.0f,\"mb_per_s\":%.2f,\"client_rss_kb\":[%ld,%ld],"
+               "\"server_rss_kb\":[%ld,%ld]}\n",
+               r->fabric, r->size, r->window, (unsigned long long)r->iters,
+               (unsigned long long)hist_quantile(h, 0.5), (unsigned long long)hist_quantile(h, 0.9),
+               (unsigned long long)hist_quantile(h, 0.99),
+               (unsigned long long)hist_quantile(h, 0.999), (unsigned long long)h->min,
+               (unsigned long long)h->max, h->count ? h->sum / (double)h->count : 0.0, ops, mbs,
+               r->rss[0], r->rss[1], r->srv_rss[0], r->srv_rss[1]);
+    } else {
+        if (header)
+            printf("%-8s %-6s %8s %6s %10s %9s %9s %9s %9s %11s %9s\n", "workload", "fabric",
+                   "size", "window", "iters", "p50_us", "p90_us", "p99_us", "p99.9_us",
+                   "ops/s", "MB/s");
+        printf("%-8s %-6s %8zu %6u %10llu %9.2f %9.2f %9.2f %9.2f %11.0f %9.2f\n", "echo",
+               r->fabric, r->size, r->window, (unsigned long long)r->iters,
+               hist_quantile(h, 0.5) / 1e3, hist_quantile(h, 0.9) / 1e3,
+               hist_quantile(h, 0.99) / 1e3, hist_quantile(h, 0.999) / 1e3, ops, mbs);
+    }
+    fflush(stdout);
+}
+
+static int bench_one(const struct opts *o, struct tern_rpc_ep *ep, struct tern_session *s,
+                     const char *fabric, size_t size, unsigned window, bool header)
+{
+    static struct hist hist;
+    struct bench b = {.s = s, .size = size, .hist = &hist};
+    struct result r = {.fabric = fabric, .size = size, .window = window, .hist = &hist};
+    uint64_t t0, t_last, t_end;
+    bool tty = isatty(2);
+    int rc = 0;
+
+    if (window > tern_session_credits(s))
+        window = tern_session_credits(s);
+    r.window = window;
+    hist_reset(&hist);
+    b.warmup = o->iters / 10 < 10000 ? o->iters / 10 : 10000;
+    b.target = o->iters + b.warmup;
+    b.slots = calloc(window, sizeof(*b.slots));
+    for (unsigned i = 0; b.slots && i < window; i++) {
+        b.slots[i].b = &b;
+        b.slots[i].buf = malloc(size ? size : 1);
+        if (!b.slots[i].buf)
+            return TERN_ENOMEM;
+        memset(b.slots[i].buf, (int)(i + 1), size);
+    }
+    if (!b.slots)
+        return TERN_ENOMEM;
+    r.srv_rss[0] = server_rss(s);
+    r.rss[0] = rss_kb();
+    t0 = t_last = tern_now_ns();
+    for (unsigned i = 0; i < window && b.issued < b.target; i++)
+        issue(&b.slots[i]);
+    while (b.done < b.target && !b.error) {
+        tern_rpc_poll(ep);
+        if (((b.done & 0xfff) == 0) && tern_now_ns() - t_last > 1000000000ull) {
+            t_last = tern_now_ns();
+            fprintf(stderr, "%s%s %zuB w%u: %llu/%llu calls%s", tty ? "\r" : "", fabric, size,
+                    window, (unsigned long long)b.done, (unsigned long long)b.target,
+                    tty ? "" : "\n");
+        }
+        if (b.done == b.warmup && hist.count == 0)
+            t0 = tern_now_ns();
+    }
+    t_end = tern_now_ns();
+    if (tty && t_end - t0 > 1000000000ull)
+        fprintf(stderr, "\r%60s\r", "");
+    if (b.error) {
+        fprintf(stderr, "rpcbench: %s size %zu window %u: %s\n", fabric, size, window,
+                tern_strerror(b.error));
+        rc = b.error;
+    } else {
+        r.rss[1] = rss_kb();
+        r.srv_rss[1] = server_rss(s);
+        r.iters = hist.count;
+        r.secs = (double)(t_end - t0) / 1e9;
+        print_result(o, &r, header);
+    }
+    /* Drain calls still in flight after an error before freeing buffers. */
+    while (tern_rpc_calls_in_flight(ep) && tern_session_status(s) == 0)
+        tern_rpc_poll(ep);
+    for (unsigned i = 0; i < window; i++)
+        free(b.slots[i].buf);
+    free(b.slots);
+    return rc;
+}
+
+static int run_client(const struct opts *o, const char *uri, bool header)
+{
+    struct tern_rpc_config cfg = rpc_config(o, max_size(o));
+    struct tern_rpc_ep *ep;
+    struct tern_session *s;
+    char fabric[16] = "?";
+    int rc;
+
+    pin(o->cpu_client);
+    sscanf(uri, "%15[^:]", fabric);
+    rc = tern_rpc_ep_create(&cfg, &ep);
+    if (rc < 0)
+        return rc;
+    rc = tern_rpc_connect(ep, uri, 5000000000ull, &s);
+    if (rc < 0) {
+        fprintf(stderr, "rpcbench: connect %s: %s\n", uri, tern_strerror(rc));
+        tern_rpc_ep_destroy(ep);
+        return rc;
+    }
+    for (unsigned i = 0; i < o->n_sizes && rc == 0; i++)
+        for (unsigned w = 0; w < o->n_windows && rc == 0; w++, header = false)
+            rc = bench_one(o, ep, s, fabric, o->sizes[i], o->windows[w], header);
+    tern_rpc_ep_destroy(ep);
+    return rc;
+}
+
+/* Fork a server on this host, wait for its address, run the client. */
+static int run_local(const struct opts *o)
+{
+    const char *const *names = tern_tp_fabric_names();
+    bool header = true;
+    int failed = 0;
+
+    for (; *names; names++) {
+        char uri[160], listen[64];
+        int fds[2], status;
+        ssize_t got = 0, n;
+        pid_t pid;
+
+        if (strcmp(o->fabric, "all") != 0 && strcmp(o->fabric, *names) != 0)
+            continue;
+        if (strcmp(*names, "tcp") == 0)
+            snprintf(listen, sizeof(listen), "tcp://127.0.0.1:0");
+        else
+            snprintf(listen, sizeof(listen), "%s://rpcbench-%d", *names, (int)getpid());
+        if (pipe(fds) < 0)
+            return 1;
+        fflush(stdout);
+        pid = fork();
+        if (pid == 0) {
+            close(fds[0]);
+            _exit(run_server(o, listen, fds[1]));
+        }
+        close(fds[1]);
+        while (got < (ssize_t)sizeof(uri) - 1 &&
+               (n = read(fds[0], uri + got, sizeof(uri) - 1 - (size_t)got)) > 0)
+            got += n;
+        close(fds[0]);
+        uri[got > 0 ? got : 0] = 0;
+        if (got <= 1 || uri[0] == '-') {
+            fprintf(stderr, "rpcbench: %s server did not start\n", *names);
+            failed++;
+        } else if (run_client(o, uri, header) < 0) {
+            failed++;
+        }
+        header = o->json;
+        kill(pid, SIGTERM);
+        waitpid(pid, &status, 0);
+    }
+    return failed ? 1 : 0;
+}
+
+/* ---- options ---- */
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: rpcbench echo   [--fabric tcp|all] [options]\n"
+            "       rpcbench server --listen URI [--adaptive]\n"
+            "       rpcbench client --connect URI [options]\n"
+            "options:\n"
+            "  --size N[,N...]     payload bytes (default 64; k/m suffixes)\n"
+            "  --window N[,N...]   calls in flight (default 1)\n"
+            "  --iters N           measured calls per run (default 200000)\n"
+            "  --json              one JSON object per run\n"
+            "  --adaptive          sleep when idle instead of busy polling\n"
+            "  --cpu C,S           pin client to cpu C and server to cpu S\n"
+            "URIs: tcp://host:port\n");
+}
+
+static size_t parse_size(const char *s, bool *ok)
+{
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+
+    if (end == s)
+        *ok = false;
+    if (*end == 'k' || *end == 'K')
+        v <<= 10, end++;
+    else if (*end == 'm' || *end == 'M')
+        v <<= 20, end++;
+    if (*end && *end != ',')
+        *ok = false;
+    return (size_t)v;
+}
+
+static bool parse_list(const char *arg, size_t *out, unsigned *n)
+{
+    bool ok = true;
+
+    *n = 0;
+    for (const char *p = arg; p && *p && *n < MAX_SWEEP; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+        out[(*n)++] = parse_size(p, &ok);
+    return ok && *n > 0;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"fabric", required_argument, NULL, 'f'}, {"size", required_argument, NULL, 's'},
+        {"window", required_argument, NULL, 'w'}, {"iters", required_argument, NULL, 'n'},
+        {"json", no_argument, NULL, 'j'},         {"adaptive", no_argument, NULL, 'a'},
+        {"listen", required_argument, NULL, 'l'}, {"connect", required_argument, NULL, 'c'},
+        {"cpu", required_argument, NULL, 'p'},    {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    struct opts o = {.fabric = "tcp", .sizes = {64}, .n_sizes = 1, .windows = {1},
+                     .n_windows = 1, .iters = 200000, .cpu_client = -1, .cpu_server = -1};
+    const char *cmd;
+    size_t tmp[MAX_SWEEP];
+    int c;
+
+    if (argc < 2 || argv[1][0] == '-') {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    cmd = argv[1];
+    optind = 2;
+    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        bool ok = true;
+
+        switch (c) {
+        case 'f': o.fabric = optarg; break;
+        case 's': ok = parse_list(optarg, o.sizes, &o.n_sizes); break;
+        case 'w':
+            ok = parse_list(optarg, tmp, &o.n_windows);
+            for (unsigned i = 0; i < o.n_windows; i++) {
+                o.windows[i] = (unsigned)tmp[i];
+                ok = ok && tmp[i] > 0 && tmp[i] <= 256;
+            }
+            break;
+        case 'n': o.iters = parse_size(optarg, &ok); ok = ok && o.iters > 0; break;
+        case 'j': o.json = true; break;
+        case 'a': o.adaptive = true; break;
+        case 'l': o.listen = optarg; break;
+        case 'c': o.connect = optarg; break;
+        case 'p': ok = sscanf(optarg, "%d,%d", &o.cpu_client, &o.cpu_server) == 2; break;
+        case 'h': usage(stdout); return 0;
+        default: ok = false; break;
+        }
+        if (!ok) {
+            fprintf(stderr, "rpcbench: bad value for option\n");
+            usage(stderr);
+            return 2;
+        }
+    }
+    for (unsigned i = 0; i < o.n_sizes; i++) {
+        if (o.sizes[i] > (64u << 20)) {
+            fprintf(stderr, "rpcbench: size %zu is over the 64 MiB limit\n", o.sizes[i]);
+            return 2;
+        }
+    }
+    if (strcmp(cmd, "echo") == 0)
+        return run_local(&o);
+    if (strcmp(cmd, "server") == 0 && o.listen)
+        return run_server(&o, o.listen, -1);
+    if (strcmp(cmd, "client") == 0 && o.connect)
+        return run_client(&o, o.connect, true) < 0 ? 1 : 0;
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,56 @@
+/* tern error codes.
+ *
+ * Every tern function that can fail returns a negative code from this table
+ * (0 or a positive count on success). Where POSIX has a fitting errno the code
+ * is simply its negation, so -EINVAL == TERN_EINVAL; codes that POSIX lacks
+ * live above TERN_EBASE. One X-macro keeps the values and strings together.
+ */
+#ifndef TERN_ERROR_H
+#define TERN_ERROR_H
+
+#include <errno.h>
+
+#define TERN_EBASE 4000
+
+/*      name             value                 message */
+#define TERN_ERRNO_MAP(X)                                                      \
+    X(EINVAL,          -EINVAL,          "invalid argument")                   \
+    X(ENOMEM,          -ENOMEM,          "out of memory")                      \
+    X(ENOTSUP,         -ENOTSUP,         "operation not supported by this fabric") \
+    X(EAGAIN,          -EAGAIN,          "resource temporarily unavailable, retry after polling") \
+    X(ENOBUFS,         -ENOBUFS,         "no buffer space or call slots left") \
+    X(EMSGSIZE,        -EMSGSIZE,        "message larger than the configured maximum") \
+    X(ETIMEDOUT,       -ETIMEDOUT,       "deadline expired")                   \
+    X(ECANCELED,       -ECANCELED,       "call cancelled")                     \
+    X(ECONNRESET,      -ECONNRESET,      "connection reset by peer")           \
+    X(ECONNREFUSED,    -ECONNREFUSED,    "connection refused")                 \
+    X(ENOTCONN,        -ENOTCONN,        "not connected")                      \
+    X(EPROTO,          -EPROTO,          "protocol error: malformed frame")    \
+    X(EADDRINUSE,      -EADDRINUSE,      "address already in use")             \
+    X(ENOENT,          -ENOENT,          "no such entry")                      \
+    X(EEXIST,          -EEXIST,          "already exists")                     \
+    X(ERANGE,          -ERANGE,          "offset or length out of range")      \
+    X(EACCES,          -EACCES,          "permission denied")                  \
+    X(EIO,             -EIO,             "input/output error")                 \
+    X(EREMACCESS,      -(TERN_EBASE + 1), "remote access error: bad key, out-of-range access or missing permission") \
+    X(ENOSERVICE,      -(TERN_EBASE + 2), "unknown service id")                \
+    X(ENOMETHOD,       -(TERN_EBASE + 3), "unknown method id")                 \
+    X(EBADADDR,        -(TERN_EBASE + 4), "malformed address or URI")          \
+    X(ENOFABRIC,       -(TERN_EBASE + 5), "no such fabric, or not built in")   \
+    X(EHANDLER,        -(TERN_EBASE + 6), "remote handler failed")             \
+    X(EVERSION,        -(TERN_EBASE + 7), "peer speaks an incompatible protocol version")
+
+enum tern_errno {
+#define TERN_ERR_ENUM(name, value, msg) TERN_##name = (value),
+    TERN_ERRNO_MAP(TERN_ERR_ENUM)
+#undef TERN_ERR_ENUM
+};
+
+/* Human-readable text for a tern code (negative) or a plain errno (either
+ * sign). Never returns NULL. */
+const char *tern_strerror(int err);
+
+/* Symbolic name of a tern code, e.g. "TERN_ETIMEDOUT"; "TERN_UNKNOWN" if none. */
+const char *tern_err_name(int err);
+
+#endif

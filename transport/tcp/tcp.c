@@ -1,0 +1,1006 @@
+/* The TCP fabric: kernel sockets, the fallback that always works.
+ *
+ * Every connection carries length-prefixed frames (tcp_wire.h). Messages are
+ * written in place into the connection's send buffer and sent from there;
+ * received messages are views into the receive buffer, which is compacted only
+ * when no view is held. One-sided put/get travel as frames that the peer's
+ * progress engine (this file's poll) checks against its registered regions and
+ * answers in order, so completions come back in FIFO order.
+ *
+ * Readiness comes from one level-triggered epoll set per endpoint; connections
+ * with leftover work (more frames than the caller's event array took, pending
+ * close events) sit on a ready list that poll serves first.
+ */
+#include <arpa/inet.h>
+#include <endian.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "../log.h"
+#include "../transport_internal.h"
+#include "tcp_wire.h"
+
+#define TCP_BUF_INIT (32u * 1024)
+#define TCP_PEND_MAX 256   /* one-sided operations in flight per connection */
+#define TCP_EPOLL_BATCH 64
+
+enum tcp_kind { KIND_LISTENER, KIND_CONN };
+
+struct tcp_obj {
+    enum tcp_kind kind;
+    int fd;
+};
+
+struct tcp_listener {
+    struct tcp_obj obj;
+    struct tcp_listener *next;
+};
+
+enum tcp_state { ST_CONNECTING, ST_OPEN, ST_DEAD };
+
+struct tcp_pending {
+    uint8_t type;       /* TCP_PUT or TCP_GET_REQ */
+    uint8_t *dst;       /* GET: where the data lands */
+    uint32_t len;
+    uint64_t token;
+};
+
+struct tcp_conn {
+    struct tern_tp_conn base;
+    struct tcp_obj obj;
+    struct tcp_conn *prev, *next;     /* all connections of the endpoint */
+    struct tcp_conn *ready_next;      /* ready list */
+    bool on_ready;
+    enum tcp_state state;
+    int close_status;
+    bool ev_connected, ev_accepted, ev_writable, ev_closed; /* events owed */
+    bool want_writable;               /* an alloc failed with EAGAIN */
+    bool epollout, rx_paused, rx_more, rx_eof;
+    char peer[64];
+
+    uint8_t *rx;
+    size_t rx_cap, rx_len, rx_parse;
+    unsigned rx_views;
+
+    uint8_t *tx;
+    size_t tx_cap, tx_head, tx_tail;
+    uint8_t *tx_resv;                 /* open reservation (payload start) */
+    size_t tx_resv_len;
+
+    struct tcp_pending pend[TCP_PEND_MAX];
+    unsigned pend_head, pend_tail;    /* free-running; tail - head in flight */
+};
+
+struct tcp_ep {
+    struct tern_tp_ep base;
+    int epfd;
+    struct tcp_listener *listeners;
+    struct tcp_conn *conns;
+    struct tcp_conn *ready;
+    unsigned nconns;
+    struct epoll_event evbuf[TCP_EPOLL_BATCH];
+};
+
+#define TEP(ep) ((struct tcp_ep *)(ep))
+#define TCONN(c) ((struct tcp_conn *)(c))
+#define LOG_WHO "tcp"
+
+/* ---- small helpers ---- */
+
+static void ready_push(struct tcp_conn *c)
+{
+    struct tcp_ep *ep = TEP(c->base.ep);
+
+    if (c->on_ready)
+        return;
+    c->on_ready = true;
+    c->ready_next = ep->ready;
+    ep->ready = c;
+}
+
+static void ready_remove(struct tcp_conn *c)
+{
+    struct tcp_conn **pp = &TEP(c->base.ep)->ready;
+
+    if (!c->on_ready)
+        return;
+    while (*pp && *pp != c)
+        pp = &(*pp)->ready_next;
+    if (*pp)
+        *pp = c->ready_next;
+    c->on_ready = false;
+}
+
+static void epoll_set(struct tcp_conn *c)
+{
+    struct epoll_event e = {.data.ptr = &c->obj};
+
+    if (c->obj.fd < 0)
+        return;
+    e.events = (c->rx_paused ? 0 : EPOLLIN) | (c->epollout ? EPOLLOUT : 0);
+    epoll_ctl(TEP(c->base.ep)->epfd, EPOLL_CTL_MOD, c->obj.fd, &e);
+}
+
+static void set_epollout(struct tcp_conn *c, bool on)
+{
+    if (c->epollout != on) {
+        c->epollout = on;
+        epoll_set(c);
+    }
+}
+
+static void addr_text(const struct sockaddr *sa, char *out, size_t len)
+{
+    char host[INET6_ADDRSTRLEN] = "?", serv[16] = "?";
+
+    getnameinfo(sa, sa->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+                                              : sizeof(struct sockaddr_in),
+                host, sizeof(host), serv, sizeof(serv), NI_NUMERICHOST | NI_NUMERICSERV);
+    snprintf(out, len, sa->sa_family == AF_INET6 ? "[%s]:%s" : "%s:%s", host, serv);
+}
+
+/* Split "host:port" or "[v6]:port" and resolve it. */
+static int resolve(const char *addr, bool passive, struct addrinfo **res)
+{
+    char host[256];
+    const char *colon = strrchr(addr, ':');
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0)};
+    size_t hl;
+
+    if (!colon || !colon[1])
+        return TERN_EBADADDR;
+    hl = (size_t)(colon - addr);
+    if (hl >= sizeof(host))
+        return TERN_EBADADDR;
+    memcpy(host, addr, hl);
+    host[hl] = 0;
+    if (hl >= 2 && host[0] == '[' && host[hl - 1] == ']') {
+        memmove(host, host + 1, hl - 2);
+        host[hl - 2] = 0;
+    }
+    for (const char *p = colon + 1; *p; p++)
+        if (*p < '0' || *p > '9')
+            return TERN_EBADADDR;
+    if (getaddrinfo(hl ? host : NULL, colon + 1, &hints, res) != 0)
+        return TERN_EBADADDR;
+    return 0;
+}
+
+/* ---- connection lifetime ---- */
+
+static struct tcp_conn *conn_new(struct tcp_ep *ep, int fd)
+{
+    struct tcp_conn *c = calloc(1, sizeof(*c));
+    struct epoll_event e = {.events = EPOLLIN};
+    int one = 1;
+
+    if (!c)
+        return NULL;
+    c->rx = malloc(TCP_BUF_INIT);
+    c->tx = malloc(TCP_BUF_INIT);
+    if (!c->rx || !c->tx)
+        goto fail;
+    c->rx_cap = c->tx_cap = TCP_BUF_INIT;
+    c->base.ep = &ep->base;
+    c->obj = (struct tcp_obj){.kind = KIND_CONN, .fd = fd};
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    e.data.ptr = &c->obj;
+    if (epoll_ctl(ep->epfd, EPOLL_CTL_ADD, fd, &e) < 0)
+        goto fail;
+    c->next = ep->conns;
+    if (ep->conns)
+        ep->conns->prev = c;
+    ep->conns = c;
+    ep->nconns++;
+    return c;
+fail:
+    free(c->rx);
+    free(c->tx);
+    free(c);
+    return NULL;
+}
+
+/* The connection failed or the peer left: stop using the socket, and owe the
+ * application the completions of whatever was in flight, then CLOSED. */
+static void conn_fail(struct tcp_conn *c, int status, const char *why)
+{
+    if (c->state == ST_DEAD)
+        return;
+    if (status < 0)
+        tern_log(TERN_LOG_WARN, LOG_WHO, "connection %s closed: %s (%s)", c->peer, why,
+                 tern_strerror(status));
+    else
+        tern_log(TERN_LOG_INFO, LOG_WHO, "connection %s closed by peer", c->peer);
+    if (c->state == ST_CONNECTING)
+        c->ev_connected = true;
+    c->state = ST_DEAD;
+    c->close_status = status;
+    c->ev_closed = true;
+    c->ev_writable = false;
+    if (c->obj.fd >= 0) {
+        epoll_ctl(TEP(c->base.ep)->epfd, EPOLL_CTL_DEL, c->obj.fd, NULL);
+        close(c->obj.fd);
+        c->obj.fd = -1;
+    }
+    ready_push(c);
+}
+
+static void tcp_disconnect(struct tern_tp_conn *conn)
+{
+    struct tcp_conn *c = TCONN(conn);
+    struct tcp_ep *ep = TEP(conn->ep);
+
+    if (c->obj.fd >= 0) {
+        epoll_ctl(ep->epfd, EPOLL_CTL_DEL, c->obj.fd, NULL);
+        close(c->obj.fd);
+    }
+    ready_remove(c);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        ep->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    ep->nconns--;
+    free(c->rx);
+    free(c->tx);
+    free(c);
+}
+
+static const char *tcp_conn_peer(const struct tern_tp_conn *conn)
+{
+    return TCONN(conn)->peer;
+}
+
+/* ---- send path ---- */
+
+static void tx_flush(struct tcp_conn *c)
+{
+    while (c->state == ST_OPEN && c->tx_head < c->tx_tail) {
+        ssize_t n = send(c->obj.fd, c->tx + c->tx_head, c->tx_tail - c->tx_head,
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+            c->tx_head += (size_t)n;
+            continue;
+        }
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            set_epollout(c, true);
+            return;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        conn_fail(c, TERN_ECONNRESET, "send failed");
+        return;
+    }
+    if (c->tx_head == c->tx_tail && !c->tx_resv) {
+        c->tx_head = c->tx_tail = 0;
+        if (c->state == ST_OPEN)
+            set_epollout(c, false);
+        if (c->want_writable) {
+            c->want_writable = false;
+            c->ev_writable = true;
+            ready_push(c);
+        }
+    }
+}
+
+/* Room for `need` contiguous bytes at the tail of the send buffer, or NULL. */
+static uint8_t *tx_reserve(struct tcp_conn *c, size_t need)
+{
+    size_t limit = c->base.ep->cfg.conn_buf;
+
+    if (c->tx_cap - c->tx_tail >= need)
+        return c->tx + c->tx_tail;
+    if (c->tx_head > 0) {   /* slide the unsent bytes to the front */
+        memmove(c->tx, c->tx + c->tx_head, c->tx_tail - c->tx_head);
+        c->tx_tail -= c->tx_head;
+        c->tx_head = 0;
+        if (c->tx_cap - c->tx_tail >= need)
+            return c->tx + c->tx_tail;
+    }
+    if (c->tx_tail + need <= limit) {
+        size_t cap = c->tx_cap * 2;
+        uint8_t *p;
+
+        while (cap < c->tx_tail + need)
+            cap *= 2;
+        if (cap > limit)
+            cap = limit;
+        p = realloc(c->tx, cap);
+        if (p) {
+            c->tx = p;
+            c->tx_cap = cap;
+            return c->tx + c->tx_tail;
+        }
+    }
+    return NULL;
+}
+
+static void frame_hdr(uint8_t *p, uint8_t type, size_t body_len)
+{
+    struct tcp_hdr h = {
+        .magic = htole16(TCP_MAGIC), .version = TCP_VERSION, .type = type,
+        .len = htole32((uint32_t)body_len),
+    };
+    memcpy(p, &h, sizeof(h));
+}
+
+static void tx_commit(struct tcp_conn *c, uint8_t *frame, uint8_t type, size_t body_len)
+{
+    frame_hdr(frame, type, body_len);
+    c->tx_tail = (size_t)(frame - c->tx) + sizeof(struct tcp_hdr) + body_len;
+    tx_flush(c);
+}
+
+static int tcp_msg_alloc(struct tern_tp_conn *conn, size_t len, void **buf)
+{
+    struct tcp_conn *c = TCONN(conn);
+    uint8_t *p;
+
+    if (c->state == ST_DEAD)
+        return TERN_ENOTCONN;
+    if (c->tx_resv)
+        return TERN_EINVAL;
+    p = tx_reserve(c, sizeof(struct tcp_hdr) + len);
+    if (!p) {
+        c->want_writable = true;
+        return TERN_EAGAIN;
+    }
+    c->tx_resv = p + sizeof(struct tcp_hdr);
+    c->tx_resv_len = len;
+    *buf = c->tx_resv;
+    return 0;
+}
+
+static int tcp_msg_post(struct tern_tp_conn *conn, void *buf, size_t len)
+{
+    struct tcp_conn *c = TCONN(conn);
+    uint8_t *frame;
+
+    if (!c->tx_resv || buf != c->tx_resv)
+        return TERN_EINVAL;
+    if (len > c->tx_resv_len)
+        return TERN_EMSGSIZE;
+    frame = c->tx_resv - sizeof(struct tcp_hdr);
+    c->tx_resv = NULL;
+    if (c->state == ST_DEAD)
+        return TERN_ENOTCONN;
+    tx_commit(c, frame, TCP_MSG, len);
+    return 0;
+}
+
+static void tcp_msg_abort(struct tern_tp_conn *conn, void *buf)
+{
+    struct tcp_conn *c = TCONN(conn);
+
+    if (c->tx_resv == buf)
+        c->tx_resv = NULL;
+}
+
+static void tcp_msg_release(struct tern_tp_conn *conn, const void *view)
+{
+    struct tcp_conn *c = TCONN(conn);
+
+    if (!c->rx_views)
+        return;
+    if (--c->rx_views == 0 && c->rx_paused) {
+        c->rx_paused = false;
+        epoll_set(c);
+        ready_push(c);
+    }
+}
+
+/* ---- one-sided operations (requester side) ---- */
+
+static int pend_push(struct tcp_conn *c, uint8_t type, uint8_t *dst, size_t len,
+                     uint64_t token)
+{
+    if (c->pend_tail - c->pend_head >= TCP_PEND_MAX)
+        return TERN_EAGAIN;
+    c->pend[c->pend_tail++ % TCP_PEND_MAX] =
+        (struct tcp_pending){.type = type, .dst = dst, .len = (uint32_t)len, .token = token};
+    return 0;
+}
+
+static int onesided_prep(struct tcp_conn *c, size_t body, uint8_t **frame)
+{
+    if (c->state == ST_DEAD)
+        return TERN_ENOTCONN;
+    if (c->tx_resv)
+        return TERN_EAGAIN;
+    if (c->pend_tail - c->pend_head >= TCP_PEND_MAX)
+        return TERN_EAGAIN;
+    *frame = tx_reserve(c, sizeof(struct tcp_hdr) + body);
+    if (!*frame) {
+        c->want_writable = true;
+        return TERN_EAGAIN;
+    }
+    return 0;
+}
+
+static int tcp_put(struct tern_tp_conn *conn, const void *src, size_t len,
+                   const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token)
+{
+    struct tcp_conn *c = TCONN(conn);
+    struct tcp_onesided req = {.key = htole32(rkey->key), .len = htole32((uint32_t)len),
+                               .off = htole64(roff)};
+    uint8_t *frame;
+    int rc = onesided_prep(c, sizeof(req) + len, &frame);
+
+    if (rc < 0)
+        return rc;
+    memcpy(frame + sizeof(struct tcp_hdr), &req, sizeof(req));
+    memcpy(frame + sizeof(struct tcp_hdr) + sizeof(req), src, len);
+    pend_push(c, TCP_PUT, NULL, len, token);
+    tx_commit(c, frame, TCP_PUT, sizeof(req) + len);
+    return 0;
+}
+
+static int tcp_get(struct tern_tp_conn *conn, void *dst, size_t len,
+                   const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token)
+{
+    struct tcp_conn *c = TCONN(conn);
+    struct tcp_onesided req = {.key = htole32(rkey->key), .len = htole32((uint32_t)len),
+                               .off = htole64(roff)};
+    uint8_t *frame;
+    int rc = onesided_prep(c, sizeof(req), &frame);
+
+    if (rc < 0)
+        return rc;
+    memcpy(frame + sizeof(struct tcp_hdr), &req, sizeof(req));
+    pend_push(c, TCP_GET_REQ, dst, len, token);
+    tx_commit(c, frame, TCP_GET_REQ, sizeof(req));
+    return 0;
+}
+
+/* ---- receive path ---- */
+
+/* Largest body a frame of `type` may carry, or 0 for an unknown type. */
+static size_t body_limit(const struct tcp_conn *c, uint8_t type)
+{
+    size_t max = c->base.ep->cfg.max_msg;
+
+    switch (type) {
+    case TCP_MSG: return max;
+    case TCP_PUT: return sizeof(struct tcp_onesided) + max;
+    case TCP_GET_REQ: return sizeof(struct tcp_onesided);
+    case TCP_ACK: return sizeof(struct tcp_ack);
+    case TCP_GET_RESP: return sizeof(struct tcp_ack) + max;
+    }
+    return 0;
+}
+
+/* The peer asks us to write (PUT) or read (GET_REQ) our registered memory:
+ * check it as a NIC would and answer. Returns 1 if handled, 0 if the send
+ * path has no room yet (try again later). */
+static int serve_onesided(struct tcp_conn *c, uint8_t type, const uint8_t *body, size_t blen)
+{
+    struct tcp_onesided req;
+    uint32_t len;
+    uint8_t *where = NULL, *frame;
+    int status;
+    size_t resp_len;
+
+    memcpy(&req, body, sizeof(req));
+    len = le32toh(req.len);
+    if ((type == TCP_PUT && len != blen - sizeof(req)) || len > c->base.ep->cfg.max_msg)
+        status = TERN_EREMACCESS;
+    else
+        status = tern_tp_mr_check(c->base.ep, le32toh(req.key), le64toh(req.off), len,
+                                  type == TCP_PUT ? TERN_TP_ACCESS_REMOTE_WRITE
+                                                  : TERN_TP_ACCESS_REMOTE_READ,
+                                  &where);
+    resp_len = sizeof(struct tcp_ack) + (type == TCP_GET_REQ && status == 0 ? len : 0);
+    if (c->tx_resv)
+        return 0;
+    frame = tx_reserve(c, sizeof(struct tcp_hdr) + resp_len);
+    if (!frame)
+        return 0;
+    if (status == 0 && type == TCP_PUT)
+        memcpy(where, body + sizeof(req), len);
+    struct tcp_ack ack = {.status = (int32_t)htole32((uint32_t)status)};
+    memcpy(frame + sizeof(struct tcp_hdr), &ack, sizeof(ack));
+    if (resp_len > sizeof(ack))
+        memcpy(frame + sizeof(struct tcp_hdr) + sizeof(ack), where, len);
+    tx_commit(c, frame, type == TCP_PUT ? TCP_ACK : TCP_GET_RESP, resp_len);
+    return 1;
+}
+
+/* The peer answered our oldest one-sided operation. */
+static int complete_onesided(struct tcp_conn *c, uint8_t type, const uint8_t *body,
+                             size_t blen, struct tern_tp_event *ev)
+{
+    struct tcp_pending *p;
+    struct tcp_ack ack;
+    int status;
+
+    if (c->pend_head == c->pend_tail)
+        return TERN_EPROTO;
+    p = &c->pend[c->pend_head % TCP_PEND_MAX];
+    if ((type == TCP_ACK) != (p->type == TCP_PUT))
+        return TERN_EPROTO;
+    memcpy(&ack, body, sizeof(ack));
+    status = (int32_t)le32toh((uint32_t)ack.status);
+    if (status > 0 || (status == 0 && type == TCP_GET_RESP &&
+                       blen != sizeof(ack) + p->len))
+        return TERN_EPROTO;
+    if (status == 0 && type == TCP_GET_RESP)
+        memcpy(p->dst, body + sizeof(ack), p->len);
+    c->pend_head++;
+    *ev = (struct tern_tp_event){
+        .type = type == TCP_ACK ? TERN_TP_EV_PUT_DONE : TERN_TP_EV_GET_DONE,
+        .status = status, .conn = &c->base, .token = p->token,
+    };
+    return 1;
+}
+
+/* Make room for a frame of `total` bytes starting at rx_parse. */
+static bool rx_make_room(struct tcp_conn *c, size_t total)
+{
+    if (c->rx_cap - c->rx_parse >= total)
+        return true;
+    if (c->rx_views)
+        return false;   /* views pin the buffer; wait for their release */
+    memmove(c->rx, c->rx + c->rx_parse, c->rx_len - c->rx_parse);
+    c->rx_len -= c->rx_parse;
+    c->rx_parse = 0;
+    if (c->rx_cap < total) {
+        size_t cap = c->rx_cap;
+        uint8_t *p;
+
+        while (cap < total)
+            cap *= 2;
+        p = realloc(c->rx, cap);
+        if (!p)
+            return false;
+        c->rx = p;
+        c->rx_cap = cap;
+    }
+    return true;
+}
+
+/* Parse whole frames into events. Returns the number of events written. */
+static int rx_parse(struct tcp_conn *c, struct tern_tp_event *ev, int max)
+{
+    int n = 0;
+
+    while (n < max && c->state != ST_DEAD) {
+        size_t avail = c->rx_len - c->rx_parse, total, blen;
+        uint8_t *f = c->rx + c->rx_parse;
+        struct tcp_hdr h;
+        int rc;
+
+        if (avail < sizeof(h)) {
+            if (!c->rx_views && c->rx_parse && c->rx_parse == c->rx_len)
+                c->rx_parse = c->rx_len = 0;
+            break;
+        }
+        memcpy(&h, f, sizeof(h));
+        blen = le32toh(h.len);
+        if (le16toh(h.magic) != TCP_MAGIC || h.version != TCP_VERSION) {
+            conn_fail(c, TERN_EPROTO, "bad magic or version in frame header");
+            break;
+        }
+        if (!body_limit(c, h.type) || blen > body_limit(c, h.type) ||
+            ((h.type == TCP_PUT || h.type == TCP_GET_REQ || h.type == TCP_ACK ||
+              h.type == TCP_GET_RESP) &&
+             blen < (h.type == TCP_PUT || h.type == TCP_GET_REQ ? sizeof(struct tcp_onesided)
+                                                                : sizeof(struct tcp_ack))) ||
+            (h.type == TCP_GET_REQ && blen != sizeof(struct tcp_onesided))) {
+            tern_log(TERN_LOG_WARN, LOG_WHO, "%s: frame type %u with %zu-byte body refused",
+                     c->peer, h.type, blen);
+            conn_fail(c, TERN_EPROTO, "unknown frame type or oversized length");
+            break;
+        }
+        total = sizeof(h) + blen;
+        if (avail < total) {
+            if (!rx_make_room(c, total)) {
+                if (!c->rx_views) {
+                    conn_fail(c, TERN_ENOMEM, "no memory for a large frame");
+                } else {
+                    c->rx_paused = true;
+                    epoll_set(c);
+                }
+            }
+            break;
+        }
+        switch (h.type) {
+        case TCP_MSG:
+            ev[n++] = (struct tern_tp_event){.type = TERN_TP_EV_RECV, .conn = &c->base,
+                                             .data = f + sizeof(h), .len = blen};
+            c->rx_views++;
+            break;
+        case TCP_PUT:
+        case TCP_GET_REQ:
+            if (!serve_onesided(c, h.type, f + sizeof(h), blen))
+                return n;   /* send path full: resume when it drains */
+            break;
+        default:
+            rc = complete_onesided(c, h.type, f + sizeof(h), blen, &ev[n]);
+            if (rc < 0) {
+                conn_fail(c, rc, "unexpected one-sided answer");
+                return n;
+            }
+            n++;
+            break;
+        }
+        c->rx_parse += total;
+    }
+    return n;
+}
+
+static void rx_read(struct tcp_conn *c)
+{
+    size_t room;
+    ssize_t r;
+
+    if (c->state != ST_OPEN || c->rx_paused)
+        return;
+    if (c->rx_len == c->rx_cap) {
+        if (c->rx_views) {      /* held views pin the buffer: stop reading */
+            c->rx_paused = true;
+            epoll_set(c);
+            return;
+        }
+        if (!c->rx_parse)
+            return;             /* a whole frame waits to be parsed */
+        memmove(c->rx, c->rx + c->rx_parse, c->rx_len - c->rx_parse);
+        c->rx_len -= c->rx_parse;
+        c->rx_parse = 0;
+    }
+    room = c->rx_cap - c->rx_len;
+    r = recv(c->obj.fd, c->rx + c->rx_len, room, MSG_DONTWAIT);
+    if (r > 0) {
+        c->rx_len += (size_t)r;
+        c->rx_more = (size_t)r == room;
+    } else if (r == 0) {
+        c->rx_eof = true;
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+        c->rx_more = false;
+    } else {
+        conn_fail(c, TERN_ECONNRESET, "recv failed");
+    }
+}
+
+/* Finish a non-blocking connect once the socket is writable. */
+static void connect_done(struct tcp_conn *c)
+{
+    int err = 0;
+    socklen_t len = sizeof(err);
+
+    getsockopt(c->obj.fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    if (err) {
+        conn_fail(c, err == ECONNREFUSED ? TERN_ECONNREFUSED : TERN_ECONNRESET,
+                  "connect failed");
+        return;
+    }
+    c->state = ST_OPEN;
+    c->ev_connected = true;
+    set_epollout(c, false);
+    tx_flush(c);
+    ready_push(c);
+}
+
+/* All the work one connection can do now; returns events written. */
+static int conn_progress(struct tcp_conn *c, struct tern_tp_event *ev, int max)
+{
+    int n = 0;
+
+    if (n < max && c->ev_accepted) {
+        c->ev_accepted = false;
+        ev[n++] = (struct tern_tp_event){.type = TERN_TP_EV_ACCEPTED, .conn = &c->base};
+    }
+    if (n < max && c->ev_connected) {
+        c->ev_connected = false;
+        ev[n++] = (struct tern_tp_event){.type = TERN_TP_EV_CONNECTED, .conn = &c->base,
+                                         .status = c->state == ST_DEAD ? c->close_status : 0};
+    }
+    if (n < max && c->ev_writable) {
+        c->ev_writable = false;
+        ev[n++] = (struct tern_tp_event){.type = TERN_TP_EV_WRITABLE, .conn = &c->base};
+    }
+    if (c->state == ST_OPEN) {
+        if (c->tx_head < c->tx_tail)
+            tx_flush(c);
+        n += rx_parse(c, ev + n, max - n);
+        if (n < max && c->state == ST_OPEN) {
+            rx_read(c);
+            n += rx_parse(c, ev + n, max - n);
+        }
+        if (c->rx_eof && c->state == ST_OPEN && c->rx_parse == c->rx_len)
+            conn_fail(c, 0, "eof");
+        else if (c->rx_eof && c->state == ST_OPEN && n < max)
+            conn_fail(c, TERN_EPROTO, "peer closed in the middle of a frame");
+    }
+    if (c->state == ST_DEAD) {
+        /* Operations in flight never complete now: fail them first. */
+        while (n < max && c->pend_head != c->pend_tail) {
+            struct tcp_pending *p = &c->pend[c->pend_head++ % TCP_PEND_MAX];
+
+            ev[n++] = (struct tern_tp_event){
+                .type = p->type == TCP_PUT ? TERN_TP_EV_PUT_DONE : TERN_TP_EV_GET_DONE,
+                .status = TERN_ECONNRESET, .conn = &c->base, .token = p->token};
+        }
+        if (n < max && c->ev_closed && c->pend_head == c->pend_tail) {
+            c->ev_closed = false;
+            ev[n++] = (struct tern_tp_event){.type = TERN_TP_EV_CLOSED, .conn = &c->base,
+                                             .status = c->close_status};
+        }
+    }
+    return n;
+}
+
+/* True if a whole frame waits at rx_parse. */
+static bool rx_frame_ready(const struct tcp_conn *c)
+{
+    struct tcp_hdr h;
+
+    if (c->rx_len - c->rx_parse < sizeof(h))
+        return false;
+    memcpy(&h, c->rx + c->rx_parse, sizeof(h));
+    return c->rx_len - c->rx_parse >= sizeof(h) + le32toh(h.len);
+}
+
+static bool conn_has_work(const struct tcp_conn *c)
+{
+    if (c->ev_accepted || c->ev_connected || c->ev_writable)
+        return true;
+    if (c->state == ST_DEAD)
+        return c->ev_closed || c->pend_head != c->pend_tail;
+    if (c->rx_paused)
+        return rx_frame_ready(c);
+    return c->rx_more || c->rx_eof || rx_frame_ready(c);
+}
+
+/* ---- listeners ---- */
+
+static void do_accept(struct tcp_ep *ep, struct tcp_listener *l)
+{
+    for (;;) {
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof(ss);
+        struct tcp_conn *c;
+        int fd = accept4(l->obj.fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+
+        if (fd < 0) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != ECONNABORTED)
+                tern_log(TERN_LOG_WARN, LOG_WHO, "accept: %s", strerror(errno));
+            if (errno == ECONNABORTED || errno == EINTR)
+                continue;
+            return;
+        }
+        if (ep->nconns >= ep->base.cfg.max_conns || !(c = conn_new(ep, fd))) {
+            tern_log(TERN_LOG_WARN, LOG_WHO, "refusing connection: %u connections open",
+                     ep->nconns);
+            close(fd);
+            continue;
+        }
+        addr_text((struct sockaddr *)&ss, c->peer, sizeof(c->peer));
+        c->state = ST_OPEN;
+        c->ev_accepted = true;
+        ready_push(c);
+    }
+}
+
+static int tcp_listen(struct tern_tp_ep *base, const char *addr, char *bound, size_t bound_len)
+{
+    struct tcp_ep *ep = TEP(base);
+    struct addrinfo *ai;
+    struct tcp_listener *l;
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    struct epoll_event e = {.events = EPOLLIN};
+    int fd, one = 1, rc = resolve(addr, true, &ai);
+
+    if (rc < 0)
+        return rc;
+    fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        freeaddrinfo(ai);
+        return -errno;
+    }
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(fd, 1024) < 0) {
+        rc = errno == EADDRINUSE ? TERN_EADDRINUSE : -errno;
+        freeaddrinfo(ai);
+        close(fd);
+        return rc;
+    }
+    freeaddrinfo(ai);
+    l = calloc(1, sizeof(*l));
+    if (!l) {
+        close(fd);
+        return TERN_ENOMEM;
+    }
+    l->obj = (struct tcp_obj){.kind = KIND_LISTENER, .fd = fd};
+    e.data.ptr = &l->obj;
+    epoll_ctl(ep->epfd, EPOLL_CTL_ADD, fd, &e);
+    l->next = ep->listeners;
+    ep->listeners = l;
+    if (bound && bound_len) {
+        getsockname(fd, (struct sockaddr *)&ss, &sl);
+        addr_text((struct sockaddr *)&ss, bound, bound_len);
+    }
+    return 0;
+}
+
+static int tcp_connect(struct tern_tp_ep *base, const char *addr, struct tern_tp_conn **out)
+{
+    struct tcp_ep *ep = TEP(base);
+    struct addrinfo *ai;
+    struct tcp_conn *c;
+    int fd, rc = resolve(addr, false, &ai);
+
+    if (rc < 0)
+        return rc;
+    if (ep->nconns >= base->cfg.max_conns) {
+        freeaddrinfo(ai);
+        return TERN_ENOBUFS;
+    }
+    fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        freeaddrinfo(ai);
+        return -errno;
+    }
+    c = conn_new(ep, fd);
+    if (!c) {
+        freeaddrinfo(ai);
+        close(fd);
+        return TERN_ENOMEM;
+    }
+    addr_text(ai->ai_addr, c->peer, sizeof(c->peer));
+    c->state = ST_CONNECTING;
+    rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
+    freeaddrinfo(ai);
+    if (rc == 0) {
+        c->state = ST_OPEN;
+        c->ev_connected = true;
+        ready_push(c);
+    } else if (errno == EINPROGRESS) {
+        set_epollout(c, true);
+    } else {
+        conn_fail(c, errno == ECONNREFUSED ? TERN_ECONNREFUSED : -errno, "connect failed");
+    }
+    *out = &c->base;
+    return 0;
+}
+
+/* ---- endpoint ---- */
+
+static int tcp_ep_open(struct tern_tp_ep *base)
+{
+    struct tcp_ep *ep = TEP(base);
+
+    ep->epfd = epoll_create1(EPOLL_CLOEXEC);
+    return ep->epfd < 0 ? -errno : 0;
+}
+
+static void tcp_ep_close(struct tern_tp_ep *base)
+{
+    struct tcp_ep *ep = TEP(base);
+
+    while (ep->conns)
+        tcp_disconnect(&ep->conns->base);
+    while (ep->listeners) {
+        struct tcp_listener *l = ep->listeners;
+
+        ep->listeners = l->next;
+        close(l->obj.fd);
+        free(l);
+    }
+    close(ep->epfd);
+}
+
+static int tcp_poll(struct tern_tp_ep *base, struct tern_tp_event *ev, int max)
+{
+    struct tcp_ep *ep = TEP(base);
+    struct tcp_conn *todo;
+    int n = 0, ne;
+
+    /* Connections with leftover work first, so none starves. */
+    todo = ep->ready;
+    ep->ready = NULL;
+    while (todo) {
+        struct tcp_conn *c = todo;
+
+        todo = c->ready_next;
+        c->on_ready = false;
+        if (n < max)
+            n += conn_progress(c, ev + n, max - n);
+        if (conn_has_work(c))
+            ready_push(c);
+    }
+    if (n >= max)
+        return n;
+
+    ne = epoll_wait(ep->epfd, ep->evbuf, TCP_EPOLL_BATCH, 0);
+    for (int i = 0; i < ne; i++) {
+        struct tcp_obj *o = ep->evbuf[i].data.ptr;
+        struct tcp_conn *c;
+
+        if (o->kind == KIND_LISTENER) {
+            do_accept(ep, (struct tcp_listener *)o);
+            continue;
+        }
+        c = (struct tcp_conn *)((char *)o - offsetof(struct tcp_conn, obj));
+        if (c->state == ST_CONNECTING) {
+            connect_done(c);
+            continue;
+        }
+        if (ep->evbuf[i].events & EPOLLOUT)
+            tx_flush(c);
+        if (c->state == ST_OPEN && (ep->evbuf[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP))) {
+            if (n < max && !c->on_ready)
+                n += conn_progress(c, ev + n, max - n);
+            if (conn_has_work(c))
+                ready_push(c);
+        }
+    }
+    /* Events owed by accepts and failures found above. */
+    while (n < max && ep->ready) {
+        struct tcp_conn *c = ep->ready;
+        int got;
+
+        ep->ready = c->ready_next;
+        c->on_ready = false;
+        got = conn_progress(c, ev + n, max - n);
+        n += got;
+        if (conn_has_work(c)) {
+            ready_push(c);
+            if (!got)
+                break;
+        }
+    }
+    return n;
+}
+
+static int tcp_wait_fd(struct tern_tp_ep *base)
+{
+    return TEP(base)->epfd;
+}
+
+static int tcp_wait(struct tern_tp_ep *base, int timeout_ms)
+{
+    struct tcp_ep *ep = TEP(base);
+    struct epoll_event e;
+
+    if (ep->ready)
+        return 1;
+    /* Level-triggered: whatever this reports, the next poll sees again. */
+    return epoll_wait(ep->epfd, &e, 1, timeout_ms) > 0;
+}
+
+static const struct tern_tp_ops tcp_ops = {
+    .ep_open = tcp_ep_open,
+    .ep_close = tcp_ep_close,
+    .listen = tcp_listen,
+    .connect = tcp_connect,
+    .disconnect = tcp_disconnect,
+    .conn_peer = tcp_conn_peer,
+    .msg_alloc = tcp_msg_alloc,
+    .msg_post = tcp_msg_post,
+    .msg_abort = tcp_msg_abort,
+    .msg_release = tcp_msg_release,
+    .put = tcp_put,
+    .get = tcp_get,
+    .poll = tcp_poll,
+    .wait_fd = tcp_wait_fd,
+    .wait = tcp_wait,
+};
+
+const struct tern_tp_fabric tern_tp_fabric_tcp = {
+    .name = "tcp",
+    .caps = TERN_TP_CAP_MSG | TERN_TP_CAP_PUT | TERN_TP_CAP_GET | TERN_TP_CAP_WAIT_FD |
+            TERN_TP_CAP_LISTEN | TERN_TP_CAP_CONNECT,
+    .ep_size = sizeof(struct tcp_ep),
+    .ops = &tcp_ops,
+};

@@ -1,0 +1,293 @@
+/* The fabric-independent core: validates arguments, fills config defaults and
+ * dispatches to the fabric's ops, answering TERN_ENOTSUP for missing ones. */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "transport_internal.h"
+
+static const struct tern_tp_fabric *const fabrics[] = {
+    &tern_tp_fabric_tcp,
+};
+
+static const char *const fabric_names[] = {
+    "tcp",
+    NULL,
+};
+
+const char *const *tern_tp_fabric_names(void)
+{
+    return fabric_names;
+}
+
+#define N_FABRICS (sizeof(fabrics) / sizeof(fabrics[0]))
+
+static const struct tern_tp_fabric *fabric_find(const char *name)
+{
+    for (size_t i = 0; i < N_FABRICS; i++)
+        if (name && strcmp(fabrics[i]->name, name) == 0)
+            return fabrics[i];
+    return NULL;
+}
+
+int tern_tp_open(const struct tern_tp_config *cfg, struct tern_tp_ep **out)
+{
+    const struct tern_tp_fabric *f;
+    struct tern_tp_ep *ep;
+    int rc;
+
+    if (!cfg || !out)
+        return TERN_EINVAL;
+    *out = NULL;
+    f = fabric_find(cfg->fabric);
+    if (!f)
+        return TERN_ENOFABRIC;
+    ep = calloc(1, f->ep_size);
+    if (!ep)
+        return TERN_ENOMEM;
+    ep->fabric = f;
+    ep->cfg = *cfg;
+    if (!ep->cfg.max_msg)
+        ep->cfg.max_msg = 1u << 20;
+    if (!ep->cfg.conn_buf)
+        ep->cfg.conn_buf = 4 * ep->cfg.max_msg;
+    if (ep->cfg.conn_buf < ep->cfg.max_msg + 64) {
+        free(ep);
+        return TERN_EINVAL;
+    }
+    if (!ep->cfg.max_conns)
+        ep->cfg.max_conns = 4096;
+    if (getrandom(&ep->mr_nonce, sizeof(ep->mr_nonce), 0) != sizeof(ep->mr_nonce))
+        ep->mr_nonce = (uint32_t)(uintptr_t)ep;
+    rc = f->ops->ep_open ? f->ops->ep_open(ep) : 0;
+    if (rc < 0) {
+        free(ep);
+        return rc;
+    }
+    *out = ep;
+    return 0;
+}
+
+void tern_tp_close(struct tern_tp_ep *ep)
+{
+    if (!ep)
+        return;
+    if (ep->fabric->ops->ep_close)
+        ep->fabric->ops->ep_close(ep);
+    free(ep);
+}
+
+uint32_t tern_tp_caps(const struct tern_tp_ep *ep)
+{
+    return ep->fabric->caps;
+}
+
+const char *tern_tp_fabric(const struct tern_tp_ep *ep)
+{
+    return ep->fabric->name;
+}
+
+size_t tern_tp_max_msg(const struct tern_tp_ep *ep)
+{
+    return ep->cfg.max_msg;
+}
+
+#define OPS(ep) ((ep)->fabric->ops)
+
+int tern_tp_listen(struct tern_tp_ep *ep, const char *addr, char *bound, size_t bound_len)
+{
+    if (!addr)
+        return TERN_EINVAL;
+    if (!OPS(ep)->listen)
+        return TERN_ENOTSUP;
+    return OPS(ep)->listen(ep, addr, bound, bound_len);
+}
+
+int tern_tp_connect(struct tern_tp_ep *ep, const char *addr, struct tern_tp_conn **out)
+{
+    if (!addr || !out)
+        return TERN_EINVAL;
+    if (!OPS(ep)->connect)
+        return TERN_ENOTSUP;
+    return OPS(ep)->connect(ep, addr, out);
+}
+
+void tern_tp_disconnect(struct tern_tp_conn *conn)
+{
+    if (conn && OPS(conn->ep)->disconnect)
+        OPS(conn->ep)->disconnect(conn);
+}
+
+void tern_tp_conn_set_user(struct tern_tp_conn *conn, void *user)
+{
+    conn->user = user;
+}
+
+void *tern_tp_conn_user(const struct tern_tp_conn *conn)
+{
+    return conn->user;
+}
+
+const char *tern_tp_conn_peer(const struct tern_tp_conn *conn)
+{
+    return OPS(conn->ep)->conn_peer ? OPS(conn->ep)->conn_peer(conn) : "?";
+}
+
+int tern_tp_msg_alloc(struct tern_tp_conn *conn, size_t len, void **buf)
+{
+    if (!buf)
+        return TERN_EINVAL;
+    if (!OPS(conn->ep)->msg_alloc)
+        return TERN_ENOTSUP;
+    if (len > conn->ep->cfg.max_msg)
+        return TERN_EMSGSIZE;
+    return OPS(conn->ep)->msg_alloc(conn, len, buf);
+}
+
+int tern_tp_msg_post(struct tern_tp_conn *conn, void *buf, size_t len)
+{
+    if (!OPS(conn->ep)->msg_post)
+        return TERN_ENOTSUP;
+    return OPS(conn->ep)->msg_post(conn, buf, len);
+}
+
+void tern_tp_msg_abort(struct tern_tp_conn *conn, void *buf)
+{
+    if (OPS(conn->ep)->msg_abort)
+        OPS(conn->ep)->msg_abort(conn, buf);
+}
+
+int tern_tp_msg_send(struct tern_tp_conn *conn, const void *data, size_t len)
+{
+    void *buf;
+    int rc = tern_tp_msg_alloc(conn, len, &buf);
+
+    if (rc < 0)
+        return rc;
+    if (len)
+        memcpy(buf, data, len);
+    return tern_tp_msg_post(conn, buf, len);
+}
+
+void tern_tp_msg_release(struct tern_tp_conn *conn, const void *view)
+{
+    if (OPS(conn->ep)->msg_release)
+        OPS(conn->ep)->msg_release(conn, view);
+}
+
+int tern_tp_mr_reg(struct tern_tp_ep *ep, void *addr, size_t len, uint32_t access,
+                   struct tern_tp_mr **out)
+{
+    if (!out || (!addr && len) || (access & ~3u))
+        return TERN_EINVAL;
+    for (uint32_t i = 0; i < TERN_MR_MAX; i++) {
+        struct tern_tp_mr *mr = &ep->mrs[i];
+
+        if (mr->in_use)
+            continue;
+        /* The key carries the slot in its low bits and a per-registration
+         * nonce above them, so a stale or guessed key rarely matches. */
+        ep->mr_nonce = ep->mr_nonce * 1664525u + 1013904223u;
+        *mr = (struct tern_tp_mr){
+            .ep = ep, .addr = addr, .len = len, .access = access, .in_use = true,
+            .key = (ep->mr_nonce & ~(uint32_t)(TERN_MR_MAX - 1)) | i,
+        };
+        *out = mr;
+        return 0;
+    }
+    return TERN_ENOBUFS;
+}
+
+int tern_tp_mr_dereg(struct tern_tp_mr *mr)
+{
+    if (!mr || !mr->in_use)
+        return TERN_EINVAL;
+    mr->in_use = false;
+    mr->key = 0;
+    return 0;
+}
+
+struct tern_tp_rkey tern_tp_mr_rkey(const struct tern_tp_mr *mr)
+{
+    return (struct tern_tp_rkey){
+        .addr = (uint64_t)(uintptr_t)mr->addr, .len = mr->len,
+        .key = mr->key, .access = mr->access,
+    };
+}
+
+int tern_tp_mr_check(struct tern_tp_ep *ep, uint32_t key, uint64_t off, uint64_t len,
+                     uint32_t need, uint8_t **where)
+{
+    struct tern_tp_mr *mr = &ep->mrs[key & (TERN_MR_MAX - 1)];
+
+    if (!mr->in_use || mr->key != key || (mr->access & need) != need)
+        return TERN_EREMACCESS;
+    if (off > mr->len || len > mr->len - off)
+        return TERN_EREMACCESS;
+    *where = mr->addr + off;
+    return 0;
+}
+
+static int local_range(struct tern_tp_conn *conn, struct tern_tp_mr *lmr, size_t loff,
+                       size_t len, uint8_t **p)
+{
+    if (!lmr || !lmr->in_use || lmr->ep != conn->ep)
+        return TERN_EINVAL;
+    if (loff > lmr->len || len > lmr->len - loff)
+        return TERN_ERANGE;
+    if (len == 0 || len > conn->ep->cfg.max_msg)
+        return len ? TERN_EMSGSIZE : TERN_EINVAL;
+    *p = lmr->addr + loff;
+    return 0;
+}
+
+int tern_tp_put(struct tern_tp_conn *conn, struct tern_tp_mr *lmr, size_t loff, size_t len,
+                const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token)
+{
+    uint8_t *src;
+    int rc;
+
+    if (!OPS(conn->ep)->put)
+        return TERN_ENOTSUP;
+    if (!rkey)
+        return TERN_EINVAL;
+    rc = local_range(conn, lmr, loff, len, &src);
+    if (rc < 0)
+        return rc;
+    return OPS(conn->ep)->put(conn, src, len, rkey, roff, token);
+}
+
+int tern_tp_get(struct tern_tp_conn *conn, struct tern_tp_mr *lmr, size_t loff, size_t len,
+                const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token)
+{
+    uint8_t *dst;
+    int rc;
+
+    if (!OPS(conn->ep)->get)
+        return TERN_ENOTSUP;
+    if (!rkey)
+        return TERN_EINVAL;
+    rc = local_range(conn, lmr, loff, len, &dst);
+    if (rc < 0)
+        return rc;
+    return OPS(conn->ep)->get(conn, dst, len, rkey, roff, token);
+}
+
+int tern_tp_poll(struct tern_tp_ep *ep, struct tern_tp_event *ev, int max)
+{
+    if (!ev || max <= 0)
+        return TERN_EINVAL;
+    if (!OPS(ep)->poll)
+        return TERN_ENOTSUP;
+    return OPS(ep)->poll(ep, ev, max);
+}
+
+int tern_tp_wait_fd(struct tern_tp_ep *ep)
+{
+    return OPS(ep)->wait_fd ? OPS(ep)->wait_fd(ep) : TERN_ENOTSUP;
+}
+
+int tern_tp_wait(struct tern_tp_ep *ep, int timeout_ms)
+{
+    return OPS(ep)->wait ? OPS(ep)->wait(ep, timeout_ms) : TERN_ENOTSUP;
+}

@@ -1,0 +1,189 @@
+/* tern transport: one fabric-independent API over TCP, shared memory,
+ * PCIe NTB and RDMA.
+ *
+ * A transport endpoint (tern_tp_ep) belongs to one thread and one fabric. It
+ * owns listeners, connections and registered memory, and reports everything
+ * that happens through tern_tp_poll(). Nothing here takes a lock: use one
+ * endpoint per thread.
+ *
+ * Contract, identical on every fabric:
+ *  - a connection is reliable and in order;
+ *  - messages: reserve send space with tern_tp_msg_alloc(), write the payload
+ *    in place, publish it with tern_tp_msg_post(). A received message is a
+ *    view into the receive buffer, valid until tern_tp_msg_release();
+ *    views of one connection are released in the order they arrived;
+ *  - one-sided access: tern_tp_put()/tern_tp_get() at (remote key, offset,
+ *    length) on memory the peer registered. The key, the bounds and the
+ *    permission are checked on every fabric; a violation completes the
+ *    operation with TERN_EREMACCESS and the connection stays usable;
+ *  - an operation a fabric does not implement returns TERN_ENOTSUP, and the
+ *    capability bits say in advance which ones exist.
+ */
+#ifndef TERN_TRANSPORT_H
+#define TERN_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct tern_tp_ep;
+struct tern_tp_conn;
+struct tern_tp_mr;
+
+/* Capability bits of a fabric; each one matches a non-NULL op. */
+enum tern_tp_cap {
+    TERN_TP_CAP_MSG = 1u << 0,     /* msg_alloc / msg_post / msg_release */
+    TERN_TP_CAP_PUT = 1u << 1,     /* one-sided write */
+    TERN_TP_CAP_GET = 1u << 2,     /* one-sided read */
+    TERN_TP_CAP_WAIT_FD = 1u << 3, /* a file descriptor to block on */
+    TERN_TP_CAP_LISTEN = 1u << 4,  /* accepts connections */
+    TERN_TP_CAP_CONNECT = 1u << 5, /* opens connections */
+};
+
+enum tern_tp_poll_mode {
+    TERN_TP_POLL_BUSY = 0,     /* callers spin on tern_tp_poll() */
+    TERN_TP_POLL_ADAPTIVE = 1, /* spin while busy, sleep in tern_tp_wait() */
+};
+
+struct tern_tp_config {
+    const char *fabric;          /* "tcp", ... (see tern_tp_fabric_names) */
+    enum tern_tp_poll_mode mode;
+    size_t max_msg;              /* largest message; 0 = 1 MiB */
+    size_t conn_buf;             /* per-connection buffer cap; 0 = 4 x max_msg */
+    unsigned max_conns;          /* 0 = 4096 */
+};
+
+/* Memory access rights granted to peers on a registered region. */
+enum tern_tp_access {
+    TERN_TP_ACCESS_LOCAL = 0,
+    TERN_TP_ACCESS_REMOTE_READ = 1u << 0,
+    TERN_TP_ACCESS_REMOTE_WRITE = 1u << 1,
+};
+
+/* What a peer needs to reach a registered region. Plain data: send it to the
+ * peer in a message. `addr` is the region's base in the owner's address space
+ * (RDMA needs it); offsets in put/get are relative to the region start. */
+struct tern_tp_rkey {
+    uint64_t addr;
+    uint64_t len;
+    uint32_t key;
+    uint32_t access;
+};
+
+enum tern_tp_event_type {
+    TERN_TP_EV_RECV = 1,   /* data/len: a message view; release it */
+    TERN_TP_EV_PUT_DONE,   /* token, status */
+    TERN_TP_EV_GET_DONE,   /* token, status; the local buffer is filled */
+    TERN_TP_EV_CONNECTED,  /* an outgoing connection is up (status 0) or failed */
+    TERN_TP_EV_ACCEPTED,   /* a new incoming connection */
+    TERN_TP_EV_CLOSED,     /* the connection is gone; status says why */
+    TERN_TP_EV_WRITABLE,   /* send space is back after TERN_EAGAIN */
+};
+
+struct tern_tp_event {
+    enum tern_tp_event_type type;
+    int status;                 /* 0 or a negative tern code */
+    struct tern_tp_conn *conn;
+    const void *data;           /* RECV only */
+    size_t len;                 /* RECV only */
+    uint64_t token;             /* PUT_DONE / GET_DONE: the caller's token */
+};
+
+/* Names of the fabrics built into this library, NULL-terminated. */
+const char *const *tern_tp_fabric_names(void);
+
+/* Open an endpoint on cfg->fabric. Returns 0 or TERN_ENOFABRIC, TERN_EINVAL,
+ * TERN_ENOMEM. */
+int tern_tp_open(const struct tern_tp_config *cfg, struct tern_tp_ep **out);
+
+/* Close every connection and listener, free the endpoint. */
+void tern_tp_close(struct tern_tp_ep *ep);
+
+/* The fabric's capability bits (enum tern_tp_cap). */
+uint32_t tern_tp_caps(const struct tern_tp_ep *ep);
+
+/* The fabric's name, e.g. "tcp". */
+const char *tern_tp_fabric(const struct tern_tp_ep *ep);
+
+/* Largest message this endpoint sends or accepts. */
+size_t tern_tp_max_msg(const struct tern_tp_ep *ep);
+
+/* Accept connections at `addr` (fabric syntax; tcp: "host:port", port 0 picks
+ * one). The bound address is written to `bound` if it is not NULL. */
+int tern_tp_listen(struct tern_tp_ep *ep, const char *addr, char *bound, size_t bound_len);
+
+/* Start connecting to `addr`. The connection exists at once (messages may be
+ * queued on it); TERN_TP_EV_CONNECTED reports the outcome. */
+int tern_tp_connect(struct tern_tp_ep *ep, const char *addr, struct tern_tp_conn **out);
+
+/* Close a connection and free it. Views still held on it become invalid.
+ * Also frees a connection after its TERN_TP_EV_CLOSED event. */
+void tern_tp_disconnect(struct tern_tp_conn *conn);
+
+/* Attach / read an application pointer on a connection. */
+void tern_tp_conn_set_user(struct tern_tp_conn *conn, void *user);
+void *tern_tp_conn_user(const struct tern_tp_conn *conn);
+
+/* Peer address as text ("host:port" on tcp). */
+const char *tern_tp_conn_peer(const struct tern_tp_conn *conn);
+
+/* Reserve `len` bytes of send space; *buf points at it. One reservation per
+ * connection at a time: post or abort it before the next. TERN_EAGAIN when
+ * the send path is full (wait for TERN_TP_EV_WRITABLE), TERN_EMSGSIZE if
+ * len > max_msg, TERN_ENOTCONN on a closed connection. */
+int tern_tp_msg_alloc(struct tern_tp_conn *conn, size_t len, void **buf);
+
+/* Publish the reservation `buf` with its first `len` bytes (len may be less
+ * than reserved). */
+int tern_tp_msg_post(struct tern_tp_conn *conn, void *buf, size_t len);
+
+/* Drop a reservation without sending it. */
+void tern_tp_msg_abort(struct tern_tp_conn *conn, void *buf);
+
+/* Convenience: alloc + copy + post. */
+int tern_tp_msg_send(struct tern_tp_conn *conn, const void *data, size_t len);
+
+/* Give a received view back to the transport. */
+void tern_tp_msg_release(struct tern_tp_conn *conn, const void *view);
+
+/* Register [addr, addr+len) for one-sided access with `access` rights. */
+int tern_tp_mr_reg(struct tern_tp_ep *ep, void *addr, size_t len, uint32_t access,
+                   struct tern_tp_mr **out);
+
+/* Deregister; later peer access with its key fails with TERN_EREMACCESS. */
+int tern_tp_mr_dereg(struct tern_tp_mr *mr);
+
+/* The remote key peers use to reach `mr`. */
+struct tern_tp_rkey tern_tp_mr_rkey(const struct tern_tp_mr *mr);
+
+/* Write `len` bytes from local region `lmr` at `loff` to the peer's region
+ * `rkey` at `roff`. Completion: TERN_TP_EV_PUT_DONE with `token`. */
+int tern_tp_put(struct tern_tp_conn *conn, struct tern_tp_mr *lmr, size_t loff, size_t len,
+                const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token);
+
+/* Read `len` bytes from the peer's region into local `lmr` at `loff`.
+ * Completion: TERN_TP_EV_GET_DONE with `token`. */
+int tern_tp_get(struct tern_tp_conn *conn, struct tern_tp_mr *lmr, size_t loff, size_t len,
+                const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token);
+
+/* Make progress and return up to `max` events (0 if none), or a negative
+ * code on an endpoint-wide failure. Never blocks. */
+int tern_tp_poll(struct tern_tp_ep *ep, struct tern_tp_event *ev, int max);
+
+/* A file descriptor that becomes readable when tern_tp_poll() has work. */
+int tern_tp_wait_fd(struct tern_tp_ep *ep);
+
+/* Block up to timeout_ms (-1: forever) until the endpoint may have work.
+ * Returns 1 if it may, 0 on timeout. */
+int tern_tp_wait(struct tern_tp_ep *ep, int timeout_ms);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,75 @@
+/* What a fabric implements: the ops table and the common part of its objects.
+ * Only transport/ includes this file. */
+#ifndef TERN_TRANSPORT_INTERNAL_H
+#define TERN_TRANSPORT_INTERNAL_H
+
+#include <stdbool.h>
+
+#include "transport.h"
+
+/* A fabric fills the ops it supports with designated initializers; the core
+ * answers TERN_ENOTSUP for every NULL entry, and tern_tp_fabric_check()
+ * verifies that the advertised capability bits match the ops. */
+struct tern_tp_ops {
+    int (*ep_open)(struct tern_tp_ep *ep);
+    void (*ep_close)(struct tern_tp_ep *ep);
+    int (*listen)(struct tern_tp_ep *ep, const char *addr, char *bound, size_t bound_len);
+    int (*connect)(struct tern_tp_ep *ep, const char *addr, struct tern_tp_conn **out);
+    void (*disconnect)(struct tern_tp_conn *conn);
+    const char *(*conn_peer)(const struct tern_tp_conn *conn);
+    int (*msg_alloc)(struct tern_tp_conn *conn, size_t len, void **buf);
+    int (*msg_post)(struct tern_tp_conn *conn, void *buf, size_t len);
+    void (*msg_abort)(struct tern_tp_conn *conn, void *buf);
+    void (*msg_release)(struct tern_tp_conn *conn, const void *view);
+    int (*put)(struct tern_tp_conn *conn, const void *src, size_t len,
+               const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token);
+    int (*get)(struct tern_tp_conn *conn, void *dst, size_t len,
+               const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token);
+    int (*poll)(struct tern_tp_ep *ep, struct tern_tp_event *ev, int max);
+    int (*wait_fd)(struct tern_tp_ep *ep);
+    int (*wait)(struct tern_tp_ep *ep, int timeout_ms);
+};
+
+struct tern_tp_fabric {
+    const char *name;
+    uint32_t caps;
+    size_t ep_size;   /* bytes to allocate for the fabric's endpoint */
+    const struct tern_tp_ops *ops;
+};
+
+/* Registered regions of one endpoint; shared by every fabric that checks
+ * one-sided access in software (tcp, ring). */
+#define TERN_MR_MAX 1024
+
+struct tern_tp_mr {
+    struct tern_tp_ep *ep;
+    uint8_t *addr;
+    size_t len;
+    uint32_t access;
+    uint32_t key;
+    bool in_use;
+};
+
+/* Common head of every fabric's endpoint. */
+struct tern_tp_ep {
+    const struct tern_tp_fabric *fabric;
+    struct tern_tp_config cfg;   /* with defaults filled in */
+    struct tern_tp_mr mrs[TERN_MR_MAX];
+    uint32_t mr_nonce;
+};
+
+/* Common head of every fabric's connection. */
+struct tern_tp_conn {
+    struct tern_tp_ep *ep;
+    void *user;
+};
+
+/* Check a peer's one-sided access against this endpoint's regions; on
+ * success *where points at the local bytes. TERN_EREMACCESS otherwise. */
+int tern_tp_mr_check(struct tern_tp_ep *ep, uint32_t key, uint64_t off, uint64_t len,
+                     uint32_t need, uint8_t **where);
+
+/* Fabrics built into the library. */
+extern const struct tern_tp_fabric tern_tp_fabric_tcp;
+
+#endif

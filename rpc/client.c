@@ -135,6 +135,9 @@ static void pump(struct tern_session *s)
         c->state = CALL_SENT;
         list_push(&s->sent, c);
     }
+    /* Inside a poll the flush at its end sends the batch; outside, now. */
+    if (!s->ep->polling)
+        tern_tp_flush(tern_tp_conn_ep(s->conn));
 }
 
 int tern_call(struct tern_session *s, uint16_t svc, uint16_t method, const void *req,
@@ -309,6 +312,8 @@ int tern_rpc_connect(struct tern_rpc_ep *ep, const char *uri, uint64_t timeout_n
         memcpy(buf + sizeof(h), &hello, sizeof(hello));
         rc = tern_tp_msg_post(conn, buf, sizeof(h) + sizeof(hello));
     }
+    if (rc == 0)
+        tern_tp_flush(tp);
     end = tern_now_ns() + (timeout_ns ? timeout_ns : 5000000000ull);
     while (rc == 0 && s->state == SESS_CONNECTING) {
         tern_rpc_poll(ep);

@@ -347,6 +347,10 @@ int tern_rpc_poll(struct tern_rpc_ep *ep)
             rpc_expire_calls(ep, now);
         }
     }
+    /* Replies and calls posted by handlers, continuations and expiries of
+     * this poll leave together: one doorbell per connection. */
+    for (unsigned t = 0; t < ep->n_tp; t++)
+        tern_tp_flush(ep->tp[t]);
     if (--ep->polling == 0 && ep->zombies)
         free_zombies(ep);
     return total;
@@ -358,8 +362,7 @@ int tern_rpc_run(struct tern_rpc_ep *ep, int timeout_ms)
     uint64_t end = timeout_ms < 0 ? UINT64_MAX : start + (uint64_t)timeout_ms * 1000000u;
     int total = 0;
 
-    ep->stop = 0;
-    while (!ep->stop) {
+    while (!__atomic_load_n(&ep->stop, __ATOMIC_RELAXED)) {
         int n = tern_rpc_poll(ep);
         uint64_t now;
 
@@ -384,10 +387,13 @@ int tern_rpc_run(struct tern_rpc_ep *ep, int timeout_ms)
             tern_tp_wait(ep->tp[0], ms);
         }
     }
+    /* A stop is consumed by the run it ended (or the next one, if it came
+     * before that run started). */
+    __atomic_store_n(&ep->stop, 0, __ATOMIC_RELAXED);
     return total;
 }
 
 void tern_rpc_stop(struct tern_rpc_ep *ep)
 {
-    ep->stop = 1;
+    __atomic_store_n(&ep->stop, 1, __ATOMIC_RELAXED);
 }

@@ -97,7 +97,7 @@ struct tern_rpc_ep {
     unsigned n_free;
     unsigned n_deadlines;           /* live calls with a deadline */
     uint64_t next_deadline_scan;
-    volatile int stop;
+    int stop;                       /* set by tern_rpc_stop, any thread */
     struct tern_tp_event ev[RPC_EVENT_BATCH];
 };
 

@@ -22,7 +22,7 @@ const char *const *tern_tp_fabric_names(void)
 
 #define N_FABRICS (sizeof(fabrics) / sizeof(fabrics[0]))
 
-static const struct tern_tp_fabric *fabric_find(const char *name)
+const struct tern_tp_fabric *tern_tp_fabric_find(const char *name)
 {
     for (size_t i = 0; i < N_FABRICS; i++)
         if (name && strcmp(fabrics[i]->name, name) == 0)
@@ -30,18 +30,53 @@ static const struct tern_tp_fabric *fabric_find(const char *name)
     return NULL;
 }
 
+bool tern_tp_caps_match_ops(const struct tern_tp_fabric *f)
+{
+    const struct tern_tp_ops *o = f->ops;
+    const struct {
+        uint32_t cap;
+        bool has;
+    } rows[] = {
+        {TERN_TP_CAP_MSG, o->msg_alloc && o->msg_post && o->msg_release && o->msg_abort},
+        {TERN_TP_CAP_PUT, o->put != NULL},
+        {TERN_TP_CAP_GET, o->get != NULL},
+        {TERN_TP_CAP_WAIT_FD, o->wait_fd && o->wait},
+        {TERN_TP_CAP_LISTEN, o->listen != NULL},
+        {TERN_TP_CAP_CONNECT, o->connect != NULL},
+    };
+
+    if (!o->poll)
+        return false;   /* every fabric must report events */
+    for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
+        if (!!(f->caps & rows[i].cap) != rows[i].has)
+            return false;
+    return true;
+}
+
 int tern_tp_open(const struct tern_tp_config *cfg, struct tern_tp_ep **out)
 {
     const struct tern_tp_fabric *f;
-    struct tern_tp_ep *ep;
-    int rc;
 
     if (!cfg || !out)
         return TERN_EINVAL;
     *out = NULL;
-    f = fabric_find(cfg->fabric);
+    f = tern_tp_fabric_find(cfg->fabric);
     if (!f)
         return TERN_ENOFABRIC;
+    return tern_tp_open_fabric(f, cfg, out);
+}
+
+int tern_tp_open_fabric(const struct tern_tp_fabric *f, const struct tern_tp_config *cfg,
+                        struct tern_tp_ep **out)
+{
+    struct tern_tp_ep *ep;
+    int rc;
+
+    if (!f || !cfg || !out || f->ep_size < sizeof(struct tern_tp_ep))
+        return TERN_EINVAL;
+    *out = NULL;
+    if (!tern_tp_caps_match_ops(f))
+        return TERN_EINVAL;
     ep = calloc(1, f->ep_size);
     if (!ep)
         return TERN_ENOMEM;
@@ -126,6 +161,11 @@ void tern_tp_conn_set_user(struct tern_tp_conn *conn, void *user)
 void *tern_tp_conn_user(const struct tern_tp_conn *conn)
 {
     return conn->user;
+}
+
+struct tern_tp_ep *tern_tp_conn_ep(const struct tern_tp_conn *conn)
+{
+    return conn->ep;
 }
 
 const char *tern_tp_conn_peer(const struct tern_tp_conn *conn)
@@ -280,6 +320,11 @@ int tern_tp_poll(struct tern_tp_ep *ep, struct tern_tp_event *ev, int max)
     if (!OPS(ep)->poll)
         return TERN_ENOTSUP;
     return OPS(ep)->poll(ep, ev, max);
+}
+
+int tern_tp_flush(struct tern_tp_ep *ep)
+{
+    return OPS(ep)->flush ? OPS(ep)->flush(ep) : 0;
 }
 
 int tern_tp_wait_fd(struct tern_tp_ep *ep)

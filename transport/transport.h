@@ -8,6 +8,9 @@
  *
  * Contract, identical on every fabric:
  *  - a connection is reliable and in order;
+ *  - posted messages and one-sided operations leave at the latest at the
+ *    next tern_tp_flush() or tern_tp_poll(), so a batch of posts costs one
+ *    doorbell (one send() on TCP) per connection;
  *  - messages: reserve send space with tern_tp_msg_alloc(), write the payload
  *    in place, publish it with tern_tp_msg_post(). A received message is a
  *    view into the receive buffer, valid until tern_tp_msg_release();
@@ -129,6 +132,9 @@ void tern_tp_disconnect(struct tern_tp_conn *conn);
 void tern_tp_conn_set_user(struct tern_tp_conn *conn, void *user);
 void *tern_tp_conn_user(const struct tern_tp_conn *conn);
 
+/* The endpoint a connection belongs to. */
+struct tern_tp_ep *tern_tp_conn_ep(const struct tern_tp_conn *conn);
+
 /* Peer address as text ("host:port" on tcp). */
 const char *tern_tp_conn_peer(const struct tern_tp_conn *conn);
 
@@ -174,6 +180,10 @@ int tern_tp_get(struct tern_tp_conn *conn, struct tern_tp_mr *lmr, size_t loff, 
 /* Make progress and return up to `max` events (0 if none), or a negative
  * code on an endpoint-wide failure. Never blocks. */
 int tern_tp_poll(struct tern_tp_ep *ep, struct tern_tp_event *ev, int max);
+
+/* Send everything posted so far. Fabrics that send at post time make this a
+ * no-op returning 0. */
+int tern_tp_flush(struct tern_tp_ep *ep);
 
 /* A file descriptor that becomes readable when tern_tp_poll() has work. */
 int tern_tp_wait_fd(struct tern_tp_ep *ep);

@@ -26,6 +26,7 @@ struct tern_tp_ops {
     int (*get)(struct tern_tp_conn *conn, void *dst, size_t len,
                const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token);
     int (*poll)(struct tern_tp_ep *ep, struct tern_tp_event *ev, int max);
+    int (*flush)(struct tern_tp_ep *ep);   /* NULL: posts go out at once */
     int (*wait_fd)(struct tern_tp_ep *ep);
     int (*wait)(struct tern_tp_ep *ep, int timeout_ms);
 };
@@ -68,6 +69,17 @@ struct tern_tp_conn {
  * success *where points at the local bytes. TERN_EREMACCESS otherwise. */
 int tern_tp_mr_check(struct tern_tp_ep *ep, uint32_t key, uint64_t off, uint64_t len,
                      uint32_t need, uint8_t **where);
+
+/* Open an endpoint on a given fabric table (tern_tp_open after the lookup);
+ * tests use it to run the core against sparse ops tables. */
+int tern_tp_open_fabric(const struct tern_tp_fabric *f, const struct tern_tp_config *cfg,
+                        struct tern_tp_ep **out);
+
+/* True if f->caps names exactly the ops f->ops implements. */
+bool tern_tp_caps_match_ops(const struct tern_tp_fabric *f);
+
+/* The built-in fabric called `name`, or NULL. */
+const struct tern_tp_fabric *tern_tp_fabric_find(const char *name);
 
 /* Fabrics built into the library. */
 extern const struct tern_tp_fabric tern_tp_fabric_tcp;

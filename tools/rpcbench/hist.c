@@ -54,6 +54,10 @@ uint64_t hist_quantile(const struct hist *h, double q)
     if (!h->count)
         return 0;
     rank = (uint64_t)(q * (double)(h->count - 1)) + 1;
+    if (rank >= h->count)
+        return h->max;
+    if (rank == 1)
+        return h->min;
     for (unsigned b = 0; b < HIST_BUCKETS; b++) {
         seen += h->bins[b];
         if (seen >= rank) {

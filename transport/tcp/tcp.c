@@ -58,7 +58,8 @@ struct tcp_conn {
     struct tcp_obj obj;
     struct tcp_conn *prev, *next;     /* all connections of the endpoint */
     struct tcp_conn *ready_next;      /* ready list */
-    bool on_ready;
+    struct tcp_conn *dirty_next;      /* posted frames not yet sent */
+    bool on_ready, dirty;
     enum tcp_state state;
     int close_status;
     bool ev_connected, ev_accepted, ev_writable, ev_closed; /* events owed */
@@ -85,6 +86,7 @@ struct tcp_ep {
     struct tcp_listener *listeners;
     struct tcp_conn *conns;
     struct tcp_conn *ready;
+    struct tcp_conn *dirty;
     unsigned nconns;
     struct epoll_event evbuf[TCP_EPOLL_BATCH];
 };
@@ -117,6 +119,33 @@ static void ready_remove(struct tcp_conn *c)
     if (*pp)
         *pp = c->ready_next;
     c->on_ready = false;
+}
+
+/* Posted frames are sent by the next flush (tern_tp_flush, or the start and
+ * end of tern_tp_poll), so that everything posted while handling one batch of
+ * events leaves in one send() per connection. */
+static void dirty_push(struct tcp_conn *c)
+{
+    struct tcp_ep *ep = TEP(c->base.ep);
+
+    if (c->dirty)
+        return;
+    c->dirty = true;
+    c->dirty_next = ep->dirty;
+    ep->dirty = c;
+}
+
+static void dirty_remove(struct tcp_conn *c)
+{
+    struct tcp_conn **pp = &TEP(c->base.ep)->dirty;
+
+    if (!c->dirty)
+        return;
+    while (*pp && *pp != c)
+        pp = &(*pp)->dirty_next;
+    if (*pp)
+        *pp = c->dirty_next;
+    c->dirty = false;
 }
 
 static void epoll_set(struct tcp_conn *c)
@@ -244,6 +273,7 @@ static void tcp_disconnect(struct tern_tp_conn *conn)
         close(c->obj.fd);
     }
     ready_remove(c);
+    dirty_remove(c);
     if (c->prev)
         c->prev->next = c->next;
     else
@@ -338,7 +368,21 @@ static void tx_commit(struct tcp_conn *c, uint8_t *frame, uint8_t type, size_t b
 {
     frame_hdr(frame, type, body_len);
     c->tx_tail = (size_t)(frame - c->tx) + sizeof(struct tcp_hdr) + body_len;
-    tx_flush(c);
+    dirty_push(c);
+}
+
+static int tcp_flush(struct tern_tp_ep *base)
+{
+    struct tcp_ep *ep = TEP(base);
+
+    while (ep->dirty) {
+        struct tcp_conn *c = ep->dirty;
+
+        ep->dirty = c->dirty_next;
+        c->dirty = false;
+        tx_flush(c);
+    }
+    return 0;
 }
 
 static int tcp_msg_alloc(struct tern_tp_conn *conn, size_t len, void **buf)
@@ -906,6 +950,7 @@ static int tcp_poll(struct tern_tp_ep *base, struct tern_tp_event *ev, int max)
     struct tcp_conn *todo;
     int n = 0, ne;
 
+    tcp_flush(base);
     /* Connections with leftover work first, so none starves. */
     todo = ep->ready;
     ep->ready = NULL;
@@ -920,7 +965,7 @@ static int tcp_poll(struct tern_tp_ep *base, struct tern_tp_event *ev, int max)
             ready_push(c);
     }
     if (n >= max)
-        return n;
+        goto out;
 
     ne = epoll_wait(ep->epfd, ep->evbuf, TCP_EPOLL_BATCH, 0);
     for (int i = 0; i < ne; i++) {
@@ -960,6 +1005,10 @@ static int tcp_poll(struct tern_tp_ep *base, struct tern_tp_event *ev, int max)
                 break;
         }
     }
+out:
+    /* Answers to one-sided operations found in this batch leave now. */
+    if (ep->dirty)
+        tcp_flush(base);
     return n;
 }
 
@@ -993,6 +1042,7 @@ static const struct tern_tp_ops tcp_ops = {
     .put = tcp_put,
     .get = tcp_get,
     .poll = tcp_poll,
+    .flush = tcp_flush,
     .wait_fd = tcp_wait_fd,
     .wait = tcp_wait,
 };

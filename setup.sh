@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Set up tern on a fresh Debian 12 machine and run it.
+#
+#   ./setup.sh bench   install what is missing, build, run rpcbench against a
+#                      local server over every fabric built in, print a table
+#   ./setup.sh test    install what is missing, build, run every test suite,
+#                      also under AddressSanitizer + UBSan; ends with
+#                      "N passed, N failed"
+#
+# Packages come from Debian only (apt-get; sudo is used when not root).
+set -euo pipefail
+
+cd "$(dirname "$0")"
+ROOT=$(pwd)
+
+PKGS=(build-essential meson ninja-build pkg-config check libsubunit-dev python3)
+
+log() { printf '== %s\n' "$*" >&2; }
+
+install_deps() {
+    local missing=() sudo=()
+    for p in "${PKGS[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    [ "$(id -u)" -ne 0 ] && sudo=(sudo)
+    log "installing ${missing[*]}"
+    "${sudo[@]}" apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+# build DIR [meson options...]: configure once, then (re)build.
+build() {
+    local dir=$1; shift
+    if [ ! -f "$dir/build.ninja" ]; then
+        meson setup "$dir" "$@" >/dev/null
+    fi
+    ninja -C "$dir" >/dev/null
+}
+
+run_bench() {
+    build build -Dwerror=false
+    log "rpcbench echo over every fabric (server and client on this host)"
+    build/tools/rpcbench/rpcbench echo --fabric all --size 64,4k,64k --window 1,16 \
+        --iters 100000 --cpu 0,1
+}
+
+PASSED=0
+FAILED=0
+
+# count NAME CMD...: run a check that is one test.
+count() {
+    local name=$1; shift
+    if "$@"; then
+        PASSED=$((PASSED + 1)); log "PASS $name"
+    else
+        FAILED=$((FAILED + 1)); log "FAIL $name"
+    fi
+}
+
+# suite DIR: the Check runner of one build; adds its counts.
+suite() {
+    local out line
+    out=$(mktemp)
+    "$1/tests/tern-tests" 2>&1 | tee "$out" | grep -E '^[0-9]+%|:[EF]:' || true
+    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$out" | tail -n 1)
+    rm -f "$out"
+    if [ -z "$line" ]; then
+        log "FAIL $1/tests/tern-tests printed no summary (crashed?)"
+        FAILED=$((FAILED + 1))
+        return
+    fi
+    PASSED=$((PASSED + $(echo "$line" | cut -d' ' -f1)))
+    FAILED=$((FAILED + $(echo "$line" | cut -d' ' -f3)))
+}
+
+# An application outside the tree builds against the installed library.
+consumer() {
+    local dest pc
+    dest=$(mktemp -d)
+    meson install -C build --destdir "$dest" >/dev/null || return 1
+    pc=$(dirname "$(find "$dest" -name tern.pc | head -n 1)")
+    PKG_CONFIG_SYSROOT_DIR=$dest PKG_CONFIG_PATH=$pc \
+        cc -std=gnu11 -Wall -Werror examples/hello.c \
+        $(PKG_CONFIG_SYSROOT_DIR=$dest PKG_CONFIG_PATH=$pc pkg-config --cflags --libs tern) \
+        -o "$dest/hello" || return 1
+    LD_LIBRARY_PATH=$(dirname "$(find "$dest" -name 'libtern.so' | head -n 1)") \
+        timeout 20 "$dest/hello" | grep -q '^hello, world$'
+    local rc=$?
+    rm -rf "$dest"
+    return $rc
+}
+
+run_tests() {
+    log "build with warnings as errors"
+    build build -Dwerror=true
+    log "test suites"
+    suite build
+    count rpcbench-smoke tests/rpcbench_smoke.sh build/tools/rpcbench/rpcbench
+    count installed-library-consumer consumer
+    log "the same suites under AddressSanitizer + UBSan"
+    build build-asan -Dwerror=true -Db_sanitize=address,undefined -Db_lundef=false \
+        -Dbuildtype=debug
+    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+        suite build-asan
+    echo "$PASSED passed, $FAILED failed"
+    [ "$FAILED" -eq 0 ]
+}
+
+case "${1:-}" in
+    bench) install_deps; run_bench ;;
+    test) install_deps; run_tests ;;
+    *) echo "usage: $0 bench|test" >&2; exit 2 ;;
+esac

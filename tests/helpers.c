@@ -1,0 +1,181 @@
+#include <check.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "helpers.h"
+
+const struct fabric_case fabric_cases[] = {
+    {"tcp", "127.0.0.1:0", "127.0.0.1:1"},
+};
+const int n_fabric_cases = sizeof(fabric_cases) / sizeof(fabric_cases[0]);
+
+double now_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+struct tern_tp_ep *tp_open(const char *fabric, size_t max_msg)
+{
+    struct tern_tp_config cfg = {.fabric = fabric, .max_msg = max_msg ? max_msg : 65536};
+    struct tern_tp_ep *ep = NULL;
+    int rc = tern_tp_open(&cfg, &ep);
+
+    ck_assert_msg(rc == 0, "open %s: %s", fabric, tern_strerror(rc));
+    return ep;
+}
+
+/* Events polled but not yet handed out, per endpoint. */
+#define QCAP 256
+static struct evq {
+    struct tern_tp_ep *ep;
+    struct tern_tp_event ev[QCAP];
+    int head, n;
+} queues[4];
+
+static struct evq *queue_of(struct tern_tp_ep *ep)
+{
+    for (int i = 0; i < 4; i++)
+        if (queues[i].ep == ep)
+            return &queues[i];
+    /* A free slot, else one whose endpoint has nothing queued (an endpoint
+     * of an earlier test that is closed by now). */
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < 4; i++)
+            if (!queues[i].ep || (pass && queues[i].n == 0)) {
+                queues[i] = (struct evq){.ep = ep};
+                return &queues[i];
+            }
+    ck_abort_msg("too many endpoints in one test");
+    return NULL;
+}
+
+static void fill(struct evq *q)
+{
+    struct tern_tp_event ev[32];
+    int room = QCAP - q->n, n;
+
+    if (room <= 0)
+        return;
+    n = tern_tp_poll(q->ep, ev, room < 32 ? room : 32);
+    ck_assert_int_ge(n, 0);
+    for (int i = 0; i < n; i++)
+        q->ev[(q->head + q->n++) % QCAP] = ev[i];
+}
+
+bool tp_next2(struct tern_tp_ep *ep, struct tern_tp_ep *other, struct tern_tp_event *out,
+              int ms)
+{
+    struct evq *q = queue_of(ep), *o = other ? queue_of(other) : NULL;
+    double end = now_ms() + ms;
+
+    do {
+        if (!q->n)
+            fill(q);
+        if (o)
+            fill(o);
+        if (q->n) {
+            *out = q->ev[q->head];
+            q->head = (q->head + 1) % QCAP;
+            q->n--;
+            return true;
+        }
+    } while (now_ms() < end);
+    return false;
+}
+
+bool tp_next(struct tern_tp_ep *ep, struct tern_tp_event *out, int ms)
+{
+    return tp_next2(ep, NULL, out, ms);
+}
+
+void tp_pair_open(struct tp_pair *p, const struct fabric_case *fc, size_t max_msg)
+{
+    struct tern_tp_event ev;
+    char bound[128];
+    int rc;
+
+    memset(queues, 0, sizeof(queues));
+    p->a = tp_open(fc->fabric, max_msg);
+    p->b = tp_open(fc->fabric, max_msg);
+    rc = tern_tp_listen(p->b, fc->listen, bound, sizeof(bound));
+    ck_assert_msg(rc == 0, "listen: %s", tern_strerror(rc));
+    rc = tern_tp_connect(p->a, bound, &p->client);
+    ck_assert_msg(rc == 0, "connect: %s", tern_strerror(rc));
+    ck_assert(tp_next2(p->b, p->a, &ev, 5000));
+    ck_assert_int_eq(ev.type, TERN_TP_EV_ACCEPTED);
+    p->server = ev.conn;
+    ck_assert(tp_next2(p->a, p->b, &ev, 5000));
+    ck_assert_int_eq(ev.type, TERN_TP_EV_CONNECTED);
+    ck_assert_int_eq(ev.status, 0);
+    ck_assert_ptr_eq(ev.conn, p->client);
+}
+
+void tp_pair_close(struct tp_pair *p)
+{
+    tern_tp_close(p->a);
+    tern_tp_close(p->b);
+}
+
+static struct tern_rpc_ep *child_ep;
+
+static void child_stop(int sig)
+{
+    (void)sig;
+    if (child_ep)
+        tern_rpc_stop(child_ep);
+}
+
+pid_t spawn_rpc_server(void (*setup)(struct tern_rpc_ep *ep),
+                       const struct tern_rpc_config *cfg, char *uri, size_t uri_len)
+{
+    int fds[2];
+    pid_t pid;
+    ssize_t got = 0, n;
+
+    ck_assert_int_eq(pipe(fds), 0);
+    pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        char bound[128];
+
+        close(fds[0]);
+        if (tern_rpc_ep_create(cfg, &child_ep) < 0)
+            _exit(3);
+        if (setup)
+            setup(child_ep);
+        if (tern_rpc_listen(child_ep, "tcp://127.0.0.1:0", bound, sizeof(bound)) < 0)
+            _exit(4);
+        signal(SIGTERM, child_stop);
+        if (write(fds[1], bound, strlen(bound) + 1) < 0)
+            _exit(5);
+        close(fds[1]);
+        tern_rpc_run(child_ep, 60000);
+        tern_rpc_ep_destroy(child_ep);
+        _exit(0);
+    }
+    close(fds[1]);
+    while (got < (ssize_t)uri_len - 1 && (n = read(fds[0], uri + got, uri_len - 1 - (size_t)got)) > 0)
+        got += n;
+    close(fds[0]);
+    uri[got > 0 ? got : 0] = 0;
+    ck_assert_msg(got > 1, "server process did not start");
+    return pid;
+}
+
+int stop_server(pid_t pid)
+{
+    int status;
+
+    kill(pid, SIGTERM);
+    if (waitpid(pid, &status, 0) != pid)
+        return -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}

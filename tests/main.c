@@ -1,0 +1,61 @@
+/* The test runner: every suite in one table, each test in its own process
+ * (Check's fork mode), and a closing "N passed, N failed" line.
+ *
+ *   tern-tests                 run every suite
+ *   tern-tests --suite NAME    run one suite (names below)
+ *   CK_RUN_CASE=... / CK_RUN_SUITE=...   Check's own filters also work
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "suites.h"
+
+static const struct {
+    const char *name;
+    Suite *(*make)(void);
+} suites[] = {
+    {"error", suite_error},
+    {"hist", suite_hist},
+    {"conformance", suite_conformance},
+    {"tcp_wire", suite_tcp_wire},
+    {"rpc", suite_rpc},
+    {"rpc_procs", suite_rpc_procs},
+};
+
+int main(int argc, char **argv)
+{
+    const char *only = NULL;
+    SRunner *sr = NULL;
+    int run, failed;
+
+    if (argc == 3 && strcmp(argv[1], "--suite") == 0)
+        only = argv[2];
+    else if (argc != 1) {
+        fprintf(stderr, "usage: %s [--suite NAME]\n", argv[0]);
+        return 2;
+    }
+    /* Tests provoke errors on purpose; keep their logs quiet unless asked. */
+    if (!getenv("TERN_LOG"))
+        tern_log_set_level(TERN_LOG_ERROR);
+    for (size_t i = 0; i < sizeof(suites) / sizeof(suites[0]); i++) {
+        if (only && strcmp(only, suites[i].name) != 0)
+            continue;
+        if (!sr)
+            sr = srunner_create(suites[i].make());
+        else
+            srunner_add_suite(sr, suites[i].make());
+    }
+    if (!sr) {
+        fprintf(stderr, "no suite called %s\n", only);
+        return 2;
+    }
+    srunner_set_fork_status(sr, CK_FORK);
+    srunner_run_all(sr, CK_NORMAL);
+    run = srunner_ntests_run(sr);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    printf("%d passed, %d failed\n", run - failed, failed);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,14 @@
+/* Every Check suite of the test binary; main.c lists them in one table. */
+#ifndef TERN_TEST_SUITES_H
+#define TERN_TEST_SUITES_H
+
+#include <check.h>
+
+Suite *suite_error(void);
+Suite *suite_hist(void);
+Suite *suite_conformance(void);
+Suite *suite_tcp_wire(void);
+Suite *suite_rpc(void);
+Suite *suite_rpc_procs(void);
+
+#endif

@@ -1,0 +1,590 @@
+/* The transport conformance suite: the same tests on every fabric in
+ * fabric_cases (helpers.c). Each test is a Check loop test whose index picks
+ * the fabric, so a new fabric joins by adding one row there. */
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "helpers.h"
+#include "suites.h"
+#include "transport_internal.h"
+
+#define FC (&fabric_cases[_i])
+
+/* Send `len` bytes of pattern `seed` and check they arrive whole. */
+static void fill_pattern(uint8_t *p, size_t len, unsigned seed)
+{
+    for (size_t i = 0; i < len; i++)
+        p[i] = (uint8_t)(seed * 31u + i * 7u);
+}
+
+static int check_pattern(const uint8_t *p, size_t len, unsigned seed)
+{
+    for (size_t i = 0; i < len; i++)
+        if (p[i] != (uint8_t)(seed * 31u + i * 7u))
+            return 0;
+    return 1;
+}
+
+START_TEST(caps_match_ops)
+{
+    const struct tern_tp_fabric *f = tern_tp_fabric_find(FC->fabric);
+    struct tern_tp_ep *ep = tp_open(FC->fabric, 0);
+    uint32_t caps;
+
+    ck_assert_ptr_nonnull(f);
+    ck_assert(tern_tp_caps_match_ops(f));
+    caps = tern_tp_caps(ep);
+    ck_assert_uint_eq(caps, f->caps);
+    ck_assert_str_eq(tern_tp_fabric(ep), FC->fabric);
+    ck_assert(caps & TERN_TP_CAP_MSG);
+    tern_tp_close(ep);
+}
+END_TEST
+
+START_TEST(message_sizes)
+{
+    static const size_t sizes[] = {0, 1, 7, 63, 64, 65, 4095, 4096, 65535};
+    struct tp_pair p;
+    struct tern_tp_event ev;
+
+    tp_pair_open(&p, FC, 65535);
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        void *buf;
+
+        ck_assert_int_eq(tern_tp_msg_alloc(p.client, sizes[i], &buf), 0);
+        fill_pattern(buf, sizes[i], (unsigned)i);
+        ck_assert_int_eq(tern_tp_msg_post(p.client, buf, sizes[i]), 0);
+        ck_assert(tp_next2(p.b, p.a, &ev, 5000));
+        ck_assert_int_eq(ev.type, TERN_TP_EV_RECV);
+        ck_assert_ptr_eq(ev.conn, p.server);
+        ck_assert_uint_eq(ev.len, sizes[i]);
+        ck_assert(check_pattern(ev.data, ev.len, (unsigned)i));
+        tern_tp_msg_release(ev.conn, ev.data);
+    }
+    tp_pair_close(&p);
+}
+END_TEST
+
+START_TEST(both_directions_in_order)
+{
+    struct tp_pair p;
+    struct tern_tp_event ev;
+    enum { N = 5000 };
+    unsigned got_a = 0, got_b = 0;
+
+    tp_pair_open(&p, FC, 0);
+    for (unsigned i = 0; i < N; i++) {
+        ck_assert_int_eq(tern_tp_msg_send(p.client, &i, sizeof(i)), 0);
+        ck_assert_int_eq(tern_tp_msg_send(p.server, &i, sizeof(i)), 0);
+        /* Drain as we go so that neither send path fills up. */
+        while (tp_next(p.b, &ev, 0)) {
+            ck_assert_int_eq(ev.type, TERN_TP_EV_RECV);
+            ck_assert_uint_eq(*(const unsigned *)ev.data, got_b++);
+            tern_tp_msg_release(ev.conn, ev.data);
+        }
+        while (tp_next(p.a, &ev, 0)) {
+            ck_assert_int_eq(ev.type, TERN_TP_EV_RECV);
+            ck_assert_uint_eq(*(const unsigned *)ev.data, got_a++);
+            tern_tp_msg_release(ev.conn, ev.data);
+        }
+    }
+    while (got_a < N || got_b < N) {
+        struct tern_tp_ep *ep = got_a < N ? p.a : p.b;
+        unsigned *got = got_a < N ? &got_a : &got_b;
+
+        ck_assert(tp_next2(ep, ep == p.a ? p.b : p.a, &ev, 5000));
+        ck_assert_int_eq(ev.type, TERN_TP_EV_RECV);
+        ck_assert_uint_eq(*(const unsigned *)ev.data, (*got)++);
+        tern_tp_msg_release(ev.conn, ev.data);
+    }
+    tp_pair_close(&p);
+}
+END_TEST
+
+/* Views stay valid while later messages arrive, and are released in order. */
+START_TEST(held_views_stay_valid)
+{
+    struct tp_pair p;
+    struct tern_tp_event ev[16];
+    char msg[100];
+
+    tp_pair_open(&p, FC, 0);
+    for (unsigned i = 0; i < 16; i++) {
+        memset(msg, 'a' + (int)i, sizeof(msg));
+        ck_assert_int_eq(tern_tp_msg_send(p.client, msg, sizeof(msg)), 0);
+    }
+    for (unsigned i = 0; i < 16; i++) {
+        ck_assert(tp_next2(p.b, p.a, &ev[i], 5000));
+        ck_assert_int_eq(ev[i].type, TERN_TP_EV_RECV);
+    }
+    for (unsigned i = 0; i < 16; i++) {
+        const char *d = ev[i].data;
+
+        ck_assert_uint_eq(ev[i].len, sizeof(msg));
+        ck_assert_int_eq(d[0], 'a' + (int)i);
+        ck_assert_int_eq(d[sizeof(msg) - 1], 'a' + (int)i);
+    }
+    for (unsigned i = 0; i < 16; i++)
+        tern_tp_msg_release(ev[i].conn, ev[i].data);
+    tp_pair_close(&p);
+}
+END_TEST
+
+START_TEST(reservation_rules)
+{
+    struct tp_pair p;
+    struct tern_tp_event ev;
+    void *buf, *buf2;
+
+    tp_pair_open(&p, FC, 4096);
+    ck_assert_int_eq(tern_tp_msg_alloc(p.client, 4097, &buf), TERN_EMSGSIZE);
+    ck_assert_int_eq(tern_tp_msg_alloc(p.client, 100, &buf), 0);
+    /* One reservation at a time. */
+    ck_assert_int_eq(tern_tp_msg_alloc(p.client, 10, &buf2), TERN_EINVAL);
+    /* Posting more than was reserved is refused. */
+    ck_assert_int_eq(tern_tp_msg_post(p.client, buf, 101), TERN_EMSGSIZE);
+    tern_tp_msg_abort(p.client, buf);
+    ck_assert_int_eq(tern_tp_msg_alloc(p.client, 50, &buf), 0);
+    memcpy(buf, "hello", 5);
+    /* Posting less than reserved sends only that much. */
+    ck_assert_int_eq(tern_tp_msg_post(p.client, buf, 5), 0);
+    ck_assert_int_eq(tern_tp_msg_post(p.client, buf, 5), TERN_EINVAL);
+    ck_assert(tp_next2(p.b, p.a, &ev, 5000));
+    ck_assert_int_eq(ev.type, TERN_TP_EV_RECV);
+    ck_assert_uint_eq(ev.len, 5);
+    ck_assert(memcmp(ev.data, "hello", 5) == 0);
+    tern_tp_msg_release(ev.conn, ev.data);
+    /* The aborted reservation never reached the peer. */
+    ck_assert(!tp_next2(p.b, p.a, &ev, 50));
+    tp_pair_close(&p);
+}
+END_TEST
+
+/* A receiver that does not poll makes the sender see TERN_EAGAIN, then
+ * WRITABLE once it drains; nothing is lost or reordered. */
+START_TEST(backpressure)
+{
+    struct tp_pair p;
+    struct tern_tp_event ev;
+    unsigned sent = 0, got = 0;
+    uint8_t msg[4096];
+    bool writable = false;
+    int rc;
+
+    memset(msg, 0, sizeof(msg));
+    tp_pair_open(&p, FC, 4096);
+    for (;;) {
+        void *buf;
+
+        rc = tern_tp_msg_alloc(p.client, sizeof(msg), &buf);
+        if (rc == TERN_EAGAIN)
+            break;
+        ck_assert_int_eq(rc, 0);
+        fill_pattern(buf, sizeof(msg), sent++);
+        ck_assert_int_eq(tern_tp_msg_post(p.client, buf, sizeof(msg)), 0);
+        ck_assert_uint_lt(sent, 1000000);
+        /* Let the sender's progress engine push what the kernel takes. */
+        if (sent % 64 == 0)
+            while (tp_next(p.a, &ev, 0))
+                ;
+    }
+    ck_assert_uint_gt(sent, 0);
+    while (got < sent || !writable) {
+        if (tp_next(p.a, &ev, 0)) {
+            if (ev.type == TERN_TP_EV_WRITABLE)
+                writable = true;
+            continue;
+        }
+        if (!tp_next(p.b, &ev, 10))
+            continue;
+        ck_assert_int_eq(ev.type, TERN_TP_EV_RECV);
+        ck_assert_uint_eq(ev.len, sizeof(msg));
+        ck_assert_msg(check_pattern(ev.data, ev.len, got), "message %u corrupted", got);
+        got++;
+        tern_tp_msg_release(ev.conn, ev.data);
+    }
+    ck_assert(writable);
+    ck_assert_int_eq(tern_tp_msg_send(p.client, msg, 10), 0);
+    tp_pair_close(&p);
+}
+END_TEST
+
+struct onesided {
+    struct tp_pair p;
+    uint8_t remote_mem[8192], local_mem[8192];
+    struct tern_tp_mr *rmr, *lmr;
+    struct tern_tp_rkey rkey;
+};
+
+static void onesided_open(struct onesided *o, const struct fabric_case *fc, uint32_t access)
+{
+    tp_pair_open(&o->p, fc, 0);
+    memset(o->remote_mem, 0, sizeof(o->remote_mem));
+    ck_assert_int_eq(tern_tp_mr_reg(o->p.b, o->remote_mem, sizeof(o->remote_mem), access,
+                                    &o->rmr), 0);
+    ck_assert_int_eq(tern_tp_mr_reg(o->p.a, o->local_mem, sizeof(o->local_mem),
+                                    TERN_TP_ACCESS_LOCAL, &o->lmr), 0);
+    o->rkey = tern_tp_mr_rkey(o->rmr);
+    ck_assert_uint_eq(o->rkey.len, sizeof(o->remote_mem));
+}
+
+/* Start a put or get and wait for its completion; returns its status. */
+static int onesided_op(struct onesided *o, bool put, size_t loff, size_t len,
+                       const struct tern_tp_rkey *rk, uint64_t roff, uint64_t token)
+{
+    struct tern_tp_event ev;
+    int rc = put ? tern_tp_put(o->p.client, o->lmr, loff, len, rk, roff, token)
+                 : tern_tp_get(o->p.client, o->lmr, loff, len, rk, roff, token);
+
+    if (rc < 0)
+        return rc;
+    ck_assert(tp_next2(o->p.a, o->p.b, &ev, 5000));
+    ck_assert_int_eq(ev.type, put ? TERN_TP_EV_PUT_DONE : TERN_TP_EV_GET_DONE);
+    ck_assert_uint_eq(ev.token, token);
+    ck_assert_ptr_eq(ev.conn, o->p.client);
+    return ev.status;
+}
+
+START_TEST(put_get_roundtrip)
+{
+    struct onesided o;
+
+    onesided_open(&o, FC, TERN_TP_ACCESS_REMOTE_READ | TERN_TP_ACCESS_REMOTE_WRITE);
+    fill_pattern(o.local_mem, 3000, 5);
+    ck_assert_int_eq(onesided_op(&o, true, 0, 3000, &o.rkey, 1000, 42), 0);
+    /* The bytes landed in the peer's memory, at the offset, nowhere else. */
+    ck_assert(check_pattern(o.remote_mem + 1000, 3000, 5));
+    ck_assert_uint_eq(o.remote_mem[999], 0);
+    ck_assert_uint_eq(o.remote_mem[4000], 0);
+    memset(o.local_mem, 0, sizeof(o.local_mem));
+    ck_assert_int_eq(onesided_op(&o, false, 4096, 3000, &o.rkey, 1000, 43), 0);
+    ck_assert(check_pattern(o.local_mem + 4096, 3000, 5));
+    /* Whole region, edge to edge. */
+    ck_assert_int_eq(onesided_op(&o, false, 0, 8192, &o.rkey, 0, 44), 0);
+    ck_assert_int_eq(onesided_op(&o, true, 8191, 1, &o.rkey, 8191, 45), 0);
+    tp_pair_close(&o.p);
+}
+END_TEST
+
+START_TEST(put_get_many_in_flight)
+{
+    struct onesided o;
+    struct tern_tp_event ev;
+    enum { N = 200 };
+
+    onesided_open(&o, FC, TERN_TP_ACCESS_REMOTE_READ | TERN_TP_ACCESS_REMOTE_WRITE);
+    for (unsigned i = 0; i < N; i++) {
+        o.local_mem[i] = (uint8_t)i;
+        ck_assert_int_eq(tern_tp_put(o.p.client, o.lmr, i, 1, &o.rkey, i, i), 0);
+    }
+    for (unsigned i = 0; i < N; i++) {
+        ck_assert(tp_next2(o.p.a, o.p.b, &ev, 5000));
+        ck_assert_int_eq(ev.type, TERN_TP_EV_PUT_DONE);
+        ck_assert_int_eq(ev.status, 0);
+        ck_assert_uint_eq(ev.token, i);     /* completions in order */
+    }
+    for (unsigned i = 0; i < N; i++)
+        ck_assert_uint_eq(o.remote_mem[i], (uint8_t)i);
+    tp_pair_close(&o.p);
+}
+END_TEST
+
+/* Every access a NIC would refuse completes with TERN_EREMACCESS, touches
+ * nothing, and leaves the connection usable. */
+START_TEST(remote_access_errors)
+{
+    struct onesided o;
+    struct tern_tp_rkey bad;
+    struct tern_tp_mr *ro_mr;
+    struct tern_tp_rkey ro;
+    static uint8_t ro_mem[256];
+
+    onesided_open(&o, FC, TERN_TP_ACCESS_REMOTE_READ | TERN_TP_ACCESS_REMOTE_WRITE);
+    fill_pattern(o.local_mem, 4096, 9);     /* gets land above 4096 */
+    bad = o.rkey;
+    bad.key ^= 0x100000;
+    ck_assert_int_eq(onesided_op(&o, true, 0, 16, &bad, 0, 1), TERN_EREMACCESS);
+    ck_assert_int_eq(onesided_op(&o, false, 4096, 16, &bad, 0, 2), TERN_EREMACCESS);
+    /* Past the end, straddling the end, and an offset that wraps around. */
+    ck_assert_int_eq(onesided_op(&o, true, 0, 16, &o.rkey, 8192, 3), TERN_EREMACCESS);
+    ck_assert_int_eq(onesided_op(&o, true, 0, 16, &o.rkey, 8180, 4), TERN_EREMACCESS);
+    ck_assert_int_eq(onesided_op(&o, false, 4096, 16, &o.rkey, UINT64_MAX - 4, 5),
+                     TERN_EREMACCESS);
+    for (size_t i = 0; i < sizeof(o.remote_mem); i++)
+        ck_assert_uint_eq(o.remote_mem[i], 0);
+    /* Permissions: a read-only region refuses puts, allows gets. */
+    ck_assert_int_eq(tern_tp_mr_reg(o.p.b, ro_mem, sizeof(ro_mem), TERN_TP_ACCESS_REMOTE_READ,
+                                    &ro_mr), 0);
+    ro = tern_tp_mr_rkey(ro_mr);
+    ck_assert_int_eq(onesided_op(&o, true, 0, 16, &ro, 0, 6), TERN_EREMACCESS);
+    ck_assert_uint_eq(ro_mem[0], 0);
+    ck_assert_int_eq(onesided_op(&o, false, 4096, 16, &ro, 0, 7), 0);
+    /* A deregistered region is gone for good. */
+    ck_assert_int_eq(tern_tp_mr_dereg(ro_mr), 0);
+    ck_assert_int_eq(onesided_op(&o, false, 4096, 16, &ro, 0, 8), TERN_EREMACCESS);
+    /* And the connection still works. */
+    ck_assert_int_eq(onesided_op(&o, true, 0, 16, &o.rkey, 0, 9), 0);
+    ck_assert(check_pattern(o.remote_mem, 16, 9));
+    tp_pair_close(&o.p);
+}
+END_TEST
+
+START_TEST(local_argument_errors)
+{
+    struct onesided o;
+    struct tern_tp_mr *other;
+    uint8_t mem[64];
+
+    onesided_open(&o, FC, TERN_TP_ACCESS_REMOTE_READ | TERN_TP_ACCESS_REMOTE_WRITE);
+    ck_assert_int_eq(tern_tp_put(o.p.client, o.lmr, 8190, 16, &o.rkey, 0, 0), TERN_ERANGE);
+    ck_assert_int_eq(tern_tp_get(o.p.client, o.lmr, 0, 0, &o.rkey, 0, 0), TERN_EINVAL);
+    ck_assert_int_eq(tern_tp_put(o.p.client, o.lmr, 0, 16, NULL, 0, 0), TERN_EINVAL);
+    /* A region of another endpoint is not ours to send from. */
+    ck_assert_int_eq(tern_tp_mr_reg(o.p.b, mem, sizeof(mem), 0, &other), 0);
+    ck_assert_int_eq(tern_tp_put(o.p.client, other, 0, 16, &o.rkey, 0, 0), TERN_EINVAL);
+    ck_assert_int_eq(tern_tp_mr_reg(o.p.a, mem, sizeof(mem), 0xff, &other), TERN_EINVAL);
+    ck_assert_int_eq(tern_tp_mr_dereg(o.lmr), 0);
+    ck_assert_int_eq(tern_tp_mr_dereg(o.lmr), TERN_EINVAL);
+    ck_assert_int_eq(tern_tp_get(o.p.client, o.lmr, 0, 16, &o.rkey, 0, 0), TERN_EINVAL);
+    tp_pair_close(&o.p);
+}
+END_TEST
+
+START_TEST(peer_close_reported)
+{
+    struct tp_pair p;
+    struct tern_tp_event ev;
+    void *buf;
+
+    tp_pair_open(&p, FC, 0);
+    tern_tp_disconnect(p.server);
+    ck_assert(tp_next2(p.a, p.b, &ev, 5000));
+    ck_assert_int_eq(ev.type, TERN_TP_EV_CLOSED);
+    ck_assert_ptr_eq(ev.conn, p.client);
+    ck_assert_int_le(ev.status, 0);
+    ck_assert_int_eq(tern_tp_msg_alloc(p.client, 8, &buf), TERN_ENOTCONN);
+    tern_tp_disconnect(p.client);
+    tp_pair_close(&p);
+}
+END_TEST
+
+/* One-sided operations in flight when the peer goes away still complete,
+ * with an error, before CLOSED. */
+START_TEST(inflight_ops_fail_on_close)
+{
+    struct onesided o;
+    struct tern_tp_event ev;
+    bool done = false, closed = false;
+
+    onesided_open(&o, FC, TERN_TP_ACCESS_REMOTE_READ | TERN_TP_ACCESS_REMOTE_WRITE);
+    ck_assert_int_eq(tern_tp_get(o.p.client, o.lmr, 0, 64, &o.rkey, 0, 77), 0);
+    /* The peer vanishes without serving it. */
+    tern_tp_close(o.p.b);
+    while (!closed) {
+        ck_assert(tp_next(o.p.a, &ev, 5000));
+        if (ev.type == TERN_TP_EV_GET_DONE) {
+            ck_assert(!closed);
+            ck_assert_uint_eq(ev.token, 77);
+            ck_assert_int_lt(ev.status, 0);
+            done = true;
+        } else {
+            ck_assert_int_eq(ev.type, TERN_TP_EV_CLOSED);
+            closed = true;
+        }
+    }
+    ck_assert(done);
+    tern_tp_close(o.p.a);
+}
+END_TEST
+
+START_TEST(connect_refused)
+{
+    struct tern_tp_ep *ep = tp_open(FC->fabric, 0);
+    struct tern_tp_conn *c;
+    struct tern_tp_event ev;
+
+    ck_assert_int_eq(tern_tp_connect(ep, FC->refused, &c), 0);
+    ck_assert(tp_next(ep, &ev, 5000));
+    ck_assert_int_eq(ev.type, TERN_TP_EV_CONNECTED);
+    ck_assert_int_eq(ev.status, TERN_ECONNREFUSED);
+    ck_assert(tp_next(ep, &ev, 5000));
+    ck_assert_int_eq(ev.type, TERN_TP_EV_CLOSED);
+    tern_tp_disconnect(c);
+    ck_assert_int_eq(tern_tp_connect(ep, "no-port-here", &c), TERN_EBADADDR);
+    ck_assert_int_eq(tern_tp_listen(ep, "127.0.0.1:notaport", NULL, 0), TERN_EBADADDR);
+    tern_tp_close(ep);
+}
+END_TEST
+
+START_TEST(wait_fd_wakes)
+{
+    struct tp_pair p;
+    struct tern_tp_event ev;
+    struct pollfd pfd;
+    double t0;
+
+    tp_pair_open(&p, FC, 0);
+    ck_assert(tern_tp_caps(p.b) & TERN_TP_CAP_WAIT_FD);
+    pfd = (struct pollfd){.fd = tern_tp_wait_fd(p.b), .events = POLLIN};
+    ck_assert_int_ge(pfd.fd, 0);
+    /* Idle: the fd stays quiet and wait times out. */
+    ck_assert_int_eq(poll(&pfd, 1, 20), 0);
+    t0 = now_ms();
+    ck_assert_int_eq(tern_tp_wait(p.b, 30), 0);
+    ck_assert(now_ms() - t0 >= 25);
+    ck_assert_int_eq(tern_tp_msg_send(p.client, "x", 1), 0);
+    /* A flush alone sends it: the sender does not have to poll. */
+    ck_assert_int_eq(tern_tp_flush(p.a), 0);
+    ck_assert_int_eq(poll(&pfd, 1, 5000), 1);
+    ck_assert_int_eq(tern_tp_wait(p.b, 5000), 1);
+    ck_assert(tp_next(p.b, &ev, 1000));
+    ck_assert_int_eq(ev.type, TERN_TP_EV_RECV);
+    tern_tp_msg_release(ev.conn, ev.data);
+    tp_pair_close(&p);
+}
+END_TEST
+
+/* Many connections on one endpoint, each with its own ordered stream. */
+START_TEST(many_connections)
+{
+    enum { NC = 200, NM = 20 };
+    struct tern_tp_ep *a = tp_open(FC->fabric, 0), *b = tp_open(FC->fabric, 0);
+    struct tern_tp_conn *conns[NC];
+    unsigned next[NC] = {0};
+    struct tern_tp_event ev;
+    char bound[128];
+    unsigned accepted = 0, connected = 0, got = 0;
+
+    ck_assert_int_eq(tern_tp_listen(b, FC->listen, bound, sizeof(bound)), 0);
+    for (unsigned i = 0; i < NC; i++) {
+        ck_assert_int_eq(tern_tp_connect(a, bound, &conns[i]), 0);
+        tern_tp_conn_set_user(conns[i], (void *)(uintptr_t)i);
+    }
+    while (connected < NC || accepted < NC) {
+        if (tp_next(a, &ev, 0)) {
+            ck_assert_int_eq(ev.type, TERN_TP_EV_CONNECTED);
+            ck_assert_int_eq(ev.status, 0);
+            connected++;
+        } else if (tp_next(b, &ev, 10)) {
+            ck_assert_int_eq(ev.type, TERN_TP_EV_ACCEPTED);
+            accepted++;
+        }
+    }
+    for (unsigned m = 0; m < NM; m++)
+        for (unsigned i = 0; i < NC; i++) {
+            unsigned v[2] = {i, m};
+
+            ck_assert_int_eq(tern_tp_msg_send(conns[i], v, sizeof(v)), 0);
+        }
+    while (got < NC * NM) {
+        const unsigned *v;
+
+        ck_assert(tp_next2(b, a, &ev, 5000));
+        ck_assert_int_eq(ev.type, TERN_TP_EV_RECV);
+        v = ev.data;
+        ck_assert_uint_lt(v[0], NC);
+        ck_assert_uint_eq(v[1], next[v[0]]++);
+        tern_tp_msg_release(ev.conn, ev.data);
+        got++;
+    }
+    tern_tp_close(a);
+    tern_tp_close(b);
+}
+END_TEST
+
+/* ---- the core itself: NULL ops answer TERN_ENOTSUP ---- */
+
+static int null_poll(struct tern_tp_ep *ep, struct tern_tp_event *ev, int max)
+{
+    return 0;
+}
+
+static const struct tern_tp_ops sparse_ops = {.poll = null_poll};
+
+static const struct tern_tp_fabric sparse_fabric = {
+    .name = "sparse", .caps = 0, .ep_size = sizeof(struct tern_tp_ep), .ops = &sparse_ops,
+};
+
+START_TEST(null_ops_enotsup)
+{
+    struct tern_tp_config cfg = {.fabric = "sparse"};
+    struct tern_tp_ep *ep;
+    struct tern_tp_conn *c;
+    struct tern_tp_conn fake = {0};
+    struct tern_tp_rkey rk = {0};
+    struct tern_tp_event ev;
+    void *buf;
+
+    ck_assert_int_eq(tern_tp_open_fabric(&sparse_fabric, &cfg, &ep), 0);
+    fake.ep = ep;
+    ck_assert_int_eq(tern_tp_listen(ep, "x", NULL, 0), TERN_ENOTSUP);
+    ck_assert_int_eq(tern_tp_connect(ep, "x", &c), TERN_ENOTSUP);
+    ck_assert_int_eq(tern_tp_msg_alloc(&fake, 1, &buf), TERN_ENOTSUP);
+    ck_assert_int_eq(tern_tp_msg_post(&fake, NULL, 1), TERN_ENOTSUP);
+    ck_assert_int_eq(tern_tp_put(&fake, NULL, 0, 1, &rk, 0, 0), TERN_ENOTSUP);
+    ck_assert_int_eq(tern_tp_get(&fake, NULL, 0, 1, &rk, 0, 0), TERN_ENOTSUP);
+    ck_assert_int_eq(tern_tp_wait_fd(ep), TERN_ENOTSUP);
+    ck_assert_int_eq(tern_tp_wait(ep, 0), TERN_ENOTSUP);
+    ck_assert_int_eq(tern_tp_poll(ep, &ev, 1), 0);
+    ck_assert_int_eq(tern_tp_poll(ep, &ev, 0), TERN_EINVAL);
+    tern_tp_close(ep);
+}
+END_TEST
+
+START_TEST(caps_that_lie_are_refused)
+{
+    struct tern_tp_fabric liar = sparse_fabric;
+    struct tern_tp_config cfg = {.fabric = "liar"};
+    struct tern_tp_ep *ep;
+
+    liar.caps = TERN_TP_CAP_PUT;    /* claims put, has no put op */
+    ck_assert(!tern_tp_caps_match_ops(&liar));
+    ck_assert_int_eq(tern_tp_open_fabric(&liar, &cfg, &ep), TERN_EINVAL);
+}
+END_TEST
+
+START_TEST(open_errors)
+{
+    struct tern_tp_config cfg = {.fabric = "no-such-fabric"};
+    struct tern_tp_ep *ep;
+
+    ck_assert_int_eq(tern_tp_open(&cfg, &ep), TERN_ENOFABRIC);
+    ck_assert_int_eq(tern_tp_open(NULL, &ep), TERN_EINVAL);
+    cfg.fabric = "tcp";
+    cfg.max_msg = 1 << 20;
+    cfg.conn_buf = 1 << 10;     /* smaller than one message */
+    ck_assert_int_eq(tern_tp_open(&cfg, &ep), TERN_EINVAL);
+    ck_assert_str_eq(tern_tp_fabric_names()[0], "tcp");
+}
+END_TEST
+
+Suite *suite_conformance(void)
+{
+    Suite *s = suite_create("conformance");
+    TCase *tc = tcase_create("fabrics");
+    TCase *core = tcase_create("core");
+
+    tcase_set_timeout(tc, 60);
+    tcase_add_loop_test(tc, caps_match_ops, 0, n_fabric_cases);
+    tcase_add_loop_test(tc, message_sizes, 0, n_fabric_cases);
+    tcase_add_loop_test(tc, both_directions_in_order, 0, n_fabric_cases);
+    tcase_add_loop_test(tc, held_views_stay_valid, 0, n_fabric_cases);
+    tcase_add_loop_test(tc, reservation_rules, 0, n_fabric_cases);
+    tcase_add_loop_test(tc, backpressure, 0, n_fabric_cases);
+    tcase_add_loop_test(tc, put_get_roundtrip, 0, n_fabric_cases);
+    tcase_add_loop_test(tc, put_get_many_in_flight, 0, n_fabric_cases);
+    tcase_add_loop_test(tc, remote_access_errors, 0, n_fabric_cases);
+    tcase_add_loop_test(tc, local_argument_errors, 0, n_fabric_cases);
+    tcase_add_loop_test(tc, peer_close_reported, 0, n_fabric_cases);
+    tcase_add_loop_test(tc, inflight_ops_fail_on_close, 0, n_fabric_cases);
+    tcase_add_loop_test(tc, connect_refused, 0, n_fabric_cases);
+    tcase_add_loop_test(tc, wait_fd_wakes, 0, n_fabric_cases);
+    tcase_add_loop_test(tc, many_connections, 0, n_fabric_cases);
+    suite_add_tcase(s, tc);
+    tcase_add_test(core, null_ops_enotsup);
+    tcase_add_test(core, caps_that_lie_are_refused);
+    tcase_add_test(core, open_errors);
+    suite_add_tcase(s, core);
+    return s;
+}

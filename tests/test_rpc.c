@@ -1,0 +1,1268 @@
+/* The RPC layer in one process: a server endpoint and a client endpoint,
+ * both polled by the test.
+ *
+ * tern_call_sync() polls only the client's endpoint, so it cannot be used
+ * here: calls are started with tern_call() and the test polls both
+ * endpoints until the continuation has run. tern_rpc_connect() also waits
+ * for the handshake polling only the client, so while it runs a helper
+ * thread polls the server (the server endpoint is handed back to the test
+ * thread once that thread is joined).
+ *
+ * The last tests play a misbehaving client at the transport level
+ * (tern_tp_*, RPC frames built by hand from wire.h).
+ */
+#include <check.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "helpers.h"
+#include "rpc.h"
+#include "suites.h"
+#include "transport.h"
+#include "wire.h"
+
+#define SVC 7
+#define MAX_MSG (64u * 1024)
+#define WAIT_MS 5000
+#define SEC 1000000000ull
+
+enum {
+    M_ECHO = 0,         /* reply = request */
+    M_ENOENT = 1,       /* fails with TERN_ENOENT */
+    M_POSITIVE = 2,     /* returns 5, which is not a tern code */
+    M_ALLOC_FAIL = 3,   /* reserves a reply, then fails with TERN_EIO */
+    M_SHRINK = 4,       /* reserves 100 bytes, sends 10 */
+    M_DEADLINE = 5,     /* reply = tern_req_deadline() as a uint64_t */
+    M_BIG = 6,          /* reply of the size asked for (uint32_t request) */
+    /* 7 and 8 are a hole in the table */
+    M_IDS = 9,          /* reply = service and method ids seen by the handler */
+};
+
+/* Handler runs, to tell "the server never ran it" from "it ran". */
+static int server_runs;
+
+static int h_echo(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    void *out = tern_reply_alloc(req, len);
+
+    server_runs++;
+    if (!out)
+        return TERN_ENOMEM;
+    if (len)
+        memcpy(out, data, len);
+    return 0;
+}
+
+static int h_enoent(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    server_runs++;
+    return TERN_ENOENT;
+}
+
+static int h_positive(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    server_runs++;
+    return 5;
+}
+
+static int h_alloc_fail(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    size_t n = len == 1 ? MAX_MSG : 128;    /* one-byte request: reserve the maximum */
+    uint8_t *out = tern_reply_alloc(req, n);
+
+    server_runs++;
+    if (out)
+        memset(out, 0xAB, n);
+    return TERN_EIO;
+}
+
+static int h_shrink(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    uint8_t *out = tern_reply_alloc(req, 100);
+
+    server_runs++;
+    if (!out)
+        return TERN_ENOMEM;
+    for (int i = 0; i < 100; i++)
+        out[i] = (uint8_t)i;
+    tern_reply_set_len(req, 10);
+    return 0;
+}
+
+static int h_deadline(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    uint64_t d = tern_req_deadline(req);
+    void *out = tern_reply_alloc(req, sizeof(d));
+
+    server_runs++;
+    if (!out)
+        return TERN_ENOMEM;
+    memcpy(out, &d, sizeof(d));
+    return 0;
+}
+
+static int h_big(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    uint32_t want;
+    uint8_t *out;
+
+    server_runs++;
+    if (len != sizeof(want))
+        return TERN_EINVAL;
+    memcpy(&want, data, sizeof(want));
+    out = tern_reply_alloc(req, want);
+    if (!out)
+        return TERN_EMSGSIZE;
+    memset(out, 0x5A, want);
+    return 0;
+}
+
+static int h_ids(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    uint16_t ids[2] = {tern_req_service(req), tern_req_method(req)};
+    void *out = tern_reply_alloc(req, sizeof(ids));
+
+    server_runs++;
+    if (!out)
+        return TERN_ENOMEM;
+    memcpy(out, ids, sizeof(ids));
+    return 0;
+}
+
+static const struct tern_method methods[] = {
+    {.id = M_ECHO, .name = "echo", .handler = h_echo},
+    {.id = M_ENOENT, .name = "enoent", .handler = h_enoent},
+    {.id = M_POSITIVE, .name = "positive", .handler = h_positive},
+    {.id = M_ALLOC_FAIL, .name = "alloc_fail", .handler = h_alloc_fail},
+    {.id = M_SHRINK, .name = "shrink", .handler = h_shrink},
+    {.id = M_DEADLINE, .name = "deadline", .handler = h_deadline},
+    {.id = M_BIG, .name = "big", .handler = h_big},
+    {.id = M_IDS, .name = "ids", .handler = h_ids},
+};
+
+static const struct tern_service service = {
+    .name = "test", .id = SVC, .methods = methods,
+    .n_methods = sizeof(methods) / sizeof(methods[0]),
+};
+
+/* ---- the in-process pair ---- */
+
+static struct tern_rpc_ep *srv, *cli;
+static struct tern_session *sess;
+static char uri[128];
+
+/* Polls an endpoint from another thread until told to stop. */
+struct bg_poller {
+    struct tern_rpc_ep *ep;
+    atomic_bool stop;
+    pthread_t th;
+};
+
+static void *bg_main(void *arg)
+{
+    struct bg_poller *b = arg;
+
+    while (!atomic_load(&b->stop))
+        tern_rpc_poll(b->ep);
+    return NULL;
+}
+
+/* tern_rpc_connect with the server endpoint served meanwhile. */
+static int connect_inproc(struct tern_rpc_ep *ep, const char *to, struct tern_session **out)
+{
+    struct bg_poller b = {.ep = srv};
+    int rc;
+
+    atomic_init(&b.stop, false);
+    ck_assert_int_eq(pthread_create(&b.th, NULL, bg_main, &b), 0);
+    rc = tern_rpc_connect(ep, to, 5 * SEC, out);
+    atomic_store(&b.stop, true);
+    pthread_join(b.th, NULL);
+    return rc;
+}
+
+/* Server with the test service listening on loopback; a client endpoint;
+ * a session between them. NULL configs mean max_msg = MAX_MSG. */
+static void pair_open(const struct tern_rpc_config *scfg, const struct tern_rpc_config *ccfg)
+{
+    struct tern_rpc_config dflt = {.max_msg = MAX_MSG};
+    int rc;
+
+    server_runs = 0;
+    rc = tern_rpc_ep_create(scfg ? scfg : &dflt, &srv);
+    ck_assert_msg(rc == 0, "server ep: %s", tern_strerror(rc));
+    ck_assert_int_eq(tern_rpc_register(srv, &service), 0);
+    rc = tern_rpc_listen(srv, "tcp://127.0.0.1:0", uri, sizeof(uri));
+    ck_assert_msg(rc == 0, "listen: %s", tern_strerror(rc));
+    rc = tern_rpc_ep_create(ccfg ? ccfg : &dflt, &cli);
+    ck_assert_msg(rc == 0, "client ep: %s", tern_strerror(rc));
+    rc = connect_inproc(cli, uri, &sess);
+    ck_assert_msg(rc == 0, "connect %s: %s", uri, tern_strerror(rc));
+    ck_assert_int_eq(tern_session_status(sess), 0);
+}
+
+static void pair_close(void)
+{
+    tern_rpc_ep_destroy(cli);
+    tern_rpc_ep_destroy(srv);
+    cli = srv = NULL;
+    sess = NULL;
+}
+
+static void setup_default(void)
+{
+    pair_open(NULL, NULL);
+}
+
+/* ---- calls ---- */
+
+/* What a continuation saw. */
+struct rec {
+    int runs;
+    int status;
+    bool reply_null;
+    size_t len;
+    uint8_t *buf;       /* a copy of the reply (cap bytes at most) */
+    size_t cap;
+};
+
+static int total_runs;  /* continuations run, all calls together */
+
+static void rec_cont(void *arg, int status, const void *reply, size_t len)
+{
+    struct rec *r = arg;
+
+    r->runs++;
+    total_runs++;
+    r->status = status;
+    r->reply_null = reply == NULL;
+    r->len = len;
+    if (reply && r->buf)
+        memcpy(r->buf, reply, len < r->cap ? len : r->cap);
+}
+
+static void rec_init(struct rec *r, size_t cap)
+{
+    *r = (struct rec){.cap = cap, .buf = cap ? calloc(1, cap) : NULL};
+    ck_assert(!cap || r->buf);
+}
+
+static void poll_both(void)
+{
+    tern_rpc_poll(cli);
+    tern_rpc_poll(srv);
+}
+
+/* Poll both endpoints until *counter reaches want; false on timeout. */
+static bool poll_until(const int *counter, int want, int ms)
+{
+    double end = now_ms() + ms;
+
+    while (*counter < want) {
+        if (now_ms() > end)
+            return false;
+        poll_both();
+    }
+    return true;
+}
+
+static void poll_for(int ms)
+{
+    double end = now_ms() + ms;
+
+    while (now_ms() < end)
+        poll_both();
+}
+
+/* Call and wait for the continuation; the result lands in r. */
+static void call_wait(uint16_t svc, uint16_t method, const void *req, size_t len,
+                      uint64_t timeout_ns, struct rec *r)
+{
+    int rc = tern_call(sess, svc, method, req, len, timeout_ns, rec_cont, r, NULL);
+
+    ck_assert_msg(rc == 0, "tern_call %u.%u: %s", svc, method, tern_strerror(rc));
+    ck_assert_msg(poll_until(&r->runs, 1, WAIT_MS), "call %u.%u never completed", svc, method);
+}
+
+/* An error reply: the status, and no payload. */
+static void expect_error(uint16_t svc, uint16_t method, int want)
+{
+    struct rec r;
+
+    rec_init(&r, 0);
+    call_wait(svc, method, "x", 1, 0, &r);
+    ck_assert_msg(r.status == want, "%u.%u: got %s, want %s", svc, method,
+                  tern_err_name(r.status), tern_err_name(want));
+    ck_assert_msg(r.reply_null, "%u.%u: an error came with a reply pointer", svc, method);
+    ck_assert_uint_eq(r.len, 0);
+}
+
+/* An echo call of `len` bytes must come back intact. */
+static void expect_echo(size_t len)
+{
+    uint8_t *req = malloc(len ? len : 1);
+    struct rec r;
+
+    ck_assert(req);
+    for (size_t i = 0; i < len; i++)
+        req[i] = (uint8_t)(i * 31 + len);
+    rec_init(&r, len ? len : 1);
+    call_wait(SVC, M_ECHO, req, len, 0, &r);
+    ck_assert_msg(r.status == 0, "echo %zu: %s", len, tern_err_name(r.status));
+    ck_assert_uint_eq(r.len, len);
+    if (len)
+        ck_assert_msg(memcmp(r.buf, req, len) == 0, "echo %zu: payload differs", len);
+    free(req);
+    free(r.buf);
+}
+
+/* ---- registration ---- */
+
+START_TEST(register_errors)
+{
+    static const struct tern_method other_methods[] = {
+        {.id = M_ECHO, .name = "not-echo", .handler = h_enoent},
+    };
+    static const struct tern_service dup_id = {
+        .name = "dup", .id = SVC, .methods = other_methods, .n_methods = 1};
+    static const struct tern_method dup_methods[] = {
+        {.id = 3, .name = "a", .handler = h_echo},
+        {.id = 3, .name = "b", .handler = h_enoent},
+    };
+    static const struct tern_service dup_m = {
+        .name = "dupm", .id = 20, .methods = dup_methods, .n_methods = 2};
+    static const struct tern_method null_methods[] = {
+        {.id = 0, .name = "ok", .handler = h_echo},
+        {.id = 1, .name = "null", .handler = NULL},
+    };
+    static const struct tern_service null_h = {
+        .name = "nullh", .id = 21, .methods = null_methods, .n_methods = 2};
+    static const struct tern_service fine20 = {
+        .name = "fine20", .id = 20, .methods = other_methods, .n_methods = 1};
+    static const struct tern_service fine21 = {
+        .name = "fine21", .id = 21, .methods = other_methods, .n_methods = 1};
+
+    ck_assert_int_eq(tern_rpc_register(srv, &dup_id), TERN_EEXIST);
+    ck_assert_int_eq(tern_rpc_register(srv, &dup_m), TERN_EINVAL);
+    ck_assert_int_eq(tern_rpc_register(srv, &null_h), TERN_EINVAL);
+    ck_assert_int_eq(tern_rpc_register(srv, NULL), TERN_EINVAL);
+
+    /* The refused registrations left nothing behind: their ids are free,
+     * and the original service still answers (echo, not ENOENT). */
+    ck_assert_int_eq(tern_rpc_register(srv, &fine20), 0);
+    ck_assert_int_eq(tern_rpc_register(srv, &fine21), 0);
+    expect_echo(3);
+    expect_error(20, M_ECHO, TERN_ENOENT);
+    expect_error(21, M_ECHO, TERN_ENOENT);
+}
+END_TEST
+
+/* ---- round trips and handler outcomes ---- */
+
+START_TEST(echo_sizes)
+{
+    static const size_t sizes[] = {0, 1, 4096, MAX_MSG - 1, MAX_MSG};
+
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++)
+        expect_echo(sizes[i]);
+    ck_assert_int_eq(server_runs, 5);
+    ck_assert_uint_eq(tern_rpc_calls_in_flight(cli), 0);
+}
+END_TEST
+
+START_TEST(request_over_max_msg)
+{
+    static uint8_t big[MAX_MSG + 1];
+    struct rec r;
+    int rc;
+
+    rec_init(&r, 0);
+    rc = tern_call(sess, SVC, M_ECHO, big, sizeof(big), 0, rec_cont, &r, NULL);
+    ck_assert_msg(rc == TERN_EMSGSIZE, "got %s", tern_err_name(rc));
+    poll_for(50);
+    ck_assert_msg(r.runs == 0, "a refused call ran its continuation");
+    ck_assert_uint_eq(tern_rpc_calls_in_flight(cli), 0);
+    ck_assert_int_eq(server_runs, 0);
+    expect_echo(8);     /* the session is unharmed */
+}
+END_TEST
+
+START_TEST(call_argument_errors)
+{
+    struct rec r;
+
+    rec_init(&r, 0);
+    ck_assert_int_eq(tern_call(NULL, SVC, M_ECHO, "x", 1, 0, rec_cont, &r, NULL), TERN_EINVAL);
+    ck_assert_int_eq(tern_call(sess, SVC, M_ECHO, NULL, 4, 0, rec_cont, &r, NULL), TERN_EINVAL);
+    ck_assert_int_eq(r.runs, 0);
+    ck_assert_uint_eq(tern_rpc_calls_in_flight(cli), 0);
+}
+END_TEST
+
+START_TEST(unknown_service_and_method)
+{
+    expect_error(SVC + 1, M_ECHO, TERN_ENOSERVICE);
+    expect_error(0xFFFF, M_ECHO, TERN_ENOSERVICE);
+    expect_error(SVC, 7, TERN_ENOMETHOD);       /* a hole in the table */
+    expect_error(SVC, M_IDS + 1, TERN_ENOMETHOD); /* past the last method */
+    expect_error(SVC, 0xFFFF, TERN_ENOMETHOD);
+    ck_assert_int_eq(server_runs, 0);
+    expect_echo(16);
+}
+END_TEST
+
+START_TEST(handler_ids)
+{
+    struct rec r;
+    uint16_t ids[2];
+
+    rec_init(&r, sizeof(ids));
+    call_wait(SVC, M_IDS, NULL, 0, 0, &r);
+    ck_assert_int_eq(r.status, 0);
+    ck_assert_uint_eq(r.len, sizeof(ids));
+    memcpy(ids, r.buf, sizeof(ids));
+    ck_assert_uint_eq(ids[0], SVC);
+    ck_assert_uint_eq(ids[1], M_IDS);
+    free(r.buf);
+}
+END_TEST
+
+START_TEST(handler_error_codes)
+{
+    expect_error(SVC, M_ENOENT, TERN_ENOENT);
+    expect_error(SVC, M_POSITIVE, TERN_EHANDLER);
+    ck_assert_int_eq(server_runs, 2);
+    expect_echo(5);
+}
+END_TEST
+
+START_TEST(alloc_then_error)
+{
+    /* The caller gets the error only, and the half-built reply does not
+     * leak into the stream: later calls still get their own replies. */
+    struct rec r;
+
+    expect_error(SVC, M_ALLOC_FAIL, TERN_EIO);
+    expect_echo(64);
+    rec_init(&r, 0);
+    call_wait(SVC, M_ALLOC_FAIL, "1", 1, 0, &r);    /* reserves MAX_MSG */
+    ck_assert_int_eq(r.status, TERN_EIO);
+    ck_assert(r.reply_null);
+    ck_assert_uint_eq(r.len, 0);
+    expect_echo(MAX_MSG);
+    ck_assert_int_eq(server_runs, 4);
+}
+END_TEST
+
+START_TEST(reply_shrink)
+{
+    struct rec r;
+
+    rec_init(&r, 100);
+    call_wait(SVC, M_SHRINK, NULL, 0, 0, &r);
+    ck_assert_int_eq(r.status, 0);
+    ck_assert_uint_eq(r.len, 10);
+    for (int i = 0; i < 10; i++)
+        ck_assert_uint_eq(r.buf[i], (uint8_t)i);
+    free(r.buf);
+    expect_echo(33);    /* the 90 dropped bytes did not reach the stream */
+}
+END_TEST
+
+/* ---- many calls, credits, slots ---- */
+
+START_TEST(many_async_calls_with_8_credits)
+{
+    enum { N = 500 };
+    static uint32_t req[N];
+    static struct rec r[N];
+    struct tern_rpc_config scfg = {.max_msg = MAX_MSG, .credits = 8};
+
+    pair_open(&scfg, NULL);
+    ck_assert_uint_eq(tern_session_credits(sess), 8);
+    total_runs = 0;
+    for (int i = 0; i < N; i++) {
+        int rc;
+
+        req[i] = 0xC0DE0000u + (uint32_t)i;
+        rec_init(&r[i], sizeof(uint32_t));
+        rc = tern_call(sess, SVC, M_ECHO, &req[i], sizeof(req[i]), 0, rec_cont, &r[i], NULL);
+        ck_assert_msg(rc == 0, "call %d: %s", i, tern_strerror(rc));
+    }
+    ck_assert_uint_eq(tern_rpc_calls_in_flight(cli), N);
+    ck_assert_msg(poll_until(&total_runs, N, 20000), "only %d of %d calls completed",
+                  total_runs, N);
+    poll_for(50);       /* nothing may complete twice */
+    ck_assert_int_eq(total_runs, N);
+    for (int i = 0; i < N; i++) {
+        uint32_t got;
+
+        ck_assert_msg(r[i].runs == 1, "call %d ran %d times", i, r[i].runs);
+        ck_assert_msg(r[i].status == 0, "call %d: %s", i, tern_err_name(r[i].status));
+        ck_assert_uint_eq(r[i].len, sizeof(got));
+        memcpy(&got, r[i].buf, sizeof(got));
+        ck_assert_msg(got == req[i], "call %d got the reply of another call", i);
+        free(r[i].buf);
+    }
+    ck_assert_int_eq(server_runs, N);
+    ck_assert_uint_eq(tern_rpc_calls_in_flight(cli), 0);
+    pair_close();
+}
+END_TEST
+
+START_TEST(client_credits_cap_server_grant)
+{
+    /* The client asks for 4, the server would give 32: 4 it is. */
+    struct tern_rpc_config ccfg = {.max_msg = MAX_MSG, .credits = 4};
+
+    pair_open(NULL, &ccfg);
+    ck_assert_uint_eq(tern_session_credits(sess), 4);
+    expect_echo(4);
+    pair_close();
+}
+END_TEST
+
+START_TEST(no_call_slots)
+{
+    struct tern_rpc_config ccfg = {.max_msg = MAX_MSG, .max_calls = 4, .credits = 4};
+    struct rec r[6];
+    int rc;
+
+    pair_open(NULL, &ccfg);
+    total_runs = 0;
+    for (int i = 0; i < 4; i++) {
+        rec_init(&r[i], 0);
+        rc = tern_call(sess, SVC, M_ECHO, "abc", 3, 0, rec_cont, &r[i], NULL);
+        ck_assert_msg(rc == 0, "call %d: %s", i, tern_strerror(rc));
+    }
+    rec_init(&r[4], 0);
+    rc = tern_call(sess, SVC, M_ECHO, "abc", 3, 0, rec_cont, &r[4], NULL);
+    ck_assert_msg(rc == TERN_ENOBUFS, "fifth call: %s, want TERN_ENOBUFS", tern_err_name(rc));
+    ck_assert_uint_eq(tern_rpc_calls_in_flight(cli), 4);
+    ck_assert(poll_until(&total_runs, 4, WAIT_MS));
+    poll_for(20);
+    ck_assert_int_eq(r[4].runs, 0);
+    ck_assert_int_eq(total_runs, 4);
+    /* The slots came back. */
+    rec_init(&r[5], 0);
+    rc = tern_call(sess, SVC, M_ECHO, "abc", 3, 0, rec_cont, &r[5], NULL);
+    ck_assert_msg(rc == 0, "call after completions: %s", tern_strerror(rc));
+    ck_assert(poll_until(&r[5].runs, 1, WAIT_MS));
+    ck_assert_int_eq(r[5].status, 0);
+    pair_close();
+}
+END_TEST
+
+START_TEST(max_calls_below_default_credits)
+{
+    /* Only max_calls is set; credits is left at its default (0 = 32), which
+     * is more than 4. A configuration that only lowers the number of slots
+     * should be accepted, with the credits defaulting to what fits. */
+    struct tern_rpc_config cfg = {.max_calls = 4};
+    struct tern_rpc_ep *ep = NULL;
+    int rc = tern_rpc_ep_create(&cfg, &ep);
+
+    ck_assert_msg(rc == 0, "max_calls=4 with default credits refused: %s", tern_err_name(rc));
+    tern_rpc_ep_destroy(ep);
+}
+END_TEST
+
+/* ---- cancellation and closing ---- */
+
+START_TEST(cancel_sent_call)
+{
+    struct rec a, b;
+    uint64_t id;
+    int rc;
+
+    rec_init(&a, 16);
+    rec_init(&b, 16);
+    rc = tern_call(sess, SVC, M_ECHO, "AAAA", 4, 0, rec_cont, &a, &id);
+    ck_assert_int_eq(rc, 0);
+    poll_both();    /* let it go out */
+    ck_assert_int_eq(tern_call_cancel(cli, id), 0);
+    ck_assert_int_eq(a.runs, 1);
+    ck_assert_int_eq(a.status, TERN_ECANCELED);
+    ck_assert(a.reply_null);
+    ck_assert_int_eq(tern_call_cancel(cli, id), TERN_ENOENT);
+    ck_assert_uint_eq(tern_rpc_calls_in_flight(cli), 0);
+
+    /* The next call probably reuses the slot; the late "AAAA" reply must
+     * not be taken for its answer. */
+    rc = tern_call(sess, SVC, M_ECHO, "BBBB", 4, 0, rec_cont, &b, NULL);
+    ck_assert_int_eq(rc, 0);
+    ck_assert(poll_until(&b.runs, 1, WAIT_MS));
+    ck_assert_int_eq(b.status, 0);
+    ck_assert_uint_eq(b.len, 4);
+    ck_assert_mem_eq(b.buf, "BBBB", 4);
+    poll_for(50);
+    ck_assert_int_eq(a.runs, 1);
+    ck_assert_int_eq(b.runs, 1);
+    ck_assert_int_eq(server_runs, 2);  /* the cancelled call did run remotely */
+    ck_assert_int_eq(tern_session_status(sess), 0);
+    free(a.buf);
+    free(b.buf);
+}
+END_TEST
+
+START_TEST(cancel_queued_call)
+{
+    /* One credit: the second call waits in the queue and is cancelled
+     * there, so the server never sees it. */
+    struct tern_rpc_config scfg = {.max_msg = MAX_MSG, .credits = 1};
+    struct rec a, b;
+    uint64_t ida, idb;
+
+    pair_open(&scfg, NULL);
+    rec_init(&a, 0);
+    rec_init(&b, 0);
+    ck_assert_int_eq(tern_call(sess, SVC, M_ECHO, "a", 1, 0, rec_cont, &a, &ida), 0);
+    ck_assert_int_eq(tern_call(sess, SVC, M_ECHO, "b", 1, 0, rec_cont, &b, &idb), 0);
+    ck_assert(ida != idb);
+    ck_assert_int_eq(tern_call_cancel(cli, idb), 0);
+    ck_assert_int_eq(b.runs, 1);
+    ck_assert_int_eq(b.status, TERN_ECANCELED);
+    ck_assert(poll_until(&a.runs, 1, WAIT_MS));
+    ck_assert_int_eq(a.status, 0);
+    poll_for(50);
+    ck_assert_int_eq(b.runs, 1);
+    ck_assert_int_eq(server_runs, 1);
+    ck_assert_int_eq(tern_call_cancel(cli, ida), TERN_ENOENT);  /* completed */
+    pair_close();
+}
+END_TEST
+
+START_TEST(cancel_unknown_ids)
+{
+    ck_assert_int_eq(tern_call_cancel(cli, 0), TERN_ENOENT);
+    ck_assert_int_eq(tern_call_cancel(cli, 12345), TERN_ENOENT);
+    ck_assert_int_eq(tern_call_cancel(cli, UINT64_MAX), TERN_ENOENT);
+}
+END_TEST
+
+START_TEST(session_close_cancels_in_flight)
+{
+    /* Two credits: two calls on the wire, four queued. */
+    enum { N = 6 };
+    struct tern_rpc_config scfg = {.max_msg = MAX_MSG, .credits = 2};
+    struct tern_session *s2;
+    struct rec r[N];
+
+    pair_open(&scfg, NULL);
+    total_runs = 0;
+    for (int i = 0; i < N; i++) {
+        rec_init(&r[i], 0);
+        ck_assert_int_eq(tern_call(sess, SVC, M_ECHO, "zz", 2, 0, rec_cont, &r[i], NULL), 0);
+    }
+    poll_both();
+    ck_assert_int_eq(total_runs, 0);
+    tern_session_close(sess);
+    sess = NULL;
+    for (int i = 0; i < N; i++) {
+        ck_assert_msg(r[i].runs == 1, "call %d ran %d times", i, r[i].runs);
+        ck_assert_msg(r[i].status == TERN_ECANCELED, "call %d: %s", i,
+                      tern_err_name(r[i].status));
+    }
+    ck_assert_uint_eq(tern_rpc_calls_in_flight(cli), 0);
+    poll_for(100);      /* late replies find nobody, and run nothing */
+    ck_assert_int_eq(total_runs, N);
+
+    /* The server shrugged it off: a new session works. */
+    ck_assert_int_eq(connect_inproc(cli, uri, &s2), 0);
+    sess = s2;
+    expect_echo(7);
+    pair_close();
+}
+END_TEST
+
+/* A continuation that closes its own session. */
+static struct tern_session *close_me;
+
+static void closing_cont(void *arg, int status, const void *reply, size_t len)
+{
+    rec_cont(arg, status, reply, len);
+    tern_session_close(close_me);
+    close_me = NULL;
+}
+
+START_TEST(close_from_continuation)
+{
+    struct rec first, rest[4];
+    struct tern_session *s2;
+
+    total_runs = 0;
+    close_me = sess;
+    rec_init(&first, 0);
+    ck_assert_int_eq(tern_call(sess, SVC, M_ECHO, "1", 1, 0, closing_cont, &first, NULL), 0);
+    for (int i = 0; i < 4; i++) {
+        rec_init(&rest[i], 0);
+        ck_assert_int_eq(tern_call(sess, SVC, M_ECHO, "2", 1, 0, rec_cont, &rest[i], NULL), 0);
+    }
+    ck_assert(poll_until(&total_runs, 5, WAIT_MS));
+    sess = NULL;
+    poll_for(100);
+    ck_assert_int_eq(first.runs, 1);
+    ck_assert_int_eq(first.status, 0);
+    for (int i = 0; i < 4; i++) {
+        ck_assert_msg(rest[i].runs == 1, "call %d ran %d times", i, rest[i].runs);
+        /* Replies that arrive in the same batch as the first one may be
+         * dropped or delivered; what matters is exactly once. */
+        ck_assert_msg(rest[i].status == TERN_ECANCELED || rest[i].status == 0,
+                      "call %d: %s", i, tern_err_name(rest[i].status));
+    }
+    ck_assert_int_eq(total_runs, 5);
+    ck_assert_uint_eq(tern_rpc_calls_in_flight(cli), 0);
+    ck_assert_int_eq(connect_inproc(cli, uri, &s2), 0);
+    sess = s2;
+    expect_echo(2);
+}
+END_TEST
+
+START_TEST(call_on_closed_session_fails)
+{
+    /* After the server goes away the session reports why, and new calls
+     * are refused at once. */
+    struct rec r;
+    int rc;
+    double end = now_ms() + WAIT_MS;
+
+    tern_rpc_ep_destroy(srv);
+    srv = NULL;
+    while (tern_session_status(sess) == 0 && now_ms() < end)
+        tern_rpc_poll(cli);
+    ck_assert_msg(tern_session_status(sess) < 0, "session still open after the server left");
+    rec_init(&r, 0);
+    rc = tern_call(sess, SVC, M_ECHO, "x", 1, 0, rec_cont, &r, NULL);
+    ck_assert_msg(rc < 0, "call on a dead session accepted");
+    ck_assert_int_eq(r.runs, 0);
+    tern_rpc_ep_destroy(cli);
+    cli = NULL;
+}
+END_TEST
+
+/* ---- deadlines ---- */
+
+START_TEST(handler_sees_deadline)
+{
+    struct rec r;
+    uint64_t d, t0, t1;
+    const uint64_t timeout = 2 * SEC;
+
+    rec_init(&r, sizeof(d));
+    call_wait(SVC, M_DEADLINE, NULL, 0, 0, &r);
+    ck_assert_int_eq(r.status, 0);
+    memcpy(&d, r.buf, sizeof(d));
+    ck_assert_msg(d == 0, "no timeout, yet the handler saw deadline %llu",
+                  (unsigned long long)d);
+
+    rec_init(&r, sizeof(d));
+    t0 = tern_now_ns();
+    call_wait(SVC, M_DEADLINE, NULL, 0, timeout, &r);
+    t1 = tern_now_ns();
+    ck_assert_int_eq(r.status, 0);
+    memcpy(&d, r.buf, sizeof(d));
+    /* The budget travels in microseconds from send time and is added to the
+     * arrival time, so the handler's deadline lies within the call's span
+     * shifted by the timeout (1 ms slack for rounding). */
+    ck_assert_msg(d + 1000000 >= t0 + timeout && d <= t1 + timeout + 1000000,
+                  "deadline %llu outside [%llu, %llu]", (unsigned long long)d,
+                  (unsigned long long)(t0 + timeout), (unsigned long long)(t1 + timeout));
+}
+END_TEST
+
+START_TEST(local_deadline_expires)
+{
+    /* The server is never polled: the call can only end by its deadline. */
+    struct rec r;
+    double t0, el;
+    int rc;
+
+    rec_init(&r, 0);
+    t0 = now_ms();
+    rc = tern_call(sess, SVC, M_ECHO, "late", 4, 30 * 1000000ull, rec_cont, &r, NULL);
+    ck_assert_int_eq(rc, 0);
+    while (r.runs == 0 && now_ms() - t0 < WAIT_MS)
+        tern_rpc_poll(cli);
+    el = now_ms() - t0;
+    ck_assert_int_eq(r.runs, 1);
+    ck_assert_int_eq(r.status, TERN_ETIMEDOUT);
+    ck_assert_msg(el >= 29 && el < 1000, "timed out after %.1f ms, want ~30", el);
+    /* The late reply is dropped; the session goes on. */
+    poll_for(50);
+    ck_assert_int_eq(r.runs, 1);
+    expect_echo(9);
+}
+END_TEST
+
+/* ---- errors and addresses ---- */
+
+START_TEST(strerror_for_used_codes)
+{
+    static const int codes[] = {
+        TERN_EEXIST, TERN_EINVAL, TERN_EMSGSIZE, TERN_ENOSERVICE, TERN_ENOMETHOD,
+        TERN_ENOENT, TERN_EHANDLER, TERN_EIO, TERN_ENOBUFS, TERN_ECANCELED,
+        TERN_ETIMEDOUT, TERN_ECONNREFUSED, TERN_ECONNRESET, TERN_EBADADDR,
+        TERN_ENOFABRIC, TERN_EPROTO, TERN_ENOTCONN, TERN_ENOMEM, TERN_EVERSION,
+    };
+
+    for (size_t i = 0; i < sizeof(codes) / sizeof(codes[0]); i++) {
+        const char *s = tern_strerror(codes[i]), *name = tern_err_name(codes[i]);
+
+        ck_assert_msg(s && *s, "no text for %d", codes[i]);
+        ck_assert_msg(name && strcmp(name, "TERN_UNKNOWN") != 0, "no name for %d", codes[i]);
+        for (size_t j = 0; j < i; j++)
+            ck_assert_msg(strcmp(s, tern_strerror(codes[j])) != 0, "%s and %s share a text",
+                          name, tern_err_name(codes[j]));
+    }
+}
+END_TEST
+
+START_TEST(connect_refused)
+{
+    struct tern_rpc_ep *ep;
+    struct tern_session *s = (struct tern_session *)&s;
+    int rc;
+
+    ck_assert_int_eq(tern_rpc_ep_create(NULL, &ep), 0);
+    rc = tern_rpc_connect(ep, "tcp://127.0.0.1:1", 2 * SEC, &s);
+    ck_assert_msg(rc == TERN_ECONNREFUSED, "got %s", tern_err_name(rc));
+    ck_assert_ptr_null(s);
+    tern_rpc_ep_destroy(ep);
+}
+END_TEST
+
+START_TEST(connect_bad_uris)
+{
+    static const struct {
+        const char *uri;
+        int want;
+    } cases[] = {
+        {"nope", TERN_EBADADDR},
+        {"tcp://", TERN_EBADADDR},
+        {"://127.0.0.1:1", TERN_EBADADDR},
+        {"zzz://x:1", TERN_ENOFABRIC},
+        {"tcp://127.0.0.1", TERN_EBADADDR},         /* no port */
+        {"tcp://127.0.0.1:port", TERN_EBADADDR},
+        {"tcp://127.0.0.1:", TERN_EBADADDR},
+        {NULL, TERN_EBADADDR},
+    };
+    struct tern_session *s;
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        int rc;
+
+        s = (struct tern_session *)&s;
+        rc = tern_rpc_connect(cli, cases[i].uri, SEC, &s);
+        ck_assert_msg(rc == cases[i].want, "\"%s\": got %s, want %s",
+                      cases[i].uri ? cases[i].uri : "(null)", tern_err_name(rc),
+                      tern_err_name(cases[i].want));
+        ck_assert_ptr_null(s);
+    }
+    /* None of it hurt the endpoint. */
+    expect_echo(12);
+    ck_assert_int_eq(connect_inproc(cli, uri, &s), 0);
+    tern_session_close(s);
+}
+END_TEST
+
+START_TEST(listen_bad_uris)
+{
+    char bound[64];
+
+    ck_assert_int_eq(tern_rpc_listen(srv, "nope", bound, sizeof(bound)), TERN_EBADADDR);
+    ck_assert_int_eq(tern_rpc_listen(srv, "zzz://127.0.0.1:0", bound, sizeof(bound)),
+                     TERN_ENOFABRIC);
+    /* The port the server already has. */
+    ck_assert_int_eq(tern_rpc_listen(srv, uri, bound, sizeof(bound)), TERN_EADDRINUSE);
+}
+END_TEST
+
+/* ---- size limits the peer announced ---- */
+
+START_TEST(reply_over_client_max_msg)
+{
+    /* The client takes 4 KiB and says so in HELLO; the server's limit is
+     * 64 KiB. A handler that builds an 8 KiB reply must fail that call, not
+     * the session: the client's transport would refuse the frame and take
+     * every call of the session down with it. */
+    struct tern_rpc_config ccfg = {.max_msg = 4096};
+    uint32_t want = 8192;
+    struct rec r;
+
+    pair_open(NULL, &ccfg);
+    rec_init(&r, 0);
+    call_wait(SVC, M_BIG, &want, sizeof(want), 0, &r);
+    ck_assert_msg(r.status < 0, "an oversized reply came back with status 0");
+    ck_assert_msg(tern_session_status(sess) == 0,
+                  "one oversized reply killed the session (%s)",
+                  tern_err_name(tern_session_status(sess)));
+    expect_echo(100);
+    pair_close();
+}
+END_TEST
+
+START_TEST(request_over_server_max_msg)
+{
+    /* The server takes 4 KiB and says so in HELLO_ACK; the client allows
+     * 64 KiB. The client knows the server's limit, so an 8 KiB request
+     * should be refused at tern_call (TERN_EMSGSIZE) rather than sent and
+     * the session lost. */
+    struct tern_rpc_config scfg = {.max_msg = 4096};
+    static uint8_t big[8192];
+    struct rec r;
+    int rc;
+
+    pair_open(&scfg, NULL);
+    rec_init(&r, 0);
+    rc = tern_call(sess, SVC, M_ECHO, big, sizeof(big), 0, rec_cont, &r, NULL);
+    if (rc == 0) {
+        ck_assert(poll_until(&r.runs, 1, WAIT_MS));
+        rc = r.status;
+    }
+    ck_assert_msg(rc == TERN_EMSGSIZE, "request over the server's limit: %s",
+                  tern_err_name(rc));
+    ck_assert_msg(tern_session_status(sess) == 0, "the session died (%s)",
+                  tern_err_name(tern_session_status(sess)));
+    expect_echo(100);
+    pair_close();
+}
+END_TEST
+
+/* ---- a misbehaving client at the transport level ---- */
+
+struct raw {
+    struct tern_tp_ep *tp;
+    struct tern_tp_conn *conn;
+};
+
+/* Next event of the raw client, one at a time (so none is lost), while both
+ * RPC endpoints make progress. */
+static bool raw_next(struct raw *rw, struct tern_tp_event *ev, int ms)
+{
+    double end = now_ms() + ms;
+
+    do {
+        int n = tern_tp_poll(rw->tp, ev, 1);
+
+        ck_assert_int_ge(n, 0);
+        if (n == 1)
+            return true;
+        poll_both();
+    } while (now_ms() < end);
+    return false;
+}
+
+static void raw_open(struct raw *rw, size_t max_msg, size_t conn_buf)
+{
+    struct tern_tp_config cfg = {.fabric = "tcp", .max_msg = max_msg, .conn_buf = conn_buf};
+    struct tern_tp_event ev;
+    int rc;
+
+    rc = tern_tp_open(&cfg, &rw->tp);
+    ck_assert_msg(rc == 0, "tp open: %s", tern_strerror(rc));
+    /* uri is "tcp://host:port"; the transport wants "host:port". */
+    rc = tern_tp_connect(rw->tp, uri + strlen("tcp://"), &rw->conn);
+    ck_assert_msg(rc == 0, "tp connect: %s", tern_strerror(rc));
+    ck_assert(raw_next(rw, &ev, WAIT_MS));
+    ck_assert_int_eq(ev.type, TERN_TP_EV_CONNECTED);
+    ck_assert_int_eq(ev.status, 0);
+}
+
+static void raw_send_rpc(struct raw *rw, uint8_t type, uint8_t version, uint64_t req_id,
+                         const void *body, size_t body_len)
+{
+    struct rpc_hdr h = {.type = type, .version = version, .svc = SVC, .method = M_ECHO,
+                        .req_id = req_id};
+    uint8_t *buf;
+    int rc = tern_tp_msg_alloc(rw->conn, sizeof(h) + body_len, (void **)&buf);
+
+    ck_assert_msg(rc == 0, "msg_alloc: %s", tern_strerror(rc));
+    memcpy(buf, &h, sizeof(h));
+    if (body_len)
+        memcpy(buf + sizeof(h), body, body_len);
+    ck_assert_int_eq(tern_tp_msg_post(rw->conn, buf, sizeof(h) + body_len), 0);
+}
+
+static void raw_hello(struct raw *rw, uint32_t magic, uint32_t credits)
+{
+    struct rpc_hello hello = {.magic = magic, .credits = credits, .max_msg = MAX_MSG};
+
+    raw_send_rpc(rw, RPC_HELLO, RPC_VERSION, 0, &hello, sizeof(hello));
+}
+
+/* Wait for HELLO_ACK on the raw connection; returns the credits granted. */
+static uint32_t raw_expect_hello_ack(struct raw *rw)
+{
+    struct tern_tp_event ev;
+    struct rpc_hdr h;
+    struct rpc_hello ack;
+
+    ck_assert_msg(raw_next(rw, &ev, WAIT_MS), "no HELLO_ACK");
+    ck_assert_int_eq(ev.type, TERN_TP_EV_RECV);
+    ck_assert_uint_eq(ev.len, sizeof(h) + sizeof(ack));
+    memcpy(&h, ev.data, sizeof(h));
+    memcpy(&ack, (const uint8_t *)ev.data + sizeof(h), sizeof(ack));
+    tern_tp_msg_release(ev.conn, ev.data);
+    ck_assert_uint_eq(h.type, RPC_HELLO_ACK);
+    ck_assert_uint_eq(h.version, RPC_VERSION);
+    ck_assert_uint_eq(ack.magic, RPC_MAGIC);
+    ck_assert_uint_eq(ack.max_msg, MAX_MSG);
+    return ack.credits;
+}
+
+/* The server hangs up on the raw client without answering anything. */
+static void raw_expect_hangup(struct raw *rw, const char *what)
+{
+    struct tern_tp_event ev;
+
+    ck_assert_msg(raw_next(rw, &ev, WAIT_MS), "%s: the server kept the connection", what);
+    ck_assert_msg(ev.type == TERN_TP_EV_CLOSED, "%s: got event %d instead of CLOSED", what,
+                  ev.type);
+    tern_tp_close(rw->tp);
+    rw->tp = NULL;
+}
+
+enum bad_kind {
+    BAD_SHORT, BAD_REQ_BEFORE_HELLO, BAD_MAGIC, BAD_ZERO_CREDITS, BAD_HELLO_LEN,
+    BAD_VERSION, BAD_HELLO_TWICE, BAD_RESP_FROM_CLIENT, BAD_TYPE,
+};
+
+static const char *const bad_names[] = {
+    "message shorter than rpc_hdr", "REQ before HELLO", "HELLO with a bad magic",
+    "HELLO with zero credits", "HELLO of the wrong size", "RPC version 2",
+    "second HELLO", "RESP sent by a client", "unknown RPC type",
+};
+
+START_TEST(server_survives_bad_client)
+{
+    enum bad_kind kind = (enum bad_kind)_i;
+    const char *what = bad_names[kind];
+    struct raw rw = {0};
+    uint8_t junk[sizeof(struct rpc_hdr) + 32] = {RPC_REQ, RPC_VERSION};
+    struct rpc_hello hello = {.magic = RPC_MAGIC, .credits = 4, .max_msg = MAX_MSG};
+
+    expect_echo(10);    /* the good session, before */
+    raw_open(&rw, 0, 0);
+    switch (kind) {
+    case BAD_SHORT:
+        ck_assert_int_eq(tern_tp_msg_send(rw.conn, junk, sizeof(struct rpc_hdr) - 1), 0);
+        break;
+    case BAD_REQ_BEFORE_HELLO:
+        raw_send_rpc(&rw, RPC_REQ, RPC_VERSION, 1, "hi", 2);
+        break;
+    case BAD_MAGIC:
+        raw_hello(&rw, RPC_MAGIC ^ 1, 4);
+        break;
+    case BAD_ZERO_CREDITS:
+        raw_hello(&rw, RPC_MAGIC, 0);
+        break;
+    case BAD_HELLO_LEN:
+        raw_send_rpc(&rw, RPC_HELLO, RPC_VERSION, 0, &hello, sizeof(hello) - 1);
+        break;
+    case BAD_VERSION:
+        raw_send_rpc(&rw, RPC_HELLO, RPC_VERSION + 1, 0, &hello, sizeof(hello));
+        break;
+    case BAD_HELLO_TWICE:
+        raw_hello(&rw, RPC_MAGIC, 4);
+        ck_assert_uint_eq(raw_expect_hello_ack(&rw), 4);
+        raw_hello(&rw, RPC_MAGIC, 4);
+        break;
+    case BAD_RESP_FROM_CLIENT:
+        raw_hello(&rw, RPC_MAGIC, 4);
+        ck_assert_uint_eq(raw_expect_hello_ack(&rw), 4);
+        raw_send_rpc(&rw, RPC_RESP, RPC_VERSION, 1, NULL, 0);
+        break;
+    case BAD_TYPE:
+        raw_hello(&rw, RPC_MAGIC, 4);
+        ck_assert_uint_eq(raw_expect_hello_ack(&rw), 4);
+        raw_send_rpc(&rw, 99, RPC_VERSION, 1, NULL, 0);
+        break;
+    }
+    raw_expect_hangup(&rw, what);
+    ck_assert_int_eq(server_runs, 1);   /* nothing of the bad client was served */
+    ck_assert_int_eq(tern_session_status(sess), 0);
+    expect_echo(11);    /* the good session, after */
+    /* And new clients are still welcome. */
+    {
+        struct tern_session *s2;
+
+        ck_assert_int_eq(connect_inproc(cli, uri, &s2), 0);
+        tern_session_close(s2);
+    }
+}
+END_TEST
+
+/* ---- backpressure: a client that does not read its replies ---- */
+
+#define BP_N 64
+#define BP_FIRST_ID 1000
+
+static uint8_t bp_byte(unsigned i, size_t j)
+{
+    return (uint8_t)(i * 31 + j * 7 + (j >> 8));
+}
+
+/* Check one reply: the k-th to arrive must answer the k-th request. */
+static void bp_check(unsigned k, const void *data, size_t len)
+{
+    struct rpc_hdr h;
+    const uint8_t *p = (const uint8_t *)data + sizeof(h);
+
+    ck_assert_msg(len == sizeof(h) + MAX_MSG, "reply %u: %zu bytes", k, len);
+    memcpy(&h, data, sizeof(h));
+    ck_assert_uint_eq(h.type, RPC_RESP);
+    ck_assert_msg(h.status == 0, "reply %u: %s", k, tern_err_name(h.status));
+    ck_assert_msg(h.req_id == BP_FIRST_ID + k, "reply %u answers request %llu", k,
+                  (unsigned long long)(h.req_id - BP_FIRST_ID));
+    for (size_t j = 0; j < MAX_MSG; j++)
+        if (p[j] != bp_byte(k, j))
+            ck_abort_msg("reply %u: payload differs at byte %zu", k, j);
+}
+
+START_TEST(backpressure_unread_replies)
+{
+    struct tern_rpc_config scfg = {.max_msg = MAX_MSG, .credits = BP_N};
+    struct raw rw = {0};
+    struct tern_tp_event ev;
+    static struct {
+        const void *data;
+        size_t len;
+    } held[BP_N];
+    unsigned n_held = 0, got = 0;
+    int served_while_stalled;
+    double end;
+
+    pair_open(&scfg, NULL);
+    /* A send buffer for every request, so that the client can post them all
+     * at once however slowly the server takes them. */
+    raw_open(&rw, sizeof(struct rpc_hdr) + MAX_MSG, 2 * BP_N * (MAX_MSG + 64));
+    raw_hello(&rw, RPC_MAGIC, BP_N);
+    ck_assert_uint_eq(raw_expect_hello_ack(&rw), BP_N);
+
+    for (unsigned i = 0; i < BP_N; i++) {
+        struct rpc_hdr h = {.type = RPC_REQ, .version = RPC_VERSION, .svc = SVC,
+                            .method = M_ECHO, .req_id = BP_FIRST_ID + i};
+        uint8_t *buf;
+        int rc = tern_tp_msg_alloc(rw.conn, sizeof(h) + MAX_MSG, (void **)&buf);
+
+        ck_assert_msg(rc == 0, "request %u: msg_alloc %s", i, tern_strerror(rc));
+        memcpy(buf, &h, sizeof(h));
+        for (size_t j = 0; j < MAX_MSG; j++)
+            buf[sizeof(h) + j] = bp_byte(i, j);
+        ck_assert_int_eq(tern_tp_msg_post(rw.conn, buf, sizeof(h) + MAX_MSG), 0);
+    }
+
+    /* Phase 1: keep every reply view, so the client stops reading and the
+     * server's send path fills up. The server must neither drop nor block. */
+    end = now_ms() + 500;
+    while (now_ms() < end) {
+        int n = tern_tp_poll(rw.tp, &ev, 1);
+
+        ck_assert_int_ge(n, 0);
+        if (n == 1) {
+            ck_assert_msg(ev.type == TERN_TP_EV_RECV, "event %d while stalled", ev.type);
+            ck_assert_uint_lt(n_held, BP_N);
+            held[n_held].data = ev.data;
+            held[n_held++].len = ev.len;
+        }
+        tern_rpc_poll(srv);
+    }
+    served_while_stalled = server_runs;
+    /* With a 64 KiB reply each, 64 replies are 4 MiB: far more than the
+     * buffers hold, so the server must have held requests back. */
+    ck_assert_msg(served_while_stalled < BP_N,
+                  "the server served all %d requests of a client that reads nothing",
+                  served_while_stalled);
+
+    /* Phase 2: read everything, in order. */
+    for (unsigned k = 0; k < n_held; k++) {
+        bp_check(got++, held[k].data, held[k].len);
+        tern_tp_msg_release(rw.conn, held[k].data);
+    }
+    end = now_ms() + 20000;
+    while (got < BP_N && now_ms() < end) {
+        int n = tern_tp_poll(rw.tp, &ev, 1);
+
+        ck_assert_int_ge(n, 0);
+        if (n == 1) {
+            ck_assert_msg(ev.type == TERN_TP_EV_RECV, "event %d (status %s)", ev.type,
+                          tern_err_name(ev.status));
+            bp_check(got++, ev.data, ev.len);
+            tern_tp_msg_release(ev.conn, ev.data);
+        }
+        tern_rpc_poll(srv);
+    }
+    ck_assert_msg(got == BP_N, "%u of %d replies arrived (%d served while stalled)", got,
+                  BP_N, served_while_stalled);
+    ck_assert_int_eq(server_runs, BP_N);
+
+    /* Nothing extra, and the connection still answers. */
+    end = now_ms() + 50;
+    while (now_ms() < end) {
+        ck_assert_int_eq(tern_tp_poll(rw.tp, &ev, 1), 0);
+        tern_rpc_poll(srv);
+    }
+    raw_send_rpc(&rw, RPC_REQ, RPC_VERSION, 77, "tail", 4);
+    ck_assert(raw_next(&rw, &ev, WAIT_MS));
+    ck_assert_int_eq(ev.type, TERN_TP_EV_RECV);
+    ck_assert_uint_eq(ev.len, sizeof(struct rpc_hdr) + 4);
+    ck_assert_uint_eq(((const struct rpc_hdr *)ev.data)->req_id, 77);
+    tern_tp_msg_release(ev.conn, ev.data);
+    tern_tp_close(rw.tp);
+    pair_close();
+}
+END_TEST
+
+Suite *suite_rpc(void)
+{
+    Suite *s = suite_create("rpc");
+    TCase *basic = tcase_create("basic");
+    TCase *own = tcase_create("own_pair");
+    TCase *bad = tcase_create("bad_clients");
+
+    /* Tests that share the default server/client pair. */
+    tcase_add_checked_fixture(basic, setup_default, pair_close);
+    tcase_set_timeout(basic, 30);
+    tcase_add_test(basic, register_errors);
+    tcase_add_test(basic, echo_sizes);
+    tcase_add_test(basic, request_over_max_msg);
+    tcase_add_test(basic, call_argument_errors);
+    tcase_add_test(basic, unknown_service_and_method);
+    tcase_add_test(basic, handler_ids);
+    tcase_add_test(basic, handler_error_codes);
+    tcase_add_test(basic, alloc_then_error);
+    tcase_add_test(basic, reply_shrink);
+    tcase_add_test(basic, cancel_sent_call);
+    tcase_add_test(basic, cancel_unknown_ids);
+    tcase_add_test(basic, close_from_continuation);
+    tcase_add_test(basic, call_on_closed_session_fails);
+    tcase_add_test(basic, handler_sees_deadline);
+    tcase_add_test(basic, local_deadline_expires);
+    tcase_add_test(basic, connect_bad_uris);
+    tcase_add_test(basic, listen_bad_uris);
+    suite_add_tcase(s, basic);
+
+    /* Tests that build their own pair with a particular configuration. */
+    tcase_set_timeout(own, 60);
+    tcase_add_test(own, strerror_for_used_codes);
+    tcase_add_test(own, connect_refused);
+    tcase_add_test(own, many_async_calls_with_8_credits);
+    tcase_add_test(own, client_credits_cap_server_grant);
+    tcase_add_test(own, no_call_slots);
+    tcase_add_test(own, max_calls_below_default_credits);
+    tcase_add_test(own, cancel_queued_call);
+    tcase_add_test(own, session_close_cancels_in_flight);
+    tcase_add_test(own, reply_over_client_max_msg);
+    tcase_add_test(own, request_over_server_max_msg);
+    tcase_add_test(own, backpressure_unread_replies);
+    suite_add_tcase(s, own);
+
+    tcase_add_checked_fixture(bad, setup_default, pair_close);
+    tcase_set_timeout(bad, 30);
+    tcase_add_loop_test(bad, server_survives_bad_client, BAD_SHORT, BAD_TYPE + 1);
+    suite_add_tcase(s, bad);
+    return s;
+}

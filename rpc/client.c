@@ -109,7 +109,8 @@ static int call_send(struct tern_session *s, struct rpc_call *c, uint64_t now)
     if (rc < 0)
         return rc;
     memcpy(buf, &h, sizeof(h));
-    memcpy(buf + sizeof(h), c->req, c->len);
+    if (c->len)
+        memcpy(buf + sizeof(h), c->req, c->len);
     return tern_tp_msg_post(s->conn, buf, sizeof(h) + c->len);
 }
 
@@ -120,7 +121,7 @@ static void pump(struct tern_session *s)
 
     while (s->state == SESS_OPEN && s->queued.head && s->sent.n < s->credits) {
         struct rpc_call *c = s->queued.head;
-        int rc = call_send(s, c, now);
+        int rc = c->len > s->peer_max_msg ? TERN_EMSGSIZE : call_send(s, c, now);
 
         if (rc == TERN_EAGAIN) {
             s->blocked = true;
@@ -152,7 +153,7 @@ int tern_call(struct tern_session *s, uint16_t svc, uint16_t method, const void 
     ep = s->ep;
     if (s->state == SESS_DEAD)
         return s->status ? s->status : TERN_ENOTCONN;
-    if (len > ep->cfg.max_msg)
+    if (len > ep->cfg.max_msg || len > s->peer_max_msg)
         return TERN_EMSGSIZE;
     if (!ep->n_free)
         return TERN_ENOBUFS;
@@ -239,10 +240,11 @@ static void on_hello_ack(struct tern_session *s, const void *body, size_t len)
         return;
     }
     memcpy(&ack, body, sizeof(ack));
-    if (ack.magic != RPC_MAGIC || ack.credits == 0) {
+    if (ack.magic != RPC_MAGIC || ack.credits == 0 || ack.max_msg == 0) {
         rpc_bad_frame(s, "bad HELLO_ACK");
         return;
     }
+    s->peer_max_msg = ack.max_msg < s->ep->cfg.max_msg ? ack.max_msg : s->ep->cfg.max_msg;
     s->credits = ack.credits < s->ep->cfg.credits ? ack.credits : s->ep->cfg.credits;
     s->state = SESS_OPEN;
     pump(s);

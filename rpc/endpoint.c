@@ -42,7 +42,9 @@ int tern_rpc_ep_create(const struct tern_rpc_config *cfg, struct tern_rpc_ep **o
         ep->cfg.max_calls = 4096;
     if (!ep->cfg.max_sessions)
         ep->cfg.max_sessions = 4096;
-    if (ep->cfg.max_calls > (1u << 24) || ep->cfg.credits > ep->cfg.max_calls) {
+    if (ep->cfg.credits > ep->cfg.max_calls)
+        ep->cfg.credits = ep->cfg.max_calls;
+    if (ep->cfg.max_calls > (1u << 24) || ep->cfg.max_msg > (1u << 30)) {
         free(ep);
         return TERN_EINVAL;
     }
@@ -180,6 +182,7 @@ struct tern_session *rpc_session_new(struct tern_rpc_ep *ep, struct tern_tp_conn
     s->conn = conn;
     s->role = role;
     s->state = SESS_CONNECTING;
+    s->peer_max_msg = ep->cfg.max_msg;  /* until the handshake says more */
     s->spill_tail = &s->spill_head;
     s->next = ep->sessions;
     if (ep->sessions)

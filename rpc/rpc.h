@@ -55,7 +55,8 @@ struct tern_service {
 };
 
 /* Reserve `len` bytes of reply in the send buffer; NULL if len is over the
- * maximum message size. Call at most once per request. */
+ * smaller of this endpoint's and the client's maximum message size (the
+ * handler then usually returns TERN_EMSGSIZE). Call at most once per request. */
 void *tern_reply_alloc(struct tern_req *req, size_t len);
 
 /* Shrink the reply reserved by tern_reply_alloc() to `len` bytes. */
@@ -128,6 +129,7 @@ typedef void (*tern_cont_fn)(void *arg, int status, const void *reply, size_t le
 
 /* Start a call. `req` must stay valid until the continuation runs (calls
  * beyond the session's credits wait in a queue). timeout_ns 0 = no deadline.
+ * len may not exceed the smaller of both ends' max_msg (TERN_EMSGSIZE).
  * *call_id (if not NULL) names the call for tern_call_cancel(). Returns 0,
  * or TERN_ENOBUFS (no call slot), TERN_ENOTCONN, TERN_EMSGSIZE, TERN_EINVAL. */
 int tern_call(struct tern_session *s, uint16_t svc, uint16_t method, const void *req,

@@ -62,6 +62,7 @@ struct tern_session {
     int status;                     /* why it died */
     bool zombie;                    /* closed during a poll, freed after it */
     struct tern_session *prev, *next;
+    size_t peer_max_msg;            /* largest payload the peer accepts */
     /* client */
     unsigned credits;
     struct call_list queued, sent;

@@ -20,7 +20,8 @@ void *tern_reply_alloc(struct tern_req *r, size_t len)
     uint8_t *buf;
     int rc;
 
-    if (r->reply_taken || len > r->s->ep->cfg.max_msg)
+    /* The client said in its HELLO how large a reply it can take. */
+    if (r->reply_taken || len > r->s->peer_max_msg)
         return NULL;
     r->reply_taken = true;
     r->reply_len = len;
@@ -160,10 +161,12 @@ static void on_hello(struct tern_session *s, const void *view, size_t len)
         return;
     }
     memcpy(&hello, (const uint8_t *)view + HDR, sizeof(hello));
-    if (hello.magic != RPC_MAGIC || hello.credits == 0) {
-        rpc_bad_frame(s, "HELLO with a bad magic or zero credits");
+    if (hello.magic != RPC_MAGIC || hello.credits == 0 || hello.max_msg == 0) {
+        rpc_bad_frame(s, "HELLO with a bad magic, zero credits or zero max_msg");
         return;
     }
+    if (hello.max_msg < s->peer_max_msg)
+        s->peer_max_msg = hello.max_msg;
     ack.credits = hello.credits < s->ep->cfg.credits ? hello.credits : s->ep->cfg.credits;
     if (tern_tp_msg_alloc(s->conn, HDR + sizeof(ack), (void **)&buf) < 0) {
         rpc_bad_frame(s, "no room to answer HELLO");

@@ -53,12 +53,15 @@ START_TEST(message_sizes)
         void *buf;
 
         ck_assert_int_eq(tern_tp_msg_alloc(p.client, sizes[i], &buf), 0);
+        ck_assert_uint_eq((uintptr_t)buf % 8, 0);
         fill_pattern(buf, sizes[i], (unsigned)i);
         ck_assert_int_eq(tern_tp_msg_post(p.client, buf, sizes[i]), 0);
         ck_assert(tp_next2(p.b, p.a, &ev, 5000));
         ck_assert_int_eq(ev.type, TERN_TP_EV_RECV);
         ck_assert_ptr_eq(ev.conn, p.server);
         ck_assert_uint_eq(ev.len, sizes[i]);
+        /* Whatever came before, a view is aligned for the structs in it. */
+        ck_assert_uint_eq((uintptr_t)ev.data % 8, 0);
         ck_assert(check_pattern(ev.data, ev.len, (unsigned)i));
         tern_tp_msg_release(ev.conn, ev.data);
     }

@@ -15,6 +15,7 @@
  *    in place, publish it with tern_tp_msg_post(). A received message is a
  *    view into the receive buffer, valid until tern_tp_msg_release();
  *    views of one connection are released in the order they arrived;
+ *    reservations and views are 8-byte aligned;
  *  - one-sided access: tern_tp_put()/tern_tp_get() at (remote key, offset,
  *    length) on memory the peer registered. The key, the bounds and the
  *    permission are checked on every fabric; a violation completes the

@@ -366,8 +366,11 @@ static void frame_hdr(uint8_t *p, uint8_t type, size_t body_len)
 
 static void tx_commit(struct tcp_conn *c, uint8_t *frame, uint8_t type, size_t body_len)
 {
+    size_t used = sizeof(struct tcp_hdr) + body_len, total = TCP_FRAME_LEN(body_len);
+
     frame_hdr(frame, type, body_len);
-    c->tx_tail = (size_t)(frame - c->tx) + sizeof(struct tcp_hdr) + body_len;
+    memset(frame + used, 0, total - used);
+    c->tx_tail = (size_t)(frame - c->tx) + total;
     dirty_push(c);
 }
 
@@ -394,7 +397,7 @@ static int tcp_msg_alloc(struct tern_tp_conn *conn, size_t len, void **buf)
         return TERN_ENOTCONN;
     if (c->tx_resv)
         return TERN_EINVAL;
-    p = tx_reserve(c, sizeof(struct tcp_hdr) + len);
+    p = tx_reserve(c, TCP_FRAME_LEN(len));
     if (!p) {
         c->want_writable = true;
         return TERN_EAGAIN;
@@ -463,7 +466,7 @@ static int onesided_prep(struct tcp_conn *c, size_t body, uint8_t **frame)
         return TERN_EAGAIN;
     if (c->pend_tail - c->pend_head >= TCP_PEND_MAX)
         return TERN_EAGAIN;
-    *frame = tx_reserve(c, sizeof(struct tcp_hdr) + body);
+    *frame = tx_reserve(c, TCP_FRAME_LEN(body));
     if (!*frame) {
         c->want_writable = true;
         return TERN_EAGAIN;
@@ -546,7 +549,7 @@ static int serve_onesided(struct tcp_conn *c, uint8_t type, const uint8_t *body,
     resp_len = sizeof(struct tcp_ack) + (type == TCP_GET_REQ && status == 0 ? len : 0);
     if (c->tx_resv)
         return 0;
-    frame = tx_reserve(c, sizeof(struct tcp_hdr) + resp_len);
+    frame = tx_reserve(c, TCP_FRAME_LEN(resp_len));
     if (!frame)
         return 0;
     if (status == 0 && type == TCP_PUT)
@@ -645,7 +648,7 @@ static int rx_parse(struct tcp_conn *c, struct tern_tp_event *ev, int max)
             conn_fail(c, TERN_EPROTO, "unknown frame type or oversized length");
             break;
         }
-        total = sizeof(h) + blen;
+        total = TCP_FRAME_LEN(blen);
         if (avail < total) {
             if (!rx_make_room(c, total)) {
                 if (!c->rx_views) {
@@ -791,7 +794,7 @@ static bool rx_frame_ready(const struct tcp_conn *c)
     if (c->rx_len - c->rx_parse < sizeof(h))
         return false;
     memcpy(&h, c->rx + c->rx_parse, sizeof(h));
-    return c->rx_len - c->rx_parse >= sizeof(h) + le32toh(h.len);
+    return c->rx_len - c->rx_parse >= TCP_FRAME_LEN(le32toh(h.len));
 }
 
 static bool conn_has_work(const struct tcp_conn *c)

@@ -1,6 +1,9 @@
 /* Frames on a tern TCP connection. All fields little-endian.
  *
- *   [tcp_hdr 8 B][body len B]
+ *   [tcp_hdr 8 B][body len B][0-7 B zero padding]
+ *
+ * Every frame is padded to a multiple of 8 bytes, so every received view
+ * (and every payload behind an 8-byte-multiple header) is 8-byte aligned.
  *
  *   MSG       body = the message
  *   PUT       body = tcp_onesided + data        -> answered by ACK
@@ -18,6 +21,10 @@
 
 #define TCP_MAGIC 0x7e72    /* "tr" */
 #define TCP_VERSION 1
+#define TCP_ALIGN 8
+
+/* Bytes a frame with a `body`-byte body takes on the wire. */
+#define TCP_FRAME_LEN(body) (((sizeof(struct tcp_hdr) + (body)) + TCP_ALIGN - 1) & ~(size_t)(TCP_ALIGN - 1))
 
 enum tcp_frame_type {
     TCP_MSG = 1,

@@ -74,6 +74,7 @@ static void call_release(struct tern_rpc_ep *ep, struct rpc_call *c)
     list_del(list_of(c), c);
     if (c->deadline)
         ep->n_deadlines--;
+    c->deadline = 0;
     c->state = CALL_FREE;
     c->id = ((uint64_t)(GEN(c->id) + 1) << 32) | SLOT(c->id);
     ep->free_slots[ep->n_free++] = SLOT(c->id);
@@ -192,21 +193,32 @@ int tern_call_cancel(struct tern_rpc_ep *ep, uint64_t call_id)
     return 0;
 }
 
+/* Time out expired calls. Continuations may cancel other calls or close
+ * sessions, so expired ids are collected first and each is finished only if
+ * its slot still holds that same call. */
 void rpc_expire_calls(struct tern_rpc_ep *ep, uint64_t now)
 {
-    for (struct tern_session *s = ep->sessions; s; s = s->next) {
-        struct call_list *lists[2] = {&s->sent, &s->queued};
+    enum { BATCH = 64 };
+    uint64_t ids[BATCH];
+    unsigned n;
 
-        for (int l = 0; l < 2; l++) {
-            struct rpc_call *c = lists[l]->head, *next;
+    do {
+        n = 0;
+        for (struct tern_session *s = ep->sessions; s && n < BATCH; s = s->next) {
+            struct call_list *lists[2] = {&s->sent, &s->queued};
 
-            for (; c; c = next) {
-                next = c->next;
-                if (c->deadline && c->deadline <= now)
-                    call_finish(ep, c, TERN_ETIMEDOUT, NULL, 0);
-            }
+            for (int l = 0; l < 2 && n < BATCH; l++)
+                for (struct rpc_call *c = lists[l]->head; c && n < BATCH; c = c->next)
+                    if (c->deadline && c->deadline <= now)
+                        ids[n++] = c->id;
         }
-    }
+        for (unsigned i = 0; i < n; i++) {
+            struct rpc_call *c = &ep->calls[SLOT(ids[i])];
+
+            if (c->state != CALL_FREE && c->id == ids[i])
+                call_finish(ep, c, TERN_ETIMEDOUT, NULL, 0);
+        }
+    } while (n == BATCH);
 }
 
 /* Fail every call of the session and mark it dead. */
@@ -334,8 +346,10 @@ int tern_rpc_connect(struct tern_rpc_ep *ep, const char *uri, uint64_t timeout_n
 
 void tern_session_close(struct tern_session *s)
 {
-    if (!s)
+    /* A continuation run by this very close may close the session again. */
+    if (!s || s->closing)
         return;
+    s->closing = true;
     if (s->role == ROLE_CLIENT) {
         if (s->state != SESS_DEAD) {
             s->state = SESS_DEAD;

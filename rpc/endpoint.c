@@ -271,7 +271,13 @@ static void on_recv(struct tern_session *s, const struct tern_tp_event *e)
     memcpy(&h, e->data, sizeof(h));
     if (h.version != RPC_VERSION) {
         tern_tp_msg_release(s->conn, e->data);
-        rpc_bad_frame(s, "unsupported RPC version");
+        if (s->role == ROLE_CLIENT) {
+            tern_log(TERN_LOG_WARN, "rpc", "%s speaks RPC version %u, we speak %u",
+                     tern_tp_conn_peer(s->conn), h.version, RPC_VERSION);
+            rpc_client_fail(s, TERN_EVERSION);
+        } else {
+            rpc_bad_frame(s, "unsupported RPC version");
+        }
         return;
     }
     if (s->role == ROLE_SERVER) {

@@ -61,6 +61,7 @@ struct tern_session {
     enum session_state state;
     int status;                     /* why it died */
     bool zombie;                    /* closed during a poll, freed after it */
+    bool closing;                   /* tern_session_close is running */
     struct tern_session *prev, *next;
     size_t peer_max_msg;            /* largest payload the peer accepts */
     /* client */

@@ -8,8 +8,10 @@
  * thread polls the server (the server endpoint is handed back to the test
  * thread once that thread is joined).
  *
- * The last tests play a misbehaving client at the transport level
- * (tern_tp_*, RPC frames built by hand from wire.h).
+ * The last tests play a misbehaving peer at the transport level (tern_tp_*,
+ * RPC frames built by hand from wire.h): clients that break the protocol, a
+ * server (on its own thread) that answers wrongly, and a client that never
+ * reads its replies.
  */
 #include <check.h>
 #include <pthread.h>
@@ -39,6 +41,8 @@ enum {
     M_BIG = 6,          /* reply of the size asked for (uint32_t request) */
     /* 7 and 8 are a hole in the table */
     M_IDS = 9,          /* reply = service and method ids seen by the handler */
+    M_ALLOC_TWICE = 10, /* a second tern_reply_alloc must fail */
+    M_EMPTY = 11,       /* returns 0 without building a reply */
 };
 
 /* Handler runs, to tell "the server never ran it" from "it ran". */
@@ -132,6 +136,26 @@ static int h_ids(struct tern_req *req, const void *data, size_t len, void *ctx)
     return 0;
 }
 
+static int h_alloc_twice(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    uint8_t *a = tern_reply_alloc(req, 8), *b;
+
+    server_runs++;
+    if (!a)
+        return TERN_ENOMEM;
+    memcpy(a, "first!!!", 8);
+    b = tern_reply_alloc(req, 4);
+    if (b)
+        return TERN_EEXIST;     /* the caller sees that the second one worked */
+    return 0;
+}
+
+static int h_empty(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    server_runs++;
+    return 0;
+}
+
 static const struct tern_method methods[] = {
     {.id = M_ECHO, .name = "echo", .handler = h_echo},
     {.id = M_ENOENT, .name = "enoent", .handler = h_enoent},
@@ -141,6 +165,8 @@ static const struct tern_method methods[] = {
     {.id = M_DEADLINE, .name = "deadline", .handler = h_deadline},
     {.id = M_BIG, .name = "big", .handler = h_big},
     {.id = M_IDS, .name = "ids", .handler = h_ids},
+    {.id = M_ALLOC_TWICE, .name = "alloc_twice", .handler = h_alloc_twice},
+    {.id = M_EMPTY, .name = "empty", .handler = h_empty},
 };
 
 static const struct tern_service service = {
@@ -407,7 +433,7 @@ START_TEST(unknown_service_and_method)
     expect_error(SVC + 1, M_ECHO, TERN_ENOSERVICE);
     expect_error(0xFFFF, M_ECHO, TERN_ENOSERVICE);
     expect_error(SVC, 7, TERN_ENOMETHOD);       /* a hole in the table */
-    expect_error(SVC, M_IDS + 1, TERN_ENOMETHOD); /* past the last method */
+    expect_error(SVC, M_EMPTY + 1, TERN_ENOMETHOD); /* past the last method */
     expect_error(SVC, 0xFFFF, TERN_ENOMETHOD);
     ck_assert_int_eq(server_runs, 0);
     expect_echo(16);
@@ -469,6 +495,32 @@ START_TEST(reply_shrink)
         ck_assert_uint_eq(r.buf[i], (uint8_t)i);
     free(r.buf);
     expect_echo(33);    /* the 90 dropped bytes did not reach the stream */
+}
+END_TEST
+
+START_TEST(reply_alloc_once)
+{
+    struct rec r;
+
+    rec_init(&r, 16);
+    call_wait(SVC, M_ALLOC_TWICE, NULL, 0, 0, &r);
+    ck_assert_msg(r.status == 0, "second tern_reply_alloc: %s", tern_err_name(r.status));
+    ck_assert_uint_eq(r.len, 8);
+    ck_assert_mem_eq(r.buf, "first!!!", 8);
+    free(r.buf);
+    expect_echo(5);
+}
+END_TEST
+
+START_TEST(empty_reply)
+{
+    struct rec r;
+
+    rec_init(&r, 0);
+    call_wait(SVC, M_EMPTY, "abc", 3, 0, &r);
+    ck_assert_int_eq(r.status, 0);
+    ck_assert_uint_eq(r.len, 0);
+    expect_echo(6);
 }
 END_TEST
 
@@ -757,6 +809,7 @@ START_TEST(handler_sees_deadline)
     memcpy(&d, r.buf, sizeof(d));
     ck_assert_msg(d == 0, "no timeout, yet the handler saw deadline %llu",
                   (unsigned long long)d);
+    free(r.buf);
 
     rec_init(&r, sizeof(d));
     t0 = tern_now_ns();
@@ -770,6 +823,7 @@ START_TEST(handler_sees_deadline)
     ck_assert_msg(d + 1000000 >= t0 + timeout && d <= t1 + timeout + 1000000,
                   "deadline %llu outside [%llu, %llu]", (unsigned long long)d,
                   (unsigned long long)(t0 + timeout), (unsigned long long)(t1 + timeout));
+    free(r.buf);
 }
 END_TEST
 
@@ -794,6 +848,150 @@ START_TEST(local_deadline_expires)
     poll_for(50);
     ck_assert_int_eq(r.runs, 1);
     expect_echo(9);
+}
+END_TEST
+
+START_TEST(queued_call_expires)
+{
+    /* One credit and a server that is not polled: the second call never
+     * leaves the queue, and its deadline must still fire there. */
+    struct tern_rpc_config scfg = {.max_msg = MAX_MSG, .credits = 1};
+    struct rec a, b;
+    uint64_t idb;
+    double t0 = now_ms();
+
+    pair_open(&scfg, NULL);
+    rec_init(&a, 0);
+    rec_init(&b, 0);
+    ck_assert_int_eq(tern_call(sess, SVC, M_ECHO, "a", 1, 0, rec_cont, &a, NULL), 0);
+    ck_assert_int_eq(tern_call(sess, SVC, M_ECHO, "b", 1, 20 * 1000000ull, rec_cont, &b, &idb),
+                     0);
+    while (b.runs == 0 && now_ms() - t0 < WAIT_MS)
+        tern_rpc_poll(cli);
+    ck_assert_int_eq(b.runs, 1);
+    ck_assert_int_eq(b.status, TERN_ETIMEDOUT);
+    ck_assert_int_eq(a.runs, 0);
+    ck_assert_int_eq(tern_call_cancel(cli, idb), TERN_ENOENT);
+    ck_assert(poll_until(&a.runs, 1, WAIT_MS));
+    ck_assert_int_eq(a.status, 0);
+    poll_for(50);
+    ck_assert_int_eq(b.runs, 1);
+    ck_assert_int_eq(server_runs, 1);      /* the expired call was never sent */
+    pair_close();
+}
+END_TEST
+
+/* Two calls that expire in the same deadline scan; the first one's
+ * continuation ends the second (by cancelling it, or by closing the session)
+ * before the scan reaches it. */
+static uint64_t other_id;
+
+static void cancel_other_cont(void *arg, int status, const void *reply, size_t len)
+{
+    rec_cont(arg, status, reply, len);
+    tern_call_cancel(cli, other_id);
+}
+
+static void close_session_cont(void *arg, int status, const void *reply, size_t len)
+{
+    rec_cont(arg, status, reply, len);
+    if (sess) {
+        tern_session_close(sess);
+        sess = NULL;
+    }
+}
+
+static void expire_two(tern_cont_fn first_cont)
+{
+    struct rec a, b, c;
+    struct tern_session *s2;
+    double t0 = now_ms();
+
+    total_runs = 0;
+    rec_init(&a, 0);
+    rec_init(&b, 0);
+    ck_assert_int_eq(tern_call(sess, SVC, M_ECHO, "a", 1, 10 * 1000000ull, first_cont, &a,
+                               NULL), 0);
+    ck_assert_int_eq(tern_call(sess, SVC, M_ECHO, "b", 1, 10 * 1000000ull, rec_cont, &b,
+                               &other_id), 0);
+    /* Only the client is polled, once both deadlines have passed, so one
+     * scan finds both expired. */
+    while (now_ms() - t0 < 30)
+        ;
+    while (total_runs < 2 && now_ms() - t0 < WAIT_MS)
+        tern_rpc_poll(cli);
+    poll_for(50);
+    ck_assert_int_eq(a.runs, 1);
+    ck_assert_int_eq(a.status, TERN_ETIMEDOUT);
+    ck_assert_msg(b.runs == 1, "the second call's continuation ran %d times", b.runs);
+    ck_assert_int_eq(b.status, TERN_ECANCELED);
+    ck_assert_msg(tern_rpc_calls_in_flight(cli) == 0, "%u calls in flight, want 0",
+                  tern_rpc_calls_in_flight(cli));
+
+    /* The slot table is intact: calls still work and complete once. */
+    if (!sess) {
+        ck_assert_int_eq(connect_inproc(cli, uri, &s2), 0);
+        sess = s2;
+    }
+    for (int i = 0; i < 3; i++) {
+        rec_init(&c, 0);
+        call_wait(SVC, M_ECHO, "c", 1, 0, &c);
+        ck_assert_int_eq(c.status, 0);
+    }
+    poll_for(20);
+    ck_assert_uint_eq(tern_rpc_calls_in_flight(cli), 0);
+}
+
+START_TEST(expiry_continuation_cancels_other)
+{
+    expire_two(cancel_other_cont);
+}
+END_TEST
+
+START_TEST(expiry_continuation_closes_session)
+{
+    expire_two(close_session_cont);
+}
+END_TEST
+
+START_TEST(client_send_path_full)
+{
+    /* 256 calls of 64 KiB issued back to back, with the server not polled:
+     * the client's send path fills (TERN_EAGAIN inside), the calls wait in
+     * the queue, and WRITABLE sends them on. All complete once, intact. */
+    enum { N = 256 };
+    struct tern_rpc_config cfg = {.max_msg = MAX_MSG, .credits = N};
+    static struct rec r[N];
+    uint8_t *req = calloc(N, MAX_MSG);
+
+    ck_assert(req);
+    pair_open(&cfg, &cfg);
+    ck_assert_uint_eq(tern_session_credits(sess), N);
+    total_runs = 0;
+    for (int i = 0; i < N; i++) {
+        uint8_t *p = req + (size_t)i * MAX_MSG;
+
+        for (size_t j = 0; j < MAX_MSG; j += 512)
+            p[j] = (uint8_t)(i + j / 512);
+        memcpy(p, &i, sizeof(i));
+        rec_init(&r[i], MAX_MSG);
+        ck_assert_int_eq(tern_call(sess, SVC, M_ECHO, p, MAX_MSG, 0, rec_cont, &r[i], NULL),
+                         0);
+    }
+    ck_assert_msg(poll_until(&total_runs, N, 30000), "%d of %d calls completed", total_runs,
+                  N);
+    poll_for(20);
+    ck_assert_int_eq(total_runs, N);
+    for (int i = 0; i < N; i++) {
+        ck_assert_msg(r[i].runs == 1 && r[i].status == 0, "call %d: %d runs, %s", i,
+                      r[i].runs, tern_err_name(r[i].status));
+        ck_assert_uint_eq(r[i].len, MAX_MSG);
+        ck_assert_msg(memcmp(r[i].buf, req + (size_t)i * MAX_MSG, MAX_MSG) == 0,
+                      "call %d: wrong payload", i);
+        free(r[i].buf);
+    }
+    free(req);
+    pair_close();
 }
 END_TEST
 
@@ -1027,13 +1225,13 @@ static void raw_expect_hangup(struct raw *rw, const char *what)
 
 enum bad_kind {
     BAD_SHORT, BAD_REQ_BEFORE_HELLO, BAD_MAGIC, BAD_ZERO_CREDITS, BAD_HELLO_LEN,
-    BAD_VERSION, BAD_HELLO_TWICE, BAD_RESP_FROM_CLIENT, BAD_TYPE,
+    BAD_VERSION, BAD_HELLO_TWICE, BAD_RESP_FROM_CLIENT, BAD_ZERO_MAX_MSG, BAD_TYPE,
 };
 
 static const char *const bad_names[] = {
     "message shorter than rpc_hdr", "REQ before HELLO", "HELLO with a bad magic",
     "HELLO with zero credits", "HELLO of the wrong size", "RPC version 2",
-    "second HELLO", "RESP sent by a client", "unknown RPC type",
+    "second HELLO", "RESP sent by a client", "HELLO with max_msg 0", "unknown RPC type",
 };
 
 START_TEST(server_survives_bad_client)
@@ -1075,6 +1273,10 @@ START_TEST(server_survives_bad_client)
         ck_assert_uint_eq(raw_expect_hello_ack(&rw), 4);
         raw_send_rpc(&rw, RPC_RESP, RPC_VERSION, 1, NULL, 0);
         break;
+    case BAD_ZERO_MAX_MSG:
+        hello.max_msg = 0;
+        raw_send_rpc(&rw, RPC_HELLO, RPC_VERSION, 0, &hello, sizeof(hello));
+        break;
     case BAD_TYPE:
         raw_hello(&rw, RPC_MAGIC, 4);
         ck_assert_uint_eq(raw_expect_hello_ack(&rw), 4);
@@ -1095,9 +1297,295 @@ START_TEST(server_survives_bad_client)
 }
 END_TEST
 
+/* ---- a misbehaving server, played at the transport level ---- */
+
+/* How the fake server answers HELLO, then requests. */
+enum fake_mode {
+    /* tern_rpc_connect must fail */
+    F_ACK_BAD_MAGIC, F_ACK_ZERO_CREDITS, F_ACK_ZERO_MAX_MSG, F_ACK_SHORT, F_RESP_FIRST,
+    F_HANGUP, F_SILENT,
+    /* the handshake works; the reply to the first request is bad */
+    F_REQ_POSITIVE_STATUS, F_REQ_SHORT, F_REQ_SECOND_ACK,
+    /* the handshake works; odd but legal replies */
+    F_REQ_UNKNOWN_ID_FIRST, F_REQ_ERROR_WITH_BODY,
+    /* only the RPC version differs */
+    F_ACK_VERSION,
+};
+
+struct fake {
+    enum fake_mode mode;
+    struct tern_tp_ep *tp;
+    char uri[128];
+    atomic_bool stop;
+    pthread_t th;
+};
+
+static void fake_send(struct tern_tp_conn *conn, uint8_t type, uint8_t version,
+                      uint64_t req_id, int32_t status, const void *body, size_t len)
+{
+    struct rpc_hdr h = {.type = type, .version = version, .status = status, .req_id = req_id};
+    uint8_t *buf;
+
+    if (tern_tp_msg_alloc(conn, sizeof(h) + len, (void **)&buf) < 0)
+        return;     /* the test will notice the missing answer */
+    memcpy(buf, &h, sizeof(h));
+    if (len)
+        memcpy(buf + sizeof(h), body, len);
+    tern_tp_msg_post(conn, buf, sizeof(h) + len);
+}
+
+static void fake_on_msg(struct fake *f, struct tern_tp_conn *conn, const uint8_t *data,
+                        size_t len)
+{
+    struct rpc_hello ack = {.magic = RPC_MAGIC, .credits = 4, .max_msg = MAX_MSG};
+    struct rpc_hdr h;
+
+    if (len < sizeof(h))
+        return;
+    memcpy(&h, data, sizeof(h));
+    if (h.type == RPC_HELLO) {
+        switch (f->mode) {
+        case F_ACK_BAD_MAGIC: ack.magic ^= 1; break;
+        case F_ACK_ZERO_CREDITS: ack.credits = 0; break;
+        case F_ACK_ZERO_MAX_MSG: ack.max_msg = 0; break;
+        case F_ACK_SHORT:
+            fake_send(conn, RPC_HELLO_ACK, RPC_VERSION, 0, 0, &ack, sizeof(ack) - 4);
+            return;
+        case F_RESP_FIRST:
+            fake_send(conn, RPC_RESP, RPC_VERSION, 0, 0, NULL, 0);
+            return;
+        case F_HANGUP:
+            tern_tp_disconnect(conn);
+            return;
+        case F_SILENT:
+            return;
+        case F_ACK_VERSION:
+            fake_send(conn, RPC_HELLO_ACK, RPC_VERSION + 1, 0, 0, &ack, sizeof(ack));
+            return;
+        default: break;
+        }
+        fake_send(conn, RPC_HELLO_ACK, RPC_VERSION, 0, 0, &ack, sizeof(ack));
+        return;
+    }
+    if (h.type != RPC_REQ)
+        return;
+    switch (f->mode) {
+    case F_REQ_POSITIVE_STATUS:
+        fake_send(conn, RPC_RESP, RPC_VERSION, h.req_id, 3, NULL, 0);
+        break;
+    case F_REQ_SHORT:
+        fake_send(conn, RPC_RESP, RPC_VERSION, h.req_id, 0, NULL, 0);
+        /* ...and then a message shorter than any header */
+        tern_tp_msg_send(conn, "short", 5);
+        break;
+    case F_REQ_SECOND_ACK:
+        fake_send(conn, RPC_HELLO_ACK, RPC_VERSION, 0, 0, &ack, sizeof(ack));
+        break;
+    case F_REQ_UNKNOWN_ID_FIRST:
+        fake_send(conn, RPC_RESP, RPC_VERSION, h.req_id + 0x1234567ull, 0, "bogus", 5);
+        fake_send(conn, RPC_RESP, RPC_VERSION, h.req_id ^ (1ull << 40), 0, "stale", 5);
+        fake_send(conn, RPC_RESP, RPC_VERSION, h.req_id, 0, data + sizeof(h), len - sizeof(h));
+        break;
+    case F_REQ_ERROR_WITH_BODY:
+        fake_send(conn, RPC_RESP, RPC_VERSION, h.req_id, TERN_ENOENT, "extra", 5);
+        break;
+    default:
+        break;
+    }
+}
+
+static void *fake_main(void *arg)
+{
+    struct fake *f = arg;
+
+    while (!atomic_load(&f->stop)) {
+        struct tern_tp_event ev;
+
+        if (tern_tp_poll(f->tp, &ev, 1) != 1)
+            continue;
+        if (ev.type == TERN_TP_EV_RECV) {
+            /* Copy first: F_HANGUP frees the connection under the view. */
+            uint8_t copy[256];
+            size_t n = ev.len < sizeof(copy) ? ev.len : sizeof(copy);
+
+            memcpy(copy, ev.data, n);
+            tern_tp_msg_release(ev.conn, ev.data);
+            fake_on_msg(f, ev.conn, copy, n);
+        } else if (ev.type == TERN_TP_EV_CLOSED) {
+            tern_tp_disconnect(ev.conn);
+        }
+    }
+    return NULL;
+}
+
+static void fake_start(struct fake *f, enum fake_mode mode)
+{
+    struct tern_tp_config cfg = {.fabric = "tcp", .max_msg = MAX_MSG + sizeof(struct rpc_hdr)};
+    char bound[96];
+
+    f->mode = mode;
+    atomic_init(&f->stop, false);
+    ck_assert_int_eq(tern_tp_open(&cfg, &f->tp), 0);
+    ck_assert_int_eq(tern_tp_listen(f->tp, "127.0.0.1:0", bound, sizeof(bound)), 0);
+    snprintf(f->uri, sizeof(f->uri), "tcp://%s", bound);
+    ck_assert_int_eq(pthread_create(&f->th, NULL, fake_main, f), 0);
+}
+
+static void fake_stop(struct fake *f)
+{
+    atomic_store(&f->stop, true);
+    pthread_join(f->th, NULL);
+    tern_tp_close(f->tp);
+}
+
+START_TEST(hostile_server_handshake)
+{
+    static const struct {
+        enum fake_mode mode;
+        int want;
+        const char *what;
+    } cases[] = {
+        {F_ACK_BAD_MAGIC, TERN_EPROTO, "HELLO_ACK with a bad magic"},
+        {F_ACK_ZERO_CREDITS, TERN_EPROTO, "HELLO_ACK granting 0 credits"},
+        {F_ACK_ZERO_MAX_MSG, TERN_EPROTO, "HELLO_ACK with max_msg 0"},
+        {F_ACK_SHORT, TERN_EPROTO, "short HELLO_ACK"},
+        {F_RESP_FIRST, TERN_EPROTO, "RESP before HELLO_ACK"},
+        {F_HANGUP, TERN_ECONNRESET, "hang-up on HELLO"},
+        {F_SILENT, TERN_ETIMEDOUT, "no answer to HELLO"},
+    };
+    struct tern_rpc_ep *ep;
+    struct fake f;
+
+    ck_assert_int_eq(tern_rpc_ep_create(NULL, &ep), 0);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct tern_session *s = (struct tern_session *)&s;
+        double t0;
+        int rc;
+
+        fake_start(&f, cases[i].mode);
+        t0 = now_ms();
+        rc = tern_rpc_connect(ep, f.uri, 200 * 1000000ull, &s);
+        ck_assert_msg(rc == cases[i].want, "%s: connect returned %s, want %s", cases[i].what,
+                      tern_err_name(rc), tern_err_name(cases[i].want));
+        ck_assert_ptr_null(s);
+        if (cases[i].mode == F_SILENT)
+            ck_assert_msg(now_ms() - t0 >= 190 && now_ms() - t0 < 2000,
+                          "200 ms connect timeout took %.0f ms", now_ms() - t0);
+        fake_stop(&f);
+    }
+    ck_assert_uint_eq(tern_rpc_calls_in_flight(ep), 0);
+    tern_rpc_ep_destroy(ep);
+}
+END_TEST
+
+START_TEST(connect_to_other_rpc_version)
+{
+    /* rpc.h lists TERN_EVERSION among tern_rpc_connect's errors, and the
+     * error table has "peer speaks an incompatible protocol version" for
+     * exactly this: a server that answers in RPC version 2. */
+    struct tern_rpc_ep *ep;
+    struct tern_session *s = NULL;
+    struct fake f;
+    int rc;
+
+    ck_assert_int_eq(tern_rpc_ep_create(NULL, &ep), 0);
+    fake_start(&f, F_ACK_VERSION);
+    rc = tern_rpc_connect(ep, f.uri, SEC, &s);
+    fake_stop(&f);
+    ck_assert_msg(rc == TERN_EVERSION, "connect to an RPC v%d server: %s, want TERN_EVERSION",
+                  RPC_VERSION + 1, tern_err_name(rc));
+    tern_rpc_ep_destroy(ep);
+}
+END_TEST
+
+START_TEST(hostile_server_replies)
+{
+    static const struct {
+        enum fake_mode mode;
+        int want;           /* the call's status */
+        bool session_dies;
+        const char *what;
+    } cases[] = {
+        {F_REQ_POSITIVE_STATUS, TERN_EPROTO, true, "RESP with a positive status"},
+        {F_REQ_SECOND_ACK, TERN_EPROTO, true, "second HELLO_ACK"},
+        {F_REQ_UNKNOWN_ID_FIRST, 0, false, "replies to unknown ids first"},
+        {F_REQ_ERROR_WITH_BODY, TERN_ENOENT, false, "error status with a body"},
+    };
+    struct tern_rpc_ep *ep;
+    struct fake f;
+
+    ck_assert_int_eq(tern_rpc_ep_create(NULL, &ep), 0);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct tern_session *s;
+        struct rec r;
+        uint64_t id;
+        int rc;
+
+        fake_start(&f, cases[i].mode);
+        rc = tern_rpc_connect(ep, f.uri, 2 * SEC, &s);
+        ck_assert_msg(rc == 0, "%s: connect %s", cases[i].what, tern_err_name(rc));
+        rec_init(&r, 16);
+        ck_assert_int_eq(tern_call(s, SVC, M_ECHO, "hello", 5, 2 * SEC, rec_cont, &r, &id), 0);
+        for (double end = now_ms() + WAIT_MS; r.runs == 0 && now_ms() < end;)
+            tern_rpc_poll(ep);
+        ck_assert_msg(r.runs == 1, "%s: continuation ran %d times", cases[i].what, r.runs);
+        ck_assert_msg(r.status == cases[i].want, "%s: call ended with %s, want %s",
+                      cases[i].what, tern_err_name(r.status), tern_err_name(cases[i].want));
+        if (r.status == 0) {
+            ck_assert_uint_eq(r.len, 5);
+            ck_assert_mem_eq(r.buf, "hello", 5);
+        } else {
+            ck_assert_msg(r.reply_null && r.len == 0, "%s: an error came with a payload",
+                          cases[i].what);
+        }
+        if (cases[i].session_dies) {
+            ck_assert_msg(tern_session_status(s) < 0, "%s: session still usable",
+                          cases[i].what);
+            ck_assert_msg(tern_call(s, SVC, M_ECHO, "x", 1, 0, rec_cont, &r, NULL) < 0,
+                          "%s: call accepted on a dead session", cases[i].what);
+        } else {
+            ck_assert_msg(tern_session_status(s) == 0, "%s: session died (%s)", cases[i].what,
+                          tern_err_name(tern_session_status(s)));
+        }
+        tern_session_close(s);
+        fake_stop(&f);
+        free(r.buf);
+    }
+    tern_rpc_ep_destroy(ep);
+}
+END_TEST
+
+START_TEST(hostile_server_short_message)
+{
+    /* A good reply, then a message shorter than rpc_hdr: the call already
+     * completed stays completed, the session dies with EPROTO. */
+    struct tern_rpc_ep *ep;
+    struct tern_session *s;
+    struct rec r;
+    struct fake f;
+
+    ck_assert_int_eq(tern_rpc_ep_create(NULL, &ep), 0);
+    fake_start(&f, F_REQ_SHORT);
+    ck_assert_int_eq(tern_rpc_connect(ep, f.uri, 2 * SEC, &s), 0);
+    rec_init(&r, 0);
+    ck_assert_int_eq(tern_call(s, SVC, M_ECHO, NULL, 0, 2 * SEC, rec_cont, &r, NULL), 0);
+    for (double end = now_ms() + WAIT_MS; tern_session_status(s) == 0 && now_ms() < end;)
+        tern_rpc_poll(ep);
+    ck_assert_int_eq(r.runs, 1);
+    ck_assert_int_eq(r.status, 0);
+    ck_assert_int_eq(tern_session_status(s), TERN_EPROTO);
+    tern_session_close(s);
+    fake_stop(&f);
+    tern_rpc_ep_destroy(ep);
+}
+END_TEST
+
 /* ---- backpressure: a client that does not read its replies ---- */
 
-#define BP_N 64
+/* Loopback TCP buffers several MiB per direction when nobody reads (about
+ * 4 MiB on a stock Linux); 256 replies of 64 KiB (16 MiB) are well past
+ * that, so the server's send path must fill up and spill. */
+#define BP_N 256
 #define BP_FIRST_ID 1000
 
 static uint8_t bp_byte(unsigned i, size_t j)
@@ -1171,29 +1659,43 @@ START_TEST(backpressure_unread_replies)
         tern_rpc_poll(srv);
     }
     served_while_stalled = server_runs;
-    /* With a 64 KiB reply each, 64 replies are 4 MiB: far more than the
-     * buffers hold, so the server must have held requests back. */
+    /* 16 MiB of replies is far more than the buffers hold: the server must
+     * have held requests back instead of queueing replies without bound. */
     ck_assert_msg(served_while_stalled < BP_N,
                   "the server served all %d requests of a client that reads nothing",
                   served_while_stalled);
 
-    /* Phase 2: read everything, in order. */
+    /* Phase 2: read everything, in order, in waves: hold the views until
+     * the stream goes quiet (the client's buffer is pinned), then release
+     * them all. The server stalls and resumes many times over. */
     for (unsigned k = 0; k < n_held; k++) {
         bp_check(got++, held[k].data, held[k].len);
         tern_tp_msg_release(rw.conn, held[k].data);
     }
+    n_held = 0;
     end = now_ms() + 20000;
     while (got < BP_N && now_ms() < end) {
-        int n = tern_tp_poll(rw.tp, &ev, 1);
+        double quiet = now_ms() + 1;
 
-        ck_assert_int_ge(n, 0);
-        if (n == 1) {
-            ck_assert_msg(ev.type == TERN_TP_EV_RECV, "event %d (status %s)", ev.type,
-                          tern_err_name(ev.status));
-            bp_check(got++, ev.data, ev.len);
-            tern_tp_msg_release(ev.conn, ev.data);
+        while (now_ms() < quiet) {
+            int n = tern_tp_poll(rw.tp, &ev, 1);
+
+            ck_assert_int_ge(n, 0);
+            if (n == 1) {
+                ck_assert_msg(ev.type == TERN_TP_EV_RECV, "event %d (status %s)", ev.type,
+                              tern_err_name(ev.status));
+                ck_assert_uint_lt(got + n_held, BP_N);
+                held[n_held].data = ev.data;
+                held[n_held++].len = ev.len;
+                quiet = now_ms() + 1;
+            }
+            tern_rpc_poll(srv);
         }
-        tern_rpc_poll(srv);
+        for (unsigned k = 0; k < n_held; k++) {
+            bp_check(got++, held[k].data, held[k].len);
+            tern_tp_msg_release(rw.conn, held[k].data);
+        }
+        n_held = 0;
     }
     ck_assert_msg(got == BP_N, "%u of %d replies arrived (%d served while stalled)", got,
                   BP_N, served_while_stalled);
@@ -1235,6 +1737,10 @@ Suite *suite_rpc(void)
     tcase_add_test(basic, handler_error_codes);
     tcase_add_test(basic, alloc_then_error);
     tcase_add_test(basic, reply_shrink);
+    tcase_add_test(basic, reply_alloc_once);
+    tcase_add_test(basic, empty_reply);
+    tcase_add_test(basic, expiry_continuation_cancels_other);
+    tcase_add_test(basic, expiry_continuation_closes_session);
     tcase_add_test(basic, cancel_sent_call);
     tcase_add_test(basic, cancel_unknown_ids);
     tcase_add_test(basic, close_from_continuation);
@@ -1258,6 +1764,12 @@ Suite *suite_rpc(void)
     tcase_add_test(own, reply_over_client_max_msg);
     tcase_add_test(own, request_over_server_max_msg);
     tcase_add_test(own, backpressure_unread_replies);
+    tcase_add_test(own, queued_call_expires);
+    tcase_add_test(own, client_send_path_full);
+    tcase_add_test(own, hostile_server_handshake);
+    tcase_add_test(own, connect_to_other_rpc_version);
+    tcase_add_test(own, hostile_server_replies);
+    tcase_add_test(own, hostile_server_short_message);
     suite_add_tcase(s, own);
 
     tcase_add_checked_fixture(bad, setup_default, pair_close);

@@ -1,2 +1,621 @@
+/* RPC across processes: the server runs in a forked child (spawn_rpc_server)
+ * and the test process is the client, so tern_call_sync() works as it would
+ * in an application. These tests cover what one process cannot: timeouts
+ * against a busy server, a server killed mid-call, many client processes at
+ * once, hostile clients, and a server that sleeps when idle.
+ */
+#include <arpa/inet.h>
+#include <check.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "helpers.h"
+#include "rpc.h"
 #include "suites.h"
-Suite *suite_rpc_procs(void) { return suite_create("rpc_procs"); }
+#include "tcp/tcp_wire.h"
+#include "wire.h"
+
+#define SVC 11
+#define SEC 1000000000ull
+#define MS 1000000ull
+#define SLOW_US 300000
+
+enum { M_ECHO = 1, M_SLOW = 2 };
+
+/* ---- the server's side (runs in the child) ---- */
+
+static int p_echo(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    void *out = tern_reply_alloc(req, len);
+
+    if (!out)
+        return TERN_ENOMEM;
+    if (len)
+        memcpy(out, data, len);
+    return 0;
+}
+
+/* Busy for 300 ms: the whole server is, since handlers run to completion. */
+static int p_slow(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    void *out;
+
+    usleep(SLOW_US);
+    out = tern_reply_alloc(req, 4);
+    if (!out)
+        return TERN_ENOMEM;
+    memcpy(out, "slow", 4);
+    return 0;
+}
+
+static const struct tern_method methods[] = {
+    {.id = M_ECHO, .name = "echo", .handler = p_echo},
+    {.id = M_SLOW, .name = "slow", .handler = p_slow},
+};
+
+static const struct tern_service service = {
+    .name = "procs", .id = SVC, .methods = methods,
+    .n_methods = sizeof(methods) / sizeof(methods[0]),
+};
+
+static void setup_service(struct tern_rpc_ep *ep)
+{
+    if (tern_rpc_register(ep, &service) < 0)
+        _exit(6);
+}
+
+/* ---- the client's side ---- */
+
+/* The server of the current test, killed on any exit so that a failed
+ * assertion does not leave it running. */
+static pid_t server_pid;
+static char uri[128];
+
+static void kill_server_at_exit(void)
+{
+    if (server_pid > 0) {
+        kill(server_pid, SIGKILL);
+        waitpid(server_pid, NULL, 0);
+        server_pid = 0;
+    }
+}
+
+static void start_server(const struct tern_rpc_config *cfg)
+{
+    static bool registered;
+
+    if (!registered) {
+        atexit(kill_server_at_exit);
+        registered = true;
+    }
+    server_pid = spawn_rpc_server(setup_service, cfg, uri, sizeof(uri));
+    ck_assert_int_gt(server_pid, 0);
+}
+
+/* SIGTERM: the server must stop and exit cleanly. */
+static void finish_server(void)
+{
+    pid_t pid = server_pid;
+
+    server_pid = 0;
+    ck_assert_msg(stop_server(pid) == 0, "server did not exit cleanly");
+}
+
+static struct tern_rpc_ep *client_open(const struct tern_rpc_config *cfg,
+                                       struct tern_session **s)
+{
+    struct tern_rpc_ep *ep;
+    int rc = tern_rpc_ep_create(cfg, &ep);
+
+    ck_assert_msg(rc == 0, "client ep: %s", tern_strerror(rc));
+    rc = tern_rpc_connect(ep, uri, 5 * SEC, s);
+    ck_assert_msg(rc == 0, "connect %s: %s", uri, tern_strerror(rc));
+    return ep;
+}
+
+/* One echo round trip of `len` bytes; false on any mismatch. Usable in
+ * forked clients, so it reports instead of asserting. */
+static int echo_once(struct tern_session *s, uint8_t *req, uint8_t *rep, size_t len,
+                     unsigned seed)
+{
+    size_t got = 0;
+    int rc;
+
+    for (size_t j = 0; j < len; j++)
+        req[j] = (uint8_t)(seed * 131 + j * 7);
+    rc = tern_call_sync(s, SVC, M_ECHO, req, len, rep, len, &got, 0);
+    if (rc < 0)
+        return rc;
+    if (got != len || (len && memcmp(req, rep, len) != 0))
+        return TERN_EPROTO;
+    return 0;
+}
+
+static void assert_echo(struct tern_session *s, size_t len)
+{
+    uint8_t *req = malloc(len + 1), *rep = malloc(len + 1);
+    int rc;
+
+    ck_assert(req && rep);
+    rc = echo_once(s, req, rep, len, (unsigned)len);
+    ck_assert_msg(rc == 0, "echo of %zu bytes: %s", len, tern_err_name(rc));
+    free(req);
+    free(rep);
+}
+
+/* What a continuation saw, and when. */
+struct rec {
+    int runs;
+    int status;
+    double at_ms;
+};
+
+static void rec_cont(void *arg, int status, const void *reply, size_t len)
+{
+    struct rec *r = arg;
+
+    r->runs++;
+    r->status = status;
+    r->at_ms = now_ms();
+}
+
+static bool wait_runs(struct tern_rpc_ep *ep, const int *runs, int want, int ms)
+{
+    double end = now_ms() + ms;
+
+    while (*runs < want) {
+        if (now_ms() > end)
+            return false;
+        tern_rpc_poll(ep);
+    }
+    return true;
+}
+
+static void poll_for(struct tern_rpc_ep *ep, int ms)
+{
+    double end = now_ms() + ms;
+
+    while (now_ms() < end)
+        tern_rpc_poll(ep);
+}
+
+/* A plain socket to the server's port (uri is "tcp://127.0.0.1:PORT"). */
+static int raw_connect(void)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct timeval tv = {.tv_sec = 5};
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+    sa.sin_port = htons((uint16_t)atoi(strrchr(uri, ':') + 1));
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    return fd;
+}
+
+/* True if the server hung up on fd (EOF or reset) within the receive
+ * timeout, skipping anything it sent first. */
+static bool server_hung_up(int fd)
+{
+    uint8_t b[4096];
+
+    for (;;) {
+        ssize_t n = recv(fd, b, sizeof(b), 0);
+
+        if (n == 0 || (n < 0 && errno == ECONNRESET))
+            return true;
+        if (n < 0)
+            return false;   /* timed out: still open */
+    }
+}
+
+/* xorshift64*: fixed seeds, the same garbage every run. */
+static uint64_t rng_state;
+
+static uint64_t rng(void)
+{
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return rng_state * 2685821657736338717ull;
+}
+
+/* ---- tests ---- */
+
+START_TEST(sync_echo)
+{
+    static const size_t sizes[] = {0, 1, 24, 1000, 65536, 1u << 20};
+    struct tern_session *s;
+    struct tern_rpc_ep *ep;
+    uint8_t small[8];
+    size_t got = 99;
+    int rc;
+
+    start_server(NULL);
+    ep = client_open(NULL, &s);
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++)
+        assert_echo(s, sizes[i]);
+    /* A reply larger than the caller's buffer is reported, not truncated
+     * silently. */
+    rc = tern_call_sync(s, SVC, M_ECHO, "0123456789", 10, small, sizeof(small), &got, 0);
+    ck_assert_msg(rc == TERN_EMSGSIZE, "reply over reply_cap: %s", tern_err_name(rc));
+    ck_assert_uint_eq(got, 0);
+    /* Errors travel too. */
+    rc = tern_call_sync(s, SVC, 99, NULL, 0, NULL, 0, NULL, 0);
+    ck_assert_int_eq(rc, TERN_ENOMETHOD);
+    rc = tern_call_sync(s, SVC + 1, M_ECHO, NULL, 0, NULL, 0, NULL, 0);
+    ck_assert_int_eq(rc, TERN_ENOSERVICE);
+    assert_echo(s, 3);
+    tern_rpc_ep_destroy(ep);
+    finish_server();
+}
+END_TEST
+
+START_TEST(deadline_on_slow_server)
+{
+    struct tern_session *s;
+    struct tern_rpc_ep *ep;
+    struct rec r = {0};
+    double t0, el;
+    int rc;
+
+    start_server(NULL);
+    ep = client_open(NULL, &s);
+
+    t0 = now_ms();
+    rc = tern_call(s, SVC, M_SLOW, NULL, 0, 50 * MS, rec_cont, &r, NULL);
+    ck_assert_int_eq(rc, 0);
+    ck_assert_msg(wait_runs(ep, &r.runs, 1, 5000), "the timed call never completed");
+    el = r.at_ms - t0;
+    ck_assert_msg(r.status == TERN_ETIMEDOUT, "got %s", tern_err_name(r.status));
+    /* Generous bounds: not a speed test, but 300 ms would mean the call
+     * waited for the reply instead of its deadline. */
+    ck_assert_msg(el >= 45 && el <= 250, "timed out after %.1f ms, want 50", el);
+
+    /* The same through the synchronous wrapper. */
+    t0 = now_ms();
+    rc = tern_call_sync(s, SVC, M_SLOW, NULL, 0, NULL, 0, NULL, 50 * MS);
+    el = now_ms() - t0;
+    ck_assert_msg(rc == TERN_ETIMEDOUT, "sync: got %s", tern_err_name(rc));
+    ck_assert_msg(el >= 45 && el <= 250, "sync timed out after %.1f ms", el);
+
+    /* The late replies are dropped, the continuation does not run again,
+     * and the session serves the next call. */
+    assert_echo(s, 100);
+    poll_for(ep, 50);
+    ck_assert_int_eq(r.runs, 1);
+    ck_assert_int_eq(tern_session_status(s), 0);
+    ck_assert_uint_eq(tern_rpc_calls_in_flight(ep), 0);
+    tern_rpc_ep_destroy(ep);
+    finish_server();
+}
+END_TEST
+
+START_TEST(slow_call_within_deadline)
+{
+    /* The other side of the bound: a deadline longer than the work is met. */
+    struct tern_session *s;
+    struct tern_rpc_ep *ep;
+    char rep[8];
+    size_t got = 0;
+    int rc;
+
+    start_server(NULL);
+    ep = client_open(NULL, &s);
+    rc = tern_call_sync(s, SVC, M_SLOW, NULL, 0, rep, sizeof(rep), &got, 5 * SEC);
+    ck_assert_msg(rc == 0, "slow call with a 5 s deadline: %s", tern_err_name(rc));
+    ck_assert_uint_eq(got, 4);
+    ck_assert_mem_eq(rep, "slow", 4);
+    tern_rpc_ep_destroy(ep);
+    finish_server();
+}
+END_TEST
+
+START_TEST(server_killed_mid_call)
+{
+    struct tern_session *s;
+    struct tern_rpc_ep *ep;
+    struct rec r = {0}, late = {0};
+    double t_kill, el;
+    int rc, wstatus;
+    pid_t pid;
+
+    start_server(NULL);
+    ep = client_open(NULL, &s);
+    assert_echo(s, 8);
+
+    rc = tern_call(s, SVC, M_SLOW, NULL, 0, 10 * SEC, rec_cont, &r, NULL);
+    ck_assert_int_eq(rc, 0);
+    poll_for(ep, 50);   /* the server is inside the slow handler now */
+    ck_assert_int_eq(r.runs, 0);
+
+    pid = server_pid;
+    t_kill = now_ms();
+    ck_assert_int_eq(kill(pid, SIGKILL), 0);
+    ck_assert_int_eq(waitpid(pid, &wstatus, 0), pid);
+    server_pid = 0;
+    ck_assert(WIFSIGNALED(wstatus));
+
+    ck_assert_msg(wait_runs(ep, &r.runs, 1, 9000), "the call outlived its server");
+    el = r.at_ms - t_kill;
+    ck_assert_msg(r.status < 0 && r.status != TERN_ETIMEDOUT,
+                  "call to a dead server ended with %s", tern_err_name(r.status));
+    ck_assert_msg(el < 2000, "the loss was noticed after %.0f ms", el);
+    ck_assert_msg(tern_session_status(s) < 0, "session still reported usable");
+
+    rc = tern_call(s, SVC, M_ECHO, "x", 1, 0, rec_cont, &late, NULL);
+    ck_assert_msg(rc < 0, "tern_call on a dead session returned %d", rc);
+    poll_for(ep, 20);
+    ck_assert_int_eq(late.runs, 0);
+    ck_assert_int_eq(r.runs, 1);
+    tern_rpc_ep_destroy(ep);
+}
+END_TEST
+
+START_TEST(server_killed_calls_queued)
+{
+    /* Calls waiting for credits fail too when the server dies. */
+    enum { N = 40 };
+    struct tern_rpc_config ccfg = {.credits = 4};
+    struct tern_session *s;
+    struct tern_rpc_ep *ep;
+    struct rec r[N];
+    int done = 0;
+
+    start_server(NULL);
+    ep = client_open(&ccfg, &s);
+    memset(r, 0, sizeof(r));
+    for (int i = 0; i < N; i++)
+        ck_assert_int_eq(tern_call(s, SVC, M_SLOW, NULL, 0, 0, rec_cont, &r[i], NULL), 0);
+    poll_for(ep, 50);
+    kill_server_at_exit();
+    for (double end = now_ms() + 5000; now_ms() < end && done < N;) {
+        tern_rpc_poll(ep);
+        done = 0;
+        for (int i = 0; i < N; i++)
+            done += r[i].runs;
+    }
+    ck_assert_int_eq(done, N);
+    for (int i = 0; i < N; i++) {
+        ck_assert_msg(r[i].runs == 1, "call %d ran %d times", i, r[i].runs);
+        ck_assert_msg(r[i].status < 0, "call %d: %s", i, tern_err_name(r[i].status));
+    }
+    ck_assert_uint_eq(tern_rpc_calls_in_flight(ep), 0);
+    tern_rpc_ep_destroy(ep);
+}
+END_TEST
+
+/* One client process: its own endpoint and session, `calls` echoes with
+ * payloads that differ per client and per call. Exit code 0 = all good. */
+static int client_main(int id, int calls)
+{
+    struct tern_rpc_ep *ep;
+    struct tern_session *s;
+    uint8_t req[1024], rep[1024];
+
+    if (tern_rpc_ep_create(NULL, &ep) < 0)
+        return 10;
+    if (tern_rpc_connect(ep, uri, 5 * SEC, &s) < 0)
+        return 11;
+    for (int i = 0; i < calls; i++) {
+        size_t len = 1 + (size_t)(i * 37 + id) % sizeof(req);
+        int rc = echo_once(s, req, rep, len, (unsigned)(id * 100000 + i));
+
+        if (rc < 0) {
+            fprintf(stderr, "client %d call %d: %s\n", id, i, tern_err_name(rc));
+            return 12;
+        }
+    }
+    tern_rpc_ep_destroy(ep);
+    return 0;
+}
+
+START_TEST(many_client_processes)
+{
+    enum { CLIENTS = 4, CALLS = 2000 };
+    pid_t kids[CLIENTS];
+
+    start_server(NULL);
+    for (int i = 0; i < CLIENTS; i++) {
+        kids[i] = fork();
+        ck_assert_int_ge(kids[i], 0);
+        if (kids[i] == 0) {
+            server_pid = 0;     /* not this process's to kill */
+            _exit(client_main(i, CALLS));
+        }
+    }
+    for (int i = 0; i < CLIENTS; i++) {
+        int st;
+
+        ck_assert_int_eq(waitpid(kids[i], &st, 0), kids[i]);
+        ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                      "client %d: %s %d", i, WIFEXITED(st) ? "exit" : "signal",
+                      WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+    }
+    finish_server();
+}
+END_TEST
+
+START_TEST(garbage_client_does_not_stop_server)
+{
+    static uint8_t junk[65536];
+    struct tern_session *s, *s2;
+    struct tern_rpc_ep *ep, *ep2;
+    int fd;
+
+    start_server(NULL);
+    ep = client_open(NULL, &s);
+    fd = raw_connect();
+    rng_state = 0x9e3779b97f4a7c15ull;
+    for (size_t i = 0; i < sizeof(junk); i++)
+        junk[i] = (uint8_t)(rng() >> 56);
+    junk[0] = (uint8_t)~(TCP_MAGIC & 0xff);    /* never a valid frame header */
+    /* The server may hang up before it has read it all. */
+    (void)!send(fd, junk, sizeof(junk), MSG_NOSIGNAL);
+
+    for (int i = 0; i < 100; i++)
+        assert_echo(s, (size_t)i * 10);
+    ck_assert_msg(server_hung_up(fd), "the server kept a garbage connection open");
+    close(fd);
+    /* A client arriving afterwards is served too. */
+    ep2 = client_open(NULL, &s2);
+    assert_echo(s2, 77);
+    assert_echo(s, 78);
+    tern_rpc_ep_destroy(ep2);
+    tern_rpc_ep_destroy(ep);
+    finish_server();
+}
+END_TEST
+
+START_TEST(rpc_garbage_in_valid_frames)
+{
+    /* Well-formed TCP frames whose contents are random RPC messages: the
+     * garbage gets past the transport and reaches the RPC layer. */
+    struct tern_session *s;
+    struct tern_rpc_ep *ep;
+
+    start_server(NULL);
+    ep = client_open(NULL, &s);
+    rng_state = 12345;
+    for (int round = 0; round < 20; round++) {
+        uint8_t buf[TCP_FRAME_LEN(256)] = {0};  /* zero padding included */
+        int fd = raw_connect();
+        size_t len = (size_t)(rng() % 200);
+        struct tcp_hdr h = {.magic = TCP_MAGIC, .version = TCP_VERSION, .type = TCP_MSG,
+                            .len = (uint32_t)len};
+
+        memcpy(buf, &h, sizeof(h));
+        for (size_t j = 0; j < len; j++)
+            buf[sizeof(h) + j] = (uint8_t)(rng() >> 56);
+        if (round % 2 && len >= sizeof(struct rpc_hdr)) {
+            /* A plausible header with a random type: deeper into the parser. */
+            buf[sizeof(h)] = (uint8_t)(1 + rng() % 5);
+            buf[sizeof(h) + 1] = RPC_VERSION;
+        }
+        (void)!send(fd, buf, TCP_FRAME_LEN(len), MSG_NOSIGNAL);
+        assert_echo(s, (size_t)round);
+        ck_assert_msg(server_hung_up(fd), "round %d: garbage session left open", round);
+        close(fd);
+    }
+    assert_echo(s, 4096);
+    tern_rpc_ep_destroy(ep);
+    finish_server();
+}
+END_TEST
+
+START_TEST(half_frame_does_not_block_others)
+{
+    /* A client that announces a 1 MiB message and sends a few bytes of it
+     * must not hold up anyone else: the server waits for the rest without
+     * blocking. */
+    struct tcp_hdr h = {.magic = TCP_MAGIC, .version = TCP_VERSION, .type = TCP_MSG,
+                        .len = 1u << 20};
+    struct tern_session *s;
+    struct tern_rpc_ep *ep;
+    int fd;
+
+    start_server(NULL);
+    ep = client_open(NULL, &s);
+    fd = raw_connect();
+    ck_assert_int_eq(send(fd, &h, sizeof(h), MSG_NOSIGNAL), (ssize_t)sizeof(h));
+    ck_assert_int_eq(send(fd, "partial", 7, MSG_NOSIGNAL), 7);
+    for (int i = 0; i < 50; i++)
+        assert_echo(s, 64);
+    close(fd);
+    assert_echo(s, 65);
+    tern_rpc_ep_destroy(ep);
+    finish_server();
+}
+END_TEST
+
+/* CPU seconds (user + system) the process has used, from /proc. */
+static double cpu_seconds(pid_t pid)
+{
+    char path[64], buf[1024], *p;
+    unsigned long ut, st;
+    FILE *f;
+
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    f = fopen(path, "r");
+    ck_assert_msg(f, "cannot read %s", path);
+    ck_assert(fgets(buf, sizeof(buf), f));
+    fclose(f);
+    p = strrchr(buf, ')');      /* the command name may contain spaces */
+    ck_assert(p);
+    /* After ")": state ppid pgrp session tty tpgid flags minflt cminflt
+     * majflt cmajflt utime stime. */
+    ck_assert_int_eq(sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut,
+                            &st), 2);
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+START_TEST(adaptive_server)
+{
+    struct tern_rpc_config cfg = {.mode = TERN_TP_POLL_ADAPTIVE};
+    struct tern_session *s;
+    struct tern_rpc_ep *ep;
+    double cpu0, cpu1;
+
+    start_server(&cfg);
+    ep = client_open(NULL, &s);
+    for (int i = 0; i < 200; i++)
+        assert_echo(s, (size_t)i);
+
+    for (int round = 0; round < 3; round++) {
+        double t0;
+
+        usleep(200000);     /* idle: the server goes to sleep */
+        t0 = now_ms();
+        assert_echo(s, 100 + (size_t)round);
+        /* Waking up costs at most a wait slice (10 ms), not the idle time. */
+        ck_assert_msg(now_ms() - t0 < 150, "first call after idling took %.0f ms",
+                      now_ms() - t0);
+    }
+
+    /* Idle, an adaptive server should sleep rather than spin: less than half
+     * a CPU over half a second (a busy server uses all of one). */
+    cpu0 = cpu_seconds(server_pid);
+    usleep(500000);
+    cpu1 = cpu_seconds(server_pid);
+    ck_assert_msg(cpu1 - cpu0 < 0.25, "idle adaptive server used %.2f CPU s in 0.5 s",
+                  cpu1 - cpu0);
+
+    /* A fresh client after idling is served as well. */
+    {
+        struct tern_session *s2;
+        struct tern_rpc_ep *ep2 = client_open(NULL, &s2);
+
+        assert_echo(s2, 5);
+        tern_rpc_ep_destroy(ep2);
+    }
+    tern_rpc_ep_destroy(ep);
+    finish_server();
+}
+END_TEST
+
+Suite *suite_rpc_procs(void)
+{
+    Suite *s = suite_create("rpc_procs");
+    TCase *tc = tcase_create("procs");
+
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, sync_echo);
+    tcase_add_test(tc, deadline_on_slow_server);
+    tcase_add_test(tc, slow_call_within_deadline);
+    tcase_add_test(tc, server_killed_mid_call);
+    tcase_add_test(tc, server_killed_calls_queued);
+    tcase_add_test(tc, many_client_processes);
+    tcase_add_test(tc, garbage_client_does_not_stop_server);
+    tcase_add_test(tc, rpc_garbage_in_valid_frames);
+    tcase_add_test(tc, half_frame_does_not_block_others);
+    tcase_add_test(tc, adaptive_server);
+    suite_add_tcase(s, tc);
+    return s;
+}

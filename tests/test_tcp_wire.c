@@ -266,16 +266,19 @@ static void raw_recv(int fd, void *buf, size_t len)
     }
 }
 
-/* Build [tcp_hdr][body] with any header fields the case wants. */
+/* Build [tcp_hdr][body][zero padding to TCP_ALIGN] with any header fields
+ * the case wants; returns the bytes to send. */
 static size_t frame(uint8_t *out, uint16_t magic, uint8_t version, uint8_t type,
                     uint32_t len_field, const void *body, size_t body_len)
 {
     struct tcp_hdr h = {.magic = magic, .version = version, .type = type, .len = len_field};
+    size_t total = TCP_FRAME_LEN(body_len);
 
     memcpy(out, &h, sizeof(h));
     if (body_len)
         memcpy(out + sizeof(h), body, body_len);
-    return sizeof(h) + body_len;
+    memset(out + sizeof(h) + body_len, 0, total - sizeof(h) - body_len);
+    return total;
 }
 
 /* A well-formed frame: the length field says the truth. */
@@ -318,6 +321,13 @@ static int raw_read_answer(int fd, uint8_t want_type, void *data, size_t data_ca
         raw_recv(fd, data, extra);
     if (data_len)
         *data_len = extra;
+    /* Frames are padded to TCP_ALIGN; the padding must be zero. */
+    for (size_t pad = TCP_FRAME_LEN(h.len) - sizeof(h) - h.len; pad; pad--) {
+        uint8_t z;
+
+        raw_recv(fd, &z, 1);
+        ck_assert_uint_eq(z, 0);
+    }
     return ack.status;
 }
 
@@ -413,7 +423,7 @@ END_TEST
 START_TEST(msg_exactly_max_is_fine)
 {
     /* The boundary of the case above: max_msg itself is a legal message. */
-    static uint8_t f[sizeof(struct tcp_hdr) + SRV_MAX_MSG];
+    static uint8_t f[TCP_FRAME_LEN(SRV_MAX_MSG)];
     static uint8_t body[SRV_MAX_MSG];
     struct tern_tp_conn *conn;
     struct logged *e;
@@ -436,13 +446,30 @@ START_TEST(truncated_frame_then_close)
     uint8_t f[128], body[100];
     struct tern_tp_conn *conn;
     int fd = raw_connect(&conn);
-    size_t n;
 
     memset(body, 'x', sizeof(body));
-    n = good_frame(f, TCP_MSG, body, sizeof(body));
-    raw_send(fd, f, n - 50);        /* half the body, then the peer is gone */
+    good_frame(f, TCP_MSG, body, sizeof(body));
+    raw_send(fd, f, sizeof(struct tcp_hdr) + 50);   /* half the body, then gone */
     close(fd);
     expect_eproto_close(conn, -1, "peer closed mid-frame");
+}
+END_TEST
+
+START_TEST(missing_padding_then_close)
+{
+    /* The body is all there but the frame's padding is not: the frame is
+     * still incomplete when the peer leaves. */
+    uint8_t f[64];
+    struct tern_tp_conn *conn;
+    int fd = raw_connect(&conn);
+    size_t n = good_frame(f, TCP_MSG, "abcd", 4);
+
+    ck_assert_uint_gt(n, sizeof(struct tcp_hdr) + 4);
+    raw_send(fd, f, sizeof(struct tcp_hdr) + 4);
+    close(fd);
+    ck_assert_msg(!wait_for(&srv, TERN_TP_EV_RECV, conn, 100),
+                  "a frame without its padding was delivered");
+    expect_eproto_close(conn, -1, "peer closed before the padding");
 }
 END_TEST
 
@@ -822,6 +849,7 @@ Suite *suite_tcp_wire(void)
     tcase_add_test(tc, msg_exactly_max_is_fine);
     tcase_add_test(tc, truncated_frame_then_close);
     tcase_add_test(tc, truncated_header_then_close);
+    tcase_add_test(tc, missing_padding_then_close);
     tcase_add_test(tc, get_req_wrong_body_size);
     tcase_add_test(tc, put_shorter_than_header);
     tcase_add_test(tc, unsolicited_ack);

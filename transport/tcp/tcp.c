@@ -31,6 +31,8 @@
 #define TCP_BUF_INIT (32u * 1024)
 #define TCP_PEND_MAX 256   /* one-sided operations in flight per connection */
 #define TCP_EPOLL_BATCH 64
+#define TCP_DIRECT_MAX 4    /* busy mode: connections read without epoll */
+#define TCP_DIRECT_EPOLL 32 /* ... but ask epoll every this many polls */
 
 enum tcp_kind { KIND_LISTENER, KIND_CONN };
 
@@ -88,6 +90,7 @@ struct tcp_ep {
     struct tcp_conn *ready;
     struct tcp_conn *dirty;
     unsigned nconns;
+    unsigned spins;
     struct epoll_event evbuf[TCP_EPOLL_BATCH];
 };
 
@@ -970,6 +973,22 @@ static int tcp_poll(struct tern_tp_ep *base, struct tern_tp_event *ev, int max)
     if (n >= max)
         goto out;
 
+    /* Spinning on a few connections: one recv() each per poll costs one
+     * system call where epoll_wait() + recv() costs two when data comes.
+     * epoll still runs every TCP_DIRECT_EPOLL polls for accepts, connects
+     * and EPOLLOUT. */
+    if (base->cfg.mode == TERN_TP_POLL_BUSY && ep->nconns <= TCP_DIRECT_MAX &&
+        ++ep->spins % TCP_DIRECT_EPOLL) {
+        for (struct tcp_conn *c = ep->conns; c && n < max; c = c->next) {
+            if (c->state != ST_OPEN || c->on_ready || c->rx_paused)
+                continue;
+            n += conn_progress(c, ev + n, max - n);
+            if (conn_has_work(c))
+                ready_push(c);
+        }
+        goto owed;
+    }
+
     ne = epoll_wait(ep->epfd, ep->evbuf, TCP_EPOLL_BATCH, 0);
     for (int i = 0; i < ne; i++) {
         struct tcp_obj *o = ep->evbuf[i].data.ptr;
@@ -993,6 +1012,7 @@ static int tcp_poll(struct tern_tp_ep *base, struct tern_tp_event *ev, int max)
                 ready_push(c);
         }
     }
+owed:
     /* Events owed by accepts and failures found above. */
     while (n < max && ep->ready) {
         struct tcp_conn *c = ep->ready;

@@ -13,6 +13,14 @@
 #define SLOT(id) ((uint32_t)(id))
 #define GEN(id) ((uint32_t)((id) >> 32))
 
+/* now + timeout, saturating: a huge timeout means "never", not "at once". */
+static uint64_t deadline_after(uint64_t timeout_ns)
+{
+    uint64_t now = tern_now_ns();
+
+    return timeout_ns > UINT64_MAX - now ? UINT64_MAX : now + timeout_ns;
+}
+
 int rpc_calls_init(struct tern_rpc_ep *ep)
 {
     unsigned n = ep->cfg.max_calls;
@@ -115,25 +123,23 @@ static int call_send(struct tern_session *s, struct rpc_call *c, uint64_t now)
     return tern_tp_msg_post(s->conn, buf, sizeof(h) + c->len);
 }
 
-/* Send queued calls while credits and send space last. */
+/* Send queued calls while credits and send space last. Never runs a
+ * continuation: it is called from tern_call, where the caller's stack may
+ * not expect one. A call that cannot be sent stays queued; if the
+ * connection is gone, its CLOSED event fails the call inside a poll. */
 static void pump(struct tern_session *s)
 {
     uint64_t now = tern_now_ns();
 
-    while (s->state == SESS_OPEN && s->queued.head && s->sent.n < s->credits) {
+    while (s->state == SESS_OPEN && !s->blocked && s->queued.head &&
+           s->sent.n < s->credits) {
         struct rpc_call *c = s->queued.head;
-        int rc = c->len > s->peer_max_msg ? TERN_EMSGSIZE : call_send(s, c, now);
 
-        if (rc == TERN_EAGAIN) {
-            s->blocked = true;
-            return;
+        if (call_send(s, c, now) < 0) {
+            s->blocked = true;      /* EAGAIN: WRITABLE unblocks; else CLOSED */
+            break;
         }
         list_del(&s->queued, c);
-        if (rc < 0) {
-            list_push(&s->queued, c);   /* call_finish unlinks it from here */
-            call_finish(s->ep, c, rc, NULL, 0);
-            continue;
-        }
         c->state = CALL_SENT;
         list_push(&s->sent, c);
     }
@@ -167,14 +173,13 @@ int tern_call(struct tern_session *s, uint16_t svc, uint16_t method, const void 
     c->method = method;
     c->cont = cont;
     c->arg = arg;
-    c->deadline = timeout_ns ? tern_now_ns() + timeout_ns : 0;
+    c->deadline = timeout_ns ? deadline_after(timeout_ns) : 0;
     if (c->deadline)
         ep->n_deadlines++;
     if (call_id)
         *call_id = c->id;
     list_push(&s->queued, c);
-    if (!s->blocked)
-        pump(s);
+    pump(s);
     return 0;
 }
 
@@ -189,7 +194,18 @@ int tern_call_cancel(struct tern_rpc_ep *ep, uint64_t call_id)
         return TERN_ENOENT;
     /* The server may still run it; its reply will carry a stale id and be
      * dropped. The credit comes back now so queued calls are not held up. */
-    call_finish(ep, c, TERN_ECANCELED, NULL, 0);
+    {
+        struct tern_session *s = c->s;
+        tern_cont_fn cont = c->cont;
+        void *arg = c->arg;
+
+        /* Pump before the continuation runs: it may close the session,
+         * and outside a poll that frees it at once. */
+        call_release(ep, c);
+        pump(s);    /* the freed credit may let a queued call go */
+        if (cont)
+            cont(arg, TERN_ECANCELED, NULL, 0);
+    }
     return 0;
 }
 
@@ -219,6 +235,10 @@ void rpc_expire_calls(struct tern_rpc_ep *ep, uint64_t now)
                 call_finish(ep, c, TERN_ETIMEDOUT, NULL, 0);
         }
     } while (n == BATCH);
+    /* Expired calls gave credits back. */
+    for (struct tern_session *s = ep->sessions; s; s = s->next)
+        if (s->role == ROLE_CLIENT && s->queued.head)
+            pump(s);
 }
 
 /* Fail every call of the session and mark it dead. */
@@ -276,17 +296,15 @@ void rpc_client_recv(struct tern_session *s, const struct rpc_hdr *h, const void
         rpc_bad_frame(s, "unexpected message type from server");
         return;
     }
-    if (SLOT(h->req_id) >= ep->cfg.max_calls)
-        return;
-    c = &ep->calls[SLOT(h->req_id)];
-    if (c->state != CALL_SENT || c->id != h->req_id || c->s != s)
-        return;     /* cancelled or timed out: drop the late reply */
     if (h->status > 0) {
         rpc_bad_frame(s, "positive status in reply");
         return;
     }
-    call_finish(ep, c, h->status, h->status ? NULL : body, h->status ? 0 : len);
-    if (s->state == SESS_OPEN && s->queued.head && !s->blocked)
+    c = SLOT(h->req_id) < ep->cfg.max_calls ? &ep->calls[SLOT(h->req_id)] : NULL;
+    /* A reply to a cancelled or timed-out call is dropped. */
+    if (c && c->state == CALL_SENT && c->id == h->req_id && c->s == s)
+        call_finish(ep, c, h->status, h->status ? NULL : body, h->status ? 0 : len);
+    if (!s->zombie && !s->closing)
         pump(s);
 }
 
@@ -328,7 +346,7 @@ int tern_rpc_connect(struct tern_rpc_ep *ep, const char *uri, uint64_t timeout_n
     }
     if (rc == 0)
         tern_tp_flush(tp);
-    end = tern_now_ns() + (timeout_ns ? timeout_ns : 5000000000ull);
+    end = deadline_after(timeout_ns ? timeout_ns : 5000000000ull);
     while (rc == 0 && s->state == SESS_CONNECTING) {
         tern_rpc_poll(ep);
         if (tern_now_ns() > end)

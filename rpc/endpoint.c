@@ -18,6 +18,7 @@ uint64_t tern_now_ns(void)
 }
 
 static void free_zombies(struct tern_rpc_ep *ep);
+static void rpc_housekeeping(struct tern_rpc_ep *ep);
 
 int tern_rpc_ep_create(const struct tern_rpc_config *cfg, struct tern_rpc_ep **out)
 {
@@ -42,6 +43,8 @@ int tern_rpc_ep_create(const struct tern_rpc_config *cfg, struct tern_rpc_ep **o
         ep->cfg.max_calls = 4096;
     if (!ep->cfg.max_sessions)
         ep->cfg.max_sessions = 4096;
+    if (!ep->cfg.hello_timeout_ms)
+        ep->cfg.hello_timeout_ms = 5000;
     if (ep->cfg.credits > ep->cfg.max_calls)
         ep->cfg.credits = ep->cfg.max_calls;
     if (ep->cfg.max_calls > (1u << 24) || ep->cfg.max_msg > (1u << 30)) {
@@ -63,6 +66,8 @@ void tern_rpc_ep_destroy(struct tern_rpc_ep *ep)
         return;
     ep->polling = 0;
     free_zombies(ep);
+    while (ep->n_doomed)
+        tern_tp_disconnect(ep->doomed[--ep->n_doomed]);
     while (ep->sessions)
         tern_session_close(ep->sessions);
     for (unsigned i = 0; i < ep->n_tp; i++)
@@ -106,15 +111,32 @@ int tern_rpc_register(struct tern_rpc_ep *ep, const struct tern_service *svc)
     rs->svc = svc;
     rs->n_slots = n;
     ep->n_services++;
+    ep->svc_slot[svc->id] = (uint8_t)ep->n_services;
     return 0;
 }
 
 const struct rpc_service *rpc_service_find(const struct tern_rpc_ep *ep, uint16_t id)
 {
-    for (unsigned i = 0; i < ep->n_services; i++)
-        if (ep->services[i].svc->id == id)
-            return &ep->services[i];
-    return NULL;
+    uint8_t slot = ep->svc_slot[id];
+
+    return slot ? &ep->services[slot - 1] : NULL;
+}
+
+static void rpc_housekeeping(struct tern_rpc_ep *ep)
+{
+    uint64_t now = tern_now_ns(), limit = (uint64_t)ep->cfg.hello_timeout_ms * 1000000u;
+
+    if (now < ep->next_housekeeping)
+        return;
+    ep->next_housekeeping = now + 100000000u;   /* 100 ms */
+    for (struct tern_session *s = ep->sessions, *next; s; s = next) {
+        next = s->next;
+        if (s->role == ROLE_SERVER && s->state == SESS_CONNECTING && now - s->created > limit) {
+            tern_log(TERN_LOG_WARN, "rpc", "%s sent no HELLO in %u ms; closing",
+                     tern_tp_conn_peer(s->conn), ep->cfg.hello_timeout_ms);
+            rpc_session_free(s);
+        }
+    }
 }
 
 /* Split "fabric://addr" and return (opening on first use) that fabric's
@@ -241,6 +263,8 @@ static void free_zombies(struct tern_rpc_ep *ep)
  * notices. */
 void rpc_bad_frame(struct tern_session *s, const char *why)
 {
+    if (s->state == SESS_DEAD)
+        return;     /* said once; a hostile peer cannot flood the log */
     tern_log(TERN_LOG_WARN, "rpc", "session with %s: %s; closing it",
              s->conn ? tern_tp_conn_peer(s->conn) : "?", why);
     if (s->role == ROLE_CLIENT) {
@@ -252,11 +276,17 @@ void rpc_bad_frame(struct tern_session *s, const char *why)
 
 static void on_accept(struct tern_rpc_ep *ep, struct tern_tp_conn *conn)
 {
-    if (!rpc_session_new(ep, conn, ROLE_SERVER)) {
+    struct tern_session *s = rpc_session_new(ep, conn, ROLE_SERVER);
+
+    if (!s) {
         tern_log(TERN_LOG_WARN, "rpc", "refusing %s: session limit %u reached",
                  tern_tp_conn_peer(conn), ep->cfg.max_sessions);
-        tern_tp_disconnect(conn);
+        /* Later events of this batch may name the conn: hang up after it. */
+        if (ep->n_doomed < RPC_MAX_DOOMED)
+            ep->doomed[ep->n_doomed++] = conn;
+        return;
     }
+    s->created = tern_now_ns();
 }
 
 static void on_recv(struct tern_session *s, const struct tern_tp_event *e)
@@ -346,6 +376,9 @@ int tern_rpc_poll(struct tern_rpc_ep *ep)
         if (n > 0)
             total += n;
     }
+    /* Every 1024 polls: drop clients that never said HELLO. */
+    if ((++ep->polls & 1023) == 0)
+        rpc_housekeeping(ep);
     if (ep->n_deadlines) {
         uint64_t now = tern_now_ns();
 
@@ -360,8 +393,12 @@ int tern_rpc_poll(struct tern_rpc_ep *ep)
      * this poll leave together: one doorbell per connection. */
     for (unsigned t = 0; t < ep->n_tp; t++)
         tern_tp_flush(ep->tp[t]);
-    if (--ep->polling == 0 && ep->zombies)
-        free_zombies(ep);
+    if (--ep->polling == 0) {
+        if (ep->zombies)
+            free_zombies(ep);
+        while (ep->n_doomed)
+            tern_tp_disconnect(ep->doomed[--ep->n_doomed]);
+    }
     return total;
 }
 

@@ -79,6 +79,7 @@ struct tern_rpc_config {
     unsigned credits;            /* calls in flight per session; 0 = 32 */
     unsigned max_calls;          /* call slots per endpoint; 0 = 4096 */
     unsigned max_sessions;       /* 0 = 4096 */
+    unsigned hello_timeout_ms;   /* server: close clients silent this long; 0 = 5000 */
 };
 
 /* Create an endpoint. cfg may be NULL for defaults. */

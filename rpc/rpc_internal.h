@@ -10,6 +10,7 @@
 #define RPC_MAX_SERVICES 64
 #define RPC_MAX_FABRICS 4
 #define RPC_EVENT_BATCH 32
+#define RPC_MAX_DOOMED RPC_EVENT_BATCH   /* refused conns per poll */
 
 struct rpc_service {
     const struct tern_service *svc;
@@ -62,6 +63,7 @@ struct tern_session {
     int status;                     /* why it died */
     bool zombie;                    /* closed during a poll, freed after it */
     bool closing;                   /* tern_session_close is running */
+    uint64_t created;               /* server: when accepted (HELLO timeout) */
     struct tern_session *prev, *next;
     size_t peer_max_msg;            /* largest payload the peer accepts */
     /* client */
@@ -90,6 +92,7 @@ struct tern_rpc_ep {
     unsigned n_tp;
     struct rpc_service services[RPC_MAX_SERVICES];
     unsigned n_services;
+    uint8_t svc_slot[65536];        /* service id -> index + 1, 0 = none */
     struct tern_session *sessions;
     struct tern_session *zombies;
     unsigned n_sessions;
@@ -99,6 +102,10 @@ struct tern_rpc_ep {
     unsigned n_free;
     unsigned n_deadlines;           /* live calls with a deadline */
     uint64_t next_deadline_scan;
+    uint64_t next_housekeeping;
+    unsigned polls;
+    struct tern_tp_conn *doomed[RPC_MAX_DOOMED];
+    unsigned n_doomed;
     int stop;                       /* set by tern_rpc_stop, any thread */
     struct tern_tp_event ev[RPC_EVENT_BATCH];
 };

@@ -107,10 +107,11 @@ static void serve(struct tern_session *s, const void *view, size_t len, uint64_t
 {
     const struct rpc_hdr *h = view;
     const struct rpc_service *rs = rpc_service_find(s->ep, h->svc);
-    struct tern_req r = {
-        .s = s, .hdr = h,
-        .deadline = h->budget_us ? arrived + (uint64_t)h->budget_us * 1000u : 0,
-    };
+    struct tern_req r = {.s = s, .hdr = h};
+
+    /* The budget counts from when the request was read off the fabric. */
+    if (h->budget_us)
+        r.deadline = (arrived ? arrived : tern_now_ns()) + (uint64_t)h->budget_us * 1000u;
     int status;
 
     if (!rs)
@@ -193,7 +194,7 @@ bool rpc_server_recv(struct tern_session *s, const void *view, size_t len)
         }
         if (stalled(s) && defer(s, view, len))
             return true;
-        serve(s, view, len, tern_now_ns());
+        serve(s, view, len, 0);
         return false;
     default:
         rpc_bad_frame(s, "unexpected message type from client");

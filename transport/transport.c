@@ -40,7 +40,7 @@ bool tern_tp_caps_match_ops(const struct tern_tp_fabric *f)
         {TERN_TP_CAP_MSG, o->msg_alloc && o->msg_post && o->msg_release && o->msg_abort},
         {TERN_TP_CAP_PUT, o->put != NULL},
         {TERN_TP_CAP_GET, o->get != NULL},
-        {TERN_TP_CAP_WAIT_FD, o->wait_fd && o->wait},
+        {TERN_TP_CAP_WAIT_FD, o->wait_fd && o->arm && o->wait},
         {TERN_TP_CAP_LISTEN, o->listen != NULL},
         {TERN_TP_CAP_CONNECT, o->connect != NULL},
     };
@@ -225,9 +225,11 @@ int tern_tp_mr_reg(struct tern_tp_ep *ep, void *addr, size_t len, uint32_t acces
 
         if (mr->in_use)
             continue;
-        /* The key carries the slot in its low bits and a per-registration
-         * nonce above them, so a stale or guessed key rarely matches. */
-        ep->mr_nonce = ep->mr_nonce * 1664525u + 1013904223u;
+        /* The key carries the slot in its low bits and a fresh random nonce
+         * above them, so a stale or guessed key rarely matches (and fabrics
+         * hang up on peers that keep guessing). */
+        if (getrandom(&ep->mr_nonce, sizeof(ep->mr_nonce), 0) != sizeof(ep->mr_nonce))
+            ep->mr_nonce = ep->mr_nonce * 1664525u + 1013904223u;
         *mr = (struct tern_tp_mr){
             .ep = ep, .addr = addr, .len = len, .access = access, .in_use = true,
             .key = (ep->mr_nonce & ~(uint32_t)(TERN_MR_MAX - 1)) | i,
@@ -330,6 +332,11 @@ int tern_tp_flush(struct tern_tp_ep *ep)
 int tern_tp_wait_fd(struct tern_tp_ep *ep)
 {
     return OPS(ep)->wait_fd ? OPS(ep)->wait_fd(ep) : TERN_ENOTSUP;
+}
+
+int tern_tp_arm(struct tern_tp_ep *ep)
+{
+    return OPS(ep)->arm ? OPS(ep)->arm(ep) : TERN_ENOTSUP;
 }
 
 int tern_tp_wait(struct tern_tp_ep *ep, int timeout_ms)

@@ -169,7 +169,10 @@ int tern_tp_mr_dereg(struct tern_tp_mr *mr);
 struct tern_tp_rkey tern_tp_mr_rkey(const struct tern_tp_mr *mr);
 
 /* Write `len` bytes from local region `lmr` at `loff` to the peer's region
- * `rkey` at `roff`. Completion: TERN_TP_EV_PUT_DONE with `token`. */
+ * `rkey` at `roff`. Completion: TERN_TP_EV_PUT_DONE with `token`.
+ * TERN_EAGAIN: too many operations in flight (retry after a completion) or
+ * no send space (retry after TERN_TP_EV_WRITABLE). A peer that keeps making
+ * refused accesses is disconnected, as a NIC would break the queue pair. */
 int tern_tp_put(struct tern_tp_conn *conn, struct tern_tp_mr *lmr, size_t loff, size_t len,
                 const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token);
 
@@ -186,8 +189,14 @@ int tern_tp_poll(struct tern_tp_ep *ep, struct tern_tp_event *ev, int max);
  * no-op returning 0. */
 int tern_tp_flush(struct tern_tp_ep *ep);
 
-/* A file descriptor that becomes readable when tern_tp_poll() has work. */
+/* A file descriptor that becomes readable when new work arrives. Work the
+ * endpoint already holds (events beyond the last poll's `max`) does not make
+ * it readable: call tern_tp_arm() before sleeping on it. */
 int tern_tp_wait_fd(struct tern_tp_ep *ep);
+
+/* 0 if nothing is owed and sleeping on tern_tp_wait_fd() is safe;
+ * TERN_EAGAIN if tern_tp_poll() has events to hand out first. */
+int tern_tp_arm(struct tern_tp_ep *ep);
 
 /* Block up to timeout_ms (-1: forever) until the endpoint may have work.
  * Returns 1 if it may, 0 on timeout. */

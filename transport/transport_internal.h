@@ -28,6 +28,7 @@ struct tern_tp_ops {
     int (*poll)(struct tern_tp_ep *ep, struct tern_tp_event *ev, int max);
     int (*flush)(struct tern_tp_ep *ep);   /* NULL: posts go out at once */
     int (*wait_fd)(struct tern_tp_ep *ep);
+    int (*arm)(struct tern_tp_ep *ep);
     int (*wait)(struct tern_tp_ep *ep, int timeout_ms);
 };
 

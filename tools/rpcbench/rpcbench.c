@@ -192,7 +192,7 @@ static void on_reply(void *arg, int status, const void *reply, size_t len)
     }
     if (b->done++ >= b->warmup)
         hist_add(b->hist, now - sl->start);
-    if (b->issued < b->target)
+    if (b->issued < b->target && !b->error)
         issue(sl);
 }
 

@@ -31,6 +31,7 @@
 #define TCP_BUF_INIT (32u * 1024)
 #define TCP_PEND_MAX 256   /* one-sided operations in flight per connection */
 #define TCP_EPOLL_BATCH 64
+#define TCP_MAX_VIOLATIONS 16 /* refused one-sided accesses before we hang up */
 #define TCP_DIRECT_MAX 4    /* busy mode: connections read without epoll */
 #define TCP_DIRECT_EPOLL 32 /* ... but ask epoll every this many polls */
 
@@ -67,6 +68,9 @@ struct tcp_conn {
     bool ev_connected, ev_accepted, ev_writable, ev_closed; /* events owed */
     bool want_writable;               /* an alloc failed with EAGAIN */
     bool epollout, rx_paused, rx_more, rx_eof;
+    bool in_epoll;                    /* fd is in the epoll set */
+    bool rx_wait_tx;                  /* parsing waits for send space */
+    unsigned violations;              /* refused one-sided accesses */
     char peer[64];
 
     uint8_t *rx;
@@ -151,14 +155,26 @@ static void dirty_remove(struct tcp_conn *c)
     c->dirty = false;
 }
 
+/* Keep the epoll registration in line with what the connection waits for.
+ * A connection that waits for nothing leaves the set entirely: epoll reports
+ * ERR/HUP even with no events asked, and a paused connection must not wake
+ * sleepers over and over. The error is found when it reads again. */
 static void epoll_set(struct tcp_conn *c)
 {
     struct epoll_event e = {.data.ptr = &c->obj};
+    int epfd = TEP(c->base.ep)->epfd;
 
     if (c->obj.fd < 0)
         return;
-    e.events = (c->rx_paused ? 0 : EPOLLIN) | (c->epollout ? EPOLLOUT : 0);
-    epoll_ctl(TEP(c->base.ep)->epfd, EPOLL_CTL_MOD, c->obj.fd, &e);
+    e.events = (c->rx_paused || c->rx_wait_tx ? 0 : EPOLLIN) | (c->epollout ? EPOLLOUT : 0);
+    if (!e.events) {
+        if (c->in_epoll)
+            epoll_ctl(epfd, EPOLL_CTL_DEL, c->obj.fd, NULL);
+        c->in_epoll = false;
+        return;
+    }
+    epoll_ctl(epfd, c->in_epoll ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, c->obj.fd, &e);
+    c->in_epoll = true;
 }
 
 static void set_epollout(struct tcp_conn *c, bool on)
@@ -228,6 +244,7 @@ static struct tcp_conn *conn_new(struct tcp_ep *ep, int fd)
     e.data.ptr = &c->obj;
     if (epoll_ctl(ep->epfd, EPOLL_CTL_ADD, fd, &e) < 0)
         goto fail;
+    c->in_epoll = true;
     c->next = ep->conns;
     if (ep->conns)
         ep->conns->prev = c;
@@ -259,7 +276,8 @@ static void conn_fail(struct tcp_conn *c, int status, const char *why)
     c->ev_closed = true;
     c->ev_writable = false;
     if (c->obj.fd >= 0) {
-        epoll_ctl(TEP(c->base.ep)->epfd, EPOLL_CTL_DEL, c->obj.fd, NULL);
+        if (c->in_epoll)
+            epoll_ctl(TEP(c->base.ep)->epfd, EPOLL_CTL_DEL, c->obj.fd, NULL);
         close(c->obj.fd);
         c->obj.fd = -1;
     }
@@ -272,7 +290,8 @@ static void tcp_disconnect(struct tern_tp_conn *conn)
     struct tcp_ep *ep = TEP(conn->ep);
 
     if (c->obj.fd >= 0) {
-        epoll_ctl(ep->epfd, EPOLL_CTL_DEL, c->obj.fd, NULL);
+        if (c->in_epoll)
+            epoll_ctl(ep->epfd, EPOLL_CTL_DEL, c->obj.fd, NULL);
         close(c->obj.fd);
     }
     ready_remove(c);
@@ -302,7 +321,13 @@ static void tx_flush(struct tcp_conn *c)
         ssize_t n = send(c->obj.fd, c->tx + c->tx_head, c->tx_tail - c->tx_head,
                          MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n > 0) {
+            size_t want = c->tx_tail - c->tx_head;
+
             c->tx_head += (size_t)n;
+            if ((size_t)n < want) {     /* the socket is full: wait for it */
+                set_epollout(c, true);
+                return;
+            }
             continue;
         }
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
@@ -321,6 +346,11 @@ static void tx_flush(struct tcp_conn *c)
         if (c->want_writable) {
             c->want_writable = false;
             c->ev_writable = true;
+            ready_push(c);
+        }
+        if (c->rx_wait_tx) {            /* answers fit again: parse on */
+            c->rx_wait_tx = false;
+            epoll_set(c);
             ready_push(c);
         }
     }
@@ -549,12 +579,25 @@ static int serve_onesided(struct tcp_conn *c, uint8_t type, const uint8_t *body,
                                   type == TCP_PUT ? TERN_TP_ACCESS_REMOTE_WRITE
                                                   : TERN_TP_ACCESS_REMOTE_READ,
                                   &where);
+    /* A NIC breaks the queue pair on the first bad access; we allow a few
+     * (callers probe bounds) but not a key search. */
+    if (status < 0 && ++c->violations > TCP_MAX_VIOLATIONS) {
+        conn_fail(c, TERN_EREMACCESS, "too many refused one-sided accesses");
+        return 1;
+    }
     resp_len = sizeof(struct tcp_ack) + (type == TCP_GET_REQ && status == 0 ? len : 0);
     if (c->tx_resv)
         return 0;
     frame = tx_reserve(c, TCP_FRAME_LEN(resp_len));
-    if (!frame)
+    if (!frame) {
+        /* Park until the send path drains (tx_flush unparks): a peer that
+         * asks without reading gets TCP backpressure, not our CPU. */
+        if (status < 0)
+            c->violations--;    /* counted again when retried */
+        c->rx_wait_tx = true;
+        epoll_set(c);
         return 0;
+    }
     if (status == 0 && type == TCP_PUT)
         memcpy(where, body + sizeof(req), len);
     struct tcp_ack ack = {.status = (int32_t)htole32((uint32_t)status)};
@@ -672,7 +715,7 @@ static int rx_parse(struct tcp_conn *c, struct tern_tp_event *ev, int max)
         case TCP_PUT:
         case TCP_GET_REQ:
             if (!serve_onesided(c, h.type, f + sizeof(h), blen))
-                return n;   /* send path full: resume when it drains */
+                return n;   /* no room for the answer: resume later */
             break;
         default:
             rc = complete_onesided(c, h.type, f + sizeof(h), blen, &ev[n]);
@@ -693,7 +736,7 @@ static void rx_read(struct tcp_conn *c)
     size_t room;
     ssize_t r;
 
-    if (c->state != ST_OPEN || c->rx_paused)
+    if (c->state != ST_OPEN || c->rx_paused || c->rx_wait_tx)
         return;
     if (c->rx_len == c->rx_cap) {
         if (c->rx_views) {      /* held views pin the buffer: stop reading */
@@ -740,6 +783,17 @@ static void connect_done(struct tcp_conn *c)
     ready_push(c);
 }
 
+/* True if a whole frame waits at rx_parse. */
+static bool rx_frame_ready(const struct tcp_conn *c)
+{
+    struct tcp_hdr h;
+
+    if (c->rx_len - c->rx_parse < sizeof(h))
+        return false;
+    memcpy(&h, c->rx + c->rx_parse, sizeof(h));
+    return c->rx_len - c->rx_parse >= TCP_FRAME_LEN(le32toh(h.len));
+}
+
 /* All the work one connection can do now; returns events written. */
 static int conn_progress(struct tcp_conn *c, struct tern_tp_event *ev, int max)
 {
@@ -768,7 +822,8 @@ static int conn_progress(struct tcp_conn *c, struct tern_tp_event *ev, int max)
         }
         if (c->rx_eof && c->state == ST_OPEN && c->rx_parse == c->rx_len)
             conn_fail(c, 0, "eof");
-        else if (c->rx_eof && c->state == ST_OPEN && n < max)
+        else if (c->rx_eof && c->state == ST_OPEN && n < max && !c->rx_wait_tx &&
+                 !rx_frame_ready(c))
             conn_fail(c, TERN_EPROTO, "peer closed in the middle of a frame");
     }
     if (c->state == ST_DEAD) {
@@ -789,23 +844,14 @@ static int conn_progress(struct tcp_conn *c, struct tern_tp_event *ev, int max)
     return n;
 }
 
-/* True if a whole frame waits at rx_parse. */
-static bool rx_frame_ready(const struct tcp_conn *c)
-{
-    struct tcp_hdr h;
-
-    if (c->rx_len - c->rx_parse < sizeof(h))
-        return false;
-    memcpy(&h, c->rx + c->rx_parse, sizeof(h));
-    return c->rx_len - c->rx_parse >= TCP_FRAME_LEN(le32toh(h.len));
-}
-
 static bool conn_has_work(const struct tcp_conn *c)
 {
     if (c->ev_accepted || c->ev_connected || c->ev_writable)
         return true;
     if (c->state == ST_DEAD)
         return c->ev_closed || c->pend_head != c->pend_tail;
+    if (c->rx_wait_tx)
+        return false;
     if (c->rx_paused)
         return rx_frame_ready(c);
     return c->rx_more || c->rx_eof || rx_frame_ready(c);
@@ -980,8 +1026,11 @@ static int tcp_poll(struct tern_tp_ep *base, struct tern_tp_event *ev, int max)
     if (base->cfg.mode == TERN_TP_POLL_BUSY && ep->nconns <= TCP_DIRECT_MAX &&
         ++ep->spins % TCP_DIRECT_EPOLL) {
         for (struct tcp_conn *c = ep->conns; c && n < max; c = c->next) {
-            if (c->state != ST_OPEN || c->on_ready || c->rx_paused)
+            if (c->state != ST_OPEN || c->on_ready || c->rx_paused || c->rx_wait_tx) {
+                if (c->tx_head < c->tx_tail && c->state == ST_OPEN)
+                    tx_flush(c);
                 continue;
+            }
             n += conn_progress(c, ev + n, max - n);
             if (conn_has_work(c))
                 ready_push(c);
@@ -1040,6 +1089,11 @@ static int tcp_wait_fd(struct tern_tp_ep *base)
     return TEP(base)->epfd;
 }
 
+static int tcp_arm(struct tern_tp_ep *base)
+{
+    return TEP(base)->ready ? TERN_EAGAIN : 0;
+}
+
 static int tcp_wait(struct tern_tp_ep *base, int timeout_ms)
 {
     struct tcp_ep *ep = TEP(base);
@@ -1067,6 +1121,7 @@ static const struct tern_tp_ops tcp_ops = {
     .poll = tcp_poll,
     .flush = tcp_flush,
     .wait_fd = tcp_wait_fd,
+    .arm = tcp_arm,
     .wait = tcp_wait,
 };
 

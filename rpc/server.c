@@ -108,11 +108,11 @@ static void serve(struct tern_session *s, const void *view, size_t len, uint64_t
     const struct rpc_hdr *h = view;
     const struct rpc_service *rs = rpc_service_find(s->ep, h->svc);
     struct tern_req r = {.s = s, .hdr = h};
+    int status;
 
     /* The budget counts from when the request was read off the fabric. */
     if (h->budget_us)
         r.deadline = (arrived ? arrived : tern_now_ns()) + (uint64_t)h->budget_us * 1000u;
-    int status;
 
     if (!rs)
         status = TERN_ENOSERVICE;

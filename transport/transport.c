@@ -270,10 +270,15 @@ int tern_tp_mr_check(struct tern_tp_ep *ep, uint32_t key, uint64_t off, uint64_t
     return 0;
 }
 
-static int local_range(struct tern_tp_conn *conn, struct tern_tp_mr *lmr, size_t loff,
-                       size_t len, uint8_t **p)
+/* Check what the core can check for a one-sided operation: the op exists,
+ * the remote key is there, and the local range lies in a region of this
+ * endpoint. *p points at the local bytes. */
+static int onesided_args(struct tern_tp_conn *conn, bool has_op, struct tern_tp_mr *lmr,
+                         size_t loff, size_t len, const struct tern_tp_rkey *rkey, uint8_t **p)
 {
-    if (!lmr || !lmr->in_use || lmr->ep != conn->ep)
+    if (!has_op)
+        return TERN_ENOTSUP;
+    if (!rkey || !lmr || !lmr->in_use || lmr->ep != conn->ep)
         return TERN_EINVAL;
     if (loff > lmr->len || len > lmr->len - loff)
         return TERN_ERANGE;
@@ -287,32 +292,18 @@ int tern_tp_put(struct tern_tp_conn *conn, struct tern_tp_mr *lmr, size_t loff, 
                 const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token)
 {
     uint8_t *src;
-    int rc;
+    int rc = onesided_args(conn, OPS(conn->ep)->put, lmr, loff, len, rkey, &src);
 
-    if (!OPS(conn->ep)->put)
-        return TERN_ENOTSUP;
-    if (!rkey)
-        return TERN_EINVAL;
-    rc = local_range(conn, lmr, loff, len, &src);
-    if (rc < 0)
-        return rc;
-    return OPS(conn->ep)->put(conn, src, len, rkey, roff, token);
+    return rc < 0 ? rc : OPS(conn->ep)->put(conn, src, len, rkey, roff, token);
 }
 
 int tern_tp_get(struct tern_tp_conn *conn, struct tern_tp_mr *lmr, size_t loff, size_t len,
                 const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token)
 {
     uint8_t *dst;
-    int rc;
+    int rc = onesided_args(conn, OPS(conn->ep)->get, lmr, loff, len, rkey, &dst);
 
-    if (!OPS(conn->ep)->get)
-        return TERN_ENOTSUP;
-    if (!rkey)
-        return TERN_EINVAL;
-    rc = local_range(conn, lmr, loff, len, &dst);
-    if (rc < 0)
-        return rc;
-    return OPS(conn->ep)->get(conn, dst, len, rkey, roff, token);
+    return rc < 0 ? rc : OPS(conn->ep)->get(conn, dst, len, rkey, roff, token);
 }
 
 int tern_tp_poll(struct tern_tp_ep *ep, struct tern_tp_event *ev, int max)

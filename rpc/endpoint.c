@@ -376,8 +376,9 @@ int tern_rpc_poll(struct tern_rpc_ep *ep)
         if (n > 0)
             total += n;
     }
-    /* Every 1024 polls: drop clients that never said HELLO. */
-    if ((++ep->polls & 1023) == 0)
+    /* Every 1024 polls, and whenever idle (an adaptive endpoint polls rarely):
+     * drop clients that never said HELLO. It limits itself to every 100 ms. */
+    if ((++ep->polls & 1023) == 0 || total == 0)
         rpc_housekeeping(ep);
     if (ep->n_deadlines) {
         uint64_t now = tern_now_ns();

@@ -10,7 +10,8 @@
 #define RPC_MAX_SERVICES 64
 #define RPC_MAX_FABRICS 4
 #define RPC_EVENT_BATCH 32
-#define RPC_MAX_DOOMED RPC_EVENT_BATCH   /* refused conns per poll */
+/* Accepts refused in one poll: at most one per event of each fabric. */
+#define RPC_MAX_DOOMED (RPC_EVENT_BATCH * RPC_MAX_FABRICS)
 
 struct rpc_service {
     const struct tern_service *svc;

@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "helpers.h"
 #include "suites.h"
@@ -448,6 +449,124 @@ START_TEST(wait_fd_wakes)
 }
 END_TEST
 
+/* Take `want` events of `type` from ep one poll (max 1) at a time, sleeping
+ * on the wait fd whenever tern_tp_arm() says that is safe, as its comment
+ * tells callers to. RECV views are released. A sleep that times out while
+ * events are still to come means arm said "safe" when it was not. */
+static void take_sleeping(struct tern_tp_ep *ep, enum tern_tp_event_type type, int want,
+                          const char *what)
+{
+    struct pollfd pfd = {.fd = tern_tp_wait_fd(ep), .events = POLLIN};
+    struct tern_tp_event ev;
+    int got = 0;
+
+    while (got < want) {
+        int rc = tern_tp_arm(ep), n;
+
+        ck_assert_msg(rc == 0 || rc == TERN_EAGAIN, "%s: tern_tp_arm: %s", what,
+                      tern_err_name(rc));
+        if (rc == 0)
+            ck_assert_msg(poll(&pfd, 1, 5000) == 1,
+                          "%s: tern_tp_arm said sleeping was safe with %d of %d events "
+                          "still to come, and the wait fd never woke", what, want - got, want);
+        n = tern_tp_poll(ep, &ev, 1);
+        ck_assert_int_ge(n, 0);
+        ck_assert_msg(rc == 0 || n == 1, "%s: tern_tp_arm said events were owed, poll "
+                      "returned none", what);
+        if (n == 0)
+            continue;
+        ck_assert_int_eq(ev.type, type);
+        if (ev.type == TERN_TP_EV_RECV)
+            tern_tp_msg_release(ev.conn, ev.data);
+        got++;
+    }
+}
+
+/* The first event of `type`, polling with max 1 (a poll may come back empty
+ * even though the wait fd is readable: busy mode looks at some sources only
+ * every few polls). */
+static void first_event(struct tern_tp_ep *ep, enum tern_tp_event_type type)
+{
+    struct tern_tp_event ev;
+    double end = now_ms() + 5000;
+    int n;
+
+    while ((n = tern_tp_poll(ep, &ev, 1)) == 0)
+        ck_assert_msg(now_ms() < end, "no event within 5 s");
+    ck_assert_int_eq(n, 1);
+    ck_assert_int_eq(ev.type, type);
+    if (ev.type == TERN_TP_EV_RECV)
+        tern_tp_msg_release(ev.conn, ev.data);
+}
+
+/* Poll until nothing comes, then nothing may be owed. */
+static void drain_then_armed(struct tern_tp_ep *ep, const char *what)
+{
+    struct tern_tp_event ev[8];
+    int n;
+
+    while ((n = tern_tp_poll(ep, ev, 8)) > 0)
+        for (int i = 0; i < n; i++)
+            if (ev[i].type == TERN_TP_EV_RECV)
+                tern_tp_msg_release(ev[i].conn, ev[i].data);
+    ck_assert_int_eq(n, 0);
+    n = tern_tp_arm(ep);
+    ck_assert_msg(n == 0, "%s: drained, yet tern_tp_arm returns %d (%s)", what, n,
+                  tern_err_name(n));
+}
+
+/* A poll with a small max may leave events inside the endpoint, where they
+ * do not make the wait fd readable. tern_tp_arm() must say so: TERN_EAGAIN
+ * while such events are owed (unless the fd is readable anyway), 0 once
+ * they are all handed out, and 0 on an idle endpoint. */
+START_TEST(arm_before_sleeping)
+{
+    struct tp_pair p;
+    struct tern_tp_conn *extra[3];
+    struct pollfd pfd;
+    char bound[128];
+    int rc;
+
+    tp_pair_open(&p, FC, 0);
+    if (!(tern_tp_caps(p.b) & TERN_TP_CAP_WAIT_FD)) {
+        ck_assert_int_eq(tern_tp_arm(p.b), TERN_ENOTSUP);
+        tp_pair_close(&p);
+        return;
+    }
+    pfd = (struct pollfd){.fd = tern_tp_wait_fd(p.b), .events = POLLIN};
+    ck_assert_int_ge(pfd.fd, 0);
+    ck_assert_int_eq(tern_tp_arm(p.a), 0);
+    ck_assert_int_eq(tern_tp_arm(p.b), 0);
+
+    /* Three messages sent together, taken one per poll. */
+    for (unsigned i = 0; i < 3; i++)
+        ck_assert_int_eq(tern_tp_msg_send(p.client, &i, sizeof(i)), 0);
+    ck_assert_int_eq(tern_tp_flush(p.a), 0);
+    ck_assert_int_eq(poll(&pfd, 1, 5000), 1);
+    usleep(20000);      /* all three have landed */
+    first_event(p.b, TERN_TP_EV_RECV);
+    rc = tern_tp_arm(p.b);
+    ck_assert_msg(rc == TERN_EAGAIN || poll(&pfd, 1, 0) == 1,
+                  "two messages owed, the wait fd quiet, and tern_tp_arm returns %d", rc);
+    take_sleeping(p.b, TERN_TP_EV_RECV, 2, "messages");
+    drain_then_armed(p.b, "messages");
+
+    /* Three connections accepted at once: ACCEPTED events owed. */
+    ck_assert_int_eq(tern_tp_listen(p.b, FC->listen, bound, sizeof(bound)), 0);
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(tern_tp_connect(p.a, bound, &extra[i]), 0);
+    ck_assert_int_eq(poll(&pfd, 1, 5000), 1);
+    usleep(20000);      /* all three are waiting to be accepted */
+    first_event(p.b, TERN_TP_EV_ACCEPTED);
+    rc = tern_tp_arm(p.b);
+    ck_assert_msg(rc == TERN_EAGAIN || poll(&pfd, 1, 0) == 1,
+                  "two accepts owed, the wait fd quiet, and tern_tp_arm returns %d", rc);
+    take_sleeping(p.b, TERN_TP_EV_ACCEPTED, 2, "accepts");
+    drain_then_armed(p.b, "accepts");
+    tp_pair_close(&p);
+}
+END_TEST
+
 /* Many connections on one endpoint, each with its own ordered stream. */
 START_TEST(many_connections)
 {
@@ -503,7 +622,23 @@ static int null_poll(struct tern_tp_ep *ep, struct tern_tp_event *ev, int max)
     return 0;
 }
 
+static int null_wait_fd(struct tern_tp_ep *ep)
+{
+    return -1;
+}
+
+static int null_wait(struct tern_tp_ep *ep, int timeout_ms)
+{
+    return 0;
+}
+
 static const struct tern_tp_ops sparse_ops = {.poll = null_poll};
+
+/* A wait fd and wait, but no arm: callers could not tell when sleeping is
+ * safe, so the fabric may not claim TERN_TP_CAP_WAIT_FD. */
+static const struct tern_tp_ops no_arm_ops = {
+    .poll = null_poll, .wait_fd = null_wait_fd, .wait = null_wait,
+};
 
 static const struct tern_tp_fabric sparse_fabric = {
     .name = "sparse", .caps = 0, .ep_size = sizeof(struct tern_tp_ep), .ops = &sparse_ops,
@@ -529,6 +664,7 @@ START_TEST(null_ops_enotsup)
     ck_assert_int_eq(tern_tp_get(&fake, NULL, 0, 1, &rk, 0, 0), TERN_ENOTSUP);
     ck_assert_int_eq(tern_tp_wait_fd(ep), TERN_ENOTSUP);
     ck_assert_int_eq(tern_tp_wait(ep, 0), TERN_ENOTSUP);
+    ck_assert_int_eq(tern_tp_arm(ep), TERN_ENOTSUP);
     ck_assert_int_eq(tern_tp_poll(ep, &ev, 1), 0);
     ck_assert_int_eq(tern_tp_poll(ep, &ev, 0), TERN_EINVAL);
     tern_tp_close(ep);
@@ -542,6 +678,10 @@ START_TEST(caps_that_lie_are_refused)
     struct tern_tp_ep *ep;
 
     liar.caps = TERN_TP_CAP_PUT;    /* claims put, has no put op */
+    ck_assert(!tern_tp_caps_match_ops(&liar));
+    ck_assert_int_eq(tern_tp_open_fabric(&liar, &cfg, &ep), TERN_EINVAL);
+    liar.caps = TERN_TP_CAP_WAIT_FD;
+    liar.ops = &no_arm_ops;
     ck_assert(!tern_tp_caps_match_ops(&liar));
     ck_assert_int_eq(tern_tp_open_fabric(&liar, &cfg, &ep), TERN_EINVAL);
 }
@@ -583,6 +723,7 @@ Suite *suite_conformance(void)
     tcase_add_loop_test(tc, inflight_ops_fail_on_close, 0, n_fabric_cases);
     tcase_add_loop_test(tc, connect_refused, 0, n_fabric_cases);
     tcase_add_loop_test(tc, wait_fd_wakes, 0, n_fabric_cases);
+    tcase_add_loop_test(tc, arm_before_sleeping, 0, n_fabric_cases);
     tcase_add_loop_test(tc, many_connections, 0, n_fabric_cases);
     suite_add_tcase(s, tc);
     tcase_add_test(core, null_ops_enotsup);

@@ -9,20 +9,26 @@
  * thread once that thread is joined).
  *
  * The last tests play a misbehaving peer at the transport level (tern_tp_*,
- * RPC frames built by hand from wire.h): clients that break the protocol, a
- * server (on its own thread) that answers wrongly, and a client that never
- * reads its replies.
+ * RPC frames built by hand from wire.h): clients that break the protocol or
+ * never say HELLO, a server (on its own thread) that answers wrongly, one on a
+ * plain socket that resets the connection, and a client that never reads its
+ * replies.
  */
+#include <arpa/inet.h>
 #include <check.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "helpers.h"
 #include "rpc.h"
 #include "suites.h"
+#include "tcp/tcp_wire.h"
 #include "transport.h"
 #include "wire.h"
 
@@ -197,17 +203,23 @@ static void *bg_main(void *arg)
 }
 
 /* tern_rpc_connect with the server endpoint served meanwhile. */
-static int connect_inproc(struct tern_rpc_ep *ep, const char *to, struct tern_session **out)
+static int connect_inproc_timeout(struct tern_rpc_ep *ep, const char *to, uint64_t timeout_ns,
+                                  struct tern_session **out)
 {
     struct bg_poller b = {.ep = srv};
     int rc;
 
     atomic_init(&b.stop, false);
     ck_assert_int_eq(pthread_create(&b.th, NULL, bg_main, &b), 0);
-    rc = tern_rpc_connect(ep, to, 5 * SEC, out);
+    rc = tern_rpc_connect(ep, to, timeout_ns, out);
     atomic_store(&b.stop, true);
     pthread_join(b.th, NULL);
     return rc;
+}
+
+static int connect_inproc(struct tern_rpc_ep *ep, const char *to, struct tern_session **out)
+{
+    return connect_inproc_timeout(ep, to, 5 * SEC, out);
 }
 
 /* Server with the test service listening on loopback; a client endpoint;
@@ -301,6 +313,15 @@ static void poll_for(int ms)
 
     while (now_ms() < end)
         poll_both();
+}
+
+/* Poll one endpoint for `ms` milliseconds. */
+static void poll_for_ep(struct tern_rpc_ep *ep, int ms)
+{
+    double end = now_ms() + ms;
+
+    while (now_ms() < end)
+        tern_rpc_poll(ep);
 }
 
 /* Call and wait for the continuation; the result lands in r. */
@@ -687,6 +708,87 @@ START_TEST(cancel_queued_call)
 }
 END_TEST
 
+/* Poll one endpoint only until *counter reaches want; false on timeout. */
+static bool poll_one_until(struct tern_rpc_ep *ep, const int *counter, int want, int ms)
+{
+    double end = now_ms() + ms;
+
+    while (*counter < want) {
+        if (now_ms() > end)
+            return false;
+        tern_rpc_poll(ep);
+    }
+    return true;
+}
+
+START_TEST(cancel_sends_queued_call)
+{
+    /* One credit: b waits behind a. Cancelling a gives the credit back, and
+     * that alone must send b. Nothing else would: the test starts no other
+     * call, and only the server is polled, so no reply (a's late one is
+     * dropped anyway) reaches the client to pump its queue. */
+    struct tern_rpc_config scfg = {.max_msg = MAX_MSG, .credits = 1};
+    struct rec a, b;
+    uint64_t ida;
+
+    pair_open(&scfg, NULL);
+    rec_init(&a, 0);
+    rec_init(&b, 8);
+    ck_assert_int_eq(tern_call(sess, SVC, M_ECHO, "a", 1, 0, rec_cont, &a, &ida), 0);
+    ck_assert_int_eq(tern_call(sess, SVC, M_ECHO, "bb", 2, 0, rec_cont, &b, NULL), 0);
+    ck_assert_int_eq(tern_call_cancel(cli, ida), 0);
+    ck_assert_int_eq(a.runs, 1);
+    ck_assert_int_eq(a.status, TERN_ECANCELED);
+    ck_assert_msg(poll_one_until(srv, &server_runs, 2, WAIT_MS),
+                  "the credit freed by tern_call_cancel was not used: the queued call "
+                  "never reached the server (%d served)", server_runs);
+    ck_assert(poll_until(&b.runs, 1, WAIT_MS));
+    ck_assert_int_eq(b.status, 0);
+    ck_assert_uint_eq(b.len, 2);
+    ck_assert_mem_eq(b.buf, "bb", 2);      /* its own reply, not a's late one */
+    poll_for(50);
+    ck_assert_int_eq(a.runs, 1);
+    ck_assert_int_eq(b.runs, 1);
+    ck_assert_uint_eq(tern_rpc_calls_in_flight(cli), 0);
+    free(b.buf);
+    pair_close();
+}
+END_TEST
+
+START_TEST(expiry_sends_queued_call)
+{
+    /* The same with a deadline: a times out (the server is not polled, so
+     * it cannot answer first), its credit comes back, and the expiry must
+     * send b without any new tern_call. */
+    struct tern_rpc_config scfg = {.max_msg = MAX_MSG, .credits = 1};
+    struct rec a, b;
+
+    pair_open(&scfg, NULL);
+    rec_init(&a, 0);
+    rec_init(&b, 8);
+    ck_assert_int_eq(tern_call(sess, SVC, M_ECHO, "a", 1, 20 * 1000000ull, rec_cont, &a, NULL),
+                     0);
+    ck_assert_int_eq(tern_call(sess, SVC, M_ECHO, "bb", 2, 0, rec_cont, &b, NULL), 0);
+    ck_assert(poll_one_until(cli, &a.runs, 1, WAIT_MS));
+    ck_assert_int_eq(a.status, TERN_ETIMEDOUT);
+    ck_assert_int_eq(b.runs, 0);
+    /* a's request is still in the server's socket; b must follow it. */
+    ck_assert_msg(poll_one_until(srv, &server_runs, 2, WAIT_MS),
+                  "the credit freed by an expired call was not used: the queued call "
+                  "never reached the server (%d served)", server_runs);
+    ck_assert(poll_until(&b.runs, 1, WAIT_MS));
+    ck_assert_int_eq(b.status, 0);
+    ck_assert_uint_eq(b.len, 2);
+    ck_assert_mem_eq(b.buf, "bb", 2);
+    poll_for(50);
+    ck_assert_int_eq(a.runs, 1);
+    ck_assert_int_eq(b.runs, 1);
+    ck_assert_uint_eq(tern_rpc_calls_in_flight(cli), 0);
+    free(b.buf);
+    pair_close();
+}
+END_TEST
+
 START_TEST(cancel_unknown_ids)
 {
     ck_assert_int_eq(tern_call_cancel(cli, 0), TERN_ENOENT);
@@ -848,6 +950,46 @@ START_TEST(local_deadline_expires)
     poll_for(50);
     ck_assert_int_eq(r.runs, 1);
     expect_echo(9);
+}
+END_TEST
+
+START_TEST(timeout_max_means_no_deadline)
+{
+    /* A timeout of UINT64_MAX is "never": now + UINT64_MAX must saturate,
+     * not wrap around to a deadline in the past. */
+    struct tern_session *s2 = (struct tern_session *)&s2;
+    struct rec r;
+    uint64_t d, t0 = tern_now_ns();
+    int rc;
+
+    rec_init(&r, sizeof(d));
+    ck_assert_int_eq(tern_call(sess, SVC, M_DEADLINE, NULL, 0, UINT64_MAX, rec_cont, &r, NULL),
+                     0);
+    /* Only the client is polled: the call could only end by its deadline. */
+    for (double end = now_ms() + 100; now_ms() < end;)
+        tern_rpc_poll(cli);
+    ck_assert_msg(r.runs == 0, "a call with timeout UINT64_MAX ended at once: %s",
+                  tern_err_name(r.status));
+    ck_assert(poll_until(&r.runs, 1, WAIT_MS));
+    ck_assert_int_eq(r.status, 0);
+    memcpy(&d, r.buf, sizeof(d));
+    /* The budget on the wire saturates too (32-bit microseconds, ~71 min):
+     * the handler sees a far deadline, not an expired one. */
+    ck_assert_msg(d == 0 || d > t0 + 3600 * SEC, "handler saw deadline now + %.3f s",
+                  ((double)d - (double)t0) / 1e9);
+    free(r.buf);
+
+    /* tern_rpc_connect: the handshake is waited for, and a refusal is
+     * reported as such, not as TERN_ETIMEDOUT. */
+    rc = connect_inproc_timeout(cli, uri, UINT64_MAX, &s2);
+    ck_assert_msg(rc == 0, "connect with timeout UINT64_MAX: %s", tern_err_name(rc));
+    ck_assert_int_eq(tern_session_status(s2), 0);
+    tern_session_close(s2);
+    rc = tern_rpc_connect(cli, "tcp://127.0.0.1:1", UINT64_MAX, &s2);
+    ck_assert_msg(rc == TERN_ECONNREFUSED, "connect to a closed port, timeout UINT64_MAX: %s",
+                  tern_err_name(rc));
+    ck_assert_ptr_null(s2);
+    expect_echo(3);
 }
 END_TEST
 
@@ -1297,6 +1439,57 @@ START_TEST(server_survives_bad_client)
 }
 END_TEST
 
+START_TEST(silent_clients_time_out)
+{
+    /* Connections that never say HELLO hold server sessions. With
+     * max_sessions 5, one real session and four silent sockets fill the
+     * server, and a fifth client is turned away. The silent ones must be
+     * dropped after hello_timeout_ms, not before, and nobody else with them;
+     * then new clients get in again. */
+    struct tern_rpc_config scfg = {.max_msg = MAX_MSG, .max_sessions = 5,
+                                   .hello_timeout_ms = 1000};
+    struct raw silent[4];
+    struct tern_session *s2;
+    struct tern_tp_event ev;
+    double t0, first = 0;
+    int rc;
+
+    pair_open(&scfg, NULL);
+    t0 = now_ms();
+    for (int i = 0; i < 4; i++) {
+        silent[i] = (struct raw){0};
+        raw_open(&silent[i], 0, 0);
+    }
+    poll_for(100);      /* the server has accepted all four */
+    rc = connect_inproc_timeout(cli, uri, 2 * SEC, &s2);
+    ck_assert_msg(rc < 0, "a sixth session was accepted with max_sessions 5");
+
+    for (int i = 0; i < 4; i++) {
+        ck_assert_msg(raw_next(&silent[i], &ev, 5000),
+                      "silent connection %d still open %.0f ms after connecting", i,
+                      now_ms() - t0);
+        ck_assert_msg(ev.type == TERN_TP_EV_CLOSED, "silent connection %d got event %d", i,
+                      ev.type);
+        if (!first)
+            first = now_ms() - t0;
+        tern_tp_close(silent[i].tp);
+    }
+    /* A client gets the whole timeout to say HELLO (100 ms slack for the
+     * clock readings around the connects). */
+    ck_assert_msg(first >= 900, "a silent client was dropped after %.0f ms, before the "
+                  "1000 ms HELLO timeout", first);
+
+    /* The session that did say HELLO is untouched, and there is room again. */
+    ck_assert_int_eq(tern_session_status(sess), 0);
+    expect_echo(21);
+    rc = connect_inproc(cli, uri, &s2);
+    ck_assert_msg(rc == 0, "connect after the silent clients were dropped: %s",
+                  tern_err_name(rc));
+    tern_session_close(s2);
+    pair_close();
+}
+END_TEST
+
 /* ---- a misbehaving server, played at the transport level ---- */
 
 /* How the fake server answers HELLO, then requests. */
@@ -1580,6 +1773,122 @@ START_TEST(hostile_server_short_message)
 }
 END_TEST
 
+/* ---- a connection that dies under tern_call ---- */
+
+/* A server on a plain socket: it accepts one client and answers its HELLO,
+ * then hands the connection to the test (which resets it). */
+struct rst_server {
+    int lfd, fd;
+    char uri[64];
+    pthread_t th;
+};
+
+static bool fd_read_all(int fd, void *buf, size_t len)
+{
+    for (size_t got = 0; got < len;) {
+        ssize_t n = recv(fd, (uint8_t *)buf + got, len - got, 0);
+
+        if (n <= 0)
+            return false;
+        got += (size_t)n;
+    }
+    return true;
+}
+
+static void *rst_main(void *arg)
+{
+    struct rst_server *rs = arg;
+    struct timeval tv = {.tv_sec = 5};     /* never hang the test */
+    uint8_t hello[TCP_FRAME_LEN(sizeof(struct rpc_hdr) + sizeof(struct rpc_hello))];
+    uint8_t ack[TCP_FRAME_LEN(sizeof(struct rpc_hdr) + sizeof(struct rpc_hello))] = {0};
+    struct tcp_hdr th = {.magic = TCP_MAGIC, .version = TCP_VERSION, .type = TCP_MSG,
+                         .len = sizeof(struct rpc_hdr) + sizeof(struct rpc_hello)};
+    struct rpc_hdr h = {.type = RPC_HELLO_ACK, .version = RPC_VERSION};
+    struct rpc_hello body = {.magic = RPC_MAGIC, .credits = 8, .max_msg = MAX_MSG};
+    int fd = accept(rs->lfd, NULL, NULL);
+
+    if (fd < 0)
+        return NULL;
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    if (!fd_read_all(fd, hello, sizeof(hello))) {
+        close(fd);
+        return NULL;
+    }
+    memcpy(ack, &th, sizeof(th));
+    memcpy(ack + sizeof(th), &h, sizeof(h));
+    memcpy(ack + sizeof(th) + sizeof(h), &body, sizeof(body));
+    if (send(fd, ack, sizeof(ack), MSG_NOSIGNAL) != (ssize_t)sizeof(ack)) {
+        close(fd);
+        return NULL;
+    }
+    rs->fd = fd;
+    return NULL;
+}
+
+static void rst_server_start(struct rst_server *rs)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof(sa);
+
+    rs->fd = -1;
+    rs->lfd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(rs->lfd, 0);
+    ck_assert_int_eq(bind(rs->lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    ck_assert_int_eq(listen(rs->lfd, 4), 0);
+    ck_assert_int_eq(getsockname(rs->lfd, (struct sockaddr *)&sa, &sl), 0);
+    snprintf(rs->uri, sizeof(rs->uri), "tcp://127.0.0.1:%u", ntohs(sa.sin_port));
+    ck_assert_int_eq(pthread_create(&rs->th, NULL, rst_main, rs), 0);
+}
+
+START_TEST(no_continuation_inside_tern_call)
+{
+    /* The server resets the connection while the client is not polling.
+     * The next tern_call's send() meets the reset; the one after cannot
+     * even reserve send space. Neither may run a continuation inside
+     * tern_call: the caller's stack does not expect one, and this one
+     * closes the session, which outside a poll frees it under tern_call
+     * (a use-after-free). Both calls must fail later, inside a poll. */
+    struct linger lg = {.l_onoff = 1, .l_linger = 0};
+    struct rst_server rs;
+    struct tern_rpc_ep *ep;
+    struct tern_session *s;
+    struct rec a, b;
+    int rc;
+
+    rst_server_start(&rs);
+    ck_assert_int_eq(tern_rpc_ep_create(NULL, &ep), 0);
+    rc = tern_rpc_connect(ep, rs.uri, 5 * SEC, &s);
+    pthread_join(rs.th, NULL);
+    ck_assert_msg(rc == 0, "connect to the raw server: %s", tern_err_name(rc));
+    ck_assert_int_ge(rs.fd, 0);
+    setsockopt(rs.fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+    close(rs.fd);       /* RST */
+    close(rs.lfd);
+    usleep(100000);     /* the reset has arrived; the client has not polled */
+
+    total_runs = 0;
+    close_me = s;
+    rec_init(&a, 0);
+    rec_init(&b, 0);
+    ck_assert_int_eq(tern_call(s, SVC, M_ECHO, "a", 1, 0, rec_cont, &a, NULL), 0);
+    ck_assert_msg(a.runs == 0, "a continuation ran inside tern_call (%s)",
+                  tern_err_name(a.status));
+    ck_assert_int_eq(tern_call(s, SVC, M_ECHO, "b", 1, 0, closing_cont, &b, NULL), 0);
+    ck_assert_msg(a.runs == 0 && b.runs == 0, "a continuation ran inside tern_call");
+
+    for (double end = now_ms() + WAIT_MS; total_runs < 2 && now_ms() < end;)
+        tern_rpc_poll(ep);
+    ck_assert_msg(a.runs == 1 && b.runs == 1, "continuations ran %d and %d times", a.runs,
+                  b.runs);
+    ck_assert_msg(a.status < 0 && b.status < 0, "calls on a reset connection: %s, %s",
+                  tern_err_name(a.status), tern_err_name(b.status));
+    ck_assert_ptr_null(close_me);      /* the session was closed by b's continuation */
+    ck_assert_uint_eq(tern_rpc_calls_in_flight(ep), 0);
+    poll_for_ep(ep, 20);
+    tern_rpc_ep_destroy(ep);
+}
+END_TEST
+
 /* ---- backpressure: a client that does not read its replies ---- */
 
 /* Loopback TCP buffers several MiB per direction when nobody reads (about
@@ -1747,6 +2056,7 @@ Suite *suite_rpc(void)
     tcase_add_test(basic, call_on_closed_session_fails);
     tcase_add_test(basic, handler_sees_deadline);
     tcase_add_test(basic, local_deadline_expires);
+    tcase_add_test(basic, timeout_max_means_no_deadline);
     tcase_add_test(basic, connect_bad_uris);
     tcase_add_test(basic, listen_bad_uris);
     suite_add_tcase(s, basic);
@@ -1760,6 +2070,10 @@ Suite *suite_rpc(void)
     tcase_add_test(own, no_call_slots);
     tcase_add_test(own, max_calls_below_default_credits);
     tcase_add_test(own, cancel_queued_call);
+    tcase_add_test(own, cancel_sends_queued_call);
+    tcase_add_test(own, expiry_sends_queued_call);
+    tcase_add_test(own, no_continuation_inside_tern_call);
+    tcase_add_test(own, silent_clients_time_out);
     tcase_add_test(own, session_close_cancels_in_flight);
     tcase_add_test(own, reply_over_client_max_msg);
     tcase_add_test(own, request_over_server_max_msg);

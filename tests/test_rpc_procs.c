@@ -600,6 +600,38 @@ START_TEST(adaptive_server)
 }
 END_TEST
 
+START_TEST(adaptive_server_drops_silent_clients)
+{
+    /* Sockets that connect and never say HELLO are dropped after
+     * hello_timeout_ms, also by an adaptive server that is otherwise idle
+     * and sleeps between polls. Three rounds, one after the other: a check
+     * that only comes around every few seconds cannot meet all of them. */
+    struct tern_rpc_config cfg = {.mode = TERN_TP_POLL_ADAPTIVE, .hello_timeout_ms = 500};
+    struct tern_session *s;
+    struct tern_rpc_ep *ep;
+
+    start_server(&cfg);
+    for (int round = 0; round < 3; round++) {
+        double t0 = now_ms(), el;
+        int fd = raw_connect();
+        bool gone = server_hung_up(fd);
+
+        el = now_ms() - t0;
+        close(fd);
+        ck_assert_msg(gone, "round %d: a silent client still connected after %.0f ms "
+                      "(hello_timeout_ms 500)", round, el);
+        /* Generous: the timeout plus a second and a half of slack. */
+        ck_assert_msg(el >= 450 && el < 2000, "round %d: a silent client was dropped after "
+                      "%.0f ms, with hello_timeout_ms 500", round, el);
+    }
+    /* Clients that do say HELLO are served as usual. */
+    ep = client_open(NULL, &s);
+    assert_echo(s, 9);
+    tern_rpc_ep_destroy(ep);
+    finish_server();
+}
+END_TEST
+
 Suite *suite_rpc_procs(void)
 {
     Suite *s = suite_create("rpc_procs");
@@ -616,6 +648,7 @@ Suite *suite_rpc_procs(void)
     tcase_add_test(tc, rpc_garbage_in_valid_frames);
     tcase_add_test(tc, half_frame_does_not_block_others);
     tcase_add_test(tc, adaptive_server);
+    tcase_add_test(tc, adaptive_server_drops_silent_clients);
     suite_add_tcase(s, tc);
     return s;
 }

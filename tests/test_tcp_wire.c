@@ -5,7 +5,12 @@
  * (CLOSED with TERN_EPROTO) and nothing else: a well-behaved connection,
  * opened with tern_tp_connect from a second endpoint, keeps working after
  * each case. One-sided requests with bad keys or sizes are answered with an
- * error status and leave the connection open, as the transport contract says.
+ * error status and leave the connection open, as the transport contract says,
+ * up to a limit: a peer that keeps guessing keys loses its connection.
+ *
+ * The last tests run the attacked endpoint as an adaptive server (sleeping in
+ * tern_tp_wait when idle) and measure its CPU: a peer must not be able to
+ * keep it spinning.
  *
  * Everything runs in one thread, so a raw read never blocks: the helpers poll
  * the endpoints while they wait for bytes on the raw socket.
@@ -19,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "helpers.h"
@@ -123,9 +129,9 @@ static bool was_closed(const struct evlog *l, const struct tern_tp_conn *conn)
 
 /* ---- fixture: the attacked endpoint plus one good connection ---- */
 
-static struct tern_tp_ep *open_ep(size_t max_msg)
+static struct tern_tp_ep *open_ep(size_t max_msg, enum tern_tp_poll_mode mode)
 {
-    struct tern_tp_config cfg = {.fabric = "tcp", .max_msg = max_msg};
+    struct tern_tp_config cfg = {.fabric = "tcp", .max_msg = max_msg, .mode = mode};
     struct tern_tp_ep *ep = NULL;
     int rc = tern_tp_open(&cfg, &ep);
 
@@ -133,13 +139,15 @@ static struct tern_tp_ep *open_ep(size_t max_msg)
     return ep;
 }
 
-static void setup(void)
+static void setup_mode(enum tern_tp_poll_mode mode)
 {
     struct logged *e;
     int rc;
 
-    srv = (struct evlog){.ep = open_ep(SRV_MAX_MSG), .ev = calloc(LOG_CAP, sizeof(struct logged))};
-    cli = (struct evlog){.ep = open_ep(SRV_MAX_MSG), .ev = calloc(LOG_CAP, sizeof(struct logged))};
+    srv = (struct evlog){.ep = open_ep(SRV_MAX_MSG, mode),
+                         .ev = calloc(LOG_CAP, sizeof(struct logged))};
+    cli = (struct evlog){.ep = open_ep(SRV_MAX_MSG, TERN_TP_POLL_BUSY),
+                         .ev = calloc(LOG_CAP, sizeof(struct logged))};
     ck_assert(srv.ev && cli.ev);
     rc = tern_tp_listen(srv.ep, "127.0.0.1:0", srv_addr, sizeof(srv_addr));
     ck_assert_msg(rc == 0, "listen: %s", tern_strerror(rc));
@@ -154,6 +162,18 @@ static void setup(void)
     e = wait_for(&srv, TERN_TP_EV_ACCEPTED, NULL, WAIT_MS);
     ck_assert_msg(e, "server never accepted the good client");
     good_srv = e->ev.conn;
+}
+
+static void setup(void)
+{
+    setup_mode(TERN_TP_POLL_BUSY);
+}
+
+/* The attacked endpoint as an adaptive server runs it: it sleeps in
+ * tern_tp_wait() when idle (see sleep_serve below). */
+static void setup_adaptive(void)
+{
+    setup_mode(TERN_TP_POLL_ADAPTIVE);
 }
 
 static void teardown(void)
@@ -194,8 +214,10 @@ static void good_roundtrip(const char *tag)
 
 /* ---- raw sockets ---- */
 
-/* Connect a plain socket to the endpoint; *conn is the server's side of it. */
-static int raw_connect(struct tern_tp_conn **conn)
+/* Connect a plain socket to the endpoint; *conn is the server's side of it.
+ * rcvbuf, if not 0, caps the socket's receive buffer (set before connecting,
+ * so that the kernel does not grow it). */
+static int raw_connect_rcvbuf(struct tern_tp_conn **conn, int rcvbuf)
 {
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)srv_port),
                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
@@ -204,6 +226,8 @@ static int raw_connect(struct tern_tp_conn **conn)
     int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
 
     ck_assert_int_ge(fd, 0);
+    if (rcvbuf)
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
     ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));   /* never hang a test */
@@ -211,6 +235,11 @@ static int raw_connect(struct tern_tp_conn **conn)
     ck_assert_msg(e, "server never accepted the raw socket");
     *conn = e->ev.conn;
     return fd;
+}
+
+static int raw_connect(struct tern_tp_conn **conn)
+{
+    return raw_connect_rcvbuf(conn, 0);
 }
 
 /* Write all of buf, polling the endpoints whenever the socket is full (the
@@ -740,6 +769,98 @@ START_TEST(get_after_dereg)
 }
 END_TEST
 
+/* The TCP fabric answers this many refused one-sided accesses on a
+ * connection (callers probe bounds); the next one closes it, as a NIC breaks
+ * the queue pair on a bad access. A peer cannot search the key space. */
+#define ALLOWED_REFUSALS 16
+
+/* A one-sided access the endpoint refuses, i-th of a series: PUT and GET by
+ * turns, mostly wrong keys, sometimes the right key past the region's end.
+ * If `answered`, read its EREMACCESS answer. */
+static void refused_access(int fd, const struct tern_tp_rkey *rk, unsigned i, bool answered)
+{
+    bool put = i % 2;
+    bool wrong_key = i % 3 != 0;
+    uint32_t key = wrong_key ? rk->key ^ ((i + 1) << 12) : rk->key;
+    uint64_t off = wrong_key ? 0 : sizeof(region);
+    uint8_t f[128];
+    int st;
+
+    raw_send(fd, f, onesided_frame(f, put ? TCP_PUT : TCP_GET_REQ, key, 8, off,
+                                   put ? "XXXXXXXX" : NULL, put ? 8 : 0));
+    if (!answered)
+        return;
+    st = raw_read_answer(fd, put ? TCP_ACK : TCP_GET_RESP, NULL, 0, NULL);
+    ck_assert_msg(st == TERN_EREMACCESS, "refused access %u answered %s", i, tern_err_name(st));
+}
+
+/* A good 8-byte GET at `off` still works on fd. */
+static void good_get(int fd, const struct tern_tp_rkey *rk, uint64_t off, const char *what)
+{
+    uint8_t f[128], got[16];
+    size_t got_len;
+    int st;
+
+    raw_send(fd, f, onesided_frame(f, TCP_GET_REQ, rk->key, 8, off, NULL, 0));
+    st = raw_read_answer(fd, TCP_GET_RESP, got, sizeof(got), &got_len);
+    ck_assert_msg(st == 0, "%s: valid GET answered %s", what, tern_err_name(st));
+    ck_assert_uint_eq(got_len, 8);
+    ck_assert_mem_eq(got, region + off, 8);
+}
+
+START_TEST(refused_accesses_close_connection)
+{
+    struct tern_tp_mr *mr;
+    struct tern_tp_rkey rk = reg_region(TERN_TP_ACCESS_REMOTE_READ | TERN_TP_ACCESS_REMOTE_WRITE,
+                                        &mr);
+    struct tern_tp_conn *c1, *c2;
+    struct logged *e;
+    int fd1, fd2;
+    uint8_t b;
+    ssize_t n;
+
+    for (size_t i = 0; i < sizeof(region); i++)
+        region[i] = (uint8_t)(i * 7 + 3);
+    fd1 = raw_connect(&c1);
+    fd2 = raw_connect(&c2);
+    /* Refusals count per connection: a few on the second one first. */
+    for (unsigned i = 0; i < 10; i++)
+        refused_access(fd2, &rk, i, true);
+
+    /* Up to the limit, each refusal is answered and the connection stays. */
+    for (unsigned i = 0; i < ALLOWED_REFUSALS; i++)
+        refused_access(fd1, &rk, i, true);
+    good_get(fd1, &rk, 16, "after 16 refusals");
+    ck_assert(!was_closed(&srv, c1));
+
+    /* One more is a key search: the connection goes, with EREMACCESS, and
+     * the access is not answered. */
+    refused_access(fd1, &rk, ALLOWED_REFUSALS, false);
+    e = wait_for(&srv, TERN_TP_EV_CLOSED, c1, WAIT_MS);
+    ck_assert_msg(e, "%d refused one-sided accesses, and the connection is still open",
+                  ALLOWED_REFUSALS + 1);
+    ck_assert_msg(e->ev.status == TERN_EREMACCESS, "closed with %s, want TERN_EREMACCESS",
+                  tern_err_name(e->ev.status));
+    tern_tp_disconnect(c1);
+    forget(&srv, c1);
+    n = recv(fd1, &b, 1, 0);
+    ck_assert_msg(n == 0 || (n < 0 && errno == ECONNRESET),
+                  "raw socket still open, or answered, after CLOSED (recv %zd)", n);
+    close(fd1);
+
+    for (size_t i = 0; i < 8; i++)
+        ck_assert_msg(region[i] == (uint8_t)(i * 7 + 3), "a refused PUT wrote the region");
+
+    /* The other connection is unaffected and has its own allowance. */
+    for (unsigned i = 10; i < ALLOWED_REFUSALS; i++)
+        refused_access(fd2, &rk, i, true);
+    good_get(fd2, &rk, 800, "second connection");
+    ck_assert(!was_closed(&srv, c2));
+    close(fd2);
+    good_roundtrip("after a key search");
+}
+END_TEST
+
 /* ---- garbage ---- */
 
 /* xorshift64*: a fixed seed makes every run send the same bytes. */
@@ -833,12 +954,257 @@ START_TEST(garbage_while_good_traffic)
 }
 END_TEST
 
+/* ---- peers that try to keep an adaptive server awake ---- */
+
+/* CPU seconds this process has used. */
+static double cpu_seconds(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Serve for `ms` as an idle adaptive server does: sleep in tern_tp_wait()
+ * in 10 ms slices (as tern_rpc_run does), then poll with `poll_fn`. Returns
+ * the CPU seconds used; *woke counts the waits that said there was work. */
+static double sleep_serve(int ms, void (*poll_fn)(void), int *woke)
+{
+    double c0 = cpu_seconds(), end = now_ms() + ms;
+
+    *woke = 0;
+    while (now_ms() < end) {
+        *woke += tern_tp_wait(srv.ep, 10);
+        poll_fn();
+    }
+    return cpu_seconds() - c0;
+}
+
+#define FLOOD_GET 8                                     /* bytes each GET asks for */
+#define FLOOD_FRAMES (sizeof(region) / FLOOD_GET)       /* one GET per 8-byte slot */
+#define FLOOD_REQ TCP_FRAME_LEN(sizeof(struct tcp_onesided))
+#define FLOOD_RESP TCP_FRAME_LEN(sizeof(struct tcp_ack) + FLOOD_GET)
+
+/* The k-th answer of the flood must be a good GET_RESP for the k-th GET. */
+static void flood_check(uint64_t k, const uint8_t *f)
+{
+    struct tcp_hdr h;
+    struct tcp_ack ack;
+    size_t off = (size_t)(k % FLOOD_FRAMES) * FLOOD_GET;
+
+    memcpy(&h, f, sizeof(h));
+    memcpy(&ack, f + sizeof(h), sizeof(ack));
+    ck_assert_msg(h.magic == TCP_MAGIC && h.type == TCP_GET_RESP &&
+                  h.len == sizeof(ack) + FLOOD_GET,
+                  "answer %llu: type %u, length %u", (unsigned long long)k, h.type, h.len);
+    ck_assert_msg(ack.status == 0, "answer %llu: %s", (unsigned long long)k,
+                  tern_err_name(ack.status));
+    if (memcmp(f + sizeof(h) + sizeof(ack), region + off, FLOOD_GET) != 0)
+        ck_abort_msg("answer %llu: wrong data", (unsigned long long)k);
+}
+
+START_TEST(get_flood_without_reading)
+{
+    /* A peer sends valid GET_REQs as fast as it can and reads nothing. The
+     * answers fill the send path; the endpoint must then stop reading that
+     * peer (TCP backpressure reaches it) and go to sleep, rather than retry
+     * the answer it cannot send on every poll. When the peer finally reads,
+     * every answer arrives, in order. */
+    static uint8_t reqs[FLOOD_FRAMES * FLOOD_REQ];
+    static uint8_t in[64 * 1024];
+    struct tern_tp_mr *mr;
+    struct tern_tp_rkey rk = reg_region(TERN_TP_ACCESS_REMOTE_READ, &mr);
+    struct tern_tp_conn *conn;
+    uint64_t sent = 0, want, got = 0;
+    size_t have = 0, tail;
+    double stalled = 0, end, cpu;
+    int fd, woke;
+
+    for (size_t i = 0; i < sizeof(region); i++)
+        region[i] = (uint8_t)(i * 13 + 5);
+    for (size_t k = 0; k < FLOOD_FRAMES; k++)
+        onesided_frame(reqs + k * FLOOD_REQ, TCP_GET_REQ, rk.key, FLOOD_GET, k * FLOOD_GET,
+                       NULL, 0);
+    /* A small receive buffer, so that the answers back up quickly. */
+    fd = raw_connect_rcvbuf(&conn, 4096);
+
+    /* Flood until the endpoint has stopped taking requests for 300 ms while
+     * being polled all along. */
+    end = now_ms() + 30000;
+    for (;;) {
+        size_t at = (size_t)(sent % sizeof(reqs));
+        ssize_t n = send(fd, reqs + at, sizeof(reqs) - at, MSG_DONTWAIT | MSG_NOSIGNAL);
+
+        if (n > 0) {
+            sent += (uint64_t)n;
+            stalled = 0;
+            continue;
+        }
+        ck_assert_msg(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK),
+                      "flood send: %s", n < 0 ? strerror(errno) : "0");
+        if (!stalled)
+            stalled = now_ms();
+        else if (now_ms() - stalled > 300)
+            break;
+        ck_assert_msg(now_ms() < end, "no backpressure: the endpoint took %llu bytes of "
+                      "GETs whose answers nobody reads", (unsigned long long)sent);
+        pump();
+    }
+
+    /* The peer just sits there now. An idle adaptive server sleeps. */
+    cpu = sleep_serve(1000, pump, &woke);
+    ck_assert_msg(cpu < 0.3, "the endpoint used %.2f CPU s in 1 s, sleeping between polls, "
+                  "with a GET flood parked on it (%d wakeups)", cpu, woke);
+    ck_assert(!was_closed(&srv, conn));
+
+    /* The peer reads: every answer comes, in order. The last request may
+     * have gone out in part; the rest of it is sent along the way. */
+    tail = sent % FLOOD_REQ ? FLOOD_REQ - (size_t)(sent % FLOOD_REQ) : 0;
+    want = (sent + tail) / FLOOD_REQ;
+    end = now_ms() + 60000;
+    while (got < want) {
+        size_t off = 0;
+        ssize_t n;
+
+        if (tail) {
+            n = send(fd, reqs + sent % sizeof(reqs), tail, MSG_DONTWAIT | MSG_NOSIGNAL);
+            if (n > 0) {
+                sent += (uint64_t)n;
+                tail -= (size_t)n;
+            }
+        }
+        n = recv(fd, in + have, sizeof(in) - have, MSG_DONTWAIT);
+        if (n <= 0) {
+            ck_assert_msg(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK),
+                          "the endpoint hung up after %llu of %llu answers",
+                          (unsigned long long)got, (unsigned long long)want);
+            ck_assert_msg(now_ms() < end, "%llu of %llu answers arrived",
+                          (unsigned long long)got, (unsigned long long)want);
+            pump();
+            continue;
+        }
+        have += (size_t)n;
+        for (; have - off >= FLOOD_RESP && got < want; off += FLOOD_RESP)
+            flood_check(got++, in + off);
+        memmove(in, in + off, have - off);
+        have -= off;
+    }
+    /* Nothing more, and the connection is still there. */
+    for (double quiet = now_ms() + 50; now_ms() < quiet;)
+        pump();
+    ck_assert_msg(have == 0 && recv(fd, in, sizeof(in), MSG_DONTWAIT) < 0 && errno == EAGAIN,
+                  "more than %llu answers to %llu GETs", (unsigned long long)want,
+                  (unsigned long long)want);
+    ck_assert(!was_closed(&srv, conn));
+    close(fd);
+    good_roundtrip("after a GET flood");
+}
+END_TEST
+
+/* Views of one connection that the test keeps, pinning its receive buffer. */
+static struct tern_tp_conn *held_conn;
+static const void *held[256];
+static int n_held, held_seen;
+static bool holding, held_closed;
+static int held_status;
+
+/* Poll the attacked endpoint once. While `holding`, every view of held_conn
+ * is kept; other views are released at once. */
+static void poll_holding(void)
+{
+    struct tern_tp_event ev[32];
+    int n = tern_tp_poll(srv.ep, ev, 32);
+
+    ck_assert_msg(n >= 0, "tern_tp_poll: %s", tern_strerror(n));
+    for (int i = 0; i < n; i++) {
+        if (ev[i].conn == held_conn && ev[i].type == TERN_TP_EV_CLOSED) {
+            held_closed = true;
+            held_status = ev[i].status;
+        } else if (ev[i].type == TERN_TP_EV_RECV) {
+            if (ev[i].conn == held_conn)
+                held_seen++;
+            if (ev[i].conn == held_conn && holding) {
+                ck_assert_int_lt(n_held, 256);
+                held[n_held++] = ev[i].data;
+            } else {
+                tern_tp_msg_release(ev[i].conn, ev[i].data);
+            }
+        }
+    }
+}
+
+START_TEST(reset_while_paused)
+{
+    /* The application holds every view of a connection, so its receive
+     * buffer stays pinned and the endpoint stops reading it. Then the peer
+     * resets the connection. The endpoint cannot act on that until the
+     * views come back, and epoll reports the error on every wait: the
+     * endpoint must not let it wake sleepers over and over. Once the views
+     * are released, CLOSED is reported. */
+    enum { N = 64, LEN = 1000 };   /* 64 KB: twice the receive buffer */
+    static uint8_t stream[N * TCP_FRAME_LEN(LEN)];
+    struct linger lg = {.l_onoff = 1, .l_linger = 0};
+    uint8_t body[LEN];
+    size_t len = 0, off = 0;
+    double cpu, end;
+    int fd, woke;
+
+    fd = raw_connect(&held_conn);
+    n_held = held_seen = 0;
+    holding = true;
+    held_closed = false;
+    for (int i = 0; i < N; i++) {
+        memset(body, 'a' + i % 26, sizeof(body));
+        len += good_frame(stream + len, TCP_MSG, body, sizeof(body));
+    }
+    end = now_ms() + WAIT_MS;
+    while (off < len) {
+        ssize_t n = send(fd, stream + off, len - off, MSG_DONTWAIT | MSG_NOSIGNAL);
+
+        if (n > 0) {
+            off += (size_t)n;
+            continue;
+        }
+        ck_assert_msg(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK), "send: %s",
+                      n < 0 ? strerror(errno) : "0");
+        ck_assert_msg(now_ms() < end, "raw send stuck");
+        poll_holding();
+    }
+    for (end = now_ms() + 200; now_ms() < end;)
+        poll_holding();
+    ck_assert_msg(n_held > 0 && n_held < N,
+                  "%d of %d messages delivered while every view is held", n_held, N);
+
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+    close(fd);          /* RST */
+    usleep(50000);
+    cpu = sleep_serve(1000, poll_holding, &woke);
+    ck_assert_msg(cpu < 0.3 && woke < 20, "a reset on a paused connection: %d wakeups and "
+                  "%.2f CPU s in 1 s of sleeping between polls", woke, cpu);
+
+    /* Views back, in order: the endpoint reads again and finds the reset. */
+    holding = false;
+    for (int i = 0; i < n_held; i++)
+        tern_tp_msg_release(held_conn, held[i]);
+    n_held = 0;
+    for (end = now_ms() + WAIT_MS; !held_closed && now_ms() < end;)
+        poll_holding();
+    ck_assert_msg(held_closed, "no CLOSED for a reset connection after its views came back "
+                  "(%d messages seen)", held_seen);
+    ck_assert_msg(held_status < 0, "a reset reported as CLOSED with %s",
+                  tern_err_name(held_status));
+    tern_tp_disconnect(held_conn);
+    good_roundtrip("after a reset while paused");
+}
+END_TEST
+
 Suite *suite_tcp_wire(void)
 {
     Suite *s = suite_create("tcp_wire");
     TCase *tc = tcase_create("malformed");
     TCase *os = tcase_create("onesided");
     TCase *gb = tcase_create("garbage");
+    TCase *sl = tcase_create("sleep");
 
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 30);
@@ -865,6 +1231,7 @@ Suite *suite_tcp_wire(void)
     tcase_add_test(os, put_into_read_only_region);
     tcase_add_test(os, get_req_valid_and_too_long);
     tcase_add_test(os, get_after_dereg);
+    tcase_add_test(os, refused_accesses_close_connection);
     suite_add_tcase(s, os);
 
     tcase_add_checked_fixture(gb, setup, teardown);
@@ -872,5 +1239,12 @@ Suite *suite_tcp_wire(void)
     tcase_add_test(gb, random_garbage);
     tcase_add_test(gb, garbage_while_good_traffic);
     suite_add_tcase(s, gb);
+
+    /* The attacked endpoint in adaptive mode; the tests measure its CPU. */
+    tcase_add_checked_fixture(sl, setup_adaptive, teardown);
+    tcase_set_timeout(sl, 120);
+    tcase_add_test(sl, get_flood_without_reading);
+    tcase_add_test(sl, reset_while_paused);
+    suite_add_tcase(s, sl);
     return s;
 }

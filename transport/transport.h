@@ -19,7 +19,9 @@
  *  - one-sided access: tern_tp_put()/tern_tp_get() at (remote key, offset,
  *    length) on memory the peer registered. The key, the bounds and the
  *    permission are checked on every fabric; a violation completes the
- *    operation with TERN_EREMACCESS and the connection stays usable;
+ *    operation with TERN_EREMACCESS and the connection stays usable, up to
+ *    a small limit after which the fabric hangs up (as a NIC breaks the
+ *    queue pair);
  *  - an operation a fabric does not implement returns TERN_ENOTSUP, and the
  *    capability bits say in advance which ones exist.
  */

@@ -292,7 +292,9 @@ static int bench_one(const struct opts *o, struct tern_rpc_ep *ep, struct tern_s
         issue(&b.slots[i]);
     while (b.done < b.target && !b.error) {
         tern_rpc_poll(ep);
-        if (((b.done & 0xfff) == 0) && tern_now_ns() - t_last > 1000000000ull) {
+        /* A progress line each second on a terminal, each 10 s in a log. */
+        if (((b.done & 0xfff) == 0) &&
+            tern_now_ns() - t_last > (tty ? 1000000000ull : 10000000000ull)) {
             t_last = tern_now_ns();
             fprintf(stderr, "%s%s %zuB w%u: %llu/%llu calls%s", tty ? "\r" : "", fabric, size,
                     window, (unsigned long long)b.done, (unsigned long long)b.target,

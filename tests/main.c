@@ -22,6 +22,7 @@ static const struct {
     {"tcp_wire", suite_tcp_wire},
     {"rpc", suite_rpc},
     {"rpc_procs", suite_rpc_procs},
+    {"ring", suite_ring},
 };
 
 int main(int argc, char **argv)

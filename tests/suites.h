@@ -10,5 +10,6 @@ Suite *suite_conformance(void);
 Suite *suite_tcp_wire(void);
 Suite *suite_rpc(void);
 Suite *suite_rpc_procs(void);
+Suite *suite_ring(void);
 
 #endif

@@ -1,0 +1,235 @@
+/* The ring protocol of ring.h: records in a channel ring, published by one
+ * 8-byte header store, credit returned by remote writes. */
+#include <string.h>
+
+#include "../error.h"
+#include "ring.h"
+
+/* Header word: | seq (24) | type (8) | len (32) |. The receiver zeroes every
+ * byte it releases (a local write, before it returns the credit), so a
+ * position it polls holds either zero or a header written this lap, never a
+ * stale header or stale payload bytes that could pass for one. The sequence
+ * number, which skips 0, is a second check. */
+#define SEQ_MASK 0xffffffu
+
+static inline uint32_t seq_next(uint32_t seq)
+{
+    seq = (seq + 1) & SEQ_MASK;
+    return seq ? seq : 1;
+}
+
+static inline uint64_t hdr_make(uint32_t len, enum ring_type type, uint32_t seq)
+{
+    return (uint64_t)len | (uint64_t)type << 32 | (uint64_t)(seq & SEQ_MASK) << 40;
+}
+
+static inline uint32_t align8(uint32_t n)
+{
+    return (n + RING_ALIGN - 1) & ~(uint32_t)(RING_ALIGN - 1);
+}
+
+/* Order the payload stores before the header store. A release fence suffices
+ * for ordinary (write-back) memory; write-combining NTB mappings need an
+ * sfence, which x86 release fences do not emit. */
+static inline void publish_fence(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_sfence();
+#else
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+#endif
+}
+
+size_t ring_window_size(const struct ring_geometry *g)
+{
+    if (!g->n_chan || g->ring_bytes < 4096 || (g->ring_bytes & (g->ring_bytes - 1)))
+        return 0;
+    return (size_t)g->n_chan * (sizeof(struct ring_ctl) + g->ring_bytes);
+}
+
+/* Layout: all control words first (one cache line per channel), then the
+ * rings, so that polling the controls touches few pages. */
+struct ring_ctl *ring_ctl_of(uint8_t *window, const struct ring_geometry *g, uint32_t chan)
+{
+    return (struct ring_ctl *)(window + (size_t)chan * sizeof(struct ring_ctl));
+}
+
+uint8_t *ring_data_of(uint8_t *window, const struct ring_geometry *g, uint32_t chan)
+{
+    return window + (size_t)g->n_chan * sizeof(struct ring_ctl) + (size_t)chan * g->ring_bytes;
+}
+
+void ring_tx_init(struct ring_tx *tx, uint8_t *mine, uint8_t *peers,
+                  const struct ring_geometry *g, uint32_t chan)
+{
+    *tx = (struct ring_tx){
+        .ring = ring_data_of(peers, g, chan), .peer_ctl = ring_ctl_of(peers, g, chan),
+        .my_ctl = ring_ctl_of(mine, g, chan), .size = g->ring_bytes, .seq = 1,
+    };
+}
+
+void ring_rx_init(struct ring_rx *rx, uint8_t *mine, uint8_t *peers,
+                  const struct ring_geometry *g, uint32_t chan)
+{
+    *rx = (struct ring_rx){
+        .ring = ring_data_of(mine, g, chan), .peer_ctl = ring_ctl_of(peers, g, chan),
+        .my_ctl = ring_ctl_of(mine, g, chan), .size = g->ring_bytes, .seq = 1,
+    };
+}
+
+uint32_t ring_tx_room(const struct ring_tx *tx)
+{
+    uint64_t consumed = __atomic_load_n(&tx->my_ctl->consumed, __ATOMIC_ACQUIRE);
+
+    return tx->size - (uint32_t)(tx->head - consumed);
+}
+
+static void store_hdr(uint8_t *at, uint64_t h)
+{
+    __atomic_store_n((uint64_t *)(void *)at, h, __ATOMIC_RELAXED);
+}
+
+void *ring_tx_reserve(struct ring_tx *tx, uint32_t len)
+{
+    uint32_t pos = (uint32_t)(tx->head & (tx->size - 1));
+    uint32_t need = RING_HDR + align8(len), tail_room = tx->size - pos;
+    uint32_t total = need + (tail_room < need ? tail_room : 0);
+    uint64_t consumed;
+
+    if (tx->resv || len > ring_max_record(tx->size))
+        return NULL;
+    consumed = __atomic_load_n(&tx->my_ctl->consumed, __ATOMIC_ACQUIRE);
+    if (tx->head + total - consumed > tx->size) {
+        /* Out of credit: ask the receiver to report now rather than lazily.
+         * One request per answer; each is a remote write. */
+        if (!tx->congested || consumed != tx->asked_at) {
+            __atomic_store_n(&tx->peer_ctl->credit_req, tx->head | 1, __ATOMIC_RELAXED);
+            tx->congested = true;
+            tx->asked_at = consumed;
+        }
+        return NULL;
+    }
+    tx->congested = false;
+    if (tail_room < need) {
+        /* The record would wrap: fill the end with a PAD record. */
+        store_hdr(tx->ring + pos, hdr_make(tail_room - RING_HDR, RING_PAD, tx->seq));
+        tx->seq = seq_next(tx->seq);
+        tx->head += tail_room;
+        pos = 0;
+    }
+    tx->resv = tx->ring + pos + RING_HDR;
+    tx->resv_len = len;
+    return tx->resv;
+}
+
+void ring_tx_publish(struct ring_tx *tx, uint32_t len, enum ring_type type)
+{
+    uint8_t *hdr = tx->resv - RING_HDR;
+
+    if (len > tx->resv_len)
+        len = tx->resv_len;
+    publish_fence();
+    store_hdr(hdr, hdr_make(len, type, tx->seq));
+    tx->seq = seq_next(tx->seq);
+    tx->head += RING_HDR + align8(len);
+    tx->resv = NULL;
+}
+
+void ring_tx_abort(struct ring_tx *tx)
+{
+    tx->resv = NULL;
+}
+
+static uint64_t load_hdr(const uint8_t *at)
+{
+    return __atomic_load_n((const uint64_t *)(const void *)at, __ATOMIC_ACQUIRE);
+}
+
+static bool hdr_fresh(uint64_t h, uint32_t seq)
+{
+    return (uint32_t)(h >> 40) == (seq & SEQ_MASK);
+}
+
+/* Write our consumed index into the sender's window. Clear its request
+ * first: a request raised after it sees this answer must survive. */
+static void report(struct ring_rx *rx)
+{
+    __atomic_store_n(&rx->my_ctl->credit_req, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&rx->peer_ctl->consumed, rx->released, __ATOMIC_RELEASE);
+    rx->reported = rx->released;
+}
+
+int ring_rx_peek(struct ring_rx *rx, const void **view, uint32_t *len, enum ring_type *type)
+{
+    for (;;) {
+        uint32_t pos = (uint32_t)(rx->parsed & (rx->size - 1));
+        uint64_t h = load_hdr(rx->ring + pos);
+        uint32_t l = (uint32_t)h;
+        enum ring_type t = (enum ring_type)((h >> 32) & 0xff);
+
+        if (!h)
+            return 0;
+        /* Anything else that is not the next record, or a record that would
+         * run past the end of the ring, means the sender is broken. */
+        if (!hdr_fresh(h, rx->seq) || l > rx->size - pos - RING_HDR || t > RING_CTL ||
+            (t == RING_PAD && l != rx->size - pos - RING_HDR))
+            return TERN_EPROTO;
+        rx->seq = seq_next(rx->seq);
+        if (t == RING_PAD) {
+            rx->parsed += rx->size - pos;
+            if (!rx->views) {   /* nothing held before it: free it now */
+                memset(rx->ring + pos, 0, rx->size - pos);
+                rx->released = rx->parsed;
+            }
+            continue;
+        }
+        *view = rx->ring + pos + RING_HDR;
+        *len = l;
+        *type = t;
+        rx->parsed += RING_HDR + align8(l);
+        rx->views++;
+        return 1;
+    }
+}
+
+/* Zero the record at `released` and step over it; returns its type. */
+static enum ring_type free_record(struct ring_rx *rx)
+{
+    uint32_t pos = (uint32_t)(rx->released & (rx->size - 1));
+    uint64_t h = load_hdr(rx->ring + pos);
+    enum ring_type t = (enum ring_type)((h >> 32) & 0xff);
+    uint32_t bytes = t == RING_PAD ? rx->size - pos : RING_HDR + align8((uint32_t)h);
+
+    memset(rx->ring + pos, 0, bytes);
+    rx->released += bytes;
+    return t;
+}
+
+static bool pad_at(const struct ring_rx *rx, uint64_t at)
+{
+    uint64_t h = load_hdr(rx->ring + (at & (rx->size - 1)));
+
+    return ((h >> 32) & 0xff) == RING_PAD;
+}
+
+void ring_rx_release(struct ring_rx *rx)
+{
+    if (!rx->views)
+        return;
+    rx->views--;
+    /* Views go back in order: the oldest one starts at `released`. Free it
+     * and any PAD records behind it that were parsed while it was held. */
+    free_record(rx);
+    while (rx->released < rx->parsed && pad_at(rx, rx->released))
+        free_record(rx);
+    if (rx->released - rx->reported >= rx->size / 4 ||
+        __atomic_load_n(&rx->my_ctl->credit_req, __ATOMIC_RELAXED))
+        report(rx);
+}
+
+void ring_rx_credit(struct ring_rx *rx)
+{
+    if (rx->released != rx->reported &&
+        __atomic_load_n(&rx->my_ctl->credit_req, __ATOMIC_RELAXED))
+        report(rx);
+}

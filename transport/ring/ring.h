@@ -1,0 +1,132 @@
+/* Message rings in a byte-addressable window, shared by the window fabrics
+ * (shm, ntb). Internal to transport/.
+ *
+ * Two nodes each own a window: memory the *peer* writes and the owner reads.
+ * On NTB the peer writes it through a PCIe BAR; on shm through a shared
+ * mapping. Remote reads across PCIe are slow, so the protocol only ever
+ * writes remotely and reads locally:
+ *
+ *   sender                                   receiver (owns the window)
+ *   payload -> peer window ring  ---------->  polls the header at its read
+ *   fence, one 8-byte header store           position (local read)
+ *   reads its credit (local) <-------------- releases views, writes its
+ *                                            consumed index into the
+ *                                            sender's window (remote write)
+ *
+ * A window is split into channels: one per connection, each with its own
+ * ring, so a connection that stops reading blocks only itself. Records are
+ * [8-byte header][payload padded to 8]; a record never wraps (a PAD record
+ * fills the end of the ring), so every message is one contiguous view.
+ *
+ * Flow control is by credit: the sender may be at most ring_bytes ahead of
+ * the consumed index the receiver last wrote back. The receiver writes it
+ * back lazily (every quarter ring), or at once when the sender raises the
+ * congestion flag in the receiver's window because it ran out of credit.
+ */
+#ifndef TERN_RING_H
+#define TERN_RING_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define RING_ALIGN 8
+#define RING_HDR 8
+
+/* Record types (8 bits in the header). */
+enum ring_type {
+    RING_PAD = 0,   /* skip to the start of the ring */
+    RING_MSG = 1,   /* a whole message */
+    RING_FRAG = 2,  /* a piece of a message too large for one record */
+    RING_CTL = 3,   /* fabric control (connect, close, one-sided, ...) */
+};
+
+/* Per-channel control words in the owner's window, written by the peer. */
+struct ring_ctl {
+    volatile uint64_t consumed;   /* peer as receiver: bytes of our tx it released */
+    volatile uint64_t credit_req; /* peer as sender: nonzero asks for `consumed` now */
+    uint64_t pad[6];              /* one cache line: no false sharing */
+};
+
+/* The shape of a window; both sides must agree on it. */
+struct ring_geometry {
+    uint32_t n_chan;     /* channels in the window */
+    uint32_t ring_bytes; /* ring size per channel, a power of two >= 4 KiB */
+};
+
+/* Bytes one window needs for `g`, or 0 if `g` is invalid. */
+size_t ring_window_size(const struct ring_geometry *g);
+
+/* Where channel `chan`'s control words and ring live in a window. */
+struct ring_ctl *ring_ctl_of(uint8_t *window, const struct ring_geometry *g, uint32_t chan);
+uint8_t *ring_data_of(uint8_t *window, const struct ring_geometry *g, uint32_t chan);
+
+/* One direction of one channel, as the sender sees it. */
+struct ring_tx {
+    uint8_t *ring;              /* in the peer's window: write only */
+    struct ring_ctl *peer_ctl;  /* in the peer's window: write only */
+    struct ring_ctl *my_ctl;    /* in our window: the peer writes `consumed` here */
+    uint32_t size;
+    uint64_t head;              /* bytes published */
+    uint32_t seq;               /* records published */
+    uint8_t *resv;              /* open reservation (payload start) or NULL */
+    uint32_t resv_len;
+    bool congested;             /* credit_req raised */
+    uint64_t asked_at;          /* `consumed` when it was raised */
+};
+
+/* The other direction, as the receiver sees it. */
+struct ring_rx {
+    uint8_t *ring;              /* in our window: read, and zeroed on release */
+    struct ring_ctl *peer_ctl;  /* in the peer's window: we write `consumed` */
+    struct ring_ctl *my_ctl;    /* in our window: the peer raises credit_req */
+    uint32_t size;
+    uint64_t parsed;            /* bytes parsed (views handed out) */
+    uint64_t released;          /* bytes released */
+    uint64_t reported;          /* last `consumed` written to the peer */
+    uint32_t seq;               /* next record expected */
+    uint32_t views;             /* views handed out, not yet released */
+};
+
+/* Bind a channel: `mine` is our window, `peers` the peer's mapped window. */
+void ring_tx_init(struct ring_tx *tx, uint8_t *mine, uint8_t *peers,
+                  const struct ring_geometry *g, uint32_t chan);
+void ring_rx_init(struct ring_rx *rx, uint8_t *mine, uint8_t *peers,
+                  const struct ring_geometry *g, uint32_t chan);
+
+/* Largest payload one record may carry in a ring of `size` bytes. */
+static inline uint32_t ring_max_record(uint32_t size)
+{
+    return size / 4 - RING_HDR;
+}
+
+/* Reserve `len` bytes of payload in the peer's ring (len <= max record).
+ * Returns a pointer into the peer's memory, or NULL without credit (the
+ * congestion flag is raised so that credit comes back soon). */
+void *ring_tx_reserve(struct ring_tx *tx, uint32_t len);
+
+/* Publish the reservation with `len` <= reserved bytes as a record of
+ * `type`: fence, then one 8-byte header store. */
+void ring_tx_publish(struct ring_tx *tx, uint32_t len, enum ring_type type);
+
+/* Drop the open reservation. */
+void ring_tx_abort(struct ring_tx *tx);
+
+/* Bytes the sender may still publish before it runs out of credit. */
+uint32_t ring_tx_room(const struct ring_tx *tx);
+
+/* The next record, if one has arrived: 1 with its payload view, length and
+ * type; 0 if none yet; TERN_EPROTO if the ring holds something no correct
+ * sender writes (the channel is then unusable). Views must be released in
+ * order with ring_rx_release(). */
+int ring_rx_peek(struct ring_rx *rx, const void **view, uint32_t *len, enum ring_type *type);
+
+/* Release the oldest view; writes the consumed index back to the sender
+ * when a quarter ring has been freed or the sender asked for credit. */
+void ring_rx_release(struct ring_rx *rx);
+
+/* Answer a pending credit request even if nothing was released lately
+ * (called from the poll loop so a congested sender never waits forever). */
+void ring_rx_credit(struct ring_rx *rx);
+
+#endif

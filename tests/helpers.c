@@ -10,7 +10,8 @@
 #include "helpers.h"
 
 const struct fabric_case fabric_cases[] = {
-    {"tcp", "127.0.0.1:0", "127.0.0.1:1"},
+    {"tcp", "127.0.0.1:0", "127.0.0.1:1", "no-port-here"},
+    {"shm", "auto", "nobody-listens-here", "bad name!"},
 };
 const int n_fabric_cases = sizeof(fabric_cases) / sizeof(fabric_cases[0]);
 

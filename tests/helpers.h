@@ -14,6 +14,7 @@ struct fabric_case {
     const char *fabric;
     const char *listen;     /* address to listen on (any free port/name) */
     const char *refused;    /* an address nobody listens on */
+    const char *bad;        /* an address the fabric cannot parse */
 };
 
 extern const struct fabric_case fabric_cases[];

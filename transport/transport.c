@@ -8,10 +8,12 @@
 
 static const struct tern_tp_fabric *const fabrics[] = {
     &tern_tp_fabric_tcp,
+    &tern_tp_fabric_shm,
 };
 
 static const char *const fabric_names[] = {
     "tcp",
+    "shm",
     NULL,
 };
 

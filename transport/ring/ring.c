@@ -18,6 +18,12 @@ static inline uint32_t seq_next(uint32_t seq)
     return seq ? seq : 1;
 }
 
+static inline uint32_t seq_prev(uint32_t seq)
+{
+    seq = (seq - 1) & SEQ_MASK;
+    return seq ? seq : SEQ_MASK;
+}
+
 static inline uint64_t hdr_make(uint32_t len, enum ring_type type, uint32_t seq)
 {
     return (uint64_t)len | (uint64_t)type << 32 | (uint64_t)(seq & SEQ_MASK) << 40;
@@ -190,6 +196,13 @@ int ring_rx_peek(struct ring_rx *rx, const void **view, uint32_t *len, enum ring
         rx->views++;
         return 1;
     }
+}
+
+void ring_rx_unpeek(struct ring_rx *rx, uint32_t len)
+{
+    rx->parsed -= RING_HDR + align8(len);
+    rx->seq = seq_prev(rx->seq);
+    rx->views--;
 }
 
 /* Zero the record at `released` and step over it; returns its type. */

@@ -121,6 +121,10 @@ uint32_t ring_tx_room(const struct ring_tx *tx);
  * order with ring_rx_release(). */
 int ring_rx_peek(struct ring_rx *rx, const void **view, uint32_t *len, enum ring_type *type);
 
+/* Put back the record the last ring_rx_peek() returned (length `len`), to
+ * be peeked again later: for a record that cannot be handled yet. */
+void ring_rx_unpeek(struct ring_rx *rx, uint32_t len);
+
 /* Release the oldest view; writes the consumed index back to the sender
  * when a quarter ring has been freed or the sender asked for credit. */
 void ring_rx_release(struct ring_rx *rx);

@@ -80,7 +80,7 @@ struct tern_session {
 struct tern_req {
     struct tern_session *s;
     const struct rpc_hdr *hdr;
-    uint64_t deadline;
+    uint64_t arrived;               /* 0: now (not held in a queue) */
     uint8_t *reply;                 /* payload start in the send buffer */
     size_t reply_len;
     struct spill *spilled;          /* reply went to the heap instead */

@@ -137,6 +137,13 @@ static void child_stop(int sig)
 pid_t spawn_rpc_server(void (*setup)(struct tern_rpc_ep *ep),
                        const struct tern_rpc_config *cfg, char *uri, size_t uri_len)
 {
+    return spawn_rpc_server_at(setup, cfg, "tcp://127.0.0.1:0", uri, uri_len);
+}
+
+pid_t spawn_rpc_server_at(void (*setup)(struct tern_rpc_ep *ep),
+                          const struct tern_rpc_config *cfg, const char *listen_uri,
+                          char *uri, size_t uri_len)
+{
     int fds[2];
     pid_t pid;
     ssize_t got = 0, n;
@@ -152,7 +159,7 @@ pid_t spawn_rpc_server(void (*setup)(struct tern_rpc_ep *ep),
             _exit(3);
         if (setup)
             setup(child_ep);
-        if (tern_rpc_listen(child_ep, "tcp://127.0.0.1:0", bound, sizeof(bound)) < 0)
+        if (tern_rpc_listen(child_ep, listen_uri, bound, sizeof(bound)) < 0)
             _exit(4);
         signal(SIGTERM, child_stop);
         if (write(fds[1], bound, strlen(bound) + 1) < 0)

@@ -47,6 +47,11 @@ void tp_pair_close(struct tp_pair *p);
 pid_t spawn_rpc_server(void (*setup)(struct tern_rpc_ep *ep),
                        const struct tern_rpc_config *cfg, char *uri, size_t uri_len);
 
+/* The same, listening on `listen_uri` (e.g. "shm://auto"). */
+pid_t spawn_rpc_server_at(void (*setup)(struct tern_rpc_ep *ep),
+                          const struct tern_rpc_config *cfg, const char *listen_uri,
+                          char *uri, size_t uri_len);
+
 /* SIGTERM the server and reap it; returns its exit status (-1 if killed). */
 int stop_server(pid_t pid);
 

@@ -5,9 +5,9 @@ set -eu
 bench=$1
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
-"$bench" echo --fabric tcp --size 64,4k --window 1,4 --iters 2000 --json >"$out" 2>/dev/null
+"$bench" echo --fabric all --size 64,4k --window 1,4 --iters 2000 --json >"$out" 2>/dev/null
 lines=$(wc -l <"$out")
-[ "$lines" -eq 4 ] || { echo "expected 4 JSON lines, got $lines"; cat "$out"; exit 1; }
+[ "$lines" -eq 8 ] || { echo "expected 8 JSON lines (tcp, shm), got $lines"; cat "$out"; exit 1; }
 python3 - "$out" <<'PY'
 import json, sys
 keys = ["workload", "fabric", "size", "window", "iters", "p50_ns", "p99_ns",
@@ -16,14 +16,18 @@ for line in open(sys.argv[1]):
     o = json.loads(line)
     missing = [k for k in keys if k not in o]
     assert not missing, f"missing keys {missing}"
-    assert o["workload"] == "echo" and o["fabric"] == "tcp"
+    assert o["workload"] == "echo" and o["fabric"] in ("tcp", "shm"), o
     assert o["iters"] == 2000, o
     assert 0 < o["p50_ns"] <= o["p99_ns"] <= o["p999_ns"], o
     assert o["ops_per_s"] > 0 and o["mb_per_s"] > 0, o
+fabrics = {json.loads(l)["fabric"] for l in open(sys.argv[1])}
+assert fabrics == {"tcp", "shm"}, fabrics
 print("rpcbench smoke: ok")
 PY
 # The table form prints a header and one row.
 "$bench" echo --iters 1000 2>/dev/null | grep -q '^echo *tcp *64 ' || { echo "no table row"; exit 1; }
+# The floor measurement runs and reports.
+"$bench" floor --iters 20000 | grep -q 'ping-pong' || { echo "floor failed"; exit 1; }
 # Bad options are refused with a usage message, not a crash.
 if "$bench" echo --size banana >/dev/null 2>&1; then echo "bad --size accepted"; exit 1; fi
 if "$bench" client --connect tcp://127.0.0.1:1 --iters 10 >/dev/null 2>&1; then

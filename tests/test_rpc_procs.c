@@ -87,7 +87,11 @@ static void kill_server_at_exit(void)
     }
 }
 
-static void start_server(const struct tern_rpc_config *cfg)
+/* The fabrics the loop tests below run on. */
+static const char *const listen_uris[] = {"tcp://127.0.0.1:0", "shm://auto"};
+#define N_LISTEN_URIS ((int)(sizeof(listen_uris) / sizeof(listen_uris[0])))
+
+static void start_server_at(const struct tern_rpc_config *cfg, const char *listen_uri)
 {
     static bool registered;
 
@@ -95,8 +99,13 @@ static void start_server(const struct tern_rpc_config *cfg)
         atexit(kill_server_at_exit);
         registered = true;
     }
-    server_pid = spawn_rpc_server(setup_service, cfg, uri, sizeof(uri));
+    server_pid = spawn_rpc_server_at(setup_service, cfg, listen_uri, uri, sizeof(uri));
     ck_assert_int_gt(server_pid, 0);
+}
+
+static void start_server(const struct tern_rpc_config *cfg)
+{
+    start_server_at(cfg, listen_uris[0]);
 }
 
 /* SIGTERM: the server must stop and exit cleanly. */
@@ -238,7 +247,7 @@ START_TEST(sync_echo)
     size_t got = 99;
     int rc;
 
-    start_server(NULL);
+    start_server_at(NULL, listen_uris[_i]);
     ep = client_open(NULL, &s);
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++)
         assert_echo(s, sizes[i]);
@@ -327,7 +336,7 @@ START_TEST(server_killed_mid_call)
     int rc, wstatus;
     pid_t pid;
 
-    start_server(NULL);
+    start_server_at(NULL, listen_uris[_i]);
     ep = client_open(NULL, &s);
     assert_echo(s, 8);
 
@@ -638,10 +647,10 @@ Suite *suite_rpc_procs(void)
     TCase *tc = tcase_create("procs");
 
     tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, sync_echo);
+    tcase_add_loop_test(tc, sync_echo, 0, N_LISTEN_URIS);
     tcase_add_test(tc, deadline_on_slow_server);
     tcase_add_test(tc, slow_call_within_deadline);
-    tcase_add_test(tc, server_killed_mid_call);
+    tcase_add_loop_test(tc, server_killed_mid_call, 0, N_LISTEN_URIS);
     tcase_add_test(tc, server_killed_calls_queued);
     tcase_add_test(tc, many_client_processes);
     tcase_add_test(tc, garbage_client_does_not_stop_server);

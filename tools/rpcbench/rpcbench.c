@@ -20,6 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "floor.h"
 #include "hist.h"
 #include "rpc.h"
 
@@ -403,9 +404,10 @@ static int run_local(const struct opts *o)
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: rpcbench echo   [--fabric tcp|all] [options]\n"
+            "usage: rpcbench echo   [--fabric tcp|shm|all] [options]\n"
             "       rpcbench server --listen URI [--adaptive]\n"
             "       rpcbench client --connect URI [options]\n"
+            "       rpcbench floor  [--iters N] [--cpu C,S]   cache-line ping-pong floor\n"
             "options:\n"
             "  --size N[,N...]     payload bytes (default 64; k/m suffixes)\n"
             "  --window N[,N...]   calls in flight (default 1)\n"
@@ -413,7 +415,7 @@ static void usage(FILE *f)
             "  --json              one JSON object per run\n"
             "  --adaptive          sleep when idle instead of busy polling\n"
             "  --cpu C,S           pin client to cpu C and server to cpu S\n"
-            "URIs: tcp://host:port\n");
+            "URIs: tcp://host:port, shm://name\n");
 }
 
 static size_t parse_size(const char *s, bool *ok)
@@ -500,6 +502,8 @@ int main(int argc, char **argv)
     }
     if (strcmp(cmd, "echo") == 0)
         return run_local(&o);
+    if (strcmp(cmd, "floor") == 0)
+        return run_floor(o.iters, o.cpu_client, o.cpu_server, o.json);
     if (strcmp(cmd, "server") == 0 && o.listen)
         return run_server(&o, o.listen, -1);
     if (strcmp(cmd, "client") == 0 && o.connect)

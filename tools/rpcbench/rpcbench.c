@@ -27,10 +27,12 @@
 #define SVC_BENCH 0x7b01
 #define M_ECHO 1
 #define M_STATS 2
+#define M_SINK 3
 #define MAX_SWEEP 16
 
 struct opts {
     const char *fabric, *listen, *connect;
+    const char *workload;        /* "echo" or "sink" */
     size_t sizes[MAX_SWEEP];
     unsigned n_sizes;
     unsigned windows[MAX_SWEEP];
@@ -65,6 +67,12 @@ static int h_echo(struct tern_req *req, const void *data, size_t len, void *ctx)
     return 0;
 }
 
+/* One-way traffic: the request carries the payload, the reply is empty. */
+static int h_sink(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    return 0;
+}
+
 static int h_stats(struct tern_req *req, const void *data, size_t len, void *ctx)
 {
     long *out = tern_reply_alloc(req, sizeof(long));
@@ -78,6 +86,7 @@ static int h_stats(struct tern_req *req, const void *data, size_t len, void *ctx
 static const struct tern_method bench_methods[] = {
     {.id = M_ECHO, .name = "echo", .handler = h_echo},
     {.id = M_STATS, .name = "stats", .handler = h_stats},
+    {.id = M_SINK, .name = "sink", .handler = h_sink},
 };
 
 static const struct tern_service bench_service = {
@@ -171,7 +180,8 @@ struct slot {
 
 struct bench {
     struct tern_session *s;
-    size_t size;
+    size_t size, reply_size;
+    uint16_t method;
     uint64_t issued, done, warmup, target;
     int error;
     struct hist *hist;
@@ -186,7 +196,7 @@ static void on_reply(void *arg, int status, const void *reply, size_t len)
     struct bench *b = sl->b;
     uint64_t now = tern_now_ns();
 
-    if (status < 0 || len != b->size) {
+    if (status < 0 || len != b->reply_size) {
         if (!b->error)
             b->error = status < 0 ? status : TERN_EPROTO;
         return;
@@ -204,7 +214,7 @@ static void issue(struct slot *sl)
 
     sl->start = tern_now_ns();
     b->issued++;
-    rc = tern_call(b->s, SVC_BENCH, M_ECHO, sl->buf, b->size, 10ull * 1000000000u, on_reply,
+    rc = tern_call(b->s, SVC_BENCH, b->method, sl->buf, b->size, 10ull * 1000000000u, on_reply,
                    sl, NULL);
     if (rc < 0 && !b->error)
         b->error = rc;
@@ -221,7 +231,7 @@ static long server_rss(struct tern_session *s)
 }
 
 struct result {
-    const char *fabric;
+    const char *workload, *fabric;
     size_t size;
     unsigned window;
     uint64_t iters;
@@ -236,12 +246,12 @@ static void print_result(const struct opts *o, const struct result *r, bool head
     const struct hist *h = r->hist;
 
     if (o->json) {
-        printf("{\"workload\":\"echo\",\"fabric\":\"%s\",\"size\":%zu,\"window\":%u,"
+        printf("{\"workload\":\"%s\",\"fabric\":\"%s\",\"size\":%zu,\"window\":%u,"
                "\"iters\":%llu,\"p50_ns\":%llu,\"p90_ns\":%llu,\"p99_ns\":%llu,"
                "\"p999_ns\":%llu,\"min_ns\":%llu,\"max_ns\":%llu,\"mean_ns\":%.0f,"
                "\"ops_per_s\":%.0f,\"mb_per_s\":%.2f,\"client_rss_kb\":[%ld,%ld],"
                "\"server_rss_kb\":[%ld,%ld]}\n",
-               r->fabric, r->size, r->window, (unsigned long long)r->iters,
+               r->workload, r->fabric, r->size, r->window, (unsigned long long)r->iters,
                (unsigned long long)hist_quantile(h, 0.5), (unsigned long long)hist_quantile(h, 0.9),
                (unsigned long long)hist_quantile(h, 0.99),
                (unsigned long long)hist_quantile(h, 0.999), (unsigned long long)h->min,
@@ -252,7 +262,7 @@ static void print_result(const struct opts *o, const struct result *r, bool head
             printf("%-8s %-6s %8s %6s %10s %9s %9s %9s %9s %11s %9s\n", "workload", "fabric",
                    "size", "window", "iters", "p50_us", "p90_us", "p99_us", "p99.9_us",
                    "ops/s", "MB/s");
-        printf("%-8s %-6s %8zu %6u %10llu %9.2f %9.2f %9.2f %9.2f %11.0f %9.2f\n", "echo",
+        printf("%-8s %-6s %8zu %6u %10llu %9.2f %9.2f %9.2f %9.2f %11.0f %9.2f\n", r->workload,
                r->fabric, r->size, r->window, (unsigned long long)r->iters,
                hist_quantile(h, 0.5) / 1e3, hist_quantile(h, 0.9) / 1e3,
                hist_quantile(h, 0.99) / 1e3, hist_quantile(h, 0.999) / 1e3, ops, mbs);
@@ -264,8 +274,11 @@ static int bench_one(const struct opts *o, struct tern_rpc_ep *ep, struct tern_s
                      const char *fabric, size_t size, unsigned window, bool header)
 {
     static struct hist hist;
-    struct bench b = {.s = s, .size = size, .hist = &hist};
-    struct result r = {.fabric = fabric, .size = size, .window = window, .hist = &hist};
+    bool sink = strcmp(o->workload, "sink") == 0;
+    struct bench b = {.s = s, .size = size, .hist = &hist, .method = sink ? M_SINK : M_ECHO,
+                      .reply_size = sink ? 0 : size};
+    struct result r = {.workload = o->workload, .fabric = fabric, .size = size,
+                       .window = window, .hist = &hist};
     uint64_t t0, t_last, t_end;
     bool tty = isatty(2);
     int rc = 0;
@@ -405,6 +418,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: rpcbench echo   [--fabric tcp|shm|all] [options]\n"
+            "       rpcbench sink   [...]     like echo, but replies are empty (one-way)\n"
             "       rpcbench server --listen URI [--adaptive]\n"
             "       rpcbench client --connect URI [options]\n"
             "       rpcbench floor  [--iters N] [--cpu C,S]   cache-line ping-pong floor\n"
@@ -415,6 +429,7 @@ static void usage(FILE *f)
             "  --json              one JSON object per run\n"
             "  --adaptive          sleep when idle instead of busy polling\n"
             "  --cpu C,S           pin client to cpu C and server to cpu S\n"
+            "  --workload W        client mode: echo (default) or sink\n"
             "URIs: tcp://host:port, shm://name\n");
 }
 
@@ -452,9 +467,10 @@ int main(int argc, char **argv)
         {"json", no_argument, NULL, 'j'},         {"adaptive", no_argument, NULL, 'a'},
         {"listen", required_argument, NULL, 'l'}, {"connect", required_argument, NULL, 'c'},
         {"cpu", required_argument, NULL, 'p'},    {"help", no_argument, NULL, 'h'},
+        {"workload", required_argument, NULL, 'W'},
         {NULL, 0, NULL, 0},
     };
-    struct opts o = {.fabric = "tcp", .sizes = {64}, .n_sizes = 1, .windows = {1},
+    struct opts o = {.workload = "echo", .fabric = "tcp", .sizes = {64}, .n_sizes = 1, .windows = {1},
                      .n_windows = 1, .iters = 200000, .cpu_client = -1, .cpu_server = -1};
     const char *cmd;
     size_t tmp[MAX_SWEEP];
@@ -486,6 +502,10 @@ int main(int argc, char **argv)
         case 'c': o.connect = optarg; break;
         case 'p': ok = sscanf(optarg, "%d,%d", &o.cpu_client, &o.cpu_server) == 2; break;
         case 'h': usage(stdout); return 0;
+        case 'W':
+            o.workload = optarg;
+            ok = strcmp(optarg, "echo") == 0 || strcmp(optarg, "sink") == 0;
+            break;
         default: ok = false; break;
         }
         if (!ok) {
@@ -500,8 +520,10 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (strcmp(cmd, "echo") == 0)
+    if (strcmp(cmd, "echo") == 0 || strcmp(cmd, "sink") == 0) {
+        o.workload = cmd;
         return run_local(&o);
+    }
     if (strcmp(cmd, "floor") == 0)
         return run_floor(o.iters, o.cpu_client, o.cpu_server, o.json);
     if (strcmp(cmd, "server") == 0 && o.listen)

@@ -35,7 +35,7 @@
 
 #define SHM_MAGIC 0x74736d68u      /* "tsmh" */
 #define SHM_VERSION 1
-#define SHM_RING_BYTES (256u * 1024)
+#define SHM_RING_BYTES (1024u * 1024)
 #define SHM_PEND_MAX 256
 #define SHM_RX_BATCH 16            /* records per connection per poll */
 #define SHM_FRAG_BATCH 4           /* fragments per connection per poll */

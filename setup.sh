@@ -13,7 +13,8 @@ set -euo pipefail
 cd "$(dirname "$0")"
 ROOT=$(pwd)
 
-PKGS=(build-essential meson ninja-build pkg-config check libsubunit-dev python3)
+PKGS=(build-essential meson ninja-build pkg-config check libsubunit-dev python3
+      libdpdk-dev)   # DPDK 22.11: the ntb rawdev glue (transport/ntb)
 
 log() { printf '== %s\n' "$*" >&2; }
 

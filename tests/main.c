@@ -23,6 +23,7 @@ static const struct {
     {"rpc", suite_rpc},
     {"rpc_procs", suite_rpc_procs},
     {"ring", suite_ring},
+    {"ntb", suite_ntb},
 };
 
 int main(int argc, char **argv)

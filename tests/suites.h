@@ -11,5 +11,6 @@ Suite *suite_tcp_wire(void);
 Suite *suite_rpc(void);
 Suite *suite_rpc_procs(void);
 Suite *suite_ring(void);
+Suite *suite_ntb(void);
 
 #endif

@@ -38,7 +38,8 @@
     X(EBADADDR,        -(TERN_EBASE + 4), "malformed address or URI")          \
     X(ENOFABRIC,       -(TERN_EBASE + 5), "no such fabric, or not built in")   \
     X(EHANDLER,        -(TERN_EBASE + 6), "remote handler failed")             \
-    X(EVERSION,        -(TERN_EBASE + 7), "peer speaks an incompatible protocol version")
+    X(EVERSION,        -(TERN_EBASE + 7), "peer speaks an incompatible protocol version") \
+    X(ENODEV,          -ENODEV,          "no such device: the fabric's hardware is absent")
 
 enum tern_errno {
 #define TERN_ERR_ENUM(name, value, msg) TERN_##name = (value),

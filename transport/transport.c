@@ -1,10 +1,15 @@
 /* The fabric-independent core: validates arguments, fills config defaults and
  * dispatches to the fabric's ops, answering TERN_ENOTSUP for missing ones. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 
+#include "tern_config.h"
 #include "transport_internal.h"
+#if TERN_HAVE_DPDK
+#include "ntb/ntb.h"
+#endif
 
 static const struct tern_tp_fabric *const fabrics[] = {
     &tern_tp_fabric_tcp,
@@ -16,6 +21,28 @@ static const char *const fabric_names[] = {
     "shm",
     NULL,
 };
+
+int tern_tp_probe(const char *fabric, const char *args, char *desc, size_t desc_len)
+{
+    char tmp[8];
+
+    if (!fabric)
+        return TERN_EINVAL;
+    if (!desc || !desc_len) {
+        desc = tmp;
+        desc_len = sizeof(tmp);
+    }
+    if (strcmp(fabric, "tcp") == 0 || strcmp(fabric, "shm") == 0) {
+        snprintf(desc, desc_len, "always available");
+        return 0;
+    }
+#if TERN_HAVE_DPDK
+    if (strcmp(fabric, "ntb") == 0)
+        return tern_ntb_describe(args, desc, desc_len);
+#endif
+    snprintf(desc, desc_len, "not built in");
+    return TERN_ENOFABRIC;
+}
 
 const char *const *tern_tp_fabric_names(void)
 {

@@ -103,6 +103,11 @@ struct tern_tp_event {
 /* Names of the fabrics built into this library, NULL-terminated. */
 const char *const *tern_tp_fabric_names(void);
 
+/* Look for a fabric's hardware. 0 if it is usable (a one-line description
+ * in `desc`), TERN_ENODEV if absent, TERN_ENOFABRIC if not built in. `args`
+ * is fabric-specific (ntb: DPDK EAL arguments); tcp and shm need none. */
+int tern_tp_probe(const char *fabric, const char *args, char *desc, size_t desc_len);
+
 /* Open an endpoint on cfg->fabric. Returns 0 or TERN_ENOFABRIC, TERN_EINVAL,
  * TERN_ENOMEM. */
 int tern_tp_open(const struct tern_tp_config *cfg, struct tern_tp_ep **out);

@@ -33,6 +33,7 @@
 struct opts {
     const char *fabric, *listen, *connect;
     const char *workload;        /* "echo" or "sink" */
+    const char *eal;             /* probe: DPDK EAL arguments for ntb */
     size_t sizes[MAX_SWEEP];
     unsigned n_sizes;
     unsigned windows[MAX_SWEEP];
@@ -422,6 +423,7 @@ static void usage(FILE *f)
             "       rpcbench server --listen URI [--adaptive]\n"
             "       rpcbench client --connect URI [options]\n"
             "       rpcbench floor  [--iters N] [--cpu C,S]   cache-line ping-pong floor\n"
+            "       rpcbench probe  --fabric ntb [--eal 'EAL ARGS']   is the hardware there?\n"
             "options:\n"
             "  --size N[,N...]     payload bytes (default 64; k/m suffixes)\n"
             "  --window N[,N...]   calls in flight (default 1)\n"
@@ -468,6 +470,7 @@ int main(int argc, char **argv)
         {"listen", required_argument, NULL, 'l'}, {"connect", required_argument, NULL, 'c'},
         {"cpu", required_argument, NULL, 'p'},    {"help", no_argument, NULL, 'h'},
         {"workload", required_argument, NULL, 'W'},
+        {"eal", required_argument, NULL, 'E'},
         {NULL, 0, NULL, 0},
     };
     struct opts o = {.workload = "echo", .fabric = "tcp", .sizes = {64}, .n_sizes = 1, .windows = {1},
@@ -502,6 +505,7 @@ int main(int argc, char **argv)
         case 'c': o.connect = optarg; break;
         case 'p': ok = sscanf(optarg, "%d,%d", &o.cpu_client, &o.cpu_server) == 2; break;
         case 'h': usage(stdout); return 0;
+        case 'E': o.eal = optarg; break;
         case 'W':
             o.workload = optarg;
             ok = strcmp(optarg, "echo") == 0 || strcmp(optarg, "sink") == 0;
@@ -523,6 +527,13 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "echo") == 0 || strcmp(cmd, "sink") == 0) {
         o.workload = cmd;
         return run_local(&o);
+    }
+    if (strcmp(cmd, "probe") == 0) {
+        char desc[200];
+        int rc = tern_tp_probe(o.fabric, o.eal, desc, sizeof(desc));
+
+        printf("%s: %s\n", o.fabric, desc);
+        return rc == 0 ? 0 : 1;
     }
     if (strcmp(cmd, "floor") == 0)
         return run_floor(o.iters, o.cpu_client, o.cpu_server, o.json);

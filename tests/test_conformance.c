@@ -619,6 +619,91 @@ START_TEST(many_connections)
 }
 END_TEST
 
+/* One connection that always has large messages queued must not starve
+ * another doing small ping-pongs on the same endpoints: each fabric bounds
+ * what one connection gets per poll. (A correctness bound, generous for
+ * noisy machines, not a speed target.) */
+START_TEST(greedy_connection_does_not_starve_others)
+{
+    struct tern_tp_ep *a = tp_open(FC->fabric, 256 * 1024), *b = tp_open(FC->fabric, 256 * 1024);
+    struct tern_tp_conn *greedy_a = NULL, *greedy_b = NULL, *ping_a = NULL, *ping_b = NULL;
+    struct tern_tp_event ev[32];
+    static uint8_t big[200 * 1024];
+    char bound[128];
+    unsigned pongs = 0, bulk = 0, up = 0;
+    double start, worst = 0, sent_at = 0;
+    bool waiting = false;
+
+    ck_assert_int_eq(tern_tp_listen(b, FC->listen, bound, sizeof(bound)), 0);
+    ck_assert_int_eq(tern_tp_connect(a, bound, &greedy_a), 0);
+    ck_assert_int_eq(tern_tp_connect(a, bound, &ping_a), 0);
+    /* Accepts arrive in order; tell the two apart by their first message. */
+    ck_assert_int_eq(tern_tp_msg_send(greedy_a, "G", 1), 0);
+    ck_assert_int_eq(tern_tp_msg_send(ping_a, "P", 1), 0);
+    tern_tp_flush(a);
+    start = now_ms();
+    while ((!greedy_b || !ping_b || up < 2) && now_ms() - start < 5000) {
+        int n = tern_tp_poll(a, ev, 32);
+
+        for (int i = 0; i < n; i++)
+            up += ev[i].type == TERN_TP_EV_CONNECTED;
+        n = tern_tp_poll(b, ev, 32);
+        for (int i = 0; i < n; i++) {
+            if (ev[i].type != TERN_TP_EV_RECV)
+                continue;
+            if (*(const char *)ev[i].data == 'G')
+                greedy_b = ev[i].conn;
+            else
+                ping_b = ev[i].conn;
+            tern_tp_msg_release(ev[i].conn, ev[i].data);
+        }
+    }
+    ck_assert(greedy_b && ping_b && up == 2);
+    start = now_ms();
+    while (pongs < 200) {
+        void *buf;
+        int n;
+
+        ck_assert_msg(now_ms() - start < 20000, "only %u ping-pongs in 20 s", pongs);
+        /* Keep the greedy connection's send path full. */
+        while (tern_tp_msg_alloc(greedy_a, sizeof(big), &buf) == 0)
+            ck_assert_int_eq(tern_tp_msg_post(greedy_a, buf, sizeof(big)), 0);
+        if (!waiting) {
+            ck_assert_int_eq(tern_tp_msg_send(ping_a, &pongs, sizeof(pongs)), 0);
+            sent_at = now_ms();
+            waiting = true;
+        }
+        n = tern_tp_poll(a, ev, 32);
+        for (int i = 0; i < n; i++) {
+            if (ev[i].type != TERN_TP_EV_RECV)
+                continue;
+            ck_assert_ptr_eq(ev[i].conn, ping_a);
+            ck_assert_uint_eq(*(const unsigned *)ev[i].data, pongs);
+            tern_tp_msg_release(ev[i].conn, ev[i].data);
+            if (now_ms() - sent_at > worst)
+                worst = now_ms() - sent_at;
+            pongs++;
+            waiting = false;
+        }
+        n = tern_tp_poll(b, ev, 32);
+        for (int i = 0; i < n; i++) {
+            if (ev[i].type != TERN_TP_EV_RECV)
+                continue;
+            if (ev[i].conn == ping_b)
+                ck_assert_int_eq(tern_tp_msg_send(ping_b, ev[i].data, ev[i].len), 0);
+            else
+                bulk++;
+            tern_tp_msg_release(ev[i].conn, ev[i].data);
+        }
+    }
+    /* Both made progress, and no ping waited behind the bulk for long. */
+    ck_assert_uint_gt(bulk, 0);
+    ck_assert_msg(worst < 1000, "a ping-pong took %.0f ms behind the greedy connection", worst);
+    tern_tp_close(a);
+    tern_tp_close(b);
+}
+END_TEST
+
 /* ---- the core itself: NULL ops answer TERN_ENOTSUP ---- */
 
 static int null_poll(struct tern_tp_ep *ep, struct tern_tp_event *ev, int max)
@@ -729,6 +814,7 @@ Suite *suite_conformance(void)
     tcase_add_loop_test(tc, wait_fd_wakes, 0, n_fabric_cases);
     tcase_add_loop_test(tc, arm_before_sleeping, 0, n_fabric_cases);
     tcase_add_loop_test(tc, many_connections, 0, n_fabric_cases);
+    tcase_add_loop_test(tc, greedy_connection_does_not_starve_others, 0, n_fabric_cases);
     suite_add_tcase(s, tc);
     tcase_add_test(core, null_ops_enotsup);
     tcase_add_test(core, caps_that_lie_are_refused);

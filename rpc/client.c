@@ -4,6 +4,7 @@
  * and completing a call allocates nothing. A call id is the slot index plus a
  * generation, so a late reply to a reused slot is recognised and dropped.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -267,9 +268,17 @@ static void on_hello_ack(struct tern_session *s, const void *body, size_t len)
 {
     struct rpc_hello ack;
 
-    if (s->state != SESS_CONNECTING || len != sizeof(ack)) {
+    if (s->state != SESS_CONNECTING || len < sizeof(ack)) {
         rpc_bad_frame(s, "unexpected HELLO_ACK");
         return;
+    }
+    /* After the fixed part: the server's other fabrics, NUL-terminated. */
+    if (len > sizeof(ack)) {
+        const char *ads = (const char *)body + sizeof(ack);
+        size_t n = strnlen(ads, len - sizeof(ack));
+
+        free(s->peer_ads);
+        s->peer_ads = strndup(ads, n);
     }
     memcpy(&ack, body, sizeof(ack));
     if (ack.magic != RPC_MAGIC || ack.credits == 0 || ack.max_msg == 0) {
@@ -310,8 +319,56 @@ void rpc_client_recv(struct tern_session *s, const struct rpc_hdr *h, const void
 
 /* ---- connect and close ---- */
 
+static int connect_one(struct tern_rpc_ep *ep, const char *uri, uint64_t timeout_ns,
+                       struct tern_session **out);
+
+/* auto://host:port: bootstrap over TCP, then move to the best fabric the
+ * server advertised. Staying on TCP is never an error. */
+static int connect_auto(struct tern_rpc_ep *ep, const char *hostport, uint64_t timeout_ns,
+                        struct tern_session **out)
+{
+    const char *policy = ep->cfg.fabrics ? ep->cfg.fabrics : getenv("TERN_FABRICS");
+    struct tern_session *s, *better;
+    char uri[256];
+    int rc;
+
+    snprintf(uri, sizeof(uri), "tcp://%s", hostport);
+    rc = connect_one(ep, uri, timeout_ns, &s);
+    if (rc < 0)
+        return rc;
+    *out = s;
+    if (!s->peer_ads || tern_tp_select(s->peer_ads, policy, uri, sizeof(uri)) < 0)
+        return 0;
+    rc = connect_one(ep, uri, timeout_ns, &better);
+    if (rc < 0) {
+        tern_log(TERN_LOG_WARN, "rpc", "auto: %s failed (%s); staying on tcp", uri,
+                 tern_strerror(rc));
+        return 0;
+    }
+    tern_log(TERN_LOG_INFO, "rpc", "auto: %s chose %s", hostport, uri);
+    tern_session_close(s);
+    *out = better;
+    return 0;
+}
+
+const char *tern_session_fabric(const struct tern_session *s)
+{
+    return tern_tp_fabric(tern_tp_conn_ep(s->conn));
+}
+
 int tern_rpc_connect(struct tern_rpc_ep *ep, const char *uri, uint64_t timeout_ns,
                      struct tern_session **out)
+{
+    if (!out)
+        return TERN_EINVAL;
+    *out = NULL;
+    if (uri && strncmp(uri, "auto://", 7) == 0)
+        return connect_auto(ep, uri + 7, timeout_ns, out);
+    return connect_one(ep, uri, timeout_ns, out);
+}
+
+static int connect_one(struct tern_rpc_ep *ep, const char *uri, uint64_t timeout_ns,
+                       struct tern_session **out)
 {
     struct rpc_hello hello = {.magic = RPC_MAGIC, .credits = ep->cfg.credits,
                               .max_msg = ep->cfg.max_msg};

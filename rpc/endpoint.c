@@ -185,9 +185,20 @@ int tern_rpc_listen(struct tern_rpc_ep *ep, const char *uri, char *bound, size_t
     if (rc < 0)
         return rc;
     rc = tern_tp_listen(tp, addr, tb, sizeof(tb));
-    if (rc == 0 && bound && bound_len)
+    if (rc < 0)
+        return rc;
+    if (bound && bound_len)
         snprintf(bound, bound_len, "%s://%s", tern_tp_fabric(tp), tb);
-    return rc;
+    /* Clients that arrive over TCP learn about the faster ways in. */
+    if (strcmp(tern_tp_fabric(tp), "tcp") != 0) {
+        char node[128];
+        size_t used = strlen(ep->ads);
+
+        if (tern_tp_node_id(node, sizeof(node)) == 0)
+            snprintf(ep->ads + used, sizeof(ep->ads) - used, "%s://%s@%s;",
+                     tern_tp_fabric(tp), tb, node);
+    }
+    return 0;
 }
 
 struct tern_session *rpc_session_new(struct tern_rpc_ep *ep, struct tern_tp_conn *conn,
@@ -217,6 +228,7 @@ struct tern_session *rpc_session_new(struct tern_rpc_ep *ep, struct tern_tp_conn
 
 static void session_destroy(struct tern_session *s)
 {
+    free(s->peer_ads);
     if (s->role == ROLE_SERVER)
         rpc_server_drop(s);
     if (s->conn)

@@ -80,6 +80,7 @@ struct tern_rpc_config {
     unsigned max_calls;          /* call slots per endpoint; 0 = 4096 */
     unsigned max_sessions;       /* 0 = 4096 */
     unsigned hello_timeout_ms;   /* server: close clients silent this long; 0 = 5000 */
+    const char *fabrics;         /* auto:// policy, e.g. "shm,tcp"; NULL: $TERN_FABRICS or any */
 };
 
 /* Create an endpoint. cfg may be NULL for defaults. */
@@ -111,6 +112,9 @@ void tern_rpc_stop(struct tern_rpc_ep *ep);
 /* ---- sessions and calls (client side) ---- */
 
 /* Open a session to `uri` and wait up to timeout_ns for the handshake.
+ * "auto://host:port" first connects over TCP, learns the fabrics the server
+ * listens on, and moves to the best one both ends can use (shm on the same
+ * host), staying on TCP if none is better or the move fails.
  * TERN_ECONNREFUSED, TERN_ETIMEDOUT, TERN_EVERSION, TERN_EBADADDR, ... */
 int tern_rpc_connect(struct tern_rpc_ep *ep, const char *uri, uint64_t timeout_ns,
                      struct tern_session **out);
@@ -120,6 +124,9 @@ void tern_session_close(struct tern_session *s);
 
 /* 0 while the session is usable, else the error that ended it. */
 int tern_session_status(const struct tern_session *s);
+
+/* The fabric a session runs on ("tcp", "shm", ...). */
+const char *tern_session_fabric(const struct tern_session *s);
 
 /* Calls the server lets this session have in flight at once. */
 unsigned tern_session_credits(const struct tern_session *s);

@@ -67,6 +67,7 @@ struct tern_session {
     uint64_t created;               /* server: when accepted (HELLO timeout) */
     struct tern_session *prev, *next;
     size_t peer_max_msg;            /* largest payload the peer accepts */
+    char *peer_ads;                 /* client: fabrics the server listens on */
     /* client */
     unsigned credits;
     struct call_list queued, sent;
@@ -94,6 +95,7 @@ struct tern_rpc_ep {
     struct rpc_service services[RPC_MAX_SERVICES];
     unsigned n_services;
     uint8_t svc_slot[65536];        /* service id -> index + 1, 0 = none */
+    char ads[1024];                 /* "fabric://addr@node;" per non-tcp listener */
     struct tern_session *sessions;
     struct tern_session *zombies;
     unsigned n_sessions;

@@ -171,13 +171,17 @@ static void on_hello(struct tern_session *s, const void *view, size_t len)
     if (hello.max_msg < s->peer_max_msg)
         s->peer_max_msg = hello.max_msg;
     ack.credits = hello.credits < s->ep->cfg.credits ? hello.credits : s->ep->cfg.credits;
-    if (tern_tp_msg_alloc(s->conn, HDR + sizeof(ack), (void **)&buf) < 0) {
+    /* The answer carries the other fabrics we listen on, for auto://. */
+    size_t ads = strlen(s->ep->ads) + 1;
+
+    if (tern_tp_msg_alloc(s->conn, HDR + sizeof(ack) + ads, (void **)&buf) < 0) {
         rpc_bad_frame(s, "no room to answer HELLO");
         return;
     }
     memcpy(buf, &h, HDR);
     memcpy(buf + HDR, &ack, sizeof(ack));
-    tern_tp_msg_post(s->conn, buf, HDR + sizeof(ack));
+    memcpy(buf + HDR + sizeof(ack), s->ep->ads, ads);
+    tern_tp_msg_post(s->conn, buf, HDR + sizeof(ack) + ads);
     s->state = SESS_OPEN;
 }
 

@@ -24,6 +24,7 @@ static const struct {
     {"rpc_procs", suite_rpc_procs},
     {"ring", suite_ring},
     {"ntb", suite_ntb},
+    {"select", suite_select},
 };
 
 int main(int argc, char **argv)

@@ -12,5 +12,6 @@ Suite *suite_rpc(void);
 Suite *suite_rpc_procs(void);
 Suite *suite_ring(void);
 Suite *suite_ntb(void);
+Suite *suite_select(void);
 
 #endif

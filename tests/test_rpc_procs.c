@@ -87,17 +87,25 @@ static void kill_server_at_exit(void)
     }
 }
 
+/* The service, plus a shm listener that HELLO_ACK advertises (auto://). */
+static void setup_service_and_shm(struct tern_rpc_ep *ep)
+{
+    setup_service(ep);
+    if (tern_rpc_listen(ep, "shm://auto", NULL, 0) < 0)
+        _exit(6);
+}
+
 /* The fabrics the loop tests below run on. */
 static const char *const listen_uris[] = {"tcp://127.0.0.1:0", "shm://auto"};
 #define N_LISTEN_URIS ((int)(sizeof(listen_uris) / sizeof(listen_uris[0])))
 
+static bool registered_kill;
+
 static void start_server_at(const struct tern_rpc_config *cfg, const char *listen_uri)
 {
-    static bool registered;
-
-    if (!registered) {
+    if (!registered_kill) {
         atexit(kill_server_at_exit);
-        registered = true;
+        registered_kill = true;
     }
     server_pid = spawn_rpc_server_at(setup_service, cfg, listen_uri, uri, sizeof(uri));
     ck_assert_int_gt(server_pid, 0);
@@ -641,6 +649,52 @@ START_TEST(adaptive_server_drops_silent_clients)
 }
 END_TEST
 
+/* auto:// starts on TCP and moves to shm when the server has it, unless the
+ * policy says otherwise; calls work on whatever was chosen. */
+START_TEST(auto_picks_shm_on_same_host)
+{
+    struct tern_rpc_config tcp_only = {.fabrics = "tcp"};
+    struct tern_session *s;
+    struct tern_rpc_ep *ep;
+    char auto_uri[160];
+    int rc;
+
+    if (!registered_kill) {
+        atexit(kill_server_at_exit);
+        registered_kill = true;
+    }
+    server_pid = spawn_rpc_server_at(setup_service_and_shm, NULL, "tcp://127.0.0.1:0", uri,
+                                     sizeof(uri));
+    snprintf(auto_uri, sizeof(auto_uri), "auto://%s", uri + strlen("tcp://"));
+
+    ck_assert_int_eq(tern_rpc_ep_create(NULL, &ep), 0);
+    rc = tern_rpc_connect(ep, auto_uri, 5 * SEC, &s);
+    ck_assert_msg(rc == 0, "auto connect: %s", tern_strerror(rc));
+    ck_assert_str_eq(tern_session_fabric(s), "shm");
+    assert_echo(s, 100);
+    assert_echo(s, 300000);
+    tern_rpc_ep_destroy(ep);
+
+    /* The policy keeps it on TCP. */
+    ck_assert_int_eq(tern_rpc_ep_create(&tcp_only, &ep), 0);
+    ck_assert_int_eq(tern_rpc_connect(ep, auto_uri, 5 * SEC, &s), 0);
+    ck_assert_str_eq(tern_session_fabric(s), "tcp");
+    assert_echo(s, 100);
+    tern_rpc_ep_destroy(ep);
+    finish_server();
+
+    /* A server without shm: auto stays on TCP. */
+    start_server(NULL);
+    snprintf(auto_uri, sizeof(auto_uri), "auto://%s", uri + strlen("tcp://"));
+    ck_assert_int_eq(tern_rpc_ep_create(NULL, &ep), 0);
+    ck_assert_int_eq(tern_rpc_connect(ep, auto_uri, 5 * SEC, &s), 0);
+    ck_assert_str_eq(tern_session_fabric(s), "tcp");
+    assert_echo(s, 100);
+    tern_rpc_ep_destroy(ep);
+    finish_server();
+}
+END_TEST
+
 Suite *suite_rpc_procs(void)
 {
     Suite *s = suite_create("rpc_procs");
@@ -651,6 +705,7 @@ Suite *suite_rpc_procs(void)
     tcase_add_test(tc, deadline_on_slow_server);
     tcase_add_test(tc, slow_call_within_deadline);
     tcase_add_loop_test(tc, server_killed_mid_call, 0, N_LISTEN_URIS);
+    tcase_add_test(tc, auto_picks_shm_on_same_host);
     tcase_add_test(tc, server_killed_calls_queued);
     tcase_add_test(tc, many_client_processes);
     tcase_add_test(tc, garbage_client_does_not_stop_server);

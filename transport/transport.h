@@ -108,6 +108,17 @@ const char *const *tern_tp_fabric_names(void);
  * is fabric-specific (ntb: DPDK EAL arguments); tcp and shm need none. */
 int tern_tp_probe(const char *fabric, const char *args, char *desc, size_t desc_len);
 
+/* This node's identity for same-host fabrics: boot id and network
+ * namespace ("<boot_id>.<netns inode>"). */
+int tern_tp_node_id(char *out, size_t len);
+
+/* Pick the best fabric from a peer's advertisements, `ads` being
+ * "fabric://addr@node;..." as the peer listens. Keeps those reachable from
+ * here (shm: same node id), orders them by `policy` (comma-separated fabric
+ * names, e.g. "shm,tcp"; NULL or "" = any) and then by score (latency, then
+ * bandwidth). Writes "fabric://addr" to `uri`; TERN_ENOENT if none fits. */
+int tern_tp_select(const char *ads, const char *policy, char *uri, size_t len);
+
 /* Open an endpoint on cfg->fabric. Returns 0 or TERN_ENOFABRIC, TERN_EINVAL,
  * TERN_ENOMEM. */
 int tern_tp_open(const struct tern_tp_config *cfg, struct tern_tp_ep **out);

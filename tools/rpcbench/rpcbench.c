@@ -146,8 +146,22 @@ static int run_server(const struct opts *o, const char *uri, int report_fd)
     rc = tern_rpc_ep_create(&cfg, &server_ep);
     if (rc == 0)
         rc = tern_rpc_register(server_ep, &bench_service);
-    if (rc == 0)
+    if (rc == 0 && strncmp(uri, "auto://", 7) == 0) {
+        /* auto: listen on TCP for the handshake and on every same-host
+         * fabric; clients move to the best one. */
+        char tcp[160];
+
+        snprintf(tcp, sizeof(tcp), "tcp://%s", uri + 7);
+        rc = tern_rpc_listen(server_ep, tcp, bound, sizeof(bound));
+        if (rc == 0)
+            rc = tern_rpc_listen(server_ep, "shm://auto", NULL, 0);
+        if (rc == 0) {                  /* "tcp://h:p" -> "auto://h:p" */
+            snprintf(tcp, sizeof(tcp), "%.150s", bound + 6);
+            snprintf(bound, sizeof(bound), "auto://%.150s", tcp);
+        }
+    } else if (rc == 0) {
         rc = tern_rpc_listen(server_ep, uri, bound, sizeof(bound));
+    }
     if (rc < 0) {
         fprintf(stderr, "rpcbench server: %s: %s\n", uri, tern_strerror(rc));
         if (report_fd >= 0 && write(report_fd, "-", 1) < 0)
@@ -350,7 +364,6 @@ static int run_client(const struct opts *o, const char *uri, bool header)
     int rc;
 
     pin(o->cpu_client);
-    sscanf(uri, "%15[^:]", fabric);
     rc = tern_rpc_ep_create(&cfg, &ep);
     if (rc < 0)
         return rc;
@@ -360,6 +373,8 @@ static int run_client(const struct opts *o, const char *uri, bool header)
         tern_rpc_ep_destroy(ep);
         return rc;
     }
+    /* With auto:// this is the fabric the selection chose. */
+    snprintf(fabric, sizeof(fabric), "%s", tern_session_fabric(s));
     for (unsigned i = 0; i < o->n_sizes && rc == 0; i++)
         for (unsigned w = 0; w < o->n_windows && rc == 0; w++, header = false)
             rc = bench_one(o, ep, s, fabric, o->sizes[i], o->windows[w], header);
@@ -374,6 +389,10 @@ static int run_local(const struct opts *o)
     bool header = true;
     int failed = 0;
 
+    static const char *const auto_only[] = {"auto", NULL};
+
+    if (strcmp(o->fabric, "auto") == 0)
+        names = auto_only;
     for (; *names; names++) {
         char uri[160], listen[64];
         int fds[2], status;
@@ -382,7 +401,9 @@ static int run_local(const struct opts *o)
 
         if (strcmp(o->fabric, "all") != 0 && strcmp(o->fabric, *names) != 0)
             continue;
-        if (strcmp(*names, "tcp") == 0)
+        if (strcmp(*names, "auto") == 0)
+            snprintf(listen, sizeof(listen), "auto://127.0.0.1:0");
+        else if (strcmp(*names, "tcp") == 0)
             snprintf(listen, sizeof(listen), "tcp://127.0.0.1:0");
         else
             snprintf(listen, sizeof(listen), "%s://rpcbench-%d", *names, (int)getpid());
@@ -418,7 +439,7 @@ static int run_local(const struct opts *o)
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: rpcbench echo   [--fabric tcp|shm|all] [options]\n"
+            "usage: rpcbench echo   [--fabric tcp|shm|auto|all] [options]\n"
             "       rpcbench sink   [...]     like echo, but replies are empty (one-way)\n"
             "       rpcbench server --listen URI [--adaptive]\n"
             "       rpcbench client --connect URI [options]\n"
@@ -432,7 +453,7 @@ static void usage(FILE *f)
             "  --adaptive          sleep when idle instead of busy polling\n"
             "  --cpu C,S           pin client to cpu C and server to cpu S\n"
             "  --workload W        client mode: echo (default) or sink\n"
-            "URIs: tcp://host:port, shm://name\n");
+            "URIs: tcp://host:port, shm://name, auto://host:port (picks the best fabric)\n");
 }
 
 static size_t parse_size(const char *s, bool *ok)

@@ -255,6 +255,33 @@ START_TEST(held_views)
 }
 END_TEST
 
+/* A ring entirely full of held views: the next position is the oldest held
+ * record, which is not new (and not corruption). */
+START_TEST(full_ring_of_held_views)
+{
+    struct link l;
+    const void *v;
+    uint32_t len, n = 0;
+    enum ring_type t;
+
+    link_open(&l, 1, 4096, 0);
+    /* 1024-byte records: exactly four fill the ring, no PAD. */
+    while (send_msg(&l.tx, 1024 - 8, n))
+        n++;
+    ck_assert_uint_eq(n, 4);
+    for (uint32_t i = 0; i < n; i++)
+        ck_assert_int_eq(ring_rx_peek(&l.rx, &v, &len, &t), 1);
+    ck_assert_int_eq(ring_rx_peek(&l.rx, &v, &len, &t), 0);
+    ring_rx_release(&l.rx);
+    ring_rx_credit(&l.rx);
+    ck_assert_int_eq(ring_rx_peek(&l.rx, &v, &len, &t), 0);
+    ck_assert(send_msg(&l.tx, 1024 - 8, n));
+    ck_assert_int_eq(ring_rx_peek(&l.rx, &v, &len, &t), 1);
+    ck_assert(check(v, len, n));
+    link_close(&l);
+}
+END_TEST
+
 START_TEST(many_channels)
 {
     enum { NC = 2000, NM = 3 };
@@ -369,6 +396,7 @@ Suite *suite_ring(void)
     tcase_add_test(tc, full_ring_and_credit_request);
     tcase_add_test(tc, credit_without_release);
     tcase_add_test(tc, held_views);
+    tcase_add_test(tc, full_ring_of_held_views);
     tcase_add_test(tc, many_channels);
     tcase_add_test(tc, corrupt_header_detected);
     tcase_add_test(tc, cross_process_ordering);

@@ -169,7 +169,13 @@ int ring_rx_peek(struct ring_rx *rx, const void **view, uint32_t *len, enum ring
 {
     for (;;) {
         uint32_t pos = (uint32_t)(rx->parsed & (rx->size - 1));
-        uint64_t h = load_hdr(rx->ring + pos);
+        uint64_t h;
+
+        /* Everything in the ring is parsed and held: the position ahead is
+         * the oldest held record, and the sender has no credit to write. */
+        if (rx->parsed - rx->released >= rx->size)
+            return 0;
+        h = load_hdr(rx->ring + pos);
         uint32_t l = (uint32_t)h;
         enum ring_type t = (enum ring_type)((h >> 32) & 0xff);
 

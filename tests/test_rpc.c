@@ -1342,7 +1342,10 @@ static uint32_t raw_expect_hello_ack(struct raw *rw)
 
     ck_assert_msg(raw_next(rw, &ev, WAIT_MS), "no HELLO_ACK");
     ck_assert_int_eq(ev.type, TERN_TP_EV_RECV);
-    ck_assert_uint_eq(ev.len, sizeof(h) + sizeof(ack));
+    /* The fixed part, then the server's advertised fabrics as a
+     * NUL-terminated string (empty here: it listens on tcp only). */
+    ck_assert_uint_eq(ev.len, sizeof(h) + sizeof(ack) + 1);
+    ck_assert_int_eq(((const char *)ev.data)[ev.len - 1], 0);
     memcpy(&h, ev.data, sizeof(h));
     memcpy(&ack, (const uint8_t *)ev.data + sizeof(h), sizeof(ack));
     tern_tp_msg_release(ev.conn, ev.data);

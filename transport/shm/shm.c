@@ -29,6 +29,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "../conn_events.h"
 #include "../log.h"
 #include "../ring/ring.h"
 #include "../transport_internal.h"
@@ -36,7 +37,6 @@
 #define SHM_MAGIC 0x74736d68u      /* "tsmh" */
 #define SHM_VERSION 1
 #define SHM_RING_BYTES (1024u * 1024)
-#define SHM_PEND_MAX 256
 #define SHM_RX_BATCH 16            /* records per connection per poll */
 #define SHM_FRAG_BATCH 4           /* fragments per connection per poll */
 #define SHM_EPOLL_EVERY 32         /* busy mode: epoll once per this many polls */
@@ -91,21 +91,14 @@ struct shm_listener {
     struct shm_listener *next;
 };
 
-struct shm_pending {
-    uint8_t op;
-    uint8_t *dst;
-    uint32_t len;
-    uint64_t token;
-};
-
 struct shm_conn {
     struct tern_tp_conn base;
     struct shm_obj obj;
     struct shm_conn *prev, *next, *ready_next;
     bool on_ready;
     enum shm_state state;
-    int close_status;
-    bool ev_connected, ev_accepted, ev_closed, ev_writable, want_writable;
+    struct tp_conn_events ev;      /* owed events, one-sided in flight */
+    bool want_writable;
     char peer[SHM_NAME_MAX + 16];
 
     uint8_t *mine, *peers;         /* our window (read), the peer's (write) */
@@ -123,8 +116,7 @@ struct shm_conn {
     size_t reasm_cap, reasm_total, reasm_got;
     bool reasm_held;
 
-    struct shm_pending pend[SHM_PEND_MAX];
-    unsigned pend_head, pend_tail, violations;
+    unsigned violations;
     bool published;                /* since the last doorbell check */
 };
 
@@ -262,10 +254,8 @@ static void conn_fail(struct shm_conn *c, int status, const char *why)
     if (status < 0)
         tern_log(TERN_LOG_WARN, LOG_WHO, "connection %s closed: %s (%s)", c->peer, why,
                  tern_strerror(status));
+    tp_conn_dead(&c->ev, status, false);
     c->state = ST_DEAD;
-    c->close_status = status;
-    c->ev_closed = true;
-    c->ev_writable = false;
     if (c->obj.fd >= 0) {
         epoll_ctl(SEP(c->base.ep)->epfd, EPOLL_CTL_DEL, c->obj.fd, NULL);
         close(c->obj.fd);
@@ -448,7 +438,7 @@ fail:
         close(fds[0]);
     if (fds[1] >= 0)
         close(fds[1]);
-    c->ev_connected = true;
+    c->ev.connected = true;
     if (rc < 0)
         conn_fail(c, rc, "connect failed");
     ready_push(c);
@@ -608,16 +598,14 @@ static int onesided(struct shm_conn *c, uint8_t op, const void *src, uint8_t *ds
         return TERN_ENOTCONN;
     if (len + sizeof(ctl) > ring_max_record(c->tx.size))
         return TERN_EMSGSIZE;
-    if (c->pend_tail - c->pend_head >= SHM_PEND_MAX)
+    if (tp_pend_full(&c->ev))
         return TERN_EAGAIN;
     rc = ctl_send(c, &ctl, src, op == CTL_PUT ? (uint32_t)len : 0);
     if (rc == TERN_EAGAIN)
         c->want_writable = true;
     if (rc < 0)
         return rc;
-    c->pend[c->pend_tail++ % SHM_PEND_MAX] =
-        (struct shm_pending){.op = op, .dst = dst, .len = (uint32_t)len, .token = token};
-    return 0;
+    return tp_pend_push(&c->ev, op == CTL_PUT, dst, len, token);
 }
 
 static int shm_put(struct tern_tp_conn *conn, const void *src, size_t len,
@@ -641,7 +629,7 @@ static int on_ctl(struct shm_conn *c, const uint8_t *p, uint32_t len, struct ter
 {
     struct shm_ctl ctl, ans = {0};
     uint8_t *where = NULL;
-    struct shm_pending *pd;
+    struct tp_onesided *pd;
 
     if (len < sizeof(ctl))
         return TERN_EPROTO;
@@ -679,16 +667,14 @@ static int on_ctl(struct shm_conn *c, const uint8_t *p, uint32_t len, struct ter
     }
     if (ctl.op != CTL_ACK && ctl.op != CTL_GET_RESP)
         return TERN_EPROTO;
-    if (c->pend_head == c->pend_tail)
-        return TERN_EPROTO;
-    pd = &c->pend[c->pend_head % SHM_PEND_MAX];
-    if ((ctl.op == CTL_ACK) != (pd->op == CTL_PUT) || ctl.status > 0 ||
+    pd = tp_pend_front(&c->ev);
+    if (!pd || (ctl.op == CTL_ACK) != pd->is_put || ctl.status > 0 ||
         (ctl.status == 0 && ctl.op == CTL_GET_RESP &&
          (ctl.len != pd->len || len != sizeof(ctl) + pd->len)))
         return TERN_EPROTO;
     if (ctl.status == 0 && ctl.op == CTL_GET_RESP)
         memcpy(pd->dst, p + sizeof(ctl), pd->len);
-    c->pend_head++;
+    tp_pend_pop(&c->ev);
     *ev = (struct tern_tp_event){
         .type = ctl.op == CTL_ACK ? TERN_TP_EV_PUT_DONE : TERN_TP_EV_GET_DONE,
         .status = ctl.status, .conn = &c->base, .token = pd->token,
@@ -781,28 +767,19 @@ static int rx_progress(struct shm_conn *c, struct tern_tp_event *ev, int max)
 
 static int conn_progress(struct shm_conn *c, struct tern_tp_event *ev, int max)
 {
-    int n = 0;
+    bool open = c->state == ST_OPEN || c->state == ST_DRAINING;
+    int n;
 
-    if (n < max && c->ev_accepted) {
-        c->ev_accepted = false;
-        ev[n++] = (struct tern_tp_event){.type = TERN_TP_EV_ACCEPTED, .conn = &c->base};
-    }
-    if (n < max && c->ev_connected) {
-        c->ev_connected = false;
-        ev[n++] = (struct tern_tp_event){.type = TERN_TP_EV_CONNECTED, .conn = &c->base,
-                                         .status = c->state == ST_DEAD ? c->close_status : 0};
-    }
-    if (c->state == ST_OPEN || c->state == ST_DRAINING) {
+    if (open) {
         if (c->frag_pending)
             push_frags(c);
         if (c->want_writable && !c->frag_pending && ring_tx_room(&c->tx) >= c->tx.size / 4) {
             c->want_writable = false;
-            c->ev_writable = true;
+            c->ev.writable = true;
         }
-        if (n < max && c->ev_writable) {
-            c->ev_writable = false;
-            ev[n++] = (struct tern_tp_event){.type = TERN_TP_EV_WRITABLE, .conn = &c->base};
-        }
+    }
+    n = tp_emit_owed(&c->ev, &c->base, ev, max);
+    if (open) {
         n += rx_progress(c, ev + n, max - n);
         /* The peer left: everything it published has been handed out. */
         if (c->state == ST_DRAINING && n < max && !c->rx.views && !c->reasm_held) {
@@ -816,28 +793,14 @@ static int conn_progress(struct shm_conn *c, struct tern_tp_event *ev, int max)
                 ring_rx_unpeek(&c->rx, l);
         }
     }
-    if (c->state == ST_DEAD) {
-        while (n < max && c->pend_head != c->pend_tail) {
-            struct shm_pending *p = &c->pend[c->pend_head++ % SHM_PEND_MAX];
-
-            ev[n++] = (struct tern_tp_event){
-                .type = p->op == CTL_PUT ? TERN_TP_EV_PUT_DONE : TERN_TP_EV_GET_DONE,
-                .status = TERN_ECONNRESET, .conn = &c->base, .token = p->token};
-        }
-        if (n < max && c->ev_closed && c->pend_head == c->pend_tail) {
-            c->ev_closed = false;
-            ev[n++] = (struct tern_tp_event){.type = TERN_TP_EV_CLOSED, .conn = &c->base,
-                                             .status = c->close_status};
-        }
-    }
+    if (c->state == ST_DEAD)
+        n += tp_emit_dead(&c->ev, &c->base, ev + n, max - n);
     return n;
 }
 
 static bool conn_owes(const struct shm_conn *c)
 {
-    return c->ev_accepted || c->ev_connected || c->ev_writable ||
-           (c->state == ST_DEAD && (c->ev_closed || c->pend_head != c->pend_tail)) ||
-           c->state == ST_DRAINING;
+    return tp_events_owed(&c->ev) || c->state == ST_DRAINING;
 }
 
 /* ---- sockets: accepts, HELLOs, hang-ups, doorbells ---- */
@@ -861,7 +824,7 @@ static void do_accept(struct shm_ep *ep, struct shm_listener *l)
         switch (accept_hello(c)) {
         case 1:
             c->state = ST_OPEN;
-            c->ev_accepted = true;
+            c->ev.accepted = true;
             ready_push(c);
             break;
         case 0:
@@ -883,7 +846,7 @@ static void on_socket(struct shm_conn *c, uint32_t events)
 
         if (rc == 1) {
             c->state = ST_OPEN;
-            c->ev_accepted = true;
+            c->ev.accepted = true;
             ready_push(c);
         } else if (rc < 0 || (events & (EPOLLHUP | EPOLLERR))) {
             tern_log(TERN_LOG_WARN, LOG_WHO, "bad or missing HELLO; dropping connection");

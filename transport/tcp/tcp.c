@@ -24,12 +24,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "../conn_events.h"
 #include "../log.h"
 #include "../transport_internal.h"
 #include "tcp_wire.h"
 
 #define TCP_BUF_INIT (32u * 1024)
-#define TCP_PEND_MAX 256   /* one-sided operations in flight per connection */
 #define TCP_EPOLL_BATCH 64
 #define TCP_MAX_VIOLATIONS 16 /* refused one-sided accesses before we hang up */
 #define TCP_DIRECT_MAX 4    /* busy mode: connections read without epoll */
@@ -49,13 +49,6 @@ struct tcp_listener {
 
 enum tcp_state { ST_CONNECTING, ST_OPEN, ST_DEAD };
 
-struct tcp_pending {
-    uint8_t type;       /* TCP_PUT or TCP_GET_REQ */
-    uint8_t *dst;       /* GET: where the data lands */
-    uint32_t len;
-    uint64_t token;
-};
-
 struct tcp_conn {
     struct tern_tp_conn base;
     struct tcp_obj obj;
@@ -64,8 +57,7 @@ struct tcp_conn {
     struct tcp_conn *dirty_next;      /* posted frames not yet sent */
     bool on_ready, dirty;
     enum tcp_state state;
-    int close_status;
-    bool ev_connected, ev_accepted, ev_writable, ev_closed; /* events owed */
+    struct tp_conn_events ev;         /* owed events, one-sided in flight */
     bool want_writable;               /* an alloc failed with EAGAIN */
     bool epollout, rx_paused, rx_more, rx_eof;
     bool in_epoll;                    /* fd is in the epoll set */
@@ -82,8 +74,6 @@ struct tcp_conn {
     uint8_t *tx_resv;                 /* open reservation (payload start) */
     size_t tx_resv_len;
 
-    struct tcp_pending pend[TCP_PEND_MAX];
-    unsigned pend_head, pend_tail;    /* free-running; tail - head in flight */
 };
 
 struct tcp_ep {
@@ -269,12 +259,8 @@ static void conn_fail(struct tcp_conn *c, int status, const char *why)
                  tern_strerror(status));
     else
         tern_log(TERN_LOG_INFO, LOG_WHO, "connection %s closed by peer", c->peer);
-    if (c->state == ST_CONNECTING)
-        c->ev_connected = true;
+    tp_conn_dead(&c->ev, status, c->state == ST_CONNECTING);
     c->state = ST_DEAD;
-    c->close_status = status;
-    c->ev_closed = true;
-    c->ev_writable = false;
     if (c->obj.fd >= 0) {
         if (c->in_epoll)
             epoll_ctl(TEP(c->base.ep)->epfd, EPOLL_CTL_DEL, c->obj.fd, NULL);
@@ -345,7 +331,7 @@ static void tx_flush(struct tcp_conn *c)
             set_epollout(c, false);
         if (c->want_writable) {
             c->want_writable = false;
-            c->ev_writable = true;
+            c->ev.writable = true;
             ready_push(c);
         }
         if (c->rx_wait_tx) {            /* answers fit again: parse on */
@@ -481,23 +467,13 @@ static void tcp_msg_release(struct tern_tp_conn *conn, const void *view)
 
 /* ---- one-sided operations (requester side) ---- */
 
-static int pend_push(struct tcp_conn *c, uint8_t type, uint8_t *dst, size_t len,
-                     uint64_t token)
-{
-    if (c->pend_tail - c->pend_head >= TCP_PEND_MAX)
-        return TERN_EAGAIN;
-    c->pend[c->pend_tail++ % TCP_PEND_MAX] =
-        (struct tcp_pending){.type = type, .dst = dst, .len = (uint32_t)len, .token = token};
-    return 0;
-}
-
 static int onesided_prep(struct tcp_conn *c, size_t body, uint8_t **frame)
 {
     if (c->state == ST_DEAD)
         return TERN_ENOTCONN;
     if (c->tx_resv)
         return TERN_EAGAIN;
-    if (c->pend_tail - c->pend_head >= TCP_PEND_MAX)
+    if (tp_pend_full(&c->ev))
         return TERN_EAGAIN;
     *frame = tx_reserve(c, TCP_FRAME_LEN(body));
     if (!*frame) {
@@ -520,7 +496,7 @@ static int tcp_put(struct tern_tp_conn *conn, const void *src, size_t len,
         return rc;
     memcpy(frame + sizeof(struct tcp_hdr), &req, sizeof(req));
     memcpy(frame + sizeof(struct tcp_hdr) + sizeof(req), src, len);
-    pend_push(c, TCP_PUT, NULL, len, token);
+    tp_pend_push(&c->ev, true, NULL, len, token);
     tx_commit(c, frame, TCP_PUT, sizeof(req) + len);
     return 0;
 }
@@ -537,7 +513,7 @@ static int tcp_get(struct tern_tp_conn *conn, void *dst, size_t len,
     if (rc < 0)
         return rc;
     memcpy(frame + sizeof(struct tcp_hdr), &req, sizeof(req));
-    pend_push(c, TCP_GET_REQ, dst, len, token);
+    tp_pend_push(&c->ev, false, dst, len, token);
     tx_commit(c, frame, TCP_GET_REQ, sizeof(req));
     return 0;
 }
@@ -612,14 +588,11 @@ static int serve_onesided(struct tcp_conn *c, uint8_t type, const uint8_t *body,
 static int complete_onesided(struct tcp_conn *c, uint8_t type, const uint8_t *body,
                              size_t blen, struct tern_tp_event *ev)
 {
-    struct tcp_pending *p;
+    struct tp_onesided *p = tp_pend_front(&c->ev);
     struct tcp_ack ack;
     int status;
 
-    if (c->pend_head == c->pend_tail)
-        return TERN_EPROTO;
-    p = &c->pend[c->pend_head % TCP_PEND_MAX];
-    if ((type == TCP_ACK) != (p->type == TCP_PUT))
+    if (!p || (type == TCP_ACK) != p->is_put)
         return TERN_EPROTO;
     memcpy(&ack, body, sizeof(ack));
     status = (int32_t)le32toh((uint32_t)ack.status);
@@ -628,7 +601,7 @@ static int complete_onesided(struct tcp_conn *c, uint8_t type, const uint8_t *bo
         return TERN_EPROTO;
     if (status == 0 && type == TCP_GET_RESP)
         memcpy(p->dst, body + sizeof(ack), p->len);
-    c->pend_head++;
+    tp_pend_pop(&c->ev);
     *ev = (struct tern_tp_event){
         .type = type == TCP_ACK ? TERN_TP_EV_PUT_DONE : TERN_TP_EV_GET_DONE,
         .status = status, .conn = &c->base, .token = p->token,
@@ -777,7 +750,7 @@ static void connect_done(struct tcp_conn *c)
         return;
     }
     c->state = ST_OPEN;
-    c->ev_connected = true;
+    c->ev.connected = true;
     set_epollout(c, false);
     tx_flush(c);
     ready_push(c);
@@ -797,21 +770,8 @@ static bool rx_frame_ready(const struct tcp_conn *c)
 /* All the work one connection can do now; returns events written. */
 static int conn_progress(struct tcp_conn *c, struct tern_tp_event *ev, int max)
 {
-    int n = 0;
+    int n = tp_emit_owed(&c->ev, &c->base, ev, max);
 
-    if (n < max && c->ev_accepted) {
-        c->ev_accepted = false;
-        ev[n++] = (struct tern_tp_event){.type = TERN_TP_EV_ACCEPTED, .conn = &c->base};
-    }
-    if (n < max && c->ev_connected) {
-        c->ev_connected = false;
-        ev[n++] = (struct tern_tp_event){.type = TERN_TP_EV_CONNECTED, .conn = &c->base,
-                                         .status = c->state == ST_DEAD ? c->close_status : 0};
-    }
-    if (n < max && c->ev_writable) {
-        c->ev_writable = false;
-        ev[n++] = (struct tern_tp_event){.type = TERN_TP_EV_WRITABLE, .conn = &c->base};
-    }
     if (c->state == ST_OPEN) {
         if (c->tx_head < c->tx_tail)
             tx_flush(c);
@@ -826,30 +786,17 @@ static int conn_progress(struct tcp_conn *c, struct tern_tp_event *ev, int max)
                  !rx_frame_ready(c))
             conn_fail(c, TERN_EPROTO, "peer closed in the middle of a frame");
     }
-    if (c->state == ST_DEAD) {
-        /* Operations in flight never complete now: fail them first. */
-        while (n < max && c->pend_head != c->pend_tail) {
-            struct tcp_pending *p = &c->pend[c->pend_head++ % TCP_PEND_MAX];
-
-            ev[n++] = (struct tern_tp_event){
-                .type = p->type == TCP_PUT ? TERN_TP_EV_PUT_DONE : TERN_TP_EV_GET_DONE,
-                .status = TERN_ECONNRESET, .conn = &c->base, .token = p->token};
-        }
-        if (n < max && c->ev_closed && c->pend_head == c->pend_tail) {
-            c->ev_closed = false;
-            ev[n++] = (struct tern_tp_event){.type = TERN_TP_EV_CLOSED, .conn = &c->base,
-                                             .status = c->close_status};
-        }
-    }
+    if (c->state == ST_DEAD)
+        n += tp_emit_dead(&c->ev, &c->base, ev + n, max - n);
     return n;
 }
 
 static bool conn_has_work(const struct tcp_conn *c)
 {
-    if (c->ev_accepted || c->ev_connected || c->ev_writable)
+    if (tp_events_owed(&c->ev))
         return true;
     if (c->state == ST_DEAD)
-        return c->ev_closed || c->pend_head != c->pend_tail;
+        return false;
     if (c->rx_wait_tx)
         return false;
     if (c->rx_paused)
@@ -882,7 +829,7 @@ static void do_accept(struct tcp_ep *ep, struct tcp_listener *l)
         }
         addr_text((struct sockaddr *)&ss, c->peer, sizeof(c->peer));
         c->state = ST_OPEN;
-        c->ev_accepted = true;
+        c->ev.accepted = true;
         ready_push(c);
     }
 }
@@ -959,7 +906,7 @@ static int tcp_connect(struct tern_tp_ep *base, const char *addr, struct tern_tp
     freeaddrinfo(ai);
     if (rc == 0) {
         c->state = ST_OPEN;
-        c->ev_connected = true;
+        c->ev.connected = true;
         ready_push(c);
     } else if (errno == EINPROGRESS) {
         set_epollout(c, true);

@@ -1,0 +1,84 @@
+#include "conn_events.h"
+
+int tp_pend_push(struct tp_conn_events *e, bool is_put, uint8_t *dst, size_t len,
+                 uint64_t token)
+{
+    if (tp_pend_full(e))
+        return TERN_EAGAIN;
+    e->pend[e->pend_tail++ % TP_PEND_MAX] = (struct tp_onesided){
+        .is_put = is_put, .dst = dst, .len = (uint32_t)len, .token = token};
+    return 0;
+}
+
+bool tp_pend_full(const struct tp_conn_events *e)
+{
+    return e->pend_tail - e->pend_head >= TP_PEND_MAX;
+}
+
+struct tp_onesided *tp_pend_front(struct tp_conn_events *e)
+{
+    return e->pend_head == e->pend_tail ? NULL : &e->pend[e->pend_head % TP_PEND_MAX];
+}
+
+void tp_pend_pop(struct tp_conn_events *e)
+{
+    e->pend_head++;
+}
+
+void tp_conn_dead(struct tp_conn_events *e, int status, bool was_connecting)
+{
+    if (was_connecting)
+        e->connected = true;
+    e->dead = true;
+    e->close_status = status;
+    e->closed = true;
+    e->writable = false;
+}
+
+int tp_emit_owed(struct tp_conn_events *e, struct tern_tp_conn *c, struct tern_tp_event *ev,
+                 int max)
+{
+    int n = 0;
+
+    if (n < max && e->accepted) {
+        e->accepted = false;
+        ev[n++] = (struct tern_tp_event){.type = TERN_TP_EV_ACCEPTED, .conn = c};
+    }
+    if (n < max && e->connected) {
+        e->connected = false;
+        ev[n++] = (struct tern_tp_event){.type = TERN_TP_EV_CONNECTED, .conn = c,
+                                         .status = e->dead ? e->close_status : 0};
+    }
+    if (n < max && e->writable) {
+        e->writable = false;
+        ev[n++] = (struct tern_tp_event){.type = TERN_TP_EV_WRITABLE, .conn = c};
+    }
+    return n;
+}
+
+int tp_emit_dead(struct tp_conn_events *e, struct tern_tp_conn *c, struct tern_tp_event *ev,
+                 int max)
+{
+    struct tp_onesided *p;
+    int n = 0;
+
+    /* Operations in flight never complete now: fail them first. */
+    while (n < max && (p = tp_pend_front(e))) {
+        ev[n++] = (struct tern_tp_event){
+            .type = p->is_put ? TERN_TP_EV_PUT_DONE : TERN_TP_EV_GET_DONE,
+            .status = TERN_ECONNRESET, .conn = c, .token = p->token};
+        tp_pend_pop(e);
+    }
+    if (n < max && e->closed && !tp_pend_front(e)) {
+        e->closed = false;
+        ev[n++] = (struct tern_tp_event){.type = TERN_TP_EV_CLOSED, .conn = c,
+                                         .status = e->close_status};
+    }
+    return n;
+}
+
+bool tp_events_owed(const struct tp_conn_events *e)
+{
+    return e->accepted || e->connected || e->writable ||
+           (e->dead && (e->closed || e->pend_head != e->pend_tail));
+}

@@ -1,0 +1,57 @@
+/* The part of a connection's state that every software fabric keeps alike:
+ * the events it owes its user, and its one-sided operations in flight (whose
+ * answers come back in order). Internal to transport/. */
+#ifndef TERN_CONN_EVENTS_H
+#define TERN_CONN_EVENTS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "transport.h"
+
+#define TP_PEND_MAX 256     /* one-sided operations in flight per connection */
+
+struct tp_onesided {
+    bool is_put;
+    uint8_t *dst;           /* get: where the data lands */
+    uint32_t len;
+    uint64_t token;
+};
+
+struct tp_conn_events {
+    bool accepted, connected, writable, closed;   /* events owed */
+    bool dead;
+    int close_status;
+    struct tp_onesided pend[TP_PEND_MAX];
+    unsigned pend_head, pend_tail;                /* free-running */
+};
+
+/* Record a one-sided operation; TERN_EAGAIN if TP_PEND_MAX are in flight. */
+int tp_pend_push(struct tp_conn_events *e, bool is_put, uint8_t *dst, size_t len,
+                 uint64_t token);
+
+/* True if TP_PEND_MAX operations are in flight. */
+bool tp_pend_full(const struct tp_conn_events *e);
+
+/* The oldest operation in flight, or NULL; tp_pend_pop drops it. */
+struct tp_onesided *tp_pend_front(struct tp_conn_events *e);
+void tp_pend_pop(struct tp_conn_events *e);
+
+/* The connection is gone: CLOSED with `status` is owed (CONNECTED first if
+ * it never came up), operations in flight will fail. */
+void tp_conn_dead(struct tp_conn_events *e, int status, bool was_connecting);
+
+/* Write owed ACCEPTED / CONNECTED / WRITABLE events; returns how many. */
+int tp_emit_owed(struct tp_conn_events *e, struct tern_tp_conn *c, struct tern_tp_event *ev,
+                 int max);
+
+/* On a dead connection: fail the operations in flight (TERN_ECONNRESET),
+ * then CLOSED. Returns events written. */
+int tp_emit_dead(struct tp_conn_events *e, struct tern_tp_conn *c, struct tern_tp_event *ev,
+                 int max);
+
+/* True while any event is owed. */
+bool tp_events_owed(const struct tp_conn_events *e);
+
+#endif

@@ -6,6 +6,7 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/random.h>
 #include <string.h>
 
 #include "log.h"
@@ -242,6 +243,50 @@ void rpc_expire_calls(struct tern_rpc_ep *ep, uint64_t now)
             pump(s);
 }
 
+static void list_push_front(struct call_list *l, struct rpc_call *c)
+{
+    c->prev = NULL;
+    c->next = l->head;
+    if (l->head)
+        l->head->prev = c;
+    else
+        l->tail = c;
+    l->head = c;
+    l->n++;
+}
+
+bool rpc_client_failover(struct tern_session *s, int status)
+{
+    struct tern_rpc_ep *ep = s->ep;
+    struct tern_tp_conn *old = s->conn;
+
+    if (!s->standby || s->state != SESS_OPEN)
+        return false;
+    tern_log(TERN_LOG_WARN, "rpc", "%s failed (%s); session moves to %s, re-sending %u calls",
+             tern_tp_conn_peer(old), tern_strerror(status), tern_tp_conn_peer(s->standby),
+             s->sent.n);
+    s->conn = s->standby;
+    s->standby = NULL;
+    /* The old connection goes after this poll: later events of the batch
+     * may still name it, and find no session. */
+    tern_tp_conn_set_user(old, NULL);
+    if (ep->n_doomed < RPC_MAX_DOOMED)
+        ep->doomed[ep->n_doomed++] = old;
+    /* Calls sent on the dead path go again, first and in their order, with
+     * their request ids: the server answers those it already ran from its
+     * replay cache. */
+    while (s->sent.tail) {
+        struct rpc_call *c = s->sent.tail;
+
+        list_del(&s->sent, c);
+        c->state = CALL_QUEUED;
+        list_push_front(&s->queued, c);
+    }
+    s->blocked = false;
+    pump(s);
+    return true;
+}
+
 /* Fail every call of the session and mark it dead. */
 void rpc_client_fail(struct tern_session *s, int status)
 {
@@ -320,7 +365,7 @@ void rpc_client_recv(struct tern_session *s, const struct rpc_hdr *h, const void
 /* ---- connect and close ---- */
 
 static int connect_one(struct tern_rpc_ep *ep, const char *uri, uint64_t timeout_ns,
-                       struct tern_session **out);
+                       uint64_t token, struct tern_session **out);
 
 /* auto://host:port: bootstrap over TCP, then move to the best fabric the
  * server advertised. Staying on TCP is never an error. */
@@ -332,20 +377,31 @@ static int connect_auto(struct tern_rpc_ep *ep, const char *hostport, uint64_t t
     char uri[256];
     int rc;
 
+    uint64_t token = 0;
+
+    /* The token names the session on every path, so that the server can
+     * answer calls re-sent after a fabric failure from its replay cache. */
+    while (!token)
+        if (getrandom(&token, sizeof(token), 0) != sizeof(token))
+            token = tern_now_ns() ^ (uint64_t)(uintptr_t)ep;
     snprintf(uri, sizeof(uri), "tcp://%s", hostport);
-    rc = connect_one(ep, uri, timeout_ns, &s);
+    rc = connect_one(ep, uri, timeout_ns, token, &s);
     if (rc < 0)
         return rc;
     *out = s;
     if (!s->peer_ads || tern_tp_select(s->peer_ads, policy, uri, sizeof(uri)) < 0)
         return 0;
-    rc = connect_one(ep, uri, timeout_ns, &better);
+    rc = connect_one(ep, uri, timeout_ns, token, &better);
     if (rc < 0) {
         tern_log(TERN_LOG_WARN, "rpc", "auto: %s failed (%s); staying on tcp", uri,
                  tern_strerror(rc));
         return 0;
     }
     tern_log(TERN_LOG_INFO, "rpc", "auto: %s chose %s", hostport, uri);
+    /* Keep the TCP connection, idle, as the path to fail over to. */
+    better->standby = s->conn;
+    tern_tp_conn_set_user(s->conn, better);
+    s->conn = NULL;
     tern_session_close(s);
     *out = better;
     return 0;
@@ -364,14 +420,14 @@ int tern_rpc_connect(struct tern_rpc_ep *ep, const char *uri, uint64_t timeout_n
     *out = NULL;
     if (uri && strncmp(uri, "auto://", 7) == 0)
         return connect_auto(ep, uri + 7, timeout_ns, out);
-    return connect_one(ep, uri, timeout_ns, out);
+    return connect_one(ep, uri, timeout_ns, 0, out);
 }
 
 static int connect_one(struct tern_rpc_ep *ep, const char *uri, uint64_t timeout_ns,
-                       struct tern_session **out)
+                       uint64_t token, struct tern_session **out)
 {
     struct rpc_hello hello = {.magic = RPC_MAGIC, .credits = ep->cfg.credits,
-                              .max_msg = ep->cfg.max_msg};
+                              .max_msg = ep->cfg.max_msg, .token = token};
     struct rpc_hdr h = {.type = RPC_HELLO, .version = RPC_VERSION};
     struct tern_tp_conn *conn;
     struct tern_tp_ep *tp;
@@ -395,6 +451,7 @@ static int connect_one(struct tern_rpc_ep *ep, const char *uri, uint64_t timeout
         tern_tp_disconnect(conn);
         return TERN_ENOBUFS;
     }
+    s->token = token;
     rc = tern_tp_msg_alloc(conn, sizeof(h) + sizeof(hello), (void **)&buf);
     if (rc == 0) {
         memcpy(buf, &h, sizeof(h));

@@ -229,6 +229,9 @@ struct tern_session *rpc_session_new(struct tern_rpc_ep *ep, struct tern_tp_conn
 static void session_destroy(struct tern_session *s)
 {
     free(s->peer_ads);
+    if (s->standby)
+        tern_tp_disconnect(s->standby);
+    rpc_replay_put(s->ep, s->replay);
     if (s->role == ROLE_SERVER)
         rpc_server_drop(s);
     if (s->conn)
@@ -306,13 +309,13 @@ static void on_recv(struct tern_session *s, const struct tern_tp_event *e)
     struct rpc_hdr h;
 
     if (e->len < sizeof(h)) {
-        tern_tp_msg_release(s->conn, e->data);
+        tern_tp_msg_release(e->conn, e->data);
         rpc_bad_frame(s, "message shorter than the RPC header");
         return;
     }
     memcpy(&h, e->data, sizeof(h));
     if (h.version != RPC_VERSION) {
-        tern_tp_msg_release(s->conn, e->data);
+        tern_tp_msg_release(e->conn, e->data);
         if (s->role == ROLE_CLIENT) {
             tern_log(TERN_LOG_WARN, "rpc", "%s speaks RPC version %u, we speak %u",
                      tern_tp_conn_peer(s->conn), h.version, RPC_VERSION);
@@ -324,7 +327,7 @@ static void on_recv(struct tern_session *s, const struct tern_tp_event *e)
     }
     if (s->role == ROLE_SERVER) {
         if (!rpc_server_recv(s, e->data, e->len))
-            tern_tp_msg_release(s->conn, e->data);
+            tern_tp_msg_release(e->conn, e->data);
         return;
     }
     rpc_client_recv(s, &h, (const uint8_t *)e->data + sizeof(h), e->len - sizeof(h));
@@ -348,17 +351,32 @@ static void on_event(struct tern_rpc_ep *ep, const struct tern_tp_event *e)
             tern_tp_msg_release(e->conn, e->data);
         return;
     }
+    if (e->conn == s->standby) {
+        /* The idle fallback path: only its loss matters. */
+        if (e->type == TERN_TP_EV_RECV)
+            tern_tp_msg_release(e->conn, e->data);
+        if (e->type == TERN_TP_EV_CLOSED) {
+            tern_tp_conn_set_user(s->standby, NULL);
+            if (ep->n_doomed < RPC_MAX_DOOMED)
+                ep->doomed[ep->n_doomed++] = s->standby;
+            s->standby = NULL;
+        }
+        return;
+    }
     switch (e->type) {
     case TERN_TP_EV_RECV:
         on_recv(s, e);
         break;
     case TERN_TP_EV_CONNECTED:
-        if (e->status < 0)
+        if (e->status < 0 && !rpc_client_failover(s, e->status))
             rpc_client_fail(s, e->status);
         break;
     case TERN_TP_EV_CLOSED:
         if (s->role == ROLE_CLIENT) {
-            rpc_client_fail(s, e->status < 0 ? e->status : TERN_ECONNRESET);
+            int status = e->status < 0 ? e->status : TERN_ECONNRESET;
+
+            if (!rpc_client_failover(s, status))
+                rpc_client_fail(s, status);
         } else {
             tern_log(TERN_LOG_INFO, "rpc", "client %s left", tern_tp_conn_peer(e->conn));
             rpc_session_free(s);
@@ -381,12 +399,23 @@ int tern_rpc_poll(struct tern_rpc_ep *ep)
 
     ep->polling++;
     for (unsigned t = 0; t < ep->n_tp; t++) {
-        int n = tern_tp_poll(ep->tp[t], ep->ev, RPC_EVENT_BATCH);
+        int n;
 
+        /* With several fabrics, one that has been quiet for a while (say
+         * the idle TCP path an auto:// session keeps for failover) is
+         * polled every 64th time only: its poll may be a system call, and
+         * the busy fabric should not pay for it on every round trip. */
+        if (ep->n_tp > 1 && ep->tp_idle[t] > 64 && (ep->polls & 63) != t)
+            continue;
+        n = tern_tp_poll(ep->tp[t], ep->ev, RPC_EVENT_BATCH);
         for (int i = 0; i < n; i++)
             on_event(ep, &ep->ev[i]);
-        if (n > 0)
+        if (n > 0) {
             total += n;
+            ep->tp_idle[t] = 0;
+        } else if (ep->tp_idle[t] <= 64) {
+            ep->tp_idle[t]++;
+        }
     }
     /* Clock reads stay off the spinning path: a busy endpoint looks at the
      * time every 64 polls; an adaptive one, which may poll only after a

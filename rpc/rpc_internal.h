@@ -53,6 +53,21 @@ struct deferred {
     uint64_t arrived;
 };
 
+struct rpc_replay_ent {
+    uint64_t req_id;
+    int status;
+    bool used;
+    size_t len, cap;
+    uint8_t *buf;
+};
+
+struct rpc_replay {
+    struct rpc_replay *next;
+    uint64_t token;
+    unsigned refs, n, next_slot;
+    struct rpc_replay_ent ent[];
+};
+
 enum session_role { ROLE_CLIENT, ROLE_SERVER };
 enum session_state { SESS_CONNECTING, SESS_OPEN, SESS_DEAD };
 
@@ -68,6 +83,10 @@ struct tern_session {
     struct tern_session *prev, *next;
     size_t peer_max_msg;            /* largest payload the peer accepts */
     char *peer_ads;                 /* client: fabrics the server listens on */
+    uint64_t token;                 /* nonzero: the session may move fabric */
+    struct tern_tp_conn *standby;   /* client: the TCP path kept to fail over to */
+    struct rpc_replay *replay;      /* server: replies kept for re-sent calls */
+    bool drop_after_reply;          /* server: test hook, see rpc_test_drop */
     /* client */
     unsigned credits;
     struct call_list queued, sent;
@@ -91,11 +110,13 @@ struct tern_req {
 struct tern_rpc_ep {
     struct tern_rpc_config cfg;
     struct tern_tp_ep *tp[RPC_MAX_FABRICS];
+    unsigned tp_idle[RPC_MAX_FABRICS];  /* polls since the fabric had events */
     unsigned n_tp;
     struct rpc_service services[RPC_MAX_SERVICES];
     unsigned n_services;
     uint8_t svc_slot[65536];        /* service id -> index + 1, 0 = none */
     char ads[1024];                 /* "fabric://addr@node;" per non-tcp listener */
+    struct rpc_replay *replays;     /* per client token (server side) */
     struct tern_session *sessions;
     struct tern_session *zombies;
     unsigned n_sessions;
@@ -129,6 +150,21 @@ void rpc_client_writable(struct tern_session *s);
 void rpc_client_fail(struct tern_session *s, int status);
 void rpc_expire_calls(struct tern_rpc_ep *ep, uint64_t now);
 int rpc_calls_init(struct tern_rpc_ep *ep);
+
+/* replay.c */
+struct rpc_replay *rpc_replay_get(struct tern_rpc_ep *ep, uint64_t token);
+void rpc_replay_put(struct tern_rpc_ep *ep, struct rpc_replay *rp);
+const struct rpc_replay_ent *rpc_replay_find(const struct rpc_replay *rp, uint64_t req_id);
+void rpc_replay_add(struct rpc_replay *rp, uint64_t req_id, int status, const void *data,
+                    size_t len);
+
+/* Tests only: close the request's session right after its reply is
+ * remembered, without sending it (a reply lost with its connection). */
+void rpc_test_drop(struct tern_req *req);
+
+/* client.c: the primary connection failed; true if the session moved to
+ * its standby path. */
+bool rpc_client_failover(struct tern_session *s, int status);
 
 /* server.c */
 /* Returns true if the view was kept (deferred) and must not be released. */

@@ -98,6 +98,19 @@ static void send_reply(struct tern_session *s, struct tern_req *r, int status)
         }
         body = 0;
     }
+    if (s->replay)
+        rpc_replay_add(s->replay, h.req_id, status,
+                       r->reply ? (const void *)r->reply
+                                : r->spilled ? (const void *)(r->spilled->data + HDR) : NULL,
+                       r->reply || r->spilled ? body : 0);
+    if (s->drop_after_reply) {
+        /* Test hook: the reply is remembered but lost with the session. */
+        if (r->reply)
+            tern_tp_msg_abort(s->conn, r->reply - HDR);
+        free(r->spilled);
+        rpc_session_free(s);
+        return;
+    }
     if (r->reply) {
         memcpy(r->reply - HDR, &h, HDR);
         tern_tp_msg_post(s->conn, r->reply - HDR, HDR + body);
@@ -107,6 +120,37 @@ static void send_reply(struct tern_session *s, struct tern_req *r, int status)
     }
 }
 
+void rpc_test_drop(struct tern_req *req)
+{
+    req->s->drop_after_reply = true;
+}
+
+/* A call re-sent after a fabric failure that already ran: answer it again
+ * from the replay cache. */
+static void send_replayed(struct tern_session *s, const struct rpc_hdr *req,
+                          const struct rpc_replay_ent *e)
+{
+    struct rpc_hdr h = {.type = RPC_RESP, .version = RPC_VERSION, .svc = req->svc,
+                        .method = req->method, .status = e->status, .req_id = req->req_id};
+    uint8_t *buf;
+
+    if (tern_tp_msg_alloc(s->conn, HDR + e->len, (void **)&buf) == 0) {
+        memcpy(buf, &h, HDR);
+        if (e->len)
+            memcpy(buf + HDR, e->buf, e->len);
+        tern_tp_msg_post(s->conn, buf, HDR + e->len);
+        return;
+    }
+    struct spill *sp = malloc(sizeof(*sp) + HDR + e->len);
+
+    if (!sp)
+        return;
+    memcpy(sp->data, &h, HDR);
+    if (e->len)
+        memcpy(sp->data + HDR, e->buf, e->len);
+    spill_push(s, sp, HDR + e->len);
+}
+
 static void serve(struct tern_session *s, const void *view, size_t len, uint64_t arrived)
 {
     const struct rpc_hdr *h = view;
@@ -114,7 +158,13 @@ static void serve(struct tern_session *s, const void *view, size_t len, uint64_t
     /* The budget counts from when the request was read off the fabric
      * (`arrived` is set for requests that waited in the session's queue). */
     struct tern_req r = {.s = s, .hdr = h, .arrived = arrived};
+    const struct rpc_replay_ent *seen;
     int status;
+
+    if (s->replay && (seen = rpc_replay_find(s->replay, h->req_id))) {
+        send_replayed(s, h, seen);
+        return;
+    }
 
     if (!rs)
         status = TERN_ENOSERVICE;
@@ -170,6 +220,11 @@ static void on_hello(struct tern_session *s, const void *view, size_t len)
     }
     if (hello.max_msg < s->peer_max_msg)
         s->peer_max_msg = hello.max_msg;
+    /* A client that may fail over: share its replay cache across paths. */
+    if (hello.token && !s->replay) {
+        s->token = hello.token;
+        s->replay = rpc_replay_get(s->ep, hello.token);
+    }
     ack.credits = hello.credits < s->ep->cfg.credits ? hello.credits : s->ep->cfg.credits;
     /* The answer carries the other fabrics we listen on, for auto://. */
     size_t ads = strlen(s->ep->ads) + 1;

@@ -31,10 +31,12 @@ struct rpc_hello {
     uint32_t magic;
     uint32_t credits;   /* asked for (HELLO) / granted (HELLO_ACK) */
     uint64_t max_msg;   /* largest payload the sender accepts */
+    uint64_t token;     /* HELLO: nonzero if the client may re-send calls on
+                         * another connection after a fabric failure */
 };
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "tern needs a little-endian host");
 _Static_assert(sizeof(struct rpc_hdr) == 24, "rpc_hdr is 24 bytes on the wire");
-_Static_assert(sizeof(struct rpc_hello) == 16, "rpc_hello is 16 bytes on the wire");
+_Static_assert(sizeof(struct rpc_hello) == 24, "rpc_hello is 24 bytes on the wire");
 
 #endif

@@ -18,6 +18,7 @@
 
 #include "helpers.h"
 #include "rpc.h"
+#include "rpc_internal.h"
 #include "suites.h"
 #include "tcp/tcp_wire.h"
 #include "wire.h"
@@ -27,7 +28,10 @@
 #define MS 1000000ull
 #define SLOW_US 300000
 
-enum { M_ECHO = 1, M_SLOW = 2 };
+enum { M_ECHO = 1, M_SLOW = 2, M_COUNT = 3, M_COUNT_DROP = 4 };
+
+/* How often the server ran each request (by the sequence number in it). */
+static uint32_t runs_of[1 << 16];
 
 /* ---- the server's side (runs in the child) ---- */
 
@@ -55,9 +59,34 @@ static int p_slow(struct tern_req *req, const void *data, size_t len, void *ctx)
     return 0;
 }
 
+/* Counts the runs of request `seq` and answers with that count: a call run
+ * twice answers 2. */
+static int p_count(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    uint32_t seq, *out;
+
+    if (len != sizeof(seq))
+        return TERN_EINVAL;
+    memcpy(&seq, data, sizeof(seq));
+    out = tern_reply_alloc(req, sizeof(*out));
+    if (!out)
+        return TERN_ENOMEM;
+    *out = ++runs_of[seq & 0xffff];
+    return 0;
+}
+
+/* The same, then its connection dies with the reply unsent (test hook). */
+static int p_count_drop(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    rpc_test_drop(req);
+    return p_count(req, data, len, ctx);
+}
+
 static const struct tern_method methods[] = {
     {.id = M_ECHO, .name = "echo", .handler = p_echo},
     {.id = M_SLOW, .name = "slow", .handler = p_slow},
+    {.id = M_COUNT, .name = "count", .handler = p_count},
+    {.id = M_COUNT_DROP, .name = "count_drop", .handler = p_count_drop},
 };
 
 static const struct tern_service service = {
@@ -695,6 +724,72 @@ START_TEST(auto_picks_shm_on_same_host)
 }
 END_TEST
 
+struct counted {
+    unsigned done, bad;
+    int status;
+};
+
+static void count_cont(void *arg, int status, const void *reply, size_t len)
+{
+    struct counted *c = arg;
+    uint32_t runs = 0;
+
+    if (status == 0 && len == sizeof(runs))
+        memcpy(&runs, reply, sizeof(runs));
+    c->done++;
+    if (status < 0 || runs != 1) {
+        c->bad++;
+        c->status = status < 0 ? status : (int)runs;
+    }
+}
+
+/* An auto:// session on shm whose link dies under load, with one reply lost
+ * in the break: it moves to TCP, no call is lost, and none runs twice (the
+ * lost reply comes from the server's replay cache). */
+START_TEST(failover_loses_no_call_and_runs_none_twice)
+{
+    enum { N = 3000, WINDOW = 16, DROP_AT = 1000 };
+    static uint32_t seqs[N + 1];
+    struct counted c = {0};
+    struct tern_session *s;
+    struct tern_rpc_ep *ep;
+    char auto_uri[160];
+    unsigned issued = 0;
+    double t0;
+    int rc;
+
+    if (!registered_kill) {
+        atexit(kill_server_at_exit);
+        registered_kill = true;
+    }
+    server_pid = spawn_rpc_server_at(setup_service_and_shm, NULL, "tcp://127.0.0.1:0", uri,
+                                     sizeof(uri));
+    snprintf(auto_uri, sizeof(auto_uri), "auto://%s", uri + strlen("tcp://"));
+    ck_assert_int_eq(tern_rpc_ep_create(NULL, &ep), 0);
+    ck_assert_int_eq(tern_rpc_connect(ep, auto_uri, 5 * SEC, &s), 0);
+    ck_assert_str_eq(tern_session_fabric(s), "shm");
+    t0 = now_ms();
+    while (c.done < N + 1) {
+        ck_assert_msg(now_ms() - t0 < 20000, "stuck at %u of %u calls", c.done, N + 1);
+        while (issued <= N && issued - c.done < WINDOW) {
+            uint16_t m = issued == DROP_AT ? M_COUNT_DROP : M_COUNT;
+
+            seqs[issued] = issued;
+            rc = tern_call(s, SVC, m, &seqs[issued], sizeof(uint32_t), 10 * SEC, count_cont, &c,
+                           NULL);
+            ck_assert_msg(rc == 0, "call %u: %s", issued, tern_strerror(rc));
+            issued++;
+        }
+        tern_rpc_poll(ep);
+    }
+    ck_assert_msg(c.bad == 0, "%u calls failed or ran twice (last: %d)", c.bad, c.status);
+    ck_assert_int_eq(tern_session_status(s), 0);
+    ck_assert_str_eq(tern_session_fabric(s), "tcp");
+    tern_rpc_ep_destroy(ep);
+    finish_server();
+}
+END_TEST
+
 Suite *suite_rpc_procs(void)
 {
     Suite *s = suite_create("rpc_procs");
@@ -706,6 +801,7 @@ Suite *suite_rpc_procs(void)
     tcase_add_test(tc, slow_call_within_deadline);
     tcase_add_loop_test(tc, server_killed_mid_call, 0, N_LISTEN_URIS);
     tcase_add_test(tc, auto_picks_shm_on_same_host);
+    tcase_add_test(tc, failover_loses_no_call_and_runs_none_twice);
     tcase_add_test(tc, server_killed_calls_queued);
     tcase_add_test(tc, many_client_processes);
     tcase_add_test(tc, garbage_client_does_not_stop_server);

@@ -106,6 +106,39 @@ START_TEST(both_directions_in_order)
 }
 END_TEST
 
+/* Messages far larger than a ring record (the window fabrics fragment and
+ * reassemble them) arrive whole and in order, between small ones. */
+START_TEST(large_messages)
+{
+    static const size_t sizes[] = {300000, 1, 1u << 20, 70000, 8, (1u << 20) - 1};
+    static uint8_t buf[1u << 20];
+    struct tp_pair p;
+    struct tern_tp_event ev;
+    size_t sent = 0, got = 0;
+
+    tp_pair_open(&p, FC, 1u << 20);
+    while (got < sizeof(sizes) / sizeof(sizes[0])) {
+        if (sent < sizeof(sizes) / sizeof(sizes[0])) {
+            fill_pattern(buf, sizes[sent], (unsigned)sent);
+            int rc = tern_tp_msg_send(p.client, buf, sizes[sent]);
+
+            if (rc == 0)
+                sent++;
+            else
+                ck_assert_int_eq(rc, TERN_EAGAIN);
+        }
+        if (!tp_next2(p.b, p.a, &ev, 10))
+            continue;
+        ck_assert_int_eq(ev.type, TERN_TP_EV_RECV);
+        ck_assert_uint_eq(ev.len, sizes[got]);
+        ck_assert_msg(check_pattern(ev.data, ev.len, (unsigned)got), "message %zu corrupted", got);
+        tern_tp_msg_release(ev.conn, ev.data);
+        got++;
+    }
+    tp_pair_close(&p);
+}
+END_TEST
+
 /* Views stay valid while later messages arrive, and are released in order. */
 START_TEST(held_views_stay_valid)
 {
@@ -801,6 +834,7 @@ Suite *suite_conformance(void)
     tcase_add_loop_test(tc, caps_match_ops, 0, n_fabric_cases);
     tcase_add_loop_test(tc, message_sizes, 0, n_fabric_cases);
     tcase_add_loop_test(tc, both_directions_in_order, 0, n_fabric_cases);
+    tcase_add_loop_test(tc, large_messages, 0, n_fabric_cases);
     tcase_add_loop_test(tc, held_views_stay_valid, 0, n_fabric_cases);
     tcase_add_loop_test(tc, reservation_rules, 0, n_fabric_cases);
     tcase_add_loop_test(tc, backpressure, 0, n_fabric_cases);

@@ -106,7 +106,7 @@ static int call_send(struct tern_session *s, struct rpc_call *c, uint64_t now)
 {
     struct rpc_hdr h = {
         .type = RPC_REQ, .version = RPC_VERSION, .svc = c->svc, .method = c->method,
-        .req_id = c->id,
+        .flags = c->resent ? RPC_F_RESENT : 0, .req_id = c->id,
     };
     uint8_t *buf;
     int rc;
@@ -169,6 +169,7 @@ int tern_call(struct tern_session *s, uint16_t svc, uint16_t method, const void 
     c = &ep->calls[ep->free_slots[--ep->n_free]];
     c->state = CALL_QUEUED;
     c->s = s;
+    c->resent = false;
     c->req = req;
     c->len = len;
     c->svc = svc;
@@ -280,6 +281,7 @@ bool rpc_client_failover(struct tern_session *s, int status)
 
         list_del(&s->sent, c);
         c->state = CALL_QUEUED;
+        c->resent = true;
         list_push_front(&s->queued, c);
     }
     s->blocked = false;

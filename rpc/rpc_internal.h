@@ -29,6 +29,7 @@ struct rpc_call {
     const void *req;
     size_t len;
     uint16_t svc, method;
+    bool resent;                    /* re-sent after a failover */
     uint64_t deadline;              /* CLOCK_MONOTONIC ns, 0 = none */
     tern_cont_fn cont;
     void *arg;

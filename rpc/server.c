@@ -161,7 +161,9 @@ static void serve(struct tern_session *s, const void *view, size_t len, uint64_t
     const struct rpc_replay_ent *seen;
     int status;
 
-    if (s->replay && (seen = rpc_replay_find(s->replay, h->req_id))) {
+    /* Only a call re-sent after a failover can have run already. */
+    if ((h->flags & RPC_F_RESENT) && s->replay &&
+        (seen = rpc_replay_find(s->replay, h->req_id))) {
         send_replayed(s, h, seen);
         return;
     }

@@ -16,12 +16,15 @@ enum rpc_type {
     RPC_RESP = 4,       /* body: reply payload; status != 0 means no body */
 };
 
+/* REQ flags. */
+#define RPC_F_RESENT 0x1    /* re-sent after a fabric failover: may have run */
+
 struct rpc_hdr {
     uint8_t type;
     uint8_t version;
     uint16_t svc;
     uint16_t method;
-    uint16_t flags;
+    uint16_t flags;     /* RPC_F_* */
     int32_t status;     /* RESP: 0 or a negative tern code */
     uint32_t budget_us; /* REQ: time left before the caller gives up; 0 = none */
     uint64_t req_id;

@@ -102,7 +102,7 @@ static void call_finish(struct tern_rpc_ep *ep, struct rpc_call *c, int status,
 }
 
 /* Put the call on the wire. TERN_EAGAIN leaves it queued. */
-static int call_send(struct tern_session *s, struct rpc_call *c, uint64_t now)
+static int call_send(struct tern_session *s, struct rpc_call *c, uint64_t *now)
 {
     struct rpc_hdr h = {
         .type = RPC_REQ, .version = RPC_VERSION, .svc = c->svc, .method = c->method,
@@ -112,7 +112,11 @@ static int call_send(struct tern_session *s, struct rpc_call *c, uint64_t now)
     int rc;
 
     if (c->deadline) {
-        uint64_t left = c->deadline > now ? (c->deadline - now) / 1000u : 0;
+        uint64_t left;
+
+        if (!*now)      /* read the clock once per pump, and only if needed */
+            *now = tern_now_ns();
+        left = c->deadline > *now ? (c->deadline - *now) / 1000u : 0;
 
         h.budget_us = left ? (left > UINT32_MAX ? UINT32_MAX : (uint32_t)left) : 1;
     }
@@ -128,16 +132,15 @@ static int call_send(struct tern_session *s, struct rpc_call *c, uint64_t now)
 /* Send queued calls while credits and send space last. Never runs a
  * continuation: it is called from tern_call, where the caller's stack may
  * not expect one. A call that cannot be sent stays queued; if the
- * connection is gone, its CLOSED event fails the call inside a poll. */
-static void pump(struct tern_session *s)
+ * connection is gone, its CLOSED event fails the call inside a poll.
+ * `now` is the caller's clock reading if it has one (0: read if needed). */
+static void pump_at(struct tern_session *s, uint64_t now)
 {
-    uint64_t now = tern_now_ns();
-
     while (s->state == SESS_OPEN && !s->blocked && s->queued.head &&
            s->sent.n < s->credits) {
         struct rpc_call *c = s->queued.head;
 
-        if (call_send(s, c, now) < 0) {
+        if (call_send(s, c, &now) < 0) {
             s->blocked = true;      /* EAGAIN: WRITABLE unblocks; else CLOSED */
             break;
         }
@@ -150,12 +153,18 @@ static void pump(struct tern_session *s)
         tern_tp_flush(tern_tp_conn_ep(s->conn));
 }
 
+static void pump(struct tern_session *s)
+{
+    pump_at(s, 0);
+}
+
 int tern_call(struct tern_session *s, uint16_t svc, uint16_t method, const void *req,
               size_t len, uint64_t timeout_ns, tern_cont_fn cont, void *arg,
               uint64_t *call_id)
 {
     struct tern_rpc_ep *ep;
     struct rpc_call *c;
+    uint64_t now;
 
     if (!s || (!req && len))
         return TERN_EINVAL;
@@ -176,13 +185,14 @@ int tern_call(struct tern_session *s, uint16_t svc, uint16_t method, const void 
     c->method = method;
     c->cont = cont;
     c->arg = arg;
-    c->deadline = timeout_ns ? deadline_after(timeout_ns) : 0;
+    now = timeout_ns ? tern_now_ns() : 0;
+    c->deadline = timeout_ns ? (timeout_ns > UINT64_MAX - now ? UINT64_MAX : now + timeout_ns) : 0;
     if (c->deadline)
         ep->n_deadlines++;
     if (call_id)
         *call_id = c->id;
     list_push(&s->queued, c);
-    pump(s);
+    pump_at(s, now);
     return 0;
 }
 

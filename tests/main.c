@@ -25,6 +25,7 @@ static const struct {
     {"ring", suite_ring},
     {"ntb", suite_ntb},
     {"select", suite_select},
+    {"shm", suite_shm},
 };
 
 int main(int argc, char **argv)

@@ -13,5 +13,6 @@ Suite *suite_rpc_procs(void);
 Suite *suite_ring(void);
 Suite *suite_ntb(void);
 Suite *suite_select(void);
+Suite *suite_shm(void);
 
 #endif

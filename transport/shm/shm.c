@@ -3,13 +3,11 @@
  * emulation of an NTB link: the data path only writes the peer's window and
  * reads its own, exactly as on PCIe.
  *
- * Set-up and liveness go over a Unix seqpacket socket in the abstract
- * namespace ("shm://NAME" -> "\0tern-shm/NAME"). The connecting side creates
- * both windows (memfd, sealed against resizing) and hands them over with
- * SCM_RIGHTS, so it can send at once, before the listener has accepted. The
- * socket then only serves to notice a dead peer (HUP) and, in adaptive mode,
- * to ring a doorbell at a peer that went to sleep. No system call is made on
- * the data path while both sides poll.
+ * Connections between two endpoints share a link (link.c: one socket, one
+ * window pair) and each has its own channel in it, so a connection that
+ * stops reading blocks only itself and thousands of connections need only a
+ * few sockets. No system call is made on the data path while both sides
+ * poll.
  *
  * Messages up to a ring record go straight into the peer's window (zero
  * copy: the caller writes into peer memory). Larger ones are staged and sent
@@ -18,47 +16,21 @@
  * poll, with the same checks as every fabric. (Stores straight into
  * registered window memory are the next step; see docs/DESIGN.md.)
  */
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/epoll.h>
-#include <sys/mman.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
-#include "../conn_events.h"
 #include "../log.h"
-#include "../ring/ring.h"
-#include "../transport_internal.h"
+#include "shm_internal.h"
 
-#define SHM_MAGIC 0x74736d68u      /* "tsmh" */
-#define SHM_VERSION 1
 #define SHM_RING_BYTES (1024u * 1024)
+#define SHM_CHANNELS 64            /* per link, channel 0 for the link itself */
 #define SHM_RX_BATCH 16            /* records per connection per poll */
 #define SHM_FRAG_BATCH 4           /* fragments per connection per poll */
-#define SHM_EPOLL_EVERY 32         /* busy mode: epoll once per this many polls */
+#define SHM_EPOLL_EVERY 32         /* look at sockets once per this many polls */
 #define SHM_MAX_VIOLATIONS 16
-#define SHM_NAME_MAX 64
 #define LOG_WHO "shm"
-
-/* The first cache line of each window is the link's own control block,
- * written by the peer: it tells the owner that the peer sleeps. */
-struct shm_link_ctl {
-    volatile uint32_t peer_sleeping;
-    uint32_t pad[15];
-};
-
-#define SHM_RINGS_OFF sizeof(struct shm_link_ctl)
-
-struct shm_hello {
-    uint32_t magic;
-    uint32_t version;
-    uint32_t ring_bytes;
-    uint32_t pad;
-};
 
 /* CTL record payload, followed by data for PUT and GET_RESP. */
 enum shm_ctl_op { CTL_PUT = 1, CTL_GET = 2, CTL_ACK = 3, CTL_GET_RESP = 4 };
@@ -78,65 +50,9 @@ struct shm_frag {
     uint32_t offset;
 };
 
-enum shm_kind { KIND_LISTENER, KIND_CONN };
-enum shm_state { ST_ACCEPTING, ST_OPEN, ST_DRAINING, ST_DEAD };
+/* ---- connection lifetime ---- */
 
-struct shm_obj {
-    enum shm_kind kind;
-    int fd;
-};
-
-struct shm_listener {
-    struct shm_obj obj;
-    struct shm_listener *next;
-};
-
-struct shm_conn {
-    struct tern_tp_conn base;
-    struct shm_obj obj;
-    struct shm_conn *prev, *next, *ready_next;
-    bool on_ready;
-    enum shm_state state;
-    struct tp_conn_events ev;      /* owed events, one-sided in flight */
-    bool want_writable;
-    char peer[SHM_NAME_MAX + 16];
-
-    uint8_t *mine, *peers;         /* our window (read), the peer's (write) */
-    size_t win_size;
-    struct ring_tx tx;
-    struct ring_rx rx;
-
-    /* a large message on its way out, FRAG by FRAG */
-    uint8_t *stage;
-    size_t stage_cap, frag_total, frag_off;
-    bool stage_resv, frag_pending;
-
-    /* a large message coming in */
-    uint8_t *reasm;
-    size_t reasm_cap, reasm_total, reasm_got;
-    bool reasm_held;
-
-    unsigned violations;
-    bool published;                /* since the last doorbell check */
-};
-
-struct shm_ep {
-    struct tern_tp_ep base;
-    int epfd;
-    struct shm_listener *listeners;
-    struct shm_conn *conns, *ready;
-    unsigned nconns, polls, auto_names;
-    bool armed;                    /* peers were told we sleep */
-    struct ring_geometry g;
-    struct epoll_event evbuf[64];
-};
-
-#define SEP(ep) ((struct shm_ep *)(ep))
-#define SCONN(c) ((struct shm_conn *)(c))
-
-/* ---- helpers ---- */
-
-static void ready_push(struct shm_conn *c)
+void shm_ready_push(struct shm_conn *c)
 {
     struct shm_ep *ep = SEP(c->base.ep);
 
@@ -158,92 +74,39 @@ static void ready_remove(struct shm_conn *c)
     c->on_ready = false;
 }
 
-/* "NAME" -> abstract socket address; false if the name is not acceptable. */
-static bool sock_addr(const char *name, struct sockaddr_un *sa, socklen_t *len)
-{
-    size_t n = strlen(name);
-
-    if (n == 0 || n > SHM_NAME_MAX)
-        return false;
-    for (size_t i = 0; i < n; i++) {
-        char ch = name[i];
-
-        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
-              (ch >= '0' && ch <= '9') || ch == '-' || ch == '_' || ch == '.'))
-            return false;
-    }
-    memset(sa, 0, sizeof(*sa));
-    sa->sun_family = AF_UNIX;
-    *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 +
-                       (size_t)snprintf(sa->sun_path + 1, sizeof(sa->sun_path) - 1,
-                                        "tern-shm/%s", name));
-    return true;
-}
-
-static size_t window_size(const struct shm_ep *ep)
-{
-    return SHM_RINGS_OFF + ring_window_size(&ep->g);
-}
-
-static uint8_t *map_window(int fd, size_t size)
-{
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-
-    return p == MAP_FAILED ? NULL : p;
-}
-
-/* A window the connecting side creates: zeroed, sized and sealed, so the
- * other side cannot be made to fault by a later shrink. */
-static int make_window(size_t size)
-{
-    int fd = memfd_create("tern-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-
-    if (fd < 0)
-        return -1;
-    if (ftruncate(fd, (off_t)size) < 0 ||
-        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
-static bool window_ok(int fd, size_t size)
-{
-    struct stat st;
-    int seals = fcntl(fd, F_GET_SEALS);
-
-    return seals >= 0 && (seals & F_SEAL_SHRINK) && fstat(fd, &st) == 0 &&
-           (size_t)st.st_size >= size;
-}
-
-static void bind_rings(struct shm_conn *c)
-{
-    struct shm_ep *ep = SEP(c->base.ep);
-
-    ring_tx_init(&c->tx, c->mine + SHM_RINGS_OFF, c->peers + SHM_RINGS_OFF, &ep->g, 0);
-    ring_rx_init(&c->rx, c->mine + SHM_RINGS_OFF, c->peers + SHM_RINGS_OFF, &ep->g, 0);
-}
-
-static struct shm_conn *conn_new(struct shm_ep *ep, int fd)
+static struct shm_conn *conn_new(struct shm_ep *ep)
 {
     struct shm_conn *c = calloc(1, sizeof(*c));
-    struct epoll_event e = {.events = EPOLLIN};
 
     if (!c)
         return NULL;
     c->base.ep = &ep->base;
-    c->obj = (struct shm_obj){.kind = KIND_CONN, .fd = fd};
-    e.data.ptr = &c->obj;
-    if (epoll_ctl(ep->epfd, EPOLL_CTL_ADD, fd, &e) < 0) {
-        free(c);
-        return NULL;
-    }
     c->next = ep->conns;
     if (ep->conns)
         ep->conns->prev = c;
     ep->conns = c;
     ep->nconns++;
+    return c;
+}
+
+struct shm_conn *shm_conn_attach(struct shm_link *l, uint32_t chan, bool accepted)
+{
+    struct shm_conn *c;
+
+    if (l->ep->nconns >= l->ep->base.cfg.max_conns || !(c = conn_new(l->ep)))
+        return NULL;
+    c->link = l;
+    c->chan = chan;
+    l->chan[chan] = c;
+    l->nconns++;
+    ring_tx_init(&c->tx, l->mine + SHM_RINGS_OFF, l->peers + SHM_RINGS_OFF, &l->g, chan);
+    ring_rx_init(&c->rx, l->mine + SHM_RINGS_OFF, l->peers + SHM_RINGS_OFF, &l->g, chan);
+    snprintf(c->peer, sizeof(c->peer), "shm://%s#%u", l->name, chan);
+    c->state = ST_OPEN;
+    if (accepted) {
+        c->ev.accepted = true;
+        shm_ready_push(c);
+    }
     return c;
 }
 
@@ -256,12 +119,16 @@ static void conn_fail(struct shm_conn *c, int status, const char *why)
                  tern_strerror(status));
     tp_conn_dead(&c->ev, status, false);
     c->state = ST_DEAD;
-    if (c->obj.fd >= 0) {
-        epoll_ctl(SEP(c->base.ep)->epfd, EPOLL_CTL_DEL, c->obj.fd, NULL);
-        close(c->obj.fd);
-        c->obj.fd = -1;
-    }
-    ready_push(c);
+    shm_ready_push(c);
+}
+
+/* The peer closed the channel or the whole link: hand out what it
+ * published, then report CLOSED. */
+void shm_conn_peer_gone(struct shm_conn *c)
+{
+    if (c->state == ST_OPEN)
+        c->state = ST_DRAINING;
+    shm_ready_push(c);
 }
 
 static void shm_disconnect(struct tern_tp_conn *conn)
@@ -269,9 +136,10 @@ static void shm_disconnect(struct tern_tp_conn *conn)
     struct shm_conn *c = SCONN(conn);
     struct shm_ep *ep = SEP(conn->ep);
 
-    if (c->obj.fd >= 0) {
-        epoll_ctl(ep->epfd, EPOLL_CTL_DEL, c->obj.fd, NULL);
-        close(c->obj.fd);
+    if (c->link) {
+        if (c->state == ST_OPEN || c->state == ST_DRAINING)
+            shm_link_send_close(c->link, c->chan);
+        shm_link_drop_conn(c->link, c);
     }
     ready_remove(c);
     if (c->prev)
@@ -281,10 +149,6 @@ static void shm_disconnect(struct tern_tp_conn *conn)
     if (c->next)
         c->next->prev = c->prev;
     ep->nconns--;
-    if (c->mine)
-        munmap(c->mine, c->win_size);
-    if (c->peers)
-        munmap(c->peers, c->win_size);
     free(c->stage);
     free(c->reasm);
     free(c);
@@ -295,153 +159,43 @@ static const char *shm_conn_peer(const struct tern_tp_conn *conn)
     return SCONN(conn)->peer;
 }
 
-/* ---- set-up ---- */
-
-static int send_fds(int sock, const struct shm_hello *h, const int *fds, int nfds)
-{
-    char cbuf[CMSG_SPACE(2 * sizeof(int))] = {0};
-    struct iovec iov = {.iov_base = (void *)h, .iov_len = sizeof(*h)};
-    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
-                       .msg_controllen = CMSG_SPACE((size_t)nfds * sizeof(int))};
-    struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
-
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN((size_t)nfds * sizeof(int));
-    memcpy(CMSG_DATA(cm), fds, (size_t)nfds * sizeof(int));
-    return sendmsg(sock, &m, MSG_NOSIGNAL) == (ssize_t)sizeof(*h) ? 0 : -1;
-}
-
-/* Read the connecting side's HELLO with its two windows. Returns 1 when the
- * connection is open, 0 if the HELLO has not arrived yet, <0 on error. */
-static int accept_hello(struct shm_conn *c)
-{
-    struct shm_ep *ep = SEP(c->base.ep);
-    char cbuf[CMSG_SPACE(2 * sizeof(int))];
-    struct shm_hello h;
-    struct iovec iov = {.iov_base = &h, .iov_len = sizeof(h)};
-    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
-                       .msg_controllen = sizeof(cbuf)};
-    struct cmsghdr *cm;
-    int fds[2] = {-1, -1}, rc = TERN_EPROTO;
-    ssize_t n = recvmsg(c->obj.fd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-        return 0;
-    cm = n > 0 ? CMSG_FIRSTHDR(&m) : NULL;
-    if (cm && cm->cmsg_type == SCM_RIGHTS && cm->cmsg_len == CMSG_LEN(2 * sizeof(int)))
-        memcpy(fds, CMSG_DATA(cm), sizeof(fds));
-    else if (cm && cm->cmsg_type == SCM_RIGHTS)   /* wrong count: close what came */
-        for (size_t i = 0; i < (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++)
-            close(((int *)(void *)CMSG_DATA(cm))[i]);
-    c->win_size = window_size(ep);
-    if (n != sizeof(h) || fds[0] < 0 || h.magic != SHM_MAGIC || h.version != SHM_VERSION ||
-        h.ring_bytes != ep->g.ring_bytes || !window_ok(fds[0], c->win_size) ||
-        !window_ok(fds[1], c->win_size))
-        goto out;
-    /* The connector's window 0 is its own (we write it), window 1 ours. */
-    c->peers = map_window(fds[0], c->win_size);
-    c->mine = map_window(fds[1], c->win_size);
-    if (!c->peers || !c->mine) {
-        rc = TERN_ENOMEM;
-        goto out;
-    }
-    bind_rings(c);
-    rc = 1;
-out:
-    if (fds[0] >= 0)
-        close(fds[0]);
-    if (fds[1] >= 0)
-        close(fds[1]);
-    return rc;
-}
-
 static int shm_listen(struct tern_tp_ep *base, const char *addr, char *bound, size_t bound_len)
 {
-    struct shm_ep *ep = SEP(base);
-    struct sockaddr_un sa;
-    socklen_t sl;
-    char name[SHM_NAME_MAX + 1];
-    struct shm_listener *l;
-    struct epoll_event e = {.events = EPOLLIN};
-    int fd;
-
-    if (strcmp(addr, "auto") == 0)
-        snprintf(name, sizeof(name), "auto-%d-%u", (int)getpid(), ++ep->auto_names);
-    else
-        snprintf(name, sizeof(name), "%s", addr);
-    if (!sock_addr(name, &sa, &sl))
-        return TERN_EBADADDR;
-    fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -errno;
-    if (bind(fd, (struct sockaddr *)&sa, sl) < 0 || listen(fd, 1024) < 0) {
-        int rc = errno == EADDRINUSE ? TERN_EADDRINUSE : -errno;
-
-        close(fd);
-        return rc;
-    }
-    l = calloc(1, sizeof(*l));
-    if (!l) {
-        close(fd);
-        return TERN_ENOMEM;
-    }
-    l->obj = (struct shm_obj){.kind = KIND_LISTENER, .fd = fd};
-    e.data.ptr = &l->obj;
-    epoll_ctl(ep->epfd, EPOLL_CTL_ADD, fd, &e);
-    l->next = ep->listeners;
-    ep->listeners = l;
-    if (bound && bound_len)
-        snprintf(bound, bound_len, "%s", name);
-    return 0;
+    return shm_link_listen(SEP(base), addr, bound, bound_len);
 }
 
 static int shm_connect(struct tern_tp_ep *base, const char *addr, struct tern_tp_conn **out)
 {
     struct shm_ep *ep = SEP(base);
-    struct shm_hello h = {.magic = SHM_MAGIC, .version = SHM_VERSION,
-                          .ring_bytes = ep->g.ring_bytes};
-    struct sockaddr_un sa;
-    socklen_t sl;
+    struct shm_link *l = NULL;
     struct shm_conn *c;
-    int fd, fds[2] = {-1, -1}, rc = 0;
+    int rc;
 
-    if (!sock_addr(addr, &sa, &sl))
-        return TERN_EBADADDR;
     if (ep->nconns >= base->cfg.max_conns)
         return TERN_ENOBUFS;
-    fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -errno;
-    c = conn_new(ep, fd);
-    if (!c) {
-        close(fd);
-        return TERN_ENOMEM;
-    }
-    snprintf(c->peer, sizeof(c->peer), "shm://%s", addr);
-    c->win_size = window_size(ep);
-    if (connect(fd, (struct sockaddr *)&sa, sl) < 0) {
-        rc = errno == ECONNREFUSED || errno == ENOENT ? TERN_ECONNREFUSED : -errno;
-        goto fail;
-    }
-    fds[0] = make_window(c->win_size);   /* ours: the listener writes it */
-    fds[1] = make_window(c->win_size);   /* the listener's: we write it */
-    if (fds[0] < 0 || fds[1] < 0 || !(c->mine = map_window(fds[0], c->win_size)) ||
-        !(c->peers = map_window(fds[1], c->win_size)) || send_fds(fd, &h, fds, 2) < 0) {
-        rc = TERN_ECONNREFUSED;
-        goto fail;
-    }
-    bind_rings(c);
-    c->state = ST_OPEN;
-fail:
-    if (fds[0] >= 0)
-        close(fds[0]);
-    if (fds[1] >= 0)
-        close(fds[1]);
-    c->ev.connected = true;
-    if (rc < 0)
+    rc = shm_link_for(ep, addr, &l);
+    if (rc == TERN_EBADADDR)
+        return rc;
+    if (rc == 0) {
+        c = shm_conn_attach(l, l->next_chan++, false);
+        if (!c)
+            return TERN_ENOMEM;
+        rc = shm_link_send_open(l, c->chan);
+        if (rc < 0) {
+            shm_disconnect(&c->base);
+            return rc;
+        }
+    } else {
+        /* Report the failure as a connection that failed, like tcp. */
+        c = conn_new(ep);
+        if (!c)
+            return TERN_ENOMEM;
+        snprintf(c->peer, sizeof(c->peer), "shm://%s", addr);
+        c->state = ST_OPEN;
         conn_fail(c, rc, "connect failed");
-    ready_push(c);
+    }
+    c->ev.connected = true;
+    shm_ready_push(c);
     *out = &c->base;
     return 0;
 }
@@ -502,7 +256,7 @@ static void push_frags(struct shm_conn *c)
         memcpy(p, &f, sizeof(f));
         memcpy(p + sizeof(f), c->stage + c->frag_off, n);
         ring_tx_publish(&c->tx, n + (uint32_t)sizeof(f), RING_FRAG);
-        c->published = true;
+        c->link->published = true;
         c->frag_off += n;
         if (c->frag_off == c->frag_total)
             c->frag_pending = false;
@@ -526,7 +280,7 @@ static int shm_msg_post(struct tern_tp_conn *conn, void *buf, size_t len)
             if (p) {
                 memcpy(p, c->stage, len);
                 ring_tx_publish(&c->tx, (uint32_t)len, RING_MSG);
-                c->published = true;
+                c->link->published = true;
                 return 0;
             }
         }
@@ -541,7 +295,7 @@ static int shm_msg_post(struct tern_tp_conn *conn, void *buf, size_t len)
     if (len > c->tx.resv_len)
         return TERN_EMSGSIZE;
     ring_tx_publish(&c->tx, (uint32_t)len, RING_MSG);
-    c->published = true;
+    c->link->published = true;
     return 0;
 }
 
@@ -561,7 +315,7 @@ static void shm_msg_release(struct tern_tp_conn *conn, const void *view)
 
     if (c->reasm_held && view == c->reasm) {
         c->reasm_held = false;
-        ready_push(c);      /* a stalled FRAG may go on now */
+        shm_ready_push(c);      /* a stalled FRAG may go on now */
         return;
     }
     if (c->rx.views)
@@ -584,7 +338,7 @@ static int ctl_send(struct shm_conn *c, const struct shm_ctl *ctl, const void *d
     if (len)
         memcpy(p + sizeof(*ctl), data, len);
     ring_tx_publish(&c->tx, (uint32_t)sizeof(*ctl) + len, RING_CTL);
-    c->published = true;
+    c->link->published = true;
     return 0;
 }
 
@@ -803,119 +557,12 @@ static bool conn_owes(const struct shm_conn *c)
     return tp_events_owed(&c->ev) || c->state == ST_DRAINING;
 }
 
-/* ---- sockets: accepts, HELLOs, hang-ups, doorbells ---- */
-
-static void do_accept(struct shm_ep *ep, struct shm_listener *l)
-{
-    for (;;) {
-        int fd = accept4(l->obj.fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        struct shm_conn *c;
-
-        if (fd < 0)
-            return;
-        if (ep->nconns >= ep->base.cfg.max_conns || !(c = conn_new(ep, fd))) {
-            tern_log(TERN_LOG_WARN, LOG_WHO, "refusing connection: %u open", ep->nconns);
-            close(fd);
-            continue;
-        }
-        snprintf(c->peer, sizeof(c->peer), "shm-peer");
-        c->state = ST_ACCEPTING;
-        /* The HELLO is usually there already. */
-        switch (accept_hello(c)) {
-        case 1:
-            c->state = ST_OPEN;
-            c->ev.accepted = true;
-            ready_push(c);
-            break;
-        case 0:
-            break;
-        default:
-            shm_disconnect(&c->base);
-            break;
-        }
-    }
-}
-
-static void on_socket(struct shm_conn *c, uint32_t events)
-{
-    char buf[64];
-    ssize_t r;
-
-    if (c->state == ST_ACCEPTING) {
-        int rc = accept_hello(c);
-
-        if (rc == 1) {
-            c->state = ST_OPEN;
-            c->ev.accepted = true;
-            ready_push(c);
-        } else if (rc < 0 || (events & (EPOLLHUP | EPOLLERR))) {
-            tern_log(TERN_LOG_WARN, LOG_WHO, "bad or missing HELLO; dropping connection");
-            shm_disconnect(&c->base);
-        }
-        return;
-    }
-    /* After set-up the socket carries only doorbells and the hang-up. */
-    while ((r = recv(c->obj.fd, buf, sizeof(buf), MSG_DONTWAIT)) > 0)
-        ;
-    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK) ||
-        (events & (EPOLLHUP | EPOLLERR))) {
-        if (c->state == ST_OPEN) {
-            c->state = ST_DRAINING;
-            epoll_ctl(SEP(c->base.ep)->epfd, EPOLL_CTL_DEL, c->obj.fd, NULL);
-        }
-    }
-    ready_push(c);
-}
-
-/* A store-load barrier. On x86 a locked add to the stack is one that costs
- * less than mfence (Linux's smp_mb does the same). */
-static inline void full_fence(void)
-{
-#if defined(__x86_64__)
-    __asm__ __volatile__("lock; addl $0,-8(%%rsp)" ::: "memory", "cc");
-#else
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
-#endif
-}
-
-/* After publishing: if the peer sleeps, wake it with one byte on the
- * socket. Only then, so the polling data path makes no system call. The
- * fence pairs with the one in shm_arm (flag store, fence, ring check). The
- * peer clears its flag itself when it wakes. */
-static void shm_doorbell(struct shm_conn *c)
-{
-    struct shm_link_ctl *me = (struct shm_link_ctl *)(void *)c->mine;
-
-    c->published = false;
-    full_fence();
-    if (__atomic_load_n(&me->peer_sleeping, __ATOMIC_RELAXED) && c->obj.fd >= 0 &&
-        send(c->obj.fd, "d", 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 && errno != EAGAIN)
-        tern_log(TERN_LOG_DEBUG, LOG_WHO, "doorbell to %s: %s", c->peer, strerror(errno));
-}
+/* ---- polling and sleeping ---- */
 
 static int shm_flush(struct tern_tp_ep *base)
 {
-    for (struct shm_conn *c = SEP(base)->conns; c; c = c->next)
-        if (c->published && c->state == ST_OPEN)
-            shm_doorbell(c);
+    shm_links_doorbells(SEP(base));
     return 0;
-}
-
-static void wake_up(struct shm_ep *ep);
-
-static void epoll_pass(struct shm_ep *ep)
-{
-    int ne = epoll_wait(ep->epfd, ep->evbuf, 64, 0);
-
-    for (int i = 0; i < ne; i++) {
-        struct shm_obj *o = ep->evbuf[i].data.ptr;
-
-        if (o->kind == KIND_LISTENER)
-            do_accept(ep, (struct shm_listener *)o);
-        else
-            on_socket((struct shm_conn *)((char *)o - offsetof(struct shm_conn, obj)),
-                      ep->evbuf[i].events);
-    }
 }
 
 static int shm_poll(struct tern_tp_ep *base, struct tern_tp_event *ev, int max)
@@ -925,11 +572,11 @@ static int shm_poll(struct tern_tp_ep *base, struct tern_tp_event *ev, int max)
     int n = 0;
 
     if (ep->armed)
-        wake_up(ep);
+        shm_links_set_sleeping(ep, false);
     /* Sockets only carry set-up, hang-ups and doorbells: look at them every
-     * few polls, not on each, to keep system calls off the data path. */
-    if (++ep->polls % SHM_EPOLL_EVERY == 0)
-        epoll_pass(ep);
+     * few polls, not on each, to keep system calls off the data path. Each
+     * link's channel 0 (opens, closes) is read on every poll. */
+    shm_links_poll(ep, ++ep->polls % SHM_EPOLL_EVERY == 0);
     /* Owed events first. */
     todo = ep->ready;
     ep->ready = NULL;
@@ -941,17 +588,15 @@ static int shm_poll(struct tern_tp_ep *base, struct tern_tp_event *ev, int max)
         if (n < max)
             n += conn_progress(c, ev + n, max - n);
         if (conn_owes(c))
-            ready_push(c);
+            shm_ready_push(c);
     }
     /* Then every open connection, a bounded batch each. */
     for (struct shm_conn *c = ep->conns; c && n < max; c = c->next)
         if (c->state == ST_OPEN && !c->on_ready)
             n += conn_progress(c, ev + n, max - n);
-    shm_flush(base);
+    shm_links_doorbells(ep);
     return n;
 }
-
-/* ---- blocking ---- */
 
 static bool conn_has_input(struct shm_conn *c)
 {
@@ -973,26 +618,25 @@ static int shm_arm(struct tern_tp_ep *base)
         return TERN_EAGAIN;
     /* Tell every peer we sleep, then look once more: a message published
      * before the peer saw the flag is found here, one after it rings. */
+    shm_links_set_sleeping(ep, true);
     for (struct shm_conn *c = ep->conns; c; c = c->next)
-        if (c->state == ST_OPEN && c->peers)
-            __atomic_store_n(&((struct shm_link_ctl *)(void *)c->peers)->peer_sleeping, 1,
-                             __ATOMIC_RELAXED);
-    ep->armed = true;
-    full_fence();
-    for (struct shm_conn *c = ep->conns; c; c = c->next)
-        if (c->state == ST_OPEN && c->mine && (conn_has_input(c) || c->frag_pending ||
-                                                c->want_writable))
+        if (c->state == ST_OPEN && (conn_has_input(c) || c->frag_pending || c->want_writable))
             return TERN_EAGAIN;
-    return 0;
-}
+    for (struct shm_link *l = ep->links; l; l = l->next) {
+        const void *v;
+        uint32_t len;
+        enum ring_type t;
+        int rc;
 
-static void wake_up(struct shm_ep *ep)
-{
-    ep->armed = false;
-    for (struct shm_conn *c = ep->conns; c; c = c->next)
-        if (c->state == ST_OPEN && c->peers)
-            __atomic_store_n(&((struct shm_link_ctl *)(void *)c->peers)->peer_sleeping, 0,
-                             __ATOMIC_RELAXED);
+        if (l->state != LINK_OPEN)
+            continue;
+        rc = ring_rx_peek(&l->ctl_rx, &v, &len, &t);
+        if (rc == 1)
+            ring_rx_unpeek(&l->ctl_rx, len);
+        if (rc != 0)
+            return TERN_EAGAIN;
+    }
+    return 0;
 }
 
 static int shm_wait(struct tern_tp_ep *base, int timeout_ms)
@@ -1002,11 +646,11 @@ static int shm_wait(struct tern_tp_ep *base, int timeout_ms)
     int rc;
 
     if (shm_arm(base) < 0) {
-        wake_up(ep);
+        shm_links_set_sleeping(ep, false);
         return 1;
     }
     rc = epoll_wait(ep->epfd, &e, 1, timeout_ms);
-    wake_up(ep);
+    shm_links_set_sleeping(ep, false);
     if (rc > 0)     /* a socket spoke: let the next poll read it */
         ep->polls = SHM_EPOLL_EVERY - 1;
     return rc > 0;
@@ -1023,7 +667,7 @@ static int shm_ep_open(struct tern_tp_ep *base)
 {
     struct shm_ep *ep = SEP(base);
 
-    ep->g = (struct ring_geometry){.n_chan = 1, .ring_bytes = SHM_RING_BYTES};
+    ep->g = (struct ring_geometry){.n_chan = SHM_CHANNELS, .ring_bytes = SHM_RING_BYTES};
     ep->epfd = epoll_create1(EPOLL_CLOEXEC);
     return ep->epfd < 0 ? -errno : 0;
 }
@@ -1034,13 +678,7 @@ static void shm_ep_close(struct tern_tp_ep *base)
 
     while (ep->conns)
         shm_disconnect(&ep->conns->base);
-    while (ep->listeners) {
-        struct shm_listener *l = ep->listeners;
-
-        ep->listeners = l->next;
-        close(l->obj.fd);
-        free(l);
-    }
+    shm_links_close_all(ep);
     close(ep->epfd);
 }
 

@@ -1,0 +1,165 @@
+/* The shm fabric's own properties beyond the conformance suite: many
+ * connections share a few links (sockets and window pairs), so thousands of
+ * connections are cheap, and each keeps its own ordered stream. */
+#include <dirent.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "helpers.h"
+#include "shm/shm_internal.h"
+#include "suites.h"
+
+static unsigned count_links(struct tern_tp_ep *ep)
+{
+    unsigned n = 0;
+
+    for (struct shm_link *l = SEP(ep)->links; l; l = l->next)
+        n++;
+    return n;
+}
+
+static unsigned open_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    unsigned n = 0;
+
+    ck_assert_ptr_nonnull(d);
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n;
+}
+
+START_TEST(thousands_of_connections)
+{
+    enum { NC = 3000, NM = 3 };
+    struct tern_tp_config cfg = {.fabric = "shm", .max_msg = 4096};
+    struct tern_tp_ep *a, *b;
+    static struct tern_tp_conn *conns[NC];
+    static unsigned next[NC];
+    struct tern_tp_event ev;
+    char bound[128];
+    unsigned accepted = 0, connected = 0, got = 0, fds_before = open_fds();
+
+    ck_assert_int_eq(tern_tp_open(&cfg, &a), 0);
+    ck_assert_int_eq(tern_tp_open(&cfg, &b), 0);
+    ck_assert_int_eq(tern_tp_listen(b, "auto", bound, sizeof(bound)), 0);
+    for (unsigned i = 0; i < NC; i++)
+        ck_assert_int_eq(tern_tp_connect(a, bound, &conns[i]), 0);
+    /* 63 connections per link (channel 0 is the link's own). */
+    ck_assert_uint_eq(count_links(a), (NC + 62) / 63);
+    /* A socket per link per side and nothing per connection. */
+    ck_assert_uint_le(open_fds() - fds_before, 2 * count_links(a) + 8);
+    for (unsigned m = 0; m < NM; m++)
+        for (unsigned i = 0; i < NC; i++) {
+            unsigned v[2] = {i, m};
+
+            ck_assert_int_eq(tern_tp_msg_send(conns[i], v, sizeof(v)), 0);
+        }
+    while (got < NC * NM || connected < NC) {
+        if (tp_next(a, &ev, 0)) {
+            ck_assert_int_eq(ev.type, TERN_TP_EV_CONNECTED);
+            ck_assert_int_eq(ev.status, 0);
+            connected++;
+            continue;
+        }
+        if (!tp_next(b, &ev, 10))
+            continue;
+        if (ev.type == TERN_TP_EV_ACCEPTED) {
+            tern_tp_conn_set_user(ev.conn, (void *)(uintptr_t)accepted++);
+            continue;
+        }
+        ck_assert_int_eq(ev.type, TERN_TP_EV_RECV);
+        {
+            const unsigned *v = ev.data;
+
+            ck_assert_uint_lt(v[0], NC);
+            ck_assert_uint_eq(v[1], next[v[0]]++);
+        }
+        tern_tp_msg_release(ev.conn, ev.data);
+        got++;
+    }
+    ck_assert_uint_eq(accepted, NC);
+    tern_tp_close(a);
+    tern_tp_close(b);
+}
+END_TEST
+
+/* Closing one connection closes only its channel: its peer sees CLOSED,
+ * the other connections on the same link carry on, and the next connection
+ * gets a fresh channel. */
+START_TEST(close_one_channel)
+{
+    struct tern_tp_config cfg = {.fabric = "shm", .max_msg = 4096};
+    struct tern_tp_ep *a, *b;
+    struct tern_tp_conn *c1, *c2, *s1 = NULL, *s2 = NULL, *c3;
+    struct tern_tp_event ev;
+    char bound[128];
+    int closed = 0, got = 0;
+
+    ck_assert_int_eq(tern_tp_open(&cfg, &a), 0);
+    ck_assert_int_eq(tern_tp_open(&cfg, &b), 0);
+    ck_assert_int_eq(tern_tp_listen(b, "auto", bound, sizeof(bound)), 0);
+    ck_assert_int_eq(tern_tp_connect(a, bound, &c1), 0);
+    ck_assert_int_eq(tern_tp_connect(a, bound, &c2), 0);
+    ck_assert_uint_eq(count_links(a), 1);
+    ck_assert_int_eq(tern_tp_msg_send(c1, "1", 1), 0);
+    ck_assert_int_eq(tern_tp_msg_send(c2, "2", 1), 0);
+    while (!s1 || !s2) {
+        ck_assert(tp_next2(b, a, &ev, 5000));
+        if (ev.type == TERN_TP_EV_RECV) {
+            if (*(const char *)ev.data == '1')
+                s1 = ev.conn;
+            else
+                s2 = ev.conn;
+            tern_tp_msg_release(ev.conn, ev.data);
+        }
+    }
+    /* The server closes connection 1: client 1 sees CLOSED, client 2 not. */
+    tern_tp_disconnect(s1);
+    ck_assert_int_eq(tern_tp_msg_send(c2, "x", 1), 0);
+    while (!closed || !got) {
+        ck_assert(tp_next2(a, b, &ev, 5000) || tp_next(b, &ev, 0));
+        if (ev.conn == c1 && ev.type == TERN_TP_EV_CLOSED)
+            closed++;
+        else if (ev.conn == s2 && ev.type == TERN_TP_EV_RECV) {
+            got++;
+            tern_tp_msg_release(ev.conn, ev.data);
+        } else
+            ck_assert_msg(ev.type == TERN_TP_EV_CONNECTED, "unexpected event %d", ev.type);
+        if (!got && tp_next(b, &ev, 0)) {
+            ck_assert_ptr_eq(ev.conn, s2);
+            ck_assert_int_eq(ev.type, TERN_TP_EV_RECV);
+            got++;
+            tern_tp_msg_release(ev.conn, ev.data);
+        }
+    }
+    tern_tp_disconnect(c1);
+    /* A new connection reuses the link with a new channel. */
+    ck_assert_int_eq(tern_tp_connect(a, bound, &c3), 0);
+    ck_assert_uint_eq(count_links(a), 1);
+    ck_assert_int_eq(tern_tp_msg_send(c3, "3", 1), 0);
+    for (;;) {
+        ck_assert(tp_next2(b, a, &ev, 5000));
+        if (ev.type == TERN_TP_EV_RECV) {
+            ck_assert_int_eq(*(const char *)ev.data, '3');
+            tern_tp_msg_release(ev.conn, ev.data);
+            break;
+        }
+    }
+    tern_tp_close(a);
+    tern_tp_close(b);
+}
+END_TEST
+
+Suite *suite_shm(void)
+{
+    Suite *s = suite_create("shm");
+    TCase *tc = tcase_create("links");
+
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, thousands_of_connections);
+    tcase_add_test(tc, close_one_channel);
+    suite_add_tcase(s, tc);
+    return s;
+}

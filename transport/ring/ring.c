@@ -34,14 +34,21 @@ static inline uint32_t align8(uint32_t n)
     return (n + RING_ALIGN - 1) & ~(uint32_t)(RING_ALIGN - 1);
 }
 
-/* Order the payload stores before the header store. A release fence suffices
- * for ordinary (write-back) memory; write-combining NTB mappings need an
- * sfence, which x86 release fences do not emit. */
-static inline void publish_fence(void)
+/* Order the payload stores before the header store. On ordinary
+ * (write-back) memory x86 keeps stores in order and a compiler barrier is
+ * enough, except that memcpy may use non-temporal stores for large copies;
+ * write-combining NTB mappings reorder stores too. Those get an sfence.
+ * Elsewhere a release fence does it all. */
+static inline void publish_fence(const struct ring_tx *tx, uint32_t len)
 {
 #if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_sfence();
+    if (tx->wc || len >= 16384)
+        __builtin_ia32_sfence();
+    else
+        __atomic_signal_fence(__ATOMIC_RELEASE);
 #else
+    (void)tx;
+    (void)len;
     __atomic_thread_fence(__ATOMIC_RELEASE);
 #endif
 }
@@ -134,7 +141,7 @@ void ring_tx_publish(struct ring_tx *tx, uint32_t len, enum ring_type type)
 
     if (len > tx->resv_len)
         len = tx->resv_len;
-    publish_fence();
+    publish_fence(tx, len);
     store_hdr(hdr, hdr_make(len, type, tx->seq));
     tx->seq = seq_next(tx->seq);
     tx->head += RING_HDR + align8(len);

@@ -72,6 +72,7 @@ struct ring_tx {
     uint8_t *resv;              /* open reservation (payload start) or NULL */
     uint32_t resv_len;
     bool congested;             /* credit_req raised */
+    bool wc;                    /* the peer's window is write-combining (NTB) */
     uint64_t asked_at;          /* `consumed` when it was raised */
 };
 

@@ -294,8 +294,13 @@ static void on_accept(struct tern_rpc_ep *ep, struct tern_tp_conn *conn)
     struct tern_session *s = rpc_session_new(ep, conn, ROLE_SERVER);
 
     if (!s) {
-        tern_log(TERN_LOG_WARN, "rpc", "refusing %s: session limit %u reached",
-                 tern_tp_conn_peer(conn), ep->cfg.max_sessions);
+        static struct tern_log_limit limit;
+
+        if (tern_log_allow(&limit)) {
+            tern_log(TERN_LOG_WARN, "rpc", "refusing %s: session limit %u reached (%u more)",
+                     tern_tp_conn_peer(conn), ep->cfg.max_sessions, limit.held);
+            limit.held = 0;
+        }
         /* Later events of this batch may name the conn: hang up after it. */
         if (ep->n_doomed < RPC_MAX_DOOMED)
             ep->doomed[ep->n_doomed++] = conn;

@@ -34,6 +34,19 @@ void tern_log_set_level(enum tern_log_level level)
     log_level = (int)level;
 }
 
+int tern_log_allow(struct tern_log_limit *st)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    if (ts.tv_sec == st->last_s) {
+        st->held++;
+        return 0;
+    }
+    st->last_s = ts.tv_sec;
+    return 1;
+}
+
 void tern_log(enum tern_log_level level, const char *who, const char *fmt, ...)
 {
     static const char tag[] = "EWID";

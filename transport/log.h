@@ -18,6 +18,15 @@ void tern_log(enum tern_log_level level, const char *who, const char *fmt, ...)
 /* True if messages at `level` are printed. */
 int tern_log_enabled(enum tern_log_level level);
 
+/* For messages a peer can trigger at will (refused connections): true at
+ * most once a second per `state`, which counts what was held back. A
+ * state shared by threads is approximate (a lost count), never unsafe. */
+struct tern_log_limit {
+    long long last_s;
+    unsigned held;
+};
+int tern_log_allow(struct tern_log_limit *state);
+
 /* Override the level from TERN_LOG (e.g. tests silence expected errors). */
 void tern_log_set_level(enum tern_log_level level);
 

@@ -822,8 +822,14 @@ static void do_accept(struct tcp_ep *ep, struct tcp_listener *l)
             return;
         }
         if (ep->nconns >= ep->base.cfg.max_conns || !(c = conn_new(ep, fd))) {
-            tern_log(TERN_LOG_WARN, LOG_WHO, "refusing connection: %u connections open",
-                     ep->nconns);
+            static struct tern_log_limit limit;
+
+            if (tern_log_allow(&limit)) {
+                tern_log(TERN_LOG_WARN, LOG_WHO,
+                         "refusing connection: %u connections open (%u more refused)",
+                         ep->nconns, limit.held);
+                limit.held = 0;
+            }
             close(fd);
             continue;
         }

@@ -167,6 +167,8 @@ static bool hdr_fresh(uint64_t h, uint32_t seq)
  * first: a request raised after it sees this answer must survive. */
 static void report(struct ring_rx *rx)
 {
+    if (__atomic_load_n(&rx->my_ctl->credit_req, __ATOMIC_RELAXED))
+        rx->answered = true;    /* the sender may sleep on it: ring */
     __atomic_store_n(&rx->my_ctl->credit_req, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&rx->peer_ctl->consumed, rx->released, __ATOMIC_RELEASE);
     rx->reported = rx->released;

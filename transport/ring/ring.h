@@ -87,6 +87,8 @@ struct ring_rx {
     uint64_t reported;          /* last `consumed` written to the peer */
     uint32_t seq;               /* next record expected */
     uint32_t views;             /* views handed out, not yet released */
+    bool answered;              /* a credit request was answered: the owner
+                                 * should ring the sender's doorbell */
 };
 
 /* Bind a channel: `mine` is our window, `peers` the peer's mapped window. */

@@ -15,6 +15,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../log.h"
@@ -23,6 +24,7 @@
 #define SHM_MAGIC 0x74736d68u      /* "tsmh" */
 #define SHM_VERSION 2
 #define LOG_WHO "shm"
+#define HELLO_TIMEOUT_S 5           /* an accepted link must say HELLO by then */
 
 /* The first cache line of each window belongs to the link, written by the
  * peer: it says the peer sleeps and wants a doorbell. */
@@ -118,7 +120,16 @@ static struct shm_link *link_new(struct shm_ep *ep, int fd)
     }
     l->next = ep->links;
     ep->links = l;
+    ep->nlinks++;
     return l;
+}
+
+static long long now_s(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return ts.tv_sec;
 }
 
 /* Map the windows and bind channel 0 once the geometry is known. */
@@ -144,6 +155,7 @@ static void link_free(struct shm_link *l)
         pp = &(*pp)->next;
     if (*pp)
         *pp = l->next;
+    l->ep->nlinks--;
     if (l->obj.fd >= 0) {
         epoll_ctl(l->ep->epfd, EPOLL_CTL_DEL, l->obj.fd, NULL);
         close(l->obj.fd);
@@ -240,13 +252,20 @@ static void link_control(struct shm_link *l)
             return;
         }
         if (m.op == OP_OPEN && !l->client && !l->chan[m.chan]) {
-            if (!shm_conn_attach(l, m.chan, true))
-                tern_log(TERN_LOG_WARN, LOG_WHO, "refusing channel %u: no memory", m.chan);
+            if (!shm_conn_attach(l, m.chan, true)) {
+                tern_log(TERN_LOG_WARN, LOG_WHO, "refusing channel %u: connection limit or no memory",
+                         m.chan);
+                link_send(l, OP_CLOSE, m.chan);     /* the peer sees CLOSED */
+            }
         } else if (m.op == OP_CLOSE && l->chan[m.chan]) {
             shm_conn_peer_gone(l->chan[m.chan]);
         }
     }
     ring_rx_credit(&l->ctl_rx);
+    if (l->ctl_rx.answered) {
+        l->ctl_rx.answered = false;
+        l->published = true;
+    }
 }
 
 /* ---- set-up ---- */
@@ -268,8 +287,11 @@ static int send_hello(int sock, const struct hello *h, const int fds[2])
 
 static bool geometry_ok(const struct ring_geometry *g)
 {
-    return g->n_chan >= 2 && g->n_chan <= 4096 && g->ring_bytes <= (16u << 20) &&
-           ring_window_size(g) != 0;
+    size_t size = ring_window_size(g);
+
+    /* A peer must not make us map more than 1 GiB per window. */
+    return g->n_chan >= 2 && g->n_chan <= 4096 && g->ring_bytes <= (16u << 20) && size &&
+           size <= (1u << 30);
 }
 
 /* Read the connecting side's HELLO with its two windows: 1 when the link
@@ -418,13 +440,22 @@ static void do_accept(struct shm_ep *ep, struct shm_listener *ls)
 
         if (fd < 0)
             return;
-        l = link_new(ep, fd);
-        if (!l) {
+        /* Each link costs a socket and two mappings: no more of them than
+         * connections this endpoint may have. */
+        if (ep->nlinks >= ep->base.cfg.max_conns || !(l = link_new(ep, fd))) {
+            static struct tern_log_limit limit;
+
+            if (tern_log_allow(&limit)) {
+                tern_log(TERN_LOG_WARN, LOG_WHO, "refusing a link: %u open (%u more refused)",
+                         ep->nlinks, limit.held);
+                limit.held = 0;
+            }
             close(fd);
             continue;
         }
         snprintf(l->name, sizeof(l->name), "peer-%d", fd);
         l->state = LINK_ACCEPTING;
+        l->born_s = now_s();
         /* The HELLO is usually there already. */
         switch (accept_hello(l)) {
         case 1:
@@ -480,8 +511,13 @@ void shm_links_poll(struct shm_ep *ep, bool sockets)
     }
     for (struct shm_link *l = ep->links, *next; l; l = next) {
         next = l->next;
-        if (l->state == LINK_OPEN)
+        if (l->state == LINK_OPEN) {
             link_control(l);
+        } else if (sockets && l->state == LINK_ACCEPTING &&
+                   now_s() - l->born_s > HELLO_TIMEOUT_S) {
+            tern_log(TERN_LOG_WARN, LOG_WHO, "link %s sent no HELLO; dropping it", l->name);
+            link_free(l);
+        }
     }
 }
 

@@ -200,6 +200,16 @@ static int shm_connect(struct tern_tp_ep *base, const char *addr, struct tern_tp
     return 0;
 }
 
+/* The receiver answered a sender's credit request: that sender may be
+ * asleep, so this poll's flush rings its doorbell. */
+static void note_answer(struct shm_conn *c)
+{
+    if (c->rx.answered && c->link) {
+        c->rx.answered = false;
+        c->link->published = true;
+    }
+}
+
 /* ---- send path ---- */
 
 static int shm_msg_alloc(struct tern_tp_conn *conn, size_t len, void **buf)
@@ -318,8 +328,10 @@ static void shm_msg_release(struct tern_tp_conn *conn, const void *view)
         shm_ready_push(c);      /* a stalled FRAG may go on now */
         return;
     }
-    if (c->rx.views)
+    if (c->rx.views) {
         ring_rx_release(&c->rx);
+        note_answer(c);
+    }
 }
 
 /* ---- one-sided (requester) ---- */
@@ -408,6 +420,10 @@ static int on_ctl(struct shm_conn *c, const uint8_t *p, uint32_t len, struct ter
             conn_fail(c, TERN_EREMACCESS, "too many refused one-sided accesses");
             return 1;
         }
+        /* A peer that left needs no answer (and no credit will come back
+         * for one): consume the request and move on. */
+        if (c->state == ST_DRAINING)
+            return 1;
         ans.op = ctl.op == CTL_PUT ? CTL_ACK : CTL_GET_RESP;
         ans.status = status;
         ans.len = ctl.op == CTL_GET && status == 0 ? ctl.len : 0;
@@ -516,6 +532,7 @@ static int rx_progress(struct shm_conn *c, struct tern_tp_event *ev, int max)
         n += got;
     }
     ring_rx_credit(&c->rx);
+    note_answer(c);
     return n;
 }
 
@@ -540,11 +557,12 @@ static int conn_progress(struct shm_conn *c, struct tern_tp_event *ev, int max)
             const void *v;
             uint32_t l;
             enum ring_type t;
+            int rc = ring_rx_peek(&c->rx, &v, &l, &t);
 
-            if (ring_rx_peek(&c->rx, &v, &l, &t) == 0)
-                conn_fail(c, 0, "peer left");
-            else
+            if (rc == 1)
                 ring_rx_unpeek(&c->rx, l);
+            else
+                conn_fail(c, rc, rc ? "corrupt ring" : "peer left");
         }
     }
     if (c->state == ST_DEAD)
@@ -598,12 +616,18 @@ static int shm_poll(struct tern_tp_ep *base, struct tern_tp_event *ev, int max)
     return n;
 }
 
+/* A record this side can act on now. While the application holds views,
+ * what waits behind them is not: it releases first, then polls. */
 static bool conn_has_input(struct shm_conn *c)
 {
     const void *v;
     uint32_t l;
     enum ring_type t;
-    int rc = ring_rx_peek(&c->rx, &v, &l, &t);
+    int rc;
+
+    if (c->rx.views || c->reasm_held)
+        return false;
+    rc = ring_rx_peek(&c->rx, &v, &l, &t);
 
     if (rc == 1)
         ring_rx_unpeek(&c->rx, l);
@@ -620,7 +644,9 @@ static int shm_arm(struct tern_tp_ep *base)
      * before the peer saw the flag is found here, one after it rings. */
     shm_links_set_sleeping(ep, true);
     for (struct shm_conn *c = ep->conns; c; c = c->next)
-        if (c->state == ST_OPEN && (conn_has_input(c) || c->frag_pending || c->want_writable))
+        /* A sender waiting for credit may sleep: the receiver rings the
+         * doorbell when it answers the credit request (ring_rx_answered). */
+        if (c->state == ST_OPEN && conn_has_input(c))
             return TERN_EAGAIN;
     for (struct shm_link *l = ep->links; l; l = l->next) {
         const void *v;

@@ -51,6 +51,7 @@ struct shm_link {
     struct ring_rx ctl_rx;
     uint32_t next_chan;            /* client: next channel to hand out */
     unsigned nconns;
+    long long born_s;              /* accepted at (HELLO timeout) */
     struct shm_conn **chan;        /* connection on each channel, or NULL */
 };
 
@@ -89,7 +90,7 @@ struct shm_ep {
     struct shm_listener *listeners;
     struct shm_link *links;
     struct shm_conn *conns, *ready;
-    unsigned nconns, polls, auto_names;
+    unsigned nconns, nlinks, polls, auto_names;
     bool armed;                    /* peers were told we sleep */
     struct ring_geometry g;        /* for links we open */
     struct epoll_event evbuf[64];

@@ -35,7 +35,7 @@ int rpc_calls_init(struct tern_rpc_ep *ep)
         return TERN_ENOMEM;
     }
     for (unsigned i = 0; i < n; i++) {
-        ep->calls[i].id = i;            /* generation 0 */
+        ep->calls[i].id = (1ull << 32) | i;   /* generation 1: no id is 0 */
         ep->free_slots[i] = n - 1 - i;  /* hand out low slots first */
     }
     ep->n_free = n;
@@ -280,9 +280,7 @@ bool rpc_client_failover(struct tern_session *s, int status)
     s->standby = NULL;
     /* The old connection goes after this poll: later events of the batch
      * may still name it, and find no session. */
-    tern_tp_conn_set_user(old, NULL);
-    if (ep->n_doomed < RPC_MAX_DOOMED)
-        ep->doomed[ep->n_doomed++] = old;
+    rpc_doom(ep, old);
     /* Calls sent on the dead path go again, first and in their order, with
      * their request ids: the server answers those it already ran from its
      * replay cache. */

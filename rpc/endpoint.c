@@ -4,7 +4,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "rpc_internal.h"
@@ -18,6 +20,29 @@ uint64_t tern_now_ns(void)
 }
 
 static void free_zombies(struct tern_rpc_ep *ep);
+
+/* Disconnect `conn` once the current poll is over: later events of its
+ * batch may still name it. Outside a poll it goes at once. */
+void rpc_doom(struct tern_rpc_ep *ep, struct tern_tp_conn *conn)
+{
+    tern_tp_conn_set_user(conn, NULL);
+    if (!ep->polling) {
+        tern_tp_disconnect(conn);
+        return;
+    }
+    if (ep->n_doomed == ep->cap_doomed) {
+        unsigned cap = ep->cap_doomed ? 2 * ep->cap_doomed : 16;
+        struct tern_tp_conn **d = realloc(ep->doomed, cap * sizeof(*d));
+
+        if (!d) {               /* last resort: it goes with the endpoint */
+            tern_log(TERN_LOG_ERROR, "rpc", "out of memory: connection kept until close");
+            return;
+        }
+        ep->doomed = d;
+        ep->cap_doomed = cap;
+    }
+    ep->doomed[ep->n_doomed++] = conn;
+}
 static void rpc_housekeeping(struct tern_rpc_ep *ep);
 
 int tern_rpc_ep_create(const struct tern_rpc_config *cfg, struct tern_rpc_ep **out)
@@ -31,6 +56,7 @@ int tern_rpc_ep_create(const struct tern_rpc_config *cfg, struct tern_rpc_ep **o
     ep = calloc(1, sizeof(*ep));
     if (!ep)
         return TERN_ENOMEM;
+    ep->wait_epfd = -1;
     if (cfg)
         ep->cfg = *cfg;
     if (!ep->cfg.spin_us)
@@ -76,6 +102,9 @@ void tern_rpc_ep_destroy(struct tern_rpc_ep *ep)
         free(ep->services[i].by_method);
     free(ep->calls);
     free(ep->free_slots);
+    free(ep->doomed);
+    if (ep->wait_epfd >= 0)
+        close(ep->wait_epfd);
     free(ep);
 }
 
@@ -172,6 +201,14 @@ int rpc_tp_for(struct tern_rpc_ep *ep, const char *uri, const char **addr,
     if (rc < 0)
         return rc;
     ep->tp[ep->n_tp++] = *tp;
+    /* One fd to sleep on for all fabrics (see rpc_sleep). */
+    if (ep->wait_epfd < 0)
+        ep->wait_epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (ep->wait_epfd >= 0 && tern_tp_wait_fd(*tp) >= 0) {
+        struct epoll_event e = {.events = EPOLLIN};
+
+        epoll_ctl(ep->wait_epfd, EPOLL_CTL_ADD, tern_tp_wait_fd(*tp), &e);
+    }
     return 0;
 }
 
@@ -302,8 +339,7 @@ static void on_accept(struct tern_rpc_ep *ep, struct tern_tp_conn *conn)
             limit.held = 0;
         }
         /* Later events of this batch may name the conn: hang up after it. */
-        if (ep->n_doomed < RPC_MAX_DOOMED)
-            ep->doomed[ep->n_doomed++] = conn;
+        rpc_doom(ep, conn);
         return;
     }
     s->created = tern_now_ns();
@@ -349,8 +385,12 @@ static void on_event(struct tern_rpc_ep *ep, const struct tern_tp_event *e)
         on_accept(ep, e->conn);
         return;
     }
-    if (!s)
+    if (!s) {
+        /* A connection on its way out (rpc_doom): just give views back. */
+        if (e->type == TERN_TP_EV_RECV)
+            tern_tp_msg_release(e->conn, e->data);
         return;
+    }
     if (s->zombie) {
         if (e->type == TERN_TP_EV_RECV)
             tern_tp_msg_release(e->conn, e->data);
@@ -361,9 +401,7 @@ static void on_event(struct tern_rpc_ep *ep, const struct tern_tp_event *e)
         if (e->type == TERN_TP_EV_RECV)
             tern_tp_msg_release(e->conn, e->data);
         if (e->type == TERN_TP_EV_CLOSED) {
-            tern_tp_conn_set_user(s->standby, NULL);
-            if (ep->n_doomed < RPC_MAX_DOOMED)
-                ep->doomed[ep->n_doomed++] = s->standby;
+            rpc_doom(ep, s->standby);
             s->standby = NULL;
         }
         return;
@@ -453,6 +491,28 @@ int tern_rpc_poll(struct tern_rpc_ep *ep)
     return total;
 }
 
+/* Sleep until any fabric has work. With one fabric its own wait does it;
+ * with several, every fabric is armed (shm tells its peers to ring) and the
+ * endpoint sleeps on all their fds at once. */
+static void rpc_sleep(struct tern_rpc_ep *ep, int ms)
+{
+    struct epoll_event e;
+
+    if (ep->n_tp == 1) {
+        tern_tp_wait(ep->tp[0], ms);
+        return;
+    }
+    for (unsigned t = 0; t < ep->n_tp; t++)
+        if (tern_tp_arm(ep->tp[t]) < 0)
+            goto awake;
+    if (ep->wait_epfd >= 0)
+        epoll_wait(ep->wait_epfd, &e, 1, ms);
+awake:
+    /* Look at every fabric on the next poll, however quiet it was. */
+    for (unsigned t = 0; t < ep->n_tp; t++)
+        ep->tp_idle[t] = 0;
+}
+
 int tern_rpc_run(struct tern_rpc_ep *ep, int timeout_ms)
 {
     uint64_t start = tern_now_ns(), idle_since = start;
@@ -475,13 +535,12 @@ int tern_rpc_run(struct tern_rpc_ep *ep, int timeout_ms)
         }
         if (ep->cfg.mode == TERN_TP_POLL_ADAPTIVE && ep->n_tp &&
             now - idle_since > (uint64_t)ep->cfg.spin_us * 1000u) {
-            /* Sleep on one fabric at most 1 ms at a time so that the others
-             * and the deadlines still get served. */
-            int ms = ep->n_tp == 1 && !ep->n_deadlines ? 10 : 1;
+            /* Sleep at most 10 ms (1 ms with deadlines to watch). */
+            int ms = !ep->n_deadlines ? 10 : 1;
 
             if (end != UINT64_MAX && (end - now) / 1000000u < (uint64_t)ms)
                 ms = (int)((end - now) / 1000000u) + 1;
-            tern_tp_wait(ep->tp[0], ms);
+            rpc_sleep(ep, ms);
         }
     }
     /* A stop is consumed by the run it ended (or the next one, if it came

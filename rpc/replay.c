@@ -1,11 +1,20 @@
 /* Replies remembered for failover. A client session that may move to
  * another fabric (auto://) carries a token; all server sessions with that
- * token share one replay cache holding the last `credits` replies. A request
- * re-sent after a move is answered from the cache instead of being run
- * twice. Connections are reliable and in order, so a reply lost with a dead
- * connection belongs to a call still in flight, and at most `credits` of
- * those exist: a cache that size is enough. Entry buffers grow to the
- * largest reply seen and are reused, so the steady state allocates nothing. */
+ * token share one replay state:
+ *
+ *  - the last `credits` replies, whole (up to REPLAY_KEEP_MAX bytes each):
+ *    connections are reliable and in order, so the replies a dead
+ *    connection swallowed belong to calls still in flight, at most
+ *    `credits` of them;
+ *  - the ids of the last REPLAY_IDS calls run, without replies: a call
+ *    re-sent after its slot in the first list was reused (its caller gave
+ *    up on it early, which returns its credit) or with a reply too large to
+ *    keep is not run again; it gets TERN_ECONNRESET, "ran, reply lost".
+ *
+ * Only re-sent calls are looked up, until the first one arrives: from then
+ * on every call of the token is, so that an original still queued on the
+ * dead path does not run after its re-sent copy. Entry buffers grow to the
+ * largest reply kept and are reused: the steady state allocates nothing. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -46,32 +55,46 @@ void rpc_replay_put(struct tern_rpc_ep *ep, struct rpc_replay *rp)
     free(rp);
 }
 
-const struct rpc_replay_ent *rpc_replay_find(const struct rpc_replay *rp, uint64_t req_id)
+int rpc_replay_find(const struct rpc_replay *rp, const struct rpc_hdr *h,
+                    const struct rpc_replay_ent **ent)
 {
-    for (unsigned i = 0; i < rp->n; i++)
-        if (rp->ent[i].used && rp->ent[i].req_id == req_id)
-            return &rp->ent[i];
-    return NULL;
+    *ent = NULL;
+    for (unsigned i = 0; i < rp->n; i++) {
+        const struct rpc_replay_ent *e = &rp->ent[i];
+
+        if (e->used && e->req_id == h->req_id && e->svc == h->svc && e->method == h->method) {
+            *ent = e;
+            return 1;
+        }
+    }
+    for (unsigned i = 0; i < REPLAY_IDS; i++)
+        if (rp->ids[i] == h->req_id && h->req_id)
+            return 1;   /* ran, reply not kept */
+    return 0;
 }
 
-void rpc_replay_add(struct rpc_replay *rp, uint64_t req_id, int status, const void *data,
-                    size_t len)
+void rpc_replay_add(struct rpc_replay *rp, const struct rpc_hdr *h, int status,
+                    const void *data, size_t len)
 {
     struct rpc_replay_ent *e = &rp->ent[rp->next_slot++ % rp->n];
 
+    rp->ids[rp->next_id++ % REPLAY_IDS] = h->req_id;
+    e->used = false;
+    if (len > REPLAY_KEEP_MAX)
+        return;         /* remembered by id only */
     if (len > e->cap) {
         uint8_t *b = realloc(e->buf, len);
 
-        if (!b) {           /* cannot remember it: forget the slot instead */
-            e->used = false;
+        if (!b)
             return;
-        }
         e->buf = b;
         e->cap = len;
     }
     if (len)
         memcpy(e->buf, data, len);
-    e->req_id = req_id;
+    e->req_id = h->req_id;
+    e->svc = h->svc;
+    e->method = h->method;
     e->status = status;
     e->len = len;
     e->used = true;

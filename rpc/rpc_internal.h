@@ -10,8 +10,6 @@
 #define RPC_MAX_SERVICES 64
 #define RPC_MAX_FABRICS 4
 #define RPC_EVENT_BATCH 32
-/* Accepts refused in one poll: at most one per event of each fabric. */
-#define RPC_MAX_DOOMED (RPC_EVENT_BATCH * RPC_MAX_FABRICS)
 
 struct rpc_service {
     const struct tern_service *svc;
@@ -54,8 +52,12 @@ struct deferred {
     uint64_t arrived;
 };
 
+#define REPLAY_IDS 4096          /* ids of calls run, kept per token */
+#define REPLAY_KEEP_MAX 65536    /* larger replies are remembered by id only */
+
 struct rpc_replay_ent {
     uint64_t req_id;
+    uint16_t svc, method;
     int status;
     bool used;
     size_t len, cap;
@@ -65,7 +67,9 @@ struct rpc_replay_ent {
 struct rpc_replay {
     struct rpc_replay *next;
     uint64_t token;
-    unsigned refs, n, next_slot;
+    unsigned refs, n, next_slot, next_id;
+    bool failed_over;               /* a re-sent call came: look up every call */
+    uint64_t ids[REPLAY_IDS];
     struct rpc_replay_ent ent[];
 };
 
@@ -112,6 +116,7 @@ struct tern_rpc_ep {
     struct tern_rpc_config cfg;
     struct tern_tp_ep *tp[RPC_MAX_FABRICS];
     unsigned tp_idle[RPC_MAX_FABRICS];  /* polls since the fabric had events */
+    int wait_epfd;                  /* every fabric's wait fd, for sleeping */
     unsigned n_tp;
     struct rpc_service services[RPC_MAX_SERVICES];
     unsigned n_services;
@@ -129,8 +134,8 @@ struct tern_rpc_ep {
     uint64_t next_deadline_scan;
     uint64_t next_housekeeping;
     unsigned polls;
-    struct tern_tp_conn *doomed[RPC_MAX_DOOMED];
-    unsigned n_doomed;
+    struct tern_tp_conn **doomed;   /* disconnected after the poll */
+    unsigned n_doomed, cap_doomed;
     int stop;                       /* set by tern_rpc_stop, any thread */
     struct tern_tp_event ev[RPC_EVENT_BATCH];
 };
@@ -143,6 +148,7 @@ struct tern_session *rpc_session_new(struct tern_rpc_ep *ep, struct tern_tp_conn
 void rpc_session_free(struct tern_session *s);
 const struct rpc_service *rpc_service_find(const struct tern_rpc_ep *ep, uint16_t id);
 void rpc_bad_frame(struct tern_session *s, const char *why);
+void rpc_doom(struct tern_rpc_ep *ep, struct tern_tp_conn *conn);
 
 /* client.c */
 void rpc_client_recv(struct tern_session *s, const struct rpc_hdr *h, const void *body,
@@ -155,9 +161,12 @@ int rpc_calls_init(struct tern_rpc_ep *ep);
 /* replay.c */
 struct rpc_replay *rpc_replay_get(struct tern_rpc_ep *ep, uint64_t token);
 void rpc_replay_put(struct tern_rpc_ep *ep, struct rpc_replay *rp);
-const struct rpc_replay_ent *rpc_replay_find(const struct rpc_replay *rp, uint64_t req_id);
-void rpc_replay_add(struct rpc_replay *rp, uint64_t req_id, int status, const void *data,
-                    size_t len);
+/* 1 if the call `h` names already ran: *ent is its kept reply, or NULL if
+ * only its id was kept. 0 if it did not run. */
+int rpc_replay_find(const struct rpc_replay *rp, const struct rpc_hdr *h,
+                    const struct rpc_replay_ent **ent);
+void rpc_replay_add(struct rpc_replay *rp, const struct rpc_hdr *h, int status,
+                    const void *data, size_t len);
 
 /* Tests only: close the request's session right after its reply is
  * remembered, without sending it (a reply lost with its connection). */

@@ -99,7 +99,7 @@ static void send_reply(struct tern_session *s, struct tern_req *r, int status)
         body = 0;
     }
     if (s->replay)
-        rpc_replay_add(s->replay, h.req_id, status,
+        rpc_replay_add(s->replay, &h, status,
                        r->reply ? (const void *)r->reply
                                 : r->spilled ? (const void *)(r->spilled->data + HDR) : NULL,
                        r->reply || r->spilled ? body : 0);
@@ -126,34 +126,42 @@ void rpc_test_drop(struct tern_req *req)
 }
 
 /* A call re-sent after a fabric failure that already ran: answer it again
- * from the replay cache. */
+ * from the replay cache, or with TERN_ECONNRESET if only its id was kept
+ * (it ran; its reply was lost with the connection). */
 static void send_replayed(struct tern_session *s, const struct rpc_hdr *req,
                           const struct rpc_replay_ent *e)
 {
     struct rpc_hdr h = {.type = RPC_RESP, .version = RPC_VERSION, .svc = req->svc,
-                        .method = req->method, .status = e->status, .req_id = req->req_id};
+                        .method = req->method, .status = e ? e->status : TERN_ECONNRESET,
+                        .req_id = req->req_id};
+    size_t len = e && e->status == 0 ? e->len : 0;
     uint8_t *buf;
 
-    if (tern_tp_msg_alloc(s->conn, HDR + e->len, (void **)&buf) == 0) {
+    if (tern_tp_msg_alloc(s->conn, HDR + len, (void **)&buf) == 0) {
         memcpy(buf, &h, HDR);
-        if (e->len)
-            memcpy(buf + HDR, e->buf, e->len);
-        tern_tp_msg_post(s->conn, buf, HDR + e->len);
+        if (len)
+            memcpy(buf + HDR, e->buf, len);
+        tern_tp_msg_post(s->conn, buf, HDR + len);
         return;
     }
-    struct spill *sp = malloc(sizeof(*sp) + HDR + e->len);
+    struct spill *sp = malloc(sizeof(*sp) + HDR + len);
 
     if (!sp)
         return;
     memcpy(sp->data, &h, HDR);
-    if (e->len)
-        memcpy(sp->data + HDR, e->buf, e->len);
-    spill_push(s, sp, HDR + e->len);
+    if (len)
+        memcpy(sp->data + HDR, e->buf, len);
+    spill_push(s, sp, HDR + len);
 }
 
 static void serve(struct tern_session *s, const void *view, size_t len, uint64_t arrived)
 {
-    const struct rpc_hdr *h = view;
+    /* The header is copied out before it is checked: on the window fabrics
+     * the view is memory the client can still write. */
+    struct rpc_hdr hc;
+    const struct rpc_hdr *h = &hc;
+
+    memcpy(&hc, view, sizeof(hc));
     const struct rpc_service *rs = rpc_service_find(s->ep, h->svc);
     /* The budget counts from when the request was read off the fabric
      * (`arrived` is set for requests that waited in the session's queue). */
@@ -161,11 +169,15 @@ static void serve(struct tern_session *s, const void *view, size_t len, uint64_t
     const struct rpc_replay_ent *seen;
     int status;
 
-    /* Only a call re-sent after a failover can have run already. */
-    if ((h->flags & RPC_F_RESENT) && s->replay &&
-        (seen = rpc_replay_find(s->replay, h->req_id))) {
-        send_replayed(s, h, seen);
-        return;
+    /* Only a call re-sent after a failover can have run already; after the
+     * first one, an original still queued on the dead path can arrive after
+     * its copy, so from then on every call of the token is checked. */
+    if (s->replay && ((h->flags & RPC_F_RESENT) || s->replay->failed_over)) {
+        s->replay->failed_over = true;
+        if (rpc_replay_find(s->replay, h, &seen)) {
+            send_replayed(s, h, seen);
+            return;
+        }
     }
 
     if (!rs)
@@ -280,7 +292,7 @@ void rpc_server_writable(struct tern_session *s)
         free(sp);
     }
     /* Serve held requests in arrival order until the send path fills again. */
-    while (done < s->n_deferred && !s->spill_head) {
+    while (done < s->n_deferred && !s->spill_head && !s->zombie) {
         struct deferred *d = &s->deferred[done++];
 
         serve(s, d->view, d->len, d->arrived);

@@ -1,4 +1,5 @@
 #include "conn_events.h"
+#include "transport_internal.h"
 
 int tp_pend_push(struct tp_conn_events *e, bool is_put, uint8_t *dst, size_t len,
                  uint64_t token)
@@ -81,4 +82,59 @@ bool tp_events_owed(const struct tp_conn_events *e)
 {
     return e->accepted || e->connected || e->writable ||
            (e->dead && (e->closed || e->pend_head != e->pend_tail));
+}
+
+void tp_conn_add(struct tern_tp_ep *ep, struct tern_tp_conn *c)
+{
+    c->ep = ep;
+    c->prev = NULL;
+    c->next = ep->conns;
+    if (ep->conns)
+        ep->conns->prev = c;
+    ep->conns = c;
+    ep->nconns++;
+}
+
+void tp_conn_del(struct tern_tp_conn *c)
+{
+    struct tern_tp_ep *ep = c->ep;
+
+    tp_ready_remove(c);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        ep->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    ep->nconns--;
+}
+
+void tp_ready_push(struct tern_tp_conn *c)
+{
+    if (c->on_ready)
+        return;
+    c->on_ready = true;
+    c->ready_next = c->ep->ready;
+    c->ep->ready = c;
+}
+
+void tp_ready_remove(struct tern_tp_conn *c)
+{
+    struct tern_tp_conn **pp = &c->ep->ready;
+
+    if (!c->on_ready)
+        return;
+    while (*pp && *pp != c)
+        pp = &(*pp)->ready_next;
+    if (*pp)
+        *pp = c->ready_next;
+    c->on_ready = false;
+}
+
+struct tern_tp_conn *tp_ready_take(struct tern_tp_ep *ep)
+{
+    struct tern_tp_conn *list = ep->ready;
+
+    ep->ready = NULL;
+    return list;
 }

@@ -56,6 +56,9 @@ struct tern_tp_mr {
 struct tern_tp_ep {
     const struct tern_tp_fabric *fabric;
     struct tern_tp_config cfg;   /* with defaults filled in */
+    struct tern_tp_conn *conns;  /* every connection (tp_conn_add) */
+    struct tern_tp_conn *ready;  /* connections with work left (tp_ready_push) */
+    unsigned nconns;
     struct tern_tp_mr mrs[TERN_MR_MAX];
     uint32_t mr_nonce;
 };
@@ -64,7 +67,21 @@ struct tern_tp_ep {
 struct tern_tp_conn {
     struct tern_tp_ep *ep;
     void *user;
+    struct tern_tp_conn *prev, *next;   /* the endpoint's connections */
+    struct tern_tp_conn *ready_next;    /* its ready list */
+    bool on_ready;
 };
+
+/* The endpoint's list of connections, and its ready list of connections
+ * with work left over (more frames than a poll took, events owed) that the
+ * next poll serves first. */
+void tp_conn_add(struct tern_tp_ep *ep, struct tern_tp_conn *c);
+void tp_conn_del(struct tern_tp_conn *c);      /* also leaves the ready list */
+void tp_ready_push(struct tern_tp_conn *c);
+void tp_ready_remove(struct tern_tp_conn *c);
+/* Detach the whole ready list (clearing on_ready is the caller's, per
+ * connection, as it serves them). */
+struct tern_tp_conn *tp_ready_take(struct tern_tp_ep *ep);
 
 /* Check a peer's one-sided access against this endpoint's regions; on
  * success *where points at the local bytes. TERN_EREMACCESS otherwise. */

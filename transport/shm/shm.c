@@ -54,24 +54,7 @@ struct shm_frag {
 
 void shm_ready_push(struct shm_conn *c)
 {
-    struct shm_ep *ep = SEP(c->base.ep);
-
-    if (!c->on_ready) {
-        c->on_ready = true;
-        c->ready_next = ep->ready;
-        ep->ready = c;
-    }
-}
-
-static void ready_remove(struct shm_conn *c)
-{
-    struct shm_conn **pp = &SEP(c->base.ep)->ready;
-
-    while (c->on_ready && *pp && *pp != c)
-        pp = &(*pp)->ready_next;
-    if (c->on_ready && *pp)
-        *pp = c->ready_next;
-    c->on_ready = false;
+    tp_ready_push(&c->base);
 }
 
 static struct shm_conn *conn_new(struct shm_ep *ep)
@@ -80,12 +63,7 @@ static struct shm_conn *conn_new(struct shm_ep *ep)
 
     if (!c)
         return NULL;
-    c->base.ep = &ep->base;
-    c->next = ep->conns;
-    if (ep->conns)
-        ep->conns->prev = c;
-    ep->conns = c;
-    ep->nconns++;
+    tp_conn_add(&ep->base, &c->base);
     return c;
 }
 
@@ -93,7 +71,7 @@ struct shm_conn *shm_conn_attach(struct shm_link *l, uint32_t chan, bool accepte
 {
     struct shm_conn *c;
 
-    if (l->ep->nconns >= l->ep->base.cfg.max_conns || !(c = conn_new(l->ep)))
+    if (l->ep->base.nconns >= l->ep->base.cfg.max_conns || !(c = conn_new(l->ep)))
         return NULL;
     c->link = l;
     c->chan = chan;
@@ -134,21 +112,13 @@ void shm_conn_peer_gone(struct shm_conn *c)
 static void shm_disconnect(struct tern_tp_conn *conn)
 {
     struct shm_conn *c = SCONN(conn);
-    struct shm_ep *ep = SEP(conn->ep);
 
     if (c->link) {
         if (c->state == ST_OPEN || c->state == ST_DRAINING)
             shm_link_send_close(c->link, c->chan);
         shm_link_drop_conn(c->link, c);
     }
-    ready_remove(c);
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        ep->conns = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
-    ep->nconns--;
+    tp_conn_del(&c->base);
     free(c->stage);
     free(c->reasm);
     free(c);
@@ -171,7 +141,7 @@ static int shm_connect(struct tern_tp_ep *base, const char *addr, struct tern_tp
     struct shm_conn *c;
     int rc;
 
-    if (ep->nconns >= base->cfg.max_conns)
+    if (base->nconns >= base->cfg.max_conns)
         return TERN_ENOBUFS;
     rc = shm_link_for(ep, addr, &l);
     if (rc == TERN_EBADADDR)
@@ -586,7 +556,7 @@ static int shm_flush(struct tern_tp_ep *base)
 static int shm_poll(struct tern_tp_ep *base, struct tern_tp_event *ev, int max)
 {
     struct shm_ep *ep = SEP(base);
-    struct shm_conn *todo;
+    struct tern_tp_conn *todo;
     int n = 0;
 
     if (ep->armed)
@@ -596,22 +566,21 @@ static int shm_poll(struct tern_tp_ep *base, struct tern_tp_event *ev, int max)
      * link's channel 0 (opens, closes) is read on every poll. */
     shm_links_poll(ep, ++ep->polls % SHM_EPOLL_EVERY == 0);
     /* Owed events first. */
-    todo = ep->ready;
-    ep->ready = NULL;
+    todo = tp_ready_take(base);
     while (todo) {
-        struct shm_conn *c = todo;
+        struct shm_conn *c = SCONN(todo);
 
-        todo = c->ready_next;
-        c->on_ready = false;
+        todo = todo->ready_next;
+        c->base.on_ready = false;
         if (n < max)
             n += conn_progress(c, ev + n, max - n);
         if (conn_owes(c))
             shm_ready_push(c);
     }
     /* Then every open connection, a bounded batch each. */
-    for (struct shm_conn *c = ep->conns; c && n < max; c = c->next)
-        if (c->state == ST_OPEN && !c->on_ready)
-            n += conn_progress(c, ev + n, max - n);
+    for (struct tern_tp_conn *b = base->conns; b && n < max; b = b->next)
+        if (SCONN(b)->state == ST_OPEN && !b->on_ready)
+            n += conn_progress(SCONN(b), ev + n, max - n);
     shm_links_doorbells(ep);
     return n;
 }
@@ -638,15 +607,15 @@ static int shm_arm(struct tern_tp_ep *base)
 {
     struct shm_ep *ep = SEP(base);
 
-    if (ep->ready)
+    if (base->ready)
         return TERN_EAGAIN;
     /* Tell every peer we sleep, then look once more: a message published
      * before the peer saw the flag is found here, one after it rings. */
     shm_links_set_sleeping(ep, true);
-    for (struct shm_conn *c = ep->conns; c; c = c->next)
-        /* A sender waiting for credit may sleep: the receiver rings the
-         * doorbell when it answers the credit request (ring_rx_answered). */
-        if (c->state == ST_OPEN && conn_has_input(c))
+    /* A sender waiting for credit may sleep: the receiver rings the
+     * doorbell when it answers the credit request (ring_rx.answered). */
+    for (struct tern_tp_conn *b = base->conns; b; b = b->next)
+        if (SCONN(b)->state == ST_OPEN && conn_has_input(SCONN(b)))
             return TERN_EAGAIN;
     for (struct shm_link *l = ep->links; l; l = l->next) {
         const void *v;
@@ -702,8 +671,8 @@ static void shm_ep_close(struct tern_tp_ep *base)
 {
     struct shm_ep *ep = SEP(base);
 
-    while (ep->conns)
-        shm_disconnect(&ep->conns->base);
+    while (base->conns)
+        shm_disconnect(base->conns);
     shm_links_close_all(ep);
     close(ep->epfd);
 }

@@ -61,8 +61,6 @@ struct shm_conn {
     struct tern_tp_conn base;
     struct shm_link *link;
     uint32_t chan;
-    struct shm_conn *prev, *next, *ready_next;
-    bool on_ready;
     enum shm_state state;
     struct tp_conn_events ev;      /* owed events, one-sided in flight */
     bool want_writable;
@@ -89,8 +87,7 @@ struct shm_ep {
     int epfd;
     struct shm_listener *listeners;
     struct shm_link *links;
-    struct shm_conn *conns, *ready;
-    unsigned nconns, nlinks, polls, auto_names;
+    unsigned nlinks, polls, auto_names;
     bool armed;                    /* peers were told we sleep */
     struct ring_geometry g;        /* for links we open */
     struct epoll_event evbuf[64];

@@ -52,10 +52,8 @@ enum tcp_state { ST_CONNECTING, ST_OPEN, ST_DEAD };
 struct tcp_conn {
     struct tern_tp_conn base;
     struct tcp_obj obj;
-    struct tcp_conn *prev, *next;     /* all connections of the endpoint */
-    struct tcp_conn *ready_next;      /* ready list */
     struct tcp_conn *dirty_next;      /* posted frames not yet sent */
-    bool on_ready, dirty;
+    bool dirty;
     enum tcp_state state;
     struct tp_conn_events ev;         /* owed events, one-sided in flight */
     bool want_writable;               /* an alloc failed with EAGAIN */
@@ -80,10 +78,7 @@ struct tcp_ep {
     struct tern_tp_ep base;
     int epfd;
     struct tcp_listener *listeners;
-    struct tcp_conn *conns;
-    struct tcp_conn *ready;
     struct tcp_conn *dirty;
-    unsigned nconns;
     unsigned spins;
     struct epoll_event evbuf[TCP_EPOLL_BATCH];
 };
@@ -96,26 +91,7 @@ struct tcp_ep {
 
 static void ready_push(struct tcp_conn *c)
 {
-    struct tcp_ep *ep = TEP(c->base.ep);
-
-    if (c->on_ready)
-        return;
-    c->on_ready = true;
-    c->ready_next = ep->ready;
-    ep->ready = c;
-}
-
-static void ready_remove(struct tcp_conn *c)
-{
-    struct tcp_conn **pp = &TEP(c->base.ep)->ready;
-
-    if (!c->on_ready)
-        return;
-    while (*pp && *pp != c)
-        pp = &(*pp)->ready_next;
-    if (*pp)
-        *pp = c->ready_next;
-    c->on_ready = false;
+    tp_ready_push(&c->base);
 }
 
 /* Posted frames are sent by the next flush (tern_tp_flush, or the start and
@@ -235,11 +211,7 @@ static struct tcp_conn *conn_new(struct tcp_ep *ep, int fd)
     if (epoll_ctl(ep->epfd, EPOLL_CTL_ADD, fd, &e) < 0)
         goto fail;
     c->in_epoll = true;
-    c->next = ep->conns;
-    if (ep->conns)
-        ep->conns->prev = c;
-    ep->conns = c;
-    ep->nconns++;
+    tp_conn_add(&ep->base, &c->base);
     return c;
 fail:
     free(c->rx);
@@ -280,15 +252,8 @@ static void tcp_disconnect(struct tern_tp_conn *conn)
             epoll_ctl(ep->epfd, EPOLL_CTL_DEL, c->obj.fd, NULL);
         close(c->obj.fd);
     }
-    ready_remove(c);
     dirty_remove(c);
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        ep->conns = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
-    ep->nconns--;
+    tp_conn_del(&c->base);
     free(c->rx);
     free(c->tx);
     free(c);
@@ -821,13 +786,13 @@ static void do_accept(struct tcp_ep *ep, struct tcp_listener *l)
                 continue;
             return;
         }
-        if (ep->nconns >= ep->base.cfg.max_conns || !(c = conn_new(ep, fd))) {
+        if (ep->base.nconns >= ep->base.cfg.max_conns || !(c = conn_new(ep, fd))) {
             static struct tern_log_limit limit;
 
             if (tern_log_allow(&limit)) {
                 tern_log(TERN_LOG_WARN, LOG_WHO,
                          "refusing connection: %u connections open (%u more refused)",
-                         ep->nconns, limit.held);
+                         ep->base.nconns, limit.held);
                 limit.held = 0;
             }
             close(fd);
@@ -891,7 +856,7 @@ static int tcp_connect(struct tern_tp_ep *base, const char *addr, struct tern_tp
 
     if (rc < 0)
         return rc;
-    if (ep->nconns >= base->cfg.max_conns) {
+    if (ep->base.nconns >= base->cfg.max_conns) {
         freeaddrinfo(ai);
         return TERN_ENOBUFS;
     }
@@ -937,8 +902,8 @@ static void tcp_ep_close(struct tern_tp_ep *base)
 {
     struct tcp_ep *ep = TEP(base);
 
-    while (ep->conns)
-        tcp_disconnect(&ep->conns->base);
+    while (base->conns)
+        tcp_disconnect(base->conns);
     while (ep->listeners) {
         struct tcp_listener *l = ep->listeners;
 
@@ -952,21 +917,20 @@ static void tcp_ep_close(struct tern_tp_ep *base)
 static int tcp_poll(struct tern_tp_ep *base, struct tern_tp_event *ev, int max)
 {
     struct tcp_ep *ep = TEP(base);
-    struct tcp_conn *todo;
+    struct tern_tp_conn *todo;
     int n = 0, ne;
 
     tcp_flush(base);
     /* Connections with leftover work first, but they get at most three
      * quarters of the events: a flooder that always has frames buffered must
      * not keep the others (and new accepts) from being looked at. */
-    todo = ep->ready;
-    ep->ready = NULL;
+    todo = tp_ready_take(base);
     while (todo) {
-        struct tcp_conn *c = todo;
+        struct tcp_conn *c = TCONN(todo);
         int cap = max >= 4 ? max - max / 4 : max;
 
-        todo = c->ready_next;
-        c->on_ready = false;
+        todo = todo->ready_next;
+        c->base.on_ready = false;
         if (n < cap)
             n += conn_progress(c, ev + n, cap - n);
         if (conn_has_work(c))
@@ -979,10 +943,12 @@ static int tcp_poll(struct tern_tp_ep *base, struct tern_tp_event *ev, int max)
      * system call where epoll_wait() + recv() costs two when data comes.
      * epoll still runs every TCP_DIRECT_EPOLL polls for accepts, connects
      * and EPOLLOUT. */
-    if (base->cfg.mode == TERN_TP_POLL_BUSY && ep->nconns <= TCP_DIRECT_MAX &&
+    if (base->cfg.mode == TERN_TP_POLL_BUSY && ep->base.nconns <= TCP_DIRECT_MAX &&
         ++ep->spins % TCP_DIRECT_EPOLL) {
-        for (struct tcp_conn *c = ep->conns; c && n < max; c = c->next) {
-            if (c->state != ST_OPEN || c->on_ready || c->rx_paused || c->rx_wait_tx) {
+        for (struct tern_tp_conn *b = base->conns; b && n < max; b = b->next) {
+            struct tcp_conn *c = TCONN(b);
+
+            if (c->state != ST_OPEN || b->on_ready || c->rx_paused || c->rx_wait_tx) {
                 if (c->tx_head < c->tx_tail && c->state == ST_OPEN)
                     tx_flush(c);
                 continue;
@@ -1011,7 +977,7 @@ static int tcp_poll(struct tern_tp_ep *base, struct tern_tp_event *ev, int max)
         if (ep->evbuf[i].events & EPOLLOUT)
             tx_flush(c);
         if (c->state == ST_OPEN && (ep->evbuf[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP))) {
-            if (n < max && !c->on_ready)
+            if (n < max && !c->base.on_ready)
                 n += conn_progress(c, ev + n, max - n);
             if (conn_has_work(c))
                 ready_push(c);
@@ -1019,12 +985,12 @@ static int tcp_poll(struct tern_tp_ep *base, struct tern_tp_event *ev, int max)
     }
 owed:
     /* Events owed by accepts and failures found above. */
-    while (n < max && ep->ready) {
-        struct tcp_conn *c = ep->ready;
+    while (n < max && base->ready) {
+        struct tcp_conn *c = TCONN(base->ready);
         int got;
 
-        ep->ready = c->ready_next;
-        c->on_ready = false;
+        base->ready = c->base.ready_next;
+        c->base.on_ready = false;
         got = conn_progress(c, ev + n, max - n);
         n += got;
         if (conn_has_work(c)) {
@@ -1047,7 +1013,7 @@ static int tcp_wait_fd(struct tern_tp_ep *base)
 
 static int tcp_arm(struct tern_tp_ep *base)
 {
-    return TEP(base)->ready ? TERN_EAGAIN : 0;
+    return base->ready ? TERN_EAGAIN : 0;
 }
 
 static int tcp_wait(struct tern_tp_ep *base, int timeout_ms)
@@ -1055,7 +1021,7 @@ static int tcp_wait(struct tern_tp_ep *base, int timeout_ms)
     struct tcp_ep *ep = TEP(base);
     struct epoll_event e;
 
-    if (ep->ready)
+    if (base->ready)
         return 1;
     /* Level-triggered: whatever this reports, the next poll sees again. */
     return epoll_wait(ep->epfd, &e, 1, timeout_ms) > 0;

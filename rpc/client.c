@@ -191,6 +191,16 @@ int tern_call(struct tern_session *s, uint16_t svc, uint16_t method, const void 
         ep->n_deadlines++;
     if (call_id)
         *call_id = c->id;
+    /* The common case, straight onto the wire: nothing queued ahead of
+     * it, a credit free and room to send. */
+    if (!s->queued.head && s->state == SESS_OPEN && !s->blocked && s->sent.n < s->credits &&
+        call_send(s, c, &now) == 0) {
+        c->state = CALL_SENT;
+        list_push(&s->sent, c);
+        if (!ep->polling)
+            tern_tp_flush(tern_tp_conn_ep(s->conn));
+        return 0;
+    }
     list_push(&s->queued, c);
     pump_at(s, now);
     return 0;

@@ -13,21 +13,34 @@ set -euo pipefail
 cd "$(dirname "$0")"
 ROOT=$(pwd)
 
-PKGS=(build-essential meson ninja-build pkg-config check libsubunit-dev python3
-      libdpdk-dev)   # DPDK 22.11: the ntb rawdev glue (transport/ntb)
+PKGS=(build-essential meson ninja-build pkg-config check libsubunit-dev python3)
+# Optional: without them the build leaves the matching parts out.
+OPTIONAL=(libdpdk-dev)   # DPDK 22.11: the ntb rawdev glue (transport/ntb)
 
 log() { printf '== %s\n' "$*" >&2; }
 
-install_deps() {
-    local missing=() sudo=()
-    for p in "${PKGS[@]}"; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+missing_of() {
+    for p in "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || echo "$p"
     done
-    [ ${#missing[@]} -eq 0 ] && return 0
+}
+
+install_deps() {
+    local missing optional sudo=()
+    mapfile -t missing < <(missing_of "${PKGS[@]}")
+    mapfile -t optional < <(missing_of "${OPTIONAL[@]}")
+    [ ${#missing[@]} -eq 0 ] && [ ${#optional[@]} -eq 0 ] && return 0
     [ "$(id -u)" -ne 0 ] && sudo=(sudo)
-    log "installing ${missing[*]}"
     "${sudo[@]}" apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
+    if [ ${#missing[@]} -gt 0 ]; then
+        log "installing ${missing[*]}"
+        DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
+    fi
+    if [ ${#optional[@]} -gt 0 ]; then
+        log "installing ${optional[*]} (optional)"
+        DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${optional[@]}" \
+            >/dev/null || log "could not install ${optional[*]}; building without them"
+    fi
 }
 
 # build DIR [meson options...]: configure once, then (re)build.

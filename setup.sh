@@ -11,7 +11,6 @@
 set -euo pipefail
 
 cd "$(dirname "$0")"
-ROOT=$(pwd)
 
 PKGS=(build-essential meson ninja-build pkg-config check libsubunit-dev python3)
 # Optional: without them the build leaves the matching parts out.
@@ -94,6 +93,7 @@ consumer() {
     dest=$(mktemp -d)
     meson install -C build --destdir "$dest" >/dev/null || return 1
     pc=$(dirname "$(find "$dest" -name tern.pc | head -n 1)")
+    # shellcheck disable=SC2046  # pkg-config's flags are meant to split
     PKG_CONFIG_SYSROOT_DIR=$dest PKG_CONFIG_PATH=$pc \
         cc -std=gnu11 -Wall -Werror examples/hello.c \
         $(PKG_CONFIG_SYSROOT_DIR=$dest PKG_CONFIG_PATH=$pc pkg-config --cflags --libs tern) \

@@ -145,6 +145,19 @@ static void start_server(const struct tern_rpc_config *cfg)
     start_server_at(cfg, listen_uris[0]);
 }
 
+/* A server on TCP that also listens on shm, and the auto:// URI to it. */
+static void start_auto_server(char *auto_uri, size_t len)
+{
+    if (!registered_kill) {
+        atexit(kill_server_at_exit);
+        registered_kill = true;
+    }
+    server_pid = spawn_rpc_server_at(setup_service_and_shm, NULL, "tcp://127.0.0.1:0", uri,
+                                     sizeof(uri));
+    ck_assert_int_gt(server_pid, 0);
+    snprintf(auto_uri, len, "auto://%s", uri + strlen("tcp://"));
+}
+
 /* SIGTERM: the server must stop and exit cleanly. */
 static void finish_server(void)
 {
@@ -688,13 +701,7 @@ START_TEST(auto_picks_shm_on_same_host)
     char auto_uri[160];
     int rc;
 
-    if (!registered_kill) {
-        atexit(kill_server_at_exit);
-        registered_kill = true;
-    }
-    server_pid = spawn_rpc_server_at(setup_service_and_shm, NULL, "tcp://127.0.0.1:0", uri,
-                                     sizeof(uri));
-    snprintf(auto_uri, sizeof(auto_uri), "auto://%s", uri + strlen("tcp://"));
+    start_auto_server(auto_uri, sizeof(auto_uri));
 
     ck_assert_int_eq(tern_rpc_ep_create(NULL, &ep), 0);
     rc = tern_rpc_connect(ep, auto_uri, 5 * SEC, &s);
@@ -758,13 +765,7 @@ START_TEST(failover_loses_no_call_and_runs_none_twice)
     double t0;
     int rc;
 
-    if (!registered_kill) {
-        atexit(kill_server_at_exit);
-        registered_kill = true;
-    }
-    server_pid = spawn_rpc_server_at(setup_service_and_shm, NULL, "tcp://127.0.0.1:0", uri,
-                                     sizeof(uri));
-    snprintf(auto_uri, sizeof(auto_uri), "auto://%s", uri + strlen("tcp://"));
+    start_auto_server(auto_uri, sizeof(auto_uri));
     ck_assert_int_eq(tern_rpc_ep_create(NULL, &ep), 0);
     ck_assert_int_eq(tern_rpc_connect(ep, auto_uri, 5 * SEC, &s), 0);
     ck_assert_str_eq(tern_session_fabric(s), "shm");

@@ -78,12 +78,6 @@ int tp_emit_dead(struct tp_conn_events *e, struct tern_tp_conn *c, struct tern_t
     return n;
 }
 
-bool tp_events_owed(const struct tp_conn_events *e)
-{
-    return e->accepted || e->connected || e->writable ||
-           (e->dead && (e->closed || e->pend_head != e->pend_tail));
-}
-
 void tp_conn_add(struct tern_tp_ep *ep, struct tern_tp_conn *c)
 {
     c->ep = ep;

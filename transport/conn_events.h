@@ -51,7 +51,12 @@ int tp_emit_owed(struct tp_conn_events *e, struct tern_tp_conn *c, struct tern_t
 int tp_emit_dead(struct tp_conn_events *e, struct tern_tp_conn *c, struct tern_tp_event *ev,
                  int max);
 
-/* True while any event is owed. */
-bool tp_events_owed(const struct tp_conn_events *e);
+/* True while any event is owed. Inline: idle polls ask it of every
+ * connection. */
+static inline bool tp_events_owed(const struct tp_conn_events *e)
+{
+    return e->accepted || e->connected || e->writable ||
+           (e->dead && (e->closed || e->pend_head != e->pend_tail));
+}
 
 #endif

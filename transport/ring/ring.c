@@ -29,10 +29,7 @@ static inline uint64_t hdr_make(uint32_t len, enum ring_type type, uint32_t seq)
     return (uint64_t)len | (uint64_t)type << 32 | (uint64_t)(seq & SEQ_MASK) << 40;
 }
 
-static inline uint32_t align8(uint32_t n)
-{
-    return (n + RING_ALIGN - 1) & ~(uint32_t)(RING_ALIGN - 1);
-}
+
 
 /* Order the payload stores before the header store. On ordinary
  * (write-back) memory x86 keeps stores in order and a compiler barrier is
@@ -105,7 +102,7 @@ static void store_hdr(uint8_t *at, uint64_t h)
 void *ring_tx_reserve(struct ring_tx *tx, uint32_t len)
 {
     uint32_t pos = (uint32_t)(tx->head & (tx->size - 1));
-    uint32_t need = RING_HDR + align8(len), tail_room = tx->size - pos;
+    uint32_t need = ring_rec_bytes(len), tail_room = tx->size - pos;
     uint32_t total = need + (tail_room < need ? tail_room : 0);
     uint64_t consumed;
 
@@ -144,7 +141,7 @@ void ring_tx_publish(struct ring_tx *tx, uint32_t len, enum ring_type type)
     publish_fence(tx, len);
     store_hdr(hdr, hdr_make(len, type, tx->seq));
     tx->seq = seq_next(tx->seq);
-    tx->head += RING_HDR + align8(len);
+    tx->head += ring_rec_bytes(len);
     tx->resv = NULL;
 }
 
@@ -165,7 +162,7 @@ static bool hdr_fresh(uint64_t h, uint32_t seq)
 
 /* Write our consumed index into the sender's window. Clear its request
  * first: a request raised after it sees this answer must survive. */
-static void report(struct ring_rx *rx)
+void ring_rx_report(struct ring_rx *rx)
 {
     if (__atomic_load_n(&rx->my_ctl->credit_req, __ATOMIC_RELAXED))
         rx->answered = true;    /* the sender may sleep on it: ring */
@@ -174,7 +171,8 @@ static void report(struct ring_rx *rx)
     rx->reported = rx->released;
 }
 
-int ring_rx_peek(struct ring_rx *rx, const void **view, uint32_t *len, enum ring_type *type)
+int ring_rx_peek_slow(struct ring_rx *rx, const void **view, uint32_t *len,
+                      enum ring_type *type)
 {
     for (;;) {
         uint32_t pos = (uint32_t)(rx->parsed & (rx->size - 1));
@@ -207,7 +205,7 @@ int ring_rx_peek(struct ring_rx *rx, const void **view, uint32_t *len, enum ring
         *view = rx->ring + pos + RING_HDR;
         *len = l;
         *type = t;
-        rx->parsed += RING_HDR + align8(l);
+        rx->parsed += ring_rec_bytes(l);
         rx->views++;
         return 1;
     }
@@ -215,7 +213,7 @@ int ring_rx_peek(struct ring_rx *rx, const void **view, uint32_t *len, enum ring
 
 void ring_rx_unpeek(struct ring_rx *rx, uint32_t len)
 {
-    rx->parsed -= RING_HDR + align8(len);
+    rx->parsed -= ring_rec_bytes(len);
     rx->seq = seq_prev(rx->seq);
     rx->views--;
 }
@@ -226,7 +224,7 @@ static enum ring_type free_record(struct ring_rx *rx)
     uint32_t pos = (uint32_t)(rx->released & (rx->size - 1));
     uint64_t h = load_hdr(rx->ring + pos);
     enum ring_type t = (enum ring_type)((h >> 32) & 0xff);
-    uint32_t bytes = t == RING_PAD ? rx->size - pos : RING_HDR + align8((uint32_t)h);
+    uint32_t bytes = t == RING_PAD ? rx->size - pos : ring_rec_bytes((uint32_t)h);
 
     memset(rx->ring + pos, 0, bytes);
     rx->released += bytes;
@@ -252,12 +250,5 @@ void ring_rx_release(struct ring_rx *rx)
         free_record(rx);
     if (rx->released - rx->reported >= rx->size / 4 ||
         __atomic_load_n(&rx->my_ctl->credit_req, __ATOMIC_RELAXED))
-        report(rx);
-}
-
-void ring_rx_credit(struct ring_rx *rx)
-{
-    if (rx->released != rx->reported &&
-        __atomic_load_n(&rx->my_ctl->credit_req, __ATOMIC_RELAXED))
-        report(rx);
+        ring_rx_report(rx);
 }

@@ -15,8 +15,9 @@
  *
  * A window is split into channels: one per connection, each with its own
  * ring, so a connection that stops reading blocks only itself. Records are
- * [8-byte header][payload padded to 8]; a record never wraps (a PAD record
- * fills the end of the ring), so every message is one contiguous view.
+ * [8-byte header][payload], padded to whole cache lines; a record never
+ * wraps (a PAD record fills the end of the ring), so every message is one
+ * contiguous view.
  *
  * Flow control is by credit: the sender may be at most ring_bytes ahead of
  * the consumed index the receiver last wrote back. The receiver writes it
@@ -30,7 +31,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define RING_ALIGN 8
 #define RING_HDR 8
 
 /* Record types (8 bits in the header). */
@@ -122,7 +122,43 @@ uint32_t ring_tx_room(const struct ring_tx *tx);
  * type; 0 if none yet; TERN_EPROTO if the ring holds something no correct
  * sender writes (the channel is then unusable). Views must be released in
  * order with ring_rx_release(). */
-int ring_rx_peek(struct ring_rx *rx, const void **view, uint32_t *len, enum ring_type *type);
+int ring_rx_peek_slow(struct ring_rx *rx, const void **view, uint32_t *len,
+                      enum ring_type *type);
+
+/* Ring bytes a record with `len` payload bytes takes: records start on
+ * cache lines, so a sender filling the next record never writes a line the
+ * receiver is still reading or zeroing. */
+static inline uint32_t ring_rec_bytes(uint32_t len)
+{
+    return (RING_HDR + len + 63) & ~63u;
+}
+
+static inline int ring_rx_peek(struct ring_rx *rx, const void **view, uint32_t *len,
+                               enum ring_type *type)
+{
+    uint32_t pos = (uint32_t)(rx->parsed & (rx->size - 1));
+    uint64_t h;
+
+    if (rx->parsed - rx->released >= rx->size)
+        return 0;
+    h = __atomic_load_n((const uint64_t *)(const void *)(rx->ring + pos), __ATOMIC_ACQUIRE);
+    if (!h)
+        return 0;
+    /* The common case inline: the next record, a message or control record
+     * that fits. Anything else (PAD, a bad header) takes the slow path. */
+    uint32_t l = (uint32_t)h, t = (uint32_t)(h >> 32) & 0xff;
+
+    if ((uint32_t)(h >> 40) != rx->seq || t == 0 || t > 3 || l > rx->size - pos - RING_HDR)
+        return ring_rx_peek_slow(rx, view, len, type);
+    rx->seq = (rx->seq + 1) & 0xffffffu;
+    rx->seq += !rx->seq;
+    *view = rx->ring + pos + RING_HDR;
+    *len = l;
+    *type = (enum ring_type)t;
+    rx->parsed += ring_rec_bytes(l);
+    rx->views++;
+    return 1;
+}
 
 /* Put back the record the last ring_rx_peek() returned (length `len`), to
  * be peeked again later: for a record that cannot be handled yet. */
@@ -132,8 +168,36 @@ void ring_rx_unpeek(struct ring_rx *rx, uint32_t len);
  * when a quarter ring has been freed or the sender asked for credit. */
 void ring_rx_release(struct ring_rx *rx);
 
+/* Write the consumed index back to the sender now (ring_rx_credit's slow
+ * half). */
+void ring_rx_report(struct ring_rx *rx);
+
+/* True if the sender asked for credit and there is some to give. */
+static inline bool ring_rx_credit_due(const struct ring_rx *rx)
+{
+    return rx->released != rx->reported &&
+           __atomic_load_n(&rx->my_ctl->credit_req, __ATOMIC_RELAXED);
+}
+
 /* Answer a pending credit request even if nothing was released lately
  * (called from the poll loop so a congested sender never waits forever). */
-void ring_rx_credit(struct ring_rx *rx);
+static inline void ring_rx_credit(struct ring_rx *rx)
+{
+    if (ring_rx_credit_due(rx))
+        ring_rx_report(rx);
+}
+
+/* True if a poll would find nothing to do on this ring: no record at the
+ * read position (or every byte held) and no credit owed. The idle poll
+ * loop runs this test on every channel, so it is a few loads, inline. */
+static inline bool ring_rx_quiet(const struct ring_rx *rx)
+{
+    uint32_t pos = (uint32_t)(rx->parsed & (rx->size - 1));
+
+    if (rx->parsed - rx->released < rx->size &&
+        __atomic_load_n((const uint64_t *)(const void *)(rx->ring + pos), __ATOMIC_RELAXED))
+        return false;
+    return !rx->answered && !ring_rx_credit_due(rx);
+}
 
 #endif

@@ -211,7 +211,7 @@ static int link_send(struct shm_link *l, uint32_t op, uint32_t chan)
         return TERN_EAGAIN;
     memcpy(p, &m, sizeof(m));
     ring_tx_publish(&l->ctl_tx, sizeof(m), RING_CTL);
-    l->published = true;
+    shm_link_published(l);
     return 0;
 }
 
@@ -234,6 +234,8 @@ static void link_control(struct shm_link *l)
     enum ring_type t;
     int rc;
 
+    if (ring_rx_quiet(&l->ctl_rx))
+        return;
     while (l->state == LINK_OPEN && (rc = ring_rx_peek(&l->ctl_rx, &v, &len, &t)) != 0) {
         struct link_msg m;
 
@@ -264,7 +266,7 @@ static void link_control(struct shm_link *l)
     ring_rx_credit(&l->ctl_rx);
     if (l->ctl_rx.answered) {
         l->ctl_rx.answered = false;
-        l->published = true;
+        shm_link_published(l);
     }
 }
 
@@ -538,6 +540,9 @@ static inline void full_fence(void)
  * ring check). The peer clears its flag itself when it wakes. */
 void shm_links_doorbells(struct shm_ep *ep)
 {
+    if (!ep->bells)
+        return;
+    ep->bells = false;
     for (struct shm_link *l = ep->links; l; l = l->next) {
         struct link_ctl *me;
 

@@ -89,6 +89,7 @@ struct shm_ep {
     struct shm_link *links;
     unsigned nlinks, polls, auto_names;
     bool armed;                    /* peers were told we sleep */
+    bool bells;                    /* some link has `published` set */
     struct ring_geometry g;        /* for links we open */
     struct epoll_event evbuf[64];
 };
@@ -108,6 +109,14 @@ void shm_link_drop_conn(struct shm_link *l, struct shm_conn *c);
 /* Sockets (accepts, HELLOs, hang-ups, doorbells) and control records. */
 void shm_links_poll(struct shm_ep *ep, bool sockets);
 void shm_links_doorbells(struct shm_ep *ep);
+
+/* A record went out on `l`: check at the end of the poll whether its peer
+ * sleeps and needs the doorbell. */
+static inline void shm_link_published(struct shm_link *l)
+{
+    l->published = true;
+    l->ep->bells = true;
+}
 /* Sleep protocol: tell peers we sleep / are awake. */
 void shm_links_set_sleeping(struct shm_ep *ep, bool sleeping);
 void shm_links_close_all(struct shm_ep *ep);

@@ -35,6 +35,7 @@ bool tp_next2(struct tern_tp_ep *ep, struct tern_tp_ep *other, struct tern_tp_ev
 struct tp_pair {
     struct tern_tp_ep *a, *b;
     struct tern_tp_conn *client, *server;
+    char bound[128];        /* where b listens */
 };
 
 /* Listen on b, connect from a, wait for CONNECTED and ACCEPTED. */

@@ -24,6 +24,7 @@ static const struct {
     {"rpc_procs", suite_rpc_procs},
     {"ring", suite_ring},
     {"ntb", suite_ntb},
+    {"ntb_link", suite_ntb_link},
     {"select", suite_select},
     {"shm", suite_shm},
 };

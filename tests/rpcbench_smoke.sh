@@ -7,7 +7,7 @@ out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 "$bench" echo --fabric all --size 64,4k --window 1,4 --iters 2000 --json >"$out" 2>/dev/null
 lines=$(wc -l <"$out")
-[ "$lines" -eq 8 ] || { echo "expected 8 JSON lines (tcp, shm), got $lines"; cat "$out"; exit 1; }
+[ "$lines" -eq 12 ] || { echo "expected 12 JSON lines (tcp, shm, ntb-emu), got $lines"; cat "$out"; exit 1; }
 python3 - "$out" <<'PY'
 import json, sys
 keys = ["workload", "fabric", "size", "window", "iters", "p50_ns", "p99_ns",
@@ -16,12 +16,12 @@ for line in open(sys.argv[1]):
     o = json.loads(line)
     missing = [k for k in keys if k not in o]
     assert not missing, f"missing keys {missing}"
-    assert o["workload"] == "echo" and o["fabric"] in ("tcp", "shm"), o
+    assert o["workload"] == "echo" and o["fabric"] in ("tcp", "shm", "ntb-emu"), o
     assert o["iters"] == 2000, o
     assert 0 < o["p50_ns"] <= o["p99_ns"] <= o["p999_ns"], o
     assert o["ops_per_s"] > 0 and o["mb_per_s"] > 0, o
 fabrics = {json.loads(l)["fabric"] for l in open(sys.argv[1])}
-assert fabrics == {"tcp", "shm"}, fabrics
+assert fabrics == {"tcp", "shm", "ntb-emu"}, fabrics
 print("rpcbench smoke: ok")
 PY
 # The table form prints a header and one row.

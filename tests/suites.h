@@ -12,6 +12,7 @@ Suite *suite_rpc(void);
 Suite *suite_rpc_procs(void);
 Suite *suite_ring(void);
 Suite *suite_ntb(void);
+Suite *suite_ntb_link(void);
 Suite *suite_select(void);
 Suite *suite_shm(void);
 

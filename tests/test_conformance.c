@@ -2,6 +2,7 @@
  * fabric_cases (helpers.c). Each test is a Check loop test whose index picks
  * the fabric, so a new fabric joins by adding one row there. */
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -588,8 +589,13 @@ START_TEST(arm_before_sleeping)
     take_sleeping(p.b, TERN_TP_EV_RECV, 2, "messages");
     drain_then_armed(p.b, "messages");
 
-    /* Three connections accepted at once: ACCEPTED events owed. */
-    ck_assert_int_eq(tern_tp_listen(p.b, FC->listen, bound, sizeof(bound)), 0);
+    /* Three connections accepted at once: ACCEPTED events owed. An NTB
+     * device joins exactly two endpoints, so there they go over the link
+     * that is up; elsewhere to a second listener. */
+    if (strcmp(FC->fabric, "ntb") == 0)
+        snprintf(bound, sizeof(bound), "%s", p.bound);
+    else
+        ck_assert_int_eq(tern_tp_listen(p.b, FC->listen, bound, sizeof(bound)), 0);
     for (int i = 0; i < 3; i++)
         ck_assert_int_eq(tern_tp_connect(p.a, bound, &extra[i]), 0);
     ck_assert_int_eq(poll(&pfd, 1, 5000), 1);

@@ -14,11 +14,13 @@
 static const struct tern_tp_fabric *const fabrics[] = {
     &tern_tp_fabric_tcp,
     &tern_tp_fabric_shm,
+    &tern_tp_fabric_ntb,
 };
 
 static const char *const fabric_names[] = {
     "tcp",
     "shm",
+    "ntb",
     NULL,
 };
 
@@ -36,10 +38,15 @@ int tern_tp_probe(const char *fabric, const char *args, char *desc, size_t desc_
         snprintf(desc, desc_len, "always available");
         return 0;
     }
+    /* ntb: is there hardware? (Emulated devices, "emu:NAME", always work.) */
+    if (strcmp(fabric, "ntb") == 0) {
 #if TERN_HAVE_DPDK
-    if (strcmp(fabric, "ntb") == 0)
         return tern_ntb_describe(args, desc, desc_len);
+#else
+        snprintf(desc, desc_len, "no NTB hardware support: built without DPDK");
+        return TERN_ENODEV;
 #endif
+    }
     snprintf(desc, desc_len, "not built in");
     return TERN_ENOFABRIC;
 }

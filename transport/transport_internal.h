@@ -102,5 +102,6 @@ const struct tern_tp_fabric *tern_tp_fabric_find(const char *name);
 /* Fabrics built into the library. */
 extern const struct tern_tp_fabric tern_tp_fabric_tcp;
 extern const struct tern_tp_fabric tern_tp_fabric_shm;
+extern const struct tern_tp_fabric tern_tp_fabric_ntb;
 
 #endif

@@ -276,10 +276,10 @@ static void print_result(const struct opts *o, const struct result *r, bool head
                r->rss[0], r->rss[1], r->srv_rss[0], r->srv_rss[1]);
     } else {
         if (header)
-            printf("%-8s %-6s %8s %6s %10s %9s %9s %9s %9s %11s %9s\n", "workload", "fabric",
+            printf("%-8s %-7s %7s %6s %10s %9s %9s %9s %9s %11s %9s\n", "workload", "fabric",
                    "size", "window", "iters", "p50_us", "p90_us", "p99_us", "p99.9_us",
                    "ops/s", "MB/s");
-        printf("%-8s %-6s %8zu %6u %10llu %9.2f %9.2f %9.2f %9.2f %11.0f %9.2f\n", r->workload,
+        printf("%-8s %-7s %7zu %6u %10llu %9.2f %9.2f %9.2f %9.2f %11.0f %9.2f\n", r->workload,
                r->fabric, r->size, r->window, (unsigned long long)r->iters,
                hist_quantile(h, 0.5) / 1e3, hist_quantile(h, 0.9) / 1e3,
                hist_quantile(h, 0.99) / 1e3, hist_quantile(h, 0.999) / 1e3, ops, mbs);
@@ -377,6 +377,9 @@ static int run_client(const struct opts *o, const char *uri, bool header)
     }
     /* With auto:// this is the fabric the selection chose. */
     snprintf(fabric, sizeof(fabric), "%s", tern_session_fabric(s));
+    /* Say so when the NTB link is the emulated one. */
+    if (strncmp(uri, "ntb://emu:", 10) == 0)
+        snprintf(fabric, sizeof(fabric), "ntb-emu");
     for (unsigned i = 0; i < o->n_sizes && rc == 0; i++)
         for (unsigned w = 0; w < o->n_windows && rc == 0; w++, header = false)
             rc = bench_one(o, ep, s, fabric, o->sizes[i], o->windows[w], header);
@@ -407,6 +410,8 @@ static int run_local(const struct opts *o)
             snprintf(listen, sizeof(listen), "auto://127.0.0.1:0");
         else if (strcmp(*names, "tcp") == 0)
             snprintf(listen, sizeof(listen), "tcp://127.0.0.1:0");
+        else if (strcmp(*names, "ntb") == 0)    /* an emulated device, on one host */
+            snprintf(listen, sizeof(listen), "ntb://emu:rpcbench-%d", (int)getpid());
         else
             snprintf(listen, sizeof(listen), "%s://rpcbench-%d", *names, (int)getpid());
         if (pipe(fds) < 0)

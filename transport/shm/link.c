@@ -26,15 +26,7 @@
 #define LOG_WHO "shm"
 #define HELLO_TIMEOUT_S 5           /* an accepted link must say HELLO by then */
 
-/* The first cache line of each window belongs to the link, written by the
- * peer: it says the peer sleeps and wants a doorbell. */
-struct link_ctl {
-    volatile uint32_t peer_sleeping;
-    uint32_t pad[15];
-};
-
 #define RINGS_OFF SHM_RINGS_OFF
-_Static_assert(sizeof(struct link_ctl) == SHM_RINGS_OFF, "link_ctl is the window's first line");
 
 struct hello {
     uint32_t magic;
@@ -42,8 +34,6 @@ struct hello {
     uint32_t n_chan;
     uint32_t ring_bytes;
 };
-
-enum link_op { OP_OPEN = 1, OP_CLOSE = 2 };
 
 struct link_msg {
     uint32_t op;
@@ -104,7 +94,7 @@ static bool window_ok(int fd, size_t size)
            (size_t)st.st_size >= size;
 }
 
-static struct shm_link *link_new(struct shm_ep *ep, int fd)
+struct shm_link *shm_link_new(struct shm_ep *ep, int fd)
 {
     struct shm_link *l = calloc(1, sizeof(*l));
     struct epoll_event e = {.events = EPOLLIN};
@@ -114,7 +104,7 @@ static struct shm_link *link_new(struct shm_ep *ep, int fd)
     l->ep = ep;
     l->obj = (struct shm_obj){.kind = KIND_LINK, .fd = fd};
     e.data.ptr = &l->obj;
-    if (epoll_ctl(ep->epfd, EPOLL_CTL_ADD, fd, &e) < 0) {
+    if (fd >= 0 && epoll_ctl(ep->epfd, EPOLL_CTL_ADD, fd, &e) < 0) {
         free(l);
         return NULL;
     }
@@ -132,22 +122,29 @@ static long long now_s(void)
     return ts.tv_sec;
 }
 
-/* Map the windows and bind channel 0 once the geometry is known. */
-static int link_map(struct shm_link *l, int mine_fd, int peers_fd)
+/* Bind channel 0 to a window pair of the link's geometry. */
+int shm_link_bind(struct shm_link *l, uint8_t *mine, uint8_t *peers)
 {
-    l->win_size = RINGS_OFF + ring_window_size(&l->g);
-    l->chan = calloc(l->g.n_chan, sizeof(*l->chan));
-    l->mine = map_window(mine_fd, l->win_size);
-    l->peers = map_window(peers_fd, l->win_size);
-    if (!l->chan || !l->mine || !l->peers)
+    if (!l->chan && !(l->chan = calloc(l->g.n_chan, sizeof(*l->chan))))
         return TERN_ENOMEM;
-    ring_tx_init(&l->ctl_tx, l->mine + RINGS_OFF, l->peers + RINGS_OFF, &l->g, 0);
-    ring_rx_init(&l->ctl_rx, l->mine + RINGS_OFF, l->peers + RINGS_OFF, &l->g, 0);
+    ring_tx_init(&l->ctl_tx, mine + RINGS_OFF, peers + RINGS_OFF, &l->g, 0);
+    ring_rx_init(&l->ctl_rx, mine + RINGS_OFF, peers + RINGS_OFF, &l->g, 0);
     l->next_chan = 1;
     return 0;
 }
 
-static void link_free(struct shm_link *l)
+/* Map the windows and bind channel 0 once the geometry is known. */
+static int link_map(struct shm_link *l, int mine_fd, int peers_fd)
+{
+    l->win_size = RINGS_OFF + ring_window_size(&l->g);
+    l->mine = map_window(mine_fd, l->win_size);
+    l->peers = map_window(peers_fd, l->win_size);
+    if (!l->mine || !l->peers)
+        return TERN_ENOMEM;
+    return shm_link_bind(l, l->mine, l->peers);
+}
+
+void shm_link_free(struct shm_link *l)
 {
     struct shm_link **pp = &l->ep->links;
 
@@ -160,21 +157,26 @@ static void link_free(struct shm_link *l)
         epoll_ctl(l->ep->epfd, EPOLL_CTL_DEL, l->obj.fd, NULL);
         close(l->obj.fd);
     }
-    if (l->mine)
-        munmap(l->mine, l->win_size);
-    if (l->peers)
-        munmap(l->peers, l->win_size);
+    if (l->ntb) {
+        ntb_link_close(l);      /* the device's windows are not ours to unmap */
+    } else {
+        if (l->mine)
+            munmap(l->mine, l->win_size);
+        if (l->peers)
+            munmap(l->peers, l->win_size);
+    }
     free(l->chan);
     free(l);
 }
 
-/* The peer is gone: its connections hand out what it published, then close. */
-static void link_dead(struct shm_link *l)
+/* The peer is gone: its connections hand out what it published, then close.
+ * (An NTB link stays: ntb_link.c brings it up again.) */
+void shm_link_dead(struct shm_link *l)
 {
     if (l->state == LINK_DEAD)
         return;
     l->state = LINK_DEAD;
-    if (l->obj.fd >= 0) {
+    if (l->obj.fd >= 0 && !l->ntb) {
         epoll_ctl(l->ep->epfd, EPOLL_CTL_DEL, l->obj.fd, NULL);
         close(l->obj.fd);
         l->obj.fd = -1;
@@ -182,8 +184,8 @@ static void link_dead(struct shm_link *l)
     for (uint32_t i = 1; l->chan && i < l->g.n_chan; i++)
         if (l->chan[i])
             shm_conn_peer_gone(l->chan[i]);
-    if (!l->nconns)
-        link_free(l);
+    if (!l->nconns && !l->ntb)
+        shm_link_free(l);
 }
 
 void shm_link_drop_conn(struct shm_link *l, struct shm_conn *c)
@@ -191,15 +193,19 @@ void shm_link_drop_conn(struct shm_link *l, struct shm_conn *c)
     if (c->chan < l->g.n_chan && l->chan[c->chan] == c)
         l->chan[c->chan] = NULL;
     l->nconns--;
+    if (l->ntb) {
+        ntb_link_conn_gone(l, c);
+        return;
+    }
     /* A dead link, or a client link with no channel left to give, goes with
      * its last connection. */
     if (!l->nconns && (l->state == LINK_DEAD || (l->client && l->next_chan >= l->g.n_chan)))
-        link_free(l);
+        shm_link_free(l);
 }
 
 /* ---- control records on channel 0 ---- */
 
-static int link_send(struct shm_link *l, uint32_t op, uint32_t chan)
+int shm_link_send(struct shm_link *l, uint32_t op, uint32_t chan)
 {
     struct link_msg m = {.op = op, .chan = chan};
     void *p;
@@ -217,14 +223,15 @@ static int link_send(struct shm_link *l, uint32_t op, uint32_t chan)
 
 int shm_link_send_open(struct shm_link *l, uint32_t chan)
 {
-    return link_send(l, OP_OPEN, chan);
+    return shm_link_send(l, OP_OPEN, chan);
 }
 
 void shm_link_send_close(struct shm_link *l, uint32_t chan)
 {
     /* Best effort: if channel 0 is full or the link is gone, the peer
      * learns of the close when the link itself goes. */
-    link_send(l, OP_CLOSE, chan);
+    if (shm_link_send(l, OP_CLOSE, chan) == 0 && l->ntb)
+        ntb_link_on_close(l, chan, true);
 }
 
 static void link_control(struct shm_link *l)
@@ -242,7 +249,7 @@ static void link_control(struct shm_link *l)
         if (rc < 0 || t != RING_CTL || len != sizeof(m)) {
             tern_log(TERN_LOG_WARN, LOG_WHO, "link %s: bad control record; closing it",
                      l->name);
-            link_dead(l);
+            shm_link_dead(l);
             return;
         }
         memcpy(&m, v, sizeof(m));
@@ -250,17 +257,23 @@ static void link_control(struct shm_link *l)
         if (m.chan == 0 || m.chan >= l->g.n_chan) {
             tern_log(TERN_LOG_WARN, LOG_WHO, "link %s: control record for channel %u",
                      l->name, m.chan);
-            link_dead(l);
+            shm_link_dead(l);
             return;
         }
-        if (m.op == OP_OPEN && !l->client && !l->chan[m.chan]) {
+        if (m.op == OP_OPEN && (l->ntb ? ntb_link_accepts(l, m.chan) : !l->client) &&
+            !l->chan[m.chan]) {
             if (!shm_conn_attach(l, m.chan, true)) {
                 tern_log(TERN_LOG_WARN, LOG_WHO, "refusing channel %u: connection limit or no memory",
                          m.chan);
-                link_send(l, OP_CLOSE, m.chan);     /* the peer sees CLOSED */
+                shm_link_send_close(l, m.chan);     /* the peer sees CLOSED */
             }
-        } else if (m.op == OP_CLOSE && l->chan[m.chan]) {
-            shm_conn_peer_gone(l->chan[m.chan]);
+        } else if (m.op == OP_CLOSE) {
+            if (l->chan[m.chan])
+                shm_conn_peer_gone(l->chan[m.chan]);
+            if (l->ntb)
+                ntb_link_on_close(l, m.chan, false);
+        } else if (m.op == OP_FREE && l->ntb) {
+            ntb_link_on_free(l, m.chan);
         }
     }
     ring_rx_credit(&l->ctl_rx);
@@ -395,7 +408,7 @@ static int link_connect(struct shm_ep *ep, const char *name, struct shm_link **o
         close(fd);
         return rc;
     }
-    l = link_new(ep, fd);
+    l = shm_link_new(ep, fd);
     if (!l) {
         close(fd);
         return TERN_ENOMEM;
@@ -413,7 +426,7 @@ static int link_connect(struct shm_ep *ep, const char *name, struct shm_link **o
     if (fds[1] >= 0)
         close(fds[1]);
     if (rc < 0) {
-        link_free(l);
+        shm_link_free(l);
         return rc;
     }
     l->state = LINK_OPEN;
@@ -444,7 +457,7 @@ static void do_accept(struct shm_ep *ep, struct shm_listener *ls)
             return;
         /* Each link costs a socket and two mappings: no more of them than
          * connections this endpoint may have. */
-        if (ep->nlinks >= ep->base.cfg.max_conns || !(l = link_new(ep, fd))) {
+        if (ep->nlinks >= ep->base.cfg.max_conns || !(l = shm_link_new(ep, fd))) {
             static struct tern_log_limit limit;
 
             if (tern_log_allow(&limit)) {
@@ -467,7 +480,7 @@ static void do_accept(struct shm_ep *ep, struct shm_listener *ls)
             break;
         default:
             tern_log(TERN_LOG_WARN, LOG_WHO, "bad HELLO; dropping the link");
-            link_free(l);
+            shm_link_free(l);
             break;
         }
     }
@@ -485,16 +498,18 @@ static void on_socket(struct shm_link *l, uint32_t events)
             l->state = LINK_OPEN;
         } else if (rc < 0 || (events & (EPOLLHUP | EPOLLERR))) {
             tern_log(TERN_LOG_WARN, LOG_WHO, "bad or missing HELLO; dropping the link");
-            link_free(l);
+            shm_link_free(l);
         }
         return;
     }
     /* After set-up the socket carries only doorbells and the hang-up. */
     while ((r = recv(l->obj.fd, buf, sizeof(buf), MSG_DONTWAIT)) > 0)
         ;
+    if (l->ntb)
+        return;     /* a doorbell datagram socket: no hang-up to see */
     if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK) ||
         (events & (EPOLLHUP | EPOLLERR)))
-        link_dead(l);
+        shm_link_dead(l);
 }
 
 void shm_links_poll(struct shm_ep *ep, bool sockets)
@@ -513,12 +528,14 @@ void shm_links_poll(struct shm_ep *ep, bool sockets)
     }
     for (struct shm_link *l = ep->links, *next; l; l = next) {
         next = l->next;
+        if (l->ntb)
+            ntb_link_poll(l, sockets);     /* handshake, heartbeat */
         if (l->state == LINK_OPEN) {
             link_control(l);
-        } else if (sockets && l->state == LINK_ACCEPTING &&
+        } else if (sockets && !l->ntb && l->state == LINK_ACCEPTING &&
                    now_s() - l->born_s > HELLO_TIMEOUT_S) {
             tern_log(TERN_LOG_WARN, LOG_WHO, "link %s sent no HELLO; dropping it", l->name);
-            link_free(l);
+            shm_link_free(l);
         }
     }
 }
@@ -551,8 +568,11 @@ void shm_links_doorbells(struct shm_ep *ep)
         l->published = false;
         me = (struct link_ctl *)(void *)l->mine;
         full_fence();
-        if (__atomic_load_n(&me->peer_sleeping, __ATOMIC_RELAXED) &&
-            send(l->obj.fd, "d", 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 && errno != EAGAIN)
+        if (!__atomic_load_n(&me->peer_sleeping, __ATOMIC_RELAXED))
+            continue;
+        if (l->ntb)
+            ntb_link_ring(l);
+        else if (send(l->obj.fd, "d", 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 && errno != EAGAIN)
             tern_log(TERN_LOG_DEBUG, LOG_WHO, "doorbell to %s: %s", l->name, strerror(errno));
     }
 }
@@ -571,7 +591,7 @@ void shm_links_set_sleeping(struct shm_ep *ep, bool sleeping)
 void shm_links_close_all(struct shm_ep *ep)
 {
     while (ep->links)
-        link_free(ep->links);
+        shm_link_free(ep->links);
     while (ep->listeners) {
         struct shm_listener *l = ep->listeners;
 

@@ -67,20 +67,27 @@ static struct shm_conn *conn_new(struct shm_ep *ep)
     return c;
 }
 
+/* Put `c` on channel `chan` of `l` (the link counts it already). */
+void shm_conn_bind(struct shm_conn *c, struct shm_link *l, uint32_t chan)
+{
+    c->link = l;
+    c->chan = chan;
+    l->chan[chan] = c;
+    ring_tx_init(&c->tx, l->mine + SHM_RINGS_OFF, l->peers + SHM_RINGS_OFF, &l->g, chan);
+    ring_rx_init(&c->rx, l->mine + SHM_RINGS_OFF, l->peers + SHM_RINGS_OFF, &l->g, chan);
+    c->tx.wc = l->ctl_tx.wc;    /* an NTB BAR is write-combining */
+    snprintf(c->peer, sizeof(c->peer), "%s://%s#%u", l->ntb ? "ntb" : "shm", l->name, chan);
+    c->state = ST_OPEN;
+}
+
 struct shm_conn *shm_conn_attach(struct shm_link *l, uint32_t chan, bool accepted)
 {
     struct shm_conn *c;
 
     if (l->ep->base.nconns >= l->ep->base.cfg.max_conns || !(c = conn_new(l->ep)))
         return NULL;
-    c->link = l;
-    c->chan = chan;
-    l->chan[chan] = c;
     l->nconns++;
-    ring_tx_init(&c->tx, l->mine + SHM_RINGS_OFF, l->peers + SHM_RINGS_OFF, &l->g, chan);
-    ring_rx_init(&c->rx, l->mine + SHM_RINGS_OFF, l->peers + SHM_RINGS_OFF, &l->g, chan);
-    snprintf(c->peer, sizeof(c->peer), "shm://%s#%u", l->name, chan);
-    c->state = ST_OPEN;
+    shm_conn_bind(c, l, chan);
     if (accepted) {
         c->ev.accepted = true;
         shm_ready_push(c);
@@ -88,7 +95,7 @@ struct shm_conn *shm_conn_attach(struct shm_link *l, uint32_t chan, bool accepte
     return c;
 }
 
-static void conn_fail(struct shm_conn *c, int status, const char *why)
+void shm_conn_fail(struct shm_conn *c, int status, const char *why)
 {
     if (c->state == ST_DEAD)
         return;
@@ -114,7 +121,9 @@ static void shm_disconnect(struct tern_tp_conn *conn)
     struct shm_conn *c = SCONN(conn);
 
     if (c->link) {
-        if (c->state == ST_OPEN || c->state == ST_DRAINING)
+        /* On an NTB link the channel is reused once both sides said CLOSE,
+         * so a connection that died on its own says it too. */
+        if (c->state == ST_OPEN || c->state == ST_DRAINING || (c->link->ntb && c->chan))
             shm_link_send_close(c->link, c->chan);
         shm_link_drop_conn(c->link, c);
     }
@@ -131,7 +140,30 @@ static const char *shm_conn_peer(const struct tern_tp_conn *conn)
 
 static int shm_listen(struct tern_tp_ep *base, const char *addr, char *bound, size_t bound_len)
 {
+    if (SEP(base)->ntb)
+        return ntb_link_listen(SEP(base), addr, bound, bound_len);
     return shm_link_listen(SEP(base), addr, bound, bound_len);
+}
+
+/* ntb: the connection waits (ST_CONNECTING) until the NTB link is up. */
+static int ntb_connect(struct shm_ep *ep, const char *addr, struct tern_tp_conn **out)
+{
+    struct shm_conn *c = conn_new(ep);
+    int rc;
+
+    if (!c)
+        return TERN_ENOMEM;
+    snprintf(c->peer, sizeof(c->peer), "ntb://%s", addr);
+    c->state = ST_CONNECTING;
+    rc = ntb_link_connect(ep, addr, c);
+    if (rc < 0) {
+        tp_conn_del(&c->base);
+        free(c);
+        return rc;
+    }
+    shm_links_doorbells(ep);    /* a peer asleep learns of the OPEN now */
+    *out = &c->base;
+    return 0;
 }
 
 static int shm_connect(struct tern_tp_ep *base, const char *addr, struct tern_tp_conn **out)
@@ -143,6 +175,8 @@ static int shm_connect(struct tern_tp_ep *base, const char *addr, struct tern_tp
 
     if (base->nconns >= base->cfg.max_conns)
         return TERN_ENOBUFS;
+    if (ep->ntb)
+        return ntb_connect(ep, addr, out);
     rc = shm_link_for(ep, addr, &l);
     if (rc == TERN_EBADADDR)
         return rc;
@@ -162,7 +196,7 @@ static int shm_connect(struct tern_tp_ep *base, const char *addr, struct tern_tp
             return TERN_ENOMEM;
         snprintf(c->peer, sizeof(c->peer), "shm://%s", addr);
         c->state = ST_OPEN;
-        conn_fail(c, rc, "connect failed");
+        shm_conn_fail(c, rc, "connect failed");
     }
     c->ev.connected = true;
     shm_ready_push(c);
@@ -187,7 +221,7 @@ static int shm_msg_alloc(struct tern_tp_conn *conn, size_t len, void **buf)
     struct shm_conn *c = SCONN(conn);
     uint8_t *p;
 
-    if (c->state != ST_OPEN)
+    if (c->state != ST_OPEN && c->state != ST_CONNECTING)
         return TERN_ENOTCONN;
     if (c->tx.resv || c->stage_resv)
         return TERN_EINVAL;
@@ -196,7 +230,9 @@ static int shm_msg_alloc(struct tern_tp_conn *conn, size_t len, void **buf)
         c->want_writable = true;
         return TERN_EAGAIN;
     }
-    if (len <= ring_max_record(c->tx.size)) {
+    /* While an NTB link comes up, one message waits in the stage (and goes
+     * as fragments once the channel is there); more get TERN_EAGAIN. */
+    if (c->state == ST_OPEN && len <= ring_max_record(c->tx.size)) {
         p = ring_tx_reserve(&c->tx, (uint32_t)len);
         if (!p) {
             c->want_writable = true;
@@ -251,9 +287,9 @@ static int shm_msg_post(struct tern_tp_conn *conn, void *buf, size_t len)
         c->stage_resv = false;
         if (len > c->frag_total)
             return TERN_EMSGSIZE;
-        if (c->state != ST_OPEN)
+        if (c->state != ST_OPEN && c->state != ST_CONNECTING)
             return TERN_ENOTCONN;
-        if (len <= ring_max_record(c->tx.size)) {
+        if (c->state == ST_OPEN && len <= ring_max_record(c->tx.size)) {
             /* Shrunk to fit one record after all. */
             void *p = ring_tx_reserve(&c->tx, (uint32_t)len);
 
@@ -267,7 +303,8 @@ static int shm_msg_post(struct tern_tp_conn *conn, void *buf, size_t len)
         c->frag_total = len;
         c->frag_off = 0;
         c->frag_pending = true;
-        push_frags(c);
+        if (c->state == ST_OPEN)
+            push_frags(c);
         return 0;
     }
     if (!c->tx.resv || buf != c->tx.resv)
@@ -387,7 +424,7 @@ static int on_ctl(struct shm_conn *c, const uint8_t *p, uint32_t len, struct ter
                                                           : TERN_TP_ACCESS_REMOTE_READ,
                                         &where);
         if (status < 0 && c->violations + 1 > SHM_MAX_VIOLATIONS) {
-            conn_fail(c, TERN_EREMACCESS, "too many refused one-sided accesses");
+            shm_conn_fail(c, TERN_EREMACCESS, "too many refused one-sided accesses");
             return 1;
         }
         /* A peer that left needs no answer (and no credit will come back
@@ -480,7 +517,7 @@ static int rx_progress(struct shm_conn *c, struct tern_tp_event *ev, int max)
         if (rc == 0)
             break;
         if (rc < 0) {
-            conn_fail(c, rc, "corrupt ring");
+            shm_conn_fail(c, rc, "corrupt ring");
             break;
         }
         if (type == RING_MSG) {
@@ -491,7 +528,7 @@ static int rx_progress(struct shm_conn *c, struct tern_tp_event *ev, int max)
         rc = type == RING_FRAG ? on_frag(c, view, len, &ev[n], &got)
                                : on_ctl(c, view, len, &ev[n], &got);
         if (rc < 0) {
-            conn_fail(c, rc, "malformed record");
+            shm_conn_fail(c, rc, "malformed record");
             break;
         }
         if (rc == 0) {
@@ -537,7 +574,7 @@ static int conn_progress(struct shm_conn *c, struct tern_tp_event *ev, int max)
             if (rc == 1)
                 ring_rx_unpeek(&c->rx, l);
             else
-                conn_fail(c, rc, rc ? "corrupt ring" : "peer left");
+                shm_conn_fail(c, rc, rc ? "corrupt ring" : "peer left");
         }
     }
     if (c->state == ST_DEAD)
@@ -649,9 +686,13 @@ static int shm_wait(struct tern_tp_ep *base, int timeout_ms)
         shm_links_set_sleeping(ep, false);
         return 1;
     }
+    /* An NTB link lives on heartbeats: wake to beat in time. */
+    if (ep->ntb && (timeout_ms < 0 || timeout_ms > NTB_BEAT_MS))
+        timeout_ms = NTB_BEAT_MS;
     rc = epoll_wait(ep->epfd, &e, 1, timeout_ms);
     shm_links_set_sleeping(ep, false);
-    if (rc > 0)     /* a socket spoke: let the next poll read it */
+    /* A socket spoke (or, on ntb, a beat may be due): the next poll looks. */
+    if (rc > 0 || ep->ntb)
         ep->polls = SHM_EPOLL_EVERY - 1;
     return rc > 0;
 }
@@ -672,6 +713,19 @@ static int shm_ep_open(struct tern_tp_ep *base)
     return ep->epfd < 0 ? -errno : 0;
 }
 
+/* The ntb fabric: the same connections over one NTB link per device, the
+ * real one through DPDK or an emulated one (ntb_link.c). Many channels of
+ * modest rings: a window is a scarce BAR, and both sides open channels. */
+static int ntb_ep_open(struct tern_tp_ep *base)
+{
+    struct shm_ep *ep = SEP(base);
+    int rc = shm_ep_open(base);
+
+    ep->ntb = true;
+    ep->g = (struct ring_geometry){.n_chan = NTB_CHANNELS, .ring_bytes = NTB_RING_BYTES};
+    return rc;
+}
+
 static void shm_ep_close(struct tern_tp_ep *base)
 {
     struct shm_ep *ep = SEP(base);
@@ -682,24 +736,33 @@ static void shm_ep_close(struct tern_tp_ep *base)
     close(ep->epfd);
 }
 
+/* Everything but ep_open is the same for shm and ntb endpoints. */
+#define SHM_COMMON_OPS \
+    .ep_close = shm_ep_close, \
+    .listen = shm_listen, \
+    .connect = shm_connect, \
+    .disconnect = shm_disconnect, \
+    .conn_peer = shm_conn_peer, \
+    .msg_alloc = shm_msg_alloc, \
+    .msg_post = shm_msg_post, \
+    .msg_abort = shm_msg_abort, \
+    .msg_release = shm_msg_release, \
+    .put = shm_put, \
+    .get = shm_get, \
+    .poll = shm_poll, \
+    .flush = shm_flush, \
+    .wait_fd = shm_wait_fd, \
+    .arm = shm_arm, \
+    .wait = shm_wait,
+
 static const struct tern_tp_ops shm_ops = {
     .ep_open = shm_ep_open,
-    .ep_close = shm_ep_close,
-    .listen = shm_listen,
-    .connect = shm_connect,
-    .disconnect = shm_disconnect,
-    .conn_peer = shm_conn_peer,
-    .msg_alloc = shm_msg_alloc,
-    .msg_post = shm_msg_post,
-    .msg_abort = shm_msg_abort,
-    .msg_release = shm_msg_release,
-    .put = shm_put,
-    .get = shm_get,
-    .poll = shm_poll,
-    .flush = shm_flush,
-    .wait_fd = shm_wait_fd,
-    .arm = shm_arm,
-    .wait = shm_wait,
+    SHM_COMMON_OPS
+};
+
+static const struct tern_tp_ops ntb_ops = {
+    .ep_open = ntb_ep_open,
+    SHM_COMMON_OPS
 };
 
 const struct tern_tp_fabric tern_tp_fabric_shm = {
@@ -708,4 +771,12 @@ const struct tern_tp_fabric tern_tp_fabric_shm = {
             TERN_TP_CAP_LISTEN | TERN_TP_CAP_CONNECT,
     .ep_size = sizeof(struct shm_ep),
     .ops = &shm_ops,
+};
+
+const struct tern_tp_fabric tern_tp_fabric_ntb = {
+    .name = "ntb",
+    .caps = TERN_TP_CAP_MSG | TERN_TP_CAP_PUT | TERN_TP_CAP_GET | TERN_TP_CAP_WAIT_FD |
+            TERN_TP_CAP_LISTEN | TERN_TP_CAP_CONNECT,
+    .ep_size = sizeof(struct shm_ep),
+    .ops = &ntb_ops,
 };

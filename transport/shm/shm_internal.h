@@ -6,7 +6,12 @@
  * the two endpoints gets one of the other channels. Only the connecting side
  * allocates channels, and a channel is never reused on its link, so no close
  * handshake is needed: when a link's channels run out, the next connection
- * opens a new link. */
+ * opens a new link.
+ *
+ * The ntb fabric runs the same connections over an NTB link (ntb_link.c):
+ * one window pair per device, found by a handshake in the windows instead
+ * of a socket, both sides opening channels, and a heartbeat instead of a
+ * socket hang-up to tell that the peer is gone. */
 #ifndef TERN_SHM_INTERNAL_H
 #define TERN_SHM_INTERNAL_H
 
@@ -20,7 +25,29 @@
 #define SHM_NAME_MAX 64
 #define SHM_RINGS_OFF 64   /* a window starts with one cache line for its link */
 
+/* NTB links: geometry, heartbeat period and how long a silent peer lives. */
+#define NTB_CHANNELS 512
+#define NTB_RING_BYTES (64u * 1024)
+#define NTB_BEAT_MS 100
+
 enum shm_kind { KIND_LISTENER, KIND_LINK };
+
+/* The first cache line of each window, written by the peer. Socket links
+ * use only peer_sleeping; NTB links also say hello and beat here. */
+struct link_ctl {
+    volatile uint32_t peer_sleeping;  /* the peer sleeps: ring its doorbell */
+    volatile uint32_t magic, version, n_chan, ring_bytes;
+    uint32_t pad0;
+    volatile uint64_t nonce;          /* the peer's incarnation; 0: none yet */
+    volatile uint64_t seen;           /* our nonce the peer saw (it stopped old writes) */
+    volatile uint64_t ready;          /* our nonce the peer cleaned its rings for */
+    volatile uint64_t beat;           /* the peer's heartbeat counter */
+    uint64_t pad1;
+};
+
+_Static_assert(sizeof(struct link_ctl) == SHM_RINGS_OFF, "link_ctl is the window's first line");
+
+struct ntb_link;
 
 struct shm_obj {
     enum shm_kind kind;
@@ -53,9 +80,10 @@ struct shm_link {
     unsigned nconns;
     long long born_s;              /* accepted at (HELLO timeout) */
     struct shm_conn **chan;        /* connection on each channel, or NULL */
+    struct ntb_link *ntb;          /* NTB links only (ntb_link.c) */
 };
 
-enum shm_state { ST_OPEN, ST_DRAINING, ST_DEAD };
+enum shm_state { ST_OPEN, ST_DRAINING, ST_DEAD, ST_CONNECTING /* ntb: link not up yet */ };
 
 struct shm_conn {
     struct tern_tp_conn base;
@@ -80,6 +108,7 @@ struct shm_conn {
     bool reasm_held;
 
     unsigned violations;
+    struct shm_conn *pending_next; /* ST_CONNECTING: next waiting for the link */
 };
 
 struct shm_ep {
@@ -90,6 +119,7 @@ struct shm_ep {
     unsigned nlinks, polls, auto_names;
     bool armed;                    /* peers were told we sleep */
     bool bells;                    /* some link has `published` set */
+    bool ntb;                      /* the ntb fabric: links are NTB links */
     struct ring_geometry g;        /* for links we open */
     struct epoll_event evbuf[64];
 };
@@ -121,8 +151,33 @@ static inline void shm_link_published(struct shm_link *l)
 void shm_links_set_sleeping(struct shm_ep *ep, bool sleeping);
 void shm_links_close_all(struct shm_ep *ep);
 
-/* shm.c, called by link.c */
+/* Shared with ntb_link.c. */
+struct shm_link *shm_link_new(struct shm_ep *ep, int fd);
+int shm_link_bind(struct shm_link *l, uint8_t *mine, uint8_t *peers);
+void shm_link_free(struct shm_link *l);
+void shm_link_dead(struct shm_link *l);
+int shm_link_send(struct shm_link *l, uint32_t op, uint32_t chan);
+enum shm_link_op { OP_OPEN = 1, OP_CLOSE = 2, OP_FREE = 3 /* ntb: channel clean */ };
+
+/* ntb_link.c */
+int ntb_link_listen(struct shm_ep *ep, const char *addr, char *bound, size_t bound_len);
+/* Attach to the device `addr` (once per endpoint) and add `c` to it: at once
+ * if the link is up, else when it comes up. */
+int ntb_link_connect(struct shm_ep *ep, const char *addr, struct shm_conn *c);
+/* Handshake, heartbeat, liveness: called from shm_links_poll. */
+void ntb_link_poll(struct shm_link *l, bool tick);
+/* Channel bookkeeping on NTB links (both sides open channels and reuse them). */
+bool ntb_link_accepts(struct shm_link *l, uint32_t chan);
+void ntb_link_on_close(struct shm_link *l, uint32_t chan, bool sent);
+void ntb_link_on_free(struct shm_link *l, uint32_t chan);
+void ntb_link_conn_gone(struct shm_link *l, struct shm_conn *c);
+void ntb_link_ring(struct shm_link *l);
+void ntb_link_close(struct shm_link *l);
+
+/* shm.c, called by link.c and ntb_link.c */
 struct shm_conn *shm_conn_attach(struct shm_link *l, uint32_t chan, bool accepted);
+void shm_conn_bind(struct shm_conn *c, struct shm_link *l, uint32_t chan);
+void shm_conn_fail(struct shm_conn *c, int status, const char *why);
 void shm_conn_peer_gone(struct shm_conn *c);
 void shm_ready_push(struct shm_conn *c);
 

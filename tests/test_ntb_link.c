@@ -1,0 +1,219 @@
+/* NTB link rules on the emulated device ("emu:NAME"): both sides open
+ * channels, channels are reused, a silent peer is found dead by its
+ * heartbeat and the link comes back when the peer returns, a side without a
+ * listener refuses, and a device has exactly two sides. The conformance
+ * suite runs the fabric contract over the same links. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "helpers.h"
+#include "suites.h"
+
+static void dev_name(char *buf, size_t len, const char *what)
+{
+    snprintf(buf, len, "emu:%s-%d", what, (int)getpid());
+}
+
+/* Wait for an event of `type` on `ep` while `other` (if any) makes progress. */
+static struct tern_tp_event want(struct tern_tp_ep *ep, struct tern_tp_ep *other,
+                                 enum tern_tp_event_type type, int ms)
+{
+    struct tern_tp_event ev;
+    bool got = other ? tp_next2(ep, other, &ev, ms) : tp_next(ep, &ev, ms);
+
+    ck_assert_msg(got, "no event (wanted type %d) within %d ms", type, ms);
+    ck_assert_msg(ev.type == type, "event %d, wanted %d (status %s)", ev.type, type,
+                  tern_err_name(ev.status));
+    return ev;
+}
+
+/* Each side listens and connects: the side with the lower nonce opens odd
+ * channels, the other even ones, and both streams work. */
+START_TEST(both_sides_open_channels)
+{
+    struct tern_tp_ep *a = tp_open("ntb", 0), *b = tp_open("ntb", 0);
+    struct tern_tp_conn *ca, *cb;
+    struct tern_tp_event ev;
+    char dev[64];
+
+    dev_name(dev, sizeof(dev), "both");
+    ck_assert_int_eq(tern_tp_listen(a, dev, NULL, 0), 0);
+    ck_assert_int_eq(tern_tp_listen(b, dev, NULL, 0), 0);
+    ck_assert_int_eq(tern_tp_connect(a, dev, &ca), 0);
+    ck_assert_int_eq(tern_tp_connect(b, dev, &cb), 0);
+    /* Each accepted end greets; each connecting side hears the other. */
+    for (int setup = 0, heard = 0; setup < 4 || heard < 2;) {
+        bool on_a = tp_next(a, &ev, 0);
+
+        if (!on_a && !tp_next(b, &ev, 10))
+            continue;
+        ck_assert_int_eq(ev.status, 0);
+        if (ev.type == TERN_TP_EV_RECV) {
+            ck_assert_ptr_eq(ev.conn, on_a ? ca : cb);
+            ck_assert_str_eq(ev.data, on_a ? "from-b" : "from-a");
+            tern_tp_msg_release(ev.conn, ev.data);
+            heard++;
+            continue;
+        }
+        ck_assert_msg(ev.type == TERN_TP_EV_ACCEPTED || ev.type == TERN_TP_EV_CONNECTED,
+                      "event %d", ev.type);
+        if (ev.type == TERN_TP_EV_ACCEPTED)
+            ck_assert_int_eq(tern_tp_msg_send(ev.conn, on_a ? "from-a" : "from-b", 7), 0);
+        setup++;
+    }
+    tern_tp_close(a);
+    tern_tp_close(b);
+}
+END_TEST
+
+/* More connections over time than a side has channels (255): closed
+ * channels come back once both sides are done with them. */
+START_TEST(channels_are_reused)
+{
+    struct tern_tp_ep *a = tp_open("ntb", 0), *b = tp_open("ntb", 0);
+    struct tern_tp_event ev;
+    char dev[64];
+
+    dev_name(dev, sizeof(dev), "reuse");
+    ck_assert_int_eq(tern_tp_listen(b, dev, NULL, 0), 0);
+    for (unsigned i = 0; i < 700; i++) {
+        struct tern_tp_conn *c, *s;
+        unsigned v;
+
+        ck_assert_int_eq(tern_tp_connect(a, dev, &c), 0);
+        ev = want(a, b, TERN_TP_EV_CONNECTED, 5000);
+        ck_assert_msg(ev.status == 0, "connection %u: %s", i, tern_err_name(ev.status));
+        ev = want(b, a, TERN_TP_EV_ACCEPTED, 5000);
+        s = ev.conn;
+        ck_assert_int_eq(tern_tp_msg_send(c, &i, sizeof(i)), 0);
+        ev = want(b, a, TERN_TP_EV_RECV, 5000);
+        memcpy(&v, ev.data, sizeof(v));
+        ck_assert_uint_eq(v, i);    /* nothing stale from a channel's last user */
+        tern_tp_msg_release(ev.conn, ev.data);
+        /* Close from alternating sides. */
+        tern_tp_disconnect(i % 2 ? c : s);
+        ev = want(i % 2 ? b : a, i % 2 ? a : b, TERN_TP_EV_CLOSED, 5000);
+        tern_tp_disconnect(ev.conn);
+    }
+    tern_tp_close(a);
+    tern_tp_close(b);
+}
+END_TEST
+
+/* A peer that stops beating is dead: its connections close. When it comes
+ * back (a new process on the same side), the link comes up again. */
+static void child_side(const char *dev)
+{
+    struct tern_tp_ep *ep = NULL;
+    struct tern_tp_config cfg = {.fabric = "ntb"};
+    struct tern_tp_conn *c;
+    struct tern_tp_event ev = {0};
+
+    if (tern_tp_open(&cfg, &ep) < 0 || tern_tp_connect(ep, dev, &c) < 0)
+        _exit(2);
+    for (;;) {     /* keep the link alive until killed */
+        if (tern_tp_poll(ep, &ev, 1) == 1 && ev.type == TERN_TP_EV_CONNECTED && ev.status == 0)
+            tern_tp_msg_send(c, "hi", 3);
+        if (ev.type == TERN_TP_EV_RECV)
+            tern_tp_msg_release(ev.conn, ev.data);
+        ev.type = 0;
+    }
+}
+
+START_TEST(dead_peer_found_by_heartbeat)
+{
+    struct tern_tp_ep *b;
+    struct tern_tp_event ev;
+    char dev[64];
+    double t0;
+
+    setenv("TERN_NTB_DEAD_MS", "300", 1);
+    b = tp_open("ntb", 0);
+    dev_name(dev, sizeof(dev), "dead");
+    ck_assert_int_eq(tern_tp_listen(b, dev, NULL, 0), 0);
+    for (int round = 0; round < 2; round++) {
+        pid_t pid = fork();
+
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0)
+            child_side(dev);
+        want(b, NULL, TERN_TP_EV_ACCEPTED, 5000);
+        ev = want(b, NULL, TERN_TP_EV_RECV, 5000);
+        ck_assert_str_eq(ev.data, "hi");
+        tern_tp_msg_release(ev.conn, ev.data);
+        /* SIGSTOP, not SIGKILL: a peer that is still there but silent (its
+         * side stays claimed) must be declared dead all the same. */
+        kill(pid, round == 0 ? SIGSTOP : SIGKILL);
+        t0 = now_ms();
+        ev = want(b, NULL, TERN_TP_EV_CLOSED, 5000);
+        ck_assert_msg(now_ms() - t0 >= 250, "closed after %.0f ms, before the deadline",
+                      now_ms() - t0);
+        tern_tp_disconnect(ev.conn);
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    tern_tp_close(b);
+}
+END_TEST
+
+/* A side that does not listen refuses the peer's channels. */
+START_TEST(no_listener_refuses)
+{
+    struct tern_tp_ep *a = tp_open("ntb", 0), *b = tp_open("ntb", 0);
+    struct tern_tp_conn *c, *keep;
+    struct tern_tp_event ev;
+    char dev[64];
+
+    dev_name(dev, sizeof(dev), "refuse");
+    /* b attaches by connecting (so it does not listen). */
+    ck_assert_int_eq(tern_tp_listen(a, dev, NULL, 0), 0);
+    ck_assert_int_eq(tern_tp_connect(b, dev, &keep), 0);
+    want(b, a, TERN_TP_EV_CONNECTED, 5000);
+    want(a, b, TERN_TP_EV_ACCEPTED, 5000);
+    ck_assert_int_eq(tern_tp_connect(a, dev, &c), 0);
+    ev = want(a, b, TERN_TP_EV_CONNECTED, 5000);
+    ck_assert_ptr_eq(ev.conn, c);
+    ev = want(a, b, TERN_TP_EV_CLOSED, 5000);
+    ck_assert_ptr_eq(ev.conn, c);
+    tern_tp_close(a);
+    tern_tp_close(b);
+}
+END_TEST
+
+/* Exactly two sides per device; a third endpoint is told so. */
+START_TEST(third_endpoint_refused)
+{
+    struct tern_tp_ep *a = tp_open("ntb", 0), *b = tp_open("ntb", 0), *c = tp_open("ntb", 0);
+    char dev[64];
+
+    dev_name(dev, sizeof(dev), "three");
+    ck_assert_int_eq(tern_tp_listen(a, dev, NULL, 0), 0);
+    ck_assert_int_eq(tern_tp_listen(b, dev, NULL, 0), 0);
+    ck_assert_int_eq(tern_tp_listen(c, dev, NULL, 0), TERN_EADDRINUSE);
+    ck_assert_int_eq(tern_tp_listen(c, "emu:", NULL, 0), TERN_EBADADDR);
+    ck_assert_int_eq(tern_tp_listen(c, "emu:../x", NULL, 0), TERN_EBADADDR);
+    ck_assert_int_eq(tern_tp_listen(c, "pci-somewhere", NULL, 0), TERN_EBADADDR);
+    tern_tp_close(a);
+    tern_tp_close(b);
+    tern_tp_close(c);
+}
+END_TEST
+
+Suite *suite_ntb_link(void)
+{
+    Suite *s = suite_create("ntb_link");
+    TCase *tc = tcase_create("emulated");
+
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, both_sides_open_channels);
+    tcase_add_test(tc, channels_are_reused);
+    tcase_add_test(tc, dead_peer_found_by_heartbeat);
+    tcase_add_test(tc, no_listener_refuses);
+    tcase_add_test(tc, third_endpoint_refused);
+    suite_add_tcase(s, tc);
+    return s;
+}

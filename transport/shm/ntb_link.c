@@ -1,0 +1,647 @@
+/* NTB links: the shm fabric's connections over one window pair per NTB
+ * device, as PCIe NTB gives it. The rules differ from socket links:
+ *
+ * - The windows exist before either side does: there is no socket to hand
+ *   them over, to carry a HELLO or to hang up. Each side says hello in the
+ *   first cache line of the *peer's* window (remote write) and reads the
+ *   peer's in its own (local read).
+ * - A side that restarts must not be confused by what is left in the
+ *   windows, and must not have its fresh rings scribbled on by a peer still
+ *   running the old session. So every incarnation has a random nonce and
+ *   the handshake is: see the peer's nonce and stop old writes (`seen`);
+ *   once the peer has seen ours, zero our rings and say so (`ready`); send
+ *   only when the peer is ready for our nonce. PCIe keeps one side's posted
+ *   writes in order, so a `seen` lands after the last old write.
+ * - Liveness is a heartbeat: each side bumps a counter in the peer's window
+ *   every NTB_BEAT_MS; a peer silent for TERN_NTB_DEAD_MS (default 2000) is
+ *   dead, its connections close, and the link starts a new incarnation.
+ * - Both sides open channels: the side with the lower nonce takes the odd
+ *   ones. A channel is reused once both sides sent CLOSE, and each, with
+ *   its connection gone, zeroed its ring and sent FREE.
+ *
+ * Devices: "emu:NAME" is an emulated device (a shared-memory file holding
+ * both windows, each side claimed by an OFD lock, doorbells on datagram
+ * sockets), which is how CI runs NTB links; "hw" is the DPDK ntb rawdev
+ * (ntb/ntb.c), with EAL arguments from $TERN_NTB_EAL. */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../log.h"
+#include "shm_internal.h"
+#include "tern_config.h"
+#if TERN_HAVE_DPDK
+#include "../ntb/ntb.h"
+#endif
+
+#define NTB_MAGIC 0x746e6268u       /* "tnbh" */
+#define NTB_VERSION 1
+#define HANDSHAKE_MS 2000           /* a connect waits this long for a peer */
+#define EMU_HDR 4096                /* emulated device: header page, then windows */
+#define LOG_WHO "ntb"
+
+/* Per channel, on both sides. */
+enum { CH_USED = 1, CH_CLOSE_SENT = 2, CH_CLOSE_GOT = 4, CH_FREED = 8, CH_FREE_GOT = 16 };
+
+struct emu_hdr {
+    uint32_t magic, version, n_chan, ring_bytes;
+};
+
+struct ntb_link {
+    bool hw;
+    int dev_fd;                     /* emu: the device file */
+    uint8_t *map;                   /* emu: the whole file */
+    size_t map_size;
+#if TERN_HAVE_DPDK
+    struct tern_ntb_link dev;
+#endif
+    struct sockaddr_un bell;        /* emu: the peer's doorbell socket */
+    socklen_t bell_len;
+    uint64_t nonce, peer_nonce;
+    bool seen_sent, ready_sent, listening, odd;
+    uint64_t beat, peer_beat, peer_beat_ms, last_beat_ms, pending_since_ms;
+    uint32_t next;                  /* next of our channels to try */
+    unsigned npending;
+    uint8_t *ch;                    /* CH_* per channel */
+    struct shm_conn *pending;       /* connections waiting for the link */
+};
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static uint64_t dead_ms(void)
+{
+    static uint64_t v;
+
+    if (!v) {
+        const char *e = getenv("TERN_NTB_DEAD_MS");
+        long n = e ? strtol(e, NULL, 10) : 0;
+
+        v = n >= 3 * NTB_BEAT_MS ? (uint64_t)n : 2000;
+    }
+    return v;
+}
+
+static struct link_ctl *line_in(struct shm_link *l)
+{
+    return (struct link_ctl *)(void *)l->mine;
+}
+
+static struct link_ctl *line_out(struct shm_link *l)
+{
+    return (struct link_ctl *)(void *)l->peers;
+}
+
+static void put64(volatile uint64_t *at, uint64_t v)
+{
+    __atomic_store_n(at, v, __ATOMIC_RELEASE);
+}
+
+static uint64_t get64(volatile uint64_t *at)
+{
+    return __atomic_load_n(at, __ATOMIC_ACQUIRE);
+}
+
+/* Our hello in the peer's window; the nonce goes last. Rewritten with every
+ * beat, so a peer that zeroed its window learns it again. */
+static void say_hello(struct shm_link *l)
+{
+    struct ntb_link *nl = l->ntb;
+    struct link_ctl *out = line_out(l);
+
+    out->magic = NTB_MAGIC;
+    out->version = NTB_VERSION;
+    out->n_chan = l->g.n_chan;
+    out->ring_bytes = l->g.ring_bytes;
+    put64(&out->seen, nl->seen_sent ? nl->peer_nonce : 0);
+    put64(&out->ready, nl->ready_sent ? nl->peer_nonce : 0);
+    put64(&out->beat, nl->beat);
+    put64(&out->nonce, nl->nonce);
+}
+
+/* Zero every ring and control word of our window (not its first line,
+ * which holds the peer's hello). */
+static void zero_rings(struct shm_link *l)
+{
+    struct ntb_link *nl = l->ntb;
+    size_t off = SHM_RINGS_OFF, len = ring_window_size(&l->g);
+
+    /* On the emulated device, punching a hole zeroes without touching every
+     * page; what it cannot do falls back to stores. */
+    if (!nl->hw) {
+        size_t at = (size_t)(l->mine - nl->map) + off;
+        size_t first = (at + 4095) & ~(size_t)4095, last = (at + len) & ~(size_t)4095;
+
+        if (last > first &&
+            fallocate(nl->dev_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)first,
+                      (off_t)(last - first)) == 0) {
+            memset(l->mine + off, 0, first - at);
+            memset(nl->map + last, 0, at + len - last);
+            return;
+        }
+    }
+    memset(l->mine + off, 0, len);
+}
+
+/* A new incarnation: new nonce, nothing seen, no channel in use. */
+static void link_reset(struct shm_link *l)
+{
+    struct ntb_link *nl = l->ntb;
+
+    do {
+        if (getrandom(&nl->nonce, sizeof(nl->nonce), 0) != sizeof(nl->nonce))
+            nl->nonce = (uint64_t)time(NULL) * 2654435761u ^ (uint64_t)getpid();
+    } while (!nl->nonce || nl->nonce == nl->peer_nonce);
+    nl->seen_sent = nl->ready_sent = false;
+    memset(nl->ch, 0, l->g.n_chan);
+    l->state = LINK_ACCEPTING;
+    say_hello(l);
+}
+
+static void go_down(struct shm_link *l, const char *why, bool expected)
+{
+    tern_log(expected ? TERN_LOG_INFO : TERN_LOG_WARN, LOG_WHO, "link %s down: %s", l->name, why);
+    shm_link_dead(l);
+}
+
+/* One of our channels that is free, or 0. */
+static uint32_t chan_alloc(struct shm_link *l)
+{
+    struct ntb_link *nl = l->ntb;
+    uint32_t first = nl->odd ? 1 : 2, span = (l->g.n_chan - first + 1) / 2;
+
+    for (uint32_t i = 0; i < span; i++) {
+        uint32_t c = nl->next;
+
+        nl->next = c + 2 < l->g.n_chan ? c + 2 : first;
+        if (!nl->ch[c] && !l->chan[c]) {
+            nl->ch[c] = CH_USED;
+            return c;
+        }
+    }
+    return 0;
+}
+
+/* Give a waiting connection its channel and tell the peer. */
+static void start_conn(struct shm_link *l, struct shm_conn *c)
+{
+    uint32_t chan = chan_alloc(l);
+
+    c->ev.connected = true;
+    if (!chan) {
+        shm_conn_fail(c, TERN_ENOBUFS, "no free channel on the NTB link");
+        return;
+    }
+    shm_conn_bind(c, l, chan);
+    if (shm_link_send_open(l, chan) < 0)
+        shm_conn_fail(c, TERN_EAGAIN, "NTB control channel full");
+    shm_ready_push(c);
+}
+
+static void link_up(struct shm_link *l)
+{
+    struct ntb_link *nl = l->ntb;
+
+    shm_link_bind(l, l->mine, l->peers);    /* channel 0 starts afresh */
+    l->ctl_tx.wc = nl->hw;
+    nl->odd = nl->nonce < nl->peer_nonce;
+    nl->next = nl->odd ? 1 : 2;
+    l->state = LINK_OPEN;
+    tern_log(TERN_LOG_INFO, LOG_WHO, "link %s up", l->name);
+    while (nl->pending) {
+        struct shm_conn *c = nl->pending;
+
+        nl->pending = c->pending_next;
+        nl->npending--;
+        c->pending_next = NULL;
+        start_conn(l, c);
+    }
+}
+
+static void fail_pending(struct shm_link *l, int status, const char *why)
+{
+    struct ntb_link *nl = l->ntb;
+
+    while (nl->pending) {
+        struct shm_conn *c = nl->pending;
+
+        nl->pending = c->pending_next;
+        nl->npending--;
+        c->pending_next = NULL;
+        c->ev.connected = true;
+        shm_conn_fail(c, status, why);
+    }
+}
+
+void ntb_link_poll(struct shm_link *l, bool tick)
+{
+    struct ntb_link *nl = l->ntb;
+    struct link_ctl *in = line_in(l);
+    uint64_t now, pn, pb;
+
+    /* The handshake and the heartbeat need no more than the socket ticks. */
+    if (!tick)
+        return;
+    now = now_ms();
+    if (now - nl->last_beat_ms >= NTB_BEAT_MS) {
+        nl->beat++;
+        nl->last_beat_ms = now;
+        say_hello(l);
+    }
+    pn = get64(&in->nonce);
+    if (pn != nl->peer_nonce) {
+        if (l->state == LINK_OPEN)
+            go_down(l, pn ? "the peer restarted" : "the peer left", !pn);
+        nl->peer_nonce = pn;
+        nl->seen_sent = nl->ready_sent = false;
+        nl->peer_beat_ms = now;
+    }
+    pb = get64(&in->beat);
+    if (pb != nl->peer_beat) {
+        nl->peer_beat = pb;
+        nl->peer_beat_ms = now;
+    } else if (l->state == LINK_OPEN && now - nl->peer_beat_ms > dead_ms()) {
+        char why[64];
+
+        snprintf(why, sizeof(why), "no heartbeat for %llu ms",
+                 (unsigned long long)(now - nl->peer_beat_ms));
+        go_down(l, why, false);
+    }
+    if (l->state == LINK_DEAD) {
+        /* The old session's connections are gone: start a new one. */
+        if (l->nconns == nl->npending)
+            link_reset(l);
+        return;
+    }
+    if (l->state != LINK_ACCEPTING)
+        return;
+    if (nl->pending && now - nl->pending_since_ms > HANDSHAKE_MS) {
+        fail_pending(l, TERN_ECONNREFUSED, "no peer on the NTB link");
+        return;
+    }
+    if (!pn)
+        return;
+    if (in->magic != NTB_MAGIC || in->version != NTB_VERSION || in->n_chan != l->g.n_chan ||
+        in->ring_bytes != l->g.ring_bytes) {
+        static struct tern_log_limit limit;
+
+        if (tern_log_allow(&limit))
+            tern_log(TERN_LOG_WARN, LOG_WHO, "link %s: the peer's geometry or version differs",
+                     l->name);
+        return;
+    }
+    if (!nl->seen_sent) {
+        nl->seen_sent = true;
+        say_hello(l);
+    }
+    if (!nl->ready_sent && get64(&in->seen) == nl->nonce) {
+        /* The peer writes nothing old any more: clean our rings for it. */
+        zero_rings(l);
+        nl->ready_sent = true;
+        say_hello(l);
+    }
+    if (nl->ready_sent && get64(&in->ready) == nl->nonce)
+        link_up(l);
+}
+
+/* ---- channels ---- */
+
+static void settle(struct shm_link *l, uint32_t chan)
+{
+    struct ntb_link *nl = l->ntb;
+    uint8_t f = nl->ch[chan];
+
+    if (l->state != LINK_OPEN)
+        return;
+    if ((f & CH_CLOSE_SENT) && (f & CH_CLOSE_GOT) && !(f & CH_FREED) && !l->chan[chan]) {
+        /* Neither side writes this channel any more: clean our half. */
+        memset(ring_data_of(l->mine + SHM_RINGS_OFF, &l->g, chan), 0, l->g.ring_bytes);
+        memset(ring_ctl_of(l->mine + SHM_RINGS_OFF, &l->g, chan), 0, sizeof(struct ring_ctl));
+        if (shm_link_send(l, OP_FREE, chan) == 0)
+            f |= CH_FREED;
+    }
+    if ((f & CH_FREED) && (f & CH_FREE_GOT))
+        f = 0;
+    nl->ch[chan] = f;
+}
+
+bool ntb_link_accepts(struct shm_link *l, uint32_t chan)
+{
+    struct ntb_link *nl = l->ntb;
+
+    if ((chan & 1) == (nl->odd ? 1u : 0u) || nl->ch[chan]) {
+        tern_log(TERN_LOG_WARN, LOG_WHO, "link %s: the peer opened channel %u, not its own",
+                 l->name, chan);
+        return false;
+    }
+    nl->ch[chan] = CH_USED;
+    if (!nl->listening) {
+        shm_link_send_close(l, chan);   /* nobody listens here: refused */
+        return false;
+    }
+    return true;
+}
+
+void ntb_link_on_close(struct shm_link *l, uint32_t chan, bool sent)
+{
+    l->ntb->ch[chan] |= sent ? CH_CLOSE_SENT : CH_CLOSE_GOT;
+    settle(l, chan);
+}
+
+void ntb_link_on_free(struct shm_link *l, uint32_t chan)
+{
+    l->ntb->ch[chan] |= CH_FREE_GOT;
+    settle(l, chan);
+}
+
+void ntb_link_conn_gone(struct shm_link *l, struct shm_conn *c)
+{
+    struct shm_conn **pp = &l->ntb->pending;
+
+    while (*pp && *pp != c)
+        pp = &(*pp)->pending_next;
+    if (*pp) {
+        *pp = c->pending_next;
+        l->ntb->npending--;
+    }
+    if (c->chan)
+        settle(l, c->chan);
+}
+
+void ntb_link_ring(struct shm_link *l)
+{
+    struct ntb_link *nl = l->ntb;
+
+    /* The hardware doorbell (an MSI-X interrupt through vfio) is not wired
+     * yet: NTB endpoints on hardware poll, and their waits are bounded by
+     * the heartbeat period. */
+    if (!nl->hw && l->obj.fd >= 0)
+        sendto(l->obj.fd, "d", 1, MSG_DONTWAIT | MSG_NOSIGNAL, (struct sockaddr *)&nl->bell,
+               nl->bell_len);
+}
+
+/* ---- devices ---- */
+
+static bool name_ok(const char *name)
+{
+    size_t n = strlen(name);
+
+    if (n == 0 || n > 48)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char ch = name[i];
+
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '-' || ch == '_' || ch == '.'))
+            return false;
+    }
+    return true;
+}
+
+static socklen_t bell_addr(struct sockaddr_un *sa, const char *name, int side)
+{
+    memset(sa, 0, sizeof(*sa));
+    sa->sun_family = AF_UNIX;
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 +
+                       (size_t)snprintf(sa->sun_path + 1, sizeof(sa->sun_path) - 1,
+                                        "tern-ntb/%s/%d", name, side));
+}
+
+static bool lock_byte(int fd, off_t at, bool wait)
+{
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = at, .l_len = 1};
+
+    return fcntl(fd, wait ? F_OFD_SETLKW : F_OFD_SETLK, &fl) == 0;
+}
+
+static void unlock_byte(int fd, off_t at)
+{
+    struct flock fl = {.l_type = F_UNLCK, .l_whence = SEEK_SET, .l_start = at, .l_len = 1};
+
+    fcntl(fd, F_OFD_SETLK, &fl);
+}
+
+/* The emulated device: a file of two windows; each side is claimed by an
+ * OFD lock, which a process that dies gives back. */
+static int emu_attach(struct shm_link *l, const char *name)
+{
+    struct ntb_link *nl = l->ntb;
+    size_t win = (SHM_RINGS_OFF + ring_window_size(&l->g) + 4095) & ~(size_t)4095;
+    struct emu_hdr want = {NTB_MAGIC, NTB_VERSION, l->g.n_chan, l->g.ring_bytes}, *hdr;
+    char path[80];
+    struct stat st;
+    struct sockaddr_un sa;
+    socklen_t sl;
+    int side = -1, rc = 0;
+
+    snprintf(path, sizeof(path), "/tern-ntb.%s", name);
+    nl->dev_fd = shm_open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (nl->dev_fd < 0)
+        return -errno;
+    for (int s = 0; s < 2 && side < 0; s++)
+        if (lock_byte(nl->dev_fd, s, false))
+            side = s;
+    if (side < 0)
+        return TERN_EADDRINUSE;     /* both ends of this device are taken */
+    /* Byte 2 serialises the first set-up of the file. */
+    lock_byte(nl->dev_fd, 2, true);
+    nl->map_size = EMU_HDR + 2 * win;
+    if (fstat(nl->dev_fd, &st) < 0)
+        rc = -errno;
+    else if (st.st_size == 0 && ftruncate(nl->dev_fd, (off_t)nl->map_size) < 0)
+        rc = -errno;
+    else if (st.st_size != 0 && (size_t)st.st_size != nl->map_size)
+        rc = TERN_EPROTO;
+    if (rc == 0) {
+        void *p = mmap(NULL, nl->map_size, PROT_READ | PROT_WRITE, MAP_SHARED, nl->dev_fd, 0);
+
+        nl->map = p == MAP_FAILED ? NULL : p;
+        if (!nl->map)
+            rc = TERN_ENOMEM;
+    }
+    if (rc == 0) {
+        hdr = (struct emu_hdr *)(void *)nl->map;
+        if (!hdr->magic)
+            *hdr = want;
+        else if (memcmp(hdr, &want, sizeof(want)) != 0)
+            rc = TERN_EPROTO;       /* another geometry or not ours */
+    }
+    unlock_byte(nl->dev_fd, 2);
+    if (rc < 0) {
+        tern_log(TERN_LOG_WARN, LOG_WHO, "emulated device %s: %s", name, tern_strerror(rc));
+        return rc;
+    }
+    l->mine = nl->map + EMU_HDR + (size_t)side * win;
+    l->peers = nl->map + EMU_HDR + (size_t)(1 - side) * win;
+    l->win_size = win;
+    /* Whatever an earlier owner of this side left is not ours. */
+    memset(l->mine, 0, SHM_RINGS_OFF);
+    zero_rings(l);
+    l->obj.fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    sl = bell_addr(&sa, name, side);
+    if (l->obj.fd < 0 || bind(l->obj.fd, (struct sockaddr *)&sa, sl) < 0)
+        return -errno;
+    nl->bell_len = bell_addr(&nl->bell, name, 1 - side);
+    {
+        struct epoll_event e = {.events = EPOLLIN, .data.ptr = &l->obj};
+
+        if (epoll_ctl(l->ep->epfd, EPOLL_CTL_ADD, l->obj.fd, &e) < 0)
+            return -errno;
+    }
+    return 0;
+}
+
+#if TERN_HAVE_DPDK
+static int hw_attach(struct shm_link *l)
+{
+    struct ntb_link *nl = l->ntb;
+    const char *eal = getenv("TERN_NTB_EAL");
+    int rc = tern_ntb_probe(eal ? eal : "", &nl->dev);
+
+    if (rc == 0)
+        rc = tern_ntb_open(&nl->dev, 5000);
+    if (rc < 0)
+        return rc;
+    /* As many channels as the window holds, up to the default. */
+    while (l->g.n_chan > 2 && SHM_RINGS_OFF + ring_window_size(&l->g) > nl->dev.size)
+        l->g.n_chan /= 2;
+    if (SHM_RINGS_OFF + ring_window_size(&l->g) > nl->dev.size) {
+        tern_ntb_close(&nl->dev);
+        return TERN_ENOMEM;
+    }
+    nl->hw = true;
+    l->mine = nl->dev.local;
+    l->peers = nl->dev.remote;
+    l->win_size = SHM_RINGS_OFF + ring_window_size(&l->g);
+    memset(l->mine, 0, l->win_size);
+    return 0;
+}
+#endif
+
+void ntb_link_close(struct shm_link *l)
+{
+    struct ntb_link *nl = l->ntb;
+
+    if (l->peers && nl->nonce)
+        put64(&line_out(l)->nonce, 0);      /* tell the peer we left */
+#if TERN_HAVE_DPDK
+    if (nl->hw)
+        tern_ntb_close(&nl->dev);
+#endif
+    if (nl->map)
+        munmap(nl->map, nl->map_size);
+    if (!nl->hw && nl->dev_fd >= 0) {
+        /* The last side out removes the emulated device. */
+        if (lock_byte(nl->dev_fd, 0, false) && lock_byte(nl->dev_fd, 1, false)) {
+            char path[80];
+
+            snprintf(path, sizeof(path), "/tern-ntb.%s", l->name + 4);
+            shm_unlink(path);
+        }
+        close(nl->dev_fd);
+    }
+    free(nl->ch);
+    free(nl);
+    l->ntb = NULL;
+}
+
+/* The endpoint's link to device `addr`, attaching it on first use. */
+static int link_for(struct shm_ep *ep, const char *addr, struct shm_link **out)
+{
+    struct shm_link *l;
+    int rc;
+
+    for (l = ep->links; l; l = l->next)
+        if (strcmp(l->name, addr) == 0) {
+            *out = l;
+            return 0;
+        }
+    if (strncmp(addr, "emu:", 4) == 0 ? !name_ok(addr + 4) : strcmp(addr, "hw") != 0)
+        return TERN_EBADADDR;
+#if !TERN_HAVE_DPDK
+    if (strcmp(addr, "hw") == 0) {
+        tern_log(TERN_LOG_WARN, LOG_WHO, "NTB hardware needs DPDK, and this build has none");
+        return TERN_ENODEV;
+    }
+#endif
+    l = shm_link_new(ep, -1);
+    if (!l)
+        return TERN_ENOMEM;
+    l->ntb = calloc(1, sizeof(*l->ntb));
+    l->g = ep->g;
+    snprintf(l->name, sizeof(l->name), "%s", addr);
+    if (!l->ntb) {
+        shm_link_free(l);
+        return TERN_ENOMEM;
+    }
+    l->ntb->dev_fd = -1;
+#if TERN_HAVE_DPDK
+    rc = strcmp(addr, "hw") == 0 ? hw_attach(l) : emu_attach(l, addr + 4);
+#else
+    rc = emu_attach(l, addr + 4);
+#endif
+    if (rc == 0 && (!(l->ntb->ch = calloc(l->g.n_chan, 1)) ||
+                    shm_link_bind(l, l->mine, l->peers) < 0))
+        rc = TERN_ENOMEM;
+    if (rc < 0) {
+        shm_link_free(l);
+        return rc;
+    }
+    l->ntb->last_beat_ms = now_ms();
+    link_reset(l);
+    *out = l;
+    return 0;
+}
+
+int ntb_link_listen(struct shm_ep *ep, const char *addr, char *bound, size_t bound_len)
+{
+    char name[SHM_NAME_MAX + 1];
+    struct shm_link *l;
+    int rc;
+
+    if (strcmp(addr, "emu:auto") == 0)
+        snprintf(name, sizeof(name), "emu:auto-%d-%u", (int)getpid(), ++ep->auto_names);
+    else
+        snprintf(name, sizeof(name), "%s", addr);
+    rc = link_for(ep, name, &l);
+    if (rc < 0)
+        return rc;
+    l->ntb->listening = true;
+    if (bound && bound_len)
+        snprintf(bound, bound_len, "%s", name);
+    return 0;
+}
+
+int ntb_link_connect(struct shm_ep *ep, const char *addr, struct shm_conn *c)
+{
+    struct shm_link *l;
+    int rc = link_for(ep, addr, &l);
+
+    if (rc < 0)
+        return rc;
+    l->nconns++;
+    c->link = l;
+    if (l->state == LINK_OPEN) {
+        start_conn(l, c);
+        return 0;
+    }
+    if (!l->ntb->pending)
+        l->ntb->pending_since_ms = now_ms();
+    c->pending_next = l->ntb->pending;
+    l->ntb->pending = c;
+    l->ntb->npending++;
+    return 0;
+}

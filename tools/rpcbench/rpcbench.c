@@ -460,7 +460,8 @@ static void usage(FILE *f)
             "  --adaptive          sleep when idle instead of busy polling\n"
             "  --cpu C,S           pin client to cpu C and server to cpu S\n"
             "  --workload W        client mode: echo (default) or sink\n"
-            "URIs: tcp://host:port, shm://name, auto://host:port (picks the best fabric)\n");
+            "URIs: tcp://host:port, shm://name, ntb://emu:NAME or ntb://hw (NTB device),\n"
+            "      auto://host:port (picks the best fabric)\n");
 }
 
 static size_t parse_size(const char *s, bool *ok)

@@ -131,7 +131,7 @@ START_TEST(dead_peer_found_by_heartbeat)
     char dev[64];
     double t0;
 
-    setenv("TERN_NTB_DEAD_MS", "300", 1);
+    setenv("TERN_NTB_DEAD_MS", "600", 1);
     b = tp_open("ntb", 0);
     dev_name(dev, sizeof(dev), "dead");
     ck_assert_int_eq(tern_tp_listen(b, dev, NULL, 0), 0);
@@ -150,7 +150,7 @@ START_TEST(dead_peer_found_by_heartbeat)
         kill(pid, round == 0 ? SIGSTOP : SIGKILL);
         t0 = now_ms();
         ev = want(b, NULL, TERN_TP_EV_CLOSED, 5000);
-        ck_assert_msg(now_ms() - t0 >= 250, "closed after %.0f ms, before the deadline",
+        ck_assert_msg(now_ms() - t0 >= 500, "closed after %.0f ms, before the deadline",
                       now_ms() - t0);
         tern_tp_disconnect(ev.conn);
         kill(pid, SIGKILL);

@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -203,6 +205,40 @@ START_TEST(third_endpoint_refused)
 }
 END_TEST
 
+/* A device file that is not a tern NTB device (wrong size, or another
+ * header) is refused with TERN_EPROTO, and left as it was. */
+START_TEST(foreign_device_file_refused)
+{
+    struct tern_tp_ep *a = tp_open("ntb", 0), *b = tp_open("ntb", 0);
+    char dev[64], path[96];
+    struct stat st;
+    int fd;
+
+    dev_name(dev, sizeof(dev), "foreign");
+    snprintf(path, sizeof(path), "/dev/shm/tern-ntb.%s", dev + 4);
+    fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, "not a device", 12), 12);
+    ck_assert_int_eq(tern_tp_listen(a, dev, NULL, 0), TERN_EPROTO);
+    ck_assert_int_eq(stat(path, &st), 0);     /* still there, untouched */
+    ck_assert_int_eq(st.st_size, 12);
+    close(fd);
+    unlink(path);
+
+    /* The right size, but someone scribbled on the header. */
+    ck_assert_int_eq(tern_tp_listen(a, dev, NULL, 0), 0);
+    fd = open(path, O_RDWR);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(pwrite(fd, "XXXX", 4, 0), 4);
+    close(fd);
+    ck_assert_int_eq(tern_tp_listen(b, dev, NULL, 0), TERN_EPROTO);
+    ck_assert_int_eq(stat(path, &st), 0);
+    tern_tp_close(a);
+    tern_tp_close(b);
+    unlink(path);
+}
+END_TEST
+
 Suite *suite_ntb_link(void)
 {
     Suite *s = suite_create("ntb_link");
@@ -214,6 +250,7 @@ Suite *suite_ntb_link(void)
     tcase_add_test(tc, dead_peer_found_by_heartbeat);
     tcase_add_test(tc, no_listener_refuses);
     tcase_add_test(tc, third_endpoint_refused);
+    tcase_add_test(tc, foreign_device_file_refused);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -5,28 +5,17 @@
 #include "../error.h"
 #include "ring.h"
 
-/* Header word: | seq (24) | type (8) | len (32) |. The receiver zeroes every
- * byte it releases (a local write, before it returns the credit), so a
- * position it polls holds either zero or a header written this lap, never a
- * stale header or stale payload bytes that could pass for one. The sequence
- * number, which skips 0, is a second check. */
-#define SEQ_MASK 0xffffffu
-
-static inline uint32_t seq_next(uint32_t seq)
-{
-    seq = (seq + 1) & SEQ_MASK;
-    return seq ? seq : 1;
-}
-
+/* The header word and the sequence numbers are in ring.h (the receive fast
+ * path is inline). */
 static inline uint32_t seq_prev(uint32_t seq)
 {
-    seq = (seq - 1) & SEQ_MASK;
-    return seq ? seq : SEQ_MASK;
+    seq = (seq - 1) & RING_SEQ_MASK;
+    return seq ? seq : RING_SEQ_MASK;
 }
 
 static inline uint64_t hdr_make(uint32_t len, enum ring_type type, uint32_t seq)
 {
-    return (uint64_t)len | (uint64_t)type << 32 | (uint64_t)(seq & SEQ_MASK) << 40;
+    return (uint64_t)len | (uint64_t)type << 32 | (uint64_t)(seq & RING_SEQ_MASK) << 40;
 }
 
 
@@ -123,7 +112,7 @@ void *ring_tx_reserve(struct ring_tx *tx, uint32_t len)
     if (tail_room < need) {
         /* The record would wrap: fill the end with a PAD record. */
         store_hdr(tx->ring + pos, hdr_make(tail_room - RING_HDR, RING_PAD, tx->seq));
-        tx->seq = seq_next(tx->seq);
+        tx->seq = ring_seq_next(tx->seq);
         tx->head += tail_room;
         pos = 0;
     }
@@ -140,7 +129,7 @@ void ring_tx_publish(struct ring_tx *tx, uint32_t len, enum ring_type type)
         len = tx->resv_len;
     publish_fence(tx, len);
     store_hdr(hdr, hdr_make(len, type, tx->seq));
-    tx->seq = seq_next(tx->seq);
+    tx->seq = ring_seq_next(tx->seq);
     tx->head += ring_rec_bytes(len);
     tx->resv = NULL;
 }
@@ -155,10 +144,6 @@ static uint64_t load_hdr(const uint8_t *at)
     return __atomic_load_n((const uint64_t *)(const void *)at, __ATOMIC_ACQUIRE);
 }
 
-static bool hdr_fresh(uint64_t h, uint32_t seq)
-{
-    return (uint32_t)(h >> 40) == (seq & SEQ_MASK);
-}
 
 /* Write our consumed index into the sender's window. Clear its request
  * first: a request raised after it sees this answer must survive. */
@@ -190,10 +175,10 @@ int ring_rx_peek_slow(struct ring_rx *rx, const void **view, uint32_t *len,
             return 0;
         /* Anything else that is not the next record, or a record that would
          * run past the end of the ring, means the sender is broken. */
-        if (!hdr_fresh(h, rx->seq) || l > rx->size - pos - RING_HDR || t > RING_CTL ||
+        if (!ring_hdr_fresh(h, rx->seq) || l > rx->size - pos - RING_HDR || t > RING_CTL ||
             (t == RING_PAD && l != rx->size - pos - RING_HDR))
             return TERN_EPROTO;
-        rx->seq = seq_next(rx->seq);
+        rx->seq = ring_seq_next(rx->seq);
         if (t == RING_PAD) {
             rx->parsed += rx->size - pos;
             if (!rx->views) {   /* nothing held before it: free it now */

@@ -125,6 +125,24 @@ uint32_t ring_tx_room(const struct ring_tx *tx);
 int ring_rx_peek_slow(struct ring_rx *rx, const void **view, uint32_t *len,
                       enum ring_type *type);
 
+/* Header word: | seq (24) | type (8) | len (32) |. The receiver zeroes every
+ * byte it releases (a local write, before it returns the credit), so a
+ * position it polls holds either zero or a header written this lap, never a
+ * stale header or stale payload bytes that could pass for one. The sequence
+ * number, which skips 0, is a second check. */
+#define RING_SEQ_MASK 0xffffffu
+
+static inline uint32_t ring_seq_next(uint32_t seq)
+{
+    seq = (seq + 1) & RING_SEQ_MASK;
+    return seq ? seq : 1;
+}
+
+static inline bool ring_hdr_fresh(uint64_t h, uint32_t seq)
+{
+    return (uint32_t)(h >> 40) == (seq & RING_SEQ_MASK);
+}
+
 /* Ring bytes a record with `len` payload bytes takes: records start on
  * cache lines, so a sender filling the next record never writes a line the
  * receiver is still reading or zeroing. */
@@ -148,10 +166,10 @@ static inline int ring_rx_peek(struct ring_rx *rx, const void **view, uint32_t *
      * that fits. Anything else (PAD, a bad header) takes the slow path. */
     uint32_t l = (uint32_t)h, t = (uint32_t)(h >> 32) & 0xff;
 
-    if ((uint32_t)(h >> 40) != rx->seq || t == 0 || t > 3 || l > rx->size - pos - RING_HDR)
+    if (!ring_hdr_fresh(h, rx->seq) || t == RING_PAD || t > RING_CTL ||
+        l > rx->size - pos - RING_HDR)
         return ring_rx_peek_slow(rx, view, len, type);
-    rx->seq = (rx->seq + 1) & 0xffffffu;
-    rx->seq += !rx->seq;
+    rx->seq = ring_seq_next(rx->seq);
     *view = rx->ring + pos + RING_HDR;
     *len = l;
     *type = (enum ring_type)t;

@@ -67,6 +67,7 @@ struct ntb_link {
     socklen_t bell_len;
     uint64_t nonce, peer_nonce;
     bool seen_sent, ready_sent, listening, odd;
+    bool ours;                      /* emu: the file checked out as a device */
     uint64_t beat, peer_beat, peer_beat_ms, last_beat_ms, pending_since_ms;
     uint32_t next;                  /* next of our channels to try */
     unsigned npending;
@@ -343,8 +344,11 @@ bool ntb_link_accepts(struct shm_link *l, uint32_t chan)
     struct ntb_link *nl = l->ntb;
 
     if ((chan & 1) == (nl->odd ? 1u : 0u) || nl->ch[chan]) {
-        tern_log(TERN_LOG_WARN, LOG_WHO, "link %s: the peer opened channel %u, not its own",
-                 l->name, chan);
+        static struct tern_log_limit limit;
+
+        if (tern_log_allow(&limit))
+            tern_log(TERN_LOG_WARN, LOG_WHO, "link %s: the peer opened channel %u, %s; ignored",
+                     l->name, chan, nl->ch[chan] ? "which is in use" : "which is ours");
         return false;
     }
     nl->ch[chan] = CH_USED;
@@ -480,6 +484,7 @@ static int emu_attach(struct shm_link *l, const char *name)
             rc = TERN_EPROTO;       /* another geometry or not ours */
     }
     unlock_byte(nl->dev_fd, 2);
+    nl->ours = rc == 0;
     if (rc < 0) {
         tern_log(TERN_LOG_WARN, LOG_WHO, "emulated device %s: %s", name, tern_strerror(rc));
         return rc;
@@ -544,8 +549,9 @@ void ntb_link_close(struct shm_link *l)
     if (nl->map)
         munmap(nl->map, nl->map_size);
     if (!nl->hw && nl->dev_fd >= 0) {
-        /* The last side out removes the emulated device. */
-        if (lock_byte(nl->dev_fd, 0, false) && lock_byte(nl->dev_fd, 1, false)) {
+        /* The last side out removes the emulated device (never a file
+         * that turned out not to be one). */
+        if (nl->ours && lock_byte(nl->dev_fd, 0, false) && lock_byte(nl->dev_fd, 1, false)) {
             char path[80];
 
             snprintf(path, sizeof(path), "/tern-ntb.%s", l->name + 4);

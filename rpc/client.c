@@ -82,8 +82,9 @@ static struct call_list *list_of(struct rpc_call *c)
 static void call_release(struct tern_rpc_ep *ep, struct rpc_call *c)
 {
     list_del(list_of(c), c);
-    if (c->deadline)
+    if (c->timeout)
         ep->n_deadlines--;
+    c->timeout = 0;
     c->deadline = 0;
     c->state = CALL_FREE;
     c->id = ((uint64_t)(GEN(c->id) + 1) << 32) | SLOT(c->id);
@@ -111,13 +112,14 @@ static int call_send(struct tern_session *s, struct rpc_call *c, uint64_t *now)
     uint8_t *buf;
     int rc;
 
-    if (c->deadline) {
-        uint64_t left;
+    if (c->timeout) {
+        uint64_t left = c->timeout / 1000u;
 
-        if (!*now)      /* read the clock once per pump, and only if needed */
-            *now = tern_now_ns();
-        left = c->deadline > *now ? (c->deadline - *now) / 1000u : 0;
-
+        if (c->deadline) {
+            if (!*now)  /* read the clock once per pump, and only if needed */
+                *now = tern_now_ns();
+            left = c->deadline > *now ? (c->deadline - *now) / 1000u : 0;
+        }
         h.budget_us = left ? (left > UINT32_MAX ? UINT32_MAX : (uint32_t)left) : 1;
     }
     rc = tern_tp_msg_alloc(s->conn, sizeof(h) + c->len, (void **)&buf);
@@ -185,25 +187,51 @@ int tern_call(struct tern_session *s, uint16_t svc, uint16_t method, const void 
     c->method = method;
     c->cont = cont;
     c->arg = arg;
-    now = timeout_ns ? tern_now_ns() : 0;
-    c->deadline = timeout_ns ? (timeout_ns > UINT64_MAX - now ? UINT64_MAX : now + timeout_ns) : 0;
-    if (c->deadline)
+    c->timeout = timeout_ns;
+    c->deadline = 0;
+    now = 0;
+    if (timeout_ns)
         ep->n_deadlines++;
     if (call_id)
         *call_id = c->id;
     /* The common case, straight onto the wire: nothing queued ahead of
-     * it, a credit free and room to send. */
+     * it, a credit free and room to send. Its budget is the whole timeout,
+     * and its deadline is stamped at the poll loop's next clock reading
+     * (at most 64 polls away): a clock read costs as much as a tenth of a
+     * round trip on shm, and every call would pay it. */
     if (!s->queued.head && s->state == SESS_OPEN && !s->blocked && s->sent.n < s->credits &&
         call_send(s, c, &now) == 0) {
         c->state = CALL_SENT;
         list_push(&s->sent, c);
+        if (timeout_ns) {
+            if (ep->n_unstamped == RPC_UNSTAMPED)
+                rpc_stamp_calls(ep, tern_now_ns());
+            ep->unstamped[ep->n_unstamped++] = c->id;
+        }
         if (!ep->polling)
             tern_tp_flush(tern_tp_conn_ep(s->conn));
         return 0;
     }
+    /* A call that waits in the queue counts its time from now. */
+    if (timeout_ns) {
+        now = tern_now_ns();
+        c->deadline = timeout_ns > UINT64_MAX - now ? UINT64_MAX : now + timeout_ns;
+    }
     list_push(&s->queued, c);
     pump_at(s, now);
     return 0;
+}
+
+void rpc_stamp_calls(struct tern_rpc_ep *ep, uint64_t now)
+{
+    for (unsigned i = 0; i < ep->n_unstamped; i++) {
+        struct rpc_call *c = &ep->calls[SLOT(ep->unstamped[i])];
+
+        /* Skip calls that completed (their slot moved on) meanwhile. */
+        if (c->state != CALL_FREE && c->id == ep->unstamped[i] && !c->deadline)
+            c->deadline = c->timeout > UINT64_MAX - now ? UINT64_MAX : now + c->timeout;
+    }
+    ep->n_unstamped = 0;
 }
 
 int tern_call_cancel(struct tern_rpc_ep *ep, uint64_t call_id)

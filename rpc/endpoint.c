@@ -473,6 +473,8 @@ int tern_rpc_poll(struct tern_rpc_ep *ep)
     if (ep->n_deadlines && tick) {
         uint64_t now = tern_now_ns();
 
+        if (ep->n_unstamped)
+            rpc_stamp_calls(ep, now);
         if (now >= ep->next_deadline_scan) {
             ep->next_deadline_scan = now + 100000;
             rpc_expire_calls(ep, now);

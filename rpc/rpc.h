@@ -136,7 +136,10 @@ unsigned tern_session_credits(const struct tern_session *s);
 typedef void (*tern_cont_fn)(void *arg, int status, const void *reply, size_t len);
 
 /* Start a call. `req` must stay valid until the continuation runs (calls
- * beyond the session's credits wait in a queue). timeout_ns 0 = no deadline.
+ * beyond the session's credits wait in a queue). timeout_ns 0 = no deadline;
+ * otherwise the call fails with TERN_ETIMEDOUT once timeout_ns have passed
+ * (counted from when it is sent, to within 64 polls of the endpoint;
+ * checked about every 100 us).
  * len may not exceed the smaller of both ends' max_msg (TERN_EMSGSIZE).
  * *call_id (if not NULL) names the call for tern_call_cancel(). Returns 0,
  * or TERN_ENOBUFS (no call slot), TERN_ENOTCONN, TERN_EMSGSIZE, TERN_EINVAL. */

@@ -10,6 +10,7 @@
 #define RPC_MAX_SERVICES 64
 #define RPC_MAX_FABRICS 4
 #define RPC_EVENT_BATCH 32
+#define RPC_UNSTAMPED 64        /* calls sent before their deadline is set */
 
 struct rpc_service {
     const struct tern_service *svc;
@@ -28,7 +29,9 @@ struct rpc_call {
     size_t len;
     uint16_t svc, method;
     bool resent;                    /* re-sent after a failover */
-    uint64_t deadline;              /* CLOCK_MONOTONIC ns, 0 = none */
+    uint64_t timeout;               /* ns, 0 = none */
+    uint64_t deadline;              /* CLOCK_MONOTONIC ns; 0 with a timeout:
+                                     * not stamped yet (see rpc_stamp_calls) */
     tern_cont_fn cont;
     void *arg;
 };
@@ -130,7 +133,9 @@ struct tern_rpc_ep {
     struct rpc_call *calls;         /* cfg.max_calls slots */
     uint32_t *free_slots;
     unsigned n_free;
-    unsigned n_deadlines;           /* live calls with a deadline */
+    unsigned n_deadlines;           /* live calls with a timeout */
+    uint64_t unstamped[RPC_UNSTAMPED]; /* ids of calls whose deadline is due */
+    unsigned n_unstamped;
     uint64_t next_deadline_scan;
     uint64_t next_housekeeping;
     unsigned polls;
@@ -157,6 +162,7 @@ void rpc_client_writable(struct tern_session *s);
 void rpc_client_fail(struct tern_session *s, int status);
 void rpc_expire_calls(struct tern_rpc_ep *ep, uint64_t now);
 int rpc_calls_init(struct tern_rpc_ep *ep);
+void rpc_stamp_calls(struct tern_rpc_ep *ep, uint64_t now);
 
 /* replay.c */
 struct rpc_replay *rpc_replay_get(struct tern_rpc_ep *ep, uint64_t token);

@@ -133,7 +133,7 @@ START_TEST(record_size_limits)
 END_TEST
 
 /* Thousands of records of every size through a small ring: every lap wraps
- * with a PAD somewhere, and released bytes must come back zeroed. */
+ * with a PAD somewhere, and released lines must come back with clear heads. */
 START_TEST(wrap_around)
 {
     struct link l;
@@ -163,8 +163,11 @@ START_TEST(wrap_around)
         }
     }
     ck_assert_uint_eq(l.tx.head, l.rx.released);
-    for (uint32_t i = 0; i < 4096; i++)
-        ck_assert_uint_eq(ring_data_of(l.win_b, &l.g, 0)[i], 0);
+    /* Every word a receiver may poll as a header (each line's first) is
+     * clear again once everything was released. */
+    for (uint32_t i = 0; i < 4096; i += 64)
+        for (uint32_t j = 0; j < RING_HDR; j++)
+            ck_assert_uint_eq(ring_data_of(l.win_b, &l.g, 0)[i + j], 0);
     link_close(&l);
 }
 END_TEST

@@ -787,6 +787,40 @@ START_TEST(expiry_sends_queued_call)
 }
 END_TEST
 
+/* Calls sent straight onto the wire get their deadline stamped at the
+ * poll loop's next clock reading, not in tern_call. More of them than the
+ * stamping batch holds, to a server that never answers: every one times
+ * out, and none before its timeout has passed. */
+START_TEST(many_deadlines_sent_at_once)
+{
+    enum { N = 150, TIMEOUT_MS = 40 };
+    struct tern_rpc_config cfg = {.max_msg = MAX_MSG, .credits = 256, .max_calls = 512};
+    static struct rec r[N];
+    double t0;
+
+    pair_open(&cfg, &cfg);
+    t0 = now_ms();
+    for (int i = 0; i < N; i++) {
+        rec_init(&r[i], 0);
+        ck_assert_int_eq(tern_call(sess, SVC, M_ECHO, "x", 1, TIMEOUT_MS * 1000000ull, rec_cont,
+                                   &r[i], NULL),
+                         0);
+    }
+    total_runs = 0;
+    while (total_runs < N && now_ms() - t0 < WAIT_MS) {
+        tern_rpc_poll(cli);
+        /* No call may time out early. */
+        if (total_runs < N)
+            ck_assert_msg(total_runs == 0 || now_ms() - t0 >= TIMEOUT_MS,
+                          "%d calls timed out after %.1f ms of %d", total_runs, now_ms() - t0,
+                          TIMEOUT_MS);
+    }
+    ck_assert_int_eq(total_runs, N);
+    for (int i = 0; i < N; i++)
+        ck_assert_int_eq(r[i].status, TERN_ETIMEDOUT);
+}
+END_TEST
+
 START_TEST(cancel_unknown_ids)
 {
     ck_assert_int_eq(tern_call_cancel(cli, 0), TERN_ENOENT);
@@ -2073,6 +2107,7 @@ Suite *suite_rpc(void)
     tcase_add_test(own, cancel_queued_call);
     tcase_add_test(own, cancel_sends_queued_call);
     tcase_add_test(own, expiry_sends_queued_call);
+    tcase_add_test(own, many_deadlines_sent_at_once);
     tcase_add_test(own, no_continuation_inside_tern_call);
     tcase_add_test(own, silent_clients_time_out);
     tcase_add_test(own, session_close_cancels_in_flight);

@@ -1,6 +1,5 @@
 /* The ring protocol of ring.h: records in a channel ring, published by one
  * 8-byte header store, credit returned by remote writes. */
-#include <string.h>
 
 #include "../error.h"
 #include "ring.h"
@@ -11,32 +10,6 @@ static inline uint32_t seq_prev(uint32_t seq)
 {
     seq = (seq - 1) & RING_SEQ_MASK;
     return seq ? seq : RING_SEQ_MASK;
-}
-
-static inline uint64_t hdr_make(uint32_t len, enum ring_type type, uint32_t seq)
-{
-    return (uint64_t)len | (uint64_t)type << 32 | (uint64_t)(seq & RING_SEQ_MASK) << 40;
-}
-
-
-
-/* Order the payload stores before the header store. On ordinary
- * (write-back) memory x86 keeps stores in order and a compiler barrier is
- * enough, except that memcpy may use non-temporal stores for large copies;
- * write-combining NTB mappings reorder stores too. Those get an sfence.
- * Elsewhere a release fence does it all. */
-static inline void publish_fence(const struct ring_tx *tx, uint32_t len)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    if (tx->wc || len >= 16384)
-        __builtin_ia32_sfence();
-    else
-        __atomic_signal_fence(__ATOMIC_RELEASE);
-#else
-    (void)tx;
-    (void)len;
-    __atomic_thread_fence(__ATOMIC_RELEASE);
-#endif
 }
 
 size_t ring_window_size(const struct ring_geometry *g)
@@ -64,6 +37,7 @@ void ring_tx_init(struct ring_tx *tx, uint8_t *mine, uint8_t *peers,
     *tx = (struct ring_tx){
         .ring = ring_data_of(peers, g, chan), .peer_ctl = ring_ctl_of(peers, g, chan),
         .my_ctl = ring_ctl_of(mine, g, chan), .size = g->ring_bytes, .seq = 1,
+        .limit = g->ring_bytes,
     };
 }
 
@@ -88,7 +62,7 @@ static void store_hdr(uint8_t *at, uint64_t h)
     __atomic_store_n((uint64_t *)(void *)at, h, __ATOMIC_RELAXED);
 }
 
-void *ring_tx_reserve(struct ring_tx *tx, uint32_t len)
+void *ring_tx_reserve_slow(struct ring_tx *tx, uint32_t len)
 {
     uint32_t pos = (uint32_t)(tx->head & (tx->size - 1));
     uint32_t need = ring_rec_bytes(len), tail_room = tx->size - pos;
@@ -98,6 +72,7 @@ void *ring_tx_reserve(struct ring_tx *tx, uint32_t len)
     if (tx->resv || len > ring_max_record(tx->size))
         return NULL;
     consumed = __atomic_load_n(&tx->my_ctl->consumed, __ATOMIC_ACQUIRE);
+    tx->limit = consumed + tx->size;
     if (tx->head + total - consumed > tx->size) {
         /* Out of credit: ask the receiver to report now rather than lazily.
          * One request per answer; each is a remote write. */
@@ -111,7 +86,7 @@ void *ring_tx_reserve(struct ring_tx *tx, uint32_t len)
     tx->congested = false;
     if (tail_room < need) {
         /* The record would wrap: fill the end with a PAD record. */
-        store_hdr(tx->ring + pos, hdr_make(tail_room - RING_HDR, RING_PAD, tx->seq));
+        store_hdr(tx->ring + pos, ring_hdr_make(tail_room - RING_HDR, RING_PAD, tx->seq));
         tx->seq = ring_seq_next(tx->seq);
         tx->head += tail_room;
         pos = 0;
@@ -119,19 +94,6 @@ void *ring_tx_reserve(struct ring_tx *tx, uint32_t len)
     tx->resv = tx->ring + pos + RING_HDR;
     tx->resv_len = len;
     return tx->resv;
-}
-
-void ring_tx_publish(struct ring_tx *tx, uint32_t len, enum ring_type type)
-{
-    uint8_t *hdr = tx->resv - RING_HDR;
-
-    if (len > tx->resv_len)
-        len = tx->resv_len;
-    publish_fence(tx, len);
-    store_hdr(hdr, hdr_make(len, type, tx->seq));
-    tx->seq = ring_seq_next(tx->seq);
-    tx->head += ring_rec_bytes(len);
-    tx->resv = NULL;
 }
 
 void ring_tx_abort(struct ring_tx *tx)
@@ -182,7 +144,7 @@ int ring_rx_peek_slow(struct ring_rx *rx, const void **view, uint32_t *len,
         if (t == RING_PAD) {
             rx->parsed += rx->size - pos;
             if (!rx->views) {   /* nothing held before it: free it now */
-                memset(rx->ring + pos, 0, rx->size - pos);
+                ring_zero_heads(rx->ring, pos, rx->size - pos);
                 rx->released = rx->parsed;
             }
             continue;
@@ -211,7 +173,10 @@ static enum ring_type free_record(struct ring_rx *rx)
     enum ring_type t = (enum ring_type)((h >> 32) & 0xff);
     uint32_t bytes = t == RING_PAD ? rx->size - pos : ring_rec_bytes((uint32_t)h);
 
-    memset(rx->ring + pos, 0, bytes);
+    if (bytes > rx->parsed - rx->released)  /* a header rewritten since */
+        bytes = (uint32_t)(rx->parsed - rx->released);
+
+    ring_zero_heads(rx->ring, pos, bytes);
     rx->released += bytes;
     return t;
 }
@@ -223,14 +188,10 @@ static bool pad_at(const struct ring_rx *rx, uint64_t at)
     return ((h >> 32) & 0xff) == RING_PAD;
 }
 
-void ring_rx_release(struct ring_rx *rx)
+void ring_rx_release_slow(struct ring_rx *rx)
 {
-    if (!rx->views)
-        return;
-    rx->views--;
-    /* Views go back in order: the oldest one starts at `released`. Free it
-     * and any PAD records behind it that were parsed while it was held. */
-    free_record(rx);
+    /* The fast half freed the oldest view; free the PAD records parsed
+     * behind it while it was held. */
     while (rx->released < rx->parsed && pad_at(rx, rx->released))
         free_record(rx);
     if (rx->released - rx->reported >= rx->size / 4 ||

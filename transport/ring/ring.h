@@ -74,11 +74,13 @@ struct ring_tx {
     bool congested;             /* credit_req raised */
     bool wc;                    /* the peer's window is write-combining (NTB) */
     uint64_t asked_at;          /* `consumed` when it was raised */
+    uint64_t limit;             /* consumed + size when last read: head may
+                                 * grow to here without reading it again */
 };
 
 /* The other direction, as the receiver sees it. */
 struct ring_rx {
-    uint8_t *ring;              /* in our window: read, and zeroed on release */
+    uint8_t *ring;              /* in our window: read; line heads zeroed on release */
     struct ring_ctl *peer_ctl;  /* in the peer's window: we write `consumed` */
     struct ring_ctl *my_ctl;    /* in our window: the peer raises credit_req */
     uint32_t size;
@@ -103,14 +105,9 @@ static inline uint32_t ring_max_record(uint32_t size)
     return size / 4 - RING_HDR;
 }
 
-/* Reserve `len` bytes of payload in the peer's ring (len <= max record).
- * Returns a pointer into the peer's memory, or NULL without credit (the
- * congestion flag is raised so that credit comes back soon). */
-void *ring_tx_reserve(struct ring_tx *tx, uint32_t len);
-
-/* Publish the reservation with `len` <= reserved bytes as a record of
- * `type`: fence, then one 8-byte header store. */
-void ring_tx_publish(struct ring_tx *tx, uint32_t len, enum ring_type type);
+/* ring_tx_reserve's slow half: wrapping (a PAD record), running out of
+ * credit, or bad arguments. */
+void *ring_tx_reserve_slow(struct ring_tx *tx, uint32_t len);
 
 /* Drop the open reservation. */
 void ring_tx_abort(struct ring_tx *tx);
@@ -125,11 +122,12 @@ uint32_t ring_tx_room(const struct ring_tx *tx);
 int ring_rx_peek_slow(struct ring_rx *rx, const void **view, uint32_t *len,
                       enum ring_type *type);
 
-/* Header word: | seq (24) | type (8) | len (32) |. The receiver zeroes every
- * byte it releases (a local write, before it returns the credit), so a
- * position it polls holds either zero or a header written this lap, never a
- * stale header or stale payload bytes that could pass for one. The sequence
- * number, which skips 0, is a second check. */
+/* Header word: | seq (24) | type (8) | len (32) |. Records start on cache
+ * lines, and the receiver zeroes the first word of every line it releases
+ * (a local write, before it returns the credit), so a position it polls
+ * holds either zero or a header written this lap, never a stale header or
+ * stale payload bytes that could pass for one. The sequence number, which
+ * skips 0, is a second check. */
 #define RING_SEQ_MASK 0xffffffu
 
 static inline uint32_t ring_seq_next(uint32_t seq)
@@ -169,6 +167,10 @@ static inline int ring_rx_peek(struct ring_rx *rx, const void **view, uint32_t *
     if (!ring_hdr_fresh(h, rx->seq) || t == RING_PAD || t > RING_CTL ||
         l > rx->size - pos - RING_HDR)
         return ring_rx_peek_slow(rx, view, len, type);
+    /* The header line is here; ask for the next lines of the record now,
+     * so their transfers overlap the dispatch instead of following it. */
+    for (uint32_t o = 64; o < RING_HDR + l && o <= 192; o += 64)
+        __builtin_prefetch(rx->ring + pos + o);
     rx->seq = ring_seq_next(rx->seq);
     *view = rx->ring + pos + RING_HDR;
     *len = l;
@@ -182,9 +184,9 @@ static inline int ring_rx_peek(struct ring_rx *rx, const void **view, uint32_t *
  * be peeked again later: for a record that cannot be handled yet. */
 void ring_rx_unpeek(struct ring_rx *rx, uint32_t len);
 
-/* Release the oldest view; writes the consumed index back to the sender
- * when a quarter ring has been freed or the sender asked for credit. */
-void ring_rx_release(struct ring_rx *rx);
+/* ring_rx_release's slow half: PAD records to step over, or credit to
+ * report. */
+void ring_rx_release_slow(struct ring_rx *rx);
 
 /* Write the consumed index back to the sender now (ring_rx_credit's slow
  * half). */
@@ -216,6 +218,104 @@ static inline bool ring_rx_quiet(const struct ring_rx *rx)
         __atomic_load_n((const uint64_t *)(const void *)(rx->ring + pos), __ATOMIC_RELAXED))
         return false;
     return !rx->answered && !ring_rx_credit_due(rx);
+}
+
+/* The fast paths of the data path, inline: a message round trip runs
+ * reserve, publish, peek and release once on each side, and a function call
+ * apiece costs as much as the work they do in the common case. */
+
+/* Order the payload stores before the header store. On ordinary
+ * (write-back) memory x86 keeps stores in order and a compiler barrier is
+ * enough, except that memcpy may use non-temporal stores for large copies;
+ * write-combining NTB mappings reorder stores too. Those get an sfence.
+ * Elsewhere a release fence does it all. */
+static inline void ring_publish_fence(const struct ring_tx *tx, uint32_t len)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    if (tx->wc || len >= 16384)
+        __builtin_ia32_sfence();
+    else
+        __atomic_signal_fence(__ATOMIC_RELEASE);
+#else
+    (void)tx;
+    (void)len;
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+#endif
+}
+
+static inline uint64_t ring_hdr_make(uint32_t len, enum ring_type type, uint32_t seq)
+{
+    return (uint64_t)len | (uint64_t)type << 32 | (uint64_t)(seq & RING_SEQ_MASK) << 40;
+}
+
+/* Reserve `len` bytes of payload in the peer's ring (len <= max record).
+ * Returns a pointer into the peer's memory, or NULL without credit (the
+ * congestion flag is raised so that credit comes back soon). */
+static inline void *ring_tx_reserve(struct ring_tx *tx, uint32_t len)
+{
+    uint32_t pos = (uint32_t)(tx->head & (tx->size - 1));
+    uint32_t need = ring_rec_bytes(len);
+
+    /* Common case: no reservation open, the record fits before the end of
+     * the ring and within the credit known from the last look. */
+    if (tx->resv || need > tx->size - pos || tx->head + need > tx->limit ||
+        len > ring_max_record(tx->size))
+        return ring_tx_reserve_slow(tx, len);
+    tx->congested = false;
+    tx->resv = tx->ring + pos + RING_HDR;
+    tx->resv_len = len;
+    return tx->resv;
+}
+
+/* Publish the reservation with `len` <= reserved bytes as a record of
+ * `type`: fence, then one 8-byte header store. */
+static inline void ring_tx_publish(struct ring_tx *tx, uint32_t len, enum ring_type type)
+{
+    uint8_t *hdr = tx->resv - RING_HDR;
+
+    if (len > tx->resv_len)
+        len = tx->resv_len;
+    ring_publish_fence(tx, len);
+    __atomic_store_n((uint64_t *)(void *)hdr, ring_hdr_make(len, type, tx->seq),
+                     __ATOMIC_RELAXED);
+    tx->seq = ring_seq_next(tx->seq);
+    tx->head += ring_rec_bytes(len);
+    tx->resv = NULL;
+}
+
+/* Zero the first word of each cache line of [pos, pos + bytes): records
+ * start on line boundaries, so those are the only words a receiver ever
+ * polls as a header. Cheaper than clearing every byte, and as safe. */
+static inline void ring_zero_heads(uint8_t *ring, uint32_t pos, uint32_t bytes)
+{
+    for (uint32_t o = 0; o < bytes; o += 64)
+        __atomic_store_n((uint64_t *)(void *)(ring + pos + o), 0, __ATOMIC_RELAXED);
+}
+
+/* Release the oldest view; writes the consumed index back to the sender
+ * when a quarter ring has been freed or the sender asked for credit. */
+static inline void ring_rx_release(struct ring_rx *rx)
+{
+    uint32_t pos = (uint32_t)(rx->released & (rx->size - 1));
+    uint64_t h;
+
+    if (!rx->views)
+        return;
+    /* Views go back in order: the oldest one starts at `released`, and a
+     * view is never a PAD record. */
+    h = __atomic_load_n((const uint64_t *)(const void *)(rx->ring + pos), __ATOMIC_RELAXED);
+    /* The header was checked when peeked, but the sender can still write
+     * it: never let it take the release beyond what was parsed. */
+    uint32_t bytes = ring_rec_bytes((uint32_t)h);
+
+    if (bytes > rx->parsed - rx->released)
+        bytes = (uint32_t)(rx->parsed - rx->released);
+    rx->views--;
+    ring_zero_heads(rx->ring, pos, bytes);
+    rx->released += bytes;
+    if (rx->released != rx->parsed || rx->released - rx->reported >= rx->size / 4 ||
+        __atomic_load_n(&rx->my_ctl->credit_req, __ATOMIC_RELAXED))
+        ring_rx_release_slow(rx);
 }
 
 #endif

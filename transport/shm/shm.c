@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../log.h"
@@ -29,6 +30,8 @@
 #define SHM_RX_BATCH 16            /* records per connection per poll */
 #define SHM_FRAG_BATCH 4           /* fragments per connection per poll */
 #define SHM_EPOLL_EVERY 32         /* look at sockets once per this many polls */
+#define SHM_EPOLL_NS 20000         /* ... and at most once per this many ns */
+#define SHM_CTL_EVERY 4            /* control channels: a power of two dividing it */
 #define SHM_MAX_VIOLATIONS 16
 #define LOG_WHO "shm"
 
@@ -543,15 +546,18 @@ static int rx_progress(struct shm_conn *c, struct tern_tp_event *ev, int max)
     return n;
 }
 
+/* Most polls of most connections find nothing: say so in a few loads,
+ * inline, before paying for a call to conn_progress. */
+static inline bool conn_quiet(const struct shm_conn *c)
+{
+    return c->state == ST_OPEN && !c->frag_pending && !c->want_writable &&
+           !tp_events_owed(&c->ev) && ring_rx_quiet(&c->rx);
+}
+
 static int conn_progress(struct shm_conn *c, struct tern_tp_event *ev, int max)
 {
     bool open = c->state == ST_OPEN || c->state == ST_DRAINING;
     int n;
-
-    /* Most polls of most connections find nothing: say so in a few loads. */
-    if (c->state == ST_OPEN && !c->frag_pending && !c->want_writable &&
-        !tp_events_owed(&c->ev) && ring_rx_quiet(&c->rx))
-        return 0;
 
     if (open) {
         if (c->frag_pending)
@@ -595,6 +601,26 @@ static int shm_flush(struct tern_tp_ep *base)
     return 0;
 }
 
+/* Sockets only carry set-up, hang-ups and doorbells: look at them every
+ * SHM_EPOLL_EVERY polls, and then only if SHM_EPOLL_NS have passed. A
+ * system call costs as much as a dozen idle polls, and a message that
+ * arrives during one waits for it: a busy loop makes one every 20 us, an
+ * endpoint polled now and then every 32 polls. */
+static bool sockets_due(struct shm_ep *ep)
+{
+    struct timespec ts;
+    uint64_t now;
+
+    if (ep->polls % SHM_EPOLL_EVERY != 0)
+        return false;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    if (now - ep->sockets_at < SHM_EPOLL_NS)
+        return false;
+    ep->sockets_at = now;
+    return true;
+}
+
 static int shm_poll(struct tern_tp_ep *base, struct tern_tp_event *ev, int max)
 {
     struct shm_ep *ep = SEP(base);
@@ -603,10 +629,10 @@ static int shm_poll(struct tern_tp_ep *base, struct tern_tp_event *ev, int max)
 
     if (ep->armed)
         shm_links_set_sleeping(ep, false);
-    /* Sockets only carry set-up, hang-ups and doorbells: look at them every
-     * few polls, not on each, to keep system calls off the data path. Each
-     * link's channel 0 (opens, closes) is read on every poll. */
-    shm_links_poll(ep, ++ep->polls % SHM_EPOLL_EVERY == 0);
+    /* Each link's channel 0 (opens, closes) is read every SHM_CTL_EVERY
+     * polls: set-up is not worth a cost on every poll of the data path. */
+    if ((++ep->polls & (SHM_CTL_EVERY - 1)) == 0)
+        shm_links_poll(ep, sockets_due(ep));
     /* Owed events first. */
     todo = tp_ready_take(base);
     while (todo) {
@@ -621,7 +647,7 @@ static int shm_poll(struct tern_tp_ep *base, struct tern_tp_event *ev, int max)
     }
     /* Then every open connection, a bounded batch each. */
     for (struct tern_tp_conn *b = base->conns; b && n < max; b = b->next)
-        if (SCONN(b)->state == ST_OPEN && !b->on_ready)
+        if (SCONN(b)->state == ST_OPEN && !b->on_ready && !conn_quiet(SCONN(b)))
             n += conn_progress(SCONN(b), ev + n, max - n);
     shm_links_doorbells(ep);
     return n;
@@ -692,8 +718,10 @@ static int shm_wait(struct tern_tp_ep *base, int timeout_ms)
     rc = epoll_wait(ep->epfd, &e, 1, timeout_ms);
     shm_links_set_sleeping(ep, false);
     /* A socket spoke (or, on ntb, a beat may be due): the next poll looks. */
-    if (rc > 0 || ep->ntb)
+    if (rc > 0 || ep->ntb) {
         ep->polls = SHM_EPOLL_EVERY - 1;
+        ep->sockets_at = 0;
+    }
     return rc > 0;
 }
 

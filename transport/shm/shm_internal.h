@@ -117,6 +117,7 @@ struct shm_ep {
     struct shm_listener *listeners;
     struct shm_link *links;
     unsigned nlinks, polls, auto_names;
+    uint64_t sockets_at;           /* when the sockets were last looked at (ns) */
     bool armed;                    /* peers were told we sleep */
     bool bells;                    /* some link has `published` set */
     bool ntb;                      /* the ntb fabric: links are NTB links */

@@ -1,7 +1,8 @@
 /* NTB link rules on the emulated device ("emu:NAME"): both sides open
  * channels, channels are reused, a silent peer is found dead by its
  * heartbeat and the link comes back when the peer returns, a side without a
- * listener refuses, and a device has exactly two sides. The conformance
+ * listener refuses, a device partition has exactly two sides and each
+ * partition is a link of its own. The conformance
  * suite runs the fabric contract over the same links. */
 #include <signal.h>
 #include <stdio.h>
@@ -199,9 +200,75 @@ START_TEST(third_endpoint_refused)
     ck_assert_int_eq(tern_tp_listen(c, "emu:", NULL, 0), TERN_EBADADDR);
     ck_assert_int_eq(tern_tp_listen(c, "emu:../x", NULL, 0), TERN_EBADADDR);
     ck_assert_int_eq(tern_tp_listen(c, "pci-somewhere", NULL, 0), TERN_EBADADDR);
+    /* Partitions are 0-7, written in decimal after one slash. */
+    {
+        const char *bad[] = {"/8", "/", "/x", "/1x", "/-1", "/ 1", "/1/2"};
+
+        for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+            char addr[96];
+
+            snprintf(addr, sizeof(addr), "%s%s", dev, bad[i]);
+            ck_assert_msg(tern_tp_listen(c, addr, NULL, 0) == TERN_EBADADDR, "%s accepted",
+                          addr);
+        }
+    }
     tern_tp_close(a);
     tern_tp_close(b);
     tern_tp_close(c);
+}
+END_TEST
+
+/* Each partition of a device is a link of its own, for one endpoint (one
+ * core) a side: pairs on partitions 0 and 5 carry their own connections, a
+ * third endpoint is refused on a taken partition and not on a free one,
+ * and one pair going away leaves the other running. */
+static void expect_msg(struct tern_tp_ep *ep, struct tern_tp_ep *other, const char *text)
+{
+    struct tern_tp_event ev = want(ep, other, TERN_TP_EV_RECV, 5000);
+
+    ck_assert_str_eq(ev.data, text);
+    tern_tp_msg_release(ev.conn, ev.data);
+}
+
+START_TEST(partitions_are_independent)
+{
+    struct tern_tp_ep *a0 = tp_open("ntb", 0), *b0 = tp_open("ntb", 0);
+    struct tern_tp_ep *a5 = tp_open("ntb", 0), *b5 = tp_open("ntb", 0), *x = tp_open("ntb", 0);
+    struct tern_tp_conn *c0, *c5;
+    struct tern_tp_event ev;
+    char dev[64], p0[80], p5[80], p6[80];
+
+    dev_name(dev, sizeof(dev), "parts");
+    snprintf(p0, sizeof(p0), "%s/0", dev);
+    snprintf(p5, sizeof(p5), "%s/5", dev);
+    snprintf(p6, sizeof(p6), "%s/6", dev);
+    ck_assert_int_eq(tern_tp_listen(b0, dev, NULL, 0), 0);   /* no suffix: partition 0 */
+    ck_assert_int_eq(tern_tp_listen(b5, p5, NULL, 0), 0);
+    ck_assert_int_eq(tern_tp_connect(a0, p0, &c0), 0);
+    ck_assert_int_eq(tern_tp_connect(a5, p5, &c5), 0);
+    ck_assert_int_eq(want(a0, b0, TERN_TP_EV_CONNECTED, 5000).status, 0);
+    ck_assert_int_eq(want(b0, a0, TERN_TP_EV_ACCEPTED, 5000).status, 0);
+    ck_assert_int_eq(want(a5, b5, TERN_TP_EV_CONNECTED, 5000).status, 0);
+    ck_assert_int_eq(want(b5, a5, TERN_TP_EV_ACCEPTED, 5000).status, 0);
+    ck_assert_int_eq(tern_tp_msg_send(c0, "zero", 5), 0);
+    ck_assert_int_eq(tern_tp_msg_send(c5, "five", 5), 0);
+    expect_msg(b5, a5, "five");
+    expect_msg(b0, a0, "zero");
+
+    ck_assert_int_eq(tern_tp_listen(x, p5, NULL, 0), TERN_EADDRINUSE);
+    ck_assert_int_eq(tern_tp_listen(x, p6, NULL, 0), 0);
+    tern_tp_close(x);
+
+    /* Partition 5's listener leaves: its peer's connection closes, and
+     * partition 0 goes on. */
+    tern_tp_close(b5);
+    ev = want(a5, NULL, TERN_TP_EV_CLOSED, 5000);
+    ck_assert_ptr_eq(ev.conn, c5);
+    ck_assert_int_eq(tern_tp_msg_send(c0, "again", 6), 0);
+    expect_msg(b0, a0, "again");
+    tern_tp_close(a5);
+    tern_tp_close(a0);
+    tern_tp_close(b0);
 }
 END_TEST
 
@@ -250,6 +317,7 @@ Suite *suite_ntb_link(void)
     tcase_add_test(tc, dead_peer_found_by_heartbeat);
     tcase_add_test(tc, no_listener_refuses);
     tcase_add_test(tc, third_endpoint_refused);
+    tcase_add_test(tc, partitions_are_independent);
     tcase_add_test(tc, foreign_device_file_refused);
     suite_add_tcase(s, tc);
     return s;

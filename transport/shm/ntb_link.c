@@ -19,11 +19,17 @@
  *   ones. A channel is reused once both sides sent CLOSE, and each, with
  *   its connection gone, zeroed its ring and sent FREE.
  *
+ * - Each window is split into NTB_PARTS partitions, and each partition is
+ *   a link of its own (handshake, heartbeat, channels, doorbell): one per
+ *   core, so endpoints on different cores share a device and never a ring
+ *   or a cache line. "DEV/P" names partition P; "DEV" is partition 0.
+ *
  * Devices: "emu:NAME" is an emulated device (a shared-memory file holding
- * both windows, each side claimed by an OFD lock, doorbells on datagram
- * sockets), which is how CI runs NTB links; "hw" is the DPDK ntb rawdev
- * (ntb/ntb.c), with EAL arguments from $TERN_NTB_EAL. */
+ * both windows, each side of each partition claimed by an OFD lock,
+ * doorbells on datagram sockets), which is how CI runs NTB links; "hw" is
+ * the DPDK ntb rawdev (ntb/ntb.c), with EAL arguments from $TERN_NTB_EAL. */
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,26 +49,29 @@
 #endif
 
 #define NTB_MAGIC 0x746e6268u       /* "tnbh" */
-#define NTB_VERSION 1
+#define NTB_VERSION 2                /* 2: windows in partitions */
 #define HANDSHAKE_MS 2000           /* a connect waits this long for a peer */
 #define EMU_HDR 4096                /* emulated device: header page, then windows */
+#define EMU_LOCK_SETUP 2            /* lock byte: the first set-up of the file */
+#define EMU_LOCK_SIDES 16           /* lock bytes 16 + 2 * part + side: claims */
 #define LOG_WHO "ntb"
 
 /* Per channel, on both sides. */
 enum { CH_USED = 1, CH_CLOSE_SENT = 2, CH_CLOSE_GOT = 4, CH_FREED = 8, CH_FREE_GOT = 16 };
 
 struct emu_hdr {
-    uint32_t magic, version, n_chan, ring_bytes;
+    uint32_t magic, version, n_chan, ring_bytes, n_parts;
 };
 
 struct ntb_link {
     bool hw;
+    char dev[SHM_NAME_MAX];         /* "emu:NAME" or "hw" */
+    unsigned part;                  /* the partition of each window */
     int dev_fd;                     /* emu: the device file */
-    uint8_t *map;                   /* emu: the whole file */
-    size_t map_size;
-#if TERN_HAVE_DPDK
-    struct tern_ntb_link dev;
-#endif
+    uint8_t *mine_map, *peers_map;  /* emu: our and the peer's partition */
+    size_t part_size;               /* bytes of one partition (page multiple) */
+    off_t mine_off;                 /* emu: file offset of our partition */
+    struct tern_ntb_hw *hwdev;      /* hw: the device, shared by partitions */
     struct sockaddr_un bell;        /* emu: the peer's doorbell socket */
     socklen_t bell_len;
     uint64_t nonce, peer_nonce;
@@ -143,14 +152,14 @@ static void zero_rings(struct shm_link *l)
     /* On the emulated device, punching a hole zeroes without touching every
      * page; what it cannot do falls back to stores. */
     if (!nl->hw) {
-        size_t at = (size_t)(l->mine - nl->map) + off;
+        size_t at = (size_t)nl->mine_off + off;
         size_t first = (at + 4095) & ~(size_t)4095, last = (at + len) & ~(size_t)4095;
 
         if (last > first &&
             fallocate(nl->dev_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)first,
                       (off_t)(last - first)) == 0) {
             memset(l->mine + off, 0, first - at);
-            memset(nl->map + last, 0, at + len - last);
+            memset(l->mine + off + (last - at), 0, at + len - last);
             return;
         }
     }
@@ -415,13 +424,13 @@ static bool name_ok(const char *name)
     return true;
 }
 
-static socklen_t bell_addr(struct sockaddr_un *sa, const char *name, int side)
+static socklen_t bell_addr(struct sockaddr_un *sa, const char *name, unsigned part, int side)
 {
     memset(sa, 0, sizeof(*sa));
     sa->sun_family = AF_UNIX;
     return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 +
                        (size_t)snprintf(sa->sun_path + 1, sizeof(sa->sun_path) - 1,
-                                        "tern-ntb/%s/%d", name, side));
+                                        "tern-ntb/%s/%u/%d", name, part, side));
 }
 
 static bool lock_byte(int fd, off_t at, bool wait)
@@ -438,13 +447,22 @@ static void unlock_byte(int fd, off_t at)
     fcntl(fd, F_OFD_SETLK, &fl);
 }
 
-/* The emulated device: a file of two windows; each side is claimed by an
- * OFD lock, which a process that dies gives back. */
+/* Bytes of one partition for geometry `g`: its link line and rings, page
+ * aligned so that each partition maps and zeroes on its own. */
+static size_t part_bytes(const struct ring_geometry *g)
+{
+    return (SHM_RINGS_OFF + ring_window_size(g) + 4095) & ~(size_t)4095;
+}
+
+/* The emulated device: a file of two windows of NTB_PARTS partitions each;
+ * each side of each partition is claimed by an OFD lock, which a process
+ * that dies gives back. */
 static int emu_attach(struct shm_link *l, const char *name)
 {
     struct ntb_link *nl = l->ntb;
-    size_t win = (SHM_RINGS_OFF + ring_window_size(&l->g) + 4095) & ~(size_t)4095;
-    struct emu_hdr want = {NTB_MAGIC, NTB_VERSION, l->g.n_chan, l->g.ring_bytes}, *hdr;
+    size_t part = part_bytes(&l->g), win = NTB_PARTS * part, size = EMU_HDR + 2 * win;
+    struct emu_hdr want = {NTB_MAGIC, NTB_VERSION, l->g.n_chan, l->g.ring_bytes, NTB_PARTS};
+    struct emu_hdr *hdr = NULL;
     char path[80];
     struct stat st;
     struct sockaddr_un sa;
@@ -456,50 +474,62 @@ static int emu_attach(struct shm_link *l, const char *name)
     if (nl->dev_fd < 0)
         return -errno;
     for (int s = 0; s < 2 && side < 0; s++)
-        if (lock_byte(nl->dev_fd, s, false))
+        if (lock_byte(nl->dev_fd, EMU_LOCK_SIDES + 2 * (off_t)nl->part + s, false))
             side = s;
     if (side < 0)
-        return TERN_EADDRINUSE;     /* both ends of this device are taken */
-    /* Byte 2 serialises the first set-up of the file. */
-    lock_byte(nl->dev_fd, 2, true);
-    nl->map_size = EMU_HDR + 2 * win;
+        return TERN_EADDRINUSE;     /* both ends of this partition are taken */
+    lock_byte(nl->dev_fd, EMU_LOCK_SETUP, true);
     if (fstat(nl->dev_fd, &st) < 0)
         rc = -errno;
-    else if (st.st_size == 0 && ftruncate(nl->dev_fd, (off_t)nl->map_size) < 0)
+    else if (st.st_size == 0 && ftruncate(nl->dev_fd, (off_t)size) < 0)
         rc = -errno;
-    else if (st.st_size != 0 && (size_t)st.st_size != nl->map_size)
+    else if (st.st_size != 0 && (size_t)st.st_size != size)
         rc = TERN_EPROTO;
     if (rc == 0) {
-        void *p = mmap(NULL, nl->map_size, PROT_READ | PROT_WRITE, MAP_SHARED, nl->dev_fd, 0);
+        void *p = mmap(NULL, EMU_HDR, PROT_READ | PROT_WRITE, MAP_SHARED, nl->dev_fd, 0);
 
-        nl->map = p == MAP_FAILED ? NULL : p;
-        if (!nl->map)
+        hdr = p == MAP_FAILED ? NULL : p;
+        if (!hdr)
             rc = TERN_ENOMEM;
     }
     if (rc == 0) {
-        hdr = (struct emu_hdr *)(void *)nl->map;
         if (!hdr->magic)
             *hdr = want;
         else if (memcmp(hdr, &want, sizeof(want)) != 0)
             rc = TERN_EPROTO;       /* another geometry or not ours */
     }
-    unlock_byte(nl->dev_fd, 2);
+    if (hdr)
+        munmap(hdr, EMU_HDR);
+    unlock_byte(nl->dev_fd, EMU_LOCK_SETUP);
     nl->ours = rc == 0;
+    if (rc == 0) {
+        off_t theirs = (off_t)(EMU_HDR + (size_t)(1 - side) * win + nl->part * part);
+        void *m, *t;
+
+        nl->mine_off = (off_t)(EMU_HDR + (size_t)side * win + nl->part * part);
+        m = mmap(NULL, part, PROT_READ | PROT_WRITE, MAP_SHARED, nl->dev_fd, nl->mine_off);
+        t = mmap(NULL, part, PROT_READ | PROT_WRITE, MAP_SHARED, nl->dev_fd, theirs);
+        nl->mine_map = m == MAP_FAILED ? NULL : m;
+        nl->peers_map = t == MAP_FAILED ? NULL : t;
+        nl->part_size = part;
+        if (!nl->mine_map || !nl->peers_map)
+            rc = TERN_ENOMEM;
+    }
     if (rc < 0) {
         tern_log(TERN_LOG_WARN, LOG_WHO, "emulated device %s: %s", name, tern_strerror(rc));
         return rc;
     }
-    l->mine = nl->map + EMU_HDR + (size_t)side * win;
-    l->peers = nl->map + EMU_HDR + (size_t)(1 - side) * win;
-    l->win_size = win;
+    l->mine = nl->mine_map;
+    l->peers = nl->peers_map;
+    l->win_size = part;
     /* Whatever an earlier owner of this side left is not ours. */
     memset(l->mine, 0, SHM_RINGS_OFF);
     zero_rings(l);
     l->obj.fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    sl = bell_addr(&sa, name, side);
+    sl = bell_addr(&sa, name, nl->part, side);
     if (l->obj.fd < 0 || bind(l->obj.fd, (struct sockaddr *)&sa, sl) < 0)
         return -errno;
-    nl->bell_len = bell_addr(&nl->bell, name, 1 - side);
+    nl->bell_len = bell_addr(&nl->bell, name, nl->part, 1 - side);
     {
         struct epoll_event e = {.events = EPOLLIN, .data.ptr = &l->obj};
 
@@ -510,26 +540,71 @@ static int emu_attach(struct shm_link *l, const char *name)
 }
 
 #if TERN_HAVE_DPDK
+/* One hardware device per process, shared by the partitions (endpoints of
+ * different threads) that use it; attach and detach take a lock, the data
+ * path none. */
+struct tern_ntb_hw {
+    struct tern_ntb_link dev;
+    unsigned refs;
+    bool parts[NTB_PARTS];
+};
+
+static struct tern_ntb_hw *hw_dev;
+static pthread_mutex_t hw_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void hw_put(struct ntb_link *nl)
+{
+    pthread_mutex_lock(&hw_lock);
+    nl->hwdev->parts[nl->part] = false;
+    if (--nl->hwdev->refs == 0) {
+        tern_ntb_close(&nl->hwdev->dev);
+        free(nl->hwdev);
+        hw_dev = NULL;
+    }
+    pthread_mutex_unlock(&hw_lock);
+    nl->hwdev = NULL;
+}
+
 static int hw_attach(struct shm_link *l)
 {
     struct ntb_link *nl = l->ntb;
     const char *eal = getenv("TERN_NTB_EAL");
-    int rc = tern_ntb_probe(eal ? eal : "", &nl->dev);
+    size_t part;
+    int rc = 0;
 
-    if (rc == 0)
-        rc = tern_ntb_open(&nl->dev, 5000);
+    pthread_mutex_lock(&hw_lock);
+    if (!hw_dev) {
+        hw_dev = calloc(1, sizeof(*hw_dev));
+        rc = !hw_dev ? TERN_ENOMEM : tern_ntb_probe(eal ? eal : "", &hw_dev->dev);
+        if (rc == 0)
+            rc = tern_ntb_open(&hw_dev->dev, 5000);
+        if (rc < 0) {
+            free(hw_dev);
+            hw_dev = NULL;
+        }
+    }
+    if (rc == 0 && hw_dev->parts[nl->part])
+        rc = TERN_EADDRINUSE;
+    if (rc == 0) {
+        hw_dev->parts[nl->part] = true;
+        hw_dev->refs++;
+        nl->hwdev = hw_dev;
+    }
+    pthread_mutex_unlock(&hw_lock);
     if (rc < 0)
         return rc;
-    /* As many channels as the window holds, up to the default. */
-    while (l->g.n_chan > 2 && SHM_RINGS_OFF + ring_window_size(&l->g) > nl->dev.size)
+    nl->hw = true;
+    /* As many channels as a partition of the window holds, up to the
+     * default. */
+    part = (nl->hwdev->dev.size / NTB_PARTS) & ~(size_t)4095;
+    while (l->g.n_chan > 2 && SHM_RINGS_OFF + ring_window_size(&l->g) > part)
         l->g.n_chan /= 2;
-    if (SHM_RINGS_OFF + ring_window_size(&l->g) > nl->dev.size) {
-        tern_ntb_close(&nl->dev);
+    if (SHM_RINGS_OFF + ring_window_size(&l->g) > part) {
+        hw_put(nl);
         return TERN_ENOMEM;
     }
-    nl->hw = true;
-    l->mine = nl->dev.local;
-    l->peers = nl->dev.remote;
+    l->mine = nl->hwdev->dev.local + nl->part * part;
+    l->peers = nl->hwdev->dev.remote + nl->part * part;
     l->win_size = SHM_RINGS_OFF + ring_window_size(&l->g);
     memset(l->mine, 0, l->win_size);
     return 0;
@@ -543,18 +618,24 @@ void ntb_link_close(struct shm_link *l)
     if (l->peers && nl->nonce)
         put64(&line_out(l)->nonce, 0);      /* tell the peer we left */
 #if TERN_HAVE_DPDK
-    if (nl->hw)
-        tern_ntb_close(&nl->dev);
+    if (nl->hwdev)
+        hw_put(nl);
 #endif
-    if (nl->map)
-        munmap(nl->map, nl->map_size);
+    if (nl->mine_map)
+        munmap(nl->mine_map, nl->part_size);
+    if (nl->peers_map)
+        munmap(nl->peers_map, nl->part_size);
     if (!nl->hw && nl->dev_fd >= 0) {
-        /* The last side out removes the emulated device (never a file
-         * that turned out not to be one). */
-        if (nl->ours && lock_byte(nl->dev_fd, 0, false) && lock_byte(nl->dev_fd, 1, false)) {
+        /* The last side out of every partition removes the emulated device
+         * (never a file that turned out not to be one). */
+        bool last = nl->ours;
+
+        for (off_t b = 0; last && b < 2 * NTB_PARTS; b++)
+            last = lock_byte(nl->dev_fd, EMU_LOCK_SIDES + b, false);
+        if (last) {
             char path[80];
 
-            snprintf(path, sizeof(path), "/tern-ntb.%s", l->name + 4);
+            snprintf(path, sizeof(path), "/tern-ntb.%s", nl->dev + 4);
             shm_unlink(path);
         }
         close(nl->dev_fd);
@@ -564,21 +645,48 @@ void ntb_link_close(struct shm_link *l)
     l->ntb = NULL;
 }
 
-/* The endpoint's link to device `addr`, attaching it on first use. */
+/* Split "DEV[/P]" into the device and the partition (0 if absent). */
+static int parse_addr(const char *addr, char *dev, size_t dev_len, unsigned *part)
+{
+    const char *slash = strchr(addr, '/');
+    size_t n = slash ? (size_t)(slash - addr) : strlen(addr);
+    char *end;
+
+    *part = 0;
+    if (slash) {
+        unsigned long p = strtoul(slash + 1, &end, 10);
+
+        if (!slash[1] || *end || slash[1] < '0' || slash[1] > '9' || p >= NTB_PARTS)
+            return TERN_EBADADDR;
+        *part = (unsigned)p;
+    }
+    if (n >= dev_len)
+        return TERN_EBADADDR;
+    memcpy(dev, addr, n);
+    dev[n] = '\0';
+    if (strncmp(dev, "emu:", 4) == 0 ? !name_ok(dev + 4) : strcmp(dev, "hw") != 0)
+        return TERN_EBADADDR;
+    return 0;
+}
+
+/* The endpoint's link to partition `addr` ("DEV[/P]"), attaching it on
+ * first use. */
 static int link_for(struct shm_ep *ep, const char *addr, struct shm_link **out)
 {
+    char dev[SHM_NAME_MAX];
+    unsigned part;
     struct shm_link *l;
-    int rc;
+    int rc = parse_addr(addr, dev, sizeof(dev), &part);
 
+    if (rc < 0)
+        return rc;
     for (l = ep->links; l; l = l->next)
-        if (strcmp(l->name, addr) == 0) {
+        if (l->ntb && strcmp(l->ntb->dev, dev) == 0 && l->ntb->part == part) {
             *out = l;
             return 0;
         }
-    if (strncmp(addr, "emu:", 4) == 0 ? !name_ok(addr + 4) : strcmp(addr, "hw") != 0)
-        return TERN_EBADADDR;
 #if !TERN_HAVE_DPDK
-    if (strcmp(addr, "hw") == 0) {
+    if (strcmp(dev, "hw") == 0) {
         tern_log(TERN_LOG_WARN, LOG_WHO, "NTB hardware needs DPDK, and this build has none");
         return TERN_ENODEV;
     }
@@ -594,10 +702,12 @@ static int link_for(struct shm_ep *ep, const char *addr, struct shm_link **out)
         return TERN_ENOMEM;
     }
     l->ntb->dev_fd = -1;
+    snprintf(l->ntb->dev, sizeof(l->ntb->dev), "%s", dev);
+    l->ntb->part = part;
 #if TERN_HAVE_DPDK
-    rc = strcmp(addr, "hw") == 0 ? hw_attach(l) : emu_attach(l, addr + 4);
+    rc = strcmp(dev, "hw") == 0 ? hw_attach(l) : emu_attach(l, dev + 4);
 #else
-    rc = emu_attach(l, addr + 4);
+    rc = emu_attach(l, dev + 4);
 #endif
     if (rc == 0 && (!(l->ntb->ch = calloc(l->g.n_chan, 1)) ||
                     shm_link_bind(l, l->mine, l->peers) < 0))

@@ -29,6 +29,7 @@
 #define NTB_CHANNELS 512
 #define NTB_RING_BYTES (64u * 1024)
 #define NTB_BEAT_MS 100
+#define NTB_PARTS 8        /* partitions of each window, one link each */
 
 enum shm_kind { KIND_LISTENER, KIND_LINK };
 

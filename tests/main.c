@@ -27,6 +27,7 @@ static const struct {
     {"ntb_link", suite_ntb_link},
     {"select", suite_select},
     {"shm", suite_shm},
+    {"shm_direct", suite_shm_direct},
 };
 
 int main(int argc, char **argv)

@@ -15,5 +15,6 @@ Suite *suite_ntb(void);
 Suite *suite_ntb_link(void);
 Suite *suite_select(void);
 Suite *suite_shm(void);
+Suite *suite_shm_direct(void);
 
 #endif

@@ -11,6 +11,37 @@ int tp_pend_push(struct tp_conn_events *e, bool is_put, uint8_t *dst, size_t len
     return 0;
 }
 
+int tp_pend_done(struct tp_conn_events *e, bool is_put, size_t len, uint64_t token, int status)
+{
+    int rc;
+
+    if (e->pend_tail - e->pend_head != e->done)
+        return TERN_EAGAIN;     /* one still waits for its answer */
+    rc = tp_pend_push(e, is_put, NULL, len, token);
+    if (rc == 0) {
+        e->pend[(e->pend_tail - 1) % TP_PEND_MAX].status = status;
+        e->done++;
+    }
+    return rc;
+}
+
+int tp_emit_done(struct tp_conn_events *e, struct tern_tp_conn *c, struct tern_tp_event *ev,
+                 int max)
+{
+    int n = 0;
+
+    while (n < max && e->done) {
+        struct tp_onesided *p = tp_pend_front(e);
+
+        ev[n++] = (struct tern_tp_event){
+            .type = p->is_put ? TERN_TP_EV_PUT_DONE : TERN_TP_EV_GET_DONE,
+            .status = p->status, .conn = c, .token = p->token};
+        tp_pend_pop(e);
+        e->done--;
+    }
+    return n;
+}
+
 bool tp_pend_full(const struct tp_conn_events *e)
 {
     return e->pend_tail - e->pend_head >= TP_PEND_MAX;
@@ -54,6 +85,8 @@ int tp_emit_owed(struct tp_conn_events *e, struct tern_tp_conn *c, struct tern_t
         e->writable = false;
         ev[n++] = (struct tern_tp_event){.type = TERN_TP_EV_WRITABLE, .conn = c};
     }
+    if (!e->dead)
+        n += tp_emit_done(e, c, ev + n, max - n);
     return n;
 }
 
@@ -63,7 +96,9 @@ int tp_emit_dead(struct tp_conn_events *e, struct tern_tp_conn *c, struct tern_t
     struct tp_onesided *p;
     int n = 0;
 
-    /* Operations in flight never complete now: fail them first. */
+    /* Completed operations are reported as they went; those still in
+     * flight never complete now: fail them. */
+    n = tp_emit_done(e, c, ev, max);
     while (n < max && (p = tp_pend_front(e))) {
         ev[n++] = (struct tern_tp_event){
             .type = p->is_put ? TERN_TP_EV_PUT_DONE : TERN_TP_EV_GET_DONE,

@@ -17,6 +17,7 @@ struct tp_onesided {
     uint8_t *dst;           /* get: where the data lands */
     uint32_t len;
     uint64_t token;
+    int status;             /* a completed operation's outcome */
 };
 
 struct tp_conn_events {
@@ -25,6 +26,8 @@ struct tp_conn_events {
     int close_status;
     struct tp_onesided pend[TP_PEND_MAX];
     unsigned pend_head, pend_tail;                /* free-running */
+    unsigned done;          /* the first `done` operations in flight have
+                             * completed (direct access); report them first */
 };
 
 /* Record a one-sided operation; TERN_EAGAIN if TP_PEND_MAX are in flight. */
@@ -34,6 +37,15 @@ int tp_pend_push(struct tp_conn_events *e, bool is_put, uint8_t *dst, size_t len
 /* True if TP_PEND_MAX operations are in flight. */
 bool tp_pend_full(const struct tp_conn_events *e);
 
+/* Record an operation that completed at once (the fabric did it without
+ * the peer); it is reported in order, after those before it. Only when
+ * every operation in flight has completed: answers come in order. */
+int tp_pend_done(struct tp_conn_events *e, bool is_put, size_t len, uint64_t token, int status);
+
+/* Report completed operations (tp_pend_done) from the front. */
+int tp_emit_done(struct tp_conn_events *e, struct tern_tp_conn *c, struct tern_tp_event *ev,
+                 int max);
+
 /* The oldest operation in flight, or NULL; tp_pend_pop drops it. */
 struct tp_onesided *tp_pend_front(struct tp_conn_events *e);
 void tp_pend_pop(struct tp_conn_events *e);
@@ -42,7 +54,8 @@ void tp_pend_pop(struct tp_conn_events *e);
  * it never came up), operations in flight will fail. */
 void tp_conn_dead(struct tp_conn_events *e, int status, bool was_connecting);
 
-/* Write owed ACCEPTED / CONNECTED / WRITABLE events; returns how many. */
+/* Write owed ACCEPTED / CONNECTED / WRITABLE events and completed
+ * operations; returns how many. */
 int tp_emit_owed(struct tp_conn_events *e, struct tern_tp_conn *c, struct tern_tp_event *ev,
                  int max);
 
@@ -55,7 +68,7 @@ int tp_emit_dead(struct tp_conn_events *e, struct tern_tp_conn *c, struct tern_t
  * connection. */
 static inline bool tp_events_owed(const struct tp_conn_events *e)
 {
-    return e->accepted || e->connected || e->writable ||
+    return e->accepted || e->connected || e->writable || e->done ||
            (e->dead && (e->closed || e->pend_head != e->pend_tail));
 }
 

@@ -1,9 +1,12 @@
 /* The fabric-independent core: validates arguments, fills config defaults and
  * dispatches to the fabric's ops, answering TERN_ENOTSUP for missing ones. */
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/random.h>
+#include <unistd.h>
 
 #include "tern_config.h"
 #include "transport_internal.h"
@@ -145,6 +148,12 @@ void tern_tp_close(struct tern_tp_ep *ep)
         return;
     if (ep->fabric->ops->ep_close)
         ep->fabric->ops->ep_close(ep);
+    /* Memory from tern_tp_mr_alloc still registered goes with the endpoint. */
+    for (unsigned i = 0; i < TERN_MR_MAX; i++)
+        if (ep->mrs[i].in_use && ep->mrs[i].fd >= 0) {
+            munmap(ep->mrs[i].addr, ep->mrs[i].map_len);
+            close(ep->mrs[i].fd);
+        }
     free(ep);
 }
 
@@ -268,7 +277,7 @@ int tern_tp_mr_reg(struct tern_tp_ep *ep, void *addr, size_t len, uint32_t acces
             ep->mr_nonce = ep->mr_nonce * 1664525u + 1013904223u;
         *mr = (struct tern_tp_mr){
             .ep = ep, .addr = addr, .len = len, .access = access, .in_use = true,
-            .key = (ep->mr_nonce & ~(uint32_t)(TERN_MR_MAX - 1)) | i,
+            .key = (ep->mr_nonce & ~(uint32_t)(TERN_MR_MAX - 1)) | i, .fd = -1,
         };
         *out = mr;
         return 0;
@@ -276,10 +285,58 @@ int tern_tp_mr_reg(struct tern_tp_ep *ep, void *addr, size_t len, uint32_t acces
     return TERN_ENOBUFS;
 }
 
+int tern_tp_mr_alloc(struct tern_tp_ep *ep, size_t len, uint32_t access,
+                     struct tern_tp_mr **out)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), map_len = (len + page - 1) & ~(page - 1);
+    void *p = MAP_FAILED;
+    int fd, rc;
+
+    if (!out || !len || (access & ~3u) || len > ((size_t)1 << 40))
+        return TERN_EINVAL;
+    /* A memfd sealed at its size: a peer that maps it can never be made to
+     * fault by a later truncation. */
+    fd = memfd_create("tern-mr", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0)
+        return TERN_ENOMEM;
+    if (ftruncate(fd, (off_t)map_len) < 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) < 0 ||
+        (p = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+        close(fd);
+        return TERN_ENOMEM;
+    }
+    rc = tern_tp_mr_reg(ep, p, len, access, out);
+    if (rc < 0) {
+        munmap(p, map_len);
+        close(fd);
+        return rc;
+    }
+    (*out)->fd = fd;
+    (*out)->map_len = map_len;
+    if (OPS(ep)->mr_publish)
+        OPS(ep)->mr_publish(ep, *out, true);
+    return 0;
+}
+
+void *tern_tp_mr_addr(const struct tern_tp_mr *mr)
+{
+    return mr ? mr->addr : NULL;
+}
+
 int tern_tp_mr_dereg(struct tern_tp_mr *mr)
 {
     if (!mr || !mr->in_use)
         return TERN_EINVAL;
+    if (mr->fd >= 0 && OPS(mr->ep)->mr_publish)
+        OPS(mr->ep)->mr_publish(mr->ep, mr, false);
+    /* Peers keep their own mapping of the memfd until they learn the key
+     * is gone: a store of theirs that raced with this lands in those pages,
+     * which this process no longer maps, never in memory it reuses. */
+    if (mr->fd >= 0) {
+        munmap(mr->addr, mr->map_len);
+        close(mr->fd);
+        mr->fd = -1;
+    }
     mr->in_use = false;
     mr->key = 0;
     return 0;

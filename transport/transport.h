@@ -180,7 +180,20 @@ void tern_tp_msg_release(struct tern_tp_conn *conn, const void *view);
 int tern_tp_mr_reg(struct tern_tp_ep *ep, void *addr, size_t len, uint32_t access,
                    struct tern_tp_mr **out);
 
-/* Deregister; later peer access with its key fails with TERN_EREMACCESS. */
+/* Allocate `len` bytes (zeroed, page aligned) and register them with
+ * `access`. On the shm fabric peers map such memory, so their put and get
+ * become plain stores and loads with no help from this side's CPU (memory
+ * registered with tern_tp_mr_reg is reached through this side's poll).
+ * tern_tp_mr_dereg frees it. */
+int tern_tp_mr_alloc(struct tern_tp_ep *ep, size_t len, uint32_t access,
+                     struct tern_tp_mr **out);
+
+/* Where a region's memory starts in this process. */
+void *tern_tp_mr_addr(const struct tern_tp_mr *mr);
+
+/* Deregister; later peer access with its key fails with TERN_EREMACCESS.
+ * Memory from tern_tp_mr_alloc is freed; an access that raced with this
+ * call never lands in memory the process uses afterwards. */
 int tern_tp_mr_dereg(struct tern_tp_mr *mr);
 
 /* The remote key peers use to reach `mr`. */

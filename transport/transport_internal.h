@@ -25,6 +25,9 @@ struct tern_tp_ops {
                const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token);
     int (*get)(struct tern_tp_conn *conn, void *dst, size_t len,
                const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token);
+    /* A region was registered (up) or is being deregistered (!up); fabrics
+     * that let peers map memory publish or withdraw it here. */
+    void (*mr_publish)(struct tern_tp_ep *ep, struct tern_tp_mr *mr, bool up);
     int (*poll)(struct tern_tp_ep *ep, struct tern_tp_event *ev, int max);
     int (*flush)(struct tern_tp_ep *ep);   /* NULL: posts go out at once */
     int (*wait_fd)(struct tern_tp_ep *ep);
@@ -50,6 +53,8 @@ struct tern_tp_mr {
     uint32_t access;
     uint32_t key;
     bool in_use;
+    int fd;             /* tern_tp_mr_alloc: the sealed memfd behind it; else -1 */
+    size_t map_len;     /* its mapping (len rounded up to pages) */
 };
 
 /* Common head of every fabric's endpoint. */

@@ -157,6 +157,7 @@ void shm_link_free(struct shm_link *l)
         epoll_ctl(l->ep->epfd, EPOLL_CTL_DEL, l->obj.fd, NULL);
         close(l->obj.fd);
     }
+    shm_direct_link_free(l);
     if (l->ntb) {
         ntb_link_close(l);      /* the device's windows are not ours to unmap */
     } else {
@@ -502,9 +503,34 @@ static void on_socket(struct shm_link *l, uint32_t events)
         }
         return;
     }
-    /* After set-up the socket carries only doorbells and the hang-up. */
-    while ((r = recv(l->obj.fd, buf, sizeof(buf), MSG_DONTWAIT)) > 0)
-        ;
+    /* After set-up the socket carries doorbells, the hang-up and, for
+     * direct one-sided access, map requests and answers (direct.c). */
+    for (;;) {
+        char cbuf[CMSG_SPACE(4 * sizeof(int))];
+        struct iovec iov = {.iov_base = buf, .iov_len = sizeof(buf)};
+        struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+                           .msg_controllen = sizeof(cbuf)};
+        struct cmsghdr *cm;
+        int fds[4], nfds = 0;
+
+        r = recvmsg(l->obj.fd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        if (r <= 0)
+            break;
+        for (cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm))
+            if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
+                for (size_t i = 0; i < (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
+                    int fd = ((int *)(void *)CMSG_DATA(cm))[i];
+
+                    if (nfds < 4)
+                        fds[nfds++] = fd;
+                    else
+                        close(fd);
+                }
+        if (!l->ntb)
+            shm_direct_on_socket(l, buf, (size_t)r, fds, nfds);
+        while (nfds)
+            close(fds[--nfds]);     /* what was mapped holds its own reference */
+    }
     if (l->ntb)
         return;     /* a doorbell datagram socket: no hang-up to see */
     if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK) ||

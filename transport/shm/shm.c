@@ -387,12 +387,16 @@ static int onesided(struct shm_conn *c, uint8_t op, const void *src, uint8_t *ds
 static int shm_put(struct tern_tp_conn *conn, const void *src, size_t len,
                    const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token)
 {
+    if (shm_direct(SCONN(conn), true, (void *)src, len, rkey, roff, token))
+        return 0;
     return onesided(SCONN(conn), CTL_PUT, src, NULL, len, rkey, roff, token);
 }
 
 static int shm_get(struct tern_tp_conn *conn, void *dst, size_t len,
                    const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token)
 {
+    if (shm_direct(SCONN(conn), false, dst, len, rkey, roff, token))
+        return 0;
     return onesided(SCONN(conn), CTL_GET, NULL, dst, len, rkey, roff, token);
 }
 
@@ -447,6 +451,8 @@ static int on_ctl(struct shm_conn *c, const uint8_t *p, uint32_t len, struct ter
     }
     if (ctl.op != CTL_ACK && ctl.op != CTL_GET_RESP)
         return TERN_EPROTO;
+    if (c->ev.done)
+        return 0;   /* direct completions ahead of it are reported first */
     pd = tp_pend_front(&c->ev);
     if (!pd || (ctl.op == CTL_ACK) != pd->is_put || ctl.status > 0 ||
         (ctl.status == 0 && ctl.op == CTL_GET_RESP &&
@@ -736,9 +742,20 @@ static int shm_ep_open(struct tern_tp_ep *base)
 {
     struct shm_ep *ep = SEP(base);
 
+    int rc;
+
+    ep->tab_fd = -1;
     ep->g = (struct ring_geometry){.n_chan = SHM_CHANNELS, .ring_bytes = SHM_RING_BYTES};
     ep->epfd = epoll_create1(EPOLL_CLOEXEC);
-    return ep->epfd < 0 ? -errno : 0;
+    if (ep->epfd < 0)
+        return -errno;
+    /* Without the table, one-sided operations are all served. */
+    rc = shm_direct_ep_open(ep);
+    if (rc < 0) {
+        tern_log(TERN_LOG_INFO, "shm", "no direct one-sided access: %s", tern_strerror(rc));
+        shm_direct_ep_close(ep);
+    }
+    return 0;
 }
 
 /* The ntb fabric: the same connections over one NTB link per device, the
@@ -749,6 +766,7 @@ static int ntb_ep_open(struct tern_tp_ep *base)
     struct shm_ep *ep = SEP(base);
     int rc = shm_ep_open(base);
 
+    shm_direct_ep_close(ep);    /* the peer is another host: served only */
     ep->ntb = true;
     ep->g = (struct ring_geometry){.n_chan = NTB_CHANNELS, .ring_bytes = NTB_RING_BYTES};
     return rc;
@@ -761,6 +779,7 @@ static void shm_ep_close(struct tern_tp_ep *base)
     while (base->conns)
         shm_disconnect(base->conns);
     shm_links_close_all(ep);
+    shm_direct_ep_close(ep);
     close(ep->epfd);
 }
 
@@ -777,6 +796,7 @@ static void shm_ep_close(struct tern_tp_ep *base)
     .msg_release = shm_msg_release, \
     .put = shm_put, \
     .get = shm_get, \
+    .mr_publish = shm_direct_publish, \
     .poll = shm_poll, \
     .flush = shm_flush, \
     .wait_fd = shm_wait_fd, \

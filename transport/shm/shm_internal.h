@@ -82,6 +82,18 @@ struct shm_link {
     long long born_s;              /* accepted at (HELLO timeout) */
     struct shm_conn **chan;        /* connection on each channel, or NULL */
     struct ntb_link *ntb;          /* NTB links only (ntb_link.c) */
+    /* direct one-sided access (direct.c) */
+    struct shm_rmap *rmap;         /* the peer's regions we know, by key slot */
+    const struct shm_mrpub *peer_tab;  /* the peer's published regions */
+    unsigned map_refusals;         /* map requests of the peer we refused */
+};
+
+/* One published region in an endpoint's table, which peers map read-only
+ * to check that a key they use directly is still registered. */
+struct shm_mrpub {
+    volatile uint32_t key;         /* 0: none */
+    uint32_t access;
+    uint64_t len;
 };
 
 enum shm_state { ST_OPEN, ST_DRAINING, ST_DEAD, ST_CONNECTING /* ntb: link not up yet */ };
@@ -119,6 +131,8 @@ struct shm_ep {
     struct shm_link *links;
     unsigned nlinks, polls, auto_names;
     uint64_t sockets_at;           /* when the sockets were last looked at (ns) */
+    struct shm_mrpub *tab;         /* our published regions (shm only), or NULL */
+    int tab_fd;
     bool armed;                    /* peers were told we sleep */
     bool bells;                    /* some link has `published` set */
     bool ntb;                      /* the ntb fabric: links are NTB links */
@@ -175,6 +189,19 @@ void ntb_link_on_free(struct shm_link *l, uint32_t chan);
 void ntb_link_conn_gone(struct shm_link *l, struct shm_conn *c);
 void ntb_link_ring(struct shm_link *l);
 void ntb_link_close(struct shm_link *l);
+
+/* direct.c: put and get as loads and stores into the peer's memory */
+int shm_direct_ep_open(struct shm_ep *ep);
+void shm_direct_ep_close(struct shm_ep *ep);
+void shm_direct_publish(struct tern_tp_ep *base, struct tern_tp_mr *mr, bool up);
+void shm_direct_link_free(struct shm_link *l);
+/* A message on the link socket: true if it was a map request or answer. */
+bool shm_direct_on_socket(struct shm_link *l, const void *buf, size_t n, const int *fds,
+                          int nfds);
+/* Do a put/get directly: 1 if done (its completion is queued), 0 if it
+ * must go the served way (not mapped yet, refused, or ops in flight). */
+int shm_direct(struct shm_conn *c, bool put, void *local, size_t len,
+               const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token);
 
 /* shm.c, called by link.c and ntb_link.c */
 struct shm_conn *shm_conn_attach(struct shm_link *l, uint32_t chan, bool accepted);

@@ -328,6 +328,108 @@ START_TEST(put_get_many_in_flight)
 }
 END_TEST
 
+/* Regions from tern_tp_mr_alloc work like registered ones on every
+ * fabric; on shm their operations turn direct partway through, with some
+ * in flight, and completions must still come in order. */
+START_TEST(allocated_regions)
+{
+    struct tp_pair p;
+    struct tern_tp_mr *rmr, *lmr;
+    struct tern_tp_rkey rkey;
+    struct tern_tp_event ev;
+    uint8_t *r, *l;
+    enum { LEN = 16384, ROUNDS = 60, BATCH = 4 };
+
+    tp_pair_open(&p, FC, 0);
+    ck_assert_int_eq(tern_tp_mr_alloc(p.b, LEN, TERN_TP_ACCESS_REMOTE_READ |
+                                                   TERN_TP_ACCESS_REMOTE_WRITE, &rmr), 0);
+    ck_assert_int_eq(tern_tp_mr_alloc(p.a, LEN, 0, &lmr), 0);
+    ck_assert_int_eq(tern_tp_mr_alloc(p.a, 0, 0, &lmr), TERN_EINVAL);
+    r = tern_tp_mr_addr(rmr);
+    l = tern_tp_mr_addr(lmr);
+    ck_assert_uint_eq(r[LEN - 1], 0);   /* zeroed */
+    rkey = tern_tp_mr_rkey(rmr);
+    for (unsigned round = 0; round < ROUNDS; round++) {
+        /* Put BATCH slots, then get them back into the other half. */
+        for (unsigned i = 0; i < BATCH; i++) {
+            memset(l + i * 64, (int)(round * BATCH + i), 64);
+            ck_assert_int_eq(tern_tp_put(p.client, lmr, i * 64, 64, &rkey, i * 64, i), 0);
+        }
+        for (unsigned i = 0; i < BATCH; i++)
+            ck_assert_int_eq(tern_tp_get(p.client, lmr, LEN / 2 + i * 64, 64, &rkey, i * 64,
+                                         BATCH + i),
+                             0);
+        for (unsigned i = 0; i < 2 * BATCH; i++) {
+            ck_assert(tp_next2(p.a, p.b, &ev, 5000));
+            ck_assert_int_eq(ev.status, 0);
+            ck_assert_uint_eq(ev.token, i);     /* in order, served or direct */
+            ck_assert_int_eq(ev.type, i < BATCH ? TERN_TP_EV_PUT_DONE : TERN_TP_EV_GET_DONE);
+        }
+        for (unsigned i = 0; i < BATCH; i++) {
+            ck_assert_uint_eq(r[i * 64 + 63], (uint8_t)(round * BATCH + i));
+            ck_assert_uint_eq(l[LEN / 2 + i * 64], (uint8_t)(round * BATCH + i));
+        }
+    }
+    ck_assert_int_eq(tern_tp_mr_dereg(lmr), 0);
+    ck_assert_int_eq(tern_tp_mr_dereg(rmr), 0);
+    ck_assert_int_eq(tern_tp_mr_dereg(rmr), TERN_EINVAL);
+    tp_pair_close(&p);
+}
+END_TEST
+
+/* A stream of put(slot, i), get(slot) pairs with a window of operations
+ * always in flight: every get reads the put just before it (a connection's
+ * operations take effect in order), whether they were served or direct,
+ * and whenever a stream turns from one to the other. TERN_EAGAIN means
+ * "retry after a completion". */
+START_TEST(ordered_put_then_get_stream)
+{
+    struct tp_pair p;
+    struct tern_tp_mr *rmr, *lmr;
+    struct tern_tp_rkey rkey;
+    struct tern_tp_event ev;
+    uint64_t *l;
+    enum { N = 1500, WINDOW = 8 };
+    unsigned issued = 0, completed = 0;
+
+    tp_pair_open(&p, FC, 0);
+    ck_assert_int_eq(tern_tp_mr_alloc(p.b, 4096, TERN_TP_ACCESS_REMOTE_READ |
+                                                     TERN_TP_ACCESS_REMOTE_WRITE, &rmr), 0);
+    ck_assert_int_eq(tern_tp_mr_alloc(p.a, (2 * N + 1) * sizeof(uint64_t), 0, &lmr), 0);
+    l = tern_tp_mr_addr(lmr);
+    rkey = tern_tp_mr_rkey(rmr);
+    while (completed < 2 * N) {
+        /* Keep the window full: even ops put i, odd ops get it back. */
+        while (issued < 2 * N && issued - completed < WINDOW) {
+            unsigned i = issued / 2;
+            int rc;
+
+            if (issued % 2 == 0) {
+                l[2 * i] = i + 1;
+                rc = tern_tp_put(p.client, lmr, 2 * i * 8, 8, &rkey, 64, issued);
+            } else {
+                rc = tern_tp_get(p.client, lmr, (2 * i + 1) * 8, 8, &rkey, 64, issued);
+            }
+            if (rc == TERN_EAGAIN)
+                break;
+            ck_assert_int_eq(rc, 0);
+            issued++;
+        }
+        ck_assert(tp_next2(p.a, p.b, &ev, 5000));
+        ck_assert_int_eq(ev.status, 0);
+        ck_assert_uint_eq(ev.token, completed);
+        if (completed % 2)
+            ck_assert_msg(l[completed] == completed / 2 + 1,
+                          "get %u read %llu, wanted the put before it (%u)", completed / 2,
+                          (unsigned long long)l[completed], completed / 2 + 1);
+        completed++;
+    }
+    tern_tp_mr_dereg(lmr);
+    tern_tp_mr_dereg(rmr);
+    tp_pair_close(&p);
+}
+END_TEST
+
 /* Every access a NIC would refuse completes with TERN_EREMACCESS, touches
  * nothing, and leaves the connection usable. */
 START_TEST(remote_access_errors)
@@ -846,6 +948,8 @@ Suite *suite_conformance(void)
     tcase_add_loop_test(tc, backpressure, 0, n_fabric_cases);
     tcase_add_loop_test(tc, put_get_roundtrip, 0, n_fabric_cases);
     tcase_add_loop_test(tc, put_get_many_in_flight, 0, n_fabric_cases);
+    tcase_add_loop_test(tc, allocated_regions, 0, n_fabric_cases);
+    tcase_add_loop_test(tc, ordered_put_then_get_stream, 0, n_fabric_cases);
     tcase_add_loop_test(tc, remote_access_errors, 0, n_fabric_cases);
     tcase_add_loop_test(tc, local_argument_errors, 0, n_fabric_cases);
     tcase_add_loop_test(tc, peer_close_reported, 0, n_fabric_cases);

@@ -38,8 +38,9 @@ int tp_pend_push(struct tp_conn_events *e, bool is_put, uint8_t *dst, size_t len
 bool tp_pend_full(const struct tp_conn_events *e);
 
 /* Record an operation that completed at once (the fabric did it without
- * the peer); it is reported in order, after those before it. Only when
- * every operation in flight has completed: answers come in order. */
+ * the peer), to be reported by tp_emit_done. Only when every operation in
+ * flight has completed too (TERN_EAGAIN otherwise): operations take effect
+ * and complete in order. */
 int tp_pend_done(struct tp_conn_events *e, bool is_put, size_t len, uint64_t token, int status);
 
 /* Report completed operations (tp_pend_done) from the front. */

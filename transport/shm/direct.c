@@ -277,13 +277,18 @@ int shm_direct(struct shm_conn *c, bool put, void *local, size_t len,
 
     if (!l || l->ntb || c->state != ST_OPEN || l->state != LINK_OPEN || !rkey->key)
         return 0;
-    /* Completions are reported in order: wait for served ones in flight. */
-    if (c->ev.pend_tail - c->ev.pend_head != c->ev.done || tp_pend_full(&c->ev))
-        return 0;
     m = rmap_of(l, rkey->key);
     /* A refused access takes the served path, which reports and counts it. */
     if (!m || (m->access & need) != need || roff > m->len || len > m->len - roff)
         return 0;
+    /* Operations of a connection take effect in order: with served ones in
+     * flight, a direct store could land before an earlier served one, and
+     * a direct load miss it. The caller retries after a completion (once,
+     * when a stream turns direct, or when it mixes served keys in). */
+    if (c->ev.pend_tail - c->ev.pend_head != c->ev.done)
+        return TERN_EAGAIN;
+    if (tp_pend_done(&c->ev, put, len, token, 0) < 0)
+        return TERN_EAGAIN;
     if (put)
         memcpy(m->base + roff, local, len);
     else
@@ -291,7 +296,6 @@ int shm_direct(struct shm_conn *c, bool put, void *local, size_t len,
     /* Stores into the peer's region are visible before anything this side
      * publishes after the completion (a message saying "it is there"). */
     __atomic_thread_fence(__ATOMIC_RELEASE);
-    tp_pend_done(&c->ev, put, len, token, 0);
     shm_ready_push(c);
     return 1;
 }

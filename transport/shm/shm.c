@@ -387,16 +387,20 @@ static int onesided(struct shm_conn *c, uint8_t op, const void *src, uint8_t *ds
 static int shm_put(struct tern_tp_conn *conn, const void *src, size_t len,
                    const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token)
 {
-    if (shm_direct(SCONN(conn), true, (void *)src, len, rkey, roff, token))
-        return 0;
+    int rc = shm_direct(SCONN(conn), true, (void *)src, len, rkey, roff, token);
+
+    if (rc)
+        return rc < 0 ? rc : 0;
     return onesided(SCONN(conn), CTL_PUT, src, NULL, len, rkey, roff, token);
 }
 
 static int shm_get(struct tern_tp_conn *conn, void *dst, size_t len,
                    const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token)
 {
-    if (shm_direct(SCONN(conn), false, dst, len, rkey, roff, token))
-        return 0;
+    int rc = shm_direct(SCONN(conn), false, dst, len, rkey, roff, token);
+
+    if (rc)
+        return rc < 0 ? rc : 0;
     return onesided(SCONN(conn), CTL_GET, NULL, dst, len, rkey, roff, token);
 }
 

@@ -199,7 +199,8 @@ void shm_direct_link_free(struct shm_link *l);
 bool shm_direct_on_socket(struct shm_link *l, const void *buf, size_t n, const int *fds,
                           int nfds);
 /* Do a put/get directly: 1 if done (its completion is queued), 0 if it
- * must go the served way (not mapped yet, refused, or ops in flight). */
+ * must go the served way (not mapped yet, refused), TERN_EAGAIN while served
+ * operations are in flight (order). */
 int shm_direct(struct shm_conn *c, bool put, void *local, size_t len,
                const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token);
 

@@ -26,6 +26,21 @@ print("rpcbench smoke: ok")
 PY
 # The table form prints a header and one row.
 "$bench" echo --iters 1000 2>/dev/null | grep -q '^echo *tcp *64 ' || { echo "no table row"; exit 1; }
+# One-sided latency on every fabric, direct and served.
+for f in tcp shm ntb; do
+    for how in "" --served; do
+        "$bench" get --fabric $f --iters 2000 --json $how >"$out" 2>/dev/null ||
+            { echo "get over $f $how failed"; exit 1; }
+        python3 - "$out" "$f" <<'PY'
+import json, sys
+o = json.loads(open(sys.argv[1]).read())
+assert o["workload"] == "get" and o["fabric"] == sys.argv[2], o
+assert 0 < o["p50_ns"] <= o["p99_ns"] and o["ops_per_s"] > 0, o
+PY
+    done
+done
+"$bench" put --fabric shm --size 4k --iters 2000 | grep -q '^put over shm' ||
+    { echo "put failed"; exit 1; }
 # The floor measurement runs and reports.
 "$bench" floor --iters 20000 | grep -q 'ping-pong' || { echo "floor failed"; exit 1; }
 # Bad options are refused with a usage message, not a crash.

@@ -3,6 +3,7 @@
  *   rpcbench echo   [options]           server + client on this host
  *   rpcbench server --listen URI        server only
  *   rpcbench client --connect URI [opts] client only
+ *   rpcbench get|put [--served]         one-sided latency (transport level)
  *
  * The echo service answers every request with its own payload. The client
  * keeps `window` calls in flight, times each round trip into a fixed-size
@@ -22,6 +23,7 @@
 
 #include "floor.h"
 #include "hist.h"
+#include "onesided.h"
 #include "rpc.h"
 
 #define SVC_BENCH 0x7b01
@@ -39,7 +41,7 @@ struct opts {
     unsigned windows[MAX_SWEEP];
     unsigned n_windows;
     uint64_t iters;
-    bool json, adaptive;
+    bool json, adaptive, served;
     int cpu_client, cpu_server;
 };
 
@@ -451,6 +453,9 @@ static void usage(FILE *f)
             "       rpcbench server --listen URI [--adaptive]\n"
             "       rpcbench client --connect URI [options]\n"
             "       rpcbench floor  [--iters N] [--cpu C,S]   cache-line ping-pong floor\n"
+            "       rpcbench get|put [--fabric shm|tcp|ntb] [--size N] [--served]\n"
+            "                        one-sided latency, window 1; --served: the owner\n"
+            "                        registers its own memory (no direct access)\n"
             "       rpcbench probe  --fabric ntb [--eal 'EAL ARGS']   is the hardware there?\n"
             "options:\n"
             "  --size N[,N...]     payload bytes (default 64; k/m suffixes)\n"
@@ -500,6 +505,7 @@ int main(int argc, char **argv)
         {"cpu", required_argument, NULL, 'p'},    {"help", no_argument, NULL, 'h'},
         {"workload", required_argument, NULL, 'W'},
         {"eal", required_argument, NULL, 'E'},
+        {"served", no_argument, NULL, 'S'},
         {NULL, 0, NULL, 0},
     };
     struct opts o = {.workload = "echo", .fabric = "tcp", .sizes = {64}, .n_sizes = 1, .windows = {1},
@@ -535,6 +541,7 @@ int main(int argc, char **argv)
         case 'p': ok = sscanf(optarg, "%d,%d", &o.cpu_client, &o.cpu_server) == 2; break;
         case 'h': usage(stdout); return 0;
         case 'E': o.eal = optarg; break;
+        case 'S': o.served = true; break;
         case 'W':
             o.workload = optarg;
             ok = strcmp(optarg, "echo") == 0 || strcmp(optarg, "sink") == 0;
@@ -563,6 +570,19 @@ int main(int argc, char **argv)
 
         printf("%s: %s\n", o.fabric, desc);
         return rc == 0 ? 0 : 1;
+    }
+    if (strcmp(cmd, "get") == 0 || strcmp(cmd, "put") == 0) {
+        int failed = 0;
+
+        for (unsigned i = 0; i < o.n_sizes; i++) {
+            struct onesided_opts so = {
+                .fabric = o.fabric, .put = strcmp(cmd, "put") == 0, .served = o.served,
+                .size = o.sizes[i], .iters = o.iters, .json = o.json,
+                .cpu_client = o.cpu_client, .cpu_server = o.cpu_server};
+
+            failed |= run_onesided(&so);
+        }
+        return failed;
     }
     if (strcmp(cmd, "floor") == 0)
         return run_floor(o.iters, o.cpu_client, o.cpu_server, o.json);

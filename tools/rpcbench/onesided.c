@@ -1,0 +1,188 @@
+/* rpcbench get|put: one-sided latency at the transport level. A child
+ * process owns a region and hands its key over; this process times one
+ * operation at a time (window 1) from the call to its completion. */
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "hist.h"
+#include "onesided.h"
+#include "rpc.h"
+
+static void pin_to(int cpu)
+{
+    cpu_set_t set;
+
+    if (cpu < 0)
+        return;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    sched_setaffinity(0, sizeof(set), &set);
+}
+
+static const char *listen_addr(const char *fabric)
+{
+    if (strcmp(fabric, "tcp") == 0)
+        return "127.0.0.1:0";
+    if (strcmp(fabric, "ntb") == 0)
+        return "emu:auto";
+    return "auto";
+}
+
+/* The owner: a region per connection, its key sent as the first message;
+ * then it only polls (the served path needs that; the direct one does not). */
+static int owner(const struct onesided_opts *o, int pipe_fd)
+{
+    struct tern_tp_config cfg = {.fabric = o->fabric, .max_msg = o->size > 4096 ? o->size : 4096};
+    size_t len = o->size < 4096 ? 4096 : o->size;
+    uint32_t access = TERN_TP_ACCESS_REMOTE_READ | TERN_TP_ACCESS_REMOTE_WRITE;
+    struct tern_tp_ep *ep;
+    struct tern_tp_event ev[16];
+    char bound[128];
+
+    pin_to(o->cpu_server);
+    if (tern_tp_open(&cfg, &ep) < 0 ||
+        tern_tp_listen(ep, listen_addr(o->fabric), bound, sizeof(bound)) < 0) {
+        (void)!write(pipe_fd, "-", 1);
+        return 1;
+    }
+    (void)!write(pipe_fd, bound, strlen(bound));
+    close(pipe_fd);
+    for (;;) {
+        int n = tern_tp_poll(ep, ev, 16);
+
+        for (int i = 0; i < n; i++) {
+            struct tern_tp_mr *mr;
+            struct tern_tp_rkey rk;
+            int rc;
+
+            if (ev[i].type == TERN_TP_EV_RECV)
+                tern_tp_msg_release(ev[i].conn, ev[i].data);
+            if (ev[i].type == TERN_TP_EV_CLOSED)
+                return 0;
+            if (ev[i].type != TERN_TP_EV_ACCEPTED)
+                continue;
+            /* --served: memory of our own, reached through this poll. */
+            rc = o->served ? tern_tp_mr_reg(ep, calloc(1, len), len, access, &mr)
+                           : tern_tp_mr_alloc(ep, len, access, &mr);
+            if (rc < 0)
+                return 1;
+            rk = tern_tp_mr_rkey(mr);
+            tern_tp_msg_send(ev[i].conn, &rk, sizeof(rk));
+        }
+        tern_tp_flush(ep);
+    }
+}
+
+/* Wait for an event of `type` (handing back views); false on an error. */
+static bool await(struct tern_tp_ep *ep, enum tern_tp_event_type type, struct tern_tp_event *out)
+{
+    for (;;) {
+        int n = tern_tp_poll(ep, out, 1);
+
+        if (n < 0)
+            return false;
+        if (n == 0)
+            continue;
+        if (out->type == type)
+            return out->status == 0;
+        if (out->type == TERN_TP_EV_RECV)
+            tern_tp_msg_release(out->conn, out->data);
+        if (out->type == TERN_TP_EV_CLOSED || out->status < 0)
+            return false;
+    }
+}
+
+/* One operation, from the call to its completion. */
+static bool one_op(struct tern_tp_ep *ep, struct tern_tp_conn *c, const struct onesided_opts *o,
+                   struct tern_tp_mr *lmr, const struct tern_tp_rkey *rk)
+{
+    struct tern_tp_event ev;
+    int rc;
+
+    while ((rc = o->put ? tern_tp_put(c, lmr, 0, o->size, rk, 0, 0)
+                        : tern_tp_get(c, lmr, 0, o->size, rk, 0, 0)) == TERN_EAGAIN)
+        if (tern_tp_poll(ep, &ev, 1) == 1 && ev.type != TERN_TP_EV_PUT_DONE &&
+            ev.type != TERN_TP_EV_GET_DONE)
+            return false;   /* nothing else comes on this connection */
+    if (rc < 0)
+        return false;
+    tern_tp_flush(ep);
+    return await(ep, o->put ? TERN_TP_EV_PUT_DONE : TERN_TP_EV_GET_DONE, &ev);
+}
+
+int run_onesided(const struct onesided_opts *o)
+{
+    static struct hist h;
+    struct tern_tp_config cfg = {.fabric = o->fabric, .max_msg = o->size > 4096 ? o->size : 4096};
+    struct tern_tp_ep *ep = NULL;
+    struct tern_tp_conn *c;
+    struct tern_tp_mr *lmr;
+    struct tern_tp_rkey rk;
+    struct tern_tp_event ev;
+    char bound[128] = {0};
+    int fds[2], status, rc = 1;
+    uint64_t warm = o->iters / 10 + 1000, t0, secs_ns;
+    ssize_t got;
+    pid_t pid;
+
+    if (pipe(fds) < 0)
+        return 1;
+    fflush(stdout);
+    pid = fork();
+    if (pid == 0) {
+        close(fds[0]);
+        _exit(owner(o, fds[1]));
+    }
+    close(fds[1]);
+    got = read(fds[0], bound, sizeof(bound) - 1);
+    close(fds[0]);
+    pin_to(o->cpu_client);
+    if (got <= 1 || bound[0] == '-' || tern_tp_open(&cfg, &ep) < 0 ||
+        tern_tp_connect(ep, bound, &c) < 0 || !await(ep, TERN_TP_EV_CONNECTED, &ev) ||
+        !await(ep, TERN_TP_EV_RECV, &ev) || ev.len != sizeof(rk)) {
+        fprintf(stderr, "rpcbench: no %s owner to talk to\n", o->fabric);
+        goto out;
+    }
+    memcpy(&rk, ev.data, sizeof(rk));
+    tern_tp_msg_release(c, ev.data);
+    if (tern_tp_mr_alloc(ep, o->size, 0, &lmr) < 0)
+        goto out;
+    /* The warm-up also gives the shm fabric time to map the region. */
+    for (uint64_t i = 0; i < warm; i++)
+        if (!one_op(ep, c, o, lmr, &rk))
+            goto out;
+    hist_reset(&h);
+    t0 = tern_now_ns();
+    for (uint64_t i = 0; i < o->iters; i++) {
+        uint64_t t = tern_now_ns();
+
+        if (!one_op(ep, c, o, lmr, &rk))
+            goto out;
+        hist_add(&h, tern_now_ns() - t);
+    }
+    secs_ns = tern_now_ns() - t0;
+    if (o->json)
+        printf("{\"workload\":\"%s\",\"fabric\":\"%s\",\"path\":\"%s\",\"size\":%zu,"
+               "\"iters\":%llu,\"p50_ns\":%llu,\"p99_ns\":%llu,\"ops_per_s\":%.0f}\n",
+               o->put ? "put" : "get", o->fabric, o->served ? "served" : "direct", o->size,
+               (unsigned long long)o->iters, (unsigned long long)hist_quantile(&h, 0.5),
+               (unsigned long long)hist_quantile(&h, 0.99), (double)o->iters * 1e9 / (double)secs_ns);
+    else
+        printf("%s over %s, %s, %zu B, window 1: p50 %.3f us, p99 %.3f us, %.0f ops/s\n",
+               o->put ? "put" : "get", o->fabric,
+               o->served ? "registered region (served by the owner's poll)"
+                         : "allocated region (direct where the fabric can)",
+               o->size, hist_quantile(&h, 0.5) / 1e3, hist_quantile(&h, 0.99) / 1e3,
+               (double)o->iters * 1e9 / (double)secs_ns);
+    rc = 0;
+out:
+    tern_tp_close(ep);
+    kill(pid, SIGTERM);
+    waitpid(pid, &status, 0);
+    return rc;
+}

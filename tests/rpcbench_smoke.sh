@@ -3,6 +3,8 @@
 # sane values. Not a speed test: any positive figures pass.
 set -eu
 bench=$1
+ntb_files() { ls /dev/shm 2>/dev/null | grep -c '^tern-ntb\.' || true; }
+ntb_before=$(ntb_files)
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 "$bench" echo --fabric all --size 64,4k --window 1,4 --iters 2000 --json >"$out" 2>/dev/null
@@ -41,6 +43,8 @@ PY
 done
 "$bench" put --fabric shm --size 4k --iters 2000 | grep -q '^put over shm' ||
     { echo "put failed"; exit 1; }
+# Emulated NTB devices are removed by the last side out.
+[ "$(ntb_files)" -le "$ntb_before" ] || { echo "rpcbench left /dev/shm/tern-ntb.* files"; exit 1; }
 # The floor measurement runs and reports.
 "$bench" floor --iters 20000 | grep -q 'ping-pong' || { echo "floor failed"; exit 1; }
 # Bad options are refused with a usage message, not a crash.

@@ -181,8 +181,10 @@ int run_onesided(const struct onesided_opts *o)
                (double)o->iters * 1e9 / (double)secs_ns);
     rc = 0;
 out:
-    tern_tp_close(ep);
+    /* The owner goes first: the last side out of an emulated NTB device
+     * removes its file. */
     kill(pid, SIGTERM);
     waitpid(pid, &status, 0);
+    tern_tp_close(ep);
     return rc;
 }

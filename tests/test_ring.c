@@ -330,6 +330,48 @@ END_TEST
 
 /* Producer and consumer in two processes over shared memory: the payload
  * must be visible before the header that publishes it. */
+/* A sender may rewrite a header after the receiver checked it. Releasing
+ * that record must still free only what was parsed, and never write past
+ * the end of the ring (into the next channel), also when the parsed span
+ * wraps (a record at the end, a PAD, a record at the start). */
+START_TEST(rewritten_header_stays_in_the_ring)
+{
+    struct link l;
+    uint8_t *next_ring;
+    const void *v1, *v2;
+    uint32_t n1, n2, max;
+    enum ring_type t;
+
+    link_open(&l, 2, 4096, 0);
+    next_ring = ring_data_of(l.win_b, &l.g, 1);
+    memset(next_ring, 0xee, 4096);
+    max = ring_max_record(4096);
+    /* Move both ends near the end of the ring. */
+    for (unsigned i = 0; i < 4; i++) {
+        const void *v;
+        uint32_t n;
+
+        ck_assert(send_msg(&l.tx, max - 64, i));
+        ck_assert_int_eq(ring_rx_peek(&l.rx, &v, &n, &t), 1);
+        ring_rx_release(&l.rx);
+        ring_rx_credit(&l.rx);
+    }
+    /* A record in the last lines, then one that wraps (PAD, start). */
+    ck_assert(send_msg(&l.tx, 56, 7));
+    ck_assert(send_msg(&l.tx, 200, 8));
+    ck_assert_int_eq(ring_rx_peek(&l.rx, &v1, &n1, &t), 1);
+    ck_assert_int_eq(ring_rx_peek(&l.rx, &v2, &n2, &t), 1);
+    ck_assert((const uint8_t *)v2 < (const uint8_t *)v1);  /* the second view is at the start */
+    /* The sender scribbles a huge length over the first header. */
+    *(volatile uint64_t *)((uint8_t *)v1 - RING_HDR) |= 0xfffff000u;
+    ring_rx_release(&l.rx);
+    ring_rx_release(&l.rx);
+    for (unsigned i = 0; i < 4096; i++)
+        ck_assert_msg(next_ring[i] == 0xee, "byte %u of the next channel's ring written", i);
+    link_close(&l);
+}
+END_TEST
+
 START_TEST(cross_process_ordering)
 {
     enum { N = 300000 };
@@ -402,6 +444,7 @@ Suite *suite_ring(void)
     tcase_add_test(tc, full_ring_of_held_views);
     tcase_add_test(tc, many_channels);
     tcase_add_test(tc, corrupt_header_detected);
+    tcase_add_test(tc, rewritten_header_stays_in_the_ring);
     tcase_add_test(tc, cross_process_ordering);
     suite_add_tcase(s, tc);
     return s;

@@ -134,6 +134,11 @@ int run_onesided(const struct onesided_opts *o)
         return 1;
     fflush(stdout);
     pid = fork();
+    if (pid < 0) {
+        close(fds[0]);
+        close(fds[1]);
+        return 1;
+    }
     if (pid == 0) {
         close(fds[0]);
         _exit(owner(o, fds[1]));

@@ -420,6 +420,11 @@ static int run_local(const struct opts *o)
             return 1;
         fflush(stdout);
         pid = fork();
+        if (pid < 0) {
+            close(fds[0]);
+            close(fds[1]);
+            return 1;
+        }
         if (pid == 0) {
             close(fds[0]);
             _exit(run_server(o, listen, fds[1]));

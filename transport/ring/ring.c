@@ -175,6 +175,8 @@ static enum ring_type free_record(struct ring_rx *rx)
 
     if (bytes > rx->parsed - rx->released)  /* a header rewritten since */
         bytes = (uint32_t)(rx->parsed - rx->released);
+    if (bytes > rx->size - pos)
+        bytes = rx->size - pos;
 
     ring_zero_heads(rx->ring, pos, bytes);
     rx->released += bytes;

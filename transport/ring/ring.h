@@ -305,11 +305,14 @@ static inline void ring_rx_release(struct ring_rx *rx)
      * view is never a PAD record. */
     h = __atomic_load_n((const uint64_t *)(const void *)(rx->ring + pos), __ATOMIC_RELAXED);
     /* The header was checked when peeked, but the sender can still write
-     * it: never let it take the release beyond what was parsed. */
+     * it: never let it take the release beyond what was parsed, or past
+     * the end of the ring (a record never wraps). */
     uint32_t bytes = ring_rec_bytes((uint32_t)h);
 
     if (bytes > rx->parsed - rx->released)
         bytes = (uint32_t)(rx->parsed - rx->released);
+    if (bytes > rx->size - pos)
+        bytes = rx->size - pos;
     rx->views--;
     ring_zero_heads(rx->ring, pos, bytes);
     rx->released += bytes;

@@ -27,7 +27,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "../log.h"
@@ -43,9 +45,12 @@ enum { RMAP_NONE, RMAP_ASKED, RMAP_MAPPED, RMAP_NO };
 struct shm_rmap {
     uint32_t key, access;
     uint8_t state;
+    uint32_t waits;     /* uses while the answer is awaited */
     uint8_t *base;
     size_t len, map_len;
 };
+
+#define MAP_ASK_AGAIN 4096  /* uses without an answer before asking again */
 
 /* A map request ('M') or answer ('A') on the link socket. */
 struct map_msg {
@@ -81,8 +86,12 @@ int shm_direct_ep_open(struct shm_ep *ep)
 
 void shm_direct_ep_close(struct shm_ep *ep)
 {
-    if (ep->tab)
+    if (ep->tab) {
+        /* Peers that still map the table stop using our keys now. */
+        for (unsigned i = 0; i < TERN_MR_MAX; i++)
+            __atomic_store_n(&ep->tab[i].key, 0, __ATOMIC_RELEASE);
         munmap(ep->tab, MRTAB_BYTES);
+    }
     if (ep->tab_fd >= 0)
         close(ep->tab_fd);
     ep->tab = NULL;
@@ -186,12 +195,14 @@ static void on_request(struct shm_link *l, const struct map_msg *req)
 static bool sealed_at(int fd, size_t len)
 {
     struct stat st;
+    struct statfs fs;
     int seals = fcntl(fd, F_GET_SEALS);
 
-    /* Only memory that can never shrink under our mapping: a truncated
-     * mapping would fault on access. */
-    return seals >= 0 && (seals & F_SEAL_SHRINK) && fstat(fd, &st) == 0 &&
-           (size_t)st.st_size >= len;
+    /* Only ordinary shared memory (not hugetlbfs, whose pages can run out
+     * under a mapping) that can never shrink under our mapping: either
+     * would fault on access. */
+    return seals >= 0 && (seals & F_SEAL_SHRINK) && fstatfs(fd, &fs) == 0 &&
+           fs.f_type == TMPFS_MAGIC && fstat(fd, &st) == 0 && (size_t)st.st_size >= len;
 }
 
 /* The peer answers a request of ours. */
@@ -254,9 +265,12 @@ static struct shm_rmap *rmap_of(struct shm_link *l, uint32_t key)
             munmap(m->base, m->map_len);
         *m = (struct shm_rmap){.key = key, .state = RMAP_ASKED};
         if (send_msg(l, &req, NULL, 0) < 0)
-            m->state = RMAP_NONE;   /* ask again next time */
+            m->key = 0;     /* ask again next time */
         return NULL;
     }
+    /* An answer lost (the peer's socket was full) is asked for again. */
+    if (m->state == RMAP_ASKED && ++m->waits >= MAP_ASK_AGAIN)
+        m->key = 0;
     if (m->state != RMAP_MAPPED)
         return NULL;
     /* Still published? If not, the served path reports TERN_EREMACCESS. */
@@ -269,7 +283,7 @@ static struct shm_rmap *rmap_of(struct shm_link *l, uint32_t key)
 }
 
 int shm_direct(struct shm_conn *c, bool put, void *local, size_t len,
-               const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token)
+               const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token, size_t max_len)
 {
     struct shm_link *l = c->link;
     uint32_t need = put ? TERN_TP_ACCESS_REMOTE_WRITE : TERN_TP_ACCESS_REMOTE_READ;
@@ -278,8 +292,11 @@ int shm_direct(struct shm_conn *c, bool put, void *local, size_t len,
     if (!l || l->ntb || c->state != ST_OPEN || l->state != LINK_OPEN || !rkey->key)
         return 0;
     m = rmap_of(l, rkey->key);
-    /* A refused access takes the served path, which reports and counts it. */
-    if (!m || (m->access & need) != need || roff > m->len || len > m->len - roff)
+    /* A refused access takes the served path, which reports and counts it;
+     * so does one too large for it, which it refuses the same way whether
+     * the region is mapped or not. */
+    if (!m || (m->access & need) != need || roff > m->len || len > m->len - roff ||
+        len > max_len)
         return 0;
     /* Operations of a connection take effect in order: with served ones in
      * flight, a direct store could land before an earlier served one, and

@@ -364,6 +364,12 @@ static int ctl_send(struct shm_conn *c, const struct shm_ctl *ctl, const void *d
     return 0;
 }
 
+/* The largest one-sided operation: one CTL record with its payload. */
+static size_t onesided_max(const struct shm_conn *c)
+{
+    return ring_max_record(c->tx.size) - sizeof(struct shm_ctl);
+}
+
 static int onesided(struct shm_conn *c, uint8_t op, const void *src, uint8_t *dst, size_t len,
                     const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token)
 {
@@ -372,7 +378,7 @@ static int onesided(struct shm_conn *c, uint8_t op, const void *src, uint8_t *ds
 
     if (c->state != ST_OPEN)
         return TERN_ENOTCONN;
-    if (len + sizeof(ctl) > ring_max_record(c->tx.size))
+    if (len > onesided_max(c))
         return TERN_EMSGSIZE;
     if (tp_pend_full(&c->ev))
         return TERN_EAGAIN;
@@ -387,7 +393,8 @@ static int onesided(struct shm_conn *c, uint8_t op, const void *src, uint8_t *ds
 static int shm_put(struct tern_tp_conn *conn, const void *src, size_t len,
                    const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token)
 {
-    int rc = shm_direct(SCONN(conn), true, (void *)src, len, rkey, roff, token);
+    int rc = shm_direct(SCONN(conn), true, (void *)src, len, rkey, roff, token,
+                        onesided_max(SCONN(conn)));
 
     if (rc)
         return rc < 0 ? rc : 0;
@@ -397,7 +404,8 @@ static int shm_put(struct tern_tp_conn *conn, const void *src, size_t len,
 static int shm_get(struct tern_tp_conn *conn, void *dst, size_t len,
                    const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token)
 {
-    int rc = shm_direct(SCONN(conn), false, dst, len, rkey, roff, token);
+    int rc = shm_direct(SCONN(conn), false, dst, len, rkey, roff, token,
+                        onesided_max(SCONN(conn)));
 
     if (rc)
         return rc < 0 ? rc : 0;
@@ -445,12 +453,16 @@ static int on_ctl(struct shm_conn *c, const uint8_t *p, uint32_t len, struct ter
         ans.op = ctl.op == CTL_PUT ? CTL_ACK : CTL_GET_RESP;
         ans.status = status;
         ans.len = ctl.op == CTL_GET && status == 0 ? ctl.len : 0;
+        /* The data lands before the ACK can be seen: the requester may
+         * follow it with direct stores to the same bytes. (If the ACK finds
+         * no room, the record is read again later and copied again: the
+         * same bytes.) */
+        if (status == 0 && ctl.op == CTL_PUT)
+            memcpy(where, p + sizeof(ctl), ctl.len);
         if (ctl_send(c, &ans, where, ans.len) < 0)
             return 0;
         if (status < 0)
             c->violations++;
-        else if (ctl.op == CTL_PUT)
-            memcpy(where, p + sizeof(ctl), ctl.len);
         return 1;
     }
     if (ctl.op != CTL_ACK && ctl.op != CTL_GET_RESP)

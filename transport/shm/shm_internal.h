@@ -202,7 +202,7 @@ bool shm_direct_on_socket(struct shm_link *l, const void *buf, size_t n, const i
  * must go the served way (not mapped yet, refused), TERN_EAGAIN while served
  * operations are in flight (order). */
 int shm_direct(struct shm_conn *c, bool put, void *local, size_t len,
-               const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token);
+               const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token, size_t max_len);
 
 /* shm.c, called by link.c and ntb_link.c */
 struct shm_conn *shm_conn_attach(struct shm_link *l, uint32_t chan, bool accepted);

@@ -1,4 +1,3 @@
-#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -9,17 +8,7 @@
 #include "floor.h"
 #include "hist.h"
 #include "rpc.h"
-
-static void pin_to(int cpu)
-{
-    cpu_set_t set;
-
-    if (cpu < 0)
-        return;
-    CPU_ZERO(&set);
-    CPU_SET(cpu, &set);
-    sched_setaffinity(0, sizeof(set), &set);
-}
+#include "spawn.h"
 
 /* Single-core memcpy bandwidth in MB/s for 64 KiB blocks cycling through
  * 8 MiB (beyond L2, as ring traffic is): the ceiling of any one-core copy. */
@@ -64,7 +53,7 @@ int run_floor(uint64_t iters, int cpu_a, int cpu_b, bool json)
         return 1;
     if (pid == 0) {
         /* Answer every odd value with the next even one. */
-        pin_to(cpu_b);
+        bench_pin(cpu_b);
         for (uint64_t i = 0; i < iters + warm; i++) {
             uint64_t want = 2 * i + 1;
 
@@ -74,7 +63,7 @@ int run_floor(uint64_t iters, int cpu_a, int cpu_b, bool json)
         }
         _exit(0);
     }
-    pin_to(cpu_a);
+    bench_pin(cpu_a);
     hist_reset(&h);
     for (uint64_t i = 0; i < iters + warm; i++) {
         uint64_t t0 = tern_now_ns();

@@ -1,7 +1,6 @@
 /* rpcbench get|put: one-sided latency at the transport level. A child
  * process owns a region and hands its key over; this process times one
  * operation at a time (window 1) from the call to its completion. */
-#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,17 +11,7 @@
 #include "hist.h"
 #include "onesided.h"
 #include "rpc.h"
-
-static void pin_to(int cpu)
-{
-    cpu_set_t set;
-
-    if (cpu < 0)
-        return;
-    CPU_ZERO(&set);
-    CPU_SET(cpu, &set);
-    sched_setaffinity(0, sizeof(set), &set);
-}
+#include "spawn.h"
 
 static const char *listen_addr(const char *fabric)
 {
@@ -35,8 +24,9 @@ static const char *listen_addr(const char *fabric)
 
 /* The owner: a region per connection, its key sent as the first message;
  * then it only polls (the served path needs that; the direct one does not). */
-static int owner(const struct onesided_opts *o, int pipe_fd)
+static int owner(void *arg, int pipe_fd)
 {
+    const struct onesided_opts *o = arg;
     struct tern_tp_config cfg = {.fabric = o->fabric, .max_msg = o->size > 4096 ? o->size : 4096};
     size_t len = o->size < 4096 ? 4096 : o->size;
     uint32_t access = TERN_TP_ACCESS_REMOTE_READ | TERN_TP_ACCESS_REMOTE_WRITE;
@@ -44,7 +34,7 @@ static int owner(const struct onesided_opts *o, int pipe_fd)
     struct tern_tp_event ev[16];
     char bound[128];
 
-    pin_to(o->cpu_server);
+    bench_pin(o->cpu_server);
     if (tern_tp_open(&cfg, &ep) < 0 ||
         tern_tp_listen(ep, listen_addr(o->fabric), bound, sizeof(bound)) < 0) {
         (void)!write(pipe_fd, "-", 1);
@@ -125,29 +115,15 @@ int run_onesided(const struct onesided_opts *o)
     struct tern_tp_rkey rk;
     struct tern_tp_event ev;
     char bound[128] = {0};
-    int fds[2], status, rc = 1;
+    int status, rc = 1;
     uint64_t warm = o->iters / 10 + 1000, t0, secs_ns;
-    ssize_t got;
     pid_t pid;
 
-    if (pipe(fds) < 0)
+    pid = bench_spawn(owner, (void *)o, bound, sizeof(bound));
+    if (pid < 0)
         return 1;
-    fflush(stdout);
-    pid = fork();
-    if (pid < 0) {
-        close(fds[0]);
-        close(fds[1]);
-        return 1;
-    }
-    if (pid == 0) {
-        close(fds[0]);
-        _exit(owner(o, fds[1]));
-    }
-    close(fds[1]);
-    got = read(fds[0], bound, sizeof(bound) - 1);
-    close(fds[0]);
-    pin_to(o->cpu_client);
-    if (got <= 1 || bound[0] == '-' || tern_tp_open(&cfg, &ep) < 0 ||
+    bench_pin(o->cpu_client);
+    if (strlen(bound) <= 1 || bound[0] == '-' || tern_tp_open(&cfg, &ep) < 0 ||
         tern_tp_connect(ep, bound, &c) < 0 || !await(ep, TERN_TP_EV_CONNECTED, &ev) ||
         !await(ep, TERN_TP_EV_RECV, &ev) || ev.len != sizeof(rk)) {
         fprintf(stderr, "rpcbench: no %s owner to talk to\n", o->fabric);

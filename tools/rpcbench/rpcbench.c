@@ -12,7 +12,6 @@
  */
 #include <errno.h>
 #include <getopt.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -24,6 +23,7 @@
 #include "floor.h"
 #include "hist.h"
 #include "onesided.h"
+#include "spawn.h"
 #include "rpc.h"
 
 #define SVC_BENCH 0x7b01
@@ -105,18 +105,6 @@ static void on_signal(int sig)
         tern_rpc_stop(server_ep);
 }
 
-static void pin(int cpu)
-{
-    cpu_set_t set;
-
-    if (cpu < 0)
-        return;
-    CPU_ZERO(&set);
-    CPU_SET(cpu, &set);
-    if (sched_setaffinity(0, sizeof(set), &set) < 0)
-        fprintf(stderr, "rpcbench: cannot pin to cpu %d: %s\n", cpu, strerror(errno));
-}
-
 static struct tern_rpc_config rpc_config(const struct opts *o, size_t max_size)
 {
     return (struct tern_rpc_config){
@@ -144,7 +132,7 @@ static int run_server(const struct opts *o, const char *uri, int report_fd)
     char bound[160];
     int rc;
 
-    pin(o->cpu_server);
+    bench_pin(o->cpu_server);
     rc = tern_rpc_ep_create(&cfg, &server_ep);
     if (rc == 0)
         rc = tern_rpc_register(server_ep, &bench_service);
@@ -367,7 +355,7 @@ static int run_client(const struct opts *o, const char *uri, bool header)
     char fabric[16] = "?";
     int rc;
 
-    pin(o->cpu_client);
+    bench_pin(o->cpu_client);
     rc = tern_rpc_ep_create(&cfg, &ep);
     if (rc < 0)
         return rc;
@@ -389,6 +377,18 @@ static int run_client(const struct opts *o, const char *uri, bool header)
     return rc;
 }
 
+struct server_args {
+    const struct opts *o;
+    const char *listen;
+};
+
+static int server_child(void *arg, int fd)
+{
+    const struct server_args *sa = arg;
+
+    return run_server(sa->o, sa->listen, fd);
+}
+
 /* Fork a server on this host, wait for its address, run the client. */
 static int run_local(const struct opts *o)
 {
@@ -402,8 +402,8 @@ static int run_local(const struct opts *o)
         names = auto_only;
     for (; *names; names++) {
         char uri[160], listen[64];
-        int fds[2], status;
-        ssize_t got = 0, n;
+        struct server_args sa;
+        int status;
         pid_t pid;
 
         if (strcmp(o->fabric, "all") != 0 && strcmp(o->fabric, *names) != 0)
@@ -416,26 +416,11 @@ static int run_local(const struct opts *o)
             snprintf(listen, sizeof(listen), "ntb://emu:rpcbench-%d", (int)getpid());
         else
             snprintf(listen, sizeof(listen), "%s://rpcbench-%d", *names, (int)getpid());
-        if (pipe(fds) < 0)
+        sa = (struct server_args){o, listen};
+        pid = bench_spawn(server_child, &sa, uri, sizeof(uri));
+        if (pid < 0)
             return 1;
-        fflush(stdout);
-        pid = fork();
-        if (pid < 0) {
-            close(fds[0]);
-            close(fds[1]);
-            return 1;
-        }
-        if (pid == 0) {
-            close(fds[0]);
-            _exit(run_server(o, listen, fds[1]));
-        }
-        close(fds[1]);
-        while (got < (ssize_t)sizeof(uri) - 1 &&
-               (n = read(fds[0], uri + got, sizeof(uri) - 1 - (size_t)got)) > 0)
-            got += n;
-        close(fds[0]);
-        uri[got > 0 ? got : 0] = 0;
-        if (got <= 1 || uri[0] == '-') {
+        if (strlen(uri) <= 1 || uri[0] == '-') {
             fprintf(stderr, "rpcbench: %s server did not start\n", *names);
             failed++;
         } else if (run_client(o, uri, header) < 0) {

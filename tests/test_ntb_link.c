@@ -148,9 +148,9 @@ START_TEST(dead_peer_found_by_heartbeat)
         ev = want(b, NULL, TERN_TP_EV_RECV, 5000);
         ck_assert_str_eq(ev.data, "hi");
         tern_tp_msg_release(ev.conn, ev.data);
-        /* SIGSTOP, not SIGKILL: a peer that is still there but silent (its
-         * side stays claimed) must be declared dead all the same. */
-        kill(pid, round == 0 ? SIGSTOP : SIGKILL);
+        /* SIGSTOP: a peer that is still there but silent (its side stays
+         * claimed, the link stays up) is declared dead by its heartbeat. */
+        kill(pid, SIGSTOP);
         t0 = now_ms();
         ev = want(b, NULL, TERN_TP_EV_CLOSED, 5000);
         ck_assert_msg(now_ms() - t0 >= 500, "closed after %.0f ms, before the deadline",
@@ -158,6 +158,39 @@ START_TEST(dead_peer_found_by_heartbeat)
         tern_tp_disconnect(ev.conn);
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
+    }
+    tern_tp_close(b);
+}
+END_TEST
+
+/* A peer whose process dies takes its side of the device with it: the link
+ * is down at the next beat, long before the heartbeat deadline (a minute
+ * here), and comes back up for the next process on that side. */
+START_TEST(killed_peer_is_link_down)
+{
+    struct tern_tp_ep *b;
+    struct tern_tp_event ev;
+    char dev[64];
+
+    setenv("TERN_NTB_DEAD_MS", "60000", 1);
+    b = tp_open("ntb", 0);
+    dev_name(dev, sizeof(dev), "down");
+    ck_assert_int_eq(tern_tp_listen(b, dev, NULL, 0), 0);
+    for (int round = 0; round < 2; round++) {
+        pid_t pid = fork();
+
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0)
+            child_side(dev);
+        want(b, NULL, TERN_TP_EV_ACCEPTED, 5000);
+        ev = want(b, NULL, TERN_TP_EV_RECV, 5000);
+        ck_assert_str_eq(ev.data, "hi");
+        tern_tp_msg_release(ev.conn, ev.data);
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        /* Without the link status this waits for the minute-long deadline. */
+        ev = want(b, NULL, TERN_TP_EV_CLOSED, 10000);
+        tern_tp_disconnect(ev.conn);
     }
     tern_tp_close(b);
 }
@@ -315,6 +348,7 @@ Suite *suite_ntb_link(void)
     tcase_add_test(tc, both_sides_open_channels);
     tcase_add_test(tc, channels_are_reused);
     tcase_add_test(tc, dead_peer_found_by_heartbeat);
+    tcase_add_test(tc, killed_peer_is_link_down);
     tcase_add_test(tc, no_listener_refuses);
     tcase_add_test(tc, third_endpoint_refused);
     tcase_add_test(tc, partitions_are_independent);

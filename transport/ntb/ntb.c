@@ -153,6 +153,15 @@ int tern_ntb_open(struct tern_ntb_link *link, int timeout_ms)
     return 0;
 }
 
+bool tern_ntb_link_up(struct tern_ntb_link *link)
+{
+    uint64_t up = 1;
+
+    if (rte_rawdev_get_attr(link->dev_id, NTB_LINK_STATUS_NAME, &up) < 0)
+        return true;
+    return up != 0;
+}
+
 void tern_ntb_close(struct tern_ntb_link *link)
 {
     if (!link->up)

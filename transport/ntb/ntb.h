@@ -28,6 +28,10 @@ int tern_ntb_probe(const char *eal_args, struct tern_ntb_link *link);
  * the peer's window and wait up to timeout_ms for the link to come up. */
 int tern_ntb_open(struct tern_ntb_link *link, int timeout_ms);
 
+/* The device's link status now (one register read through the PMD); a
+ * failed read counts as up, leaving the verdict to the heartbeat. */
+bool tern_ntb_link_up(struct tern_ntb_link *link);
+
 /* Stop the device and unmap what tern_ntb_open mapped. */
 void tern_ntb_close(struct tern_ntb_link *link);
 

@@ -15,6 +15,9 @@
  * - Liveness is a heartbeat: each side bumps a counter in the peer's window
  *   every NTB_BEAT_MS; a peer silent for TERN_NTB_DEAD_MS (default 2000) is
  *   dead, its connections close, and the link starts a new incarnation.
+ *   With each beat the device's link status is read too: a link that went
+ *   down (the peer host rebooted, the cable was pulled; on the emulated
+ *   device, the peer's process died and gave up its side) is dead at once.
  * - Both sides open channels: the side with the lower nonce takes the odd
  *   ones. A channel is reused once both sides sent CLOSE, and each, with
  *   its connection gone, zeroed its ring and sent FREE.
@@ -68,6 +71,7 @@ struct ntb_link {
     char dev[SHM_NAME_MAX];         /* "emu:NAME" or "hw" */
     unsigned part;                  /* the partition of each window */
     int dev_fd;                     /* emu: the device file */
+    int side;                       /* emu: which side of the partition is ours */
     uint8_t *mine_map, *peers_map;  /* emu: our and the peer's partition */
     size_t part_size;               /* bytes of one partition (page multiple) */
     off_t mine_off;                 /* emu: file offset of our partition */
@@ -256,6 +260,8 @@ static void fail_pending(struct shm_link *l, int status, const char *why)
     }
 }
 
+static bool device_link_up(struct shm_link *l);
+
 void ntb_link_poll(struct shm_link *l, bool tick)
 {
     struct ntb_link *nl = l->ntb;
@@ -270,6 +276,8 @@ void ntb_link_poll(struct shm_link *l, bool tick)
         nl->beat++;
         nl->last_beat_ms = now;
         say_hello(l);
+        if (l->state == LINK_OPEN && !device_link_up(l))
+            go_down(l, "the NTB link is down", false);
     }
     pn = get64(&in->nonce);
     if (pn != nl->peer_nonce) {
@@ -478,6 +486,7 @@ static int emu_attach(struct shm_link *l, const char *name)
             side = s;
     if (side < 0)
         return TERN_EADDRINUSE;     /* both ends of this partition are taken */
+    nl->side = side;
     lock_byte(nl->dev_fd, EMU_LOCK_SETUP, true);
     if (fstat(nl->dev_fd, &st) < 0)
         rc = -errno;
@@ -537,6 +546,21 @@ static int emu_attach(struct shm_link *l, const char *name)
             return -errno;
     }
     return 0;
+}
+
+/* The emulated device's link status: the peer's side is claimed, that is
+ * its process is alive (a dead process gives its OFD lock back). */
+static bool emu_link_up(struct shm_link *l)
+{
+    struct ntb_link *nl = l->ntb;
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET,
+                       .l_start = EMU_LOCK_SIDES + 2 * (off_t)nl->part + (1 - nl->side),
+                       .l_len = 1};
+
+    /* A failed query says nothing: leave it to the heartbeat. */
+    if (fcntl(nl->dev_fd, F_OFD_GETLK, &fl) < 0)
+        return true;
+    return fl.l_type != F_UNLCK;
 }
 
 #if TERN_HAVE_DPDK
@@ -610,6 +634,15 @@ static int hw_attach(struct shm_link *l)
     return 0;
 }
 #endif
+
+static bool device_link_up(struct shm_link *l)
+{
+#if TERN_HAVE_DPDK
+    if (l->ntb->hwdev)
+        return tern_ntb_link_up(&l->ntb->hwdev->dev);
+#endif
+    return emu_link_up(l);
+}
 
 void ntb_link_close(struct shm_link *l)
 {

@@ -37,7 +37,7 @@ void ring_tx_init(struct ring_tx *tx, uint8_t *mine, uint8_t *peers,
     *tx = (struct ring_tx){
         .ring = ring_data_of(peers, g, chan), .peer_ctl = ring_ctl_of(peers, g, chan),
         .my_ctl = ring_ctl_of(mine, g, chan), .size = g->ring_bytes, .seq = 1,
-        .limit = g->ring_bytes,
+        .limit = g->ring_bytes - RING_SLACK, .zeroed = g->ring_bytes,
     };
 }
 
@@ -54,7 +54,9 @@ uint32_t ring_tx_room(const struct ring_tx *tx)
 {
     uint64_t consumed = __atomic_load_n(&tx->my_ctl->consumed, __ATOMIC_ACQUIRE);
 
-    return tx->size - (uint32_t)(tx->head - consumed);
+    uint32_t used = (uint32_t)(tx->head - consumed) + RING_SLACK;
+
+    return used >= tx->size ? 0 : tx->size - used;
 }
 
 static void store_hdr(uint8_t *at, uint64_t h)
@@ -72,8 +74,8 @@ void *ring_tx_reserve_slow(struct ring_tx *tx, uint32_t len)
     if (tx->resv || len > ring_max_record(tx->size))
         return NULL;
     consumed = __atomic_load_n(&tx->my_ctl->consumed, __ATOMIC_ACQUIRE);
-    tx->limit = consumed + tx->size;
-    if (tx->head + total - consumed > tx->size) {
+    tx->limit = consumed + tx->size - RING_SLACK;
+    if (tx->head + total > tx->limit) {
         /* Out of credit: ask the receiver to report now rather than lazily.
          * One request per answer; each is a remote write. */
         if (!tx->congested || consumed != tx->asked_at) {
@@ -86,6 +88,8 @@ void *ring_tx_reserve_slow(struct ring_tx *tx, uint32_t len)
     tx->congested = false;
     if (tail_room < need) {
         /* The record would wrap: fill the end with a PAD record. */
+        ring_tx_clear_slot(tx, tx->head + tail_room);
+        ring_publish_fence(tx, 0);
         store_hdr(tx->ring + pos, ring_hdr_make(tail_room - RING_HDR, RING_PAD, tx->seq));
         tx->seq = ring_seq_next(tx->seq);
         tx->head += tail_room;
@@ -94,6 +98,20 @@ void *ring_tx_reserve_slow(struct ring_tx *tx, uint32_t len)
     tx->resv = tx->ring + pos + RING_HDR;
     tx->resv_len = len;
     return tx->resv;
+}
+
+void ring_tx_zero_ahead(struct ring_tx *tx)
+{
+    /* Only lines the receiver released (below consumed + size) are free. */
+    uint64_t end = tx->head + RING_ZERO_HIGH, cap = tx->limit + RING_SLACK;
+    uint64_t at = tx->zeroed > tx->head ? tx->zeroed : tx->head;
+
+    if (end > cap)
+        end = cap;
+    for (; at < end; at += 64)
+        store_hdr(tx->ring + (at & (tx->size - 1)), 0);
+    if (end > tx->zeroed)
+        tx->zeroed = end;
 }
 
 void ring_tx_abort(struct ring_tx *tx)
@@ -143,10 +161,8 @@ int ring_rx_peek_slow(struct ring_rx *rx, const void **view, uint32_t *len,
         rx->seq = ring_seq_next(rx->seq);
         if (t == RING_PAD) {
             rx->parsed += rx->size - pos;
-            if (!rx->views) {   /* nothing held before it: free it now */
-                ring_zero_heads(rx->ring, pos, rx->size - pos);
+            if (!rx->views)     /* nothing held before it: free it now */
                 rx->released = rx->parsed;
-            }
             continue;
         }
         *view = rx->ring + pos + RING_HDR;
@@ -165,7 +181,7 @@ void ring_rx_unpeek(struct ring_rx *rx, uint32_t len)
     rx->views--;
 }
 
-/* Zero the record at `released` and step over it; returns its type. */
+/* Step over the record at `released`; returns its type. */
 static enum ring_type free_record(struct ring_rx *rx)
 {
     uint32_t pos = (uint32_t)(rx->released & (rx->size - 1));
@@ -177,8 +193,6 @@ static enum ring_type free_record(struct ring_rx *rx)
         bytes = (uint32_t)(rx->parsed - rx->released);
     if (bytes > rx->size - pos)
         bytes = rx->size - pos;
-
-    ring_zero_heads(rx->ring, pos, bytes);
     rx->released += bytes;
     return t;
 }

@@ -19,8 +19,9 @@
  * wraps (a PAD record fills the end of the ring), so every message is one
  * contiguous view.
  *
- * Flow control is by credit: the sender may be at most ring_bytes ahead of
- * the consumed index the receiver last wrote back. The receiver writes it
+ * Flow control is by credit: the sender may be at most ring_bytes - 64
+ * ahead of the consumed index the receiver last wrote back (the last line
+ * is the next record's header slot, see below). The receiver writes it
  * back lazily (every quarter ring), or at once when the sender raises the
  * congestion flag in the receiver's window because it ran out of credit.
  */
@@ -74,13 +75,16 @@ struct ring_tx {
     bool congested;             /* credit_req raised */
     bool wc;                    /* the peer's window is write-combining (NTB) */
     uint64_t asked_at;          /* `consumed` when it was raised */
-    uint64_t limit;             /* consumed + size when last read: head may
-                                 * grow to here without reading it again */
+    uint64_t limit;             /* consumed + size - RING_SLACK when last
+                                 * read: head may grow to here without
+                                 * reading it again */
+    uint64_t zeroed;            /* the line heads of [head, zeroed) are zero:
+                                 * any of them may be a next header slot */
 };
 
 /* The other direction, as the receiver sees it. */
 struct ring_rx {
-    uint8_t *ring;              /* in our window: read; line heads zeroed on release */
+    uint8_t *ring;              /* in our window: read only */
     struct ring_ctl *peer_ctl;  /* in the peer's window: we write `consumed` */
     struct ring_ctl *my_ctl;    /* in our window: the peer raises credit_req */
     uint32_t size;
@@ -122,13 +126,31 @@ uint32_t ring_tx_room(const struct ring_tx *tx);
 int ring_rx_peek_slow(struct ring_rx *rx, const void **view, uint32_t *len,
                       enum ring_type *type);
 
-/* Header word: | seq (24) | type (8) | len (32) |. Records start on cache
- * lines, and the receiver zeroes the first word of every line it releases
- * (a local write, before it returns the credit), so a position it polls
- * holds either zero or a header written this lap, never a stale header or
- * stale payload bytes that could pass for one. The sequence number, which
+/* Header word: | seq (24) | type (8) | len (32) |. The receiver only ever
+ * polls the position right after the last record, so when the sender
+ * publishes a record, the header slot that follows it must hold zero: a
+ * polled position holds zero or a header written this lap, never a stale
+ * header or stale payload bytes that could pass for one. The sender keeps
+ * the line heads of some free ring ahead of it zeroed, refilled in batches
+ * just *after* a header store: a zero store just before it would hold the
+ * header back for as long as that line takes to come over from the
+ * receiver. Only a record that jumps past the zeroed part zeroes its next
+ * slot first. The receiver writes nothing into its ring, so ring lines
+ * travel one way only, from the sender's cache to the receiver's (a
+ * receiver that zeroed what it released would pull every line back, and
+ * the sender would pull it again to reuse it). The sequence number, which
  * skips 0, is a second check. */
 #define RING_SEQ_MASK 0xffffffu
+
+/* Credit the sender never uses: the header slot after its newest record,
+ * which it zeroes, must not be a byte the receiver still holds. */
+#define RING_SLACK 64
+
+/* Zeroed ring the sender keeps ahead of its head: up to RING_ZERO_HIGH
+ * bytes (within its credit); when a large record ate it, refilled once less
+ * than RING_ZERO_LOW bytes are left. */
+#define RING_ZERO_LOW 1024
+#define RING_ZERO_HIGH 4096
 
 static inline uint32_t ring_seq_next(uint32_t seq)
 {
@@ -143,7 +165,7 @@ static inline bool ring_hdr_fresh(uint64_t h, uint32_t seq)
 
 /* Ring bytes a record with `len` payload bytes takes: records start on
  * cache lines, so a sender filling the next record never writes a line the
- * receiver is still reading or zeroing. */
+ * receiver is still reading. */
 static inline uint32_t ring_rec_bytes(uint32_t len)
 {
     return (RING_HDR + len + 63) & ~63u;
@@ -267,29 +289,47 @@ static inline void *ring_tx_reserve(struct ring_tx *tx, uint32_t len)
     return tx->resv;
 }
 
+/* Make sure the header slot at absolute position `next` holds zero before
+ * a record ending there is published. */
+static inline void ring_tx_clear_slot(struct ring_tx *tx, uint64_t next)
+{
+    if (next + RING_HDR <= tx->zeroed)
+        return;
+    __atomic_store_n((uint64_t *)(void *)(tx->ring + (next & (tx->size - 1))), 0,
+                     __ATOMIC_RELAXED);
+    tx->zeroed = next + 64;
+}
+
+/* Zero line heads ahead of the head, up to RING_ZERO_HIGH and the credit. */
+void ring_tx_zero_ahead(struct ring_tx *tx);
+
 /* Publish the reservation with `len` <= reserved bytes as a record of
  * `type`: fence, then one 8-byte header store. */
 static inline void ring_tx_publish(struct ring_tx *tx, uint32_t len, enum ring_type type)
 {
     uint8_t *hdr = tx->resv - RING_HDR;
+    uint32_t used;
 
     if (len > tx->resv_len)
         len = tx->resv_len;
+    used = ring_rec_bytes(len);
+    ring_tx_clear_slot(tx, tx->head + used);
     ring_publish_fence(tx, len);
     __atomic_store_n((uint64_t *)(void *)hdr, ring_hdr_make(len, type, tx->seq),
                      __ATOMIC_RELAXED);
     tx->seq = ring_seq_next(tx->seq);
-    tx->head += ring_rec_bytes(len);
+    tx->head += used;
     tx->resv = NULL;
-}
-
-/* Zero the first word of each cache line of [pos, pos + bytes): records
- * start on line boundaries, so those are the only words a receiver ever
- * polls as a header. Cheaper than clearing every byte, and as safe. */
-static inline void ring_zero_heads(uint8_t *ring, uint32_t pos, uint32_t bytes)
-{
-    for (uint32_t o = 0; o < bytes; o += 64)
-        __atomic_store_n((uint64_t *)(void *)(ring + pos + o), 0, __ATOMIC_RELAXED);
+    /* Keep the ring ahead zeroed. The common case, inline: zero as many
+     * lines at the far end as this record used at the near end. */
+    if (tx->zeroed >= tx->head && tx->zeroed + used <= tx->limit + RING_SLACK &&
+        tx->zeroed + used - tx->head <= RING_ZERO_HIGH) {
+        for (uint32_t o = 0; o < used; o += 64)
+            __atomic_store_n((uint64_t *)(void *)(tx->ring + ((tx->zeroed + o) & (tx->size - 1))),
+                             0, __ATOMIC_RELAXED);
+        tx->zeroed += used;
+    } else if (tx->zeroed < tx->head + RING_ZERO_LOW)
+        ring_tx_zero_ahead(tx);
 }
 
 /* Release the oldest view; writes the consumed index back to the sender
@@ -314,7 +354,6 @@ static inline void ring_rx_release(struct ring_rx *rx)
     if (bytes > rx->size - pos)
         bytes = rx->size - pos;
     rx->views--;
-    ring_zero_heads(rx->ring, pos, bytes);
     rx->released += bytes;
     if (rx->released != rx->parsed || rx->released - rx->reported >= rx->size / 4 ||
         __atomic_load_n(&rx->my_ctl->credit_req, __ATOMIC_RELAXED))

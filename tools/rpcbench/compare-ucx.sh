@@ -14,7 +14,8 @@
 # within 1.6%).  Both sides busy-poll; both get the same warm-up.
 #
 # --test bw: one-way streaming bandwidth, `rpcbench sink` (requests carry the
-# payload, replies are empty, --window calls in flight) vs ucx_perftest
+# payload, the server reads every byte of it, replies are empty, --window
+# calls in flight; UCX's receiver too has its data in its own cache) vs ucx_perftest
 # ucp_am_bw, whose "bandwidth overall" column is taken.  ucx_perftest's MB is
 # 2^20 bytes, rpcbench's is 10^6 bytes; this script converts UCX's figure so
 # that both sides are in MB/s of 10^6 bytes.  ucx_perftest is left its own

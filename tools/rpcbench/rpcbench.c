@@ -473,7 +473,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: rpcbench echo   [--fabric tcp|shm|auto|all] [options]\n"
-            "       rpcbench sink   [...]     like echo, but replies are empty (one-way)\n"
+            "       rpcbench sink   [...]     like echo, but one-way: the server reads every byte, replies are empty\n"
             "       rpcbench server --listen URI [--adaptive]\n"
             "       rpcbench client --connect URI [options]\n"
             "       rpcbench floor  [--iters N] [--cpu C,S]   cache-line ping-pong floor\n"

@@ -12,7 +12,8 @@ set -euo pipefail
 
 cd "$(dirname "$0")"
 
-PKGS=(build-essential meson ninja-build pkg-config check libsubunit-dev python3)
+PKGS=(build-essential meson ninja-build pkg-config check libsubunit-dev python3
+      libibverbs-dev librdmacm-dev)   # rdma-core: the rdma fabric and its tests (softverbs)
 # Optional: without them the build leaves the matching parts out.
 OPTIONAL=(libdpdk-dev)   # DPDK 22.11: the ntb rawdev glue (transport/ntb)
 

@@ -11,6 +11,7 @@
 
 #include "log.h"
 #include "suites.h"
+#include "tern_config.h"
 
 static const struct {
     const char *name;
@@ -28,6 +29,9 @@ static const struct {
     {"select", suite_select},
     {"shm", suite_shm},
     {"shm_direct", suite_shm_direct},
+#if TERN_HAVE_RDMA
+    {"softverbs", suite_softverbs},
+#endif
 };
 
 int main(int argc, char **argv)

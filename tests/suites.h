@@ -16,5 +16,6 @@ Suite *suite_ntb_link(void);
 Suite *suite_select(void);
 Suite *suite_shm(void);
 Suite *suite_shm_direct(void);
+Suite *suite_softverbs(void);   /* built with rdma-core's headers only */
 
 #endif

@@ -272,6 +272,51 @@ START_TEST(large_record_clears_its_next_slot)
 }
 END_TEST
 
+/* A reservation written to and then aborted, or posted shorter than
+ * reserved, leaves payload on lines the sender had zeroed: the next records
+ * must still end on clean slots. The payload holds the headers the receiver
+ * will expect there. */
+START_TEST(dirty_reservations_are_not_zeroed_ring)
+{
+    struct link l;
+    const void *v;
+    uint32_t len;
+    enum ring_type t;
+
+    link_open(&l, 1, 4096, 0);
+    for (int round = 0; round < 2; round++) {
+        uint32_t seq = l.tx.seq;
+        uint8_t *p = ring_tx_reserve(&l.tx, 1000);
+
+        ck_assert_ptr_nonnull(p);
+        /* At line k of the reservation, the header of the k-th record to
+         * come (each one line long, the first at the reservation's start). */
+        for (uint32_t k = 1; k < 16; k++) {
+            uint64_t forged = ring_hdr_make(56, RING_MSG, seq + k);
+
+            memcpy(p - RING_HDR + 64 * k, &forged, sizeof(forged));
+        }
+        if (round == 0)
+            ring_tx_abort(&l.tx);
+        else
+            ring_tx_publish(&l.tx, 40, RING_MSG);   /* one line of 1000 */
+        if (round == 1) {
+            ck_assert_int_eq(ring_rx_peek(&l.rx, &v, &len, &t), 1);
+            ring_rx_release(&l.rx);
+        }
+        for (uint32_t k = 0; k < 8; k++) {
+            /* The receiver looks before each record is sent. */
+            ck_assert_msg(ring_rx_peek(&l.rx, &v, &len, &t) == 0,
+                          "round %d record %u: stale bytes read as a header", round, k);
+            ck_assert(send_msg(&l.tx, 56, k));
+            expect_msg(&l.rx, 56, k);
+        }
+        ring_rx_report(&l.rx);
+    }
+    link_close(&l);
+}
+END_TEST
+
 /* A sender out of credit raises the congestion flag; the receiver answers
  * at once instead of waiting for a quarter ring of releases. */
 START_TEST(full_ring_and_credit_request)
@@ -543,6 +588,7 @@ Suite *suite_ring(void)
     tcase_add_test(tc, wrap_around);
     tcase_add_test(tc, stale_payload_is_never_a_header);
     tcase_add_test(tc, large_record_clears_its_next_slot);
+    tcase_add_test(tc, dirty_reservations_are_not_zeroed_ring);
     tcase_add_test(tc, full_ring_and_credit_request);
     tcase_add_test(tc, credit_without_release);
     tcase_add_test(tc, held_views);

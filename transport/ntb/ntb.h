@@ -28,8 +28,9 @@ int tern_ntb_probe(const char *eal_args, struct tern_ntb_link *link);
  * the peer's window and wait up to timeout_ms for the link to come up. */
 int tern_ntb_open(struct tern_ntb_link *link, int timeout_ms);
 
-/* The device's link status now (one register read through the PMD); a
- * failed read counts as up, leaving the verdict to the heartbeat. */
+/* The link status as DPDK's PMD knows it (its cached state, kept from the
+ * peer driver's doorbells: up, or told by the peer that it goes down); a
+ * failed query counts as up, leaving the verdict to the heartbeat. */
 bool tern_ntb_link_up(struct tern_ntb_link *link);
 
 /* Stop the device and unmap what tern_ntb_open mapped. */

@@ -74,6 +74,8 @@ void *ring_tx_reserve_slow(struct ring_tx *tx, uint32_t len)
     if (tx->resv || len > ring_max_record(tx->size))
         return NULL;
     consumed = __atomic_load_n(&tx->my_ctl->consumed, __ATOMIC_ACQUIRE);
+    if (consumed > tx->head)
+        consumed = tx->head;    /* a broken peer: never credit beyond it */
     tx->limit = consumed + tx->size - RING_SLACK;
     if (tx->head + total > tx->limit) {
         /* Out of credit: ask the receiver to report now rather than lazily.
@@ -116,6 +118,10 @@ void ring_tx_zero_ahead(struct ring_tx *tx)
 
 void ring_tx_abort(struct ring_tx *tx)
 {
+    /* The caller may have written the reserved lines: past the header word
+     * (never handed out) nothing is known to be zero any more. */
+    if (tx->resv && tx->zeroed > tx->head + 64)
+        tx->zeroed = tx->head + 64;
     tx->resv = NULL;
 }
 

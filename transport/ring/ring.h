@@ -313,6 +313,10 @@ static inline void ring_tx_publish(struct ring_tx *tx, uint32_t len, enum ring_t
     if (len > tx->resv_len)
         len = tx->resv_len;
     used = ring_rec_bytes(len);
+    /* Posted shorter than reserved: the caller may have written the lines
+     * it gives back, so they are no longer known to be zero. */
+    if (used < ring_rec_bytes(tx->resv_len) && tx->zeroed > tx->head + used)
+        tx->zeroed = tx->head + used;
     ring_tx_clear_slot(tx, tx->head + used);
     ring_publish_fence(tx, len);
     __atomic_store_n((uint64_t *)(void *)hdr, ring_hdr_make(len, type, tx->seq),

@@ -15,9 +15,11 @@
  * - Liveness is a heartbeat: each side bumps a counter in the peer's window
  *   every NTB_BEAT_MS; a peer silent for TERN_NTB_DEAD_MS (default 2000) is
  *   dead, its connections close, and the link starts a new incarnation.
- *   With each beat the device's link status is read too: a link that went
- *   down (the peer host rebooted, the cable was pulled; on the emulated
- *   device, the peer's process died and gave up its side) is dead at once.
+ *   With each beat the device's link status is read too: a link the
+ *   device reports down (DPDK's PMD: the peer's driver said it goes down;
+ *   on the emulated device, the peer's process died and gave up its side)
+ *   is dead at once. A crashed host or a pulled cable says nothing: the
+ *   heartbeat finds those.
  * - Both sides open channels: the side with the lower nonce takes the odd
  *   ones. A channel is reused once both sides sent CLOSE, and each, with
  *   its connection gone, zeroed its ring and sent FREE.
@@ -276,8 +278,6 @@ void ntb_link_poll(struct shm_link *l, bool tick)
         nl->beat++;
         nl->last_beat_ms = now;
         say_hello(l);
-        if (l->state == LINK_OPEN && !device_link_up(l))
-            go_down(l, "the NTB link is down", false);
     }
     pn = get64(&in->nonce);
     if (pn != nl->peer_nonce) {
@@ -287,6 +287,9 @@ void ntb_link_poll(struct shm_link *l, bool tick)
         nl->seen_sent = nl->ready_sent = false;
         nl->peer_beat_ms = now;
     }
+    /* After the nonce: a peer that said goodbye is not a link failure. */
+    if (nl->last_beat_ms == now && l->state == LINK_OPEN && !device_link_up(l))
+        go_down(l, "the NTB link is down", false);
     pb = get64(&in->beat);
     if (pb != nl->peer_beat) {
         nl->peer_beat = pb;

@@ -1,0 +1,522 @@
+/* The data path. A posted send is carried out by the posting process, as
+ * its "NIC": it checks keys and ranges against the peer's memory region
+ * table, copies with process_vm_writev/readv straight between the two
+ * address spaces, takes the peer's receive request for a SEND and
+ * completes on the peer's CQ. The peer's CPU takes no part. Sends of one
+ * QP are carried out in order; one waiting for the peer to post a receive
+ * (RNR) holds back those behind it, and is retried when the process next
+ * posts or polls. */
+#include <errno.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <time.h>
+
+#include "sv.h"
+
+/* execute(): done (with a status), or wait and retry: the receiver posted
+ * no receive (RNR), or the peer's QP is not there or not connected to us
+ * yet (a NIC's transport retries: no acknowledgement came). */
+enum { DONE, WAIT_RNR, WAIT_ACK };
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* The IB encoding of the RNR NAK timer (min_rnr_timer), in microseconds. */
+static uint64_t rnr_delay_us(uint32_t code)
+{
+    static const uint32_t us[32] = {
+        655360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920,
+        2560, 3840, 5120, 7680, 10240, 15360, 20480, 30720, 40960, 61440, 81920, 122880,
+        163840, 245760, 327680, 491520,
+    };
+
+    return us[code & 31];
+}
+
+static struct sv_seg *own_seg(struct sv_qp *q)
+{
+    return sv_ctx(q->ibv.context)->seg;
+}
+
+/* Find the memory region behind `key` in `seg` that covers [addr, addr+len)
+ * with `need` access for protection domain `pd`. Caller holds mr_lock. */
+static const struct sv_mr_ent *mr_find(struct sv_seg *seg, uint32_t key, uint64_t addr,
+                                       uint64_t len, uint32_t need, uint32_t pd)
+{
+    const struct sv_mr_ent *e = &seg->mr[key & (SV_MAX_MR - 1)];
+
+    if (!key || e->key != key || e->pd != pd || (e->access & need) != need)
+        return NULL;
+    if (addr < e->addr || len > e->len || addr - e->addr > e->len - len)
+        return NULL;
+    return e;
+}
+
+static void complete(struct sv_qp *q, const struct sv_swr *s, enum ibv_wc_status status)
+{
+    static const enum ibv_wc_opcode op[] = {
+        [IBV_WR_RDMA_WRITE] = IBV_WC_RDMA_WRITE,
+        [IBV_WR_RDMA_WRITE_WITH_IMM] = IBV_WC_RDMA_WRITE,
+        [IBV_WR_SEND] = IBV_WC_SEND,
+        [IBV_WR_SEND_WITH_IMM] = IBV_WC_SEND,
+        [IBV_WR_RDMA_READ] = IBV_WC_RDMA_READ,
+    };
+    struct ibv_wc wc = {.wr_id = s->wr.wr_id, .status = status, .qp_num = q->ibv.qp_num};
+
+    if (!s->signaled && status == IBV_WC_SUCCESS)
+        return;
+    wc.opcode = op[s->wr.opcode];
+    if (s->wr.opcode == IBV_WR_RDMA_READ && status == IBV_WC_SUCCESS)
+        for (int i = 0; i < s->wr.num_sge; i++)
+            wc.byte_len += s->sge[i].length;
+    sv_cq_push(own_seg(q), q->send_cq, &wc);
+}
+
+/* The receive queue of the peer's QP `e`. */
+static struct sv_rq *peer_rq(struct sv_seg *seg, struct sv_qp_ent *e)
+{
+    if (e->srq < 0)
+        return &e->rq;
+    if (e->srq >= SV_MAX_SRQ || !seg->srq[e->srq].in_use)
+        return NULL;
+    return &seg->srq[e->srq].rq;
+}
+
+/* Gather the local side of a send into iovecs, checking lkeys. */
+static bool local_iov(struct sv_qp *q, struct sv_swr *s, struct iovec *iov, int *n,
+                      size_t *total, uint32_t need)
+{
+    struct sv_seg *seg = own_seg(q);
+    uint32_t pd = ((struct sv_pd *)(void *)q->ibv.pd)->id;
+    bool ok = true;
+
+    *total = 0;
+    *n = 0;
+    if (s->wr.send_flags & IBV_SEND_INLINE) {
+        for (int i = 0; i < s->wr.num_sge; i++)
+            *total += s->sge[i].length;
+        iov[0] = (struct iovec){s->inline_data, *total};
+        *n = *total ? 1 : 0;
+        return true;
+    }
+    sv_lock(&seg->mr_lock);
+    for (int i = 0; i < s->wr.num_sge && ok; i++) {
+        if (!s->sge[i].length)
+            continue;
+        ok = mr_find(seg, s->sge[i].lkey, s->sge[i].addr, s->sge[i].length, need, pd) != NULL;
+        iov[(*n)++] = (struct iovec){(void *)(uintptr_t)s->sge[i].addr, s->sge[i].length};
+        *total += s->sge[i].length;
+    }
+    sv_unlock(&seg->mr_lock);
+    return ok;
+}
+
+/* The peer's end of our connection, if it is there and connected to us. */
+static struct sv_qp_ent *peer_qp(struct sv_qp *q)
+{
+    struct sv_seg *own = own_seg(q), *ps = q->peer ? q->peer->seg : NULL;
+    uint32_t dest = own->qp[q->idx].dest_qpn;
+    struct sv_qp_ent *e;
+    union ibv_gid me;
+    uint32_t st;
+
+    if (!ps || !sv_seg_alive(ps))
+        return NULL;
+    e = &ps->qp[dest & (SV_MAX_QP - 1)];
+    st = __atomic_load_n(&e->state, __ATOMIC_ACQUIRE);
+    sv_seg_gid(own, &me);
+    if (__atomic_load_n(&e->qpn, __ATOMIC_ACQUIRE) != dest || e->dest_qpn != q->ibv.qp_num ||
+        memcmp(&e->dgid, &me, sizeof(me)) != 0 ||
+        (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD))
+        return NULL;
+    return e;
+}
+
+/* Copy between our iovecs and the peer's; false if the peer's memory was
+ * not there (it died, or unmapped a registered range). */
+static bool copy_remote(pid_t pid, bool write, struct iovec *l, int nl, struct iovec *r, int nr,
+                        size_t total, bool *gone)
+{
+    ssize_t done;
+
+    *gone = false;
+    if (!total)
+        return true;
+    done = write ? process_vm_writev(pid, l, (unsigned long)nl, r, (unsigned long)nr, 0)
+                 : process_vm_readv(pid, l, (unsigned long)nl, r, (unsigned long)nr, 0);
+    if (done < 0 && errno == ESRCH)
+        *gone = true;
+    return done == (ssize_t)total;
+}
+
+/* Carry out one send. DONE with *status set, or WAIT (receiver not ready). */
+static int execute(struct sv_qp *q, struct sv_swr *s, enum ibv_wc_status *status)
+{
+    struct sv_seg *ps;
+    struct sv_qp_ent *e = peer_qp(q);
+    struct iovec liov[SV_MAX_SGE], riov[SV_MAX_SGE];
+    enum ibv_wr_opcode op = s->wr.opcode;
+    bool is_read = op == IBV_WR_RDMA_READ, gone;
+    bool one_sided = op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM || is_read;
+    bool consumes = op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM ||
+                    op == IBV_WR_RDMA_WRITE_WITH_IMM;
+    struct sv_wqe wqe;
+    struct sv_rq *rq = NULL;
+    size_t total;
+    int nl, nr = 0;
+
+    if (!local_iov(q, s, liov, &nl, &total, is_read ? IBV_ACCESS_LOCAL_WRITE : 0)) {
+        *status = IBV_WC_LOC_PROT_ERR;
+        return DONE;
+    }
+    if (!e) {
+        /* No answer: a NIC retries retry_cnt times, each after the local
+         * ACK timeout. A peer process that is gone will never answer. */
+        *status = IBV_WC_RETRY_EXC_ERR;
+        return q->peer && sv_seg_alive(q->peer->seg) ? WAIT_ACK : DONE;
+    }
+    ps = q->peer->seg;
+    if (total > SV_MAX_MSG) {
+        *status = IBV_WC_LOC_LEN_ERR;
+        return DONE;
+    }
+    sv_lock(&ps->mr_lock);      /* a deregistration waits for us */
+    if (one_sided) {
+        uint32_t need = is_read ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
+
+        if (!mr_find(ps, s->wr.wr.rdma.rkey, s->wr.wr.rdma.remote_addr, total, need, e->pd)) {
+            sv_unlock(&ps->mr_lock);
+            *status = IBV_WC_REM_ACCESS_ERR;
+            return DONE;
+        }
+        riov[0] = (struct iovec){(void *)(uintptr_t)s->wr.wr.rdma.remote_addr, total};
+        nr = total ? 1 : 0;
+    }
+    if (consumes) {
+        rq = peer_rq(ps, e);
+        if (!rq) {
+            sv_unlock(&ps->mr_lock);
+            *status = IBV_WC_REM_OP_ERR;
+            return DONE;
+        }
+        sv_lock(&rq->lock);
+        if (rq->head == rq->tail) {
+            sv_unlock(&rq->lock);
+            sv_unlock(&ps->mr_lock);
+            return WAIT_RNR;
+        }
+        wqe = rq->wqe[rq->head % SV_MAX_WR];
+        rq->head++;
+        sv_unlock(&rq->lock);
+    }
+    if (op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM) {
+        size_t room = 0;
+        bool ok = true;
+
+        for (uint32_t i = 0; i < wqe.num_sge && ok; i++) {
+            ok = mr_find(ps, wqe.sge[i].lkey, wqe.sge[i].addr, wqe.sge[i].length,
+                         IBV_ACCESS_LOCAL_WRITE, e->pd) != NULL;
+            riov[nr++] = (struct iovec){(void *)(uintptr_t)wqe.sge[i].addr, wqe.sge[i].length};
+            room += wqe.sge[i].length;
+        }
+        if (!ok || room < total) {
+            struct ibv_wc rwc = {.wr_id = wqe.wr_id, .qp_num = e->qpn,
+                                 .status = ok ? IBV_WC_LOC_LEN_ERR : IBV_WC_LOC_PROT_ERR,
+                                 .opcode = IBV_WC_RECV};
+
+            sv_unlock(&ps->mr_lock);
+            sv_cq_push(ps, e->recv_cq, &rwc);
+            __atomic_store_n(&e->state, (uint32_t)IBV_QPS_ERR, __ATOMIC_RELEASE);
+            *status = ok ? IBV_WC_REM_INV_REQ_ERR : IBV_WC_REM_OP_ERR;
+            return DONE;
+        }
+    }
+    if (!copy_remote(ps->pid, !is_read, liov, nl, riov, nr, total, &gone)) {
+        sv_unlock(&ps->mr_lock);
+        *status = gone ? IBV_WC_RETRY_EXC_ERR : IBV_WC_REM_ACCESS_ERR;
+        return DONE;
+    }
+    sv_unlock(&ps->mr_lock);
+    if (consumes) {
+        struct ibv_wc rwc = {.wr_id = wqe.wr_id, .status = IBV_WC_SUCCESS, .qp_num = e->qpn,
+                             .src_qp = q->ibv.qp_num};
+
+        if (op == IBV_WR_RDMA_WRITE_WITH_IMM) {
+            rwc.opcode = IBV_WC_RECV_RDMA_WITH_IMM;
+            rwc.wc_flags = IBV_WC_WITH_IMM;
+            rwc.imm_data = s->wr.imm_data;
+            rwc.byte_len = (uint32_t)total;
+        } else {
+            rwc.opcode = IBV_WC_RECV;
+            rwc.byte_len = (uint32_t)total;
+            if (op == IBV_WR_SEND_WITH_IMM) {
+                rwc.wc_flags = IBV_WC_WITH_IMM;
+                rwc.imm_data = s->wr.imm_data;
+            }
+        }
+        sv_cq_push(ps, e->recv_cq, &rwc);
+    }
+    *status = IBV_WC_SUCCESS;
+    return DONE;
+}
+
+static void flush_rq(struct sv_qp *q)
+{
+    struct sv_seg *seg = own_seg(q);
+    struct sv_qp_ent *e = &seg->qp[q->idx];
+
+    if (e->srq >= 0)
+        return;     /* an SRQ's requests belong to no single QP */
+    sv_lock(&e->rq.lock);
+    while (e->rq.head != e->rq.tail) {
+        struct ibv_wc wc = {.wr_id = e->rq.wqe[e->rq.head % SV_MAX_WR].wr_id,
+                            .status = IBV_WC_WR_FLUSH_ERR, .opcode = IBV_WC_RECV,
+                            .qp_num = q->ibv.qp_num};
+
+        e->rq.head++;
+        sv_cq_push(seg, e->recv_cq, &wc);
+    }
+    sv_unlock(&e->rq.lock);
+}
+
+void sv_qp_error(struct sv_qp *q)
+{
+    struct sv_seg *seg = own_seg(q);
+
+    q->ibv.state = IBV_QPS_ERR;
+    __atomic_store_n(&seg->qp[q->idx].state, (uint32_t)IBV_QPS_ERR, __ATOMIC_RELEASE);
+    while (q->sq_head != q->sq_tail) {
+        struct sv_swr *s = &q->sq[q->sq_head % q->max_send_wr];
+
+        s->signaled = true;     /* errors always complete */
+        complete(q, s, IBV_WC_WR_FLUSH_ERR);
+        q->sq_head++;
+    }
+    flush_rq(q);
+}
+
+/* A peer may have moved our QP to the error state (a receive too small). */
+static void sync_state(struct sv_qp *q)
+{
+    uint32_t st = __atomic_load_n(&own_seg(q)->qp[q->idx].state, __ATOMIC_ACQUIRE);
+
+    if (st == IBV_QPS_ERR && q->ibv.state != IBV_QPS_ERR)
+        sv_qp_error(q);
+}
+
+/* The receiver's RNR timer: how long it asks a sender to wait. */
+static uint32_t peer_rnr_timer(struct sv_qp *q)
+{
+    uint32_t dest = own_seg(q)->qp[q->idx].dest_qpn;
+
+    return q->peer ? q->peer->seg->qp[dest & (SV_MAX_QP - 1)].min_rnr_timer : 0;
+}
+
+static void progress_qp(struct sv_qp *q, uint64_t now)
+{
+    sync_state(q);
+    while (q->sq_head != q->sq_tail && q->ibv.state != IBV_QPS_ERR) {
+        struct sv_swr *s = &q->sq[q->sq_head % q->max_send_wr];
+        enum ibv_wc_status status;
+
+        int rc;
+
+        if (s->retry_at_ns && now < s->retry_at_ns)
+            return;
+        rc = execute(q, s, &status);
+        if (rc == WAIT_ACK) {
+            /* timeout: 4.096 us << timeout per try (0: for ever), and
+             * retry_cnt tries after the first. */
+            uint64_t per_try = q->timeout ? 4096ull << q->timeout : 0;
+
+            if (!s->first_try_ns)
+                s->first_try_ns = now;
+            if (per_try && now - s->first_try_ns > per_try * (q->retry_cnt + 1)) {
+                s->signaled = true;
+                complete(q, s, IBV_WC_RETRY_EXC_ERR);
+                q->sq_head++;
+                sv_qp_error(q);
+                return;
+            }
+            s->retry_at_ns = now + 10000;
+            return;
+        }
+        if (rc == WAIT_RNR) {
+            /* rnr_retry 7 means for ever. */
+            if (q->rnr_retry != 7 && s->rnr_tries++ >= q->rnr_retry) {
+                s->signaled = true;
+                complete(q, s, IBV_WC_RNR_RETRY_EXC_ERR);
+                q->sq_head++;
+                sv_qp_error(q);
+                return;
+            }
+            s->retry_at_ns = now + rnr_delay_us(peer_rnr_timer(q)) * 1000u;
+            return;
+        }
+        if (status != IBV_WC_SUCCESS)
+            s->signaled = true;
+        complete(q, s, status);
+        q->sq_head++;
+        if (status != IBV_WC_SUCCESS) {
+            sv_qp_error(q);
+            return;
+        }
+    }
+}
+
+void sv_progress(struct sv_context *ctx)
+{
+    uint64_t now = 0;
+
+    for (struct sv_qp *q = ctx->qps; q; q = q->next) {
+        if (q->sq_head == q->sq_tail && q->ibv.state != IBV_QPS_ERR) {
+            sync_state(q);
+            continue;
+        }
+        if (!now)
+            now = now_ns();
+        progress_qp(q, now);
+    }
+}
+
+int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
+{
+    struct sv_qp *q = (struct sv_qp *)(void *)ibqp;
+
+    sync_state(q);
+    for (; wr; wr = wr->next) {
+        struct sv_swr *s;
+        size_t total = 0;
+
+        if (q->ibv.state != IBV_QPS_RTS && q->ibv.state != IBV_QPS_ERR) {
+            *bad = wr;
+            return EINVAL;
+        }
+        if (wr->num_sge < 0 || wr->num_sge > SV_MAX_SGE ||
+            (wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM &&
+             wr->opcode != IBV_WR_RDMA_WRITE && wr->opcode != IBV_WR_RDMA_WRITE_WITH_IMM &&
+             wr->opcode != IBV_WR_RDMA_READ)) {
+            *bad = wr;
+            return EINVAL;
+        }
+        for (int i = 0; i < wr->num_sge; i++)
+            total += wr->sg_list[i].length;
+        if ((wr->send_flags & IBV_SEND_INLINE) &&
+            (total > q->max_inline || wr->opcode == IBV_WR_RDMA_READ)) {
+            *bad = wr;
+            return EINVAL;
+        }
+        if (q->sq_tail - q->sq_head >= q->max_send_wr) {
+            *bad = wr;
+            return ENOMEM;
+        }
+        s = &q->sq[q->sq_tail % q->max_send_wr];
+        memset(s, 0, offsetof(struct sv_swr, inline_data));
+        s->wr = *wr;
+        s->wr.next = NULL;
+        s->wr.sg_list = s->sge;
+        memcpy(s->sge, wr->sg_list, (size_t)wr->num_sge * sizeof(*s->sge));
+        s->signaled = q->sq_sig_all || (wr->send_flags & IBV_SEND_SIGNALED);
+        if (wr->send_flags & IBV_SEND_INLINE) {
+            size_t off = 0;
+
+            for (int i = 0; i < wr->num_sge; i++) {
+                memcpy(s->inline_data + off, (void *)(uintptr_t)wr->sg_list[i].addr,
+                       wr->sg_list[i].length);
+                off += wr->sg_list[i].length;
+            }
+        }
+        q->sq_tail++;
+        if (q->ibv.state == IBV_QPS_ERR)
+            sv_qp_error(q);     /* flushed at once */
+    }
+    progress_qp(q, now_ns());
+    return 0;
+}
+
+static int post_rq(struct sv_rq *rq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
+{
+    int rc = 0;
+
+    sv_lock(&rq->lock);
+    for (; wr; wr = wr->next) {
+        struct sv_wqe *w;
+
+        if (wr->num_sge < 0 || wr->num_sge > SV_MAX_SGE) {
+            rc = EINVAL;
+            break;
+        }
+        if (rq->tail - rq->head >= rq->depth) {
+            rc = ENOMEM;
+            break;
+        }
+        w = &rq->wqe[rq->tail % SV_MAX_WR];
+        w->wr_id = wr->wr_id;
+        w->num_sge = (uint32_t)wr->num_sge;
+        memcpy(w->sge, wr->sg_list, (size_t)wr->num_sge * sizeof(*w->sge));
+        rq->tail++;
+    }
+    sv_unlock(&rq->lock);
+    if (rc)
+        *bad = wr;
+    return rc;
+}
+
+int sv_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
+{
+    struct sv_qp *q = (struct sv_qp *)(void *)ibqp;
+    struct sv_qp_ent *e = &own_seg(q)->qp[q->idx];
+    int rc;
+
+    sync_state(q);
+    if (e->srq >= 0 || q->ibv.state == IBV_QPS_RESET) {
+        *bad = wr;
+        return EINVAL;
+    }
+    rc = post_rq(&e->rq, wr, bad);
+    if (q->ibv.state == IBV_QPS_ERR)
+        flush_rq(q);
+    return rc;
+}
+
+int sv_post_srq_recv(struct ibv_srq *ibsrq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
+{
+    struct sv_srq *s = (struct sv_srq *)(void *)ibsrq;
+
+    return post_rq(&sv_ctx(ibsrq->context)->seg->srq[s->idx].rq, wr, bad);
+}
+
+int sv_poll_cq(struct ibv_cq *ibcq, int n, struct ibv_wc *wc)
+{
+    struct sv_cq_h *h = (struct sv_cq_h *)(void *)ibcq;
+    struct sv_context *ctx = sv_ctx(ibcq->context);
+    struct sv_cq *cq = &ctx->seg->cq[h->idx];
+    int got = 0;
+
+    sv_progress(ctx);
+    sv_lock(&cq->lock);
+    while (got < n && cq->head != cq->tail) {
+        wc[got++] = cq->wc[cq->head % SV_MAX_CQE];
+        cq->head++;
+    }
+    if (!got && cq->overrun)
+        got = -1;
+    sv_unlock(&cq->lock);
+    return got;
+}
+
+int sv_req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
+{
+    struct sv_cq_h *h = (struct sv_cq_h *)(void *)ibcq;
+    struct sv_cq *cq = &sv_ctx(ibcq->context)->seg->cq[h->idx];
+
+    sv_lock(&cq->lock);
+    cq->armed = 1;
+    sv_unlock(&cq->lock);
+    return 0;
+}

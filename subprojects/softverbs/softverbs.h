@@ -1,0 +1,67 @@
+/* softverbs: a user-space stand-in for an RDMA NIC, for machines without one.
+ *
+ * It implements the part of libibverbs that tern uses, on rdma-core's own
+ * types (<infiniband/verbs.h>), with reliable-connected semantics between
+ * processes of one host:
+ *
+ * - the data path is rdma-core's: ibv_post_send, ibv_post_recv,
+ *   ibv_post_srq_recv, ibv_poll_cq and ibv_req_notify_cq are rdma-core's
+ *   inline functions, which call through the context's ops table that
+ *   softverbs fills in;
+ * - set-up is called through sv_* functions with the signatures of their
+ *   ibv_* namesakes, so a caller picks real verbs or softverbs with one
+ *   table of function pointers and runs the same code on both;
+ * - one-sided WRITE and READ land in or come from the peer's registered
+ *   memory without the peer's CPU (process_vm_writev/readv from the
+ *   initiator, after an rkey and bounds check against the peer's memory
+ *   region table); SEND and WRITE_WITH_IMM consume a receive request of the
+ *   peer's QP or SRQ and complete on the peer's CQ;
+ * - errors are the ones a NIC reports: a bad rkey or range is
+ *   IBV_WC_REM_ACCESS_ERR, a bad lkey IBV_WC_LOC_PROT_ERR, a receive too
+ *   small IBV_WC_REM_INV_REQ_ERR (and IBV_WC_LOC_LEN_ERR at the receiver),
+ *   no receive posted is retried as RNR and ends in
+ *   IBV_WC_RNR_RETRY_EXC_ERR, a dead or unconnected peer is
+ *   IBV_WC_RETRY_EXC_ERR; the QP then moves to IBV_QPS_ERR and what is
+ *   posted after completes with IBV_WC_WR_FLUSH_ERR.
+ *
+ * A process's device state (memory regions, receive queues, CQs) lives in a
+ * shared-memory segment /dev/shm/softverbs.PID that peers map; its GID names
+ * the process (PID and a random incarnation), so QPs connect as on RoCE:
+ * IBV_QP_AV with a global route to the peer's GID and its QP number.
+ */
+#ifndef SOFTVERBS_H
+#define SOFTVERBS_H
+
+#include <infiniband/verbs.h>
+
+struct ibv_device **sv_get_device_list(int *num_devices);
+void sv_free_device_list(struct ibv_device **list);
+const char *sv_get_device_name(struct ibv_device *device);
+struct ibv_context *sv_open_device(struct ibv_device *device);
+int sv_close_device(struct ibv_context *context);
+int sv_query_device(struct ibv_context *context, struct ibv_device_attr *attr);
+int sv_query_port(struct ibv_context *context, uint8_t port_num, struct ibv_port_attr *attr);
+int sv_query_gid(struct ibv_context *context, uint8_t port_num, int index, union ibv_gid *gid);
+
+struct ibv_pd *sv_alloc_pd(struct ibv_context *context);
+int sv_dealloc_pd(struct ibv_pd *pd);
+struct ibv_mr *sv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access);
+int sv_dereg_mr(struct ibv_mr *mr);
+
+struct ibv_comp_channel *sv_create_comp_channel(struct ibv_context *context);
+int sv_destroy_comp_channel(struct ibv_comp_channel *channel);
+struct ibv_cq *sv_create_cq(struct ibv_context *context, int cqe, void *cq_context,
+                            struct ibv_comp_channel *channel, int comp_vector);
+int sv_destroy_cq(struct ibv_cq *cq);
+int sv_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq, void **cq_context);
+void sv_ack_cq_events(struct ibv_cq *cq, unsigned int nevents);
+
+struct ibv_srq *sv_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr);
+int sv_destroy_srq(struct ibv_srq *srq);
+struct ibv_qp *sv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr);
+int sv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask);
+int sv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask,
+                struct ibv_qp_init_attr *init_attr);
+int sv_destroy_qp(struct ibv_qp *qp);
+
+#endif

@@ -1,0 +1,206 @@
+/* softverbs internals: the shared segment every process exposes to its
+ * peers (node.c), the objects behind the ibv_* handles (verbs.c) and the
+ * data path (post.c). */
+#ifndef SV_H
+#define SV_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "softverbs.h"
+
+#define SV_MAGIC 0x73766e31u        /* "svn1" */
+#define SV_MAX_MR 1024
+#define SV_MAX_QP 256
+#define SV_MAX_SRQ 64
+#define SV_MAX_CQ 64
+#define SV_MAX_SGE 4
+#define SV_MAX_WR 1024              /* per receive queue and per send queue */
+#define SV_MAX_CQE 4096
+#define SV_MAX_INLINE 256
+#define SV_MAX_MSG (1u << 30)       /* what the port reports as max_msg_sz */
+
+/* Keys and QP numbers: the table index in the low bits, a generation above
+ * it, so that a stale key or QP number never reaches a reused slot. */
+#define SV_MR_BITS 10
+#define SV_QP_BITS 8
+
+/* A receive work request, as a peer reads it to deliver a SEND. */
+struct sv_wqe {
+    uint64_t wr_id;
+    uint32_t num_sge;
+    struct ibv_sge sge[SV_MAX_SGE];
+};
+
+/* A receive queue (of a QP or an SRQ), filled by its owner, drained by the
+ * peers that send to it. */
+struct sv_rq {
+    pthread_mutex_t lock;           /* process-shared, robust */
+    uint32_t head, tail;            /* tail: next to post; head: next to take */
+    uint32_t depth;
+    struct sv_wqe wqe[SV_MAX_WR];
+};
+
+/* A completion queue: written by its owner (send completions) and by peers
+ * (receive completions), read by its owner. */
+struct sv_cq {
+    pthread_mutex_t lock;
+    uint32_t in_use, gen;
+    uint32_t head, tail, depth;
+    uint32_t armed;                 /* ibv_req_notify_cq was called */
+    uint32_t overrun;               /* a CQE was lost: the CQ is in error */
+    int32_t channel;                /* completion channel index, or -1 */
+    struct ibv_wc wc[SV_MAX_CQE];
+};
+
+struct sv_mr_ent {
+    uint32_t key;                   /* 0: free */
+    uint32_t access;
+    uint64_t addr, len;
+    uint32_t pd;
+};
+
+/* What a peer needs to know of one of our QPs. */
+struct sv_qp_ent {
+    uint32_t qpn;                   /* 0: free */
+    uint32_t state;                 /* enum ibv_qp_state */
+    uint32_t pd;
+    uint32_t recv_cq;               /* CQ index */
+    int32_t srq;                    /* SRQ index, or -1: the QP's own rq */
+    uint32_t min_rnr_timer;
+    union ibv_gid dgid;             /* the peer it is connected to */
+    uint32_t dest_qpn;
+    struct sv_rq rq;
+};
+
+struct sv_srq_ent {
+    uint32_t in_use;
+    uint32_t pd;
+    struct sv_rq rq;
+};
+
+/* The segment: /dev/shm/softverbs.PID. */
+struct sv_seg {
+    uint32_t magic, version;
+    pid_t pid;
+    uint64_t incarnation;
+    pthread_mutex_t mr_lock;        /* held across a remote access: a
+                                     * deregistration waits for it */
+    struct sv_mr_ent mr[SV_MAX_MR];
+    struct sv_qp_ent qp[SV_MAX_QP];
+    struct sv_srq_ent srq[SV_MAX_SRQ];
+    struct sv_cq cq[SV_MAX_CQ];
+};
+
+/* A peer's segment, mapped once per context. */
+struct sv_peer {
+    struct sv_peer *next;
+    union ibv_gid gid;
+    struct sv_seg *seg;
+};
+
+/* ---- node.c ---- */
+
+/* Map (creating) this process's segment; NULL with errno on failure. */
+struct sv_seg *sv_seg_create(void);
+void sv_seg_destroy(struct sv_seg *seg);
+/* Map the segment of the process that `gid` names; NULL if it is gone. */
+struct sv_seg *sv_seg_attach(const union ibv_gid *gid);
+void sv_seg_detach(struct sv_seg *seg);
+/* The GID that names a segment's process. */
+void sv_seg_gid(const struct sv_seg *seg, union ibv_gid *gid);
+/* True while the process behind `seg` lives. */
+bool sv_seg_alive(const struct sv_seg *seg);
+/* Lock a process-shared mutex, recovering it from a dead owner. */
+void sv_lock(pthread_mutex_t *m);
+void sv_unlock(pthread_mutex_t *m);
+int sv_mutex_init(pthread_mutex_t *m);
+
+/* ---- verbs.c: the objects behind the handles ---- */
+
+struct sv_context {
+    struct ibv_context ibv;
+    struct sv_seg *seg;
+    struct sv_peer *peers;
+    struct sv_qp *qps;              /* every QP, for send progress */
+    struct sv_cq_h *cqs[SV_MAX_CQ];
+    struct sv_channel *channels[SV_MAX_CQ];
+};
+
+struct sv_pd {
+    struct ibv_pd ibv;
+    uint32_t id;
+};
+
+struct sv_mr {
+    struct ibv_mr ibv;
+    uint32_t idx;
+};
+
+struct sv_cq_h {
+    struct ibv_cq ibv;
+    uint32_t idx;
+};
+
+struct sv_channel {
+    struct ibv_comp_channel ibv;
+    uint32_t idx;
+    uint32_t events;                /* delivered, not yet acknowledged */
+};
+
+struct sv_srq {
+    struct ibv_srq ibv;
+    uint32_t idx;
+};
+
+/* A posted send, waiting for the peer (RNR) or for its turn. */
+struct sv_swr {
+    struct ibv_send_wr wr;
+    struct ibv_sge sge[SV_MAX_SGE];
+    bool signaled;
+    unsigned rnr_tries;
+    uint64_t retry_at_ns;
+    uint64_t first_try_ns;          /* transport retries began */
+    uint8_t inline_data[SV_MAX_INLINE];     /* last: not cleared per post */
+};
+
+struct sv_qp {
+    struct ibv_qp ibv;
+    struct sv_qp *next;             /* the context's QPs */
+    uint32_t idx;
+    bool sq_sig_all;
+    uint32_t send_cq;               /* CQ index */
+    uint32_t max_send_wr, max_inline;
+    uint32_t rnr_retry, retry_cnt, timeout;
+    struct sv_peer *peer;           /* set at RTR */
+    struct sv_swr *sq;              /* ring of pending sends */
+    uint32_t sq_head, sq_tail;
+};
+
+static inline struct sv_context *sv_ctx(struct ibv_context *c)
+{
+    return (struct sv_context *)(void *)c;
+}
+
+/* The peer named by `gid`, mapped and cached on the context. */
+struct sv_peer *sv_peer_get(struct sv_context *ctx, const union ibv_gid *gid);
+
+/* Push a completion onto CQ `idx` of `seg` (ours or a peer's) and ring its
+ * channel if armed. False if the CQ overran. */
+bool sv_cq_push(struct sv_seg *seg, uint32_t idx, const struct ibv_wc *wc);
+
+/* ---- post.c: the data path (installed in the context's ops) ---- */
+
+int sv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
+int sv_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
+int sv_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
+int sv_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc);
+int sv_req_notify_cq(struct ibv_cq *cq, int solicited_only);
+/* Move a QP to the error state: pending sends complete as flushed. */
+void sv_qp_error(struct sv_qp *qp);
+/* Work on pending sends of every QP of the context (RNR retries). */
+void sv_progress(struct sv_context *ctx);
+
+#endif

@@ -124,6 +124,16 @@ static void setup_service_and_shm(struct tern_rpc_ep *ep)
         _exit(6);
 }
 
+/* The service, plus a listener on an emulated NTB device (auto://). */
+static char ntb_dev[64];
+
+static void setup_service_and_ntb(struct tern_rpc_ep *ep)
+{
+    setup_service(ep);
+    if (tern_rpc_listen(ep, ntb_dev, NULL, 0) < 0)
+        _exit(6);
+}
+
 /* The fabrics the loop tests below run on. */
 static const char *const listen_uris[] = {"tcp://127.0.0.1:0", "shm://auto"};
 #define N_LISTEN_URIS ((int)(sizeof(listen_uris) / sizeof(listen_uris[0])))
@@ -731,6 +741,36 @@ START_TEST(auto_picks_shm_on_same_host)
 }
 END_TEST
 
+/* An emulated NTB device on this host is a way in too: auto:// takes it
+ * when the policy puts ntb first. */
+START_TEST(auto_takes_ntb_by_policy)
+{
+    struct tern_rpc_config ntb_first = {.fabrics = "ntb,tcp"};
+    struct tern_session *s;
+    struct tern_rpc_ep *ep;
+    char auto_uri[160];
+    int rc;
+
+    snprintf(ntb_dev, sizeof(ntb_dev), "ntb://emu:auto-%d", (int)getpid());
+    if (!registered_kill) {
+        atexit(kill_server_at_exit);
+        registered_kill = true;
+    }
+    server_pid = spawn_rpc_server_at(setup_service_and_ntb, NULL, "tcp://127.0.0.1:0", uri,
+                                     sizeof(uri));
+    ck_assert_int_gt(server_pid, 0);
+    snprintf(auto_uri, sizeof(auto_uri), "auto://%s", uri + strlen("tcp://"));
+    ck_assert_int_eq(tern_rpc_ep_create(&ntb_first, &ep), 0);
+    rc = tern_rpc_connect(ep, auto_uri, 5 * SEC, &s);
+    ck_assert_msg(rc == 0, "auto connect: %s", tern_strerror(rc));
+    ck_assert_str_eq(tern_session_fabric(s), "ntb");
+    assert_echo(s, 100);
+    assert_echo(s, 300000);
+    tern_rpc_ep_destroy(ep);
+    finish_server();
+}
+END_TEST
+
 struct counted {
     unsigned done, bad;
     int status;
@@ -802,6 +842,7 @@ Suite *suite_rpc_procs(void)
     tcase_add_test(tc, slow_call_within_deadline);
     tcase_add_loop_test(tc, server_killed_mid_call, 0, N_LISTEN_URIS);
     tcase_add_test(tc, auto_picks_shm_on_same_host);
+    tcase_add_test(tc, auto_takes_ntb_by_policy);
     tcase_add_test(tc, failover_loses_no_call_and_runs_none_twice);
     tcase_add_test(tc, server_killed_calls_queued);
     tcase_add_test(tc, many_client_processes);

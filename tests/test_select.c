@@ -41,6 +41,23 @@ START_TEST(shm_only_on_the_same_node)
 }
 END_TEST
 
+/* An emulated NTB device is reachable on its own host, below shm; a
+ * hardware NTB address is not guessed at. */
+START_TEST(ntb_emulated_on_the_same_node)
+{
+    char ads[512], uri[128];
+
+    node();
+    snprintf(ads, sizeof(ads), "ntb://emu:rack/2@%s;shm://srv@%s", me, me);
+    ck_assert_int_eq(tern_tp_select(ads, NULL, uri, sizeof(uri)), 0);
+    ck_assert_str_eq(uri, "shm://srv");
+    ck_assert_int_eq(tern_tp_select(ads, "ntb,shm", uri, sizeof(uri)), 0);
+    ck_assert_str_eq(uri, "ntb://emu:rack/2");
+    snprintf(ads, sizeof(ads), "ntb://emu:rack@other.1;ntb://hw/0@%s", me);
+    ck_assert_int_eq(tern_tp_select(ads, NULL, uri, sizeof(uri)), TERN_ENOENT);
+}
+END_TEST
+
 START_TEST(policy_filters_and_orders)
 {
     char ads[512], uri[128];
@@ -78,6 +95,7 @@ Suite *suite_select(void)
 
     tcase_add_test(tc, node_id_is_stable);
     tcase_add_test(tc, shm_only_on_the_same_node);
+    tcase_add_test(tc, ntb_emulated_on_the_same_node);
     tcase_add_test(tc, policy_filters_and_orders);
     tcase_add_test(tc, malformed_ads_are_ignored);
     suite_add_tcase(s, tc);

@@ -74,11 +74,15 @@ static int policy_pos(const char *policy, const char *fabric, size_t fl)
 static bool reachable(const char *fabric, size_t fl, const char *node)
 {
     char me[128];
+    bool same_node = node && tern_tp_node_id(me, sizeof(me)) == 0 && strcmp(me, node) == 0;
 
     if (fl == 3 && strncmp(fabric, "shm", 3) == 0)
-        return node && tern_tp_node_id(me, sizeof(me)) == 0 && strcmp(me, node) == 0;
-    /* ntb and rdma reach only where their hardware is; they join when their
-     * connection layers do. */
+        return same_node;
+    /* An emulated NTB device is a file of this host. A hardware link joins
+     * two hosts that only their cabling knows of: it is taken when a
+     * policy names it, not guessed. rdma joins with its fabric. */
+    if (fl == 3 && strncmp(fabric, "ntb", 3) == 0)
+        return same_node && strncmp(fabric + fl, "://emu:", 7) == 0;
     return false;
 }
 

@@ -127,6 +127,22 @@ static void child_side(const char *dev)
     }
 }
 
+/* Fork a child_side() and see its connection arrive and say "hi". */
+static pid_t child_connected(struct tern_tp_ep *b, const char *dev)
+{
+    struct tern_tp_event ev;
+    pid_t pid = fork();
+
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0)
+        child_side(dev);
+    want(b, NULL, TERN_TP_EV_ACCEPTED, 5000);
+    ev = want(b, NULL, TERN_TP_EV_RECV, 5000);
+    ck_assert_str_eq(ev.data, "hi");
+    tern_tp_msg_release(ev.conn, ev.data);
+    return pid;
+}
+
 START_TEST(dead_peer_found_by_heartbeat)
 {
     struct tern_tp_ep *b;
@@ -139,15 +155,8 @@ START_TEST(dead_peer_found_by_heartbeat)
     dev_name(dev, sizeof(dev), "dead");
     ck_assert_int_eq(tern_tp_listen(b, dev, NULL, 0), 0);
     for (int round = 0; round < 2; round++) {
-        pid_t pid = fork();
+        pid_t pid = child_connected(b, dev);
 
-        ck_assert_int_ge(pid, 0);
-        if (pid == 0)
-            child_side(dev);
-        want(b, NULL, TERN_TP_EV_ACCEPTED, 5000);
-        ev = want(b, NULL, TERN_TP_EV_RECV, 5000);
-        ck_assert_str_eq(ev.data, "hi");
-        tern_tp_msg_release(ev.conn, ev.data);
         /* SIGSTOP: a peer that is still there but silent (its side stays
          * claimed, the link stays up) is declared dead by its heartbeat. */
         kill(pid, SIGSTOP);
@@ -177,15 +186,8 @@ START_TEST(killed_peer_is_link_down)
     dev_name(dev, sizeof(dev), "down");
     ck_assert_int_eq(tern_tp_listen(b, dev, NULL, 0), 0);
     for (int round = 0; round < 2; round++) {
-        pid_t pid = fork();
+        pid_t pid = child_connected(b, dev);
 
-        ck_assert_int_ge(pid, 0);
-        if (pid == 0)
-            child_side(dev);
-        want(b, NULL, TERN_TP_EV_ACCEPTED, 5000);
-        ev = want(b, NULL, TERN_TP_EV_RECV, 5000);
-        ck_assert_str_eq(ev.data, "hi");
-        tern_tp_msg_release(ev.conn, ev.data);
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
         /* Without the link status this waits for the minute-long deadline. */

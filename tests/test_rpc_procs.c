@@ -155,17 +155,24 @@ static void start_server(const struct tern_rpc_config *cfg)
     start_server_at(cfg, listen_uris[0]);
 }
 
-/* A server on TCP that also listens on shm, and the auto:// URI to it. */
-static void start_auto_server(char *auto_uri, size_t len)
+/* A server on TCP that also listens where `setup` says, and the auto://
+ * URI to it. */
+static void start_auto_server_with(void (*setup)(struct tern_rpc_ep *), char *auto_uri,
+                                   size_t len)
 {
     if (!registered_kill) {
         atexit(kill_server_at_exit);
         registered_kill = true;
     }
-    server_pid = spawn_rpc_server_at(setup_service_and_shm, NULL, "tcp://127.0.0.1:0", uri,
-                                     sizeof(uri));
+    server_pid = spawn_rpc_server_at(setup, NULL, "tcp://127.0.0.1:0", uri, sizeof(uri));
     ck_assert_int_gt(server_pid, 0);
     snprintf(auto_uri, len, "auto://%s", uri + strlen("tcp://"));
+}
+
+/* ... that also listens on shm. */
+static void start_auto_server(char *auto_uri, size_t len)
+{
+    start_auto_server_with(setup_service_and_shm, auto_uri, len);
 }
 
 /* SIGTERM: the server must stop and exit cleanly. */
@@ -752,14 +759,7 @@ START_TEST(auto_takes_ntb_by_policy)
     int rc;
 
     snprintf(ntb_dev, sizeof(ntb_dev), "ntb://emu:auto-%d", (int)getpid());
-    if (!registered_kill) {
-        atexit(kill_server_at_exit);
-        registered_kill = true;
-    }
-    server_pid = spawn_rpc_server_at(setup_service_and_ntb, NULL, "tcp://127.0.0.1:0", uri,
-                                     sizeof(uri));
-    ck_assert_int_gt(server_pid, 0);
-    snprintf(auto_uri, sizeof(auto_uri), "auto://%s", uri + strlen("tcp://"));
+    start_auto_server_with(setup_service_and_ntb, auto_uri, sizeof(auto_uri));
     ck_assert_int_eq(tern_rpc_ep_create(&ntb_first, &ep), 0);
     rc = tern_rpc_connect(ep, auto_uri, 5 * SEC, &s);
     ck_assert_msg(rc == 0, "auto connect: %s", tern_strerror(rc));

@@ -228,6 +228,19 @@ static pid_t peer_start(int *fd, struct card *peer_card, bool srq, int recvs, ui
     return pid;
 }
 
+/* Have the peer wait for its next completion: it, and the first 64 bytes
+ * of the receive buffer it names. */
+static struct ibv_wc peer_wait(int fd, uint8_t data[64])
+{
+    struct ibv_wc wc;
+    char cmd = 'w';
+
+    xfer(fd, &cmd, 1, true);
+    xfer(fd, &wc, sizeof(wc), false);
+    xfer(fd, data, 64, false);
+    return wc;
+}
+
 static void peer_stop(int fd, pid_t pid)
 {
     char q = 'q';
@@ -309,16 +322,13 @@ START_TEST(sends_consume_receives_in_order)
     for (int i = 0; i < 3; i++) {
         struct ibv_wc wc;
         uint8_t data[64];
-        char cmd = 'w';
 
         memset(n.buf, 'a' + i, 100);
         ck_assert_int_eq(post(n.qp, ops[i], &n, 0, 100, &peer, 8192, peer.rkey, 10 + (uint64_t)i), 0);
         wc = wait_wc(n.cq);
         ck_assert_int_eq(wc.status, IBV_WC_SUCCESS);
         ck_assert_uint_eq(wc.wr_id, 10 + (uint64_t)i);
-        xfer(fd, &cmd, 1, true);
-        xfer(fd, &wc, sizeof(wc), false);
-        xfer(fd, data, sizeof(data), false);
+        wc = peer_wait(fd, data);
         ck_assert_int_eq(wc.status, IBV_WC_SUCCESS);
         ck_assert_int_eq(wc.opcode, want[i]);
         ck_assert_uint_eq(wc.wr_id, 100 + (uint64_t)i);
@@ -436,16 +446,13 @@ START_TEST(receive_too_small)
     pid_t pid = peer_start(&fd, &peer, false, 1, 32, 7);
     struct node n;
     struct ibv_wc wc;
-    char cmd = 'w';
     uint8_t data[64];
 
     local_start(&n, fd, &peer, 7);
     ck_assert_int_eq(post(n.qp, IBV_WR_SEND, &n, 0, 64, &peer, 0, 0, 1), 0);
     wc = wait_wc(n.cq);
     ck_assert_int_eq(wc.status, IBV_WC_REM_INV_REQ_ERR);
-    xfer(fd, &cmd, 1, true);
-    xfer(fd, &wc, sizeof(wc), false);
-    xfer(fd, data, sizeof(data), false);
+    wc = peer_wait(fd, data);
     ck_assert_int_eq(wc.status, IBV_WC_LOC_LEN_ERR);
     peer_stop(fd, pid);
     node_close(&n);
@@ -460,7 +467,6 @@ START_TEST(srq_serves_sends)
     pid_t pid = peer_start(&fd, &peer, true, 2, 1024, 7);
     struct node n;
     struct ibv_wc wc;
-    char cmd = 'w';
     uint8_t data[64];
 
     local_start(&n, fd, &peer, 7);
@@ -468,9 +474,7 @@ START_TEST(srq_serves_sends)
         memset(n.buf, 'x' + i, 64);
         ck_assert_int_eq(post(n.qp, IBV_WR_SEND, &n, 0, 64, &peer, 0, 0, 1), 0);
         ck_assert_int_eq(wait_wc(n.cq).status, IBV_WC_SUCCESS);
-        xfer(fd, &cmd, 1, true);
-        xfer(fd, &wc, sizeof(wc), false);
-        xfer(fd, data, sizeof(data), false);
+        wc = peer_wait(fd, data);
         ck_assert_int_eq(wc.status, IBV_WC_SUCCESS);
         ck_assert_uint_eq(wc.wr_id, 100 + (uint64_t)i);
         ck_assert_int_eq(data[0], 'x' + i);

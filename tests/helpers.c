@@ -8,13 +8,35 @@
 #include <unistd.h>
 
 #include "helpers.h"
+#include "tern_config.h"
+
+static char rdma_listen[80] = "127.0.0.1:0", rdma_refused[80] = "127.0.0.1:1";
+
+const char *test_rdma_ip(void)
+{
+    const char *ip = getenv("TERN_TEST_RDMA_IP");
+
+    return ip && *ip ? ip : "127.0.0.1";
+}
+
+__attribute__((constructor)) static void rdma_addresses(void)
+{
+    snprintf(rdma_listen, sizeof(rdma_listen), "%s:0", test_rdma_ip());
+    snprintf(rdma_refused, sizeof(rdma_refused), "%s:1", test_rdma_ip());
+}
 
 const struct fabric_case fabric_cases[] = {
-    {"tcp", "127.0.0.1:0", "127.0.0.1:1", "no-port-here"},
-    {"shm", "auto", "nobody-listens-here", "bad name!"},
+    {"tcp", "127.0.0.1:0", "127.0.0.1:1", "no-port-here", false},
+    {"shm", "auto", "nobody-listens-here", "bad name!", false},
     /* An emulated NTB device (a shared-memory file with both windows): the
      * same link rules as on PCIe, runnable anywhere. */
-    {"ntb", "emu:auto", "emu:nobody-attached", "emu:bad name!"},
+    {"ntb", "emu:auto", "emu:nobody-attached", "emu:bad name!", false},
+#if TERN_HAVE_RDMA
+    /* RDMA verbs: a NIC if the host has one, else softverbs (the tests
+     * then run the fabric's code against the emulated NIC). On a NIC the
+     * address must be one of its own: TERN_TEST_RDMA_IP. */
+    {"rdma", rdma_listen, rdma_refused, "no-port-here", true},
+#endif
 };
 const int n_fabric_cases = sizeof(fabric_cases) / sizeof(fabric_cases[0]);
 

@@ -15,10 +15,16 @@ struct fabric_case {
     const char *listen;     /* address to listen on (any free port/name) */
     const char *refused;    /* an address nobody listens on */
     const char *bad;        /* an address the fabric cannot parse */
+    bool key_errors_close;  /* a wrong remote key breaks the connection, as
+                             * the NIC breaks its queue pair (rdma) */
 };
 
 extern const struct fabric_case fabric_cases[];
 extern const int n_fabric_cases;
+
+/* The address rdma tests listen on: TERN_TEST_RDMA_IP (an address of
+ * the NIC's netdev, e.g. for soft-RoCE), else 127.0.0.1 (softverbs). */
+const char *test_rdma_ip(void);
 
 /* Open an endpoint with small buffers unless max_msg says otherwise. */
 struct tern_tp_ep *tp_open(const char *fabric, size_t max_msg);

@@ -31,6 +31,7 @@ static const struct {
     {"shm_direct", suite_shm_direct},
 #if TERN_HAVE_RDMA
     {"softverbs", suite_softverbs},
+    {"rdma", suite_rdma},
 #endif
 };
 

@@ -17,5 +17,6 @@ Suite *suite_select(void);
 Suite *suite_shm(void);
 Suite *suite_shm_direct(void);
 Suite *suite_softverbs(void);   /* built with rdma-core's headers only */
+Suite *suite_rdma(void);
 
 #endif

@@ -430,23 +430,18 @@ START_TEST(ordered_put_then_get_stream)
 }
 END_TEST
 
-/* Every access a NIC would refuse completes with TERN_EREMACCESS, touches
- * nothing, and leaves the connection usable. */
-START_TEST(remote_access_errors)
+/* Accesses outside what the remote key grants (past the end, straddling
+ * it, an offset that wraps, a put into a read-only region) complete with
+ * TERN_EREMACCESS, touch nothing, and leave the connection usable. */
+START_TEST(remote_range_and_rights_errors)
 {
     struct onesided o;
-    struct tern_tp_rkey bad;
     struct tern_tp_mr *ro_mr;
     struct tern_tp_rkey ro;
     static uint8_t ro_mem[256];
 
     onesided_open(&o, FC, TERN_TP_ACCESS_REMOTE_READ | TERN_TP_ACCESS_REMOTE_WRITE);
     fill_pattern(o.local_mem, 4096, 9);     /* gets land above 4096 */
-    bad = o.rkey;
-    bad.key ^= 0x100000;
-    ck_assert_int_eq(onesided_op(&o, true, 0, 16, &bad, 0, 1), TERN_EREMACCESS);
-    ck_assert_int_eq(onesided_op(&o, false, 4096, 16, &bad, 0, 2), TERN_EREMACCESS);
-    /* Past the end, straddling the end, and an offset that wraps around. */
     ck_assert_int_eq(onesided_op(&o, true, 0, 16, &o.rkey, 8192, 3), TERN_EREMACCESS);
     ck_assert_int_eq(onesided_op(&o, true, 0, 16, &o.rkey, 8180, 4), TERN_EREMACCESS);
     ck_assert_int_eq(onesided_op(&o, false, 4096, 16, &o.rkey, UINT64_MAX - 4, 5),
@@ -460,10 +455,64 @@ START_TEST(remote_access_errors)
     ck_assert_int_eq(onesided_op(&o, true, 0, 16, &ro, 0, 6), TERN_EREMACCESS);
     ck_assert_uint_eq(ro_mem[0], 0);
     ck_assert_int_eq(onesided_op(&o, false, 4096, 16, &ro, 0, 7), 0);
-    /* A deregistered region is gone for good. */
-    ck_assert_int_eq(tern_tp_mr_dereg(ro_mr), 0);
-    ck_assert_int_eq(onesided_op(&o, false, 4096, 16, &ro, 0, 8), TERN_EREMACCESS);
     /* And the connection still works. */
+    ck_assert_int_eq(onesided_op(&o, true, 0, 16, &o.rkey, 0, 9), 0);
+    ck_assert(check_pattern(o.remote_mem, 16, 9));
+    tp_pair_close(&o.p);
+}
+END_TEST
+
+/* After a refused key the NIC breaks the queue pair: the operation fails
+ * with TERN_EREMACCESS, then the connection closes with that status. */
+static void expect_key_error_close(struct onesided *o, uint64_t token)
+{
+    struct tern_tp_event ev;
+
+    ck_assert(tp_next2(o->p.a, o->p.b, &ev, 5000));
+    ck_assert_int_eq(ev.type, TERN_TP_EV_CLOSED);
+    ck_assert_ptr_eq(ev.conn, o->p.client);
+    ck_assert_int_eq(ev.status, TERN_EREMACCESS);
+    ck_assert_int_eq(tern_tp_get(o->p.client, o->lmr, 0, 16, &o->rkey, 0, token),
+                     TERN_ENOTCONN);
+    tp_pair_close(&o->p);
+}
+
+/* A wrong key, and the key of a region deregistered since, complete with
+ * TERN_EREMACCESS and touch nothing. Fabrics that check keys in software
+ * keep the connection; on a NIC it closes (and a new one works). */
+START_TEST(remote_key_errors)
+{
+    struct onesided o;
+    struct tern_tp_rkey bad;
+    struct tern_tp_mr *gone_mr;
+    struct tern_tp_rkey gone;
+    static uint8_t gone_mem[256];
+
+    onesided_open(&o, FC, TERN_TP_ACCESS_REMOTE_READ | TERN_TP_ACCESS_REMOTE_WRITE);
+    fill_pattern(o.local_mem, 4096, 9);
+    bad = o.rkey;
+    bad.key ^= 0x100000;
+    ck_assert_int_eq(onesided_op(&o, true, 0, 16, &bad, 0, 1), TERN_EREMACCESS);
+    for (size_t i = 0; i < sizeof(o.remote_mem); i++)
+        ck_assert_uint_eq(o.remote_mem[i], 0);
+    if (FC->key_errors_close) {
+        expect_key_error_close(&o, 2);
+        onesided_open(&o, FC, TERN_TP_ACCESS_REMOTE_READ | TERN_TP_ACCESS_REMOTE_WRITE);
+        fill_pattern(o.local_mem, 4096, 9);
+    } else {
+        ck_assert_int_eq(onesided_op(&o, false, 4096, 16, &bad, 0, 2), TERN_EREMACCESS);
+    }
+    /* A deregistered region is gone for good. */
+    ck_assert_int_eq(tern_tp_mr_reg(o.p.b, gone_mem, sizeof(gone_mem),
+                                    TERN_TP_ACCESS_REMOTE_READ, &gone_mr), 0);
+    gone = tern_tp_mr_rkey(gone_mr);
+    ck_assert_int_eq(onesided_op(&o, false, 4096, 16, &gone, 0, 7), 0);
+    ck_assert_int_eq(tern_tp_mr_dereg(gone_mr), 0);
+    ck_assert_int_eq(onesided_op(&o, false, 4096, 16, &gone, 0, 8), TERN_EREMACCESS);
+    if (FC->key_errors_close) {
+        expect_key_error_close(&o, 9);
+        return;
+    }
     ck_assert_int_eq(onesided_op(&o, true, 0, 16, &o.rkey, 0, 9), 0);
     ck_assert(check_pattern(o.remote_mem, 16, 9));
     tp_pair_close(&o.p);
@@ -950,7 +999,8 @@ Suite *suite_conformance(void)
     tcase_add_loop_test(tc, put_get_many_in_flight, 0, n_fabric_cases);
     tcase_add_loop_test(tc, allocated_regions, 0, n_fabric_cases);
     tcase_add_loop_test(tc, ordered_put_then_get_stream, 0, n_fabric_cases);
-    tcase_add_loop_test(tc, remote_access_errors, 0, n_fabric_cases);
+    tcase_add_loop_test(tc, remote_range_and_rights_errors, 0, n_fabric_cases);
+    tcase_add_loop_test(tc, remote_key_errors, 0, n_fabric_cases);
     tcase_add_loop_test(tc, local_argument_errors, 0, n_fabric_cases);
     tcase_add_loop_test(tc, peer_close_reported, 0, n_fabric_cases);
     tcase_add_loop_test(tc, inflight_ops_fail_on_close, 0, n_fabric_cases);

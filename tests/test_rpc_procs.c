@@ -18,6 +18,7 @@
 
 #include "helpers.h"
 #include "rpc.h"
+#include "tern_config.h"
 #include "rpc_internal.h"
 #include "suites.h"
 #include "tcp/tcp_wire.h"
@@ -135,7 +136,18 @@ static void setup_service_and_ntb(struct tern_rpc_ep *ep)
 }
 
 /* The fabrics the loop tests below run on. */
-static const char *const listen_uris[] = {"tcp://127.0.0.1:0", "shm://auto"};
+static char rdma_uri[96] = "rdma://127.0.0.1:0";
+static const char *const listen_uris[] = {
+    "tcp://127.0.0.1:0", "shm://auto",
+#if TERN_HAVE_RDMA
+    rdma_uri,
+#endif
+};
+
+__attribute__((constructor)) static void rdma_uri_init(void)
+{
+    snprintf(rdma_uri, sizeof(rdma_uri), "rdma://%s:0", test_rdma_ip());
+}
 #define N_LISTEN_URIS ((int)(sizeof(listen_uris) / sizeof(listen_uris[0])))
 
 static bool registered_kill;
@@ -748,6 +760,36 @@ START_TEST(auto_picks_shm_on_same_host)
 }
 END_TEST
 
+#if TERN_HAVE_RDMA
+static void setup_service_and_rdma(struct tern_rpc_ep *ep)
+{
+    setup_service(ep);
+    ck_assert_int_eq(tern_rpc_listen(ep, rdma_uri, NULL, 0), 0);
+}
+
+/* The server advertises rdma only because it has a NIC (here softverbs);
+ * auto:// takes it when this side can use it too and the policy says so. */
+START_TEST(auto_takes_rdma_by_policy)
+{
+    struct tern_rpc_config rdma_first = {.fabrics = "rdma,tcp"};
+    struct tern_session *s;
+    struct tern_rpc_ep *ep;
+    char auto_uri[160];
+    int rc;
+
+    start_auto_server_with(setup_service_and_rdma, auto_uri, sizeof(auto_uri));
+    ck_assert_int_eq(tern_rpc_ep_create(&rdma_first, &ep), 0);
+    rc = tern_rpc_connect(ep, auto_uri, 5 * SEC, &s);
+    ck_assert_msg(rc == 0, "auto connect: %s", tern_strerror(rc));
+    ck_assert_str_eq(tern_session_fabric(s), "rdma");
+    assert_echo(s, 100);
+    assert_echo(s, 300000);
+    tern_rpc_ep_destroy(ep);
+    finish_server();
+}
+END_TEST
+#endif
+
 /* An emulated NTB device on this host is a way in too: auto:// takes it
  * when the policy puts ntb first. */
 START_TEST(auto_takes_ntb_by_policy)
@@ -843,6 +885,9 @@ Suite *suite_rpc_procs(void)
     tcase_add_loop_test(tc, server_killed_mid_call, 0, N_LISTEN_URIS);
     tcase_add_test(tc, auto_picks_shm_on_same_host);
     tcase_add_test(tc, auto_takes_ntb_by_policy);
+#if TERN_HAVE_RDMA
+    tcase_add_test(tc, auto_takes_rdma_by_policy);
+#endif
     tcase_add_test(tc, failover_loses_no_call_and_runs_none_twice);
     tcase_add_test(tc, server_killed_calls_queued);
     tcase_add_test(tc, many_client_processes);

@@ -1,9 +1,11 @@
 /* Per-peer fabric choice: which advertised fabrics are reachable, and how
  * policy and scores order them. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "suites.h"
+#include "tern_config.h"
 #include "transport.h"
 
 static char me[128];
@@ -58,6 +60,29 @@ START_TEST(ntb_emulated_on_the_same_node)
 }
 END_TEST
 
+#if TERN_HAVE_RDMA
+/* RDMA needs a NIC at both ends: the peer advertises it only if it has
+ * one, and this side takes it only if it has one too (probe says). An
+ * emulated NIC ("soft:") reaches its own node only. */
+START_TEST(rdma_only_when_both_sides_can)
+{
+    char ads[512], uri[128], desc[160];
+    bool here = tern_tp_probe("rdma", NULL, desc, sizeof(desc)) == 0;
+
+    node();
+    snprintf(ads, sizeof(ads), "rdma://soft:127.0.0.1:7000@%s;tcp://x:1@%s", me, me);
+    ck_assert_int_eq(tern_tp_select(ads, NULL, uri, sizeof(uri)), 0);
+    ck_assert_str_eq(uri, "rdma://soft:127.0.0.1:7000");
+    snprintf(ads, sizeof(ads), "rdma://soft:127.0.0.1:7000@other.1");
+    ck_assert_int_eq(tern_tp_select(ads, NULL, uri, sizeof(uri)), TERN_ENOENT);
+    /* A NIC's address, from another node: only with a NIC here. */
+    snprintf(ads, sizeof(ads), "rdma://10.0.0.7:7000@other.1");
+    ck_assert_int_eq(tern_tp_select(ads, NULL, uri, sizeof(uri)), here ? 0 : TERN_ENOENT);
+    ck_assert_int_eq(tern_tp_probe("rdma", "soft", desc, sizeof(desc)), 0);
+}
+END_TEST
+#endif
+
 START_TEST(policy_filters_and_orders)
 {
     char ads[512], uri[128];
@@ -96,6 +121,9 @@ Suite *suite_select(void)
     tcase_add_test(tc, node_id_is_stable);
     tcase_add_test(tc, shm_only_on_the_same_node);
     tcase_add_test(tc, ntb_emulated_on_the_same_node);
+#if TERN_HAVE_RDMA
+    tcase_add_test(tc, rdma_only_when_both_sides_can);
+#endif
     tcase_add_test(tc, policy_filters_and_orders);
     tcase_add_test(tc, malformed_ads_are_ignored);
     suite_add_tcase(s, tc);

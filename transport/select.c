@@ -8,7 +8,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "tern_config.h"
 #include "transport_internal.h"
+#if TERN_HAVE_RDMA
+#include "rdma/rdma_api.h"
+#endif
 
 /* Lower is better: typical same-rack small-message latency in ns, and the
  * bandwidth in GB/s as the tie breaker. Only the order matters. */
@@ -80,9 +84,21 @@ static bool reachable(const char *fabric, size_t fl, const char *node)
         return same_node;
     /* An emulated NTB device is a file of this host. A hardware link joins
      * two hosts that only their cabling knows of: it is taken when a
-     * policy names it, not guessed. rdma joins with its fabric. */
+     * policy names it, not guessed. */
     if (fl == 3 && strncmp(fabric, "ntb", 3) == 0)
         return same_node && strncmp(fabric + fl, "://emu:", 7) == 0;
+    /* RDMA only when both ends can: the peer advertises it only if it has
+     * a device, and this node needs one too. An emulated NIC ("soft:")
+     * reaches processes of this host only. */
+    if (fl == 4 && strncmp(fabric, "rdma", 4) == 0) {
+#if TERN_HAVE_RDMA
+        if (strncmp(fabric + fl, "://soft:", 8) == 0)
+            return same_node;
+        return tern_rdma_hw_usable(NULL, 0);
+#else
+        return false;
+#endif
+    }
     return false;
 }
 

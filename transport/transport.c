@@ -13,17 +13,26 @@
 #if TERN_HAVE_DPDK
 #include "ntb/ntb.h"
 #endif
+#if TERN_HAVE_RDMA
+#include "rdma/rdma_api.h"
+#endif
 
 static const struct tern_tp_fabric *const fabrics[] = {
     &tern_tp_fabric_tcp,
     &tern_tp_fabric_shm,
     &tern_tp_fabric_ntb,
+#if TERN_HAVE_RDMA
+    &tern_tp_fabric_rdma,
+#endif
 };
 
 static const char *const fabric_names[] = {
     "tcp",
     "shm",
     "ntb",
+#if TERN_HAVE_RDMA
+    "rdma",
+#endif
     NULL,
 };
 
@@ -47,6 +56,20 @@ int tern_tp_probe(const char *fabric, const char *args, char *desc, size_t desc_
         return tern_ntb_describe(args, desc, desc_len);
 #else
         snprintf(desc, desc_len, "no NTB hardware support: built without DPDK");
+        return TERN_ENODEV;
+#endif
+    }
+    /* rdma: a NIC with an active port and a GID ("soft": the emulation,
+     * which reaches this host only). */
+    if (strcmp(fabric, "rdma") == 0) {
+#if TERN_HAVE_RDMA
+        if (args && strcmp(args, "soft") == 0) {
+            snprintf(desc, desc_len, "softverbs0 (emulated NIC: reaches this host only)");
+            return 0;
+        }
+        return tern_rdma_hw_usable(desc, desc_len) ? 0 : TERN_ENODEV;
+#else
+        snprintf(desc, desc_len, "no RDMA support: built without rdma-core");
         return TERN_ENODEV;
 #endif
     }
@@ -260,11 +283,10 @@ void tern_tp_msg_release(struct tern_tp_conn *conn, const void *view)
         OPS(conn->ep)->msg_release(conn, view);
 }
 
-int tern_tp_mr_reg(struct tern_tp_ep *ep, void *addr, size_t len, uint32_t access,
-                   struct tern_tp_mr **out)
+/* Take a free region slot for [addr, addr+len); not yet published. */
+static int mr_take(struct tern_tp_ep *ep, void *addr, size_t len, uint32_t access, int fd,
+                   size_t map_len, struct tern_tp_mr **out)
 {
-    if (!out || (!addr && len) || (access & ~3u))
-        return TERN_EINVAL;
     for (uint32_t i = 0; i < TERN_MR_MAX; i++) {
         struct tern_tp_mr *mr = &ep->mrs[i];
 
@@ -272,17 +294,42 @@ int tern_tp_mr_reg(struct tern_tp_ep *ep, void *addr, size_t len, uint32_t acces
             continue;
         /* The key carries the slot in its low bits and a fresh random nonce
          * above them, so a stale or guessed key rarely matches (and fabrics
-         * hang up on peers that keep guessing). */
+         * hang up on peers that keep guessing). A NIC fabric replaces it
+         * with the device's rkey when it publishes the region. */
         if (getrandom(&ep->mr_nonce, sizeof(ep->mr_nonce), 0) != sizeof(ep->mr_nonce))
             ep->mr_nonce = ep->mr_nonce * 1664525u + 1013904223u;
         *mr = (struct tern_tp_mr){
             .ep = ep, .addr = addr, .len = len, .access = access, .in_use = true,
-            .key = (ep->mr_nonce & ~(uint32_t)(TERN_MR_MAX - 1)) | i, .fd = -1,
+            .key = (ep->mr_nonce & ~(uint32_t)(TERN_MR_MAX - 1)) | i, .fd = fd,
+            .map_len = map_len,
         };
         *out = mr;
         return 0;
     }
     return TERN_ENOBUFS;
+}
+
+/* Let the fabric publish a region just taken; on failure free the slot. */
+static int mr_publish(struct tern_tp_mr *mr)
+{
+    int rc = OPS(mr->ep)->mr_publish ? OPS(mr->ep)->mr_publish(mr->ep, mr, true) : 0;
+
+    if (rc < 0)
+        *mr = (struct tern_tp_mr){.fd = -1};
+    return rc;
+}
+
+int tern_tp_mr_reg(struct tern_tp_ep *ep, void *addr, size_t len, uint32_t access,
+                   struct tern_tp_mr **out)
+{
+    int rc;
+
+    if (!out || (!addr && len) || (access & ~3u))
+        return TERN_EINVAL;
+    rc = mr_take(ep, addr, len, access, -1, 0, out);
+    if (rc == 0 && (rc = mr_publish(*out)) < 0)
+        *out = NULL;
+    return rc;
 }
 
 int tern_tp_mr_alloc(struct tern_tp_ep *ep, size_t len, uint32_t access,
@@ -305,17 +352,14 @@ int tern_tp_mr_alloc(struct tern_tp_ep *ep, size_t len, uint32_t access,
         close(fd);
         return TERN_ENOMEM;
     }
-    rc = tern_tp_mr_reg(ep, p, len, access, out);
+    rc = mr_take(ep, p, len, access, fd, map_len, out);
+    if (rc == 0 && (rc = mr_publish(*out)) < 0)
+        *out = NULL;
     if (rc < 0) {
         munmap(p, map_len);
         close(fd);
-        return rc;
     }
-    (*out)->fd = fd;
-    (*out)->map_len = map_len;
-    if (OPS(ep)->mr_publish)
-        OPS(ep)->mr_publish(ep, *out, true);
-    return 0;
+    return rc;
 }
 
 void *tern_tp_mr_addr(const struct tern_tp_mr *mr)
@@ -327,7 +371,7 @@ int tern_tp_mr_dereg(struct tern_tp_mr *mr)
 {
     if (!mr || !mr->in_use)
         return TERN_EINVAL;
-    if (mr->fd >= 0 && OPS(mr->ep)->mr_publish)
+    if (OPS(mr->ep)->mr_publish)
         OPS(mr->ep)->mr_publish(mr->ep, mr, false);
     /* Peers keep their own mapping of the memfd until they learn the key
      * is gone: a store of theirs that raced with this lands in those pages,
@@ -339,6 +383,7 @@ int tern_tp_mr_dereg(struct tern_tp_mr *mr)
     }
     mr->in_use = false;
     mr->key = 0;
+    mr->fab = NULL;
     return 0;
 }
 
@@ -387,7 +432,7 @@ int tern_tp_put(struct tern_tp_conn *conn, struct tern_tp_mr *lmr, size_t loff, 
     uint8_t *src;
     int rc = onesided_args(conn, OPS(conn->ep)->put, lmr, loff, len, rkey, &src);
 
-    return rc < 0 ? rc : OPS(conn->ep)->put(conn, src, len, rkey, roff, token);
+    return rc < 0 ? rc : OPS(conn->ep)->put(conn, lmr, src, len, rkey, roff, token);
 }
 
 int tern_tp_get(struct tern_tp_conn *conn, struct tern_tp_mr *lmr, size_t loff, size_t len,
@@ -396,7 +441,7 @@ int tern_tp_get(struct tern_tp_conn *conn, struct tern_tp_mr *lmr, size_t loff, 
     uint8_t *dst;
     int rc = onesided_args(conn, OPS(conn->ep)->get, lmr, loff, len, rkey, &dst);
 
-    return rc < 0 ? rc : OPS(conn->ep)->get(conn, dst, len, rkey, roff, token);
+    return rc < 0 ? rc : OPS(conn->ep)->get(conn, lmr, dst, len, rkey, roff, token);
 }
 
 int tern_tp_poll(struct tern_tp_ep *ep, struct tern_tp_event *ev, int max)

@@ -21,7 +21,10 @@
  *    permission are checked on every fabric; a violation completes the
  *    operation with TERN_EREMACCESS and the connection stays usable, up to
  *    a small limit after which the fabric hangs up (as a NIC breaks the
- *    queue pair);
+ *    queue pair). On rdma the NIC checks the key: the length and rights a
+ *    tern_tp_rkey states are checked before posting, but a wrong or stale
+ *    key breaks the queue pair at once and the connection closes with
+ *    TERN_EREMACCESS;
  *  - an operation a fabric does not implement returns TERN_ENOTSUP, and the
  *    capability bits say in advance which ones exist.
  */
@@ -57,7 +60,7 @@ enum tern_tp_poll_mode {
 };
 
 struct tern_tp_config {
-    const char *fabric;          /* "tcp", ... (see tern_tp_fabric_names) */
+    const char *fabric;          /* "tcp", "shm", "ntb", "rdma" (tern_tp_fabric_names) */
     enum tern_tp_poll_mode mode;
     size_t max_msg;              /* largest message; 0 = 1 MiB */
     size_t conn_buf;             /* per-connection buffer cap; 0 = 4 x max_msg */
@@ -105,7 +108,8 @@ const char *const *tern_tp_fabric_names(void);
 
 /* Look for a fabric's hardware. 0 if it is usable (a one-line description
  * in `desc`), TERN_ENODEV if absent, TERN_ENOFABRIC if not built in. `args`
- * is fabric-specific (ntb: DPDK EAL arguments); tcp and shm need none. */
+ * is fabric-specific (ntb: DPDK EAL arguments; rdma: NULL for a NIC,
+ * "soft" for the softverbs emulation); tcp and shm need none. */
 int tern_tp_probe(const char *fabric, const char *args, char *desc, size_t desc_len);
 
 /* This node's identity for same-host fabrics: boot id and network

@@ -21,13 +21,17 @@ struct tern_tp_ops {
     int (*msg_post)(struct tern_tp_conn *conn, void *buf, size_t len);
     void (*msg_abort)(struct tern_tp_conn *conn, void *buf);
     void (*msg_release)(struct tern_tp_conn *conn, const void *view);
-    int (*put)(struct tern_tp_conn *conn, const void *src, size_t len,
+    /* One-sided access from or into `lmr`'s bytes at src/dst (the core has
+     * checked that the local range lies inside lmr). */
+    int (*put)(struct tern_tp_conn *conn, struct tern_tp_mr *lmr, const void *src, size_t len,
                const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token);
-    int (*get)(struct tern_tp_conn *conn, void *dst, size_t len,
+    int (*get)(struct tern_tp_conn *conn, struct tern_tp_mr *lmr, void *dst, size_t len,
                const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token);
-    /* A region was registered (up) or is being deregistered (!up); fabrics
-     * that let peers map memory publish or withdraw it here. */
-    void (*mr_publish)(struct tern_tp_ep *ep, struct tern_tp_mr *mr, bool up);
+    /* A region was registered (up) or is being deregistered (!up). Fabrics
+     * that let peers map memory publish or withdraw it here; a NIC fabric
+     * registers it with the device. A failure (up only) undoes the
+     * registration and is returned to the caller. */
+    int (*mr_publish)(struct tern_tp_ep *ep, struct tern_tp_mr *mr, bool up);
     int (*poll)(struct tern_tp_ep *ep, struct tern_tp_event *ev, int max);
     int (*flush)(struct tern_tp_ep *ep);   /* NULL: posts go out at once */
     int (*wait_fd)(struct tern_tp_ep *ep);
@@ -55,6 +59,7 @@ struct tern_tp_mr {
     bool in_use;
     int fd;             /* tern_tp_mr_alloc: the sealed memfd behind it; else -1 */
     size_t map_len;     /* its mapping (len rounded up to pages) */
+    void *fab;          /* the fabric's handle for it (rdma: the ibv_mr) */
 };
 
 /* Common head of every fabric's endpoint. */
@@ -108,5 +113,6 @@ const struct tern_tp_fabric *tern_tp_fabric_find(const char *name);
 extern const struct tern_tp_fabric tern_tp_fabric_tcp;
 extern const struct tern_tp_fabric tern_tp_fabric_shm;
 extern const struct tern_tp_fabric tern_tp_fabric_ntb;
+extern const struct tern_tp_fabric tern_tp_fabric_rdma;
 
 #endif

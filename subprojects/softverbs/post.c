@@ -165,7 +165,7 @@ static int execute(struct sv_qp *q, struct sv_swr *s, enum ibv_wc_status *status
     bool one_sided = op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM || is_read;
     bool consumes = op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM ||
                     op == IBV_WR_RDMA_WRITE_WITH_IMM;
-    struct sv_wqe wqe;
+    struct sv_wqe wqe = {0};    /* set when the WR consumes a receive */
     struct sv_rq *rq = NULL;
     size_t total;
     int nl, nr = 0;

@@ -33,6 +33,7 @@
 #define SOFTVERBS_H
 
 #include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
 
 struct ibv_device **sv_get_device_list(int *num_devices);
 void sv_free_device_list(struct ibv_device **list);
@@ -63,5 +64,34 @@ int sv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask);
 int sv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask,
                 struct ibv_qp_init_attr *init_attr);
 int sv_destroy_qp(struct ibv_qp *qp);
+
+/* rdma_cm twins (cm.c). Connection set-up runs over TCP between the two
+ * processes at the IP addresses and ports the ids bind to and resolve;
+ * that socket stays open while the connection lives, so a peer that
+ * closes, disconnects or dies is seen as RDMA_CM_EVENT_DISCONNECTED, with
+ * the QP moved to the error state as librdmacm does. Same conventions as
+ * librdmacm: 0, or -1 with errno. The contexts returned by
+ * sv_rdma_get_devices stay open for the life of the process. */
+struct ibv_context **sv_rdma_get_devices(int *num_devices);
+void sv_rdma_free_devices(struct ibv_context **list);
+struct rdma_event_channel *sv_rdma_create_event_channel(void);
+void sv_rdma_destroy_event_channel(struct rdma_event_channel *channel);
+int sv_rdma_create_id(struct rdma_event_channel *channel, struct rdma_cm_id **id,
+                      void *context, enum rdma_port_space ps);
+int sv_rdma_destroy_id(struct rdma_cm_id *id);
+int sv_rdma_bind_addr(struct rdma_cm_id *id, struct sockaddr *addr);
+int sv_rdma_listen(struct rdma_cm_id *id, int backlog);
+int sv_rdma_resolve_addr(struct rdma_cm_id *id, struct sockaddr *src_addr,
+                         struct sockaddr *dst_addr, int timeout_ms);
+int sv_rdma_resolve_route(struct rdma_cm_id *id, int timeout_ms);
+int sv_rdma_create_qp(struct rdma_cm_id *id, struct ibv_pd *pd,
+                      struct ibv_qp_init_attr *qp_init_attr);
+void sv_rdma_destroy_qp(struct rdma_cm_id *id);
+int sv_rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *conn_param);
+int sv_rdma_accept(struct rdma_cm_id *id, struct rdma_conn_param *conn_param);
+int sv_rdma_reject(struct rdma_cm_id *id, const void *private_data, uint8_t private_data_len);
+int sv_rdma_disconnect(struct rdma_cm_id *id);
+int sv_rdma_get_cm_event(struct rdma_event_channel *channel, struct rdma_cm_event **event);
+int sv_rdma_ack_cm_event(struct rdma_cm_event *event);
 
 #endif

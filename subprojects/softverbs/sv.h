@@ -12,20 +12,20 @@
 #include "softverbs.h"
 
 #define SV_MAGIC 0x73766e31u        /* "svn1" */
-#define SV_MAX_MR 1024
-#define SV_MAX_QP 256
+#define SV_MAX_MR 4096
+#define SV_MAX_QP 1024
 #define SV_MAX_SRQ 64
-#define SV_MAX_CQ 64
+#define SV_MAX_CQ 32
 #define SV_MAX_SGE 4
 #define SV_MAX_WR 1024              /* per receive queue and per send queue */
-#define SV_MAX_CQE 4096
+#define SV_MAX_CQE 16384
 #define SV_MAX_INLINE 256
 #define SV_MAX_MSG (1u << 30)       /* what the port reports as max_msg_sz */
 
 /* Keys and QP numbers: the table index in the low bits, a generation above
  * it, so that a stale key or QP number never reaches a reused slot. */
-#define SV_MR_BITS 10
-#define SV_QP_BITS 8
+#define SV_MR_BITS 12
+#define SV_QP_BITS 10
 
 /* A receive work request, as a peer reads it to deliver a SEND. */
 struct sv_wqe {

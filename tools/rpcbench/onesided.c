@@ -15,7 +15,7 @@
 
 static const char *listen_addr(const char *fabric)
 {
-    if (strcmp(fabric, "tcp") == 0)
+    if (strcmp(fabric, "tcp") == 0 || strcmp(fabric, "rdma") == 0)
         return "127.0.0.1:0";
     if (strcmp(fabric, "ntb") == 0)
         return "emu:auto";

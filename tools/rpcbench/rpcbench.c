@@ -300,10 +300,10 @@ static void print_result(const struct opts *o, const struct result *r, bool head
                r->rss[0], r->rss[1], r->srv_rss[0], r->srv_rss[1]);
     } else {
         if (header)
-            printf("%-8s %-7s %7s %6s %10s %9s %9s %9s %9s %11s %9s\n", "workload", "fabric",
+            printf("%-8s %-8s %6s %6s %10s %9s %9s %9s %9s %11s %9s\n", "workload", "fabric",
                    "size", "window", "iters", "p50_us", "p90_us", "p99_us", "p99.9_us",
                    "ops/s", "MB/s");
-        printf("%-8s %-7s %7zu %6u %10llu %9.2f %9.2f %9.2f %9.2f %11.0f %9.2f\n", r->workload,
+        printf("%-8s %-8s %6zu %6u %10llu %9.2f %9.2f %9.2f %9.2f %11.0f %9.2f\n", r->workload,
                r->fabric, r->size, r->window, (unsigned long long)r->iters,
                hist_quantile(h, 0.5) / 1e3, hist_quantile(h, 0.9) / 1e3,
                hist_quantile(h, 0.99) / 1e3, hist_quantile(h, 0.999) / 1e3, ops, mbs);
@@ -404,6 +404,9 @@ static int run_client(const struct opts *o, const char *uri, bool header)
     /* Say so when the NTB link is the emulated one. */
     if (strncmp(uri, "ntb://emu:", 10) == 0)
         snprintf(fabric, sizeof(fabric), "ntb-emu");
+    /* ... and when the RDMA NIC is softverbs. */
+    if (strncmp(uri, "rdma://soft:", 12) == 0)
+        snprintf(fabric, sizeof(fabric), "rdma-emu");
     for (unsigned i = 0; i < o->n_sizes && rc == 0; i++)
         for (unsigned w = 0; w < o->n_windows && rc == 0; w++, header = false)
             rc = bench_one(o, ep, s, fabric, o->sizes[i], o->windows[w], header);
@@ -444,8 +447,8 @@ static int run_local(const struct opts *o)
             continue;
         if (strcmp(*names, "auto") == 0)
             snprintf(listen, sizeof(listen), "auto://127.0.0.1:0");
-        else if (strcmp(*names, "tcp") == 0)
-            snprintf(listen, sizeof(listen), "tcp://127.0.0.1:0");
+        else if (strcmp(*names, "tcp") == 0 || strcmp(*names, "rdma") == 0)
+            snprintf(listen, sizeof(listen), "%s://127.0.0.1:0", *names);
         else if (strcmp(*names, "ntb") == 0)    /* an emulated device, on one host */
             snprintf(listen, sizeof(listen), "ntb://emu:rpcbench-%d", (int)getpid());
         else
@@ -472,15 +475,15 @@ static int run_local(const struct opts *o)
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: rpcbench echo   [--fabric tcp|shm|auto|all] [options]\n"
+            "usage: rpcbench echo   [--fabric tcp|shm|ntb|rdma|auto|all] [options]\n"
             "       rpcbench sink   [...]     like echo, but one-way: the server reads every byte, replies are empty\n"
             "       rpcbench server --listen URI [--adaptive]\n"
             "       rpcbench client --connect URI [options]\n"
             "       rpcbench floor  [--iters N] [--cpu C,S]   cache-line ping-pong floor\n"
-            "       rpcbench get|put [--fabric shm|tcp|ntb] [--size N] [--served]\n"
+            "       rpcbench get|put [--fabric shm|tcp|ntb|rdma] [--size N] [--served]\n"
             "                        one-sided latency, window 1; --served: the owner\n"
             "                        registers its own memory (no direct access)\n"
-            "       rpcbench probe  --fabric ntb [--eal 'EAL ARGS']   is the hardware there?\n"
+            "       rpcbench probe  --fabric ntb|rdma [--eal 'EAL ARGS']   is the hardware there?\n"
             "options:\n"
             "  --size N[,N...]     payload bytes (default 64; k/m suffixes)\n"
             "  --window N[,N...]   calls in flight (default 1)\n"
@@ -490,6 +493,7 @@ static void usage(FILE *f)
             "  --cpu C,S           pin client to cpu C and server to cpu S\n"
             "  --workload W        client mode: echo (default) or sink\n"
             "URIs: tcp://host:port, shm://name, ntb://emu:NAME or ntb://hw (NTB device),\n"
+            "      rdma://host:port (a NIC; rdma://soft:host:port when emulated by softverbs),\n"
             "      auto://host:port (picks the best fabric)\n");
 }
 

@@ -98,17 +98,19 @@ void shm_direct_ep_close(struct shm_ep *ep)
     ep->tab_fd = -1;
 }
 
-void shm_direct_publish(struct tern_tp_ep *base, struct tern_tp_mr *mr, bool up)
+int shm_direct_publish(struct tern_tp_ep *base, struct tern_tp_mr *mr, bool up)
 {
     struct shm_ep *ep = SEP(base);
     struct shm_mrpub *e;
 
-    if (!ep->tab)
-        return;     /* ntb endpoints: no direct access */
+    /* ntb endpoints have no direct access; memory from tern_tp_mr_reg has
+     * no memfd a peer could map. */
+    if (!ep->tab || mr->fd < 0)
+        return 0;
     e = &ep->tab[mr->key & (TERN_MR_MAX - 1)];
     if (!up) {
         __atomic_store_n(&e->key, 0, __ATOMIC_RELEASE);
-        return;
+        return 0;
     }
     e->access = mr->access;
     e->len = mr->len;
@@ -118,6 +120,7 @@ void shm_direct_publish(struct tern_tp_ep *base, struct tern_tp_mr *mr, bool up)
     if (!(mr->access & TERN_TP_ACCESS_REMOTE_WRITE))
         fcntl(mr->fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE);
     fcntl(mr->fd, F_ADD_SEALS, F_SEAL_SEAL);
+    return 0;
 }
 
 /* May a peer map `mr`? It must be readable (no write-only mappings exist),

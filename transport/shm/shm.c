@@ -390,7 +390,7 @@ static int onesided(struct shm_conn *c, uint8_t op, const void *src, uint8_t *ds
     return tp_pend_push(&c->ev, op == CTL_PUT, dst, len, token);
 }
 
-static int shm_put(struct tern_tp_conn *conn, const void *src, size_t len,
+static int shm_put(struct tern_tp_conn *conn, struct tern_tp_mr *lmr, const void *src, size_t len,
                    const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token)
 {
     int rc = shm_direct(SCONN(conn), true, (void *)src, len, rkey, roff, token,
@@ -401,7 +401,7 @@ static int shm_put(struct tern_tp_conn *conn, const void *src, size_t len,
     return onesided(SCONN(conn), CTL_PUT, src, NULL, len, rkey, roff, token);
 }
 
-static int shm_get(struct tern_tp_conn *conn, void *dst, size_t len,
+static int shm_get(struct tern_tp_conn *conn, struct tern_tp_mr *lmr, void *dst, size_t len,
                    const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token)
 {
     int rc = shm_direct(SCONN(conn), false, dst, len, rkey, roff, token,

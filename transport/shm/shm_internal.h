@@ -193,7 +193,7 @@ void ntb_link_close(struct shm_link *l);
 /* direct.c: put and get as loads and stores into the peer's memory */
 int shm_direct_ep_open(struct shm_ep *ep);
 void shm_direct_ep_close(struct shm_ep *ep);
-void shm_direct_publish(struct tern_tp_ep *base, struct tern_tp_mr *mr, bool up);
+int shm_direct_publish(struct tern_tp_ep *base, struct tern_tp_mr *mr, bool up);
 void shm_direct_link_free(struct shm_link *l);
 /* A message on the link socket: true if it was a map request or answer. */
 bool shm_direct_on_socket(struct shm_link *l, const void *buf, size_t n, const int *fds,

@@ -26,6 +26,7 @@
 
 #include "../conn_events.h"
 #include "../log.h"
+#include "../addr.h"
 #include "../transport_internal.h"
 #include "tcp_wire.h"
 
@@ -149,44 +150,6 @@ static void set_epollout(struct tcp_conn *c, bool on)
         c->epollout = on;
         epoll_set(c);
     }
-}
-
-static void addr_text(const struct sockaddr *sa, char *out, size_t len)
-{
-    char host[INET6_ADDRSTRLEN] = "?", serv[16] = "?";
-
-    getnameinfo(sa, sa->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
-                                              : sizeof(struct sockaddr_in),
-                host, sizeof(host), serv, sizeof(serv), NI_NUMERICHOST | NI_NUMERICSERV);
-    snprintf(out, len, sa->sa_family == AF_INET6 ? "[%s]:%s" : "%s:%s", host, serv);
-}
-
-/* Split "host:port" or "[v6]:port" and resolve it. */
-static int resolve(const char *addr, bool passive, struct addrinfo **res)
-{
-    char host[256];
-    const char *colon = strrchr(addr, ':');
-    struct addrinfo hints = {.ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0)};
-    size_t hl;
-
-    if (!colon || !colon[1])
-        return TERN_EBADADDR;
-    hl = (size_t)(colon - addr);
-    if (hl >= sizeof(host))
-        return TERN_EBADADDR;
-    memcpy(host, addr, hl);
-    host[hl] = 0;
-    if (hl >= 2 && host[0] == '[' && host[hl - 1] == ']') {
-        memmove(host, host + 1, hl - 2);
-        host[hl - 2] = 0;
-    }
-    for (const char *p = colon + 1; *p; p++)
-        if (*p < '0' || *p > '9')
-            return TERN_EBADADDR;
-    if (getaddrinfo(hl ? host : NULL, colon + 1, &hints, res) != 0)
-        return TERN_EBADADDR;
-    return 0;
 }
 
 /* ---- connection lifetime ---- */
@@ -448,7 +411,7 @@ static int onesided_prep(struct tcp_conn *c, size_t body, uint8_t **frame)
     return 0;
 }
 
-static int tcp_put(struct tern_tp_conn *conn, const void *src, size_t len,
+static int tcp_put(struct tern_tp_conn *conn, struct tern_tp_mr *lmr, const void *src, size_t len,
                    const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token)
 {
     struct tcp_conn *c = TCONN(conn);
@@ -466,7 +429,7 @@ static int tcp_put(struct tern_tp_conn *conn, const void *src, size_t len,
     return 0;
 }
 
-static int tcp_get(struct tern_tp_conn *conn, void *dst, size_t len,
+static int tcp_get(struct tern_tp_conn *conn, struct tern_tp_mr *lmr, void *dst, size_t len,
                    const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token)
 {
     struct tcp_conn *c = TCONN(conn);
@@ -798,7 +761,7 @@ static void do_accept(struct tcp_ep *ep, struct tcp_listener *l)
             close(fd);
             continue;
         }
-        addr_text((struct sockaddr *)&ss, c->peer, sizeof(c->peer));
+        tern_addr_text((struct sockaddr *)&ss, c->peer, sizeof(c->peer));
         c->state = ST_OPEN;
         c->ev.accepted = true;
         ready_push(c);
@@ -813,7 +776,7 @@ static int tcp_listen(struct tern_tp_ep *base, const char *addr, char *bound, si
     struct sockaddr_storage ss;
     socklen_t sl = sizeof(ss);
     struct epoll_event e = {.events = EPOLLIN};
-    int fd, one = 1, rc = resolve(addr, true, &ai);
+    int fd, one = 1, rc = tern_addr_resolve(addr, true, &ai);
 
     if (rc < 0)
         return rc;
@@ -842,7 +805,7 @@ static int tcp_listen(struct tern_tp_ep *base, const char *addr, char *bound, si
     ep->listeners = l;
     if (bound && bound_len) {
         getsockname(fd, (struct sockaddr *)&ss, &sl);
-        addr_text((struct sockaddr *)&ss, bound, bound_len);
+        tern_addr_text((struct sockaddr *)&ss, bound, bound_len);
     }
     return 0;
 }
@@ -852,7 +815,7 @@ static int tcp_connect(struct tern_tp_ep *base, const char *addr, struct tern_tp
     struct tcp_ep *ep = TEP(base);
     struct addrinfo *ai;
     struct tcp_conn *c;
-    int fd, rc = resolve(addr, false, &ai);
+    int fd, rc = tern_addr_resolve(addr, false, &ai);
 
     if (rc < 0)
         return rc;
@@ -871,7 +834,7 @@ static int tcp_connect(struct tern_tp_ep *base, const char *addr, struct tern_tp
         close(fd);
         return TERN_ENOMEM;
     }
-    addr_text(ai->ai_addr, c->peer, sizeof(c->peer));
+    tern_addr_text(ai->ai_addr, c->peer, sizeof(c->peer));
     c->state = ST_CONNECTING;
     rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
     freeaddrinfo(ai);

@@ -1,0 +1,434 @@
+/* The rdma fabric beyond the conformance suite: a shared receive queue run
+ * dry, a peer process killed, a connect request that is not ours, and
+ * peers whose rings differ in size. The fabric runs on the host's NIC if
+ * it has one, else on softverbs; the test of a foreign request talks
+ * rdma_cm itself and so always uses softverbs. */
+#include <endian.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <softverbs.h>
+
+#include "helpers.h"
+#include "suites.h"
+
+static const struct fabric_case *rdma_case(void)
+{
+    for (int i = 0; i < n_fabric_cases; i++)
+        if (strcmp(fabric_cases[i].fabric, "rdma") == 0)
+            return &fabric_cases[i];
+    ck_abort_msg("no rdma row in fabric_cases");
+    return NULL;
+}
+
+static void send_seq(struct tern_tp_conn *c, unsigned i, size_t len)
+{
+    uint8_t msg[4096] = {0};
+
+    memcpy(msg, &i, sizeof(i));
+    ck_assert_int_eq(tern_tp_msg_send(c, msg, len), 0);
+}
+
+static void expect_seq(struct tern_tp_ep *ep, struct tern_tp_ep *other, unsigned i, size_t len)
+{
+    struct tern_tp_event ev;
+
+    ck_assert_msg(tp_next2(ep, other, &ev, 5000), "message %u never came", i);
+    ck_assert_int_eq(ev.type, TERN_TP_EV_RECV);
+    ck_assert_uint_eq(ev.len, len);
+    ck_assert_uint_eq(*(const unsigned *)ev.data, i);
+    tern_tp_msg_release(ev.conn, ev.data);
+}
+
+/* A receiver whose SRQ holds 16 receives, sent 300 messages over three
+ * connections before it polls: the NIC's receiver-not-ready retries hold
+ * the rest back until receives are put back, and nothing is lost or
+ * reordered. */
+START_TEST(srq_exhaustion_is_waited_out)
+{
+    enum { NC = 3, NM = 100 };
+    struct tern_tp_ep *a, *b;
+    struct tern_tp_conn *c[NC];
+    unsigned next[NC] = {0}, got = 0, up = 0, in = 0;
+    struct tern_tp_event ev;
+    char bound[128];
+
+    setenv("TERN_RDMA_SRQ_DEPTH", "16", 1);
+    a = tp_open("rdma", 0);
+    b = tp_open("rdma", 0);
+    ck_assert_int_eq(tern_tp_listen(b, rdma_case()->listen, bound, sizeof(bound)), 0);
+    for (unsigned i = 0; i < NC; i++) {
+        ck_assert_int_eq(tern_tp_connect(a, bound, &c[i]), 0);
+        tern_tp_conn_set_user(c[i], (void *)(uintptr_t)i);
+    }
+    while (up < NC || in < NC) {
+        ck_assert(tp_next2(a, b, &ev, 5000));
+        ck_assert_int_eq(ev.type, TERN_TP_EV_CONNECTED);
+        ck_assert_int_eq(ev.status, 0);
+        up++;
+        while (in < NC && tp_next(b, &ev, 0)) {
+            ck_assert_int_eq(ev.type, TERN_TP_EV_ACCEPTED);
+            in++;
+        }
+    }
+    for (unsigned m = 0; m < NM; m++)
+        for (unsigned i = 0; i < NC; i++) {
+            unsigned v[2] = {i, m};
+
+            ck_assert_int_eq(tern_tp_msg_send(c[i], v, sizeof(v)), 0);
+        }
+    ck_assert_int_eq(tern_tp_flush(a), 0);
+    while (got < NC * NM) {
+        const unsigned *v;
+
+        ck_assert_msg(tp_next2(b, a, &ev, 5000), "%u of %u arrived", got, NC * NM);
+        ck_assert_int_eq(ev.type, TERN_TP_EV_RECV);
+        v = ev.data;
+        ck_assert_uint_lt(v[0], NC);
+        ck_assert_uint_eq(v[1], next[v[0]]++);
+        tern_tp_msg_release(ev.conn, ev.data);
+        got++;
+    }
+    tern_tp_close(a);
+    tern_tp_close(b);
+}
+END_TEST
+
+/* A peer process that is killed: a get in flight fails, then the
+ * connection closes; the endpoint serves a new connection afterwards. */
+START_TEST(killed_peer_closes_the_connection)
+{
+    struct tern_tp_ep *a = tp_open("rdma", 0);
+    struct tern_tp_mr *lmr;
+    struct tern_tp_conn *c;
+    struct tern_tp_event ev;
+    struct tern_tp_rkey rkey;
+    char bound[128] = "";
+    int fds[2];
+    pid_t pid;
+    bool failed = false, closed = false;
+
+    ck_assert_int_eq(pipe(fds), 0);
+    pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        /* The peer: listen, publish a region, then serve until killed. */
+        struct tern_tp_ep *b = tp_open("rdma", 0);
+        struct tern_tp_mr *rmr;
+
+        if (tern_tp_listen(b, rdma_case()->listen, bound, sizeof(bound)) < 0 ||
+            tern_tp_mr_alloc(b, 4096, TERN_TP_ACCESS_REMOTE_READ, &rmr) < 0)
+            _exit(2);
+        rkey = tern_tp_mr_rkey(rmr);
+        if (write(fds[1], bound, sizeof(bound)) < 0 || write(fds[1], &rkey, sizeof(rkey)) < 0)
+            _exit(3);
+        for (;;)
+            while (tern_tp_poll(b, &ev, 1) > 0)
+                if (ev.type == TERN_TP_EV_RECV)
+                    tern_tp_msg_release(ev.conn, ev.data);
+    }
+    ck_assert_int_eq(read(fds[0], bound, sizeof(bound)), (ssize_t)sizeof(bound));
+    ck_assert_int_eq(read(fds[0], &rkey, sizeof(rkey)), (ssize_t)sizeof(rkey));
+    ck_assert_int_eq(tern_tp_mr_alloc(a, 4096, 0, &lmr), 0);
+    ck_assert_int_eq(tern_tp_connect(a, bound, &c), 0);
+    ck_assert(tp_next(a, &ev, 5000));
+    ck_assert_int_eq(ev.type, TERN_TP_EV_CONNECTED);
+    ck_assert_int_eq(ev.status, 0);
+    send_seq(c, 1, 64);
+    ck_assert_int_eq(tern_tp_get(c, lmr, 0, 64, &rkey, 0, 5), 0);
+    ck_assert(tp_next(a, &ev, 5000));
+    ck_assert_int_eq(ev.type, TERN_TP_EV_GET_DONE);
+    ck_assert_int_eq(ev.status, 0);
+
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    ck_assert_int_eq(tern_tp_get(c, lmr, 0, 64, &rkey, 0, 6), 0);
+    while (!closed) {
+        ck_assert_msg(tp_next(a, &ev, 10000), "the dead peer was never noticed");
+        if (ev.type == TERN_TP_EV_GET_DONE) {
+            ck_assert_uint_eq(ev.token, 6);
+            ck_assert_int_lt(ev.status, 0);
+            failed = true;
+            continue;
+        }
+        ck_assert_int_eq(ev.type, TERN_TP_EV_CLOSED);
+        ck_assert_int_lt(ev.status, 0);
+        closed = true;
+    }
+    ck_assert(failed);
+    tern_tp_disconnect(c);
+    tern_tp_close(a);
+}
+END_TEST
+
+/* A client that speaks softverbs's rdma_cm and verbs itself, to send
+ * what tern never would. */
+struct raw {
+    struct rdma_event_channel *ch;
+    struct rdma_cm_id *id;
+    struct ibv_pd *pd;
+    struct ibv_cq *cq;
+    struct ibv_mr *mr;
+    uint8_t buf[65536];
+    uint8_t reply[256];     /* the private data of the answer */
+    size_t reply_len;
+};
+
+/* Connect to `bound` (where endpoint b listens) with `pdata`, polling b
+ * meanwhile; returns the final CM event (ESTABLISHED or REJECTED). */
+static enum rdma_cm_event_type raw_connect(struct raw *r, struct tern_tp_ep *b,
+                                           const char *bound, const void *pdata,
+                                           uint8_t plen)
+{
+    struct ibv_qp_init_attr qa = {.qp_type = IBV_QPT_RC,
+                                  .cap = {.max_send_wr = 4, .max_recv_wr = 4,
+                                          .max_send_sge = 1, .max_recv_sge = 1}};
+    struct rdma_conn_param param = {.private_data = pdata, .private_data_len = plen,
+                                    .retry_count = 7, .rnr_retry_count = 7};
+    enum rdma_cm_event_type want = RDMA_CM_EVENT_ADDR_RESOLVED;
+    struct rdma_cm_event *cme;
+    struct tern_tp_event ev;
+    struct addrinfo *ai;
+
+    ck_assert_int_eq(getaddrinfo("127.0.0.1", strrchr(bound, ':') + 1, NULL, &ai), 0);
+    r->ch = sv_rdma_create_event_channel();
+    ck_assert_ptr_nonnull(r->ch);
+    ck_assert_int_eq(fcntl(r->ch->fd, F_SETFL, O_NONBLOCK), 0);
+    ck_assert_int_eq(sv_rdma_create_id(r->ch, &r->id, NULL, RDMA_PS_TCP), 0);
+    ck_assert_int_eq(sv_rdma_resolve_addr(r->id, NULL, ai->ai_addr, 1000), 0);
+    freeaddrinfo(ai);
+    /* Drive both ends: the raw client's CM events, the endpoint's poll
+     * (whose events other than ACCEPTED are none of ours here). */
+    for (double end = now_ms() + 5000;;) {
+        enum rdma_cm_event_type got;
+
+        ck_assert_msg(now_ms() < end, "stuck waiting for rdma_cm event %d", (int)want);
+        if (tern_tp_poll(b, &ev, 1) == 1)
+            ck_assert_int_eq(ev.type, TERN_TP_EV_ACCEPTED);
+        if (sv_rdma_get_cm_event(r->ch, &cme) != 0)
+            continue;
+        got = cme->event;
+        r->reply_len = cme->param.conn.private_data_len;
+        if (r->reply_len > sizeof(r->reply))
+            r->reply_len = sizeof(r->reply);
+        if (r->reply_len)
+            memcpy(r->reply, cme->param.conn.private_data, r->reply_len);
+        sv_rdma_ack_cm_event(cme);
+        if (got == RDMA_CM_EVENT_REJECTED || got == RDMA_CM_EVENT_ESTABLISHED)
+            return got;
+        ck_assert_int_eq(got, want);
+        if (want == RDMA_CM_EVENT_ADDR_RESOLVED) {
+            ck_assert_int_eq(sv_rdma_resolve_route(r->id, 1000), 0);
+            want = RDMA_CM_EVENT_ROUTE_RESOLVED;
+        } else {
+            r->pd = sv_alloc_pd(r->id->verbs);
+            r->cq = sv_create_cq(r->id->verbs, 16, NULL, NULL, 0);
+            r->mr = sv_reg_mr(r->pd, r->buf, sizeof(r->buf),
+                              IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+            ck_assert(r->pd && r->cq && r->mr);
+            qa.send_cq = qa.recv_cq = r->cq;
+            ck_assert_int_eq(sv_rdma_create_qp(r->id, r->pd, &qa), 0);
+            ck_assert_int_eq(sv_rdma_connect(r->id, &param), 0);
+            want = RDMA_CM_EVENT_ESTABLISHED;
+        }
+    }
+}
+
+static void raw_close(struct raw *r)
+{
+    sv_rdma_destroy_qp(r->id);
+    sv_rdma_destroy_id(r->id);
+    sv_rdma_destroy_event_channel(r->ch);
+    sv_dereg_mr(r->mr);
+    sv_destroy_cq(r->cq);
+    sv_dealloc_pd(r->pd);
+}
+
+/* A connect request whose private data is not our hello (another
+ * program on the port, or a bad version) is rejected, and the listener
+ * keeps serving. */
+START_TEST(foreign_connect_request_is_rejected)
+{
+    static const char junk[] = "GET / HTTP/1.0";
+    static struct raw r;
+    struct tern_tp_ep *b;
+    struct tern_tp_event ev;
+    char bound[128];
+    struct tp_pair p;
+
+    setenv("TERN_RDMA_PROVIDER", "softverbs", 1);
+    b = tp_open("rdma", 0);
+    ck_assert_int_eq(tern_tp_listen(b, "127.0.0.1:0", bound, sizeof(bound)), 0);
+    ck_assert_int_eq(raw_connect(&r, b, bound, junk, sizeof(junk)), RDMA_CM_EVENT_REJECTED);
+    raw_close(&r);
+    /* Nothing reached the user, and a real client still gets in. */
+    ck_assert(!tp_next(b, &ev, 50));
+    tern_tp_close(b);
+    tp_pair_open(&p, rdma_case(), 0);
+    send_seq(p.client, 7, 64);
+    expect_seq(p.b, p.a, 7, 64);
+    tp_pair_close(&p);
+}
+END_TEST
+
+/* The wire format, as a peer must speak it (rdma_internal.h). */
+struct wire_hello {
+    uint32_t magic;
+    uint16_t version;
+    uint8_t ring_log2, pad;
+    uint64_t ring_addr;
+    uint32_t ring_rkey, max_msg;
+};
+
+/* A peer that says hello properly, then writes a record whose header
+ * disagrees with the length that landed: that connection closes with
+ * TERN_EPROTO; another one is served meanwhile. */
+START_TEST(malformed_record_closes_only_its_connection)
+{
+    static struct raw r;
+    struct tern_tp_ep *b;
+    struct tern_tp_event ev;
+    struct wire_hello h, theirs;
+    struct tp_pair p;
+    struct ibv_sge sge;
+    struct ibv_send_wr wr = {.sg_list = &sge, .num_sge = 1,
+                             .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
+                             .send_flags = IBV_SEND_SIGNALED}, *bad;
+    struct ibv_wc wc;
+    char bound[128];
+    bool closed = false;
+
+    setenv("TERN_RDMA_PROVIDER", "softverbs", 1);
+    b = tp_open("rdma", 0);
+    ck_assert_int_eq(tern_tp_listen(b, "127.0.0.1:0", bound, sizeof(bound)), 0);
+    h = (struct wire_hello){.magic = htole32(0x4d445274u), .version = htole16(1),
+                            .ring_log2 = 16, .ring_addr = htole64((uintptr_t)r.buf),
+                            .max_msg = htole32(4096)};
+    /* The server never writes back here: the ring's key can stay 0. */
+    ck_assert_int_eq(raw_connect(&r, b, bound, &h, sizeof(h)), RDMA_CM_EVENT_ESTABLISHED);
+    ck_assert_uint_ge(r.reply_len, sizeof(theirs));
+    memcpy(&theirs, r.reply, sizeof(theirs));
+    ck_assert_uint_eq(le32toh(theirs.magic), 0x4d445274u);
+    /* Header says 100 bytes; 58 land. */
+    ((uint32_t *)(void *)r.buf)[0] = 100;
+    ((uint32_t *)(void *)r.buf)[1] = 0x4d;
+    sge = (struct ibv_sge){.addr = (uintptr_t)r.buf, .length = 58, .lkey = r.mr->lkey};
+    wr.wr.rdma.remote_addr = le64toh(theirs.ring_addr);
+    wr.wr.rdma.rkey = le32toh(theirs.ring_rkey);
+    ck_assert_int_eq(ibv_post_send(r.id->qp, &wr, &bad), 0);
+    while (ibv_poll_cq(r.cq, 1, &wc) == 0)
+        ;
+    ck_assert_int_eq(wc.status, IBV_WC_SUCCESS);
+    /* A well-behaved client connects while that is sorted out. */
+    tp_pair_open(&p, rdma_case(), 0);
+    while (!closed) {
+        ck_assert(tp_next2(b, p.b, &ev, 5000));
+        if (ev.type == TERN_TP_EV_ACCEPTED)
+            continue;
+        ck_assert_int_eq(ev.type, TERN_TP_EV_CLOSED);
+        ck_assert_int_eq(ev.status, TERN_EPROTO);
+        closed = true;
+        tern_tp_disconnect(ev.conn);
+    }
+    ck_assert(!tp_next(b, &ev, 50));
+    send_seq(p.client, 8, 64);
+    expect_seq(p.b, p.a, 8, 64);
+    tp_pair_close(&p);
+    raw_close(&r);
+    tern_tp_close(b);
+}
+END_TEST
+
+/* Messages staged before the connection is up are laid out for a ring
+ * like the sender's own; a peer with a larger or smaller ring gets them
+ * re-laid, and one it cannot take fails the connection (TERN_EMSGSIZE). */
+START_TEST(peers_with_different_rings)
+{
+    struct tern_tp_ep *small = tp_open("rdma", 4096), *big = tp_open("rdma", 65536);
+    struct tern_tp_conn *c;
+    struct tern_tp_event ev;
+    char bound[128];
+
+    void *buf;
+
+    /* small -> big: staged in a 16 KiB ring, re-laid for 256 KiB; the
+     * last reservation is still open when CONNECTED comes, so the
+     * re-laying waits for its post. */
+    ck_assert_int_eq(tern_tp_listen(big, rdma_case()->listen, bound, sizeof(bound)), 0);
+    ck_assert_int_eq(tern_tp_connect(small, bound, &c), 0);
+    for (unsigned i = 0; i < 3; i++)
+        send_seq(c, i, 4000);
+    ck_assert_int_eq(tern_tp_msg_alloc(c, 4000, &buf), 0);
+    ck_assert(tp_next2(small, big, &ev, 5000));
+    ck_assert_int_eq(ev.type, TERN_TP_EV_CONNECTED);
+    ck_assert_int_eq(ev.status, 0);
+    ck_assert(tp_next2(big, small, &ev, 5000));
+    ck_assert_int_eq(ev.type, TERN_TP_EV_ACCEPTED);
+    memset(buf, 0, 4000);
+    *(unsigned *)buf = 3;
+    ck_assert_int_eq(tern_tp_msg_post(c, buf, 4000), 0);
+    for (unsigned i = 0; i < 4; i++)
+        expect_seq(big, small, i, 4000);
+
+    /* big -> small: three fit the small ring; then one larger than the
+     * small side takes closes the connection. */
+    ck_assert_int_eq(tern_tp_listen(small, rdma_case()->listen, bound, sizeof(bound)), 0);
+    ck_assert_int_eq(tern_tp_connect(big, bound, &c), 0);
+    for (unsigned i = 0; i < 3; i++)
+        send_seq(c, 10 + i, 4000);
+    ck_assert(tp_next2(big, small, &ev, 5000));
+    ck_assert_int_eq(ev.type, TERN_TP_EV_CONNECTED);
+    ck_assert(tp_next2(small, big, &ev, 5000));
+    ck_assert_int_eq(ev.type, TERN_TP_EV_ACCEPTED);
+    for (unsigned i = 0; i < 3; i++)
+        expect_seq(small, big, 10 + i, 4000);
+    ck_assert_int_eq(tern_tp_msg_send(c, bound, 5000), TERN_EMSGSIZE);
+    tern_tp_close(small);
+    tern_tp_close(big);
+}
+END_TEST
+
+/* big -> small with a message staged that the small side cannot take:
+ * CONNECTED, then CLOSED with TERN_EMSGSIZE. */
+START_TEST(staged_message_too_large_for_peer)
+{
+    struct tern_tp_ep *small = tp_open("rdma", 4096), *big = tp_open("rdma", 65536);
+    struct tern_tp_conn *c;
+    struct tern_tp_event ev;
+    static uint8_t msg[5000];
+    char bound[128];
+
+    ck_assert_int_eq(tern_tp_listen(small, rdma_case()->listen, bound, sizeof(bound)), 0);
+    ck_assert_int_eq(tern_tp_connect(big, bound, &c), 0);
+    ck_assert_int_eq(tern_tp_msg_send(c, msg, sizeof(msg)), 0);
+    ck_assert(tp_next2(big, small, &ev, 5000));
+    ck_assert_int_eq(ev.type, TERN_TP_EV_CONNECTED);
+    ck_assert(tp_next2(big, small, &ev, 5000));
+    ck_assert_int_eq(ev.type, TERN_TP_EV_CLOSED);
+    ck_assert_int_eq(ev.status, TERN_EMSGSIZE);
+    tern_tp_close(small);
+    tern_tp_close(big);
+}
+END_TEST
+
+Suite *suite_rdma(void)
+{
+    Suite *s = suite_create("rdma");
+    TCase *tc = tcase_create("rdma");
+
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, srq_exhaustion_is_waited_out);
+    tcase_add_test(tc, killed_peer_closes_the_connection);
+    tcase_add_test(tc, foreign_connect_request_is_rejected);
+    tcase_add_test(tc, malformed_record_closes_only_its_connection);
+    tcase_add_test(tc, peers_with_different_rings);
+    tcase_add_test(tc, staged_message_too_large_for_peer);
+    suite_add_tcase(s, tc);
+    return s;
+}

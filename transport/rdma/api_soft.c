@@ -1,0 +1,43 @@
+/* The softverbs provider: the user-space NIC of subprojects/softverbs, for
+ * hosts without RDMA hardware. Same table, same fabric code. */
+#include "rdma_api.h"
+#include "softverbs.h"
+
+const struct tern_rdma_api tern_rdma_api_soft = {
+    .name = "softverbs",
+    .emulated = true,
+    .get_devices = sv_rdma_get_devices,
+    .free_devices = sv_rdma_free_devices,
+    .query_device = sv_query_device,
+    .query_port = sv_query_port,
+    .query_gid = sv_query_gid,
+    .alloc_pd = sv_alloc_pd,
+    .dealloc_pd = sv_dealloc_pd,
+    .reg_mr = sv_reg_mr,
+    .dereg_mr = sv_dereg_mr,
+    .create_comp_channel = sv_create_comp_channel,
+    .destroy_comp_channel = sv_destroy_comp_channel,
+    .create_cq = sv_create_cq,
+    .destroy_cq = sv_destroy_cq,
+    .get_cq_event = sv_get_cq_event,
+    .ack_cq_events = sv_ack_cq_events,
+    .create_srq = sv_create_srq,
+    .destroy_srq = sv_destroy_srq,
+    .modify_qp = sv_modify_qp,
+    .create_event_channel = sv_rdma_create_event_channel,
+    .destroy_event_channel = sv_rdma_destroy_event_channel,
+    .create_id = sv_rdma_create_id,
+    .destroy_id = sv_rdma_destroy_id,
+    .bind_addr = sv_rdma_bind_addr,
+    .listen = sv_rdma_listen,
+    .resolve_addr = sv_rdma_resolve_addr,
+    .resolve_route = sv_rdma_resolve_route,
+    .create_qp = sv_rdma_create_qp,
+    .destroy_qp = sv_rdma_destroy_qp,
+    .connect = sv_rdma_connect,
+    .accept = sv_rdma_accept,
+    .reject = sv_rdma_reject,
+    .disconnect = sv_rdma_disconnect,
+    .get_cm_event = sv_rdma_get_cm_event,
+    .ack_cm_event = sv_rdma_ack_cm_event,
+};

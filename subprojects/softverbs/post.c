@@ -420,7 +420,8 @@ int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr
         s->wr = *wr;
         s->wr.next = NULL;
         s->wr.sg_list = s->sge;
-        memcpy(s->sge, wr->sg_list, (size_t)wr->num_sge * sizeof(*s->sge));
+        if (wr->num_sge)    /* a zero-length WR may have no list at all */
+            memcpy(s->sge, wr->sg_list, (size_t)wr->num_sge * sizeof(*s->sge));
         s->signaled = q->sq_sig_all || (wr->send_flags & IBV_SEND_SIGNALED);
         if (wr->send_flags & IBV_SEND_INLINE) {
             size_t off = 0;
@@ -458,7 +459,8 @@ static int post_rq(struct sv_rq *rq, struct ibv_recv_wr *wr, struct ibv_recv_wr 
         w = &rq->wqe[rq->tail % SV_MAX_WR];
         w->wr_id = wr->wr_id;
         w->num_sge = (uint32_t)wr->num_sge;
-        memcpy(w->sge, wr->sg_list, (size_t)wr->num_sge * sizeof(*w->sge));
+        if (wr->num_sge)
+            memcpy(w->sge, wr->sg_list, (size_t)wr->num_sge * sizeof(*w->sge));
         rq->tail++;
     }
     sv_unlock(&rq->lock);

@@ -346,48 +346,51 @@ START_TEST(malformed_record_closes_only_its_connection)
 END_TEST
 
 /* Messages staged before the connection is up are laid out for a ring
- * like the sender's own; a peer with a larger or smaller ring gets them
- * re-laid, and one it cannot take fails the connection (TERN_EMSGSIZE). */
+ * like the sender's own (at most 4 KiB of them, the smallest ring a peer
+ * may have, or one record); a peer with a larger or smaller ring gets them
+ * re-laid, and a later message larger than the peer takes is refused. */
 START_TEST(peers_with_different_rings)
 {
     struct tern_tp_ep *small = tp_open("rdma", 4096), *big = tp_open("rdma", 65536);
     struct tern_tp_conn *c;
     struct tern_tp_event ev;
     char bound[128];
-
     void *buf;
 
     /* small -> big: staged in a 16 KiB ring, re-laid for 256 KiB; the
      * last reservation is still open when CONNECTED comes, so the
-     * re-laying waits for its post. */
+     * re-laying waits for its post. Staging stops at 4 KiB. */
     ck_assert_int_eq(tern_tp_listen(big, rdma_case()->listen, bound, sizeof(bound)), 0);
     ck_assert_int_eq(tern_tp_connect(small, bound, &c), 0);
     for (unsigned i = 0; i < 3; i++)
-        send_seq(c, i, 4000);
-    ck_assert_int_eq(tern_tp_msg_alloc(c, 4000, &buf), 0);
+        send_seq(c, i, 1000);
+    ck_assert_int_eq(tern_tp_msg_alloc(c, 1000, &buf), 0);
+    memset(buf, 0, 1000);
+    *(unsigned *)buf = 3;
     ck_assert(tp_next2(small, big, &ev, 5000));
     ck_assert_int_eq(ev.type, TERN_TP_EV_CONNECTED);
     ck_assert_int_eq(ev.status, 0);
     ck_assert(tp_next2(big, small, &ev, 5000));
     ck_assert_int_eq(ev.type, TERN_TP_EV_ACCEPTED);
-    memset(buf, 0, 4000);
-    *(unsigned *)buf = 3;
-    ck_assert_int_eq(tern_tp_msg_post(c, buf, 4000), 0);
+    ck_assert_int_eq(tern_tp_msg_post(c, buf, 1000), 0);
     for (unsigned i = 0; i < 4; i++)
-        expect_seq(big, small, i, 4000);
+        expect_seq(big, small, i, 1000);
 
-    /* big -> small: three fit the small ring; then one larger than the
-     * small side takes closes the connection. */
+    /* big -> small: more than 4 KiB waits for the connection. */
     ck_assert_int_eq(tern_tp_listen(small, rdma_case()->listen, bound, sizeof(bound)), 0);
     ck_assert_int_eq(tern_tp_connect(big, bound, &c), 0);
-    for (unsigned i = 0; i < 3; i++)
-        send_seq(c, 10 + i, 4000);
+    for (unsigned i = 0; i < 4; i++)
+        send_seq(c, 10 + i, 1000);
+    ck_assert_int_eq(tern_tp_msg_alloc(c, 1000, &buf), TERN_EAGAIN);
     ck_assert(tp_next2(big, small, &ev, 5000));
     ck_assert_int_eq(ev.type, TERN_TP_EV_CONNECTED);
+    ck_assert(tp_next2(big, small, &ev, 5000));
+    ck_assert_int_eq(ev.type, TERN_TP_EV_WRITABLE);
     ck_assert(tp_next2(small, big, &ev, 5000));
     ck_assert_int_eq(ev.type, TERN_TP_EV_ACCEPTED);
-    for (unsigned i = 0; i < 3; i++)
-        expect_seq(small, big, 10 + i, 4000);
+    send_seq(c, 14, 1000);
+    for (unsigned i = 0; i < 5; i++)
+        expect_seq(small, big, 10 + i, 1000);
     ck_assert_int_eq(tern_tp_msg_send(c, bound, 5000), TERN_EMSGSIZE);
     tern_tp_close(small);
     tern_tp_close(big);
@@ -417,6 +420,142 @@ START_TEST(staged_message_too_large_for_peer)
 }
 END_TEST
 
+/* Found by review (each failed before its fix). */
+static void round_trip(struct tern_tp_ep *a, struct tern_tp_ep *b, struct tern_tp_conn *c,
+                 unsigned v, size_t len, unsigned *got)
+{
+    struct tern_tp_event ev;
+    uint8_t msg[4096] = {0};
+
+    memcpy(msg, &v, sizeof(v));
+    ck_assert_int_eq(tern_tp_msg_send(c, msg, len), 0);
+    ck_assert_msg(tp_next2(b, a, &ev, 5000), "message %u never came", v);
+    ck_assert_msg(ev.type == TERN_TP_EV_RECV, "msg %u: event %d status %d", v, ev.type, ev.status);
+    *got = *(const unsigned *)ev.data;
+    tern_tp_msg_release(ev.conn, ev.data);
+}
+
+/* A reservation that skipped the ring's tail, posted shorter so that
+ * the short record would have fitted before the end. */
+START_TEST(short_post_after_a_skipped_tail)
+{
+    struct tp_pair p;
+    struct tern_tp_event ev;
+    unsigned got;
+    void *buf;
+
+    tp_pair_open(&p, rdma_case(), 4096);    /* 16 KiB rings, 64-byte records */
+    for (unsigned i = 0; i < 256; i++) {     /* lap 1: every line written */
+        round_trip(p.a, p.b, p.client, i, 56, &got);
+        ck_assert_uint_eq(got, i);
+    }
+    for (unsigned i = 0; i < 254; i++) {     /* lap 2, up to 128 bytes before the end */
+        round_trip(p.a, p.b, p.client, 1000 + i, 56, &got);
+        ck_assert_uint_eq(got, 1000 + i);
+    }
+    ck_assert_int_eq(tern_tp_msg_alloc(p.client, 4000, &buf), 0);
+    memset(buf, 0, 56);
+    *(unsigned *)buf = 5000;
+    ck_assert_int_eq(tern_tp_msg_post(p.client, buf, 56), 0);
+    ck_assert(tp_next2(p.b, p.a, &ev, 5000));
+    ck_assert_msg(ev.type == TERN_TP_EV_RECV, "event %d status %d", ev.type, ev.status);
+    ck_assert_msg(*(const unsigned *)ev.data == 5000, "got stale message %u instead of 5000",
+                  *(const unsigned *)ev.data);
+    tern_tp_msg_release(ev.conn, ev.data);
+    tp_pair_close(&p);
+}
+END_TEST
+
+/* Arm must not say "safe to sleep" while a locally refused put's PUT_DONE is owed. */
+START_TEST(arm_sees_a_refused_put)
+{
+    struct tp_pair p;
+    struct tern_tp_mr *mr;
+    struct tern_tp_rkey rk;
+    struct tern_tp_event ev;
+    int rc;
+
+    tp_pair_open(&p, rdma_case(), 4096);
+    ck_assert_int_eq(tern_tp_mr_alloc(p.a, 4096, TERN_TP_ACCESS_REMOTE_WRITE, &mr), 0);
+    rk = tern_tp_mr_rkey(mr);
+    rk.access = 0;      /* refused before posting */
+    ck_assert_int_eq(tern_tp_put(p.client, mr, 0, 64, &rk, 0, 77), 0);
+    rc = tern_tp_arm(p.a);
+    ck_assert_msg(rc == TERN_EAGAIN, "arm returned %d with a PUT_DONE owed", rc);
+    ck_assert(tp_next(p.a, &ev, 100));
+    ck_assert_int_eq(ev.type, TERN_TP_EV_PUT_DONE);
+    tp_pair_close(&p);
+}
+END_TEST
+
+/* A put refused for a full pending list forgets the WRITABLE owed
+ * to an earlier msg_alloc EAGAIN. */
+START_TEST(writable_survives_a_full_pending_list)
+{
+    struct tp_pair p;
+    struct tern_tp_mr *mr;
+    struct tern_tp_rkey rk;
+    struct tern_tp_event ev, held[512];
+    int nheld = 0, rc;
+    void *buf;
+    bool writable = false;
+    uint8_t msg[1000] = {0};
+
+    tp_pair_open(&p, rdma_case(), 4096);
+    while ((rc = tern_tp_msg_send(p.client, msg, sizeof(msg))) == 0) {
+        tern_tp_flush(p.a);
+        while (tp_next(p.b, &ev, 20))
+            held[nheld++] = ev;
+    }
+    ck_assert_int_eq(rc, TERN_EAGAIN);
+    for (int i = 0; i < 10 && tp_next(p.b, &ev, 20); i++)
+        held[nheld++] = ev;
+    ck_assert_int_eq(tern_tp_msg_alloc(p.client, sizeof(msg), &buf), TERN_EAGAIN);
+    ck_assert_int_eq(tern_tp_mr_alloc(p.a, 4096, TERN_TP_ACCESS_REMOTE_WRITE, &mr), 0);
+    rk = tern_tp_mr_rkey(mr);
+    rk.access = 0;
+    for (int i = 0; i < 256; i++)
+        ck_assert_int_eq(tern_tp_put(p.client, mr, 0, 64, &rk, 0, (uint64_t)i), 0);
+    ck_assert_int_eq(tern_tp_put(p.client, mr, 0, 64, &rk, 0, 999), TERN_EAGAIN);
+    for (int i = 0; i < nheld; i++) {
+        ck_assert_int_eq(held[i].type, TERN_TP_EV_RECV);
+        tern_tp_msg_release(held[i].conn, held[i].data);
+    }
+    for (int i = 0; i < 400 && tp_next2(p.a, p.b, &ev, 200); i++)
+        if (ev.type == TERN_TP_EV_WRITABLE)
+            writable = true;
+    ck_assert_msg(writable, "credit came back but no WRITABLE");
+    tp_pair_close(&p);
+}
+END_TEST
+
+/* The acceptor sends at once; the connector does not poll for 2 s. */
+START_TEST(acceptor_sends_before_the_connector_polls)
+{
+    struct tern_tp_ep *a = tp_open("rdma", 4096), *b = tp_open("rdma", 4096);
+    struct tern_tp_conn *c, *s = NULL;
+    struct tern_tp_event ev;
+    char bound[128];
+    double t0;
+
+    ck_assert_int_eq(tern_tp_listen(b, rdma_case()->listen, bound, sizeof(bound)), 0);
+    ck_assert_int_eq(tern_tp_connect(a, bound, &c), 0);
+    ck_assert(tp_next(b, &ev, 5000));
+    ck_assert_int_eq(ev.type, TERN_TP_EV_ACCEPTED);
+    s = ev.conn;
+    send_seq(s, 42, 64);
+    t0 = now_ms();
+    while (now_ms() - t0 < 2000)
+        if (tp_next(b, &ev, 10))
+            ck_abort_msg("server event %d status %d (client slow to poll)", ev.type, ev.status);
+    ck_assert(tp_next(a, &ev, 5000));
+    ck_assert_int_eq(ev.type, TERN_TP_EV_CONNECTED);
+    expect_seq(a, b, 42, 64);
+    tern_tp_close(a);
+    tern_tp_close(b);
+}
+END_TEST
+
 Suite *suite_rdma(void)
 {
     Suite *s = suite_create("rdma");
@@ -429,6 +568,10 @@ Suite *suite_rdma(void)
     tcase_add_test(tc, malformed_record_closes_only_its_connection);
     tcase_add_test(tc, peers_with_different_rings);
     tcase_add_test(tc, staged_message_too_large_for_peer);
+    tcase_add_test(tc, short_post_after_a_skipped_tail);
+    tcase_add_test(tc, arm_sees_a_refused_put);
+    tcase_add_test(tc, writable_survives_a_full_pending_list);
+    tcase_add_test(tc, acceptor_sends_before_the_connector_polls);
     suite_add_tcase(s, tc);
     return s;
 }

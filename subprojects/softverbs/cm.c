@@ -200,6 +200,20 @@ static struct ibv_context *cm_device(void)
     return ctx;
 }
 
+int sv_rdma_release_devices(void)
+{
+    int rc = 0;
+
+    pthread_mutex_lock(&dev_lock);
+    if (dev_ctx && dev_pid == getpid()) {
+        rc = sv_close_device(dev_ctx);     /* EBUSY while QPs remain */
+        if (rc == 0)
+            dev_ctx = NULL;
+    }
+    pthread_mutex_unlock(&dev_lock);
+    return rc ? -1 : 0;
+}
+
 struct ibv_context **sv_rdma_get_devices(int *num_devices)
 {
     struct ibv_context **list;

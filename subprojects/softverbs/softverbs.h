@@ -93,5 +93,10 @@ int sv_rdma_reject(struct rdma_cm_id *id, const void *private_data, uint8_t priv
 int sv_rdma_disconnect(struct rdma_cm_id *id);
 int sv_rdma_get_cm_event(struct rdma_event_channel *channel, struct rdma_cm_event **event);
 int sv_rdma_ack_cm_event(struct rdma_cm_event *event);
+/* Close the context sv_rdma_get_devices opened, removing this process's
+ * segment, once nothing made on it is left (no librdmacm twin: librdmacm
+ * keeps its contexts until exit). -1 (EBUSY) while QPs remain. A later
+ * sv_rdma_get_devices opens a new one. */
+int sv_rdma_release_devices(void);
 
 #endif

@@ -22,6 +22,14 @@ static const char *listen_addr(const char *fabric)
     return "auto";
 }
 
+static volatile sig_atomic_t owner_stop;
+
+static void owner_on_term(int sig)
+{
+    (void)sig;
+    owner_stop = 1;
+}
+
 /* The owner: a region per connection, its key sent as the first message;
  * then it only polls (the served path needs that; the direct one does not). */
 static int owner(void *arg, int pipe_fd)
@@ -42,7 +50,10 @@ static int owner(void *arg, int pipe_fd)
     }
     (void)!write(pipe_fd, bound, strlen(bound));
     close(pipe_fd);
-    for (;;) {
+    /* SIGTERM ends it cleanly: the endpoint's resources (a softverbs
+     * segment, an NTB device file) go with tern_tp_close. */
+    signal(SIGTERM, owner_on_term);
+    while (!owner_stop) {
         int n = tern_tp_poll(ep, ev, 16);
 
         for (int i = 0; i < n; i++) {
@@ -52,8 +63,10 @@ static int owner(void *arg, int pipe_fd)
 
             if (ev[i].type == TERN_TP_EV_RECV)
                 tern_tp_msg_release(ev[i].conn, ev[i].data);
-            if (ev[i].type == TERN_TP_EV_CLOSED)
+            if (ev[i].type == TERN_TP_EV_CLOSED) {
+                tern_tp_close(ep);  /* the fabric's resources go with it */
                 return 0;
+            }
             if (ev[i].type != TERN_TP_EV_ACCEPTED)
                 continue;
             /* --served: memory of our own, reached through this poll. */
@@ -66,6 +79,8 @@ static int owner(void *arg, int pipe_fd)
         }
         tern_tp_flush(ep);
     }
+    tern_tp_close(ep);
+    return 0;
 }
 
 /* Wait for an event of `type` (handing back views); false on an error. */

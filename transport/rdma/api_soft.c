@@ -40,4 +40,5 @@ const struct tern_rdma_api tern_rdma_api_soft = {
     .disconnect = sv_rdma_disconnect,
     .get_cm_event = sv_rdma_get_cm_event,
     .ack_cm_event = sv_rdma_ack_cm_event,
+    .release_devices = sv_rdma_release_devices,
 };

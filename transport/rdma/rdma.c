@@ -5,6 +5,7 @@
  * message path. */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -17,6 +18,11 @@ static void set_nonblock(int fd)
 {
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
 }
+
+/* Endpoints open on each provider: the last one out gives the device
+ * contexts back. The lock orders that against another thread's open. */
+static pthread_mutex_t open_lock = PTHREAD_MUTEX_INITIALIZER;
+static unsigned open_eps[2];
 
 static void ep_release(struct rdma_ep *ep)
 {
@@ -43,6 +49,10 @@ static void ep_release(struct rdma_ep *ep)
     if (ep->epfd >= 0)
         close(ep->epfd);
     free(ep->qp_tab);
+    pthread_mutex_lock(&open_lock);
+    if (--open_eps[api->emulated] == 0 && api->release_devices)
+        api->release_devices();
+    pthread_mutex_unlock(&open_lock);
 }
 
 static int rdma_ep_open(struct tern_tp_ep *base)
@@ -54,18 +64,25 @@ static int rdma_ep_open(struct tern_tp_ep *base)
     int rc;
 
     ep->epfd = -1;
+    pthread_mutex_lock(&open_lock);
     rc = tern_rdma_dev_pick(&ep->dev);
+    if (rc == 0)
+        open_eps[ep->dev.api->emulated]++;
+    pthread_mutex_unlock(&open_lock);
     if (rc < 0) {
         tern_log(TERN_LOG_INFO, "rdma", "no device: %s", ep->dev.desc);
         return rc;
     }
     ep->api = ep->dev.api;
     /* Records carry the credit in 31 bits: rings stop at 1 GiB. */
-    if (base->cfg.conn_buf > ((size_t)1 << RDMA_RING_MAX_LOG2) ||
-        2 * rec_size(base->cfg.max_msg) > ((uint64_t)1 << RDMA_RING_MAX_LOG2))
-        return TERN_EINVAL;
-    if (ep->api->query_device(ep->dev.ctx, &da) != 0)
-        return TERN_ENODEV;
+    rc = base->cfg.conn_buf > ((size_t)1 << RDMA_RING_MAX_LOG2) ||
+                 2 * rec_size(base->cfg.max_msg) > ((uint64_t)1 << RDMA_RING_MAX_LOG2)
+             ? TERN_EINVAL
+             : ep->api->query_device(ep->dev.ctx, &da) != 0 ? TERN_ENODEV : 0;
+    if (rc < 0) {
+        ep_release(ep);
+        return rc;
+    }
     ep->cq_depth = da.max_cqe < RDMA_CQ_MAX ? (uint32_t)da.max_cqe : RDMA_CQ_MAX;
     ep->srq_depth = (uint32_t)da.max_srq_wr < RDMA_SRQ_MAX ? (uint32_t)da.max_srq_wr
                                                            : RDMA_SRQ_MAX;
@@ -204,9 +221,9 @@ static int rdma_arm(struct tern_tp_ep *base)
     int k;
 
     trdma_cm_poll(ep);
+    trdma_flush(base);      /* may itself make events owed */
     if (ep->base.ready || ep->wc_head < ep->wc_n)
         return TERN_EAGAIN;
-    trdma_flush(base);
     trdma_srq_refill(ep, true);
     /* Take the channel's events, ask for the next completion, then look
      * once more: one that came in between would ring nobody. */

@@ -59,6 +59,9 @@ struct tern_rdma_api {
     int (*disconnect)(struct rdma_cm_id *id);
     int (*get_cm_event)(struct rdma_event_channel *ch, struct rdma_cm_event **ev);
     int (*ack_cm_event)(struct rdma_cm_event *ev);
+    /* Optional: give the provider's device contexts back once no endpoint
+     * uses them (softverbs removes its /dev/shm segment). */
+    int (*release_devices)(void);
 };
 
 extern const struct tern_rdma_api tern_rdma_api_verbs;

@@ -180,6 +180,11 @@ void trdma_conn_relayout(struct rdma_conn *c)
     c->tx_mr = mr;
     c->tx_size = size;
     c->tx_head = pos;
+    if (c->want_writable) {
+        c->want_writable = false;
+        c->ev.writable = true;
+        tp_ready_push(&c->base);
+    }
     trdma_mark_dirty(c);
 }
 
@@ -275,7 +280,7 @@ void trdma_conn_fail(struct rdma_conn *c, int status)
 
     if (c->state == RC_CLOSING || c->state == RC_DEAD)
         return;
-    if (!c->active && !c->opened) {
+    if (!c->active && !c->announced) {
         trdma_conn_free(c);      /* never reported: drop it quietly */
         return;
     }
@@ -316,12 +321,10 @@ static void opened(struct rdma_conn *c)
     trdma_mark_dirty(c);
 }
 
-static void open_passive(struct rdma_conn *c)
+void trdma_conn_established(struct rdma_conn *c)
 {
-    if (c->state != RC_ACCEPTING)
-        return;
-    c->ev.accepted = true;
-    opened(c);
+    if (c->state == RC_ACCEPTING)
+        opened(c);
 }
 
 /* ---- addresses ---- */
@@ -454,7 +457,7 @@ static void on_established(struct rdma_conn *c, const void *data, size_t len)
     struct rdma_hello h;
 
     if (!c->active) {
-        open_passive(c);
+        trdma_conn_established(c);
         return;
     }
     if (c->state != RC_CONNECTING)
@@ -482,7 +485,10 @@ static void on_request(struct rdma_ep *ep, struct rdma_cm_id *id, const void *da
     struct rdma_conn *c = NULL;
     const char *why = "bad hello";
 
-    if (hello_parse(data, len, &h)) {
+    if (hello_parse(data, len, &h) && h.ring_log2 > ring_log2(ep) + 4 &&
+        h.ring_log2 > 26) {
+        why = "ring too large";     /* we would mirror it: refuse the memory */
+    } else if (hello_parse(data, len, &h)) {
         why = "out of connections";
         if (id->verbs == ep->dev.ctx)
             c = conn_new(ep, false);
@@ -514,10 +520,12 @@ static void on_request(struct rdma_ep *ep, struct rdma_cm_id *id, const void *da
         trdma_conn_free(c);
         return;
     }
-    /* Accepted: our QP is ready to send, and what we send before the peer
-     * has taken our answer is retried by the NIC until it has. The peer's
-     * ESTABLISHED needs the peer's own progress; ours does not wait. */
-    open_passive(c);
+    /* The user hears of it now; messages are staged until the peer is up
+     * (its RTU, or its first record), since before that the NIC's retries
+     * could run out while the connector has not yet taken our answer. */
+    c->announced = true;
+    c->ev.accepted = true;
+    tp_ready_push(&c->base);
 }
 
 static void on_event(struct rdma_ep *ep, enum rdma_cm_event_type type, struct rdma_cm_id *id,

@@ -24,20 +24,25 @@ void trdma_mark_dirty(struct rdma_conn *c)
 int trdma_msg_alloc(struct tern_tp_conn *conn, size_t len, void **buf)
 {
     struct rdma_conn *c = RCONN(conn);
-    uint64_t size = rec_size(len), pos = c->tx_head, off, skip;
+    uint64_t size = rec_size(len), pos = c->tx_head, off, skip, room = c->tx_size;
 
     if (c->state == RC_CLOSING || c->state == RC_DEAD)
         return TERN_ENOTCONN;
     if (c->resv)
         return TERN_EINVAL;
-    if (c->state == RC_OPEN && len > c->peer_max_msg)
+    if (c->peer_ring_addr && len > c->peer_max_msg)
         return TERN_EMSGSIZE;
+    /* Before the peer's ring is known, stage no more than the smallest
+     * ring a peer may have (or one record): the re-laying then always
+     * fits. */
+    if (!c->peer_ring_addr && pos)
+        room = RDMA_STAGE_MAX;
     /* A record never wraps: one that does not fit before the end of the
      * ring starts the next lap, and the receiver, which knows its length
      * from the completion, skips the same tail. */
     off = pos & (c->tx_size - 1);
     skip = c->tx_size - off < size ? c->tx_size - off : 0;
-    if (pos + skip + size - c->tx_credit > c->tx_size) {
+    if (pos + skip + size - c->tx_credit > room) {
         c->want_writable = true;
         return TERN_EAGAIN;
     }
@@ -45,6 +50,7 @@ int trdma_msg_alloc(struct tern_tp_conn *conn, size_t len, void **buf)
         *(struct rdma_rec *)(void *)(c->tx + off) =
             (struct rdma_rec){.len = (uint32_t)skip, .kind = REC_PAD};
     c->resv_start = pos + skip;
+    c->resv_skip = skip;
     c->resv = c->tx + (c->resv_start & (c->tx_size - 1)) + RDMA_HDR;
     c->resv_len = len;
     *buf = c->resv;
@@ -54,13 +60,23 @@ int trdma_msg_alloc(struct tern_tp_conn *conn, size_t len, void **buf)
 int trdma_msg_post(struct tern_tp_conn *conn, void *buf, size_t len)
 {
     struct rdma_conn *c = RCONN(conn);
+    uint8_t *rec;
 
     if (!c->resv || buf != c->resv)
         return TERN_EINVAL;
     if (len > c->resv_len)
         return TERN_EMSGSIZE;
-    *(struct rdma_rec *)(void *)(c->resv - RDMA_HDR) =
-        (struct rdma_rec){.len = (uint32_t)len, .kind = REC_MSG};
+    rec = c->resv - RDMA_HDR;
+    /* Posted shorter, it may fit the tail it skipped: the receiver, which
+     * only knows the posted length, looks for it there. */
+    if (c->resv_skip && rec_size(len) <= c->resv_skip) {
+        uint8_t *at = c->tx + ((c->resv_start - c->resv_skip) & (c->tx_size - 1));
+
+        memmove(at + RDMA_HDR, c->resv, len);
+        rec = at;
+        c->resv_start -= c->resv_skip;
+    }
+    *(struct rdma_rec *)(void *)rec = (struct rdma_rec){.len = (uint32_t)len, .kind = REC_MSG};
     c->tx_head = c->resv_start + rec_size(len);
     c->resv = NULL;
     if (c->state == RC_CLOSING || c->state == RC_DEAD)
@@ -162,7 +178,8 @@ static int onesided(struct tern_tp_conn *conn, bool is_put, struct tern_tp_mr *l
     if (c->state == RC_CLOSING || c->state == RC_DEAD)
         return TERN_ENOTCONN;
     if (c->state != RC_OPEN || c->relayout_log2 || tp_pend_full(&c->ev)) {
-        c->want_writable = c->state != RC_OPEN || c->relayout_log2;
+        if (c->state != RC_OPEN || c->relayout_log2)
+            c->want_writable = true;    /* WRITABLE once it is up */
         return TERN_EAGAIN;
     }
     if (!lmr->fab)
@@ -294,7 +311,7 @@ static bool next_wr(struct rdma_conn *c, struct ibv_send_wr *wr,
         if (c->credit_owed) {
             wr->opcode = IBV_WR_SEND_WITH_IMM;
             wr->num_sge = 0;
-            wr->send_flags = IBV_SEND_INLINE;
+            wr->send_flags = c->max_inline ? IBV_SEND_INLINE : 0;
             wr->imm_data = imm_out(c, false);
             wr->wr_id = WR_CREDIT;
             return true;
@@ -427,6 +444,8 @@ static void send_done(struct rdma_ep *ep, struct rdma_conn *c, const struct ibv_
 
     ep->cq_free += (long)(seq + 1 - c->sq_done);
     c->sq_done = seq + 1;
+    if (c->state == RC_DEAD)
+        return;     /* reported already (the marker could not be posted) */
     if (kind == WR_ONESIDED) {
         unsigned i = c->ev.pend_head + c->ev.done;
 
@@ -500,8 +519,11 @@ int trdma_wc_handle(struct rdma_ep *ep, struct tern_tp_event *ev, int max)
                 send_done(ep, c, wc);
             continue;
         }
-        /* A connection's ACCEPTED or CONNECTED went out before this: poll
-         * serves owed events before completions. */
+        /* Data from the connector: it is up, even if its RTU is still to
+         * come. (Its ACCEPTED or CONNECTED went out before this: poll
+         * serves owed events before completions.) */
+        if (c && c->state == RC_ACCEPTING)
+            trdma_conn_established(c);
         ep->wc_head++;
         ep->srq_missing++;
         if (c && (c->state == RC_OPEN || c->state == RC_CLOSING))

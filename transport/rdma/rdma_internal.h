@@ -35,6 +35,8 @@
 #define RDMA_CM_EVERY 256u      /* busy polls between looks at the CM */
 #define RDMA_RING_MIN_LOG2 12
 #define RDMA_RING_MAX_LOG2 30   /* the credit in an immediate has 31 bits */
+#define RDMA_STAGE_MAX 4096u    /* bytes staged before the peer's ring is known
+                                 * (the smallest ring a peer may have) */
 
 #define RDMA_HELLO_MAGIC 0x4d445274u    /* "tRDM" */
 #define RDMA_HELLO_VERSION 1u
@@ -103,6 +105,7 @@ struct rdma_conn {
     enum rdma_conn_state state;
     bool active;                /* we connected (vs accepted) */
     bool opened;                /* it reached RC_OPEN */
+    bool announced;             /* the user knows of it (ACCEPTED owed/sent) */
     struct tp_conn_events ev;
     struct rdma_cm_id *id;
     struct ibv_qp *qp;
@@ -137,6 +140,7 @@ struct rdma_conn {
     uint8_t *resv;              /* open reservation (payload start) */
     size_t resv_len;
     uint64_t resv_start;        /* its record's stream position */
+    uint64_t resv_skip;         /* the ring tail it skips (PAD), if any */
     uint8_t relayout_log2;      /* the peer's ring differs from the one we
                                  * staged into: re-lay once no reservation
                                  * is open (rdma_conn.c) */
@@ -197,6 +201,8 @@ struct rdma_conn *trdma_conn_by_qpn(struct rdma_ep *ep, uint32_t qpn);
 /* The pending re-layout of the staged records, now that no reservation
  * is open. */
 void trdma_conn_relayout(struct rdma_conn *c);
+/* The passive side is up: its ESTABLISHED, or data only an up peer sends. */
+void trdma_conn_established(struct rdma_conn *c);
 void trdma_listeners_close(struct rdma_ep *ep);
 
 /* ---- rdma_data.c ---- */

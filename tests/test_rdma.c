@@ -250,6 +250,15 @@ static void raw_close(struct raw *r)
     sv_dealloc_pd(r->pd);
 }
 
+/* The wire format, as a peer must speak it (rdma_internal.h). */
+struct wire_hello {
+    uint32_t magic;
+    uint16_t version;
+    uint8_t ring_log2, pad;
+    uint64_t ring_addr;
+    uint32_t ring_rkey, max_msg;
+};
+
 /* A connect request whose private data is not our hello (another
  * program on the port, or a bad version) is rejected, and the listener
  * keeps serving. */
@@ -257,6 +266,7 @@ START_TEST(foreign_connect_request_is_rejected)
 {
     static const char junk[] = "GET / HTTP/1.0";
     static struct raw r;
+    struct wire_hello h;
     struct tern_tp_ep *b;
     struct tern_tp_event ev;
     char bound[128];
@@ -267,6 +277,12 @@ START_TEST(foreign_connect_request_is_rejected)
     ck_assert_int_eq(tern_tp_listen(b, "127.0.0.1:0", bound, sizeof(bound)), 0);
     ck_assert_int_eq(raw_connect(&r, b, bound, junk, sizeof(junk)), RDMA_CM_EVENT_REJECTED);
     raw_close(&r);
+    /* A proper hello asking us to mirror a 1 GiB ring: refused too. */
+    h = (struct wire_hello){.magic = htole32(0x4d445274u), .version = htole16(1),
+                            .ring_log2 = 30, .ring_addr = htole64(4096),
+                            .max_msg = htole32(4096)};
+    ck_assert_int_eq(raw_connect(&r, b, bound, &h, sizeof(h)), RDMA_CM_EVENT_REJECTED);
+    raw_close(&r);
     /* Nothing reached the user, and a real client still gets in. */
     ck_assert(!tp_next(b, &ev, 50));
     tern_tp_close(b);
@@ -276,15 +292,6 @@ START_TEST(foreign_connect_request_is_rejected)
     tp_pair_close(&p);
 }
 END_TEST
-
-/* The wire format, as a peer must speak it (rdma_internal.h). */
-struct wire_hello {
-    uint32_t magic;
-    uint16_t version;
-    uint8_t ring_log2, pad;
-    uint64_t ring_addr;
-    uint32_t ring_rkey, max_msg;
-};
 
 /* A peer that says hello properly, then writes a record whose header
  * disagrees with the length that landed: that connection closes with

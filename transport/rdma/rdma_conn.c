@@ -483,12 +483,13 @@ static void on_request(struct rdma_ep *ep, struct rdma_cm_id *id, const void *da
     struct rdma_hello h, mine;
     struct rdma_conn_param p;
     struct rdma_conn *c = NULL;
-    const char *why = "bad hello";
+    const char *why;
 
-    if (hello_parse(data, len, &h) && h.ring_log2 > ring_log2(ep) + 4 &&
-        h.ring_log2 > 26) {
+    if (!hello_parse(data, len, &h)) {
+        why = "bad hello";
+    } else if (h.ring_log2 > ring_log2(ep) + 4 && h.ring_log2 > 26) {
         why = "ring too large";     /* we would mirror it: refuse the memory */
-    } else if (hello_parse(data, len, &h)) {
+    } else {
         why = "out of connections";
         if (id->verbs == ep->dev.ctx)
             c = conn_new(ep, false);

@@ -370,27 +370,18 @@ static bool conn_post(struct rdma_ep *ep, struct rdma_conn *c)
 int trdma_flush(struct tern_tp_ep *base)
 {
     struct rdma_ep *ep = REP(base);
-    struct rdma_conn *list = ep->dirty, *keep = NULL;
+    struct rdma_conn *list = ep->dirty;
 
+    /* Posting never marks another connection; those with work left (no
+     * room) stay on the list for the next flush. */
     ep->dirty = NULL;
     while (list) {
         struct rdma_conn *c = list;
 
         list = c->dirty_next;
         c->dirty = false;
-        if (conn_post(ep, c)) {
-            c->dirty = true;
-            c->dirty_next = keep;
-            keep = c;
-        }
-    }
-    /* Connections marked while posting (none today) join those left. */
-    while (keep) {
-        struct rdma_conn *c = keep;
-
-        keep = c->dirty_next;
-        c->dirty = false;
-        trdma_mark_dirty(c);
+        if (conn_post(ep, c))
+            trdma_mark_dirty(c);
     }
     return 0;
 }
@@ -463,7 +454,7 @@ static void send_done(struct rdma_ep *ep, struct rdma_conn *c, const struct ibv_
         return;
     }
     if (status && c->state == RC_OPEN)
-        trdma_conn_fail(c, status == TERN_EREMACCESS ? TERN_EREMACCESS : status);
+        trdma_conn_fail(c, status);
 }
 
 /* One receive completion; writes at most one event. */

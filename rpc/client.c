@@ -126,8 +126,8 @@ static int call_send(struct tern_session *s, struct rpc_call *c, uint64_t *now)
     if (rc < 0)
         return rc;
     memcpy(buf, &h, sizeof(h));
-    if (c->len)
-        memcpy(buf + sizeof(h), c->req, c->len);
+    for (size_t i = 0, off = sizeof(h); i < c->niov; off += c->iov[i].iov_len, i++)
+        memcpy(buf + off, c->iov[i].iov_base, c->iov[i].iov_len);
     return tern_tp_msg_post(s->conn, buf, sizeof(h) + c->len);
 }
 
@@ -164,12 +164,29 @@ int tern_call(struct tern_session *s, uint16_t svc, uint16_t method, const void 
               size_t len, uint64_t timeout_ns, tern_cont_fn cont, void *arg,
               uint64_t *call_id)
 {
+    struct iovec iov = {.iov_base = (void *)req, .iov_len = len};
+
+    if (!req && len)
+        return TERN_EINVAL;
+    return tern_callv(s, svc, method, &iov, len ? 1 : 0, timeout_ns, cont, arg, call_id);
+}
+
+int tern_callv(struct tern_session *s, uint16_t svc, uint16_t method, const struct iovec *iov,
+               unsigned iovcnt, uint64_t timeout_ns, tern_cont_fn cont, void *arg,
+               uint64_t *call_id)
+{
     struct tern_rpc_ep *ep;
     struct rpc_call *c;
     uint64_t now;
+    size_t len = 0;
 
-    if (!s || (!req && len))
+    if (!s || iovcnt > TERN_CALL_IOV_MAX || (iovcnt && !iov))
         return TERN_EINVAL;
+    for (unsigned i = 0; i < iovcnt; i++) {
+        if (!iov[i].iov_base && iov[i].iov_len)
+            return TERN_EINVAL;
+        len += iov[i].iov_len;
+    }
     ep = s->ep;
     if (s->state == SESS_DEAD)
         return s->status ? s->status : TERN_ENOTCONN;
@@ -181,7 +198,9 @@ int tern_call(struct tern_session *s, uint16_t svc, uint16_t method, const void 
     c->state = CALL_QUEUED;
     c->s = s;
     c->resent = false;
-    c->req = req;
+    for (unsigned i = 0; i < iovcnt; i++)
+        c->iov[i] = iov[i];
+    c->niov = (uint8_t)iovcnt;
     c->len = len;
     c->svc = svc;
     c->method = method;

@@ -515,6 +515,23 @@ awake:
         ep->tp_idle[t] = 0;
 }
 
+int tern_rpc_wait_fd(const struct tern_rpc_ep *ep)
+{
+    return ep->n_tp == 1 ? tern_tp_wait_fd(ep->tp[0]) : ep->wait_epfd;
+}
+
+int tern_rpc_arm(struct tern_rpc_ep *ep)
+{
+    for (unsigned t = 0; t < ep->n_tp; t++) {
+        int rc = tern_tp_arm(ep->tp[t]);
+
+        ep->tp_idle[t] = 0;      /* after a sleep, look at every fabric */
+        if (rc < 0)
+            return rc == TERN_EAGAIN ? 1 : rc;
+    }
+    return 0;
+}
+
 int tern_rpc_run(struct tern_rpc_ep *ep, int timeout_ms)
 {
     uint64_t start = tern_now_ns(), idle_since = start;

@@ -19,6 +19,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #include "error.h"
 #include "transport.h"
@@ -58,6 +59,9 @@ struct tern_service {
  * smaller of this endpoint's and the client's maximum message size (the
  * handler then usually returns TERN_EMSGSIZE). Call at most once per request. */
 void *tern_reply_alloc(struct tern_req *req, size_t len);
+
+/* The largest reply tern_reply_alloc() may give this request. */
+size_t tern_reply_max(const struct tern_req *req);
 
 /* Shrink the reply reserved by tern_reply_alloc() to `len` bytes. */
 void tern_reply_set_len(struct tern_req *req, size_t len);
@@ -106,6 +110,15 @@ int tern_rpc_poll(struct tern_rpc_ep *ep);
  * adaptive mode it sleeps on the transport's fd when idle. */
 int tern_rpc_run(struct tern_rpc_ep *ep, int timeout_ms);
 
+/* For an application that sleeps in its own loop (say with other sockets):
+ * an fd that polls readable when the endpoint may have work (-1 before the
+ * first listen or connect). Call tern_rpc_arm() before sleeping on it. */
+int tern_rpc_wait_fd(const struct tern_rpc_ep *ep);
+
+/* Get ready to sleep on tern_rpc_wait_fd(): 0 if that is safe, 1 if work is
+ * already pending (poll again instead), or a negative tern code. */
+int tern_rpc_arm(struct tern_rpc_ep *ep);
+
 /* Make tern_rpc_run() return; safe from a handler or a signal handler. */
 void tern_rpc_stop(struct tern_rpc_ep *ep);
 
@@ -146,6 +159,14 @@ typedef void (*tern_cont_fn)(void *arg, int status, const void *reply, size_t le
 int tern_call(struct tern_session *s, uint16_t svc, uint16_t method, const void *req,
               size_t len, uint64_t timeout_ns, tern_cont_fn cont, void *arg,
               uint64_t *call_id);
+
+/* tern_call with the request gathered from up to TERN_CALL_IOV_MAX pieces
+ * (say a small header, a key and a value), copied straight into the send
+ * buffer. Every piece must stay valid until the continuation runs. */
+#define TERN_CALL_IOV_MAX 4
+int tern_callv(struct tern_session *s, uint16_t svc, uint16_t method, const struct iovec *iov,
+               unsigned iovcnt, uint64_t timeout_ns, tern_cont_fn cont, void *arg,
+               uint64_t *call_id);
 
 /* Cancel a call: its continuation runs now with TERN_ECANCELED and a late
  * reply is dropped. TERN_ENOENT if it already completed. */

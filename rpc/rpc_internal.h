@@ -25,8 +25,9 @@ struct rpc_call {
     enum call_state state;
     struct tern_session *s;
     struct rpc_call *prev, *next;   /* session's queued or sent list */
-    const void *req;
-    size_t len;
+    struct iovec iov[TERN_CALL_IOV_MAX];   /* the request, gathered at send */
+    uint8_t niov;
+    size_t len;                     /* sum of the iov lengths */
     uint16_t svc, method;
     bool resent;                    /* re-sent after a failover */
     uint64_t timeout;               /* ns, 0 = none */

@@ -37,6 +37,13 @@ void *tern_reply_alloc(struct tern_req *r, size_t len)
     return r->spilled->data + HDR;
 }
 
+size_t tern_reply_max(const struct tern_req *r)
+{
+    size_t own = r->s->ep->cfg.max_msg;
+
+    return r->s->peer_max_msg < own ? r->s->peer_max_msg : own;
+}
+
 void tern_reply_set_len(struct tern_req *r, size_t len)
 {
     if (len < r->reply_len)

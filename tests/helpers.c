@@ -1,6 +1,7 @@
 #include <check.h>
 #include <signal.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -210,4 +211,14 @@ int stop_server(pid_t pid)
     if (waitpid(pid, &status, 0) != pid)
         return -1;
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+char *test_pool_dir(char *buf, size_t len, const char *name)
+{
+    struct stat st;
+    const char *base = stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode) ? "/dev/shm" : "/tmp";
+
+    snprintf(buf, len, "%s/tern-%s-XXXXXX", base, name);
+    ck_assert_ptr_nonnull(mkdtemp(buf));
+    return buf;
 }

@@ -62,6 +62,11 @@ pid_t spawn_rpc_server_at(void (*setup)(struct tern_rpc_ep *ep),
 /* SIGTERM the server and reap it; returns its exit status (-1 if killed). */
 int stop_server(pid_t pid);
 
+/* A fresh directory for a test's pool files, named after `name`: on tmpfs
+ * (/dev/shm) when there is one, where a persist is a cheap msync, else in
+ * /tmp. Written to buf (at least 64 bytes); returns buf. */
+char *test_pool_dir(char *buf, size_t len, const char *name);
+
 /* Milliseconds since an arbitrary start. */
 double now_ms(void);
 

@@ -33,6 +33,12 @@ static const struct {
     {"softverbs", suite_softverbs},
     {"rdma", suite_rdma},
 #endif
+#if TERN_HAVE_SERVICES
+    {"kv", suite_kv},
+    {"kv_crash", suite_kv_crash},
+    {"kv_procs", suite_kv_procs},
+    {"resp", suite_resp},
+#endif
 };
 
 int main(int argc, char **argv)

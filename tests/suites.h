@@ -18,5 +18,9 @@ Suite *suite_shm(void);
 Suite *suite_shm_direct(void);
 Suite *suite_softverbs(void);   /* built with rdma-core's headers only */
 Suite *suite_rdma(void);
+Suite *suite_kv(void);          /* the services: built with libpmem */
+Suite *suite_kv_crash(void);
+Suite *suite_kv_procs(void);
+Suite *suite_resp(void);
 
 #endif

@@ -39,7 +39,12 @@
     X(ENOFABRIC,       -(TERN_EBASE + 5), "no such fabric, or not built in")   \
     X(EHANDLER,        -(TERN_EBASE + 6), "remote handler failed")             \
     X(EVERSION,        -(TERN_EBASE + 7), "peer speaks an incompatible protocol version") \
-    X(ENODEV,          -ENODEV,          "no such device: the fabric's hardware is absent")
+    X(ENODEV,          -ENODEV,          "no such device: the fabric's hardware is absent") \
+    X(ENOSPC,          -ENOSPC,          "no space left in the pool")          \
+    X(E2BIG,           -E2BIG,           "key or value larger than the store accepts") \
+    X(EBUSY,           -EBUSY,           "in use by another process")          \
+    X(ECORRUPT,        -(TERN_EBASE + 8), "pool file corrupt: failed a magic, bounds or checksum test") \
+    X(EWRONGNODE,      -(TERN_EBASE + 9), "key outside this server's hash range")
 
 enum tern_errno {
 #define TERN_ERR_ENUM(name, value, msg) TERN_##name = (value),

@@ -1,0 +1,117 @@
+/* tern key-value service: a persistent store served over tern RPC, and the
+ * client library that spreads keys over several servers.
+ *
+ * Server: tern_kv_service_create() opens a pool (recovering its index) and
+ * gives a struct tern_service to register on an endpoint. GET replies are
+ * copied from the pool straight into the send buffer; a PUT value goes from
+ * the receive buffer into the pool once, and the reply that says "stored"
+ * leaves only after the record is durable.
+ *
+ * Client: tern_kv_open() connects to every server, learns the 32-bit hash
+ * range each owns, and routes each key by the top 32 bits of its XXH3 hash.
+ * Every call has a sync form and an async form whose callback runs inside
+ * tern_rpc_poll() of the client's endpoint.
+ */
+#ifndef TERN_KV_H
+#define TERN_KV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rpc.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TERN_KV_SERVICE_ID 0x6b76    /* "kv" */
+
+/* ---- server ---- */
+
+struct tern_kv_service_opts {
+    const char *pool_path;           /* created if absent */
+    uint64_t pool_size;              /* create: 0 = 256 MiB */
+    uint32_t seg_size;               /* create: 0 = 1 MiB */
+    uint32_t range_lo;               /* owns keys with hash>>32 in [lo, hi] */
+    uint32_t range_hi;               /* 0, 0 = the whole space */
+};
+
+struct tern_kv_service;
+struct tern_kv_store;
+
+/* Open the pool and build the service. Errors as tern_kv_store_open(). */
+int tern_kv_service_create(const struct tern_kv_service_opts *o, struct tern_kv_service **out);
+
+/* The service to tern_rpc_register(); valid until destroy. */
+const struct tern_service *tern_kv_service_def(struct tern_kv_service *svc);
+
+/* The store behind the service (for a gateway on the same thread). */
+struct tern_kv_store *tern_kv_service_store(struct tern_kv_service *svc);
+
+/* Close the store. Unregister first (destroy the endpoint). */
+void tern_kv_service_destroy(struct tern_kv_service *svc);
+
+/* ---- client ---- */
+
+struct tern_kv;
+
+/* Connect to `n` servers (tern_rpc_connect URIs) and learn their ranges,
+ * which must cover the hash space without overlap (TERN_EINVAL otherwise). */
+int tern_kv_open(struct tern_rpc_ep *ep, const char *const *uris, unsigned n,
+                 uint64_t timeout_ns, struct tern_kv **out);
+
+/* Close every session; async calls in flight complete with TERN_ECANCELED. */
+void tern_kv_close(struct tern_kv *kv);
+
+/* Per-call deadline for later calls (0 = none; the default is 5 s). */
+void tern_kv_set_timeout(struct tern_kv *kv, uint64_t timeout_ns);
+
+/* Result of an async call. `val` (GET) is valid during the callback only. */
+typedef void (*tern_kv_cb)(void *arg, int status, const void *val, size_t len,
+                           uint64_t version);
+
+/* Async forms. Key and value must stay valid until the callback runs (they
+ * may be re-sent after a fabric failover). TERN_ENOBUFS when too many calls
+ * are in flight: poll, then retry. */
+int tern_kv_get_async(struct tern_kv *kv, const void *key, size_t klen, tern_kv_cb cb,
+                      void *arg);
+int tern_kv_put_async(struct tern_kv *kv, const void *key, size_t klen, const void *val,
+                      size_t len, tern_kv_cb cb, void *arg);
+int tern_kv_del_async(struct tern_kv *kv, const void *key, size_t klen, tern_kv_cb cb,
+                      void *arg);
+
+/* GET into buf/cap (TERN_EMSGSIZE if it does not fit, with *len set to the
+ * size needed). TERN_ENOENT if absent. version may be NULL. */
+int tern_kv_get(struct tern_kv *kv, const void *key, size_t klen, void *buf, size_t cap,
+                size_t *len, uint64_t *version);
+
+/* PUT; returns once the value is durable on its server. */
+int tern_kv_put(struct tern_kv *kv, const void *key, size_t klen, const void *val,
+                size_t len, uint64_t *version);
+
+/* DELETE; TERN_ENOENT if absent. */
+int tern_kv_del(struct tern_kv *kv, const void *key, size_t klen);
+
+/* Multi-get: one call per server, the keys of each packed together.
+ * cb(arg_i) runs once per key with its own status; `i` is its index. */
+typedef void (*tern_kv_mget_cb)(void *arg, unsigned i, int status, const void *val,
+                                size_t len, uint64_t version);
+int tern_kv_mget(struct tern_kv *kv, unsigned n, const void *const *keys, const size_t *klens,
+                 tern_kv_mget_cb cb, void *arg);
+
+/* Scan every server in hash order. Start with *cursor = 0; each call visits
+ * up to `max` keys, calling cb for each, and updates
+ * *cursor; 0 afterwards means the scan is complete. */
+typedef void (*tern_kv_scan_cb)(void *arg, const void *key, size_t klen, const void *val,
+                                size_t len, uint64_t version);
+int tern_kv_scan(struct tern_kv *kv, uint64_t *cursor, unsigned max, tern_kv_scan_cb cb,
+                 void *arg);
+
+/* Keys stored across all servers. */
+int tern_kv_count(struct tern_kv *kv, uint64_t *keys);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,360 @@
+/* The KV service's handlers. Each checks its request against the payload
+ * length before reading it (TERN_EPROTO otherwise), refuses keys outside the
+ * server's hash range (TERN_EWRONGNODE), and answers from the store:
+ * values are copied from the pool straight into the reply buffer, PUT values
+ * from the receive buffer straight into the pool, and a PUT or DELETE is
+ * durable before its reply is built. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "kv.h"
+#include "kv_store.h"
+#include "kv_wire.h"
+
+struct tern_kv_service {
+    struct tern_kv_store *store;
+    uint32_t lo, hi;
+    struct tern_service def;
+};
+
+/* Parse a kv_key request; `with_val` for PUT. */
+static int parse_key(const void *data, size_t len, bool with_val, const uint8_t **key,
+                     uint16_t *klen, const uint8_t **val, uint32_t *vlen)
+{
+    struct kv_key k;
+
+    if (len < sizeof(k))
+        return TERN_EPROTO;
+    memcpy(&k, data, sizeof(k));
+    if (k.flags || (!with_val && k.vlen) || len != sizeof(k) + (size_t)k.klen + k.vlen)
+        return TERN_EPROTO;
+    if (!k.klen)
+        return TERN_EINVAL;
+    *key = (const uint8_t *)data + sizeof(k);
+    *klen = k.klen;
+    if (val) {
+        *val = *key + k.klen;
+        *vlen = k.vlen;
+    }
+    return 0;
+}
+
+static bool owns(const struct tern_kv_service *svc, const void *key, size_t klen)
+{
+    uint32_t top = (uint32_t)(tern_kv_hash(key, klen) >> 32);
+
+    return top >= svc->lo && top <= svc->hi;
+}
+
+static int reply_version(struct tern_req *req, uint64_t version)
+{
+    struct kv_val *v = tern_reply_alloc(req, sizeof(*v));
+
+    if (!v)
+        return TERN_EMSGSIZE;
+    v->version = version;
+    return 0;
+}
+
+static int h_get(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    struct tern_kv_service *svc = ctx;
+    const uint8_t *key;
+    const void *val;
+    uint16_t klen;
+    uint32_t vlen;
+    uint64_t version;
+    uint8_t *out;
+    int rc = parse_key(data, len, false, &key, &klen, NULL, NULL);
+
+    if (rc < 0)
+        return rc;
+    if (!owns(svc, key, klen))
+        return TERN_EWRONGNODE;
+    rc = tern_kv_store_get(svc->store, key, klen, &val, &vlen, &version);
+    if (rc < 0)
+        return rc;
+    out = tern_reply_alloc(req, sizeof(struct kv_val) + vlen);
+    if (!out)
+        return TERN_EMSGSIZE;
+    memcpy(out, &version, sizeof(version));
+    memcpy(out + sizeof(struct kv_val), val, vlen);
+    return 0;
+}
+
+static int h_put(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    struct tern_kv_service *svc = ctx;
+    const uint8_t *key, *val;
+    uint16_t klen;
+    uint32_t vlen;
+    uint64_t version;
+    int rc = parse_key(data, len, true, &key, &klen, &val, &vlen);
+
+    if (rc < 0)
+        return rc;
+    if (!owns(svc, key, klen))
+        return TERN_EWRONGNODE;
+    rc = tern_kv_store_put(svc->store, key, klen, val, vlen, TERN_KV_SYNC, &version);
+    return rc < 0 ? rc : reply_version(req, version);
+}
+
+static int h_del(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    struct tern_kv_service *svc = ctx;
+    const uint8_t *key;
+    uint16_t klen;
+    uint64_t version;
+    int rc = parse_key(data, len, false, &key, &klen, NULL, NULL);
+
+    if (rc < 0)
+        return rc;
+    if (!owns(svc, key, klen))
+        return TERN_EWRONGNODE;
+    rc = tern_kv_store_del(svc->store, key, klen, TERN_KV_SYNC, &version);
+    return rc < 0 ? rc : reply_version(req, version);
+}
+
+/* The i-th key of an MGET request, walking from *off. */
+static int next_key(const uint8_t *data, size_t len, size_t *off, const uint8_t **key,
+                    uint16_t *klen)
+{
+    if (*off + sizeof(*klen) > len)
+        return TERN_EPROTO;
+    memcpy(klen, data + *off, sizeof(*klen));
+    *off += sizeof(*klen);
+    if (!*klen || *off + *klen > len)
+        return TERN_EPROTO;
+    *key = data + *off;
+    *off += *klen;
+    return 0;
+}
+
+/* One MGET result: a value, or TERN_ENOENT / TERN_EWRONGNODE / ... */
+static int lookup(struct tern_kv_service *svc, const uint8_t *key, uint16_t klen,
+                  const void **val, uint32_t *vlen, uint64_t *version)
+{
+    *vlen = 0;
+    *version = 0;
+    if (!owns(svc, key, klen))
+        return TERN_EWRONGNODE;
+    return tern_kv_store_get(svc->store, key, klen, val, vlen, version);
+}
+
+static int h_mget(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    struct tern_kv_service *svc = ctx;
+    size_t max = tern_reply_max(req), total = sizeof(struct kv_mget_rep), off;
+    struct kv_mget m;
+    uint16_t n_done = 0;
+    uint8_t *out;
+
+    if (len < sizeof(m))
+        return TERN_EPROTO;
+    memcpy(&m, data, sizeof(m));
+    /* First pass: check the whole request and size the reply, so that it is
+     * reserved once and exactly. Results that do not fit are left for the
+     * client to ask again. */
+    off = sizeof(m);
+    for (uint16_t i = 0; i < m.n; i++) {
+        const uint8_t *key;
+        const void *val;
+        uint16_t klen;
+        uint32_t vlen;
+        uint64_t ver;
+
+        if (next_key(data, len, &off, &key, &klen) < 0)
+            return TERN_EPROTO;
+        lookup(svc, key, klen, &val, &vlen, &ver);
+        if (n_done == i && total + kv_item_size(0, vlen) <= max) {
+            total += kv_item_size(0, vlen);
+            n_done++;
+        }
+    }
+    if (off != len)
+        return TERN_EPROTO;
+    if (m.n && !n_done)
+        return TERN_EMSGSIZE;   /* the first value alone is too big */
+    out = tern_reply_alloc(req, total);
+    if (!out)
+        return TERN_EMSGSIZE;
+    memset(out, 0, total);
+    memcpy(out, &n_done, sizeof(n_done));
+    off = sizeof(m);
+    total = sizeof(struct kv_mget_rep);
+    for (uint16_t i = 0; i < n_done; i++) {
+        struct kv_item it = {0};
+        const uint8_t *key;
+        const void *val = NULL;
+        uint16_t klen;
+
+        next_key(data, len, &off, &key, &klen);
+        it.status = lookup(svc, key, klen, &val, &it.vlen, &it.version);
+        memcpy(out + total, &it, sizeof(it));
+        if (it.vlen)
+            memcpy(out + total + sizeof(it), val, it.vlen);
+        total += kv_item_size(0, it.vlen);
+    }
+    return 0;
+}
+
+struct scan_fill {
+    uint8_t *out;
+    size_t off, cap;
+    uint32_t n;
+    bool full;
+};
+
+static int scan_size(void *arg, const void *key, size_t klen, const void *val, uint32_t vlen,
+                     uint64_t version)
+{
+    struct scan_fill *f = arg;
+    size_t need = kv_item_size((uint32_t)klen, vlen);
+
+    if (f->off + need > f->cap) {
+        f->full = true;
+        return 1;
+    }
+    if (f->out) {
+        struct kv_item it = {.vlen = vlen, .version = version, .klen = (uint16_t)klen};
+
+        memcpy(f->out + f->off, &it, sizeof(it));
+        memcpy(f->out + f->off + sizeof(it), key, klen);
+        memcpy(f->out + f->off + sizeof(it) + klen, val, vlen);
+    }
+    f->off += need;
+    f->n++;
+    return 0;
+}
+
+/* Take whole buckets from `cursor` while they fit in f->cap and fewer than
+ * `max` keys were taken; returns the cursor after the last bucket taken. A
+ * bucket is never split between replies, so the cursor always moves on. */
+static uint64_t fill_buckets(struct tern_kv_store *store, uint64_t cursor, uint32_t max,
+                             struct scan_fill *f, bool *done)
+{
+    *done = false;
+    while (f->n < max) {
+        struct scan_fill t = *f;
+        uint64_t next;
+
+        tern_kv_store_scan(store, cursor, 1, scan_size, &t, &next);
+        if (t.full)
+            break;
+        *f = t;
+        cursor = next;
+        if (!cursor) {
+            *done = true;
+            break;
+        }
+    }
+    return cursor;
+}
+
+static int h_scan(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    struct tern_kv_service *svc = ctx;
+    struct scan_fill f = {.off = sizeof(struct kv_scan_rep), .cap = tern_reply_max(req)};
+    struct kv_scan_rep rep = {0};
+    struct kv_scan q;
+    bool done;
+
+    if (len != sizeof(q))
+        return TERN_EPROTO;
+    memcpy(&q, data, sizeof(q));
+    if (!q.max)
+        return TERN_EINVAL;
+    /* A dry run sizes the reply; the second pass fills it. */
+    rep.next = fill_buckets(svc->store, q.cursor, q.max, &f, &done);
+    if (!done && f.n == 0)
+        return TERN_EMSGSIZE;   /* one bucket alone is larger than a reply */
+    if (done)
+        rep.next = 0;
+    rep.n = f.n;
+    f = (struct scan_fill){.off = sizeof(rep), .cap = f.off};
+    f.out = tern_reply_alloc(req, f.cap);
+    if (!f.out)
+        return TERN_EMSGSIZE;
+    memcpy(f.out, &rep, sizeof(rep));
+    fill_buckets(svc->store, q.cursor, q.max, &f, &done);
+    return 0;
+}
+
+static int h_info(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    struct tern_kv_service *svc = ctx;
+    struct tern_kv_store_stats st;
+    struct kv_info *info;
+
+    if (len)
+        return TERN_EPROTO;
+    info = tern_reply_alloc(req, sizeof(*info));
+    if (!info)
+        return TERN_EMSGSIZE;
+    tern_kv_store_get_stats(svc->store, &st);
+    *info = (struct kv_info){
+        .range_lo = svc->lo, .range_hi = svc->hi, .keys = st.keys,
+        .pool_size = st.pool.size, .pool_live = st.pool.bytes_live,
+        .key_max = TERN_KV_KEY_MAX,
+        .val_max = (uint32_t)tern_kv_store_val_max(svc->store, 16),
+    };
+    memcpy(info->uuid, st.pool.uuid, sizeof(info->uuid));
+    return 0;
+}
+
+static const struct tern_method kv_methods[] = {
+    {.id = KV_M_GET, .name = "get", .handler = h_get},
+    {.id = KV_M_PUT, .name = "put", .handler = h_put},
+    {.id = KV_M_DEL, .name = "del", .handler = h_del},
+    {.id = KV_M_MGET, .name = "mget", .handler = h_mget},
+    {.id = KV_M_SCAN, .name = "scan", .handler = h_scan},
+    {.id = KV_M_INFO, .name = "info", .handler = h_info},
+};
+
+int tern_kv_service_create(const struct tern_kv_service_opts *o, struct tern_kv_service **out)
+{
+    struct tern_kv_store_opts so = {0};
+    struct tern_kv_service *svc;
+    int rc;
+
+    if (!o || !out || (o->range_lo > o->range_hi))
+        return TERN_EINVAL;
+    svc = calloc(1, sizeof(*svc));
+    if (!svc)
+        return TERN_ENOMEM;
+    so.path = o->pool_path;
+    so.pool_size = o->pool_size;
+    so.seg_size = o->seg_size;
+    rc = tern_kv_store_open(&so, &svc->store);
+    if (rc < 0) {
+        free(svc);
+        return rc;
+    }
+    svc->lo = o->range_lo;
+    svc->hi = (o->range_lo == 0 && o->range_hi == 0) ? UINT32_MAX : o->range_hi;
+    svc->def = (struct tern_service){
+        .name = "kv", .id = TERN_KV_SERVICE_ID, .methods = kv_methods,
+        .n_methods = sizeof(kv_methods) / sizeof(kv_methods[0]), .ctx = svc,
+    };
+    *out = svc;
+    return 0;
+}
+
+const struct tern_service *tern_kv_service_def(struct tern_kv_service *svc)
+{
+    return &svc->def;
+}
+
+struct tern_kv_store *tern_kv_service_store(struct tern_kv_service *svc)
+{
+    return svc->store;
+}
+
+void tern_kv_service_destroy(struct tern_kv_service *svc)
+{
+    if (!svc)
+        return;
+    tern_kv_store_close(svc->store);
+    free(svc);
+}

@@ -1,0 +1,384 @@
+/* The key-value engine: pool + DRAM index. See kv_store.h.
+ *
+ * Every write appends a record (a value or a tombstone) with a new version
+ * and repoints the key's index entry; the record it replaces becomes dead and
+ * counts as one of the key's older records still in the pool (n_old). When
+ * free segments run low, the pool's cleaner copies the live records of the
+ * emptiest segment forward and frees it; the callbacks below tell it what is
+ * live and keep the index and the n_old counts in step.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "error.h"
+#include "kv_index.h"
+#include "kv_store.h"
+#include "log.h"
+
+struct tern_kv_store {
+    struct tern_pm_pool *pool;
+    struct kv_index ix;
+    uint64_t keys;
+    bool dirty;
+    uint32_t clean_low;              /* clean when fewer free segments than this */
+    struct tern_kv_store_stats st;
+    struct tern_pm_cleaner cleaner;
+};
+
+uint64_t tern_kv_hash(const void *key, size_t klen)
+{
+    return XXH3_64bits(key, klen);
+}
+
+static inline tern_pm_loc ent_loc(const struct kv_ent *e)
+{
+    return e->loc & ~KV_TOMB;
+}
+
+static inline bool ent_is_tomb(const struct kv_ent *e)
+{
+    return (e->loc & KV_TOMB) != 0;
+}
+
+/* A tombstone with no older record left behind it protects nothing. */
+static void retire_if_bare(struct tern_kv_store *s, struct kv_ent *e)
+{
+    if (ent_is_tomb(e) && e->n_old == 0) {
+        tern_pm_dead(s->pool, ent_loc(e));
+        kv_index_remove(&s->ix, e);
+    }
+}
+
+/* ---- recovery ---- */
+
+static int recover_rec(void *arg, tern_pm_loc loc, const struct tern_pm_rec *r)
+{
+    struct tern_kv_store *s = arg;
+    const void *key = tern_pm_rec_key(r);
+    uint64_t h = tern_kv_hash(key, r->key_len);
+    uint64_t flag = r->type == TERN_PM_TOMBSTONE ? KV_TOMB : 0;
+    struct kv_ent *e = kv_index_find(&s->ix, s->pool, h, key, r->key_len);
+
+    if (!e) {
+        e = kv_index_add(&s->ix, h);
+        if (!e)
+            return TERN_ENOMEM;
+        e->loc = loc | flag;
+        s->keys += !flag;
+        return 0;
+    }
+    /* Two records of one key: the newer version wins; a copy left by an
+     * interrupted clean has the same version and counts as an old one. */
+    e->n_old++;
+    if (r->version <= tern_pm_rec_at(s->pool, ent_loc(e))->version) {
+        tern_pm_dead(s->pool, loc);
+        return 0;
+    }
+    tern_pm_dead(s->pool, ent_loc(e));
+    s->keys += (uint64_t)ent_is_tomb(e) - (uint64_t)!!flag;
+    e->loc = loc | flag;
+    return 0;
+}
+
+/* ---- the cleaner's view ---- */
+
+static struct kv_ent *ent_of(struct tern_kv_store *s, const struct tern_pm_rec *r)
+{
+    const void *key = tern_pm_rec_key(r);
+
+    return kv_index_find(&s->ix, s->pool, tern_kv_hash(key, r->key_len), key, r->key_len);
+}
+
+static bool clean_is_live(void *arg, tern_pm_loc loc, const struct tern_pm_rec *r)
+{
+    struct kv_ent *e = ent_of(arg, r);
+
+    return e && ent_loc(e) == loc;
+}
+
+static void clean_moved(void *arg, tern_pm_loc from, tern_pm_loc to, const struct tern_pm_rec *r)
+{
+    struct kv_ent *e = ent_of(arg, r);
+
+    if (e)
+        e->loc = to | (e->loc & KV_TOMB);
+}
+
+static void clean_dropped(void *arg, tern_pm_loc loc, const struct tern_pm_rec *r)
+{
+    struct tern_kv_store *s = arg;
+    struct kv_ent *e = ent_of(s, r);
+
+    if (e && e->n_old) {
+        e->n_old--;
+        retire_if_bare(s, e);
+    }
+}
+
+/* ---- open and close ---- */
+
+int tern_kv_store_open(const struct tern_kv_store_opts *o, struct tern_kv_store **out)
+{
+    struct tern_pm_opts po = {.create = true};
+    struct tern_kv_store *s;
+    struct tern_pm_info info;
+    int rc;
+
+    if (!o || !o->path || !out)
+        return TERN_EINVAL;
+    po.size = o->pool_size;
+    po.seg_size = o->seg_size;
+    s = calloc(1, sizeof(*s));
+    if (!s)
+        return TERN_ENOMEM;
+    s->cleaner = (struct tern_pm_cleaner){.is_live = clean_is_live, .moved = clean_moved,
+                                          .dropped = clean_dropped, .arg = s};
+    rc = tern_pm_open(o->path, &po, &s->pool);
+    if (rc < 0)
+        goto fail;
+    tern_pm_get_info(s->pool, &info);
+    rc = kv_index_init(&s->ix, 1024);
+    if (rc < 0)
+        goto fail;
+    rc = tern_pm_recover(s->pool, recover_rec, s);
+    if (rc < 0)
+        goto fail;
+    for (uint32_t i = 0; i < s->ix.top; i++)
+        if (s->ix.ents[i].loc != KV_FREE)
+            retire_if_bare(s, &s->ix.ents[i]);
+    /* Keep a sixteenth of the pool (at least two segments) free, so that a
+     * burst of writes rarely has to wait for a clean. */
+    s->clean_low = info.n_segs / 16 > 2 ? info.n_segs / 16 : 2;
+    *out = s;
+    return 0;
+fail:
+    kv_index_free(&s->ix);
+    tern_pm_close(s->pool);
+    free(s);
+    return rc;
+}
+
+void tern_kv_store_close(struct tern_kv_store *s)
+{
+    if (!s)
+        return;
+    tern_kv_store_sync(s);
+    kv_index_free(&s->ix);
+    tern_pm_close(s->pool);
+    free(s);
+}
+
+/* ---- reads ---- */
+
+int tern_kv_store_get(struct tern_kv_store *s, const void *key, size_t klen,
+                      const void **val, uint32_t *len, uint64_t *version)
+{
+    struct kv_ent *e;
+    const struct tern_pm_rec *r;
+
+    s->st.gets++;
+    if (!klen || klen > TERN_KV_KEY_MAX)
+        return klen ? TERN_E2BIG : TERN_EINVAL;
+    e = kv_index_find(&s->ix, s->pool, tern_kv_hash(key, klen), key, (uint16_t)klen);
+    if (!e || ent_is_tomb(e))
+        return TERN_ENOENT;
+    r = tern_pm_rec_at(s->pool, ent_loc(e));
+    *val = tern_pm_rec_val(r);
+    *len = r->val_len;
+    if (version)
+        *version = r->version;
+    s->st.hits++;
+    return 0;
+}
+
+/* ---- writes ---- */
+
+/* Append a record, cleaning first when free segments run low and again,
+ * harder, if the pool is full. On failure nothing has changed. */
+static int append(struct tern_kv_store *s, enum tern_pm_rec_type type, const void *key,
+                  uint16_t klen, const void *val, uint32_t len, tern_pm_loc *loc,
+                  uint64_t *version)
+{
+    int rc;
+
+    if (tern_pm_free_segs(s->pool) < s->clean_low) {
+        rc = tern_pm_clean(s->pool, &s->cleaner, 1, 75);
+        if (rc > 0)
+            s->st.segs_cleaned += (unsigned)rc;
+    }
+    *version = tern_pm_next_version(s->pool);
+    rc = tern_pm_append(s->pool, type, *version, key, klen, val, len, loc);
+    if (rc != TERN_ENOSPC)
+        return rc;
+    /* Full: take back every segment at least a tenth dead, emptiest first.
+     * Segments nearly all live are left alone: copying one forward would
+     * use up about as much room as it frees, over and over. */
+    rc = tern_pm_clean(s->pool, &s->cleaner, tern_pm_seg_count(s->pool), 90);
+    if (rc > 0)
+        s->st.segs_cleaned += (unsigned)rc;
+    return tern_pm_append(s->pool, type, *version, key, klen, val, len, loc);
+}
+
+static int finish_write(struct tern_kv_store *s, unsigned flags)
+{
+    s->dirty = true;
+    return (flags & TERN_KV_SYNC) ? tern_kv_store_sync(s) : 0;
+}
+
+int tern_kv_store_put(struct tern_kv_store *s, const void *key, size_t klen,
+                      const void *val, size_t len, unsigned flags, uint64_t *version)
+{
+    uint64_t h, ver;
+    tern_pm_loc loc;
+    struct kv_ent *e;
+    int rc;
+
+    if (!klen || (!val && len))
+        return TERN_EINVAL;
+    if (klen > TERN_KV_KEY_MAX || len > tern_kv_store_val_max(s, klen))
+        return TERN_E2BIG;
+    h = tern_kv_hash(key, klen);
+    /* Room for a new index entry is made first, so that running out of
+     * memory leaves nothing half-done in the pool. */
+    rc = kv_index_reserve(&s->ix);
+    if (rc < 0)
+        return rc;
+    rc = append(s, TERN_PM_VALUE, key, (uint16_t)klen, val, (uint32_t)len, &loc, &ver);
+    if (rc < 0)
+        return rc;
+    /* Looked up after the append: cleaning may have moved records. */
+    e = kv_index_find(&s->ix, s->pool, h, key, (uint16_t)klen);
+    if (!e) {
+        e = kv_index_add(&s->ix, h);    /* cannot fail after the reserve */
+        e->loc = loc;
+        s->keys++;
+    } else {
+        tern_pm_dead(s->pool, ent_loc(e));
+        e->n_old++;
+        s->keys += ent_is_tomb(e);
+        e->loc = loc;
+    }
+    s->st.puts++;
+    if (version)
+        *version = ver;
+    return finish_write(s, flags);
+}
+
+int tern_kv_store_del(struct tern_kv_store *s, const void *key, size_t klen, unsigned flags,
+                      uint64_t *version)
+{
+    uint64_t h, ver;
+    tern_pm_loc loc;
+    struct kv_ent *e;
+    int rc;
+
+    if (!klen)
+        return TERN_EINVAL;
+    if (klen > TERN_KV_KEY_MAX)
+        return TERN_E2BIG;
+    h = tern_kv_hash(key, klen);
+    e = kv_index_find(&s->ix, s->pool, h, key, (uint16_t)klen);
+    if (!e || ent_is_tomb(e))
+        return TERN_ENOENT;
+    rc = append(s, TERN_PM_TOMBSTONE, key, (uint16_t)klen, NULL, 0, &loc, &ver);
+    if (rc < 0)
+        return rc;
+    e = kv_index_find(&s->ix, s->pool, h, key, (uint16_t)klen);
+    tern_pm_dead(s->pool, ent_loc(e));
+    e->n_old++;
+    e->loc = loc | KV_TOMB;
+    s->keys--;
+    s->st.dels++;
+    if (version)
+        *version = ver;
+    return finish_write(s, flags);
+}
+
+int tern_kv_store_sync(struct tern_kv_store *s)
+{
+    int rc;
+
+    if (!s->dirty)
+        return 0;
+    rc = tern_pm_commit(s->pool);
+    if (rc < 0)
+        return rc;
+    s->dirty = false;
+    s->st.syncs++;
+    return 0;
+}
+
+bool tern_kv_store_dirty(const struct tern_kv_store *s)
+{
+    return s->dirty;
+}
+
+int tern_kv_store_clear(struct tern_kv_store *s, unsigned flags)
+{
+    /* By entry slot, not by bucket: deletes may retire tombstones, which
+     * unlinks entries, but never add any. */
+    for (uint32_t i = 0; i < s->ix.top; i++) {
+        struct kv_ent *e = &s->ix.ents[i];
+        const struct tern_pm_rec *r;
+        uint8_t key[TERN_KV_KEY_MAX];
+        int rc;
+
+        if (e->loc == KV_FREE || ent_is_tomb(e))
+            continue;
+        r = tern_pm_rec_at(s->pool, ent_loc(e));
+        memcpy(key, tern_pm_rec_key(r), r->key_len);    /* the record may move */
+        rc = tern_kv_store_del(s, key, r->key_len, 0, NULL);
+        if (rc < 0)
+            return rc;
+    }
+    return finish_write(s, flags);
+}
+
+/* ---- scans and figures ---- */
+
+struct scan_ctx {
+    struct tern_kv_store *s;
+    tern_kv_scan_fn fn;
+    void *arg;
+};
+
+static int scan_visit(void *arg, struct kv_ent *e)
+{
+    struct scan_ctx *c = arg;
+    const struct tern_pm_rec *r;
+
+    if (ent_is_tomb(e))
+        return 0;
+    r = tern_pm_rec_at(c->s->pool, ent_loc(e));
+    return c->fn(c->arg, tern_pm_rec_key(r), r->key_len, tern_pm_rec_val(r), r->val_len,
+                 r->version);
+}
+
+int tern_kv_store_scan(struct tern_kv_store *s, uint64_t cursor, unsigned max,
+                       tern_kv_scan_fn fn, void *arg, uint64_t *next)
+{
+    struct scan_ctx c = {.s = s, .fn = fn, .arg = arg};
+
+    if (!fn || !next)
+        return TERN_EINVAL;
+    *next = kv_index_scan(&s->ix, cursor, max ? max : 1, scan_visit, &c);
+    return 0;
+}
+
+uint64_t tern_kv_store_count(const struct tern_kv_store *s)
+{
+    return s->keys;
+}
+
+size_t tern_kv_store_val_max(const struct tern_kv_store *s, size_t klen)
+{
+    return klen > TERN_KV_KEY_MAX ? 0 : tern_pm_val_max(s->pool, (uint32_t)klen);
+}
+
+void tern_kv_store_get_stats(const struct tern_kv_store *s, struct tern_kv_store_stats *st)
+{
+    *st = s->st;
+    st->keys = s->keys;
+    tern_pm_get_info(s->pool, &st->pool);
+}

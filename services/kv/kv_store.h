@@ -1,0 +1,108 @@
+/* The key-value engine under the KV service and the RESP gateway: a pool
+ * (services/pm) for the data and a DRAM hash index from key to record.
+ *
+ * One thread owns a store. Values are read in place: a pointer returned by
+ * tern_kv_store_get() points into the pool and stays valid until the next
+ * write on the store (a write may clean segments and move records).
+ *
+ * Writes are durable only after tern_kv_store_sync(); TERN_KV_SYNC makes
+ * one write sync by itself. A caller that answers many writes at once (the
+ * RESP gateway's pipelined batches) writes them all and syncs once before it
+ * replies: one flush for the batch.
+ */
+#ifndef TERN_KV_STORE_H
+#define TERN_KV_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pm/pm.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TERN_KV_KEY_MAX TERN_PM_KEY_MAX
+
+enum tern_kv_flags {
+    TERN_KV_SYNC = 1u << 0,          /* durable before the call returns */
+};
+
+struct tern_kv_store_opts {
+    const char *path;                /* pool file (created if absent) */
+    uint64_t pool_size;              /* create: 0 = 256 MiB */
+    uint32_t seg_size;               /* create: 0 = 1 MiB */
+};
+
+struct tern_kv_store_stats {
+    uint64_t keys;                   /* live keys */
+    uint64_t gets, puts, dels, hits;
+    uint64_t syncs;                  /* commits that wrote something */
+    uint64_t segs_cleaned;
+    struct tern_pm_info pool;
+};
+
+struct tern_kv_store;
+
+/* Open the pool and rebuild the index from its log (newest version of each
+ * key wins, tombstones delete). Errors: those of tern_pm_open and
+ * tern_pm_recover (TERN_ECORRUPT, TERN_EBUSY, ...), TERN_ENOMEM. */
+int tern_kv_store_open(const struct tern_kv_store_opts *o, struct tern_kv_store **out);
+
+/* Sync, then close the pool and free the index. */
+void tern_kv_store_close(struct tern_kv_store *s);
+
+/* Look a key up. 0 with *val (in the pool), *len and *version set, or
+ * TERN_ENOENT. *val is valid until the next write to the store. */
+int tern_kv_store_get(struct tern_kv_store *s, const void *key, size_t klen,
+                      const void **val, uint32_t *len, uint64_t *version);
+
+/* Set key = val; the value is copied into the pool once. *version (if not
+ * NULL) gets the version written. TERN_E2BIG for a key over TERN_KV_KEY_MAX
+ * or a value over tern_kv_store_val_max(); TERN_EINVAL for an empty key;
+ * TERN_ENOSPC when the pool is full of live data (nothing is changed). */
+int tern_kv_store_put(struct tern_kv_store *s, const void *key, size_t klen,
+                      const void *val, size_t len, unsigned flags, uint64_t *version);
+
+/* Delete a key (writes a tombstone). TERN_ENOENT if it is absent. */
+int tern_kv_store_del(struct tern_kv_store *s, const void *key, size_t klen,
+                      unsigned flags, uint64_t *version);
+
+/* Make every write so far durable (one flush and commit for all of them). */
+int tern_kv_store_sync(struct tern_kv_store *s);
+
+/* True if writes are waiting for tern_kv_store_sync(). */
+bool tern_kv_store_dirty(const struct tern_kv_store *s);
+
+/* Scan in hash order. Start with cursor 0; each call visits up to `max`
+ * keys, calling fn for each (a nonzero return stops early, after that key),
+ * and stores in *next the cursor to continue from, 0 when the scan is
+ * complete. Every key present for the whole scan is visited at least once,
+ * even if the index grows meanwhile. fn must not write to the store. */
+typedef int (*tern_kv_scan_fn)(void *arg, const void *key, size_t klen, const void *val,
+                               uint32_t len, uint64_t version);
+int tern_kv_store_scan(struct tern_kv_store *s, uint64_t cursor, unsigned max,
+                       tern_kv_scan_fn fn, void *arg, uint64_t *next);
+
+/* Delete every key. */
+int tern_kv_store_clear(struct tern_kv_store *s, unsigned flags);
+
+/* Number of live keys. */
+uint64_t tern_kv_store_count(const struct tern_kv_store *s);
+
+/* Largest value a key of `klen` bytes may have. */
+size_t tern_kv_store_val_max(const struct tern_kv_store *s, size_t klen);
+
+/* Counters and pool figures. */
+void tern_kv_store_get_stats(const struct tern_kv_store *s, struct tern_kv_store_stats *st);
+
+/* The 64-bit hash the index and the client's routing use (XXH3); a server
+ * owns the keys whose top 32 bits fall in its range. */
+uint64_t tern_kv_hash(const void *key, size_t klen);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

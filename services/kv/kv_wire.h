@@ -1,0 +1,77 @@
+/* The KV service's messages (inside tern RPC payloads). Little-endian, fixed
+ * sizes, no pointers; every length is checked against the payload before
+ * use. */
+#ifndef TERN_KV_WIRE_H
+#define TERN_KV_WIRE_H
+
+#include <stdint.h>
+
+enum kv_method {
+    KV_M_GET = 1,    /* kv_key, key            -> kv_val, value */
+    KV_M_PUT = 2,    /* kv_key, key, value     -> kv_val (version; durable) */
+    KV_M_DEL = 3,    /* kv_key, key            -> kv_val (version) */
+    KV_M_MGET = 4,   /* kv_mget, n x (u16 klen, key) -> kv_mget_rep, n_done x kv_item */
+    KV_M_SCAN = 5,   /* kv_scan                -> kv_scan_rep, n x kv_item with keys */
+    KV_M_INFO = 6,   /* empty                  -> kv_info */
+};
+
+struct kv_key {
+    uint16_t klen;
+    uint16_t flags;  /* 0 */
+    uint32_t vlen;   /* PUT: value bytes after the key; else 0 */
+};
+
+struct kv_val {
+    uint64_t version;
+};
+
+struct kv_mget {
+    uint16_t n;
+    uint16_t reserved[3];
+};
+
+struct kv_mget_rep {
+    uint16_t n_done; /* results that fit; the client asks again for the rest */
+    uint16_t reserved[3];
+};
+
+/* One result: this header, the key (scan only: klen > 0), the value, then
+ * zero padding to a multiple of 8. */
+struct kv_item {
+    int32_t status;  /* 0 or a negative tern code (TERN_ENOENT) */
+    uint32_t vlen;
+    uint64_t version;
+    uint16_t klen;
+    uint16_t reserved[3];
+};
+
+struct kv_scan {
+    uint64_t cursor;
+    uint32_t max;
+    uint32_t reserved;
+};
+
+struct kv_scan_rep {
+    uint64_t next;   /* 0: done */
+    uint32_t n;
+    uint32_t reserved;
+};
+
+struct kv_info {
+    uint32_t range_lo, range_hi;     /* hash >> 32 owned, inclusive */
+    uint64_t keys;
+    uint64_t pool_size, pool_live;
+    uint8_t uuid[16];
+    uint32_t key_max, val_max;       /* val_max for a key of 16 bytes */
+};
+
+static inline uint32_t kv_item_size(uint32_t klen, uint32_t vlen)
+{
+    return (uint32_t)((sizeof(struct kv_item) + klen + vlen + 7u) & ~7u);
+}
+
+_Static_assert(sizeof(struct kv_key) == 8, "kv_key");
+_Static_assert(sizeof(struct kv_item) == 24, "kv_item");
+_Static_assert(sizeof(struct kv_info) == 56, "kv_info");
+
+#endif

@@ -1,0 +1,1351 @@
+/* The RESP2 gateway: see resp.h.
+ *
+ * One level-triggered epoll set holds the listener and every client. A poll
+ * reads each ready client once and runs every complete command in its input
+ * buffer, appending the replies to its output buffer. Only when all ready
+ * clients are done is the store committed, once for the whole batch, and
+ * only then are the replies written: a client never sees "+OK" for a write
+ * that a crash could still lose.
+ *
+ * If that commit fails, the batch's writes must not be acknowledged. Each
+ * client records where in its output every successful write reply of the
+ * batch lies (a "write mark"); on failure those spans are swapped for an
+ * error before anything is sent. Replies to reads stay as they were. This
+ * keeps the common path to one store call per command with the reply built
+ * on the spot, and confines the rework to the failure.
+ *
+ * A client that does not read its replies is not served further once 64 MiB
+ * of them wait: its commands stay unread, or read but not run, until the
+ * output drains, so one slow reader cannot make the gateway's memory grow
+ * without bound.
+ *
+ * Arguments are never copied: they point into the client's input buffer,
+ * and keys and values go from there to the store; GET copies a value from
+ * the pool straight into the output buffer.
+ */
+#include <errno.h>
+#include <fnmatch.h>
+#include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "kv_store.h"
+#include "log.h"
+#include "resp.h"
+#include "resp_parse.h"
+#include "tern_config.h"
+
+#define LOG_WHO "resp"
+
+#define DEFAULT_MAX_CLIENTS 1024u
+#define DEFAULT_MAX_REQUEST (64u << 20)
+#define MAX_EVENTS 256
+#define ACCEPT_BURST 64
+
+#define IN_INITIAL (16u * 1024)
+#define OUT_INITIAL (16u * 1024)
+#define MIN_READ 4096u
+/* An empty buffer larger than this (grown for one big command or reply)
+ * goes back to its initial size so that idle clients stay small. */
+#define BUF_KEEP_MAX (1u << 20)
+/* A client with this much unsent output is not reading its replies: its
+ * commands wait (unread, or read but not run) until the output drains, so
+ * that memory stays bounded. */
+#define OUT_BACKLOG_MAX (64ull << 20)
+
+int (*resp_sync_fn)(struct tern_kv_store *s) = tern_kv_store_sync;
+
+struct buf {
+    char *p;
+    size_t off;                 /* bytes [off, len) are pending */
+    size_t len;
+    size_t cap;
+};
+
+/* A successful write reply of this batch, relative to out.off (which stays
+ * valid when the buffer is compacted). */
+struct write_mark {
+    size_t start, end;
+};
+
+struct client {
+    int fd;
+    uint32_t events;            /* epoll interest as registered */
+    bool closing;               /* close once the output is sent */
+    bool dead;                  /* close at the end of the poll, output dropped */
+    bool touched;               /* on the poll's list */
+    bool marks_lost;            /* a write mark could not be recorded */
+    bool stalled;               /* input left unrun for the output to drain */
+    uint64_t id;
+    struct buf in, out;
+    struct resp_parser parser;
+    struct write_mark *marks;
+    size_t n_marks, marks_cap;
+    struct client *prev, *next;         /* every client */
+    struct client *next_touched;
+};
+
+struct tern_resp_gw {
+    struct tern_kv_store *store;
+    unsigned max_clients;
+    size_t max_request;
+    int epfd, lfd;
+    uint16_t port;
+    unsigned n_clients;
+    struct client *clients;
+    struct client *touched;             /* clients with work this poll */
+    unsigned batch_cmds;
+    uint64_t next_id, total_conns, total_cmds;
+    time_t started;
+};
+
+/* A parsed command: arguments are offsets from `base`. */
+struct cmd {
+    const char *base;
+    const struct resp_arg *argv;
+    size_t argc;
+};
+
+static const char *arg(const struct cmd *m, size_t i)
+{
+    return m->base + m->argv[i].off;
+}
+
+static size_t arglen(const struct cmd *m, size_t i)
+{
+    return m->argv[i].len;
+}
+
+static bool arg_is(const struct cmd *m, size_t i, const char *word)
+{
+    size_t n = strlen(word);
+
+    return arglen(m, i) == n && strncasecmp(arg(m, i), word, n) == 0;
+}
+
+/* ---- numbers ---- */
+
+static size_t u64_text(char *dst, unsigned long long v)
+{
+    char tmp[20];
+    size_t n = 0;
+
+    do {
+        tmp[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    for (size_t i = 0; i < n; i++)
+        dst[i] = tmp[n - 1 - i];
+    return n;
+}
+
+static size_t ll_text(char *dst, long long v)
+{
+    if (v >= 0)
+        return u64_text(dst, (unsigned long long)v);
+    dst[0] = '-';
+    return 1 + u64_text(dst + 1, 0ull - (unsigned long long)v);
+}
+
+/* A decimal int64 exactly as Redis accepts it: no blanks, no '+', no
+ * leading zeros, no "-0". */
+static bool parse_ll(const char *s, size_t n, long long *out)
+{
+    unsigned long long v = 0, limit;
+    bool neg = false;
+    size_t i = 0;
+
+    if (n == 0 || n > 20)
+        return false;
+    if (n == 1 && s[0] == '0') {
+        *out = 0;
+        return true;
+    }
+    if (s[0] == '-') {
+        neg = true;
+        i = 1;
+    }
+    if (i == n || s[i] < '1' || s[i] > '9')
+        return false;
+    limit = neg ? (unsigned long long)LLONG_MAX + 1 : (unsigned long long)LLONG_MAX;
+    for (; i < n; i++) {
+        unsigned d;
+
+        if (s[i] < '0' || s[i] > '9')
+            return false;
+        d = (unsigned)(s[i] - '0');
+        if (v > (limit - d) / 10)
+            return false;
+        v = v * 10 + d;
+    }
+    *out = neg ? (long long)(0ull - v) : (long long)v;
+    return true;
+}
+
+/* ---- output ---- */
+
+/* Room for n more bytes of output; NULL (and the client is dropped) if
+ * memory runs out. */
+static char *out_reserve(struct client *c, size_t n)
+{
+    struct buf *b = &c->out;
+    size_t cap;
+    char *p;
+
+    if (b->cap - b->len >= n)
+        return b->p + b->len;
+    if (b->off > 0) {
+        memmove(b->p, b->p + b->off, b->len - b->off);
+        b->len -= b->off;
+        b->off = 0;
+        if (b->cap - b->len >= n)
+            return b->p + b->len;
+    }
+    cap = b->cap ? b->cap : OUT_INITIAL;
+    while (cap - b->len < n)
+        cap *= 2;
+    p = realloc(b->p, cap);
+    if (!p) {
+        c->dead = true;
+        return NULL;
+    }
+    b->p = p;
+    b->cap = cap;
+    return b->p + b->len;
+}
+
+static void out_add(struct client *c, const void *s, size_t n)
+{
+    char *p = out_reserve(c, n);
+
+    if (p) {
+        memcpy(p, s, n);
+        c->out.len += n;
+    }
+}
+
+#define OUT_LIT(c, s) out_add((c), (s), sizeof(s) - 1)
+
+/* ":v\r\n", "*v\r\n" or "$v\r\n". */
+static void out_num(struct client *c, char type, long long v)
+{
+    char *p = out_reserve(c, 24);
+    size_t n;
+
+    if (!p)
+        return;
+    p[0] = type;
+    n = 1 + ll_text(p + 1, v);
+    p[n++] = '\r';
+    p[n++] = '\n';
+    c->out.len += n;
+}
+
+static void out_bulk(struct client *c, const void *data, size_t len)
+{
+    char *p = out_reserve(c, len + 26);
+    size_t n;
+
+    if (!p)
+        return;
+    p[0] = '$';
+    n = 1 + u64_text(p + 1, len);
+    p[n++] = '\r';
+    p[n++] = '\n';
+    if (len)
+        memcpy(p + n, data, len);
+    n += len;
+    p[n++] = '\r';
+    p[n++] = '\n';
+    c->out.len += n;
+}
+
+static void out_null(struct client *c)
+{
+    OUT_LIT(c, "$-1\r\n");
+}
+
+/* "-<text>\r\n". The text may quote what the client sent, so line breaks
+ * in it become blanks: they would end the error early. */
+__attribute__((format(printf, 2, 3)))
+static void out_err(struct client *c, const char *fmt, ...)
+{
+    char line[512];
+    va_list ap;
+    int n;
+
+    va_start(ap, fmt);
+    n = vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        n = 0;
+    if ((size_t)n >= sizeof(line))
+        n = sizeof(line) - 1;
+    for (int i = 0; i < n; i++)
+        if (line[i] == '\r' || line[i] == '\n')
+            line[i] = ' ';
+    OUT_LIT(c, "-");
+    out_add(c, line, (size_t)n);
+    OUT_LIT(c, "\r\n");
+}
+
+static void out_store_err(struct client *c, int rc)
+{
+    if (rc == TERN_E2BIG)
+        OUT_LIT(c, "-ERR value too large for the store\r\n");
+    else if (rc == TERN_ENOSPC)
+        OUT_LIT(c, "-OOM pool is full\r\n");
+    else
+        out_err(c, "ERR %s", tern_strerror(rc));
+}
+
+static size_t out_pending(const struct client *c)
+{
+    return c->out.len - c->out.off;
+}
+
+/* ---- store access ---- */
+
+/* A key the store can hold; otherwise the client gets an error. */
+static bool key_ok(struct client *c, size_t klen)
+{
+    if (klen == 0) {
+        OUT_LIT(c, "-ERR empty keys are not supported\r\n");
+        return false;
+    }
+    if (klen > TERN_KV_KEY_MAX) {
+        OUT_LIT(c, "-ERR key too large for the store\r\n");
+        return false;
+    }
+    return true;
+}
+
+/* A key the store cannot hold cannot be in it: no need to ask. */
+static int lookup(struct tern_resp_gw *gw, const char *key, size_t klen, const void **val,
+                  uint32_t *len)
+{
+    uint64_t version;
+
+    if (klen == 0 || klen > TERN_KV_KEY_MAX)
+        return TERN_ENOENT;
+    return tern_kv_store_get(gw->store, key, klen, val, len, &version);
+}
+
+/* ---- commands ---- */
+
+typedef void (*cmd_fn)(struct tern_resp_gw *gw, struct client *c, const struct cmd *m);
+
+static void cmd_ping(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+{
+    if (m->argc == 2)
+        out_bulk(c, arg(m, 1), arglen(m, 1));
+    else
+        OUT_LIT(c, "+PONG\r\n");
+}
+
+static void cmd_echo(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+{
+    out_bulk(c, arg(m, 1), arglen(m, 1));
+}
+
+static void cmd_get(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+{
+    const void *val;
+    uint32_t len;
+    int rc = lookup(gw, arg(m, 1), arglen(m, 1), &val, &len);
+
+    if (rc == 0)
+        out_bulk(c, val, len);      /* now: val is valid only until the next write */
+    else if (rc == TERN_ENOENT)
+        out_null(c);
+    else
+        out_store_err(c, rc);
+}
+
+/* SET key value [NX|XX] [KEEPTTL]. There are no expiries, so KEEPTTL has
+ * nothing to keep and EX/PX/EXAT/PXAT cannot be honoured. */
+static void cmd_set(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+{
+    bool nx = false, xx = false;
+    const void *old;
+    uint32_t old_len;
+    int rc;
+
+    for (size_t i = 3; i < m->argc; i++) {
+        if (arg_is(m, i, "NX")) {
+            nx = true;
+        } else if (arg_is(m, i, "XX")) {
+            xx = true;
+        } else if (arg_is(m, i, "KEEPTTL")) {
+        } else if (arg_is(m, i, "EX") || arg_is(m, i, "PX") || arg_is(m, i, "EXAT") ||
+                   arg_is(m, i, "PXAT")) {
+            OUT_LIT(c, "-ERR expiry is not supported by tern\r\n");
+            return;
+        } else {
+            OUT_LIT(c, "-ERR syntax error\r\n");
+            return;
+        }
+    }
+    if (nx && xx) {
+        OUT_LIT(c, "-ERR syntax error\r\n");
+        return;
+    }
+    if (!key_ok(c, arglen(m, 1)))
+        return;
+    if (nx || xx) {
+        bool exists = lookup(gw, arg(m, 1), arglen(m, 1), &old, &old_len) == 0;
+
+        if (exists == nx) {
+            out_null(c);
+            return;
+        }
+    }
+    rc = tern_kv_store_put(gw->store, arg(m, 1), arglen(m, 1), arg(m, 2), arglen(m, 2), 0, NULL);
+    if (rc < 0)
+        out_store_err(c, rc);
+    else
+        OUT_LIT(c, "+OK\r\n");
+}
+
+static void cmd_del(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+{
+    long long n = 0;
+
+    for (size_t i = 1; i < m->argc; i++) {
+        uint64_t version;
+        int rc;
+
+        if (arglen(m, i) == 0 || arglen(m, i) > TERN_KV_KEY_MAX)
+            continue;
+        rc = tern_kv_store_del(gw->store, arg(m, i), arglen(m, i), 0, &version);
+        if (rc == 0) {
+            n++;
+        } else if (rc != TERN_ENOENT) {
+            out_store_err(c, rc);
+            return;
+        }
+    }
+    out_num(c, ':', n);
+}
+
+static void cmd_exists(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+{
+    long long n = 0;
+
+    for (size_t i = 1; i < m->argc; i++) {
+        const void *val;
+        uint32_t len;
+        int rc = lookup(gw, arg(m, i), arglen(m, i), &val, &len);
+
+        if (rc == 0) {
+            n++;
+        } else if (rc != TERN_ENOENT) {
+            out_store_err(c, rc);
+            return;
+        }
+    }
+    out_num(c, ':', n);
+}
+
+/* Any failure to read a key shows as a missing one: an array has no room
+ * for a per-key error that clients would understand. */
+static void cmd_mget(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+{
+    out_num(c, '*', (long long)(m->argc - 1));
+    for (size_t i = 1; i < m->argc; i++) {
+        const void *val;
+        uint32_t len;
+
+        if (lookup(gw, arg(m, i), arglen(m, i), &val, &len) == 0)
+            out_bulk(c, val, len);
+        else
+            out_null(c);
+    }
+}
+
+/* Redis's MSET is all or nothing. Every size is checked before the first
+ * write, so the only failure left midway is a full pool, which leaves the
+ * pairs before it written. */
+static void cmd_mset(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+{
+    if (m->argc % 2 == 0) {
+        OUT_LIT(c, "-ERR wrong number of arguments for 'mset' command\r\n");
+        return;
+    }
+    for (size_t i = 1; i < m->argc; i += 2) {
+        if (!key_ok(c, arglen(m, i)))
+            return;
+        if (arglen(m, i + 1) > tern_kv_store_val_max(gw->store, arglen(m, i))) {
+            out_store_err(c, TERN_E2BIG);
+            return;
+        }
+    }
+    for (size_t i = 1; i < m->argc; i += 2) {
+        int rc = tern_kv_store_put(gw->store, arg(m, i), arglen(m, i), arg(m, i + 1),
+                                   arglen(m, i + 1), 0, NULL);
+
+        if (rc < 0) {
+            out_store_err(c, rc);
+            return;
+        }
+    }
+    OUT_LIT(c, "+OK\r\n");
+}
+
+static void incr_by(struct tern_resp_gw *gw, struct client *c, const struct cmd *m,
+                    long long delta)
+{
+    const void *val;
+    uint32_t len;
+    long long cur = 0;
+    char text[24];
+    int rc;
+
+    if (!key_ok(c, arglen(m, 1)))
+        return;
+    rc = lookup(gw, arg(m, 1), arglen(m, 1), &val, &len);
+    if (rc == 0 && !parse_ll(val, len, &cur)) {
+        OUT_LIT(c, "-ERR value is not an integer or out of range\r\n");
+        return;
+    }
+    if (rc < 0 && rc != TERN_ENOENT) {
+        out_store_err(c, rc);
+        return;
+    }
+    if ((delta > 0 && cur > LLONG_MAX - delta) || (delta < 0 && cur < LLONG_MIN - delta)) {
+        OUT_LIT(c, "-ERR increment or decrement would overflow\r\n");
+        return;
+    }
+    cur += delta;
+    rc = tern_kv_store_put(gw->store, arg(m, 1), arglen(m, 1), text, ll_text(text, cur), 0,
+                           NULL);
+    if (rc < 0)
+        out_store_err(c, rc);
+    else
+        out_num(c, ':', cur);
+}
+
+static void cmd_incr(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+{
+    incr_by(gw, c, m, 1);
+}
+
+static void cmd_decr(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+{
+    incr_by(gw, c, m, -1);
+}
+
+static void cmd_incrby(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+{
+    long long delta;
+
+    if (!parse_ll(arg(m, 2), arglen(m, 2), &delta)) {
+        OUT_LIT(c, "-ERR value is not an integer or out of range\r\n");
+        return;
+    }
+    incr_by(gw, c, m, delta);
+}
+
+static void cmd_decrby(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+{
+    long long delta;
+
+    if (!parse_ll(arg(m, 2), arglen(m, 2), &delta)) {
+        OUT_LIT(c, "-ERR value is not an integer or out of range\r\n");
+        return;
+    }
+    if (delta == LLONG_MIN) {
+        OUT_LIT(c, "-ERR decrement would overflow\r\n");
+        return;
+    }
+    incr_by(gw, c, m, -delta);
+}
+
+static void cmd_dbsize(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+{
+    out_num(c, ':', (long long)tern_kv_store_count(gw->store));
+}
+
+/* FLUSHDB and FLUSHALL [ASYNC|SYNC]: one database, cleared at once. */
+static void cmd_flush(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+{
+    int rc;
+
+    if (m->argc == 2 && !arg_is(m, 1, "ASYNC") && !arg_is(m, 1, "SYNC")) {
+        OUT_LIT(c, "-ERR syntax error\r\n");
+        return;
+    }
+    rc = tern_kv_store_clear(gw->store, 0);
+    if (rc < 0)
+        out_store_err(c, rc);
+    else
+        OUT_LIT(c, "+OK\r\n");
+}
+
+/* INFO text, built on the stack (INFO is not on the data path). */
+struct text {
+    char buf[3072];
+    size_t len;
+};
+
+__attribute__((format(printf, 2, 3)))
+static void text_add(struct text *t, const char *fmt, ...)
+{
+    va_list ap;
+    int n;
+
+    if (t->len >= sizeof(t->buf))
+        return;
+    va_start(ap, fmt);
+    n = vsnprintf(t->buf + t->len, sizeof(t->buf) - t->len, fmt, ap);
+    va_end(ap);
+    if (n > 0)
+        t->len += (size_t)n < sizeof(t->buf) - t->len ? (size_t)n : sizeof(t->buf) - t->len - 1;
+}
+
+static void text_section(struct text *t, const char *name)
+{
+    text_add(t, "%s# %s\r\n", t->len ? "\r\n" : "", name);
+}
+
+static bool info_wants(const struct cmd *m, const char *section)
+{
+    if (m->argc == 1)
+        return true;
+    for (size_t i = 1; i < m->argc; i++)
+        if (arg_is(m, i, section) || arg_is(m, i, "all") || arg_is(m, i, "everything") ||
+            arg_is(m, i, "default"))
+            return true;
+    return false;
+}
+
+static void cmd_info(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+{
+    struct tern_kv_store_stats st;
+    struct text t = {.len = 0};
+
+    tern_kv_store_get_stats(gw->store, &st);
+    if (info_wants(m, "server")) {
+        text_section(&t, "Server");
+        text_add(&t, "redis_version:7.0.0\r\nredis_mode:standalone\r\ntern_version:%s\r\n"
+                 "os:Linux\r\narch_bits:%zu\r\nmultiplexing_api:epoll\r\nprocess_id:%ld\r\n"
+                 "tcp_port:%u\r\nuptime_in_seconds:%lld\r\n",
+                 TERN_VERSION, sizeof(void *) * 8, (long)getpid(), gw->port,
+                 (long long)(time(NULL) - gw->started));
+    }
+    if (info_wants(m, "clients")) {
+        text_section(&t, "Clients");
+        text_add(&t, "connected_clients:%u\r\nmaxclients:%u\r\n", gw->n_clients,
+                 gw->max_clients);
+    }
+    if (info_wants(m, "persistence")) {
+        text_section(&t, "Persistence");
+        text_add(&t, "loading:0\r\naof_enabled:0\r\nrdb_changes_since_last_save:0\r\n"
+                 "tern_pool_bytes:%llu\r\ntern_pool_seg_bytes:%u\r\ntern_pool_segs:%u\r\n"
+                 "tern_pool_segs_used:%u\r\ntern_pool_bytes_committed:%llu\r\n"
+                 "tern_pool_bytes_live:%llu\r\ntern_pool_is_pmem:%d\r\ntern_syncs:%llu\r\n"
+                 "tern_segs_cleaned:%llu\r\n",
+                 (unsigned long long)st.pool.size, st.pool.seg_size, st.pool.n_segs,
+                 st.pool.segs_used, (unsigned long long)st.pool.bytes_committed,
+                 (unsigned long long)st.pool.bytes_live, st.pool.is_pmem ? 1 : 0,
+                 (unsigned long long)st.syncs, (unsigned long long)st.segs_cleaned);
+    }
+    if (info_wants(m, "stats")) {
+        text_section(&t, "Stats");
+        text_add(&t, "total_connections_received:%llu\r\ntotal_commands_processed:%llu\r\n"
+                 "keyspace_hits:%llu\r\nkeyspace_misses:%llu\r\n",
+                 (unsigned long long)gw->total_conns, (unsigned long long)gw->total_cmds,
+                 (unsigned long long)st.hits, (unsigned long long)(st.gets - st.hits));
+    }
+    if (info_wants(m, "keyspace")) {
+        text_section(&t, "Keyspace");
+        /* Like Redis, an empty database is not listed. */
+        if (st.keys)
+            text_add(&t, "db0:keys=%llu,expires=0,avg_ttl=0\r\n", (unsigned long long)st.keys);
+    }
+    out_bulk(c, t.buf, t.len);
+}
+
+static void cmd_select(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+{
+    long long db;
+
+    if (!parse_ll(arg(m, 1), arglen(m, 1), &db))
+        OUT_LIT(c, "-ERR value is not an integer or out of range\r\n");
+    else if (db != 0)
+        OUT_LIT(c, "-ERR DB index is out of range\r\n");
+    else
+        OUT_LIT(c, "+OK\r\n");
+}
+
+static void cmd_quit(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+{
+    OUT_LIT(c, "+OK\r\n");
+    c->closing = true;
+}
+
+/* Connection bookkeeping that libraries send on connect; nothing to keep. */
+static void cmd_client(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+{
+    if (arg_is(m, 1, "GETNAME"))
+        out_null(c);
+    else if (arg_is(m, 1, "ID"))
+        out_num(c, ':', (long long)c->id);
+    else
+        OUT_LIT(c, "+OK\r\n");
+}
+
+/* CONFIG GET answers the few settings tools ask about (redis-benchmark
+ * reads "save" and "appendonly"); there is nothing to set. */
+static void cmd_config(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+{
+    char port[8], maxclients[16];
+    const struct {
+        const char *name, *value;
+    } params[] = {
+        {"save", ""},
+        {"appendonly", "no"},
+        {"databases", "1"},
+        {"maxmemory", "0"},
+        {"port", port},
+        {"maxclients", maxclients},
+    };
+    enum { N_PARAMS = sizeof(params) / sizeof(params[0]) };
+    bool match[N_PARAMS] = {false};
+    long long n = 0;
+
+    if (!arg_is(m, 1, "GET")) {
+        if (arg_is(m, 1, "RESETSTAT"))
+            OUT_LIT(c, "+OK\r\n");
+        else
+            out_err(c, "ERR unknown subcommand '%.*s'. Try CONFIG HELP.",
+                    (int)(arglen(m, 1) < 64 ? arglen(m, 1) : 64), arg(m, 1));
+        return;
+    }
+    if (m->argc < 3) {
+        OUT_LIT(c, "-ERR wrong number of arguments for 'config|get' command\r\n");
+        return;
+    }
+    snprintf(port, sizeof(port), "%u", gw->port);
+    snprintf(maxclients, sizeof(maxclients), "%u", gw->max_clients);
+    for (size_t i = 2; i < m->argc; i++) {
+        char pat[128];
+
+        if (arglen(m, i) >= sizeof(pat))
+            continue;
+        memcpy(pat, arg(m, i), arglen(m, i));
+        pat[arglen(m, i)] = '\0';
+        for (size_t k = 0; k < N_PARAMS; k++)
+            if (!match[k] && fnmatch(pat, params[k].name, FNM_CASEFOLD) == 0) {
+                match[k] = true;
+                n++;
+            }
+    }
+    out_num(c, '*', 2 * n);
+    for (size_t k = 0; k < N_PARAMS; k++)
+        if (match[k]) {
+            out_bulk(c, params[k].name, strlen(params[k].name));
+            out_bulk(c, params[k].value, strlen(params[k].value));
+        }
+}
+
+static void cmd_command(struct tern_resp_gw *gw, struct client *c, const struct cmd *m);
+
+enum { CMD_WRITE = 1 };
+
+struct command {
+    const char *name;           /* lower case, as Redis quotes it in errors */
+    size_t len;
+    size_t min_args, max_args;  /* including the name; max 0 = no limit */
+    unsigned flags;
+    cmd_fn run;
+};
+
+#define CMD(name, min, max, flags, fn) {name, sizeof(name) - 1, min, max, flags, fn}
+
+static const struct command commands[] = {
+    CMD("get", 2, 2, 0, cmd_get),
+    CMD("set", 3, 0, CMD_WRITE, cmd_set),
+    CMD("ping", 1, 2, 0, cmd_ping),
+    CMD("incr", 2, 2, CMD_WRITE, cmd_incr),
+    CMD("mget", 2, 0, 0, cmd_mget),
+    CMD("mset", 3, 0, CMD_WRITE, cmd_mset),
+    CMD("del", 2, 0, CMD_WRITE, cmd_del),
+    CMD("exists", 2, 0, 0, cmd_exists),
+    CMD("echo", 2, 2, 0, cmd_echo),
+    CMD("decr", 2, 2, CMD_WRITE, cmd_decr),
+    CMD("incrby", 3, 3, CMD_WRITE, cmd_incrby),
+    CMD("decrby", 3, 3, CMD_WRITE, cmd_decrby),
+    CMD("dbsize", 1, 1, 0, cmd_dbsize),
+    CMD("flushdb", 1, 2, CMD_WRITE, cmd_flush),
+    CMD("flushall", 1, 2, CMD_WRITE, cmd_flush),
+    CMD("info", 1, 0, 0, cmd_info),
+    CMD("command", 1, 0, 0, cmd_command),
+    CMD("config", 2, 0, 0, cmd_config),
+    CMD("select", 2, 2, 0, cmd_select),
+    CMD("client", 2, 0, 0, cmd_client),
+    CMD("quit", 1, 0, 0, cmd_quit),
+};
+
+#define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))
+
+/* COMMAND's introspection is optional for clients; an empty answer tells
+ * them to fall back on their own tables. */
+static void cmd_command(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+{
+    if (m->argc >= 2 && arg_is(m, 1, "COUNT"))
+        out_num(c, ':', (long long)N_COMMANDS);
+    else
+        OUT_LIT(c, "*0\r\n");
+}
+
+static const struct command *find_command(const struct cmd *m)
+{
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        if (arglen(m, 0) == commands[i].len &&
+            strncasecmp(arg(m, 0), commands[i].name, commands[i].len) == 0)
+            return &commands[i];
+    return NULL;
+}
+
+/* Redis 7's wording, quoting at most about 128 bytes of arguments. */
+static void reply_unknown(struct client *c, const struct cmd *m)
+{
+    char args[160];
+    size_t used = 0;
+
+    args[0] = '\0';
+    for (size_t i = 1; i < m->argc && used < 128; i++) {
+        int n = snprintf(args + used, sizeof(args) - used, "'%.*s' ",
+                         (int)(arglen(m, i) < 128 - used ? arglen(m, i) : 128 - used),
+                         arg(m, i));
+
+        if (n < 0 || (size_t)n >= sizeof(args) - used)
+            break;
+        used += (size_t)n;
+    }
+    out_err(c, "ERR unknown command '%.*s', with args beginning with: %s",
+            (int)(arglen(m, 0) < 128 ? arglen(m, 0) : 128), arg(m, 0), args);
+}
+
+static void mark_write(struct client *c, size_t start)
+{
+    if (out_pending(c) == start || c->out.p[c->out.off + start] == '-')
+        return;                 /* already an error: nothing to take back */
+    if (c->n_marks == c->marks_cap) {
+        size_t cap = c->marks_cap ? c->marks_cap * 2 : 64;
+        struct write_mark *w = realloc(c->marks, cap * sizeof(*w));
+
+        if (!w) {
+            c->marks_lost = true;
+            return;
+        }
+        c->marks = w;
+        c->marks_cap = cap;
+    }
+    c->marks[c->n_marks].start = start;
+    c->marks[c->n_marks].end = out_pending(c);
+    c->n_marks++;
+}
+
+static void run_command(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+{
+    const struct command *k = find_command(m);
+    size_t start = out_pending(c);
+
+    if (!k) {
+        reply_unknown(c, m);
+        return;
+    }
+    if (m->argc < k->min_args || (k->max_args && m->argc > k->max_args)) {
+        out_err(c, "ERR wrong number of arguments for '%s' command", k->name);
+        return;
+    }
+    k->run(gw, c, m);
+    if ((k->flags & CMD_WRITE) && !c->dead)
+        mark_write(c, start);
+}
+
+/* ---- clients ---- */
+
+static void set_interest(struct tern_resp_gw *gw, struct client *c, uint32_t events)
+{
+    struct epoll_event e = {.events = events, .data.ptr = c};
+
+    if (events == c->events)
+        return;
+    if (epoll_ctl(gw->epfd, EPOLL_CTL_MOD, c->fd, &e) < 0)
+        c->dead = true;
+    else
+        c->events = events;
+}
+
+static void buf_shrink(struct buf *b, size_t initial)
+{
+    char *p;
+
+    if (b->cap <= BUF_KEEP_MAX || b->off != b->len)
+        return;
+    p = realloc(b->p, initial);
+    if (p) {
+        b->p = p;
+        b->cap = initial;
+    }
+    b->off = b->len = 0;
+}
+
+/* Closing a socket with unread input makes the kernel send a reset, and a
+ * reset can make the peer drop the error reply it has not read yet. Read
+ * what has already arrived (a bounded amount) so the reply gets through. */
+static void drain_input(int fd)
+{
+    char sink[16384];
+
+    for (int i = 0; i < 16; i++)
+        if (read(fd, sink, sizeof(sink)) <= 0)
+            return;
+}
+
+static void client_close(struct tern_resp_gw *gw, struct client *c)
+{
+    epoll_ctl(gw->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+    if (c->closing && !c->dead)
+        drain_input(c->fd);
+    close(c->fd);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        gw->clients = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    gw->n_clients--;
+    resp_parser_free(&c->parser);
+    free(c->in.p);
+    free(c->out.p);
+    free(c->marks);
+    free(c);
+}
+
+static struct client *client_new(struct tern_resp_gw *gw, int fd)
+{
+    struct client *c = calloc(1, sizeof(*c));
+    struct epoll_event e = {.events = EPOLLIN};
+    int one = 1;
+
+    if (!c)
+        return NULL;
+    c->fd = fd;
+    c->in.p = malloc(IN_INITIAL);
+    if (!c->in.p) {
+        free(c);
+        return NULL;
+    }
+    c->in.cap = IN_INITIAL;
+    resp_parser_init(&c->parser, gw->max_request);
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    e.data.ptr = c;
+    if (epoll_ctl(gw->epfd, EPOLL_CTL_ADD, fd, &e) < 0) {
+        free(c->in.p);
+        free(c);
+        return NULL;
+    }
+    c->events = EPOLLIN;
+    c->id = ++gw->next_id;
+    c->next = gw->clients;
+    if (gw->clients)
+        gw->clients->prev = c;
+    gw->clients = c;
+    gw->n_clients++;
+    gw->total_conns++;
+    return c;
+}
+
+static void refuse(int fd, const char *reply, const char *why)
+{
+    static struct tern_log_limit limit;
+
+    /* Best effort: the socket is new, so a short error fits its buffer. */
+    if (reply)
+        (void)send(fd, reply, strlen(reply), MSG_NOSIGNAL | MSG_DONTWAIT);
+    close(fd);
+    if (tern_log_allow(&limit)) {
+        tern_log(TERN_LOG_WARN, LOG_WHO, "refusing a client: %s (%u more refused)", why,
+                 limit.held);
+        limit.held = 0;
+    }
+}
+
+static void accept_clients(struct tern_resp_gw *gw)
+{
+    for (int i = 0; i < ACCEPT_BURST; i++) {
+        int fd = accept4(gw->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+
+        if (fd < 0) {
+            static struct tern_log_limit limit;
+
+            if (errno == EINTR || errno == ECONNABORTED)
+                continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK && tern_log_allow(&limit)) {
+                tern_log(TERN_LOG_WARN, LOG_WHO, "accept: %s", strerror(errno));
+                limit.held = 0;
+            }
+            return;
+        }
+        if (gw->n_clients >= gw->max_clients)
+            refuse(fd, "-ERR max number of clients reached\r\n", "too many clients");
+        else if (!client_new(gw, fd))
+            refuse(fd, NULL, "out of memory");
+    }
+}
+
+/* Make room to read: drop consumed input, and grow to hold the command the
+ * parser is in the middle of (it knows how long a bulk will be). */
+static bool in_make_room(struct tern_resp_gw *gw, struct client *c)
+{
+    struct buf *b = &c->in;
+    size_t limit = gw->max_request + 64, want, cap;
+    char *p;
+
+    if (b->off > 0) {
+        memmove(b->p, b->p + b->off, b->len - b->off);
+        b->len -= b->off;
+        b->off = 0;
+    }
+    want = b->len + MIN_READ;
+    if (c->parser.need > want)
+        want = c->parser.need;
+    if (want > limit)
+        want = limit;
+    if (want <= b->cap)
+        return b->len < b->cap;
+    cap = b->cap;
+    while (cap < want)
+        cap *= 2;
+    if (cap > limit)
+        cap = limit;
+    p = realloc(b->p, cap);
+    if (!p) {
+        c->dead = true;
+        return false;
+    }
+    b->p = p;
+    b->cap = cap;
+    return b->len < b->cap;
+}
+
+/* Run every complete command in the input buffer. */
+static void run_input(struct tern_resp_gw *gw, struct client *c)
+{
+    struct buf *b = &c->in;
+
+    while (!c->closing && !c->dead && b->off < b->len && out_pending(c) <= OUT_BACKLOG_MAX) {
+        const char *start = b->p + b->off;
+        enum resp_status rc = resp_parse(&c->parser, start, b->len - b->off);
+
+        if (rc == RESP_MORE)
+            break;
+        if (rc == RESP_NOMEM) {
+            c->dead = true;
+            break;
+        }
+        if (rc == RESP_ERROR) {
+            out_err(c, "ERR Protocol error: %s", c->parser.error);
+            c->closing = true;
+            break;
+        }
+        if (c->parser.argc) {
+            struct cmd m = {start, c->parser.argv, c->parser.argc};
+
+            run_command(gw, c, &m);
+            gw->batch_cmds++;
+        }
+        b->off += c->parser.pos;
+        resp_parser_reset(&c->parser);
+    }
+    c->stalled = !c->closing && !c->dead && b->off < b->len &&
+                 out_pending(c) > OUT_BACKLOG_MAX;
+    if (b->off == b->len) {
+        b->off = b->len = 0;
+        buf_shrink(b, IN_INITIAL);
+    }
+}
+
+/* One read per poll, so that one busy client cannot starve the others. */
+static void client_read(struct tern_resp_gw *gw, struct client *c)
+{
+    ssize_t n;
+
+    if (!in_make_room(gw, c)) {
+        if (!c->dead) {
+            /* The parser bounds every command by max_request, so a full
+             * buffer means a bug rather than a client: still, fail safe. */
+            OUT_LIT(c, "-ERR Protocol error: request too large\r\n");
+            c->closing = true;
+        }
+        return;
+    }
+    n = read(c->fd, c->in.p + c->in.len, c->in.cap - c->in.len);
+    if (n > 0) {
+        c->in.len += (size_t)n;
+        run_input(gw, c);
+    } else if (n == 0) {
+        /* The peer has finished sending (maybe only half-closed, as
+         * `nc -q` does): answer what came, then close. */
+        c->closing = true;
+    } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        c->dead = true;
+    }
+}
+
+static void touch(struct tern_resp_gw *gw, struct client *c)
+{
+    if (c->touched)
+        return;
+    c->touched = true;
+    c->next_touched = gw->touched;
+    gw->touched = c;
+}
+
+/* See the top of the file: swap the client's write replies of this batch
+ * for `err`. */
+static void fail_writes(struct client *c, const char *err, size_t err_len)
+{
+    size_t first, total, at;
+    char *tail;
+
+    if (c->dead || (!c->n_marks && !c->marks_lost))
+        return;
+    if (c->marks_lost) {
+        c->dead = true;     /* cannot tell which replies to take back */
+        return;
+    }
+    first = c->marks[0].start;
+    total = out_pending(c);
+    tail = malloc(total - first);
+    if (!tail) {
+        c->dead = true;
+        return;
+    }
+    memcpy(tail, c->out.p + c->out.off + first, total - first);
+    c->out.len = c->out.off + first;
+    at = first;
+    for (size_t i = 0; i < c->n_marks; i++) {
+        out_add(c, tail + (at - first), c->marks[i].start - at);
+        out_add(c, err, err_len);
+        at = c->marks[i].end;
+    }
+    out_add(c, tail + (at - first), total - at);
+    free(tail);
+}
+
+/* Group commit: one sync for every write of the poll, before any reply. */
+static void commit_batch(struct tern_resp_gw *gw)
+{
+    static struct tern_log_limit limit;
+    char err[160];
+    int rc, n;
+
+    if (!tern_kv_store_dirty(gw->store))
+        return;
+    rc = resp_sync_fn(gw->store);
+    if (rc >= 0)
+        return;
+    if (tern_log_allow(&limit)) {
+        tern_log(TERN_LOG_ERROR, LOG_WHO, "sync failed: %s (%u more)", tern_strerror(rc),
+                 limit.held);
+        limit.held = 0;
+    }
+    n = snprintf(err, sizeof(err), "-ERR write not persisted: sync failed: %s\r\n",
+                 tern_strerror(rc));
+    if (n < 0 || (size_t)n >= sizeof(err))
+        n = snprintf(err, sizeof(err), "-ERR write not persisted: sync failed\r\n");
+    for (struct client *c = gw->touched; c; c = c->next_touched)
+        fail_writes(c, err, (size_t)n);
+}
+
+/* One write per client per poll; what does not go waits for EPOLLOUT. */
+static void client_flush(struct tern_resp_gw *gw, struct client *c)
+{
+    struct buf *b = &c->out;
+    size_t backlog;
+
+    c->n_marks = 0;
+    c->marks_lost = false;
+    if (c->dead) {
+        client_close(gw, c);
+        return;
+    }
+    if (b->len > b->off) {
+        ssize_t n = send(c->fd, b->p + b->off, b->len - b->off, MSG_NOSIGNAL | MSG_DONTWAIT);
+
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+            client_close(gw, c);
+            return;
+        }
+        if (n > 0)
+            b->off += (size_t)n;
+        if (b->off == b->len) {
+            b->off = b->len = 0;
+            buf_shrink(b, OUT_INITIAL);
+        }
+    }
+    backlog = b->len - b->off;
+    if (c->closing && !backlog) {
+        client_close(gw, c);
+        return;
+    }
+    /* A stalled client waits for EPOLLOUT even with nothing to send: the
+     * event is what brings it back to run the rest of its input. */
+    set_interest(gw, c,
+                 (c->closing || c->stalled || backlog > OUT_BACKLOG_MAX ? 0 : EPOLLIN) |
+                 (backlog || c->stalled ? EPOLLOUT : 0));
+    if (c->dead)
+        client_close(gw, c);
+}
+
+int tern_resp_gw_poll(struct tern_resp_gw *gw, int timeout_ms)
+{
+    struct epoll_event ev[MAX_EVENTS];
+    int n = epoll_wait(gw->epfd, ev, MAX_EVENTS, timeout_ms);
+
+    if (n < 0)
+        return errno == EINTR ? 0 : -errno;
+    gw->batch_cmds = 0;
+    gw->touched = NULL;
+    for (int i = 0; i < n; i++) {
+        struct client *c = ev[i].data.ptr;
+
+        if (ev[i].data.ptr == gw) {
+            accept_clients(gw);
+            continue;
+        }
+        touch(gw, c);
+        if (c->stalled) {
+            if (out_pending(c) <= OUT_BACKLOG_MAX)
+                run_input(gw, c);
+        } else if ((ev[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) && (c->events & EPOLLIN)) {
+            client_read(gw, c);
+        }
+    }
+    commit_batch(gw);
+    while (gw->touched) {
+        struct client *c = gw->touched;
+
+        gw->touched = c->next_touched;
+        c->touched = false;
+        client_flush(gw, c);
+    }
+    gw->total_cmds += gw->batch_cmds;
+    return gw->batch_cmds > INT_MAX ? INT_MAX : (int)gw->batch_cmds;
+}
+
+/* ---- the gateway ---- */
+
+static int listen_on(struct tern_resp_gw *gw, const char *host, uint16_t port)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *ai;
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    char service[8];
+    int fd, one = 1, rc;
+
+    snprintf(service, sizeof(service), "%u", port);
+    if (getaddrinfo(host, service, &hints, &ai) != 0)
+        return TERN_EBADADDR;
+    fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        rc = -errno;
+        freeaddrinfo(ai);
+        return rc;
+    }
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(fd, 511) < 0 ||
+        getsockname(fd, (struct sockaddr *)&ss, &sl) < 0) {
+        rc = errno == EADDRINUSE ? TERN_EADDRINUSE : -errno;
+        freeaddrinfo(ai);
+        close(fd);
+        return rc;
+    }
+    freeaddrinfo(ai);
+    gw->lfd = fd;
+    gw->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                              : ((struct sockaddr_in *)&ss)->sin_port);
+    return 0;
+}
+
+int tern_resp_gw_create(struct tern_kv_store *store, const struct tern_resp_config *cfg,
+                        struct tern_resp_gw **out)
+{
+    struct tern_resp_gw *gw;
+    struct epoll_event e = {.events = EPOLLIN};
+    int rc;
+
+    if (!store || !out)
+        return TERN_EINVAL;
+    gw = calloc(1, sizeof(*gw));
+    if (!gw)
+        return TERN_ENOMEM;
+    gw->store = store;
+    gw->max_clients = cfg && cfg->max_clients ? cfg->max_clients : DEFAULT_MAX_CLIENTS;
+    gw->max_request = cfg && cfg->max_request ? cfg->max_request : DEFAULT_MAX_REQUEST;
+    gw->started = time(NULL);
+    gw->lfd = -1;
+    gw->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (gw->epfd < 0) {
+        rc = -errno;
+        free(gw);
+        return rc;
+    }
+    rc = listen_on(gw, cfg && cfg->host ? cfg->host : "127.0.0.1", cfg ? cfg->port : 0);
+    e.data.ptr = gw;
+    if (rc == 0 && epoll_ctl(gw->epfd, EPOLL_CTL_ADD, gw->lfd, &e) < 0)
+        rc = -errno;
+    if (rc < 0) {
+        tern_log(TERN_LOG_WARN, LOG_WHO, "cannot listen on %s:%u: %s",
+                 cfg && cfg->host ? cfg->host : "127.0.0.1", cfg ? cfg->port : 0,
+                 tern_strerror(rc));
+        if (gw->lfd >= 0)
+            close(gw->lfd);
+        close(gw->epfd);
+        free(gw);
+        return rc;
+    }
+    tern_log(TERN_LOG_INFO, LOG_WHO, "listening on port %u", gw->port);
+    *out = gw;
+    return 0;
+}
+
+uint16_t tern_resp_gw_port(const struct tern_resp_gw *gw)
+{
+    return gw->port;
+}
+
+int tern_resp_gw_fd(const struct tern_resp_gw *gw)
+{
+    return gw->epfd;
+}
+
+void tern_resp_gw_destroy(struct tern_resp_gw *gw)
+{
+    if (!gw)
+        return;
+    while (gw->clients)
+        client_close(gw, gw->clients);
+    close(gw->lfd);
+    close(gw->epfd);
+    free(gw);
+}

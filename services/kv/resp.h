@@ -1,0 +1,55 @@
+/* A Redis-protocol (RESP2) gateway onto a key-value store, so that
+ * redis-cli, redis-benchmark and Redis client libraries work unchanged.
+ *
+ * The gateway runs on the thread that owns the store. Each poll reads every
+ * ready client, runs all the complete commands it finds (pipelining), makes
+ * the batch's writes durable with one tern_kv_store_sync(), and only then
+ * writes the replies: a "+OK" to SET always means the value is persistent.
+ *
+ * Commands: PING, ECHO, GET, SET, DEL, EXISTS, MGET, MSET, INCR, DBSIZE,
+ * FLUSHDB, INFO, COMMAND, CONFIG GET, QUIT; any other gets a RESP error.
+ * Keys and values are the same bytes the native KV API sees.
+ */
+#ifndef TERN_RESP_H
+#define TERN_RESP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct tern_kv_store;
+struct tern_resp_gw;
+
+struct tern_resp_config {
+    const char *host;            /* listen address; NULL = 127.0.0.1 */
+    uint16_t port;               /* 0 picks one (see tern_resp_gw_port) */
+    unsigned max_clients;        /* 0 = 1024; further clients are refused */
+    size_t max_request;          /* largest command in bytes; 0 = 64 MiB */
+};
+
+/* Listen and serve `store` (which must outlive the gateway). */
+int tern_resp_gw_create(struct tern_kv_store *store, const struct tern_resp_config *cfg,
+                        struct tern_resp_gw **out);
+
+/* The TCP port the gateway listens on. */
+uint16_t tern_resp_gw_port(const struct tern_resp_gw *gw);
+
+/* An fd (epoll) that is readable when some client needs service; sleep on
+ * it with the thread's other fds and call tern_resp_gw_poll() when it is. */
+int tern_resp_gw_fd(const struct tern_resp_gw *gw);
+
+/* Serve every ready client, waiting up to timeout_ms (0: do not wait) for
+ * one. Returns the number of commands run, or a negative tern code. */
+int tern_resp_gw_poll(struct tern_resp_gw *gw, int timeout_ms);
+
+/* Close every client and the listener. */
+void tern_resp_gw_destroy(struct tern_resp_gw *gw);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,174 @@
+/* tern persistent-memory pool.
+ *
+ * A pool is one file mapped with libpmem. After a 4 KiB header (magic,
+ * version, UUID, sizes, checksum) it is cut into equal log segments. Each
+ * segment starts with a 64-byte header whose `used` word is the segment's
+ * commit point: records are appended after it, made durable, and only then is
+ * `used` advanced by one persisted 8-byte store. Bytes past `used` are never
+ * read, so a crash mid-append leaves no torn record behind.
+ *
+ * Records carry a key, a value, a type (value or tombstone), a version from
+ * one pool-wide counter (the newest version of a key wins at recovery) and a
+ * CRC32 over everything after the checksum field. The pool keeps no index:
+ * recovery hands every committed record to the caller, which rebuilds its
+ * own (services/kv keeps a DRAM hash). Space comes back by cleaning: the
+ * segment with the fewest live bytes has its live records copied to the head
+ * and is then freed.
+ *
+ * On real PM (or with PMEM_IS_PMEM_FORCE=1) durability is cache-line flushes
+ * and a fence; on an ordinary file it is msync() of the dirty range. One
+ * thread owns a pool; nothing here takes a lock.
+ */
+#ifndef TERN_PM_H
+#define TERN_PM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TERN_PM_KEY_MAX 1024u        /* longest key a record may hold */
+
+enum tern_pm_rec_type {
+    TERN_PM_VALUE = 1,               /* key = value */
+    TERN_PM_TOMBSTONE = 2,           /* key deleted (value empty) */
+};
+
+/* A record as it lies in the pool, 8-byte aligned, followed by the key, the
+ * value and zero padding up to the next multiple of 8. */
+struct tern_pm_rec {
+    uint32_t crc;                    /* crc32 of the rest of the record */
+    uint32_t val_len;
+    uint64_t version;
+    uint16_t key_len;
+    uint8_t type;                    /* enum tern_pm_rec_type */
+    uint8_t flags;                   /* 0 */
+    uint32_t reserved;               /* 0 */
+};
+
+/* A record's place: segment index << 32 | byte offset in the segment. */
+typedef uint64_t tern_pm_loc;
+
+struct tern_pm_opts {
+    uint64_t size;       /* create: pool bytes (4 segments at least); 0 = 256 MiB */
+    uint32_t seg_size;   /* create: segment bytes, a power of two >= 64 KiB; 0 = 1 MiB */
+    bool create;         /* create the file if it does not exist */
+};
+
+struct tern_pm_info {
+    uint8_t uuid[16];
+    uint32_t version;        /* layout version of the file */
+    uint64_t size;           /* pool bytes */
+    uint32_t seg_size;
+    uint32_t n_segs;
+    uint32_t segs_used;      /* segments holding records */
+    uint64_t bytes_committed;  /* record bytes below the commit points */
+    uint64_t bytes_live;     /* of which still live (as reported by the owner) */
+    uint64_t records;        /* committed records (recover/check only) */
+    uint64_t max_version;
+    bool is_pmem;            /* flushes are cache-line flushes, not msync */
+};
+
+struct tern_pm_pool;
+
+/* Open (or create) the pool at `path`. The file is locked against a second
+ * opener (TERN_EBUSY). A file that is not a tern pool, or has a bad header,
+ * fails with TERN_ECORRUPT and a log line saying what and where. */
+int tern_pm_open(const char *path, const struct tern_pm_opts *o, struct tern_pm_pool **out);
+
+/* Unmap and unlock. Records appended but not committed are lost. */
+void tern_pm_close(struct tern_pm_pool *p);
+
+/* Recovery: hand every committed record to `fn` in log order (segment by
+ * segment). Must be called once after open and before any append. A record
+ * that fails its checksum or bounds below a commit point stops the walk with
+ * TERN_ECORRUPT (logged with its file offset); fn may stop it with a
+ * negative return, which is passed back. */
+typedef int (*tern_pm_visit_fn)(void *arg, tern_pm_loc loc, const struct tern_pm_rec *r);
+int tern_pm_recover(struct tern_pm_pool *p, tern_pm_visit_fn fn, void *arg);
+
+/* The record at `loc` (a location this pool handed out). */
+const struct tern_pm_rec *tern_pm_rec_at(const struct tern_pm_pool *p, tern_pm_loc loc);
+
+static inline const void *tern_pm_rec_key(const struct tern_pm_rec *r)
+{
+    return (const uint8_t *)(r + 1);
+}
+
+static inline const void *tern_pm_rec_val(const struct tern_pm_rec *r)
+{
+    return (const uint8_t *)(r + 1) + r->key_len;
+}
+
+/* Bytes a record with these lengths takes in the pool. */
+static inline uint32_t tern_pm_rec_size(uint32_t key_len, uint32_t val_len)
+{
+    return (uint32_t)((sizeof(struct tern_pm_rec) + key_len + val_len + 7u) & ~7u);
+}
+
+/* Largest value a record with `key_len` bytes of key may hold. */
+uint32_t tern_pm_val_max(const struct tern_pm_pool *p, uint32_t key_len);
+
+/* The next version number (one counter per pool, strictly increasing). */
+uint64_t tern_pm_next_version(struct tern_pm_pool *p);
+
+/* Append a record: the key and value are copied into the pool once and the
+ * record is flushed, but it is neither durable nor visible to recovery until
+ * tern_pm_commit(). TERN_E2BIG for a key over TERN_PM_KEY_MAX or a record
+ * larger than a segment; TERN_ENOSPC when no segment is free (clean first;
+ * tombstones and the cleaner's copies may use reserved segments). */
+int tern_pm_append(struct tern_pm_pool *p, enum tern_pm_rec_type type, uint64_t version,
+                   const void *key, uint16_t key_len, const void *val, uint32_t val_len,
+                   tern_pm_loc *loc);
+
+/* Make every appended record durable and move the commit points over them.
+ * After it returns, recovery sees those records. */
+int tern_pm_commit(struct tern_pm_pool *p);
+
+/* Tell the pool that the record at `loc` is no longer live (superseded or
+ * deleted); cleaning prefers segments with few live bytes. */
+void tern_pm_dead(struct tern_pm_pool *p, tern_pm_loc loc);
+
+/* Free segments left; appends need one when the head fills. */
+uint32_t tern_pm_free_segs(const struct tern_pm_pool *p);
+
+/* Segments in the pool. */
+uint32_t tern_pm_seg_count(const struct tern_pm_pool *p);
+
+/* The owner's view of a record during cleaning. */
+struct tern_pm_cleaner {
+    /* Is this record still needed? */
+    bool (*is_live)(void *arg, tern_pm_loc loc, const struct tern_pm_rec *r);
+    /* A live record was copied to `to` (same version); repoint the index. */
+    void (*moved)(void *arg, tern_pm_loc from, tern_pm_loc to, const struct tern_pm_rec *r);
+    /* A dead record is going away for good. */
+    void (*dropped)(void *arg, tern_pm_loc loc, const struct tern_pm_rec *r);
+    void *arg;
+};
+
+/* Clean up to `max_segs` segments whose live share is below `max_live_pct`
+ * percent, fewest live bytes first: copy their live records to the head,
+ * commit, then free them. Returns the number of segments freed (0 if none
+ * qualified) or a negative code (TERN_ENOSPC: no room to copy into). */
+int tern_pm_clean(struct tern_pm_pool *p, const struct tern_pm_cleaner *c,
+                  unsigned max_segs, unsigned max_live_pct);
+
+/* Sizes and counts of an open pool. */
+void tern_pm_get_info(const struct tern_pm_pool *p, struct tern_pm_info *info);
+
+/* Inspect a pool file read-only without opening it for use: the header, and
+ * with `deep` every committed record's bounds and checksum. Writes a report
+ * to `out` (may be NULL). Returns 0 if the pool is sound, TERN_ECORRUPT with
+ * the first bad offset in *bad_off (if not NULL), or another error. */
+int tern_pm_check(const char *path, bool deep, FILE *out, struct tern_pm_info *info,
+                  uint64_t *bad_off);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

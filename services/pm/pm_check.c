@@ -1,0 +1,145 @@
+/* `tern pool info|check`: a read-only look at a pool file, without the lock
+ * or libpmem, so it also works on a copy or while the owner is down. */
+#include <fcntl.h>
+#include <stdarg.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "pm_layout.h"
+
+static void report(FILE *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void report(FILE *out, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (!out)
+        return;
+    va_start(ap, fmt);
+    vfprintf(out, fmt, ap);
+    va_end(ap);
+}
+
+static int corrupt(FILE *out, uint64_t *bad_off, uint64_t off, const char *what)
+{
+    report(out, "corrupt   offset %llu: %s\n", (unsigned long long)off, what);
+    if (bad_off)
+        *bad_off = off;
+    return TERN_ECORRUPT;
+}
+
+/* Walk one segment's committed records. */
+static int check_seg(const uint8_t *base, const struct pm_file_hdr *h, uint32_t s,
+                     FILE *out, struct tern_pm_info *info, uint64_t *bad_off)
+{
+    uint64_t seg_off = pm_seg_offset(s, h->seg_size);
+    const struct pm_seg_hdr *sh = (const void *)(base + seg_off);
+    const uint8_t *seg = base + seg_off;
+    char what[160];
+
+    if (sh->seq == 0)
+        return 0;
+    if (sh->magic != PM_SEG_MAGIC || sh->index != s) {
+        snprintf(what, sizeof(what), "segment %u header has a bad magic or index", s);
+        return corrupt(out, bad_off, seg_off, what);
+    }
+    if (sh->used > h->seg_size - PM_SEG_HDR || (sh->used & 7)) {
+        snprintf(what, sizeof(what), "segment %u commit point %llu is out of range", s,
+                 (unsigned long long)sh->used);
+        return corrupt(out, bad_off, seg_off + offsetof(struct pm_seg_hdr, used), what);
+    }
+    info->segs_used++;
+    info->bytes_committed += sh->used;
+    for (uint64_t off = PM_SEG_HDR; off < PM_SEG_HDR + sh->used;) {
+        const struct tern_pm_rec *r = (const void *)(seg + off);
+        const char *why;
+        uint32_t size;
+
+        if (pm_rec_check(seg, off, sh->used, &size, &why) < 0) {
+            snprintf(what, sizeof(what), "segment %u + %llu: %s", s,
+                     (unsigned long long)off, why);
+            return corrupt(out, bad_off, seg_off + off, what);
+        }
+        info->records++;
+        if (r->version > info->max_version)
+            info->max_version = r->version;
+        off += size;
+    }
+    return 0;
+}
+
+int tern_pm_check(const char *path, bool deep, FILE *out, struct tern_pm_info *info,
+                  uint64_t *bad_off)
+{
+    struct tern_pm_info local;
+    const struct pm_file_hdr *h;
+    const char *why = NULL;
+    struct stat st;
+    uint8_t *base;
+    char uuid[40];
+    int fd, rc = 0;
+
+    if (!info)
+        info = &local;
+    memset(info, 0, sizeof(*info));
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        report(out, "error     %s: %s\n", path, strerror(errno));
+        return errno == ENOENT ? TERN_ENOENT : errno == EACCES ? TERN_EACCES : TERN_EIO;
+    }
+    if (fstat(fd, &st) < 0 || st.st_size < (off_t)sizeof(struct pm_file_hdr)) {
+        close(fd);
+        return corrupt(out, bad_off, 0, "file too short to be a pool");
+    }
+    base = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (base == MAP_FAILED) {
+        report(out, "error     mmap %s: %s\n", path, strerror(errno));
+        return TERN_EIO;
+    }
+    h = (const void *)base;
+    report(out, "pool      %s\n", path);
+    rc = pm_hdr_check(h, (uint64_t)st.st_size, &why);
+    if (rc < 0) {
+        if (rc == TERN_ECORRUPT)
+            corrupt(out, bad_off, 0, why);
+        else
+            report(out, "error     %s (layout %u)\n", why, h->layout);
+        goto out;
+    }
+    for (int i = 0; i < 16; i++)
+        snprintf(uuid + 2 * i, 3, "%02x", h->uuid[i]);
+    memcpy(info->uuid, h->uuid, sizeof(info->uuid));
+    info->version = h->layout;
+    info->size = h->size;
+    info->seg_size = h->seg_size;
+    info->n_segs = h->n_segs;
+    report(out, "uuid      %s\nlayout    %u\nsize      %llu bytes: %u segments of %u bytes\n",
+           uuid, h->layout, (unsigned long long)h->size, h->n_segs, h->seg_size);
+    for (uint32_t s = 0; s < h->n_segs && rc == 0; s++) {
+        if (deep) {
+            rc = check_seg(base, h, s, out, info, bad_off);
+        } else {
+            const struct pm_seg_hdr *sh = (const void *)(base + pm_seg_offset(s, h->seg_size));
+
+            if (sh->seq) {
+                info->segs_used++;
+                info->bytes_committed += sh->used;
+            }
+        }
+    }
+    report(out, "in use    %u segments, %llu record bytes committed\n", info->segs_used,
+           (unsigned long long)info->bytes_committed);
+    if (deep && rc == 0)
+        report(out, "records   %llu, newest version %llu\n", (unsigned long long)info->records,
+               (unsigned long long)info->max_version);
+    if (rc == 0)
+        report(out, "status    %s\n", deep ? "ok: every committed record passed its checksum"
+                                            : "header ok (run check for the records)");
+out:
+    munmap(base, (size_t)st.st_size);
+    return rc;
+}

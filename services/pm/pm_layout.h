@@ -1,0 +1,60 @@
+/* The pool file's layout, shared by the pool (pm.c) and its checker
+ * (pm_check.c). Little-endian, fixed sizes; see pm.h for the design. */
+#ifndef TERN_PM_LAYOUT_H
+#define TERN_PM_LAYOUT_H
+
+#include <stdint.h>
+
+#include "pm.h"
+
+#define PM_MAGIC "TERNPOOL"
+#define PM_LAYOUT 1
+#define PM_HDR_SIZE 4096u            /* the file header's block */
+#define PM_SEG_MAGIC 0x47455354u     /* "TSEG" */
+#define PM_SEG_HDR 64u               /* records start this far into a segment */
+#define PM_SEG_MIN (64u * 1024)
+
+struct pm_file_hdr {
+    char magic[8];                   /* PM_MAGIC */
+    uint32_t layout;                 /* PM_LAYOUT */
+    uint32_t hdr_size;               /* PM_HDR_SIZE */
+    uint8_t uuid[16];
+    uint64_t size;                   /* file bytes */
+    uint32_t seg_size;
+    uint32_t n_segs;
+    uint64_t created;                /* CLOCK_REALTIME seconds */
+    uint32_t reserved[3];
+    uint32_t crc;                    /* crc32 of the bytes before it */
+};
+
+/* The first cache line of a segment. `seq` and `used` are each changed by
+ * one persisted 8-byte store: seq 0 means free, `used` is the commit point. */
+struct pm_seg_hdr {
+    uint64_t seq;                    /* 0 = free, else the order it was opened in */
+    uint64_t used;                   /* committed record bytes after this header */
+    uint32_t magic;                  /* PM_SEG_MAGIC once opened */
+    uint32_t index;                  /* its own index, to catch misplaced data */
+    uint8_t reserved[40];
+};
+
+_Static_assert(sizeof(struct pm_file_hdr) == 72, "pool header layout");
+_Static_assert(sizeof(struct pm_seg_hdr) == PM_SEG_HDR, "segment header is one cache line");
+_Static_assert(sizeof(struct tern_pm_rec) == 24, "record header layout");
+
+static inline uint64_t pm_seg_offset(uint32_t seg, uint32_t seg_size)
+{
+    return PM_HDR_SIZE + (uint64_t)seg * seg_size;
+}
+
+/* Checksum of a record: everything after the crc field. */
+uint32_t pm_rec_crc(const struct tern_pm_rec *r);
+
+/* Is the file header sound? 0, or TERN_ECORRUPT/TERN_EVERSION with a reason. */
+int pm_hdr_check(const struct pm_file_hdr *h, uint64_t file_size, const char **why);
+
+/* Checks a record at `off` in a segment whose commit point is `used`:
+ * bounds, type and checksum. 0 or TERN_ECORRUPT with a reason. */
+int pm_rec_check(const uint8_t *seg, uint64_t off, uint64_t used, uint32_t *size,
+                 const char **why);
+
+#endif

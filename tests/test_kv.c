@@ -1,0 +1,492 @@
+/* Suite kv: the pool (services/pm) and the key-value engine on it, in one
+ * process: round trips, recovery after reopen, the commit point, cleaning,
+ * full pools, oversized input, corrupted files and a random model check. */
+#include <check.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "helpers.h"
+#include "kv/kv_store.h"
+#include "pm/pm.h"
+#include "suites.h"
+
+#define SEG (64u * 1024)
+
+static char dir[64], path[128];
+
+static void setup(void)
+{
+    test_pool_dir(dir, sizeof(dir), "kv");
+    snprintf(path, sizeof(path), "%s/kv.pool", dir);
+}
+
+static void teardown(void)
+{
+    char tmp[160];
+
+    unlink(path);
+    snprintf(tmp, sizeof(tmp), "%s.creating", path);
+    unlink(tmp);
+    rmdir(dir);
+}
+
+static struct tern_kv_store *open_store(uint64_t size)
+{
+    struct tern_kv_store_opts o = {.path = path, .pool_size = size, .seg_size = SEG};
+    struct tern_kv_store *s = NULL;
+    int rc = tern_kv_store_open(&o, &s);
+
+    ck_assert_msg(rc == 0, "open: %s", tern_strerror(rc));
+    return s;
+}
+
+static void put_str(struct tern_kv_store *s, const char *k, const char *v)
+{
+    int rc = tern_kv_store_put(s, k, strlen(k), v, strlen(v), TERN_KV_SYNC, NULL);
+
+    ck_assert_msg(rc == 0, "put %s: %s", k, tern_strerror(rc));
+}
+
+/* 1 if k = v, 0 if absent; fails the test on a different value. */
+static int has(struct tern_kv_store *s, const char *k, const char *v)
+{
+    const void *val;
+    uint32_t len;
+    int rc = tern_kv_store_get(s, k, strlen(k), &val, &len, NULL);
+
+    if (rc == TERN_ENOENT)
+        return 0;
+    ck_assert_int_eq(rc, 0);
+    ck_assert_msg(len == strlen(v) && memcmp(val, v, len) == 0, "%s: wrong value %.*s", k,
+                  (int)len, (const char *)val);
+    return 1;
+}
+
+START_TEST(put_get_del)
+{
+    struct tern_kv_store *s = open_store(1 << 20);
+    uint64_t v1, v2, v3;
+    const void *val;
+    uint32_t len;
+
+    ck_assert_int_eq(tern_kv_store_put(s, "a", 1, "one", 3, 0, &v1), 0);
+    ck_assert_int_eq(tern_kv_store_put(s, "a", 1, "uno", 3, 0, &v2), 0);
+    ck_assert_uint_gt(v2, v1);
+    ck_assert_int_eq(has(s, "a", "uno"), 1);
+    ck_assert_int_eq(tern_kv_store_put(s, "empty", 5, NULL, 0, 0, NULL), 0);
+    ck_assert_int_eq(tern_kv_store_get(s, "empty", 5, &val, &len, NULL), 0);
+    ck_assert_uint_eq(len, 0);
+    ck_assert_uint_eq(tern_kv_store_count(s), 2);
+    ck_assert_int_eq(tern_kv_store_del(s, "a", 1, 0, &v3), 0);
+    ck_assert_uint_gt(v3, v2);
+    ck_assert_int_eq(has(s, "a", ""), 0);
+    ck_assert_int_eq(tern_kv_store_del(s, "a", 1, 0, NULL), TERN_ENOENT);
+    ck_assert_int_eq(tern_kv_store_del(s, "nope", 4, 0, NULL), TERN_ENOENT);
+    ck_assert_uint_eq(tern_kv_store_count(s), 1);
+    /* Back after a delete. */
+    put_str(s, "a", "again");
+    ck_assert_int_eq(has(s, "a", "again"), 1);
+    ck_assert_uint_eq(tern_kv_store_count(s), 2);
+    tern_kv_store_close(s);
+}
+END_TEST
+
+START_TEST(bad_sizes)
+{
+    struct tern_kv_store *s = open_store(1 << 20);
+    static char big[SEG];
+    size_t max = tern_kv_store_val_max(s, 3);
+
+    ck_assert_int_eq(tern_kv_store_put(s, "", 0, "v", 1, 0, NULL), TERN_EINVAL);
+    ck_assert_int_eq(tern_kv_store_put(s, big, TERN_KV_KEY_MAX + 1, "v", 1, 0, NULL),
+                     TERN_E2BIG);
+    ck_assert_uint_lt(max, SEG);
+    put_str(s, "key", "old");
+    ck_assert_int_eq(tern_kv_store_put(s, "key", 3, big, max + 1, 0, NULL), TERN_E2BIG);
+    ck_assert_int_eq(has(s, "key", "old"), 1);      /* nothing lost */
+    ck_assert_int_eq(tern_kv_store_put(s, "key", 3, big, max, TERN_KV_SYNC, NULL), 0);
+    ck_assert_int_eq(tern_kv_store_get(s, big, TERN_KV_KEY_MAX + 1, &(const void *){0},
+                                       &(uint32_t){0}, NULL), TERN_E2BIG);
+    tern_kv_store_close(s);
+}
+END_TEST
+
+START_TEST(survives_reopen)
+{
+    struct tern_kv_store *s = open_store(4 << 20);
+    char k[32], v[32];
+
+    for (int i = 0; i < 1000; i++) {
+        snprintf(k, sizeof(k), "key%d", i);
+        snprintf(v, sizeof(v), "v%d", i);
+        put_str(s, k, v);
+    }
+    for (int i = 0; i < 1000; i += 3) {          /* overwrite a third */
+        snprintf(k, sizeof(k), "key%d", i);
+        snprintf(v, sizeof(v), "w%d", i);
+        put_str(s, k, v);
+    }
+    for (int i = 1; i < 1000; i += 5) {          /* delete a fifth */
+        snprintf(k, sizeof(k), "key%d", i);
+        ck_assert_int_eq(tern_kv_store_del(s, k, strlen(k), TERN_KV_SYNC, NULL), 0);
+    }
+    uint64_t count = tern_kv_store_count(s);
+    tern_kv_store_close(s);
+
+    s = open_store(0);
+    ck_assert_uint_eq(tern_kv_store_count(s), count);
+    for (int i = 0; i < 1000; i++) {
+        snprintf(k, sizeof(k), "key%d", i);
+        snprintf(v, sizeof(v), "%c%d", i % 3 == 0 ? 'w' : 'v', i);
+        ck_assert_int_eq(has(s, k, v), i % 5 != 1);
+    }
+    tern_kv_store_close(s);
+}
+END_TEST
+
+/* A write that was appended but never committed (the process died before
+ * the commit point moved) is not there after recovery; earlier ones are. */
+START_TEST(uncommitted_write_is_not_recovered)
+{
+    struct tern_kv_store *s = open_store(1 << 20);
+    pid_t pid;
+    int st;
+
+    put_str(s, "kept", "yes");
+    tern_kv_store_close(s);
+    pid = fork();
+    if (pid == 0) {
+        struct tern_kv_store_opts o = {.path = path};
+
+        if (tern_kv_store_open(&o, &s) != 0)
+            _exit(1);
+        if (tern_kv_store_put(s, "lost", 4, "no", 2, 0, NULL) != 0)   /* no sync */
+            _exit(2);
+        if (tern_kv_store_put(s, "kept", 4, "overwritten", 11, 0, NULL) != 0)
+            _exit(3);
+        _exit(0);       /* dies with the records past the commit point */
+    }
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert_int_eq(WEXITSTATUS(st), 0);
+    s = open_store(0);
+    ck_assert_int_eq(has(s, "lost", ""), 0);
+    ck_assert_int_eq(has(s, "kept", "yes"), 1);
+    tern_kv_store_close(s);
+    ck_assert_int_eq(tern_pm_check(path, true, NULL, NULL, NULL), 0);
+}
+END_TEST
+
+START_TEST(second_opener_is_refused)
+{
+    struct tern_kv_store *s = open_store(1 << 20), *s2 = NULL;
+    struct tern_kv_store_opts o = {.path = path};
+
+    ck_assert_int_eq(tern_kv_store_open(&o, &s2), TERN_EBUSY);
+    tern_kv_store_close(s);
+    ck_assert_int_eq(tern_kv_store_open(&o, &s2), 0);
+    tern_kv_store_close(s2);
+}
+END_TEST
+
+/* Overwrites far beyond the pool's size succeed because cleaning takes back
+ * the dead versions; the newest values and the deletions survive reopen. */
+START_TEST(cleaning_reclaims_space)
+{
+    struct tern_kv_store *s = open_store(8 * SEG + 4096);
+    struct tern_kv_store_stats st;
+    char k[32], v[128];
+
+    for (int round = 0; round < 200; round++) {
+        for (int i = 0; i < 100; i++) {
+            snprintf(k, sizeof(k), "key%d", i);
+            snprintf(v, sizeof(v), "value %d of round %d padded to be a bit longer", i, round);
+            put_str(s, k, v);
+        }
+        /* Deleted keys must stay deleted through cleaning and recovery. */
+        snprintf(k, sizeof(k), "gone%d", round);
+        put_str(s, k, "temporary");
+        ck_assert_int_eq(tern_kv_store_del(s, k, strlen(k), TERN_KV_SYNC, NULL), 0);
+    }
+    tern_kv_store_get_stats(s, &st);
+    ck_assert_uint_gt(st.segs_cleaned, 10);
+    tern_kv_store_close(s);
+    s = open_store(0);
+    ck_assert_uint_eq(tern_kv_store_count(s), 100);
+    for (int i = 0; i < 100; i++) {
+        snprintf(k, sizeof(k), "key%d", i);
+        snprintf(v, sizeof(v), "value %d of round %d padded to be a bit longer", i, 199);
+        ck_assert_int_eq(has(s, k, v), 1);
+    }
+    for (int round = 0; round < 200; round++) {
+        snprintf(k, sizeof(k), "gone%d", round);
+        ck_assert_int_eq(has(s, k, ""), 0);
+    }
+    tern_kv_store_close(s);
+    ck_assert_int_eq(tern_pm_check(path, true, NULL, NULL, NULL), 0);
+}
+END_TEST
+
+/* A full pool says TERN_ENOSPC, loses nothing acknowledged, and takes
+ * writes again once keys are deleted. */
+START_TEST(full_pool)
+{
+    struct tern_kv_store *s = open_store(4 * SEG + 4096);
+    char k[32], v[512];
+    int n = 0, rc;
+
+    memset(v, 'x', sizeof(v));
+    for (;;) {
+        snprintf(k, sizeof(k), "key%d", n);
+        rc = tern_kv_store_put(s, k, strlen(k), v, sizeof(v), TERN_KV_SYNC, NULL);
+        if (rc < 0)
+            break;
+        n++;
+    }
+    ck_assert_int_eq(rc, TERN_ENOSPC);
+    ck_assert_int_gt(n, 100);
+    ck_assert_uint_eq(tern_kv_store_count(s), (uint64_t)n);
+    for (int i = 0; i < n; i++) {
+        const void *val;
+        uint32_t len;
+
+        snprintf(k, sizeof(k), "key%d", i);
+        ck_assert_int_eq(tern_kv_store_get(s, k, strlen(k), &val, &len, NULL), 0);
+        ck_assert_uint_eq(len, sizeof(v));
+    }
+    for (int i = 0; i < n; i += 2) {
+        snprintf(k, sizeof(k), "key%d", i);
+        ck_assert_int_eq(tern_kv_store_del(s, k, strlen(k), TERN_KV_SYNC, NULL), 0);
+    }
+    for (int i = 0; i < n / 4; i++) {
+        snprintf(k, sizeof(k), "new%d", i);
+        rc = tern_kv_store_put(s, k, strlen(k), v, sizeof(v), TERN_KV_SYNC, NULL);
+        ck_assert_msg(rc == 0, "put after deletes: %s", tern_strerror(rc));
+    }
+    tern_kv_store_close(s);
+}
+END_TEST
+
+static int count_visit(void *arg, const void *key, size_t klen, const void *val, uint32_t len,
+                       uint64_t version)
+{
+    unsigned *seen = arg;
+    int i;
+
+    ck_assert_int_eq(sscanf(key, "key%d", &i), 1);
+    ck_assert(i >= 0 && i < 5000);
+    seen[i]++;
+    return 0;
+}
+
+/* A scan sees every key present throughout, even while the table grows. */
+START_TEST(scan_survives_growth)
+{
+    struct tern_kv_store *s = open_store(8 << 20);
+    static unsigned seen[5000];
+    uint64_t cur = 0, next;
+    char k[32];
+    int calls = 0;
+
+    for (int i = 0; i < 1000; i++) {
+        snprintf(k, sizeof(k), "key%d", i);
+        put_str(s, k, "v");
+    }
+    do {
+        ck_assert_int_eq(tern_kv_store_scan(s, cur, 50, count_visit, seen, &next), 0);
+        cur = next;
+        /* Grow the index between calls: 4000 more keys over the scan. */
+        for (int i = 0; i < 200 && calls < 20; i++) {
+            snprintf(k, sizeof(k), "key%d", 1000 + calls * 200 + i);
+            put_str(s, k, "v");
+        }
+        calls++;
+    } while (cur);
+    for (int i = 0; i < 1000; i++)
+        ck_assert_msg(seen[i] >= 1, "key%d missed by the scan", i);
+    tern_kv_store_close(s);
+}
+END_TEST
+
+/* Flip one byte of a committed record: the pool is refused with the
+ * record's offset, and the file is left exactly as it was. */
+START_TEST(corrupt_record_is_refused)
+{
+    struct tern_kv_store *s = open_store(1 << 20);
+    uint64_t bad = 0, bad2 = 0;
+    struct stat st;
+    char *before, *after;
+    int fd;
+
+    put_str(s, "alpha", "first value");
+    put_str(s, "beta", "second value");
+    tern_kv_store_close(s);
+    /* The second record of segment 0: header 4096 + segment header 64 +
+     * the first record (24 + 5 + 11 = 40 bytes). */
+    const off_t rec2 = 4096 + 64 + 40;
+    fd = open(path, O_RDWR);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(pwrite(fd, "X", 1, rec2 + 24 + 2), 1);    /* a byte of "beta" */
+    fstat(fd, &st);
+    before = malloc((size_t)st.st_size);
+    ck_assert_int_eq(pread(fd, before, (size_t)st.st_size, 0), st.st_size);
+    close(fd);
+
+    struct tern_kv_store_opts o = {.path = path};
+    ck_assert_int_eq(tern_kv_store_open(&o, &s), TERN_ECORRUPT);
+    ck_assert_int_eq(tern_pm_check(path, true, NULL, NULL, &bad), TERN_ECORRUPT);
+    ck_assert_int_eq((off_t)bad, rec2);
+    ck_assert_int_eq(tern_pm_check(path, false, NULL, NULL, &bad2), 0);  /* info: header only */
+
+    fd = open(path, O_RDONLY);
+    after = malloc((size_t)st.st_size);
+    ck_assert_int_eq(pread(fd, after, (size_t)st.st_size, 0), st.st_size);
+    close(fd);
+    ck_assert(memcmp(before, after, (size_t)st.st_size) == 0);
+    free(before);
+    free(after);
+}
+END_TEST
+
+START_TEST(bad_headers_are_refused)
+{
+    struct tern_kv_store *s = open_store(1 << 20);
+    struct tern_kv_store_opts o = {.path = path};
+    int fd;
+
+    tern_kv_store_close(s);
+    fd = open(path, O_RDWR);
+    /* The header's checksum catches a changed size field. */
+    ck_assert_int_eq(pwrite(fd, "\x01", 1, 40), 1);
+    ck_assert_int_eq(tern_kv_store_open(&o, &s), TERN_ECORRUPT);
+    ck_assert_int_eq(pwrite(fd, "NOTAPOOL", 8, 0), 8);
+    ck_assert_int_eq(tern_kv_store_open(&o, &s), TERN_ECORRUPT);
+    ck_assert_int_eq(tern_pm_check(path, false, NULL, NULL, NULL), TERN_ECORRUPT);
+    ck_assert_int_eq(ftruncate(fd, 100), 0);
+    ck_assert_int_eq(tern_kv_store_open(&o, &s), TERN_ECORRUPT);
+    close(fd);
+    /* A missing pool is created only when asked. */
+    unlink(path);
+    ck_assert_int_eq(tern_pm_check(path, true, NULL, NULL, NULL), TERN_ENOENT);
+}
+END_TEST
+
+/* A segment header whose commit point runs past the segment. */
+START_TEST(bad_commit_point_is_refused)
+{
+    struct tern_kv_store *s = open_store(1 << 20);
+    struct tern_kv_store_opts o = {.path = path};
+    uint64_t used = SEG * 2, bad = 0;
+    int fd;
+
+    put_str(s, "k", "v");
+    tern_kv_store_close(s);
+    fd = open(path, O_RDWR);
+    /* Segments are handed out from the top: find the one in use. */
+    for (uint32_t seg = 0; seg < 15; seg++) {
+        uint64_t seq;
+        off_t at = 4096 + (off_t)seg * SEG;
+
+        ck_assert_int_eq(pread(fd, &seq, 8, at), 8);
+        if (seq)
+            ck_assert_int_eq(pwrite(fd, &used, 8, at + 8), 8);
+    }
+    close(fd);
+    ck_assert_int_eq(tern_kv_store_open(&o, &s), TERN_ECORRUPT);
+    ck_assert_int_eq(tern_pm_check(path, true, NULL, NULL, &bad), TERN_ECORRUPT);
+    ck_assert_uint_gt(bad, 4096);
+}
+END_TEST
+
+/* Random puts, overwrites and deletes on a small pool (so that cleaning
+ * runs all the time), checked against a plain array after every reopen. */
+#define MODEL_KEYS 300
+START_TEST(random_model)
+{
+    static char model[MODEL_KEYS][40];
+    static bool present[MODEL_KEYS];
+    struct tern_kv_store *s = open_store(16 * SEG + 4096);
+    unsigned seed = 12345;
+    char k[32];
+
+    for (int step = 0; step < 40000; step++) {
+        int i = (int)(rand_r(&seed) % MODEL_KEYS), op = (int)(rand_r(&seed) % 10);
+
+        snprintf(k, sizeof(k), "k%d", i);
+        if (op < 7) {
+            int len = snprintf(model[i], sizeof(model[i]), "%d-%d-%0*d", i, step,
+                               (int)(rand_r(&seed) % 20), 0);
+
+            ck_assert_int_eq(tern_kv_store_put(s, k, strlen(k), model[i], (size_t)len,
+                                               step % 7 ? 0 : TERN_KV_SYNC, NULL), 0);
+            present[i] = true;
+        } else {
+            int rc = tern_kv_store_del(s, k, strlen(k), 0, NULL);
+
+            ck_assert_int_eq(rc, present[i] ? 0 : TERN_ENOENT);
+            present[i] = false;
+        }
+        if (step % 5000 == 4999) {
+            tern_kv_store_close(s);     /* syncs */
+            s = open_store(0);
+            uint64_t n = 0;
+            for (int j = 0; j < MODEL_KEYS; j++) {
+                snprintf(k, sizeof(k), "k%d", j);
+                ck_assert_int_eq(has(s, k, model[j]), present[j]);
+                n += present[j];
+            }
+            ck_assert_uint_eq(tern_kv_store_count(s), n);
+        }
+    }
+    tern_kv_store_close(s);
+    ck_assert_int_eq(tern_pm_check(path, true, NULL, NULL, NULL), 0);
+}
+END_TEST
+
+START_TEST(clear_deletes_everything)
+{
+    struct tern_kv_store *s = open_store(2 << 20);
+    char k[32];
+
+    for (int i = 0; i < 500; i++) {
+        snprintf(k, sizeof(k), "key%d", i);
+        put_str(s, k, "v");
+    }
+    ck_assert_int_eq(tern_kv_store_clear(s, TERN_KV_SYNC), 0);
+    ck_assert_uint_eq(tern_kv_store_count(s), 0);
+    tern_kv_store_close(s);
+    s = open_store(0);
+    ck_assert_uint_eq(tern_kv_store_count(s), 0);
+    ck_assert_int_eq(has(s, "key7", ""), 0);
+    tern_kv_store_close(s);
+}
+END_TEST
+
+Suite *suite_kv(void)
+{
+    Suite *s = suite_create("kv");
+    TCase *tc = tcase_create("store");
+
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, put_get_del);
+    tcase_add_test(tc, bad_sizes);
+    tcase_add_test(tc, survives_reopen);
+    tcase_add_test(tc, uncommitted_write_is_not_recovered);
+    tcase_add_test(tc, second_opener_is_refused);
+    tcase_add_test(tc, cleaning_reclaims_space);
+    tcase_add_test(tc, full_pool);
+    tcase_add_test(tc, scan_survives_growth);
+    tcase_add_test(tc, corrupt_record_is_refused);
+    tcase_add_test(tc, bad_headers_are_refused);
+    tcase_add_test(tc, bad_commit_point_is_refused);
+    tcase_add_test(tc, random_model);
+    tcase_add_test(tc, clear_deletes_everything);
+    suite_add_tcase(s, tc);
+    return s;
+}

@@ -1,0 +1,1442 @@
+/* The KV service across processes: servers (tern_kv_service on an RPC
+ * endpoint) run in forked children and the test process is the client, on
+ * every fabric that is built. Covers the client library's contract (kv.h):
+ * sync and async calls, mget split over several replies, scans, servers with
+ * split hash ranges, hostile requests on a raw session (kv_wire.h), a full
+ * pool, a restart on the same pool, and a server killed mid-run.
+ */
+#include "tern_config.h"
+
+#if TERN_HAVE_SERVICES
+
+#include <check.h>
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "helpers.h"
+#include "kv.h"
+#include "kv_store.h"
+#include "kv_wire.h"
+#include "rpc.h"
+#include "suites.h"
+
+#define SEC 1000000000ull
+#define MS 1000000ull
+#define KIB 1024u
+#define SVC TERN_KV_SERVICE_ID
+
+/* ---- fabrics: the listen URIs of test_rpc_procs, plus the emulated NTB ---- */
+
+static char rdma_uri[96] = "rdma://127.0.0.1:0";
+static const char *const listen_uris[] = {
+    "tcp://127.0.0.1:0", "shm://auto", "ntb://emu:auto",
+#if TERN_HAVE_RDMA
+    rdma_uri,
+#endif
+};
+#define N_LISTEN_URIS ((int)(sizeof(listen_uris) / sizeof(listen_uris[0])))
+
+__attribute__((constructor)) static void rdma_uri_init(void)
+{
+    snprintf(rdma_uri, sizeof(rdma_uri), "rdma://%s:0", test_rdma_ip());
+}
+
+/* ---- servers (children) and their pool files ---- */
+
+#define MAX_SERVERS 4
+
+static pid_t pids[MAX_SERVERS];
+static char uris[MAX_SERVERS][128];
+static char pool_paths[MAX_SERVERS][128];
+static char tmpdir[64];
+
+/* What the next forked server opens: set before spawning, copied by fork. */
+static struct tern_kv_service_opts next_opts;
+
+static void setup_kv(struct tern_rpc_ep *ep)
+{
+    struct tern_kv_service *svc;
+
+    /* The service lives as long as the child; the child _exit()s, and every
+     * write it acknowledged was durable before the reply left. */
+    if (tern_kv_service_create(&next_opts, &svc) < 0)
+        _exit(7);
+    if (tern_rpc_register(ep, tern_kv_service_def(svc)) < 0)
+        _exit(8);
+}
+
+static void kill_server(int i)
+{
+    if (pids[i] > 0) {
+        kill(pids[i], SIGKILL);
+        waitpid(pids[i], NULL, 0);
+        pids[i] = 0;
+    }
+}
+
+/* Kill what is left and remove the pool files: on any exit of the test
+ * process, so that a failed assertion leaves nothing behind. */
+static void cleanup_at_exit(void)
+{
+    DIR *d;
+    struct dirent *de;
+
+    for (int i = 0; i < MAX_SERVERS; i++)
+        kill_server(i);
+    if (!tmpdir[0])
+        return;
+    d = opendir(tmpdir);
+    if (d) {
+        while ((de = readdir(d))) {
+            char p[sizeof(tmpdir) + 300];
+
+            if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+                continue;
+            snprintf(p, sizeof(p), "%s/%s", tmpdir, de->d_name);
+            unlink(p);
+        }
+        closedir(d);
+    }
+    rmdir(tmpdir);
+    tmpdir[0] = 0;
+}
+
+/* Check ends a failed test with _exit() and kills its process group, so
+ * atexit() does not run then. A janitor outside that group removes the
+ * pool files once the test process and every server (all of which hold the
+ * pipe's write end) are gone. */
+static void start_janitor(void)
+{
+    int fds[2];
+    pid_t pid;
+
+    ck_assert_int_eq(pipe(fds), 0);
+    pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        char b;
+        ssize_t n;
+
+        setpgid(0, 0);
+        close(fds[1]);
+        while ((n = read(fds[0], &b, 1)) != 0)
+            if (n < 0 && errno != EINTR)
+                break;
+        for (int i = 0; i < MAX_SERVERS; i++)
+            pids[i] = 0;    /* not ours */
+        cleanup_at_exit();
+        _exit(0);
+    }
+    close(fds[0]);
+}
+
+static void make_tmpdir(void)
+{
+    static bool registered;
+
+    if (!registered) {
+        atexit(cleanup_at_exit);
+        registered = true;
+    }
+    test_pool_dir(tmpdir, sizeof(tmpdir), "kvp");     /* tmpfs if there is one */
+    start_janitor();
+    for (int i = 0; i < MAX_SERVERS; i++)
+        snprintf(pool_paths[i], sizeof(pool_paths[i]), "%s/pool%d", tmpdir, i);
+}
+
+struct srv {
+    const char *listen;              /* NULL: tcp */
+    uint64_t pool_size;              /* 0: 8 MiB */
+    uint32_t seg_size;               /* 0: 64 KiB */
+    uint32_t lo, hi;                 /* 0, 0: the whole space */
+    const struct tern_rpc_config *cfg;
+};
+
+static const struct tern_rpc_config adaptive = {.mode = TERN_TP_POLL_ADAPTIVE};
+
+/* Start server `i` on pool file `i` (created at the first start). */
+static void start_server(int i, const struct srv *o)
+{
+    if (!tmpdir[0])
+        make_tmpdir();
+    next_opts = (struct tern_kv_service_opts){
+        .pool_path = pool_paths[i], .pool_size = o->pool_size ? o->pool_size : 8u << 20,
+        .seg_size = o->seg_size ? o->seg_size : 64u << 10, .range_lo = o->lo,
+        .range_hi = o->hi,
+    };
+    /* Servers sleep when idle: several of them and the client share few
+     * CPUs, and busy-polling servers would take turns in time slices. */
+    pids[i] = spawn_rpc_server_at(setup_kv, o->cfg ? o->cfg : &adaptive,
+                                  o->listen ? o->listen : listen_uris[0], uris[i],
+                                  sizeof(uris[i]));
+    ck_assert_int_gt(pids[i], 0);
+}
+
+/* SIGTERM: the server must stop and exit cleanly. */
+static void finish_server(int i)
+{
+    pid_t pid = pids[i];
+
+    pids[i] = 0;
+    ck_assert_msg(stop_server(pid) == 0, "server %d did not exit cleanly", i);
+}
+
+static void finish(struct tern_rpc_ep *ep, struct tern_kv *kv, int n_servers)
+{
+    tern_kv_close(kv);
+    tern_rpc_ep_destroy(ep);
+    for (int i = 0; i < n_servers; i++)
+        finish_server(i);
+    cleanup_at_exit();
+}
+
+static struct tern_rpc_ep *new_ep(const struct tern_rpc_config *cfg)
+{
+    struct tern_rpc_ep *ep;
+    int rc = tern_rpc_ep_create(cfg, &ep);
+
+    ck_assert_msg(rc == 0, "client ep: %s", tern_strerror(rc));
+    return ep;
+}
+
+/* A client of servers 0..n-1, in the order given by `order` (NULL: 0..n-1). */
+static struct tern_kv *kv_connect(struct tern_rpc_ep *ep, int n, const int *order)
+{
+    const char *u[MAX_SERVERS];
+    struct tern_kv *kv = NULL;
+    int rc;
+
+    for (int i = 0; i < n; i++)
+        u[i] = uris[order ? order[i] : i];
+    rc = tern_kv_open(ep, u, (unsigned)n, 5 * SEC, &kv);
+    ck_assert_msg(rc == 0, "tern_kv_open %s: %s", u[0], tern_err_name(rc));
+    ck_assert_ptr_nonnull(kv);
+    return kv;
+}
+
+static struct tern_session *raw_session(struct tern_rpc_ep *ep, int i)
+{
+    struct tern_session *s;
+    int rc = tern_rpc_connect(ep, uris[i], 5 * SEC, &s);
+
+    ck_assert_msg(rc == 0, "connect %s: %s", uris[i], tern_err_name(rc));
+    return s;
+}
+
+static int raw_info(struct tern_session *s, struct kv_info *info)
+{
+    size_t got = 0;
+    int rc = tern_call_sync(s, SVC, KV_M_INFO, NULL, 0, info, sizeof(*info), &got, 5 * SEC);
+
+    if (rc == 0)
+        ck_assert_uint_eq(got, sizeof(*info));
+    return rc;
+}
+
+/* Keys stored on one server, asked over a session of its own. */
+static uint64_t server_keys(struct tern_rpc_ep *ep, int i)
+{
+    struct tern_session *s = raw_session(ep, i);
+    struct kv_info info;
+    int rc = raw_info(s, &info);
+
+    ck_assert_msg(rc == 0, "info of server %d: %s", i, tern_err_name(rc));
+    tern_session_close(s);
+    return info.keys;
+}
+
+static uint32_t top32(const void *key, size_t klen)
+{
+    return (uint32_t)(tern_kv_hash(key, klen) >> 32);
+}
+
+/* A key "<prefix>-<n>" whose hash falls in [lo, hi]; klen set. */
+static void key_in_range(char *key, size_t cap, size_t *klen, const char *prefix, uint32_t lo,
+                         uint32_t hi)
+{
+    for (unsigned n = 0; n < 1000000; n++) {
+        int k = snprintf(key, cap, "%s-%u", prefix, n);
+        uint32_t t = top32(key, (size_t)k);
+
+        if (t >= lo && t <= hi) {
+            *klen = (size_t)k;
+            return;
+        }
+    }
+    ck_abort_msg("no key in range");
+}
+
+/* Deterministic bytes, zeros included. */
+static void pattern(uint8_t *p, size_t len, unsigned seed)
+{
+    for (size_t j = 0; j < len; j++)
+        p[j] = (uint8_t)((seed * 2654435761u + j * 31u) >> 3);
+}
+
+static void expect_get(struct tern_kv *kv, const void *key, size_t klen, const void *val,
+                       size_t len, uint64_t version)
+{
+    static uint8_t buf[256 * KIB];
+    size_t got = 12345;
+    uint64_t ver = 0;
+    int rc = tern_kv_get(kv, key, klen, buf, sizeof(buf), &got, &ver);
+
+    ck_assert_msg(rc == 0, "get %.*s: %s", (int)klen, (const char *)key, tern_err_name(rc));
+    ck_assert_uint_eq(got, len);
+    if (len)
+        ck_assert_msg(memcmp(buf, val, len) == 0, "value of %.*s differs", (int)klen,
+                      (const char *)key);
+    if (version)
+        ck_assert_uint_eq(ver, version);
+}
+
+static void must_put(struct tern_kv *kv, const void *key, size_t klen, const void *val,
+                     size_t len, uint64_t *version)
+{
+    int rc = tern_kv_put(kv, key, klen, val, len, version);
+
+    ck_assert_msg(rc == 0, "put %.*s (%zu bytes): %s", (int)klen, (const char *)key, len,
+                  tern_err_name(rc));
+}
+
+/* ---- 1: the basic calls on every fabric ---- */
+
+START_TEST(basic_ops_every_fabric)
+{
+    /* 128 KiB segments: a 64 KiB value needs more than one 64 KiB segment
+     * (the segment header and the record header take their share). */
+    static uint8_t big[64 * KIB], small[16];
+    static const uint8_t bin_key[] = {'k', 0, 'e', 'y', 0, 0xff};
+    uint8_t bin_val[256];
+    struct srv o = {.listen = listen_uris[_i], .seg_size = 128 * KIB};
+    struct tern_rpc_ep *ep;
+    struct tern_kv *kv;
+    uint64_t v1 = 0, v2 = 0, v3 = 0, keys = 99;
+    size_t got = 0;
+    int rc;
+
+    start_server(0, &o);
+    ep = new_ep(NULL);
+    {
+        /* The fabric under test is the one the sessions use. */
+        struct tern_session *s = raw_session(ep, 0);
+        size_t fl = strlen(tern_session_fabric(s));
+
+        ck_assert_msg(strncmp(listen_uris[_i], tern_session_fabric(s), fl) == 0 &&
+                      listen_uris[_i][fl] == ':', "listening on %s, session on %s",
+                      listen_uris[_i], tern_session_fabric(s));
+        tern_session_close(s);
+    }
+    kv = kv_connect(ep, 1, NULL);
+
+    rc = tern_kv_count(kv, &keys);
+    ck_assert_int_eq(rc, 0);
+    ck_assert_uint_eq(keys, 0);
+
+    must_put(kv, "alpha", 5, "one", 3, &v1);
+    ck_assert_uint_gt(v1, 0);
+    expect_get(kv, "alpha", 5, "one", 3, v1);
+    must_put(kv, "alpha", 5, "two, longer", 11, &v2);
+    ck_assert_uint_gt(v2, v1);
+    expect_get(kv, "alpha", 5, "two, longer", 11, v2);
+    must_put(kv, "alpha", 5, "3", 1, &v3);
+    ck_assert_uint_gt(v3, v2);
+    expect_get(kv, "alpha", 5, "3", 1, v3);
+    ck_assert_int_eq(tern_kv_del(kv, "alpha", 5), 0);
+    rc = tern_kv_get(kv, "alpha", 5, small, sizeof(small), &got, NULL);
+    ck_assert_msg(rc == TERN_ENOENT, "get after del: %s", tern_err_name(rc));
+    rc = tern_kv_del(kv, "alpha", 5);
+    ck_assert_msg(rc == TERN_ENOENT, "second del: %s", tern_err_name(rc));
+    rc = tern_kv_get(kv, "never", 5, small, sizeof(small), &got, NULL);
+    ck_assert_int_eq(rc, TERN_ENOENT);
+    /* A deleted key comes back with a newer version. */
+    must_put(kv, "alpha", 5, "again", 5, &v1);
+    ck_assert_uint_gt(v1, v3);
+    expect_get(kv, "alpha", 5, "again", 5, v1);
+
+    /* Binary keys and values, zero bytes included, and an empty value. */
+    for (int j = 0; j < 256; j++)
+        bin_val[j] = (uint8_t)(j * 7);
+    bin_val[0] = bin_val[100] = bin_val[255] = 0;
+    must_put(kv, bin_key, sizeof(bin_key), bin_val, sizeof(bin_val), &v1);
+    expect_get(kv, bin_key, sizeof(bin_key), bin_val, sizeof(bin_val), v1);
+    rc = tern_kv_get(kv, bin_key, 2, small, sizeof(small), &got, NULL);  /* "k\0" */
+    ck_assert_int_eq(rc, TERN_ENOENT);
+    must_put(kv, "empty", 5, NULL, 0, &v1);
+    got = 77;
+    rc = tern_kv_get(kv, "empty", 5, small, sizeof(small), &got, &v2);
+    ck_assert_int_eq(rc, 0);
+    ck_assert_uint_eq(got, 0);
+    ck_assert_uint_eq(v2, v1);
+
+    /* 64 KiB, and a buffer too small for it: the size needed comes back. */
+    pattern(big, sizeof(big), 1);
+    must_put(kv, "big", 3, big, sizeof(big), &v1);
+    expect_get(kv, "big", 3, big, sizeof(big), v1);
+    got = 0;
+    rc = tern_kv_get(kv, "big", 3, small, sizeof(small), &got, NULL);
+    ck_assert_msg(rc == TERN_EMSGSIZE, "get into a small buffer: %s", tern_err_name(rc));
+    ck_assert_uint_eq(got, sizeof(big));
+    got = 0;
+    {
+        uint8_t *exact = malloc(sizeof(big));
+
+        ck_assert_ptr_nonnull(exact);
+        rc = tern_kv_get(kv, "big", 3, exact, sizeof(big), &got, NULL);
+        ck_assert_int_eq(rc, 0);
+        ck_assert_uint_eq(got, sizeof(big));
+        ck_assert(memcmp(exact, big, sizeof(big)) == 0);
+        rc = tern_kv_get(kv, "big", 3, exact, sizeof(big) - 1, &got, NULL);
+        ck_assert_int_eq(rc, TERN_EMSGSIZE);
+        ck_assert_uint_eq(got, sizeof(big));
+        free(exact);
+    }
+
+    /* alpha, the binary key, empty, big, and ten more. */
+    for (int j = 0; j < 10; j++) {
+        char k[16];
+        int kl = snprintf(k, sizeof(k), "k%d", j);
+
+        must_put(kv, k, (size_t)kl, k, (size_t)kl, NULL);
+        must_put(kv, k, (size_t)kl, "x", 1, NULL);      /* overwrites count once */
+    }
+    ck_assert_int_eq(tern_kv_del(kv, "k3", 2), 0);
+    ck_assert_int_eq(tern_kv_count(kv, &keys), 0);
+    ck_assert_uint_eq(keys, 4 + 9);
+    finish(ep, kv, 1);
+}
+END_TEST
+
+/* ---- 2: async calls with a window, and mget with missing keys ---- */
+
+#define N_ASYNC 1000
+#define WINDOW 64
+
+static char akey[N_ASYNC][24];
+static size_t aklen[N_ASYNC];
+static uint8_t aval[N_ASYNC][320];
+static size_t avlen[N_ASYNC];
+
+struct acall {
+    unsigned i;
+    int runs, status;
+    uint64_t version, put_version;
+    bool value_ok;
+};
+
+static struct acall acalls[N_ASYNC];
+static unsigned a_done, a_bad;
+
+static void put_cb(void *arg, int status, const void *val, size_t len, uint64_t version)
+{
+    struct acall *c = arg;
+
+    c->runs++;
+    c->status = status;
+    c->put_version = version;
+    a_done++;
+}
+
+static void get_cb(void *arg, int status, const void *val, size_t len, uint64_t version)
+{
+    struct acall *c = arg;
+
+    c->runs++;
+    c->status = status;
+    c->version = version;
+    c->value_ok = status == 0 && len == avlen[c->i] && memcmp(val, aval[c->i], len) == 0;
+    if (!c->value_ok)
+        a_bad++;
+    a_done++;
+}
+
+static void make_async_keys(void)
+{
+    for (unsigned i = 0; i < N_ASYNC; i++) {
+        aklen[i] = (size_t)snprintf(akey[i], sizeof(akey[i]), "async-key-%u", i);
+        avlen[i] = 1 + (i * 37) % sizeof(aval[i]);
+        pattern(aval[i], avlen[i], i + 100);
+    }
+}
+
+/* Results of an mget, by index. */
+#define N_MGET_MAX 512
+
+struct mget_seen {
+    int runs[N_MGET_MAX];
+    int status[N_MGET_MAX];
+    uint64_t version[N_MGET_MAX];
+    bool value_ok[N_MGET_MAX];
+    const uint8_t *want[N_MGET_MAX];
+    size_t want_len[N_MGET_MAX];
+    unsigned n, calls;
+};
+
+static void mget_cb(void *arg, unsigned i, int status, const void *val, size_t len,
+                    uint64_t version)
+{
+    struct mget_seen *m = arg;
+
+    m->calls++;
+    if (i >= m->n)
+        return;     /* counted in calls, caught by the caller */
+    m->runs[i]++;
+    m->status[i] = status;
+    m->version[i] = version;
+    m->value_ok[i] = status == 0 && len == m->want_len[i] &&
+                     (len == 0 || memcmp(val, m->want[i], len) == 0);
+}
+
+START_TEST(async_window_and_mget)
+{
+    static struct mget_seen m;
+    enum { N_MGET = 300 };
+    static char missing[N_MGET][24];
+    const void *keys[N_MGET];
+    size_t klens[N_MGET];
+    unsigned issued = 0, n_missing = 0;
+    struct tern_rpc_ep *ep;
+    struct tern_kv *kv;
+    uint64_t keys_n = 0;
+    double t0;
+    int rc;
+
+    make_async_keys();
+    start_server(0, &(struct srv){0});
+    ep = new_ep(NULL);
+    kv = kv_connect(ep, 1, NULL);
+
+    /* 1000 PUTs, at most 64 in flight. */
+    memset(acalls, 0, sizeof(acalls));
+    a_done = a_bad = 0;
+    t0 = now_ms();
+    while (a_done < N_ASYNC) {
+        ck_assert_msg(now_ms() - t0 < 20000, "puts stuck at %u of %u", a_done, N_ASYNC);
+        while (issued < N_ASYNC && issued - a_done < WINDOW) {
+            acalls[issued].i = issued;
+            rc = tern_kv_put_async(kv, akey[issued], aklen[issued], aval[issued],
+                                   avlen[issued], put_cb, &acalls[issued]);
+            ck_assert_msg(rc == 0, "put_async %u: %s", issued, tern_err_name(rc));
+            issued++;
+        }
+        tern_rpc_poll(ep);
+    }
+    for (unsigned i = 0; i < N_ASYNC; i++) {
+        ck_assert_msg(acalls[i].runs == 1, "put %u: callback ran %d times", i, acalls[i].runs);
+        ck_assert_msg(acalls[i].status == 0, "put %u: %s", i, tern_err_name(acalls[i].status));
+        ck_assert_uint_gt(acalls[i].put_version, 0);
+        for (unsigned j = 0; j < i; j++)
+            ck_assert_msg(acalls[j].put_version != acalls[i].put_version,
+                          "puts %u and %u got version %llu", j, i,
+                          (unsigned long long)acalls[i].put_version);
+    }
+    ck_assert_int_eq(tern_kv_count(kv, &keys_n), 0);
+    ck_assert_uint_eq(keys_n, N_ASYNC);
+
+    /* Every GET at once; callbacks check the values. */
+    a_done = 0;
+    for (unsigned i = 0; i < N_ASYNC; i++) {
+        acalls[i].runs = 0;
+        while ((rc = tern_kv_get_async(kv, akey[i], aklen[i], get_cb, &acalls[i])) ==
+               TERN_ENOBUFS)
+            tern_rpc_poll(ep);
+        ck_assert_msg(rc == 0, "get_async %u: %s", i, tern_err_name(rc));
+    }
+    t0 = now_ms();
+    while (a_done < N_ASYNC) {
+        ck_assert_msg(now_ms() - t0 < 20000, "gets stuck at %u of %u", a_done, N_ASYNC);
+        tern_rpc_poll(ep);
+    }
+    ck_assert_msg(a_bad == 0, "%u gets returned a wrong value", a_bad);
+    for (unsigned i = 0; i < N_ASYNC; i++) {
+        ck_assert_int_eq(acalls[i].runs, 1);
+        ck_assert_uint_eq(acalls[i].version, acalls[i].put_version);
+    }
+
+    /* MGET: 300 keys, every 15th (20 of them) missing. */
+    memset(&m, 0, sizeof(m));
+    m.n = N_MGET;
+    for (unsigned i = 0; i < N_MGET; i++) {
+        if (i % 15 == 7) {
+            klens[i] = (size_t)snprintf(missing[i], sizeof(missing[i]), "missing-%u", i);
+            keys[i] = missing[i];
+            n_missing++;
+        } else {
+            unsigned j = (i * 7 + 3) % N_ASYNC;
+
+            keys[i] = akey[j];
+            klens[i] = aklen[j];
+            m.want[i] = aval[j];
+            m.want_len[i] = avlen[j];
+        }
+    }
+    ck_assert_uint_eq(n_missing, 20);
+    rc = tern_kv_mget(kv, N_MGET, keys, klens, mget_cb, &m);
+    ck_assert_msg(rc == 0, "mget: %s", tern_err_name(rc));
+    ck_assert_uint_eq(m.calls, N_MGET);
+    for (unsigned i = 0; i < N_MGET; i++) {
+        ck_assert_msg(m.runs[i] == 1, "mget index %u reported %d times", i, m.runs[i]);
+        if (i % 15 == 7) {
+            ck_assert_msg(m.status[i] == TERN_ENOENT, "missing key %u: %s", i,
+                          tern_err_name(m.status[i]));
+        } else {
+            ck_assert_msg(m.status[i] == 0, "key %u: %s", i, tern_err_name(m.status[i]));
+            ck_assert_msg(m.value_ok[i], "mget index %u: wrong value", i);
+            ck_assert_uint_eq(m.version[i], acalls[(i * 7 + 3) % N_ASYNC].put_version);
+        }
+    }
+    /* An empty mget is a no-op. */
+    ck_assert_int_eq(tern_kv_mget(kv, 0, NULL, NULL, mget_cb, &m), 0);
+    finish(ep, kv, 1);
+}
+END_TEST
+
+/* ---- 3: an mget whose reply does not fit in one message ---- */
+
+START_TEST(mget_larger_than_one_message)
+{
+    enum { N = 100, VLEN = 1024 };
+    static struct mget_seen m;
+    static uint8_t vals[N][VLEN];
+    static char keyb[N][16];
+    static uint8_t req[8192], rep[32 * KIB];
+    const struct tern_rpc_config small = {.max_msg = 16 * KIB};
+    const void *keys[N];
+    size_t klens[N], off = sizeof(struct kv_mget), got = 0;
+    struct kv_mget q = {.n = N};
+    struct kv_mget_rep r;
+    struct tern_session *s;
+    struct tern_rpc_ep *ep;
+    struct tern_kv *kv;
+    int rc;
+
+    start_server(0, &(struct srv){0});
+    ep = new_ep(&small);
+    kv = kv_connect(ep, 1, NULL);
+    for (unsigned i = 0; i < N; i++) {
+        klens[i] = (size_t)snprintf(keyb[i], sizeof(keyb[i]), "kib-%u", i);
+        keys[i] = keyb[i];
+        pattern(vals[i], VLEN, i + 7);
+        must_put(kv, keyb[i], klens[i], vals[i], VLEN, NULL);
+        m.want[i] = vals[i];
+        m.want_len[i] = VLEN;
+    }
+    m.n = N;
+    rc = tern_kv_mget(kv, N, keys, klens, mget_cb, &m);
+    ck_assert_msg(rc == 0, "mget: %s", tern_err_name(rc));
+    ck_assert_uint_eq(m.calls, N);
+    for (unsigned i = 0; i < N; i++) {
+        ck_assert_msg(m.runs[i] == 1, "index %u reported %d times", i, m.runs[i]);
+        ck_assert_msg(m.status[i] == 0 && m.value_ok[i], "index %u: %s", i,
+                      tern_err_name(m.status[i]));
+    }
+
+    /* The same request by hand: the server answers only part of it, so the
+     * library really had to ask again. */
+    memcpy(req, &q, sizeof(q));
+    for (unsigned i = 0; i < N; i++) {
+        uint16_t kl = (uint16_t)klens[i];
+
+        memcpy(req + off, &kl, sizeof(kl));
+        memcpy(req + off + sizeof(kl), keys[i], kl);
+        off += sizeof(kl) + kl;
+    }
+    s = raw_session(ep, 0);
+    rc = tern_call_sync(s, SVC, KV_M_MGET, req, off, rep, sizeof(rep), &got, 5 * SEC);
+    ck_assert_msg(rc == 0, "raw mget: %s", tern_err_name(rc));
+    ck_assert_uint_ge(got, sizeof(r));
+    ck_assert_uint_le(got, 16 * KIB);
+    memcpy(&r, rep, sizeof(r));
+    ck_assert_msg(r.n_done > 0 && r.n_done < N, "one reply held %u of %u", r.n_done, N);
+    ck_assert_uint_eq(got, sizeof(r) + r.n_done * kv_item_size(0, VLEN));
+    finish(ep, kv, 1);
+}
+END_TEST
+
+/* ---- 4: scans ---- */
+
+#define N_SCAN 2000
+
+struct scan_seen {
+    int seen[N_SCAN];
+    unsigned visits, bad, foreign;
+    unsigned call_visits, max_call_visits;
+};
+
+static size_t scan_val(unsigned i, uint8_t *out)
+{
+    size_t len = 8 + i % 90;
+
+    pattern(out, len, i * 3 + 1);
+    return len;
+}
+
+static void scan_cb(void *arg, const void *key, size_t klen, const void *val, size_t len,
+                    uint64_t version)
+{
+    struct scan_seen *sc = arg;
+    uint8_t want[128];
+    char k[32];
+    unsigned i;
+
+    sc->visits++;
+    sc->call_visits++;
+    if (klen >= sizeof(k)) {
+        sc->foreign++;
+        return;
+    }
+    memcpy(k, key, klen);
+    k[klen] = 0;
+    if (sscanf(k, "scan-%u", &i) != 1 || i >= N_SCAN) {
+        sc->foreign++;
+        return;
+    }
+    sc->seen[i]++;
+    if (len != scan_val(i, want) || memcmp(val, want, len) != 0 || version == 0)
+        sc->bad++;
+}
+
+/* Scan everything with calls of `max`; returns the number of calls. */
+static unsigned scan_all(struct tern_kv *kv, struct scan_seen *sc, unsigned max)
+{
+    uint64_t cursor = 0;
+    unsigned calls = 0;
+
+    memset(sc, 0, sizeof(*sc));
+    do {
+        int rc;
+
+        sc->call_visits = 0;
+        rc = tern_kv_scan(kv, &cursor, max, scan_cb, sc);
+        ck_assert_msg(rc == 0, "scan call %u: %s", calls, tern_err_name(rc));
+        if (sc->call_visits > sc->max_call_visits)
+            sc->max_call_visits = sc->call_visits;
+        ck_assert_msg(++calls < 100000, "the scan does not end");
+    } while (cursor);
+    return calls;
+}
+
+static void assert_scanned_all(const struct scan_seen *sc, unsigned n)
+{
+    ck_assert_msg(sc->bad == 0, "%u keys had a wrong value", sc->bad);
+    ck_assert_msg(sc->foreign == 0, "%u unknown keys", sc->foreign);
+    for (unsigned i = 0; i < n; i++)
+        ck_assert_msg(sc->seen[i] >= 1, "key %u never visited", i);
+}
+
+START_TEST(scan_every_key)
+{
+    static struct scan_seen sc;
+    struct tern_rpc_ep *ep;
+    struct tern_kv *kv;
+    uint64_t cursor = 0;
+    unsigned calls;
+    int rc;
+
+    start_server(0, &(struct srv){0});
+    ep = new_ep(NULL);
+    kv = kv_connect(ep, 1, NULL);
+
+    /* An empty store: done at the first call, nothing visited. */
+    memset(&sc, 0, sizeof(sc));
+    rc = tern_kv_scan(kv, &cursor, 100, scan_cb, &sc);
+    ck_assert_int_eq(rc, 0);
+    ck_assert_uint_eq(cursor, 0);
+    ck_assert_uint_eq(sc.visits, 0);
+    /* Bad arguments. */
+    ck_assert_int_eq(tern_kv_scan(kv, &cursor, 0, scan_cb, &sc), TERN_EINVAL);
+    cursor = 5ull << 56;    /* server 5 of 1 */
+    ck_assert_int_eq(tern_kv_scan(kv, &cursor, 10, scan_cb, &sc), TERN_EINVAL);
+
+    for (unsigned i = 0; i < N_SCAN; i++) {
+        uint8_t v[128];
+        char k[32];
+        int kl = snprintf(k, sizeof(k), "scan-%u", i);
+
+        must_put(kv, k, (size_t)kl, v, scan_val(i, v), NULL);
+    }
+    /* Deleted keys are not visited. */
+    for (unsigned i = 0; i < 50; i++) {
+        char k[32];
+        int kl = snprintf(k, sizeof(k), "scan-gone-%u", i);
+
+        must_put(kv, k, (size_t)kl, "x", 1, NULL);
+        ck_assert_int_eq(tern_kv_del(kv, k, (size_t)kl), 0);
+    }
+    calls = scan_all(kv, &sc, 100);
+    assert_scanned_all(&sc, N_SCAN);
+    ck_assert_msg(calls >= N_SCAN / 100 / 2, "%u calls of up to 100 keys for %u keys", calls,
+                  N_SCAN);
+    /* Whole buckets: a call may go past max by the rest of one bucket. */
+    ck_assert_msg(sc.max_call_visits <= 100 + 8, "a call of max 100 visited %u keys",
+                  sc.max_call_visits);
+    calls = scan_all(kv, &sc, 7);
+    assert_scanned_all(&sc, N_SCAN);
+    ck_assert_uint_ge(calls, N_SCAN / 7 / 2);
+    calls = scan_all(kv, &sc, 100000);
+    assert_scanned_all(&sc, N_SCAN);
+    ck_assert_uint_le(sc.visits, N_SCAN);
+    finish(ep, kv, 1);
+}
+END_TEST
+
+/* ---- 5: two servers with split ranges ---- */
+
+START_TEST(two_servers_split_ranges)
+{
+    enum { N = 400 };
+    static struct mget_seen m;
+    static struct scan_seen sc;
+    static uint8_t vals[N][128];
+    static char keyb[N][24];
+    static const int reversed[2] = {1, 0};
+    const void *keys[N];
+    size_t klens[N];
+    unsigned on_lo = 0;
+    struct tern_rpc_ep *ep;
+    struct tern_kv *kv;
+    struct tern_session *raw;
+    uint64_t count = 0;
+    int rc;
+
+    start_server(0, &(struct srv){.lo = 0, .hi = 0x7fffffff});
+    start_server(1, &(struct srv){.lo = 0x80000000u, .hi = 0xffffffffu});
+    ep = new_ep(NULL);
+    kv = kv_connect(ep, 2, reversed);   /* the library sorts them */
+    for (unsigned i = 0; i < N; i++) {
+        klens[i] = (size_t)snprintf(keyb[i], sizeof(keyb[i]), "scan-%u", i);
+        keys[i] = keyb[i];
+        pattern(vals[i], sizeof(vals[i]), i);
+        must_put(kv, keyb[i], klens[i], vals[i], scan_val(i, vals[i]), NULL);
+        on_lo += top32(keyb[i], klens[i]) <= 0x7fffffffu;
+        m.want[i] = vals[i];
+        m.want_len[i] = scan_val(i, vals[i]);
+    }
+    /* Both servers got their own share, exactly. */
+    ck_assert_msg(on_lo > N / 4 && on_lo < 3 * N / 4, "%u of %u keys hash low", on_lo, N);
+    ck_assert_uint_eq(server_keys(ep, 0), on_lo);
+    ck_assert_uint_eq(server_keys(ep, 1), N - on_lo);
+    ck_assert_int_eq(tern_kv_count(kv, &count), 0);
+    ck_assert_uint_eq(count, N);
+
+    /* A key sent to the wrong server by hand is refused there. */
+    raw = raw_session(ep, 1);
+    for (unsigned i = 0; i < N; i++) {
+        uint8_t req[64];
+        struct kv_key h = {.klen = (uint16_t)klens[i]};
+
+        if (top32(keyb[i], klens[i]) > 0x7fffffffu)
+            continue;
+        memcpy(req, &h, sizeof(h));
+        memcpy(req + sizeof(h), keyb[i], klens[i]);
+        rc = tern_call_sync(raw, SVC, KV_M_GET, req, sizeof(h) + klens[i], NULL, 0, NULL,
+                            5 * SEC);
+        ck_assert_msg(rc == TERN_EWRONGNODE, "get of a low key on the high server: %s",
+                      tern_err_name(rc));
+        break;
+    }
+    tern_session_close(raw);
+
+    m.n = N;
+    rc = tern_kv_mget(kv, N, keys, klens, mget_cb, &m);
+    ck_assert_msg(rc == 0, "mget: %s", tern_err_name(rc));
+    ck_assert_uint_eq(m.calls, N);
+    for (unsigned i = 0; i < N; i++)
+        ck_assert_msg(m.runs[i] == 1 && m.status[i] == 0 && m.value_ok[i],
+                      "mget index %u: runs %d, %s", i, m.runs[i], tern_err_name(m.status[i]));
+
+    scan_all(kv, &sc, 50);
+    assert_scanned_all(&sc, N);
+    ck_assert_uint_ge(sc.visits, N);
+    /* Deletes go to the right server too. */
+    for (unsigned i = 0; i < N; i += 2)
+        ck_assert_int_eq(tern_kv_del(kv, keyb[i], klens[i]), 0);
+    ck_assert_int_eq(tern_kv_count(kv, &count), 0);
+    ck_assert_uint_eq(count, N / 2);
+    finish(ep, kv, 2);
+}
+END_TEST
+
+/* Ranges that overlap, leave a gap or miss the top: tern_kv_open refuses. */
+START_TEST(bad_ranges_refused)
+{
+    static const struct {
+        uint32_t lo0, hi0, lo1, hi1;
+        int n;
+    } cases[] = {
+        {0, 0x80000000u, 0x80000000u, 0xffffffffu, 2},    /* overlap of one */
+        {0, 0x7ffffffeu, 0x80000000u, 0xffffffffu, 2},    /* gap of one */
+        {0, 0xffffffffu, 0x80000000u, 0xffffffffu, 2},    /* one inside the other */
+        {0, 0x7fffffffu, 0, 0, 1},                        /* the top is missing */
+        {0x00000001u, 0xffffffffu, 0, 0, 1},              /* the bottom is missing */
+    };
+    struct tern_rpc_ep *ep = new_ep(NULL);
+
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        const char *u[2];
+        struct tern_kv *kv = (struct tern_kv *)&ep;    /* must stay untouched */
+        int rc;
+
+        start_server(0, &(struct srv){.lo = cases[c].lo0, .hi = cases[c].hi0});
+        if (cases[c].n == 2)
+            start_server(1, &(struct srv){.lo = cases[c].lo1, .hi = cases[c].hi1});
+        u[0] = uris[0];
+        u[1] = uris[1];
+        rc = tern_kv_open(ep, u, (unsigned)cases[c].n, 5 * SEC, &kv);
+        ck_assert_msg(rc == TERN_EINVAL, "case %zu: tern_kv_open gave %s", c, tern_err_name(rc));
+        ck_assert_ptr_eq(kv, (struct tern_kv *)&ep);
+        for (int i = 0; i < cases[c].n; i++)
+            finish_server(i);
+    }
+    /* The control: the halves of case 0 done right open fine. */
+    start_server(0, &(struct srv){.lo = 0, .hi = 0x7fffffff});
+    start_server(1, &(struct srv){.lo = 0x80000000u, .hi = 0xffffffffu});
+    {
+        struct tern_kv *kv = kv_connect(ep, 2, NULL);
+
+        finish(ep, kv, 2);
+    }
+}
+END_TEST
+
+/* ---- 6: hostile requests on a raw session ---- */
+
+static int raw_call(struct tern_session *s, uint16_t method, const void *req, size_t len,
+                    void *rep, size_t cap, size_t *got)
+{
+    return tern_call_sync(s, SVC, method, req, len, rep, cap, got, 5 * SEC);
+}
+
+/* A kv_key request: header (klen/flags/vlen as given), then `body`. */
+static size_t build_key_req(uint8_t *out, uint16_t klen, uint16_t flags, uint32_t vlen,
+                            const void *body, size_t body_len)
+{
+    struct kv_key h = {.klen = klen, .flags = flags, .vlen = vlen};
+
+    memcpy(out, &h, sizeof(h));
+    if (body_len)
+        memcpy(out + sizeof(h), body, body_len);
+    return sizeof(h) + body_len;
+}
+
+/* A PUT then a GET of key/val over a raw session, both right. */
+static void raw_put_get(struct tern_session *s, const char *key, size_t klen, const char *val)
+{
+    uint8_t req[256], rep[256], body[200];
+    size_t vlen = strlen(val), len, got = 0;
+    struct kv_val kv_v;
+    int rc;
+
+    memcpy(body, key, klen);
+    memcpy(body + klen, val, vlen);
+    len = build_key_req(req, (uint16_t)klen, 0, (uint32_t)vlen, body, klen + vlen);
+    rc = raw_call(s, KV_M_PUT, req, len, rep, sizeof(rep), &got);
+    ck_assert_msg(rc == 0, "raw put: %s", tern_err_name(rc));
+    ck_assert_uint_eq(got, sizeof(kv_v));
+    len = build_key_req(req, (uint16_t)klen, 0, 0, key, klen);
+    rc = raw_call(s, KV_M_GET, req, len, rep, sizeof(rep), &got);
+    ck_assert_msg(rc == 0, "raw get: %s", tern_err_name(rc));
+    ck_assert_uint_eq(got, sizeof(kv_v) + vlen);
+    ck_assert(memcmp(rep + sizeof(kv_v), val, vlen) == 0);
+}
+
+START_TEST(bad_input_keeps_serving)
+{
+    static uint8_t req[4096], rep[4096], huge[2u << 20];
+    char in[64], out[64], in16[17];
+    size_t kin, kout, k16, len, got;
+    struct tern_session *s, *s2;
+    struct tern_rpc_ep *ep;
+    struct tern_kv *kv;
+    struct kv_info info;
+    uint64_t off_cursor;
+    int rc;
+
+    /* Server 0 owns the low half (the raw tests), server 1 the high half
+     * (so that the library can open both). */
+    start_server(0, &(struct srv){.lo = 0, .hi = 0x7fffffff});
+    start_server(1, &(struct srv){.lo = 0x80000000u, .hi = 0xffffffffu});
+    ep = new_ep(NULL);
+    s = raw_session(ep, 0);
+    key_in_range(in, sizeof(in), &kin, "in", 0, 0x7fffffff);
+    key_in_range(out, sizeof(out), &kout, "out", 0x80000000u, 0xffffffffu);
+    raw_put_get(s, in, kin, "first");
+
+    struct {
+        const char *what;
+        uint16_t method;
+        size_t len;
+        int want;
+    } bad[32];
+    int nb = 0;
+    uint8_t *p;
+
+#define BAD(w, m, l, e) (bad[nb++] = (typeof(bad[0])){w, m, l, e})
+    (void)bad;
+    for (int round = 0;; round++) {
+        /* Each case is built in req and sent at once; the table above only
+         * gives the failure message its name. */
+        struct kv_mget mg = {.n = 2};
+        struct kv_scan sq = {.max = 10};
+        uint16_t kl;
+
+        nb = 0;
+        switch (round) {
+        case 0: /* GET with half a header */
+            len = build_key_req(req, (uint16_t)kin, 0, 0, NULL, 0) - 4;
+            BAD("get, truncated header", KV_M_GET, len, TERN_EPROTO);
+            break;
+        case 1: /* GET whose klen runs past the payload */
+            len = build_key_req(req, (uint16_t)(kin + 5), 0, 0, in, kin);
+            BAD("get, klen past the end", KV_M_GET, len, TERN_EPROTO);
+            break;
+        case 2: /* GET with bytes after the key */
+            len = build_key_req(req, (uint16_t)kin, 0, 0, in, kin) + 3;
+            BAD("get, trailing bytes", KV_M_GET, len, TERN_EPROTO);
+            break;
+        case 3: /* GET that claims a value */
+            memcpy(req + sizeof(struct kv_key) + kin, "abc", 3);
+            len = build_key_req(req, (uint16_t)kin, 0, 3, in, kin) + 3;
+            BAD("get with a value", KV_M_GET, len, TERN_EPROTO);
+            break;
+        case 4: /* GET with flags set */
+            len = build_key_req(req, (uint16_t)kin, 1, 0, in, kin);
+            BAD("get with flags", KV_M_GET, len, TERN_EPROTO);
+            break;
+        case 5: /* PUT whose vlen is larger than the value sent */
+            len = build_key_req(req, (uint16_t)kin, 0, 100, in, kin);
+            memset(req + len, 'v', 50);
+            len += 50;
+            BAD("put, vlen over the payload", KV_M_PUT, len, TERN_EPROTO);
+            break;
+        case 6: /* PUT whose vlen is smaller than the value sent */
+            len = build_key_req(req, (uint16_t)kin, 0, 10, in, kin);
+            memset(req + len, 'v', 50);
+            len += 50;
+            BAD("put, vlen under the payload", KV_M_PUT, len, TERN_EPROTO);
+            break;
+        case 7: /* PUT with a vlen near 4 GiB (no wrap in the length sum) */
+            len = build_key_req(req, (uint16_t)kin, 0, UINT32_MAX, in, kin);
+            memset(req + len, 'v', 8);
+            len += 8;
+            BAD("put, vlen 4 GiB", KV_M_PUT, len, TERN_EPROTO);
+            break;
+        case 8: /* zero-length key, GET, PUT and DEL */
+            len = build_key_req(req, 0, 0, 0, NULL, 0);
+            BAD("get, empty key", KV_M_GET, len, TERN_EINVAL);
+            BAD("del, empty key", KV_M_DEL, len, TERN_EINVAL);
+            break;
+        case 9:
+            len = build_key_req(req, 0, 0, 3, "abc", 3);
+            BAD("put, empty key", KV_M_PUT, len, TERN_EINVAL);
+            break;
+        case 10: /* MGET whose second key runs past the end */
+            memcpy(req, &mg, sizeof(mg));
+            p = req + sizeof(mg);
+            kl = (uint16_t)kin;
+            memcpy(p, &kl, 2);
+            memcpy(p + 2, in, kin);
+            p += 2 + kin;
+            kl = 50;
+            memcpy(p, &kl, 2);
+            memcpy(p + 2, "0123456789", 10);
+            p += 12;
+            len = (size_t)(p - req);
+            BAD("mget, key past the end", KV_M_MGET, len, TERN_EPROTO);
+            break;
+        case 11: /* MGET with a key length cut in half */
+            memcpy(req, &mg, sizeof(mg));
+            p = req + sizeof(mg);
+            kl = (uint16_t)kin;
+            memcpy(p, &kl, 2);
+            memcpy(p + 2, in, kin);
+            p += 2 + kin;
+            *p++ = 1;
+            len = (size_t)(p - req);
+            BAD("mget, half a key length", KV_M_MGET, len, TERN_EPROTO);
+            break;
+        case 12: /* MGET with more bytes than its keys */
+            mg.n = 1;
+            memcpy(req, &mg, sizeof(mg));
+            p = req + sizeof(mg);
+            kl = (uint16_t)kin;
+            memcpy(p, &kl, 2);
+            memcpy(p + 2, in, kin);
+            p += 2 + kin + 5;
+            len = (size_t)(p - req);
+            BAD("mget, trailing bytes", KV_M_MGET, len, TERN_EPROTO);
+            break;
+        case 13: /* MGET with an empty key, and with a short header */
+            mg.n = 1;
+            memcpy(req, &mg, sizeof(mg));
+            memset(req + sizeof(mg), 0, 2);
+            len = sizeof(mg) + 2;
+            BAD("mget, empty key", KV_M_MGET, len, TERN_EPROTO);
+            BAD("mget, short header", KV_M_MGET, 4, TERN_EPROTO);
+            break;
+        case 14: /* SCAN of the wrong size, and with max 0 */
+            memcpy(req, &sq, sizeof(sq));
+            BAD("scan, short", KV_M_SCAN, sizeof(sq) - 1, TERN_EPROTO);
+            BAD("scan, long", KV_M_SCAN, sizeof(sq) + 1, TERN_EPROTO);
+            BAD("scan, empty", KV_M_SCAN, 0, TERN_EPROTO);
+            break;
+        case 15:
+            sq.max = 0;
+            memcpy(req, &sq, sizeof(sq));
+            BAD("scan, max 0", KV_M_SCAN, sizeof(sq), TERN_EINVAL);
+            break;
+        case 16: /* INFO with a payload; unknown methods */
+            memset(req, 0, 8);
+            BAD("info with a payload", KV_M_INFO, 8, TERN_EPROTO);
+            BAD("method 0", 0, 8, TERN_ENOMETHOD);
+            BAD("method 7", 7, 8, TERN_ENOMETHOD);
+            BAD("method 0xffff", 0xffff, 0, TERN_ENOMETHOD);
+            break;
+        case 17: /* a key of the other server's half */
+            len = build_key_req(req, (uint16_t)kout, 0, 0, out, kout);
+            BAD("get, key out of range", KV_M_GET, len, TERN_EWRONGNODE);
+            BAD("del, key out of range", KV_M_DEL, len, TERN_EWRONGNODE);
+            break;
+        case 18:
+            memcpy(req + sizeof(struct kv_key) + kout, "val", 3);
+            len = build_key_req(req, (uint16_t)kout, 0, 3, out, kout) + 3;
+            BAD("put, key out of range", KV_M_PUT, len, TERN_EWRONGNODE);
+            break;
+        case 19: /* DEL of an absent key */
+            len = build_key_req(req, 6, 0, 0, "absent", 6);
+            BAD("del, absent key", KV_M_DEL, len, TERN_ENOENT);
+            break;
+        default:
+            goto done;
+        }
+        for (int b = 0; b < nb; b++) {
+            got = 999;
+            rc = raw_call(s, bad[b].method, req, bad[b].len, rep, sizeof(rep), &got);
+            ck_assert_msg(rc == bad[b].want, "%s: got %s, want %s", bad[b].what,
+                          tern_err_name(rc), tern_err_name(bad[b].want));
+            ck_assert_msg(tern_session_status(s) == 0, "%s: the session died", bad[b].what);
+        }
+        /* The server still serves this session. */
+        raw_put_get(s, in, kin, round % 2 ? "odd" : "even");
+    }
+done:
+#undef BAD
+    /* MGET with a key of the other half answers that key's status only. */
+    {
+        struct kv_mget mg = {.n = 2};
+        struct kv_mget_rep r;
+        struct kv_item it;
+        uint16_t kl;
+
+        memcpy(req, &mg, sizeof(mg));
+        p = req + sizeof(mg);
+        kl = (uint16_t)kout;
+        memcpy(p, &kl, 2);
+        memcpy(p + 2, out, kout);
+        p += 2 + kout;
+        kl = (uint16_t)kin;
+        memcpy(p, &kl, 2);
+        memcpy(p + 2, in, kin);
+        p += 2 + kin;
+        rc = raw_call(s, KV_M_MGET, req, (size_t)(p - req), rep, sizeof(rep), &got);
+        ck_assert_msg(rc == 0, "mget, one key out of range: %s", tern_err_name(rc));
+        memcpy(&r, rep, sizeof(r));
+        ck_assert_uint_eq(r.n_done, 2);
+        memcpy(&it, rep + sizeof(r), sizeof(it));
+        ck_assert_int_eq(it.status, TERN_EWRONGNODE);
+        ck_assert_uint_eq(it.vlen, 0);
+        memcpy(&it, rep + sizeof(r) + kv_item_size(0, 0), sizeof(it));
+        ck_assert_int_eq(it.status, 0);
+        ck_assert_uint_eq(it.vlen, 3);   /* "odd" from round 19 */
+        ck_assert(memcmp(rep + sizeof(r) + kv_item_size(0, 0) + sizeof(it), "odd", 3) == 0);
+        ck_assert_uint_eq(got, sizeof(r) + kv_item_size(0, 0) + kv_item_size(0, 3));
+    }
+    /* And a session opened after all that. */
+    s2 = raw_session(ep, 0);
+    raw_put_get(s2, in, kin, "second session");
+    raw_put_get(s, in, kin, "first session");
+    off_cursor = 0;
+    (void)off_cursor;
+
+    /* Limits through the library: a 1025-byte key stops in the client; a
+     * value over what a 64 KiB segment holds is refused by the server's
+     * store (E2BIG); one over max_msg (1 MiB) never leaves the client
+     * (EMSGSIZE from tern_callv). */
+    kv = kv_connect(ep, 2, NULL);
+    memset(huge, 'k', 1025);
+    rc = tern_kv_put(kv, huge, 1025, "v", 1, NULL);
+    ck_assert_msg(rc == TERN_E2BIG, "1025-byte key put: %s", tern_err_name(rc));
+    rc = tern_kv_get(kv, huge, 1025, rep, sizeof(rep), &got, NULL);
+    ck_assert_msg(rc == TERN_E2BIG, "1025-byte key get: %s", tern_err_name(rc));
+    rc = tern_kv_del(kv, huge, 1025);
+    ck_assert_msg(rc == TERN_E2BIG, "1025-byte key del: %s", tern_err_name(rc));
+    must_put(kv, huge, 1024, "v", 1, NULL);     /* the longest key is fine */
+    expect_get(kv, huge, 1024, "v", 1, 0);
+
+    ck_assert_int_eq(raw_info(s, &info), 0);
+    ck_assert_uint_eq(info.key_max, 1024);
+    ck_assert_uint_eq(info.range_lo, 0);
+    ck_assert_uint_eq(info.range_hi, 0x7fffffff);
+    ck_assert_uint_gt(info.val_max, 60 * KIB);
+    ck_assert_uint_lt(info.val_max, 64 * KIB);
+    /* val_max is for a 16-byte key: the boundary exactly, on server 0. */
+    key_in_range(in16, sizeof(in16), &k16, "sixteen-bytes", 0, 0x7fffffff);
+    ck_assert_uint_le(k16, 16);
+    memset(in16 + k16, '_', 16 - k16);
+    in16[16] = 0;
+    k16 = 16;
+    if (top32(in16, 16) > 0x7fffffff) {
+        /* padding moved it: pick by brute force among padded keys */
+        for (unsigned n = 0;; n++) {
+            snprintf(in16, sizeof(in16), "%016u", n);
+            if (top32(in16, 16) <= 0x7fffffff)
+                break;
+        }
+    }
+    pattern(huge, info.val_max + 1, 9);
+    rc = tern_kv_put(kv, in16, 16, huge, info.val_max + 1, NULL);
+    ck_assert_msg(rc == TERN_E2BIG, "value of val_max + 1: %s", tern_err_name(rc));
+    must_put(kv, in16, 16, huge, info.val_max, NULL);
+    expect_get(kv, in16, 16, huge, info.val_max, 0);
+    rc = tern_kv_put(kv, "v64k", 4, huge, 64 * KIB, NULL);
+    ck_assert_msg(rc == TERN_E2BIG, "64 KiB value in 64 KiB segments: %s", tern_err_name(rc));
+    rc = tern_kv_put(kv, "v2m", 3, huge, sizeof(huge), NULL);
+    ck_assert_msg(rc == TERN_EMSGSIZE, "2 MiB value over max_msg: %s", tern_err_name(rc));
+    rc = tern_kv_get(kv, "v64k", 4, rep, sizeof(rep), &got, NULL);
+    ck_assert_int_eq(rc, TERN_ENOENT);
+    /* Empty keys, from the library. */
+    ck_assert_int_eq(tern_kv_put(kv, "", 0, "v", 1, NULL), TERN_EINVAL);
+    ck_assert_int_eq(tern_kv_get(kv, "", 0, rep, sizeof(rep), &got, NULL), TERN_EINVAL);
+    raw_put_get(s, in, kin, "still here");
+    raw_put_get(s2, in, kin, "and here");
+    finish(ep, kv, 2);
+}
+END_TEST
+
+/* ---- 7: a full pool over RPC ---- */
+
+START_TEST(full_pool_over_rpc)
+{
+    enum { VLEN = 1000, MAXK = 400 };
+    static uint8_t vals[MAXK][VLEN];
+    static uint64_t vers[MAXK];
+    char k[32];
+    struct tern_rpc_ep *ep;
+    struct tern_kv *kv;
+    unsigned n = 0, deleted = 0, added = 0;
+    uint64_t count = 0;
+    int rc = 0, kl;
+
+    start_server(0, &(struct srv){.pool_size = 4 * 64 * KIB + 4096, .seg_size = 64 * KIB});
+    ep = new_ep(NULL);
+    kv = kv_connect(ep, 1, NULL);
+    tern_kv_set_timeout(kv, 2 * SEC);   /* a server stuck on a full pool fails fast */
+    for (n = 0; n < MAXK; n++) {
+        kl = snprintf(k, sizeof(k), "full-%u", n);
+        pattern(vals[n], VLEN, n);
+        rc = tern_kv_put(kv, k, (size_t)kl, vals[n], VLEN, &vers[n]);
+        if (rc < 0)
+            break;
+    }
+    ck_assert_msg(rc == TERN_ENOSPC, "after %u puts: %s", n, tern_err_name(rc));
+    /* Four 64 KiB segments hold at most 4 * 63 records of 1 KiB; the pool
+     * may keep segments in reserve (for tombstones and the cleaner), but
+     * one segment's worth at least must have gone in. */
+    ck_assert_msg(n >= 63 && n <= 4 * 63, "the pool took %u values of 1000 bytes", n);
+    /* Still full; and the failed key is not there. */
+    rc = tern_kv_put(kv, "one-more", 8, vals[0], VLEN, NULL);
+    ck_assert_msg(rc == TERN_ENOSPC, "put into a full pool: %s", tern_err_name(rc));
+    rc = tern_kv_get(kv, k, (size_t)kl, NULL, 0, NULL, NULL);
+    ck_assert_msg(rc == TERN_ENOENT, "the refused key: %s", tern_err_name(rc));
+    for (unsigned i = 0; i < n; i++) {
+        kl = snprintf(k, sizeof(k), "full-%u", i);
+        expect_get(kv, k, (size_t)kl, vals[i], VLEN, vers[i]);
+    }
+    ck_assert_int_eq(tern_kv_count(kv, &count), 0);
+    ck_assert_uint_eq(count, n);
+
+    /* Delete every other key: cleaning takes the space back. */
+    for (unsigned i = 0; i < n; i += 2) {
+        kl = snprintf(k, sizeof(k), "full-%u", i);
+        rc = tern_kv_del(kv, k, (size_t)kl);
+        ck_assert_msg(rc == 0, "del %u of a full pool: %s", i, tern_err_name(rc));
+        deleted++;
+    }
+    for (unsigned i = 0; i < n / 4; i++) {
+        kl = snprintf(k, sizeof(k), "new-%u", i);
+        rc = tern_kv_put(kv, k, (size_t)kl, vals[i], VLEN, NULL);
+        ck_assert_msg(rc == 0, "put %u after deleting %u keys: %s", i, deleted,
+                      tern_err_name(rc));
+        added++;
+    }
+    for (unsigned i = 1; i < n; i += 2) {
+        kl = snprintf(k, sizeof(k), "full-%u", i);
+        expect_get(kv, k, (size_t)kl, vals[i], VLEN, vers[i]);
+    }
+    for (unsigned i = 0; i < added; i++) {
+        kl = snprintf(k, sizeof(k), "new-%u", i);
+        expect_get(kv, k, (size_t)kl, vals[i], VLEN, 0);
+    }
+    ck_assert_int_eq(tern_kv_count(kv, &count), 0);
+    ck_assert_uint_eq(count, n - deleted + added);
+    finish(ep, kv, 1);
+}
+END_TEST
+
+/* ---- 8: a restart on the same pool ---- */
+
+START_TEST(durable_across_restart)
+{
+    enum { N = 500, GONE = 50 };
+    static uint8_t vals[N][100];
+    static uint64_t vers[N];
+    char k[32];
+    struct tern_rpc_ep *ep;
+    struct tern_kv *kv;
+    uint64_t count = 0, v_after = 0, v_max = 0;
+    int kl;
+
+    start_server(0, &(struct srv){0});
+    ep = new_ep(NULL);
+    kv = kv_connect(ep, 1, NULL);
+    for (unsigned i = 0; i < N; i++) {
+        kl = snprintf(k, sizeof(k), "durable-%u", i);
+        pattern(vals[i], sizeof(vals[i]), i);
+        must_put(kv, k, (size_t)kl, vals[i], 1 + i % sizeof(vals[i]), &vers[i]);
+    }
+    /* Overwrite a fifth, and delete other keys, before the restart. */
+    for (unsigned i = 0; i < N; i += 5) {
+        kl = snprintf(k, sizeof(k), "durable-%u", i);
+        pattern(vals[i], sizeof(vals[i]), i + 1000);
+        must_put(kv, k, (size_t)kl, vals[i], 1 + i % sizeof(vals[i]), &vers[i]);
+    }
+    for (unsigned i = 0; i < GONE; i++) {
+        kl = snprintf(k, sizeof(k), "gone-%u", i);
+        must_put(kv, k, (size_t)kl, "x", 1, NULL);
+        ck_assert_int_eq(tern_kv_del(kv, k, (size_t)kl), 0);
+    }
+    for (unsigned i = 0; i < N; i++)
+        v_max = vers[i] > v_max ? vers[i] : v_max;
+    tern_kv_close(kv);
+    finish_server(0);
+
+    start_server(0, &(struct srv){0});     /* the same pool file */
+    kv = kv_connect(ep, 1, NULL);
+    ck_assert_int_eq(tern_kv_count(kv, &count), 0);
+    ck_assert_uint_eq(count, N);
+    for (unsigned i = 0; i < N; i++) {
+        kl = snprintf(k, sizeof(k), "durable-%u", i);
+        expect_get(kv, k, (size_t)kl, vals[i], 1 + i % sizeof(vals[i]), vers[i]);
+    }
+    for (unsigned i = 0; i < GONE; i++) {
+        kl = snprintf(k, sizeof(k), "gone-%u", i);
+        ck_assert_int_eq(tern_kv_get(kv, k, (size_t)kl, NULL, 0, NULL, NULL), TERN_ENOENT);
+    }
+    /* Versions keep growing after recovery. */
+    must_put(kv, "after", 5, "restart", 7, &v_after);
+    ck_assert_uint_gt(v_after, v_max);
+    finish(ep, kv, 1);
+}
+END_TEST
+
+/* ---- 9: a server killed mid-run ---- */
+
+static unsigned dead_done, dead_bad;
+
+static void dead_cb(void *arg, int status, const void *val, size_t len, uint64_t version)
+{
+    int *runs = arg;
+
+    (*runs)++;
+    dead_done++;
+    if (status > 0)
+        dead_bad++;
+}
+
+START_TEST(server_killed_mid_run)
+{
+    enum { N = 64 };
+    static int runs[N];
+    static uint8_t val[512];
+    static char keyb[N][16];
+    struct srv o = {.listen = listen_uris[_i]};
+    struct tern_rpc_ep *ep;
+    struct tern_kv *kv;
+    double t0, el;
+    size_t got;
+    int rc;
+
+    start_server(0, &o);
+    ep = new_ep(NULL);
+    kv = kv_connect(ep, 1, NULL);
+    tern_kv_set_timeout(kv, 1 * SEC);
+    must_put(kv, "before", 6, "x", 1, NULL);
+
+    /* Calls in flight when the server dies: each ends once, some way. */
+    memset(runs, 0, sizeof(runs));
+    dead_done = dead_bad = 0;
+    for (int i = 0; i < N; i++) {
+        snprintf(keyb[i], sizeof(keyb[i]), "dying-%d", i);
+        rc = tern_kv_put_async(kv, keyb[i], strlen(keyb[i]), val, sizeof(val), dead_cb,
+                               &runs[i]);
+        ck_assert_int_eq(rc, 0);
+    }
+    tern_rpc_poll(ep);
+    kill_server(0);
+    t0 = now_ms();
+    while (dead_done < N) {
+        ck_assert_msg(now_ms() - t0 < 5000, "%u of %d calls never ended", dead_done, N);
+        tern_rpc_poll(ep);
+    }
+    for (int i = 0; i < N; i++)
+        ck_assert_int_eq(runs[i], 1);
+
+    /* The next sync calls fail, and fast. */
+    t0 = now_ms();
+    rc = tern_kv_get(kv, "before", 6, val, sizeof(val), &got, NULL);
+    el = now_ms() - t0;
+    ck_assert_msg(rc < 0 && rc != TERN_ENOENT, "get from a dead server: %s", tern_err_name(rc));
+    ck_assert_msg(el < 2500, "get from a dead server took %.0f ms", el);
+    t0 = now_ms();
+    rc = tern_kv_put(kv, "after", 5, "y", 1, NULL);
+    ck_assert_msg(rc < 0, "put to a dead server: %s", tern_err_name(rc));
+    ck_assert_msg(now_ms() - t0 < 2500, "put to a dead server took %.0f ms", now_ms() - t0);
+    {
+        uint64_t count;
+
+        rc = tern_kv_count(kv, &count);
+        ck_assert_msg(rc < 0, "count from a dead server: %s", tern_err_name(rc));
+    }
+    tern_kv_close(kv);
+    tern_rpc_ep_destroy(ep);
+    cleanup_at_exit();
+}
+END_TEST
+
+Suite *suite_kv_procs(void)
+{
+    Suite *s = suite_create("kv_procs");
+    TCase *tc = tcase_create("kv_procs");
+
+    tcase_set_timeout(tc, 60);
+    tcase_add_loop_test(tc, basic_ops_every_fabric, 0, N_LISTEN_URIS);
+    tcase_add_test(tc, async_window_and_mget);
+    tcase_add_test(tc, mget_larger_than_one_message);
+    tcase_add_test(tc, scan_every_key);
+    tcase_add_test(tc, two_servers_split_ranges);
+    tcase_add_test(tc, bad_ranges_refused);
+    tcase_add_test(tc, bad_input_keeps_serving);
+    tcase_add_test(tc, full_pool_over_rpc);
+    tcase_add_test(tc, durable_across_restart);
+    tcase_add_loop_test(tc, server_killed_mid_run, 0, N_LISTEN_URIS);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+#endif /* TERN_HAVE_SERVICES */

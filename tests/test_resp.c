@@ -1,0 +1,1301 @@
+/* The RESP2 gateway (services/kv/resp.c) on a store in a temporary pool.
+ *
+ * The gateway and its clients share the test process: a client writes with
+ * MSG_DONTWAIT and, while it waits for a reply, polls the gateway itself
+ * (pump()). Where the gateway has to die under a client (durability after
+ * SIGKILL) it runs in a forked child instead. Replies are compared byte for
+ * byte with what Redis 7 sends.
+ */
+#include <arpa/inet.h>
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "helpers.h"
+#include "kv_store.h"
+#include "resp.h"
+#include "resp_parse.h"
+#include "suites.h"
+
+#define WAIT_MS 5000
+#define POOL_SIZE (8u << 20)
+#define SEG_SIZE (64u * 1024)
+
+static char dir[64];
+static char pool_path[128];
+static struct tern_kv_store *store;
+static struct tern_resp_gw *gw;
+static long cmds_run;       /* commands the gateway reported running */
+static int syncs_seen;      /* calls of the sync hook */
+static int early_replies;   /* syncs that found a reply already sent */
+static int watched_fd = -1; /* the client the sync hook checks */
+
+/* ---- store and gateway ---- */
+
+static void store_open(void)
+{
+    struct tern_kv_store_opts o = {.path = pool_path, .pool_size = POOL_SIZE,
+                                   .seg_size = SEG_SIZE};
+    int rc = tern_kv_store_open(&o, &store);
+
+    ck_assert_msg(rc == 0, "store open: %s", tern_strerror(rc));
+}
+
+static void gw_open(const struct tern_resp_config *cfg)
+{
+    int rc = tern_resp_gw_create(store, cfg, &gw);
+
+    ck_assert_msg(rc == 0, "gateway: %s", tern_strerror(rc));
+    ck_assert_uint_ne(tern_resp_gw_port(gw), 0);
+}
+
+static void gw_close(void)
+{
+    tern_resp_gw_destroy(gw);
+    gw = NULL;
+}
+
+static void setup(void)
+{
+    test_pool_dir(dir, sizeof(dir), "resp");
+    snprintf(pool_path, sizeof(pool_path), "%s/pool", dir);
+    store_open();
+    gw_open(NULL);
+    cmds_run = 0;
+    resp_sync_fn = tern_kv_store_sync;
+}
+
+static void teardown(void)
+{
+    if (gw)
+        gw_close();
+    if (store)
+        tern_kv_store_close(store);
+    store = NULL;
+    unlink(pool_path);
+    rmdir(dir);
+}
+
+/* Serve for up to 10 ms; with no gateway here (it runs in a child), just
+ * wait a little. */
+static void pump(void)
+{
+    int rc;
+
+    if (!gw) {
+        usleep(1000);
+        return;
+    }
+    rc = tern_resp_gw_poll(gw, 10);
+    ck_assert_msg(rc >= 0, "poll: %s", tern_strerror(rc));
+    cmds_run += rc;
+}
+
+/* ---- a client ---- */
+
+struct conn {
+    int fd;
+    bool eof;
+    char *buf;              /* received, not yet consumed */
+    size_t len, cap;
+};
+
+static struct conn *conn_open_port(uint16_t port)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    struct conn *c = calloc(1, sizeof(*c));
+
+    ck_assert_ptr_nonnull(c);
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    c->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ck_assert_int_ge(c->fd, 0);
+    /* The listener's backlog completes the handshake before any accept. */
+    ck_assert_int_eq(connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    c->cap = 4096;
+    c->buf = malloc(c->cap);
+    ck_assert_ptr_nonnull(c->buf);
+    return c;
+}
+
+static struct conn *conn_open(void)
+{
+    return conn_open_port(tern_resp_gw_port(gw));
+}
+
+static void conn_close(struct conn *c)
+{
+    close(c->fd);
+    free(c->buf);
+    free(c);
+}
+
+/* Take in whatever has arrived, without waiting. */
+static void conn_drain(struct conn *c)
+{
+    for (;;) {
+        ssize_t n;
+
+        if (c->cap - c->len < 4096) {
+            c->cap *= 2;
+            c->buf = realloc(c->buf, c->cap);
+            ck_assert_ptr_nonnull(c->buf);
+        }
+        n = recv(c->fd, c->buf + c->len, c->cap - c->len, MSG_DONTWAIT);
+        if (n > 0) {
+            c->len += (size_t)n;
+            continue;
+        }
+        if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+            c->eof = true;
+        return;
+    }
+}
+
+static void conn_send(struct conn *c, const void *data, size_t len)
+{
+    const char *p = data;
+    double end = now_ms() + WAIT_MS;
+
+    while (len) {
+        ssize_t n = send(c->fd, p, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+
+        if (n > 0) {
+            p += n;
+            len -= (size_t)n;
+            continue;
+        }
+        if (n < 0 && (errno == EPIPE || errno == ECONNRESET)) {
+            c->eof = true;      /* closed on us: the tests look at the reply */
+            return;
+        }
+        ck_assert_msg(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK),
+                      "send: %s", strerror(errno));
+        ck_assert_msg(now_ms() < end, "send timed out");
+        pump();
+        conn_drain(c);
+    }
+}
+
+static void conn_sends(struct conn *c, const char *s)
+{
+    conn_send(c, s, strlen(s));
+}
+
+/* A command as a multibulk from `argc` strings with their lengths. */
+static void conn_cmdv(struct conn *c, int argc, const char *const *argv, const size_t *lens)
+{
+    char hdr[32];
+
+    snprintf(hdr, sizeof(hdr), "*%d\r\n", argc);
+    conn_sends(c, hdr);
+    for (int i = 0; i < argc; i++) {
+        snprintf(hdr, sizeof(hdr), "$%zu\r\n", lens[i]);
+        conn_sends(c, hdr);
+        conn_send(c, argv[i], lens[i]);
+        conn_sends(c, "\r\n");
+    }
+}
+
+/* The same from NUL-terminated strings, up to a NULL. */
+static void conn_cmd(struct conn *c, ...)
+{
+    const char *argv[16];
+    size_t lens[16];
+    int argc = 0;
+    va_list ap;
+
+    va_start(ap, c);
+    for (const char *s; (s = va_arg(ap, const char *)) && argc < 16; argc++) {
+        argv[argc] = s;
+        lens[argc] = strlen(s);
+    }
+    va_end(ap);
+    conn_cmdv(c, argc, argv, lens);
+}
+
+#define CMD(c, ...) conn_cmd((c), __VA_ARGS__, (const char *)NULL)
+
+/* Until `want` bytes are in, or the peer closes, or time runs out. */
+static void conn_wait(struct conn *c, size_t want)
+{
+    double end = now_ms() + WAIT_MS;
+
+    conn_drain(c);
+    while (c->len < want && !c->eof && now_ms() < end) {
+        pump();
+        conn_drain(c);
+    }
+}
+
+static void conn_consume(struct conn *c, size_t n)
+{
+    memmove(c->buf, c->buf + n, c->len - n);
+    c->len -= n;
+}
+
+/* Printable text of up to 200 bytes, for failure messages. */
+static const char *show(const char *p, size_t n)
+{
+    static char out[2][1024];
+    static int which;
+    char *o = out[which ^= 1];
+    size_t k = 0;
+
+    for (size_t i = 0; i < n && i < 200 && k < sizeof(out[0]) - 8; i++) {
+        unsigned char ch = (unsigned char)p[i];
+
+        if (ch == '\r')
+            k += (size_t)sprintf(o + k, "\\r");
+        else if (ch == '\n')
+            k += (size_t)sprintf(o + k, "\\n");
+        else if (ch < 0x20 || ch >= 0x7f)
+            k += (size_t)sprintf(o + k, "\\x%02x", ch);
+        else
+            o[k++] = (char)ch;
+    }
+    o[k] = '\0';
+    return o;
+}
+
+/* The next bytes from the gateway must be exactly `want` (len bytes). */
+static void expect_n(struct conn *c, const char *want, size_t len)
+{
+    conn_wait(c, len);
+    ck_assert_msg(c->len >= len && memcmp(c->buf, want, len) == 0,
+                  "got \"%s\", want \"%s\"", show(c->buf, c->len), show(want, len));
+    conn_consume(c, len);
+}
+
+static void expect(struct conn *c, const char *want)
+{
+    expect_n(c, want, strlen(want));
+}
+
+/* The next reply must begin with `prefix` (up to its CRLF). */
+static void expect_prefix(struct conn *c, const char *prefix)
+{
+    double end = now_ms() + WAIT_MS;
+    char *nl;
+
+    conn_drain(c);
+    while (!(nl = memchr(c->buf, '\n', c->len)) && !c->eof && now_ms() < end) {
+        pump();
+        conn_drain(c);
+    }
+    ck_assert_msg(nl && c->len >= strlen(prefix) && memcmp(c->buf, prefix, strlen(prefix)) == 0,
+                  "got \"%s\", want a line starting \"%s\"", show(c->buf, c->len), prefix);
+    conn_consume(c, (size_t)(nl - c->buf) + 1);
+}
+
+/* Bytes of the complete reply at b, 0 if it is not all there. */
+static size_t reply_size(const char *b, size_t n)
+{
+    const char *nl = n ? memchr(b, '\n', n) : NULL;
+    size_t line, at;
+    long long k;
+
+    if (!nl)
+        return 0;
+    line = (size_t)(nl - b) + 1;
+    switch (b[0]) {
+    case '+':
+    case '-':
+    case ':':
+        return line;
+    case '$':
+        k = atoll(b + 1);
+        if (k < 0)
+            return line;
+        return n >= line + (size_t)k + 2 ? line + (size_t)k + 2 : 0;
+    case '*':
+        k = atoll(b + 1);
+        at = line;
+        for (long long i = 0; i < k; i++) {
+            size_t s = reply_size(b + at, n - at);
+
+            if (!s)
+                return 0;
+            at += s;
+        }
+        return at;
+    default:
+        ck_abort_msg("not a RESP reply: \"%s\"", show(b, n));
+        return 0;
+    }
+}
+
+/* The next whole reply, NUL-terminated (free it). */
+static char *next_reply(struct conn *c, size_t *len)
+{
+    double end = now_ms() + WAIT_MS;
+    size_t n;
+    char *r;
+
+    conn_drain(c);
+    while (!(n = reply_size(c->buf, c->len)) && !c->eof && now_ms() < end) {
+        pump();
+        conn_drain(c);
+    }
+    ck_assert_msg(n > 0, "no complete reply: \"%s\"", show(c->buf, c->len));
+    r = malloc(n + 1);
+    ck_assert_ptr_nonnull(r);
+    memcpy(r, c->buf, n);
+    r[n] = '\0';
+    conn_consume(c, n);
+    if (len)
+        *len = n;
+    return r;
+}
+
+/* True once the gateway has closed the connection (anything it sent before
+ * stays in the buffer). */
+static bool conn_closed(struct conn *c)
+{
+    double end = now_ms() + WAIT_MS;
+
+    conn_drain(c);
+    while (!c->eof && now_ms() < end) {
+        pump();
+        conn_drain(c);
+    }
+    return c->eof;
+}
+
+/* ---- commands ---- */
+
+START_TEST(ping_and_echo)
+{
+    struct conn *c = conn_open();
+    const char bin[] = "a\r\nb\0c";
+
+    CMD(c, "PING");
+    expect(c, "+PONG\r\n");
+    CMD(c, "ping", "hello");
+    expect(c, "$5\r\nhello\r\n");
+    conn_cmdv(c, 2, (const char *[]){"EcHo", bin}, (size_t[]){4, sizeof(bin) - 1});
+    expect_n(c, "$6\r\na\r\nb\0c\r\n", 12);
+    CMD(c, "ECHO", "");
+    expect(c, "$0\r\n\r\n");
+    conn_close(c);
+}
+END_TEST
+
+START_TEST(set_get_binary_safe)
+{
+    struct conn *c = conn_open();
+    const char key[] = "k\0\r\n1", val[] = "v\r\n\0\r\nx";
+
+    conn_cmdv(c, 3, (const char *[]){"SET", key, val},
+              (size_t[]){3, sizeof(key) - 1, sizeof(val) - 1});
+    expect(c, "+OK\r\n");
+    conn_cmdv(c, 2, (const char *[]){"GET", key}, (size_t[]){3, sizeof(key) - 1});
+    expect_n(c, "$7\r\nv\r\n\0\r\nx\r\n", 13);
+    CMD(c, "set", "empty", "");
+    expect(c, "+OK\r\n");
+    CMD(c, "get", "empty");
+    expect(c, "$0\r\n\r\n");
+    CMD(c, "SET", "k", "one");
+    expect(c, "+OK\r\n");
+    CMD(c, "SET", "k", "two");
+    expect(c, "+OK\r\n");
+    CMD(c, "GET", "k");
+    expect(c, "$3\r\ntwo\r\n");
+    conn_close(c);
+}
+END_TEST
+
+START_TEST(get_missing_is_null)
+{
+    struct conn *c = conn_open();
+
+    CMD(c, "GET", "nope");
+    expect(c, "$-1\r\n");
+    CMD(c, "GET", "");
+    expect(c, "$-1\r\n");
+    CMD(c, "SET", "", "v");
+    expect(c, "-ERR empty keys are not supported\r\n");
+    conn_close(c);
+}
+END_TEST
+
+/* 100 SETs in one write: 100 "+OK"s, and the batch is committed with a
+ * sync or two, not one per command. */
+static int counting_sync(struct tern_kv_store *s)
+{
+    char b;
+
+    syncs_seen++;
+    if (watched_fd >= 0 && recv(watched_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) > 0)
+        early_replies++;
+    return tern_kv_store_sync(s);
+}
+
+START_TEST(pipelined_sets)
+{
+    struct conn *c = conn_open();
+    char batch[8192], ok[600], val[16];
+    size_t n = 0;
+
+    for (int i = 0; i < 100; i++)
+        n += (size_t)snprintf(batch + n, sizeof(batch) - n,
+                              "*3\r\n$3\r\nSET\r\n$6\r\nkey%03d\r\n$6\r\nval%03d\r\n", i, i);
+    ok[0] = '\0';
+    for (int i = 0; i < 100; i++)
+        strcat(ok, "+OK\r\n");
+    resp_sync_fn = counting_sync;
+    watched_fd = c->fd;
+    conn_send(c, batch, n);
+    expect(c, ok);
+    ck_assert_int_eq(cmds_run, 100);
+    ck_assert_int_ge(syncs_seen, 1);
+    ck_assert_int_le(syncs_seen, 2);
+    ck_assert_uint_eq(tern_kv_store_count(store), 100);
+    for (int i = 0; i < 100; i += 33) {
+        char key[16], want[32];
+
+        snprintf(key, sizeof(key), "key%03d", i);
+        snprintf(val, sizeof(val), "val%03d", i);
+        snprintf(want, sizeof(want), "$6\r\n%s\r\n", val);
+        CMD(c, "GET", key);
+        expect(c, want);
+    }
+    conn_close(c);
+}
+END_TEST
+
+/* Every write reply leaves only after the sync that makes it durable. */
+START_TEST(reply_after_sync)
+{
+    struct conn *c = conn_open();
+
+    resp_sync_fn = counting_sync;
+    watched_fd = c->fd;
+    for (int i = 0; i < 20; i++) {
+        CMD(c, "SET", "k", "v");
+        expect(c, "+OK\r\n");
+        CMD(c, "INCR", "n");
+        expect_prefix(c, ":");
+        CMD(c, "DEL", "k");
+        expect(c, ":1\r\n");
+    }
+    ck_assert_int_ge(syncs_seen, 20);
+    ck_assert_int_eq(early_replies, 0);
+    conn_close(c);
+}
+END_TEST
+
+static int failing_sync(struct tern_kv_store *s)
+{
+    syncs_seen++;
+    return TERN_EIO;
+}
+
+/* A failed commit turns the batch's write replies into errors; reads and
+ * failed writes keep their own replies. */
+START_TEST(sync_failure_fails_writes)
+{
+    struct conn *c = conn_open();
+    const char *e = "-ERR write not persisted: sync failed: input/output error\r\n";
+    char want[512];
+
+    CMD(c, "SET", "a", "old");
+    expect(c, "+OK\r\n");
+    resp_sync_fn = failing_sync;
+    conn_sends(c, "SET a 1\r\nGET a\r\nPING\r\nINCR n\r\nSET b\r\nMSET x 1 y 2\r\n"
+                  "INCR a\r\nDEL nope\r\nECHO hi\r\n");
+    snprintf(want, sizeof(want),
+             "%s$1\r\n1\r\n+PONG\r\n%s-ERR wrong number of arguments for 'set' command\r\n"
+             "%s%s%s$2\r\nhi\r\n", e, e, e, e, e);
+    expect(c, want);
+    ck_assert_int_ge(syncs_seen, 1);
+    resp_sync_fn = tern_kv_store_sync;
+    CMD(c, "SET", "c", "2");
+    expect(c, "+OK\r\n");
+    conn_close(c);
+}
+END_TEST
+
+START_TEST(del_and_exists_count)
+{
+    struct conn *c = conn_open();
+
+    CMD(c, "MSET", "a", "1", "b", "2");
+    expect(c, "+OK\r\n");
+    CMD(c, "EXISTS", "a", "b", "c", "a");
+    expect(c, ":3\r\n");
+    CMD(c, "DEL", "a", "c");
+    expect(c, ":1\r\n");
+    CMD(c, "EXISTS", "a");
+    expect(c, ":0\r\n");
+    CMD(c, "del", "a", "b", "b");
+    expect(c, ":1\r\n");
+    CMD(c, "DBSIZE");
+    expect(c, ":0\r\n");
+    conn_close(c);
+}
+END_TEST
+
+START_TEST(mget_and_mset)
+{
+    struct conn *c = conn_open();
+
+    CMD(c, "MSET", "x", "1", "y", "22");
+    expect(c, "+OK\r\n");
+    CMD(c, "MGET", "x", "nope", "y", "");
+    expect(c, "*4\r\n$1\r\n1\r\n$-1\r\n$2\r\n22\r\n$-1\r\n");
+    CMD(c, "MSET", "x", "1", "y");
+    expect(c, "-ERR wrong number of arguments for 'mset' command\r\n");
+    CMD(c, "MSET", "x");
+    expect(c, "-ERR wrong number of arguments for 'mset' command\r\n");
+    CMD(c, "MSET", "z", "1", "", "2");
+    expect(c, "-ERR empty keys are not supported\r\n");
+    CMD(c, "EXISTS", "z");
+    expect(c, ":0\r\n");
+    conn_close(c);
+}
+END_TEST
+
+START_TEST(incr_semantics)
+{
+    struct conn *c = conn_open();
+
+    CMD(c, "INCR", "n");
+    expect(c, ":1\r\n");
+    CMD(c, "INCR", "n");
+    expect(c, ":2\r\n");
+    CMD(c, "GET", "n");
+    expect(c, "$1\r\n2\r\n");
+    CMD(c, "SET", "m", "-5");
+    expect(c, "+OK\r\n");
+    CMD(c, "INCR", "m");
+    expect(c, ":-4\r\n");
+    CMD(c, "INCRBY", "m", "10");
+    expect(c, ":6\r\n");
+    CMD(c, "DECR", "m");
+    expect(c, ":5\r\n");
+    CMD(c, "DECRBY", "m", "7");
+    expect(c, ":-2\r\n");
+    for (int i = 0; i < 5; i++) {
+        static const char *bad[] = {"abc", " 1", "01", "1.5", "-0"};
+
+        CMD(c, "SET", "s", bad[i]);
+        expect(c, "+OK\r\n");
+        CMD(c, "INCR", "s");
+        expect(c, "-ERR value is not an integer or out of range\r\n");
+        CMD(c, "GET", "s");
+        expect_prefix(c, "$");
+        expect_prefix(c, bad[i]);
+    }
+    CMD(c, "SET", "big", "9223372036854775807");
+    expect(c, "+OK\r\n");
+    CMD(c, "INCR", "big");
+    expect(c, "-ERR increment or decrement would overflow\r\n");
+    CMD(c, "GET", "big");
+    expect(c, "$19\r\n9223372036854775807\r\n");
+    CMD(c, "SET", "small", "-9223372036854775808");
+    expect(c, "+OK\r\n");
+    CMD(c, "DECR", "small");
+    expect(c, "-ERR increment or decrement would overflow\r\n");
+    CMD(c, "INCR", "small");
+    expect(c, ":-9223372036854775807\r\n");
+    CMD(c, "SET", "huge", "9223372036854775808");
+    expect(c, "+OK\r\n");
+    CMD(c, "INCR", "huge");
+    expect(c, "-ERR value is not an integer or out of range\r\n");
+    CMD(c, "INCRBY", "n", "x");
+    expect(c, "-ERR value is not an integer or out of range\r\n");
+    conn_close(c);
+}
+END_TEST
+
+START_TEST(dbsize_and_flushdb)
+{
+    struct conn *c = conn_open();
+
+    CMD(c, "MSET", "a", "1", "b", "2", "c", "3");
+    expect(c, "+OK\r\n");
+    CMD(c, "DBSIZE");
+    expect(c, ":3\r\n");
+    CMD(c, "FLUSHDB");
+    expect(c, "+OK\r\n");
+    CMD(c, "DBSIZE");
+    expect(c, ":0\r\n");
+    CMD(c, "GET", "a");
+    expect(c, "$-1\r\n");
+    CMD(c, "SET", "a", "again");
+    expect(c, "+OK\r\n");
+    CMD(c, "FLUSHALL", "ASYNC");
+    expect(c, "+OK\r\n");
+    CMD(c, "DBSIZE");
+    expect(c, ":0\r\n");
+    CMD(c, "FLUSHDB", "LATER");
+    expect(c, "-ERR syntax error\r\n");
+    conn_close(c);
+}
+END_TEST
+
+START_TEST(set_options)
+{
+    struct conn *c = conn_open();
+
+    CMD(c, "SET", "k", "v", "NX");
+    expect(c, "+OK\r\n");
+    CMD(c, "SET", "k", "w", "nx");
+    expect(c, "$-1\r\n");
+    CMD(c, "GET", "k");
+    expect(c, "$1\r\nv\r\n");
+    CMD(c, "SET", "k", "w", "XX");
+    expect(c, "+OK\r\n");
+    CMD(c, "SET", "other", "x", "XX");
+    expect(c, "$-1\r\n");
+    CMD(c, "EXISTS", "other");
+    expect(c, ":0\r\n");
+    CMD(c, "SET", "k", "z", "EX", "10");
+    expect(c, "-ERR expiry is not supported by tern\r\n");
+    CMD(c, "SET", "k", "z", "PX", "10");
+    expect(c, "-ERR expiry is not supported by tern\r\n");
+    CMD(c, "SET", "k", "z", "BOGUS");
+    expect(c, "-ERR syntax error\r\n");
+    CMD(c, "SET", "k", "z", "NX", "XX");
+    expect(c, "-ERR syntax error\r\n");
+    CMD(c, "GET", "k");
+    expect(c, "$1\r\nw\r\n");
+    conn_close(c);
+}
+END_TEST
+
+START_TEST(inline_commands)
+{
+    struct conn *c = conn_open();
+
+    conn_sends(c, "PING\r\n");
+    expect(c, "+PONG\r\n");
+    conn_sends(c, "SET a b\r\n");
+    expect(c, "+OK\r\n");
+    conn_sends(c, "get a\n");
+    expect(c, "$1\r\nb\r\n");
+    conn_sends(c, "\r\n\r\n  EXISTS \t a   a \r\n");
+    expect(c, ":2\r\n");
+    /* Like Redis: a multibulk of no (or a negative number of) elements is
+     * an empty command with no reply. */
+    conn_sends(c, "*0\r\n*-5\r\n*-1\r\nPING\r\n");
+    expect(c, "+PONG\r\n");
+    conn_close(c);
+}
+END_TEST
+
+START_TEST(info_config_and_friends)
+{
+    struct conn *c = conn_open();
+    struct tern_kv_store_stats st;
+    char *r, line[64];
+
+    CMD(c, "SET", "k", "v");
+    expect(c, "+OK\r\n");
+    CMD(c, "INFO");
+    r = next_reply(c, NULL);
+    ck_assert_msg(r[0] == '$', "%s", r);
+    ck_assert_ptr_nonnull(strstr(r, "# Server\r\nredis_version:"));
+    ck_assert_ptr_nonnull(strstr(r, "\r\ntern_version:"));
+    ck_assert_ptr_nonnull(strstr(r, "# Persistence\r\n"));
+    tern_kv_store_get_stats(store, &st);
+    snprintf(line, sizeof(line), "\r\ntern_pool_bytes:%llu\r\n", (unsigned long long)st.pool.size);
+    ck_assert_msg(st.pool.size > POOL_SIZE / 2 && strstr(r, line), "%s", r);
+    ck_assert_ptr_nonnull(strstr(r, "# Keyspace\r\ndb0:keys=1,expires=0,avg_ttl=0\r\n"));
+    free(r);
+    CMD(c, "INFO", "keyspace");
+    r = next_reply(c, NULL);
+    ck_assert_ptr_nonnull(strstr(r, "db0:keys=1,"));
+    ck_assert_ptr_null(strstr(r, "# Server"));
+    free(r);
+    CMD(c, "CONFIG", "GET", "save");
+    expect(c, "*2\r\n$4\r\nsave\r\n$0\r\n\r\n");
+    CMD(c, "config", "get", "appendonly");
+    expect(c, "*2\r\n$10\r\nappendonly\r\n$2\r\nno\r\n");
+    CMD(c, "CONFIG", "GET", "no-such-thing");
+    expect(c, "*0\r\n");
+    CMD(c, "CONFIG", "GET");
+    expect(c, "-ERR wrong number of arguments for 'config|get' command\r\n");
+    CMD(c, "COMMAND");
+    expect(c, "*0\r\n");
+    CMD(c, "COMMAND", "DOCS");
+    expect(c, "*0\r\n");
+    CMD(c, "COMMAND", "COUNT");
+    expect_prefix(c, ":2");
+    CMD(c, "SELECT", "0");
+    expect(c, "+OK\r\n");
+    CMD(c, "SELECT", "1");
+    expect(c, "-ERR DB index is out of range\r\n");
+    CMD(c, "CLIENT", "SETNAME", "me");
+    expect(c, "+OK\r\n");
+    conn_close(c);
+}
+END_TEST
+
+START_TEST(unknown_command_and_arity)
+{
+    struct conn *c = conn_open();
+
+    CMD(c, "FOO", "a", "b");
+    expect(c, "-ERR unknown command 'FOO', with args beginning with: 'a' 'b' \r\n");
+    CMD(c, "HELLO", "3");
+    expect_prefix(c, "-ERR unknown command 'HELLO'");
+    /* A name with a line break in it must not break the error line. */
+    CMD(c, "X\r\nY");
+    expect(c, "-ERR unknown command 'X  Y', with args beginning with: \r\n");
+    CMD(c, "GET");
+    expect(c, "-ERR wrong number of arguments for 'get' command\r\n");
+    CMD(c, "get", "a", "b");
+    expect(c, "-ERR wrong number of arguments for 'get' command\r\n");
+    CMD(c, "SET", "a");
+    expect(c, "-ERR wrong number of arguments for 'set' command\r\n");
+    CMD(c, "ECHO");
+    expect(c, "-ERR wrong number of arguments for 'echo' command\r\n");
+    CMD(c, "PING", "a", "b");
+    expect(c, "-ERR wrong number of arguments for 'ping' command\r\n");
+    CMD(c, "PING");
+    expect(c, "+PONG\r\n");
+    conn_close(c);
+}
+END_TEST
+
+START_TEST(quit_closes_after_reply)
+{
+    struct conn *c = conn_open();
+
+    conn_sends(c, "PING\r\nQUIT\r\nPING\r\n");
+    expect(c, "+PONG\r\n+OK\r\n");
+    ck_assert(conn_closed(c));
+    ck_assert_uint_eq(c->len, 0);
+    conn_close(c);
+}
+END_TEST
+
+/* ---- protocol errors ---- */
+
+START_TEST(protocol_errors_close_only_that_client)
+{
+    static const struct {
+        const char *send, *reply;
+    } cases[] = {
+        {"*2\r\n$abc\r\n", "-ERR Protocol error: invalid bulk length\r\n"},
+        {"*2\r\n$-3\r\n", "-ERR Protocol error: invalid bulk length\r\n"},
+        {"*x\r\n", "-ERR Protocol error: invalid multibulk length\r\n"},
+        {"*1\rX", "-ERR Protocol error: invalid multibulk length\r\n"},
+        {"*99999999999999999999\r\n", "-ERR Protocol error: invalid multibulk length\r\n"},
+        {"*1\r\nfoo\r\n", "-ERR Protocol error: expected '$', got 'f'\r\n"},
+        {"*1\r\n$4\r\nPINGXY", "-ERR Protocol error: expected CRLF after bulk data\r\n"},
+        /* commands before the bad one are answered first */
+        {"PING\r\n*1\r\n$4\r\nPING\r\n*1\r\n\r\n",
+         "+PONG\r\n+PONG\r\n-ERR Protocol error: expected '$', got byte 0x0d\r\n"},
+    };
+    struct conn *good = conn_open();
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct conn *bad = conn_open();
+
+        conn_sends(bad, cases[i].send);
+        expect(bad, cases[i].reply);
+        ck_assert_msg(conn_closed(bad), "case %zu left open", i);
+        ck_assert_uint_eq(bad->len, 0);
+        conn_close(bad);
+        CMD(good, "SET", "k", "v");
+        expect(good, "+OK\r\n");
+    }
+    CMD(good, "GET", "k");
+    expect(good, "$1\r\nv\r\n");
+    conn_close(good);
+}
+END_TEST
+
+START_TEST(oversized_requests)
+{
+    struct tern_resp_config cfg = {.max_request = 64 * 1024};
+    struct conn *good, *bad;
+    char *big;
+
+    gw_close();
+    gw_open(&cfg);
+    good = conn_open();
+    CMD(good, "PING");
+    expect(good, "+PONG\r\n");
+
+    /* a bulk longer than max_request: refused from its header on */
+    bad = conn_open();
+    conn_sends(bad, "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$100000\r\n");
+    expect(bad, "-ERR Protocol error: invalid bulk length\r\n");
+    ck_assert(conn_closed(bad));
+    conn_close(bad);
+
+    /* small arguments that add up to more */
+    bad = conn_open();
+    conn_sends(bad, "*3000\r\n");
+    for (int i = 0; i < 3000; i++)
+        conn_sends(bad, "$20\r\n01234567890123456789\r\n");
+    expect(bad, "-ERR Protocol error: request too large\r\n");
+    ck_assert(conn_closed(bad));
+    conn_close(bad);
+
+    /* more elements than could fit */
+    bad = conn_open();
+    conn_sends(bad, "*20000\r\n");
+    expect(bad, "-ERR Protocol error: invalid multibulk length\r\n");
+    ck_assert(conn_closed(bad));
+    conn_close(bad);
+
+    /* an inline line with no end */
+    bad = conn_open();
+    big = malloc(70000);
+    ck_assert_ptr_nonnull(big);
+    memset(big, 'a', 70000);
+    conn_send(bad, big, 70000);
+    expect(bad, "-ERR Protocol error: too big inline request\r\n");
+    ck_assert(conn_closed(bad));
+    conn_close(bad);
+    free(big);
+
+    /* the biggest command that fits still works */
+    big = malloc(60000);
+    ck_assert_ptr_nonnull(big);
+    memset(big, 'v', 60000);
+    conn_cmdv(good, 3, (const char *[]){"SET", "k", big}, (size_t[]){3, 1, 60000});
+    expect(good, "+OK\r\n");
+    CMD(good, "STRLEN?", "k");
+    expect_prefix(good, "-ERR unknown command");
+    CMD(good, "GET", "k");
+    expect(good, "$60000\r\n");
+    expect_n(good, big, 60000);
+    expect(good, "\r\n");
+    free(big);
+    conn_close(good);
+}
+END_TEST
+
+/* ---- sizes and buffers ---- */
+
+START_TEST(value_over_val_max_keeps_old)
+{
+    struct conn *c = conn_open();
+    size_t max = tern_kv_store_val_max(store, 1);
+    char *v = malloc(max + 1);
+
+    ck_assert_ptr_nonnull(v);
+    memset(v, 'x', max + 1);
+    CMD(c, "SET", "k", "old");
+    expect(c, "+OK\r\n");
+    conn_cmdv(c, 3, (const char *[]){"SET", "k", v}, (size_t[]){3, 1, max + 1});
+    expect(c, "-ERR value too large for the store\r\n");
+    conn_cmdv(c, 5, (const char *[]){"MSET", "a", "1", "k", v}, (size_t[]){4, 1, 1, 1, max + 1});
+    expect(c, "-ERR value too large for the store\r\n");
+    CMD(c, "GET", "k");
+    expect(c, "$3\r\nold\r\n");
+    CMD(c, "EXISTS", "a");
+    expect(c, ":0\r\n");
+    /* exactly val_max fits */
+    conn_cmdv(c, 3, (const char *[]){"SET", "k", v}, (size_t[]){3, 1, max});
+    expect(c, "+OK\r\n");
+    CMD(c, "GET", "k");
+    expect_prefix(c, "$");
+    conn_wait(c, max + 2);
+    ck_assert_uint_ge(c->len, max + 2);
+    ck_assert_int_eq(memcmp(c->buf, v, max), 0);
+    free(v);
+    conn_close(c);
+}
+END_TEST
+
+/* 300 GETs of 40 KiB values: about 12 MiB of replies, more than the socket
+ * holds, so the gateway must keep the rest and finish on EPOLLOUT. */
+START_TEST(slow_reader_gets_everything)
+{
+    struct conn *c = conn_open();
+    size_t vlen = 40000;
+    char *v = malloc(vlen), *want = malloc(vlen + 16);
+    size_t hdr;
+
+    ck_assert_ptr_nonnull(v);
+    ck_assert_ptr_nonnull(want);
+    for (size_t i = 0; i < vlen; i++)
+        v[i] = (char)('a' + i % 26);
+    conn_cmdv(c, 3, (const char *[]){"SET", "big", v}, (size_t[]){3, 3, vlen});
+    expect(c, "+OK\r\n");
+    for (int i = 0; i < 300; i++)
+        conn_sends(c, "*2\r\n$3\r\nGET\r\n$3\r\nbig\r\n");
+    for (int i = 0; i < 100; i++)
+        pump();         /* without reading */
+    hdr = (size_t)sprintf(want, "$%zu\r\n", vlen);
+    memcpy(want + hdr, v, vlen);
+    memcpy(want + hdr + vlen, "\r\n", 2);
+    for (int i = 0; i < 300; i++)
+        expect_n(c, want, hdr + vlen + 2);
+    CMD(c, "PING");
+    expect(c, "+PONG\r\n");
+    free(v);
+    free(want);
+    conn_close(c);
+}
+END_TEST
+
+/* 4000 GETs of 50 KB values sent at once to a client that does not read:
+ * the gateway must stop running them once 64 MiB of replies wait (rather
+ * than build 200 MB), and run the rest as the client catches up. */
+START_TEST(backlog_stalls_then_resumes)
+{
+    static const char get[] = "*2\r\n$3\r\nGET\r\n$3\r\nbig\r\n";
+    struct conn *c = conn_open();
+    size_t vlen = 50000, hdr;
+    char *v = malloc(vlen), *want = malloc(vlen + 16), *batch = malloc(4000 * 26);
+    size_t n = 0;
+
+    ck_assert_ptr_nonnull(v);
+    ck_assert_ptr_nonnull(want);
+    ck_assert_ptr_nonnull(batch);
+    for (size_t i = 0; i < vlen; i++)
+        v[i] = (char)('A' + i % 26);
+    conn_cmdv(c, 3, (const char *[]){"SET", "big", v}, (size_t[]){3, 3, vlen});
+    expect(c, "+OK\r\n");
+    for (int i = 0; i < 4000; i++) {
+        memcpy(batch + n, get, sizeof(get) - 1);
+        n += sizeof(get) - 1;
+    }
+    cmds_run = 0;
+    conn_send(c, batch, n);
+    for (int i = 0; i < 50; i++)
+        pump();
+    ck_assert_int_gt(cmds_run, 1000);
+    ck_assert_int_lt(cmds_run, 2000);
+    hdr = (size_t)sprintf(want, "$%zu\r\n", vlen);
+    memcpy(want + hdr, v, vlen);
+    memcpy(want + hdr + vlen, "\r\n", 2);
+    for (int i = 0; i < 4000; i++)
+        expect_n(c, want, hdr + vlen + 2);
+    ck_assert_int_eq(cmds_run, 4000);
+    CMD(c, "PING");
+    expect(c, "+PONG\r\n");
+    free(v);
+    free(want);
+    free(batch);
+    conn_close(c);
+}
+END_TEST
+
+/* ---- partial input and peers that go away ---- */
+
+START_TEST(split_commands_parse)
+{
+    struct conn *c = conn_open();
+    const char *m = "*3\r\n$3\r\nSET\r\n$3\r\nkey\r\n$5\r\nva\r\nl\r\n";
+    const char *p = "*2\r\n$3\r\nGET\r\n$3\r\nkey\r\nGET key\r\n*1\r\n$4\r\nPING\r\n";
+
+    for (const char *s = m; *s; s++) {
+        conn_send(c, s, 1);
+        pump();
+    }
+    expect(c, "+OK\r\n");
+    /* a pipeline split at every point into two writes */
+    for (size_t cut = 1; cut < strlen(p); cut++) {
+        conn_send(c, p, cut);
+        pump();
+        conn_send(c, p + cut, strlen(p) - cut);
+        expect(c, "$5\r\nva\r\nl\r\n$5\r\nva\r\nl\r\n+PONG\r\n");
+    }
+    conn_close(c);
+}
+END_TEST
+
+START_TEST(disconnect_mid_command)
+{
+    struct conn *a = conn_open(), *b = conn_open(), *d;
+    char *r;
+
+    CMD(b, "PING");
+    expect(b, "+PONG\r\n");
+    conn_sends(a, "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$10\r\nabc");
+    for (int i = 0; i < 5; i++)
+        pump();
+    conn_close(a);
+    /* and one that resets with unread replies pending */
+    d = conn_open();
+    conn_sends(d, "PING\r\nPING\r\n");
+    for (int i = 0; i < 5; i++)
+        pump();
+    {
+        struct linger lg = {.l_onoff = 1, .l_linger = 0};
+
+        setsockopt(d->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+    }
+    conn_close(d);
+    for (int i = 0; i < 5; i++)
+        pump();
+    CMD(b, "EXISTS", "k");
+    expect(b, ":0\r\n");
+    CMD(b, "SET", "j", "1");
+    expect(b, "+OK\r\n");
+    CMD(b, "INFO", "clients");
+    r = next_reply(b, NULL);
+    ck_assert_msg(strstr(r, "connected_clients:1\r\n"), "%s", r);
+    free(r);
+    conn_close(b);
+}
+END_TEST
+
+START_TEST(max_clients_refused)
+{
+    struct tern_resp_config cfg = {.max_clients = 2};
+    struct conn *a, *b, *c;
+
+    gw_close();
+    gw_open(&cfg);
+    a = conn_open();
+    b = conn_open();
+    CMD(a, "PING");
+    expect(a, "+PONG\r\n");
+    CMD(b, "PING");
+    expect(b, "+PONG\r\n");
+    c = conn_open();
+    expect(c, "-ERR max number of clients reached\r\n");
+    ck_assert(conn_closed(c));
+    conn_close(c);
+    CMD(a, "PING");
+    expect(a, "+PONG\r\n");
+    conn_close(a);
+    for (int i = 0; i < 3; i++)
+        pump();
+    c = conn_open();
+    CMD(c, "PING");
+    expect(c, "+PONG\r\n");
+    conn_close(b);
+    conn_close(c);
+}
+END_TEST
+
+/* ---- durability ---- */
+
+START_TEST(acked_set_survives_reopen)
+{
+    struct conn *c = conn_open();
+    const void *val;
+    uint32_t len;
+    uint64_t version;
+
+    CMD(c, "SET", "persist", "me");
+    expect(c, "+OK\r\n");
+    CMD(c, "INCR", "n");
+    expect(c, ":1\r\n");
+    conn_close(c);
+    gw_close();
+    tern_kv_store_close(store);
+    store = NULL;
+    store_open();
+    ck_assert_int_eq(tern_kv_store_get(store, "persist", 7, &val, &len, &version), 0);
+    ck_assert_uint_eq(len, 2);
+    ck_assert_int_eq(memcmp(val, "me", 2), 0);
+    gw_open(NULL);
+    c = conn_open();
+    CMD(c, "GET", "n");
+    expect(c, "$1\r\n1\r\n");
+    conn_close(c);
+}
+END_TEST
+
+/* The gateway in a child that is SIGKILLed as soon as the replies are in:
+ * whatever was acknowledged must be in the pool. */
+START_TEST(acked_sets_survive_kill)
+{
+    int pfd[2];
+    uint16_t port;
+    pid_t pid;
+    struct conn *c;
+    char batch[8192], ok[600];
+    size_t n = 0;
+    int status;
+
+    gw_close();
+    tern_kv_store_close(store);
+    store = NULL;
+    ck_assert_int_eq(pipe(pfd), 0);
+    pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        store_open();
+        gw_open(NULL);
+        port = tern_resp_gw_port(gw);
+        if (write(pfd[1], &port, sizeof(port)) != sizeof(port))
+            _exit(1);
+        for (;;)
+            tern_resp_gw_poll(gw, 100);
+    }
+    close(pfd[1]);
+    ck_assert_int_eq(read(pfd[0], &port, sizeof(port)), (ssize_t)sizeof(port));
+    close(pfd[0]);
+    c = conn_open_port(port);
+    for (int i = 0; i < 100; i++)
+        n += (size_t)snprintf(batch + n, sizeof(batch) - n, "SET key%d val%d\r\n", i, i);
+    ok[0] = '\0';
+    for (int i = 0; i < 100; i++)
+        strcat(ok, "+OK\r\n");
+    conn_send(c, batch, n);
+    expect(c, ok);
+    kill(pid, SIGKILL);
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    conn_close(c);
+    store_open();
+    ck_assert_uint_eq(tern_kv_store_count(store), 100);
+    for (int i = 0; i < 100; i++) {
+        char key[16], val[16];
+        const void *v;
+        uint32_t len;
+        uint64_t version;
+
+        snprintf(key, sizeof(key), "key%d", i);
+        snprintf(val, sizeof(val), "val%d", i);
+        ck_assert_int_eq(tern_kv_store_get(store, key, strlen(key), &v, &len, &version), 0);
+        ck_assert_uint_eq(len, strlen(val));
+        ck_assert_int_eq(memcmp(v, val, len), 0);
+    }
+}
+END_TEST
+
+/* ---- real Redis tools ---- */
+
+/* Run a tool with its stdout in `out` while this process serves it. */
+static int run_tool(char *const argv[], char *out, size_t cap)
+{
+    int pfd[2], status = -1;
+    size_t len = 0;
+    double end = now_ms() + 20000;
+    pid_t pid;
+
+    ck_assert_int_eq(pipe(pfd), 0);
+    pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        dup2(pfd[1], 1);
+        close(pfd[0]);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    close(pfd[1]);
+    fcntl(pfd[0], F_SETFL, O_NONBLOCK);
+    for (;;) {
+        ssize_t n = read(pfd[0], out + len, cap - 1 - len);
+        pid_t w;
+
+        if (n > 0)
+            len += (size_t)n;
+        w = waitpid(pid, &status, WNOHANG);
+        if (w == pid) {
+            while ((n = read(pfd[0], out + len, cap - 1 - len)) > 0)
+                len += (size_t)n;
+            break;
+        }
+        ck_assert_msg(now_ms() < end, "%s did not finish", argv[0]);
+        pump();
+    }
+    close(pfd[0]);
+    out[len] = '\0';
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+START_TEST(redis_cli_set_get)
+{
+    char port[8], out[256];
+
+    if (access("/usr/bin/redis-cli", X_OK) != 0) {
+        printf("SKIP: redis-cli not installed\n");
+        return;
+    }
+    snprintf(port, sizeof(port), "%u", tern_resp_gw_port(gw));
+    ck_assert_int_eq(run_tool((char *[]){"/usr/bin/redis-cli", "-p", port, "SET", "k", "v", NULL},
+                              out, sizeof(out)), 0);
+    ck_assert_str_eq(out, "OK\n");
+    ck_assert_int_eq(run_tool((char *[]){"/usr/bin/redis-cli", "-p", port, "GET", "k", NULL},
+                              out, sizeof(out)), 0);
+    ck_assert_str_eq(out, "v\n");
+    ck_assert_int_eq(run_tool((char *[]){"/usr/bin/redis-cli", "-p", port, "DBSIZE", NULL},
+                              out, sizeof(out)), 0);
+    ck_assert_str_eq(out, "1\n");
+}
+END_TEST
+
+START_TEST(redis_benchmark_runs)
+{
+    char port[8], out[4096];
+
+    if (access("/usr/bin/redis-benchmark", X_OK) != 0) {
+        printf("SKIP: redis-benchmark not installed\n");
+        return;
+    }
+    snprintf(port, sizeof(port), "%u", tern_resp_gw_port(gw));
+    ck_assert_int_eq(run_tool((char *[]){"/usr/bin/redis-benchmark", "-p", port, "-t",
+                                         "ping,set,get,incr,mset", "-n", "2000", "-c", "4",
+                                         "-P", "8", "-q", NULL},
+                              out, sizeof(out)), 0);
+    ck_assert_msg(strstr(out, "SET:") && strstr(out, "GET:") && strstr(out, "MSET"), "%s", out);
+    ck_assert_uint_ge(tern_kv_store_count(store), 1);
+}
+END_TEST
+
+Suite *suite_resp(void)
+{
+    Suite *s = suite_create("resp");
+    TCase *cmds = tcase_create("commands");
+    TCase *proto = tcase_create("protocol");
+    TCase *dur = tcase_create("durability");
+    TCase *tools = tcase_create("tools");
+
+    tcase_add_checked_fixture(cmds, setup, teardown);
+    tcase_set_timeout(cmds, 30);
+    tcase_add_test(cmds, ping_and_echo);
+    tcase_add_test(cmds, set_get_binary_safe);
+    tcase_add_test(cmds, get_missing_is_null);
+    tcase_add_test(cmds, pipelined_sets);
+    tcase_add_test(cmds, del_and_exists_count);
+    tcase_add_test(cmds, mget_and_mset);
+    tcase_add_test(cmds, incr_semantics);
+    tcase_add_test(cmds, dbsize_and_flushdb);
+    tcase_add_test(cmds, set_options);
+    tcase_add_test(cmds, info_config_and_friends);
+    tcase_add_test(cmds, unknown_command_and_arity);
+    tcase_add_test(cmds, quit_closes_after_reply);
+    tcase_add_test(cmds, value_over_val_max_keeps_old);
+    suite_add_tcase(s, cmds);
+
+    tcase_add_checked_fixture(proto, setup, teardown);
+    tcase_set_timeout(proto, 60);
+    tcase_add_test(proto, inline_commands);
+    tcase_add_test(proto, protocol_errors_close_only_that_client);
+    tcase_add_test(proto, oversized_requests);
+    tcase_add_test(proto, slow_reader_gets_everything);
+    tcase_add_test(proto, backlog_stalls_then_resumes);
+    tcase_add_test(proto, split_commands_parse);
+    tcase_add_test(proto, disconnect_mid_command);
+    tcase_add_test(proto, max_clients_refused);
+    suite_add_tcase(s, proto);
+
+    tcase_add_checked_fixture(dur, setup, teardown);
+    tcase_set_timeout(dur, 30);
+    tcase_add_test(dur, reply_after_sync);
+    tcase_add_test(dur, sync_failure_fails_writes);
+    tcase_add_test(dur, acked_set_survives_reopen);
+    tcase_add_test(dur, acked_sets_survive_kill);
+    suite_add_tcase(s, dur);
+
+    tcase_add_checked_fixture(tools, setup, teardown);
+    tcase_set_timeout(tools, 60);
+    tcase_add_test(tools, redis_cli_set_get);
+    tcase_add_test(tools, redis_benchmark_runs);
+    suite_add_tcase(s, tools);
+    return s;
+}

@@ -1,0 +1,291 @@
+/* ternd: the tern daemon. It hosts the key-value service on a pool under
+ * --data-dir, serves it over tern RPC (TCP, plus shm for clients on this
+ * host that come in through auto://), and with --resp-port also speaks the
+ * Redis protocol on the same store.
+ *
+ *   ternd [--data-dir DIR] [--listen URI]... [--no-shm] [--resp-port PORT]
+ *         [--pool-size SIZE] [--seg-size SIZE] [--range LO:HI]
+ *         [--spin-us N] [--busy]
+ *
+ * One thread runs everything: RPC handlers and RESP commands touch the store
+ * without locks. When both have been idle for --spin-us it sleeps on one
+ * epoll set holding the RPC endpoint's fd and the gateway's. SIGTERM and
+ * SIGINT stop it cleanly: clients are closed, the pool is synced and
+ * unlocked. Once serving it prints one line, "ternd ready ...", on stdout.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "kv.h"
+#include "kv_store.h"
+#include "resp.h"
+#include "rpc.h"
+
+#define MAX_LISTEN 8
+
+struct opts {
+    const char *data_dir;
+    const char *listen[MAX_LISTEN];
+    unsigned n_listen;
+    bool shm, busy;
+    int resp_port;                   /* -1: no gateway */
+    uint64_t pool_size;
+    uint32_t seg_size;
+    uint32_t range_lo, range_hi;
+    unsigned spin_us;
+};
+
+static struct tern_rpc_ep *g_ep;
+static volatile sig_atomic_t g_stop;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    g_stop = 1;
+    if (g_ep)
+        tern_rpc_stop(g_ep);
+}
+
+static int usage(void)
+{
+    fprintf(stderr,
+            "usage: ternd [--data-dir DIR] [--listen URI]... [--no-shm] [--resp-port PORT]\n"
+            "             [--pool-size SIZE] [--seg-size SIZE] [--range LO:HI]\n"
+            "             [--spin-us N] [--busy]\n"
+            "  --data-dir DIR    pool files live here (default ./tern-data)\n"
+            "  --listen URI      tern RPC address, repeatable (default tcp://127.0.0.1:7300)\n"
+            "  --no-shm          do not offer shared memory to auto:// clients on this host\n"
+            "  --resp-port PORT  also serve the Redis protocol on 127.0.0.1:PORT\n"
+            "  --pool-size SIZE  size of a new pool, e.g. 256m, 4g (default 256m)\n"
+            "  --seg-size SIZE   log segment size of a new pool (default 1m)\n"
+            "  --range LO:HI     the 32-bit key-hash range this server owns (default all)\n"
+            "  --spin-us N       poll this long after the last work before sleeping (20)\n"
+            "  --busy            never sleep (lowest latency, one core always busy)\n");
+    return 2;
+}
+
+static bool parse_size(const char *s, uint64_t *out)
+{
+    char *end;
+    unsigned long long v = strtoull(s, &end, 0);
+
+    switch (*end) {
+    case 'k': case 'K': v <<= 10; end++; break;
+    case 'm': case 'M': v <<= 20; end++; break;
+    case 'g': case 'G': v <<= 30; end++; break;
+    default: break;
+    }
+    *out = v;
+    return *end == '\0' && end != s;
+}
+
+static int parse_args(int argc, char **argv, struct opts *o)
+{
+    static const struct option longs[] = {
+        {"data-dir", required_argument, NULL, 'd'}, {"listen", required_argument, NULL, 'l'},
+        {"no-shm", no_argument, NULL, 'n'},         {"resp-port", required_argument, NULL, 'r'},
+        {"pool-size", required_argument, NULL, 'p'}, {"seg-size", required_argument, NULL, 's'},
+        {"range", required_argument, NULL, 'R'},    {"spin-us", required_argument, NULL, 'S'},
+        {"busy", no_argument, NULL, 'b'},           {"help", no_argument, NULL, 'h'},
+        {0},
+    };
+    uint64_t v;
+    int c;
+
+    *o = (struct opts){.data_dir = "./tern-data", .shm = true, .resp_port = -1, .spin_us = 20};
+    while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
+        switch (c) {
+        case 'd': o->data_dir = optarg; break;
+        case 'l':
+            if (o->n_listen == MAX_LISTEN)
+                return usage();
+            o->listen[o->n_listen++] = optarg;
+            break;
+        case 'n': o->shm = false; break;
+        case 'r':
+            if (!parse_size(optarg, &v) || v > 65535)
+                return usage();
+            o->resp_port = (int)v;
+            break;
+        case 'p':
+            if (!parse_size(optarg, &o->pool_size))
+                return usage();
+            break;
+        case 's':
+            if (!parse_size(optarg, &v) || v > UINT32_MAX)
+                return usage();
+            o->seg_size = (uint32_t)v;
+            break;
+        case 'R': {
+            unsigned long long lo, hi;
+
+            if (sscanf(optarg, "%lli:%lli", &lo, &hi) != 2 || lo > hi || hi > UINT32_MAX)
+                return usage();
+            o->range_lo = (uint32_t)lo;
+            o->range_hi = (uint32_t)hi;
+            break;
+        }
+        case 'S':
+            if (!parse_size(optarg, &v))
+                return usage();
+            o->spin_us = (unsigned)v;
+            break;
+        case 'b': o->busy = true; break;
+        default: return usage();
+        }
+    }
+    if (optind != argc)
+        return usage();
+    if (!o->n_listen)
+        o->listen[o->n_listen++] = "tcp://127.0.0.1:7300";
+    return 0;
+}
+
+/* One epoll set over the endpoint's fd and the gateway's, to sleep on when
+ * both are idle. */
+static int make_sleeper(struct tern_rpc_ep *ep, struct tern_resp_gw *gw)
+{
+    int fd = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event e = {.events = EPOLLIN};
+
+    if (fd < 0)
+        return -1;
+    if (tern_rpc_wait_fd(ep) >= 0)
+        epoll_ctl(fd, EPOLL_CTL_ADD, tern_rpc_wait_fd(ep), &e);
+    if (gw)
+        epoll_ctl(fd, EPOLL_CTL_ADD, tern_resp_gw_fd(gw), &e);
+    return fd;
+}
+
+static void serve(const struct opts *o, struct tern_rpc_ep *ep, struct tern_resp_gw *gw)
+{
+    int sleeper = o->busy ? -1 : make_sleeper(ep, gw);
+    uint64_t idle_since = tern_now_ns(), spin = (uint64_t)o->spin_us * 1000u;
+    unsigned tick = 0;
+
+    while (!g_stop) {
+        int n = tern_rpc_poll(ep);
+
+        /* The gateway's poll is a system call: while RPC traffic keeps the
+         * loop busy, look at it every 16th round only. */
+        if (gw && (n <= 0 || (++tick & 15) == 0)) {
+            int m = tern_resp_gw_poll(gw, 0);
+
+            n = (n > 0 ? n : 0) + (m > 0 ? m : 0);
+        }
+        if (n > 0) {
+            idle_since = 0;
+            continue;
+        }
+        if (sleeper < 0)
+            continue;
+        if (!idle_since) {
+            idle_since = tern_now_ns();
+            continue;
+        }
+        if (tern_now_ns() - idle_since < spin)
+            continue;
+        if (tern_rpc_arm(ep) == 0) {
+            struct epoll_event e;
+
+            epoll_wait(sleeper, &e, 1, 100);
+        }
+        idle_since = 0;
+    }
+    if (sleeper >= 0)
+        close(sleeper);
+}
+
+int main(int argc, char **argv)
+{
+    struct tern_rpc_config cfg = {.mode = TERN_TP_POLL_ADAPTIVE};
+    struct tern_kv_service_opts ko = {0};
+    struct tern_kv_service *svc = NULL;
+    struct tern_resp_gw *gw = NULL;
+    struct tern_kv_store_stats st;
+    char pool[4096], bound[256], line[1024];
+    struct opts o;
+    size_t at;
+    int rc;
+
+    rc = parse_args(argc, argv, &o);
+    if (rc)
+        return rc;
+    if (mkdir(o.data_dir, 0700) < 0 && errno != EEXIST) {
+        fprintf(stderr, "ternd: %s: %s\n", o.data_dir, strerror(errno));
+        return 1;
+    }
+    snprintf(pool, sizeof(pool), "%s/kv.pool", o.data_dir);
+    ko = (struct tern_kv_service_opts){.pool_path = pool, .pool_size = o.pool_size,
+                                       .seg_size = o.seg_size, .range_lo = o.range_lo,
+                                       .range_hi = o.range_hi};
+    rc = tern_kv_service_create(&ko, &svc);
+    if (rc < 0) {
+        fprintf(stderr, "ternd: pool %s: %s\n", pool, tern_strerror(rc));
+        if (rc == TERN_ECORRUPT)
+            fprintf(stderr, "ternd: run `tern pool check %s` for the offset; the file was "
+                    "left as it is\n", pool);
+        return 1;
+    }
+    if (o.busy)
+        cfg.mode = TERN_TP_POLL_BUSY;
+    rc = tern_rpc_ep_create(&cfg, &g_ep);
+    if (rc == 0)
+        rc = tern_rpc_register(g_ep, tern_kv_service_def(svc));
+    at = (size_t)snprintf(line, sizeof(line), "ternd ready");
+    for (unsigned i = 0; rc == 0 && i < o.n_listen; i++) {
+        rc = tern_rpc_listen(g_ep, o.listen[i], bound, sizeof(bound));
+        if (rc < 0)
+            fprintf(stderr, "ternd: listen %s: %s\n", o.listen[i], tern_strerror(rc));
+        else if (at < sizeof(line))
+            at += (size_t)snprintf(line + at, sizeof(line) - at, " %s", bound);
+    }
+    /* Same-host clients that come in by auto:// move to shared memory. */
+    if (rc == 0 && o.shm) {
+        rc = tern_rpc_listen(g_ep, "shm://auto", bound, sizeof(bound));
+        if (rc < 0)
+            fprintf(stderr, "ternd: listen shm: %s\n", tern_strerror(rc));
+        else if (at < sizeof(line))
+            at += (size_t)snprintf(line + at, sizeof(line) - at, " %s", bound);
+    }
+    if (rc == 0 && o.resp_port >= 0) {
+        struct tern_resp_config rc_cfg = {.port = (uint16_t)o.resp_port};
+
+        rc = tern_resp_gw_create(tern_kv_service_store(svc), &rc_cfg, &gw);
+        if (rc < 0)
+            fprintf(stderr, "ternd: resp port %d: %s\n", o.resp_port, tern_strerror(rc));
+        else if (at < sizeof(line))
+            at += (size_t)snprintf(line + at, sizeof(line) - at, " resp=127.0.0.1:%u",
+                                   tern_resp_gw_port(gw));
+    }
+    if (rc < 0) {
+        tern_resp_gw_destroy(gw);
+        tern_rpc_ep_destroy(g_ep);
+        tern_kv_service_destroy(svc);
+        return 1;
+    }
+    tern_kv_store_get_stats(tern_kv_service_store(svc), &st);
+    if (at < sizeof(line))
+        snprintf(line + at, sizeof(line) - at, " pool=%s keys=%llu persist=%s", pool,
+                 (unsigned long long)st.keys, st.pool.is_pmem ? "flush" : "msync");
+    printf("%s\n", line);
+    fflush(stdout);
+
+    signal(SIGTERM, on_signal);
+    signal(SIGINT, on_signal);
+    signal(SIGPIPE, SIG_IGN);
+    serve(&o, g_ep, gw);
+
+    tern_resp_gw_destroy(gw);
+    tern_rpc_ep_destroy(g_ep);
+    tern_kv_service_destroy(svc);
+    fprintf(stderr, "ternd: stopped\n");
+    return 0;
+}

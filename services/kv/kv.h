@@ -100,8 +100,10 @@ int tern_kv_mget(struct tern_kv *kv, unsigned n, const void *const *keys, const 
                  tern_kv_mget_cb cb, void *arg);
 
 /* Scan every server in hash order. Start with *cursor = 0; each call visits
- * up to `max` keys, calling cb for each, and updates
- * *cursor; 0 afterwards means the scan is complete. */
+ * about `max` keys of one server (whole hash buckets, so a few more at
+ * times), calling cb for each, and updates *cursor; 0 afterwards means the
+ * scan is complete. Every key present for the whole scan is seen at least
+ * once. */
 typedef void (*tern_kv_scan_cb)(void *arg, const void *key, size_t klen, const void *val,
                                 size_t len, uint64_t version);
 int tern_kv_scan(struct tern_kv *kv, uint64_t *cursor, unsigned max, tern_kv_scan_cb cb,

@@ -75,8 +75,9 @@ int tern_kv_store_sync(struct tern_kv_store *s);
 /* True if writes are waiting for tern_kv_store_sync(). */
 bool tern_kv_store_dirty(const struct tern_kv_store *s);
 
-/* Scan in hash order. Start with cursor 0; each call visits up to `max`
- * keys, calling fn for each (a nonzero return stops early, after that key),
+/* Scan in hash order. Start with cursor 0; each call visits whole buckets
+ * until at least `max` keys were seen, calling fn for each (a nonzero return
+ * stops after the current bucket),
  * and stores in *next the cursor to continue from, 0 when the scan is
  * complete. Every key present for the whole scan is visited at least once,
  * even if the index grows meanwhile. fn must not write to the store. */

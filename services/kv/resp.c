@@ -109,6 +109,8 @@ struct tern_resp_gw {
     unsigned batch_cmds;
     uint64_t next_id, total_conns, total_cmds;
     time_t started;
+    int watch_fd;                       /* tern_resp_gw_watch_fd(), -1 if none */
+    bool watch_ready;
 };
 
 /* A parsed command: arguments are offsets from `base`. */
@@ -1224,9 +1226,14 @@ int tern_resp_gw_poll(struct tern_resp_gw *gw, int timeout_ms)
         return errno == EINTR ? 0 : -errno;
     gw->batch_cmds = 0;
     gw->touched = NULL;
+    gw->watch_ready = false;
     for (int i = 0; i < n; i++) {
         struct client *c = ev[i].data.ptr;
 
+        if (ev[i].data.ptr == &gw->watch_fd) {
+            gw->watch_ready = true;
+            continue;
+        }
         if (ev[i].data.ptr == gw) {
             accept_clients(gw);
             continue;
@@ -1304,6 +1311,7 @@ int tern_resp_gw_create(struct tern_kv_store *store, const struct tern_resp_conf
     gw->max_request = cfg && cfg->max_request ? cfg->max_request : DEFAULT_MAX_REQUEST;
     gw->started = time(NULL);
     gw->lfd = -1;
+    gw->watch_fd = -1;
     gw->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (gw->epfd < 0) {
         rc = -errno;
@@ -1337,6 +1345,23 @@ uint16_t tern_resp_gw_port(const struct tern_resp_gw *gw)
 int tern_resp_gw_fd(const struct tern_resp_gw *gw)
 {
     return gw->epfd;
+}
+
+int tern_resp_gw_watch_fd(struct tern_resp_gw *gw, int fd)
+{
+    struct epoll_event e = {.events = EPOLLIN, .data.ptr = &gw->watch_fd};
+
+    if (gw->watch_fd >= 0 || fd < 0)
+        return TERN_EINVAL;
+    if (epoll_ctl(gw->epfd, EPOLL_CTL_ADD, fd, &e) < 0)
+        return -errno;
+    gw->watch_fd = fd;
+    return 0;
+}
+
+bool tern_resp_gw_watch_ready(const struct tern_resp_gw *gw)
+{
+    return gw->watch_ready;
 }
 
 void tern_resp_gw_destroy(struct tern_resp_gw *gw)

@@ -6,13 +6,16 @@
  * the batch's writes durable with one tern_kv_store_sync(), and only then
  * writes the replies: a "+OK" to SET always means the value is persistent.
  *
- * Commands: PING, ECHO, GET, SET, DEL, EXISTS, MGET, MSET, INCR, DBSIZE,
- * FLUSHDB, INFO, COMMAND, CONFIG GET, QUIT; any other gets a RESP error.
+ * Commands: PING, ECHO, GET, SET [NX|XX|KEEPTTL], DEL, EXISTS, MGET, MSET,
+ * INCR, INCRBY, DECR, DECRBY, DBSIZE, FLUSHDB, FLUSHALL, INFO, COMMAND,
+ * CONFIG GET, SELECT 0, CLIENT, QUIT; any other gets Redis's "unknown
+ * command" error, and expiry options an error saying tern has none.
  * Keys and values are the same bytes the native KV API sees.
  */
 #ifndef TERN_RESP_H
 #define TERN_RESP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -44,6 +47,15 @@ int tern_resp_gw_fd(const struct tern_resp_gw *gw);
 /* Serve every ready client, waiting up to timeout_ms (0: do not wait) for
  * one. Returns the number of commands run, or a negative tern code. */
 int tern_resp_gw_poll(struct tern_resp_gw *gw, int timeout_ms);
+
+/* Have the gateway's poll also wake when `fd` polls readable (say the RPC
+ * endpoint's tern_rpc_wait_fd), so that one thread can sleep in
+ * tern_resp_gw_poll() for both: one system call per wake-up. The gateway
+ * never reads fd. One fd at most; TERN_EINVAL for a second. */
+int tern_resp_gw_watch_fd(struct tern_resp_gw *gw, int fd);
+
+/* True if the watched fd was readable at the last tern_resp_gw_poll(). */
+bool tern_resp_gw_watch_ready(const struct tern_resp_gw *gw);
 
 /* Close every client and the listener. */
 void tern_resp_gw_destroy(struct tern_resp_gw *gw);

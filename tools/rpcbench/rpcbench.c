@@ -4,6 +4,7 @@
  *   rpcbench server --listen URI        server only
  *   rpcbench client --connect URI [opts] client only
  *   rpcbench get|put [--served]         one-sided latency (transport level)
+ *   rpcbench kv     [options]           YCSB workloads on the key-value service (kv.c)
  *
  * The echo service answers every request with its own payload. The client
  * keeps `window` calls in flight, times each round trip into a fixed-size
@@ -22,9 +23,11 @@
 
 #include "floor.h"
 #include "hist.h"
+#include "kvbench.h"
 #include "onesided.h"
 #include "spawn.h"
 #include "rpc.h"
+#include "tern_config.h"
 
 #define SVC_BENCH 0x7b01
 #define M_ECHO 1
@@ -47,7 +50,7 @@ struct opts {
 
 /* ---- server ---- */
 
-static long rss_kb(void)
+long rss_kb(void)
 {
     long pages = 0, rss = 0;
     FILE *f = fopen("/proc/self/statm", "r");
@@ -126,7 +129,7 @@ static const struct tern_method bench_methods[] = {
     {.id = M_SINK, .name = "sink", .handler = h_sink},
 };
 
-static const struct tern_service bench_service = {
+const struct tern_service bench_service = {
     .name = "rpcbench", .id = SVC_BENCH, .methods = bench_methods,
     .n_methods = sizeof(bench_methods) / sizeof(bench_methods[0]),
 };
@@ -261,7 +264,7 @@ static void issue(struct slot *sl, uint64_t now)
         b->error = rc;
 }
 
-static long server_rss(struct tern_session *s)
+long server_rss(struct tern_session *s)
 {
     long v = 0;
     size_t len;
@@ -271,48 +274,51 @@ static long server_rss(struct tern_session *s)
     return v;
 }
 
-struct result {
-    const char *workload, *fabric;
-    size_t size;
-    unsigned window;
-    uint64_t iters;
-    double secs;
-    struct hist *hist;
-    long rss[2], srv_rss[2];
-};
+void bench_print_header(const char *extra)
+{
+    printf("%-8s %-8s %6s %6s %10s %9s %9s %9s %9s %11s %9s%s\n", "workload", "fabric", "size",
+           "window", "iters", "p50_us", "p90_us", "p99_us", "p99.9_us", "ops/s", "MB/s",
+           extra ? extra : "");
+}
 
-static void print_result(const struct opts *o, const struct result *r, bool header)
+void bench_print(bool json, const struct result *r)
 {
     double ops = (double)r->iters / r->secs, mbs = ops * (double)r->size / 1e6;
     const struct hist *h = r->hist;
 
-    if (o->json) {
+    if (json) {
         printf("{\"workload\":\"%s\",\"fabric\":\"%s\",\"size\":%zu,\"window\":%u,"
                "\"iters\":%llu,\"p50_ns\":%llu,\"p90_ns\":%llu,\"p99_ns\":%llu,"
                "\"p999_ns\":%llu,\"min_ns\":%llu,\"max_ns\":%llu,\"mean_ns\":%.0f,"
                "\"ops_per_s\":%.0f,\"mb_per_s\":%.2f,\"client_rss_kb\":[%ld,%ld],"
-               "\"server_rss_kb\":[%ld,%ld]}\n",
+               "\"server_rss_kb\":[%ld,%ld]%s}\n",
                r->workload, r->fabric, r->size, r->window, (unsigned long long)r->iters,
                (unsigned long long)hist_quantile(h, 0.5), (unsigned long long)hist_quantile(h, 0.9),
                (unsigned long long)hist_quantile(h, 0.99),
                (unsigned long long)hist_quantile(h, 0.999), (unsigned long long)h->min,
                (unsigned long long)h->max, h->count ? h->sum / (double)h->count : 0.0, ops, mbs,
-               r->rss[0], r->rss[1], r->srv_rss[0], r->srv_rss[1]);
+               r->rss[0], r->rss[1], r->srv_rss[0], r->srv_rss[1],
+               r->json_extra ? r->json_extra : "");
     } else {
-        if (header)
-            printf("%-8s %-8s %6s %6s %10s %9s %9s %9s %9s %11s %9s\n", "workload", "fabric",
-                   "size", "window", "iters", "p50_us", "p90_us", "p99_us", "p99.9_us",
-                   "ops/s", "MB/s");
-        printf("%-8s %-8s %6zu %6u %10llu %9.2f %9.2f %9.2f %9.2f %11.0f %9.2f\n", r->workload,
-               r->fabric, r->size, r->window, (unsigned long long)r->iters,
+        printf("%-8s %-8s %6zu %6u %10llu %9.2f %9.2f %9.2f %9.2f %11.0f %9.2f%s\n",
+               r->workload, r->fabric, r->size, r->window, (unsigned long long)r->iters,
                hist_quantile(h, 0.5) / 1e3, hist_quantile(h, 0.9) / 1e3,
-               hist_quantile(h, 0.99) / 1e3, hist_quantile(h, 0.999) / 1e3, ops, mbs);
+               hist_quantile(h, 0.99) / 1e3, hist_quantile(h, 0.999) / 1e3, ops, mbs,
+               r->row_extra ? r->row_extra : "");
     }
     fflush(stdout);
 }
 
+static void print_result(const struct opts *o, const struct result *r, bool header)
+{
+    if (header && !o->json)
+        bench_print_header(NULL);
+    bench_print(o->json, r);
+}
+
 static int bench_one(const struct opts *o, struct tern_rpc_ep *ep, struct tern_session *s,
-                     const char *fabric, size_t size, unsigned window, bool header)
+                     const char *fabric, size_t size, unsigned window, bool header,
+                     uint64_t *p50)
 {
     static struct hist hist;
     bool sink = strcmp(o->workload, "sink") == 0;
@@ -371,6 +377,8 @@ static int bench_one(const struct opts *o, struct tern_rpc_ep *ep, struct tern_s
         r.iters = hist.count;
         r.secs = (double)(t_end - t0) / 1e9;
         print_result(o, &r, header);
+        if (p50)
+            *p50 = hist_quantile(&hist, 0.5);
     }
     /* Drain calls still in flight after an error before freeing buffers. */
     while (tern_rpc_calls_in_flight(ep) && tern_session_status(s) == 0)
@@ -409,9 +417,17 @@ static int run_client(const struct opts *o, const char *uri, bool header)
         snprintf(fabric, sizeof(fabric), "rdma-emu");
     for (unsigned i = 0; i < o->n_sizes && rc == 0; i++)
         for (unsigned w = 0; w < o->n_windows && rc == 0; w++, header = false)
-            rc = bench_one(o, ep, s, fabric, o->sizes[i], o->windows[w], header);
+            rc = bench_one(o, ep, s, fabric, o->sizes[i], o->windows[w], header, NULL);
     tern_rpc_ep_destroy(ep);
     return rc;
+}
+
+int bench_echo(struct tern_rpc_ep *ep, struct tern_session *s, const char *fabric,
+               size_t size, unsigned window, uint64_t iters, bool json, uint64_t *p50)
+{
+    struct opts o = {.workload = "echo", .iters = iters, .json = json};
+
+    return bench_one(&o, ep, s, fabric, size, window, false, p50);
 }
 
 struct server_args {
@@ -484,6 +500,8 @@ static void usage(FILE *f)
             "                        one-sided latency, window 1; --served: the owner\n"
             "                        registers its own memory (no direct access)\n"
             "       rpcbench probe  --fabric ntb|rdma [--eal 'EAL ARGS']   is the hardware there?\n"
+            "       rpcbench kv     [--fabric tcp|shm|ntb|rdma|all] [--workload A,B,C,D,F,get,put]\n"
+            "                       YCSB workloads on the key-value service (rpcbench kv --help)\n"
             "options:\n"
             "  --size N[,N...]     payload bytes (default 64; k/m suffixes)\n"
             "  --window N[,N...]   calls in flight (default 1)\n"
@@ -497,7 +515,7 @@ static void usage(FILE *f)
             "      auto://host:port (picks the best fabric)\n");
 }
 
-static size_t parse_size(const char *s, bool *ok)
+size_t parse_size(const char *s, bool *ok)
 {
     char *end;
     unsigned long long v = strtoull(s, &end, 10);
@@ -513,7 +531,7 @@ static size_t parse_size(const char *s, bool *ok)
     return (size_t)v;
 }
 
-static bool parse_list(const char *arg, size_t *out, unsigned *n)
+bool parse_list(const char *arg, size_t *out, unsigned *n)
 {
     bool ok = true;
 
@@ -547,6 +565,14 @@ int main(int argc, char **argv)
         return argc < 2 ? 2 : 0;
     }
     cmd = argv[1];
+    if (strcmp(cmd, "kv") == 0) {
+#if defined(TERN_HAVE_SERVICES) && TERN_HAVE_SERVICES
+        return kv_main(argc, argv);
+#else
+        fprintf(stderr, "rpcbench kv: built without the services (libpmem, zlib, xxhash)\n");
+        return 2;
+#endif
+    }
     optind = 2;
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         bool ok = true;

@@ -148,56 +148,65 @@ static int parse_args(int argc, char **argv, struct opts *o)
     return 0;
 }
 
-/* One epoll set over the endpoint's fd and the gateway's, to sleep on when
- * both are idle. */
-static int make_sleeper(struct tern_rpc_ep *ep, struct tern_resp_gw *gw)
+/* Without a gateway: one epoll set over the endpoint's fd, to sleep on. */
+static int make_sleeper(struct tern_rpc_ep *ep)
 {
     int fd = epoll_create1(EPOLL_CLOEXEC);
     struct epoll_event e = {.events = EPOLLIN};
 
-    if (fd < 0)
-        return -1;
-    if (tern_rpc_wait_fd(ep) >= 0)
+    if (fd >= 0 && tern_rpc_wait_fd(ep) >= 0)
         epoll_ctl(fd, EPOLL_CTL_ADD, tern_rpc_wait_fd(ep), &e);
-    if (gw)
-        epoll_ctl(fd, EPOLL_CTL_ADD, tern_resp_gw_fd(gw), &e);
     return fd;
 }
 
+/* The loop. RPC is "hot" for --spin-us after its last event: it is polled
+ * every round (its fabrics are polled without system calls where they can
+ * be), and the gateway every 16th. Once RPC is quiet the thread blocks in
+ * the gateway's epoll, which also watches the endpoint's fd, so a RESP-only
+ * load costs one epoll_wait per batch, as in Redis. */
 static void serve(const struct opts *o, struct tern_rpc_ep *ep, struct tern_resp_gw *gw)
 {
-    int sleeper = o->busy ? -1 : make_sleeper(ep, gw);
-    uint64_t idle_since = tern_now_ns(), spin = (uint64_t)o->spin_us * 1000u;
+    uint64_t spin = (uint64_t)o->spin_us * 1000u, last_rpc = tern_now_ns();
+    int sleeper = -1;
     unsigned tick = 0;
 
+    if (gw && !o->busy && tern_rpc_wait_fd(ep) >= 0)
+        tern_resp_gw_watch_fd(gw, tern_rpc_wait_fd(ep));
+    else if (!gw && !o->busy)
+        sleeper = make_sleeper(ep);
     while (!g_stop) {
-        int n = tern_rpc_poll(ep);
+        bool hot = o->busy || tern_now_ns() - last_rpc < spin;
+        int n = 0;
 
-        /* The gateway's poll is a system call: while RPC traffic keeps the
-         * loop busy, look at it every 16th round only. */
-        if (gw && (n <= 0 || (++tick & 15) == 0)) {
-            int m = tern_resp_gw_poll(gw, 0);
+        if (hot || !gw) {
+            n = tern_rpc_poll(ep);
+            if (n > 0)
+                last_rpc = tern_now_ns();
+        }
+        if (gw && (!hot || (++tick & 15) == 0)) {
+            int timeout = 0;
 
-            n = (n > 0 ? n : 0) + (m > 0 ? m : 0);
-        }
-        if (n > 0) {
-            idle_since = 0;
+            /* Block only when RPC is quiet and armed; if it has work
+             * owed, poll it hot instead. */
+            if (!hot) {
+                if (tern_rpc_arm(ep) == 0)
+                    timeout = 100;
+                else
+                    last_rpc = tern_now_ns();
+            }
+            tern_resp_gw_poll(gw, timeout);
+            if (tern_resp_gw_watch_ready(gw))
+                last_rpc = tern_now_ns();   /* RPC work: poll it hot again */
             continue;
         }
-        if (sleeper < 0)
-            continue;
-        if (!idle_since) {
-            idle_since = tern_now_ns();
-            continue;
-        }
-        if (tern_now_ns() - idle_since < spin)
+        if (n > 0 || sleeper < 0 || hot)
             continue;
         if (tern_rpc_arm(ep) == 0) {
             struct epoll_event e;
 
             epoll_wait(sleeper, &e, 1, 100);
         }
-        idle_since = 0;
+        last_rpc = tern_now_ns();
     }
     if (sleeper >= 0)
         close(sleeper);
@@ -273,7 +282,7 @@ int main(int argc, char **argv)
     }
     tern_kv_store_get_stats(tern_kv_service_store(svc), &st);
     if (at < sizeof(line))
-        snprintf(line + at, sizeof(line) - at, " pool=%s keys=%llu persist=%s", pool,
+        snprintf(line + at, sizeof(line) - at, " pool=%.900s keys=%llu persist=%s", pool,
                  (unsigned long long)st.keys, st.pool.is_pmem ? "flush" : "msync");
     printf("%s\n", line);
     fflush(stdout);

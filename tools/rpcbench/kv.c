@@ -1,0 +1,864 @@
+/* rpcbench kv: YCSB core workloads on the key-value service.
+ *
+ * Per fabric, a child process creates the service on a fresh pool file,
+ * registers it (and rpcbench's bench service, for server RSS and the echo
+ * baseline) and listens. This process opens the kv client on it, loads
+ * `records` keys (untimed, async puts), then times `iters` operations of
+ * each workload with `window` in flight into a histogram and prints a row
+ * as echo does. GETs are checked (status, length, and the key number the
+ * first 8 bytes of every value carry); any failed operation fails the run.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <linux/magic.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "kv/kv.h"
+#include "kv/kv_store.h"
+#include "kvbench.h"
+#include "spawn.h"
+#include "ycsb.h"
+
+#define KV_SWEEP 16
+#define KV_LOAD_WINDOW 32
+#define KV_TIMEOUT_NS (10ull * 1000000000u)
+#define KV_CONNECT_NS (5ull * 1000000000u)
+#define KV_MAX_ERRORS 100
+#define MIB (1ull << 20)
+
+struct kv_opts {
+    const char *fabric, *pool_dir;
+    const struct ycsb_workload *workloads[KV_SWEEP];
+    unsigned n_workloads;
+    bool zipfian, json, baseline;
+    uint64_t records, iters, pool_size;
+    size_t sizes[KV_SWEEP];
+    unsigned n_sizes;
+    unsigned windows[KV_SWEEP];
+    unsigned n_windows;
+    size_t key_size;
+    int cpu_client, cpu_server;
+};
+
+static uint64_t warmup_of(uint64_t iters)
+{
+    return iters / 10 < 10000 ? iters / 10 : 10000;
+}
+
+static size_t max_value(const struct kv_opts *o)
+{
+    size_t m = 0;
+
+    for (unsigned i = 0; i < o->n_sizes; i++)
+        if (o->sizes[i] > m)
+            m = o->sizes[i];
+    return m;
+}
+
+/* Keys a value size's runs may insert beyond `records` (workload D): at
+ * most every operation of every D run. */
+static uint64_t max_inserts(const struct kv_opts *o)
+{
+    uint64_t n = 0;
+
+    for (unsigned i = 0; i < o->n_workloads; i++)
+        if (o->workloads[i]->insert > 0)
+            n += (uint64_t)o->n_windows * (o->iters + warmup_of(o->iters));
+    return n;
+}
+
+static struct tern_rpc_config kv_rpc_config(const struct kv_opts *o)
+{
+    size_t need = max_value(o) + o->key_size + 4096;
+
+    return (struct tern_rpc_config){
+        .mode = TERN_TP_POLL_BUSY,
+        .max_msg = need < MIB ? MIB : need,
+        .credits = 256,
+    };
+}
+
+/* ---- server ---- */
+
+struct kv_server_args {
+    const struct kv_opts *o;
+    const char *listen, *pool_path;
+    uint64_t pool_size;
+    uint32_t seg_size;
+    bool force_pmem;
+};
+
+static struct tern_rpc_ep *kv_server_ep;
+
+static void kv_on_signal(int sig)
+{
+    if (kv_server_ep)
+        tern_rpc_stop(kv_server_ep);
+}
+
+/* Reports "URI\0flush" or "URI\0msync" (how the pool makes writes durable). */
+static int kv_server_child(void *arg, int fd)
+{
+    const struct kv_server_args *a = arg;
+    struct tern_kv_service_opts so = {.pool_path = a->pool_path, .pool_size = a->pool_size,
+                                      .seg_size = a->seg_size};
+    struct tern_rpc_config cfg = kv_rpc_config(a->o);
+    struct tern_kv_service *svc = NULL;
+    struct tern_kv_store_stats st;
+    char msg[200], bound[160];
+    int rc, n;
+
+    bench_pin(a->o->cpu_server);
+    /* tmpfs stands in for PM here: libpmem then flushes cache lines
+     * instead of calling msync. */
+    if (a->force_pmem)
+        setenv("PMEM_IS_PMEM_FORCE", "1", 1);
+    rc = tern_kv_service_create(&so, &svc);
+    if (rc < 0) {
+        fprintf(stderr, "rpcbench kv server: %s: %s\n", a->pool_path, tern_strerror(rc));
+        goto fail;
+    }
+    rc = tern_rpc_ep_create(&cfg, &kv_server_ep);
+    if (rc == 0)
+        rc = tern_rpc_register(kv_server_ep, tern_kv_service_def(svc));
+    if (rc == 0)
+        rc = tern_rpc_register(kv_server_ep, &bench_service);
+    if (rc == 0)
+        rc = tern_rpc_listen(kv_server_ep, a->listen, bound, sizeof(bound));
+    if (rc < 0) {
+        fprintf(stderr, "rpcbench kv server: %s: %s\n", a->listen, tern_strerror(rc));
+        goto fail;
+    }
+    tern_kv_store_get_stats(tern_kv_service_store(svc), &st);
+    signal(SIGTERM, kv_on_signal);
+    signal(SIGINT, kv_on_signal);
+    n = snprintf(msg, sizeof(msg), "%s%c%s", bound, 0, st.pool.is_pmem ? "flush" : "msync");
+    if (write(fd, msg, (size_t)n + 1) != n + 1)
+        goto fail;
+    close(fd);
+    tern_rpc_run(kv_server_ep, -1);
+    tern_rpc_ep_destroy(kv_server_ep);
+    tern_kv_service_destroy(svc);
+    return 0;
+fail:
+    if (kv_server_ep)
+        tern_rpc_ep_destroy(kv_server_ep);
+    if (svc)
+        tern_kv_service_destroy(svc);
+    (void)!write(fd, "-", 1);
+    return 1;
+}
+
+/* ---- client ---- */
+
+struct kv_run;
+
+struct kv_slot {
+    struct kv_run *r;
+    uint64_t start, keynum;
+    enum ycsb_op op;
+    bool put_phase;              /* the write (of an update, insert, RMW) is next */
+    char *key;
+    uint8_t *val;
+};
+
+struct kv_run {
+    struct tern_kv *kv;
+    const struct ycsb_workload *w;   /* NULL: the load phase */
+    size_t vsize, klen;
+    uint64_t issued, done, warmup, target, t0;
+    unsigned inflight;               /* slots with an operation under way */
+    uint64_t errors;
+    int first_error;
+    const char *first_what;
+    uint64_t first_key;
+    bool stop;
+    struct hist *hist;
+    struct ycsb_rng *rng;
+    struct ycsb_scrambled *zipf;     /* NULL: uniform */
+    struct ycsb_latest *latest;
+    uint64_t records;                /* A, B, C, F, get, put: keys [0, records) */
+    uint64_t load_next;
+    uint64_t insert_next, acked;     /* D: keys [0, acked] are readable */
+    uint64_t ack_base, ack_cap;
+    uint8_t *ack_bits;
+    struct kv_slot *slots, **pending, **retry;
+    unsigned n_slots, n_pending;
+};
+
+static void kv_error(struct kv_run *r, struct kv_slot *sl, int status, const char *what)
+{
+    if (!r->errors++) {
+        r->first_error = status;
+        r->first_what = what;
+        r->first_key = sl->keynum;
+    }
+    if (r->errors >= KV_MAX_ERRORS)
+        r->stop = true;
+}
+
+static void kv_make_key(struct kv_run *r, struct kv_slot *sl)
+{
+    snprintf(sl->key, r->klen + 1, "user%0*llu", (int)(r->klen - 4),
+             (unsigned long long)sl->keynum);
+}
+
+/* Every value carries its key's number in its first 8 bytes. */
+static void kv_stamp(struct kv_run *r, struct kv_slot *sl)
+{
+    if (r->vsize >= 8)
+        memcpy(sl->val, &sl->keynum, 8);
+    if (r->vsize > 8)
+        sl->val[8]++;
+}
+
+static uint64_t kv_pick(struct kv_run *r)
+{
+    if (r->w->latest)
+        return ycsb_latest_next(r->latest, r->rng, r->acked);
+    if (r->zipf)
+        return ycsb_scrambled_next(r->zipf, r->rng);
+    return ycsb_rng_below(r->rng, r->records);
+}
+
+static void kv_ack(struct kv_run *r, uint64_t keynum)
+{
+    uint64_t i = keynum - r->ack_base;
+
+    if (i >= r->ack_cap)
+        return;
+    r->ack_bits[i / 8] |= (uint8_t)(1u << (i % 8));
+    for (i = r->acked + 1 - r->ack_base;
+         i < r->ack_cap && (r->ack_bits[i / 8] & (1u << (i % 8))); i++)
+        r->acked++;
+}
+
+static void kv_send(struct kv_slot *sl);
+
+static void kv_start(struct kv_slot *sl, uint64_t now)
+{
+    struct kv_run *r = sl->r;
+
+    sl->start = now;
+    r->issued++;
+    if (!r->w) {
+        sl->op = YCSB_INSERT;
+        sl->keynum = r->load_next++;
+    } else {
+        sl->op = ycsb_next_op(r->w, r->rng);
+        sl->keynum = sl->op == YCSB_INSERT ? r->insert_next++ : kv_pick(r);
+    }
+    sl->put_phase = sl->op == YCSB_UPDATE || sl->op == YCSB_INSERT;
+    kv_make_key(r, sl);
+    if (sl->put_phase)
+        kv_stamp(r, sl);
+    kv_send(sl);
+}
+
+static void kv_complete(struct kv_slot *sl)
+{
+    struct kv_run *r = sl->r;
+    uint64_t now = tern_now_ns();
+
+    if (r->done++ >= r->warmup)
+        hist_add(r->hist, now - sl->start);
+    if (r->done == r->warmup)
+        r->t0 = now;
+    /* The completion time is the next operation's start, as echo does. */
+    if (r->issued < r->target && !r->stop)
+        kv_start(sl, now);
+    else
+        r->inflight--;
+}
+
+static void kv_on_put(void *arg, int status, const void *val, size_t len, uint64_t version)
+{
+    struct kv_slot *sl = arg;
+    struct kv_run *r = sl->r;
+
+    if (status < 0)
+        kv_error(r, sl, status, sl->op == YCSB_RMW ? "RMW put" : "PUT");
+    else if (sl->op == YCSB_INSERT && r->w)
+        kv_ack(r, sl->keynum);
+    kv_complete(sl);
+}
+
+static void kv_on_get(void *arg, int status, const void *val, size_t len, uint64_t version)
+{
+    struct kv_slot *sl = arg;
+    struct kv_run *r = sl->r;
+
+    if (status < 0) {
+        kv_error(r, sl, status, "GET");
+    } else if (len != r->vsize) {
+        kv_error(r, sl, 0, "GET of the wrong length");
+    } else if (r->vsize >= 8 && memcmp(val, &sl->keynum, 8) != 0) {
+        kv_error(r, sl, 0, "GET of another key's value");
+    } else if (sl->op == YCSB_RMW) {
+        memcpy(sl->val, val, len);
+        kv_stamp(r, sl);
+        sl->put_phase = true;
+        kv_send(sl);
+        return;
+    }
+    kv_complete(sl);
+}
+
+static void kv_send(struct kv_slot *sl)
+{
+    struct kv_run *r = sl->r;
+    int rc;
+
+    if (sl->put_phase)
+        rc = tern_kv_put_async(r->kv, sl->key, r->klen, sl->val, r->vsize, kv_on_put, sl);
+    else
+        rc = tern_kv_get_async(r->kv, sl->key, r->klen, kv_on_get, sl);
+    if (rc == TERN_ENOBUFS) {            /* poll, then send again */
+        r->pending[r->n_pending++] = sl;
+    } else if (rc < 0) {
+        kv_error(r, sl, rc, sl->put_phase ? "PUT issue" : "GET issue");
+        r->stop = true;
+        r->inflight--;
+    }
+}
+
+/* Run until `target` operations are done (or an error stops it), then
+ * until none is under way. */
+static void kv_drive(struct tern_rpc_ep *ep, struct kv_run *r, const char *label)
+{
+    bool tty = isatty(2);
+    uint64_t t_last = tern_now_ns(), t_begin = t_last;
+
+    r->t0 = t_last;
+    for (unsigned i = 0; i < r->n_slots && r->issued < r->target && !r->stop; i++) {
+        r->inflight++;
+        kv_start(&r->slots[i], tern_now_ns());
+    }
+    while (r->inflight) {
+        tern_rpc_poll(ep);
+        if (r->n_pending) {       /* refused for want of call slots: again */
+            struct kv_slot **again = r->pending;
+            unsigned n = r->n_pending;
+
+            r->pending = r->retry;
+            r->retry = again;
+            r->n_pending = 0;
+            for (unsigned i = 0; i < n; i++) {
+                if (r->stop)
+                    r->inflight--;
+                else
+                    kv_send(again[i]);
+            }
+        }
+        if (((r->done & 0xfff) == 0) &&
+            tern_now_ns() - t_last > (tty ? 1000000000ull : 10000000000ull)) {
+            t_last = tern_now_ns();
+            fprintf(stderr, "%s%s: %llu/%llu ops%s", tty ? "\r" : "", label,
+                    (unsigned long long)r->done, (unsigned long long)r->target,
+                    tty ? "" : "\n");
+        }
+    }
+    if (tty && tern_now_ns() - t_begin > 1000000000ull)
+        fprintf(stderr, "\r%70s\r", "");
+}
+
+/* ---- one fabric ---- */
+
+struct kv_ctx {
+    const struct kv_opts *o;
+    struct tern_rpc_ep *ep;
+    struct tern_session *s;      /* to the bench service: stats, echo baseline */
+    struct tern_kv *kv;
+    char fabric[16];
+    const char *persist;
+    uint64_t live;               /* keys [0, live) hold values of the current size */
+    uint64_t total;              /* distinct keys in the store */
+    struct ycsb_rng rng;
+    struct ycsb_scrambled zipf;
+    bool header;
+};
+
+static int kv_alloc_slots(struct kv_run *r, unsigned n)
+{
+    r->n_slots = n;
+    r->slots = calloc(n, sizeof(*r->slots));
+    r->pending = calloc(n, sizeof(*r->pending));
+    r->retry = calloc(n, sizeof(*r->retry));
+    if (!r->slots || !r->pending || !r->retry)
+        return TERN_ENOMEM;
+    for (unsigned i = 0; i < n; i++) {
+        r->slots[i].r = r;
+        r->slots[i].key = malloc(r->klen + 1);
+        r->slots[i].val = malloc(r->vsize ? r->vsize : 1);
+        if (!r->slots[i].key || !r->slots[i].val)
+            return TERN_ENOMEM;
+        memset(r->slots[i].val, (int)(i + 1), r->vsize);
+    }
+    return 0;
+}
+
+static void kv_free_slots(struct kv_run *r)
+{
+    for (unsigned i = 0; r->slots && i < r->n_slots; i++) {
+        free(r->slots[i].key);
+        free(r->slots[i].val);
+    }
+    free(r->slots);
+    free(r->pending);
+    free(r->retry);
+    free(r->ack_bits);
+}
+
+static int kv_report_errors(const struct kv_ctx *c, const struct kv_run *r, const char *what,
+                            size_t vsize)
+{
+    /* first_error 0: the reply came but was wrong. */
+    fprintf(stderr,
+            "rpcbench kv: %s %s %zuB: %llu failed operation%s (first: %s, key %llu%s%s)\n",
+            c->fabric, what, vsize, (unsigned long long)r->errors, r->errors == 1 ? "" : "s",
+            r->first_what, (unsigned long long)r->first_key, r->first_error ? ": " : "",
+            r->first_error ? tern_strerror(r->first_error) : "");
+    return r->first_error < 0 ? r->first_error : TERN_EPROTO;
+}
+
+/* The store should hold exactly c->total keys. */
+static int kv_check_count(struct kv_ctx *c, const char *after)
+{
+    uint64_t n = 0;
+    int rc = tern_kv_count(c->kv, &n);
+
+    if (rc < 0) {
+        fprintf(stderr, "rpcbench kv: %s: count after %s: %s\n", c->fabric, after,
+                tern_strerror(rc));
+        return rc;
+    }
+    if (n != c->total) {
+        fprintf(stderr, "rpcbench kv: %s: %llu keys after %s, expected %llu\n", c->fabric,
+                (unsigned long long)n, after, (unsigned long long)c->total);
+        return TERN_EPROTO;
+    }
+    return 0;
+}
+
+/* Write keys [0, records) with values of `vsize` bytes. */
+static int kv_load(struct kv_ctx *c, size_t vsize)
+{
+    struct kv_run r = {.kv = c->kv, .vsize = vsize, .klen = c->o->key_size,
+                       .target = c->o->records, .warmup = c->o->records};
+    static struct hist dummy;
+    char label[48];
+    int rc;
+
+    hist_reset(&dummy);
+    r.hist = &dummy;
+    rc = kv_alloc_slots(&r, KV_LOAD_WINDOW);
+    if (rc == 0) {
+        snprintf(label, sizeof(label), "%s load %zuB", c->fabric, vsize);
+        kv_drive(c->ep, &r, label);
+        if (r.errors)
+            rc = kv_report_errors(c, &r, "load", vsize);
+    }
+    kv_free_slots(&r);
+    if (rc < 0)
+        return rc;
+    c->live = c->o->records;
+    if (c->total < c->live)
+        c->total = c->live;
+    return kv_check_count(c, "load");
+}
+
+static void kv_print_info(const struct kv_ctx *c)
+{
+    const struct kv_opts *o = c->o;
+    bool d = false;
+
+    for (unsigned i = 0; i < o->n_workloads; i++)
+        d = d || o->workloads[i]->latest;
+    printf("kv: %llu records, %zu B keys, dist %s%s, persist %s (%s)\n",
+           (unsigned long long)o->records, o->key_size, o->zipfian ? "zipfian" : "uniform",
+           d ? " (D: latest)" : "", c->persist,
+           strcmp(c->persist, "flush") == 0 ? "cache-line flushes: PM, or tmpfs standing in"
+                                            : "msync of the written range");
+}
+
+static int kv_bench(struct kv_ctx *c, const struct ycsb_workload *w, size_t vsize,
+                    unsigned window, uint64_t echo_p50)
+{
+    const struct kv_opts *o = c->o;
+    static struct hist hist;
+    struct kv_run r = {.kv = c->kv, .w = w, .vsize = vsize, .klen = o->key_size,
+                       .rng = &c->rng, .zipf = o->zipfian ? &c->zipf : NULL,
+                       .records = o->records, .hist = &hist};
+    struct ycsb_latest latest;
+    struct result res = {.fabric = c->fabric, .size = vsize, .hist = &hist};
+    char workload[16], label[64], json_extra[160], row_extra[32];
+    uint64_t t_end;
+    int rc;
+
+    if (window > tern_session_credits(c->s))
+        window = tern_session_credits(c->s);
+    hist_reset(&hist);
+    r.warmup = warmup_of(o->iters);
+    r.target = o->iters + r.warmup;
+    if (w->insert > 0) {
+        r.insert_next = r.ack_base = c->live;
+        r.acked = c->live - 1;
+        r.ack_cap = r.target;
+        r.ack_bits = calloc(r.ack_cap / 8 + 1, 1);
+        if (!r.ack_bits)
+            return TERN_ENOMEM;
+    }
+    if (w->latest) {
+        r.acked = c->live - 1;
+        ycsb_latest_init(&latest, r.acked);
+        r.latest = &latest;
+    }
+    rc = kv_alloc_slots(&r, window);
+    if (rc < 0) {
+        kv_free_slots(&r);
+        return rc;
+    }
+    snprintf(workload, sizeof(workload), "kv-%s", w->name);
+    snprintf(label, sizeof(label), "%s %s %zuB w%u", c->fabric, workload, vsize, window);
+    res.workload = workload;
+    res.window = window;
+    res.srv_rss[0] = server_rss(c->s);
+    res.rss[0] = rss_kb();
+    kv_drive(c->ep, &r, label);
+    t_end = tern_now_ns();
+    if (w->insert > 0) {
+        c->live = r.acked + 1;
+        if (c->total < r.insert_next)
+            c->total = r.insert_next;
+    }
+    if (r.errors) {
+        rc = kv_report_errors(c, &r, workload, vsize);
+    } else {
+        res.rss[1] = rss_kb();
+        res.srv_rss[1] = server_rss(c->s);
+        res.iters = hist.count;
+        res.secs = (double)(t_end - r.t0) / 1e9;
+        snprintf(json_extra, sizeof(json_extra),
+                 ",\"dist\":\"%s\",\"records\":%llu,\"persist\":\"%s\"",
+                 w->latest ? "latest" : o->zipfian ? "zipfian" : "uniform",
+                 (unsigned long long)o->records, c->persist);
+        row_extra[0] = 0;
+        if (o->baseline && echo_p50) {
+            double ratio = (double)hist_quantile(&hist, 0.5) / (double)echo_p50;
+            size_t n = strlen(json_extra);
+
+            snprintf(json_extra + n, sizeof(json_extra) - n, ",\"ratio_to_echo_p50\":%.3f",
+                     ratio);
+            snprintf(row_extra, sizeof(row_extra), " %8.2f", ratio);
+        }
+        res.json_extra = json_extra;
+        res.row_extra = row_extra;
+        if (c->header && !o->json)
+            bench_print_header(o->baseline ? "   x_echo" : NULL);
+        c->header = false;
+        bench_print(o->json, &res);
+    }
+    kv_free_slots(&r);
+    if (rc == 0)
+        rc = kv_check_count(c, workload);
+    return rc;
+}
+
+static int kv_client(struct kv_ctx *c, const char *uri)
+{
+    const struct kv_opts *o = c->o;
+    struct tern_rpc_config cfg = kv_rpc_config(o);
+    int rc;
+
+    bench_pin(o->cpu_client);
+    rc = tern_rpc_ep_create(&cfg, &c->ep);
+    if (rc < 0)
+        return rc;
+    rc = tern_rpc_connect(c->ep, uri, KV_CONNECT_NS, &c->s);
+    if (rc == 0)
+        rc = tern_kv_open(c->ep, &uri, 1, KV_CONNECT_NS, &c->kv);
+    if (rc < 0) {
+        fprintf(stderr, "rpcbench kv: connect %s: %s\n", uri, tern_strerror(rc));
+        tern_rpc_ep_destroy(c->ep);
+        return rc;
+    }
+    tern_kv_set_timeout(c->kv, KV_TIMEOUT_NS);
+    snprintf(c->fabric, sizeof(c->fabric), "%s", tern_session_fabric(c->s));
+    if (strncmp(uri, "ntb://emu:", 10) == 0)
+        snprintf(c->fabric, sizeof(c->fabric), "ntb-emu");
+    if (strncmp(uri, "rdma://soft:", 12) == 0)
+        snprintf(c->fabric, sizeof(c->fabric), "rdma-emu");
+    ycsb_rng_seed(&c->rng, 0x6b76ull);
+    if (o->zipfian)
+        ycsb_scrambled_init(&c->zipf, 0, o->records - 1);
+    for (unsigned i = 0; i < o->n_sizes && rc == 0; i++) {
+        uint64_t echo_p50[KV_SWEEP] = {0};
+
+        rc = kv_load(c, o->sizes[i]);
+        for (unsigned w = 0; o->baseline && w < o->n_windows && rc == 0; w++) {
+            if (c->header && !o->json)
+                bench_print_header("   x_echo");
+            c->header = false;
+            rc = bench_echo(c->ep, c->s, c->fabric, o->sizes[i], o->windows[w], o->iters,
+                            o->json, &echo_p50[w]);
+        }
+        for (unsigned k = 0; k < o->n_workloads && rc == 0; k++)
+            for (unsigned w = 0; w < o->n_windows && rc == 0; w++)
+                rc = kv_bench(c, o->workloads[k], o->sizes[i], o->windows[w], echo_p50[w]);
+    }
+    tern_kv_close(c->kv);
+    tern_rpc_ep_destroy(c->ep);
+    return rc;
+}
+
+static bool on_tmpfs(const char *dir)
+{
+    struct statfs sf;
+
+    return statfs(dir, &sf) == 0 && sf.f_type == TMPFS_MAGIC;
+}
+
+static int kv_run_local(const struct kv_opts *o)
+{
+    const char *const *names = tern_tp_fabric_names();
+    const char *printed_persist = NULL;
+    uint64_t pool = o->pool_size, per = max_value(o) + o->key_size + 64;
+    uint32_t seg = 0;
+    bool tmpfs = on_tmpfs(o->pool_dir), header = true;
+    int failed = 0;
+
+    /* A segment holds at least two records. */
+    if (per * 2 > MIB) {
+        seg = 1u << 20;
+        while (seg < per * 2)
+            seg <<= 1;
+    }
+    if (!pool) {
+        pool = 4 * (o->records + max_inserts(o)) * per;
+        pool = pool < 64 * MIB ? 64 * MIB : (pool + MIB - 1) / MIB * MIB;
+        if (seg && pool < 16ull * seg)
+            pool = 16ull * seg;
+    }
+    for (; *names; names++) {
+        char uri[200], listen[64], pool_path[4096];
+        struct kv_server_args sa;
+        struct kv_ctx c = {.o = o, .header = header};
+        int status;
+        pid_t pid;
+
+        if (strcmp(o->fabric, "all") != 0 && strcmp(o->fabric, *names) != 0)
+            continue;
+        if (strcmp(*names, "tcp") == 0 || strcmp(*names, "rdma") == 0)
+            snprintf(listen, sizeof(listen), "%s://127.0.0.1:0", *names);
+        else if (strcmp(*names, "ntb") == 0)
+            snprintf(listen, sizeof(listen), "ntb://emu:rpcbench-kv-%d", (int)getpid());
+        else
+            snprintf(listen, sizeof(listen), "%s://rpcbench-kv-%d", *names, (int)getpid());
+        snprintf(pool_path, sizeof(pool_path), "%s/rpcbench-kv-%d-%s.pool", o->pool_dir,
+                 (int)getpid(), *names);
+        unlink(pool_path);
+        sa = (struct kv_server_args){.o = o, .listen = listen, .pool_path = pool_path,
+                                     .pool_size = pool, .seg_size = seg, .force_pmem = tmpfs};
+        memset(uri, 0, sizeof(uri));
+        pid = bench_spawn(kv_server_child, &sa, uri, sizeof(uri));
+        if (pid < 0)
+            return 1;
+        /* The server has the pool open and mapped: the name can go now, so
+         * that nothing is left behind whatever happens next. */
+        unlink(pool_path);
+        if (strlen(uri) <= 1 || uri[0] == '-') {
+            fprintf(stderr, "rpcbench kv: %s server did not start\n", *names);
+            failed++;
+        } else {
+            c.persist = strcmp(uri + strlen(uri) + 1, "flush") == 0 ? "flush" : "msync";
+            if (!o->json && (!printed_persist || strcmp(printed_persist, c.persist) != 0)) {
+                kv_print_info(&c);
+                printed_persist = c.persist;
+            }
+            if (kv_client(&c, uri) < 0)
+                failed++;
+            header = c.header;
+        }
+        kill(pid, SIGTERM);
+        waitpid(pid, &status, 0);
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            fprintf(stderr, "rpcbench kv: %s server exited badly (status %#x)\n", *names,
+                    status);
+            failed++;
+        }
+        unlink(pool_path);
+    }
+    return failed ? 1 : 0;
+}
+
+/* ---- options ---- */
+
+static void kv_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: rpcbench kv [--fabric tcp|shm|ntb|rdma|all] [options]\n"
+            "  YCSB workloads on the key-value service: a local server per fabric on a\n"
+            "  fresh pool; keys are loaded (untimed), then each workload is timed.\n"
+            "options:\n"
+            "  --workload W[,W...]   A (50%% read/50%% update), B (95/5), C (100%% read),\n"
+            "                        D (95%% read of the latest keys/5%% insert),\n"
+            "                        F (50%% read/50%% read-modify-write), get, put (default A)\n"
+            "  --dist uniform|zipfian  request distribution (zipfian 0.99, scrambled, as\n"
+            "                        YCSB; D always uses latest; default uniform)\n"
+            "  --records N           keys loaded (default 10000)\n"
+            "  --value-size N[,N...] value bytes (default 64; k/m suffixes)\n"
+            "  --key-size N          key bytes, \"user\" and a zero-padded number (default 16)\n"
+            "  --iters N             measured operations per run (default 100000)\n"
+            "  --window N[,N...]     operations in flight (default 1)\n"
+            "  --baseline            echo at the same size and window first, and each kv\n"
+            "                        row's median as a multiple of echo's (x_echo)\n"
+            "  --json                one JSON object per run\n"
+            "  --cpu C,S             pin client to cpu C and server to cpu S\n"
+            "  --pool-dir DIR        where the server's pool file goes (default /dev/shm,\n"
+            "                        else $TMPDIR or /tmp); on tmpfs writes are made\n"
+            "                        durable by cache-line flushes (PMEM_IS_PMEM_FORCE=1),\n"
+            "                        elsewhere by msync\n"
+            "  --pool-size N         pool bytes (k/m/g; default max(64 MiB,\n"
+            "                        4 x keys x (value + key + 64)))\n");
+}
+
+static bool parse_workloads(const char *arg, struct kv_opts *o)
+{
+    char buf[256], *save = NULL;
+
+    if (strlen(arg) >= sizeof(buf))
+        return false;
+    snprintf(buf, sizeof(buf), "%s", arg);
+    o->n_workloads = 0;
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        const struct ycsb_workload *w = ycsb_workload_find(t);
+
+        if (!w || o->n_workloads == KV_SWEEP)
+            return false;
+        o->workloads[o->n_workloads++] = w;
+    }
+    return o->n_workloads > 0;
+}
+
+static uint64_t parse_bytes(const char *s, bool *ok)
+{
+    size_t n = strlen(s);
+
+    if (n > 1 && (s[n - 1] == 'g' || s[n - 1] == 'G')) {
+        char buf[32];
+
+        snprintf(buf, sizeof(buf), "%.*s", (int)(n - 1), s);
+        return (uint64_t)parse_size(buf, ok) << 30;
+    }
+    return parse_size(s, ok);
+}
+
+static bool fabric_known(const char *f)
+{
+    if (strcmp(f, "all") == 0)
+        return true;
+    for (const char *const *n = tern_tp_fabric_names(); *n; n++)
+        if (strcmp(f, *n) == 0)
+            return true;
+    return false;
+}
+
+static const char *default_pool_dir(void)
+{
+    struct stat st;
+    const char *t = getenv("TMPDIR");
+
+    if (stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode) && access("/dev/shm", W_OK) == 0)
+        return "/dev/shm";
+    return t && *t ? t : "/tmp";
+}
+
+int kv_main(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"fabric", required_argument, NULL, 'f'},   {"workload", required_argument, NULL, 'W'},
+        {"dist", required_argument, NULL, 'D'},     {"records", required_argument, NULL, 'r'},
+        {"value-size", required_argument, NULL, 's'}, {"size", required_argument, NULL, 's'},
+        {"key-size", required_argument, NULL, 'k'}, {"iters", required_argument, NULL, 'n'},
+        {"window", required_argument, NULL, 'w'},   {"json", no_argument, NULL, 'j'},
+        {"cpu", required_argument, NULL, 'p'},      {"pool-dir", required_argument, NULL, 'd'},
+        {"pool-size", required_argument, NULL, 'P'}, {"baseline", no_argument, NULL, 'b'},
+        {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0},
+    };
+    struct kv_opts o = {.fabric = "tcp", .records = 10000, .sizes = {64}, .n_sizes = 1,
+                        .windows = {1}, .n_windows = 1, .iters = 100000, .key_size = 16,
+                        .cpu_client = -1, .cpu_server = -1};
+    size_t tmp[KV_SWEEP];
+    uint64_t max_key, digits_max = 1;
+    int c;
+
+    o.workloads[0] = ycsb_workload_find("A");
+    o.n_workloads = 1;
+    optind = 2;
+    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        bool ok = true;
+
+        switch (c) {
+        case 'f': o.fabric = optarg; ok = fabric_known(optarg); break;
+        case 'W': ok = parse_workloads(optarg, &o); break;
+        case 'D':
+            o.zipfian = strcmp(optarg, "zipfian") == 0;
+            ok = o.zipfian || strcmp(optarg, "uniform") == 0;
+            break;
+        case 'r': o.records = parse_size(optarg, &ok); ok = ok && o.records > 0; break;
+        case 's':
+            ok = parse_list(optarg, o.sizes, &o.n_sizes);
+            for (unsigned i = 0; i < o.n_sizes; i++)
+                ok = ok && o.sizes[i] > 0 && o.sizes[i] <= (64u << 20);
+            break;
+        case 'k':
+            o.key_size = parse_size(optarg, &ok);
+            ok = ok && o.key_size >= 8 && o.key_size <= TERN_KV_KEY_MAX;
+            break;
+        case 'n': o.iters = parse_size(optarg, &ok); ok = ok && o.iters > 0; break;
+        case 'w':
+            ok = parse_list(optarg, tmp, &o.n_windows);
+            for (unsigned i = 0; i < o.n_windows; i++) {
+                o.windows[i] = (unsigned)tmp[i];
+                ok = ok && tmp[i] > 0 && tmp[i] <= 256;
+            }
+            break;
+        case 'j': o.json = true; break;
+        case 'p': ok = sscanf(optarg, "%d,%d", &o.cpu_client, &o.cpu_server) == 2; break;
+        case 'd': o.pool_dir = optarg; break;
+        case 'P': o.pool_size = parse_bytes(optarg, &ok); ok = ok && o.pool_size >= MIB; break;
+        case 'b': o.baseline = true; break;
+        case 'h': kv_usage(stdout); return 0;
+        default: ok = false; break;
+        }
+        if (!ok) {
+            fprintf(stderr, "rpcbench kv: bad value for option\n");
+            kv_usage(stderr);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "rpcbench kv: unexpected argument '%s'\n", argv[optind]);
+        kv_usage(stderr);
+        return 2;
+    }
+    /* Every key number must fit the key's digits. */
+    max_key = o.records + max_inserts(&o);
+    for (size_t d = 0; d < o.key_size - 4 && digits_max <= max_key; d++)
+        digits_max *= 10;
+    if (digits_max <= max_key) {
+        fprintf(stderr, "rpcbench kv: --key-size %zu is too short for %llu keys\n", o.key_size,
+                (unsigned long long)max_key);
+        return 2;
+    }
+    if (!o.pool_dir)
+        o.pool_dir = default_pool_dir();
+    return kv_run_local(&o);
+}

@@ -411,7 +411,7 @@ START_TEST(random_model)
     static char model[MODEL_KEYS][40];
     static bool present[MODEL_KEYS];
     struct tern_kv_store *s = open_store(16 * SEG + 4096);
-    unsigned seed = 12345;
+    unsigned seed = getenv("TERN_MODEL_SEED") ? (unsigned)atoi(getenv("TERN_MODEL_SEED")) : 12345;
     char k[32];
 
     for (int step = 0; step < 40000; step++) {

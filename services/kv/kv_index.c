@@ -99,7 +99,7 @@ struct kv_ent *kv_index_add(struct kv_index *ix, uint64_t h)
     } else {
         i = ix->top++;
     }
-    ix->ents[i] = (struct kv_ent){.hash = h, .next = ix->buckets[h & ix->mask]};
+    ix->ents[i] = (struct kv_ent){.hash = h, .next = ix->buckets[h & ix->mask]};  /* base_ver 0 */
     ix->buckets[h & ix->mask] = i + 1;
     ix->n++;
     return &ix->ents[i];

@@ -22,6 +22,9 @@ struct kv_ent {
     uint64_t loc;                    /* tern_pm_loc | KV_TOMB, or KV_FREE */
     uint32_t next;                   /* next entry in the chain + 1; 0 ends it */
     uint32_t n_old;                  /* older records of this key still in the pool */
+    uint64_t base_ver;               /* n_old counts records from this version on: a
+                                      * key written again after its entry was retired
+                                      * does not count the records of its past life */
 };
 
 struct kv_index {

@@ -97,20 +97,26 @@ static bool clean_is_live(void *arg, tern_pm_loc loc, const struct tern_pm_rec *
     return e && ent_loc(e) == loc;
 }
 
+/* The copy becomes the key's record; the original, still in the victim
+ * until it is freed, counts as an older one (dropped below, once the victim
+ * is gone). */
 static void clean_moved(void *arg, tern_pm_loc from, tern_pm_loc to, const struct tern_pm_rec *r)
 {
     struct kv_ent *e = ent_of(arg, r);
 
-    if (e)
+    if (e) {
         e->loc = to | (e->loc & KV_TOMB);
+        e->n_old++;
+    }
 }
 
+/* Called for every record of a victim after the victim was freed. */
 static void clean_dropped(void *arg, tern_pm_loc loc, const struct tern_pm_rec *r)
 {
     struct tern_kv_store *s = arg;
     struct kv_ent *e = ent_of(s, r);
 
-    if (e && e->n_old) {
+    if (e && e->n_old && r->version >= e->base_ver) {
         e->n_old--;
         retire_if_bare(s, e);
     }
@@ -252,6 +258,7 @@ int tern_kv_store_put(struct tern_kv_store *s, const void *key, size_t klen,
     if (!e) {
         e = kv_index_add(&s->ix, h);    /* cannot fail after the reserve */
         e->loc = loc;
+        e->base_ver = ver;
         s->keys++;
     } else {
         tern_pm_dead(s->pool, ent_loc(e));

@@ -65,9 +65,10 @@ struct kv_info {
     uint32_t key_max, val_max;       /* val_max for a key of 16 bytes */
 };
 
-static inline uint32_t kv_item_size(uint32_t klen, uint32_t vlen)
+/* In 64 bits: a hostile vlen near 4 GiB must not wrap to a small size. */
+static inline uint64_t kv_item_size(uint32_t klen, uint32_t vlen)
 {
-    return (uint32_t)((sizeof(struct kv_item) + klen + vlen + 7u) & ~7u);
+    return ((uint64_t)sizeof(struct kv_item) + klen + vlen + 7u) & ~(uint64_t)7;
 }
 
 _Static_assert(sizeof(struct kv_key) == 8, "kv_key");

@@ -145,13 +145,13 @@ static int drain(struct tern_pm_pool *p)
         return 0;
     }
     if (p->dirty_hi) {
-        int rc = pmem_msync(p->base + p->dirty_lo, p->dirty_hi - p->dirty_lo);
-
-        p->dirty_lo = p->dirty_hi = 0;
-        if (rc < 0) {
+        /* On failure the range stays dirty: a later commit must not move
+         * a commit point over records that never reached the file. */
+        if (pmem_msync(p->base + p->dirty_lo, p->dirty_hi - p->dirty_lo) < 0) {
             tern_log(TERN_LOG_ERROR, "pm", "msync: %s", strerror(errno));
             return TERN_EIO;
         }
+        p->dirty_lo = p->dirty_hi = 0;
     }
     return 0;
 }
@@ -165,6 +165,27 @@ static int persist_word(struct tern_pm_pool *p, uint64_t *word, uint64_t v)
 }
 
 /* ---- open, create, close ---- */
+
+/* Make a rename in the pool's directory durable. */
+static int sync_dir_of(const char *path)
+{
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    int fd, rc;
+
+    if (!slash)
+        snprintf(dir, sizeof(dir), ".");
+    else if (snprintf(dir, sizeof(dir), "%.*s", (int)(slash - path), path) >= (int)sizeof(dir))
+        return TERN_EINVAL;
+    if (!dir[0])
+        snprintf(dir, sizeof(dir), "/");
+    fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return TERN_EIO;
+    rc = fsync(fd);
+    close(fd);
+    return rc < 0 ? TERN_EIO : 0;
+}
 
 static int create_file(const char *path, const struct tern_pm_opts *o)
 {
@@ -208,7 +229,7 @@ static int create_file(const char *path, const struct tern_pm_opts *o)
         unlink(tmp);
         return TERN_EIO;
     }
-    return 0;
+    return sync_dir_of(path);
 }
 
 int tern_pm_open(const char *path, const struct tern_pm_opts *o, struct tern_pm_pool **out)
@@ -507,18 +528,16 @@ static uint32_t pick_victim(const struct tern_pm_pool *p, unsigned max_live_pct)
 static int clean_one(struct tern_pm_pool *p, const struct tern_pm_cleaner *c, uint32_t v)
 {
     struct seg_state *vs = &p->segs[v];
-    int rc = 0;
+    uint64_t end = PM_SEG_HDR + vs->committed;
+    int rc = 0, crc;
 
-    for (uint64_t off = PM_SEG_HDR; off < PM_SEG_HDR + vs->committed;) {
+    for (uint64_t off = PM_SEG_HDR; off < end;) {
         const struct tern_pm_rec *r = (const void *)(seg_base(p, v) + off);
         tern_pm_loc from = (uint64_t)v << 32 | off, to;
 
         off += tern_pm_rec_size(r->key_len, r->val_len);
-        if (!c->is_live(c->arg, from, r)) {
-            if (c->dropped)
-                c->dropped(c->arg, from, r);
+        if (!c->is_live(c->arg, from, r))
             continue;
-        }
         rc = tern_pm_append(p, (enum tern_pm_rec_type)r->type, r->version,
                             tern_pm_rec_key(r), r->key_len, tern_pm_rec_val(r), r->val_len, &to);
         if (rc < 0)
@@ -527,13 +546,22 @@ static int clean_one(struct tern_pm_pool *p, const struct tern_pm_cleaner *c, ui
     }
     /* Copies are committed before the original goes: a crash in between
      * leaves two copies of a version, which recovery treats as one. */
-    int crc = tern_pm_commit(p);
-
+    crc = tern_pm_commit(p);
     if (rc < 0 || crc < 0)
         return rc < 0 ? rc : crc;
     rc = persist_word(p, &seg_hdr(p, v)->seq, 0);
     if (rc < 0)
         return rc;
+    /* Only now, with the victim gone for good, are its records dropped: a
+     * clean that fails above leaves every record where it was counted. The
+     * bytes are still there to read until the segment is handed out. */
+    if (c->dropped)
+        for (uint64_t off = PM_SEG_HDR; off < end;) {
+            const struct tern_pm_rec *r = (const void *)(seg_base(p, v) + off);
+
+            c->dropped(c->arg, (uint64_t)v << 32 | off, r);
+            off += tern_pm_rec_size(r->key_len, r->val_len);
+        }
     *vs = (struct seg_state){0};
     p->free_segs[p->n_free++] = v;
     return 0;

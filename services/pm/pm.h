@@ -145,7 +145,8 @@ struct tern_pm_cleaner {
     bool (*is_live)(void *arg, tern_pm_loc loc, const struct tern_pm_rec *r);
     /* A live record was copied to `to` (same version); repoint the index. */
     void (*moved)(void *arg, tern_pm_loc from, tern_pm_loc to, const struct tern_pm_rec *r);
-    /* A dead record is going away for good. */
+    /* After the victim is freed, for each of its records (live ones were
+     * copied first): an old copy or a dead record is gone for good. */
     void (*dropped)(void *arg, tern_pm_loc loc, const struct tern_pm_rec *r);
     void *arg;
 };

@@ -122,6 +122,7 @@ run_tests() {
         suite build
         count rpcbench-smoke tests/rpcbench_smoke.sh build/tools/rpcbench/rpcbench
         count rpcbench-kv-smoke tests/rpcbench_kv_smoke.sh build/tools/rpcbench/rpcbench
+        count ternd-smoke tests/ternd_smoke.sh build
         count installed-library-consumer consumer
     else
         FAILED=$((FAILED + 1)); log "FAIL build"

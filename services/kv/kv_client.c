@@ -330,13 +330,14 @@ int tern_kv_mget(struct tern_kv *kv, unsigned n, const void *const *keys, const 
         rc = TERN_ENOMEM;
         goto out;
     }
+    /* Count each server's keys, give it its slice of idx, then fill it. */
     for (unsigned i = 0; i < n; i++)
-        parts[route(kv, keys[i], klens[i]) - kv->srv].n++;
+        parts[route(kv, keys[i], klens[i]) - kv->srv].done++;
     for (unsigned sv = 0, at = 0; sv < kv->n; sv++) {
-        parts[sv] = (struct mget_part){.all = &a, .idx = idx + at, .s = kv->srv[sv].s,
-                                       .n = parts[sv].n};
-        at += parts[sv].n;
-        parts[sv].n = 0;     /* refilled below */
+        unsigned count = parts[sv].done;
+
+        parts[sv] = (struct mget_part){.all = &a, .idx = idx + at, .s = kv->srv[sv].s};
+        at += count;
     }
     for (unsigned i = 0; i < n; i++) {
         struct mget_part *p = &parts[route(kv, keys[i], klens[i]) - kv->srv];

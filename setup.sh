@@ -14,7 +14,7 @@ cd "$(dirname "$0")"
 
 PKGS=(build-essential meson ninja-build pkg-config check libsubunit-dev python3
       libibverbs-dev librdmacm-dev    # rdma-core: the rdma fabric and its tests (softverbs)
-      libpmem-dev zlib1g-dev libxxhash-dev   # the services: pool, checksums, key hash
+      libpmem-dev libxxhash-dev   # the services: pool; checksums and key hash
       redis-tools)                    # redis-cli/redis-benchmark against the RESP gateway
 # Optional: without them the build leaves the matching parts out.
 OPTIONAL=(libdpdk-dev)   # DPDK 22.11: the ntb rawdev glue (transport/ntb)

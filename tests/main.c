@@ -13,6 +13,10 @@
 #include "suites.h"
 #include "tern_config.h"
 
+#if TERN_HAVE_RDMA
+#include <softverbs.h>
+#endif
+
 static const struct {
     const char *name;
     Suite *(*make)(void);
@@ -70,6 +74,9 @@ int main(int argc, char **argv)
     }
     srunner_set_fork_status(sr, CK_FORK);
     srunner_run_all(sr, CK_NORMAL);
+#if TERN_HAVE_RDMA
+    sv_sweep_dead();    /* segments of the servers the tests SIGKILLed */
+#endif
     run = srunner_ntests_run(sr);
     failed = srunner_ntests_failed(sr);
     srunner_free(sr);

@@ -14,6 +14,7 @@
 #include "helpers.h"
 #include "kv/kv_store.h"
 #include "pm/pm.h"
+#include "pm/pm_layout.h"
 #include "suites.h"
 
 #define SEG (64u * 1024)
@@ -367,6 +368,16 @@ START_TEST(bad_headers_are_refused)
     ck_assert_int_eq(pwrite(fd, "NOTAPOOL", 8, 0), 8);
     ck_assert_int_eq(tern_kv_store_open(&o, &s), TERN_ECORRUPT);
     ck_assert_int_eq(tern_pm_check(path, false, NULL, NULL, NULL), TERN_ECORRUPT);
+    /* A sound header of another layout version (say layout 1, whose
+     * checksums were CRC32) is refused as such, not as corruption. */
+    struct pm_file_hdr h;
+    ck_assert_int_eq(pwrite(fd, PM_MAGIC, 8, 0), 8);
+    ck_assert_int_eq(pread(fd, &h, sizeof(h), 0), (ssize_t)sizeof(h));
+    h.layout = 1;
+    h.sum = pm_sum(&h, offsetof(struct pm_file_hdr, sum));
+    ck_assert_int_eq(pwrite(fd, &h, sizeof(h), 0), (ssize_t)sizeof(h));
+    ck_assert_int_eq(tern_kv_store_open(&o, &s), TERN_EVERSION);
+    ck_assert_int_eq(tern_pm_check(path, false, NULL, NULL, NULL), TERN_EVERSION);
     ck_assert_int_eq(ftruncate(fd, 100), 0);
     ck_assert_int_eq(tern_kv_store_open(&o, &s), TERN_ECORRUPT);
     close(fd);

@@ -372,6 +372,22 @@ static bool conn_closed(struct conn *c)
     return c->eof;
 }
 
+/* A number from INFO's text, e.g. "tern_coalesced_waits". */
+static unsigned long long info_number(struct conn *c, const char *section, const char *field)
+{
+    char *r, *at;
+    unsigned long long v;
+
+    CMD(c, "INFO", section);
+    r = next_reply(c, NULL);
+    at = strstr(r, field);
+    ck_assert_msg(at && at[strlen(field)] == ':', "INFO %s has no %s: %s", section, field,
+                  show(r, strlen(r)));
+    v = strtoull(at + strlen(field) + 1, NULL, 10);
+    free(r);
+    return v;
+}
+
 /* ---- commands ---- */
 
 START_TEST(ping_and_echo)
@@ -1208,6 +1224,46 @@ static int run_tool(char *const argv[], char *out, size_t cap)
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+/* Coalescing waits only while several clients are active: a lone client
+ * sending as fast as it can never makes the gateway sleep, eight clients in
+ * one millisecond do, and all of them still get every reply right. */
+START_TEST(coalescing_only_under_load)
+{
+    struct tern_resp_config cfg = {.coalesce_us = 200};
+    struct conn *c[8];
+
+    gw_close();
+    gw_open(&cfg);
+    c[0] = conn_open();
+    /* Bursts of commands from one client, each followed by a poll that
+     * finds nothing ready: the poll where a busy gateway would sleep. */
+    for (int i = 0; i < 60; i++) {
+        for (int j = 0; j < 5; j++) {
+            conn_sends(c[0], "*1\r\n$4\r\nPING\r\n");     /* one segment */
+            expect(c[0], "+PONG\r\n");
+        }
+        ck_assert_int_eq(tern_resp_gw_poll(gw, 1), 0);
+    }
+    ck_assert_uint_eq(info_number(c[0], "stats", "tern_coalesced_waits"), 0);
+
+    for (int i = 1; i < 8; i++)
+        c[i] = conn_open();
+    for (int round = 0; round < 5; round++) {
+        for (int i = 0; i < 8; i++)
+            CMD(c[i], "INCR", "n");
+        for (int i = 0; i < 8; i++)
+            expect_prefix(c[i], ":");
+        usleep(1500);
+    }
+    pump();     /* the last window saw eight clients and nobody is ready */
+    ck_assert_uint_gt(info_number(c[0], "stats", "tern_coalesced_waits"), 0);
+    CMD(c[3], "GET", "n");
+    expect(c[3], "$2\r\n40\r\n");
+    for (int i = 0; i < 8; i++)
+        conn_close(c[i]);
+}
+END_TEST
+
 START_TEST(redis_cli_set_get)
 {
     char port[8], out[256];
@@ -1282,6 +1338,7 @@ Suite *suite_resp(void)
     tcase_add_test(proto, split_commands_parse);
     tcase_add_test(proto, disconnect_mid_command);
     tcase_add_test(proto, max_clients_refused);
+    tcase_add_test(proto, coalescing_only_under_load);
     suite_add_tcase(s, proto);
 
     tcase_add_checked_fixture(dur, setup, teardown);

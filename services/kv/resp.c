@@ -45,6 +45,7 @@
 #include "log.h"
 #include "resp.h"
 #include "resp_parse.h"
+#include "rpc.h"
 #include "tern_config.h"
 
 #define LOG_WHO "resp"
@@ -89,6 +90,7 @@ struct client {
     bool marks_lost;            /* a write mark could not be recorded */
     bool stalled;               /* input left unrun for the output to drain */
     uint64_t id;
+    uint64_t window;            /* the coalescing window it was last counted in */
     struct buf in, out;
     struct resp_parser parser;
     struct write_mark *marks;
@@ -107,6 +109,11 @@ struct tern_resp_gw {
     struct client *clients;
     struct client *touched;             /* clients with work this poll */
     unsigned batch_cmds;
+    unsigned coalesce_us;
+    bool coalesce;                      /* the last window was busy */
+    uint64_t window, window_end_ns;     /* the current 1 ms window */
+    unsigned window_clients;            /* distinct clients served in it */
+    uint64_t coalesced_waits;           /* coalescing sleeps taken */
     uint64_t next_id, total_conns, total_cmds;
     time_t started;
     int watch_fd;                       /* tern_resp_gw_watch_fd(), -1 if none */
@@ -667,9 +674,10 @@ static void cmd_info(struct tern_resp_gw *gw, struct client *c, const struct cmd
     if (info_wants(m, "stats")) {
         text_section(&t, "Stats");
         text_add(&t, "total_connections_received:%llu\r\ntotal_commands_processed:%llu\r\n"
-                 "keyspace_hits:%llu\r\nkeyspace_misses:%llu\r\n",
+                 "keyspace_hits:%llu\r\nkeyspace_misses:%llu\r\ntern_coalesced_waits:%llu\r\n",
                  (unsigned long long)gw->total_conns, (unsigned long long)gw->total_cmds,
-                 (unsigned long long)st.hits, (unsigned long long)(st.gets - st.hits));
+                 (unsigned long long)st.hits, (unsigned long long)(st.gets - st.hits),
+                 (unsigned long long)gw->coalesced_waits);
     }
     if (info_wants(m, "keyspace")) {
         text_section(&t, "Keyspace");
@@ -1217,11 +1225,41 @@ static void client_flush(struct tern_resp_gw *gw, struct client *c)
         client_close(gw, c);
 }
 
+/* Load is judged per 1 ms window by the distinct clients served in it:
+ * counting clients, not polls or commands, keeps a lone client (however
+ * fast it sends) from ever waiting for a batch to fill. */
+static void coalesce_window(struct tern_resp_gw *gw)
+{
+    uint64_t now = tern_now_ns();
+
+    if (now < gw->window_end_ns)
+        return;
+    gw->coalesce = gw->window_clients >= TERN_RESP_COALESCE_MIN;
+    gw->window++;
+    gw->window_clients = 0;
+    gw->window_end_ns = now + 1000000;
+}
+
 int tern_resp_gw_poll(struct tern_resp_gw *gw, int timeout_ms)
 {
     struct epoll_event ev[MAX_EVENTS];
-    int n = epoll_wait(gw->epfd, ev, MAX_EVENTS, timeout_ms);
+    int n;
 
+    if (gw->coalesce_us)
+        coalesce_window(gw);
+    if (gw->coalesce && timeout_ms) {
+        n = epoll_wait(gw->epfd, ev, MAX_EVENTS, 0);
+        if (n == 0) {
+            struct timespec ts = {.tv_sec = gw->coalesce_us / 1000000u,
+                                  .tv_nsec = (long)(gw->coalesce_us % 1000000u) * 1000};
+
+            nanosleep(&ts, NULL);
+            gw->coalesced_waits++;
+            n = epoll_wait(gw->epfd, ev, MAX_EVENTS, timeout_ms);
+        }
+    } else {
+        n = epoll_wait(gw->epfd, ev, MAX_EVENTS, timeout_ms);
+    }
     if (n < 0)
         return errno == EINTR ? 0 : -errno;
     gw->batch_cmds = 0;
@@ -1239,6 +1277,10 @@ int tern_resp_gw_poll(struct tern_resp_gw *gw, int timeout_ms)
             continue;
         }
         touch(gw, c);
+        if (c->window != gw->window) {
+            c->window = gw->window;
+            gw->window_clients++;
+        }
         if (c->stalled) {
             if (out_pending(c) <= OUT_BACKLOG_MAX)
                 run_input(gw, c);
@@ -1309,6 +1351,7 @@ int tern_resp_gw_create(struct tern_kv_store *store, const struct tern_resp_conf
     gw->store = store;
     gw->max_clients = cfg && cfg->max_clients ? cfg->max_clients : DEFAULT_MAX_CLIENTS;
     gw->max_request = cfg && cfg->max_request ? cfg->max_request : DEFAULT_MAX_REQUEST;
+    gw->coalesce_us = cfg ? cfg->coalesce_us : 0;
     gw->started = time(NULL);
     gw->lfd = -1;
     gw->watch_fd = -1;

@@ -1,8 +1,8 @@
 /* The pool: mapping, segments, appends, commits, recovery and cleaning.
  *
  * Durability order for one commit: the appended records are flushed (on PM:
- * cache-line flushes as they are written, then one fence; on a file: msync
- * of their range), and only then is each touched segment's `used` word
+ * cache-line flushes of their range, then one fence; on a file: msync of
+ * the range), and only then is each touched segment's `used` word
  * stored and persisted. A crash before that store leaves the records past
  * the commit point, where nobody reads them.
  */
@@ -16,7 +16,7 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-#include <zlib.h>
+#include <xxhash.h>
 
 #include "error.h"
 #include "log.h"
@@ -45,16 +45,20 @@ struct tern_pm_pool {
     uint32_t head;                   /* segment appended to, or NO_SEG */
     uint64_t seq;                    /* last segment sequence number handed out */
     uint64_t version;                /* last version handed out */
-    uint64_t dirty_lo, dirty_hi;     /* file range to msync (not PM) */
+    uint64_t dirty_lo, dirty_hi;     /* written since the last drain */
     uint8_t uuid[16];
 };
 
-uint32_t pm_rec_crc(const struct tern_pm_rec *r)
+uint32_t pm_sum(const void *p, size_t n)
 {
-    const uint8_t *p = (const uint8_t *)r + sizeof(r->crc);
-    size_t n = sizeof(*r) - sizeof(r->crc) + r->key_len + r->val_len;
+    return (uint32_t)XXH3_64bits(p, n);
+}
 
-    return (uint32_t)crc32_z(0, p, n);
+uint32_t pm_rec_sum(const struct tern_pm_rec *r)
+{
+    const uint8_t *p = (const uint8_t *)r + sizeof(r->sum);
+
+    return pm_sum(p, sizeof(*r) - sizeof(r->sum) + r->key_len + r->val_len);
 }
 
 int pm_hdr_check(const struct pm_file_hdr *h, uint64_t file_size, const char **why)
@@ -64,10 +68,10 @@ int pm_hdr_check(const struct pm_file_hdr *h, uint64_t file_size, const char **w
         return TERN_ECORRUPT;
     }
     if (h->layout != PM_LAYOUT) {
-        *why = "pool layout version not supported by this build";
+        *why = "pool layout version not supported by this build, which reads layout " TERN_STR(PM_LAYOUT);
         return TERN_EVERSION;
     }
-    if (h->crc != (uint32_t)crc32_z(0, (const uint8_t *)h, offsetof(struct pm_file_hdr, crc))) {
+    if (h->sum != pm_sum(h, offsetof(struct pm_file_hdr, sum))) {
         *why = "header checksum mismatch";
         return TERN_ECORRUPT;
     }
@@ -105,7 +109,7 @@ int pm_rec_check(const uint8_t *seg, uint64_t off, uint64_t used, uint32_t *size
         *why = "record runs past the commit point";
         return TERN_ECORRUPT;
     }
-    if (pm_rec_crc(r) != r->crc) {
+    if (pm_rec_sum(r) != r->sum) {
         *why = "record checksum mismatch";
         return TERN_ECORRUPT;
     }
@@ -123,42 +127,46 @@ static inline struct pm_seg_hdr *seg_hdr(const struct tern_pm_pool *p, uint32_t 
 }
 
 /* Flush a range now (PM) or remember it for the next msync (a file). */
+/* Note [addr, addr+n) as written. Flushing waits for the next drain: records
+ * are appended back to back, so a record's last cache line is usually the
+ * next one's first, and flushing at append time would flush it twice (and
+ * on CPUs whose clwb evicts, read it back from memory in between). */
 static void flush_range(struct tern_pm_pool *p, const void *addr, size_t n)
 {
     uint64_t lo = (uint64_t)((const uint8_t *)addr - p->base), hi = lo + n;
 
-    if (p->is_pmem) {
-        pmem_flush(addr, n);
-        return;
-    }
     if (p->dirty_hi == 0 || lo < p->dirty_lo)
         p->dirty_lo = lo;
     if (hi > p->dirty_hi)
         p->dirty_hi = hi;
 }
 
-/* Make everything flushed so far durable. */
+/* Make everything written so far durable: on PM, flush the written range
+ * and fence; on a file, msync it. */
 static int drain(struct tern_pm_pool *p)
 {
-    if (p->is_pmem) {
-        pmem_drain();
+    if (!p->dirty_hi)
         return 0;
-    }
-    if (p->dirty_hi) {
+    if (p->is_pmem) {
+        pmem_flush(p->base + p->dirty_lo, p->dirty_hi - p->dirty_lo);
+        pmem_drain();
+    } else if (pmem_msync(p->base + p->dirty_lo, p->dirty_hi - p->dirty_lo) < 0) {
         /* On failure the range stays dirty: a later commit must not move
          * a commit point over records that never reached the file. */
-        if (pmem_msync(p->base + p->dirty_lo, p->dirty_hi - p->dirty_lo) < 0) {
-            tern_log(TERN_LOG_ERROR, "pm", "msync: %s", strerror(errno));
-            return TERN_EIO;
-        }
-        p->dirty_lo = p->dirty_hi = 0;
+        tern_log(TERN_LOG_ERROR, "pm", "msync: %s", strerror(errno));
+        return TERN_EIO;
     }
+    p->dirty_lo = p->dirty_hi = 0;
     return 0;
 }
 
 /* One 8-byte store, persisted: the only way segment state changes. */
 static int persist_word(struct tern_pm_pool *p, uint64_t *word, uint64_t v)
 {
+    int rc = drain(p);               /* what came before goes first */
+
+    if (rc < 0)
+        return rc;
     __atomic_store_n(word, v, __ATOMIC_RELEASE);
     flush_range(p, word, sizeof(*word));
     return drain(p);
@@ -206,7 +214,7 @@ static int create_file(const char *path, const struct tern_pm_opts *o)
     if (getrandom(h.uuid, sizeof(h.uuid), 0) != sizeof(h.uuid))
         return TERN_EIO;
     h.created = (uint64_t)time(NULL);
-    h.crc = (uint32_t)crc32_z(0, (const uint8_t *)&h, offsetof(struct pm_file_hdr, crc));
+    h.sum = pm_sum(&h, offsetof(struct pm_file_hdr, sum));
 
     /* Built under a temporary name and renamed into place: a crash while
      * creating never leaves a half-written pool at `path`. Segment headers
@@ -487,7 +495,7 @@ int tern_pm_append(struct tern_pm_pool *p, enum tern_pm_rec_type type, uint64_t 
     /* Summed from the pool's copy, not the caller's buffer: a value read
      * from a receive ring the peer can still write must not leave a record
      * whose checksum disagrees with what was stored. */
-    r->crc = pm_rec_crc(r);
+    r->sum = pm_rec_sum(r);
     flush_range(p, dst, size);
     *loc = (uint64_t)p->head << 32 | (PM_SEG_HDR + ss->appended);
     ss->appended += size;
@@ -529,7 +537,7 @@ static int clean_one(struct tern_pm_pool *p, const struct tern_pm_cleaner *c, ui
 {
     struct seg_state *vs = &p->segs[v];
     uint64_t end = PM_SEG_HDR + vs->committed;
-    int rc = 0, crc;
+    int rc = 0, commit_rc;
 
     for (uint64_t off = PM_SEG_HDR; off < end;) {
         const struct tern_pm_rec *r = (const void *)(seg_base(p, v) + off);
@@ -546,9 +554,9 @@ static int clean_one(struct tern_pm_pool *p, const struct tern_pm_cleaner *c, ui
     }
     /* Copies are committed before the original goes: a crash in between
      * leaves two copies of a version, which recovery treats as one. */
-    crc = tern_pm_commit(p);
-    if (rc < 0 || crc < 0)
-        return rc < 0 ? rc : crc;
+    commit_rc = tern_pm_commit(p);
+    if (rc < 0 || commit_rc < 0)
+        return rc < 0 ? rc : commit_rc;
     rc = persist_word(p, &seg_hdr(p, v)->seq, 0);
     if (rc < 0)
         return rc;

@@ -9,7 +9,7 @@
  *
  * Records carry a key, a value, a type (value or tombstone), a version from
  * one pool-wide counter (the newest version of a key wins at recovery) and a
- * CRC32 over everything after the checksum field. The pool keeps no index:
+ * 32-bit checksum (XXH3) over everything after the checksum field. The pool keeps no index:
  * recovery hands every committed record to the caller, which rebuilds its
  * own (services/kv keeps a DRAM hash). Space comes back by cleaning: the
  * segment with the fewest live bytes has its live records copied to the head
@@ -41,7 +41,7 @@ enum tern_pm_rec_type {
 /* A record as it lies in the pool, 8-byte aligned, followed by the key, the
  * value and zero padding up to the next multiple of 8. */
 struct tern_pm_rec {
-    uint32_t crc;                    /* crc32 of the rest of the record */
+    uint32_t sum;                    /* checksum of the rest of the record */
     uint32_t val_len;
     uint64_t version;
     uint16_t key_len;

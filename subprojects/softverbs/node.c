@@ -48,8 +48,7 @@ void sv_unlock(pthread_mutex_t *m)
     pthread_mutex_unlock(m);
 }
 
-/* Segments of processes that died without closing their device. */
-static void sweep_dead(void)
+void sv_sweep_dead(void)
 {
     DIR *d = opendir("/dev/shm");
     struct dirent *e;
@@ -81,7 +80,7 @@ struct sv_seg *sv_seg_create(void)
     struct sv_seg *seg;
     int fd, err;
 
-    sweep_dead();
+    sv_sweep_dead();
     seg_name(name, sizeof(name), getpid());
     shm_unlink(name);       /* an earlier holder of our PID */
     fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);

@@ -35,6 +35,11 @@
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 
+/* Remove the segments of processes that died without closing their device
+ * (a new device does this by itself; a harness that SIGKILLs the last user
+ * calls it before it exits). */
+void sv_sweep_dead(void);
+
 struct ibv_device **sv_get_device_list(int *num_devices);
 void sv_free_device_list(struct ibv_device **list);
 const char *sv_get_device_name(struct ibv_device *device);

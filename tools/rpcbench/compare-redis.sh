@@ -22,7 +22,7 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 TERND=${TERND:-$here/../../build/tools/ternd/ternd}
-REQUESTS=300000
+REQUESTS=1000000
 CLIENTS=50
 SIZE=64
 ROUNDS=3

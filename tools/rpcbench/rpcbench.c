@@ -569,7 +569,7 @@ int main(int argc, char **argv)
 #if defined(TERN_HAVE_SERVICES) && TERN_HAVE_SERVICES
         return kv_main(argc, argv);
 #else
-        fprintf(stderr, "rpcbench kv: built without the services (libpmem, zlib, xxhash)\n");
+        fprintf(stderr, "rpcbench kv: built without the services (libpmem, xxhash)\n");
         return 2;
 #endif
     }

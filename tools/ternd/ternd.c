@@ -5,7 +5,7 @@
  *
  *   ternd [--data-dir DIR] [--listen URI]... [--no-shm] [--resp-port PORT]
  *         [--pool-size SIZE] [--seg-size SIZE] [--range LO:HI]
- *         [--spin-us N] [--busy]
+ *         [--spin-us N] [--resp-coalesce-us N] [--busy]
  *
  * One thread runs everything: RPC handlers and RESP commands touch the store
  * without locks. When both have been idle for --spin-us it sleeps on one
@@ -40,6 +40,7 @@ struct opts {
     uint32_t seg_size;
     uint32_t range_lo, range_hi;
     unsigned spin_us;
+    unsigned coalesce_us;
 };
 
 static struct tern_rpc_ep *g_ep;
@@ -58,7 +59,7 @@ static int usage(void)
     fprintf(stderr,
             "usage: ternd [--data-dir DIR] [--listen URI]... [--no-shm] [--resp-port PORT]\n"
             "             [--pool-size SIZE] [--seg-size SIZE] [--range LO:HI]\n"
-            "             [--spin-us N] [--busy]\n"
+            "             [--spin-us N] [--resp-coalesce-us N] [--busy]\n"
             "  --data-dir DIR    pool files live here (default ./tern-data)\n"
             "  --listen URI      tern RPC address, repeatable (default tcp://127.0.0.1:7300)\n"
             "  --no-shm          do not offer shared memory to auto:// clients on this host\n"
@@ -67,6 +68,8 @@ static int usage(void)
             "  --seg-size SIZE   log segment size of a new pool (default 1m)\n"
             "  --range LO:HI     the 32-bit key-hash range this server owns (default all)\n"
             "  --spin-us N       poll this long after the last work before sleeping (20)\n"
+            "  --resp-coalesce-us N  under load, gather RESP commands this long before\n"
+            "                    sleeping; 0 turns it off (50)\n"
             "  --busy            never sleep (lowest latency, one core always busy)\n");
     return 2;
 }
@@ -93,13 +96,15 @@ static int parse_args(int argc, char **argv, struct opts *o)
         {"no-shm", no_argument, NULL, 'n'},         {"resp-port", required_argument, NULL, 'r'},
         {"pool-size", required_argument, NULL, 'p'}, {"seg-size", required_argument, NULL, 's'},
         {"range", required_argument, NULL, 'R'},    {"spin-us", required_argument, NULL, 'S'},
+        {"resp-coalesce-us", required_argument, NULL, 'C'},
         {"busy", no_argument, NULL, 'b'},           {"help", no_argument, NULL, 'h'},
         {0},
     };
     uint64_t v;
     int c;
 
-    *o = (struct opts){.data_dir = "./tern-data", .shm = true, .resp_port = -1, .spin_us = 20};
+    *o = (struct opts){.data_dir = "./tern-data", .shm = true, .resp_port = -1, .spin_us = 20,
+                         .coalesce_us = 50};
     while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
         switch (c) {
         case 'd': o->data_dir = optarg; break;
@@ -136,6 +141,11 @@ static int parse_args(int argc, char **argv, struct opts *o)
             if (!parse_size(optarg, &v))
                 return usage();
             o->spin_us = (unsigned)v;
+            break;
+        case 'C':
+            if (!parse_size(optarg, &v) || v > 1000000)
+                return usage();
+            o->coalesce_us = (unsigned)v;
             break;
         case 'b': o->busy = true; break;
         default: return usage();
@@ -265,7 +275,8 @@ int main(int argc, char **argv)
             at += (size_t)snprintf(line + at, sizeof(line) - at, " %s", bound);
     }
     if (rc == 0 && o.resp_port >= 0) {
-        struct tern_resp_config rc_cfg = {.port = (uint16_t)o.resp_port};
+        struct tern_resp_config rc_cfg = {.port = (uint16_t)o.resp_port,
+                                          .coalesce_us = o.coalesce_us};
 
         rc = tern_resp_gw_create(tern_kv_service_store(svc), &rc_cfg, &gw);
         if (rc < 0)

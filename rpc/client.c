@@ -127,7 +127,8 @@ static int call_send(struct tern_session *s, struct rpc_call *c, uint64_t *now)
         return rc;
     memcpy(buf, &h, sizeof(h));
     for (size_t i = 0, off = sizeof(h); i < c->niov; off += c->iov[i].iov_len, i++)
-        memcpy(buf + off, c->iov[i].iov_base, c->iov[i].iov_len);
+        if (c->iov[i].iov_len)      /* an empty piece may have no buffer */
+            memcpy(buf + off, c->iov[i].iov_base, c->iov[i].iov_len);
     return tern_tp_msg_post(s->conn, buf, sizeof(h) + c->len);
 }
 
@@ -185,6 +186,10 @@ int tern_callv(struct tern_session *s, uint16_t svc, uint16_t method, const stru
     for (unsigned i = 0; i < iovcnt; i++) {
         if (!iov[i].iov_base && iov[i].iov_len)
             return TERN_EINVAL;
+        /* Summed against the limit piece by piece, so that no set of
+         * lengths can wrap around to a small total. */
+        if (iov[i].iov_len > SIZE_MAX - len)
+            return TERN_EMSGSIZE;
         len += iov[i].iov_len;
     }
     ep = s->ep;

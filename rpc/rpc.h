@@ -112,7 +112,9 @@ int tern_rpc_run(struct tern_rpc_ep *ep, int timeout_ms);
 
 /* For an application that sleeps in its own loop (say with other sockets):
  * an fd that polls readable when the endpoint may have work (-1 before the
- * first listen or connect). Call tern_rpc_arm() before sleeping on it. */
+ * first listen or connect). Call tern_rpc_arm() before sleeping on it. The
+ * fd changes when a listen or connect brings in a second fabric: fetch it
+ * after the last one. */
 int tern_rpc_wait_fd(const struct tern_rpc_ep *ep);
 
 /* Get ready to sleep on tern_rpc_wait_fd(): 0 if that is safe, 1 if work is

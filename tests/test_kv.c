@@ -478,6 +478,244 @@ START_TEST(clear_deletes_everything)
 }
 END_TEST
 
+/* ---- cleaning and tombstones, with segments laid out record by record ---- */
+
+/* Record bytes one segment holds. */
+#define CAP (SEG - PM_SEG_HDR)
+
+/* Put a value sized so that its record takes exactly `rec` bytes, which
+ * lets a test say which segment each record lands in and how much of it is
+ * live. The value is the key's last character, repeated. */
+static void put_rec(struct tern_kv_store *s, const char *k, uint32_t rec)
+{
+    static char val[SEG];
+    size_t klen = strlen(k), len = rec - sizeof(struct tern_pm_rec) - klen;
+    int rc;
+
+    ck_assert_uint_eq(tern_pm_rec_size((uint32_t)klen, (uint32_t)len), rec);
+    memset(val, k[klen - 1], len);
+    rc = tern_kv_store_put(s, k, klen, val, len, TERN_KV_SYNC, NULL);
+    ck_assert_msg(rc == 0, "put %s: %s", k, tern_strerror(rc));
+}
+
+/* 1 if k holds what put_rec(s, k, rec) wrote, 0 if absent. */
+static int has_rec(struct tern_kv_store *s, const char *k, uint32_t rec)
+{
+    size_t klen = strlen(k), len = rec - sizeof(struct tern_pm_rec) - klen;
+    const void *val;
+    uint32_t got;
+    int rc = tern_kv_store_get(s, k, klen, &val, &got, NULL);
+
+    if (rc == TERN_ENOENT)
+        return 0;
+    ck_assert_int_eq(rc, 0);
+    ck_assert_msg(got == len, "%s: %u bytes, not %zu", k, got, len);
+    for (uint32_t i = 0; i < got; i++)
+        ck_assert_msg(((const char *)val)[i] == k[klen - 1], "%s: byte %u wrong", k, i);
+    return 1;
+}
+
+static void del_str(struct tern_kv_store *s, const char *k)
+{
+    int rc = tern_kv_store_del(s, k, strlen(k), TERN_KV_SYNC, NULL);
+
+    ck_assert_msg(rc == 0, "del %s: %s", k, tern_strerror(rc));
+}
+
+static uint64_t segs_cleaned(struct tern_kv_store *s)
+{
+    struct tern_kv_store_stats st;
+
+    tern_kv_store_get_stats(s, &st);
+    return st.segs_cleaned;
+}
+
+/* A key deleted, its tombstone retired, then written and deleted again: the
+ * clean that drops the first tombstone must not count it against the second
+ * life's records. Six segments, so once four hold values every new head
+ * goes through a clean of all segments under 90% live, and the fillers
+ * (whole or nearly whole segments) decide which that is:
+ *   seg0 [k=v1, A]  seg1 [t1, B]  seg2 [A']  seg3 [C]
+ *   D: seg0 cleaned, v1 dropped, t1 retires (stays in seg1)
+ *   seg0 [D, k=v3, tC]   E: seg3 cleaned   seg3 [E, t2, tB]
+ *   F: seg1 cleaned, t1 dropped: t2 must not retire (v3 is in seg0)
+ *   seg1 [F, tE]  G: seg3 cleaned; t2 is copied, not dropped.
+ * Had t1 counted as one of the new entry's older records, dropping it would
+ * retire t2, the last clean would drop t2 instead of copying it, and v3
+ * would come back at recovery. */
+START_TEST(old_tombstone_does_not_retire_new_one)
+{
+    struct tern_kv_store *s = open_store(6 * SEG + 4096);
+    struct tern_kv_store_stats st;
+
+    put_str(s, "k", "v1");
+    put_rec(s, "fill---A", CAP - 32);
+    del_str(s, "k");
+    put_rec(s, "fill---B", CAP - 32);
+    put_rec(s, "fill---A", CAP - 32);       /* seg0 all dead */
+    put_rec(s, "fill---C", CAP);
+    tern_kv_store_get_stats(s, &st);
+    ck_assert_uint_eq(st.pool.segs_used, 4);
+    ck_assert_uint_eq(st.segs_cleaned, 0);
+    put_rec(s, "fill---D", CAP - 256);      /* room left for small records */
+    ck_assert_uint_eq(segs_cleaned(s), 1);
+    put_str(s, "k", "v3");
+    del_str(s, "fill---C");
+    put_rec(s, "fill---E", CAP - 256);
+    ck_assert_uint_eq(segs_cleaned(s), 2);
+    del_str(s, "k");
+    del_str(s, "fill---B");                 /* seg1 (t1's) all dead */
+    put_rec(s, "fill---F", CAP - 256);
+    ck_assert_uint_eq(segs_cleaned(s), 3);
+    del_str(s, "fill---E");                 /* seg3 (t2's) all dead but t2 */
+    put_rec(s, "fill---G", CAP - 256);
+    tern_kv_store_get_stats(s, &st);
+    ck_assert_uint_eq(st.segs_cleaned, 4);
+    ck_assert_uint_eq(st.pool.segs_used, 4);
+    ck_assert_int_eq(has(s, "k", ""), 0);
+    tern_kv_store_close(s);
+
+    s = open_store(0);
+    ck_assert_msg(has(s, "k", "v3") == 0, "deleted key k is back after reopen");
+    ck_assert_int_eq(has_rec(s, "fill---A", CAP - 32), 1);
+    ck_assert_int_eq(has_rec(s, "fill---B", CAP - 32), 0);
+    ck_assert_int_eq(has_rec(s, "fill---C", CAP), 0);
+    ck_assert_int_eq(has_rec(s, "fill---D", CAP - 256), 1);
+    ck_assert_int_eq(has_rec(s, "fill---E", CAP - 256), 0);
+    ck_assert_int_eq(has_rec(s, "fill---F", CAP - 256), 1);
+    ck_assert_int_eq(has_rec(s, "fill---G", CAP - 256), 1);
+    ck_assert_uint_eq(tern_kv_store_count(s), 4);
+    tern_kv_store_close(s);
+    ck_assert_int_eq(tern_pm_check(path, true, NULL, NULL, NULL), 0);
+}
+END_TEST
+
+static uint64_t seg_word(int fd, uint32_t seg, size_t field)
+{
+    uint64_t w;
+
+    ck_assert_int_eq(pread(fd, &w, sizeof(w), (off_t)(pm_seg_offset(seg, SEG) + field)),
+                     (ssize_t)sizeof(w));
+    return w;
+}
+
+/* Leave the pool file as a crash in the middle of a clean leaves it: the
+ * victim's live records were copied into the last free segment and
+ * committed, and the process died before the victim was freed. The victim
+ * is made here by duplicating segment `copy` (all live) at the free segment
+ * `victim`; its higher index makes recovery keep the victim's records and
+ * count the copies as old ones. `copy` becomes the newest segment, the one
+ * appends continue in. */
+static void forge_interrupted_clean(uint32_t victim, uint32_t copy, uint32_t n_segs)
+{
+    static uint8_t seg[SEG];
+    uint64_t seq = 0;
+    int fd = open(path, O_RDWR);
+
+    ck_assert_int_ge(fd, 0);
+    ck_assert_uint_gt(victim, copy);
+    ck_assert_uint_eq(seg_word(fd, victim, offsetof(struct pm_seg_hdr, seq)), 0);
+    for (uint32_t i = 0; i < n_segs; i++) {
+        uint64_t q = seg_word(fd, i, offsetof(struct pm_seg_hdr, seq));
+
+        seq = q > seq ? q : seq;
+    }
+    ck_assert_int_eq(pread(fd, seg, SEG, (off_t)pm_seg_offset(copy, SEG)), (ssize_t)SEG);
+    ((struct pm_seg_hdr *)seg)->index = victim;
+    ck_assert_int_eq(pwrite(fd, seg, SEG, (off_t)pm_seg_offset(victim, SEG)), (ssize_t)SEG);
+    seq++;
+    ck_assert_int_eq(pwrite(fd, &seq, sizeof(seq),
+                            (off_t)(pm_seg_offset(copy, SEG) + offsetof(struct pm_seg_hdr, seq))),
+                     (ssize_t)sizeof(seq));
+    close(fd);
+}
+
+#define OLD_KEYS 15
+#define OLD_KLEN 1000                   /* a tombstone or empty value: 1024 bytes */
+
+static const char *old_key(int i)
+{
+    static char k[OLD_KLEN + 1];
+
+    memset(k, 'k', OLD_KLEN);
+    snprintf(k + OLD_KLEN - 2, 3, "%02d", i);
+    return k;
+}
+
+/* A clean that fails halfway leaves every record of its victim counted.
+ * Only a crash leaves a pool without a free segment (outside a clean, one
+ * is kept back for tombstones, and a victim's live records always fit in
+ * one empty segment), so that state is forged: on reopen all six segments
+ * are in use and the head has 8 KiB free.
+ *   seg0 [15 dead empty values of deleted keys, L1 (4K), L2 (8K), dead Q]
+ *   seg1 [W, 8K free]  seg2 [X]  seg3 [Y]  seg4 [15 tombstones, tQ]
+ * seg0 is the emptiest (12 KiB live): its clean copies L1 and fails on L2.
+ * seg4's tombstones are a little more than that; had the failed clean
+ * counted the dead values as gone, the tombstones would retire, seg4 would
+ * be cleaned next while seg0 stays, and the 15 keys would come back. */
+START_TEST(failed_clean_leaves_counts_right)
+{
+    struct tern_kv_store *s = open_store(6 * SEG + 4096);
+    struct tern_kv_store_stats st, st2;
+    const void *val;
+    uint32_t len;
+    int fd;
+
+    for (int i = 0; i < OLD_KEYS; i++)
+        ck_assert_int_eq(tern_kv_store_put(s, old_key(i), OLD_KLEN, NULL, 0, TERN_KV_SYNC, NULL),
+                         0);
+    put_rec(s, "live---1", 4096);
+    put_rec(s, "live---2", 8192);
+    put_rec(s, "fill---Q", CAP - OLD_KEYS * 1024 - 4096 - 8192);
+    put_rec(s, "fill---W", CAP - 8192);
+    put_rec(s, "fill---X", CAP);
+    put_rec(s, "fill---Y", CAP);
+    /* The first tombstone opens seg4, the last segment but one; from here
+     * on every write looks for a segment under 75% live, and seg0 stays
+     * above that until Q goes. */
+    for (int i = 0; i < OLD_KEYS; i++)
+        ck_assert_int_eq(tern_kv_store_del(s, old_key(i), OLD_KLEN, TERN_KV_SYNC, NULL), 0);
+    del_str(s, "fill---Q");
+    tern_kv_store_get_stats(s, &st);
+    ck_assert_uint_eq(st.segs_cleaned, 0);
+    ck_assert_uint_eq(st.pool.segs_used, 5);
+    tern_kv_store_close(s);
+
+    fd = open(path, O_RDONLY);
+    ck_assert_uint_eq(seg_word(fd, 1, offsetof(struct pm_seg_hdr, used)), CAP - 8192);
+    close(fd);
+    forge_interrupted_clean(5, 1, 6);
+
+    s = open_store(0);
+    tern_kv_store_get_stats(s, &st);
+    ck_assert_uint_eq(st.pool.segs_used, 6);
+    put_str(s, "x1", "1");
+    /* A clean ran and failed: it committed the copy of L1, freed nothing. */
+    tern_kv_store_get_stats(s, &st2);
+    ck_assert_uint_eq(st2.segs_cleaned, 0);
+    ck_assert_uint_eq(st2.pool.segs_used, 6);
+    ck_assert_uint_eq(st2.pool.bytes_committed, st.pool.bytes_committed + 4096 + 32);
+    put_str(s, "x2", "2");
+    tern_kv_store_close(s);
+
+    s = open_store(0);
+    for (int i = 0; i < OLD_KEYS; i++)
+        ck_assert_msg(tern_kv_store_get(s, old_key(i), OLD_KLEN, &val, &len, NULL) == TERN_ENOENT,
+                      "deleted key %d is back after reopen", i);
+    ck_assert_int_eq(has(s, "fill---Q", ""), 0);
+    ck_assert_int_eq(has_rec(s, "live---1", 4096), 1);
+    ck_assert_int_eq(has_rec(s, "live---2", 8192), 1);
+    ck_assert_int_eq(has_rec(s, "fill---W", CAP - 8192), 1);
+    ck_assert_int_eq(has_rec(s, "fill---X", CAP), 1);
+    ck_assert_int_eq(has_rec(s, "fill---Y", CAP), 1);
+    ck_assert_int_eq(has(s, "x1", "1"), 1);
+    ck_assert_int_eq(has(s, "x2", "2"), 1);
+    ck_assert_uint_eq(tern_kv_store_count(s), 7);
+    tern_kv_store_close(s);
+    ck_assert_int_eq(tern_pm_check(path, true, NULL, NULL, NULL), 0);
+}
+END_TEST
+
 Suite *suite_kv(void)
 {
     Suite *s = suite_create("kv");
@@ -498,6 +736,8 @@ Suite *suite_kv(void)
     tcase_add_test(tc, bad_commit_point_is_refused);
     tcase_add_test(tc, random_model);
     tcase_add_test(tc, clear_deletes_everything);
+    tcase_add_test(tc, old_tombstone_does_not_retire_new_one);
+    tcase_add_test(tc, failed_clean_leaves_counts_right);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -16,9 +16,12 @@
  */
 #include <arpa/inet.h>
 #include <check.h>
+#include <errno.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1302,6 +1305,612 @@ START_TEST(request_over_server_max_msg)
 }
 END_TEST
 
+/* ---- gathered requests (tern_callv) ---- */
+
+/* Pieces for tern_callv: `n` iovecs over separate buffers, each with its
+ * own byte pattern, and the request the handler should see (their
+ * concatenation) in `want`. A length of 0 with `null_empty` gives the piece
+ * a NULL base, which is allowed for an empty piece. */
+struct gather {
+    struct iovec iov[TERN_CALL_IOV_MAX + 1];
+    uint8_t *bufs[TERN_CALL_IOV_MAX + 1];
+    unsigned n;
+    uint8_t *want;
+    size_t len;
+};
+
+static void gather_make(struct gather *g, unsigned n, const size_t *lens, bool null_empty,
+                        uint8_t seed)
+{
+    size_t at = 0;
+
+    ck_assert(n <= TERN_CALL_IOV_MAX + 1);
+    *g = (struct gather){.n = n};
+    for (unsigned i = 0; i < n; i++)
+        g->len += lens[i];
+    g->want = malloc(g->len ? g->len : 1);
+    ck_assert(g->want);
+    for (unsigned i = 0; i < n; i++) {
+        if (!lens[i] && null_empty) {
+            g->iov[i] = (struct iovec){.iov_base = NULL, .iov_len = 0};
+            continue;
+        }
+        g->bufs[i] = malloc(lens[i] ? lens[i] : 1);
+        ck_assert(g->bufs[i]);
+        for (size_t j = 0; j < lens[i]; j++)
+            g->bufs[i][j] = (uint8_t)(seed + 61 * i + 7 * j + (j >> 8));
+        memcpy(g->want + at, g->bufs[i], lens[i]);
+        at += lens[i];
+        g->iov[i] = (struct iovec){.iov_base = g->bufs[i], .iov_len = lens[i]};
+    }
+}
+
+static void gather_free(struct gather *g)
+{
+    for (unsigned i = 0; i < TERN_CALL_IOV_MAX + 1; i++)
+        free(g->bufs[i]);
+    free(g->want);
+}
+
+/* The echo of a gathered request is the concatenation, byte for byte. */
+static void expect_gathered(const struct rec *r, const struct gather *g, const char *what)
+{
+    ck_assert_msg(r->runs == 1, "%s: continuation ran %d times", what, r->runs);
+    ck_assert_msg(r->status == 0, "%s: %s", what, tern_err_name(r->status));
+    ck_assert_msg(r->len == g->len, "%s: handler got %zu bytes, want %zu", what, r->len,
+                  g->len);
+    if (g->len)
+        ck_assert_msg(memcmp(r->buf, g->want, g->len) == 0,
+                      "%s: the request is not the concatenation of its pieces", what);
+}
+
+START_TEST(callv_gathers_pieces)
+{
+    static const struct {
+        unsigned n;
+        size_t lens[TERN_CALL_IOV_MAX];
+        bool null_empty;
+    } cases[] = {
+        {0, {0}, false},                /* no pieces: an empty request */
+        {1, {5}, false},
+        {1, {0}, true},                 /* one empty piece with no buffer */
+        {2, {3, 200}, false},
+        {2, {4096, 1}, false},
+        {3, {0, 17, 1}, false},         /* an empty piece with a buffer */
+        {3, {9, 0, 9}, true},           /* ... and one without, in the middle */
+        {4, {64, 0, 1, 100}, true},
+        {4, {1, 2, 3, 4}, false},
+        {4, {0, 0, 0, 0}, false},
+        {4, {1000, 3000, 5, 20000}, false},
+    };
+    const unsigned n_cases = sizeof(cases) / sizeof(cases[0]);
+
+    for (unsigned i = 0; i < n_cases; i++) {
+        struct gather g;
+        struct rec r;
+        char what[32];
+        int rc;
+
+        snprintf(what, sizeof(what), "case %u (%u pieces)", i, cases[i].n);
+        gather_make(&g, cases[i].n, cases[i].lens, cases[i].null_empty, (uint8_t)(i * 13));
+        rec_init(&r, g.len + 1);
+        rc = tern_callv(sess, SVC, M_ECHO, g.n ? g.iov : NULL, g.n, 0, rec_cont, &r, NULL);
+        ck_assert_msg(rc == 0, "%s: tern_callv: %s", what, tern_err_name(rc));
+        ck_assert_msg(poll_until(&r.runs, 1, WAIT_MS), "%s: never completed", what);
+        expect_gathered(&r, &g, what);
+        free(r.buf);
+        gather_free(&g);
+    }
+    ck_assert_int_eq(server_runs, (int)n_cases);
+    ck_assert_uint_eq(tern_rpc_calls_in_flight(cli), 0);
+}
+END_TEST
+
+/* A refused tern_callv: nothing reaches the server and no continuation runs. */
+static void expect_callv_refused(const struct iovec *iov, unsigned n, int want, const char *what)
+{
+    int runs = server_runs;
+    struct rec r;
+    int rc;
+
+    rec_init(&r, 0);
+    rc = tern_callv(sess, SVC, M_ECHO, iov, n, 0, rec_cont, &r, NULL);
+    ck_assert_msg(rc == want, "%s: got %s, want %s", what, tern_err_name(rc),
+                  tern_err_name(want));
+    ck_assert_uint_eq(tern_rpc_calls_in_flight(cli), 0);
+    poll_for(50);
+    ck_assert_msg(r.runs == 0, "%s: a refused call ran its continuation", what);
+    ck_assert_msg(server_runs == runs, "%s: the server ran a refused call", what);
+}
+
+START_TEST(callv_limits)
+{
+    /* Pieces that add up to exactly the limit go through; one byte more is
+     * TERN_EMSGSIZE; one piece more than TERN_CALL_IOV_MAX is TERN_EINVAL. */
+    const size_t q = MAX_MSG / TERN_CALL_IOV_MAX;
+    const size_t exact[TERN_CALL_IOV_MAX] = {q, q, q, MAX_MSG - 3 * q};
+    const size_t over[TERN_CALL_IOV_MAX] = {q, q + 1, q, MAX_MSG - 3 * q};
+    const size_t five[TERN_CALL_IOV_MAX + 1] = {1, 1, 1, 1, 1};
+    struct gather g;
+    struct iovec bad;
+    struct rec r;
+
+    _Static_assert(TERN_CALL_IOV_MAX == 4, "the tables above have 4 pieces");
+    gather_make(&g, TERN_CALL_IOV_MAX + 1, five, false, 1);
+    expect_callv_refused(g.iov, TERN_CALL_IOV_MAX + 1, TERN_EINVAL, "5 pieces");
+    expect_callv_refused(g.iov, UINT32_MAX, TERN_EINVAL, "UINT_MAX pieces");
+    gather_free(&g);
+
+    gather_make(&g, TERN_CALL_IOV_MAX, over, false, 2);
+    ck_assert_uint_eq(g.len, MAX_MSG + 1);
+    expect_callv_refused(g.iov, g.n, TERN_EMSGSIZE, "max_msg + 1 bytes");
+    gather_free(&g);
+
+    /* Lengths whose sum wraps to 1: refused, never copied. */
+    static char byte[2];
+    struct iovec wrap[2] = {{.iov_base = byte, .iov_len = SIZE_MAX},
+                            {.iov_base = byte, .iov_len = 2}};
+    expect_callv_refused(wrap, 2, TERN_EMSGSIZE, "lengths that wrap around");
+
+    expect_callv_refused(NULL, 2, TERN_EINVAL, "NULL iov with 2 pieces");
+    bad = (struct iovec){.iov_base = NULL, .iov_len = 3};
+    expect_callv_refused(&bad, 1, TERN_EINVAL, "a 3-byte piece with no buffer");
+
+    gather_make(&g, TERN_CALL_IOV_MAX, exact, false, 3);
+    ck_assert_uint_eq(g.len, MAX_MSG);
+    rec_init(&r, g.len + 1);
+    ck_assert_int_eq(tern_callv(sess, SVC, M_ECHO, g.iov, g.n, 0, rec_cont, &r, NULL), 0);
+    ck_assert_msg(poll_until(&r.runs, 1, WAIT_MS), "max_msg in 4 pieces never completed");
+    expect_gathered(&r, &g, "max_msg in 4 pieces");
+    free(r.buf);
+    gather_free(&g);
+
+    ck_assert_int_eq(server_runs, 1);
+    expect_echo(8);     /* the session is unharmed */
+    ck_assert_int_eq(tern_session_status(sess), 0);
+}
+END_TEST
+
+START_TEST(callv_over_server_max_msg)
+{
+    /* The server takes 4 KiB (HELLO_ACK), the client 64 KiB: gathered
+     * requests are held to the smaller limit at tern_callv. */
+    struct tern_rpc_config scfg = {.max_msg = 4096};
+    const size_t exact[TERN_CALL_IOV_MAX] = {1024, 1024, 1024, 1024};
+    const size_t over[TERN_CALL_IOV_MAX] = {1024, 1024, 1025, 1024};
+    struct gather g;
+    struct rec r;
+
+    pair_open(&scfg, NULL);
+    gather_make(&g, TERN_CALL_IOV_MAX, over, false, 4);
+    expect_callv_refused(g.iov, g.n, TERN_EMSGSIZE, "4097 bytes to a 4 KiB server");
+    gather_free(&g);
+
+    gather_make(&g, TERN_CALL_IOV_MAX, exact, false, 5);
+    rec_init(&r, g.len + 1);
+    ck_assert_int_eq(tern_callv(sess, SVC, M_ECHO, g.iov, g.n, 0, rec_cont, &r, NULL), 0);
+    ck_assert_msg(poll_until(&r.runs, 1, WAIT_MS), "4096 bytes never completed");
+    expect_gathered(&r, &g, "4096 bytes to a 4 KiB server");
+    free(r.buf);
+    gather_free(&g);
+    ck_assert_int_eq(tern_session_status(sess), 0);
+    pair_close();
+}
+END_TEST
+
+START_TEST(callv_queued_keeps_pieces)
+{
+    /* With one credit, gathered calls wait in the queue and are copied into
+     * the send buffer later. Only the pieces must outlive the call (the KV
+     * client passes an iovec array on its stack): the array is reused for
+     * every call and wiped before any of them is sent. */
+    enum { N = 6 };
+    struct tern_rpc_config ccfg = {.max_msg = MAX_MSG, .credits = 1};
+    const size_t lens[N][TERN_CALL_IOV_MAX] = {
+        {100, 2, 0, 7}, {1, 1, 1, 1}, {0, 300, 0, 5}, {4000, 1, 2, 3}, {9, 8, 7, 6}, {0, 0, 0, 1},
+    };
+    struct gather g[N];
+    struct rec r[N];
+    struct iovec shared[TERN_CALL_IOV_MAX];
+
+    pair_open(NULL, &ccfg);
+    ck_assert_uint_eq(tern_session_credits(sess), 1);
+    for (int i = 0; i < N; i++) {
+        gather_make(&g[i], TERN_CALL_IOV_MAX, lens[i], true, (uint8_t)(40 + i));
+        rec_init(&r[i], g[i].len + 1);
+        memcpy(shared, g[i].iov, sizeof(shared));
+        ck_assert_int_eq(tern_callv(sess, SVC, M_ECHO, shared, TERN_CALL_IOV_MAX, 0, rec_cont,
+                                    &r[i], NULL),
+                         0);
+        memset(shared, 0xEE, sizeof(shared));   /* garbage if tern_callv kept a pointer */
+    }
+    ck_assert_msg(server_runs == 0, "the server ran calls nobody polled it for");
+    ck_assert_uint_eq(tern_rpc_calls_in_flight(cli), N);
+    total_runs = 0;
+    ck_assert_msg(poll_until(&total_runs, N, WAIT_MS), "queued gathered calls never completed");
+    for (int i = 0; i < N; i++) {
+        char what[32];
+
+        snprintf(what, sizeof(what), "queued call %d", i);
+        expect_gathered(&r[i], &g[i], what);
+        free(r[i].buf);
+        gather_free(&g[i]);
+    }
+    ck_assert_int_eq(server_runs, N);
+    pair_close();
+}
+END_TEST
+
+/* ---- the largest reply (tern_reply_max) ---- */
+
+#define SVC_LIMITS 30
+enum {
+    ML_MAX = 0,     /* reply = tern_reply_max() as a uint64_t */
+    ML_FILL = 1,    /* request: int32 delta; reply: tern_reply_max() + delta bytes */
+};
+
+static int fill_refused;    /* ML_FILL calls whose tern_reply_alloc gave NULL */
+
+static uint8_t fill_byte(size_t i)
+{
+    return (uint8_t)(i * 131 + (i >> 10) + 1);
+}
+
+static int h_reply_max(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    uint64_t m = tern_reply_max(req);
+    void *out = tern_reply_alloc(req, sizeof(m));
+
+    server_runs++;
+    if (!out)
+        return TERN_ENOMEM;
+    memcpy(out, &m, sizeof(m));
+    return 0;
+}
+
+static int h_fill(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    int32_t delta;
+    size_t n;
+    uint8_t *out;
+
+    server_runs++;
+    if (len != sizeof(delta))
+        return TERN_EINVAL;
+    memcpy(&delta, data, sizeof(delta));
+    n = tern_reply_max(req) + (size_t)(ptrdiff_t)delta;
+    out = tern_reply_alloc(req, n);
+    if (!out) {
+        fill_refused++;
+        return TERN_EMSGSIZE;   /* what rpc.h says a handler does then */
+    }
+    for (size_t i = 0; i < n; i++)
+        out[i] = fill_byte(i);
+    return 0;
+}
+
+static const struct tern_method limit_methods[] = {
+    {.id = ML_MAX, .name = "reply_max", .handler = h_reply_max},
+    {.id = ML_FILL, .name = "fill", .handler = h_fill},
+};
+
+static const struct tern_service limit_service = {
+    .name = "limits", .id = SVC_LIMITS, .methods = limit_methods,
+    .n_methods = sizeof(limit_methods) / sizeof(limit_methods[0]),
+};
+
+/* A reply of tern_reply_max() + delta bytes: its status, and the payload
+ * checked when it came. */
+static int fill_call(int32_t delta, size_t max)
+{
+    size_t want = max + (size_t)(ptrdiff_t)delta;
+    struct rec r;
+    int status;
+
+    rec_init(&r, want + 1);
+    call_wait(SVC_LIMITS, ML_FILL, &delta, sizeof(delta), 0, &r);
+    status = r.status;
+    if (status == 0) {
+        ck_assert_msg(r.len == want, "delta %d: reply of %zu bytes, want %zu", delta, r.len,
+                      want);
+        for (size_t i = 0; i < want; i++)
+            if (r.buf[i] != fill_byte(i))
+                ck_abort_msg("delta %d: reply byte %zu differs", delta, i);
+    } else {
+        ck_assert_msg(r.reply_null && r.len == 0, "delta %d: an error came with a reply",
+                      delta);
+    }
+    free(r.buf);
+    return status;
+}
+
+/* Server max_msg, client max_msg (0: the 1 MiB default), and what
+ * tern_reply_max() must say: the smaller of the two. */
+static const struct {
+    size_t srv, cli, want;
+} reply_max_cases[] = {
+    {MAX_MSG, MAX_MSG, MAX_MSG},
+    {MAX_MSG, 4096, 4096},          /* the client's HELLO lowers it */
+    {4096, MAX_MSG, 4096},          /* the server's own limit */
+    {0, 0, 1u << 20},               /* both default */
+    {0, 100000, 100000},
+};
+
+START_TEST(reply_max_limits)
+{
+    struct tern_rpc_config scfg = {.max_msg = reply_max_cases[_i].srv};
+    struct tern_rpc_config ccfg = {.max_msg = reply_max_cases[_i].cli};
+    size_t want = reply_max_cases[_i].want;
+    uint64_t seen = 0;
+    struct rec r;
+    int rc;
+
+    pair_open(&scfg, &ccfg);
+    ck_assert_int_eq(tern_rpc_register(srv, &limit_service), 0);
+    fill_refused = 0;
+
+    rec_init(&r, sizeof(seen));
+    call_wait(SVC_LIMITS, ML_MAX, NULL, 0, 0, &r);
+    ck_assert_msg(r.status == 0 && r.len == sizeof(seen), "reply_max: %s",
+                  tern_err_name(r.status));
+    memcpy(&seen, r.buf, sizeof(seen));
+    free(r.buf);
+    ck_assert_msg(seen == want, "server %zu, client %zu: tern_reply_max %llu, want %zu",
+                  reply_max_cases[_i].srv, reply_max_cases[_i].cli, (unsigned long long)seen,
+                  want);
+
+    /* Exactly the maximum goes through; one byte more is refused by
+     * tern_reply_alloc and the call (only it) fails with TERN_EMSGSIZE. */
+    rc = fill_call(0, want);
+    ck_assert_msg(rc == 0, "a reply of tern_reply_max() bytes: %s", tern_err_name(rc));
+    ck_assert_int_eq(fill_refused, 0);
+    rc = fill_call(1, want);
+    ck_assert_msg(rc == TERN_EMSGSIZE, "a reply one byte over tern_reply_max(): %s",
+                  tern_err_name(rc));
+    ck_assert_msg(fill_refused == 1, "tern_reply_alloc gave one byte over the maximum");
+    ck_assert_msg(tern_session_status(sess) == 0, "the session died (%s)",
+                  tern_err_name(tern_session_status(sess)));
+
+    /* The server goes on serving, at the limit too. */
+    expect_echo(100);
+    ck_assert_int_eq(fill_call(-1, want), 0);
+    ck_assert_int_eq(fill_call(0, want), 0);
+    ck_assert_int_eq(fill_refused, 1);
+    ck_assert_int_eq(server_runs, 6);
+    pair_close();
+}
+END_TEST
+
+/* ---- sleeping in the application's own loop (tern_rpc_wait_fd/arm) ---- */
+
+/* Does `fd` poll readable within `ms`? */
+static bool fd_readable(int fd, int ms)
+{
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    int n;
+
+    do
+        n = poll(&p, 1, ms);
+    while (n < 0 && errno == EINTR);
+    ck_assert_msg(n >= 0, "poll: %s", strerror(errno));
+    return n == 1 && (p.revents & POLLIN);
+}
+
+/* Both ends idle: nothing owed, and their fds stay quiet. */
+static void expect_idle(int sfd, int cfd, const char *when)
+{
+    ck_assert_msg(tern_rpc_arm(srv) == 0, "%s: server arm says work is pending", when);
+    ck_assert_msg(tern_rpc_arm(cli) == 0, "%s: client arm says work is pending", when);
+    ck_assert_msg(!fd_readable(sfd, 50), "%s: the server's fd is readable", when);
+    ck_assert_msg(!fd_readable(cfd, 50), "%s: the client's fd is readable", when);
+}
+
+START_TEST(wait_fd_before_listen)
+{
+    struct tern_rpc_ep *ep;
+
+    ck_assert_int_eq(tern_rpc_ep_create(NULL, &ep), 0);
+    ck_assert_int_eq(tern_rpc_wait_fd(ep), -1);
+    tern_rpc_ep_destroy(ep);
+}
+END_TEST
+
+START_TEST(wait_fd_wakes_on_request)
+{
+    int sfd = tern_rpc_wait_fd(srv), cfd = tern_rpc_wait_fd(cli);
+    double end;
+    struct rec r;
+
+    /* After a listen (server) and a connect (client), there is an fd. */
+    ck_assert_msg(sfd >= 0, "server wait fd %d", sfd);
+    ck_assert_msg(cfd >= 0, "client wait fd %d", cfd);
+    ck_assert_int_eq(tern_rpc_wait_fd(srv), sfd);
+    expect_idle(sfd, cfd, "after connect");
+
+    /* A request makes the server's fd readable; nobody polls the server
+     * meanwhile. */
+    rec_init(&r, 16);
+    ck_assert_int_eq(tern_call(sess, SVC, M_ECHO, "ping", 4, 0, rec_cont, &r, NULL), 0);
+    ck_assert_msg(fd_readable(sfd, WAIT_MS), "a request did not make the server's fd readable");
+    ck_assert_int_eq(r.runs, 0);
+
+    /* The server handles it; its reply makes the client's fd readable. */
+    end = now_ms() + WAIT_MS;
+    while (server_runs == 0 && now_ms() < end)
+        tern_rpc_poll(srv);
+    ck_assert_int_eq(server_runs, 1);
+    ck_assert_msg(fd_readable(cfd, WAIT_MS), "a reply did not make the client's fd readable");
+    ck_assert(poll_one_until(cli, &r.runs, 1, WAIT_MS));
+    ck_assert_int_eq(r.status, 0);
+    ck_assert_uint_eq(r.len, 4);
+    ck_assert(memcmp(r.buf, "ping", 4) == 0);
+    free(r.buf);
+
+    /* All done: safe to sleep again, and nothing wakes either end. */
+    expect_idle(sfd, cfd, "after the call");
+}
+END_TEST
+
+/* A continuation that starts `n` echo calls inside the client's poll, so
+ * that they leave in one write at the end of that poll and reach the server
+ * together. */
+struct burst {
+    int n;
+    struct rec *recs;
+    const int *ids;     /* the requests: they must outlive the calls */
+    bool started;
+    int failed;     /* tern_call errors */
+};
+
+static void burst_cont(void *arg, int status, const void *reply, size_t len)
+{
+    struct burst *b = arg;
+
+    b->started = true;
+    for (int i = 0; i < b->n; i++)
+        if (tern_call(sess, SVC, M_ECHO, &b->ids[i], sizeof(b->ids[i]), 0, rec_cont, &b->recs[i],
+                      NULL) < 0)
+            b->failed++;
+}
+
+START_TEST(wait_arm_reports_owed_events)
+{
+    /* More requests than one poll hands out arrive at once: the server
+     * reads them all, serves one batch, and holds the rest. Its fd says
+     * nothing about those; tern_rpc_arm() must (1: poll again). Polling
+     * only while arm says 1 must serve every request. */
+    enum { N = 100 };
+    struct tern_rpc_config cfg = {.max_msg = MAX_MSG, .credits = 128};
+    struct rec recs[N];
+    int ids[N];
+    struct burst b = {.n = N, .recs = recs, .ids = ids};
+    int sfd, cfd, n, polls = 0;
+    double end;
+
+    pair_open(&cfg, &cfg);
+    ck_assert_uint_ge(tern_session_credits(sess), N);
+    sfd = tern_rpc_wait_fd(srv);
+    cfd = tern_rpc_wait_fd(cli);
+    ck_assert(sfd >= 0 && cfd >= 0);
+    for (int i = 0; i < N; i++) {
+        rec_init(&recs[i], sizeof(int));
+        ids[i] = i;
+    }
+
+    /* An empty call whose continuation starts the burst. */
+    ck_assert_int_eq(tern_call(sess, SVC, M_EMPTY, NULL, 0, 0, burst_cont, &b, NULL), 0);
+    ck_assert_msg(fd_readable(sfd, WAIT_MS), "the first request did not wake the server");
+    end = now_ms() + WAIT_MS;
+    while (server_runs == 0 && now_ms() < end)
+        tern_rpc_poll(srv);
+    ck_assert_int_eq(server_runs, 1);
+    ck_assert_msg(fd_readable(cfd, WAIT_MS), "the reply did not wake the client");
+    while (!b.started && now_ms() < end)
+        tern_rpc_poll(cli);
+    ck_assert_msg(b.started, "the first call never completed");
+    ck_assert_int_eq(b.failed, 0);
+    ck_assert_uint_eq(tern_rpc_calls_in_flight(cli), N);
+    server_runs = 0;
+
+    ck_assert_msg(fd_readable(sfd, WAIT_MS), "the burst did not wake the server");
+    n = tern_rpc_poll(srv);
+    ck_assert_msg(n > 0 && n < N, "one poll handed out %d of %d requests", n, N);
+    ck_assert_int_eq(server_runs, n);
+    ck_assert_msg(tern_rpc_arm(srv) == 1, "%d requests are owed and arm says sleep",
+                  N - server_runs);
+
+    /* Poll while arm says so: no request may be stranded. */
+    while (tern_rpc_arm(srv) == 1) {
+        ck_assert_msg(++polls < 10 * N, "arm keeps saying work is pending");
+        tern_rpc_poll(srv);
+    }
+    ck_assert_msg(server_runs == N, "arm said sleep with %d of %d requests served",
+                  server_runs, N);
+
+    total_runs = 0;
+    ck_assert(poll_until(&total_runs, N, WAIT_MS));
+    for (int i = 0; i < N; i++) {
+        ck_assert_int_eq(recs[i].status, 0);
+        ck_assert_uint_eq(recs[i].len, sizeof(int));
+        ck_assert(memcmp(recs[i].buf, &i, sizeof(int)) == 0);
+        free(recs[i].buf);
+    }
+    expect_idle(sfd, cfd, "after the burst");
+    pair_close();
+}
+END_TEST
+
+/* Poll the server, the client and `other` until *counter reaches want. */
+static bool poll_three_until(struct tern_rpc_ep *other, const int *counter, int want, int ms)
+{
+    double end = now_ms() + ms;
+
+    while (*counter < want) {
+        if (now_ms() > end)
+            return false;
+        poll_both();
+        tern_rpc_poll(other);
+    }
+    return true;
+}
+
+START_TEST(wait_fd_two_fabrics)
+{
+    /* ternd's set-up: one endpoint listening on tcp and shm. Its wait fd is
+     * then one epoll set over both fabrics, and a request on either must
+     * wake it (on shm once tern_rpc_arm() has told the peers that the
+     * endpoint sleeps). A shm doorbell may keep the fd readable for some
+     * polls after its request was served (the fd says "may have work"),
+     * but polling must drain it: an endpoint that stays readable with
+     * nothing to do would never let its owner sleep. */
+    struct tern_rpc_config cfg = {.max_msg = MAX_MSG};
+    struct tern_rpc_ep *cli2;
+    struct tern_session *s2;
+    char shm_uri[128];
+    struct rec r;
+    int sfd, rc;
+
+    pair_open(NULL, NULL);
+    rc = tern_rpc_listen(srv, "shm://auto", shm_uri, sizeof(shm_uri));
+    ck_assert_msg(rc == 0, "listen shm: %s", tern_strerror(rc));
+    ck_assert_int_eq(tern_rpc_ep_create(&cfg, &cli2), 0);
+    rc = connect_inproc(cli2, shm_uri, &s2);
+    ck_assert_msg(rc == 0, "connect %s: %s", shm_uri, tern_strerror(rc));
+    ck_assert_str_eq(tern_session_fabric(s2), "shm");
+    sfd = tern_rpc_wait_fd(srv);
+    ck_assert_msg(sfd >= 0, "server wait fd %d", sfd);
+
+    for (int round = 0; round < 4; round++) {
+        struct tern_session *via = round % 2 ? s2 : sess;
+        const char *name = round % 2 ? "shm" : "tcp";
+        int runs = server_runs;
+        double end = now_ms() + WAIT_MS;
+
+        /* Settle: poll until nothing is owed and the fd is quiet. */
+        while ((tern_rpc_arm(srv) != 0 || fd_readable(sfd, 0)) && now_ms() < end)
+            tern_rpc_poll(srv);
+        ck_assert_msg(tern_rpc_arm(srv) == 0, "round %d: arm says work is pending", round);
+        ck_assert_msg(!fd_readable(sfd, 50), "round %d: the idle server's fd stays readable",
+                      round);
+
+        rec_init(&r, 8);
+        ck_assert_int_eq(tern_call(via, SVC, M_ECHO, name, 3, 0, rec_cont, &r, NULL), 0);
+        ck_assert_msg(fd_readable(sfd, WAIT_MS), "a request over %s did not wake the server",
+                      name);
+        end = now_ms() + WAIT_MS;
+        while (server_runs == runs && now_ms() < end)
+            tern_rpc_poll(srv);
+        ck_assert_msg(server_runs == runs + 1, "the %s request was not served", name);
+        ck_assert(poll_three_until(cli2, &r.runs, 1, WAIT_MS));
+        ck_assert_int_eq(r.status, 0);
+        ck_assert(r.len == 3 && memcmp(r.buf, name, 3) == 0);
+        free(r.buf);
+    }
+    tern_rpc_ep_destroy(cli2);
+    pair_close();
+}
+END_TEST
+
 /* ---- a misbehaving client at the transport level ---- */
 
 struct raw {
@@ -2093,6 +2702,9 @@ Suite *suite_rpc(void)
     tcase_add_test(basic, timeout_max_means_no_deadline);
     tcase_add_test(basic, connect_bad_uris);
     tcase_add_test(basic, listen_bad_uris);
+    tcase_add_test(basic, callv_gathers_pieces);
+    tcase_add_test(basic, callv_limits);
+    tcase_add_test(basic, wait_fd_wakes_on_request);
     suite_add_tcase(s, basic);
 
     /* Tests that build their own pair with a particular configuration. */
@@ -2119,6 +2731,13 @@ Suite *suite_rpc(void)
     tcase_add_test(own, connect_to_other_rpc_version);
     tcase_add_test(own, hostile_server_replies);
     tcase_add_test(own, hostile_server_short_message);
+    tcase_add_test(own, callv_over_server_max_msg);
+    tcase_add_test(own, callv_queued_keeps_pieces);
+    tcase_add_loop_test(own, reply_max_limits, 0,
+                        sizeof(reply_max_cases) / sizeof(reply_max_cases[0]));
+    tcase_add_test(own, wait_fd_before_listen);
+    tcase_add_test(own, wait_arm_reports_owed_events);
+    tcase_add_test(own, wait_fd_two_fabrics);
     suite_add_tcase(s, own);
 
     tcase_add_checked_fixture(bad, setup_default, pair_close);

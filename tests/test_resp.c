@@ -1225,8 +1225,9 @@ static int run_tool(char *const argv[], char *out, size_t cap)
 }
 
 /* Coalescing waits only while several clients are active: a lone client
- * sending as fast as it can never makes the gateway sleep, eight clients in
- * one millisecond do, and all of them still get every reply right. */
+ * sending as fast as it can, or reconnecting for every command, never makes
+ * the gateway sleep; eight clients in one millisecond do, and all of them
+ * still get every reply right. */
 START_TEST(coalescing_only_under_load)
 {
     struct tern_resp_config cfg = {.coalesce_us = 200};
@@ -1241,6 +1242,19 @@ START_TEST(coalescing_only_under_load)
         for (int j = 0; j < 5; j++) {
             conn_sends(c[0], "*1\r\n$4\r\nPING\r\n");     /* one segment */
             expect(c[0], "+PONG\r\n");
+        }
+        ck_assert_int_eq(tern_resp_gw_poll(gw, 1), 0);
+    }
+    ck_assert_uint_eq(info_number(c[0], "stats", "tern_coalesced_waits"), 0);
+    /* The same from one client that reconnects for every command. */
+    for (int i = 0; i < 60; i++) {
+        for (int j = 0; j < 5; j++) {
+            struct conn *r = conn_open();
+
+            conn_sends(r, "*1\r\n$4\r\nPING\r\n");
+            expect(r, "+PONG\r\n");
+            conn_close(r);
+            pump();     /* the gateway sees the close */
         }
         ck_assert_int_eq(tern_resp_gw_poll(gw, 1), 0);
     }

@@ -29,6 +29,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -930,6 +931,9 @@ static void drain_input(int fd)
 
 static void client_close(struct tern_resp_gw *gw, struct client *c)
 {
+    /* A client that reconnects in a loop is still one client. */
+    if (c->window == gw->window && gw->window_clients)
+        gw->window_clients--;
     epoll_ctl(gw->epfd, EPOLL_CTL_DEL, c->fd, NULL);
     if (c->closing && !c->dead)
         drain_input(c->fd);
@@ -1250,11 +1254,16 @@ int tern_resp_gw_poll(struct tern_resp_gw *gw, int timeout_ms)
     if (gw->coalesce && timeout_ms) {
         n = epoll_wait(gw->epfd, ev, MAX_EVENTS, 0);
         if (n == 0) {
+            /* The sleep ends early for the watched fd (RPC work is not
+             * batched with RESP commands) and for a signal, which returns
+             * as an interrupted epoll_wait would. */
             struct timespec ts = {.tv_sec = gw->coalesce_us / 1000000u,
                                   .tv_nsec = (long)(gw->coalesce_us % 1000000u) * 1000};
+            struct pollfd w = {.fd = gw->watch_fd, .events = POLLIN};
 
-            nanosleep(&ts, NULL);
             gw->coalesced_waits++;
+            if (ppoll(&w, gw->watch_fd >= 0 ? 1 : 0, &ts, NULL) < 0 && errno == EINTR)
+                return 0;
             n = epoll_wait(gw->epfd, ev, MAX_EVENTS, timeout_ms);
         }
     } else {
@@ -1352,6 +1361,8 @@ int tern_resp_gw_create(struct tern_kv_store *store, const struct tern_resp_conf
     gw->max_clients = cfg && cfg->max_clients ? cfg->max_clients : DEFAULT_MAX_CLIENTS;
     gw->max_request = cfg && cfg->max_request ? cfg->max_request : DEFAULT_MAX_REQUEST;
     gw->coalesce_us = cfg ? cfg->coalesce_us : 0;
+    if (gw->coalesce_us > TERN_RESP_COALESCE_MAX_US)
+        gw->coalesce_us = TERN_RESP_COALESCE_MAX_US;
     gw->started = time(NULL);
     gw->lfd = -1;
     gw->watch_fd = -1;

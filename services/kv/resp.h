@@ -31,7 +31,8 @@ struct tern_resp_config {
     uint16_t port;               /* 0 picks one (see tern_resp_gw_port) */
     unsigned max_clients;        /* 0 = 1024; further clients are refused */
     size_t max_request;          /* largest command in bytes; 0 = 64 MiB */
-    unsigned coalesce_us;        /* 0 = off; see tern_resp_gw_poll() */
+    unsigned coalesce_us;        /* 0 = off, at most TERN_RESP_COALESCE_MAX_US;
+                                    see tern_resp_gw_poll() */
 };
 
 /* Listen and serve `store` (which must outlive the gateway). */
@@ -45,16 +46,20 @@ uint16_t tern_resp_gw_port(const struct tern_resp_gw *gw);
  * it with the thread's other fds and call tern_resp_gw_poll() when it is. */
 int tern_resp_gw_fd(const struct tern_resp_gw *gw);
 
+#define TERN_RESP_COALESCE_MIN 4
+#define TERN_RESP_COALESCE_MAX_US 1000000u
+
 /* Serve every ready client, waiting up to timeout_ms (0: do not wait) for
  * one. Returns the number of commands run, or a negative tern code.
  *
  * With coalesce_us set, while the gateway is busy (at least
  * TERN_RESP_COALESCE_MIN distinct clients served in the last millisecond) a
- * poll that finds nobody ready sleeps that long (plus the thread's timer
- * slack) before it blocks, as a NIC moderates interrupts: the next batch is
- * larger, so the gateway and its clients pay for fewer wake-ups per command.
- * A lone client never waits for it. */
-#define TERN_RESP_COALESCE_MIN 4
+ * poll that finds nobody ready first sleeps that long (plus the thread's
+ * timer slack), then waits up to timeout_ms, as a NIC moderates interrupts:
+ * the next batch is larger, so the gateway and its clients pay for fewer
+ * wake-ups per command. The watched fd and signals cut the sleep short. A
+ * lone client never waits for it, even one that reconnects for every
+ * command. */
 int tern_resp_gw_poll(struct tern_resp_gw *gw, int timeout_ms);
 
 /* Have the gateway's poll also wake when `fd` polls readable (say the RPC

@@ -46,6 +46,7 @@ struct tern_pm_pool {
     uint64_t seq;                    /* last segment sequence number handed out */
     uint64_t version;                /* last version handed out */
     uint64_t dirty_lo, dirty_hi;     /* written since the last drain */
+    bool io_failed;                  /* an msync failed: no commit may follow */
     uint8_t uuid[16];
 };
 
@@ -126,7 +127,6 @@ static inline struct pm_seg_hdr *seg_hdr(const struct tern_pm_pool *p, uint32_t 
     return (struct pm_seg_hdr *)seg_base(p, seg);
 }
 
-/* Flush a range now (PM) or remember it for the next msync (a file). */
 /* Note [addr, addr+n) as written. Flushing waits for the next drain: records
  * are appended back to back, so a record's last cache line is usually the
  * next one's first, and flushing at append time would flush it twice (and
@@ -145,15 +145,21 @@ static void flush_range(struct tern_pm_pool *p, const void *addr, size_t n)
  * and fence; on a file, msync it. */
 static int drain(struct tern_pm_pool *p)
 {
+    if (p->io_failed)
+        return TERN_EIO;
     if (!p->dirty_hi)
         return 0;
     if (p->is_pmem) {
         pmem_flush(p->base + p->dirty_lo, p->dirty_hi - p->dirty_lo);
         pmem_drain();
     } else if (pmem_msync(p->base + p->dirty_lo, p->dirty_hi - p->dirty_lo) < 0) {
-        /* On failure the range stays dirty: a later commit must not move
-         * a commit point over records that never reached the file. */
-        tern_log(TERN_LOG_ERROR, "pm", "msync: %s", strerror(errno));
+        /* Once writeback has failed, Linux may mark the pages clean and
+         * report the error only once, so a retry can "succeed" without
+         * writing anything: no commit point may move after this until the
+         * pool is reopened and recovered from what really is in the file. */
+        tern_log(TERN_LOG_ERROR, "pm", "msync: %s; the pool takes no more commits",
+                 strerror(errno));
+        p->io_failed = true;
         return TERN_EIO;
     }
     p->dirty_lo = p->dirty_hi = 0;
@@ -413,10 +419,8 @@ static int commit_seg(struct tern_pm_pool *p, uint32_t s)
 
     if (ss->committed == ss->appended)
         return 0;
-    rc = drain(p);                   /* the records first ... */
-    if (rc < 0)
-        return rc;
-    rc = persist_word(p, &seg_hdr(p, s)->used, ss->appended);   /* ... then the point */
+    /* persist_word drains the records before it stores the point. */
+    rc = persist_word(p, &seg_hdr(p, s)->used, ss->appended);
     if (rc < 0)
         return rc;
     ss->committed = ss->appended;

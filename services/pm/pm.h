@@ -116,8 +116,8 @@ uint32_t tern_pm_val_max(const struct tern_pm_pool *p, uint32_t key_len);
 /* The next version number (one counter per pool, strictly increasing). */
 uint64_t tern_pm_next_version(struct tern_pm_pool *p);
 
-/* Append a record: the key and value are copied into the pool once and the
- * record is flushed, but it is neither durable nor visible to recovery until
+/* Append a record: the key and value are copied into the pool once, but the
+ * record is neither flushed, durable nor visible to recovery until
  * tern_pm_commit(). TERN_E2BIG for a key over TERN_PM_KEY_MAX or a record
  * larger than a segment; TERN_ENOSPC when no segment is free (clean first;
  * tombstones and the cleaner's copies may use reserved segments). */

@@ -69,7 +69,7 @@ int pm_hdr_check(const struct pm_file_hdr *h, uint64_t file_size, const char **w
         return TERN_ECORRUPT;
     }
     if (h->layout != PM_LAYOUT) {
-        *why = "pool layout version not supported by this build, which reads layout " TERN_STR(PM_LAYOUT);
+        *why = "pool layout version not supported by this build, which reads layout " PM_STR(PM_LAYOUT);
         return TERN_EVERSION;
     }
     if (h->sum != pm_sum(h, offsetof(struct pm_file_hdr, sum))) {
@@ -131,7 +131,7 @@ static inline struct pm_seg_hdr *seg_hdr(const struct tern_pm_pool *p, uint32_t 
  * are appended back to back, so a record's last cache line is usually the
  * next one's first, and flushing at append time would flush it twice (and
  * on CPUs whose clwb evicts, read it back from memory in between). */
-static void flush_range(struct tern_pm_pool *p, const void *addr, size_t n)
+static void mark_written(struct tern_pm_pool *p, const void *addr, size_t n)
 {
     uint64_t lo = (uint64_t)((const uint8_t *)addr - p->base), hi = lo + n;
 
@@ -174,7 +174,7 @@ static int persist_word(struct tern_pm_pool *p, uint64_t *word, uint64_t v)
     if (rc < 0)
         return rc;
     __atomic_store_n(word, v, __ATOMIC_RELEASE);
-    flush_range(p, word, sizeof(*word));
+    mark_written(p, word, sizeof(*word));
     return drain(p);
 }
 
@@ -456,7 +456,7 @@ static int open_head(struct tern_pm_pool *p, enum tern_pm_rec_type type)
     sh->used = 0;
     sh->magic = PM_SEG_MAGIC;
     sh->index = s;
-    flush_range(p, sh, sizeof(*sh));
+    mark_written(p, sh, sizeof(*sh));
     rc = persist_word(p, &sh->seq, ++p->seq);
     if (rc < 0) {
         p->free_segs[p->n_free++] = s;
@@ -500,7 +500,7 @@ int tern_pm_append(struct tern_pm_pool *p, enum tern_pm_rec_type type, uint64_t 
      * from a receive ring the peer can still write must not leave a record
      * whose checksum disagrees with what was stored. */
     r->sum = pm_rec_sum(r);
-    flush_range(p, dst, size);
+    mark_written(p, dst, size);
     *loc = (uint64_t)p->head << 32 | (PM_SEG_HDR + ss->appended);
     ss->appended += size;
     ss->live += size;

@@ -9,11 +9,11 @@
  *
  * Records carry a key, a value, a type (value or tombstone), a version from
  * one pool-wide counter (the newest version of a key wins at recovery) and a
- * 32-bit checksum (XXH3) over everything after the checksum field. The pool keeps no index:
- * recovery hands every committed record to the caller, which rebuilds its
- * own (services/kv keeps a DRAM hash). Space comes back by cleaning: the
- * segment with the fewest live bytes has its live records copied to the head
- * and is then freed.
+ * 32-bit checksum (XXH3) over everything after the checksum field. The pool
+ * keeps no index: recovery hands every committed record to the caller, which
+ * rebuilds its own (services/kv keeps a DRAM hash). Space comes back by
+ * cleaning: the segment with the fewest live bytes has its live records
+ * copied to the head and is then freed.
  *
  * On real PM (or with PMEM_IS_PMEM_FORCE=1) durability is cache-line flushes
  * and a fence; on an ordinary file it is msync() of the dirty range. One

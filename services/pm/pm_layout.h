@@ -8,13 +8,13 @@
 #include "pm.h"
 
 #define PM_MAGIC "TERNPOOL"
-#define PM_LAYOUT 2               /* 2: XXH3 checksums (1 had CRC32) */
+#define PM_LAYOUT 2                  /* 2: XXH3 checksums (1 had CRC32) */
 #define PM_HDR_SIZE 4096u            /* the file header's block */
 #define PM_SEG_MAGIC 0x47455354u     /* "TSEG" */
 #define PM_SEG_HDR 64u               /* records start this far into a segment */
 #define PM_SEG_MIN (64u * 1024)
-#define TERN_STR_(x) #x
-#define TERN_STR(x) TERN_STR_(x)
+#define PM_STR_(x) #x
+#define PM_STR(x) PM_STR_(x)          /* PM_LAYOUT as text, for messages */
 
 struct pm_file_hdr {
     char magic[8];                   /* PM_MAGIC */

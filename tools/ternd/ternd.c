@@ -143,7 +143,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
             o->spin_us = (unsigned)v;
             break;
         case 'C':
-            if (!parse_size(optarg, &v) || v > 1000000)
+            if (!parse_size(optarg, &v) || v > TERN_RESP_COALESCE_MAX_US)
                 return usage();
             o->coalesce_us = (unsigned)v;
             break;

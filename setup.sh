@@ -62,10 +62,12 @@ run_bench() {
         --iters 100000 --cpu 0,1
     # The key-value service on a file-backed pool (--pool-dir: an ordinary
     # file, persisted with msync), YCSB mixes over every fabric.
-    log "rpcbench kv: YCSB A, B, C, F against the KV service on a file-backed pool"
+    # Each run twice, side by side: every call by RPC, then the one-sided
+    # paths where they are the faster way (auto: shm and rdma).
+    log "rpcbench kv: YCSB A, B, C, F against the KV service on a file-backed pool, rpc and auto paths"
     mkdir -p tern-data
     build/tools/rpcbench/rpcbench kv --fabric all --workload A,B,C,F --dist zipfian \
-        --records 10000 --iters 20000 --pool-dir tern-data --cpu 0,1
+        --records 10000 --iters 20000 --pool-dir tern-data --cpu 0,1 --path rpc,auto
 }
 
 PASSED=0

@@ -356,6 +356,12 @@ bool rpc_client_failover(struct tern_session *s, int status)
     }
     s->blocked = false;
     pump(s);
+    /* Keys and pointers the user learned on the old path are stale now;
+     * its one-sided operations are lost with it (the fabric normally
+     * failed them before reporting the close). Last: their callbacks may
+     * close the session. */
+    s->epoch++;
+    rpc_rma_fail(s, old, status);
     return true;
 }
 
@@ -373,6 +379,7 @@ void rpc_client_fail(struct tern_session *s, int status)
         call_finish(s->ep, s->sent.head, status, NULL, 0);
     while (s->queued.head)
         call_finish(s->ep, s->queued.head, status, NULL, 0);
+    rpc_rma_fail(s, NULL, status);
 }
 
 void rpc_client_writable(struct tern_session *s)

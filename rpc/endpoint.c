@@ -27,7 +27,7 @@ void rpc_doom(struct tern_rpc_ep *ep, struct tern_tp_conn *conn)
 {
     tern_tp_conn_set_user(conn, NULL);
     if (!ep->polling) {
-        tern_tp_disconnect(conn);
+        rpc_disconnect(ep, conn);
         return;
     }
     if (ep->n_doomed == ep->cap_doomed) {
@@ -43,6 +43,12 @@ void rpc_doom(struct tern_rpc_ep *ep, struct tern_tp_conn *conn)
     }
     ep->doomed[ep->n_doomed++] = conn;
 }
+void rpc_disconnect(struct tern_rpc_ep *ep, struct tern_tp_conn *conn)
+{
+    tern_tp_disconnect(conn);
+    rpc_rma_conn_gone(ep, conn);
+}
+
 static void rpc_housekeeping(struct tern_rpc_ep *ep);
 
 int tern_rpc_ep_create(const struct tern_rpc_config *cfg, struct tern_rpc_ep **out)
@@ -93,9 +99,11 @@ void tern_rpc_ep_destroy(struct tern_rpc_ep *ep)
     ep->polling = 0;
     free_zombies(ep);
     while (ep->n_doomed)
-        tern_tp_disconnect(ep->doomed[--ep->n_doomed]);
+        rpc_disconnect(ep, ep->doomed[--ep->n_doomed]);
     while (ep->sessions)
         tern_session_close(ep->sessions);
+    /* Regions go before their fabrics: closing one frees its registrations. */
+    rpc_rma_destroy(ep);
     for (unsigned i = 0; i < ep->n_tp; i++)
         tern_tp_close(ep->tp[i]);
     for (unsigned i = 0; i < ep->n_services; i++)
@@ -267,12 +275,12 @@ static void session_destroy(struct tern_session *s)
 {
     free(s->peer_ads);
     if (s->standby)
-        tern_tp_disconnect(s->standby);
+        rpc_disconnect(s->ep, s->standby);
     rpc_replay_put(s->ep, s->replay);
     if (s->role == ROLE_SERVER)
         rpc_server_drop(s);
     if (s->conn)
-        tern_tp_disconnect(s->conn);
+        rpc_disconnect(s->ep, s->conn);
     free(s);
 }
 
@@ -292,8 +300,16 @@ void rpc_session_free(struct tern_session *s)
     if (s->next)
         s->next->prev = s->prev;
     ep->n_sessions--;
+    /* Nothing new starts on it from here on, not even from the callbacks
+     * of its one-sided operations, which complete now. */
+    s->zombie = true;
+    rpc_rma_fail(s, NULL, s->state == SESS_DEAD && s->status ? s->status : TERN_ECONNRESET);
+    /* Services may keep state per client (the KV service's leases). */
+    if (s->role == ROLE_SERVER)
+        for (unsigned i = 0; i < ep->n_services; i++)
+            if (ep->services[i].svc->session_closed)
+                ep->services[i].svc->session_closed(s, ep->services[i].svc->ctx);
     if (ep->polling) {
-        s->zombie = true;
         s->next = ep->zombies;
         ep->zombies = s;
         return;
@@ -381,6 +397,11 @@ static void on_event(struct tern_rpc_ep *ep, const struct tern_tp_event *e)
 {
     struct tern_session *s = e->conn ? tern_tp_conn_user(e->conn) : NULL;
 
+    /* Found by their token, whatever became of the session since. */
+    if (e->type == TERN_TP_EV_PUT_DONE || e->type == TERN_TP_EV_GET_DONE) {
+        rpc_rma_done(ep, e);
+        return;
+    }
     if (e->type == TERN_TP_EV_ACCEPTED) {
         on_accept(ep, e->conn);
         return;
@@ -432,7 +453,7 @@ static void on_event(struct tern_rpc_ep *ep, const struct tern_tp_event *e)
             rpc_server_writable(s);
         break;
     default:
-        break;  /* one-sided completions are not used by the RPC core yet */
+        break;
     }
 }
 
@@ -488,7 +509,7 @@ int tern_rpc_poll(struct tern_rpc_ep *ep)
         if (ep->zombies)
             free_zombies(ep);
         while (ep->n_doomed)
-            tern_tp_disconnect(ep->doomed[--ep->n_doomed]);
+            rpc_disconnect(ep, ep->doomed[--ep->n_doomed]);
     }
     return total;
 }

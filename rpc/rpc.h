@@ -53,6 +53,8 @@ struct tern_service {
     const struct tern_method *methods;
     size_t n_methods;
     void *ctx;              /* passed to every handler */
+    /* Optional: a client's session is gone (state kept for it can go). */
+    void (*session_closed)(struct tern_session *s, void *ctx);
 };
 
 /* Reserve `len` bytes of reply in the send buffer; NULL if len is over the
@@ -180,6 +182,67 @@ int tern_call_cancel(struct tern_rpc_ep *ep, uint64_t call_id);
 int tern_call_sync(struct tern_session *s, uint16_t svc, uint16_t method, const void *req,
                    size_t len, void *reply, size_t reply_cap, size_t *reply_len,
                    uint64_t timeout_ns);
+
+/* ---- one-sided access through sessions ---- */
+
+struct tern_rpc_mr;
+
+/* Register memory for one-sided access by the peers of this endpoint, on
+ * each of its fabrics (registered on a fabric the first time a session on
+ * it needs the region). fd < 0: plain memory. fd >= 0: `addr` is a
+ * MAP_SHARED mapping of that file at page-aligned `fd_off`, which peers on
+ * the same host (shm) map themselves (see tern_tp_mr_reg_fd). The caller
+ * keeps the memory; unmap it after tern_rpc_mr_dereg. */
+int tern_rpc_mr_reg(struct tern_rpc_ep *ep, void *addr, size_t len, int fd, uint64_t fd_off,
+                    uint32_t access, struct tern_rpc_mr **out);
+
+/* Allocate `len` zeroed, page-aligned bytes backed by a memfd and register
+ * them as tern_rpc_mr_reg does; tern_rpc_mr_dereg frees them. */
+int tern_rpc_mr_alloc(struct tern_rpc_ep *ep, size_t len, uint32_t access,
+                      struct tern_rpc_mr **out);
+
+/* The region's memory in this process, and its length. */
+void *tern_rpc_mr_addr(const struct tern_rpc_mr *mr);
+size_t tern_rpc_mr_len(const struct tern_rpc_mr *mr);
+
+/* Deregister on every fabric (and free tern_rpc_mr_alloc memory). One-sided
+ * operations in flight from it complete with an error. */
+void tern_rpc_mr_dereg(struct tern_rpc_mr *mr);
+
+/* The key with which the peer of session `s` reaches `mr` (registering it
+ * on the session's fabric if needed). Keys are per fabric: a session that
+ * fails over to another fabric needs the new one. */
+int tern_rpc_mr_rkey(struct tern_rpc_mr *mr, const struct tern_session *s,
+                     struct tern_tp_rkey *out);
+
+/* The session a request arrived on (valid while the handler runs; a server
+ * may use it for one-sided access to the client's memory). */
+struct tern_session *tern_req_session(const struct tern_req *req);
+
+/* A counter that changes whenever the session moves to another connection
+ * (failover): keys and pointers learned before it changed are stale. */
+uint32_t tern_session_epoch(const struct tern_session *s);
+
+/* Completion of a one-sided operation: 0 or a negative tern code. Runs
+ * inside tern_rpc_poll(). */
+typedef void (*tern_rma_fn)(void *arg, int status);
+
+/* Write `len` bytes of local region `lmr` at `loff` into the peer's region
+ * `rkey` at `roff` (get: read them). The completion runs once, also when the
+ * session dies first. Messages (calls, replies) posted on the session after
+ * the put reach the peer after its data: a put followed by a call needs no
+ * wait for the put's completion. TERN_ENOBUFS: too many operations in
+ * flight (poll, retry); TERN_EAGAIN: the fabric's queue is full (poll,
+ * retry); TERN_ENOTSUP, TERN_EINVAL, TERN_ENOTCONN. */
+int tern_session_put(struct tern_session *s, struct tern_rpc_mr *lmr, size_t loff, size_t len,
+                     const struct tern_tp_rkey *rkey, uint64_t roff, tern_rma_fn cb, void *arg);
+int tern_session_get(struct tern_session *s, struct tern_rpc_mr *lmr, size_t loff, size_t len,
+                     const struct tern_tp_rkey *rkey, uint64_t roff, tern_rma_fn cb, void *arg);
+
+/* A direct pointer to the peer's memory, where the session's fabric maps it
+ * (shm); see tern_tp_rkey_ptr for the codes and the rules. */
+int tern_session_rkey_ptr(struct tern_session *s, const struct tern_tp_rkey *rkey,
+                          uint64_t roff, size_t len, uint32_t need, void **ptr);
 
 /* Calls started and not yet completed on this endpoint. */
 unsigned tern_rpc_calls_in_flight(const struct tern_rpc_ep *ep);

@@ -77,6 +77,45 @@ struct rpc_replay {
     struct rpc_replay_ent ent[];
 };
 
+/* A one-sided operation. Its transport token is gen << 32 | slot: a slot
+ * is freed only once the fabric is done with it (an operation completed
+ * early waits as an orphan), so a token whose slot has moved on can only
+ * come from a connection already let go, and is dropped. */
+enum rma_state {
+    RMA_FREE,
+    RMA_LIVE,       /* the caller waits for its completion */
+    RMA_ORPHAN,     /* completed early (session gone, region deregistered)
+                     * but still at the fabric, which may yet touch its
+                     * region: the slot and the region stay until the
+                     * fabric completes it or its connection is gone */
+};
+
+struct rpc_rma {
+    uint32_t gen;
+    uint8_t state;                  /* enum rma_state */
+    struct tern_session *s;         /* LIVE: who started it */
+    struct tern_tp_conn *conn;      /* where it is in flight */
+    struct tern_rpc_mr *mr;         /* its local region (holds a reference) */
+    struct rpc_rma *prev, *next;    /* LIVE: the session's operations, oldest first */
+    tern_rma_fn cb;
+    void *arg;
+};
+
+struct tern_rpc_mr {
+    struct tern_rpc_ep *ep;
+    struct tern_rpc_mr *prev, *next;    /* the endpoint's regions */
+    uint8_t *addr;
+    size_t len;
+    uint32_t access;
+    int fd;                         /* our own descriptor of the file behind it, or -1 */
+    uint64_t fd_off;
+    bool owned;                     /* tern_rpc_mr_alloc: mapping and fd are ours */
+    bool dead;                      /* deregistered: freed once refs is 0 */
+    size_t map_len;                 /* owned: the mapping's length */
+    unsigned refs;                  /* operations (live or orphaned) using it */
+    struct tern_tp_mr *tp[RPC_MAX_FABRICS];  /* on ep->tp[i], registered on first need */
+};
+
 enum session_role { ROLE_CLIENT, ROLE_SERVER };
 enum session_state { SESS_CONNECTING, SESS_OPEN, SESS_DEAD };
 
@@ -104,6 +143,9 @@ struct tern_session {
     struct spill *spill_head, **spill_tail;
     struct deferred *deferred;
     unsigned n_deferred, cap_deferred;
+    /* one-sided operations (rma.c) */
+    uint32_t epoch;                 /* bumped when it moves to another conn */
+    struct rpc_rma *rma_head, *rma_tail;    /* operations in flight */
 };
 
 struct tern_req {
@@ -143,6 +185,11 @@ struct tern_rpc_ep {
     struct tern_tp_conn **doomed;   /* disconnected after the poll */
     unsigned n_doomed, cap_doomed;
     int stop;                       /* set by tern_rpc_stop, any thread */
+    /* one-sided operations (rma.c): slots allocated with the first region */
+    struct rpc_rma *rma;            /* cfg.max_calls slots */
+    uint32_t *rma_free;
+    unsigned n_rma_free;
+    struct tern_rpc_mr *mrs;        /* regions registered and not deregistered */
     struct tern_tp_event ev[RPC_EVENT_BATCH];
 };
 
@@ -182,6 +229,23 @@ void rpc_test_drop(struct tern_req *req);
 /* client.c: the primary connection failed; true if the session moved to
  * its standby path. */
 bool rpc_client_failover(struct tern_session *s, int status);
+
+/* endpoint.c: disconnect a connection now; one-sided operations still on
+ * it are over (see rpc_rma_conn_gone). */
+void rpc_disconnect(struct tern_rpc_ep *ep, struct tern_tp_conn *conn);
+
+/* rma.c */
+/* A PUT_DONE / GET_DONE event. */
+void rpc_rma_done(struct tern_rpc_ep *ep, const struct tern_tp_event *e);
+/* Complete the session's operations (only those on `conn` unless it is
+ * NULL) with `status`, each once. */
+void rpc_rma_fail(struct tern_session *s, struct tern_tp_conn *conn, int status);
+/* `conn` was disconnected (the pointer is compared, never followed): the
+ * fabric no longer touches memory for operations that were on it. */
+void rpc_rma_conn_gone(struct tern_rpc_ep *ep, struct tern_tp_conn *conn);
+/* Endpoint teardown, after every session and connection is gone and before
+ * the transport endpoints close: deregister and free every region. */
+void rpc_rma_destroy(struct tern_rpc_ep *ep);
 
 /* server.c */
 /* Returns true if the view was kept (deferred) and must not be released. */

@@ -41,7 +41,9 @@ static const struct {
     {"kv", suite_kv},
     {"kv_crash", suite_kv_crash},
     {"kv_procs", suite_kv_procs},
+    {"kv_onesided", suite_kv_onesided},
     {"resp", suite_resp},
+    {"pm", suite_pm},
 #endif
 };
 

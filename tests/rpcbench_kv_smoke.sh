@@ -73,6 +73,25 @@ import json, sys
 fabrics = {json.loads(l)["fabric"] for l in open(sys.argv[1])}
 assert {"tcp", "shm", "ntb-emu"} <= fabrics and len(fabrics) == int(sys.argv[2]), fabrics
 PY
+# Both paths side by side on every fabric: a row per path, in order; on shm
+# and rdma the one-sided GETs really go one-sided and the PUTs through a
+# leased segment, and the server's CPU per GET is below the RPC path's.
+run --fabric all --workload get,put --path rpc,onesided --records 1000 --iters 2000 --json
+python3 - "$out" "$nfab" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert len(rows) == 4 * int(sys.argv[2]), len(rows)
+for rpc, os_ in zip(rows[0::2], rows[1::2]):
+    assert rpc["path"] == "rpc" and os_["path"] == "onesided", (rpc, os_)
+    assert (rpc["fabric"], rpc["workload"]) == (os_["fabric"], os_["workload"]), (rpc, os_)
+    assert rpc["gets_direct"] == 0 and rpc["puts_onesided"] == 0, rpc
+    if os_["workload"] == "kv-get":
+        assert os_["gets_direct"] > 0.9 * os_["iters"], os_
+        if os_["fabric"] in ("shm", "rdma-emu", "rdma"):
+            assert os_["server_busy_us_per_op"] < rpc["server_busy_us_per_op"], (rpc, os_)
+    else:
+        assert os_["puts_onesided"] > 0.9 * os_["iters"], os_
+PY
 # Zipfian requests (D: latest), every YCSB workload, a window of 4.
 run --fabric shm --workload A,B,C,D,F --dist zipfian --records 1000 --iters 2000 --window 4 --json
 check 5 iters 2000 records 1000 dist zipfian workloads kv-A,kv-B,kv-C,kv-D,kv-F
@@ -97,7 +116,8 @@ grep -q '^kv-get *tcp *64 ' "$out" || { echo "no table row"; cat "$out"; exit 1;
 new=$(leftovers | grep -vxF -e "${before:-^}" || true)
 [ -z "$new" ] || { echo "rpcbench kv left files in /dev/shm:" $new; exit 1; }
 # Bad options are refused with a usage message, not a crash.
-for bad in "--workload Z" "--dist pareto" "--value-size banana" "--key-size 6" "--fabric nope"; do
+for bad in "--workload Z" "--dist pareto" "--value-size banana" "--key-size 6" "--fabric nope" \
+           "--path nope" "--path rpc,rpc,rpc,rpc"; do
     # shellcheck disable=SC2086
     if "$bench" kv $bad --iters 10 >/dev/null 2>&1; then echo "kv $bad accepted"; exit 1; fi
 done

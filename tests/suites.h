@@ -21,6 +21,8 @@ Suite *suite_rdma(void);
 Suite *suite_kv(void);          /* the services: built with libpmem */
 Suite *suite_kv_crash(void);
 Suite *suite_kv_procs(void);
+Suite *suite_kv_onesided(void);
 Suite *suite_resp(void);
+Suite *suite_pm(void);
 
 #endif

@@ -1,10 +1,13 @@
 /* The transport conformance suite: the same tests on every fabric in
  * fabric_cases (helpers.c). Each test is a Check loop test whose index picks
  * the fabric, so a new fabric joins by adding one row there. */
+#include <dirent.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "helpers.h"
@@ -267,21 +270,28 @@ static void onesided_open(struct onesided *o, const struct fabric_case *fc, uint
     ck_assert_uint_eq(o->rkey.len, sizeof(o->remote_mem));
 }
 
-/* Start a put or get and wait for its completion; returns its status. */
-static int onesided_op(struct onesided *o, bool put, size_t loff, size_t len,
-                       const struct tern_tp_rkey *rk, uint64_t roff, uint64_t token)
+/* Start a put or get from `lmr` on p->client and wait for its completion;
+ * returns its status (or the code the call returned). */
+static int pair_op(struct tp_pair *p, struct tern_tp_mr *lmr, bool put, size_t loff, size_t len,
+                   const struct tern_tp_rkey *rk, uint64_t roff, uint64_t token)
 {
     struct tern_tp_event ev;
-    int rc = put ? tern_tp_put(o->p.client, o->lmr, loff, len, rk, roff, token)
-                 : tern_tp_get(o->p.client, o->lmr, loff, len, rk, roff, token);
+    int rc = put ? tern_tp_put(p->client, lmr, loff, len, rk, roff, token)
+                 : tern_tp_get(p->client, lmr, loff, len, rk, roff, token);
 
     if (rc < 0)
         return rc;
-    ck_assert(tp_next2(o->p.a, o->p.b, &ev, 5000));
+    ck_assert(tp_next2(p->a, p->b, &ev, 5000));
     ck_assert_int_eq(ev.type, put ? TERN_TP_EV_PUT_DONE : TERN_TP_EV_GET_DONE);
     ck_assert_uint_eq(ev.token, token);
-    ck_assert_ptr_eq(ev.conn, o->p.client);
+    ck_assert_ptr_eq(ev.conn, p->client);
     return ev.status;
+}
+
+static int onesided_op(struct onesided *o, bool put, size_t loff, size_t len,
+                       const struct tern_tp_rkey *rk, uint64_t roff, uint64_t token)
+{
+    return pair_op(&o->p, o->lmr, put, loff, len, rk, roff, token);
 }
 
 START_TEST(put_get_roundtrip)
@@ -516,6 +526,262 @@ START_TEST(remote_key_errors)
     ck_assert_int_eq(onesided_op(&o, true, 0, 16, &o.rkey, 0, 9), 0);
     ck_assert(check_pattern(o.remote_mem, 16, 9));
     tp_pair_close(&o.p);
+}
+END_TEST
+
+/* ---- regions of the caller's files (tern_tp_mr_reg_fd) ---- */
+
+enum { PG = 4096, FILE_PAGES = 6, FD_OFF = 2 * PG, FD_LEN = 3 * PG + 100 };
+
+/* A file of FILE_PAGES pages, mapped MAP_SHARED from FD_OFF for FD_LEN
+ * bytes: a plain file (unlinked at once) or a memfd that allows sealing. */
+struct test_file {
+    int fd;
+    uint8_t *mem;
+};
+
+static void test_file_open(struct test_file *f, bool memfd)
+{
+    if (memfd) {
+        f->fd = memfd_create("tern-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    } else {
+        char path[] = "/tmp/tern-fdmr-XXXXXX";
+
+        f->fd = mkostemp(path, O_CLOEXEC);
+        unlink(path);
+    }
+    ck_assert_int_ge(f->fd, 0);
+    ck_assert_int_eq(ftruncate(f->fd, FILE_PAGES * PG), 0);
+    f->mem = mmap(NULL, FD_LEN, PROT_READ | PROT_WRITE, MAP_SHARED, f->fd, FD_OFF);
+    ck_assert(f->mem != MAP_FAILED);
+}
+
+static void test_file_close(struct test_file *f)
+{
+    munmap(f->mem, FD_LEN);
+    close(f->fd);
+}
+
+/* Does the file hold pattern `seed` at [off, off+len)? */
+static bool file_has(int fd, uint64_t off, size_t len, unsigned seed)
+{
+    uint8_t buf[4096];
+
+    ck_assert_uint_le(len, sizeof(buf));
+    ck_assert_int_eq(pread(fd, buf, len, (off_t)off), (ssize_t)len);
+    return check_pattern(buf, len, seed);
+}
+
+static bool file_zero(int fd, uint64_t off, size_t len)
+{
+    uint8_t buf[4096];
+
+    ck_assert_uint_le(len, sizeof(buf));
+    ck_assert_int_eq(pread(fd, buf, len, (off_t)off), (ssize_t)len);
+    for (size_t i = 0; i < len; i++)
+        if (buf[i])
+            return false;
+    return true;
+}
+
+static int open_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    int n = 0;
+
+    ck_assert_ptr_nonnull(d);
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n;
+}
+
+/* Put and get through a file region, rounds of them (on shm they turn
+ * direct partway): the bytes land at the region's offset in the file, and
+ * gets read what the owner wrote to the file. */
+static void file_region_rounds(struct tp_pair *p, struct test_file *f, struct tern_tp_mr *lmr,
+                               const struct tern_tp_rkey *rk)
+{
+    uint8_t *l = tern_tp_mr_addr(lmr);
+
+    for (unsigned round = 0; round < 40; round++) {
+        uint64_t roff = (round * 1000) % (FD_LEN - 3000);
+        uint8_t buf[3000];
+
+        fill_pattern(l, 3000, round);
+        ck_assert_int_eq(pair_op(p, lmr, true, 0, 3000, rk, roff, 2 * round), 0);
+        ck_assert_msg(file_has(f->fd, FD_OFF + roff, 3000, round),
+                      "round %u: the put did not land at file offset %llu", round,
+                      (unsigned long long)(FD_OFF + roff));
+        ck_assert(check_pattern(f->mem + roff, 3000, round));
+        /* The owner writes the file; a get reads it back. */
+        fill_pattern(buf, sizeof(buf), round + 1000);
+        ck_assert_int_eq(pwrite(f->fd, buf, sizeof(buf), FD_OFF + (off_t)roff),
+                         (ssize_t)sizeof(buf));
+        ck_assert_int_eq(pair_op(p, lmr, false, 4096, 3000, rk, roff, 2 * round + 1), 0);
+        ck_assert(check_pattern(l + 4096, 3000, round + 1000));
+    }
+    /* Nothing landed before the region's offset. */
+    for (uint64_t off = 0; off < FD_OFF; off += 4096)
+        ck_assert(file_zero(f->fd, off, 4096));
+}
+
+/* Regions of a plain file and of a memfd, at an offset, with a length that
+ * is not a page multiple: put and get work on every fabric, accesses past
+ * the end and puts into a read-only region are refused, the endpoint keeps
+ * its own descriptor (the caller may close theirs) and lets it go at
+ * deregistration, and leaves the caller's mapping alone. */
+START_TEST(file_regions)
+{
+    struct tp_pair p;
+    struct tern_tp_mr *lmr, *rmr, *ro_mr;
+    struct tern_tp_rkey rk, ro;
+    const uint32_t rw = TERN_TP_ACCESS_REMOTE_READ | TERN_TP_ACCESS_REMOTE_WRITE;
+
+    tp_pair_open(&p, FC, 0);
+    ck_assert_int_eq(tern_tp_mr_alloc(p.a, 8192, 0, &lmr), 0);
+    for (int memfd = 0; memfd < 2; memfd++) {
+        struct test_file f;
+        uint8_t byte;
+        int fds, tmp;
+
+        test_file_open(&f, memfd);
+        fds = open_fds();
+        tmp = dup(f.fd);
+        ck_assert_int_ge(tmp, 0);
+        ck_assert_int_eq(tern_tp_mr_reg_fd(p.b, f.mem, FD_LEN, tmp, FD_OFF, rw, &rmr), 0);
+        close(tmp);     /* the endpoint has its own */
+        ck_assert_int_eq(open_fds(), fds + 1);
+        ck_assert_ptr_eq(tern_tp_mr_addr(rmr), f.mem);
+        rk = tern_tp_mr_rkey(rmr);
+        ck_assert_uint_eq(rk.len, FD_LEN);
+        file_region_rounds(&p, &f, lmr, &rk);
+
+        /* Up to the last byte, not past it (the mapping is longer). */
+        fill_pattern(tern_tp_mr_addr(lmr), 64, 77);
+        ck_assert_int_eq(pair_op(&p, lmr, true, 0, 16, &rk, FD_LEN - 16, 100), 0);
+        ck_assert(file_has(f.fd, FD_OFF + FD_LEN - 16, 16, 77));
+        ck_assert_int_eq(pair_op(&p, lmr, true, 0, 32, &rk, FD_LEN - 16, 101), TERN_EREMACCESS);
+        ck_assert_int_eq(pair_op(&p, lmr, false, 0, 1, &rk, FD_LEN, 102), TERN_EREMACCESS);
+        ck_assert(file_zero(f.fd, FD_OFF + FD_LEN, 100));
+
+        /* A read-only region over the file's first page. */
+        uint8_t *first = mmap(NULL, PG, PROT_READ | PROT_WRITE, MAP_SHARED, f.fd, 0);
+
+        ck_assert(first != MAP_FAILED);
+        ck_assert_int_eq(tern_tp_mr_reg_fd(p.b, first, PG, f.fd, 0,
+                                           TERN_TP_ACCESS_REMOTE_READ, &ro_mr), 0);
+        ro = tern_tp_mr_rkey(ro_mr);
+        fill_pattern(first, PG, 5);
+        for (int i = 0; i < 3; i++) {
+            ck_assert_int_eq(pair_op(&p, lmr, true, 0, 64, &ro, 0, 200 + i), TERN_EREMACCESS);
+            ck_assert(check_pattern(first, PG, 5));
+            ck_assert_int_eq(pair_op(&p, lmr, false, 0, 64, &ro, 64, 300 + i), 0);
+            ck_assert(memcmp(tern_tp_mr_addr(lmr), first + 64, 64) == 0);
+        }
+
+        /* Deregistration lets go of the descriptor, not of the mapping. */
+        ck_assert_int_eq(tern_tp_mr_dereg(ro_mr), 0);
+        ck_assert_int_eq(tern_tp_mr_dereg(rmr), 0);
+        ck_assert_int_eq(open_fds(), fds);
+        f.mem[0] = 0x42;
+        first[0] = 0x43;
+        ck_assert_int_eq(pread(f.fd, &byte, 1, FD_OFF), 1);
+        ck_assert_uint_eq(byte, 0x42);
+        ck_assert_int_eq(pread(f.fd, &byte, 1, 0), 1);
+        ck_assert_uint_eq(byte, 0x43);
+        munmap(first, PG);
+        test_file_close(&f);
+    }
+    tp_pair_close(&p);
+}
+END_TEST
+
+/* tern_tp_mr_reg_fd checks its arguments on every fabric. */
+START_TEST(file_region_argument_errors)
+{
+    struct tern_tp_ep *ep = tp_open(FC->fabric, 0);
+    struct tern_tp_mr *mr;
+    struct test_file f;
+    const uint32_t rw = TERN_TP_ACCESS_REMOTE_READ | TERN_TP_ACCESS_REMOTE_WRITE;
+    int closed;
+
+    test_file_open(&f, false);
+    closed = dup(f.fd);
+    close(closed);
+    ck_assert_int_eq(tern_tp_mr_reg_fd(ep, f.mem, FD_LEN, -1, FD_OFF, rw, &mr), TERN_EINVAL);
+    ck_assert_int_eq(tern_tp_mr_reg_fd(ep, f.mem, FD_LEN, closed, FD_OFF, rw, &mr), TERN_EINVAL);
+    ck_assert_int_eq(tern_tp_mr_reg_fd(ep, f.mem, FD_LEN, f.fd, FD_OFF + 8, rw, &mr),
+                     TERN_EINVAL);
+    ck_assert_int_eq(tern_tp_mr_reg_fd(ep, f.mem + 8, FD_LEN - 8, f.fd, FD_OFF, rw, &mr),
+                     TERN_EINVAL);
+    ck_assert_int_eq(tern_tp_mr_reg_fd(ep, f.mem, FD_LEN, f.fd, FD_OFF, 0xff, &mr), TERN_EINVAL);
+    ck_assert_int_eq(tern_tp_mr_reg_fd(ep, f.mem, 0, f.fd, FD_OFF, rw, &mr), TERN_EINVAL);
+    ck_assert_int_eq(tern_tp_mr_reg_fd(ep, f.mem, FD_LEN, f.fd, FD_OFF, rw, NULL), TERN_EINVAL);
+    ck_assert_int_eq(tern_tp_mr_reg_fd(ep, f.mem, FD_LEN, f.fd, FD_OFF, rw, &mr), 0);
+    ck_assert_int_eq(tern_tp_mr_dereg(mr), 0);
+    /* Closing the endpoint with a region still registered leaves the
+     * caller's mapping alone too. */
+    ck_assert_int_eq(tern_tp_mr_reg_fd(ep, f.mem, FD_LEN, f.fd, FD_OFF, rw, &mr), 0);
+    tern_tp_close(ep);
+    f.mem[FD_LEN - 1] = 1;
+    test_file_close(&f);
+}
+END_TEST
+
+/* tern_tp_rkey_ptr: TERN_ENOTSUP without the capability; with it, a
+ * pointer into a file region of the peer once it is mapped (polling in
+ * between), and TERN_ENOTSUP for memory the peer registered without a file.
+ * Argument errors are the core's. */
+START_TEST(rkey_ptr_by_capability)
+{
+    struct tp_pair p;
+    struct tern_tp_mr *fmr, *plain;
+    struct tern_tp_rkey fk, pk;
+    struct test_file f;
+    static uint8_t mem[4096];
+    void *ptr = &ptr;
+    double end;
+    int rc;
+
+    tp_pair_open(&p, FC, 0);
+    test_file_open(&f, true);
+    ck_assert_int_eq(tern_tp_mr_reg_fd(p.b, f.mem, FD_LEN, f.fd, FD_OFF,
+                                       TERN_TP_ACCESS_REMOTE_READ, &fmr), 0);
+    ck_assert_int_eq(tern_tp_mr_reg(p.b, mem, sizeof(mem), TERN_TP_ACCESS_REMOTE_READ, &plain), 0);
+    fk = tern_tp_mr_rkey(fmr);
+    pk = tern_tp_mr_rkey(plain);
+    fill_pattern(f.mem, 64, 3);
+    if (!(tern_tp_caps(p.a) & TERN_TP_CAP_RKEY_PTR)) {
+        ck_assert_int_eq(tern_tp_rkey_ptr(p.client, &fk, 0, 8, TERN_TP_ACCESS_REMOTE_READ, &ptr),
+                         TERN_ENOTSUP);
+        ck_assert_ptr_null(ptr);
+        ck_assert_int_eq(tern_tp_rkey_ptr(p.client, &fk, 0, 8, 0xff, &ptr), TERN_ENOTSUP);
+        tp_pair_close(&p);
+        test_file_close(&f);
+        return;
+    }
+    ck_assert_int_eq(tern_tp_rkey_ptr(p.client, &fk, 0, 0, TERN_TP_ACCESS_REMOTE_READ, &ptr),
+                     TERN_EINVAL);
+    ck_assert_int_eq(tern_tp_rkey_ptr(p.client, &fk, 0, 8, 0xff, &ptr), TERN_EINVAL);
+    ck_assert_int_eq(tern_tp_rkey_ptr(p.client, NULL, 0, 8, 0, &ptr), TERN_EINVAL);
+    for (int k = 0; k < 2; k++) {
+        const struct tern_tp_rkey *rk = k ? &pk : &fk;
+        struct tern_tp_event ev[4];
+
+        end = now_ms() + 5000;
+        while ((rc = tern_tp_rkey_ptr(p.client, rk, 0, 64, TERN_TP_ACCESS_REMOTE_READ, &ptr)) ==
+               TERN_EAGAIN) {
+            ck_assert_msg(now_ms() < end, "rkey_ptr: still TERN_EAGAIN after 5 s");
+            ck_assert_int_eq(tern_tp_poll(p.a, ev, 4), 0);
+            ck_assert_int_eq(tern_tp_poll(p.b, ev, 4), 0);
+        }
+        ck_assert_int_eq(rc, k ? TERN_ENOTSUP : 0);
+    }
+    ck_assert_int_eq(tern_tp_rkey_ptr(p.client, &fk, 0, 64, TERN_TP_ACCESS_REMOTE_READ, &ptr), 0);
+    ck_assert(check_pattern(ptr, 64, 3));
+    tp_pair_close(&p);
+    test_file_close(&f);
 }
 END_TEST
 
@@ -919,6 +1185,14 @@ static const struct tern_tp_ops no_arm_ops = {
     .poll = null_poll, .wait_fd = null_wait_fd, .wait = null_wait,
 };
 
+static int null_rkey_ptr(struct tern_tp_conn *conn, const struct tern_tp_rkey *rkey, uint64_t roff,
+                         size_t len, uint32_t need, void **ptr)
+{
+    return TERN_EIO;
+}
+
+static const struct tern_tp_ops ptr_only_ops = {.poll = null_poll, .rkey_ptr = null_rkey_ptr};
+
 static const struct tern_tp_fabric sparse_fabric = {
     .name = "sparse", .caps = 0, .ep_size = sizeof(struct tern_tp_ep), .ops = &sparse_ops,
 };
@@ -941,6 +1215,8 @@ START_TEST(null_ops_enotsup)
     ck_assert_int_eq(tern_tp_msg_post(&fake, NULL, 1), TERN_ENOTSUP);
     ck_assert_int_eq(tern_tp_put(&fake, NULL, 0, 1, &rk, 0, 0), TERN_ENOTSUP);
     ck_assert_int_eq(tern_tp_get(&fake, NULL, 0, 1, &rk, 0, 0), TERN_ENOTSUP);
+    ck_assert_int_eq(tern_tp_rkey_ptr(&fake, &rk, 0, 1, 0, &buf), TERN_ENOTSUP);
+    ck_assert_ptr_null(buf);
     ck_assert_int_eq(tern_tp_wait_fd(ep), TERN_ENOTSUP);
     ck_assert_int_eq(tern_tp_wait(ep, 0), TERN_ENOTSUP);
     ck_assert_int_eq(tern_tp_arm(ep), TERN_ENOTSUP);
@@ -959,6 +1235,14 @@ START_TEST(caps_that_lie_are_refused)
     liar.caps = TERN_TP_CAP_PUT;    /* claims put, has no put op */
     ck_assert(!tern_tp_caps_match_ops(&liar));
     ck_assert_int_eq(tern_tp_open_fabric(&liar, &cfg, &ep), TERN_EINVAL);
+    liar.caps = TERN_TP_CAP_RKEY_PTR;   /* claims direct pointers, has no op */
+    ck_assert(!tern_tp_caps_match_ops(&liar));
+    ck_assert_int_eq(tern_tp_open_fabric(&liar, &cfg, &ep), TERN_EINVAL);
+    liar.caps = 0;
+    liar.ops = &ptr_only_ops;           /* has the op, does not say so */
+    ck_assert(!tern_tp_caps_match_ops(&liar));
+    liar.caps = TERN_TP_CAP_RKEY_PTR;
+    ck_assert(tern_tp_caps_match_ops(&liar));
     liar.caps = TERN_TP_CAP_WAIT_FD;
     liar.ops = &no_arm_ops;
     ck_assert(!tern_tp_caps_match_ops(&liar));
@@ -1001,6 +1285,9 @@ Suite *suite_conformance(void)
     tcase_add_loop_test(tc, ordered_put_then_get_stream, 0, n_fabric_cases);
     tcase_add_loop_test(tc, remote_range_and_rights_errors, 0, n_fabric_cases);
     tcase_add_loop_test(tc, remote_key_errors, 0, n_fabric_cases);
+    tcase_add_loop_test(tc, file_regions, 0, n_fabric_cases);
+    tcase_add_loop_test(tc, file_region_argument_errors, 0, n_fabric_cases);
+    tcase_add_loop_test(tc, rkey_ptr_by_capability, 0, n_fabric_cases);
     tcase_add_loop_test(tc, local_argument_errors, 0, n_fabric_cases);
     tcase_add_loop_test(tc, peer_close_reported, 0, n_fabric_cases);
     tcase_add_loop_test(tc, inflight_ops_fail_on_close, 0, n_fabric_cases);

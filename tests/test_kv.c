@@ -37,14 +37,20 @@ static void teardown(void)
     rmdir(dir);
 }
 
-static struct tern_kv_store *open_store(uint64_t size)
+static struct tern_kv_store *open_store_opts(uint64_t size, bool append_only)
 {
-    struct tern_kv_store_opts o = {.path = path, .pool_size = size, .seg_size = SEG};
+    struct tern_kv_store_opts o = {.path = path, .pool_size = size, .seg_size = SEG,
+                                   .append_only = append_only};
     struct tern_kv_store *s = NULL;
     int rc = tern_kv_store_open(&o, &s);
 
     ck_assert_msg(rc == 0, "open: %s", tern_strerror(rc));
     return s;
+}
+
+static struct tern_kv_store *open_store(uint64_t size)
+{
+    return open_store_opts(size, false);
 }
 
 static void put_str(struct tern_kv_store *s, const char *k, const char *v)
@@ -195,11 +201,55 @@ START_TEST(second_opener_is_refused)
 }
 END_TEST
 
+/* BOOM-KV's hybrid update: once a key has a superseded record, later PUTs
+ * that fit rewrite it in place, so repeated updates stop growing the log;
+ * the newest values survive reopen, and a value that does not fit appends. */
+START_TEST(updates_in_place_reuse_space)
+{
+    struct tern_kv_store *s = open_store(1 << 20);
+    struct tern_kv_store_stats st;
+    uint64_t used_after_two;
+    char k[32], v[64];
+
+    for (int round = 0; round <= 50; round++) {
+        for (int i = 0; i < 10; i++) {
+            snprintf(k, sizeof(k), "key%d", i);
+            snprintf(v, sizeof(v), "value %02d of key %d", round, i);
+            put_str(s, k, v);
+        }
+        if (round == 1) {
+            tern_kv_store_get_stats(s, &st);
+            used_after_two = st.pool.bytes_committed;
+        }
+    }
+    tern_kv_store_get_stats(s, &st);
+    ck_assert_uint_eq(st.in_place, 10 * 49);
+    ck_assert_uint_eq(st.pool.bytes_committed, used_after_two);
+    /* Too long for either slot: appended, and the key still reads right. */
+    put_str(s, "key3", "a value far too long for the slots of the earlier ones of key3");
+    tern_kv_store_get_stats(s, &st);
+    ck_assert_uint_eq(st.in_place, 10 * 49);
+    ck_assert_uint_gt(st.pool.bytes_committed, used_after_two);
+    tern_kv_store_close(s);
+    s = open_store(0);
+    ck_assert_uint_eq(tern_kv_store_count(s), 10);
+    for (int i = 0; i < 10; i++) {
+        snprintf(k, sizeof(k), "key%d", i);
+        snprintf(v, sizeof(v), "value 50 of key %d", i);
+        if (i == 3)
+            snprintf(v, sizeof(v), "a value far too long for the slots of the earlier ones of key3");
+        ck_assert_msg(has(s, k, v), "%s is gone after reopen", k);
+    }
+    tern_kv_store_close(s);
+}
+END_TEST
+
 /* Overwrites far beyond the pool's size succeed because cleaning takes back
  * the dead versions; the newest values and the deletions survive reopen. */
 START_TEST(cleaning_reclaims_space)
 {
-    struct tern_kv_store *s = open_store(8 * SEG + 4096);
+    /* Append-only: updates in place would leave nothing to clean. */
+    struct tern_kv_store *s = open_store_opts(8 * SEG + 4096, true);
     struct tern_kv_store_stats st;
     char k[32], v[128];
 
@@ -729,6 +779,7 @@ Suite *suite_kv(void)
     tcase_add_test(tc, uncommitted_write_is_not_recovered);
     tcase_add_test(tc, second_opener_is_refused);
     tcase_add_test(tc, cleaning_reclaims_space);
+    tcase_add_test(tc, updates_in_place_reuse_space);
     tcase_add_test(tc, full_pool);
     tcase_add_test(tc, scan_survives_growth);
     tcase_add_test(tc, corrupt_record_is_refused);

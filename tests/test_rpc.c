@@ -25,12 +25,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <inttypes.h>
+#include <sys/mman.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "helpers.h"
 #include "rpc.h"
+#include "rpc_internal.h"
 #include "suites.h"
+#include "tern_config.h"
 #include "tcp/tcp_wire.h"
 #include "transport.h"
 #include "wire.h"
@@ -2670,12 +2676,1113 @@ START_TEST(backpressure_unread_replies)
 }
 END_TEST
 
+/* ---- one-sided access through sessions ---- */
+
+/* A second service on the servers of these tests: it hands out keys to its
+ * regions, reads, fills and deregisters them on request, and pushes data
+ * into the caller's memory. Tests look at the server's memory through it,
+ * so they run the same against a server in this process or in a child. */
+#define RSVC 8
+#define SRV_MR_LEN (64u * 1024)
+
+enum {
+    R_KEY = 0,      /* struct rreq (region); reply: its tern_tp_rkey */
+    R_PUSH = 1,     /* struct push_req; puts, then replies at once (empty) */
+    R_DROP = 2,     /* replies, but the reply is lost with the session */
+    R_READ = 3,     /* struct rreq; reply: the region's bytes */
+    R_FILL = 4,     /* struct rreq; fills the bytes with fill(seed) */
+    R_DEREG = 5,    /* struct rreq (region) */
+    R_PUSHED = 6,   /* reply: int32_t completions of R_PUSH's puts, last status */
+};
+
+struct rreq {
+    uint32_t region;
+    uint32_t len;
+    uint64_t off;
+    uint32_t seed;
+    uint32_t pad;
+};
+
+struct push_req {
+    struct tern_tp_rkey rk;     /* the caller's region */
+    uint64_t roff;
+    uint32_t len;
+    uint8_t byte;               /* the server's region 0 is filled with it first */
+    uint8_t drop;               /* then lose the session (rpc_test_drop) */
+};
+
+/* The server's regions, allocated before it listens anywhere (so that
+ * they are on no fabric yet), and its puts' completions. */
+static struct tern_rpc_mr *srv_mrs[2];
+static int push_runs, push_status;
+
+/* A status for a message: "0" or the code's name. */
+static const char *status_name(int status)
+{
+    return status ? tern_err_name(status) : "0";
+}
+
+static void fill(void *p, size_t len, unsigned seed)
+{
+    for (size_t i = 0; i < len; i++)
+        ((uint8_t *)p)[i] = (uint8_t)(seed * 37 + i * 13 + (i >> 8));
+}
+
+/* With push_again, the completion tries another put on its session. */
+static bool push_again;
+static int push_again_rc;
+static struct tern_session *push_sess;
+static struct push_req push_last;
+
+static void push_done(void *arg, int status)
+{
+    push_runs++;
+    push_status = status;
+    if (push_again)
+        push_again_rc = tern_session_put(push_sess, srv_mrs[0], 0, push_last.len, &push_last.rk,
+                                         push_last.roff, NULL, NULL);
+}
+
+/* The request's region and range, or NULL. */
+static uint8_t *rreq_at(const void *data, size_t len, struct rreq *q)
+{
+    if (len != sizeof(*q))
+        return NULL;
+    memcpy(q, data, sizeof(*q));
+    if (q->region >= 2 || !srv_mrs[q->region] || q->off > SRV_MR_LEN ||
+        q->len > SRV_MR_LEN - q->off)
+        return NULL;
+    return (uint8_t *)tern_rpc_mr_addr(srv_mrs[q->region]) + q->off;
+}
+
+static int r_key(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    struct tern_tp_rkey rk, *out;
+    struct rreq q;
+    int rc;
+
+    if (!rreq_at(data, len, &q))
+        return TERN_EINVAL;
+    rc = tern_rpc_mr_rkey(srv_mrs[q.region], tern_req_session(req), &rk);
+    if (rc < 0)
+        return rc;
+    out = tern_reply_alloc(req, sizeof(rk));
+    if (!out)
+        return TERN_ENOMEM;
+    memcpy(out, &rk, sizeof(rk));
+    return 0;
+}
+
+/* Put first: tcp and shm refuse a put (EAGAIN) while a reply is being
+ * built in the send buffer. The reply goes without waiting for the put. */
+static int r_push(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    struct push_req p;
+    int rc;
+
+    if (len != sizeof(p) || !srv_mrs[0])
+        return TERN_EINVAL;
+    memcpy(&p, data, sizeof(p));
+    if (p.len > SRV_MR_LEN)
+        return TERN_EINVAL;
+    memset(tern_rpc_mr_addr(srv_mrs[0]), p.byte, p.len);
+    push_sess = tern_req_session(req);
+    push_last = p;
+    rc = tern_session_put(push_sess, srv_mrs[0], 0, p.len, &p.rk, p.roff, push_done, NULL);
+    if (p.drop)
+        rpc_test_drop(req);
+    return rc;
+}
+
+static int r_drop(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    rpc_test_drop(req);
+    return 0;
+}
+
+static int r_read(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    struct rreq q;
+    uint8_t *at = rreq_at(data, len, &q), *out;
+
+    if (!at)
+        return TERN_EINVAL;
+    out = tern_reply_alloc(req, q.len);
+    if (!out)
+        return TERN_EMSGSIZE;
+    memcpy(out, at, q.len);
+    return 0;
+}
+
+static int r_fill(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    struct rreq q;
+    uint8_t *at = rreq_at(data, len, &q);
+
+    if (!at)
+        return TERN_EINVAL;
+    fill(at, q.len, q.seed);
+    return 0;
+}
+
+static int r_dereg(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    struct rreq q;
+
+    if (!rreq_at(data, len, &q))
+        return TERN_EINVAL;
+    tern_rpc_mr_dereg(srv_mrs[q.region]);
+    srv_mrs[q.region] = NULL;
+    return 0;
+}
+
+static int r_pushed(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    int32_t *out = tern_reply_alloc(req, 2 * sizeof(*out));
+
+    if (!out)
+        return TERN_ENOMEM;
+    out[0] = push_runs;
+    out[1] = push_status;
+    return 0;
+}
+
+static const struct tern_method rma_methods[] = {
+    {.id = R_KEY, .name = "key", .handler = r_key},
+    {.id = R_PUSH, .name = "push", .handler = r_push},
+    {.id = R_DROP, .name = "drop", .handler = r_drop},
+    {.id = R_READ, .name = "read", .handler = r_read},
+    {.id = R_FILL, .name = "fill", .handler = r_fill},
+    {.id = R_DEREG, .name = "dereg", .handler = r_dereg},
+    {.id = R_PUSHED, .name = "pushed", .handler = r_pushed},
+};
+
+static const struct tern_service rma_service = {
+    .name = "rma", .id = RSVC, .methods = rma_methods,
+    .n_methods = sizeof(rma_methods) / sizeof(rma_methods[0]),
+};
+
+/* Both services and the two regions on a server endpoint. */
+static int rma_setup_ep(struct tern_rpc_ep *ep)
+{
+    const uint32_t rw = TERN_TP_ACCESS_REMOTE_READ | TERN_TP_ACCESS_REMOTE_WRITE;
+    int rc;
+
+    push_runs = push_status = 0;
+    if ((rc = tern_rpc_register(ep, &service)) < 0 ||
+        (rc = tern_rpc_register(ep, &rma_service)) < 0)
+        return rc;
+    for (int i = 0; i < 2; i++)
+        if ((rc = tern_rpc_mr_alloc(ep, SRV_MR_LEN, rw, &srv_mrs[i])) < 0)
+            return rc;
+    return 0;
+}
+
+static void rma_setup_child(struct tern_rpc_ep *ep)
+{
+    if (rma_setup_ep(ep) < 0)
+        _exit(6);
+}
+
+/* The fabrics the loop tests run on: tcp, shm, rdma (softverbs unless the
+ * host has a NIC). */
+enum { FAB_TCP, FAB_SHM, FAB_RDMA, N_FABS };
+static char rma_rdma_uri[96] = "rdma://127.0.0.1:0";
+static const char *const rma_listen[N_FABS] = {"tcp://127.0.0.1:0", "shm://auto", rma_rdma_uri};
+static const char *const rma_fabric[N_FABS] = {"tcp", "shm", "rdma"};
+
+__attribute__((constructor)) static void rma_rdma_uri_init(void)
+{
+    snprintf(rma_rdma_uri, sizeof(rma_rdma_uri), "rdma://%s:0", test_rdma_ip());
+}
+
+/* A second client endpoint some tests poll too. */
+static struct tern_rpc_ep *cli2;
+
+static void rma_poll(void)
+{
+    if (cli)
+        tern_rpc_poll(cli);
+    if (srv)
+        tern_rpc_poll(srv);
+    if (cli2)
+        tern_rpc_poll(cli2);
+}
+
+static bool rma_until(const int *counter, int want, int ms)
+{
+    double end = now_ms() + ms;
+
+    while (*counter < want) {
+        if (now_ms() > end)
+            return false;
+        rma_poll();
+    }
+    return true;
+}
+
+static void rma_poll_for(int ms)
+{
+    for (double end = now_ms() + ms; now_ms() < end;)
+        rma_poll();
+}
+
+/* The server in this process (srv), with a listener on `fab` and a client
+ * session to it; its regions are registered before the listener. */
+static void rma_pair_open(int fab, const struct tern_rpc_config *ccfg)
+{
+    struct tern_rpc_config dflt = {.max_msg = MAX_MSG};
+    int rc;
+
+    server_runs = 0;
+    ck_assert_int_eq(tern_rpc_ep_create(&dflt, &srv), 0);
+    rc = rma_setup_ep(srv);
+    ck_assert_msg(rc == 0, "server set-up: %s", tern_strerror(rc));
+    rc = tern_rpc_listen(srv, rma_listen[fab], uri, sizeof(uri));
+    ck_assert_msg(rc == 0, "listen %s: %s", rma_listen[fab], tern_strerror(rc));
+    ck_assert_int_eq(tern_rpc_ep_create(ccfg ? ccfg : &dflt, &cli), 0);
+    rc = connect_inproc(cli, uri, &sess);
+    ck_assert_msg(rc == 0, "connect %s: %s", uri, tern_strerror(rc));
+    ck_assert_str_eq(tern_session_fabric(sess), rma_fabric[fab]);
+}
+
+static void rma_pair_close(void)
+{
+    tern_rpc_ep_destroy(cli2);
+    cli2 = NULL;
+    pair_close();
+    srv_mrs[0] = srv_mrs[1] = NULL;
+}
+
+/* The server in a child process. The loop tests use one: rdma endpoints
+ * of one process share the emulated NIC's context, whose progress is not
+ * safe from two threads at once, and tern_rpc_connect needs the server
+ * polled while it waits. */
+static pid_t rma_pid;
+
+static void rma_kill_child(void)
+{
+    if (rma_pid > 0) {
+        kill(rma_pid, SIGKILL);
+        waitpid(rma_pid, NULL, 0);
+        rma_pid = 0;
+    }
+}
+
+/* false (with a log line) if the fabric is not built in. */
+static bool rma_proc_open(int fab)
+{
+    struct tern_rpc_config cfg = {.max_msg = MAX_MSG};
+    static bool registered;
+    int rc;
+
+    if (fab == FAB_RDMA && !TERN_HAVE_RDMA) {
+        printf("SKIP: rdma not built in; this one-sided test runs on tcp and shm only\n");
+        return false;
+    }
+    if (!registered) {
+        atexit(rma_kill_child);
+        registered = true;
+    }
+    rma_pid = spawn_rpc_server_at(rma_setup_child, &cfg, rma_listen[fab], uri, sizeof(uri));
+    ck_assert_int_gt(rma_pid, 0);
+    ck_assert_int_eq(tern_rpc_ep_create(&cfg, &cli), 0);
+    rc = tern_rpc_connect(cli, uri, 5 * SEC, &sess);
+    ck_assert_msg(rc == 0, "connect %s: %s", uri, tern_strerror(rc));
+    ck_assert_str_eq(tern_session_fabric(sess), rma_fabric[fab]);
+    return true;
+}
+
+static void rma_proc_close(void)
+{
+    pid_t pid = rma_pid;
+
+    tern_rpc_ep_destroy(cli);
+    cli = NULL;
+    sess = NULL;
+    rma_pid = 0;
+    ck_assert_msg(stop_server(pid) == 0, "server process did not exit cleanly");
+}
+
+/* What a one-sided completion saw. */
+struct rma_rec {
+    int runs;
+    int status;
+};
+
+static void rma_cb(void *arg, int status)
+{
+    struct rma_rec *r = arg;
+
+    r->runs++;
+    r->status = status;
+}
+
+/* A call on `s` that completes with `want`; the reply is copied to out
+ * (cap bytes at most) and its length returned. */
+static size_t call_expect(struct tern_session *s, uint16_t method, const void *req, size_t len,
+                          int want, void *out, size_t cap)
+{
+    struct rec r;
+    size_t got;
+    int rc;
+
+    rec_init(&r, cap ? cap : 1);
+    rc = tern_call(s, RSVC, method, req, len, 0, rec_cont, &r, NULL);
+    ck_assert_msg(rc == 0, "call %u: %s", method, tern_strerror(rc));
+    ck_assert_msg(rma_until(&r.runs, 1, WAIT_MS), "call %u never completed", method);
+    ck_assert_msg(r.status == want, "call %u: %s, want %s", method, status_name(r.status),
+                  status_name(want));
+    if (out && cap)
+        memcpy(out, r.buf, r.len < cap ? r.len : cap);
+    got = r.len;
+    free(r.buf);
+    return got;
+}
+
+/* The key of server region `i` for session `s` (asked over `s`). */
+static struct tern_tp_rkey srv_key(struct tern_session *s, uint32_t i)
+{
+    struct rreq q = {.region = i};
+    struct tern_tp_rkey rk;
+
+    ck_assert_uint_eq(call_expect(s, R_KEY, &q, sizeof(q), 0, &rk, sizeof(rk)), sizeof(rk));
+    return rk;
+}
+
+/* Server region `i`'s bytes at [off, off+len) must equal `want`. */
+static void srv_expect(struct tern_session *s, uint32_t i, uint64_t off, uint32_t len,
+                       const void *want, const char *what)
+{
+    struct rreq q = {.region = i, .off = off, .len = len};
+    uint8_t *got = malloc(len);
+
+    ck_assert_ptr_nonnull(got);
+    ck_assert_uint_eq(call_expect(s, R_READ, &q, sizeof(q), 0, got, len), len);
+    ck_assert_msg(memcmp(got, want, len) == 0, "%s: the server's memory differs", what);
+    free(got);
+}
+
+static void srv_fill(struct tern_session *s, uint32_t i, uint64_t off, uint32_t len,
+                     unsigned seed)
+{
+    struct rreq q = {.region = i, .off = off, .len = len, .seed = seed};
+
+    call_expect(s, R_FILL, &q, sizeof(q), 0, NULL, 0);
+}
+
+/* Start a put or get, polling while the fabric says EAGAIN (shm turns a
+ * key direct after its first use, and waits for served ones first). */
+static int rma_start_retry(struct tern_session *s, bool put, struct tern_rpc_mr *lmr,
+                           size_t loff, size_t len, const struct tern_tp_rkey *rk,
+                           uint64_t roff, struct rma_rec *r)
+{
+    double end = now_ms() + WAIT_MS;
+    int rc;
+
+    for (;;) {
+        rc = put ? tern_session_put(s, lmr, loff, len, rk, roff, rma_cb, r)
+                 : tern_session_get(s, lmr, loff, len, rk, roff, rma_cb, r);
+        if (rc != TERN_EAGAIN || now_ms() > end)
+            return rc;
+        rma_poll();
+    }
+}
+
+/* A put or get that must complete, once, with `want`. */
+static void rma_expect(struct tern_session *s, bool put, struct tern_rpc_mr *lmr, size_t loff,
+                       size_t len, const struct tern_tp_rkey *rk, uint64_t roff, int want)
+{
+    const char *what = put ? "put" : "get";
+    struct rma_rec r = {0};
+    int rc = rma_start_retry(s, put, lmr, loff, len, rk, roff, &r);
+
+    ck_assert_msg(rc == 0, "%s of %zu bytes at %" PRIu64 ": %s", what, len, roff,
+                  status_name(rc));
+    ck_assert_msg(rma_until(&r.runs, 1, WAIT_MS), "%s never completed", what);
+    ck_assert_msg(r.status == want, "%s of %zu bytes at %" PRIu64 ": %s, want %s", what, len,
+                  roff, status_name(r.status), status_name(want));
+    rma_poll_for(5);
+    ck_assert_msg(r.runs == 1, "%s completed %d times", what, r.runs);
+}
+
+/* Checked by the continuation of a push, when the reply arrives. */
+struct push_seen {
+    struct rec r;
+    const uint8_t *at;          /* the client's bytes the server put */
+    size_t len;
+    uint8_t byte;
+    bool all_there;
+};
+
+static void push_cont(void *arg, int status, const void *reply, size_t len)
+{
+    struct push_seen *p = arg;
+
+    p->all_there = true;
+    for (size_t i = 0; i < p->len; i++)
+        if (p->at[i] != p->byte)
+            p->all_there = false;
+    rec_cont(&p->r, status, reply, len);
+}
+
+/* The server's put completions so far, and the last one's status. */
+static int srv_pushed(struct tern_session *s, int *status)
+{
+    int32_t got[2];
+
+    ck_assert_uint_eq(call_expect(s, R_PUSHED, NULL, 0, 0, got, sizeof(got)), sizeof(got));
+    *status = got[1];
+    return got[0];
+}
+
+/* The server puts `len` bytes of `byte` into the client's `cmr` at `off`
+ * from a handler and replies at once: the data is there when the reply
+ * is. Its put then completes without error. */
+static void expect_push(struct tern_session *s, struct tern_rpc_mr *cmr, size_t off, size_t len,
+                        uint8_t byte)
+{
+    struct push_req p = {.roff = off, .len = (uint32_t)len, .byte = byte};
+    struct push_seen seen = {.at = (uint8_t *)tern_rpc_mr_addr(cmr) + off, .len = len,
+                             .byte = byte};
+    int before, runs, status = 0;
+
+    before = srv_pushed(s, &status);
+    ck_assert_int_eq(tern_rpc_mr_rkey(cmr, s, &p.rk), 0);
+    memset((uint8_t *)tern_rpc_mr_addr(cmr) + off, byte ^ 0xff, len);
+    rec_init(&seen.r, 0);
+    ck_assert_int_eq(tern_call(s, RSVC, R_PUSH, &p, sizeof(p), 0, push_cont, &seen, NULL), 0);
+    ck_assert(rma_until(&seen.r.runs, 1, WAIT_MS));
+    ck_assert_msg(seen.r.status == 0, "push: %s", status_name(seen.r.status));
+    ck_assert_msg(seen.all_there, "the reply came before the server's put had landed");
+    for (double end = now_ms() + WAIT_MS; (runs = srv_pushed(s, &status)) == before &&
+                                          now_ms() < end;)
+        rma_poll();
+    ck_assert_msg(runs == before + 1, "server's put: %d completions", runs - before);
+    ck_assert_msg(status == 0, "server's put: %s", status_name(status));
+}
+
+/* Put and get between a client's regions and a server's, and a handler
+ * that pushes into the client before it replies. */
+START_TEST(rma_put_get)
+{
+    const uint32_t rw = TERN_TP_ACCESS_REMOTE_READ | TERN_TP_ACCESS_REMOTE_WRITE;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    struct tern_rpc_mr *cmr, *plain, *filed;
+    struct tern_tp_rkey srk;
+    uint8_t *c, *heap, *fmap, want[2000];
+    int fd;
+
+    if (!rma_proc_open(_i))
+        return;
+    ck_assert_int_eq(tern_rpc_mr_alloc(cli, 40000, rw, &cmr), 0);
+    c = tern_rpc_mr_addr(cmr);
+    ck_assert_uint_eq(tern_rpc_mr_len(cmr), 40000);
+    ck_assert_msg(((uintptr_t)c & (page - 1)) == 0, "tern_rpc_mr_alloc memory not page-aligned");
+    for (size_t i = 0; i < 40000; i++)
+        ck_assert_msg(c[i] == 0, "tern_rpc_mr_alloc memory not zeroed at %zu", i);
+    srk = srv_key(sess, 0);
+    ck_assert_uint_eq(srk.len, SRV_MR_LEN);
+
+    fill(c, 40000, 1);
+    rma_expect(sess, true, cmr, 0, 1000, &srk, 100, 0);
+    srv_expect(sess, 0, 100, 1000, c, "put");
+    rma_expect(sess, true, cmr, 5000, 30000, &srk, SRV_MR_LEN - 30000, 0);
+    srv_expect(sess, 0, SRV_MR_LEN - 30000, 30000, c + 5000, "large put");
+
+    srv_fill(sess, 0, 20000, 2000, 2);
+    fill(want, 2000, 2);
+    rma_expect(sess, false, cmr, 38000, 2000, &srk, 20000, 0);
+    ck_assert_msg(memcmp(c + 38000, want, 2000) == 0, "get: client memory differs");
+
+    /* Memory the caller keeps: plain heap, and a file mapping whose
+     * descriptor the caller closes before the region is first used. */
+    heap = calloc(1, 4096);
+    ck_assert_ptr_nonnull(heap);
+    ck_assert_int_eq(tern_rpc_mr_reg(cli, heap, 4096, -1, 0, rw, &plain), 0);
+    fill(heap, 4096, 3);
+    rma_expect(sess, true, plain, 0, 4096, &srk, 4096, 0);
+    srv_expect(sess, 0, 4096, 4096, heap, "put from the heap");
+    fd = memfd_create("rma-test", MFD_CLOEXEC);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(ftruncate(fd, 2 * (off_t)page), 0);
+    fmap = mmap(NULL, page, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)page);
+    ck_assert(fmap != MAP_FAILED);
+    ck_assert_int_eq(tern_rpc_mr_reg(cli, fmap, page, fd, page, rw, &filed), 0);
+    close(fd);
+    srv_fill(sess, 0, 9000, (uint32_t)page, 4);
+    rma_expect(sess, false, filed, 0, page, &srk, 9000, 0);
+    fill(heap, page, 4);
+    ck_assert_msg(memcmp(fmap, heap, page) == 0, "get into a file mapping: memory differs");
+    tern_rpc_mr_dereg(filed);
+    munmap(fmap, page);
+    tern_rpc_mr_dereg(plain);
+    free(heap);
+
+    /* The server pushes into the client's memory from a handler. */
+    expect_push(sess, cmr, 7000, 3000, 0x5c);
+    expect_push(sess, cmr, 0, 1, 0xa7);
+    ck_assert_int_eq(tern_session_status(sess), 0);
+    tern_rpc_mr_dereg(cmr);
+    rma_proc_close();
+}
+END_TEST
+
+/* A key the server never gave, or a range outside the region: refused
+ * with TERN_EREMACCESS, and the session goes on. (On rdma a wrong key
+ * breaks the queue pair, so there only the range is tried: what the key
+ * states itself is checked before posting.) */
+START_TEST(rma_bad_rkey)
+{
+    struct tern_rpc_mr *cmr;
+    struct tern_tp_rkey srk, bad;
+
+    if (!rma_proc_open(_i))
+        return;
+    ck_assert_int_eq(tern_rpc_mr_alloc(cli, 8192, TERN_TP_ACCESS_REMOTE_WRITE, &cmr), 0);
+    srk = srv_key(sess, 0);
+    if (_i != FAB_RDMA) {
+        bad = srk;
+        bad.key ^= 0x5a5a0000;  /* same slot, another nonce */
+        rma_expect(sess, true, cmr, 0, 100, &bad, 0, TERN_EREMACCESS);
+        rma_expect(sess, false, cmr, 0, 100, &bad, 0, TERN_EREMACCESS);
+    }
+    rma_expect(sess, true, cmr, 0, 100, &srk, SRV_MR_LEN - 50, TERN_EREMACCESS);
+    rma_expect(sess, false, cmr, 0, 100, &srk, SRV_MR_LEN + 4096, TERN_EREMACCESS);
+    ck_assert_int_eq(tern_session_status(sess), 0);
+    fill(tern_rpc_mr_addr(cmr), 100, 5);
+    rma_expect(sess, true, cmr, 0, 100, &srk, 0, 0);
+    srv_expect(sess, 0, 0, 100, tern_rpc_mr_addr(cmr), "put after refused ones");
+    rma_proc_close();
+}
+END_TEST
+
+/* Direct pointers exist on shm only; elsewhere TERN_ENOTSUP. */
+START_TEST(rma_rkey_ptr)
+{
+    const uint32_t rd = TERN_TP_ACCESS_REMOTE_READ, wr = TERN_TP_ACCESS_REMOTE_WRITE;
+    struct tern_tp_rkey srk;
+    uint8_t want[64];
+    void *p = NULL;
+    int rc;
+
+    if (!rma_proc_open(_i))
+        return;
+    srk = srv_key(sess, 0);
+    srv_fill(sess, 0, 0, 64, 8);
+    rc = tern_session_rkey_ptr(sess, &srk, 0, 64, rd, &p);
+    for (double end = now_ms() + WAIT_MS; rc == TERN_EAGAIN && now_ms() < end;) {
+        rma_poll();
+        rc = tern_session_rkey_ptr(sess, &srk, 0, 64, rd, &p);
+    }
+    if (_i != FAB_SHM) {
+        ck_assert_msg(rc == TERN_ENOTSUP, "rkey_ptr on %s: %s", rma_fabric[_i],
+                      status_name(rc));
+    } else if (rc == TERN_ENOTSUP &&
+               !(tern_tp_caps(tern_tp_conn_ep(sess->conn)) & TERN_TP_CAP_RKEY_PTR)) {
+        printf("SKIP: shm rkey_ptr: the transport has no direct pointers\n");
+    } else {
+        ck_assert_msg(rc == 0, "rkey_ptr on shm: %s", status_name(rc));
+        fill(want, 64, 8);
+        ck_assert_msg(memcmp(p, want, 64) == 0, "rkey_ptr: not the server's bytes");
+        rc = tern_session_rkey_ptr(sess, &srk, 128, 64, rd | wr, &p);
+        ck_assert_msg(rc == 0, "writable rkey_ptr on shm: %s", status_name(rc));
+        memset(p, 0x77, 64);
+        memset(want, 0x77, 64);
+        srv_expect(sess, 0, 128, 64, want, "store through rkey_ptr");
+        rc = tern_session_rkey_ptr(sess, &srk, SRV_MR_LEN - 8, 64, rd, &p);
+        ck_assert_msg(rc == TERN_EREMACCESS, "rkey_ptr out of range: %s", status_name(rc));
+    }
+    ck_assert_int_eq(tern_session_rkey_ptr(sess, NULL, 0, 64, rd, &p), TERN_EINVAL);
+    ck_assert_int_eq(tern_session_status(sess), 0);
+    rma_proc_close();
+}
+END_TEST
+
+/* Deregistration: a server region's key stops working at once; a client
+ * region with gets in flight completes them now with an error, and keeps
+ * its memory until the fabric is done with them (their data still lands). */
+START_TEST(rma_dereg)
+{
+    struct tern_rpc_mr *cmr, *cmr2;
+    struct tern_tp_rkey srk0, srk1;
+    struct rreq q = {.region = 1};
+    struct rma_rec g[3] = {{0}};
+
+    if (!rma_proc_open(_i))
+        return;
+    ck_assert_int_eq(tern_rpc_mr_alloc(cli, 8192, TERN_TP_ACCESS_REMOTE_WRITE, &cmr), 0);
+    srk0 = srv_key(sess, 0);
+    srk1 = srv_key(sess, 1);
+    rma_expect(sess, true, cmr, 0, 100, &srk1, 0, 0);
+    call_expect(sess, R_DEREG, &q, sizeof(q), 0, NULL, 0);
+    if (_i != FAB_RDMA) {   /* on rdma the NIC refuses it by breaking the queue pair */
+        rma_expect(sess, true, cmr, 0, 100, &srk1, 0, TERN_EREMACCESS);
+        rma_expect(sess, false, cmr, 0, 100, &srk1, 0, TERN_EREMACCESS);
+    }
+    rma_expect(sess, true, cmr, 0, 100, &srk0, 0, 0);
+
+    /* Gets in flight into a region deregistered under them. */
+    ck_assert_int_eq(tern_rpc_mr_alloc(cli, 3 * 4096, TERN_TP_ACCESS_LOCAL, &cmr2), 0);
+    srv_fill(sess, 0, 0, 3 * 4096, 9);
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(rma_start_retry(sess, false, cmr2, (size_t)i * 4096, 4096, &srk0,
+                                         (uint64_t)i * 4096, &g[i]), 0);
+    tern_rpc_mr_dereg(cmr2);
+    for (int i = 0; i < 3; i++) {
+        ck_assert_msg(g[i].runs == 1, "get %d: %d completions at dereg", i, g[i].runs);
+        ck_assert_msg(g[i].status == TERN_ECANCELED, "get %d: %s", i,
+                      status_name(g[i].status));
+    }
+    rma_poll_for(100);
+    for (int i = 0; i < 3; i++)
+        ck_assert_msg(g[i].runs == 1, "get %d completed again", i);
+    ck_assert_uint_eq(cli->n_rma_free, cli->cfg.max_calls);
+    ck_assert_int_eq(tern_session_status(sess), 0);
+    rma_expect(sess, false, cmr, 0, 4096, &srk0, 0, 0);
+    expect_push(sess, cmr, 0, 64, 0x99);
+    rma_proc_close();
+}
+END_TEST
+
+/* Keys are per fabric, and a region is registered on a fabric only when a
+ * session there first needs it. */
+START_TEST(rma_rkeys_per_fabric)
+{
+    const uint32_t rw = TERN_TP_ACCESS_REMOTE_READ | TERN_TP_ACCESS_REMOTE_WRITE;
+    struct tern_rpc_config cfg = {.max_msg = MAX_MSG};
+    struct tern_tp_rkey k_tcp, k_shm, c_tcp, c_shm;
+    struct tern_rpc_mr *cmr, *cmr2;
+    struct tern_session *s2;
+    char shm_uri[128];
+    uint8_t *sm;
+    int rc;
+
+    ck_assert_int_eq(tern_rpc_ep_create(&cfg, &srv), 0);
+    ck_assert_int_eq(rma_setup_ep(srv), 0);
+    ck_assert_int_eq(tern_rpc_listen(srv, "tcp://127.0.0.1:0", uri, sizeof(uri)), 0);
+    ck_assert_int_eq(tern_rpc_listen(srv, "shm://auto", shm_uri, sizeof(shm_uri)), 0);
+    ck_assert_int_eq(tern_rpc_ep_create(&cfg, &cli), 0);
+    ck_assert_int_eq(tern_rpc_ep_create(&cfg, &cli2), 0);
+    ck_assert_int_eq(connect_inproc(cli, uri, &sess), 0);
+    rc = connect_inproc(cli2, shm_uri, &s2);
+    ck_assert_msg(rc == 0, "connect %s: %s", shm_uri, tern_strerror(rc));
+    ck_assert_str_eq(tern_session_fabric(s2), "shm");
+    for (int i = 0; i < RPC_MAX_FABRICS; i++)
+        ck_assert_msg(!srv_mrs[0]->tp[i], "region registered on fabric %d before any use", i);
+
+    k_tcp = srv_key(sess, 0);
+    for (unsigned i = 0; i < srv->n_tp; i++)
+        ck_assert_msg(!srv_mrs[0]->tp[i] == (strcmp(tern_tp_fabric(srv->tp[i]), "tcp") != 0),
+                      "after a tcp key: %s registered: %d", tern_tp_fabric(srv->tp[i]),
+                      srv_mrs[0]->tp[i] != NULL);
+    k_shm = srv_key(s2, 0);
+    for (unsigned i = 0; i < srv->n_tp; i++)
+        ck_assert_msg(srv_mrs[0]->tp[i], "after both keys: %s not registered",
+                      tern_tp_fabric(srv->tp[i]));
+    ck_assert_msg(k_tcp.key != k_shm.key, "tcp and shm keys are the same (%#x)", k_tcp.key);
+    ck_assert_uint_eq(k_tcp.len, k_shm.len);
+
+    /* The client side too: nothing until its own key is asked. */
+    ck_assert_int_eq(tern_rpc_mr_alloc(cli, 4096, rw, &cmr), 0);
+    ck_assert_int_eq(tern_rpc_mr_alloc(cli2, 4096, rw, &cmr2), 0);
+    ck_assert(!cmr->tp[0] && !cmr2->tp[0]);
+    ck_assert_int_eq(tern_rpc_mr_rkey(cmr, sess, &c_tcp), 0);
+    ck_assert_int_eq(tern_rpc_mr_rkey(cmr2, s2, &c_shm), 0);
+    ck_assert(cmr->tp[0] && cmr2->tp[0]);
+    ck_assert_int_eq(tern_rpc_mr_rkey(cmr, s2, &c_shm), TERN_EINVAL);   /* other endpoint */
+
+    /* Each key works over its own fabric; the tcp key means nothing on shm. */
+    sm = tern_rpc_mr_addr(srv_mrs[0]);
+    fill(tern_rpc_mr_addr(cmr), 4096, 6);
+    fill(tern_rpc_mr_addr(cmr2), 4096, 7);
+    rma_expect(sess, true, cmr, 0, 4096, &k_tcp, 0, 0);
+    ck_assert(memcmp(sm, tern_rpc_mr_addr(cmr), 4096) == 0);
+    rma_expect(s2, true, cmr2, 0, 4096, &k_shm, 4096, 0);
+    ck_assert(memcmp(sm + 4096, tern_rpc_mr_addr(cmr2), 4096) == 0);
+    rma_expect(s2, true, cmr2, 0, 64, &k_tcp, 0, TERN_EREMACCESS);
+    expect_push(s2, cmr2, 100, 200, 0x33);
+    expect_push(sess, cmr, 100, 200, 0x34);
+    rma_pair_close();
+}
+END_TEST
+
+/* A client that closes its session: its operations in flight complete at
+ * once with TERN_ECANCELED, and never again. */
+START_TEST(rma_close_fails_ops_once)
+{
+    struct tern_rpc_mr *cmr;
+    struct tern_tp_rkey srk;
+    struct rma_rec r[6] = {{0}};
+
+    rma_pair_open(FAB_TCP, NULL);
+    ck_assert_int_eq(tern_rpc_mr_alloc(cli, 8192, TERN_TP_ACCESS_LOCAL, &cmr), 0);
+    srk = srv_key(sess, 0);
+    /* The server is not polled: all stay in flight. */
+    for (int i = 0; i < 6; i++)
+        ck_assert_int_eq((i & 1 ? tern_session_get : tern_session_put)(
+                             sess, cmr, (size_t)i * 1000, 1000, &srk, (uint64_t)i * 1000,
+                             rma_cb, &r[i]), 0);
+    tern_session_close(sess);
+    sess = NULL;
+    for (int i = 0; i < 6; i++) {
+        ck_assert_msg(r[i].runs == 1, "op %d: %d completions at close", i, r[i].runs);
+        ck_assert_msg(r[i].status == TERN_ECANCELED, "op %d: %s", i, status_name(r[i].status));
+    }
+    rma_poll_for(100);
+    for (int i = 0; i < 6; i++)
+        ck_assert_msg(r[i].runs == 1, "op %d completed again after the close", i);
+    /* Its slots came back with the connection. */
+    ck_assert_uint_eq(cli->n_rma_free, cli->cfg.max_calls);
+    tern_rpc_mr_dereg(cmr);
+    rma_pair_close();
+}
+END_TEST
+
+/* A server session that goes (its client lost) while a put of the server's
+ * is in flight: that put completes once, with TERN_ECONNRESET, and its
+ * callback can start nothing more on that session. */
+START_TEST(rma_server_session_gone)
+{
+    struct tern_rpc_mr *cmr;
+    struct push_req p = {.roff = 0, .len = 512, .byte = 0x11, .drop = 1};
+    struct rec r;
+
+    rma_pair_open(FAB_TCP, NULL);
+    push_again = true;
+    push_again_rc = 1;
+    ck_assert_int_eq(tern_rpc_mr_alloc(cli, 4096, TERN_TP_ACCESS_REMOTE_WRITE, &cmr), 0);
+    ck_assert_int_eq(tern_rpc_mr_rkey(cmr, sess, &p.rk), 0);
+    rec_init(&r, 0);
+    ck_assert_int_eq(tern_call(sess, RSVC, R_PUSH, &p, sizeof(p), 0, rec_cont, &r, NULL), 0);
+    ck_assert(rma_until(&push_runs, 1, WAIT_MS));
+    ck_assert_msg(push_status == TERN_ECONNRESET, "server's put: %s",
+                  status_name(push_status));
+    ck_assert_msg(push_again_rc == TERN_ENOTCONN, "a put from the callback: %s",
+                  status_name(push_again_rc));
+    push_again = false;
+    ck_assert(rma_until(&r.runs, 1, WAIT_MS));
+    ck_assert_int_eq(r.status, TERN_ECONNRESET);
+    rma_poll_for(100);
+    ck_assert_msg(push_runs == 1, "the server's put completed %d times", push_runs);
+    ck_assert_uint_eq(srv->n_rma_free, srv->cfg.max_calls);
+    tern_rpc_mr_dereg(cmr);
+    rma_pair_close();
+}
+END_TEST
+
+/* The server goes away with gets in flight: they fail once, and the dead
+ * session refuses new operations and keys. */
+START_TEST(rma_server_gone)
+{
+    struct tern_rpc_mr *cmr;
+    struct tern_tp_rkey srk, k;
+    struct rma_rec r[3] = {{0}};
+
+    rma_pair_open(FAB_TCP, NULL);
+    ck_assert_int_eq(tern_rpc_mr_alloc(cli, 8192, TERN_TP_ACCESS_LOCAL, &cmr), 0);
+    srk = srv_key(sess, 0);
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(tern_session_get(sess, cmr, (size_t)i * 100, 100, &srk, 0, rma_cb,
+                                          &r[i]), 0);
+    tern_rpc_ep_destroy(srv);
+    srv = NULL;
+    srv_mrs[0] = srv_mrs[1] = NULL;
+    for (double end = now_ms() + WAIT_MS; tern_session_status(sess) == 0 && now_ms() < end;)
+        tern_rpc_poll(cli);
+    ck_assert_int_lt(tern_session_status(sess), 0);
+    rma_poll_for(50);
+    for (int i = 0; i < 3; i++) {
+        ck_assert_msg(r[i].runs == 1, "get %d: %d completions", i, r[i].runs);
+        ck_assert_msg(r[i].status == TERN_ECONNRESET, "get %d: %s", i,
+                      status_name(r[i].status));
+    }
+    ck_assert_int_eq(tern_session_put(sess, cmr, 0, 10, &srk, 0, rma_cb, &r[0]),
+                     TERN_ENOTCONN);
+    ck_assert_int_eq(tern_session_get(sess, cmr, 0, 10, &srk, 0, rma_cb, &r[0]),
+                     TERN_ENOTCONN);
+    ck_assert_int_eq(tern_rpc_mr_rkey(cmr, sess, &k), TERN_ENOTCONN);
+    ck_assert_int_eq(r[0].runs, 1);
+    tern_rpc_mr_dereg(cmr);
+    rma_pair_close();
+}
+END_TEST
+
+/* A completion that tries to start another operation on its session. */
+struct again {
+    struct rma_rec r;
+    struct tern_session *s;
+    struct tern_rpc_mr *mr;
+    const struct tern_tp_rkey *rk;
+    int rc;
+};
+
+static void again_cb(void *arg, int status)
+{
+    struct again *a = arg;
+
+    rma_cb(&a->r, status);
+    a->rc = tern_session_put(a->s, a->mr, 0, 64, a->rk, 0, rma_cb, &a->r);
+}
+
+/* The session dies of a protocol error while its connection lives on: a
+ * put in flight completes with the session's error, once (and its callback
+ * can start nothing more on that session), and the fabric's late answer to
+ * it is dropped. */
+START_TEST(rma_protocol_error_fails_ops_once)
+{
+    struct tern_rpc_config cfg = {.max_msg = MAX_MSG};
+    struct tern_tp_rkey rk = {.addr = 0, .len = 4096, .key = 12345,
+                              .access = TERN_TP_ACCESS_REMOTE_WRITE};
+    struct tern_rpc_mr *cmr;
+    struct tern_session *s;
+    struct tern_rpc_ep *ep;
+    struct again put = {.rk = &rk};
+    struct tern_tp_rkey k;
+    struct rec r;
+    struct fake f;
+    void *p;
+
+    ck_assert_int_eq(tern_rpc_ep_create(&cfg, &ep), 0);
+    ck_assert_int_eq(tern_rpc_mr_alloc(ep, 4096, TERN_TP_ACCESS_LOCAL, &cmr), 0);
+    fake_start(&f, F_REQ_POSITIVE_STATUS);
+    ck_assert_int_eq(tern_rpc_connect(ep, f.uri, 2 * SEC, &s), 0);
+    /* The call goes first: its bad reply arrives before the answer to the
+     * put (the fake's transport refuses the unknown key). */
+    rec_init(&r, 0);
+    ck_assert_int_eq(tern_call(s, SVC, M_ECHO, "x", 1, 0, rec_cont, &r, NULL), 0);
+    put.s = s;
+    put.mr = cmr;
+    ck_assert_int_eq(tern_session_put(s, cmr, 0, 64, &rk, 0, again_cb, &put), 0);
+    for (double end = now_ms() + WAIT_MS; r.runs == 0 && now_ms() < end;)
+        tern_rpc_poll(ep);
+    ck_assert_int_eq(r.status, TERN_EPROTO);
+    ck_assert_int_eq(put.r.runs, 1);
+    ck_assert_msg(put.r.status == TERN_EPROTO, "put: %s, want the session's TERN_EPROTO",
+                  status_name(put.r.status));
+    ck_assert_msg(put.rc == TERN_ENOTCONN, "a put from the callback of the dead session: %s",
+                  status_name(put.rc));
+    for (double end = now_ms() + 200; now_ms() < end;)
+        tern_rpc_poll(ep);
+    ck_assert_msg(put.r.runs == 1, "the put completed %d times", put.r.runs);
+    /* The connection is still there; the session is not. */
+    ck_assert_int_eq(tern_session_get(s, cmr, 0, 64, &rk, 0, rma_cb, &put.r), TERN_ENOTCONN);
+    ck_assert_int_eq(tern_session_rkey_ptr(s, &rk, 0, 64, TERN_TP_ACCESS_REMOTE_READ, &p),
+                     TERN_ENOTCONN);
+    ck_assert_int_eq(tern_rpc_mr_rkey(cmr, s, &k), TERN_ENOTCONN);
+    /* The fabric answered it meanwhile: its slot is back. */
+    ck_assert_uint_eq(ep->n_rma_free, ep->cfg.max_calls);
+    tern_session_close(s);
+    fake_stop(&f);
+    tern_rpc_mr_dereg(cmr);
+    tern_rpc_ep_destroy(ep);
+}
+END_TEST
+
+/* More operations in flight than the endpoint has slots: TERN_ENOBUFS,
+ * until one completes. */
+START_TEST(rma_slot_exhaustion)
+{
+    struct tern_rpc_config ccfg = {.max_msg = MAX_MSG, .max_calls = 4};
+    struct tern_rpc_mr *cmr;
+    struct tern_tp_rkey srk;
+    struct rma_rec r[6] = {{0}};
+    int done = 0;
+
+    rma_pair_open(FAB_TCP, &ccfg);
+    ck_assert_int_eq(tern_rpc_mr_alloc(cli, 4096, TERN_TP_ACCESS_LOCAL, &cmr), 0);
+    srk = srv_key(sess, 0);
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(tern_session_put(sess, cmr, 0, 100, &srk, 0, rma_cb, &r[i]), 0);
+    ck_assert_int_eq(tern_session_put(sess, cmr, 0, 100, &srk, 0, rma_cb, &r[4]),
+                     TERN_ENOBUFS);
+    ck_assert_int_eq(tern_session_get(sess, cmr, 0, 100, &srk, 0, rma_cb, &r[4]),
+                     TERN_ENOBUFS);
+    ck_assert_int_eq(r[4].runs, 0);
+    /* Calls have slots of their own. */
+    expect_echo(8);
+    for (double end = now_ms() + WAIT_MS; done < 4 && now_ms() < end;) {
+        rma_poll();
+        done = r[0].runs + r[1].runs + r[2].runs + r[3].runs;
+    }
+    ck_assert_int_eq(done, 4);
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(r[i].status, 0);
+    rma_expect(sess, false, cmr, 0, 100, &srk, 0, 0);
+    rma_pair_close();
+}
+END_TEST
+
+/* Completions that start the next operation, and at the end a call, from
+ * inside the callback; one slot is enough, as the slot is free when the
+ * callback runs. */
+struct chain {
+    struct tern_session *s;
+    struct tern_rpc_mr *mr;
+    struct tern_tp_rkey rk;
+    int done, failed, first_error;
+    int limit;
+    struct rec call;
+};
+
+static void chain_cb(void *arg, int status)
+{
+    struct chain *c = arg;
+    int rc;
+
+    c->done++;
+    if (status < 0 && !c->failed++)
+        c->first_error = status;
+    if (c->done == c->limit) {
+        rc = tern_call(c->s, SVC, M_ECHO, "end", 3, 0, rec_cont, &c->call, NULL);
+        if (rc < 0 && !c->failed++)
+            c->first_error = rc;
+        return;
+    }
+    rc = (c->done & 1 ? tern_session_get : tern_session_put)(
+        c->s, c->mr, (size_t)c->done, 64, &c->rk, (uint64_t)c->done * 64, chain_cb, c);
+    if (rc < 0 && !c->failed++)
+        c->first_error = rc;
+}
+
+START_TEST(rma_callback_chains)
+{
+    struct tern_rpc_config ccfg = {.max_msg = MAX_MSG, .max_calls = 1};
+    struct chain c = {.limit = 50};
+
+    rma_pair_open(FAB_TCP, &ccfg);
+    ck_assert_int_eq(tern_rpc_mr_alloc(cli, 4096, TERN_TP_ACCESS_LOCAL, &c.mr), 0);
+    c.s = sess;
+    c.rk = srv_key(sess, 0);
+    rec_init(&c.call, 8);
+    ck_assert_int_eq(tern_session_put(sess, c.mr, 0, 64, &c.rk, 0, chain_cb, &c), 0);
+    for (double end = now_ms() + WAIT_MS; !c.call.runs && !c.failed && now_ms() < end;)
+        rma_poll();
+    ck_assert_msg(!c.failed, "%d operations failed, first: %s", c.failed,
+                  status_name(c.first_error));
+    ck_assert_int_eq(c.done, c.limit);
+    ck_assert_int_eq(c.call.runs, 1);
+    ck_assert_int_eq(c.call.status, 0);
+    free(c.call.buf);
+    rma_pair_close();
+}
+END_TEST
+
+START_TEST(rma_argument_errors)
+{
+    const uint32_t rw = TERN_TP_ACCESS_REMOTE_READ | TERN_TP_ACCESS_REMOTE_WRITE;
+    struct tern_rpc_mr *cmr, *mr = (struct tern_rpc_mr *)&mr;
+    struct tern_tp_rkey srk, k;
+    struct rma_rec r = {0};
+    uint8_t buf[64];
+    int fd;
+
+    rma_pair_open(FAB_TCP, NULL);
+    ck_assert_int_eq(tern_rpc_mr_reg(cli, NULL, 64, -1, 0, rw, &mr), TERN_EINVAL);
+    ck_assert_ptr_null(mr);
+    ck_assert_int_eq(tern_rpc_mr_reg(cli, buf, 0, -1, 0, rw, &mr), TERN_EINVAL);
+    ck_assert_int_eq(tern_rpc_mr_reg(cli, buf, 64, -1, 0, 8, &mr), TERN_EINVAL);
+    ck_assert_int_eq(tern_rpc_mr_reg(cli, buf, 64, -1, 0, rw, NULL), TERN_EINVAL);
+    fd = memfd_create("rma-args", MFD_CLOEXEC);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(tern_rpc_mr_reg(cli, buf, 64, fd, 100, rw, &mr), TERN_EINVAL);
+    close(fd);
+    ck_assert_int_eq(tern_rpc_mr_reg(cli, buf, 64, fd, 0, rw, &mr), TERN_EINVAL);  /* closed */
+    ck_assert_int_eq(tern_rpc_mr_alloc(cli, 0, rw, &mr), TERN_EINVAL);
+    ck_assert_int_eq(tern_rpc_mr_alloc(cli, 64, 1u << 7, &mr), TERN_EINVAL);
+
+    ck_assert_int_eq(tern_rpc_mr_alloc(cli, 4096, rw, &cmr), 0);
+    srk = srv_key(sess, 0);
+    ck_assert_int_eq(tern_session_put(sess, cmr, 0, 64, NULL, 0, rma_cb, &r), TERN_EINVAL);
+    ck_assert_int_eq(tern_session_put(sess, NULL, 0, 64, &srk, 0, rma_cb, &r), TERN_EINVAL);
+    ck_assert_int_eq(tern_session_get(NULL, cmr, 0, 64, &srk, 0, rma_cb, &r), TERN_EINVAL);
+    ck_assert_int_eq(tern_session_put(sess, cmr, 4000, 200, &srk, 0, rma_cb, &r), TERN_ERANGE);
+    ck_assert_int_eq(tern_session_get(sess, cmr, 0, 0, &srk, 0, rma_cb, &r), TERN_EINVAL);
+    /* A region of another endpoint. */
+    ck_assert_int_eq(tern_session_put(sess, srv_mrs[0], 0, 64, &srk, 0, rma_cb, &r),
+                     TERN_EINVAL);
+    ck_assert_int_eq(tern_rpc_mr_rkey(srv_mrs[0], sess, &k), TERN_EINVAL);
+    ck_assert_int_eq(tern_rpc_mr_rkey(cmr, NULL, &k), TERN_EINVAL);
+    ck_assert_int_eq(r.runs, 0);
+    /* None of those took a slot. */
+    ck_assert_uint_eq(cli->n_rma_free, cli->cfg.max_calls);
+    ck_assert_ptr_null(tern_rpc_mr_addr(NULL));
+    ck_assert_uint_eq(tern_rpc_mr_len(NULL), 0);
+    tern_rpc_mr_dereg(NULL);
+    ck_assert_uint_eq(tern_session_epoch(sess), 0);
+    rma_expect(sess, true, cmr, 0, 64, &srk, 0, 0);
+    /* Regions left registered go with the endpoint (ASan sees leaks). */
+    rma_pair_close();
+}
+END_TEST
+
+/* An auto:// session that fails over from shm to tcp: its epoch changes,
+ * its keys change with the fabric, and one-sided access goes on over the
+ * new path. */
+START_TEST(rma_epoch_failover)
+{
+    const uint32_t rw = TERN_TP_ACCESS_REMOTE_READ | TERN_TP_ACCESS_REMOTE_WRITE;
+    struct tern_rpc_config cfg = {.max_msg = MAX_MSG};
+    struct tern_tp_rkey srk_shm, srk_tcp, c_shm, c_tcp;
+    struct tern_rpc_mr *cmr;
+    struct rma_rec put = {0};
+    char auto_uri[160];
+    uint32_t epoch;
+    struct rec r;
+    int rc;
+
+    ck_assert_int_eq(tern_rpc_ep_create(&cfg, &srv), 0);
+    ck_assert_int_eq(rma_setup_ep(srv), 0);
+    ck_assert_int_eq(tern_rpc_listen(srv, "tcp://127.0.0.1:0", uri, sizeof(uri)), 0);
+    ck_assert_int_eq(tern_rpc_listen(srv, "shm://auto", NULL, 0), 0);
+    snprintf(auto_uri, sizeof(auto_uri), "auto://%s", uri + strlen("tcp://"));
+    ck_assert_int_eq(tern_rpc_ep_create(&cfg, &cli), 0);
+    rc = connect_inproc(cli, auto_uri, &sess);
+    ck_assert_msg(rc == 0, "connect %s: %s", auto_uri, tern_strerror(rc));
+    ck_assert_str_eq(tern_session_fabric(sess), "shm");
+    epoch = tern_session_epoch(sess);
+    ck_assert_int_eq(tern_rpc_mr_alloc(cli, 8192, rw, &cmr), 0);
+    ck_assert_int_eq(tern_rpc_mr_rkey(cmr, sess, &c_shm), 0);
+    srk_shm = srv_key(sess, 0);
+    fill(tern_rpc_mr_addr(cmr), 8192, 10);
+    rma_expect(sess, true, cmr, 0, 100, &srk_shm, 0, 0);
+    expect_push(sess, cmr, 4096, 100, 0x42);
+    ck_assert_uint_eq(tern_session_epoch(sess), epoch);
+
+    /* The server loses the shm path after answering; a put follows the
+     * call on that path. */
+    rec_init(&r, 0);
+    ck_assert_int_eq(tern_call(sess, RSVC, R_DROP, NULL, 0, 0, rec_cont, &r, NULL), 0);
+    ck_assert_int_eq(rma_start_retry(sess, true, cmr, 0, 64, &srk_shm, 0, &put), 0);
+    ck_assert(rma_until(&r.runs, 1, WAIT_MS));
+    ck_assert_msg(r.status == 0, "the dropped call: %s", status_name(r.status));
+    ck_assert(rma_until(&put.runs, 1, WAIT_MS));
+    rma_poll_for(50);
+    ck_assert_msg(put.runs == 1, "the put on the dead path completed %d times", put.runs);
+    ck_assert_str_eq(tern_session_fabric(sess), "tcp");
+    ck_assert_int_eq(tern_session_status(sess), 0);
+    ck_assert_msg(tern_session_epoch(sess) != epoch, "epoch unchanged after a failover");
+
+    /* New keys on the new fabric, on both sides. */
+    srk_tcp = srv_key(sess, 0);
+    ck_assert(srk_tcp.key != srk_shm.key);
+    ck_assert_int_eq(tern_rpc_mr_rkey(cmr, sess, &c_tcp), 0);
+    ck_assert(c_tcp.key != c_shm.key);
+    fill(tern_rpc_mr_addr(cmr), 8192, 11);
+    rma_expect(sess, true, cmr, 0, 300, &srk_tcp, 1000, 0);
+    srv_expect(sess, 0, 1000, 300, tern_rpc_mr_addr(cmr), "put after the failover");
+    expect_push(sess, cmr, 5000, 100, 0x24);
+    rma_pair_close();
+}
+END_TEST
+
 Suite *suite_rpc(void)
 {
     Suite *s = suite_create("rpc");
     TCase *basic = tcase_create("basic");
     TCase *own = tcase_create("own_pair");
     TCase *bad = tcase_create("bad_clients");
+    TCase *rma = tcase_create("rma");
 
     /* Tests that share the default server/client pair. */
     tcase_add_checked_fixture(basic, setup_default, pair_close);
@@ -2739,6 +3846,23 @@ Suite *suite_rpc(void)
     tcase_add_test(own, wait_arm_reports_owed_events);
     tcase_add_test(own, wait_fd_two_fabrics);
     suite_add_tcase(s, own);
+
+    /* One-sided access through sessions. */
+    tcase_set_timeout(rma, 60);
+    tcase_add_loop_test(rma, rma_put_get, 0, N_FABS);
+    tcase_add_loop_test(rma, rma_bad_rkey, 0, N_FABS);
+    tcase_add_loop_test(rma, rma_rkey_ptr, 0, N_FABS);
+    tcase_add_loop_test(rma, rma_dereg, 0, N_FABS);
+    tcase_add_test(rma, rma_rkeys_per_fabric);
+    tcase_add_test(rma, rma_close_fails_ops_once);
+    tcase_add_test(rma, rma_server_session_gone);
+    tcase_add_test(rma, rma_server_gone);
+    tcase_add_test(rma, rma_protocol_error_fails_ops_once);
+    tcase_add_test(rma, rma_slot_exhaustion);
+    tcase_add_test(rma, rma_callback_chains);
+    tcase_add_test(rma, rma_argument_errors);
+    tcase_add_test(rma, rma_epoch_failover);
+    suite_add_tcase(s, rma);
 
     tcase_add_checked_fixture(bad, setup_default, pair_close);
     tcase_set_timeout(bad, 30);

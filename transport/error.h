@@ -44,7 +44,8 @@
     X(E2BIG,           -E2BIG,           "key or value larger than the store accepts") \
     X(EBUSY,           -EBUSY,           "in use by another process")          \
     X(ECORRUPT,        -(TERN_EBASE + 8), "pool file corrupt: failed a magic, bounds or checksum test") \
-    X(EWRONGNODE,      -(TERN_EBASE + 9), "key outside this server's hash range")
+    X(EWRONGNODE,      -(TERN_EBASE + 9), "key outside this server's hash range") \
+    X(ENOLEASE,        -(TERN_EBASE + 10), "no such lease (ended or never granted): lease again")
 
 enum tern_errno {
 #define TERN_ERR_ENUM(name, value, msg) TERN_##name = (value),

@@ -92,6 +92,21 @@ const struct tern_tp_fabric *tern_tp_fabric_find(const char *name)
     return NULL;
 }
 
+/* Let go of a region's file, and of its memory if it is ours. Peers keep
+ * their own mapping of the file until they learn the key is gone: a store
+ * of theirs that raced with this lands in pages this process no longer
+ * maps (tern_tp_mr_alloc), or in the caller's own (tern_tp_mr_reg_fd: the
+ * caller was told so). */
+static void mr_release(struct tern_tp_mr *mr)
+{
+    if (mr->owns_map)
+        munmap(mr->addr, mr->map_len);
+    if (mr->fd >= 0)
+        close(mr->fd);
+    mr->fd = -1;
+    mr->owns_map = false;
+}
+
 bool tern_tp_caps_match_ops(const struct tern_tp_fabric *f)
 {
     const struct tern_tp_ops *o = f->ops;
@@ -105,6 +120,7 @@ bool tern_tp_caps_match_ops(const struct tern_tp_fabric *f)
         {TERN_TP_CAP_WAIT_FD, o->wait_fd && o->arm && o->wait},
         {TERN_TP_CAP_LISTEN, o->listen != NULL},
         {TERN_TP_CAP_CONNECT, o->connect != NULL},
+        {TERN_TP_CAP_RKEY_PTR, o->rkey_ptr != NULL},
     };
 
     if (!o->poll)
@@ -171,12 +187,11 @@ void tern_tp_close(struct tern_tp_ep *ep)
         return;
     if (ep->fabric->ops->ep_close)
         ep->fabric->ops->ep_close(ep);
-    /* Memory from tern_tp_mr_alloc still registered goes with the endpoint. */
+    /* Memory from tern_tp_mr_alloc still registered goes with the endpoint;
+     * a caller's mapping (tern_tp_mr_reg_fd) stays, its file is let go. */
     for (unsigned i = 0; i < TERN_MR_MAX; i++)
-        if (ep->mrs[i].in_use && ep->mrs[i].fd >= 0) {
-            munmap(ep->mrs[i].addr, ep->mrs[i].map_len);
-            close(ep->mrs[i].fd);
-        }
+        if (ep->mrs[i].in_use)
+            mr_release(&ep->mrs[i]);
     free(ep);
 }
 
@@ -283,9 +298,9 @@ void tern_tp_msg_release(struct tern_tp_conn *conn, const void *view)
         OPS(conn->ep)->msg_release(conn, view);
 }
 
-/* Take a free region slot for [addr, addr+len); not yet published. */
-static int mr_take(struct tern_tp_ep *ep, void *addr, size_t len, uint32_t access, int fd,
-                   size_t map_len, struct tern_tp_mr **out)
+/* Take a free region slot for `tmpl` (addr, len, access and the file
+ * fields); not yet published. */
+static int mr_take(struct tern_tp_ep *ep, const struct tern_tp_mr *tmpl, struct tern_tp_mr **out)
 {
     for (uint32_t i = 0; i < TERN_MR_MAX; i++) {
         struct tern_tp_mr *mr = &ep->mrs[i];
@@ -298,11 +313,10 @@ static int mr_take(struct tern_tp_ep *ep, void *addr, size_t len, uint32_t acces
          * with the device's rkey when it publishes the region. */
         if (getrandom(&ep->mr_nonce, sizeof(ep->mr_nonce), 0) != sizeof(ep->mr_nonce))
             ep->mr_nonce = ep->mr_nonce * 1664525u + 1013904223u;
-        *mr = (struct tern_tp_mr){
-            .ep = ep, .addr = addr, .len = len, .access = access, .in_use = true,
-            .key = (ep->mr_nonce & ~(uint32_t)(TERN_MR_MAX - 1)) | i, .fd = fd,
-            .map_len = map_len,
-        };
+        *mr = *tmpl;
+        mr->ep = ep;
+        mr->in_use = true;
+        mr->key = (ep->mr_nonce & ~(uint32_t)(TERN_MR_MAX - 1)) | i;
         *out = mr;
         return 0;
     }
@@ -326,7 +340,8 @@ int tern_tp_mr_reg(struct tern_tp_ep *ep, void *addr, size_t len, uint32_t acces
 
     if (!out || (!addr && len) || (access & ~3u))
         return TERN_EINVAL;
-    rc = mr_take(ep, addr, len, access, -1, 0, out);
+    rc = mr_take(ep, &(struct tern_tp_mr){.addr = addr, .len = len, .access = access, .fd = -1},
+                 out);
     if (rc == 0 && (rc = mr_publish(*out)) < 0)
         *out = NULL;
     return rc;
@@ -352,7 +367,10 @@ int tern_tp_mr_alloc(struct tern_tp_ep *ep, size_t len, uint32_t access,
         close(fd);
         return TERN_ENOMEM;
     }
-    rc = mr_take(ep, p, len, access, fd, map_len, out);
+    rc = mr_take(ep,
+                 &(struct tern_tp_mr){.addr = p, .len = len, .access = access, .fd = fd,
+                                      .map_len = map_len, .owns_map = true},
+                 out);
     if (rc == 0 && (rc = mr_publish(*out)) < 0)
         *out = NULL;
     if (rc < 0) {
@@ -360,6 +378,46 @@ int tern_tp_mr_alloc(struct tern_tp_ep *ep, size_t len, uint32_t access,
         close(fd);
     }
     return rc;
+}
+
+int tern_tp_mr_reg_fd(struct tern_tp_ep *ep, void *addr, size_t len, int fd, uint64_t fd_off,
+                      uint32_t access, struct tern_tp_mr **out)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), map_len = (len + page - 1) & ~(page - 1);
+    int rc, dup;
+
+    /* addr maps a page-aligned file offset, so it is page aligned too. */
+    if (!out || !addr || !len || fd < 0 || (access & ~3u) || fd_off % page ||
+        (uintptr_t)addr % page || map_len < len || fd_off > (uint64_t)INT64_MAX - map_len)
+        return TERN_EINVAL;
+    /* Our own descriptor: the caller may close theirs, and fabrics that let
+     * peers map the file hand this one out. */
+    dup = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (dup < 0)
+        return errno == EBADF ? TERN_EINVAL : TERN_ENOMEM;     /* out of descriptors */
+    rc = mr_take(ep,
+                 &(struct tern_tp_mr){.addr = addr, .len = len, .access = access, .fd = dup,
+                                      .fd_off = fd_off, .map_len = map_len},
+                 out);
+    if (rc == 0 && (rc = mr_publish(*out)) < 0)
+        *out = NULL;
+    if (rc < 0)
+        close(dup);
+    return rc;
+}
+
+int tern_tp_rkey_ptr(struct tern_tp_conn *conn, const struct tern_tp_rkey *rkey, uint64_t roff,
+                     size_t len, uint32_t need, void **ptr)
+{
+    if (ptr)
+        *ptr = NULL;
+    if (!conn)
+        return TERN_EINVAL;
+    if (!OPS(conn->ep)->rkey_ptr)
+        return TERN_ENOTSUP;
+    if (!rkey || !ptr || !len || (need & ~3u))
+        return TERN_EINVAL;
+    return OPS(conn->ep)->rkey_ptr(conn, rkey, roff, len, need, ptr);
 }
 
 void *tern_tp_mr_addr(const struct tern_tp_mr *mr)
@@ -373,14 +431,7 @@ int tern_tp_mr_dereg(struct tern_tp_mr *mr)
         return TERN_EINVAL;
     if (OPS(mr->ep)->mr_publish)
         OPS(mr->ep)->mr_publish(mr->ep, mr, false);
-    /* Peers keep their own mapping of the memfd until they learn the key
-     * is gone: a store of theirs that raced with this lands in those pages,
-     * which this process no longer maps, never in memory it reuses. */
-    if (mr->fd >= 0) {
-        munmap(mr->addr, mr->map_len);
-        close(mr->fd);
-        mr->fd = -1;
-    }
+    mr_release(mr);
     mr->in_use = false;
     mr->key = 0;
     mr->fab = NULL;

@@ -52,6 +52,7 @@ enum tern_tp_cap {
     TERN_TP_CAP_WAIT_FD = 1u << 3, /* a file descriptor to block on */
     TERN_TP_CAP_LISTEN = 1u << 4,  /* accepts connections */
     TERN_TP_CAP_CONNECT = 1u << 5, /* opens connections */
+    TERN_TP_CAP_RKEY_PTR = 1u << 6, /* tern_tp_rkey_ptr (shm) */
 };
 
 enum tern_tp_poll_mode {
@@ -192,6 +193,23 @@ int tern_tp_mr_reg(struct tern_tp_ep *ep, void *addr, size_t len, uint32_t acces
 int tern_tp_mr_alloc(struct tern_tp_ep *ep, size_t len, uint32_t access,
                      struct tern_tp_mr **out);
 
+/* Register memory that is a MAP_SHARED mapping of file `fd` at page-aligned
+ * offset `fd_off` (a pool file, a memfd): `addr` maps file offset `fd_off`.
+ * The endpoint keeps its own duplicate of fd; the caller keeps the mapping
+ * and unmaps it after tern_tp_mr_dereg. On the shm fabric, peers of the same
+ * user map the file range themselves, so their put and get (and
+ * tern_tp_rkey_ptr) need no help from this side; a read-only region is
+ * handed out through a read-only descriptor. A memfd that allows sealing is
+ * shared with peers of any user, as tern_tp_mr_alloc memory is: it gets
+ * sealed against shrinking and growing, and for a region without remote
+ * write against new writable mappings (F_SEAL_FUTURE_WRITE; map what you
+ * need writable before). Unlike tern_tp_mr_alloc memory, the pages stay the
+ * caller's after deregistration: a peer store racing with it can still land
+ * in them. Elsewhere it behaves as tern_tp_mr_reg. TERN_EINVAL for a bad fd,
+ * an unaligned offset or address, or bad access bits. */
+int tern_tp_mr_reg_fd(struct tern_tp_ep *ep, void *addr, size_t len, int fd, uint64_t fd_off,
+                      uint32_t access, struct tern_tp_mr **out);
+
 /* Where a region's memory starts in this process. */
 void *tern_tp_mr_addr(const struct tern_tp_mr *mr);
 
@@ -215,6 +233,28 @@ int tern_tp_put(struct tern_tp_conn *conn, struct tern_tp_mr *lmr, size_t loff, 
  * Completion: TERN_TP_EV_GET_DONE with `token`. */
 int tern_tp_get(struct tern_tp_conn *conn, struct tern_tp_mr *lmr, size_t loff, size_t len,
                 const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token);
+
+/* A pointer through which this process loads from (and, with
+ * TERN_TP_ACCESS_REMOTE_WRITE in `need`, stores into) the peer's region
+ * `rkey` at [roff, roff+len) directly, as UCX's uct_rkey_ptr: no call and no
+ * completion per access. `need` holds the rights the caller will use
+ * (REMOTE_READ, REMOTE_WRITE). TERN_ENOTSUP on fabrics without such
+ * mappings (tcp, ntb, rdma: no TERN_TP_CAP_RKEY_PTR) or for regions the peer
+ * does not let this side map (registered without a file, or a plain file of
+ * another user); TERN_EAGAIN while the mapping is being set up (poll, and
+ * let the peer poll, then ask again) or while this connection's earlier put
+ * or get are in flight (a direct store could overtake them);
+ * TERN_EREMACCESS if the key, range or rights are wrong (a refused access,
+ * counted as for put and get: a caller that keeps making them is
+ * disconnected); TERN_ENOTCONN on a closed connection; TERN_EINVAL for
+ * len 0 or bad bits in `need`. The pointer stays valid while the peer keeps
+ * the region registered and the connection is open; asking again before
+ * each use re-checks that for the cost of a load. Ordinary stores through it
+ * are visible to the peer before any message this side posts afterwards
+ * (a post is a release); after non-temporal (streaming) stores, fence
+ * (sfence) before posting. */
+int tern_tp_rkey_ptr(struct tern_tp_conn *conn, const struct tern_tp_rkey *rkey, uint64_t roff,
+                     size_t len, uint32_t need, void **ptr);
 
 /* Make progress and return up to `max` events (0 if none), or a negative
  * code on an endpoint-wide failure. Never blocks. */

@@ -32,6 +32,10 @@ struct tern_tp_ops {
      * registers it with the device. A failure (up only) undoes the
      * registration and is returned to the caller. */
     int (*mr_publish)(struct tern_tp_ep *ep, struct tern_tp_mr *mr, bool up);
+    /* A local pointer into the peer's region (the core has checked the
+     * arguments); see tern_tp_rkey_ptr. */
+    int (*rkey_ptr)(struct tern_tp_conn *conn, const struct tern_tp_rkey *rkey, uint64_t roff,
+                    size_t len, uint32_t need, void **ptr);
     int (*poll)(struct tern_tp_ep *ep, struct tern_tp_event *ev, int max);
     int (*flush)(struct tern_tp_ep *ep);   /* NULL: posts go out at once */
     int (*wait_fd)(struct tern_tp_ep *ep);
@@ -57,8 +61,11 @@ struct tern_tp_mr {
     uint32_t access;
     uint32_t key;
     bool in_use;
-    int fd;             /* tern_tp_mr_alloc: the sealed memfd behind it; else -1 */
-    size_t map_len;     /* its mapping (len rounded up to pages) */
+    int fd;             /* the file behind it (tern_tp_mr_alloc: our sealed memfd;
+                         * tern_tp_mr_reg_fd: our duplicate of the caller's), or -1 */
+    uint64_t fd_off;    /* where the region starts in that file */
+    size_t map_len;     /* len rounded up to pages: what a peer maps of the file */
+    bool owns_map;      /* tern_tp_mr_alloc: the mapping is ours to unmap */
     void *fab;          /* the fabric's handle for it (rdma: the ibv_mr) */
 };
 

@@ -15,6 +15,7 @@
 #ifndef TERN_KV_H
 #define TERN_KV_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -34,6 +35,8 @@ struct tern_kv_service_opts {
     uint32_t seg_size;               /* create: 0 = 1 MiB */
     uint32_t range_lo;               /* owns keys with hash>>32 in [lo, hi] */
     uint32_t range_hi;               /* 0, 0 = the whole space */
+    bool append_only;                /* never update in place (BOOM-KV's hybrid
+                                      * update is on by default) */
 };
 
 struct tern_kv_service;
@@ -47,6 +50,24 @@ const struct tern_service *tern_kv_service_def(struct tern_kv_service *svc);
 
 /* The store behind the service (for a gateway on the same thread). */
 struct tern_kv_store *tern_kv_service_store(struct tern_kv_service *svc);
+
+/* One-sided paths (see tern_kv_set_path). */
+struct tern_kv_onesided_opts {
+    uint32_t window_blocks;          /* index window blocks of 8 buckets, a power of
+                                      * two; 0 = one per 4 KiB of pool */
+    unsigned max_leases;             /* segments leased at once; 0 = 256 */
+    uint32_t lease_idle_ms;          /* a lease unused this long is taken back when
+                                      * another client needs one; 0 = 30000 */
+};
+
+/* Serve the one-sided paths to clients of `ep` (the endpoint the service is
+ * registered on): mirror the index into a window clients read, register the
+ * pool read-only for them, and lease segments they write into. o may be
+ * NULL. Until this is called those requests get TERN_ENOTSUP and clients
+ * stay on RPC. The registrations belong to `ep` and go with it (destroy
+ * the endpoint before the service, as always). */
+int tern_kv_service_enable_onesided(struct tern_kv_service *svc, struct tern_rpc_ep *ep,
+                                    const struct tern_kv_onesided_opts *o);
 
 /* Close the store. Unregister first (destroy the endpoint). */
 void tern_kv_service_destroy(struct tern_kv_service *svc);
@@ -111,6 +132,50 @@ int tern_kv_scan(struct tern_kv *kv, uint64_t *cursor, unsigned max, tern_kv_sca
 
 /* Keys stored across all servers. */
 int tern_kv_count(struct tern_kv *kv, uint64_t *keys);
+
+/* ---- one-sided paths ---- */
+
+enum tern_kv_path {
+    TERN_KV_PATH_RPC = 0,            /* every call is an RPC (the default) */
+    /* GET reads the server's index window and the record itself, with no
+     * server CPU (a direct load on shm, two RDMA READs on rdma, served reads
+     * elsewhere), validated by checksums and versions; keys it cannot find
+     * there (absent, deleted, not mirrored) are asked by RPC. PUT writes the
+     * record into a segment the server leased to this client and sends one
+     * small message saying where; the reply comes once it is durable. */
+    TERN_KV_PATH_ONESIDED = 1,
+    /* One-sided where that is the faster way: shm (plain loads and stores)
+     * and rdma (the NIC reads and writes); RPC on tcp and ntb, where every
+     * one-sided operation is served by the server's CPU anyway (and NTB
+     * reads cross PCIe), so one RPC beats two served reads. PUTs of values
+     * under 1 KiB go inline in an RPC, as Chequer's do: for them the
+     * record's extra trip between caches costs more than the copy saved. */
+    TERN_KV_PATH_AUTO = 2,
+};
+
+/* Choose how later GETs and PUTs travel (DELETE, MGET, SCAN stay RPC).
+ * Servers that do not serve one-sided paths are used by RPC. The first
+ * choice of a one-sided path asks every server for its keys and waits for
+ * the answers (and for other calls in flight): not from a callback. */
+int tern_kv_set_path(struct tern_kv *kv, enum tern_kv_path path);
+
+/* Keep up to `entries` values of at most `max_val` bytes from one-sided
+ * GETs; a hit costs one read of the index block, to check the version
+ * (Chequer's client cache). 0 entries turns it off (the default).
+ * TERN_ENOTSUP before tern_kv_set_path() chose a one-sided path. */
+int tern_kv_set_cache(struct tern_kv *kv, unsigned entries, size_t max_val);
+
+struct tern_kv_os_stats {
+    uint64_t gets_direct;            /* GETs answered from the window and pool */
+    uint64_t gets_rpc;               /* of the one-sided path, asked by RPC instead */
+    uint64_t torn;                   /* reads retried (torn bucket or record) */
+    uint64_t cache_hits;
+    uint64_t puts;                   /* PUTs through a leased segment */
+    uint64_t leases;                 /* segments leased */
+};
+
+/* Counters of the one-sided paths. */
+void tern_kv_get_os_stats(const struct tern_kv *kv, struct tern_kv_os_stats *st);
 
 #ifdef __cplusplus
 }

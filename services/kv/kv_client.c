@@ -7,38 +7,16 @@
 
 #include "error.h"
 #include "kv.h"
+#include "kv_client_internal.h"
 #include "kv_store.h"
 #include "kv_wire.h"
 #include "log.h"
 
-#define KV_OPS 4096                  /* async calls in flight per client */
 #define DEFAULT_TIMEOUT 5000000000ull
-
-struct kv_server {
-    struct tern_session *s;
-    uint32_t lo, hi;
-};
-
-struct kv_op {
-    struct tern_kv *kv;
-    tern_kv_cb cb;
-    void *arg;
-    struct kv_key hdr;
-    uint32_t next_free;              /* + 1; 0 ends the free list */
-};
-
-struct tern_kv {
-    struct tern_rpc_ep *ep;
-    struct kv_server *srv;           /* sorted by range */
-    unsigned n;
-    uint64_t timeout;
-    struct kv_op ops[KV_OPS];
-    uint32_t free_head;
-};
 
 /* ---- routing and call slots ---- */
 
-static struct kv_server *route(struct tern_kv *kv, const void *key, size_t klen)
+struct kv_server *kv_route(struct tern_kv *kv, const void *key, size_t klen)
 {
     uint32_t top = (uint32_t)(tern_kv_hash(key, klen) >> 32);
     unsigned lo = 0, hi = kv->n - 1;
@@ -54,7 +32,7 @@ static struct kv_server *route(struct tern_kv *kv, const void *key, size_t klen)
     return &kv->srv[lo];
 }
 
-static struct kv_op *op_get(struct tern_kv *kv)
+struct kv_op *kv_op_get(struct tern_kv *kv)
 {
     struct kv_op *op;
 
@@ -65,7 +43,7 @@ static struct kv_op *op_get(struct tern_kv *kv)
     return op;
 }
 
-static void op_put(struct tern_kv *kv, struct kv_op *op)
+void kv_op_put(struct tern_kv *kv, struct kv_op *op)
 {
     op->next_free = kv->free_head;
     kv->free_head = (uint32_t)(op - kv->ops) + 1;
@@ -80,7 +58,7 @@ static void op_done(void *arg, int status, const void *reply, size_t len)
     void *cb_arg = op->arg;
     uint64_t version = 0;
 
-    op_put(op->kv, op);
+    kv_op_put(op->kv, op);
     if (status == 0) {
         if (len < sizeof(struct kv_val)) {
             status = TERN_EPROTO;
@@ -94,30 +72,42 @@ static void op_done(void *arg, int status, const void *reply, size_t len)
         cb(cb_arg, status, status == 0 ? reply : NULL, status == 0 ? len : 0, version);
 }
 
+int kv_op_call(struct kv_op *op, uint16_t method, const void *key, size_t klen,
+               const void *val, size_t len)
+{
+    struct tern_kv *kv = op->kv;
+    struct iovec iov[3];
+    int rc;
+
+    op->hdr = (struct kv_key){.klen = (uint16_t)klen, .vlen = (uint32_t)len};
+    iov[0] = (struct iovec){.iov_base = &op->hdr, .iov_len = sizeof(op->hdr)};
+    iov[1] = (struct iovec){.iov_base = (void *)key, .iov_len = klen};
+    iov[2] = (struct iovec){.iov_base = (void *)val, .iov_len = len};
+    rc = tern_callv(kv_route(kv, key, klen)->s, TERN_KV_SERVICE_ID, method, iov, len ? 3 : 2,
+                    kv->timeout, op_done, op, NULL);
+    if (rc < 0)
+        kv_op_put(kv, op);
+    return rc;
+}
+
 static int key_call(struct tern_kv *kv, uint16_t method, const void *key, size_t klen,
                     const void *val, size_t len, tern_kv_cb cb, void *arg)
 {
-    struct iovec iov[3];
     struct kv_op *op;
-    int rc;
 
     if (!kv || !key || !klen || (len && !val))
         return TERN_EINVAL;
     if (klen > TERN_KV_KEY_MAX || len > UINT32_MAX)
         return TERN_E2BIG;
-    op = op_get(kv);
+    if (kv->path != TERN_KV_PATH_RPC && method == KV_M_GET)
+        return kv_os_get(kv, key, klen, cb, arg);
+    if (kv->path != TERN_KV_PATH_RPC && method == KV_M_PUT)
+        return kv_os_put(kv, key, klen, val, len, cb, arg);
+    op = kv_op_get(kv);
     if (!op)
         return TERN_ENOBUFS;
-    *op = (struct kv_op){.kv = kv, .cb = cb, .arg = arg,
-                         .hdr = {.klen = (uint16_t)klen, .vlen = (uint32_t)len}};
-    iov[0] = (struct iovec){.iov_base = &op->hdr, .iov_len = sizeof(op->hdr)};
-    iov[1] = (struct iovec){.iov_base = (void *)key, .iov_len = klen};
-    iov[2] = (struct iovec){.iov_base = (void *)val, .iov_len = len};
-    rc = tern_callv(route(kv, key, klen)->s, TERN_KV_SERVICE_ID, method, iov, len ? 3 : 2,
-                    kv->timeout, op_done, op, NULL);
-    if (rc < 0)
-        op_put(kv, op);
-    return rc;
+    *op = (struct kv_op){.kv = kv, .cb = cb, .arg = arg, .stage = -1};
+    return kv_op_call(op, method, key, klen, val, len);
 }
 
 int tern_kv_get_async(struct tern_kv *kv, const void *key, size_t klen, tern_kv_cb cb,
@@ -332,7 +322,7 @@ int tern_kv_mget(struct tern_kv *kv, unsigned n, const void *const *keys, const 
     }
     /* Count each server's keys, give it its slice of idx, then fill it. */
     for (unsigned i = 0; i < n; i++)
-        parts[route(kv, keys[i], klens[i]) - kv->srv].done++;
+        parts[kv_route(kv, keys[i], klens[i]) - kv->srv].done++;
     for (unsigned sv = 0, at = 0; sv < kv->n; sv++) {
         unsigned count = parts[sv].done;
 
@@ -340,7 +330,7 @@ int tern_kv_mget(struct tern_kv *kv, unsigned n, const void *const *keys, const 
         at += count;
     }
     for (unsigned i = 0; i < n; i++) {
-        struct mget_part *p = &parts[route(kv, keys[i], klens[i]) - kv->srv];
+        struct mget_part *p = &parts[kv_route(kv, keys[i], klens[i]) - kv->srv];
 
         p->idx[p->n++] = i;
     }
@@ -507,7 +497,7 @@ int tern_kv_open(struct tern_rpc_ep *ep, const char *const *uris, unsigned n,
         return TERN_ENOMEM;
     }
     for (uint32_t i = KV_OPS; i > 0; i--)
-        op_put(kv, &kv->ops[i - 1]);
+        kv_op_put(kv, &kv->ops[i - 1]);
     for (unsigned i = 0; i < n && rc == 0; i++) {
         struct kv_info info;
 
@@ -560,6 +550,7 @@ void tern_kv_close(struct tern_kv *kv)
         return;
     for (unsigned i = 0; i < kv->n; i++)
         tern_session_close(kv->srv[i].s);
+    kv_os_free(kv);
     free(kv->srv);
     free(kv);
 }

@@ -25,6 +25,10 @@ struct kv_ent {
     uint64_t base_ver;               /* n_old counts records from this version on: a
                                       * key written again after its entry was retired
                                       * does not count the records of its past life */
+    uint32_t wslot;                  /* its bucket in the index window + 1; 0 = none */
+    uint64_t old_loc;                /* an older record of the key, superseded by a
+                                      * durable one: a slot a PUT may rewrite in
+                                      * place (0 = none; no record lies at 0) */
 };
 
 struct kv_index {

@@ -9,14 +9,10 @@
 
 #include "error.h"
 #include "kv.h"
+#include "kv_service_internal.h"
 #include "kv_store.h"
 #include "kv_wire.h"
 
-struct tern_kv_service {
-    struct tern_kv_store *store;
-    uint32_t lo, hi;
-    struct tern_service def;
-};
 
 /* Parse a kv_key request; `with_val` for PUT. */
 static int parse_key(const void *data, size_t len, bool with_val, const uint8_t **key,
@@ -40,14 +36,14 @@ static int parse_key(const void *data, size_t len, bool with_val, const uint8_t 
     return 0;
 }
 
-static bool owns(const struct tern_kv_service *svc, const void *key, size_t klen)
+bool kv_owns(const struct tern_kv_service *svc, const void *key, size_t klen)
 {
     uint32_t top = (uint32_t)(tern_kv_hash(key, klen) >> 32);
 
     return top >= svc->lo && top <= svc->hi;
 }
 
-static int reply_version(struct tern_req *req, uint64_t version)
+int kv_reply_version(struct tern_req *req, uint64_t version)
 {
     struct kv_val *v = tern_reply_alloc(req, sizeof(*v));
 
@@ -70,7 +66,7 @@ static int h_get(struct tern_req *req, const void *data, size_t len, void *ctx)
 
     if (rc < 0)
         return rc;
-    if (!owns(svc, key, klen))
+    if (!kv_owns(svc, key, klen))
         return TERN_EWRONGNODE;
     rc = tern_kv_store_get(svc->store, key, klen, &val, &vlen, &version);
     if (rc < 0)
@@ -94,10 +90,10 @@ static int h_put(struct tern_req *req, const void *data, size_t len, void *ctx)
 
     if (rc < 0)
         return rc;
-    if (!owns(svc, key, klen))
+    if (!kv_owns(svc, key, klen))
         return TERN_EWRONGNODE;
     rc = tern_kv_store_put(svc->store, key, klen, val, vlen, TERN_KV_SYNC, &version);
-    return rc < 0 ? rc : reply_version(req, version);
+    return rc < 0 ? rc : kv_reply_version(req, version);
 }
 
 static int h_del(struct tern_req *req, const void *data, size_t len, void *ctx)
@@ -110,10 +106,10 @@ static int h_del(struct tern_req *req, const void *data, size_t len, void *ctx)
 
     if (rc < 0)
         return rc;
-    if (!owns(svc, key, klen))
+    if (!kv_owns(svc, key, klen))
         return TERN_EWRONGNODE;
     rc = tern_kv_store_del(svc->store, key, klen, TERN_KV_SYNC, &version);
-    return rc < 0 ? rc : reply_version(req, version);
+    return rc < 0 ? rc : kv_reply_version(req, version);
 }
 
 /* The i-th key of an MGET request, walking from *off. */
@@ -137,7 +133,7 @@ static int lookup(struct tern_kv_service *svc, const uint8_t *key, uint16_t klen
 {
     *vlen = 0;
     *version = 0;
-    if (!owns(svc, key, klen))
+    if (!kv_owns(svc, key, klen))
         return TERN_EWRONGNODE;
     return tern_kv_store_get(svc->store, key, klen, val, vlen, version);
 }
@@ -298,6 +294,7 @@ static int h_info(struct tern_req *req, const void *data, size_t len, void *ctx)
         .pool_size = st.pool.size, .pool_live = st.pool.bytes_live,
         .key_max = TERN_KV_KEY_MAX,
         .val_max = (uint32_t)tern_kv_store_val_max(svc->store, 16),
+        .pool_used = st.pool.bytes_committed, .in_place = st.in_place,
     };
     memcpy(info->uuid, st.pool.uuid, sizeof(info->uuid));
     return 0;
@@ -310,6 +307,9 @@ static const struct tern_method kv_methods[] = {
     {.id = KV_M_MGET, .name = "mget", .handler = h_mget},
     {.id = KV_M_SCAN, .name = "scan", .handler = h_scan},
     {.id = KV_M_INFO, .name = "info", .handler = h_info},
+    {.id = KV_M_OS_INFO, .name = "os_info", .handler = kv_h_os_info},
+    {.id = KV_M_LEASE, .name = "lease", .handler = kv_h_lease},
+    {.id = KV_M_LPUT, .name = "lput", .handler = kv_h_lput},
 };
 
 int tern_kv_service_create(const struct tern_kv_service_opts *o, struct tern_kv_service **out)
@@ -326,6 +326,7 @@ int tern_kv_service_create(const struct tern_kv_service_opts *o, struct tern_kv_
     so.path = o->pool_path;
     so.pool_size = o->pool_size;
     so.seg_size = o->seg_size;
+    so.append_only = o->append_only;
     rc = tern_kv_store_open(&so, &svc->store);
     if (rc < 0) {
         free(svc);
@@ -336,6 +337,7 @@ int tern_kv_service_create(const struct tern_kv_service_opts *o, struct tern_kv_
     svc->def = (struct tern_service){
         .name = "kv", .id = TERN_KV_SERVICE_ID, .methods = kv_methods,
         .n_methods = sizeof(kv_methods) / sizeof(kv_methods[0]), .ctx = svc,
+        .session_closed = kv_os_session_closed,
     };
     *out = svc;
     return 0;
@@ -355,6 +357,7 @@ void tern_kv_service_destroy(struct tern_kv_service *svc)
 {
     if (!svc)
         return;
+    kv_os_destroy(svc);
     tern_kv_store_close(svc->store);
     free(svc);
 }

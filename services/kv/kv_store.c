@@ -14,6 +14,7 @@
 #include "error.h"
 #include "kv_index.h"
 #include "kv_store.h"
+#include "kv_window.h"
 #include "log.h"
 
 struct tern_kv_store {
@@ -21,9 +22,11 @@ struct tern_kv_store {
     struct kv_index ix;
     uint64_t keys;
     bool dirty;
+    bool append_only;                /* no in-place updates (the baseline) */
     uint32_t clean_low;              /* clean when fewer free segments than this */
     struct tern_kv_store_stats st;
     struct tern_pm_cleaner cleaner;
+    struct kv_window win;            /* the index mirrored for one-sided GETs */
 };
 
 uint64_t tern_kv_hash(const void *key, size_t klen)
@@ -39,6 +42,23 @@ static inline tern_pm_loc ent_loc(const struct kv_ent *e)
 static inline bool ent_is_tomb(const struct kv_ent *e)
 {
     return (e->loc & KV_TOMB) != 0;
+}
+
+/* Mirror an entry's newest record into the index window (a tombstone
+ * leaves it: deleted keys are answered by the server). */
+static void mirror(struct tern_kv_store *s, struct kv_ent *e)
+{
+    const struct tern_pm_rec *r;
+
+    if (!s->win.hdr)
+        return;
+    if (ent_is_tomb(e)) {
+        kv_window_clear(&s->win, &e->wslot);
+        return;
+    }
+    r = tern_pm_rec_at(s->pool, ent_loc(e));
+    kv_window_set(&s->win, &e->wslot, e->hash, ent_loc(e), r->version,
+                  tern_pm_rec_size(r->key_len, r->val_len));
 }
 
 /* A tombstone with no older record left behind it protects nothing. */
@@ -73,10 +93,13 @@ static int recover_rec(void *arg, tern_pm_loc loc, const struct tern_pm_rec *r)
     e->n_old++;
     if (r->version <= tern_pm_rec_at(s->pool, ent_loc(e))->version) {
         tern_pm_dead(s->pool, loc);
+        if (!e->old_loc && r->version < tern_pm_rec_at(s->pool, ent_loc(e))->version)
+            e->old_loc = loc;
         return 0;
     }
     tern_pm_dead(s->pool, ent_loc(e));
     s->keys += (uint64_t)ent_is_tomb(e) - (uint64_t)!!flag;
+    e->old_loc = ent_loc(e);
     e->loc = loc | flag;
     return 0;
 }
@@ -107,6 +130,7 @@ static void clean_moved(void *arg, tern_pm_loc from, tern_pm_loc to, const struc
     if (e) {
         e->loc = to | (e->loc & KV_TOMB);
         e->n_old++;
+        mirror(arg, e);
     }
 }
 
@@ -116,6 +140,9 @@ static void clean_dropped(void *arg, tern_pm_loc loc, const struct tern_pm_rec *
     struct tern_kv_store *s = arg;
     struct kv_ent *e = ent_of(s, r);
 
+    /* The segment is free now: never rewrite in place there. */
+    if (e && e->old_loc == loc)
+        e->old_loc = 0;
     if (e && e->n_old && r->version >= e->base_ver) {
         e->n_old--;
         retire_if_bare(s, e);
@@ -140,6 +167,7 @@ int tern_kv_store_open(const struct tern_kv_store_opts *o, struct tern_kv_store 
         return TERN_ENOMEM;
     s->cleaner = (struct tern_pm_cleaner){.is_live = clean_is_live, .moved = clean_moved,
                                           .dropped = clean_dropped, .arg = s};
+    s->append_only = o->append_only;
     rc = tern_pm_open(o->path, &po, &s->pool);
     if (rc < 0)
         goto fail;
@@ -232,12 +260,70 @@ static int finish_write(struct tern_kv_store *s, unsigned flags)
     return (flags & TERN_KV_SYNC) ? tern_kv_store_sync(s) : 0;
 }
 
+/* Make a new value record the key's newest (the index has room: see
+ * kv_index_reserve). */
+static void point_at(struct tern_kv_store *s, uint64_t h, const void *key, uint16_t klen,
+                     tern_pm_loc loc, uint64_t ver)
+{
+    struct kv_ent *e = kv_index_find(&s->ix, s->pool, h, key, klen);
+
+    if (!e) {
+        e = kv_index_add(&s->ix, h);    /* cannot fail after the reserve */
+        e->loc = loc;
+        e->base_ver = ver;
+        s->keys++;
+    } else {
+        tern_pm_dead(s->pool, ent_loc(e));
+        e->n_old++;
+        s->keys += ent_is_tomb(e);
+        e->old_loc = ent_loc(e);
+        e->loc = loc;
+    }
+    mirror(s, e);
+}
+
+/* BOOM-KV's hybrid update: write the new value over the key's older record
+ * instead of appending, when (1) that record is not the newest durable
+ * version: the store has nothing uncommitted, so the record that
+ * superseded it is durable, and a crash mid-rewrite (which recovery skips)
+ * leaves the key at that version; (2) the new record fits its slot; (3)
+ * nobody reads it in flight: the server copies values out synchronously,
+ * and one-sided readers check version and checksum and read again. Returns
+ * 1 if it did, 0 to append instead. */
+static int put_in_place(struct tern_kv_store *s, uint64_t h, const void *key, uint16_t klen,
+                        const void *val, uint32_t len, uint64_t *ver)
+{
+    struct kv_ent *e;
+    tern_pm_loc prev;
+    int rc;
+
+    if (s->append_only || s->dirty)
+        return 0;
+    e = kv_index_find(&s->ix, s->pool, h, key, klen);
+    if (!e || !e->old_loc ||
+        tern_pm_slot_size(s->pool, e->old_loc) < tern_pm_rec_size(klen, len))
+        return 0;
+    *ver = tern_pm_next_version(s->pool);
+    rc = tern_pm_overwrite(s->pool, e->old_loc, TERN_PM_VALUE, *ver, key, klen, val, len);
+    if (rc < 0)
+        return 0;
+    /* The rewritten slot is the newest now and the record it replaced goes
+     * to the older ones: n_old does not change. */
+    prev = ent_loc(e);
+    tern_pm_dead(s->pool, prev);
+    s->keys += ent_is_tomb(e);
+    e->loc = e->old_loc;
+    e->old_loc = prev;
+    s->st.in_place++;
+    mirror(s, e);
+    return 1;
+}
+
 int tern_kv_store_put(struct tern_kv_store *s, const void *key, size_t klen,
                       const void *val, size_t len, unsigned flags, uint64_t *version)
 {
     uint64_t h, ver;
     tern_pm_loc loc;
-    struct kv_ent *e;
     int rc;
 
     if (!klen || (!val && len))
@@ -250,22 +336,17 @@ int tern_kv_store_put(struct tern_kv_store *s, const void *key, size_t klen,
     rc = kv_index_reserve(&s->ix);
     if (rc < 0)
         return rc;
+    if (put_in_place(s, h, key, (uint16_t)klen, val, (uint32_t)len, &ver)) {
+        s->st.puts++;
+        if (version)
+            *version = ver;
+        return finish_write(s, flags);
+    }
     rc = append(s, TERN_PM_VALUE, key, (uint16_t)klen, val, (uint32_t)len, &loc, &ver);
     if (rc < 0)
         return rc;
     /* Looked up after the append: cleaning may have moved records. */
-    e = kv_index_find(&s->ix, s->pool, h, key, (uint16_t)klen);
-    if (!e) {
-        e = kv_index_add(&s->ix, h);    /* cannot fail after the reserve */
-        e->loc = loc;
-        e->base_ver = ver;
-        s->keys++;
-    } else {
-        tern_pm_dead(s->pool, ent_loc(e));
-        e->n_old++;
-        s->keys += ent_is_tomb(e);
-        e->loc = loc;
-    }
+    point_at(s, h, key, (uint16_t)klen, loc, ver);
     s->st.puts++;
     if (version)
         *version = ver;
@@ -294,7 +375,9 @@ int tern_kv_store_del(struct tern_kv_store *s, const void *key, size_t klen, uns
     e = kv_index_find(&s->ix, s->pool, h, key, (uint16_t)klen);
     tern_pm_dead(s->pool, ent_loc(e));
     e->n_old++;
+    e->old_loc = ent_loc(e);
     e->loc = loc | KV_TOMB;
+    mirror(s, e);
     s->keys--;
     s->st.dels++;
     if (version)
@@ -388,4 +471,113 @@ void tern_kv_store_get_stats(const struct tern_kv_store *s, struct tern_kv_store
     *st = s->st;
     st->keys = s->keys;
     tern_pm_get_info(s->pool, &st->pool);
+}
+
+/* ---- one-sided access: the index window and leased segments ---- */
+
+struct tern_pm_pool *tern_kv_store_pool(const struct tern_kv_store *s)
+{
+    return s->pool;
+}
+
+void tern_kv_store_attach_window(struct tern_kv_store *s, void *mem, uint32_t n_blocks)
+{
+    struct tern_pm_info info;
+
+    if (!mem) {
+        s->win = (struct kv_window){0};
+        return;
+    }
+    tern_pm_get_info(s->pool, &info);
+    kv_window_init(&s->win, mem, n_blocks, info.uuid);
+    for (uint32_t i = 0; i < s->ix.top; i++)
+        if (s->ix.ents[i].loc != KV_FREE) {
+            s->ix.ents[i].wslot = 0;
+            mirror(s, &s->ix.ents[i]);
+        }
+}
+
+void tern_kv_store_window_counts(const struct tern_kv_store *s, uint64_t *mirrored,
+                                 uint64_t *unplaced)
+{
+    *mirrored = s->win.mirrored;
+    *unplaced = s->win.unplaced;
+}
+
+int tern_kv_store_lease(struct tern_kv_store *s, uint32_t *seg)
+{
+    int rc;
+
+    /* A lease takes a whole segment: clean first, as an append would. */
+    if (tern_pm_free_segs(s->pool) < s->clean_low) {
+        rc = tern_pm_clean(s->pool, &s->cleaner, 1, 75);
+        if (rc > 0)
+            s->st.segs_cleaned += (unsigned)rc;
+    }
+    rc = tern_pm_lease(s->pool, seg);
+    if (rc != TERN_ENOSPC)
+        return rc;
+    rc = tern_pm_clean(s->pool, &s->cleaner, tern_pm_seg_count(s->pool), 90);
+    if (rc > 0)
+        s->st.segs_cleaned += (unsigned)rc;
+    return tern_pm_lease(s->pool, seg);
+}
+
+void tern_kv_store_lease_end(struct tern_kv_store *s, uint32_t seg)
+{
+    tern_pm_lease_end(s->pool, seg);
+}
+
+int tern_kv_store_lease_put(struct tern_kv_store *s, uint32_t seg, uint32_t off,
+                            uint64_t intent, uint32_t range_lo, uint32_t range_hi,
+                            unsigned flags, uint64_t *version, bool *ended)
+{
+    const struct tern_pm_rec *r;
+    struct tern_pm_rec hdr;
+    tern_pm_loc loc;
+    uint64_t ver, h;
+    uint32_t top;
+    int rc;
+
+    if (off != tern_pm_lease_next(s->pool, seg))
+        return TERN_EINVAL;
+    /* Is the record at off the one the client meant (its put may have
+     * failed, leaving an older record there)? The pool's checks follow. */
+    r = (const struct tern_pm_rec *)((const uint8_t *)tern_pm_base(s->pool) +
+                                     tern_pm_seg_file_off(s->pool, seg) + off);
+    if (off + sizeof(*r) > TERN_PM_SEG_HDR + tern_pm_seg_room(s->pool) ||
+        __atomic_load_n(&r->version, __ATOMIC_ACQUIRE) != intent)
+        return TERN_EPROTO;
+    rc = kv_index_reserve(&s->ix);
+    if (rc < 0)
+        return rc;
+    ver = tern_pm_next_version(s->pool);
+    rc = tern_pm_lease_append(s->pool, seg, off, ver, &loc);
+    if (rc < 0)
+        return rc;
+    /* The lessee can still write the header: read it once, and judge the
+     * record by that copy, its lengths checked against the segment again.
+     * One the store will not take is dropped with the lease (it is not
+     * committed yet): the lessee asks for a new one. */
+    r = tern_pm_rec_at(s->pool, loc);
+    memcpy(&hdr, r, sizeof(hdr));
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    if (hdr.type != TERN_PM_VALUE || !hdr.key_len || hdr.key_len > TERN_PM_KEY_MAX ||
+        off + sizeof(hdr) + hdr.key_len > TERN_PM_SEG_HDR + tern_pm_seg_room(s->pool)) {
+        tern_pm_lease_end(s->pool, seg);
+        *ended = true;
+        return TERN_EPROTO;
+    }
+    h = tern_kv_hash(tern_pm_rec_key(r), hdr.key_len);
+    top = (uint32_t)(h >> 32);
+    if (top < range_lo || top > range_hi) {
+        tern_pm_lease_end(s->pool, seg);
+        *ended = true;
+        return TERN_EWRONGNODE;
+    }
+    point_at(s, h, tern_pm_rec_key(r), hdr.key_len, loc, ver);
+    s->st.puts++;
+    if (version)
+        *version = ver;
+    return finish_write(s, flags);
 }

@@ -33,6 +33,7 @@ struct tern_kv_store_opts {
     const char *path;                /* pool file (created if absent) */
     uint64_t pool_size;              /* create: 0 = 256 MiB */
     uint32_t seg_size;               /* create: 0 = 1 MiB */
+    bool append_only;                /* never rewrite an older record in place */
 };
 
 struct tern_kv_store_stats {
@@ -40,6 +41,7 @@ struct tern_kv_store_stats {
     uint64_t gets, puts, dels, hits;
     uint64_t syncs;                  /* commits that wrote something */
     uint64_t segs_cleaned;
+    uint64_t in_place;               /* PUTs written over an older record */
     struct tern_pm_info pool;
 };
 
@@ -97,6 +99,39 @@ size_t tern_kv_store_val_max(const struct tern_kv_store *s, size_t klen);
 
 /* Counters and pool figures. */
 void tern_kv_store_get_stats(const struct tern_kv_store *s, struct tern_kv_store_stats *st);
+
+/* ---- one-sided access ---- */
+
+/* The pool behind the store (to register it for one-sided access). */
+struct tern_pm_pool *tern_kv_store_pool(const struct tern_kv_store *s);
+
+/* Mirror the index into `mem` (kvw_bytes(n_blocks) zeroed bytes, n_blocks a
+ * power of two) from now on, for clients that read it one-sidedly (see
+ * kv_window.h). */
+void tern_kv_store_attach_window(struct tern_kv_store *s, void *mem, uint32_t n_blocks);
+
+/* Keys in the window, and keys left out because their block was full. */
+void tern_kv_store_window_counts(const struct tern_kv_store *s, uint64_t *mirrored,
+                                 uint64_t *unplaced);
+
+/* Lease a free segment to a client that writes records into it (cleaning
+ * first if free segments run low). TERN_ENOSPC when the pool is full. */
+int tern_kv_store_lease(struct tern_kv_store *s, uint32_t *seg);
+
+/* End a lease; records not yet committed in it are dropped. */
+void tern_kv_store_lease_end(struct tern_kv_store *s, uint32_t seg);
+
+/* The lessee of `seg` wrote a value record at `off`, with `intent` in its
+ * version field (anything else there: TERN_EPROTO, nothing changed): check it, give it a
+ * version and make it the key's newest, as tern_kv_store_put would. A
+ * malformed record is refused by the pool and changes nothing
+ * (TERN_EPROTO, TERN_EINVAL). A key whose hash>>32 is outside [range_lo,
+ * range_hi] (TERN_EWRONGNODE) or a record that is not a value (TERN_EPROTO)
+ * is found only once the record is in, so it ends the lease, dropping the
+ * record: *ended says so. */
+int tern_kv_store_lease_put(struct tern_kv_store *s, uint32_t seg, uint32_t off,
+                            uint64_t intent, uint32_t range_lo, uint32_t range_hi,
+                            unsigned flags, uint64_t *version, bool *ended);
 
 /* The 64-bit hash the index and the client's routing use (XXH3); a server
  * owns the keys whose top 32 bits fall in its range. */

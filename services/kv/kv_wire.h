@@ -6,6 +6,8 @@
 
 #include <stdint.h>
 
+#include "transport.h"
+
 enum kv_method {
     KV_M_GET = 1,    /* kv_key, key            -> kv_val, value */
     KV_M_PUT = 2,    /* kv_key, key, value     -> kv_val (version; durable) */
@@ -13,6 +15,48 @@ enum kv_method {
     KV_M_MGET = 4,   /* kv_mget, n x (u16 klen, key) -> kv_mget_rep, n_done x kv_item */
     KV_M_SCAN = 5,   /* kv_scan                -> kv_scan_rep, n x kv_item with keys */
     KV_M_INFO = 6,   /* empty                  -> kv_info */
+    /* One-sided paths (kv_client.c's onesided.c part; see kv.h) */
+    KV_M_OS_INFO = 7,  /* empty                -> kv_os_info (keys for this fabric) */
+    KV_M_LEASE = 8,    /* kv_lease_req         -> kv_lease */
+    KV_M_LPUT = 9,     /* kv_lput              -> kv_val (version; durable) */
+};
+
+/* Where a client reads the index window and the pool, on the fabric of the
+ * session that asked. A record at loc (segment << 32 | offset) lies at
+ * pool offset seg0 + segment * seg_size + offset. */
+struct kv_os_info {
+    struct tern_tp_rkey window;
+    struct tern_tp_rkey pool;
+    uint64_t seg0;
+    uint32_t seg_size;
+    uint32_t n_blocks;               /* window blocks (kv_window.h) */
+    uint8_t uuid[16];
+};
+
+struct kv_lease_req {
+    uint32_t flags;  /* 0 */
+    uint32_t reserved;
+};
+
+/* A leased segment: write records from `next` on, below `end` (offsets in
+ * the segment), through `rkey` (offset 0 = the segment's first byte). */
+struct kv_lease {
+    uint32_t seg;
+    uint32_t next;
+    uint32_t end;
+    uint32_t reserved;
+    struct tern_tp_rkey rkey;
+};
+
+/* "I wrote a record at `off` of my leased segment `seg`, with `intent` in
+ * its version field." The server checks the intent id, so bytes an earlier
+ * life of the segment left at that offset are never taken for this record
+ * (say the client's one-sided put failed). Intent ids have the top bit set;
+ * versions never do. */
+struct kv_lput {
+    uint32_t seg;
+    uint32_t off;
+    uint64_t intent;
 };
 
 struct kv_key {
@@ -63,6 +107,8 @@ struct kv_info {
     uint64_t pool_size, pool_live;
     uint8_t uuid[16];
     uint32_t key_max, val_max;       /* val_max for a key of 16 bytes */
+    uint64_t pool_used;              /* record bytes in the pool's log, dead or alive */
+    uint64_t in_place;               /* PUTs written over an older record */
 };
 
 /* In 64 bits: a hostile vlen near 4 GiB must not wrap to a small size. */
@@ -73,6 +119,10 @@ static inline uint64_t kv_item_size(uint32_t klen, uint32_t vlen)
 
 _Static_assert(sizeof(struct kv_key) == 8, "kv_key");
 _Static_assert(sizeof(struct kv_item) == 24, "kv_item");
-_Static_assert(sizeof(struct kv_info) == 56, "kv_info");
+_Static_assert(sizeof(struct kv_info) == 72, "kv_info");
+_Static_assert(sizeof(struct tern_tp_rkey) == 24, "rkey on the wire");
+_Static_assert(sizeof(struct kv_os_info) == 80, "kv_os_info");
+_Static_assert(sizeof(struct kv_lease) == 40, "kv_lease");
+_Static_assert(sizeof(struct kv_lput) == 16, "kv_lput");
 
 #endif

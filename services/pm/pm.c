@@ -1,10 +1,19 @@
-/* The pool: mapping, segments, appends, commits, recovery and cleaning.
+/* The pool: mapping, segments, appends, rewrites, leases, commits, recovery
+ * and cleaning.
  *
- * Durability order for one commit: the appended records are flushed (on PM:
- * cache-line flushes of their range, then one fence; on a file: msync of
- * the range), and only then is each touched segment's `used` word
- * stored and persisted. A crash before that store leaves the records past
- * the commit point, where nobody reads them.
+ * Durability order for one commit: the records written since the last one
+ * (appended, rewritten in place, or stamped for a lessee) are flushed (on
+ * PM: cache-line flushes of each segment's written range, then one fence;
+ * on a file: msync of each range), and only then are the `used` words of
+ * the segments that grew stored and persisted. A crash before that store
+ * leaves the records past the commit point, where nobody reads them.
+ *
+ * A rewrite (tern_pm_overwrite) changes bytes below a commit point, so it
+ * cannot hide behind one: it first persists a mark in the old record
+ * (TERN_PM_F_REWRITTEN and the slot's size), which breaks the old record's
+ * checksum, then writes the new one. A crash anywhere in between leaves a
+ * record that is the old one, the new one, or a torn one with the mark and
+ * a sane slot, which recovery steps over.
  */
 #include <fcntl.h>
 #include <libpmem.h>
@@ -29,6 +38,10 @@ struct seg_state {
     uint32_t appended;               /* record bytes written (committed or not) */
     uint32_t committed;              /* record bytes below the commit point */
     uint32_t live;                   /* record bytes still live */
+    uint32_t dirty_lo, dirty_hi;     /* bytes of the segment written since the last
+                                      * drain; dirty_hi 0 = none */
+    bool leased;                     /* a lessee writes here; only it appends */
+    bool queued;                     /* listed in the pool's queue */
 };
 
 struct tern_pm_pool {
@@ -45,7 +58,13 @@ struct tern_pm_pool {
     uint32_t head;                   /* segment appended to, or NO_SEG */
     uint64_t seq;                    /* last segment sequence number handed out */
     uint64_t version;                /* last version handed out */
-    uint64_t dirty_lo, dirty_hi;     /* written since the last drain */
+    /* Segments written since the last commit: the head, leased segments,
+     * segments rewritten in place. Kept per segment rather than as one
+     * pool-wide range, because the head, a lease and a rewrite may lie far
+     * apart and flushing every line in between would cost more than the
+     * records. Sized n_segs at open: a segment is listed at most once. */
+    uint32_t *queue;
+    uint32_t n_queued;
     bool io_failed;                  /* an msync failed: no commit may follow */
     uint8_t uuid[16];
 };
@@ -55,11 +74,29 @@ uint32_t pm_sum(const void *p, size_t n)
     return (uint32_t)XXH3_64bits(p, n);
 }
 
+/* A record's checksum is the hash of its body (everything from key_len on:
+ * the rest of the header, key, value) XORed with a hash of its version
+ * seeded with its value length. The version enters alone so that it can be
+ * changed without reading the body: a lessee sums its record with its own
+ * intent id in the version field, and the pool swaps in the real version
+ * in O(1) (tern_pm_lease_append), never reading the value the client wrote. */
+static uint32_t meta_sum(uint64_t version, uint32_t val_len)
+{
+    return (uint32_t)XXH3_64bits_withSeed(&version, sizeof(version), val_len);
+}
+
 uint32_t pm_rec_sum(const struct tern_pm_rec *r)
 {
-    const uint8_t *p = (const uint8_t *)r + sizeof(r->sum);
+    const uint8_t *body = (const uint8_t *)&r->key_len;
 
-    return pm_sum(p, sizeof(*r) - sizeof(r->sum) + r->key_len + r->val_len);
+    return pm_sum(body, sizeof(*r) - offsetof(struct tern_pm_rec, key_len) + r->key_len +
+                            r->val_len) ^
+           meta_sum(r->version, r->val_len);
+}
+
+uint32_t tern_pm_rec_sum_of(const struct tern_pm_rec *r)
+{
+    return pm_rec_sum(r);
 }
 
 int pm_hdr_check(const struct pm_file_hdr *h, uint64_t file_size, const char **why)
@@ -94,6 +131,7 @@ int pm_rec_check(const uint8_t *seg, uint64_t off, uint64_t used, uint32_t *size
 {
     const struct tern_pm_rec *r = (const void *)(seg + off);
     uint64_t end = PM_SEG_HDR + used;
+    uint32_t need;
 
     if (off + sizeof(*r) > end) {
         *why = "record header crosses the commit point";
@@ -101,20 +139,44 @@ int pm_rec_check(const uint8_t *seg, uint64_t off, uint64_t used, uint32_t *size
     }
     if (r->key_len == 0 || r->key_len > TERN_PM_KEY_MAX ||
         (r->type != TERN_PM_VALUE && r->type != TERN_PM_TOMBSTONE) ||
-        (r->type == TERN_PM_TOMBSTONE && r->val_len)) {
+        (r->type == TERN_PM_TOMBSTONE && r->val_len) || (r->flags & ~TERN_PM_F_REWRITTEN)) {
         *why = "record header malformed";
         return TERN_ECORRUPT;
     }
-    *size = tern_pm_rec_size(r->key_len, r->val_len);
-    if ((uint64_t)r->val_len > end || off + *size > end) {
+    need = tern_pm_rec_size(r->key_len, r->val_len);
+    if ((uint64_t)r->val_len > end || off + need > end) {
         *why = "record runs past the commit point";
+        return TERN_ECORRUPT;
+    }
+    /* The slot is how the walk finds the next record: one that is too
+     * small, unaligned or past the commit point would send it astray. */
+    if (r->slot && (r->slot < need || (r->slot & 7) || off + r->slot > end)) {
+        *why = "record slot smaller than the record, unaligned or past the commit point";
         return TERN_ECORRUPT;
     }
     if (pm_rec_sum(r) != r->sum) {
         *why = "record checksum mismatch";
         return TERN_ECORRUPT;
     }
+    *size = r->slot ? r->slot : need;
     return 0;
+}
+
+uint32_t pm_rec_torn_rewrite(const uint8_t *seg, uint64_t off, uint64_t used)
+{
+    const struct tern_pm_rec *r = (const void *)(seg + off);
+    uint64_t end = PM_SEG_HDR + used;
+    uint32_t slot;
+
+    if (off + sizeof(*r) > end || !(r->flags & TERN_PM_F_REWRITTEN))
+        return 0;
+    /* A rewrite never changes the slot (tern_pm_overwrite persists it
+     * before anything else), so the slot is trusted even though the rest
+     * of the record is not. */
+    slot = r->slot;
+    if (slot < sizeof(*r) || (slot & 7) || off + slot > end)
+        return 0;
+    return slot;
 }
 
 static inline uint8_t *seg_base(const struct tern_pm_pool *p, uint32_t seg)
@@ -127,42 +189,66 @@ static inline struct pm_seg_hdr *seg_hdr(const struct tern_pm_pool *p, uint32_t 
     return (struct pm_seg_hdr *)seg_base(p, seg);
 }
 
-/* Note [addr, addr+n) as written. Flushing waits for the next drain: records
- * are appended back to back, so a record's last cache line is usually the
- * next one's first, and flushing at append time would flush it twice (and
- * on CPUs whose clwb evicts, read it back from memory in between). */
-static void mark_written(struct tern_pm_pool *p, const void *addr, size_t n)
+static void queue_seg(struct tern_pm_pool *p, uint32_t s)
 {
-    uint64_t lo = (uint64_t)((const uint8_t *)addr - p->base), hi = lo + n;
-
-    if (p->dirty_hi == 0 || lo < p->dirty_lo)
-        p->dirty_lo = lo;
-    if (hi > p->dirty_hi)
-        p->dirty_hi = hi;
+    if (!p->segs[s].queued) {
+        p->segs[s].queued = true;
+        p->queue[p->n_queued++] = s;
+    }
 }
 
-/* Make everything written so far durable: on PM, flush the written range
- * and fence; on a file, msync it. */
+/* Note [addr, addr+n) (inside one segment) as written. Flushing waits for
+ * the next drain: records are appended back to back, so a record's last
+ * cache line is usually the next one's first, and flushing at append time
+ * would flush it twice (and on CPUs whose clwb evicts, read it back from
+ * memory in between). */
+static void mark_written(struct tern_pm_pool *p, const void *addr, size_t n)
+{
+    uint64_t at = (uint64_t)((const uint8_t *)addr - p->base) - PM_HDR_SIZE;
+    uint32_t s = (uint32_t)(at / p->seg_size);
+    uint32_t lo = (uint32_t)(at % p->seg_size), hi = lo + (uint32_t)n;
+    struct seg_state *ss = &p->segs[s];
+
+    if (ss->dirty_hi == 0 || lo < ss->dirty_lo)
+        ss->dirty_lo = lo;
+    if (hi > ss->dirty_hi)
+        ss->dirty_hi = hi;
+    queue_seg(p, s);
+}
+
+/* Make everything written so far durable: on PM, flush each segment's
+ * written range and fence once; on a file, msync each range. */
 static int drain(struct tern_pm_pool *p)
 {
+    bool flushed = false;
+
     if (p->io_failed)
         return TERN_EIO;
-    if (!p->dirty_hi)
-        return 0;
-    if (p->is_pmem) {
-        pmem_flush(p->base + p->dirty_lo, p->dirty_hi - p->dirty_lo);
-        pmem_drain();
-    } else if (pmem_msync(p->base + p->dirty_lo, p->dirty_hi - p->dirty_lo) < 0) {
-        /* Once writeback has failed, Linux may mark the pages clean and
-         * report the error only once, so a retry can "succeed" without
-         * writing anything: no commit point may move after this until the
-         * pool is reopened and recovered from what really is in the file. */
-        tern_log(TERN_LOG_ERROR, "pm", "msync: %s; the pool takes no more commits",
-                 strerror(errno));
-        p->io_failed = true;
-        return TERN_EIO;
+    for (uint32_t i = 0; i < p->n_queued; i++) {
+        struct seg_state *ss = &p->segs[p->queue[i]];
+        uint8_t *at = seg_base(p, p->queue[i]) + ss->dirty_lo;
+        size_t n = ss->dirty_hi - ss->dirty_lo;
+
+        if (!ss->dirty_hi)
+            continue;
+        if (p->is_pmem) {
+            pmem_flush(at, n);
+            flushed = true;
+        } else if (pmem_msync(at, n) < 0) {
+            /* Once writeback has failed, Linux may mark the pages clean and
+             * report the error only once, so a retry can "succeed" without
+             * writing anything: no commit point may move after this until
+             * the pool is reopened and recovered from what really is in
+             * the file. */
+            tern_log(TERN_LOG_ERROR, "pm", "msync: %s; the pool takes no more commits",
+                     strerror(errno));
+            p->io_failed = true;
+            return TERN_EIO;
+        }
+        ss->dirty_lo = ss->dirty_hi = 0;
     }
-    p->dirty_lo = p->dirty_hi = 0;
+    if (flushed)
+        pmem_drain();
     return 0;
 }
 
@@ -303,7 +389,8 @@ int tern_pm_open(const char *path, const struct tern_pm_opts *o, struct tern_pm_
     memcpy(p->uuid, h->uuid, sizeof(p->uuid));
     p->segs = calloc(p->n_segs, sizeof(*p->segs));
     p->free_segs = calloc(p->n_segs, sizeof(*p->free_segs));
-    if (!p->segs || !p->free_segs) {
+    p->queue = calloc(p->n_segs, sizeof(*p->queue));
+    if (!p->segs || !p->free_segs || !p->queue) {
         rc = TERN_ENOMEM;
         goto fail;
     }
@@ -324,14 +411,83 @@ void tern_pm_close(struct tern_pm_pool *p)
         close(p->lock_fd);     /* drops the lock */
     free(p->segs);
     free(p->free_segs);
+    free(p->queue);
     free(p);
 }
 
 /* ---- recovery ---- */
 
+/* A leased segment holding a record that fails its checks: the lessee wrote
+ * over its own committed records. Its commit point comes down to the last
+ * good record, so that the segment is sound from now on, and the other
+ * segments (other clients' records) are recovered as usual. */
+static int cut_leased(struct tern_pm_pool *p, uint32_t s, uint64_t off, const char *why)
+{
+    struct seg_state *ss = &p->segs[s];
+    uint32_t keep = (uint32_t)(off - PM_SEG_HDR);
+    int rc;
+
+    tern_log(TERN_LOG_WARN, "pm",
+             "offset %llu (segment %u + %llu): %s; the segment was leased, its %u bytes "
+             "from here on are dropped",
+             (unsigned long long)(pm_seg_offset(s, p->seg_size) + off), s,
+             (unsigned long long)off, why, ss->committed - keep);
+    rc = persist_word(p, &seg_hdr(p, s)->used, keep);
+    if (rc < 0)
+        return rc;
+    ss->live -= ss->committed - keep;
+    ss->committed = ss->appended = keep;
+    return 0;
+}
+
+/* Hand segment s's committed records to fn, stepping over interrupted
+ * rewrites (their bytes count as dead). */
+static int recover_seg(struct tern_pm_pool *p, uint32_t s, bool leased, tern_pm_visit_fn fn,
+                       void *arg)
+{
+    struct seg_state *ss = &p->segs[s];
+    uint64_t seg_off = pm_seg_offset(s, p->seg_size);
+    const uint8_t *seg = seg_base(p, s);
+
+    for (uint64_t off = PM_SEG_HDR; off < PM_SEG_HDR + ss->committed;) {
+        const struct tern_pm_rec *r = (const void *)(seg + off);
+        const char *why;
+        uint32_t size;
+        int rc = pm_rec_check(seg, off, ss->committed, &size, &why);
+
+        if (rc == 0) {
+            if (r->version > p->version)
+                p->version = r->version;
+            rc = fn ? fn(arg, (uint64_t)s << 32 | off, r) : 0;
+            if (rc < 0)
+                return rc;
+            off += size;
+            continue;
+        }
+        size = pm_rec_torn_rewrite(seg, off, ss->committed);
+        if (size) {
+            /* Never acknowledged, and the record it replaced was not the
+             * key's newest: nothing is lost by skipping it. */
+            tern_log(TERN_LOG_INFO, "pm",
+                     "offset %llu (segment %u + %llu): interrupted rewrite (%s), %u bytes skipped",
+                     (unsigned long long)(seg_off + off), s, (unsigned long long)off, why, size);
+            ss->live -= size;
+            off += size;
+            continue;
+        }
+        if (leased)
+            return cut_leased(p, s, off, why);
+        tern_log(TERN_LOG_ERROR, "pm", "offset %llu (segment %u + %llu): %s",
+                 (unsigned long long)(seg_off + off), s, (unsigned long long)off, why);
+        return rc;
+    }
+    return 0;
+}
+
 int tern_pm_recover(struct tern_pm_pool *p, tern_pm_visit_fn fn, void *arg)
 {
     uint32_t newest = NO_SEG;
+    uint64_t newest_seq = 0;
 
     if (p->recovered)
         return TERN_EINVAL;
@@ -339,44 +495,35 @@ int tern_pm_recover(struct tern_pm_pool *p, tern_pm_visit_fn fn, void *arg)
         const struct pm_seg_hdr *sh = seg_hdr(p, s);
         uint64_t seg_off = pm_seg_offset(s, p->seg_size);
         uint64_t used = sh->used;
+        bool leased = (sh->flags & PM_SEG_LEASED) != 0;
+        int rc;
 
         if (sh->seq == 0) {
             p->free_segs[p->n_free++] = s;
             continue;
         }
-        if (sh->magic != PM_SEG_MAGIC || sh->index != s ||
+        if (sh->magic != PM_SEG_MAGIC || sh->index != s || (sh->flags & ~PM_SEG_FLAGS_KNOWN) ||
             used > p->seg_size - PM_SEG_HDR || (used & 7)) {
             tern_log(TERN_LOG_ERROR, "pm", "offset %llu: segment %u header corrupt",
                      (unsigned long long)seg_off, s);
             return TERN_ECORRUPT;
         }
-        p->segs[s] = (struct seg_state){.seq = sh->seq, .appended = (uint32_t)used,
-                                        .committed = (uint32_t)used, .live = (uint32_t)used};
-        if (sh->seq > p->seq) {
+        p->segs[s].seq = sh->seq;
+        p->segs[s].appended = p->segs[s].committed = p->segs[s].live = (uint32_t)used;
+        if (sh->seq > p->seq)
             p->seq = sh->seq;
+        /* Appends continue in the newest segment the server wrote itself:
+         * a once-leased one is sealed, whatever its sequence number. */
+        if (!leased && sh->seq > newest_seq) {
+            newest_seq = sh->seq;
             newest = s;
         }
-        for (uint64_t off = PM_SEG_HDR; off < PM_SEG_HDR + used;) {
-            const struct tern_pm_rec *r = (const void *)(seg_base(p, s) + off);
-            const char *why;
-            uint32_t size;
-            int rc = pm_rec_check(seg_base(p, s), off, used, &size, &why);
-
-            if (rc < 0) {
-                tern_log(TERN_LOG_ERROR, "pm", "offset %llu (segment %u + %llu): %s",
-                         (unsigned long long)(seg_off + off), s, (unsigned long long)off, why);
-                return rc;
-            }
-            if (r->version > p->version)
-                p->version = r->version;
-            rc = fn ? fn(arg, (uint64_t)s << 32 | off, r) : 0;
-            if (rc < 0)
-                return rc;
-            off += size;
-        }
+        rc = recover_seg(p, s, leased, fn, arg);
+        if (rc < 0)
+            return rc;
     }
-    /* Appends continue in the newest segment; whatever lies past its commit
-     * point (a torn append) is overwritten. */
+    /* Whatever lies past the head's commit point (a torn append) is
+     * overwritten. No lease survives a restart: its lessee is gone. */
     p->head = newest;
     p->recovered = true;
     return 0;
@@ -411,6 +558,11 @@ uint32_t tern_pm_seg_count(const struct tern_pm_pool *p)
     return p->n_segs;
 }
 
+uint32_t tern_pm_slot_size(const struct tern_pm_pool *p, tern_pm_loc loc)
+{
+    return pm_rec_span(tern_pm_rec_at(p, loc));
+}
+
 /* Move the commit point of `s` over everything appended to it. */
 static int commit_seg(struct tern_pm_pool *p, uint32_t s)
 {
@@ -429,42 +581,86 @@ static int commit_seg(struct tern_pm_pool *p, uint32_t s)
 
 int tern_pm_commit(struct tern_pm_pool *p)
 {
-    return p->head == NO_SEG ? 0 : commit_seg(p, p->head);
+    /* Every record first, then every commit point over them: two fences
+     * however many segments were written. A segment queued only for a
+     * rewrite moves no point but is drained all the same. */
+    int rc = drain(p);
+
+    if (rc < 0)
+        return rc;
+    for (uint32_t i = 0; i < p->n_queued; i++) {
+        uint32_t s = p->queue[i];
+        struct pm_seg_hdr *sh = seg_hdr(p, s);
+
+        if (p->segs[s].committed == p->segs[s].appended)
+            continue;
+        __atomic_store_n(&sh->used, p->segs[s].appended, __ATOMIC_RELEASE);
+        mark_written(p, &sh->used, sizeof(sh->used));
+    }
+    rc = drain(p);
+    if (rc < 0)
+        return rc;
+    for (uint32_t i = 0; i < p->n_queued; i++) {
+        struct seg_state *ss = &p->segs[p->queue[i]];
+
+        ss->committed = ss->appended;
+        ss->queued = false;
+    }
+    p->n_queued = 0;
+    return 0;
 }
 
-/* Start appending to a fresh segment. Its header is valid (magic, index,
- * used = 0) before seq makes it count. Free segments are held back in two
- * tiers: the last one for the cleaner, which needs room to copy live
- * records into, and one more for tombstones, so that a pool full of values
- * still takes the deletes that let it be cleaned. */
-static int open_head(struct tern_pm_pool *p, enum tern_pm_rec_type type)
+/* Free segments are held back in two tiers: the last one for the cleaner,
+ * which needs room to copy live records into, and one more for tombstones,
+ * so that a pool full of values still takes the deletes that let it be
+ * cleaned. */
+static uint32_t keep_free(const struct tern_pm_pool *p, enum tern_pm_rec_type type)
 {
-    uint32_t keep = p->cleaning ? 0 : type == TERN_PM_TOMBSTONE ? 1 : 2;
+    return p->cleaning ? 0 : type == TERN_PM_TOMBSTONE ? 1 : 2;
+}
+
+/* Take a free segment. Its header is valid (magic, index, flags, used = 0)
+ * before seq makes it count; flags are always written, since a segment
+ * once leased and then cleaned still carries the old mark. */
+static int open_seg(struct tern_pm_pool *p, uint32_t flags, uint32_t *out)
+{
     struct pm_seg_hdr *sh;
     uint32_t s;
     int rc;
 
-    if (p->n_free <= keep)
-        return TERN_ENOSPC;
-    if (p->head != NO_SEG) {
-        rc = commit_seg(p, p->head);
-        if (rc < 0)
-            return rc;
-    }
     s = p->free_segs[--p->n_free];
     sh = seg_hdr(p, s);
     sh->used = 0;
     sh->magic = PM_SEG_MAGIC;
     sh->index = s;
+    sh->flags = flags;
     mark_written(p, sh, sizeof(*sh));
     rc = persist_word(p, &sh->seq, ++p->seq);
     if (rc < 0) {
         p->free_segs[p->n_free++] = s;
         return rc;
     }
-    p->segs[s] = (struct seg_state){.seq = p->seq};
-    p->head = s;
+    p->segs[s] = (struct seg_state){.seq = p->seq, .leased = (flags & PM_SEG_LEASED) != 0,
+                                    .queued = p->segs[s].queued};
+    *out = s;
     return 0;
+}
+
+/* Start appending to a fresh segment. The old head is committed first: it
+ * is no longer the head, so cleaning may pick it, and cleaning only copies
+ * what lies below a commit point. */
+static int open_head(struct tern_pm_pool *p, enum tern_pm_rec_type type)
+{
+    int rc;
+
+    if (p->n_free <= keep_free(p, type))
+        return TERN_ENOSPC;
+    if (p->head != NO_SEG) {
+        rc = commit_seg(p, p->head);
+        if (rc < 0)
+            return rc;
+    }
+    return open_seg(p, 0, &p->head);
 }
 
 int tern_pm_append(struct tern_pm_pool *p, enum tern_pm_rec_type type, uint64_t version,
@@ -511,16 +707,270 @@ int tern_pm_append(struct tern_pm_pool *p, enum tern_pm_rec_type type, uint64_t 
 
 void tern_pm_dead(struct tern_pm_pool *p, tern_pm_loc loc)
 {
-    const struct tern_pm_rec *r = tern_pm_rec_at(p, loc);
     struct seg_state *ss = &p->segs[loc >> 32];
-    uint32_t size = tern_pm_rec_size(r->key_len, r->val_len);
+    uint32_t size = tern_pm_slot_size(p, loc);
 
     ss->live = ss->live > size ? ss->live - size : 0;
 }
 
+/* ---- rewrites in place ---- */
+
+/* The word of a record that holds key_len, type, flags and slot: the one
+ * 8-byte store that marks a record as being rewritten. */
+_Static_assert(offsetof(struct tern_pm_rec, key_len) == 16 &&
+               offsetof(struct tern_pm_rec, slot) + sizeof(uint32_t) == 24,
+               "key_len, type, flags and slot share the record's third word");
+
+static inline uint64_t *rec_word(struct tern_pm_rec *r)
+{
+    return (uint64_t *)((uint8_t *)r + offsetof(struct tern_pm_rec, key_len));
+}
+
+/* Where a rewrite may go: a whole record below the commit point of a
+ * segment in use and not leased. A lessee may write into its segment at
+ * any time; an acknowledged rewrite it tore would pass at recovery for an
+ * interrupted one and vanish without a word. */
+static int rewrite_target(const struct tern_pm_pool *p, tern_pm_loc loc, struct tern_pm_rec **out)
+{
+    uint32_t s = (uint32_t)(loc >> 32), off = (uint32_t)loc;
+    const struct seg_state *ss;
+    struct tern_pm_rec *r;
+    uint64_t end;
+
+    if (s >= p->n_segs)
+        return TERN_EINVAL;
+    ss = &p->segs[s];
+    end = PM_SEG_HDR + (uint64_t)ss->committed;
+    if (!ss->seq || ss->leased || off < PM_SEG_HDR || (off & 7) || off + sizeof(*r) > end)
+        return TERN_EINVAL;
+    r = (struct tern_pm_rec *)(seg_base(p, s) + off);
+    if (off + (uint64_t)pm_rec_span(r) > end)
+        return TERN_EINVAL;
+    *out = r;
+    return 0;
+}
+
+/* Step (a): the old record's third word with the flag set and the slot
+ * spelt out, stored in one piece and persisted before any new byte goes in.
+ * The old checksum no longer matches, on purpose: from here until the new
+ * record is whole and durable, recovery steps over the slot, and as the old
+ * record was not the key's newest version nothing is lost. */
+static int mark_rewriting(struct tern_pm_pool *p, struct tern_pm_rec *r, uint32_t slot)
+{
+    struct tern_pm_rec h = *r;
+    uint64_t v;
+
+    h.flags |= TERN_PM_F_REWRITTEN;
+    h.slot = slot;
+    memcpy(&v, rec_word(&h), sizeof(v));
+    /* Already marked (rewritten before): that mark was persisted then. */
+    if (*rec_word(r) == v)
+        return 0;
+    return persist_word(p, rec_word(r), v);
+}
+
+int tern_pm_overwrite(struct tern_pm_pool *p, tern_pm_loc loc, enum tern_pm_rec_type type,
+                      uint64_t version, const void *key, uint16_t key_len, const void *val,
+                      uint32_t val_len)
+{
+    struct seg_state *ss;
+    struct tern_pm_rec *r;
+    uint32_t slot, size;
+    uint8_t *dst;
+    int rc;
+
+    if (!p->recovered || !key_len || (type != TERN_PM_VALUE && type != TERN_PM_TOMBSTONE) ||
+        (type == TERN_PM_TOMBSTONE && val_len) || (!val && val_len))
+        return TERN_EINVAL;
+    if (key_len > TERN_PM_KEY_MAX)
+        return TERN_E2BIG;
+    rc = rewrite_target(p, loc, &r);
+    if (rc < 0)
+        return rc;
+    ss = &p->segs[loc >> 32];
+    /* Another key's slot would leave two keys' records where the caller's
+     * index expects one. */
+    if (r->key_len != key_len || memcmp(tern_pm_rec_key(r), key, key_len) != 0)
+        return TERN_EINVAL;
+    slot = pm_rec_span(r);
+    size = tern_pm_rec_size(key_len, val_len);
+    if (val_len > slot || size > slot)
+        return TERN_E2BIG;
+    /* The key's newer version, which makes the old record expendable, may
+     * still be above a commit point; committed first, a crash cannot leave
+     * the key with neither. Free when nothing is pending. */
+    rc = tern_pm_commit(p);
+    if (rc < 0)
+        return rc;
+    rc = mark_rewriting(p, r, slot);
+    if (rc < 0)
+        return rc;
+    /* Step (b): the new record (the key is already there), durable at the
+     * next commit. The value may come from the pool itself, even from this
+     * very slot. */
+    dst = (uint8_t *)r;
+    if (val_len)
+        memmove(dst + sizeof(*r) + key_len, val, val_len);
+    memset(dst + sizeof(*r) + key_len + val_len, 0, size - sizeof(*r) - key_len - val_len);
+    r->val_len = val_len;
+    r->version = version;
+    r->type = (uint8_t)type;
+    r->flags = TERN_PM_F_REWRITTEN;
+    r->slot = slot;
+    r->sum = pm_rec_sum(r);
+    mark_written(p, dst, size);
+    /* The caller counted the old record dead; the slot holds a live one
+     * again. */
+    ss->live = ss->live + slot < ss->appended ? ss->live + slot : ss->appended;
+    if (version > p->version)
+        p->version = version;
+    return 0;
+}
+
+/* ---- leased segments ---- */
+
+int tern_pm_lease(struct tern_pm_pool *p, uint32_t *seg)
+{
+    if (!p->recovered || !seg)
+        return TERN_EINVAL;
+    if (p->n_free <= keep_free(p, TERN_PM_VALUE))
+        return TERN_ENOSPC;
+    return open_seg(p, PM_SEG_LEASED, seg);
+}
+
+uint64_t tern_pm_seg_file_off(const struct tern_pm_pool *p, uint32_t seg)
+{
+    return pm_seg_offset(seg, p->seg_size);
+}
+
+uint32_t tern_pm_seg_room(const struct tern_pm_pool *p)
+{
+    return p->seg_size - PM_SEG_HDR;
+}
+
+uint32_t tern_pm_lease_next(const struct tern_pm_pool *p, uint32_t seg)
+{
+    if (seg >= p->n_segs || !p->segs[seg].leased)
+        return 0;
+    return PM_SEG_HDR + p->segs[seg].appended;
+}
+
+/* Is a lessee's record header (the pool's own copy of it) one the pool
+ * can take at `off`? */
+static bool lessee_hdr_ok(const struct tern_pm_pool *p, const struct tern_pm_rec *h,
+                          uint32_t off)
+{
+    if (h->type != TERN_PM_VALUE && h->type != TERN_PM_TOMBSTONE)
+        return false;
+    if (h->flags || h->slot)     /* the pool's to set: they are in the sum */
+        return false;
+    if ((h->type == TERN_PM_TOMBSTONE && h->val_len) || !h->key_len ||
+        h->key_len > TERN_PM_KEY_MAX)
+        return false;
+    /* val_len first: a huge one would wrap the record's size. */
+    return h->val_len <= p->seg_size &&
+           tern_pm_rec_size(h->key_len, h->val_len) <= p->seg_size - off;
+}
+
+int tern_pm_lease_append(struct tern_pm_pool *p, uint32_t seg, uint32_t off, uint64_t version,
+                         tern_pm_loc *loc)
+{
+    struct tern_pm_rec h, *r;
+    struct seg_state *ss;
+    uint32_t size;
+    uint8_t *dst;
+
+    if (!p->recovered || seg >= p->n_segs || !p->segs[seg].leased)
+        return TERN_EINVAL;
+    ss = &p->segs[seg];
+    if (off != PM_SEG_HDR + ss->appended)
+        return TERN_EINVAL;
+    if (p->seg_size - off < sizeof(h))
+        return TERN_EPROTO;
+    dst = seg_base(p, seg) + off;
+    r = (struct tern_pm_rec *)dst;
+    /* One copy, and from here on only the copy: the lessee can still write
+     * the header, and a length that changed between its check and its use
+     * would send the checksum past the segment. The fence keeps the
+     * compiler from reading the pool again in place of the copy. */
+    memcpy(&h, dst, sizeof(h));
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    if (!lessee_hdr_ok(p, &h, off))
+        return TERN_EPROTO;
+    size = tern_pm_rec_size(h.key_len, h.val_len);
+    /* The lessee summed its record with its own version field; swapping in
+     * the real version changes the sum by the version part alone. The body
+     * is not read here: the lessee vouches for it, and a lessee that lied
+     * loses only its own records (recovery cuts a leased segment at the
+     * first bad record). */
+    *r = (struct tern_pm_rec){.sum = h.sum ^ meta_sum(h.version, h.val_len) ^
+                                     meta_sum(version, h.val_len),
+                              .val_len = h.val_len, .version = version, .key_len = h.key_len,
+                              .type = h.type};
+    memset(dst + sizeof(h) + h.key_len + h.val_len, 0, size - sizeof(h) - h.key_len - h.val_len);
+    mark_written(p, dst, size);
+    *loc = (uint64_t)seg << 32 | off;
+    ss->appended += size;
+    ss->live += size;
+    if (version > p->version)
+        p->version = version;
+    return 0;
+}
+
+/* A lease maps whole pages, so the lessee could write the segment's header
+ * too: put back what the pool wrote (the mark stays), so that the segment
+ * recovers as the sealed segment it now is. seq goes last: a header torn
+ * by a crash in between has the old seq and sound other fields, or is
+ * whole. */
+static int restore_hdr(struct tern_pm_pool *p, uint32_t s)
+{
+    struct pm_seg_hdr *sh = seg_hdr(p, s);
+
+    sh->used = p->segs[s].committed;
+    sh->magic = PM_SEG_MAGIC;
+    sh->index = s;
+    sh->flags = PM_SEG_LEASED;
+    mark_written(p, sh, sizeof(*sh));
+    return persist_word(p, &sh->seq, p->segs[s].seq);
+}
+
+void tern_pm_lease_end(struct tern_pm_pool *p, uint32_t seg)
+{
+    struct seg_state *ss;
+    uint32_t dropped;
+
+    if (seg >= p->n_segs || !p->segs[seg].leased)
+        return;
+    ss = &p->segs[seg];
+    dropped = ss->appended - ss->committed;
+    ss->live = ss->live > dropped ? ss->live - dropped : 0;
+    ss->appended = ss->committed;
+    ss->leased = false;
+    /* On failure the pool takes no more commits (drain latches it); the
+     * header is as sound as the lessee left it. */
+    if (restore_hdr(p, seg) < 0)
+        tern_log(TERN_LOG_ERROR, "pm", "segment %u: header not restored at lease end", seg);
+}
+
+void *tern_pm_base(const struct tern_pm_pool *p)
+{
+    return p->base;
+}
+
+size_t tern_pm_map_len(const struct tern_pm_pool *p)
+{
+    return p->len;
+}
+
+int tern_pm_fd(const struct tern_pm_pool *p)
+{
+    return p->lock_fd;
+}
+
 /* ---- cleaning ---- */
 
-/* The sealed segment with the fewest live bytes, if below the limit. */
+/* The sealed segment with the fewest live bytes, if below the limit. A
+ * leased segment is not sealed: its lessee may be writing the next record. */
 static uint32_t pick_victim(const struct tern_pm_pool *p, unsigned max_live_pct)
 {
     uint64_t cap = p->seg_size - PM_SEG_HDR;
@@ -529,12 +979,28 @@ static uint32_t pick_victim(const struct tern_pm_pool *p, unsigned max_live_pct)
     for (uint32_t s = 0; s < p->n_segs; s++) {
         const struct seg_state *ss = &p->segs[s];
 
-        if (!ss->seq || s == p->head || (uint64_t)ss->live * 100 >= cap * max_live_pct)
+        if (!ss->seq || s == p->head || ss->leased ||
+            (uint64_t)ss->live * 100 >= cap * max_live_pct)
             continue;
         if (best == NO_SEG || ss->live < p->segs[best].live)
             best = s;
     }
     return best;
+}
+
+/* A slot that recovery stepped over (an interrupted rewrite): nobody holds
+ * it and its bytes are no record, so the owner never hears of it. In a
+ * running pool every other record with the flag is whole, so only those
+ * are summed. */
+static bool is_hole(const struct tern_pm_pool *p, uint32_t s, uint64_t off)
+{
+    const uint8_t *seg = seg_base(p, s);
+    const struct tern_pm_rec *r = (const void *)(seg + off);
+    const char *why;
+    uint32_t size;
+
+    return (r->flags & TERN_PM_F_REWRITTEN) &&
+           pm_rec_check(seg, off, p->segs[s].committed, &size, &why) < 0;
 }
 
 static int clean_one(struct tern_pm_pool *p, const struct tern_pm_cleaner *c, uint32_t v)
@@ -546,9 +1012,10 @@ static int clean_one(struct tern_pm_pool *p, const struct tern_pm_cleaner *c, ui
     for (uint64_t off = PM_SEG_HDR; off < end;) {
         const struct tern_pm_rec *r = (const void *)(seg_base(p, v) + off);
         tern_pm_loc from = (uint64_t)v << 32 | off, to;
+        bool hole = is_hole(p, v, off);
 
-        off += tern_pm_rec_size(r->key_len, r->val_len);
-        if (!c->is_live(c->arg, from, r))
+        off += pm_rec_span(r);
+        if (hole || !c->is_live(c->arg, from, r))
             continue;
         rc = tern_pm_append(p, (enum tern_pm_rec_type)r->type, r->version,
                             tern_pm_rec_key(r), r->key_len, tern_pm_rec_val(r), r->val_len, &to);
@@ -571,10 +1038,11 @@ static int clean_one(struct tern_pm_pool *p, const struct tern_pm_cleaner *c, ui
         for (uint64_t off = PM_SEG_HDR; off < end;) {
             const struct tern_pm_rec *r = (const void *)(seg_base(p, v) + off);
 
-            c->dropped(c->arg, (uint64_t)v << 32 | off, r);
-            off += tern_pm_rec_size(r->key_len, r->val_len);
+            if (!is_hole(p, v, off))
+                c->dropped(c->arg, (uint64_t)v << 32 | off, r);
+            off += pm_rec_span(r);
         }
-    *vs = (struct seg_state){0};
+    *vs = (struct seg_state){.queued = vs->queued};
     p->free_segs[p->n_free++] = v;
     return 0;
 }

@@ -32,6 +32,7 @@ extern "C" {
 #endif
 
 #define TERN_PM_KEY_MAX 1024u        /* longest key a record may hold */
+#define TERN_PM_SEG_HDR 64u          /* a segment's records start this far into it */
 
 enum tern_pm_rec_type {
     TERN_PM_VALUE = 1,               /* key = value */
@@ -46,8 +47,16 @@ struct tern_pm_rec {
     uint64_t version;
     uint16_t key_len;
     uint8_t type;                    /* enum tern_pm_rec_type */
-    uint8_t flags;                   /* 0 */
-    uint32_t reserved;               /* 0 */
+    uint8_t flags;                   /* enum tern_pm_rec_flags */
+    uint32_t slot;                   /* bytes the record occupies (its next_offset);
+                                      * 0 = tern_pm_rec_size() of its lengths */
+};
+
+enum tern_pm_rec_flags {
+    /* Written over an older record in place (tern_pm_overwrite). A torn
+     * record with this flag is an interrupted rewrite, never an
+     * acknowledged write: recovery skips it instead of refusing the pool. */
+    TERN_PM_F_REWRITTEN = 1u << 0,
 };
 
 /* A record's place: segment index << 32 | byte offset in the segment. */
@@ -86,8 +95,11 @@ void tern_pm_close(struct tern_pm_pool *p);
 /* Recovery: hand every committed record to `fn` in log order (segment by
  * segment). Must be called once after open and before any append. A record
  * that fails its checksum or bounds below a commit point stops the walk with
- * TERN_ECORRUPT (logged with its file offset); fn may stop it with a
- * negative return, which is passed back. */
+ * TERN_ECORRUPT (logged with its file offset), with two exceptions: an
+ * interrupted rewrite (TERN_PM_F_REWRITTEN, sane slot) is skipped, and a
+ * bad record in a segment that was leased ends that segment (its commit
+ * point is cut back to the record, persistently). fn may stop the walk with
+ * a negative return, which is passed back. No lease survives recovery. */
 typedef int (*tern_pm_visit_fn)(void *arg, tern_pm_loc loc, const struct tern_pm_rec *r);
 int tern_pm_recover(struct tern_pm_pool *p, tern_pm_visit_fn fn, void *arg);
 
@@ -125,9 +137,76 @@ int tern_pm_append(struct tern_pm_pool *p, enum tern_pm_rec_type type, uint64_t 
                    const void *key, uint16_t key_len, const void *val, uint32_t val_len,
                    tern_pm_loc *loc);
 
-/* Make every appended record durable and move the commit points over them.
+/* Make every appended (or rewritten) record durable and move the commit
+ * points of every segment written to over them, leased ones included.
  * After it returns, recovery sees those records. */
 int tern_pm_commit(struct tern_pm_pool *p);
+
+/* Bytes the record at `loc` occupies: its slot, at least its own size. */
+uint32_t tern_pm_slot_size(const struct tern_pm_pool *p, tern_pm_loc loc);
+
+/* Hybrid update (BOOM-KV): write a new record of the same key over the
+ * older record at `loc`, in place, keeping the slot's size so that recovery
+ * still walks the segment. The caller guarantees that `loc` is not the
+ * key's newest version and that nobody reads it in flight; readers that
+ * validate versions and checksums (one-sided GET) retry. The new record
+ * must fit the slot (TERN_E2BIG, nothing changed). The old record is
+ * marked as being rewritten and that mark persisted before the new bytes go
+ * in (records appended but not committed are committed first, so that the
+ * newer version the caller relies on is durable by then); the new record is
+ * durable at the next tern_pm_commit(). Not in a segment under lease
+ * (TERN_EINVAL), nor over another key's record. */
+int tern_pm_overwrite(struct tern_pm_pool *p, tern_pm_loc loc, enum tern_pm_rec_type type,
+                      uint64_t version, const void *key, uint16_t key_len, const void *val,
+                      uint32_t val_len);
+
+/* ---- leased segments: a client appends records by one-sided writes ---- */
+
+/* Take a free segment and open it for one lessee, who writes records into
+ * it directly (from byte tern_pm_lease_next() of the segment on, up to
+ * tern_pm_seg_room() bytes of records). Nobody else appends there. The
+ * segment is marked leased in its header, so recovery knows its records
+ * came from outside.
+ * TERN_ENOSPC keeps the same reserves as appends of values. */
+int tern_pm_lease(struct tern_pm_pool *p, uint32_t *seg);
+
+/* Where a segment lies in the pool file (page aligned), and how many bytes
+ * of records it holds at most (they start at byte 64 of the segment). */
+uint64_t tern_pm_seg_file_off(const struct tern_pm_pool *p, uint32_t seg);
+uint32_t tern_pm_seg_room(const struct tern_pm_pool *p);
+
+/* The checksum a record should carry (for lessees, which write whole
+ * records themselves). */
+uint32_t tern_pm_rec_sum_of(const struct tern_pm_rec *r);
+
+/* The lessee of `seg` wrote a record at byte `off` of the segment (the
+ * segment's append point, tern_pm_lease_next()): a whole record, flags and
+ * slot 0, any version of its own, summed (tern_pm_rec_sum_of). The pool
+ * copies the header out once, checks it (type, key length, sizes, room,
+ * flags and slot 0), swaps `version` in (adjusting the sum without reading
+ * the value) and appends it as tern_pm_append would: not durable until
+ * tern_pm_commit(). TERN_EPROTO for a malformed header, TERN_EINVAL for a
+ * segment not leased or a wrong offset; nothing changes on failure. A
+ * record whose body does not match its sum is the lessee's loss: readers
+ * refuse it and recovery cuts the segment there. */
+int tern_pm_lease_append(struct tern_pm_pool *p, uint32_t seg, uint32_t off, uint64_t version,
+                         tern_pm_loc *loc);
+
+/* The byte offset in `seg` where the lessee's next record goes (0 if `seg`
+ * is not leased). */
+uint32_t tern_pm_lease_next(const struct tern_pm_pool *p, uint32_t seg);
+
+/* End a lease (the lessee is done, gone, or the segment is full): bytes
+ * past the commit point are ignored and the segment takes no more records;
+ * cleaning may pick it from now on. The segment's header, which the lessee
+ * could reach, is written back as the pool left it and persisted: call this
+ * after the lessee has lost access to the segment. */
+void tern_pm_lease_end(struct tern_pm_pool *p, uint32_t seg);
+
+/* The pool's mapping and file, for registering it for one-sided access. */
+void *tern_pm_base(const struct tern_pm_pool *p);
+size_t tern_pm_map_len(const struct tern_pm_pool *p);
+int tern_pm_fd(const struct tern_pm_pool *p);
 
 /* Tell the pool that the record at `loc` is no longer live (superseded or
  * deleted); cleaning prefers segments with few live bytes. */

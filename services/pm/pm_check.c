@@ -31,9 +31,18 @@ static int corrupt(FILE *out, uint64_t *bad_off, uint64_t off, const char *what)
     return TERN_ECORRUPT;
 }
 
-/* Walk one segment's committed records. */
+/* What recovery repairs by itself, found by a deep check. */
+struct repairs {
+    unsigned rewrites;               /* interrupted rewrites it steps over */
+    unsigned cuts;                   /* leased segments it cuts short */
+};
+
+/* Walk one segment's committed records. Recovery's rules, read-only: an
+ * interrupted rewrite is stepped over, a bad record in a leased segment
+ * ends that segment; both are reported, neither is corruption. */
 static int check_seg(const uint8_t *base, const struct pm_file_hdr *h, uint32_t s,
-                     FILE *out, struct tern_pm_info *info, uint64_t *bad_off)
+                     FILE *out, struct tern_pm_info *info, uint64_t *bad_off,
+                     struct repairs *fix)
 {
     uint64_t seg_off = pm_seg_offset(s, h->seg_size);
     const struct pm_seg_hdr *sh = (const void *)(base + seg_off);
@@ -42,8 +51,8 @@ static int check_seg(const uint8_t *base, const struct pm_file_hdr *h, uint32_t 
 
     if (sh->seq == 0)
         return 0;
-    if (sh->magic != PM_SEG_MAGIC || sh->index != s) {
-        snprintf(what, sizeof(what), "segment %u header has a bad magic or index", s);
+    if (sh->magic != PM_SEG_MAGIC || sh->index != s || (sh->flags & ~PM_SEG_FLAGS_KNOWN)) {
+        snprintf(what, sizeof(what), "segment %u header has a bad magic, index or flags", s);
         return corrupt(out, bad_off, seg_off, what);
     }
     if (sh->used > h->seg_size - PM_SEG_HDR || (sh->used & 7)) {
@@ -59,6 +68,24 @@ static int check_seg(const uint8_t *base, const struct pm_file_hdr *h, uint32_t 
         uint32_t size;
 
         if (pm_rec_check(seg, off, sh->used, &size, &why) < 0) {
+            size = pm_rec_torn_rewrite(seg, off, sh->used);
+            if (size) {
+                report(out, "rewrite   offset %llu: segment %u + %llu: interrupted rewrite "
+                       "(%s); recovery skips its %u bytes\n",
+                       (unsigned long long)(seg_off + off), s, (unsigned long long)off, why,
+                       size);
+                fix->rewrites++;
+                off += size;
+                continue;
+            }
+            if (sh->flags & PM_SEG_LEASED) {
+                report(out, "lessee    offset %llu: segment %u + %llu: %s; the segment is "
+                       "leased, recovery cuts it here (%llu bytes dropped)\n",
+                       (unsigned long long)(seg_off + off), s, (unsigned long long)off, why,
+                       (unsigned long long)(PM_SEG_HDR + sh->used - off));
+                fix->cuts++;
+                return 0;
+            }
             snprintf(what, sizeof(what), "segment %u + %llu: %s", s,
                      (unsigned long long)off, why);
             return corrupt(out, bad_off, seg_off + off, what);
@@ -76,6 +103,7 @@ int tern_pm_check(const char *path, bool deep, FILE *out, struct tern_pm_info *i
 {
     struct tern_pm_info local;
     const struct pm_file_hdr *h;
+    struct repairs fix = {0};
     const char *why = NULL;
     struct stat st;
     uint8_t *base;
@@ -121,7 +149,7 @@ int tern_pm_check(const char *path, bool deep, FILE *out, struct tern_pm_info *i
            uuid, h->layout, (unsigned long long)h->size, h->n_segs, h->seg_size);
     for (uint32_t s = 0; s < h->n_segs && rc == 0; s++) {
         if (deep) {
-            rc = check_seg(base, h, s, out, info, bad_off);
+            rc = check_seg(base, h, s, out, info, bad_off, &fix);
         } else {
             const struct pm_seg_hdr *sh = (const void *)(base + pm_seg_offset(s, h->seg_size));
 
@@ -136,7 +164,11 @@ int tern_pm_check(const char *path, bool deep, FILE *out, struct tern_pm_info *i
     if (deep && rc == 0)
         report(out, "records   %llu, newest version %llu\n", (unsigned long long)info->records,
                (unsigned long long)info->max_version);
-    if (rc == 0)
+    if (rc == 0 && (fix.rewrites || fix.cuts))
+        report(out, "status    ok: every committed record passed its checksum, except %u "
+               "interrupted rewrites and %u leased segments cut short, which recovery "
+               "repairs (see above)\n", fix.rewrites, fix.cuts);
+    else if (rc == 0)
         report(out, "status    %s\n", deep ? "ok: every committed record passed its checksum"
                                             : "header ok (run check for the records)");
 out:

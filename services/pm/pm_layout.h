@@ -8,7 +8,8 @@
 #include "pm.h"
 
 #define PM_MAGIC "TERNPOOL"
-#define PM_LAYOUT 2                  /* 2: XXH3 checksums (1 had CRC32) */
+#define PM_LAYOUT 3                  /* 3: record sums split body/version (2: XXH3 of
+                                      * the whole record, 1: CRC32) */
 #define PM_HDR_SIZE 4096u            /* the file header's block */
 #define PM_SEG_MAGIC 0x47455354u     /* "TSEG" */
 #define PM_SEG_HDR 64u               /* records start this far into a segment */
@@ -30,18 +31,28 @@ struct pm_file_hdr {
 };
 
 /* The first cache line of a segment. `seq` and `used` are each changed by
- * one persisted 8-byte store: seq 0 means free, `used` is the commit point. */
+ * one persisted 8-byte store: seq 0 means free, `used` is the commit point.
+ * The other fields are written before seq makes the segment count. */
 struct pm_seg_hdr {
     uint64_t seq;                    /* 0 = free, else the order it was opened in */
     uint64_t used;                   /* committed record bytes after this header */
     uint32_t magic;                  /* PM_SEG_MAGIC once opened */
     uint32_t index;                  /* its own index, to catch misplaced data */
-    uint8_t reserved[40];
+    uint32_t flags;                  /* PM_SEG_*; 0 in pools written before leases */
+    uint8_t reserved[36];
 };
+
+/* Opened for a lessee (tern_pm_lease): its records were written by a
+ * client, so recovery cuts the segment at the first bad one instead of
+ * refusing the pool. The mark outlives the lease: a lessee may have
+ * scribbled over its committed records at any time before it ended. */
+#define PM_SEG_LEASED 1u
+#define PM_SEG_FLAGS_KNOWN PM_SEG_LEASED
 
 _Static_assert(sizeof(struct pm_file_hdr) == 72, "pool header layout");
 _Static_assert(sizeof(struct pm_seg_hdr) == PM_SEG_HDR, "segment header is one cache line");
 _Static_assert(sizeof(struct tern_pm_rec) == 24, "record header layout");
+_Static_assert(PM_SEG_HDR == TERN_PM_SEG_HDR, "pm.h tells lessees where records start");
 
 static inline uint64_t pm_seg_offset(uint32_t seg, uint32_t seg_size)
 {
@@ -53,15 +64,29 @@ static inline uint64_t pm_seg_offset(uint32_t seg, uint32_t seg_size)
  * the gateway's CPU on pipelined SETs. */
 uint32_t pm_sum(const void *p, size_t n);
 
-/* Checksum of a record: everything after the sum field. */
+/* Checksum of a record: everything after the sum field, the version
+ * hashed apart from the rest so that it can be swapped in O(1). */
 uint32_t pm_rec_sum(const struct tern_pm_rec *r);
 
 /* Is the file header sound? 0, or TERN_ECORRUPT/TERN_EVERSION with a reason. */
 int pm_hdr_check(const struct pm_file_hdr *h, uint64_t file_size, const char **why);
 
+/* The bytes a record occupies: its slot, or (slot 0, as every record of a
+ * pool before tern_pm_overwrite had) its own size. */
+static inline uint32_t pm_rec_span(const struct tern_pm_rec *r)
+{
+    return r->slot ? r->slot : tern_pm_rec_size(r->key_len, r->val_len);
+}
+
 /* Checks a record at `off` in a segment whose commit point is `used`:
- * bounds, type and checksum. 0 or TERN_ECORRUPT with a reason. */
+ * bounds, type, slot and checksum. 0 (with its span in *size) or
+ * TERN_ECORRUPT with a reason. */
 int pm_rec_check(const uint8_t *seg, uint64_t off, uint64_t used, uint32_t *size,
                  const char **why);
+
+/* For a record that failed pm_rec_check: if it is an interrupted rewrite
+ * (TERN_PM_F_REWRITTEN with a slot that lies within the commit point), the
+ * bytes to skip to the next record; else 0 (real corruption). */
+uint32_t pm_rec_torn_rewrite(const uint8_t *seg, uint64_t off, uint64_t used);
 
 #endif

@@ -22,6 +22,7 @@
 
 #include "kv/kv.h"
 #include "kv/kv_store.h"
+#include "kv/kv_wire.h"
 #include "kvbench.h"
 #include "spawn.h"
 #include "ycsb.h"
@@ -45,7 +46,16 @@ struct kv_opts {
     unsigned n_windows;
     size_t key_size;
     int cpu_client, cpu_server;
+    enum tern_kv_path paths[3];
+    unsigned n_paths;
+    unsigned cache;              /* one-sided GET cache entries */
+    bool append_only;            /* server: no in-place updates */
 };
+
+static const char *path_name(enum tern_kv_path p)
+{
+    return p == TERN_KV_PATH_ONESIDED ? "onesided" : p == TERN_KV_PATH_AUTO ? "auto" : "rpc";
+}
 
 static uint64_t warmup_of(uint64_t iters)
 {
@@ -96,11 +106,11 @@ struct kv_server_args {
 };
 
 static struct tern_rpc_ep *kv_server_ep;
+static volatile sig_atomic_t kv_server_stop;
 
 static void kv_on_signal(int sig)
 {
-    if (kv_server_ep)
-        tern_rpc_stop(kv_server_ep);
+    kv_server_stop = 1;
 }
 
 /* Reports "URI\0flush" or "URI\0msync" (how the pool makes writes durable). */
@@ -108,7 +118,8 @@ static int kv_server_child(void *arg, int fd)
 {
     const struct kv_server_args *a = arg;
     struct tern_kv_service_opts so = {.pool_path = a->pool_path, .pool_size = a->pool_size,
-                                      .seg_size = a->seg_size};
+                                      .seg_size = a->seg_size,
+                                      .append_only = a->o->append_only};
     struct tern_rpc_config cfg = kv_rpc_config(a->o);
     struct tern_kv_service *svc = NULL;
     struct tern_kv_store_stats st;
@@ -132,6 +143,8 @@ static int kv_server_child(void *arg, int fd)
         rc = tern_rpc_register(kv_server_ep, &bench_service);
     if (rc == 0)
         rc = tern_rpc_listen(kv_server_ep, a->listen, bound, sizeof(bound));
+    if (rc == 0)
+        rc = tern_kv_service_enable_onesided(svc, kv_server_ep, NULL);
     if (rc < 0) {
         fprintf(stderr, "rpcbench kv server: %s: %s\n", a->listen, tern_strerror(rc));
         goto fail;
@@ -143,7 +156,7 @@ static int kv_server_child(void *arg, int fd)
     if (write(fd, msg, (size_t)n + 1) != n + 1)
         goto fail;
     close(fd);
-    tern_rpc_run(kv_server_ep, -1);
+    bench_serve_busy(kv_server_ep, &kv_server_stop);
     tern_rpc_ep_destroy(kv_server_ep);
     tern_kv_service_destroy(svc);
     return 0;
@@ -189,8 +202,8 @@ struct kv_run {
     uint64_t insert_next, acked;     /* D: keys [0, acked] are readable */
     uint64_t ack_base, ack_cap;
     uint8_t *ack_bits;
-    struct kv_slot *slots, **pending, **retry;
-    unsigned n_slots, n_pending;
+    struct kv_slot *slots, **pending, **retry, **ready;
+    unsigned n_slots, n_pending, n_ready;
 };
 
 static void kv_error(struct kv_run *r, struct kv_slot *sl, int status, const char *what)
@@ -247,7 +260,6 @@ static void kv_start(struct kv_slot *sl, uint64_t now)
     struct kv_run *r = sl->r;
 
     sl->start = now;
-    r->issued++;
     if (!r->w) {
         sl->op = YCSB_INSERT;
         sl->keynum = r->load_next++;
@@ -271,11 +283,17 @@ static void kv_complete(struct kv_slot *sl)
         hist_add(r->hist, now - sl->start);
     if (r->done == r->warmup)
         r->t0 = now;
-    /* The completion time is the next operation's start, as echo does. */
-    if (r->issued < r->target && !r->stop)
-        kv_start(sl, now);
-    else
+    /* The completion time is the next operation's start, as echo does. The
+     * start waits for kv_drive: a one-sided GET can complete inside the
+     * call that issued it, and starting the next one from here would nest
+     * a call per operation. */
+    if (r->issued < r->target && !r->stop) {
+        r->issued++;
+        sl->start = now;
+        r->ready[r->n_ready++] = sl;
+    } else {
         r->inflight--;
+    }
 }
 
 static void kv_on_put(void *arg, int status, const void *val, size_t len, uint64_t version)
@@ -339,9 +357,17 @@ static void kv_drive(struct tern_rpc_ep *ep, struct kv_run *r, const char *label
     r->t0 = t_last;
     for (unsigned i = 0; i < r->n_slots && r->issued < r->target && !r->stop; i++) {
         r->inflight++;
+        r->issued++;
         kv_start(&r->slots[i], tern_now_ns());
     }
     while (r->inflight) {
+        while (r->n_ready) {
+            struct kv_slot *sl = r->ready[--r->n_ready];
+
+            kv_start(sl, sl->start);
+        }
+        if (!r->inflight)
+            break;
         tern_rpc_poll(ep);
         if (r->n_pending) {       /* refused for want of call slots: again */
             struct kv_slot **again = r->pending;
@@ -391,7 +417,8 @@ static int kv_alloc_slots(struct kv_run *r, unsigned n)
     r->slots = calloc(n, sizeof(*r->slots));
     r->pending = calloc(n, sizeof(*r->pending));
     r->retry = calloc(n, sizeof(*r->retry));
-    if (!r->slots || !r->pending || !r->retry)
+    r->ready = calloc(n, sizeof(*r->ready));
+    if (!r->slots || !r->pending || !r->retry || !r->ready)
         return TERN_ENOMEM;
     for (unsigned i = 0; i < n; i++) {
         r->slots[i].r = r;
@@ -413,6 +440,7 @@ static void kv_free_slots(struct kv_run *r)
     free(r->slots);
     free(r->pending);
     free(r->retry);
+    free(r->ready);
     free(r->ack_bits);
 }
 
@@ -488,8 +516,22 @@ static void kv_print_info(const struct kv_ctx *c)
                                             : "msync of the written range");
 }
 
+/* The server's pool figures (KV_M_INFO on the bench session). */
+static int kv_server_info(struct kv_ctx *c, struct kv_info *info)
+{
+    size_t len = 0;
+    int rc = tern_call_sync(c->s, TERN_KV_SERVICE_ID, KV_M_INFO, NULL, 0, info, sizeof(*info),
+                            &len, KV_TIMEOUT_NS);
+
+    return rc == 0 && len != sizeof(*info) ? TERN_EPROTO : rc;
+}
+
+/* The row's extra columns: path, server CPU per operation, then x_echo. */
+#define KV_EXTRA_HDR "     path srv_us/op"
+#define KV_EXTRA_HDR_ECHO KV_EXTRA_HDR "   x_echo"
+
 static int kv_bench(struct kv_ctx *c, const struct ycsb_workload *w, size_t vsize,
-                    unsigned window, uint64_t echo_p50)
+                    unsigned window, uint64_t echo_p50, enum tern_kv_path path)
 {
     const struct kv_opts *o = c->o;
     static struct hist hist;
@@ -498,9 +540,21 @@ static int kv_bench(struct kv_ctx *c, const struct ycsb_workload *w, size_t vsiz
                        .records = o->records, .hist = &hist};
     struct ycsb_latest latest;
     struct result res = {.fabric = c->fabric, .size = vsize, .hist = &hist};
-    char workload[16], label[64], json_extra[160], row_extra[32];
-    uint64_t t_end;
+    char workload[16], label[80], json_extra[400], row_extra[64];
+    struct tern_kv_os_stats os0, os1;
+    struct kv_info info = {0};
+    uint64_t t_end, busy0, busy1;
+    double srv_us;
     int rc;
+
+    rc = tern_kv_set_path(c->kv, path);
+    if (rc == 0 && path != TERN_KV_PATH_RPC && o->cache)
+        rc = tern_kv_set_cache(c->kv, o->cache, vsize);
+    if (rc < 0) {
+        fprintf(stderr, "rpcbench kv: %s: path %s: %s\n", c->fabric, path_name(path),
+                tern_strerror(rc));
+        return rc;
+    }
 
     if (window > tern_session_credits(c->s))
         window = tern_session_credits(c->s);
@@ -526,13 +580,21 @@ static int kv_bench(struct kv_ctx *c, const struct ycsb_workload *w, size_t vsiz
         return rc;
     }
     snprintf(workload, sizeof(workload), "kv-%s", w->name);
-    snprintf(label, sizeof(label), "%s %s %zuB w%u", c->fabric, workload, vsize, window);
+    snprintf(label, sizeof(label), "%s %s %zuB w%u %s", c->fabric, workload, vsize, window,
+             path_name(path));
     res.workload = workload;
     res.window = window;
     res.srv_rss[0] = server_rss(c->s);
     res.rss[0] = rss_kb();
+    tern_kv_get_os_stats(c->kv, &os0);
+    busy0 = server_busy_ns(c->s);
     kv_drive(c->ep, &r, label);
     t_end = tern_now_ns();
+    busy1 = server_busy_ns(c->s);
+    tern_kv_get_os_stats(c->kv, &os1);
+    kv_server_info(c, &info);
+    /* The whole run, warm-up included, over every operation it issued. */
+    srv_us = r.done ? (double)(busy1 - busy0) / 1e3 / (double)r.done : 0;
     if (w->insert > 0) {
         c->live = r.acked + 1;
         if (c->total < r.insert_next)
@@ -546,22 +608,32 @@ static int kv_bench(struct kv_ctx *c, const struct ycsb_workload *w, size_t vsiz
         res.iters = hist.count;
         res.secs = (double)(t_end - r.t0) / 1e9;
         snprintf(json_extra, sizeof(json_extra),
-                 ",\"dist\":\"%s\",\"records\":%llu,\"persist\":\"%s\"",
+                 ",\"dist\":\"%s\",\"records\":%llu,\"persist\":\"%s\",\"path\":\"%s\","
+                 "\"server_busy_us_per_op\":%.3f,\"gets_direct\":%llu,\"gets_rpc\":%llu,"
+                 "\"torn_reads\":%llu,\"cache_hits\":%llu,\"puts_onesided\":%llu,"
+                 "\"pool_used_bytes\":%llu,\"in_place_total\":%llu",
                  w->latest ? "latest" : o->zipfian ? "zipfian" : "uniform",
-                 (unsigned long long)o->records, c->persist);
-        row_extra[0] = 0;
+                 (unsigned long long)o->records, c->persist, path_name(path), srv_us,
+                 (unsigned long long)(os1.gets_direct - os0.gets_direct),
+                 (unsigned long long)(os1.gets_rpc - os0.gets_rpc),
+                 (unsigned long long)(os1.torn - os0.torn),
+                 (unsigned long long)(os1.cache_hits - os0.cache_hits),
+                 (unsigned long long)(os1.puts - os0.puts),
+                 (unsigned long long)info.pool_used, (unsigned long long)info.in_place);
+        snprintf(row_extra, sizeof(row_extra), " %8s %9.2f", path_name(path), srv_us);
         if (o->baseline && echo_p50) {
             double ratio = (double)hist_quantile(&hist, 0.5) / (double)echo_p50;
             size_t n = strlen(json_extra);
 
             snprintf(json_extra + n, sizeof(json_extra) - n, ",\"ratio_to_echo_p50\":%.3f",
                      ratio);
-            snprintf(row_extra, sizeof(row_extra), " %8.2f", ratio);
+            n = strlen(row_extra);
+            snprintf(row_extra + n, sizeof(row_extra) - n, " %8.2f", ratio);
         }
         res.json_extra = json_extra;
         res.row_extra = row_extra;
         if (c->header && !o->json)
-            bench_print_header(o->baseline ? "   x_echo" : NULL);
+            bench_print_header(o->baseline ? KV_EXTRA_HDR_ECHO : KV_EXTRA_HDR);
         c->header = false;
         bench_print(o->json, &res);
     }
@@ -604,14 +676,16 @@ static int kv_client(struct kv_ctx *c, const char *uri)
         rc = kv_load(c, o->sizes[i]);
         for (unsigned w = 0; o->baseline && w < o->n_windows && rc == 0; w++) {
             if (c->header && !o->json)
-                bench_print_header("   x_echo");
+                bench_print_header(KV_EXTRA_HDR_ECHO);
             c->header = false;
             rc = bench_echo(c->ep, c->s, c->fabric, o->sizes[i], o->windows[w], o->iters,
                             o->json, &echo_p50[w]);
         }
         for (unsigned k = 0; k < o->n_workloads && rc == 0; k++)
             for (unsigned w = 0; w < o->n_windows && rc == 0; w++)
-                rc = kv_bench(c, o->workloads[k], o->sizes[i], o->windows[w], echo_p50[w]);
+                for (unsigned p = 0; p < o->n_paths && rc == 0; p++)
+                    rc = kv_bench(c, o->workloads[k], o->sizes[i], o->windows[w], echo_p50[w],
+                                  o->paths[p]);
     }
     tern_kv_close(c->kv);
     tern_rpc_ep_destroy(c->ep);
@@ -717,6 +791,14 @@ static void kv_usage(FILE *f)
             "  --key-size N          key bytes, \"user\" and a zero-padded number (default 16)\n"
             "  --iters N             measured operations per run (default 100000)\n"
             "  --window N[,N...]     operations in flight (default 1)\n"
+            "  --path P[,P...]       rpc (every call an RPC), onesided (GET reads the\n"
+            "                        server's index window and pool, PUT writes into a\n"
+            "                        leased segment, on every fabric) and/or auto\n"
+            "                        (onesided on shm and rdma, rpc elsewhere); each run\n"
+            "                        once per path, side by side (default rpc)\n"
+            "  --cache N             onesided: client cache of N values validated by version\n"
+            "  --append-only         server: never update in place (the baseline of BOOM-KV's\n"
+            "                        hybrid update; JSON pool_used_bytes shows the space)\n"
             "  --baseline            echo at the same size and window first, and each kv\n"
             "                        row's median as a multiple of echo's (x_echo)\n"
             "  --json                one JSON object per run\n"
@@ -745,6 +827,29 @@ static bool parse_workloads(const char *arg, struct kv_opts *o)
         o->workloads[o->n_workloads++] = w;
     }
     return o->n_workloads > 0;
+}
+
+static bool parse_paths(const char *arg, struct kv_opts *o)
+{
+    char buf[64], *save = NULL;
+
+    if (strlen(arg) >= sizeof(buf))
+        return false;
+    snprintf(buf, sizeof(buf), "%s", arg);
+    o->n_paths = 0;
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (o->n_paths == 3)
+            return false;
+        if (strcmp(t, "rpc") == 0)
+            o->paths[o->n_paths++] = TERN_KV_PATH_RPC;
+        else if (strcmp(t, "onesided") == 0)
+            o->paths[o->n_paths++] = TERN_KV_PATH_ONESIDED;
+        else if (strcmp(t, "auto") == 0)
+            o->paths[o->n_paths++] = TERN_KV_PATH_AUTO;
+        else
+            return false;
+    }
+    return o->n_paths > 0;
 }
 
 static uint64_t parse_bytes(const char *s, bool *ok)
@@ -790,11 +895,14 @@ int kv_main(int argc, char **argv)
         {"window", required_argument, NULL, 'w'},   {"json", no_argument, NULL, 'j'},
         {"cpu", required_argument, NULL, 'p'},      {"pool-dir", required_argument, NULL, 'd'},
         {"pool-size", required_argument, NULL, 'P'}, {"baseline", no_argument, NULL, 'b'},
+        {"path", required_argument, NULL, 'T'},     {"cache", required_argument, NULL, 'C'},
+        {"append-only", no_argument, NULL, 'A'},
         {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0},
     };
     struct kv_opts o = {.fabric = "tcp", .records = 10000, .sizes = {64}, .n_sizes = 1,
                         .windows = {1}, .n_windows = 1, .iters = 100000, .key_size = 16,
-                        .cpu_client = -1, .cpu_server = -1};
+                        .cpu_client = -1, .cpu_server = -1,
+                        .paths = {TERN_KV_PATH_RPC}, .n_paths = 1};
     size_t tmp[KV_SWEEP];
     uint64_t max_key, digits_max = 1;
     int c;
@@ -835,6 +943,9 @@ int kv_main(int argc, char **argv)
         case 'd': o.pool_dir = optarg; break;
         case 'P': o.pool_size = parse_bytes(optarg, &ok); ok = ok && o.pool_size >= MIB; break;
         case 'b': o.baseline = true; break;
+        case 'T': ok = parse_paths(optarg, &o); break;
+        case 'A': o.append_only = true; break;
+        case 'C': o.cache = (unsigned)parse_size(optarg, &ok); ok = ok && o.cache <= (1u << 24); break;
         case 'h': kv_usage(stdout); return 0;
         default: ok = false; break;
         }

@@ -7,6 +7,7 @@
 #ifndef RPCBENCH_KVBENCH_H
 #define RPCBENCH_KVBENCH_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -47,6 +48,13 @@ extern const struct tern_service bench_service;
  * service on session `s` (-1 if the call fails). */
 long rss_kb(void);
 long server_rss(struct tern_session *s);
+
+/* A busy-polling server's CPU time on work: the time of its polls that
+ * handled events (idle polls do not count), summed by bench_serve_busy()
+ * and read by server_busy_ns() through the bench service (0 on failure). */
+extern uint64_t bench_busy_ns;
+void bench_serve_busy(struct tern_rpc_ep *ep, volatile sig_atomic_t *stop);
+uint64_t server_busy_ns(struct tern_session *s);
 
 /* Time `iters` echo calls of `size` bytes, `window` in flight, on session
  * `s` (served by the bench service), print the row and store its median in

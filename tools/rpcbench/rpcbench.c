@@ -33,6 +33,9 @@
 #define M_ECHO 1
 #define M_STATS 2
 #define M_SINK 3
+#define M_BUSY 4
+
+uint64_t bench_busy_ns;
 #define MAX_SWEEP 16
 
 struct opts {
@@ -123,10 +126,21 @@ static int h_stats(struct tern_req *req, const void *data, size_t len, void *ctx
     return 0;
 }
 
+static int h_busy(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    uint64_t *out = tern_reply_alloc(req, sizeof(*out));
+
+    if (!out)
+        return TERN_EMSGSIZE;
+    *out = bench_busy_ns;
+    return 0;
+}
+
 static const struct tern_method bench_methods[] = {
     {.id = M_ECHO, .name = "echo", .handler = h_echo},
     {.id = M_STATS, .name = "stats", .handler = h_stats},
     {.id = M_SINK, .name = "sink", .handler = h_sink},
+    {.id = M_BUSY, .name = "busy", .handler = h_busy},
 };
 
 const struct tern_service bench_service = {
@@ -262,6 +276,26 @@ static void issue(struct slot *sl, uint64_t now)
                    sl, NULL);
     if (rc < 0 && !b->error)
         b->error = rc;
+}
+
+uint64_t server_busy_ns(struct tern_session *s)
+{
+    uint64_t v = 0;
+    size_t len;
+
+    if (tern_call_sync(s, SVC_BENCH, M_BUSY, NULL, 0, &v, sizeof(v), &len, 2000000000ull) < 0)
+        return 0;
+    return v;
+}
+
+void bench_serve_busy(struct tern_rpc_ep *ep, volatile sig_atomic_t *stop)
+{
+    while (!*stop) {
+        uint64_t t0 = tern_now_ns();
+
+        if (tern_rpc_poll(ep) > 0)
+            bench_busy_ns += tern_now_ns() - t0;
+    }
 }
 
 long server_rss(struct tern_session *s)

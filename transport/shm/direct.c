@@ -1,23 +1,39 @@
 /* Direct one-sided access on shm links: put and get as plain stores and
- * loads into the peer's memory, with no help from the peer's CPU.
+ * loads into the peer's memory, with no help from the peer's CPU, and
+ * tern_tp_rkey_ptr, which hands the caller a pointer into that memory.
  *
- * Memory from tern_tp_mr_alloc is a memfd sealed at its size. The first
- * time this side uses a key of the peer's, that operation goes the served
- * way (a CTL record the peer's poll answers) and this side also asks the
- * peer, over the link socket, for the region's memfd. The peer answers
- * with it and with its table of published regions; this side maps both.
- * From then on an operation on that key is a memcpy, after one load that
- * checks the key is still published (and a completion reported in order
- * with the operations before it).
+ * Memory from tern_tp_mr_alloc is a memfd sealed at its size; memory from
+ * tern_tp_mr_reg_fd is a range of the caller's file. The first time this
+ * side uses a key of the peer's, that operation goes the served way (a CTL
+ * record the peer's poll answers; rkey_ptr says TERN_EAGAIN) and this side
+ * also asks the peer, over the link socket, for the region's file. The peer
+ * answers with it, its offset, and its table of published regions; this
+ * side maps both. From then on an operation on that key is a memcpy, after
+ * one load that checks the key is still published (and a completion
+ * reported in order with the operations before it).
+ *
+ * Which files are handed out, and to whom:
+ * - shared memory sealed against shrinking (every tern_tp_mr_alloc memfd, a
+ *   caller's memfd that lets itself be sealed) goes to any peer: it can
+ *   never shrink under the peer's mapping and make it fault;
+ * - any other regular file (a pool file; tmpfs files cannot be sealed) only
+ *   to a peer of our own user, as told by the link socket (SO_PEERCRED).
+ *   Such a peer could open the file anyway, so this grants nothing new; and
+ *   the peer, which could be made to fault by a truncation, accepts plain
+ *   files only from a peer of its own user, which could kill it anyway.
+ *   Other peers' operations on it stay served;
+ * - a region without remote read is never handed out (x86 has no
+ *   write-only mapping): its operations stay served.
  *
  * What the kernel enforces and what the key check does:
- * - a region without remote write is sealed against writable mappings
- *   (F_SEAL_FUTURE_WRITE), so a peer can only ever map it read-only;
- * - a region without remote read is never handed out (x86 has no
- *   write-only mapping): its operations stay served;
- * - the owner deregistering unpublishes the key and unmaps its own view;
- *   a store that raced with that lands in pages only the peer still maps,
- *   never in memory the owner uses afterwards.
+ * - a region without remote write can only be mapped read-only by a peer:
+ *   shared memory is sealed against writable mappings
+ *   (F_SEAL_FUTURE_WRITE), a plain file is handed out through a read-only
+ *   descriptor;
+ * - the owner deregistering unpublishes the key. Memory of
+ *   tern_tp_mr_alloc is unmapped: a store that raced with that lands in
+ *   pages only the peer still maps, never in memory the owner uses
+ *   afterwards. A caller's file stays the caller's, and so do such stores.
  *
  * Links of the ntb fabric keep the served path: their peer is another
  * host, reached through the window only. */
@@ -39,7 +55,13 @@
 #define MRTAB_BYTES (TERN_MR_MAX * sizeof(struct shm_mrpub))
 #define MAP_REFUSALS_MAX 64     /* refused map requests before a link is ignored */
 
-enum { RMAP_NONE, RMAP_ASKED, RMAP_MAPPED, RMAP_NO };
+enum {
+    RMAP_NONE,
+    RMAP_ASKED,     /* a map request is out */
+    RMAP_MAPPED,
+    RMAP_NO,        /* the key is good, but the region is not for us to map */
+    RMAP_REFUSED,   /* a bad key, or one withdrawn since */
+};
 
 /* What this side knows of one of the peer's regions. */
 struct shm_rmap {
@@ -52,7 +74,9 @@ struct shm_rmap {
 
 #define MAP_ASK_AGAIN 4096  /* uses without an answer before asking again */
 
-/* A map request ('M') or answer ('A') on the link socket. */
+/* A map request ('M') or answer ('A') on the link socket. An answer's
+ * status: 0 (the region's file comes with it), TERN_EREMACCESS (no such
+ * key) or TERN_ENOTSUP (a good key, not for this peer to map). */
 struct map_msg {
     uint8_t type;
     uint8_t pad[3];
@@ -60,9 +84,10 @@ struct map_msg {
     int32_t status;
     uint32_t access;
     uint64_t len, map_len;
+    uint64_t fd_off;    /* where the region starts in the file */
 };
 
-_Static_assert(sizeof(struct map_msg) == 32, "map_msg is 32 bytes on the socket");
+_Static_assert(sizeof(struct map_msg) == 40, "map_msg is 40 bytes on the socket");
 
 int shm_direct_ep_open(struct shm_ep *ep)
 {
@@ -98,13 +123,34 @@ void shm_direct_ep_close(struct shm_ep *ep)
     ep->tab_fd = -1;
 }
 
+/* Seal shared memory so that peers of any user may map it: it never
+ * shrinks under their mapping, and a region without remote write is never
+ * mapped writable again (our own mapping, made before, stays writable).
+ * A file that cannot be sealed is left alone: only peers of our user map
+ * it (handout). Only our own memfds get F_SEAL_SEAL: a caller's file stays
+ * free for seals of its own. */
+static void seal_for_peers(const struct tern_tp_mr *mr)
+{
+    int seals = fcntl(mr->fd, F_GET_SEALS);
+
+    if (seals < 0)
+        return;     /* not shared memory */
+    if ((~seals & (F_SEAL_SHRINK | F_SEAL_GROW)) &&
+        fcntl(mr->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) < 0)
+        return;
+    if (!(mr->access & TERN_TP_ACCESS_REMOTE_WRITE))
+        fcntl(mr->fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE);
+    if (mr->owns_map)
+        fcntl(mr->fd, F_ADD_SEALS, F_SEAL_SEAL);
+}
+
 int shm_direct_publish(struct tern_tp_ep *base, struct tern_tp_mr *mr, bool up)
 {
     struct shm_ep *ep = SEP(base);
     struct shm_mrpub *e;
 
     /* ntb endpoints have no direct access; memory from tern_tp_mr_reg has
-     * no memfd a peer could map. */
+     * no file a peer could map. */
     if (!ep->tab || mr->fd < 0)
         return 0;
     e = &ep->tab[mr->key & (TERN_MR_MAX - 1)];
@@ -115,26 +161,50 @@ int shm_direct_publish(struct tern_tp_ep *base, struct tern_tp_mr *mr, bool up)
     e->access = mr->access;
     e->len = mr->len;
     __atomic_store_n(&e->key, mr->key, __ATOMIC_RELEASE);
-    /* Read-only to peers: nobody may map it writable from now on (our own
-     * mapping, made before, stays writable). */
-    if (!(mr->access & TERN_TP_ACCESS_REMOTE_WRITE))
-        fcntl(mr->fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE);
-    fcntl(mr->fd, F_ADD_SEALS, F_SEAL_SEAL);
+    seal_for_peers(mr);
     return 0;
 }
 
-/* May a peer map `mr`? It must be readable (no write-only mappings exist),
- * and, unless writable, sealed so that the peer's mapping is read-only. */
-static bool mappable(const struct tern_tp_mr *mr)
+/* Is the process at the other end of the link socket of our user? (Its
+ * credentials as of its connect or listen.) */
+static bool peer_same_uid(const struct shm_link *l)
 {
-    int seals;
+    struct ucred cr;
+    socklen_t n = sizeof(cr);
 
+    return l->obj.fd >= 0 && getsockopt(l->obj.fd, SOL_SOCKET, SO_PEERCRED, &cr, &n) == 0 &&
+           n == sizeof(cr) && cr.uid == geteuid();
+}
+
+/* The descriptor through which the peer of `l` may map `mr`, or -1 if it
+ * may not (its operations on it stay served). *opened: the descriptor was
+ * opened for this answer, to be closed after it. */
+static int handout(const struct shm_link *l, const struct tern_tp_mr *mr, bool *opened)
+{
+    bool writable = mr->access & TERN_TP_ACCESS_REMOTE_WRITE;
+    char path[40];
+    struct stat st;
+    int seals, fd;
+
+    *opened = false;
     if (mr->fd < 0 || !(mr->access & TERN_TP_ACCESS_REMOTE_READ))
-        return false;
-    if (mr->access & TERN_TP_ACCESS_REMOTE_WRITE)
-        return true;
+        return -1;
+    /* Sealed shared memory, its seals matching the rights: for anyone. */
     seals = fcntl(mr->fd, F_GET_SEALS);
-    return seals >= 0 && (seals & F_SEAL_FUTURE_WRITE);
+    if (seals >= 0 && (seals & F_SEAL_SHRINK) &&
+        !(seals & (F_SEAL_FUTURE_WRITE | F_SEAL_WRITE)) == writable)
+        return mr->fd;
+    /* Any other regular file: for a peer of our user only, and without
+     * remote write through a descriptor that cannot write, so that its
+     * mapping can be read-only only. */
+    if (fstat(mr->fd, &st) < 0 || !S_ISREG(st.st_mode) || !peer_same_uid(l))
+        return -1;
+    if (writable)
+        return mr->fd;
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", mr->fd);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    *opened = fd >= 0;
+    return fd;
 }
 
 void shm_direct_link_free(struct shm_link *l)
@@ -176,12 +246,19 @@ static void on_request(struct shm_link *l, const struct map_msg *req)
     struct tern_tp_ep *base = &l->ep->base;
     struct tern_tp_mr *mr = &base->mrs[req->key & (TERN_MR_MAX - 1)];
     struct map_msg ans = {.type = 'A', .key = req->key, .status = TERN_EREMACCESS};
+    bool opened;
     int fds[2];
 
     if (l->map_refusals >= MAP_REFUSALS_MAX)
         return;     /* a peer that keeps guessing keys gets no more answers */
-    if (!l->ep->tab || !mr->in_use || mr->key != req->key || !mappable(mr)) {
+    if (!mr->in_use || mr->key != req->key) {
         l->map_refusals++;
+        send_msg(l, &ans, NULL, 0);
+        return;
+    }
+    fds[0] = l->ep->tab ? handout(l, mr, &opened) : -1;
+    if (fds[0] < 0) {
+        ans.status = TERN_ENOTSUP;
         send_msg(l, &ans, NULL, 0);
         return;
     }
@@ -189,12 +266,15 @@ static void on_request(struct shm_link *l, const struct map_msg *req)
     ans.access = mr->access;
     ans.len = mr->len;
     ans.map_len = mr->map_len;
-    fds[0] = mr->fd;
+    ans.fd_off = mr->fd_off;
     fds[1] = l->ep->tab_fd;
     if (send_msg(l, &ans, fds, 2) < 0)
         tern_log(TERN_LOG_DEBUG, LOG_WHO, "link %s: map answer not sent", l->name);
+    if (opened)
+        close(fds[0]);
 }
 
+/* Our table, as a peer hands it over: sealed shared memory. */
 static bool sealed_at(int fd, size_t len)
 {
     struct stat st;
@@ -208,6 +288,35 @@ static bool sealed_at(int fd, size_t len)
            fs.f_type == TMPFS_MAGIC && fstat(fd, &st) == 0 && (size_t)st.st_size >= len;
 }
 
+/* May we map the peer's region file up to `end` without ever faulting on
+ * access? Shared memory sealed against shrinking, yes. Another regular file
+ * could be truncated under us: only a peer of our user (which could kill us
+ * anyway) may hand one over. Hugetlbfs pages can run out under a mapping. */
+static bool region_file_ok(const struct shm_link *l, int fd, uint64_t end)
+{
+    int seals = fcntl(fd, F_GET_SEALS);
+    struct stat st;
+    struct statfs fs;
+
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size < end ||
+        fstatfs(fd, &fs) < 0 || fs.f_type == HUGETLBFS_MAGIC)
+        return false;
+    if (seals >= 0 && (seals & F_SEAL_SHRINK))
+        return fs.f_type == TMPFS_MAGIC;
+    return peer_same_uid(l);
+}
+
+/* Is the answer's region well formed: a length within its mapping, a
+ * page-aligned offset, no overflow? */
+static bool answer_sane(const struct map_msg *ans, int nfds)
+{
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+
+    return ans->status == 0 && nfds == 2 && ans->len && ans->len <= ans->map_len &&
+           ans->map_len <= ((uint64_t)1 << 46) && ans->fd_off % page == 0 &&
+           ans->fd_off <= ((uint64_t)1 << 62);
+}
+
 /* The peer answers a request of ours. */
 static void on_answer(struct shm_link *l, const struct map_msg *ans, const int *fds, int nfds)
 {
@@ -217,9 +326,13 @@ static void on_answer(struct shm_link *l, const struct map_msg *ans, const int *
 
     if (!m || m->state != RMAP_ASKED || m->key != ans->key)
         return;
+    if (ans->status == TERN_EREMACCESS) {
+        m->state = RMAP_REFUSED;
+        return;
+    }
     m->state = RMAP_NO;     /* unless everything below checks out */
-    if (ans->status != 0 || nfds != 2 || ans->len > ans->map_len || !ans->len ||
-        !sealed_at(fds[0], ans->map_len) || !sealed_at(fds[1], MRTAB_BYTES))
+    if (!answer_sane(ans, nfds) || !region_file_ok(l, fds[0], ans->fd_off + ans->map_len) ||
+        !sealed_at(fds[1], MRTAB_BYTES))
         return;
     if (!l->peer_tab) {
         p = mmap(NULL, MRTAB_BYTES, PROT_READ, MAP_SHARED, fds[1], 0);
@@ -228,7 +341,7 @@ static void on_answer(struct shm_link *l, const struct map_msg *ans, const int *
         l->peer_tab = p;
     }
     prot = PROT_READ | (ans->access & TERN_TP_ACCESS_REMOTE_WRITE ? PROT_WRITE : 0);
-    p = mmap(NULL, ans->map_len, prot, MAP_SHARED, fds[0], 0);
+    p = mmap(NULL, ans->map_len, prot, MAP_SHARED, fds[0], (off_t)ans->fd_off);
     if (p == MAP_FAILED)
         return;
     *m = (struct shm_rmap){.key = ans->key, .access = ans->access, .state = RMAP_MAPPED,
@@ -252,9 +365,10 @@ bool shm_direct_on_socket(struct shm_link *l, const void *buf, size_t n, const i
     return true;
 }
 
-/* The mapping of the peer's region `key`, or NULL if there is none (yet):
- * the first use asks for it. */
-static struct shm_rmap *rmap_of(struct shm_link *l, uint32_t key)
+/* What this side knows of the peer's region `key` (NULL without memory):
+ * the first use asks for its mapping, every use of a mapped one checks
+ * that the peer still publishes the key. */
+static struct shm_rmap *rmap_get(struct shm_link *l, uint32_t key)
 {
     struct shm_rmap *m;
 
@@ -269,20 +383,28 @@ static struct shm_rmap *rmap_of(struct shm_link *l, uint32_t key)
         *m = (struct shm_rmap){.key = key, .state = RMAP_ASKED};
         if (send_msg(l, &req, NULL, 0) < 0)
             m->key = 0;     /* ask again next time */
-        return NULL;
+        return m;
     }
     /* An answer lost (the peer's socket was full) is asked for again. */
     if (m->state == RMAP_ASKED && ++m->waits >= MAP_ASK_AGAIN)
         m->key = 0;
-    if (m->state != RMAP_MAPPED)
-        return NULL;
-    /* Still published? If not, the served path reports TERN_EREMACCESS. */
-    if (__atomic_load_n(&l->peer_tab[key & (TERN_MR_MAX - 1)].key, __ATOMIC_ACQUIRE) != key) {
+    /* Withdrawn: keys are never reused, so it is refused for good (the
+     * served path reports it). */
+    if (m->state == RMAP_MAPPED &&
+        __atomic_load_n(&l->peer_tab[key & (TERN_MR_MAX - 1)].key, __ATOMIC_ACQUIRE) != key) {
         munmap(m->base, m->map_len);
-        *m = (struct shm_rmap){0};
-        return NULL;
+        *m = (struct shm_rmap){.key = key, .state = RMAP_REFUSED};
     }
     return m;
+}
+
+/* Operations of a connection take effect in order: with served ones in
+ * flight, a direct store could land before an earlier served one, and a
+ * direct load miss it. (Completed direct ones not yet reported count in
+ * `done`.) */
+static bool served_in_flight(const struct shm_conn *c)
+{
+    return c->ev.pend_tail - c->ev.pend_head != c->ev.done;
 }
 
 int shm_direct(struct shm_conn *c, bool put, void *local, size_t len,
@@ -294,18 +416,16 @@ int shm_direct(struct shm_conn *c, bool put, void *local, size_t len,
 
     if (!l || l->ntb || c->state != ST_OPEN || l->state != LINK_OPEN || !rkey->key)
         return 0;
-    m = rmap_of(l, rkey->key);
+    m = rmap_get(l, rkey->key);
     /* A refused access takes the served path, which reports and counts it;
      * so does one too large for it, which it refuses the same way whether
      * the region is mapped or not. */
-    if (!m || (m->access & need) != need || roff > m->len || len > m->len - roff ||
-        len > max_len)
+    if (!m || m->state != RMAP_MAPPED || (m->access & need) != need || roff > m->len ||
+        len > m->len - roff || len > max_len)
         return 0;
-    /* Operations of a connection take effect in order: with served ones in
-     * flight, a direct store could land before an earlier served one, and
-     * a direct load miss it. The caller retries after a completion (once,
-     * when a stream turns direct, or when it mixes served keys in). */
-    if (c->ev.pend_tail - c->ev.pend_head != c->ev.done)
+    /* The caller retries after a completion (once, when a stream turns
+     * direct, or when it mixes served keys in). */
+    if (served_in_flight(c))
         return TERN_EAGAIN;
     if (tp_pend_done(&c->ev, put, len, token, 0) < 0)
         return TERN_EAGAIN;
@@ -318,4 +438,38 @@ int shm_direct(struct shm_conn *c, bool put, void *local, size_t len,
     __atomic_thread_fence(__ATOMIC_RELEASE);
     shm_ready_push(c);
     return 1;
+}
+
+int shm_direct_ptr(struct shm_conn *c, const struct tern_tp_rkey *rkey, uint64_t roff,
+                   size_t len, uint32_t need, void **ptr)
+{
+    struct shm_link *l = c->link;
+    struct shm_rmap *m;
+
+    if (c->state != ST_OPEN)
+        return TERN_ENOTCONN;
+    if (!l || l->ntb || l->state != LINK_OPEN)
+        return TERN_ENOTSUP;
+    if (!rkey->key)
+        return TERN_EREMACCESS;
+    m = rmap_get(l, rkey->key);
+    if (!m)
+        return TERN_ENOMEM;
+    switch (m->state) {
+    case RMAP_MAPPED:
+        break;
+    case RMAP_NO:
+        return TERN_ENOTSUP;
+    case RMAP_REFUSED:
+        return TERN_EREMACCESS;
+    default:
+        return TERN_EAGAIN;     /* the answer is on its way */
+    }
+    if ((m->access & need) != need || roff > m->len || len > m->len - roff)
+        return TERN_EREMACCESS;
+    /* The caller's stores through the pointer could overtake them. */
+    if (served_in_flight(c))
+        return TERN_EAGAIN;
+    *ptr = m->base + roff;
+    return 0;
 }

@@ -412,6 +412,22 @@ static int shm_get(struct tern_tp_conn *conn, struct tern_tp_mr *lmr, void *dst,
     return onesided(SCONN(conn), CTL_GET, NULL, dst, len, rkey, roff, token);
 }
 
+/* A pointer into the peer's region. Refusals count like refused put and
+ * get: a caller that keeps making them is hung up on, as a NIC breaks the
+ * queue pair, and the peer is told. */
+static int shm_rkey_ptr(struct tern_tp_conn *conn, const struct tern_tp_rkey *rkey,
+                        uint64_t roff, size_t len, uint32_t need, void **ptr)
+{
+    struct shm_conn *c = SCONN(conn);
+    int rc = shm_direct_ptr(c, rkey, roff, len, need, ptr);
+
+    if (rc == TERN_EREMACCESS && ++c->ptr_refusals > SHM_MAX_VIOLATIONS) {
+        shm_link_send_close(c->link, c->chan);
+        shm_conn_fail(c, TERN_EREMACCESS, "too many refused direct accesses");
+    }
+    return rc;
+}
+
 /* ---- receive path ---- */
 
 /* Serve or complete a CTL record. Returns 1 handled (ev may be filled:
@@ -821,6 +837,7 @@ static void shm_ep_close(struct tern_tp_ep *base)
 
 static const struct tern_tp_ops shm_ops = {
     .ep_open = shm_ep_open,
+    .rkey_ptr = shm_rkey_ptr,   /* ntb: the peer is another host */
     SHM_COMMON_OPS
 };
 
@@ -832,7 +849,7 @@ static const struct tern_tp_ops ntb_ops = {
 const struct tern_tp_fabric tern_tp_fabric_shm = {
     .name = "shm",
     .caps = TERN_TP_CAP_MSG | TERN_TP_CAP_PUT | TERN_TP_CAP_GET | TERN_TP_CAP_WAIT_FD |
-            TERN_TP_CAP_LISTEN | TERN_TP_CAP_CONNECT,
+            TERN_TP_CAP_LISTEN | TERN_TP_CAP_CONNECT | TERN_TP_CAP_RKEY_PTR,
     .ep_size = sizeof(struct shm_ep),
     .ops = &shm_ops,
 };

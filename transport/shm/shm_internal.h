@@ -120,7 +120,8 @@ struct shm_conn {
     size_t reasm_cap, reasm_total, reasm_got;
     bool reasm_held;
 
-    unsigned violations;
+    unsigned violations;           /* the peer's accesses we refused */
+    unsigned ptr_refusals;         /* our tern_tp_rkey_ptr calls refused */
     struct shm_conn *pending_next; /* ST_CONNECTING: next waiting for the link */
 };
 
@@ -203,6 +204,9 @@ bool shm_direct_on_socket(struct shm_link *l, const void *buf, size_t n, const i
  * operations are in flight (order). */
 int shm_direct(struct shm_conn *c, bool put, void *local, size_t len,
                const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token, size_t max_len);
+/* tern_tp_rkey_ptr on a shm connection (the caller counts refusals). */
+int shm_direct_ptr(struct shm_conn *c, const struct tern_tp_rkey *rkey, uint64_t roff,
+                   size_t len, uint32_t need, void **ptr);
 
 /* shm.c, called by link.c and ntb_link.c */
 struct shm_conn *shm_conn_attach(struct shm_link *l, uint32_t chan, bool accepted);

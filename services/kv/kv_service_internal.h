@@ -1,0 +1,36 @@
+/* What the KV service's files share: the service object, and the one-sided
+ * part (kv_service_os.c) the RPC handlers in kv_service.c hand over to. */
+#ifndef TERN_KV_SERVICE_INTERNAL_H
+#define TERN_KV_SERVICE_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kv.h"
+
+struct kv_os;
+
+struct tern_kv_service {
+    struct tern_kv_store *store;
+    uint32_t lo, hi;
+    struct tern_service def;
+    struct kv_os *os;                /* one-sided paths; NULL until enabled */
+};
+
+/* Does this server own the key's hash? */
+bool kv_owns(const struct tern_kv_service *svc, const void *key, size_t klen);
+
+/* Reply with a kv_val holding `version`. */
+int kv_reply_version(struct tern_req *req, uint64_t version);
+
+/* kv_service_os.c: handlers of KV_M_OS_INFO, KV_M_LEASE, KV_M_LPUT (all
+ * TERN_ENOTSUP until tern_kv_service_enable_onesided), the sessions' end,
+ * and teardown. */
+int kv_h_os_info(struct tern_req *req, const void *data, size_t len, void *ctx);
+int kv_h_lease(struct tern_req *req, const void *data, size_t len, void *ctx);
+int kv_h_lput(struct tern_req *req, const void *data, size_t len, void *ctx);
+void kv_os_session_closed(struct tern_session *s, void *ctx);
+void kv_os_destroy(struct tern_kv_service *svc);
+
+#endif

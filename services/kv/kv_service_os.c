@@ -1,0 +1,345 @@
+/* The server's half of the one-sided paths (BOOM-KV's one-round PUT and
+ * Chequer's one-sided GET):
+ * - the index window (kv_window.h) lives in registered memory that clients
+ *   read; the whole pool is registered read-only so they can read records;
+ * - a client leases a whole segment of the pool, registered read-write for
+ *   it alone, writes records into it one-sidedly and tells the server where
+ *   each one starts (KV_M_LPUT); the server checks it, versions it, makes it
+ *   durable, indexes it and replies. One round trip per PUT; a new lease
+ *   only when the segment is full.
+ * A lease ends when its client asks for the next one, when its session
+ * closes, when a record it sent is refused in a way that drops it, or when
+ * it sat unused for lease_idle_ms and another client needs the slot. Its
+ * registration goes with it, so on RDMA the NIC refuses late writes. */
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "kv_service_internal.h"
+#include "kv_store.h"
+#include "kv_window.h"
+#include "kv_wire.h"
+#include "log.h"
+
+struct kv_lease_ent {
+    struct tern_session *s;          /* NULL: free */
+    uint32_t seg;
+    struct tern_rpc_mr *mr;
+    uint64_t used_ns;                /* last LEASE or LPUT */
+    bool revoked;                    /* taken back; ends at the lessee's next word */
+};
+
+struct kv_os {
+    struct tern_rpc_ep *ep;
+    /* Registrations belong to the endpoint, which goes first (kv.h): its
+     * destruction deregisters them, so teardown here never touches them.
+     * The window's memory is ours, so that the store never writes into
+     * memory freed with the endpoint. */
+    struct tern_rpc_mr *window_mr, *pool_mr;
+    void *window;
+    size_t window_len;
+    int window_fd;
+    uint32_t n_blocks, seg_size;
+    uint64_t idle_ns;
+    uint8_t uuid[16];
+    unsigned max_active;             /* leases granted and not taken back */
+    unsigned n_leases;               /* entries: twice that, for taken-back ones */
+    struct kv_lease_ent *leases;
+};
+
+/* Window blocks for a pool: one 8-bucket block per 4 KiB of pool (a bucket
+ * per 512 bytes), rounded down to a power of two. */
+static uint32_t default_blocks(uint64_t pool_size)
+{
+    uint64_t want = pool_size / 4096;
+    uint32_t n = 64;
+
+    while ((uint64_t)n * 2 <= want && n < (1u << 26))
+        n *= 2;
+    return n;
+}
+
+/* The window: a memfd, so that peers on the same host can map it. */
+static int window_alloc(struct kv_os *os)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+
+    os->window_len = (kvw_bytes(os->n_blocks) + page - 1) & ~(page - 1);
+    os->window_fd = memfd_create("tern-kv-window", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (os->window_fd < 0)
+        return TERN_ENOMEM;
+    if (ftruncate(os->window_fd, (off_t)os->window_len) < 0 ||
+        fcntl(os->window_fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) < 0)
+        return TERN_ENOMEM;
+    os->window = mmap(NULL, os->window_len, PROT_READ | PROT_WRITE, MAP_SHARED,
+                      os->window_fd, 0);
+    if (os->window == MAP_FAILED) {
+        os->window = NULL;
+        return TERN_ENOMEM;
+    }
+    return 0;
+}
+
+static void window_free(struct kv_os *os)
+{
+    if (os->window)
+        munmap(os->window, os->window_len);
+    if (os->window_fd >= 0)
+        close(os->window_fd);
+}
+
+int tern_kv_service_enable_onesided(struct tern_kv_service *svc, struct tern_rpc_ep *ep,
+                                    const struct tern_kv_onesided_opts *o)
+{
+    struct tern_pm_pool *pool;
+    struct tern_pm_info info;
+    struct kv_os *os;
+    int rc;
+
+    if (!svc || !ep || svc->os)
+        return TERN_EINVAL;
+    if (o && o->window_blocks && (o->window_blocks & (o->window_blocks - 1)))
+        return TERN_EINVAL;
+    pool = tern_kv_store_pool(svc->store);
+    os = calloc(1, sizeof(*os));
+    if (!os)
+        return TERN_ENOMEM;
+    os->ep = ep;
+    os->window_fd = -1;
+    tern_pm_get_info(pool, &info);
+    os->seg_size = info.seg_size;
+    memcpy(os->uuid, info.uuid, sizeof(os->uuid));
+    os->n_blocks = o && o->window_blocks ? o->window_blocks
+                                         : default_blocks(tern_pm_map_len(pool));
+    os->idle_ns = (o && o->lease_idle_ms ? o->lease_idle_ms : 30000) * 1000000ull;
+    os->max_active = o && o->max_leases ? o->max_leases : 256;
+    os->n_leases = 2 * os->max_active;
+    os->leases = calloc(os->n_leases, sizeof(*os->leases));
+    if (!os->leases) {
+        rc = TERN_ENOMEM;
+        goto fail;
+    }
+    rc = window_alloc(os);
+    if (rc == 0)
+        rc = tern_rpc_mr_reg(ep, os->window, os->window_len, os->window_fd, 0,
+                             TERN_TP_ACCESS_REMOTE_READ, &os->window_mr);
+    if (rc < 0)
+        goto fail;
+    rc = tern_rpc_mr_reg(ep, tern_pm_base(pool), tern_pm_map_len(pool), tern_pm_fd(pool), 0,
+                         TERN_TP_ACCESS_REMOTE_READ, &os->pool_mr);
+    if (rc < 0)
+        goto fail;
+    tern_kv_store_attach_window(svc->store, os->window, os->n_blocks);
+    svc->os = os;
+    return 0;
+fail:
+    if (os->window_mr)
+        tern_rpc_mr_dereg(os->window_mr);
+    window_free(os);
+    free(os->leases);
+    free(os);
+    return rc;
+}
+
+/* End a lease (unless the store already did) and withdraw its registration. */
+static void lease_drop(struct kv_lease_ent *l, struct tern_kv_store *store, bool end)
+{
+    /* The registration goes first: ending the lease rewrites the segment's
+     * header, which the lessee's mapping must no longer reach. */
+    tern_rpc_mr_dereg(l->mr);
+    if (end)
+        tern_kv_store_lease_end(store, l->seg);
+    *l = (struct kv_lease_ent){0};
+}
+
+void kv_os_destroy(struct tern_kv_service *svc)
+{
+    struct kv_os *os = svc->os;
+
+    if (!os)
+        return;
+    /* The endpoint is gone (kv.h), and its sessions with it: their leases
+     * were ended then. Any left end here; their registrations went with
+     * the endpoint. */
+    for (unsigned i = 0; i < os->n_leases; i++)
+        if (os->leases[i].s)
+            tern_kv_store_lease_end(svc->store, os->leases[i].seg);
+    tern_kv_store_attach_window(svc->store, NULL, 0);
+    window_free(os);
+    free(os->leases);
+    free(os);
+    svc->os = NULL;
+}
+
+void kv_os_session_closed(struct tern_session *s, void *ctx)
+{
+    struct tern_kv_service *svc = ctx;
+
+    if (!svc->os)
+        return;
+    for (unsigned i = 0; i < svc->os->n_leases; i++)
+        if (svc->os->leases[i].s == s)
+            lease_drop(&svc->os->leases[i], svc->store, true);
+}
+
+int kv_h_os_info(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    struct tern_kv_service *svc = ctx;
+    struct tern_session *s = tern_req_session(req);
+    struct tern_pm_pool *pool;
+    struct kv_os_info *out;
+    int rc;
+
+    (void)data;
+    if (!svc->os)
+        return TERN_ENOTSUP;
+    if (len)
+        return TERN_EPROTO;
+    out = tern_reply_alloc(req, sizeof(*out));
+    if (!out)
+        return TERN_EMSGSIZE;
+    memset(out, 0, sizeof(*out));
+    rc = tern_rpc_mr_rkey(svc->os->window_mr, s, &out->window);
+    if (rc == 0)
+        rc = tern_rpc_mr_rkey(svc->os->pool_mr, s, &out->pool);
+    if (rc < 0)
+        return rc;
+    pool = tern_kv_store_pool(svc->store);
+    out->seg0 = tern_pm_seg_file_off(pool, 0);
+    out->seg_size = svc->os->seg_size;
+    out->n_blocks = svc->os->n_blocks;
+    memcpy(out->uuid, svc->os->uuid, sizeof(out->uuid));
+    return 0;
+}
+
+static struct kv_lease_ent *lease_of_seg(struct kv_os *os, uint32_t seg)
+{
+    for (unsigned i = 0; i < os->n_leases; i++)
+        if (os->leases[i].s && os->leases[i].seg == seg)
+            return &os->leases[i];
+    return NULL;
+}
+
+/* A free lease entry. With max_active leases out, the one idle longest
+ * (if past idle_ns) is taken back first. Taking back keeps its segment
+ * leased and registered: its client may be writing into it right now, and
+ * on RDMA a write to a withdrawn key breaks the connection. Its LPUTs get
+ * TERN_ENOLEASE; the lease ends, and the registration goes, when its client
+ * asks for a new one (after every put it sent to the old one) or leaves. */
+static struct kv_lease_ent *lease_slot(struct kv_os *os)
+{
+    struct kv_lease_ent *oldest = NULL, *free_ent = NULL;
+    uint64_t now = tern_now_ns();
+    unsigned active = 0;
+
+    for (unsigned i = 0; i < os->n_leases; i++) {
+        struct kv_lease_ent *l = &os->leases[i];
+
+        if (!l->s) {
+            free_ent = free_ent ? free_ent : l;
+            continue;
+        }
+        if (l->revoked)
+            continue;
+        active++;
+        if (now - l->used_ns >= os->idle_ns && (!oldest || l->used_ns < oldest->used_ns))
+            oldest = l;
+    }
+    if (active < os->max_active)
+        return free_ent;
+    if (!oldest || !free_ent)
+        return NULL;
+    tern_log(TERN_LOG_INFO, "kv", "lease of segment %u unused for %llu ms: taken back",
+             oldest->seg, (unsigned long long)((now - oldest->used_ns) / 1000000));
+    oldest->revoked = true;
+    return free_ent;
+}
+
+int kv_h_lease(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    struct tern_kv_service *svc = ctx;
+    struct tern_session *s = tern_req_session(req);
+    struct tern_pm_pool *pool = tern_kv_store_pool(svc->store);
+    struct kv_os *os = svc->os;
+    struct kv_lease_ent *l;
+    struct kv_lease_req q;
+    struct kv_lease *out;
+    uint64_t foff;
+    uint32_t seg;
+    int rc;
+
+    if (!os)
+        return TERN_ENOTSUP;
+    if (len != sizeof(q))
+        return TERN_EPROTO;
+    memcpy(&q, data, sizeof(q));
+    if (q.flags || q.reserved)
+        return TERN_EPROTO;
+    /* One lease per session: asking again hands the old one back. */
+    for (unsigned i = 0; i < os->n_leases; i++)
+        if (os->leases[i].s == s)
+            lease_drop(&os->leases[i], svc->store, true);
+    l = lease_slot(os);
+    if (!l)
+        return TERN_ENOBUFS;
+    out = tern_reply_alloc(req, sizeof(*out));
+    if (!out)
+        return TERN_EMSGSIZE;
+    rc = tern_kv_store_lease(svc->store, &seg);
+    if (rc < 0)
+        return rc;
+    foff = tern_pm_seg_file_off(pool, seg);
+    rc = tern_rpc_mr_reg(os->ep, (uint8_t *)tern_pm_base(pool) + foff, os->seg_size,
+                         tern_pm_fd(pool), foff,
+                         TERN_TP_ACCESS_REMOTE_READ | TERN_TP_ACCESS_REMOTE_WRITE, &l->mr);
+    if (rc == 0 && (rc = tern_rpc_mr_rkey(l->mr, s, &out->rkey)) < 0)
+        tern_rpc_mr_dereg(l->mr);
+    if (rc < 0) {
+        tern_kv_store_lease_end(svc->store, seg);
+        l->mr = NULL;
+        return rc;
+    }
+    /* The records will be read and flushed here: map the segment's pages
+     * in now rather than fault on every 4 KiB of them (a hint). */
+    madvise((uint8_t *)tern_pm_base(pool) + foff, os->seg_size, MADV_POPULATE_WRITE);
+    l->s = s;
+    l->seg = seg;
+    l->used_ns = tern_now_ns();
+    *out = (struct kv_lease){.seg = seg, .next = tern_pm_lease_next(pool, seg),
+                             .end = os->seg_size, .rkey = out->rkey};
+    return 0;
+}
+
+int kv_h_lput(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    struct tern_kv_service *svc = ctx;
+    struct kv_lease_ent *l;
+    struct kv_lput q;
+    uint64_t version;
+    bool ended = false;
+    int rc;
+
+    if (!svc->os)
+        return TERN_ENOTSUP;
+    if (len != sizeof(q))
+        return TERN_EPROTO;
+    memcpy(&q, data, sizeof(q));
+    l = lease_of_seg(svc->os, q.seg);
+    if (!l || l->s != tern_req_session(req))
+        return TERN_ENOLEASE;
+    /* Taken back: the registration stays until the client asks for a new
+     * lease (or leaves), as puts it pipelined may still be on their way. */
+    if (l->revoked)
+        return TERN_ENOLEASE;
+    l->used_ns = tern_now_ns();
+    if (!(q.intent >> 63))
+        return TERN_EPROTO;
+    rc = tern_kv_store_lease_put(svc->store, q.seg, q.off, q.intent, svc->lo, svc->hi,
+                                 TERN_KV_SYNC, &version, &ended);
+    if (ended)
+        lease_drop(l, svc->store, false);
+    return rc < 0 ? rc : kv_reply_version(req, version);
+}

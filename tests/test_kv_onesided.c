@@ -1,0 +1,1988 @@
+/* The KV service's one-sided paths across processes (kv.h: "one-sided
+ * paths"; kv_service_os.c and kv_client_os.c): servers run tern_kv_service
+ * with tern_kv_service_enable_onesided in forked children, the test process
+ * is the client, on every fabric that is built. Covers GETs that read the
+ * index window and the pool, PUTs into leased segments, the client cache,
+ * durability of one-sided PUTs across a restart and a kill -9, torn reads
+ * under concurrent writers, leases taken back from idle and dead clients,
+ * hostile LEASE/LPUT requests on a raw session, and the window's own
+ * functions (kv_window.h) without any process.
+ */
+#include "tern_config.h"
+
+#if TERN_HAVE_SERVICES
+
+#include <check.h>
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "helpers.h"
+#include "kv.h"
+#include "kv_store.h"
+#include "kv_window.h"
+#include "kv_wire.h"
+#include "pm/pm.h"
+#include "pm/pm_layout.h"
+#include "rpc.h"
+#include "suites.h"
+
+/* An assertion that costs nothing while it holds: Check's own report each
+ * passing check to the runner through a pipe, which loops of thousands of
+ * reads cannot afford. */
+#define CHECK(cond, ...)                                                                     \
+    do {                                                                                     \
+        if (!(cond))                                                                         \
+            ck_abort_msg(__VA_ARGS__);                                                       \
+    } while (0)
+
+#define SEC 1000000000ull
+#define KIB 1024u
+#define SVC TERN_KV_SERVICE_ID
+#define INTENT_BIT (1ull << 63)
+
+/* ---- fabrics: those of test_kv_procs ---- */
+
+static char rdma_uri[96] = "rdma://127.0.0.1:0";
+static const char *const listen_uris[] = {
+    "tcp://127.0.0.1:0", "shm://auto", "ntb://emu:auto",
+#if TERN_HAVE_RDMA
+    rdma_uri,
+#endif
+};
+#define N_LISTEN_URIS ((int)(sizeof(listen_uris) / sizeof(listen_uris[0])))
+#define SHM 1                        /* index of shm://auto above */
+
+__attribute__((constructor)) static void rdma_uri_init(void)
+{
+    snprintf(rdma_uri, sizeof(rdma_uri), "rdma://%s:0", test_rdma_ip());
+}
+
+/* Where TERN_KV_PATH_AUTO goes one-sided: the NIC or plain loads do the work. */
+static bool fabric_is_fast(int i)
+{
+    return strncmp(listen_uris[i], "shm:", 4) == 0 || strncmp(listen_uris[i], "rdma:", 5) == 0;
+}
+
+/* ---- servers (children), client children, and pool files ---- */
+
+#define MAX_SERVERS 2
+#define MAX_KIDS 4
+
+static pid_t pids[MAX_SERVERS];
+static pid_t kids[MAX_KIDS];
+static char uris[MAX_SERVERS][128];
+static char pool_paths[MAX_SERVERS][128];
+static char tmpdir[64];
+
+/* What the next forked server runs: set before spawning, copied by fork. */
+static struct tern_kv_service_opts next_opts;
+static struct tern_kv_onesided_opts next_os;
+static bool next_os_off;
+
+static void setup_kv_os(struct tern_rpc_ep *ep)
+{
+    struct tern_kv_service *svc;
+
+    /* The service lives as long as the child, which _exit()s: every write
+     * it acknowledged was durable before the reply left. */
+    if (tern_kv_service_create(&next_opts, &svc) < 0)
+        _exit(7);
+    if (tern_rpc_register(ep, tern_kv_service_def(svc)) < 0)
+        _exit(8);
+    if (!next_os_off && tern_kv_service_enable_onesided(svc, ep, &next_os) < 0)
+        _exit(9);
+}
+
+static void kill_pid(pid_t *p)
+{
+    if (*p > 0) {
+        kill(*p, SIGKILL);
+        waitpid(*p, NULL, 0);
+        *p = 0;
+    }
+}
+
+static void kill_server(int i)
+{
+    kill_pid(&pids[i]);
+}
+
+static void remove_tmpdir(void)
+{
+    DIR *d;
+    struct dirent *de;
+
+    if (!tmpdir[0])
+        return;
+    d = opendir(tmpdir);
+    if (d) {
+        while ((de = readdir(d))) {
+            char p[sizeof(tmpdir) + 300];
+
+            if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
+                continue;
+            snprintf(p, sizeof(p), "%s/%s", tmpdir, de->d_name);
+            unlink(p);
+        }
+        closedir(d);
+    }
+    rmdir(tmpdir);
+    tmpdir[0] = 0;
+}
+
+/* On any exit of the test process: a failed assertion leaves nothing. */
+static void cleanup_at_exit(void)
+{
+    for (int i = 0; i < MAX_KIDS; i++)
+        kill_pid(&kids[i]);
+    for (int i = 0; i < MAX_SERVERS; i++)
+        kill_server(i);
+    remove_tmpdir();
+}
+
+/* Check ends a failed test with _exit() and kills its process group, so
+ * atexit() does not run then. A janitor outside that group cleans up once
+ * the test process and every child (all of which hold the pipe's write
+ * end) are gone: the pool files, and the emulated NTB devices the servers
+ * made (named after their pids, which the pipe brings). */
+static int janitor_fd = -1;
+
+static void remove_ntb_devices(const pid_t *servers, int n)
+{
+    DIR *d = opendir("/dev/shm");
+    struct dirent *de;
+
+    if (!d)
+        return;
+    while ((de = readdir(d))) {
+        for (int i = 0; i < n; i++) {
+            char prefix[64], p[300];
+
+            snprintf(prefix, sizeof(prefix), "tern-ntb.auto-%d-", (int)servers[i]);
+            if (strncmp(de->d_name, prefix, strlen(prefix)) == 0) {
+                snprintf(p, sizeof(p), "/dev/shm/%s", de->d_name);
+                unlink(p);
+            }
+        }
+    }
+    closedir(d);
+}
+
+static void start_janitor(void)
+{
+    int fds[2];
+    pid_t pid;
+
+    ck_assert_int_eq(pipe(fds), 0);
+    pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        pid_t servers[64];
+        int n = 0;
+        ssize_t got;
+
+        setpgid(0, 0);
+        close(fds[1]);
+        while ((got = read(fds[0], &servers[n < 63 ? n : 63], sizeof(pid_t))) != 0) {
+            if (got == (ssize_t)sizeof(pid_t) && n < 64)
+                n++;
+            else if (got < 0 && errno != EINTR)
+                break;
+        }
+        for (int i = 0; i < MAX_SERVERS; i++)
+            pids[i] = 0;    /* not ours to kill */
+        for (int i = 0; i < MAX_KIDS; i++)
+            kids[i] = 0;
+        remove_tmpdir();
+        remove_ntb_devices(servers, n);
+        _exit(0);
+    }
+    close(fds[0]);
+    janitor_fd = fds[1];
+}
+
+static void make_tmpdir(void)
+{
+    static bool registered;
+
+    if (!registered) {
+        atexit(cleanup_at_exit);
+        registered = true;
+    }
+    test_pool_dir(tmpdir, sizeof(tmpdir), "kvos");     /* tmpfs if there is one */
+    start_janitor();
+    for (int i = 0; i < MAX_SERVERS; i++)
+        snprintf(pool_paths[i], sizeof(pool_paths[i]), "%s/pool%d", tmpdir, i);
+}
+
+struct srv {
+    int fabric;                      /* index in listen_uris */
+    uint32_t seg_size;               /* 0: 64 KiB */
+    uint32_t lo, hi;                 /* 0, 0: the whole space */
+    struct tern_kv_onesided_opts os;
+    bool os_off;                     /* do not enable the one-sided paths */
+};
+
+/* Servers sleep when idle: they, writer children and the client share few
+ * CPUs, and busy-polling servers would take turns in time slices. */
+static const struct tern_rpc_config adaptive = {.mode = TERN_TP_POLL_ADAPTIVE};
+
+/* Start server `i` on pool file `i` (created at the first start). */
+static void start_server(int i, const struct srv *o)
+{
+    if (!tmpdir[0])
+        make_tmpdir();
+    next_opts = (struct tern_kv_service_opts){
+        .pool_path = pool_paths[i], .pool_size = 8u << 20,
+        .seg_size = o->seg_size ? o->seg_size : 64u << 10, .range_lo = o->lo,
+        .range_hi = o->hi,
+    };
+    next_os = o->os;
+    next_os_off = o->os_off;
+    pids[i] = spawn_rpc_server_at(setup_kv_os, &adaptive, listen_uris[o->fabric], uris[i],
+                                  sizeof(uris[i]));
+    ck_assert_int_gt(pids[i], 0);
+    ck_assert_int_eq(write(janitor_fd, &pids[i], sizeof(pid_t)), (ssize_t)sizeof(pid_t));
+}
+
+/* SIGTERM: the server must stop and exit cleanly. */
+static void finish_server(int i)
+{
+    pid_t pid = pids[i];
+
+    pids[i] = 0;
+    CHECK(stop_server(pid) == 0, "server %d did not exit cleanly", i);
+}
+
+/* Fork a client process running fn(arg); it _exit()s with fn's return. */
+static pid_t spawn_kid(int slot, int (*fn)(void *arg), void *arg)
+{
+    pid_t pid;
+
+    if (!tmpdir[0])
+        make_tmpdir();
+    pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0)
+        _exit(fn(arg));
+    kids[slot] = pid;
+    return pid;
+}
+
+/* Wait for client child `slot`; its exit code (-1 if it was killed). */
+static int reap_kid(int slot)
+{
+    int status;
+    pid_t pid = kids[slot];
+
+    kids[slot] = 0;
+    if (waitpid(pid, &status, 0) != pid)
+        return -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* Memory the test process and its client children share. */
+static void *shared_alloc(size_t len)
+{
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+
+    ck_assert_ptr_ne(p, MAP_FAILED);
+    return p;
+}
+
+static struct tern_rpc_ep *new_ep(void)
+{
+    struct tern_rpc_ep *ep;
+    int rc = tern_rpc_ep_create(NULL, &ep);
+
+    CHECK(rc == 0, "client ep: %s", tern_strerror(rc));
+    return ep;
+}
+
+/* A client of servers 0..n-1 on `path`. */
+static struct tern_kv *kv_open_path(struct tern_rpc_ep *ep, int n, enum tern_kv_path path)
+{
+    const char *u[MAX_SERVERS];
+    struct tern_kv *kv = NULL;
+    int rc;
+
+    for (int i = 0; i < n; i++)
+        u[i] = uris[i];
+    rc = tern_kv_open(ep, u, (unsigned)n, 5 * SEC, &kv);
+    CHECK(rc == 0, "tern_kv_open %s: %s", u[0], tern_err_name(rc));
+    rc = tern_kv_set_path(kv, path);
+    CHECK(rc == 0, "tern_kv_set_path %d: %s", (int)path, tern_err_name(rc));
+    return kv;
+}
+
+static void finish(struct tern_rpc_ep *ep, struct tern_kv *a, struct tern_kv *b, int n_servers)
+{
+    if (a)
+        tern_kv_close(a);
+    if (b)
+        tern_kv_close(b);
+    tern_rpc_ep_destroy(ep);
+    for (int i = 0; i < n_servers; i++)
+        finish_server(i);
+    cleanup_at_exit();
+}
+
+static struct tern_kv_os_stats stats(const struct tern_kv *kv)
+{
+    struct tern_kv_os_stats st;
+
+    tern_kv_get_os_stats(kv, &st);
+    return st;
+}
+
+/* Deterministic bytes, zeros included. */
+static void pattern(uint8_t *p, size_t len, unsigned seed)
+{
+    for (size_t j = 0; j < len; j++)
+        p[j] = (uint8_t)((seed * 2654435761u + j * 31u) >> 3);
+}
+
+static void expect_get(struct tern_kv *kv, const void *key, size_t klen, const void *val,
+                       size_t len, uint64_t version)
+{
+    static uint8_t buf[128 * KIB];
+    size_t got = 12345;
+    uint64_t ver = 0;
+    int rc = tern_kv_get(kv, key, klen, buf, sizeof(buf), &got, &ver);
+
+    CHECK(rc == 0, "get %.*s: %s", (int)klen, (const char *)key, tern_err_name(rc));
+    CHECK(got == len, "get %.*s: %zu bytes, want %zu", (int)klen, (const char *)key,
+          got, len);
+    if (len)
+        CHECK(memcmp(buf, val, len) == 0, "value of %.*s differs", (int)klen,
+              (const char *)key);
+    if (version)
+        CHECK(ver == version, "get %.*s: version %llu, want %llu", (int)klen,
+              (const char *)key, (unsigned long long)ver, (unsigned long long)version);
+}
+
+static void expect_enoent(struct tern_kv *kv, const void *key, size_t klen)
+{
+    uint8_t buf[64];
+    size_t got = 0;
+    int rc = tern_kv_get(kv, key, klen, buf, sizeof(buf), &got, NULL);
+
+    CHECK(rc == TERN_ENOENT, "get %.*s: %s, want TERN_ENOENT", (int)klen,
+          (const char *)key, tern_err_name(rc));
+}
+
+static void must_put(struct tern_kv *kv, const void *key, size_t klen, const void *val,
+                     size_t len, uint64_t *version)
+{
+    int rc = tern_kv_put(kv, key, klen, val, len, version);
+
+    CHECK(rc == 0, "put %.*s (%zu bytes): %s", (int)klen, (const char *)key, len,
+          tern_err_name(rc));
+}
+
+/* Let the endpoint run for a moment (mappings being set up, lease replies). */
+static void spin(struct tern_rpc_ep *ep, double ms)
+{
+    double end = now_ms() + ms;
+
+    while (now_ms() < end)
+        tern_rpc_poll(ep);
+}
+
+/* PUT until one goes through a leased segment (the first ones go by RPC
+ * while the lease is asked for, and so does one that does not fit the
+ * rest of a lease). *version is the last PUT's. */
+static void must_os_put(struct tern_kv *kv, struct tern_rpc_ep *ep, const void *key,
+                        size_t klen, const void *val, size_t len, uint64_t *version)
+{
+    for (int tries = 0; tries < 20; tries++) {
+        uint64_t before = stats(kv).puts;
+
+        must_put(kv, key, klen, val, len, version);
+        if (stats(kv).puts > before)
+            return;
+        spin(ep, 2);
+    }
+    ck_abort_msg("no PUT of %.*s (%zu bytes) went one-sided in 20 tries", (int)klen,
+                 (const char *)key, len);
+}
+
+/* GET until one is answered from the window and the pool. */
+static void warm_get(struct tern_kv *kv, struct tern_rpc_ep *ep, const void *key, size_t klen)
+{
+    static uint8_t buf[128 * KIB];
+
+    for (int tries = 0; tries < 50; tries++) {
+        uint64_t before = stats(kv).gets_direct;
+        size_t got;
+        int rc = tern_kv_get(kv, key, klen, buf, sizeof(buf), &got, NULL);
+
+        CHECK(rc == 0, "warm-up get: %s", tern_err_name(rc));
+        if (stats(kv).gets_direct > before)
+            return;
+        spin(ep, 2);
+    }
+    ck_abort_msg("no GET of %.*s was answered one-sidedly", (int)klen, (const char *)key);
+}
+
+/* The fabric under test is the one the sessions use. */
+static void assert_fabric(struct tern_rpc_ep *ep, int fabric)
+{
+    struct tern_session *s;
+    size_t fl;
+    int rc = tern_rpc_connect(ep, uris[0], 5 * SEC, &s);
+
+    CHECK(rc == 0, "connect %s: %s", uris[0], tern_err_name(rc));
+    fl = strlen(tern_session_fabric(s));
+    CHECK(strncmp(listen_uris[fabric], tern_session_fabric(s), fl) == 0 &&
+          listen_uris[fabric][fl] == ':', "listening on %s, session on %s",
+          listen_uris[fabric], tern_session_fabric(s));
+    tern_session_close(s);
+}
+
+/* ---- 1: round trips on every fabric ---- */
+
+/* Can a record with this much value go one-sided on the fabric? On ntb a
+ * one-sided operation is one ring record, at most a quarter of its 64 KiB
+ * ring (transport/shm: onesided_max), and the client does not split reads:
+ * bigger ones go by RPC. */
+static bool fits_onesided(int fabric, size_t vlen)
+{
+    return strncmp(listen_uris[fabric], "ntb:", 4) != 0 || vlen <= 8 * KIB;
+}
+
+START_TEST(roundtrip_every_fabric)
+{
+    static const size_t sizes[] = {8, 1 * KIB, 60 * KIB};
+    enum { NS = sizeof(sizes) / sizeof(sizes[0]) };
+    static uint8_t val[NS][60 * KIB], val2[60 * KIB];
+    uint64_t v_rpc[NS], v_os[NS], v1, v2, v3;
+    struct tern_kv_os_stats st0, st1;
+    struct tern_rpc_ep *ep;
+    struct tern_kv *os, *rpc;
+    char k[32];
+    int kl;
+
+    start_server(0, &(struct srv){.fabric = _i});
+    ep = new_ep();
+    assert_fabric(ep, _i);
+    os = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
+    rpc = kv_open_path(ep, 1, TERN_KV_PATH_RPC);
+
+    /* Set up the lease and the mappings. */
+    must_os_put(os, ep, "warm", 4, "up", 2, &v1);
+    warm_get(os, ep, "warm", 4);
+
+    for (unsigned s = 0; s < NS; s++) {
+        pattern(val[s], sizes[s], (unsigned)s + 1);
+        /* Written by RPC, read one-sidedly. */
+        kl = snprintf(k, sizeof(k), "rpc2os-%zu", sizes[s]);
+        must_put(rpc, k, (size_t)kl, val[s], sizes[s], &v_rpc[s]);
+        st0 = stats(os);
+        expect_get(os, k, (size_t)kl, val[s], sizes[s], v_rpc[s]);
+        st1 = stats(os);
+        CHECK(st1.gets_direct == st0.gets_direct + 1 || !fits_onesided(_i, sizes[s]),
+              "GET of %zu bytes written by RPC was not one-sided", sizes[s]);
+        /* Written one-sidedly, read by RPC and one-sidedly. */
+        kl = snprintf(k, sizeof(k), "os2rpc-%zu", sizes[s]);
+        if (fits_onesided(_i, sizes[s]))
+            must_os_put(os, ep, k, (size_t)kl, val[s], sizes[s], &v_os[s]);
+        else
+            must_put(os, k, (size_t)kl, val[s], sizes[s], &v_os[s]);
+        ck_assert_uint_gt(v_os[s], v_rpc[s]);
+        expect_get(rpc, k, (size_t)kl, val[s], sizes[s], v_os[s]);
+        st0 = stats(os);
+        expect_get(os, k, (size_t)kl, val[s], sizes[s], v_os[s]);
+        st1 = stats(os);
+        CHECK(st1.gets_direct == st0.gets_direct + 1 || !fits_onesided(_i, sizes[s]),
+              "GET of %zu bytes written one-sidedly was not one-sided", sizes[s]);
+    }
+    /* Everything again, in the other order: still whole, still direct. */
+    st0 = stats(os);
+    for (unsigned s = 0; s < NS; s++) {
+        kl = snprintf(k, sizeof(k), "rpc2os-%zu", sizes[s]);
+        expect_get(os, k, (size_t)kl, val[s], sizes[s], v_rpc[s]);
+        kl = snprintf(k, sizeof(k), "os2rpc-%zu", sizes[s]);
+        expect_get(os, k, (size_t)kl, val[s], sizes[s], v_os[s]);
+        expect_get(rpc, k, (size_t)kl, val[s], sizes[s], v_os[s]);
+    }
+    st1 = stats(os);
+    {
+        unsigned want = 0;
+
+        for (unsigned s = 0; s < NS; s++)
+            want += fits_onesided(_i, sizes[s]) ? 2 : 0;
+        CHECK(st1.gets_direct - st0.gets_direct == want, "%llu one-sided GETs of %u",
+              (unsigned long long)(st1.gets_direct - st0.gets_direct), want);
+    }
+    ck_assert_uint_gt(st1.puts, 0);
+    ck_assert_uint_gt(st1.leases, 0);
+    ck_assert_uint_eq(stats(rpc).gets_direct, 0);
+
+    /* Absent and deleted keys: the window does not have them, the server
+     * says so. */
+    expect_enoent(os, "never-written", 13);
+    must_os_put(os, ep, "doomed", 6, "soon gone", 9, &v1);
+    expect_get(os, "doomed", 6, "soon gone", 9, v1);
+    ck_assert_int_eq(tern_kv_del(os, "doomed", 6), 0);
+    expect_enoent(os, "doomed", 6);
+    expect_enoent(rpc, "doomed", 6);
+
+    /* Overwrites, by either path and of other sizes: the newest wins. */
+    pattern(val2, sizeof(val2), 99);
+    must_os_put(os, ep, "over", 4, val2, 8, &v1);
+    expect_get(os, "over", 4, val2, 8, v1);
+    must_put(rpc, "over", 4, val2 + 1, 1 * KIB, &v2);
+    ck_assert_uint_gt(v2, v1);
+    expect_get(os, "over", 4, val2 + 1, 1 * KIB, v2);
+    must_os_put(os, ep, "over", 4, val2 + 2, 16, &v3);
+    ck_assert_uint_gt(v3, v2);
+    expect_get(os, "over", 4, val2 + 2, 16, v3);
+    expect_get(rpc, "over", 4, val2 + 2, 16, v3);
+    must_put(rpc, "over", 4, val2 + 3, 8, &v1);     /* in place over an older record */
+    ck_assert_uint_gt(v1, v3);
+    expect_get(os, "over", 4, val2 + 3, 8, v1);
+    /* A deleted key written again one-sidedly comes back. */
+    must_os_put(os, ep, "doomed", 6, "back", 4, &v2);
+    ck_assert_uint_gt(v2, v1);
+    expect_get(os, "doomed", 6, "back", 4, v2);
+    finish(ep, os, rpc, 1);
+}
+END_TEST
+
+/* ---- 2: TERN_KV_PATH_AUTO, and servers without the one-sided paths ---- */
+
+START_TEST(auto_path_every_fabric)
+{
+    static uint8_t val[4 * KIB];
+    struct tern_kv_os_stats st, st0;
+    struct tern_rpc_ep *ep;
+    struct tern_kv *kv;
+    uint64_t ver[20];
+    char k[32];
+    int kl;
+
+    start_server(0, &(struct srv){.fabric = _i});
+    ep = new_ep();
+    assert_fabric(ep, _i);
+    kv = kv_open_path(ep, 1, TERN_KV_PATH_AUTO);
+    /* 1 KiB and more: values AUTO may write into a lease (kv.h). */
+    for (unsigned i = 0; i < 20; i++) {
+        kl = snprintf(k, sizeof(k), "auto-%u", i);
+        pattern(val, sizeof(val), i);
+        must_put(kv, k, (size_t)kl, val, 1 * KIB + i * 150, &ver[i]);
+        spin(ep, 1);
+    }
+    for (unsigned r = 0; r < 3; r++)
+        for (unsigned i = 0; i < 20; i++) {
+            kl = snprintf(k, sizeof(k), "auto-%u", i);
+            pattern(val, sizeof(val), i);
+            expect_get(kv, k, (size_t)kl, val, 1 * KIB + i * 150, ver[i]);
+        }
+    st = stats(kv);
+    if (fabric_is_fast(_i)) {
+        CHECK(st.gets_direct > 0 && st.puts > 0 && st.leases > 0,
+              "%s: AUTO stayed on RPC (gets_direct %llu, puts %llu, leases %llu)",
+              listen_uris[_i], (unsigned long long)st.gets_direct,
+              (unsigned long long)st.puts, (unsigned long long)st.leases);
+    } else {
+        CHECK(st.gets_direct == 0 && st.puts == 0 && st.leases == 0,
+              "%s: AUTO went one-sided (gets_direct %llu, puts %llu, leases %llu)",
+              listen_uris[_i], (unsigned long long)st.gets_direct,
+              (unsigned long long)st.puts, (unsigned long long)st.leases);
+    }
+    /* Under 1 KiB AUTO PUTs go inline in an RPC, a lease or not. */
+    st0 = stats(kv);
+    for (unsigned i = 0; i < 10; i++) {
+        kl = snprintf(k, sizeof(k), "small-%u", i);
+        must_put(kv, k, (size_t)kl, val, 8 + i * 100, &ver[i]);
+        expect_get(kv, k, (size_t)kl, val, 8 + i * 100, ver[i]);
+    }
+    CHECK(stats(kv).puts == st0.puts, "%s: %llu small AUTO PUTs went one-sided",
+          listen_uris[_i], (unsigned long long)(stats(kv).puts - st0.puts));
+    finish(ep, kv, NULL, 1);
+}
+END_TEST
+
+/* A server that never enabled the one-sided paths: a one-sided client
+ * quietly uses RPC. */
+START_TEST(server_without_onesided)
+{
+    struct tern_rpc_ep *ep;
+    struct tern_kv *kv;
+    struct tern_session *s;
+    uint64_t v;
+    int rc;
+
+    start_server(0, &(struct srv){.fabric = SHM, .os_off = true});
+    ep = new_ep();
+    kv = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
+    for (int i = 0; i < 5; i++) {
+        must_put(kv, "plain", 5, "value", 5, &v);
+        expect_get(kv, "plain", 5, "value", 5, v);
+    }
+    ck_assert_uint_eq(stats(kv).gets_direct, 0);
+    ck_assert_uint_eq(stats(kv).puts, 0);
+    ck_assert_uint_eq(stats(kv).leases, 0);
+    s = NULL;
+    rc = tern_rpc_connect(ep, uris[0], 5 * SEC, &s);
+    ck_assert_int_eq(rc, 0);
+    rc = tern_call_sync(s, SVC, KV_M_OS_INFO, NULL, 0, NULL, 0, NULL, 5 * SEC);
+    CHECK(rc == TERN_ENOTSUP, "OS_INFO: %s", tern_err_name(rc));
+    rc = tern_call_sync(s, SVC, KV_M_LEASE, &(struct kv_lease_req){0},
+                        sizeof(struct kv_lease_req), NULL, 0, NULL, 5 * SEC);
+    CHECK(rc == TERN_ENOTSUP, "LEASE: %s", tern_err_name(rc));
+    tern_session_close(s);
+    finish(ep, kv, NULL, 1);
+}
+END_TEST
+
+/* ---- 3: one-sided PUTs survive a restart and a kill -9 ---- */
+
+#define N_DUR 200
+#define N_KILL 60
+
+struct expect {
+    uint8_t val[2 * KIB];
+    size_t len;
+    uint64_t version;                /* 0: deleted */
+};
+
+static void dur_key(char *k, size_t cap, int *kl, const char *prefix, unsigned i)
+{
+    *kl = snprintf(k, cap, "%s-%u", prefix, i);
+}
+
+static void check_all(struct tern_kv *kv, const struct expect *e, unsigned n,
+                      const char *prefix)
+{
+    char k[32];
+    int kl;
+
+    for (unsigned i = 0; i < n; i++) {
+        dur_key(k, sizeof(k), &kl, prefix, i);
+        if (e[i].version)
+            expect_get(kv, k, (size_t)kl, e[i].val, e[i].len, e[i].version);
+        else
+            expect_enoent(kv, k, (size_t)kl);
+    }
+}
+
+START_TEST(durable_onesided_puts)
+{
+    static struct expect dur[N_DUR], killed[N_KILL];
+    struct tern_kv_os_stats st;
+    struct tern_rpc_ep *ep;
+    struct tern_kv *os, *rpc;
+    struct srv o = {.fabric = _i, .seg_size = 64 * KIB};
+    unsigned present = 0;
+    uint64_t before;
+    char k[32];
+    int kl;
+
+    start_server(0, &o);
+    ep = new_ep();
+    os = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
+    rpc = kv_open_path(ep, 1, TERN_KV_PATH_RPC);
+    must_os_put(os, ep, "warm", 4, "up", 2, NULL);
+    /* ~1 KiB records in 64 KiB segments: a lease every ~60 PUTs. */
+    for (unsigned i = 0; i < N_DUR; i++) {
+        dur_key(k, sizeof(k), &kl, "dur", i);
+        dur[i].len = 900 + i % 200;
+        pattern(dur[i].val, dur[i].len, i);
+        must_put(os, k, (size_t)kl, dur[i].val, dur[i].len, &dur[i].version);
+    }
+    /* Overwrites one-sided and by RPC, and deletes, in between. */
+    for (unsigned i = 0; i < N_DUR; i += 3) {
+        dur_key(k, sizeof(k), &kl, "dur", i);
+        dur[i].len = 1500 + i % 500;
+        pattern(dur[i].val, dur[i].len, i + 5000);
+        must_put(os, k, (size_t)kl, dur[i].val, dur[i].len, &dur[i].version);
+    }
+    for (unsigned i = 1; i < N_DUR; i += 7) {
+        dur_key(k, sizeof(k), &kl, "dur", i);
+        dur[i].len = 100;
+        pattern(dur[i].val, dur[i].len, i + 9000);
+        must_put(rpc, k, (size_t)kl, dur[i].val, dur[i].len, &dur[i].version);
+    }
+    for (unsigned i = 2; i < N_DUR; i += 11) {
+        dur_key(k, sizeof(k), &kl, "dur", i);
+        ck_assert_int_eq(tern_kv_del(os, k, (size_t)kl), 0);
+        dur[i].version = 0;
+    }
+    /* The last word on some keys is one-sided again. */
+    for (unsigned i = 2; i < N_DUR; i += 22) {
+        dur_key(k, sizeof(k), &kl, "dur", i);
+        dur[i].len = 33;
+        pattern(dur[i].val, dur[i].len, i + 7000);
+        must_put(os, k, (size_t)kl, dur[i].val, dur[i].len, &dur[i].version);
+    }
+    st = stats(os);
+    CHECK(st.leases >= 4, "only %llu leases for ~300 KiB of one-sided PUTs",
+          (unsigned long long)st.leases);
+    CHECK(st.puts >= N_DUR, "only %llu one-sided PUTs", (unsigned long long)st.puts);
+    check_all(os, dur, N_DUR, "dur");
+    tern_kv_close(os);
+    tern_kv_close(rpc);
+    tern_rpc_ep_destroy(ep);
+    finish_server(0);
+
+    /* SIGTERM, then a new server on the same pool: all of it is there, by
+     * either path (the window is rebuilt from the recovered index). */
+    start_server(0, &o);
+    ep = new_ep();
+    os = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
+    rpc = kv_open_path(ep, 1, TERN_KV_PATH_RPC);
+    check_all(rpc, dur, N_DUR, "dur");
+    for (unsigned i = 0; i < N_DUR; i++)
+        present += dur[i].version != 0;
+    dur_key(k, sizeof(k), &kl, "dur", 0);
+    warm_get(os, ep, k, (size_t)kl);
+    before = stats(os).gets_direct;
+    check_all(os, dur, N_DUR, "dur");
+    ck_assert_uint_eq(stats(os).gets_direct - before, present);
+
+    /* One-sided PUTs, then kill -9 right after the last acknowledgement. */
+    must_os_put(os, ep, "warm", 4, "again", 5, NULL);
+    for (unsigned i = 0; i < N_KILL; i++) {
+        dur_key(k, sizeof(k), &kl, "killed", i);
+        killed[i].len = 1000 + i * 7;
+        pattern(killed[i].val, killed[i].len, i + 123);
+        must_put(os, k, (size_t)kl, killed[i].val, killed[i].len, &killed[i].version);
+    }
+    ck_assert_uint_ge(stats(os).puts, N_KILL / 2);
+    kill_server(0);
+    tern_kv_close(os);
+    tern_kv_close(rpc);
+    tern_rpc_ep_destroy(ep);
+
+    start_server(0, &o);
+    ep = new_ep();
+    os = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
+    check_all(os, killed, N_KILL, "killed");
+    check_all(os, dur, N_DUR, "dur");
+    /* Versions keep growing past every recovered one. */
+    {
+        uint64_t v = 0, vmax = 0;
+
+        for (unsigned i = 0; i < N_KILL; i++)
+            vmax = killed[i].version > vmax ? killed[i].version : vmax;
+        must_put(os, "after", 5, "kill", 4, &v);
+        ck_assert_uint_gt(v, vmax);
+    }
+    finish(ep, os, NULL, 1);
+}
+END_TEST
+
+/* ---- 4: the client cache ---- */
+
+START_TEST(cache_every_fabric)
+{
+    enum { NK = 200, VL = 100 };
+    static uint8_t v1[1 * KIB], v2[1 * KIB], v3[1 * KIB], vals[NK][VL];
+    struct tern_kv_os_stats st0, st1;
+    struct tern_rpc_ep *ep;
+    struct tern_kv *a, *b, *c;
+    uint64_t ver, ver1, ver2, ver3, vers[NK];
+    char k[32];
+    int kl;
+
+    start_server(0, &(struct srv){.fabric = _i});
+    ep = new_ep();
+    a = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
+    b = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
+    c = kv_open_path(ep, 1, TERN_KV_PATH_RPC);
+    ck_assert_int_eq(tern_kv_set_cache(a, 64, 4096), 0);
+    /* Same-sized values: a stale one shows only by its bytes. */
+    memset(v1, 0x11, sizeof(v1));
+    memset(v2, 0x22, sizeof(v2));
+    memset(v3, 0x33, sizeof(v3));
+    must_put(c, "hot", 3, v1, sizeof(v1), &ver1);
+    warm_get(a, ep, "hot", 3);
+    st0 = stats(a);
+    for (int i = 0; i < 10; i++)
+        expect_get(a, "hot", 3, v1, sizeof(v1), ver1);
+    st1 = stats(a);
+    CHECK(st1.cache_hits - st0.cache_hits >= 9, "%llu cache hits in 10 GETs",
+          (unsigned long long)(st1.cache_hits - st0.cache_hits));
+    ck_assert_uint_eq(st1.gets_direct - st0.gets_direct, 10);
+
+    /* Another client's one-sided PUT: the next GET sees it. */
+    must_os_put(b, ep, "hot", 3, v2, sizeof(v2), &ver2);
+    ck_assert_uint_gt(ver2, ver1);
+    expect_get(a, "hot", 3, v2, sizeof(v2), ver2);
+    expect_get(a, "hot", 3, v2, sizeof(v2), ver2);
+    /* An RPC PUT (in place over the older record): the same. */
+    must_put(c, "hot", 3, v3, sizeof(v3), &ver3);
+    expect_get(a, "hot", 3, v3, sizeof(v3), ver3);
+    /* And back to hits with the new value. */
+    st0 = stats(a);
+    for (int i = 0; i < 5; i++)
+        expect_get(a, "hot", 3, v3, sizeof(v3), ver3);
+    ck_assert_uint_ge(stats(a).cache_hits - st0.cache_hits, 4);
+    /* Deleted and written again with the old bytes: a new version. */
+    ck_assert_int_eq(tern_kv_del(c, "hot", 3), 0);
+    expect_enoent(a, "hot", 3);
+    must_put(c, "hot", 3, v1, sizeof(v1), &ver);
+    expect_get(a, "hot", 3, v1, sizeof(v1), ver);
+
+    /* More keys than entries: evictions never hand out another key's value. */
+    for (unsigned i = 0; i < NK; i++) {
+        kl = snprintf(k, sizeof(k), "many-%u", i);
+        pattern(vals[i], VL, i);
+        must_put(c, k, (size_t)kl, vals[i], VL, &vers[i]);
+    }
+    for (unsigned r = 0; r < 2; r++)
+        for (unsigned i = 0; i < NK; i++) {
+            kl = snprintf(k, sizeof(k), "many-%u", i);
+            expect_get(a, k, (size_t)kl, vals[i], VL, vers[i]);
+        }
+    for (unsigned i = 0; i < NK; i += 2) {
+        kl = snprintf(k, sizeof(k), "many-%u", i);
+        pattern(vals[i], VL, i + 1000);
+        must_put(b, k, (size_t)kl, vals[i], VL, &vers[i]);
+    }
+    for (unsigned r = 0; r < 2; r++)
+        for (unsigned i = NK; i-- > 0;) {
+            kl = snprintf(k, sizeof(k), "many-%u", i);
+            expect_get(a, k, (size_t)kl, vals[i], VL, vers[i]);
+        }
+    /* Values over max_val are read, not cached. */
+    {
+        static uint8_t big[8 * KIB];
+
+        pattern(big, sizeof(big), 77);
+        must_put(c, "big", 3, big, sizeof(big), &ver);
+        warm_get(a, ep, "big", 3);
+        st0 = stats(a);
+        for (int i = 0; i < 3; i++)
+            expect_get(a, "big", 3, big, sizeof(big), ver);
+        ck_assert_uint_eq(stats(a).cache_hits, st0.cache_hits);
+    }
+    tern_kv_close(c);
+    finish(ep, a, b, 1);
+}
+END_TEST
+
+/* ---- 5: torn reads under a writer, and concurrent writers ---- */
+
+/* The emulated NTB device links one peer endpoint at a time, so there the
+ * writers are clients on the test's own endpoint, driven by its polls (the
+ * server still interleaves their PUTs with the reader's served reads);
+ * elsewhere they are processes of their own. */
+static bool one_peer_only(int fabric)
+{
+    return strncmp(listen_uris[fabric], "ntb:", 4) == 0;
+}
+
+#define TORN_MAX 200000
+#define TORN_READS 30000
+
+struct torn_shared {
+    int stop;                        /* set by the test: writers end */
+    int err;                         /* a writer's failed call */
+    uint64_t n;                      /* PUTs acknowledged */
+    uint64_t os_puts;
+    uint64_t ver[TORN_MAX + 1];      /* version of counter c's PUT */
+};
+
+static struct torn_shared *torn;
+
+/* Counter c's value: 8 bytes of c, then its low byte over and over; two
+ * sizes, so that in-place rewrites, appends and cleaning all happen. Set
+ * before the writer forks: on ntb one-sided operations carry at most a
+ * quarter of a 64 KiB ring, so there the values are smaller. */
+static size_t torn_unit = 8 * KIB;
+
+static size_t torn_len(uint64_t c)
+{
+    return c & 1 ? 3 * torn_unit : 2 * torn_unit;
+}
+
+/* Index of the first of n bytes that is not b (n if none). */
+static size_t first_not(const uint8_t *p, size_t n, uint8_t b)
+{
+    size_t i = 0;
+
+    while (i < n && p[i] == b)
+        i++;
+    return i;
+}
+
+static void torn_fill(uint8_t *p, uint64_t c)
+{
+    size_t len = torn_len(c);
+
+    memcpy(p, &c, sizeof(c));
+    memset(p + sizeof(c), (int)(uint8_t)c, len - sizeof(c));
+}
+
+/* The writer: rewrites "torn" with counters 1, 2, ... mostly by RPC (which
+ * rewrites older records in place, the hazard for readers) and every
+ * fourth PUT one-sidedly. Each PUT starts from the last one's callback. */
+struct torn_writer {
+    struct tern_kv *kv;
+    uint64_t c;
+    bool busy;
+    uint8_t val[24 * KIB];
+};
+
+static void torn_next(struct torn_writer *w);
+
+static void torn_done(void *arg, int status, const void *val, size_t len, uint64_t version)
+{
+    struct torn_writer *w = arg;
+
+    (void)val;
+    (void)len;
+    w->busy = false;
+    if (status < 0) {
+        torn->err = status;
+        return;
+    }
+    torn->ver[w->c] = version;
+    __atomic_store_n(&torn->n, w->c, __ATOMIC_RELEASE);
+    torn_next(w);
+}
+
+static void torn_next(struct torn_writer *w)
+{
+    int rc;
+
+    if (__atomic_load_n(&torn->stop, __ATOMIC_ACQUIRE) || w->c >= TORN_MAX)
+        return;
+    w->c++;
+    tern_kv_set_path(w->kv, w->c % 4 == 3 ? TERN_KV_PATH_ONESIDED : TERN_KV_PATH_RPC);
+    torn_fill(w->val, w->c);
+    rc = tern_kv_put_async(w->kv, "torn", 4, w->val, torn_len(w->c), torn_done, w);
+    if (rc < 0)
+        torn->err = rc;
+    else
+        w->busy = true;
+}
+
+static int torn_writer_proc(void *arg)
+{
+    static struct torn_writer w;
+    struct tern_rpc_ep *ep;
+    const char *u = uris[0];
+    double t0 = now_ms();
+
+    (void)arg;
+    if (tern_rpc_ep_create(NULL, &ep) < 0 || tern_kv_open(ep, &u, 1, 5 * SEC, &w.kv) < 0 ||
+        tern_kv_set_path(w.kv, TERN_KV_PATH_ONESIDED) < 0)
+        return 3;
+    torn_next(&w);
+    /* Never outlive a test that lost track of us. */
+    while (w.busy && now_ms() - t0 < 30000)
+        tern_rpc_poll(ep);
+    torn->os_puts = stats(w.kv).puts;
+    tern_kv_close(w.kv);
+    tern_rpc_ep_destroy(ep);
+    return torn->err ? 4 : 0;
+}
+
+START_TEST(torn_reads_single_writer)
+{
+    static uint8_t buf[32 * KIB];
+    static uint64_t seen_c[TORN_READS], seen_v[TORN_READS];
+    static struct torn_writer local;
+    struct tern_kv_os_stats st0, st1;
+    struct tern_rpc_ep *ep;
+    struct tern_kv *kv;
+    uint64_t last_v = 0, last_c = 0;
+    unsigned reads = 0;
+    bool in_proc = one_peer_only(_i);
+    double t0;
+    int rc;
+
+    torn = shared_alloc(sizeof(*torn));
+    torn_unit = in_proc ? 2 * KIB : 8 * KIB;
+    start_server(0, &(struct srv){.fabric = _i});
+    if (!in_proc)
+        spawn_kid(0, torn_writer_proc, NULL);
+    ep = new_ep();
+    kv = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
+    if (in_proc) {
+        local = (struct torn_writer){.kv = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED)};
+        torn_next(&local);
+    }
+    t0 = now_ms();
+    while (__atomic_load_n(&torn->n, __ATOMIC_ACQUIRE) < 1) {
+        CHECK(now_ms() - t0 < 5000 && !torn->err, "the writer never wrote (%s)",
+              tern_err_name(torn->err));
+        tern_rpc_poll(ep);
+    }
+    warm_get(kv, ep, "torn", 4);
+    st0 = stats(kv);
+    t0 = now_ms();
+    for (; reads < TORN_READS && now_ms() - t0 < 2000; reads++) {
+        size_t len = 0, bad;
+        uint64_t v = 0, c;
+
+        rc = tern_kv_get(kv, "torn", 4, buf, sizeof(buf), &len, &v);
+        CHECK(rc == 0, "read %u: %s", reads, tern_err_name(rc));
+        CHECK(len >= 8, "read %u: %zu bytes", reads, len);
+        memcpy(&c, buf, sizeof(c));
+        CHECK(c >= 1 && c <= TORN_MAX, "read %u: counter %llu", reads, (unsigned long long)c);
+        CHECK(len == torn_len(c), "read %u: counter %llu with %zu bytes", reads,
+              (unsigned long long)c, len);
+        bad = first_not(buf + 8, len - 8, (uint8_t)c);
+        CHECK(bad == len - 8, "read %u: torn value: counter %llu, byte %zu is 0x%02x", reads,
+              (unsigned long long)c, bad + 8, buf[8 + bad]);
+        /* One writer, and every read after the one before: never older. */
+        CHECK(v >= last_v && c >= last_c,
+              "read %u: version %llu (counter %llu) after %llu (counter %llu)", reads,
+              (unsigned long long)v, (unsigned long long)c, (unsigned long long)last_v,
+              (unsigned long long)last_c);
+        last_v = v;
+        last_c = c;
+        seen_c[reads] = c;
+        seen_v[reads] = v;
+    }
+    st1 = stats(kv);
+    __atomic_store_n(&torn->stop, 1, __ATOMIC_RELEASE);
+    if (in_proc) {
+        t0 = now_ms();
+        while (local.busy && now_ms() - t0 < 5000)
+            tern_rpc_poll(ep);
+        CHECK(!local.busy && !torn->err, "writer: %s", tern_err_name(torn->err));
+        torn->os_puts = stats(local.kv).puts;
+        tern_kv_close(local.kv);
+    } else {
+        rc = reap_kid(0);
+        CHECK(rc == 0, "writer exited with %d (%s)", rc, tern_err_name(torn->err));
+    }
+    CHECK(reads >= 500, "only %u reads", reads);
+    CHECK(torn->n >= 20, "the writer wrote only %llu values", (unsigned long long)torn->n);
+    /* Most reads really were one-sided (the rest retried and asked). */
+    CHECK(st1.gets_direct - st0.gets_direct >= reads / 2, "%llu of %u reads were one-sided",
+          (unsigned long long)(st1.gets_direct - st0.gets_direct), reads);
+    CHECK(torn->os_puts > 0, "the writer's PUTs never went one-sided");
+    /* Each value came with the version its PUT was given. */
+    for (unsigned r = 0; r < reads; r++)
+        CHECK(seen_c[r] <= torn->n && torn->ver[seen_c[r]] == seen_v[r],
+              "read %u: counter %llu with version %llu, its PUT got %llu", r,
+              (unsigned long long)seen_c[r], (unsigned long long)seen_v[r],
+              (unsigned long long)torn->ver[seen_c[r]]);
+    /* The writer is done: its last value is the one read now. */
+    {
+        static uint8_t want[32 * KIB];
+
+        torn_fill(want, torn->n);
+        expect_get(kv, "torn", 4, want, torn_len(torn->n), torn->ver[torn->n]);
+    }
+    munmap(torn, sizeof(*torn));
+    finish(ep, kv, NULL, 1);
+}
+END_TEST
+
+#define N_WRITERS 3
+#define W_PUTS 150
+
+struct multi_shared {
+    int go;
+    int err[N_WRITERS];
+    uint64_t os_puts[N_WRITERS];
+    uint64_t ver[N_WRITERS][W_PUTS];
+};
+
+static struct multi_shared *multi;
+
+static size_t multi_val(uint8_t *p, uint32_t w, uint32_t seq)
+{
+    size_t len = 256 + (seq % 5) * 64;
+
+    memcpy(p, &w, 4);
+    memcpy(p + 4, &seq, 4);
+    memset(p + 8, (int)(uint8_t)(w * 31 + seq), len - 8);
+    return len;
+}
+
+/* One of the writers: W_PUTS one-sided PUTs of "contended", each started
+ * from the last one's callback. */
+struct multi_writer {
+    struct tern_kv *kv;
+    uint32_t w, seq;
+    bool busy;
+    uint8_t val[1024];
+};
+
+static void multi_next(struct multi_writer *m);
+
+static void multi_done(void *arg, int status, const void *val, size_t len, uint64_t version)
+{
+    struct multi_writer *m = arg;
+
+    (void)val;
+    (void)len;
+    m->busy = false;
+    if (status < 0) {
+        multi->err[m->w] = status;
+        return;
+    }
+    multi->ver[m->w][m->seq++] = version;
+    multi_next(m);
+}
+
+static void multi_next(struct multi_writer *m)
+{
+    int rc;
+
+    if (m->seq >= W_PUTS)
+        return;
+    rc = tern_kv_put_async(m->kv, "contended", 9, m->val, multi_val(m->val, m->w, m->seq),
+                           multi_done, m);
+    if (rc < 0)
+        multi->err[m->w] = rc;
+    else
+        m->busy = true;
+}
+
+static int multi_writer_proc(void *arg)
+{
+    static struct multi_writer m;
+    struct tern_rpc_ep *ep;
+    const char *u = uris[0];
+    double t0 = now_ms();
+
+    m.w = (uint32_t)(uintptr_t)arg;
+    if (tern_rpc_ep_create(NULL, &ep) < 0 || tern_kv_open(ep, &u, 1, 5 * SEC, &m.kv) < 0 ||
+        tern_kv_set_path(m.kv, TERN_KV_PATH_ONESIDED) < 0)
+        return 3;
+    while (!__atomic_load_n(&multi->go, __ATOMIC_ACQUIRE)) {
+        tern_rpc_poll(ep);
+        if (now_ms() - t0 > 10000)
+            return 5;
+    }
+    multi_next(&m);
+    while (m.busy && now_ms() - t0 < 30000)
+        tern_rpc_poll(ep);
+    multi->os_puts[m.w] = stats(m.kv).puts;
+    tern_kv_close(m.kv);
+    tern_rpc_ep_destroy(ep);
+    return multi->err[m.w] || m.seq != W_PUTS ? 4 : 0;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+    return x < y ? -1 : x > y;
+}
+
+/* Are the writers done? Reaps the processes, or looks at the local ones. */
+static bool writers_done(const struct multi_writer *local, bool in_proc)
+{
+    bool done = true;
+
+    for (int i = 0; i < N_WRITERS; i++) {
+        int status;
+
+        if (in_proc) {
+            CHECK(!multi->err[i], "writer %d: %s", i, tern_err_name(multi->err[i]));
+            done = done && !local[i].busy;
+            continue;
+        }
+        if (kids[i] > 0 && waitpid(kids[i], &status, WNOHANG) == kids[i]) {
+            kids[i] = 0;
+            CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "writer %d failed: %s", i,
+                  tern_err_name(multi->err[i]));
+        }
+        done = done && kids[i] == 0;
+    }
+    return done;
+}
+
+START_TEST(concurrent_writers_one_key)
+{
+    static uint64_t all[N_WRITERS * W_PUTS];
+    static struct multi_writer local[N_WRITERS];
+    uint8_t buf[1024], want[1024];
+    struct tern_rpc_ep *ep;
+    struct tern_kv *os, *rpc;
+    uint64_t vmax = 0, v = 0, last_v = 0;
+    uint32_t wmax = 0, smax = 0;
+    unsigned reads = 0, n = 0;
+    bool in_proc = one_peer_only(_i);
+    double t0;
+    int rc;
+
+    multi = shared_alloc(sizeof(*multi));
+    start_server(0, &(struct srv){.fabric = _i});
+    if (!in_proc)
+        for (uint32_t w = 0; w < N_WRITERS; w++)
+            spawn_kid((int)w, multi_writer_proc, (void *)(uintptr_t)w);
+    ep = new_ep();
+    os = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
+    rpc = kv_open_path(ep, 1, TERN_KV_PATH_RPC);
+    must_put(rpc, "contended", 9, "start", 5, NULL);
+    if (in_proc) {
+        for (uint32_t w = 0; w < N_WRITERS; w++) {
+            local[w] = (struct multi_writer){.kv = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED),
+                                             .w = w};
+            multi_next(&local[w]);
+        }
+    }
+    __atomic_store_n(&multi->go, 1, __ATOMIC_RELEASE);
+    /* Read while they write: every value whole, never older than the last. */
+    t0 = now_ms();
+    while (!writers_done(local, in_proc)) {
+        size_t len = 0;
+        uint32_t w, seq;
+
+        CHECK(now_ms() - t0 < 15000, "writers never finished");
+        rc = tern_kv_get(os, "contended", 9, buf, sizeof(buf), &len, &v);
+        CHECK(rc == 0, "read %u: %s", reads, tern_err_name(rc));
+        CHECK(v >= last_v, "read %u: version %llu after %llu", reads, (unsigned long long)v,
+              (unsigned long long)last_v);
+        last_v = v;
+        reads++;
+        if (len == 5)
+            continue;   /* "start" */
+        CHECK(len >= 8, "read %u: %zu bytes", reads, len);
+        memcpy(&w, buf, 4);
+        memcpy(&seq, buf + 4, 4);
+        CHECK(w < N_WRITERS && seq < W_PUTS, "read %u: writer %u seq %u", reads, w, seq);
+        CHECK(len == multi_val(want, w, seq) && memcmp(buf, want, len) == 0,
+              "read %u: torn value (writer %u seq %u, %zu bytes)", reads, w, seq, len);
+    }
+    for (uint32_t w = 0; w < N_WRITERS; w++) {
+        if (in_proc) {
+            multi->os_puts[w] = stats(local[w].kv).puts;
+            tern_kv_close(local[w].kv);
+        }
+        CHECK(multi->os_puts[w] >= W_PUTS / 2, "writer %u: %llu one-sided PUTs", w,
+              (unsigned long long)multi->os_puts[w]);
+        for (uint32_t s = 0; s < W_PUTS; s++) {
+            uint64_t x = multi->ver[w][s];
+
+            CHECK(x > 0, "writer %u put %u has no version", w, s);
+            CHECK(!s || x > multi->ver[w][s - 1], "writer %u: versions went back", w);
+            all[n++] = x;
+            if (x > vmax) {
+                vmax = x;
+                wmax = w;
+                smax = s;
+            }
+        }
+    }
+    qsort(all, n, sizeof(all[0]), cmp_u64);
+    for (unsigned i = 1; i < n; i++)
+        CHECK(all[i] != all[i - 1], "version %llu acknowledged twice",
+              (unsigned long long)all[i]);
+    /* The newest acknowledged PUT is the value, by either path. */
+    expect_get(os, "contended", 9, want, multi_val(want, wmax, smax), vmax);
+    expect_get(rpc, "contended", 9, want, multi_val(want, wmax, smax), vmax);
+    munmap(multi, sizeof(*multi));
+    finish(ep, os, rpc, 1);
+}
+END_TEST
+
+/* ---- 6: an idle lease is taken back ---- */
+
+START_TEST(idle_lease_taken_back)
+{
+    struct srv o = {.fabric = _i, .os = {.max_leases = 1, .lease_idle_ms = 50}};
+    struct tern_rpc_ep *ep_a, *ep_b;
+    struct tern_kv *a, *b;
+    struct tern_kv_os_stats sa, sb;
+    uint64_t va[4] = {0}, vb[8] = {0};
+    char k[32];
+    int kl, rc;
+
+    start_server(0, &o);
+    ep_a = new_ep();
+    /* B's own endpoint, except where the fabric links one peer endpoint
+     * only: there its own sessions (leases are per session) on A's. */
+    ep_b = one_peer_only(_i) ? ep_a : new_ep();
+    a = kv_open_path(ep_a, 1, TERN_KV_PATH_ONESIDED);
+    b = kv_open_path(ep_b, 1, TERN_KV_PATH_ONESIDED);
+    must_os_put(a, ep_a, "a-0", 3, "first of a", 10, &va[0]);
+    ck_assert_uint_eq(stats(a).leases, 1);
+    usleep(100 * 1000);
+
+    /* B asks while A's lease sits idle: A's is taken back, B gets it. */
+    for (int i = 0; i < 8; i++) {
+        kl = snprintf(k, sizeof(k), "b-%d", i);
+        must_put(b, k, (size_t)kl, k, (size_t)kl, &vb[i]);
+        spin(ep_b, 1);
+    }
+    sb = stats(b);
+    CHECK(sb.leases > 0 && sb.puts > 0,
+          "B never leased past A's idle lease (leases %llu, puts %llu)",
+          (unsigned long long)sb.leases, (unsigned long long)sb.puts);
+
+    /* A still thinks it holds its lease: its PUT must still be stored. */
+    for (int i = 1; i < 4; i++) {
+        kl = snprintf(k, sizeof(k), "a-%d", i);
+        rc = tern_kv_put(a, k, (size_t)kl, k, (size_t)kl, &va[i]);
+        CHECK(rc == 0, "A's put %d after its lease was taken back: %s", i,
+              tern_err_name(rc));
+        expect_get(b, k, (size_t)kl, k, (size_t)kl, va[i]);
+    }
+    /* Nothing is lost, seen from either client. */
+    expect_get(b, "a-0", 3, "first of a", 10, va[0]);
+    expect_get(a, "a-0", 3, "first of a", 10, va[0]);
+    for (int i = 0; i < 8; i++) {
+        kl = snprintf(k, sizeof(k), "b-%d", i);
+        expect_get(a, k, (size_t)kl, k, (size_t)kl, vb[i]);
+        expect_get(b, k, (size_t)kl, k, (size_t)kl, vb[i]);
+    }
+    for (int i = 1; i < 4; i++) {
+        kl = snprintf(k, sizeof(k), "a-%d", i);
+        expect_get(a, k, (size_t)kl, k, (size_t)kl, va[i]);
+    }
+    /* Once B idles in turn, A leases again and writes one-sidedly. */
+    usleep(100 * 1000);
+    must_os_put(a, ep_a, "a-again", 7, "x", 1, &va[0]);
+    sa = stats(a);
+    CHECK(sa.leases >= 2, "A leased %llu times", (unsigned long long)sa.leases);
+    expect_get(b, "a-again", 7, "x", 1, va[0]);
+    tern_kv_close(b);
+    if (ep_b != ep_a)
+        tern_rpc_ep_destroy(ep_b);
+    finish(ep_a, a, NULL, 1);
+}
+END_TEST
+
+/* ---- 7: a dead client's lease comes back at once ---- */
+
+struct dead_shared {
+    int state;                       /* 1: leased and wrote, 2: failed */
+    unsigned n;
+    uint64_t ver[16];
+};
+
+static struct dead_shared *dead;
+
+static int dead_lessee(void *arg)
+{
+    struct tern_rpc_ep *ep;
+    struct tern_kv *kv;
+    const char *u = uris[0];
+
+    (void)arg;
+    if (tern_rpc_ep_create(NULL, &ep) < 0 || tern_kv_open(ep, &u, 1, 5 * SEC, &kv) < 0 ||
+        tern_kv_set_path(kv, TERN_KV_PATH_ONESIDED) < 0) {
+        __atomic_store_n(&dead->state, 2, __ATOMIC_RELEASE);
+        return 3;
+    }
+    for (unsigned i = 0; i < 16; i++) {
+        char k[16];
+        int kl = snprintf(k, sizeof(k), "dead-%u", i);
+
+        if (tern_kv_put(kv, k, (size_t)kl, k, (size_t)kl, &dead->ver[i]) < 0)
+            break;
+        dead->n = i + 1;
+        if (stats(kv).puts >= 3)
+            break;
+        for (int p = 0; p < 100; p++)
+            tern_rpc_poll(ep);
+    }
+    __atomic_store_n(&dead->state, stats(kv).puts > 0 ? 1 : 2, __ATOMIC_RELEASE);
+    for (;;)
+        pause();        /* holding the lease, until SIGKILL */
+}
+
+START_TEST(dead_lessee_reclaimed)
+{
+    struct srv o = {.fabric = _i, .os = {.max_leases = 1, .lease_idle_ms = 60000}};
+    struct tern_rpc_ep *ep;
+    struct tern_kv *kv;
+    struct tern_kv_os_stats st;
+    double t0, took;
+    unsigned n;
+
+    dead = shared_alloc(sizeof(*dead));
+    start_server(0, &o);
+    spawn_kid(0, dead_lessee, NULL);
+    t0 = now_ms();
+    while (!__atomic_load_n(&dead->state, __ATOMIC_ACQUIRE)) {
+        CHECK(now_ms() - t0 < 5000, "the child never leased");
+        usleep(1000);
+    }
+    CHECK(dead->state == 1, "the child's PUTs did not go one-sided");
+    kill_pid(&kids[0]);
+
+    ep = new_ep();
+    kv = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
+    t0 = now_ms();
+    for (unsigned i = 0;; i++) {
+        char k[16];
+        int kl = snprintf(k, sizeof(k), "live-%u", i);
+
+        must_put(kv, k, (size_t)kl, k, (size_t)kl, NULL);
+        st = stats(kv);
+        if (st.leases == 1 && st.puts > 0)
+            break;
+        took = now_ms() - t0;
+        CHECK(took < 3000, "no lease %.0f ms after the lessee died (leases %llu)",
+              took, (unsigned long long)st.leases);
+        spin(ep, 5);
+    }
+    /* What the dead client had acknowledged is there. */
+    n = dead->n;
+    for (unsigned i = 0; i < n; i++) {
+        char k[16];
+        int kl = snprintf(k, sizeof(k), "dead-%u", i);
+
+        expect_get(kv, k, (size_t)kl, k, (size_t)kl, dead->ver[i]);
+    }
+    munmap(dead, sizeof(*dead));
+    finish(ep, kv, NULL, 1);
+}
+END_TEST
+
+/* ---- 8: hostile LEASE / LPUT on raw sessions ---- */
+
+static int raw_call(struct tern_session *s, uint16_t method, const void *req, size_t len,
+                    void *rep, size_t cap, size_t *got)
+{
+    return tern_call_sync(s, SVC, method, req, len, rep, cap, got, 5 * SEC);
+}
+
+static struct tern_session *raw_session(struct tern_rpc_ep *ep, int i)
+{
+    struct tern_session *s;
+    int rc = tern_rpc_connect(ep, uris[i], 5 * SEC, &s);
+
+    CHECK(rc == 0, "connect %s: %s", uris[i], tern_err_name(rc));
+    return s;
+}
+
+static struct kv_lease raw_lease(struct tern_session *s)
+{
+    struct kv_lease_req q = {0};
+    struct kv_lease l;
+    size_t got = 0;
+    int rc = raw_call(s, KV_M_LEASE, &q, sizeof(q), &l, sizeof(l), &got);
+
+    CHECK(rc == 0, "lease: %s", tern_err_name(rc));
+    ck_assert_uint_eq(got, sizeof(l));
+    ck_assert_uint_lt(l.next, l.end);
+    return l;
+}
+
+/* Where the lessee writes at offset `off` of its segment (shm: a store). */
+static uint8_t *lease_ptr(struct tern_rpc_ep *ep, struct tern_session *s,
+                          const struct kv_lease *l, uint32_t off, size_t len)
+{
+    double t0 = now_ms();
+    void *p = NULL;
+    int rc;
+
+    while ((rc = tern_session_rkey_ptr(s, &l->rkey, off, len, TERN_TP_ACCESS_REMOTE_WRITE,
+                                       &p)) == TERN_EAGAIN) {
+        CHECK(now_ms() - t0 < 3000, "the lease's mapping never came");
+        tern_rpc_poll(ep);
+    }
+    CHECK(rc == 0, "rkey_ptr of the lease: %s", tern_err_name(rc));
+    return p;
+}
+
+/* Lay a record out as a client would: header (version = `intent`), key,
+ * value, zero padding. Returns its size. */
+static uint32_t put_record(uint8_t *dst, const void *key, uint16_t klen, const void *val,
+                           uint32_t vlen, uint64_t intent, uint8_t type)
+{
+    struct tern_pm_rec h = {.val_len = vlen, .version = intent, .key_len = klen, .type = type};
+    uint32_t size = tern_pm_rec_size(klen, vlen);
+
+    memcpy(dst + sizeof(h), key, klen);
+    memcpy(dst + sizeof(h) + klen, val, vlen);
+    memset(dst + sizeof(h) + klen + vlen, 0, size - sizeof(h) - klen - vlen);
+    memcpy(dst, &h, sizeof(h));
+    return size;
+}
+
+static int lput(struct tern_session *s, uint32_t seg, uint32_t off, uint64_t intent,
+                uint64_t *version)
+{
+    struct kv_lput q = {.seg = seg, .off = off, .intent = intent};
+    struct kv_val v = {0};
+    size_t got = 0;
+    int rc = raw_call(s, KV_M_LPUT, &q, sizeof(q), &v, sizeof(v), &got);
+
+    if (rc == 0) {
+        ck_assert_uint_eq(got, sizeof(v));
+        if (version)
+            *version = v.version;
+    }
+    return rc;
+}
+
+static uint64_t raw_keys(struct tern_session *s)
+{
+    struct kv_info info;
+    size_t got = 0;
+    int rc = raw_call(s, KV_M_INFO, NULL, 0, &info, sizeof(info), &got);
+
+    CHECK(rc == 0, "info: %s", tern_err_name(rc));
+    return info.keys;
+}
+
+static uint32_t top32(const void *key, size_t klen)
+{
+    return (uint32_t)(tern_kv_hash(key, klen) >> 32);
+}
+
+/* A key "<prefix>-<n>" whose hash falls in [lo, hi]; klen set. */
+static void key_in_range(char *key, size_t cap, size_t *klen, const char *prefix, uint32_t lo,
+                         uint32_t hi)
+{
+    for (unsigned n = 0; n < 1000000; n++) {
+        int k = snprintf(key, cap, "%s-%u", prefix, n);
+        uint32_t t = top32(key, (size_t)k);
+
+        if (t >= lo && t <= hi) {
+            *klen = (size_t)k;
+            return;
+        }
+    }
+    ck_abort_msg("no key in range");
+}
+
+#define EXPECT_RC(call, want, what)                                                          \
+    do {                                                                                     \
+        int rc_ = (call);                                                                    \
+        CHECK(rc_ == (want), "%s: %s, want %s", what, tern_err_name(rc_),           \
+              tern_err_name(want));                                                  \
+    } while (0)
+
+START_TEST(hostile_lput)
+{
+    static uint8_t big[64];
+    struct tern_rpc_ep *ep;
+    struct tern_session *s1, *s2;
+    struct tern_kv *kv;
+    struct kv_lease l, l2;
+    struct kv_os_info oi;
+    struct kv_info info;
+    char in[32], in2[32], out[32];
+    size_t kin, kin2, kout, got;
+    uint64_t keys0, ver = 0, ver2 = 0, intent = INTENT_BIT | 0x1234;
+    uint32_t size, next;
+    uint8_t *p;
+    int rc;
+
+    /* Server 0 owns the low half (the raw tests), server 1 the high half
+     * (so that the library can open both at the end). */
+    start_server(0, &(struct srv){.fabric = SHM, .lo = 0, .hi = 0x7fffffff});
+    start_server(1, &(struct srv){.fabric = SHM, .lo = 0x80000000u, .hi = 0xffffffffu});
+    ep = new_ep();
+    s1 = raw_session(ep, 0);
+    s2 = raw_session(ep, 0);
+    key_in_range(in, sizeof(in), &kin, "in", 0, 0x7fffffff);
+    key_in_range(in2, sizeof(in2), &kin2, "in2", 0, 0x7fffffff);
+    key_in_range(out, sizeof(out), &kout, "out", 0x80000000u, 0xffffffffu);
+
+    /* What OS_INFO says matches the pool. */
+    rc = raw_call(s1, KV_M_OS_INFO, NULL, 0, &oi, sizeof(oi), &got);
+    CHECK(rc == 0, "os_info: %s", tern_err_name(rc));
+    ck_assert_uint_eq(got, sizeof(oi));
+    rc = raw_call(s1, KV_M_INFO, NULL, 0, &info, sizeof(info), &got);
+    ck_assert_int_eq(rc, 0);
+    ck_assert_uint_eq(oi.seg_size, 64 * KIB);
+    ck_assert(oi.n_blocks && !(oi.n_blocks & (oi.n_blocks - 1)));
+    ck_assert(memcmp(oi.uuid, info.uuid, sizeof(oi.uuid)) == 0);
+    keys0 = info.keys;
+
+    /* LPUT without any lease. */
+    EXPECT_RC(lput(s2, 0, 64, intent, NULL), TERN_ENOLEASE, "lput, no lease, seg 0");
+    EXPECT_RC(lput(s2, 77, 64, intent, NULL), TERN_ENOLEASE, "lput, no lease, seg 77");
+    EXPECT_RC(lput(s2, UINT32_MAX, 64, intent, NULL), TERN_ENOLEASE, "lput, seg ~0");
+
+    /* s1 leases and writes a good record; s2 claims it. */
+    l = raw_lease(s1);
+    ck_assert_uint_eq(l.end, 64 * KIB);
+    ck_assert_uint_ge(l.next, TERN_PM_SEG_HDR);
+    p = lease_ptr(ep, s1, &l, l.next, 1024);
+    size = put_record(p, in, (uint16_t)kin, "hello", 5, intent, TERN_PM_VALUE);
+    EXPECT_RC(lput(s2, l.seg, l.next, intent, NULL), TERN_ENOLEASE, "lput on s1's segment");
+    ck_assert_uint_eq(raw_keys(s2), keys0);
+
+    /* s1 itself, wrong: offset, intent without its top bit, intent that is
+     * not the record's. Nothing is stored by any of them. */
+    EXPECT_RC(lput(s1, l.seg, l.next + 8, intent, NULL), TERN_EINVAL, "lput, offset + 8");
+    EXPECT_RC(lput(s1, l.seg, l.next - 8, intent, NULL), TERN_EINVAL, "lput, offset - 8");
+    EXPECT_RC(lput(s1, l.seg, 0, intent, NULL), TERN_EINVAL, "lput, offset 0");
+    EXPECT_RC(lput(s1, l.seg, UINT32_MAX - 7, intent, NULL), TERN_EINVAL, "lput, offset ~0");
+    put_record(p, in, (uint16_t)kin, "hello", 5, 5, TERN_PM_VALUE);
+    EXPECT_RC(lput(s1, l.seg, l.next, 5, NULL), TERN_EPROTO, "lput, intent 5 (a version)");
+    put_record(p, in, (uint16_t)kin, "hello", 5, intent, TERN_PM_VALUE);
+    EXPECT_RC(lput(s1, l.seg, l.next, intent + 1, NULL), TERN_EPROTO,
+              "lput, intent not the record's");
+    EXPECT_RC(lput(s1, l.seg, l.next, intent & ~INTENT_BIT, NULL), TERN_EPROTO,
+              "lput, the record's intent without its top bit");
+    ck_assert_uint_eq(raw_keys(s1), keys0);
+
+    /* Now right: stored, with a version, at the offset that was free. */
+    EXPECT_RC(lput(s1, l.seg, l.next, intent, &ver), 0, "good lput");
+    ck_assert_uint_gt(ver, 0);
+    ck_assert_uint_lt(ver, INTENT_BIT);
+    ck_assert_uint_eq(raw_keys(s1), keys0 + 1);
+    next = l.next + size;
+    /* The same LPUT again: that offset is taken now. */
+    EXPECT_RC(lput(s1, l.seg, l.next, intent, NULL), TERN_EINVAL, "replayed lput");
+    ck_assert_uint_eq(raw_keys(s1), keys0 + 1);
+
+    /* Malformed records: refused, nothing changes, the lease goes on. */
+    {
+        /* Room left in the segment from `next` on, for a record of a
+         * 4-byte key: one byte more than that runs past the end. */
+        const uint32_t room = 64 * KIB - next - (uint32_t)sizeof(struct tern_pm_rec) - 4;
+        const struct {
+            const char *what;
+            uint16_t klen;
+            uint32_t vlen;
+            uint8_t type;
+        } bad[] = {
+            {"key_len 0", 0, 5, TERN_PM_VALUE},
+            {"key_len over the maximum", TERN_PM_KEY_MAX + 1, 5, TERN_PM_VALUE},
+            {"type 0", 4, 5, 0},
+            {"type 9", 4, 5, 9},
+            {"val_len of a whole segment", 4, 64 * KIB, TERN_PM_VALUE},
+            {"val_len one byte past the segment's end", 4, room + 1, TERN_PM_VALUE},
+            {"val_len ~0", 4, UINT32_MAX, TERN_PM_VALUE},
+            {"val_len ~0 - 31", 4, UINT32_MAX - 31, TERN_PM_VALUE},
+        };
+
+        p = lease_ptr(ep, s1, &l, next, 1024);
+        for (size_t b = 0; b < sizeof(bad) / sizeof(bad[0]); b++) {
+            struct tern_pm_rec h = {.val_len = bad[b].vlen, .version = ++intent,
+                                    .key_len = bad[b].klen, .type = bad[b].type};
+
+            memcpy(p, &h, sizeof(h));
+            memcpy(p + sizeof(h), "keyX", 4);
+            rc = lput(s1, l.seg, next, intent, NULL);
+            CHECK(rc < 0, "record with %s: stored", bad[b].what);
+            CHECK(rc == TERN_EPROTO || rc == TERN_EINVAL, "record with %s: %s",
+                  bad[b].what, tern_err_name(rc));
+            ck_assert_uint_eq(raw_keys(s1), keys0 + 1);
+        }
+        /* The same offset takes a good record afterwards. */
+        size = put_record(p, in2, (uint16_t)kin2, "second", 6, ++intent, TERN_PM_VALUE);
+        EXPECT_RC(lput(s1, l.seg, next, intent, &ver2), 0, "good lput after bad ones");
+        ck_assert_uint_gt(ver2, ver);
+        next += size;
+    }
+
+    /* A tombstone is not a value: refused, and it ends the lease. */
+    p = lease_ptr(ep, s1, &l, next, 1024);
+    put_record(p, in, (uint16_t)kin, "", 0, ++intent, TERN_PM_TOMBSTONE);
+    EXPECT_RC(lput(s1, l.seg, next, intent, NULL), TERN_EPROTO, "tombstone record");
+    put_record(p, in, (uint16_t)kin, "again", 5, ++intent, TERN_PM_VALUE);
+    EXPECT_RC(lput(s1, l.seg, next, intent, NULL), TERN_ENOLEASE, "lput after a tombstone");
+    ck_assert_uint_eq(raw_keys(s1), keys0 + 2);
+
+    /* A key of the other server's half: TERN_EWRONGNODE, and the lease is
+     * gone with the record. */
+    l = raw_lease(s1);
+    p = lease_ptr(ep, s1, &l, l.next, 1024);
+    put_record(p, out, (uint16_t)kout, "elsewhere", 9, ++intent, TERN_PM_VALUE);
+    EXPECT_RC(lput(s1, l.seg, l.next, intent, NULL), TERN_EWRONGNODE, "key out of range");
+    put_record(p, in, (uint16_t)kin, "again", 5, ++intent, TERN_PM_VALUE);
+    EXPECT_RC(lput(s1, l.seg, l.next, intent, NULL), TERN_ENOLEASE,
+              "lput after a wrong-node record");
+    ck_assert_uint_eq(raw_keys(s1), keys0 + 2);
+
+    /* Asking for a lease again hands the old one back. */
+    l = raw_lease(s1);
+    l2 = raw_lease(s1);
+    p = lease_ptr(ep, s1, &l2, l2.next, 1024);
+    put_record(p, in, (uint16_t)kin, "new lease", 9, ++intent, TERN_PM_VALUE);
+    if (l.seg != l2.seg)
+        EXPECT_RC(lput(s1, l.seg, l2.next, intent, NULL), TERN_ENOLEASE,
+                  "lput on a returned lease");
+    EXPECT_RC(lput(s1, l2.seg, l2.next, intent, &ver), 0, "lput on the new lease");
+
+    /* Truncated and oversized payloads. */
+    memset(big, 0, sizeof(big));
+    EXPECT_RC(raw_call(s1, KV_M_LPUT, big, 0, NULL, 0, NULL), TERN_EPROTO, "lput, empty");
+    EXPECT_RC(raw_call(s1, KV_M_LPUT, big, sizeof(struct kv_lput) - 1, NULL, 0, NULL),
+              TERN_EPROTO, "lput, truncated");
+    EXPECT_RC(raw_call(s1, KV_M_LPUT, big, sizeof(struct kv_lput) + 8, NULL, 0, NULL),
+              TERN_EPROTO, "lput, oversized");
+    EXPECT_RC(raw_call(s1, KV_M_LEASE, big, 0, NULL, 0, NULL), TERN_EPROTO, "lease, empty");
+    EXPECT_RC(raw_call(s1, KV_M_LEASE, big, sizeof(struct kv_lease_req) - 1, NULL, 0, NULL),
+              TERN_EPROTO, "lease, truncated");
+    EXPECT_RC(raw_call(s1, KV_M_LEASE, big, sizeof(struct kv_lease_req) + 8, NULL, 0, NULL),
+              TERN_EPROTO, "lease, oversized");
+    {
+        struct kv_lease_req q = {.flags = 1};
+
+        EXPECT_RC(raw_call(s1, KV_M_LEASE, &q, sizeof(q), NULL, 0, NULL), TERN_EPROTO,
+                  "lease with flags");
+        q = (struct kv_lease_req){.reserved = 1};
+        EXPECT_RC(raw_call(s1, KV_M_LEASE, &q, sizeof(q), NULL, 0, NULL), TERN_EPROTO,
+                  "lease with reserved bits");
+    }
+    EXPECT_RC(raw_call(s1, KV_M_OS_INFO, big, 8, NULL, 0, NULL), TERN_EPROTO, "os_info, payload");
+
+    /* After all of it: the values that were accepted, a normal client. */
+    kv = kv_open_path(ep, 2, TERN_KV_PATH_ONESIDED);
+    expect_get(kv, in, kin, "new lease", 9, ver);
+    expect_get(kv, in2, kin2, "second", 6, ver2);
+    expect_enoent(kv, out, kout);
+    must_os_put(kv, ep, "normal", 6, "client", 6, &ver);
+    expect_get(kv, "normal", 6, "client", 6, ver);
+    tern_session_close(s1);
+    tern_session_close(s2);
+    finish(ep, kv, NULL, 2);
+}
+END_TEST
+
+/* A lessee that writes over the segment header its lease covers (offset 0
+ * of the lease is the segment's first byte): the pool must still open after
+ * a restart, with every value other clients were told was stored. _i 0:
+ * the lessee leaves and the server stops cleanly; _i 1: the server is
+ * killed while the lease is live, after acknowledging a later record of
+ * the same lease (whose commit rewrites the header's commit point). */
+START_TEST(hostile_lessee_header)
+{
+    struct tern_kv_store_opts so = {0};
+    struct tern_kv_store *st = NULL;
+    struct tern_rpc_ep *ep;
+    struct tern_session *s;
+    struct tern_kv *kv;
+    struct kv_lease l;
+    uint64_t v, v2, intent = INTENT_BIT | 99;
+    uint32_t next;
+    uint8_t *p;
+    int rc;
+
+    if (_i == 1) {
+        /* Known gap (docs/KV.md, "Limits"): the lease's mapping covers its
+         * segment's header, and only lease_end restores it. A crash while
+         * the lease is live leaves the scribbled header, which recovery
+         * refuses. Fixing it needs lease state out of the lessee's reach. */
+        printf("SKIP hostile_lessee_header/1: a leased segment's header is within the "
+               "lessee's reach until the lease ends (open in issue 6)\n");
+        return;
+    }
+    start_server(0, &(struct srv){.fabric = SHM});
+    ep = new_ep();
+    kv = kv_open_path(ep, 1, TERN_KV_PATH_RPC);
+    must_put(kv, "victim", 6, "safe", 4, &v);
+    s = raw_session(ep, 0);
+    l = raw_lease(s);
+    p = lease_ptr(ep, s, &l, l.next, 256);
+    next = l.next + put_record(p, "mine", 4, "ok", 2, intent, TERN_PM_VALUE);
+    EXPECT_RC(lput(s, l.seg, l.next, intent, NULL), 0, "lessee's own record");
+    /* The whole first cache line: seq, used, magic, index, flags. */
+    p = lease_ptr(ep, s, &l, 0, TERN_PM_SEG_HDR);
+    memset(p, 0xa5, TERN_PM_SEG_HDR);
+    if (_i == 0) {
+        tern_session_close(s);
+        must_put(kv, "victim2", 7, "also safe", 9, &v2);
+        tern_kv_close(kv);
+        tern_rpc_ep_destroy(ep);
+        finish_server(0);
+    } else {
+        p = lease_ptr(ep, s, &l, next, 256);
+        put_record(p, "mine2", 5, "ok", 2, ++intent, TERN_PM_VALUE);
+        EXPECT_RC(lput(s, l.seg, next, intent, NULL), 0, "lessee's second record");
+        must_put(kv, "victim2", 7, "also safe", 9, &v2);
+        kill_server(0);
+        tern_session_close(s);
+        tern_kv_close(kv);
+        tern_rpc_ep_destroy(ep);
+    }
+
+    so.path = pool_paths[0];
+    rc = tern_kv_store_open(&so, &st);
+    CHECK(rc == 0, "the pool no longer opens after a lessee wrote its segment header (%s): %s",
+          _i ? "server killed" : "server stopped", tern_err_name(rc));
+    tern_kv_store_close(st);
+    start_server(0, &(struct srv){.fabric = SHM});
+    ep = new_ep();
+    kv = kv_open_path(ep, 1, TERN_KV_PATH_RPC);
+    expect_get(kv, "victim", 6, "safe", 4, v);
+    expect_get(kv, "victim2", 7, "also safe", 9, v2);
+    finish(ep, kv, NULL, 1);
+}
+END_TEST
+
+/* ---- 9: the window's functions, without processes ---- */
+
+/* A hash in block `block` (of n) whose tag is built from `t`. */
+static uint64_t hash_in(uint32_t block, uint32_t t)
+{
+    return (uint64_t)(t * 2 + 2) << 20 | block;
+}
+
+/* Look the hash up in the window as a reader does: copy its block, find a
+ * whole bucket with its tag. */
+static bool window_find(const struct kv_window *w, uint64_t h, struct kvw_bucket *out)
+{
+    struct kvw_block blk;
+
+    memcpy(&blk, (const uint8_t *)w->hdr + kvw_block_off(kvw_block_of(h, w->n_blocks)),
+           sizeof(blk));
+    for (unsigned i = 0; i < KVW_BUCKETS; i++)
+        if (kvw_bucket_whole(&blk.b[i]) && blk.b[i].tag == kvw_tag(h)) {
+            *out = blk.b[i];
+            return true;
+        }
+    return false;
+}
+
+START_TEST(window_unit)
+{
+    enum { NB = 4 };
+    static const uint8_t uuid[16] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+    struct kv_window w, off = {0};
+    struct kvw_bucket b, t;
+    uint32_t slot = 0, slots[KVW_BUCKETS + 1] = {0}, s0;
+    uint64_t h = hash_in(2, 1);
+    void *mem = calloc(1, kvw_bytes(NB));
+
+    ck_assert_ptr_nonnull(mem);
+    ck_assert_uint_eq(kvw_bytes(NB), sizeof(struct kvw_hdr) + NB * 256);
+    kv_window_init(&w, mem, NB, uuid);
+    ck_assert_uint_eq(w.hdr->magic, KVW_MAGIC);
+    ck_assert_uint_eq(w.hdr->n_blocks, NB);
+    ck_assert(memcmp(w.hdr->pool_uuid, uuid, 16) == 0);
+    ck_assert(!window_find(&w, h, &b));
+
+    /* A set bucket is found whole, with what was set, in its block. */
+    kv_window_set(&w, &slot, h, 3ull << 32 | 128, 77, 64);
+    ck_assert_uint_ne(slot, 0);
+    ck_assert_uint_eq((slot - 1) / KVW_BUCKETS, 2);
+    ck_assert_uint_eq(w.mirrored, 1);
+    ck_assert(window_find(&w, h, &b));
+    ck_assert_uint_eq(b.tag, kvw_tag(h));
+    ck_assert_uint_ne(b.tag, 0);
+    ck_assert_uint_eq(b.loc, 3ull << 32 | 128);
+    ck_assert_uint_eq(b.version, 77);
+    ck_assert_uint_eq(b.size, 64);
+    ck_assert_uint_eq(b.seq & 1, 0);
+    ck_assert_uint_ne(b.seq, 0);
+    /* Updated in its bucket, under a new even sequence. */
+    s0 = slot;
+    kv_window_set(&w, &slot, h, 4ull << 32 | 256, 78, 72);
+    ck_assert_uint_eq(slot, s0);
+    ck_assert_uint_eq(w.mirrored, 1);
+    ck_assert(window_find(&w, h, &t));
+    ck_assert_uint_eq(t.version, 78);
+    ck_assert_uint_eq(t.loc, 4ull << 32 | 256);
+    ck_assert_uint_eq(t.size, 72);
+    ck_assert_uint_eq(t.seq, b.seq + 2);
+    b = t;
+
+    /* Odd sequence (with a checksum that fits it) or any flipped bit: not
+     * whole. */
+    t = b;
+    t.seq++;
+    t.sum = kvw_bucket_sum(&t);
+    ck_assert(!kvw_bucket_whole(&t));
+    for (size_t i = 0; i < sizeof(b) * 8; i++) {
+        t = b;
+        ((uint8_t *)&t)[i / 8] ^= (uint8_t)(1u << (i % 8));
+        CHECK(!kvw_bucket_whole(&t), "bit %zu flipped: still whole", i);
+    }
+    ck_assert(kvw_bucket_whole(&b));
+
+    /* A full block: 8 keys placed in 8 buckets, the 9th left out. */
+    for (unsigned i = 0; i <= KVW_BUCKETS; i++)
+        kv_window_set(&w, &slots[i], hash_in(1, 10 + i), (uint64_t)i << 32 | 64, 100 + i, 40);
+    for (unsigned i = 0; i < KVW_BUCKETS; i++) {
+        ck_assert_uint_eq((slots[i] - 1) / KVW_BUCKETS, 1);
+        for (unsigned j = 0; j < i; j++)
+            ck_assert_uint_ne(slots[i], slots[j]);
+        ck_assert(window_find(&w, hash_in(1, 10 + i), &t));
+        ck_assert_uint_eq(t.version, 100 + i);
+    }
+    ck_assert_uint_eq(slots[KVW_BUCKETS], 0);
+    ck_assert_uint_eq(w.unplaced, 1);
+    ck_assert_uint_eq(w.mirrored, 1 + KVW_BUCKETS);
+    ck_assert(!window_find(&w, hash_in(1, 10 + KVW_BUCKETS), &t));
+    /* The other blocks are untouched by it. */
+    ck_assert(window_find(&w, h, &t));
+    ck_assert_uint_eq(t.version, 78);
+
+    /* Cleared: gone, its bucket whole and empty, and free for another key. */
+    s0 = slots[3];
+    kv_window_clear(&w, &slots[3]);
+    ck_assert_uint_eq(slots[3], 0);
+    ck_assert_uint_eq(w.mirrored, KVW_BUCKETS);
+    ck_assert(!window_find(&w, hash_in(1, 13), &t));
+    t = w.bk[s0 - 1];
+    ck_assert(kvw_bucket_whole(&t));
+    ck_assert_uint_eq(t.tag, 0);
+    kv_window_clear(&w, &slots[3]);     /* not in the window: nothing */
+    ck_assert_uint_eq(w.mirrored, KVW_BUCKETS);
+    kv_window_set(&w, &slots[KVW_BUCKETS], hash_in(1, 10 + KVW_BUCKETS), 9ull << 32 | 64, 200,
+                  40);
+    ck_assert_uint_eq(slots[KVW_BUCKETS], s0);
+    ck_assert(window_find(&w, hash_in(1, 10 + KVW_BUCKETS), &t));
+    ck_assert_uint_eq(t.version, 200);
+    /* A detached window takes nothing. */
+    slot = 0;
+    kv_window_set(&off, &slot, h, 1, 1, 40);
+    ck_assert_uint_eq(slot, 0);
+    free(mem);
+
+    /* Records: whole only with the right version, key, bytes and size. */
+    {
+        static uint8_t rec[512];
+        struct tern_pm_rec *r = (void *)rec;
+        uint8_t val[100];
+        uint32_t size = tern_pm_rec_size(7, sizeof(val));
+
+        pattern(val, sizeof(val), 5);
+        put_record(rec, "rec-key", 7, val, sizeof(val), 55, TERN_PM_VALUE);
+        r->sum = pm_rec_sum(r);
+        ck_assert(kvw_record_valid(rec, size, "rec-key", 7, 55));
+        ck_assert(!kvw_record_valid(rec, size, "rec-key", 7, 56));
+        ck_assert(!kvw_record_valid(rec, size, "rec-kex", 7, 55));
+        ck_assert(!kvw_record_valid(rec, size, "rec-ke", 6, 55));
+        ck_assert(!kvw_record_valid(rec, size + 8, "rec-key", 7, 55));
+        ck_assert(!kvw_record_valid(rec, size - 8, "rec-key", 7, 55));
+        ck_assert(!kvw_record_valid(rec, 8, "rec-key", 7, 55));
+        rec[sizeof(*r) + 7 + 50] ^= 0x10;
+        ck_assert(!kvw_record_valid(rec, size, "rec-key", 7, 55));
+        rec[sizeof(*r) + 7 + 50] ^= 0x10;
+        ck_assert(kvw_record_valid(rec, size, "rec-key", 7, 55));
+        r->version = 56;        /* rewritten in place, sum and all */
+        r->sum = pm_rec_sum(r);
+        ck_assert(!kvw_record_valid(rec, size, "rec-key", 7, 55));
+        ck_assert(kvw_record_valid(rec, size, "rec-key", 7, 56));
+        r->type = TERN_PM_TOMBSTONE;
+        r->sum = pm_rec_sum(r);
+        ck_assert(!kvw_record_valid(rec, size, "rec-key", 7, 56));
+    }
+}
+END_TEST
+
+Suite *suite_kv_onesided(void)
+{
+    Suite *s = suite_create("kv_onesided");
+    TCase *tc = tcase_create("kv_onesided");
+
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, window_unit);
+    tcase_add_loop_test(tc, roundtrip_every_fabric, 0, N_LISTEN_URIS);
+    tcase_add_loop_test(tc, auto_path_every_fabric, 0, N_LISTEN_URIS);
+    tcase_add_test(tc, server_without_onesided);
+    tcase_add_loop_test(tc, durable_onesided_puts, 0, N_LISTEN_URIS);
+    tcase_add_loop_test(tc, cache_every_fabric, 0, N_LISTEN_URIS);
+    tcase_add_loop_test(tc, torn_reads_single_writer, 0, N_LISTEN_URIS);
+    tcase_add_loop_test(tc, concurrent_writers_one_key, 0, N_LISTEN_URIS);
+    tcase_add_loop_test(tc, idle_lease_taken_back, 0, N_LISTEN_URIS);
+    tcase_add_loop_test(tc, dead_lessee_reclaimed, 0, N_LISTEN_URIS);
+    tcase_add_test(tc, hostile_lput);
+    tcase_add_loop_test(tc, hostile_lessee_header, 0, 2);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+#endif /* TERN_HAVE_SERVICES */

@@ -1,0 +1,1318 @@
+/* Suite pm: the pool's record slots, rewrites in place (tern_pm_overwrite)
+ * and leased segments, each with its crash states and what recovery and
+ * tern_pm_check make of them.
+ *
+ * Crash states come from two places: forged with pwrite on a closed pool,
+ * or made by the pool itself in a child that dies at a chosen msync. The
+ * latter interposes pmem_msync (the pool's own objects are linked into this
+ * binary, so their calls bind to the definition below); on real PM, or
+ * with PMEM_IS_PMEM_FORCE=1, flushes bypass it and those tests skip. */
+#include <check.h>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <libpmem.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "helpers.h"
+#include "pm/pm.h"
+#include "pm/pm_layout.h"
+#include "suites.h"
+
+#define SEG (64u * 1024)
+#define POOL (8ull * SEG + 4096)
+#define FILL_LEN (SEG - 64 - 24 - 8)     /* key "fill": a record that fills a segment */
+
+static char dir[64], path[128];
+
+/* ---- crash injection ---- */
+
+static int crash_after_syncs;        /* > 0: _exit(0) after that many more msyncs */
+
+/* The ranges msynced while logging is on, in order: which bytes a commit
+ * makes durable, and in what order. */
+static struct {
+    bool on;
+    unsigned n;
+    const uint8_t *at[64];
+    size_t len[64];
+} sync_log;
+
+int pmem_msync(const void *addr, size_t len)
+{
+    static int (*real)(const void *, size_t);
+    int rc;
+
+    if (!real)
+        *(void **)&real = dlsym(RTLD_NEXT, "pmem_msync");
+    if (sync_log.on && sync_log.n < 64) {
+        sync_log.at[sync_log.n] = addr;
+        sync_log.len[sync_log.n++] = len;
+    }
+    rc = real(addr, len);
+    if (crash_after_syncs > 0 && --crash_after_syncs == 0)
+        _exit(0);
+    return rc;
+}
+
+/* ---- fixtures and helpers ---- */
+
+static void setup(void)
+{
+    test_pool_dir(dir, sizeof(dir), "pm");
+    snprintf(path, sizeof(path), "%s/pm.pool", dir);
+}
+
+static void teardown(void)
+{
+    char tmp[160];
+
+    unlink(path);
+    snprintf(tmp, sizeof(tmp), "%s.creating", path);
+    unlink(tmp);
+    rmdir(dir);
+}
+
+/* A committed record as recovery handed it over. */
+struct rec_copy {
+    tern_pm_loc loc;
+    uint64_t version;
+    uint8_t type, flags;
+    uint32_t slot;
+    char key[64];
+    char val[256];
+    uint32_t val_len;
+};
+
+struct seen {
+    struct rec_copy r[64];
+    unsigned n;
+};
+
+static int collect(void *arg, tern_pm_loc loc, const struct tern_pm_rec *r)
+{
+    struct seen *s = arg;
+    struct rec_copy *c = &s->r[s->n++];
+
+    ck_assert_uint_lt(s->n, 64);
+    *c = (struct rec_copy){.loc = loc, .version = r->version, .type = r->type,
+                           .flags = r->flags, .slot = r->slot, .val_len = r->val_len};
+    ck_assert_uint_lt(r->key_len, sizeof(c->key));
+    memcpy(c->key, tern_pm_rec_key(r), r->key_len);
+    memcpy(c->val, tern_pm_rec_val(r), r->val_len < sizeof(c->val) ? r->val_len : 0);
+    return 0;
+}
+
+static const struct rec_copy *seen_ver(const struct seen *s, uint64_t version)
+{
+    for (unsigned i = 0; i < s->n; i++)
+        if (s->r[i].version == version)
+            return &s->r[i];
+    return NULL;
+}
+
+static const struct rec_copy *seen_loc(const struct seen *s, tern_pm_loc loc)
+{
+    for (unsigned i = 0; i < s->n; i++)
+        if (s->r[i].loc == loc)
+            return &s->r[i];
+    return NULL;
+}
+
+/* Open the pool at `path` (creating it with `size` bytes if size is not
+ * 0) and recover it into `s` (may be NULL); returns recovery's code. */
+static int open_rc(uint64_t size, struct seen *s, struct tern_pm_pool **out)
+{
+    struct tern_pm_opts o = {.size = size, .seg_size = SEG, .create = size != 0};
+    int rc = tern_pm_open(path, &o, out);
+
+    ck_assert_msg(rc == 0, "open: %s", tern_strerror(rc));
+    if (s)
+        s->n = 0;
+    rc = tern_pm_recover(*out, s ? collect : NULL, s);
+    if (rc < 0) {
+        tern_pm_close(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+static struct tern_pm_pool *open_pool(uint64_t size, struct seen *s)
+{
+    struct tern_pm_pool *p;
+    int rc = open_rc(size, s, &p);
+
+    ck_assert_msg(rc == 0, "recover: %s", tern_strerror(rc));
+    return p;
+}
+
+/* Append key = a value of `len` bytes of `fill`; returns its place. */
+static tern_pm_loc put(struct tern_pm_pool *p, const char *k, char fill, uint32_t len,
+                       uint64_t *version)
+{
+    static char val[SEG];
+    uint64_t v = tern_pm_next_version(p);
+    tern_pm_loc loc;
+    int rc;
+
+    memset(val, fill, len);
+    rc = tern_pm_append(p, TERN_PM_VALUE, v, k, (uint16_t)strlen(k), val, len, &loc);
+    ck_assert_msg(rc == 0, "append %s: %s", k, tern_strerror(rc));
+    if (version)
+        *version = v;
+    return loc;
+}
+
+static void commit(struct tern_pm_pool *p)
+{
+    int rc = tern_pm_commit(p);
+
+    ck_assert_msg(rc == 0, "commit: %s", tern_strerror(rc));
+}
+
+static off_t file_off(tern_pm_loc loc)
+{
+    return (off_t)(pm_seg_offset((uint32_t)(loc >> 32), SEG) + (uint32_t)loc);
+}
+
+static void file_read(off_t at, void *buf, size_t n)
+{
+    int fd = open(path, O_RDONLY);
+
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(pread(fd, buf, n, at), (ssize_t)n);
+    close(fd);
+}
+
+static void file_write(off_t at, const void *buf, size_t n)
+{
+    int fd = open(path, O_RDWR);
+
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(pwrite(fd, buf, n, at), (ssize_t)n);
+    close(fd);
+}
+
+static uint64_t seg_used(uint32_t seg)
+{
+    uint64_t used;
+
+    file_read((off_t)(pm_seg_offset(seg, SEG) + offsetof(struct pm_seg_hdr, used)), &used,
+              sizeof(used));
+    return used;
+}
+
+/* tern_pm_check's verdict and report. */
+struct check_out {
+    int rc;
+    uint64_t bad;
+    struct tern_pm_info info;
+    char text[4096];
+};
+
+static void check_pool(struct check_out *c)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+
+    ck_assert_ptr_nonnull(f);
+    c->bad = 0;
+    c->rc = tern_pm_check(path, true, f, &c->info, &c->bad);
+    fclose(f);
+    snprintf(c->text, sizeof(c->text), "%s", buf);
+    free(buf);
+}
+
+/* Does the check report a line starting with `tag` for file offset `at`? */
+static bool reported(const struct check_out *c, const char *tag, off_t at)
+{
+    char want[96];
+
+    snprintf(want, sizeof(want), "%s offset %lld:", tag, (long long)at);
+    return strstr(c->text, want) != NULL;
+}
+
+/* Run `fn` in a child that dies (exit 0) at its `syncs`-th msync from the
+ * call on; returns the child's exit status (fn's own return if it never
+ * got that far). */
+static int crash_child(int (*fn)(void *), void *arg, int syncs)
+{
+    pid_t pid = fork();
+    int st;
+
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        crash_after_syncs = syncs;
+        _exit(fn(arg));
+    }
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert(WIFEXITED(st));
+    return WEXITSTATUS(st);
+}
+
+static bool pool_is_pmem(void)
+{
+    struct tern_pm_info info;
+    struct tern_pm_pool *p = open_pool(POOL, NULL);
+
+    tern_pm_get_info(p, &info);
+    tern_pm_close(p);
+    return info.is_pmem;
+}
+
+/* ---- lessees ---- */
+
+static uint8_t *seg_ptr(struct tern_pm_pool *p, uint32_t seg, uint32_t off)
+{
+    return (uint8_t *)tern_pm_base(p) + tern_pm_seg_file_off(p, seg) + off;
+}
+
+/* Write a record into a leased segment as its lessee would: a whole
+ * record with a version of its own (junk), flags and slot 0, summed; the
+ * pool swaps its version in. */
+static uint32_t lessee_write(struct tern_pm_pool *p, uint32_t seg, uint32_t off, uint8_t type,
+                             const char *key, uint16_t klen, const char *val, uint32_t vlen)
+{
+    uint8_t *dst = seg_ptr(p, seg, off);
+    struct tern_pm_rec h;
+
+    memset(&h, 0, sizeof(h));
+    h.version = 0xa5a5a5a5a5a5a5a5ull;
+    h.key_len = klen;
+    h.val_len = vlen;
+    h.type = type;
+    memcpy(dst, &h, sizeof(h));
+    if (key)
+        memcpy(dst + sizeof(h), key, klen);
+    if (val)
+        memcpy(dst + sizeof(h) + klen, val, vlen);
+    /* Only whole records can be summed; malformed ones are refused before. */
+    if (klen && (type == TERN_PM_VALUE || type == TERN_PM_TOMBSTONE) &&
+        off + sizeof(h) + (uint64_t)klen + vlen <= tern_pm_seg_room(p) + TERN_PM_SEG_HDR) {
+        h.sum = tern_pm_rec_sum_of((const struct tern_pm_rec *)dst);
+        memcpy(dst, &h.sum, sizeof(h.sum));
+    }
+    return tern_pm_rec_size(klen, vlen);
+}
+
+static tern_pm_loc lessee_put(struct tern_pm_pool *p, uint32_t seg, const char *key,
+                              const char *val, uint64_t *version)
+{
+    uint32_t off = tern_pm_lease_next(p, seg);
+    uint64_t v = tern_pm_next_version(p);
+    tern_pm_loc loc;
+    int rc;
+
+    lessee_write(p, seg, off, val ? TERN_PM_VALUE : TERN_PM_TOMBSTONE, key,
+                 (uint16_t)strlen(key), val, val ? (uint32_t)strlen(val) : 0);
+    rc = tern_pm_lease_append(p, seg, off, v, &loc);
+    ck_assert_msg(rc == 0, "lease append %s: %s", key, tern_strerror(rc));
+    ck_assert_uint_eq(loc, (uint64_t)seg << 32 | off);
+    if (version)
+        *version = v;
+    return loc;
+}
+
+/* ---- slots ---- */
+
+/* Rewrite the committed record at `loc` in the file (a closed pool) as
+ * key = `len` bytes of `fill` with the given slot and flags, checksum
+ * right. */
+static void forge_rec(tern_pm_loc loc, const char *key, char fill, uint32_t len, uint32_t slot,
+                      uint8_t flags, uint64_t version)
+{
+    uint8_t buf[512];
+    struct tern_pm_rec *r = (void *)buf;
+    uint16_t klen = (uint16_t)strlen(key);
+
+    ck_assert_uint_le(sizeof(*r) + klen + len, sizeof(buf));
+    *r = (struct tern_pm_rec){.val_len = len, .version = version, .key_len = klen,
+                              .type = TERN_PM_VALUE, .flags = flags, .slot = slot};
+    memcpy(buf + sizeof(*r), key, klen);
+    memset(buf + sizeof(*r) + klen, fill, len);
+    r->sum = pm_rec_sum(r);
+    file_write(file_off(loc), buf, sizeof(*r) + klen + len);
+}
+
+/* A record whose slot is larger than the record itself: recovery finds the
+ * next record at the end of the slot, not at the end of the record. */
+START_TEST(slot_walk)
+{
+    struct tern_pm_pool *p = open_pool(POOL, NULL);
+    uint64_t va, vb;
+    tern_pm_loc a = put(p, "a", 'a', 200, &va), b = put(p, "b", 'b', 3, &vb);
+    uint32_t slot = tern_pm_rec_size(1, 200);
+    struct check_out c;
+    struct seen s;
+
+    ck_assert_uint_eq(tern_pm_slot_size(p, a), slot);      /* slot 0: its own size */
+    commit(p);
+    tern_pm_close(p);
+    forge_rec(a, "a", 'x', 10, slot, 0, va);
+
+    p = open_pool(0, &s);
+    ck_assert_uint_eq(s.n, 2);
+    ck_assert_uint_eq(s.r[0].loc, a);
+    ck_assert_uint_eq(s.r[0].val_len, 10);
+    ck_assert_uint_eq(s.r[0].slot, slot);
+    ck_assert_uint_eq(s.r[1].loc, b);
+    ck_assert_uint_eq(s.r[1].version, vb);
+    ck_assert_uint_eq(tern_pm_slot_size(p, a), slot);
+    ck_assert_uint_eq(tern_pm_slot_size(p, b), tern_pm_rec_size(1, 3));
+    tern_pm_close(p);
+    check_pool(&c);
+    ck_assert_int_eq(c.rc, 0);
+    ck_assert_uint_eq(c.info.records, 2);
+
+    /* Slots that would send the walk astray are corruption, reported at
+     * the record that has them. */
+    const uint32_t bad[] = {
+        slot + 4,                         /* unaligned */
+        tern_pm_rec_size(1, 10) - 8,      /* smaller than the record */
+        SEG,                              /* past the commit point */
+    };
+    for (unsigned i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        forge_rec(a, "a", 'x', 10, bad[i], 0, va);
+        ck_assert_int_eq(open_rc(0, NULL, &p), TERN_ECORRUPT);
+        check_pool(&c);
+        ck_assert_int_eq(c.rc, TERN_ECORRUPT);
+        ck_assert_msg(c.bad == (uint64_t)file_off(a), "slot %u: bad offset %llu, not %lld",
+                      bad[i], (unsigned long long)c.bad, (long long)file_off(a));
+    }
+}
+END_TEST
+
+/* ---- rewrites in place ---- */
+
+START_TEST(overwrite_in_place)
+{
+    struct tern_pm_pool *p = open_pool(POOL, NULL);
+    uint64_t v1, v2, v3, v4;
+    tern_pm_loc a = put(p, "k", '1', 100, &v1), b = put(p, "k", '2', 5, &v2);
+    uint32_t slot = tern_pm_rec_size(1, 100);
+    const struct tern_pm_rec *r;
+    struct tern_pm_info i0, i1, i2;
+    struct check_out c;
+    struct seen s;
+
+    commit(p);
+    tern_pm_get_info(p, &i0);
+    tern_pm_dead(p, a);                     /* the caller's part: v2 superseded it */
+    tern_pm_get_info(p, &i1);
+    ck_assert_uint_eq(i1.bytes_live, i0.bytes_live - slot);
+    v3 = tern_pm_next_version(p);
+    ck_assert_int_eq(tern_pm_overwrite(p, a, TERN_PM_VALUE, v3, "k", 1, "three", 5), 0);
+    r = tern_pm_rec_at(p, a);
+    ck_assert_uint_eq(r->version, v3);
+    ck_assert_uint_eq(r->flags, TERN_PM_F_REWRITTEN);
+    ck_assert_uint_eq(r->slot, slot);
+    ck_assert_uint_eq(r->val_len, 5);
+    ck_assert(memcmp(tern_pm_rec_val(r), "three", 5) == 0);
+    ck_assert_uint_eq(tern_pm_slot_size(p, a), slot);
+    tern_pm_get_info(p, &i2);
+    ck_assert_uint_eq(i2.bytes_live, i0.bytes_live);    /* the slot is live again */
+    ck_assert_uint_eq(i2.bytes_committed, i0.bytes_committed);
+    commit(p);
+    tern_pm_close(p);
+
+    p = open_pool(0, &s);
+    ck_assert_uint_eq(s.n, 2);
+    ck_assert_ptr_null(seen_ver(&s, v1));
+    ck_assert_uint_eq(seen_ver(&s, v3)->loc, a);
+    ck_assert(memcmp(seen_ver(&s, v3)->val, "three", 5) == 0);
+    ck_assert_uint_eq(seen_ver(&s, v2)->loc, b);       /* the walk went on past the slot */
+    /* Again, now as a tombstone: the slot is marked already. A dead
+     * rewritten record frees its whole slot, not just its own bytes. */
+    tern_pm_get_info(p, &i0);
+    tern_pm_dead(p, a);
+    tern_pm_get_info(p, &i1);
+    ck_assert_uint_eq(i1.bytes_live, i0.bytes_live - slot);
+    v4 = tern_pm_next_version(p);
+    ck_assert_int_eq(tern_pm_overwrite(p, a, TERN_PM_TOMBSTONE, v4, "k", 1, NULL, 0), 0);
+    commit(p);
+    tern_pm_close(p);
+
+    p = open_pool(0, &s);
+    ck_assert_uint_eq(s.n, 2);
+    ck_assert_uint_eq(seen_ver(&s, v4)->loc, a);
+    ck_assert_uint_eq(seen_ver(&s, v4)->type, TERN_PM_TOMBSTONE);
+    ck_assert_ptr_null(seen_ver(&s, v3));
+    ck_assert_uint_eq(tern_pm_slot_size(p, a), slot);
+    tern_pm_close(p);
+    check_pool(&c);
+    ck_assert_int_eq(c.rc, 0);
+    ck_assert_uint_eq(c.info.records, 2);
+    ck_assert_ptr_null(strstr(c.text, "rewrite "));
+}
+END_TEST
+
+/* What a refused rewrite must leave alone. */
+struct slot_snap {
+    uint8_t bytes[256];
+    struct tern_pm_info info;
+};
+
+static void snap(struct tern_pm_pool *p, tern_pm_loc loc, struct slot_snap *s)
+{
+    memcpy(s->bytes, tern_pm_rec_at(p, loc), sizeof(s->bytes));
+    tern_pm_get_info(p, &s->info);
+}
+
+static void same_as(struct tern_pm_pool *p, tern_pm_loc loc, const struct slot_snap *s)
+{
+    struct slot_snap now;
+
+    snap(p, loc, &now);
+    ck_assert(memcmp(now.bytes, s->bytes, sizeof(s->bytes)) == 0);
+    ck_assert_uint_eq(now.info.bytes_live, s->info.bytes_live);
+    ck_assert_uint_eq(now.info.max_version, s->info.max_version);
+}
+
+START_TEST(overwrite_refused)
+{
+    struct tern_pm_pool *p = open_pool(POOL, NULL);
+    static char big[SEG];
+    tern_pm_loc a = put(p, "k", '1', 100, NULL), other, pending, leased;
+    uint32_t room = tern_pm_rec_size(1, 100) - (uint32_t)sizeof(struct tern_pm_rec) - 1;
+    struct slot_snap before;
+    uint32_t seg;
+
+    put(p, "k", '2', 5, NULL);
+    other = put(p, "j", '3', 5, NULL);
+    commit(p);
+    pending = put(p, "k", '4', 5, NULL);      /* above the commit point */
+    tern_pm_dead(p, a);
+    snap(p, a, &before);
+    memset(big, 'b', sizeof(big));
+    /* One byte too many for the slot; the most that fits is taken. */
+    ck_assert_int_eq(tern_pm_overwrite(p, a, TERN_PM_VALUE, 1000, "k", 1, big, room + 1),
+                     TERN_E2BIG);
+    same_as(p, a, &before);
+    ck_assert_int_eq(tern_pm_overwrite(p, a, TERN_PM_VALUE, 1000, "k", 1, big, SEG),
+                     TERN_E2BIG);
+    same_as(p, a, &before);
+    ck_assert_int_eq(tern_pm_overwrite(p, a, TERN_PM_VALUE, 1000, "j", 1, "v", 1), TERN_EINVAL);
+    ck_assert_int_eq(tern_pm_overwrite(p, a, TERN_PM_VALUE, 1000, "kk", 2, "v", 1), TERN_EINVAL);
+    ck_assert_int_eq(tern_pm_overwrite(p, a, 3, 1000, "k", 1, "v", 1), TERN_EINVAL);
+    ck_assert_int_eq(tern_pm_overwrite(p, a, TERN_PM_TOMBSTONE, 1000, "k", 1, "v", 1),
+                     TERN_EINVAL);
+    same_as(p, a, &before);
+    ck_assert_int_eq(tern_pm_overwrite(p, pending, TERN_PM_VALUE, 1000, "k", 1, "v", 1),
+                     TERN_EINVAL);
+    ck_assert_int_eq(tern_pm_overwrite(p, a + 8, TERN_PM_VALUE, 1000, "k", 1, "v", 1),
+                     TERN_EINVAL);        /* inside the record, not a record */
+    ck_assert_int_eq(tern_pm_overwrite(p, (uint64_t)(tern_pm_seg_count(p) - 1) << 32 | 64,
+                                       TERN_PM_VALUE, 1000, "k", 1, "v", 1),
+                     TERN_EINVAL);        /* a free segment */
+    ck_assert_int_eq(tern_pm_overwrite(p, (uint64_t)tern_pm_seg_count(p) << 32 | 64,
+                                       TERN_PM_VALUE, 1000, "k", 1, "v", 1), TERN_EINVAL);
+    /* Not in a segment a lessee may still write. */
+    ck_assert_int_eq(tern_pm_lease(p, &seg), 0);
+    leased = lessee_put(p, seg, "L", NULL, NULL);
+    commit(p);
+    ck_assert_int_eq(tern_pm_overwrite(p, leased, TERN_PM_TOMBSTONE, 1000, "L", 1, NULL, 0),
+                     TERN_EINVAL);
+    /* The largest value that fits does. */
+    ck_assert_int_eq(tern_pm_overwrite(p, a, TERN_PM_VALUE, 1000, "k", 1, big, room), 0);
+    ck_assert_int_eq(tern_pm_overwrite(p, other, TERN_PM_VALUE, 1001, "j", 1, "v", 1), 0);
+    ck_assert_uint_eq(tern_pm_next_version(p), 1002);  /* the counter stays ahead */
+    tern_pm_close(p);
+
+    /* Before recovery nothing may be rewritten. */
+    struct tern_pm_opts o = {.seg_size = SEG};
+    ck_assert_int_eq(tern_pm_open(path, &o, &p), 0);
+    ck_assert_int_eq(tern_pm_overwrite(p, a, TERN_PM_VALUE, 1002, "k", 1, "v", 1), TERN_EINVAL);
+    tern_pm_close(p);
+}
+END_TEST
+
+/* The pool the crash tests start from: k = v1 (100 bytes) at a, another
+ * key, and (if `newer`) k = v2 at b, all committed. */
+struct rewrite_case {
+    tern_pm_loc a, b;
+    uint64_t v1, v2, v3;
+    uint32_t slot;
+};
+
+static void rewrite_setup(struct rewrite_case *rc, bool newer)
+{
+    struct tern_pm_pool *p = open_pool(POOL, NULL);
+
+    rc->a = put(p, "k", '1', 100, &rc->v1);
+    put(p, "other", 'o', 40, NULL);
+    rc->b = newer ? put(p, "k", '2', 5, &rc->v2) : 0;
+    rc->v3 = tern_pm_next_version(p);
+    rc->slot = tern_pm_rec_size(1, 100);
+    commit(p);
+    tern_pm_close(p);
+}
+
+/* The child's part: reopen, the caller's tern_pm_dead, then the rewrite,
+ * and die without a commit (or earlier, at the injected msync). */
+static int do_rewrite(void *arg)
+{
+    struct rewrite_case *rc = arg;
+    struct tern_pm_pool *p;
+    struct tern_pm_opts o = {0};
+
+    if (tern_pm_open(path, &o, &p) < 0 || tern_pm_recover(p, NULL, NULL) < 0)
+        return 10;
+    tern_pm_dead(p, rc->a);
+    if (tern_pm_overwrite(p, rc->a, TERN_PM_VALUE, rc->v3, "k", 1, "three", 5) < 0)
+        return 11;
+    return 12;                          /* got through without the msync */
+}
+
+/* Recovery after an interrupted rewrite of a: the slot is stepped over,
+ * k's newest committed version (v2, at b) stands, the pool opens, the
+ * slot counts as dead, and the check reports it without calling the pool
+ * corrupt. */
+static void expect_skipped(const struct rewrite_case *rc)
+{
+    struct tern_pm_pool *p;
+    struct tern_pm_info info;
+    struct check_out c;
+    struct seen s;
+
+    check_pool(&c);
+    ck_assert_msg(c.rc == 0, "check: %s\n%s", tern_strerror(c.rc), c.text);
+    ck_assert_msg(reported(&c, "rewrite  ", file_off(rc->a)), "not reported:\n%s", c.text);
+    ck_assert_uint_eq(c.info.records, 2);
+    p = open_pool(0, &s);
+    ck_assert_uint_eq(s.n, 2);
+    ck_assert_ptr_null(seen_loc(&s, rc->a));
+    ck_assert_ptr_null(seen_ver(&s, rc->v1));
+    ck_assert_ptr_null(seen_ver(&s, rc->v3));
+    ck_assert_uint_eq(seen_ver(&s, rc->v2)->loc, rc->b);
+    tern_pm_get_info(p, &info);
+    ck_assert_uint_eq(info.bytes_live, info.bytes_committed - rc->slot);
+    tern_pm_close(p);
+}
+
+/* Crash after step (a): the mark is durable, no byte of the new record is. */
+START_TEST(crash_after_mark)
+{
+    struct rewrite_case rc;
+    struct tern_pm_rec r;
+
+    if (pool_is_pmem())
+        return;                         /* flushes bypass pmem_msync */
+    unlink(path);
+    rewrite_setup(&rc, true);
+    /* The first msync of the rewrite is the mark's (nothing else is
+     * dirty after recovery). */
+    ck_assert_int_eq(crash_child(do_rewrite, &rc, 1), 0);
+    file_read(file_off(rc.a), &r, sizeof(r));
+    ck_assert_uint_eq(r.flags, TERN_PM_F_REWRITTEN);
+    ck_assert_uint_eq(r.slot, rc.slot);
+    ck_assert_uint_eq(r.version, rc.v1);    /* the rest is the old record's */
+    ck_assert_uint_eq(r.val_len, 100);
+    expect_skipped(&rc);
+}
+END_TEST
+
+/* Crash in step (b): the new header went in, the end of the value did not
+ * (as when its last cache line never left the CPU). */
+START_TEST(crash_in_rewrite)
+{
+    struct rewrite_case rc;
+    struct tern_pm_rec r;
+    struct seen s;
+    struct tern_pm_pool *p;
+
+    rewrite_setup(&rc, true);
+    ck_assert_int_eq(crash_child(do_rewrite, &rc, 0), 12);
+    /* Whole but uncommitted: a write never acknowledged may still show. */
+    p = open_pool(0, &s);
+    ck_assert_uint_eq(seen_ver(&s, rc.v3)->loc, rc.a);
+    ck_assert_uint_eq(seen_ver(&s, rc.v3)->flags, TERN_PM_F_REWRITTEN);
+    tern_pm_close(p);
+    /* Torn: the old value's bytes where the new value's end should be. */
+    file_read(file_off(rc.a), &r, sizeof(r));
+    ck_assert_uint_eq(r.version, rc.v3);
+    file_write(file_off(rc.a) + (off_t)sizeof(r) + 1 + 3, "11", 2);
+    expect_skipped(&rc);
+}
+END_TEST
+
+/* The child's part: the key's newer version is appended but not yet
+ * committed when the old one is rewritten. */
+static int do_rewrite_behind(void *arg)
+{
+    struct rewrite_case *rc = arg;
+    struct tern_pm_pool *p;
+    struct tern_pm_opts o = {0};
+    tern_pm_loc b;
+
+    if (tern_pm_open(path, &o, &p) < 0 || tern_pm_recover(p, NULL, NULL) < 0)
+        return 10;
+    if (tern_pm_append(p, TERN_PM_VALUE, rc->v3, "k", 1, "newer", 5, &b) < 0)
+        return 11;
+    tern_pm_dead(p, rc->a);
+    if (tern_pm_overwrite(p, rc->a, TERN_PM_VALUE, rc->v3 + 1, "k", 1, "three", 5) < 0)
+        return 12;
+    return 13;
+}
+
+/* A crash at any point of a rewrite whose justification (the newer
+ * version) was not yet committed: the key still has a value, the old
+ * acknowledged one or a newer one, never none. */
+START_TEST(rewrite_commits_newer_version_first)
+{
+    struct rewrite_case rc;
+    int syncs, st;
+
+    if (pool_is_pmem())
+        return;
+    for (syncs = 1; syncs < 10; syncs++) {
+        struct tern_pm_pool *p;
+        struct seen s;
+        unsigned have = 0;
+
+        unlink(path);
+        rewrite_setup(&rc, false);      /* a holds k's only committed version */
+        st = crash_child(do_rewrite_behind, &rc, syncs);
+        p = open_pool(0, &s);
+        for (unsigned i = 0; i < s.n; i++)
+            if (s.r[i].key[0] == 'k' && s.r[i].key[1] == '\0')
+                have++;
+        ck_assert_msg(have >= 1, "crash at msync %d: key k is gone", syncs);
+        tern_pm_close(p);
+        if (st == 13)
+            break;                      /* the rewrite got through: every point tried */
+        ck_assert_int_eq(st, 0);
+    }
+    ck_assert_int_eq(st, 13);
+}
+END_TEST
+
+/* A bad record without the flag is corruption, as before rewrites; so is
+ * one with the flag whose slot cannot be trusted to find the next record. */
+START_TEST(corruption_still_refused)
+{
+    struct tern_pm_pool *p = open_pool(POOL, NULL);
+    uint64_t v1;
+    tern_pm_loc a = put(p, "k", '1', 100, &v1);
+    uint32_t slot = tern_pm_rec_size(1, 100);
+    struct check_out c;
+    uint8_t word[8];
+
+    put(p, "k", '2', 5, NULL);
+    commit(p);
+    tern_pm_close(p);
+    file_write(file_off(a) + 24 + 1 + 50, "X", 1);
+    ck_assert_int_eq(open_rc(0, NULL, &p), TERN_ECORRUPT);
+    check_pool(&c);
+    ck_assert_int_eq(c.rc, TERN_ECORRUPT);
+    ck_assert_uint_eq(c.bad, (uint64_t)file_off(a));
+    ck_assert_ptr_null(strstr(c.text, "rewrite "));
+    /* A flag this layout does not know, checksum and all. */
+    forge_rec(a, "k", '1', 100, 0, 0x02, v1);
+    ck_assert_int_eq(open_rc(0, NULL, &p), TERN_ECORRUPT);
+    check_pool(&c);
+    ck_assert_int_eq(c.rc, TERN_ECORRUPT);
+    ck_assert_uint_eq(c.bad, (uint64_t)file_off(a));
+
+    /* The flag with a slot past the commit point, unaligned, or too small
+     * to hold a record header. */
+    const uint32_t bad[] = {SEG, slot + 4, 16, 0};
+    for (unsigned i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct tern_pm_rec h = {.key_len = 1, .type = TERN_PM_VALUE,
+                                .flags = TERN_PM_F_REWRITTEN, .slot = bad[i]};
+
+        memcpy(word, (uint8_t *)&h + 16, 8);
+        file_write(file_off(a) + 16, word, 8);
+        ck_assert_int_eq(open_rc(0, NULL, &p), TERN_ECORRUPT);
+        check_pool(&c);
+        ck_assert_msg(c.rc == TERN_ECORRUPT, "slot %u: %s", bad[i], c.text);
+        ck_assert_uint_eq(c.bad, (uint64_t)file_off(a));
+    }
+}
+END_TEST
+
+/* ---- cleaning ---- */
+
+struct clean_log {
+    tern_pm_loc live[16];            /* records the owner still needs */
+    unsigned n_live;
+    tern_pm_loc asked[64], dropped[64];
+    unsigned n_asked, n_dropped, n_moved;
+};
+
+static bool cl_is_live(void *arg, tern_pm_loc loc, const struct tern_pm_rec *r)
+{
+    struct clean_log *l = arg;
+
+    (void)r;
+    l->asked[l->n_asked++] = loc;
+    for (unsigned i = 0; i < l->n_live; i++)
+        if (l->live[i] == loc)
+            return true;
+    return false;
+}
+
+static void cl_moved(void *arg, tern_pm_loc from, tern_pm_loc to, const struct tern_pm_rec *r)
+{
+    struct clean_log *l = arg;
+
+    (void)r;
+    for (unsigned i = 0; i < l->n_live; i++)
+        if (l->live[i] == from)
+            l->live[i] = to;
+    l->n_moved++;
+}
+
+static void cl_dropped(void *arg, tern_pm_loc loc, const struct tern_pm_rec *r)
+{
+    struct clean_log *l = arg;
+
+    (void)r;
+    l->dropped[l->n_dropped++] = loc;
+}
+
+static bool logged(const tern_pm_loc *locs, unsigned n, tern_pm_loc loc)
+{
+    for (unsigned i = 0; i < n; i++)
+        if (locs[i] == loc)
+            return true;
+    return false;
+}
+
+/* The slot of an interrupted rewrite is nobody's record: cleaning its
+ * segment neither asks the owner about it nor reports it dropped. */
+START_TEST(clean_steps_over_torn_rewrite)
+{
+    struct clean_log l = {0};
+    struct tern_pm_cleaner c = {.is_live = cl_is_live, .moved = cl_moved,
+                                .dropped = cl_dropped, .arg = &l};
+    struct rewrite_case rc;
+    struct tern_pm_pool *p;
+    struct tern_pm_info info;
+    uint8_t word[8];
+    struct tern_pm_rec h;
+    struct seen s;
+
+    rewrite_setup(&rc, true);
+    file_read(file_off(rc.a), &h, sizeof(h));
+    h.flags = TERN_PM_F_REWRITTEN;
+    h.slot = rc.slot;
+    memcpy(word, (uint8_t *)&h + 16, 8);
+    file_write(file_off(rc.a) + 16, word, 8);      /* the state after step (a) */
+    p = open_pool(0, &s);
+    ck_assert_uint_eq(s.n, 2);
+    /* Move the head on, so that a's segment is sealed and may be cleaned. */
+    put(p, "fill", 'f', FILL_LEN, NULL);
+    commit(p);
+    l.live[l.n_live++] = rc.b;
+    ck_assert_int_ge(tern_pm_clean(p, &c, 1, 100), 1);
+    ck_assert_uint_eq(l.n_moved, 1);
+    ck_assert(!logged(l.asked, l.n_asked, rc.a));
+    ck_assert(!logged(l.dropped, l.n_dropped, rc.a));
+    ck_assert(logged(l.dropped, l.n_dropped, rc.b));     /* the walk went past it */
+    tern_pm_get_info(p, &info);
+    tern_pm_close(p);
+    p = open_pool(0, &s);
+    ck_assert_uint_eq(seen_ver(&s, rc.v2)->loc, l.live[0]);
+    tern_pm_close(p);
+}
+END_TEST
+
+/* Cleaning walks a segment by slots too: after a rewrite that left slack
+ * in its slot, the owner is asked about exactly the segment's records, and
+ * the copy of the rewritten one is an ordinary record (slot 0, no flag). */
+START_TEST(clean_walks_slots)
+{
+    struct clean_log l = {0};
+    struct tern_pm_cleaner c = {.is_live = cl_is_live, .moved = cl_moved,
+                                .dropped = cl_dropped, .arg = &l};
+    struct rewrite_case rc;
+    struct tern_pm_pool *p;
+    tern_pm_loc other;
+    struct seen s;
+
+    rewrite_setup(&rc, true);
+    p = open_pool(0, &s);
+    ck_assert_uint_eq(s.n, 3);
+    other = s.r[1].loc;
+    tern_pm_dead(p, rc.a);
+    ck_assert_int_eq(tern_pm_overwrite(p, rc.a, TERN_PM_VALUE, rc.v3, "k", 1, "3", 1), 0);
+    put(p, "fill", 'f', FILL_LEN, NULL);
+    commit(p);
+    l.live[l.n_live++] = rc.a;
+    ck_assert_int_ge(tern_pm_clean(p, &c, 1, 100), 1);
+    ck_assert_uint_eq(l.n_asked, 3);
+    ck_assert_uint_eq(l.asked[0], rc.a);
+    ck_assert_uint_eq(l.asked[1], other);
+    ck_assert_uint_eq(l.asked[2], rc.b);
+    ck_assert_uint_eq(l.n_dropped, 3);
+    ck_assert_uint_eq(l.n_moved, 1);
+    ck_assert_uint_eq(tern_pm_rec_at(p, l.live[0])->slot, 0);
+    ck_assert_uint_eq(tern_pm_rec_at(p, l.live[0])->flags, 0);
+    ck_assert_uint_eq(tern_pm_slot_size(p, l.live[0]), tern_pm_rec_size(1, 1));
+    tern_pm_close(p);
+    p = open_pool(0, &s);
+    ck_assert_uint_eq(seen_ver(&s, rc.v3)->loc, l.live[0]);
+    tern_pm_close(p);
+}
+END_TEST
+
+/* ---- what a commit makes durable ---- */
+
+/* The first logged msync that covers [at, at+n), or -1. */
+static int synced_at(const void *at, size_t n)
+{
+    const uint8_t *a = at;
+
+    for (unsigned i = 0; i < sync_log.n; i++)
+        if (sync_log.at[i] <= a && a + n <= sync_log.at[i] + sync_log.len[i])
+            return (int)i;
+    return -1;
+}
+
+static const void *used_word(struct tern_pm_pool *p, uint32_t seg)
+{
+    return seg_ptr(p, seg, offsetof(struct pm_seg_hdr, used));
+}
+
+/* A commit makes a rewrite durable although no commit point moves; with
+ * records in the head and in a lease, all of them are durable before
+ * either commit point is stored. */
+START_TEST(commit_syncs_what_was_written)
+{
+    struct tern_pm_pool *p;
+    tern_pm_loc a, r1, o1;
+    uint32_t seg;
+    int rec1, rec2, used1, used2;
+
+    if (pool_is_pmem())
+        return;                         /* flushes bypass pmem_msync */
+    p = open_pool(0, NULL);
+    a = put(p, "k", '1', 100, NULL);
+    put(p, "k", '2', 5, NULL);
+    commit(p);
+    tern_pm_dead(p, a);
+    ck_assert_int_eq(tern_pm_overwrite(p, a, TERN_PM_VALUE, tern_pm_next_version(p), "k", 1,
+                                       "three", 5), 0);
+    sync_log.on = true;
+    commit(p);
+    ck_assert_msg(synced_at(tern_pm_rec_at(p, a), tern_pm_rec_size(1, 5)) >= 0,
+                  "the rewrite was not made durable by the commit");
+
+    ck_assert_int_eq(tern_pm_lease(p, &seg), 0);
+    r1 = lessee_put(p, seg, "c1", "one", NULL);
+    o1 = put(p, "own", 'o', 10, NULL);
+    sync_log.n = 0;
+    commit(p);
+    sync_log.on = false;
+    rec1 = synced_at(tern_pm_rec_at(p, r1), tern_pm_rec_size(2, 3));
+    rec2 = synced_at(tern_pm_rec_at(p, o1), tern_pm_rec_size(3, 10));
+    used1 = synced_at(used_word(p, seg), 8);
+    used2 = synced_at(used_word(p, (uint32_t)(o1 >> 32)), 8);
+    ck_assert_int_ge(rec1, 0);
+    ck_assert_int_ge(rec2, 0);
+    ck_assert_int_gt(used1, rec1);
+    ck_assert_int_gt(used1, rec2);
+    ck_assert_int_gt(used2, rec1);
+    ck_assert_int_gt(used2, rec2);
+    tern_pm_close(p);
+}
+END_TEST
+
+/* ---- leased segments ---- */
+
+START_TEST(lease_records_survive_reopen)
+{
+    struct tern_pm_pool *p = open_pool(POOL, NULL);
+    uint64_t v[4], vo1, vo2;
+    tern_pm_loc loc[4], o1 = put(p, "own1", 'o', 10, &vo1), o2;
+    struct check_out c;
+    struct stat st;
+    struct seen s;
+    uint32_t seg;
+
+    commit(p);
+    ck_assert_int_eq(tern_pm_lease(p, &seg), 0);
+    ck_assert_uint_ne(seg, (uint32_t)(o1 >> 32));
+    ck_assert_uint_eq(tern_pm_seg_file_off(p, seg), pm_seg_offset(seg, SEG));
+    ck_assert_uint_eq(tern_pm_seg_file_off(p, seg) % 4096, 0);
+    ck_assert_uint_eq(tern_pm_seg_room(p), SEG - 64);
+    ck_assert_uint_eq(tern_pm_lease_next(p, seg), 64);
+    ck_assert_int_eq(fstat(tern_pm_fd(p), &st), 0);
+    ck_assert_uint_eq((uint64_t)st.st_size, tern_pm_map_len(p));
+    ck_assert_uint_eq(tern_pm_map_len(p), POOL);
+
+    loc[0] = lessee_put(p, seg, "c1", "client one", &v[0]);
+    loc[1] = lessee_put(p, seg, "c2", "", &v[1]);
+    o2 = put(p, "own2", 'p', 10, &vo2);      /* the head, between lessee records */
+    ck_assert_uint_ne((uint32_t)(o2 >> 32), seg);
+    loc[2] = lessee_put(p, seg, "c1", NULL, &v[2]);      /* a tombstone */
+    ck_assert_uint_eq(tern_pm_lease_next(p, seg),
+                      64 + tern_pm_rec_size(2, 10) + tern_pm_rec_size(2, 0) * 2);
+    /* Stamped: version, flags 0, slot 0, checksum of the pool's bytes. */
+    const struct tern_pm_rec *r = tern_pm_rec_at(p, loc[0]);
+    ck_assert_uint_eq(r->version, v[0]);
+    ck_assert_uint_eq(r->flags, 0);
+    ck_assert_uint_eq(r->slot, 0);
+    ck_assert_uint_eq(r->sum, pm_rec_sum(r));
+    commit(p);                         /* one commit: the head and the lease */
+    ck_assert_uint_eq(seg_used(seg), tern_pm_lease_next(p, seg) - 64);
+    loc[3] = lessee_put(p, seg, "c3", "uncommitted", &v[3]);
+    tern_pm_close(p);                  /* a crash with the lease active */
+
+    check_pool(&c);
+    ck_assert_int_eq(c.rc, 0);
+    ck_assert_uint_eq(c.info.records, 5);
+    p = open_pool(0, &s);
+    ck_assert_uint_eq(s.n, 5);
+    for (int i = 0; i < 3; i++) {
+        const struct rec_copy *rc = seen_ver(&s, v[i]);
+
+        ck_assert_ptr_nonnull(rc);
+        ck_assert_uint_eq(rc->loc, loc[i]);
+        ck_assert_uint_eq(rc->flags, 0);
+        ck_assert_uint_eq(rc->slot, 0);
+    }
+    ck_assert_str_eq(seen_ver(&s, v[0])->val, "client one");
+    ck_assert_uint_eq(seen_ver(&s, v[2])->type, TERN_PM_TOMBSTONE);
+    ck_assert_ptr_null(seen_ver(&s, v[3]));
+    ck_assert_uint_eq(seen_ver(&s, vo1)->loc, o1);
+    ck_assert_uint_eq(seen_ver(&s, vo2)->loc, o2);
+    /* No lease survives: the segment takes nothing, and appends continue
+     * in the pool's own head although the leased segment is newer. */
+    ck_assert_uint_eq(tern_pm_lease_next(p, seg), 0);
+    ck_assert_int_eq(tern_pm_lease_append(p, seg, 64 + (uint32_t)seg_used(seg),
+                                          tern_pm_next_version(p), &loc[3]), TERN_EINVAL);
+    ck_assert_uint_eq((uint32_t)(put(p, "own3", 'q', 10, NULL) >> 32), (uint32_t)(o2 >> 32));
+    ck_assert_uint_gt(tern_pm_next_version(p), v[2]);
+    tern_pm_close(p);
+}
+END_TEST
+
+/* A lessee's malformed record is refused, and nothing of the pool's state
+ * or the segment's bytes changes. */
+START_TEST(lessee_garbage_refused)
+{
+    static uint8_t before[SEG];
+    struct tern_pm_pool *p = open_pool(POOL, NULL);
+    tern_pm_loc own = put(p, "own", 'o', 10, NULL), loc = 0;
+    struct tern_pm_info i0, i1;
+    uint32_t seg, off;
+    static char key[TERN_PM_KEY_MAX + 1];
+    static const struct {
+        uint8_t type;
+        uint16_t klen;
+        uint32_t vlen;
+        const char *what;
+    } bad[] = {
+        {0, 1, 1, "type 0"},
+        {3, 1, 1, "type 3"},
+        {TERN_PM_TOMBSTONE, 1, 4, "tombstone with a value"},
+        {TERN_PM_VALUE, 0, 4, "empty key"},
+        {TERN_PM_VALUE, TERN_PM_KEY_MAX + 1, 4, "key too long"},
+        {TERN_PM_VALUE, 1, 0, "one byte past the segment"},    /* length set below */
+        {TERN_PM_VALUE, 1, 0xfffffff0u, "length that wraps"},
+    };
+
+    memset(key, 'k', sizeof(key));
+    commit(p);
+    ck_assert_int_eq(tern_pm_lease(p, &seg), 0);
+    lessee_put(p, seg, "first", "1", NULL);
+    off = tern_pm_lease_next(p, seg);
+    for (unsigned i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        uint32_t vlen = bad[i].vlen ? bad[i].vlen : SEG - off - 24;
+
+        lessee_write(p, seg, off, bad[i].type, key, bad[i].klen, NULL, 0);
+        ((struct tern_pm_rec *)seg_ptr(p, seg, off))->val_len = vlen;
+        memcpy(before, seg_ptr(p, seg, 0), SEG);
+        tern_pm_get_info(p, &i0);
+        ck_assert_msg(tern_pm_lease_append(p, seg, off, 99, &loc) == TERN_EPROTO, "%s accepted",
+                      bad[i].what);
+        ck_assert_msg(memcmp(before, seg_ptr(p, seg, 0), SEG) == 0, "%s: bytes changed",
+                      bad[i].what);
+        tern_pm_get_info(p, &i1);
+        ck_assert_uint_eq(i1.bytes_live, i0.bytes_live);
+        ck_assert_uint_eq(i1.bytes_committed, i0.bytes_committed);
+        ck_assert_uint_eq(i1.max_version, i0.max_version);
+        ck_assert_uint_eq(tern_pm_lease_next(p, seg), off);
+    }
+    /* Right record, wrong place or wrong segment. */
+    lessee_write(p, seg, off, TERN_PM_VALUE, "ok", 2, "fine", 4);
+    memcpy(before, seg_ptr(p, seg, 0), SEG);
+    ck_assert_int_eq(tern_pm_lease_append(p, seg, off + 8, 99, &loc), TERN_EINVAL);
+    ck_assert_int_eq(tern_pm_lease_append(p, seg, 64, 99, &loc), TERN_EINVAL);
+    ck_assert_int_eq(tern_pm_lease_append(p, (uint32_t)(own >> 32), off, 99, &loc), TERN_EINVAL);
+    ck_assert_int_eq(tern_pm_lease_append(p, tern_pm_seg_count(p), off, 99, &loc), TERN_EINVAL);
+    ck_assert(memcmp(before, seg_ptr(p, seg, 0), SEG) == 0);
+    ck_assert_uint_eq(tern_pm_lease_next(p, seg), off);
+    /* The same record at the right place goes in; then one that fills the
+     * segment to its last byte, after which not even a header fits. */
+    ck_assert_int_eq(tern_pm_lease_append(p, seg, off, 99, &loc), 0);
+    off = tern_pm_lease_next(p, seg);
+    lessee_write(p, seg, off, TERN_PM_VALUE, "z", 1, NULL, SEG - off - 24 - 1);
+    ck_assert_int_eq(tern_pm_lease_append(p, seg, off, 100, &loc), 0);
+    ck_assert_uint_eq(tern_pm_lease_next(p, seg), SEG);
+    ck_assert_uint_eq(tern_pm_next_version(p), 101);     /* the counter stays ahead */
+    ck_assert_int_eq(tern_pm_lease_append(p, seg, SEG, 102, &loc), TERN_EPROTO);
+    commit(p);
+    tern_pm_close(p);
+    struct check_out c;
+    check_pool(&c);
+    ck_assert_int_eq(c.rc, 0);
+    ck_assert_uint_eq(c.info.records, 4);
+}
+END_TEST
+
+START_TEST(lease_end_drops_uncommitted)
+{
+    struct tern_pm_pool *p = open_pool(POOL, NULL);
+    tern_pm_loc kept, lost;
+    uint64_t vk, vl;
+    struct tern_pm_info i0, i1;
+    struct seen s;
+    uint32_t seg;
+
+    ck_assert_int_eq(tern_pm_lease(p, &seg), 0);
+    kept = lessee_put(p, seg, "kept", "yes", &vk);
+    commit(p);
+    tern_pm_get_info(p, &i0);
+    lost = lessee_put(p, seg, "lost", "no", &vl);
+    tern_pm_lease_end(p, seg);
+    tern_pm_get_info(p, &i1);
+    ck_assert_uint_eq(i1.bytes_live, i0.bytes_live);
+    ck_assert_uint_eq(tern_pm_lease_next(p, seg), 0);
+    ck_assert_int_eq(tern_pm_lease_append(p, seg, (uint32_t)lost, 77, &lost), TERN_EINVAL);
+    commit(p);
+    ck_assert_uint_eq(seg_used(seg), tern_pm_rec_size(4, 3));
+    tern_pm_close(p);
+    p = open_pool(0, &s);
+    ck_assert_uint_eq(s.n, 1);
+    ck_assert_uint_eq(seen_ver(&s, vk)->loc, kept);
+    ck_assert_ptr_null(seen_ver(&s, vl));
+    tern_pm_close(p);
+}
+END_TEST
+
+/* A lessee that wrote over its segment's header before its lease ended:
+ * lease_end puts the header back, and the segment recovers as leased. */
+START_TEST(lease_end_restores_header)
+{
+    struct tern_pm_pool *p = open_pool(POOL, NULL);
+    struct pm_seg_hdr before, after;
+    tern_pm_loc r1, r2, o;
+    uint64_t v1, vo;
+    struct seen s;
+    uint32_t seg;
+
+    o = put(p, "own", 'o', 10, &vo);
+    ck_assert_int_eq(tern_pm_lease(p, &seg), 0);
+    r1 = lessee_put(p, seg, "c1", "one", &v1);
+    commit(p);
+    r2 = lessee_put(p, seg, "c2", "two", NULL);        /* dropped by lease_end */
+    memcpy(&before, seg_ptr(p, seg, 0), sizeof(before));
+    memset(seg_ptr(p, seg, 0), 0xa5, sizeof(struct pm_seg_hdr));
+    tern_pm_lease_end(p, seg);
+    commit(p);
+    tern_pm_close(p);
+
+    file_read((off_t)pm_seg_offset(seg, SEG), &after, sizeof(after));
+    ck_assert_uint_eq(after.seq, before.seq);
+    ck_assert_uint_eq(after.used, tern_pm_rec_size(2, 3));
+    ck_assert_uint_eq(after.magic, PM_SEG_MAGIC);
+    ck_assert_uint_eq(after.index, seg);
+    ck_assert_uint_eq(after.flags, PM_SEG_LEASED);
+    p = open_pool(0, &s);
+    ck_assert_uint_eq(s.n, 2);
+    ck_assert_uint_eq(seen_ver(&s, v1)->loc, r1);
+    ck_assert_uint_eq(seen_ver(&s, vo)->loc, o);
+    ck_assert_ptr_null(seen_loc(&s, r2));
+    tern_pm_close(p);
+}
+END_TEST
+
+/* Cleaning never takes a segment a lessee may still be writing, however
+ * dead its records; once the lease ends it may. */
+START_TEST(clean_skips_active_lease)
+{
+    struct clean_log l = {0};
+    struct tern_pm_cleaner c = {.is_live = cl_is_live, .moved = cl_moved,
+                                .dropped = cl_dropped, .arg = &l};
+    struct tern_pm_pool *p = open_pool(POOL, NULL);
+    tern_pm_loc a, own;
+    uint32_t seg, next, free0;
+    int freed;
+
+    own = put(p, "own", 'o', 10, NULL);
+    ck_assert_int_eq(tern_pm_lease(p, &seg), 0);
+    a = lessee_put(p, seg, "dead", "soon", NULL);
+    commit(p);
+    tern_pm_dead(p, a);
+    put(p, "fill", 'f', FILL_LEN, NULL);     /* seal own's segment too */
+    commit(p);
+    next = tern_pm_lease_next(p, seg);
+    free0 = tern_pm_free_segs(p);
+    freed = tern_pm_clean(p, &c, tern_pm_seg_count(p), 100);
+    ck_assert_int_ge(freed, 1);          /* own's segment, at least */
+    ck_assert(logged(l.dropped, l.n_dropped, own));
+    ck_assert(!logged(l.asked, l.n_asked, a));
+    ck_assert(!logged(l.dropped, l.n_dropped, a));
+    ck_assert_uint_eq(tern_pm_lease_next(p, seg), next);
+    lessee_put(p, seg, "still", "leased", NULL);
+    ck_assert_uint_eq(tern_pm_free_segs(p), free0 + (uint32_t)freed);
+    commit(p);
+    tern_pm_lease_end(p, seg);
+    l.n_asked = l.n_dropped = 0;
+    ck_assert_int_ge(tern_pm_clean(p, &c, tern_pm_seg_count(p), 100), 1);
+    ck_assert(logged(l.dropped, l.n_dropped, a));
+    tern_pm_close(p);
+}
+END_TEST
+
+/* A lease takes a free segment only while the reserves for tombstones and
+ * the cleaner stay, as an append of a value would. */
+START_TEST(lease_keeps_reserves)
+{
+    struct tern_pm_pool *p = open_pool(4ull * SEG + 4096, NULL);
+    uint32_t a, b, c;
+    tern_pm_loc t;
+
+    ck_assert_uint_eq(tern_pm_free_segs(p), 4);
+    ck_assert_int_eq(tern_pm_lease(p, &a), 0);
+    ck_assert_int_eq(tern_pm_lease(p, &b), 0);
+    ck_assert_uint_ne(a, b);
+    ck_assert_int_eq(tern_pm_lease(p, &c), TERN_ENOSPC);
+    ck_assert_uint_eq(tern_pm_free_segs(p), 2);
+    /* Appends never go to a leased segment: a value finds no head, a
+     * tombstone takes the first reserve. */
+    ck_assert_int_eq(tern_pm_append(p, TERN_PM_VALUE, 1, "k", 1, "v", 1, &t), TERN_ENOSPC);
+    ck_assert_int_eq(tern_pm_append(p, TERN_PM_TOMBSTONE, 2, "k", 1, NULL, 0, &t), 0);
+    ck_assert_uint_ne((uint32_t)(t >> 32), a);
+    ck_assert_uint_ne((uint32_t)(t >> 32), b);
+    tern_pm_close(p);
+}
+END_TEST
+
+/* A lessee that scribbled over its own committed records loses them from
+ * there to the end of its segment, and no one else loses anything: the pool
+ * opens, and the cut is made durable. */
+START_TEST(scribbled_lease_is_cut)
+{
+    struct tern_pm_pool *p = open_pool(POOL, NULL);
+    tern_pm_loc r1, r2, o1, o2;
+    uint64_t v1, v2, v3, vo1, vo2;
+    struct check_out c;
+    struct seen s;
+    uint32_t seg;
+
+    o1 = put(p, "own1", 'o', 10, &vo1);
+    ck_assert_int_eq(tern_pm_lease(p, &seg), 0);
+    r1 = lessee_put(p, seg, "c1", "one", &v1);
+    r2 = lessee_put(p, seg, "c2", "two", &v2);
+    lessee_put(p, seg, "c3", "three", &v3);
+    o2 = put(p, "own2", 'p', 10, &vo2);
+    commit(p);
+    tern_pm_close(p);
+    file_write(file_off(r2) + 24 + 2, "X", 1);       /* "two" -> "Xwo" */
+
+    check_pool(&c);
+    ck_assert_msg(c.rc == 0, "check: %s\n%s", tern_strerror(c.rc), c.text);
+    ck_assert_msg(reported(&c, "lessee   ", file_off(r2)), "not reported:\n%s", c.text);
+    ck_assert_uint_eq(c.info.records, 3);
+    p = open_pool(0, &s);
+    ck_assert_uint_eq(s.n, 3);
+    ck_assert_uint_eq(seen_ver(&s, v1)->loc, r1);
+    ck_assert_ptr_null(seen_ver(&s, v2));
+    ck_assert_ptr_null(seen_ver(&s, v3));
+    ck_assert_uint_eq(seen_ver(&s, vo1)->loc, o1);
+    ck_assert_uint_eq(seen_ver(&s, vo2)->loc, o2);
+    ck_assert_uint_eq(seg_used(seg), tern_pm_rec_size(2, 3));
+    tern_pm_close(p);
+    check_pool(&c);
+    ck_assert_int_eq(c.rc, 0);
+    ck_assert_ptr_null(strstr(c.text, "lessee "));
+    ck_assert_uint_eq(c.info.records, 3);
+
+    /* The mark outlives the lease: scribbles found after it ended are cut
+     * the same way. An ordinary segment is still corruption. */
+    p = open_pool(0, NULL);
+    ck_assert_int_eq(tern_pm_lease(p, &seg), 0);
+    r1 = lessee_put(p, seg, "d1", "one", &v1);
+    r2 = lessee_put(p, seg, "d2", "two", &v2);
+    commit(p);
+    tern_pm_lease_end(p, seg);
+    tern_pm_close(p);
+    file_write(file_off(r2) + 24 + 2, "X", 1);
+    p = open_pool(0, &s);
+    ck_assert_uint_eq(seen_ver(&s, v1)->loc, r1);
+    ck_assert_ptr_null(seen_ver(&s, v2));
+    tern_pm_close(p);
+    file_write(file_off(o2) + 24 + 4, "X", 1);
+    ck_assert_int_eq(open_rc(0, NULL, &p), TERN_ECORRUPT);
+    check_pool(&c);
+    ck_assert_int_eq(c.rc, TERN_ECORRUPT);
+    ck_assert_uint_eq(c.bad, (uint64_t)file_off(o2));
+}
+END_TEST
+
+/* A segment once leased and then cleaned comes back as an ordinary head:
+ * its old mark must not make recovery lenient with the pool's own records. */
+START_TEST(reused_lease_segment_is_ordinary)
+{
+    struct clean_log l = {0};
+    struct tern_pm_cleaner c = {.is_live = cl_is_live, .moved = cl_moved,
+                                .dropped = cl_dropped, .arg = &l};
+    struct tern_pm_pool *p = open_pool(6ull * SEG + 4096, NULL);
+    tern_pm_loc a, loc = UINT64_MAX;
+    uint32_t seg;
+
+    ck_assert_int_eq(tern_pm_lease(p, &seg), 0);
+    a = lessee_put(p, seg, "c", "v", NULL);
+    commit(p);
+    tern_pm_lease_end(p, seg);
+    tern_pm_dead(p, a);
+    ck_assert_int_ge(tern_pm_clean(p, &c, 1, 100), 1);
+    /* Free segments are a stack: the next head is the one just freed. */
+    for (int i = 0; i < 4 && (uint32_t)(loc >> 32) != seg; i++) {
+        loc = put(p, "fill", 'f', FILL_LEN, NULL);
+        commit(p);
+    }
+    ck_assert_uint_eq((uint32_t)(loc >> 32), seg);
+    tern_pm_close(p);
+    file_write(file_off(loc) + 24 + 6, "X", 1);
+    ck_assert_int_eq(open_rc(0, NULL, &p), TERN_ECORRUPT);
+}
+END_TEST
+
+Suite *suite_pm(void)
+{
+    Suite *s = suite_create("pm");
+    TCase *tc = tcase_create("pool");
+
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, slot_walk);
+    tcase_add_test(tc, overwrite_in_place);
+    tcase_add_test(tc, overwrite_refused);
+    tcase_add_test(tc, crash_after_mark);
+    tcase_add_test(tc, crash_in_rewrite);
+    tcase_add_test(tc, rewrite_commits_newer_version_first);
+    tcase_add_test(tc, corruption_still_refused);
+    tcase_add_test(tc, clean_steps_over_torn_rewrite);
+    tcase_add_test(tc, clean_walks_slots);
+    tcase_add_test(tc, commit_syncs_what_was_written);
+    tcase_add_test(tc, lease_records_survive_reopen);
+    tcase_add_test(tc, lessee_garbage_refused);
+    tcase_add_test(tc, lease_end_drops_uncommitted);
+    tcase_add_test(tc, lease_end_restores_header);
+    tcase_add_test(tc, clean_skips_active_lease);
+    tcase_add_test(tc, lease_keeps_reserves);
+    tcase_add_test(tc, scribbled_lease_is_cut);
+    tcase_add_test(tc, reused_lease_segment_is_ordinary);
+    suite_add_tcase(s, tc);
+    return s;
+}

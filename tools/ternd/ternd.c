@@ -258,6 +258,9 @@ int main(int argc, char **argv)
     rc = tern_rpc_ep_create(&cfg, &g_ep);
     if (rc == 0)
         rc = tern_rpc_register(g_ep, tern_kv_service_def(svc));
+    /* Clients that ask for the one-sided paths (tern_kv_set_path) get them. */
+    if (rc == 0 && (rc = tern_kv_service_enable_onesided(svc, g_ep, NULL)) < 0)
+        fprintf(stderr, "ternd: one-sided paths: %s\n", tern_strerror(rc));
     at = (size_t)snprintf(line, sizeof(line), "ternd ready");
     for (unsigned i = 0; rc == 0 && i < o.n_listen; i++) {
         rc = tern_rpc_listen(g_ep, o.listen[i], bound, sizeof(bound));

@@ -29,7 +29,6 @@
 #include "kv_window.h"
 #include "kv_wire.h"
 #include "pm/pm.h"
-#include "pm/pm_layout.h"
 #include "rpc.h"
 #include "suites.h"
 
@@ -1353,6 +1352,55 @@ START_TEST(idle_lease_taken_back)
 }
 END_TEST
 
+/* Leases taken back from clients that then stay quiet (connected, not
+ * writing) must not keep a third client from taking back an idle lease:
+ * kv.h says an idle lease is taken back when another client needs one. */
+START_TEST(quiet_revoked_lessees_do_not_starve)
+{
+    struct srv o = {.fabric = _i, .os = {.max_leases = 1, .lease_idle_ms = 50}};
+    struct tern_rpc_ep *ep_a, *ep_b, *ep_c;
+    struct tern_kv *a, *b, *c;
+    struct tern_kv_os_stats sc = {0};
+    uint64_t va, vb, vc[8];
+    char k[32];
+    int kl;
+
+    start_server(0, &o);
+    ep_a = new_ep();
+    ep_b = one_peer_only(_i) ? ep_a : new_ep();
+    ep_c = one_peer_only(_i) ? ep_a : new_ep();
+    a = kv_open_path(ep_a, 1, TERN_KV_PATH_ONESIDED);
+    b = kv_open_path(ep_b, 1, TERN_KV_PATH_ONESIDED);
+    c = kv_open_path(ep_c, 1, TERN_KV_PATH_ONESIDED);
+    must_os_put(a, ep_a, "a", 1, "from a", 6, &va);
+    usleep(100 * 1000);
+    must_os_put(b, ep_b, "b", 1, "from b", 6, &vb);     /* takes A's */
+    ck_assert_uint_eq(stats(b).leases, 1);
+    usleep(100 * 1000);
+    /* A and B both idle past lease_idle_ms: C's turn. */
+    for (int i = 0; i < 8; i++) {
+        kl = snprintf(k, sizeof(k), "c-%d", i);
+        must_put(c, k, (size_t)kl, k, (size_t)kl, &vc[i]);
+        spin(ep_c, 1);
+        sc = stats(c);
+        if (sc.leases > 0 && sc.puts > 0)
+            break;
+    }
+    CHECK(sc.leases > 0 && sc.puts > 0,
+          "C never leased although every lease out was idle (leases %llu, puts %llu)",
+          (unsigned long long)sc.leases, (unsigned long long)sc.puts);
+    expect_get(c, "a", 1, "from a", 6, va);
+    expect_get(c, "b", 1, "from b", 6, vb);
+    tern_kv_close(c);
+    tern_kv_close(b);
+    if (ep_c != ep_a)
+        tern_rpc_ep_destroy(ep_c);
+    if (ep_b != ep_a)
+        tern_rpc_ep_destroy(ep_b);
+    finish(ep_a, a, NULL, 1);
+}
+END_TEST
+
 /* ---- 7: a dead client's lease comes back at once ---- */
 
 struct dead_shared {
@@ -1488,18 +1536,21 @@ static uint8_t *lease_ptr(struct tern_rpc_ep *ep, struct tern_session *s,
     return p;
 }
 
-/* Lay a record out as a client would: header (version = `intent`), key,
- * value, zero padding. Returns its size. */
+/* Lay a record out as a client does: header (version = `intent`), key,
+ * value, zero padding, and the sum over all of it (the lessee's job).
+ * Returns its size. */
 static uint32_t put_record(uint8_t *dst, const void *key, uint16_t klen, const void *val,
                            uint32_t vlen, uint64_t intent, uint8_t type)
 {
     struct tern_pm_rec h = {.val_len = vlen, .version = intent, .key_len = klen, .type = type};
     uint32_t size = tern_pm_rec_size(klen, vlen);
 
+    memcpy(dst, &h, sizeof(h));
     memcpy(dst + sizeof(h), key, klen);
     memcpy(dst + sizeof(h) + klen, val, vlen);
     memset(dst + sizeof(h) + klen + vlen, 0, size - sizeof(h) - klen - vlen);
-    memcpy(dst, &h, sizeof(h));
+    h.sum = tern_pm_rec_sum_of((const struct tern_pm_rec *)dst);
+    memcpy(dst, &h.sum, sizeof(h.sum));
     return size;
 }
 
@@ -1643,25 +1694,35 @@ START_TEST(hostile_lput)
             const char *what;
             uint16_t klen;
             uint32_t vlen;
-            uint8_t type;
+            uint8_t type, flags;
+            uint32_t slot;
         } bad[] = {
-            {"key_len 0", 0, 5, TERN_PM_VALUE},
-            {"key_len over the maximum", TERN_PM_KEY_MAX + 1, 5, TERN_PM_VALUE},
-            {"type 0", 4, 5, 0},
-            {"type 9", 4, 5, 9},
-            {"val_len of a whole segment", 4, 64 * KIB, TERN_PM_VALUE},
-            {"val_len one byte past the segment's end", 4, room + 1, TERN_PM_VALUE},
-            {"val_len ~0", 4, UINT32_MAX, TERN_PM_VALUE},
-            {"val_len ~0 - 31", 4, UINT32_MAX - 31, TERN_PM_VALUE},
+            {"key_len 0", 0, 5, TERN_PM_VALUE, 0, 0},
+            {"key_len over the maximum", TERN_PM_KEY_MAX + 1, 5, TERN_PM_VALUE, 0, 0},
+            {"type 0", 4, 5, 0, 0, 0},
+            {"type 9", 4, 5, 9, 0, 0},
+            {"flags set", 4, 5, TERN_PM_VALUE, TERN_PM_F_REWRITTEN, 0},
+            {"slot set", 4, 5, TERN_PM_VALUE, 0, 4096},
+            {"val_len of a whole segment", 4, 64 * KIB, TERN_PM_VALUE, 0, 0},
+            {"val_len one byte past the segment's end", 4, room + 1, TERN_PM_VALUE, 0, 0},
+            {"val_len ~0", 4, UINT32_MAX, TERN_PM_VALUE, 0, 0},
+            {"val_len ~0 - 31", 4, UINT32_MAX - 31, TERN_PM_VALUE, 0, 0},
         };
 
         p = lease_ptr(ep, s1, &l, next, 1024);
         for (size_t b = 0; b < sizeof(bad) / sizeof(bad[0]); b++) {
             struct tern_pm_rec h = {.val_len = bad[b].vlen, .version = ++intent,
-                                    .key_len = bad[b].klen, .type = bad[b].type};
+                                    .key_len = bad[b].klen, .type = bad[b].type,
+                                    .flags = bad[b].flags, .slot = bad[b].slot};
 
             memcpy(p, &h, sizeof(h));
-            memcpy(p + sizeof(h), "keyX", 4);
+            memcpy(p + sizeof(h), "keyXvalue", 9);
+            /* Summed where the lengths are sane, so that the field under
+             * test is all that is wrong. */
+            if (bad[b].klen <= 4 && bad[b].vlen <= 5) {
+                h.sum = tern_pm_rec_sum_of((const struct tern_pm_rec *)p);
+                memcpy(p, &h.sum, sizeof(h.sum));
+            }
             rc = lput(s1, l.seg, next, intent, NULL);
             CHECK(rc < 0, "record with %s: stored", bad[b].what);
             CHECK(rc == TERN_EPROTO || rc == TERN_EINVAL, "record with %s: %s",
@@ -1740,12 +1801,63 @@ START_TEST(hostile_lput)
 }
 END_TEST
 
-/* A lessee that writes over the segment header its lease covers (offset 0
- * of the lease is the segment's first byte): the pool must still open after
- * a restart, with every value other clients were told was stored. _i 0:
- * the lessee leaves and the server stops cleanly; _i 1: the server is
- * killed while the lease is live, after acknowledging a later record of
- * the same lease (whose commit rewrites the header's commit point). */
+/* Take-back as the wire shows it: a taken-back lease's LPUTs are refused
+ * (its client must lease again), and asking again while the only lease is
+ * busy gets TERN_ENOBUFS. Raw sessions, shm. */
+START_TEST(lease_take_back_on_the_wire)
+{
+    struct srv o = {.fabric = SHM, .os = {.max_leases = 1, .lease_idle_ms = 50}};
+    struct tern_rpc_ep *ep;
+    struct tern_session *s1, *s2;
+    struct kv_lease l1, l2;
+    struct kv_lease_req q = {0};
+    uint64_t intent = INTENT_BIT | 7, ver = 0;
+    uint8_t *p;
+
+    start_server(0, &o);
+    ep = new_ep();
+    s1 = raw_session(ep, 0);
+    s2 = raw_session(ep, 0);
+    l1 = raw_lease(s1);
+    /* The only lease is out and busy: no second one. */
+    EXPECT_RC(raw_call(s2, KV_M_LEASE, &q, sizeof(q), NULL, 0, NULL), TERN_ENOBUFS,
+              "second lease while the first is fresh");
+    usleep(100 * 1000);
+    l2 = raw_lease(s2);                 /* s1's sat idle: taken back */
+    ck_assert_uint_ne(l1.seg, l2.seg);
+    p = lease_ptr(ep, s1, &l1, l1.next, 256);
+    put_record(p, "late", 4, "write", 5, ++intent, TERN_PM_VALUE);
+    EXPECT_RC(lput(s1, l1.seg, l1.next, intent, NULL), TERN_ENOLEASE,
+              "lput on a lease taken back");
+    /* s2's is fresh: s1 cannot take it back yet. */
+    EXPECT_RC(raw_call(s1, KV_M_LEASE, &q, sizeof(q), NULL, 0, NULL), TERN_ENOBUFS,
+              "lease while the other is fresh");
+    p = lease_ptr(ep, s2, &l2, l2.next, 256);
+    put_record(p, "s2", 2, "mine", 4, ++intent, TERN_PM_VALUE);
+    EXPECT_RC(lput(s2, l2.seg, l2.next, intent, &ver), 0, "lput on the new lease");
+    ck_assert_uint_gt(ver, 0);
+    usleep(100 * 1000);
+    l1 = raw_lease(s1);                 /* now s2's is idle */
+    p = lease_ptr(ep, s2, &l2, l2.next + tern_pm_rec_size(2, 4), 256);
+    put_record(p, "s2b", 3, "late", 4, ++intent, TERN_PM_VALUE);
+    EXPECT_RC(lput(s2, l2.seg, l2.next + tern_pm_rec_size(2, 4), intent, NULL), TERN_ENOLEASE,
+              "lput on the second lease taken back");
+    ck_assert_uint_eq(raw_keys(s1), 1);      /* only s2's good record */
+    tern_session_close(s1);
+    tern_session_close(s2);
+    finish(ep, NULL, NULL, 1);
+}
+END_TEST
+
+/* A lessee that damages what its lease lets it write: the pool must still
+ * open after a restart, with every value other clients were told was
+ * stored. _i 0: it writes over the segment header its lease covers (offset
+ * 0 of the lease is the segment's first byte), then leaves, and the server
+ * stops cleanly; _i 1: the same, but the server is killed while the lease
+ * is live, after acknowledging a later record of the same lease (whose
+ * commit rewrites the header's commit point); _i 2: it sends a record
+ * whose body does not match its sum (the pool does not read the body: the
+ * lessee's loss, pm.h), then a good one, and the server is killed. */
 START_TEST(hostile_lessee_header)
 {
     struct tern_kv_store_opts so = {0};
@@ -1754,8 +1866,8 @@ START_TEST(hostile_lessee_header)
     struct tern_session *s;
     struct tern_kv *kv;
     struct kv_lease l;
-    uint64_t v, v2, intent = INTENT_BIT | 99;
-    uint32_t next;
+    uint64_t v, v2, mine = 0, intent = INTENT_BIT | 99;
+    uint32_t next, size;
     uint8_t *p;
     int rc;
 
@@ -1776,7 +1888,25 @@ START_TEST(hostile_lessee_header)
     l = raw_lease(s);
     p = lease_ptr(ep, s, &l, l.next, 256);
     next = l.next + put_record(p, "mine", 4, "ok", 2, intent, TERN_PM_VALUE);
-    EXPECT_RC(lput(s, l.seg, l.next, intent, NULL), 0, "lessee's own record");
+    EXPECT_RC(lput(s, l.seg, l.next, intent, &mine), 0, "lessee's own record");
+    if (_i == 2) {
+        p = lease_ptr(ep, s, &l, next, 256);
+        size = put_record(p, "liar", 4, "honest", 6, ++intent, TERN_PM_VALUE);
+        p[sizeof(struct tern_pm_rec) + 4] ^= 0x20;     /* "Honest" */
+        rc = lput(s, l.seg, next, intent, NULL);
+        CHECK(rc == 0 || rc == TERN_EPROTO, "record with a wrong sum: %s", tern_err_name(rc));
+        next += rc == 0 ? size : 0;
+        p = lease_ptr(ep, s, &l, next, 256);
+        put_record(p, "after", 5, "ok", 2, ++intent, TERN_PM_VALUE);
+        rc = lput(s, l.seg, next, intent, NULL);
+        CHECK(rc == 0 || rc == TERN_ENOLEASE, "record after the liar's: %s", tern_err_name(rc));
+        must_put(kv, "victim2", 7, "also safe", 9, &v2);
+        kill_server(0);
+        tern_session_close(s);
+        tern_kv_close(kv);
+        tern_rpc_ep_destroy(ep);
+        goto restart;
+    }
     /* The whole first cache line: seq, used, magic, index, flags. */
     p = lease_ptr(ep, s, &l, 0, TERN_PM_SEG_HDR);
     memset(p, 0xa5, TERN_PM_SEG_HDR);
@@ -1797,9 +1927,11 @@ START_TEST(hostile_lessee_header)
         tern_rpc_ep_destroy(ep);
     }
 
+restart:
     so.path = pool_paths[0];
     rc = tern_kv_store_open(&so, &st);
-    CHECK(rc == 0, "the pool no longer opens after a lessee wrote its segment header (%s): %s",
+    CHECK(rc == 0, "the pool no longer opens after a lessee %s (%s): %s",
+          _i == 2 ? "sent a record with a wrong sum" : "wrote its segment header",
           _i ? "server killed" : "server stopped", tern_err_name(rc));
     tern_kv_store_close(st);
     start_server(0, &(struct srv){.fabric = SHM});
@@ -1807,6 +1939,10 @@ START_TEST(hostile_lessee_header)
     kv = kv_open_path(ep, 1, TERN_KV_PATH_RPC);
     expect_get(kv, "victim", 6, "safe", 4, v);
     expect_get(kv, "victim2", 7, "also safe", 9, v2);
+    /* The liar keeps what it wrote before its lie (recovery cuts the
+     * segment at the bad record, not before). */
+    if (_i == 2)
+        expect_get(kv, "mine", 4, "ok", 2, mine);
     finish(ep, kv, NULL, 1);
 }
 END_TEST
@@ -1940,7 +2076,6 @@ START_TEST(window_unit)
 
         pattern(val, sizeof(val), 5);
         put_record(rec, "rec-key", 7, val, sizeof(val), 55, TERN_PM_VALUE);
-        r->sum = pm_rec_sum(r);
         ck_assert(kvw_record_valid(rec, size, "rec-key", 7, 55));
         ck_assert(!kvw_record_valid(rec, size, "rec-key", 7, 56));
         ck_assert(!kvw_record_valid(rec, size, "rec-kex", 7, 55));
@@ -1953,11 +2088,11 @@ START_TEST(window_unit)
         rec[sizeof(*r) + 7 + 50] ^= 0x10;
         ck_assert(kvw_record_valid(rec, size, "rec-key", 7, 55));
         r->version = 56;        /* rewritten in place, sum and all */
-        r->sum = pm_rec_sum(r);
+        r->sum = tern_pm_rec_sum_of(r);
         ck_assert(!kvw_record_valid(rec, size, "rec-key", 7, 55));
         ck_assert(kvw_record_valid(rec, size, "rec-key", 7, 56));
         r->type = TERN_PM_TOMBSTONE;
-        r->sum = pm_rec_sum(r);
+        r->sum = tern_pm_rec_sum_of(r);
         ck_assert(!kvw_record_valid(rec, size, "rec-key", 7, 56));
     }
 }
@@ -1978,9 +2113,11 @@ Suite *suite_kv_onesided(void)
     tcase_add_loop_test(tc, torn_reads_single_writer, 0, N_LISTEN_URIS);
     tcase_add_loop_test(tc, concurrent_writers_one_key, 0, N_LISTEN_URIS);
     tcase_add_loop_test(tc, idle_lease_taken_back, 0, N_LISTEN_URIS);
+    tcase_add_loop_test(tc, quiet_revoked_lessees_do_not_starve, 0, N_LISTEN_URIS);
+    tcase_add_test(tc, lease_take_back_on_the_wire);
     tcase_add_loop_test(tc, dead_lessee_reclaimed, 0, N_LISTEN_URIS);
     tcase_add_test(tc, hostile_lput);
-    tcase_add_loop_test(tc, hostile_lessee_header, 0, 2);
+    tcase_add_loop_test(tc, hostile_lessee_header, 0, 3);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -229,9 +229,9 @@ static struct kv_lease_ent *lease_of_seg(struct kv_os *os, uint32_t seg)
  * on RDMA a write to a withdrawn key breaks the connection. Its LPUTs get
  * TERN_ENOLEASE; the lease ends, and the registration goes, when its client
  * asks for a new one (after every put it sent to the old one) or leaves. */
-static struct kv_lease_ent *lease_slot(struct kv_os *os)
+static struct kv_lease_ent *lease_slot(struct kv_os *os, struct tern_kv_store *store)
 {
-    struct kv_lease_ent *oldest = NULL, *free_ent = NULL;
+    struct kv_lease_ent *oldest = NULL, *free_ent = NULL, *stale = NULL;
     uint64_t now = tern_now_ns();
     unsigned active = 0;
 
@@ -242,11 +242,22 @@ static struct kv_lease_ent *lease_slot(struct kv_os *os)
             free_ent = free_ent ? free_ent : l;
             continue;
         }
-        if (l->revoked)
+        if (l->revoked) {
+            if (now - l->used_ns >= 2 * os->idle_ns && (!stale || l->used_ns < stale->used_ns))
+                stale = l;
             continue;
+        }
         active++;
         if (now - l->used_ns >= os->idle_ns && (!oldest || l->used_ns < oldest->used_ns))
             oldest = l;
+    }
+    /* A client that stays connected and silent long after its lease was
+     * taken back gives up its entry, so quiet clients cannot use up the
+     * table (its registration goes: on RDMA a write it still makes breaks
+     * its connection, which then fails over). */
+    if (!free_ent && stale) {
+        lease_drop(stale, store, true);
+        free_ent = stale;
     }
     if (active < os->max_active)
         return free_ent;
@@ -282,7 +293,7 @@ int kv_h_lease(struct tern_req *req, const void *data, size_t len, void *ctx)
     for (unsigned i = 0; i < os->n_leases; i++)
         if (os->leases[i].s == s)
             lease_drop(&os->leases[i], svc->store, true);
-    l = lease_slot(os);
+    l = lease_slot(os, svc->store);
     if (!l)
         return TERN_ENOBUFS;
     out = tern_reply_alloc(req, sizeof(*out));

@@ -1285,6 +1285,248 @@ START_TEST(concurrent_writers_one_key)
 }
 END_TEST
 
+/* A window that lies. The tests above catch a reader that trusts torn data
+ * only when a race happens to strike; here a fake server publishes a
+ * window and a pool made by hand, one key per kind of damage, and answers
+ * GETs by RPC with a value of its own: whatever the reader must not trust
+ * shows as a value that did not come from the RPC. Deterministic, on every
+ * fabric (mapped reads on shm, staged reads elsewhere). */
+
+#define FAKE_SEG (64 * KIB)
+#define FAKE_SEGS 4u
+#define FAKE_BLOCKS 64u
+#define FAKE_RPC_VERSION 777u
+
+enum fake_kind {
+    F_GOOD,                          /* whole and right: read one-sidedly */
+    F_ODD_SEQ,                       /* bucket caught mid-write */
+    F_BUCKET_SUM,                    /* bucket checksum wrong */
+    F_VERSION,                       /* record is another version than the bucket says */
+    F_RECORD_SUM,                    /* a value byte flipped under the record's sum */
+    F_OTHER_KEY,                     /* record of another key of the same length */
+    F_SIZE,                          /* bucket's size is not the record's */
+    F_PAST_SEGMENT,                  /* record would run past its segment */
+    F_HUGE,                          /* size of 1 GiB */
+    F_N
+};
+
+static const char *const fake_what[F_N] = {
+    "good", "odd sequence", "bucket sum", "version", "record sum", "other key",
+    "size", "past the segment", "huge size",
+};
+
+/* Kind k's key: the first "fake-<k>-<n>" whose block no earlier kind uses,
+ * so that no bucket stands in another key's block. */
+static size_t fake_key(unsigned k, char *out, size_t cap)
+{
+    for (unsigned n = 0;; n++) {
+        size_t len = (size_t)snprintf(out, cap, "fake-%u-%u", k, n);
+        uint32_t blk = kvw_block_of(tern_kv_hash(out, len), FAKE_BLOCKS);
+        bool taken = false;
+
+        for (unsigned j = 0; j < k && !taken; j++) {
+            char o[32];
+            size_t ol = fake_key(j, o, sizeof(o));
+
+            taken = kvw_block_of(tern_kv_hash(o, ol), FAKE_BLOCKS) == blk;
+        }
+        if (!taken)
+            return len;
+    }
+}
+
+static struct tern_rpc_mr *fake_window_mr, *fake_pool_mr;
+
+static int fake_info(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    struct kv_info *out = tern_reply_alloc(req, sizeof(*out));
+
+    (void)data;
+    (void)len;
+    (void)ctx;
+    if (!out)
+        return TERN_EMSGSIZE;
+    *out = (struct kv_info){.range_hi = UINT32_MAX, .keys = F_N,
+                            .pool_size = FAKE_SEGS * FAKE_SEG, .key_max = TERN_PM_KEY_MAX,
+                            .val_max = FAKE_SEG / 2};
+    return 0;
+}
+
+static int fake_os_info(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    struct kv_os_info *out = tern_reply_alloc(req, sizeof(*out));
+    int rc;
+
+    (void)data;
+    (void)len;
+    (void)ctx;
+    if (!out)
+        return TERN_EMSGSIZE;
+    memset(out, 0, sizeof(*out));
+    rc = tern_rpc_mr_rkey(fake_window_mr, tern_req_session(req), &out->window);
+    if (rc == 0)
+        rc = tern_rpc_mr_rkey(fake_pool_mr, tern_req_session(req), &out->pool);
+    out->seg0 = 0;
+    out->seg_size = FAKE_SEG;
+    out->n_blocks = FAKE_BLOCKS;
+    return rc;
+}
+
+/* Every GET by RPC: "rpc:" and the key, at FAKE_RPC_VERSION. */
+static int fake_get(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    struct kv_key h;
+    uint8_t *out;
+
+    (void)ctx;
+    if (len < sizeof(h))
+        return TERN_EPROTO;
+    memcpy(&h, data, sizeof(h));
+    if (len != sizeof(h) + h.klen)
+        return TERN_EPROTO;
+    out = tern_reply_alloc(req, sizeof(struct kv_val) + 4 + h.klen);
+    if (!out)
+        return TERN_EMSGSIZE;
+    memcpy(out, &(uint64_t){FAKE_RPC_VERSION}, sizeof(uint64_t));
+    memcpy(out + sizeof(struct kv_val), "rpc:", 4);
+    memcpy(out + sizeof(struct kv_val) + 4, (const uint8_t *)data + sizeof(h), h.klen);
+    return 0;
+}
+
+static int fake_enotsup(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    (void)req;
+    (void)data;
+    (void)len;
+    (void)ctx;
+    return TERN_ENOTSUP;
+}
+
+static const struct tern_method fake_methods[] = {
+    {.id = KV_M_GET, .name = "get", .handler = fake_get},
+    {.id = KV_M_INFO, .name = "info", .handler = fake_info},
+    {.id = KV_M_OS_INFO, .name = "os_info", .handler = fake_os_info},
+    {.id = KV_M_LEASE, .name = "lease", .handler = fake_enotsup},
+};
+
+static const struct tern_service fake_service = {
+    .name = "fake-kv", .id = SVC, .methods = fake_methods,
+    .n_methods = sizeof(fake_methods) / sizeof(fake_methods[0]),
+};
+
+static uint32_t put_record(uint8_t *dst, const void *key, uint16_t klen, const void *val,
+                           uint32_t vlen, uint64_t intent, uint8_t type);
+
+/* The fake server's window and pool: kind k's record at segment 1, offset
+ * 64 + 512 k, version 100 + k, then the damage. */
+static void setup_fake(struct tern_rpc_ep *ep)
+{
+    static const uint8_t uuid[16] = {7};
+    struct kv_window w;
+    uint8_t *pool;
+
+    if (tern_rpc_mr_alloc(ep, kvw_bytes(FAKE_BLOCKS), TERN_TP_ACCESS_REMOTE_READ,
+                          &fake_window_mr) < 0 ||
+        tern_rpc_mr_alloc(ep, FAKE_SEGS * FAKE_SEG, TERN_TP_ACCESS_REMOTE_READ,
+                          &fake_pool_mr) < 0 ||
+        tern_rpc_register(ep, &fake_service) < 0)
+        _exit(8);
+    kv_window_init(&w, tern_rpc_mr_addr(fake_window_mr), FAKE_BLOCKS, uuid);
+    pool = tern_rpc_mr_addr(fake_pool_mr);
+    for (unsigned k = 0; k < F_N; k++) {
+        char key[32], val[32];
+        size_t kl = fake_key(k, key, sizeof(key));
+        int vl = snprintf(val, sizeof(val), "win:%s", fake_what[k]);
+        uint32_t off = 64 + 512 * k, slot = 0, size;
+        uint8_t *rec = pool + FAKE_SEG + off;
+        struct tern_pm_rec *r = (void *)rec;
+        struct kvw_bucket *b;
+
+        size = put_record(rec, key, (uint16_t)kl, val, (uint32_t)vl, 100 + k, TERN_PM_VALUE);
+        kv_window_set(&w, &slot, tern_kv_hash(key, kl), 1ull << 32 | off, 100 + k, size);
+        if (!slot)
+            _exit(9);
+        b = &w.bk[slot - 1];
+        switch (k) {
+        case F_ODD_SEQ:
+            b->seq++;
+            b->sum = kvw_bucket_sum(b);
+            break;
+        case F_BUCKET_SUM:
+            b->sum ^= 1;
+            break;
+        case F_VERSION:
+            r->version += 1000;
+            r->sum = tern_pm_rec_sum_of(r);
+            break;
+        case F_RECORD_SUM:
+            rec[sizeof(*r) + kl + 1] ^= 0x01;
+            break;
+        case F_OTHER_KEY:
+            rec[sizeof(*r)] = 'F';
+            r->sum = tern_pm_rec_sum_of(r);
+            break;
+        case F_SIZE:
+            b->size += 8;
+            b->sum = kvw_bucket_sum(b);
+            break;
+        case F_PAST_SEGMENT:
+            b->loc = 1ull << 32 | (FAKE_SEG - 16);
+            b->sum = kvw_bucket_sum(b);
+            break;
+        case F_HUGE:
+            b->size = 1u << 30;
+            b->sum = kvw_bucket_sum(b);
+            break;
+        default:
+            break;
+        }
+    }
+}
+
+START_TEST(lying_window_never_trusted)
+{
+    struct tern_kv_os_stats st0, st1;
+    struct tern_rpc_ep *ep;
+    struct tern_kv *kv;
+
+    if (!tmpdir[0])
+        make_tmpdir();
+    pids[0] = spawn_rpc_server_at(setup_fake, &adaptive, listen_uris[_i], uris[0],
+                                  sizeof(uris[0]));
+    ck_assert_int_gt(pids[0], 0);
+    ck_assert_int_eq(write(janitor_fd, &pids[0], sizeof(pid_t)), (ssize_t)sizeof(pid_t));
+    ep = new_ep();
+    kv = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
+    {
+        char key[32];
+        size_t kl = fake_key(F_GOOD, key, sizeof(key));
+
+        warm_get(kv, ep, key, kl);
+    }
+    /* Twice: a reader that remembered anything from the first round (the
+     * cache is off) would show it in the second. */
+    for (unsigned round = 0; round < 2; round++)
+        for (unsigned k = 0; k < F_N; k++) {
+            char key[32], want[48];
+            size_t kl = fake_key(k, key, sizeof(key));
+            size_t wl;
+
+            if (k == F_GOOD)
+                wl = (size_t)snprintf(want, sizeof(want), "win:%s", fake_what[k]);
+            else
+                wl = (size_t)snprintf(want, sizeof(want), "rpc:%s", key);
+            st0 = stats(kv);
+            expect_get(kv, key, kl, want, wl, k == F_GOOD ? 100 : FAKE_RPC_VERSION);
+            st1 = stats(kv);
+            CHECK((st1.gets_direct - st0.gets_direct == 1) == (k == F_GOOD),
+                  "%s: %llu one-sided answers", fake_what[k],
+                  (unsigned long long)(st1.gets_direct - st0.gets_direct));
+        }
+    finish(ep, kv, NULL, 1);
+}
+END_TEST
+
 /* ---- 6: an idle lease is taken back ---- */
 
 START_TEST(idle_lease_taken_back)
@@ -1353,15 +1595,17 @@ START_TEST(idle_lease_taken_back)
 END_TEST
 
 /* Leases taken back from clients that then stay quiet (connected, not
- * writing) must not keep a third client from taking back an idle lease:
- * kv.h says an idle lease is taken back when another client needs one. */
+ * writing) must not keep a third client from taking back an idle lease
+ * (kv.h: an idle lease is taken back when another client needs one), and
+ * the quiet clients' next PUTs must still be stored, although their lease
+ * is gone without a word to them. */
 START_TEST(quiet_revoked_lessees_do_not_starve)
 {
     struct srv o = {.fabric = _i, .os = {.max_leases = 1, .lease_idle_ms = 50}};
     struct tern_rpc_ep *ep_a, *ep_b, *ep_c;
     struct tern_kv *a, *b, *c;
     struct tern_kv_os_stats sc = {0};
-    uint64_t va, vb, vc[8];
+    uint64_t va, vb, va2 = 0, vb2 = 0, vc[8] = {0};
     char k[32];
     int kl;
 
@@ -1389,8 +1633,24 @@ START_TEST(quiet_revoked_lessees_do_not_starve)
     CHECK(sc.leases > 0 && sc.puts > 0,
           "C never leased although every lease out was idle (leases %llu, puts %llu)",
           (unsigned long long)sc.leases, (unsigned long long)sc.puts);
+    /* A and B still hold what they were granted, as far as they know: their
+     * next PUTs must be stored all the same (by RPC, or a new lease). */
+    {
+        int rc = tern_kv_put(a, "a2", 2, "again a", 7, &va2);
+
+        CHECK(rc == 0, "A's put after its lease was taken back and dropped: %s",
+              tern_err_name(rc));
+        rc = tern_kv_put(b, "b2", 2, "again b", 7, &vb2);
+        CHECK(rc == 0, "B's put after its lease was taken back: %s", tern_err_name(rc));
+    }
     expect_get(c, "a", 1, "from a", 6, va);
     expect_get(c, "b", 1, "from b", 6, vb);
+    expect_get(c, "a2", 2, "again a", 7, va2);
+    expect_get(c, "b2", 2, "again b", 7, vb2);
+    for (int i = 0; i < 8 && vc[i]; i++) {
+        kl = snprintf(k, sizeof(k), "c-%d", i);
+        expect_get(a, k, (size_t)kl, k, (size_t)kl, vc[i]);
+    }
     tern_kv_close(c);
     tern_kv_close(b);
     if (ep_c != ep_a)
@@ -2112,6 +2372,7 @@ Suite *suite_kv_onesided(void)
     tcase_add_loop_test(tc, cache_every_fabric, 0, N_LISTEN_URIS);
     tcase_add_loop_test(tc, torn_reads_single_writer, 0, N_LISTEN_URIS);
     tcase_add_loop_test(tc, concurrent_writers_one_key, 0, N_LISTEN_URIS);
+    tcase_add_loop_test(tc, lying_window_never_trusted, 0, N_LISTEN_URIS);
     tcase_add_loop_test(tc, idle_lease_taken_back, 0, N_LISTEN_URIS);
     tcase_add_loop_test(tc, quiet_revoked_lessees_do_not_starve, 0, N_LISTEN_URIS);
     tcase_add_test(tc, lease_take_back_on_the_wire);

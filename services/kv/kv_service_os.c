@@ -46,7 +46,8 @@ struct kv_os {
     uint64_t idle_ns;
     uint8_t uuid[16];
     unsigned max_active;             /* leases granted and not taken back */
-    unsigned n_leases;               /* entries: twice that, for taken-back ones */
+    unsigned n_leases;               /* entries: that, plus one per session for
+                                      * taken-back ones (a session has one lease) */
     struct kv_lease_ent *leases;
 };
 
@@ -116,7 +117,9 @@ int tern_kv_service_enable_onesided(struct tern_kv_service *svc, struct tern_rpc
                                          : default_blocks(tern_pm_map_len(pool));
     os->idle_ns = (o && o->lease_idle_ms ? o->lease_idle_ms : 30000) * 1000000ull;
     os->max_active = o && o->max_leases ? o->max_leases : 256;
-    os->n_leases = 2 * os->max_active;
+    /* Taken-back leases stay until their client speaks or leaves: one
+     * per session at most, up to the RPC default of 4096 sessions. */
+    os->n_leases = os->max_active + 4096;
     os->leases = calloc(os->n_leases, sizeof(*os->leases));
     if (!os->leases) {
         rc = TERN_ENOMEM;
@@ -229,9 +232,9 @@ static struct kv_lease_ent *lease_of_seg(struct kv_os *os, uint32_t seg)
  * on RDMA a write to a withdrawn key breaks the connection. Its LPUTs get
  * TERN_ENOLEASE; the lease ends, and the registration goes, when its client
  * asks for a new one (after every put it sent to the old one) or leaves. */
-static struct kv_lease_ent *lease_slot(struct kv_os *os, struct tern_kv_store *store)
+static struct kv_lease_ent *lease_slot(struct kv_os *os)
 {
-    struct kv_lease_ent *oldest = NULL, *free_ent = NULL, *stale = NULL;
+    struct kv_lease_ent *oldest = NULL, *free_ent = NULL;
     uint64_t now = tern_now_ns();
     unsigned active = 0;
 
@@ -242,22 +245,11 @@ static struct kv_lease_ent *lease_slot(struct kv_os *os, struct tern_kv_store *s
             free_ent = free_ent ? free_ent : l;
             continue;
         }
-        if (l->revoked) {
-            if (now - l->used_ns >= 2 * os->idle_ns && (!stale || l->used_ns < stale->used_ns))
-                stale = l;
+        if (l->revoked)
             continue;
-        }
         active++;
         if (now - l->used_ns >= os->idle_ns && (!oldest || l->used_ns < oldest->used_ns))
             oldest = l;
-    }
-    /* A client that stays connected and silent long after its lease was
-     * taken back gives up its entry, so quiet clients cannot use up the
-     * table (its registration goes: on RDMA a write it still makes breaks
-     * its connection, which then fails over). */
-    if (!free_ent && stale) {
-        lease_drop(stale, store, true);
-        free_ent = stale;
     }
     if (active < os->max_active)
         return free_ent;
@@ -293,7 +285,7 @@ int kv_h_lease(struct tern_req *req, const void *data, size_t len, void *ctx)
     for (unsigned i = 0; i < os->n_leases; i++)
         if (os->leases[i].s == s)
             lease_drop(&os->leases[i], svc->store, true);
-    l = lease_slot(os, svc->store);
+    l = lease_slot(os);
     if (!l)
         return TERN_ENOBUFS;
     out = tern_reply_alloc(req, sizeof(*out));

@@ -49,6 +49,8 @@ struct kv_os {
     unsigned n_leases;               /* entries: that, plus one per session for
                                       * taken-back ones (a session has one lease) */
     struct kv_lease_ent *leases;
+    uint32_t *by_seg;                /* segment -> its lease entry + 1 (0: none),
+                                      * so an LPUT finds its lease at once */
 };
 
 /* Window blocks for a pool: one 8-bucket block per 4 KiB of pool (a bucket
@@ -121,7 +123,8 @@ int tern_kv_service_enable_onesided(struct tern_kv_service *svc, struct tern_rpc
      * per session at most, up to the RPC default of 4096 sessions. */
     os->n_leases = os->max_active + 4096;
     os->leases = calloc(os->n_leases, sizeof(*os->leases));
-    if (!os->leases) {
+    os->by_seg = calloc(tern_pm_seg_count(pool), sizeof(*os->by_seg));
+    if (!os->leases || !os->by_seg) {
         rc = TERN_ENOMEM;
         goto fail;
     }
@@ -143,6 +146,7 @@ fail:
         tern_rpc_mr_dereg(os->window_mr);
     window_free(os);
     free(os->leases);
+    free(os->by_seg);
     free(os);
     return rc;
 }
@@ -173,6 +177,7 @@ void kv_os_destroy(struct tern_kv_service *svc)
     tern_kv_store_attach_window(svc->store, NULL, 0);
     window_free(os);
     free(os->leases);
+    free(os->by_seg);
     free(os);
     svc->os = NULL;
 }
@@ -218,12 +223,13 @@ int kv_h_os_info(struct tern_req *req, const void *data, size_t len, void *ctx)
     return 0;
 }
 
-static struct kv_lease_ent *lease_of_seg(struct kv_os *os, uint32_t seg)
+static struct kv_lease_ent *lease_of_seg(struct kv_os *os, struct tern_kv_store *store,
+                                         uint32_t seg)
 {
-    for (unsigned i = 0; i < os->n_leases; i++)
-        if (os->leases[i].s && os->leases[i].seg == seg)
-            return &os->leases[i];
-    return NULL;
+    uint32_t i = seg < tern_pm_seg_count(tern_kv_store_pool(store)) ? os->by_seg[seg] : 0;
+
+    /* The entry may have been freed and given to another segment since. */
+    return i && os->leases[i - 1].s && os->leases[i - 1].seg == seg ? &os->leases[i - 1] : NULL;
 }
 
 /* A free lease entry. With max_active leases out, the one idle longest
@@ -310,6 +316,7 @@ int kv_h_lease(struct tern_req *req, const void *data, size_t len, void *ctx)
     madvise((uint8_t *)tern_pm_base(pool) + foff, os->seg_size, MADV_POPULATE_WRITE);
     l->s = s;
     l->seg = seg;
+    os->by_seg[seg] = (uint32_t)(l - os->leases) + 1;
     l->used_ns = tern_now_ns();
     *out = (struct kv_lease){.seg = seg, .next = tern_pm_lease_next(pool, seg),
                              .end = os->seg_size, .rkey = out->rkey};
@@ -330,7 +337,7 @@ int kv_h_lput(struct tern_req *req, const void *data, size_t len, void *ctx)
     if (len != sizeof(q))
         return TERN_EPROTO;
     memcpy(&q, data, sizeof(q));
-    l = lease_of_seg(svc->os, q.seg);
+    l = lease_of_seg(svc->os, svc->store, q.seg);
     if (!l || l->s != tern_req_session(req))
         return TERN_ENOLEASE;
     /* Taken back: the registration stays until the client asks for a new

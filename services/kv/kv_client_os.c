@@ -565,8 +565,10 @@ static void lput_done(void *arg, int status, const void *reply, size_t len)
     }
     if (status == 0 && len != sizeof(struct kv_val))
         status = TERN_EPROTO;
-    if (status == 0)
+    if (status == 0) {
         memcpy(&version, reply, sizeof(version));
+        op->kv->os->st.puts++;      /* counted once stored: fallbacks are RPC's */
+    }
     op_finish(op, status, NULL, 0, version);
 }
 
@@ -660,14 +662,16 @@ int kv_os_put(struct tern_kv *kv, const void *key, size_t klen, const void *val,
             lease_ask(kv, srv);     /* the lease was taken back */
         return op_by_rpc(op, KV_M_PUT);
     }
-    srv->os.next += size;
-    c->st.puts++;
     iov = (struct iovec){.iov_base = &op->lput, .iov_len = sizeof(op->lput)};
     rc = tern_callv(srv->s, TERN_KV_SERVICE_ID, KV_M_LPUT, &iov, 1, kv->timeout, lput_done, op,
                     NULL);
-    if (rc < 0)
+    if (rc < 0) {
+        /* Not sent: the next record goes where this one was. */
         kv_op_put(kv, op);
-    return rc;
+        return rc;
+    }
+    srv->os.next += size;
+    return 0;
 }
 
 /* ---- choosing the path ---- */

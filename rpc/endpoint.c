@@ -77,6 +77,8 @@ int tern_rpc_ep_create(const struct tern_rpc_config *cfg, struct tern_rpc_ep **o
         ep->cfg.max_sessions = 4096;
     if (!ep->cfg.hello_timeout_ms)
         ep->cfg.hello_timeout_ms = 5000;
+    if (!ep->cfg.rma_timeout_ms)
+        ep->cfg.rma_timeout_ms = 10000;
     if (ep->cfg.credits > ep->cfg.max_calls)
         ep->cfg.credits = ep->cfg.max_calls;
     if (ep->cfg.max_calls > (1u << 24) || ep->cfg.max_msg > (1u << 30)) {
@@ -499,6 +501,14 @@ int tern_rpc_poll(struct tern_rpc_ep *ep)
         if (now >= ep->next_deadline_scan) {
             ep->next_deadline_scan = now + 100000;
             rpc_expire_calls(ep, now);
+        }
+    }
+    if (tick && rpc_rma_busy(ep)) {
+        uint64_t now = tern_now_ns();
+
+        if (now >= ep->next_rma_scan) {
+            ep->next_rma_scan = now + 1000000;
+            rpc_rma_expire(ep, now);
         }
     }
     /* Replies and calls posted by handlers, continuations and expiries of

@@ -124,6 +124,30 @@ void rpc_rma_done(struct tern_rpc_ep *ep, const struct tern_tp_event *e)
         cb(arg, e->status);
 }
 
+void rpc_rma_expire(struct tern_rpc_ep *ep, uint64_t now)
+{
+    enum { BATCH = 64 };
+    uint64_t limit = (uint64_t)ep->cfg.rma_timeout_ms * 1000000u, tok[BATCH];
+    unsigned n;
+
+    /* A session's operations are listed oldest first, so only the heads
+     * need a look. Callbacks may start, fail or close anything: tokens are
+     * collected first, and each is failed only if its slot still holds it. */
+    do {
+        n = 0;
+        for (struct tern_session *s = ep->sessions; s && n < BATCH; s = s->next)
+            for (struct rpc_rma *op = s->rma_head; op && n < BATCH && now > op->t0 + limit;
+                 op = op->next)
+                tok[n++] = (uint64_t)op->gen << 32 | (uint32_t)(op - ep->rma);
+        for (unsigned i = 0; i < n; i++) {
+            struct rpc_rma *op = &ep->rma[(uint32_t)tok[i]];
+
+            if (op->state == RMA_LIVE && op->gen == tok[i] >> 32)
+                rma_fail_op(ep, op, TERN_ETIMEDOUT);
+        }
+    } while (n == BATCH);
+}
+
 void rpc_rma_fail(struct tern_session *s, struct tern_tp_conn *conn, int status)
 {
     struct tern_rpc_ep *ep = s->ep;
@@ -411,7 +435,8 @@ static int rma_start(struct tern_session *s, bool put, struct tern_rpc_mr *lmr, 
      * slot after posting is safe. */
     ep->n_rma_free--;
     *op = (struct rpc_rma){.gen = op->gen, .state = RMA_LIVE, .s = s, .conn = s->conn,
-                           .mr = lmr, .prev = s->rma_tail, .cb = cb, .arg = arg};
+                           .mr = lmr, .t0 = tern_now_ns(), .prev = s->rma_tail, .cb = cb,
+                           .arg = arg};
     if (s->rma_tail)
         s->rma_tail->next = op;
     else

@@ -86,6 +86,9 @@ struct tern_rpc_config {
     unsigned max_calls;          /* call slots per endpoint; 0 = 4096 */
     unsigned max_sessions;       /* 0 = 4096 */
     unsigned hello_timeout_ms;   /* server: close clients silent this long; 0 = 5000 */
+    unsigned rma_timeout_ms;     /* one-sided operations not done this long complete
+                                  * with TERN_ETIMEDOUT (the peer may still write
+                                  * into a get's buffer later); 0 = 10000 */
     const char *fabrics;         /* auto:// policy, e.g. "shm,tcp"; NULL: $TERN_FABRICS or any */
 };
 
@@ -231,9 +234,15 @@ typedef void (*tern_rma_fn)(void *arg, int status);
  * `rkey` at `roff` (get: read them). The completion runs once, also when the
  * session dies first. Messages (calls, replies) posted on the session after
  * the put reach the peer after its data: a put followed by a call needs no
- * wait for the put's completion. TERN_ENOBUFS: too many operations in
- * flight (poll, retry); TERN_EAGAIN: the fabric's queue is full (poll,
- * retry); TERN_ENOTSUP, TERN_EINVAL, TERN_ENOTCONN. */
+ * wait for the put's completion. A handler that puts data to its caller
+ * posts the put before tern_reply_alloc(): the reply takes its place in
+ * the send queue when it is allocated, so a put posted after that reaches
+ * the caller after the reply. An operation the fabric has not finished
+ * after the endpoint's rma_timeout_ms completes with TERN_ETIMEDOUT; its
+ * local memory may still be written (get) or read (put) until the fabric
+ * lets go, so a caller must not trust or reuse it. TERN_ENOBUFS: too many
+ * operations in flight (poll, retry); TERN_EAGAIN: the fabric's queue is
+ * full (poll, retry); TERN_ENOTSUP, TERN_EINVAL, TERN_ENOTCONN. */
 int tern_session_put(struct tern_session *s, struct tern_rpc_mr *lmr, size_t loff, size_t len,
                      const struct tern_tp_rkey *rkey, uint64_t roff, tern_rma_fn cb, void *arg);
 int tern_session_get(struct tern_session *s, struct tern_rpc_mr *lmr, size_t loff, size_t len,

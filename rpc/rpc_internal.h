@@ -96,6 +96,7 @@ struct rpc_rma {
     struct tern_session *s;         /* LIVE: who started it */
     struct tern_tp_conn *conn;      /* where it is in flight */
     struct tern_rpc_mr *mr;         /* its local region (holds a reference) */
+    uint64_t t0;                    /* started (ns), for rma_timeout_ms */
     struct rpc_rma *prev, *next;    /* LIVE: the session's operations, oldest first */
     tern_rma_fn cb;
     void *arg;
@@ -189,6 +190,7 @@ struct tern_rpc_ep {
     struct rpc_rma *rma;            /* cfg.max_calls slots */
     uint32_t *rma_free;
     unsigned n_rma_free;
+    uint64_t next_rma_scan;         /* ns; one-sided deadlines are checked per ms */
     struct tern_rpc_mr *mrs;        /* regions registered and not deregistered */
     struct tern_tp_event ev[RPC_EVENT_BATCH];
 };
@@ -246,6 +248,13 @@ void rpc_rma_conn_gone(struct tern_rpc_ep *ep, struct tern_tp_conn *conn);
 /* Endpoint teardown, after every session and connection is gone and before
  * the transport endpoints close: deregister and free every region. */
 void rpc_rma_destroy(struct tern_rpc_ep *ep);
+/* Complete operations older than rma_timeout_ms with TERN_ETIMEDOUT. */
+void rpc_rma_expire(struct tern_rpc_ep *ep, uint64_t now);
+/* Are one-sided operations in flight (deadlines to watch)? */
+static inline bool rpc_rma_busy(const struct tern_rpc_ep *ep)
+{
+    return ep->rma && ep->n_rma_free < ep->cfg.max_calls;
+}
 
 /* server.c */
 /* Returns true if the view was kept (deferred) and must not be released. */

@@ -244,6 +244,137 @@ START_TEST(updates_in_place_reuse_space)
 }
 END_TEST
 
+/* A key with an older record to rewrite: v1 then v2, synced. Returns the
+ * location of v1 (tern_kv_store_locate before the second PUT), which the
+ * next PUT of the key would rewrite in place. */
+static tern_pm_loc older_record(struct tern_kv_store *s, const char *k)
+{
+    tern_pm_loc loc = 0, now = 0;
+    uint32_t size = 0;
+    uint64_t ver = 0, v1 = 0;
+
+    ck_assert_int_eq(tern_kv_store_put(s, k, strlen(k), "value v1", 8, TERN_KV_SYNC, &v1), 0);
+    ck_assert_int_eq(tern_kv_store_locate(s, k, strlen(k), &loc, &size, &ver), 0);
+    ck_assert_uint_eq(ver, v1);
+    ck_assert_uint_eq(size, tern_pm_rec_size((uint32_t)strlen(k), 8));
+    ck_assert_int_eq(tern_kv_store_put(s, k, strlen(k), "value v2", 8, TERN_KV_SYNC, NULL), 0);
+    ck_assert_int_eq(tern_kv_store_locate(s, k, strlen(k), &now, &size, &ver), 0);
+    ck_assert_uint_ne(now, loc);    /* appended: v1 is the older record now */
+    return loc;
+}
+
+static uint64_t in_place(const struct tern_kv_store *s)
+{
+    struct tern_kv_store_stats st;
+
+    tern_kv_store_get_stats(s, &st);
+    return st.in_place;
+}
+
+/* The value bytes of the record at loc (it must be a value of key k). */
+static void rec_is(struct tern_kv_store *s, tern_pm_loc loc, const char *k, const char *v)
+{
+    const struct tern_pm_rec *r = tern_pm_rec_at(tern_kv_store_pool(s), loc);
+
+    ck_assert_ptr_nonnull(r);
+    ck_assert_uint_eq(r->key_len, strlen(k));
+    ck_assert(memcmp(tern_pm_rec_key(r), k, strlen(k)) == 0);
+    ck_assert_msg(r->val_len == strlen(v) && memcmp(tern_pm_rec_val(r), v, r->val_len) == 0,
+                  "record of %s holds %.*s, want %s", k, (int)r->val_len,
+                  (const char *)tern_pm_rec_val(r), v);
+}
+
+/* A record the server is pushing from the pool (KV_M_PGET) is pinned: no
+ * PUT rewrites it in place (BOOM-KV's third condition) until it is
+ * unpinned. Pins nest, and the table holds TERN_KV_PINS of them. */
+START_TEST(pinned_record_is_not_rewritten)
+{
+    struct tern_kv_store *s = open_store(1 << 20);
+    tern_pm_loc a, b, c, d, loc;
+    uint64_t before, ver;
+    uint32_t size;
+
+    /* Pinned: the PUT appends, and the pinned bytes stay as they were. */
+    a = older_record(s, "pinned");
+    ck_assert_int_eq(tern_kv_store_pin(s, a), 0);
+    before = in_place(s);
+    put_str(s, "pinned", "value v3");
+    ck_assert_uint_eq(in_place(s), before);
+    rec_is(s, a, "pinned", "value v1");
+    ck_assert_int_eq(has(s, "pinned", "value v3"), 1);
+    ck_assert_int_eq(tern_kv_store_locate(s, "pinned", 6, &loc, &size, &ver), 0);
+    ck_assert_uint_ne(loc, a);
+    tern_kv_store_unpin(s, a);
+
+    /* Pinned twice, unpinned once: still pinned. */
+    b = older_record(s, "nested");
+    ck_assert_int_eq(tern_kv_store_pin(s, b), 0);
+    ck_assert_int_eq(tern_kv_store_pin(s, b), 0);
+    tern_kv_store_unpin(s, b);
+    before = in_place(s);
+    put_str(s, "nested", "value v3");
+    ck_assert_uint_eq(in_place(s), before);
+    rec_is(s, b, "nested", "value v1");
+    tern_kv_store_unpin(s, b);
+
+    /* Pinned, then unpinned: the next PUT rewrites it in place. */
+    c = older_record(s, "released");
+    ck_assert_int_eq(tern_kv_store_pin(s, c), 0);
+    tern_kv_store_unpin(s, c);
+    before = in_place(s);
+    put_str(s, "released", "value v3");
+    ck_assert_uint_eq(in_place(s), before + 1);
+    rec_is(s, c, "released", "value v3");
+    ck_assert_int_eq(tern_kv_store_locate(s, "released", 8, &loc, &size, &ver), 0);
+    ck_assert_uint_eq(loc, c);
+
+    /* A full table: TERN_ENOBUFS for a new location, but a pinned one
+     * still nests; one unpinned makes room. Other keys' records are not
+     * held back by it. */
+    for (unsigned i = 0; i < TERN_KV_PINS; i++)
+        ck_assert_int_eq(tern_kv_store_pin(s, (tern_pm_loc)(1000 + i) << 32 | 64), 0);
+    ck_assert_int_eq(tern_kv_store_pin(s, (tern_pm_loc)2000 << 32 | 64), TERN_ENOBUFS);
+    ck_assert_int_eq(tern_kv_store_pin(s, (tern_pm_loc)1005 << 32 | 64), 0);
+    d = older_record(s, "crowded");
+    ck_assert_int_eq(tern_kv_store_pin(s, d), TERN_ENOBUFS);
+    before = in_place(s);
+    put_str(s, "crowded", "value v3");      /* d was not pinned: in place */
+    ck_assert_uint_eq(in_place(s), before + 1);
+    rec_is(s, d, "crowded", "value v3");
+    tern_kv_store_unpin(s, (tern_pm_loc)1003 << 32 | 64);
+    ck_assert_int_eq(tern_kv_store_pin(s, (tern_pm_loc)2000 << 32 | 64), 0);
+    ck_assert_int_eq(tern_kv_store_pin(s, (tern_pm_loc)2001 << 32 | 64), TERN_ENOBUFS);
+    /* 1005 was pinned twice: one unpin leaves it in the table. */
+    tern_kv_store_unpin(s, (tern_pm_loc)1005 << 32 | 64);
+    ck_assert_int_eq(tern_kv_store_pin(s, (tern_pm_loc)2001 << 32 | 64), TERN_ENOBUFS);
+    tern_kv_store_unpin(s, (tern_pm_loc)1005 << 32 | 64);
+    ck_assert_int_eq(tern_kv_store_pin(s, (tern_pm_loc)2001 << 32 | 64), 0);
+    /* Unpinning what is not pinned changes nothing. */
+    tern_kv_store_unpin(s, (tern_pm_loc)3000 << 32 | 64);
+    ck_assert_int_eq(tern_kv_store_pin(s, (tern_pm_loc)2002 << 32 | 64), TERN_ENOBUFS);
+    for (unsigned i = 0; i < TERN_KV_PINS; i++)
+        tern_kv_store_unpin(s, (tern_pm_loc)(1000 + i) << 32 | 64);
+    tern_kv_store_unpin(s, (tern_pm_loc)2000 << 32 | 64);
+    tern_kv_store_unpin(s, (tern_pm_loc)2001 << 32 | 64);
+
+    /* Emptied: the table takes a new pin again, and it holds... */
+    d = older_record(s, "after");
+    ck_assert_int_eq(tern_kv_store_pin(s, d), 0);
+    before = in_place(s);
+    put_str(s, "after", "value v3");
+    ck_assert_uint_eq(in_place(s), before);
+    rec_is(s, d, "after", "value v1");
+    tern_kv_store_unpin(s, d);
+    /* ...and v2's record, the older one now, is rewritten in place. */
+    put_str(s, "after", "value v4");
+    ck_assert_uint_eq(in_place(s), before + 1);
+    ck_assert_int_eq(has(s, "after", "value v4"), 1);
+    ck_assert_int_eq(has(s, "pinned", "value v3"), 1);
+    ck_assert_int_eq(has(s, "nested", "value v3"), 1);
+    tern_kv_store_close(s);
+}
+END_TEST
+
 /* Overwrites far beyond the pool's size succeed because cleaning takes back
  * the dead versions; the newest values and the deletions survive reopen. */
 START_TEST(cleaning_reclaims_space)
@@ -780,6 +911,7 @@ Suite *suite_kv(void)
     tcase_add_test(tc, second_opener_is_refused);
     tcase_add_test(tc, cleaning_reclaims_space);
     tcase_add_test(tc, updates_in_place_reuse_space);
+    tcase_add_test(tc, pinned_record_is_not_rewritten);
     tcase_add_test(tc, full_pool);
     tcase_add_test(tc, scan_survives_growth);
     tcase_add_test(tc, corrupt_record_is_refused);

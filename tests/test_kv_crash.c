@@ -6,12 +6,24 @@
  * its checksum. The pool is small, so cleaning runs all the time and kills
  * land in the middle of it too.
  *
- * TERN_CRASH_ROUNDS sets the number of kill points (default 100). */
+ * The same loop runs once per variant (_i, see variants[]): the client on
+ * the RPC path over TCP and shared memory, and on the one-sided fast paths
+ * (kv.h: TERN_KV_PATH_ONESIDED, TERN_KV_PATH_AUTO) against servers that
+ * serve them, where PUTs are records the client writes into a leased
+ * segment and GETs read the server's index window and pool directly. Those
+ * variants also check that the fast paths carried a good share of the PUTs
+ * and of verify()'s GETs, so that they cannot pass on RPC alone.
+ *
+ * TERN_CRASH_ROUNDS sets the number of kill points of every variant
+ * (default: each variant's own, 100 for the RPC one). */
 #include <check.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,12 +32,66 @@
 #include "kv.h"
 #include "pm/pm.h"
 #include "suites.h"
+#include "tern_config.h"
 
 #define SEG (64u * 1024)
 #define KEYS 200
 #define WINDOW 8
-#define MAX_VAL 700
+#define VAL_CAP 2048                 /* longest value of any variant, and some */
+#define AUTO_MIN 1024u               /* AUTO PUTs of this much value go one-sided (kv.h) */
 
+/* ---- variants ---- */
+
+struct variant {
+    const char *name;
+    enum tern_kv_path path;
+    bool onesided;                   /* the server serves the one-sided paths */
+    const char *listen[2];           /* fabric of even and odd rounds */
+    const char *last;                /* fabric of the final check */
+    unsigned pad_min, pad_span;      /* value padding: pad_min + [0, pad_span) bytes */
+    unsigned rounds;                 /* kill points by default */
+};
+
+#if TERN_HAVE_RDMA
+static char rdma_listen[96] = "rdma://127.0.0.1:0";
+
+__attribute__((constructor)) static void rdma_listen_init(void)
+{
+    snprintf(rdma_listen, sizeof(rdma_listen), "rdma://%s:0", test_rdma_ip());
+}
+#endif
+
+static const struct variant variants[] = {
+    /* The RPC path, alternating TCP and shared memory; values from 8 to
+     * ~700 bytes, so records straddle cache lines and pages. */
+    {"rpc", TERN_KV_PATH_RPC, false, {"tcp://127.0.0.1:0", "shm://auto"}, "tcp://127.0.0.1:0",
+     0, 700, 100},
+    /* Every PUT through a leased segment once a lease is granted (the
+     * first ones of a round, and those while a full segment is replaced,
+     * go by RPC meanwhile), every GET from the window and the pool. */
+    {"onesided-shm", TERN_KV_PATH_ONESIDED, true, {"shm://auto", "shm://auto"}, "shm://auto",
+     0, 700, 100},
+    /* AUTO: values of 1 KiB and more go one-sided, smaller ones inline in
+     * an RPC; the lengths (~520 to ~1550 bytes) straddle 1 KiB, so each
+     * round mixes both paths on the same keys. */
+    {"auto-shm", TERN_KV_PATH_AUTO, true, {"shm://auto", "shm://auto"}, "shm://auto",
+     AUTO_MIN / 2, AUTO_MIN, 100},
+#if TERN_HAVE_RDMA
+    /* The same over rdma (softverbs unless TERN_TEST_RDMA_IP names a NIC's
+     * address): a record goes by RDMA WRITE from a staging slot and its
+     * LPUT right behind it on the same session; a GET is two RDMA READs.
+     * 60 rounds: an emulated-rdma round costs more than a shm one, and the
+     * suite runs twice in CI (plain and sanitized builds). */
+    {"onesided-rdma", TERN_KV_PATH_ONESIDED, true, {rdma_listen, rdma_listen}, rdma_listen,
+     0, 700, 60},
+    {"auto-rdma", TERN_KV_PATH_AUTO, true, {rdma_listen, rdma_listen}, rdma_listen,
+     AUTO_MIN / 2, AUTO_MIN, 60},
+#endif
+};
+#define N_VARIANTS ((int)(sizeof(variants) / sizeof(variants[0])))
+
+/* The variant under test: set before the loop, copied into servers by fork. */
+static const struct variant *var;
 static char dir[64], pool_path[128];
 
 static void kv_setup(struct tern_rpc_ep *ep)
@@ -36,7 +102,12 @@ static void kv_setup(struct tern_rpc_ep *ep)
 
     if (tern_kv_service_create(&o, &svc) != 0 || tern_rpc_register(ep, tern_kv_service_def(svc)))
         _exit(3);
+    /* After the registration, on the endpoint the service is on (kv.h). */
+    if (var->onesided && tern_kv_service_enable_onesided(svc, ep, NULL) != 0)
+        _exit(6);
 }
+
+/* ---- the writer and what it expects ---- */
 
 /* What a key may hold: its state after the last acknowledged write, or
  * after any write still in flight (seq 0: absent). */
@@ -47,26 +118,32 @@ struct key_state {
 };
 
 static struct key_state keys[KEYS];
-static char vals[WINDOW * 2][MAX_VAL + 64];
+static char vals[WINDOW * 2][VAL_CAP + 64];
 
 struct pending {
     int key;
     uint64_t result;                 /* the seq the key holds once this applies */
     bool busy;
+    int len;                         /* of the value (a PUT) */
     char *val;
 };
 
 static struct pending pend[WINDOW];
 static unsigned n_busy;
 static uint64_t n_acked;
+static uint64_t n_puts_acked, n_big_puts_acked;    /* big: AUTO_MIN bytes and more */
 
+/* "key:seq:" and then padding that depends on seq and position, so that a
+ * record put together from two writes, or shifted, does not pass. */
 static int value_of(uint64_t seq, int key, char *buf)
 {
-    /* Lengths from 8 to ~MAX_VAL bytes, so records straddle cache lines
-     * and pages. */
-    int pad = (int)((seq * 2654435761u) % MAX_VAL);
+    int pad = (int)(var->pad_min + (seq * 2654435761u) % var->pad_span);
+    int n = snprintf(buf, VAL_CAP + 64, "%d:%llu:", key, (unsigned long long)seq);
 
-    return snprintf(buf, MAX_VAL + 64, "%d:%llu:%0*d", key, (unsigned long long)seq, pad, 0);
+    for (int j = 0; j < pad; j++)
+        buf[n + j] = (char)('a' + (seq * 7 + (uint64_t)j * 13) % 26);
+    buf[n + pad] = '\0';
+    return n + pad;
 }
 
 static void drop_inflight(struct key_state *ks, uint64_t result)
@@ -83,6 +160,9 @@ static void on_ack(void *arg, int status, const void *val, size_t len, uint64_t 
     struct pending *p = arg;
     struct key_state *ks = &keys[p->key];
 
+    (void)val;
+    (void)len;
+    (void)version;
     p->busy = false;
     n_busy--;
     /* An ENOENT delete changed nothing, like an acknowledged one. */
@@ -90,6 +170,10 @@ static void on_ack(void *arg, int status, const void *val, size_t len, uint64_t 
         ks->acked = p->result;
         drop_inflight(ks, p->result);
         n_acked++;
+        if (status == 0 && p->result) {
+            n_puts_acked++;
+            n_big_puts_acked += p->len >= (int)AUTO_MIN;
+        }
     }
     /* Any other failure (the server died) leaves the write in doubt: it
      * stays in the in-flight set. */
@@ -115,12 +199,12 @@ static void write_until(struct tern_rpc_ep *ep, struct tern_kv *kv, uint64_t *se
             p->val = vals[w];
             if (rand_r(rnd) % 8 == 0) {
                 p->result = 0;
+                p->len = 0;
                 rc = tern_kv_del_async(kv, k, (size_t)klen, on_ack, p);
             } else {
                 p->result = ++*seq;
-                int len = value_of(p->result, p->key, p->val);
-
-                rc = tern_kv_put_async(kv, k, (size_t)klen, p->val, (size_t)len, on_ack, p);
+                p->len = value_of(p->result, p->key, p->val);
+                rc = tern_kv_put_async(kv, k, (size_t)klen, p->val, (size_t)p->len, on_ack, p);
             }
             if (rc < 0)
                 return;     /* the session is gone */
@@ -145,10 +229,11 @@ static bool allowed(const struct key_state *ks, uint64_t got)
 }
 
 /* After a restart: every key holds an allowed state; that state becomes
- * the acknowledged one. */
-static void verify(struct tern_kv *kv, unsigned round)
+ * the acknowledged one. Returns how many keys were present. */
+static unsigned verify(struct tern_kv *kv, unsigned round)
 {
-    static char buf[MAX_VAL + 64], want[MAX_VAL + 64];
+    static char buf[VAL_CAP + 64], want[VAL_CAP + 64];
+    unsigned present = 0;
 
     for (int i = 0; i < KEYS; i++) {
         struct key_state *ks = &keys[i];
@@ -162,77 +247,218 @@ static void verify(struct tern_kv *kv, unsigned round)
         if (rc == 0) {
             buf[len] = '\0';
             ck_assert_msg(sscanf(buf, "%d:%llu:", &key, &seq) == 2 && key == i,
-                          "round %u: %s holds a foreign or torn value", round, k);
+                          "%s round %u: %s holds a foreign or torn value", var->name, round, k);
             ck_assert_int_eq(value_of(seq, i, want), (int)len);
-            ck_assert_msg(memcmp(buf, want, len) == 0, "round %u: %s value torn", round, k);
+            ck_assert_msg(memcmp(buf, want, len) == 0, "%s round %u: %s value torn",
+                          var->name, round, k);
+            present++;
         } else {
-            ck_assert_msg(rc == TERN_ENOENT, "round %u: get %s: %s", round, k, tern_strerror(rc));
+            ck_assert_msg(rc == TERN_ENOENT, "%s round %u: get %s: %s", var->name, round, k,
+                          tern_strerror(rc));
         }
         ck_assert_msg(allowed(ks, seq),
-                      "round %u: %s holds seq %llu, acknowledged %llu (%u in flight)", round, k,
-                      seq, (unsigned long long)ks->acked, ks->n_inflight);
+                      "%s round %u: %s holds seq %llu, acknowledged %llu (%u in flight)",
+                      var->name, round, k, seq, (unsigned long long)ks->acked, ks->n_inflight);
         ks->acked = seq;
         ks->n_inflight = 0;
     }
+    return present;
 }
 
 static unsigned rounds(void)
 {
     const char *e = getenv("TERN_CRASH_ROUNDS");
-    unsigned n = e ? (unsigned)atoi(e) : 100;
+    unsigned n = e ? (unsigned)atoi(e) : 0;
 
-    return n ? n : 100;
+    return n ? n : var->rounds;
+}
+
+/* ---- the fast paths' share ---- */
+
+struct os_tally {
+    uint64_t gets_direct, puts, leases, torn;
+    uint64_t present;                /* verify() GETs of present keys */
+};
+
+static void os_add(struct os_tally *t, const struct tern_kv_os_stats *st)
+{
+    t->gets_direct += st->gets_direct;
+    t->puts += st->puts;
+    t->leases += st->leases;
+    t->torn += st->torn;
+}
+
+/* A client for `uri` on the variant's path. */
+static struct tern_kv *open_kv(struct tern_rpc_ep *ep, const char *uri)
+{
+    const char *uris[] = {uri};
+    struct tern_kv *kv;
+    int rc;
+
+    rc = tern_kv_open(ep, uris, 1, 2000000000ull, &kv);
+    ck_assert_msg(rc == 0, "%s: open %s: %s", var->name, uri, tern_strerror(rc));
+    tern_kv_set_timeout(kv, 2000000000ull);
+    if (var->path != TERN_KV_PATH_RPC) {
+        rc = tern_kv_set_path(kv, var->path);
+        ck_assert_msg(rc == 0, "%s: set_path: %s", var->name, tern_strerror(rc));
+    }
+    return kv;
+}
+
+/* A failed assertion ends the test process with _exit() and Check kills
+ * its process group (the servers too), so the pool would stay in /dev/shm.
+ * A janitor outside the group removes it once the test process and every
+ * server (all of which hold the pipe's write end) are gone. */
+static pid_t start_janitor(int *fd)
+{
+    int fds[2];
+    pid_t pid;
+
+    ck_assert_int_eq(pipe(fds), 0);
+    pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        char c;
+
+        setpgid(0, 0);
+        close(fds[1]);
+        while (read(fds[0], &c, 1) != 0 && errno == EINTR)
+            ;
+        unlink(pool_path);
+        rmdir(dir);
+        _exit(0);
+    }
+    close(fds[0]);
+    *fd = fds[1];
+    return pid;
+}
+
+/* Poll `ep` until no process holds the pool's lock (tern_pm_open's flock)
+ * any more. On shm a lease's segment is handed to the client through the
+ * server's own pool descriptor, lock and all (transport/shm/direct.c:
+ * handout), and the client's mapping of it keeps that lock until the
+ * client's endpoint drops the dead server's link. Returns the polls it took. */
+static unsigned wait_pool_unlocked(struct tern_rpc_ep *ep, unsigned round)
+{
+    double end = now_ms() + 10000;
+    unsigned polls = 0;
+
+    for (;;) {
+        int fd = open(pool_path, O_RDONLY | O_CLOEXEC);
+        bool free_now;
+
+        ck_assert_int_ge(fd, 0);
+        free_now = flock(fd, LOCK_EX | LOCK_NB) == 0;
+        close(fd);
+        if (free_now)
+            return polls;
+        ck_assert_msg(now_ms() < end, "%s round %u: the killed server's pool stays locked",
+                      var->name, round);
+        tern_rpc_poll(ep);
+        polls++;
+    }
 }
 
 START_TEST(kill9_loses_no_acknowledged_write)
 {
     struct tern_rpc_ep *ep;
-    unsigned rnd = (unsigned)getpid(), n = rounds();
+    struct os_tally t = {0};
+    struct tern_kv_os_stats st;
+    unsigned rnd = (unsigned)getpid(), n;
     uint64_t seq = 0;
+    unsigned max_polls = 0;
+    double t0 = now_ms();
+    int janitor_fd;
+    pid_t janitor;
 
+    var = &variants[_i];
+    n = rounds();
+    /* Fresh state whether or not Check forks for each variant. */
+    memset(keys, 0, sizeof(keys));
+    memset(pend, 0, sizeof(pend));
+    n_busy = 0;
+    n_acked = n_puts_acked = n_big_puts_acked = 0;
     test_pool_dir(dir, sizeof(dir), "crash");
     snprintf(pool_path, sizeof(pool_path), "%s/kv.pool", dir);
+    janitor = start_janitor(&janitor_fd);
     ck_assert_int_eq(tern_rpc_ep_create(NULL, &ep), 0);
     for (unsigned round = 0; round < n; round++) {
-        /* Alternate the fabric: TCP and shared memory. */
         char uri[160];
-        const char *listen = round % 2 ? "shm://auto" : "tcp://127.0.0.1:0";
-        pid_t pid = spawn_rpc_server_at(kv_setup, NULL, listen, uri, sizeof(uri));
+        pid_t pid = spawn_rpc_server_at(kv_setup, NULL, var->listen[round % 2], uri, sizeof(uri));
         struct tern_kv *kv;
-        const char *uris[] = {uri};
-        int st;
+        int st_pid;
 
         ck_assert_int_gt(pid, 0);
-        ck_assert_int_eq(tern_kv_open(ep, uris, 1, 2000000000ull, &kv), 0);
-        tern_kv_set_timeout(kv, 2000000000ull);
-        verify(kv, round);              /* what the last kill left */
+        kv = open_kv(ep, uri);
+        t.present += verify(kv, round);    /* what the last kill left */
         write_until(ep, kv, &seq, now_ms() + 2 + rand_r(&rnd) % 30, &rnd);
         kill(pid, SIGKILL);
-        ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+        ck_assert_int_eq(waitpid(pid, &st_pid, 0), pid);
         /* Let the in-flight calls fail (the session sees the death). */
         while (n_busy)
             tern_rpc_poll(ep);
+        tern_kv_get_os_stats(kv, &st);
+        os_add(&t, &st);
         tern_kv_close(kv);
+        {
+            unsigned polls = wait_pool_unlocked(ep, round);
+
+            max_polls = polls > max_polls ? polls : max_polls;
+        }
         /* Nothing torn below a commit point. */
         ck_assert_msg(tern_pm_check(pool_path, true, NULL, NULL, NULL) == 0,
-                      "round %u: the pool fails its check after kill -9", round);
+                      "%s round %u: the pool fails its check after kill -9", var->name, round);
     }
     /* A last restart to verify the final kill's state. */
     {
         char uri[160];
-        pid_t pid = spawn_rpc_server_at(kv_setup, NULL, "tcp://127.0.0.1:0", uri, sizeof(uri));
-        struct tern_kv *kv;
-        const char *uris[] = {uri};
+        pid_t pid = spawn_rpc_server_at(kv_setup, NULL, var->last, uri, sizeof(uri));
+        struct tern_kv *kv = open_kv(ep, uri);
 
-        ck_assert_int_eq(tern_kv_open(ep, uris, 1, 2000000000ull, &kv), 0);
-        verify(kv, n);
+        t.present += verify(kv, n);
+        tern_kv_get_os_stats(kv, &st);
+        os_add(&t, &st);
         tern_kv_close(kv);
         stop_server(pid);
     }
+    if (getenv("TERN_CRASH_VERBOSE"))
+        fprintf(stderr,
+                "kv_crash %s: %u rounds, %llu acked (%llu puts, %llu of >= 1 KiB); "
+                "one-sided: %llu puts, %llu leases, %llu of %llu gets direct, %llu torn; %u polls; %.0f ms\n",
+                var->name, n, (unsigned long long)n_acked, (unsigned long long)n_puts_acked,
+                (unsigned long long)n_big_puts_acked, (unsigned long long)t.puts,
+                (unsigned long long)t.leases, (unsigned long long)t.gets_direct,
+                (unsigned long long)t.present, (unsigned long long)t.torn, max_polls, now_ms() - t0);
     ck_assert_uint_gt(n_acked, 10 * n);     /* the rounds did write */
+    if (var->path == TERN_KV_PATH_RPC) {
+        ck_assert_uint_eq(t.puts + t.gets_direct + t.leases, 0);
+    } else {
+        /* The fast paths did the work. A PUT goes by RPC only while a
+         * lease is asked for (a round's first ones, and those while a full
+         * segment is replaced, which in this small pool means cleaning):
+         * about 60% of ONESIDED's go one-sided on shm, 85-95% on rdma, and
+         * half of AUTO's big ones (from a run under load to a quiet one).
+         * AUTO takes no small PUT one-sided. Every GET of a present key is
+         * answered from the window and the pool: nothing writes while
+         * verify() reads. */
+        uint64_t eligible = var->path == TERN_KV_PATH_AUTO ? n_big_puts_acked : n_puts_acked;
+
+        ck_assert_msg(t.puts <= eligible, "%s: %llu one-sided PUTs, only %llu could be",
+                      var->name, (unsigned long long)t.puts, (unsigned long long)eligible);
+        ck_assert_msg(eligible >= 2 * n && t.puts * 3 >= eligible,
+                      "%s: %llu of %llu PUTs went one-sided", var->name,
+                      (unsigned long long)t.puts, (unsigned long long)eligible);
+        ck_assert_msg(t.leases >= n / 4, "%s: %llu leases in %u rounds", var->name,
+                      (unsigned long long)t.leases, n);
+        ck_assert_msg(t.present > 10 * n && t.gets_direct * 10 >= t.present * 9,
+                      "%s: %llu of %llu GETs of present keys were one-sided", var->name,
+                      (unsigned long long)t.gets_direct, (unsigned long long)t.present);
+    }
     tern_rpc_ep_destroy(ep);
     unlink(pool_path);
     rmdir(dir);
+    close(janitor_fd);
+    waitpid(janitor, NULL, 0);
 }
 END_TEST
 
@@ -242,7 +468,7 @@ Suite *suite_kv_crash(void)
     TCase *tc = tcase_create("kill9");
 
     tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, kill9_loses_no_acknowledged_write);
+    tcase_add_loop_test(tc, kill9_loses_no_acknowledged_write, 0, N_VARIANTS);
     suite_add_tcase(s, tc);
     return s;
 }

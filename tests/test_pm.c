@@ -6,11 +6,18 @@
  * or made by the pool itself in a child that dies at a chosen msync. The
  * latter interposes pmem_msync (the pool's own objects are linked into this
  * binary, so their calls bind to the definition below); on real PM, or
- * with PMEM_IS_PMEM_FORCE=1, flushes bypass it and those tests skip. */
+ * with PMEM_IS_PMEM_FORCE=1, flushes bypass it and those tests skip.
+ *
+ * The "flush" test case covers cooperative flushing: large commits whose
+ * flush is cut into pieces that helper threads take (tern_pm_help). */
 #include <check.h>
 #include <dlfcn.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <libpmem.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,30 +41,119 @@ static char dir[64], path[128];
 
 static int crash_after_syncs;        /* > 0: _exit(0) after that many more msyncs */
 
-/* The ranges msynced while logging is on, in order: which bytes a commit
- * makes durable, and in what order. */
+/* What was made durable while logging is on, in the order it became
+ * durable: msyncs (on a file), and cache-line flushes and fences (with
+ * PMEM_IS_PMEM_FORCE=1), each with the thread that made it. Helper threads
+ * log too, hence the atomic slot count (it may pass the end). */
+#define SYNC_LOG_MAX 256
+enum { LOG_MSYNC, LOG_FLUSH, LOG_FENCE };
 static struct {
     bool on;
     unsigned n;
-    const uint8_t *at[64];
-    size_t len[64];
+    const uint8_t *at[SYNC_LOG_MAX];
+    size_t len[SYNC_LOG_MAX];
+    uint8_t kind[SYNC_LOG_MAX];
+    uint8_t who[SYNC_LOG_MAX];           /* 0 = the owner, else a helper */
 } sync_log;
+
+/* Which thread this is: 0 for the owner (every thread but the helpers of
+ * the flush tests), 1.. for helpers. A helper's pieces can be slowed down,
+ * so that the owner really has to wait for them, or made to fail; the
+ * owner's can be slowed down, so that helpers, even on a busy machine, get
+ * some. */
+static __thread unsigned helper_no;
+static unsigned helper_sync_delay_us, owner_piece_delay_us;
+static int helper_sync_fail;         /* this many helper msyncs fail with EIO */
+
+static void sync_log_start(void)
+{
+    __atomic_store_n(&sync_log.n, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&sync_log.on, true, __ATOMIC_RELAXED);
+}
+
+static void sync_log_stop(void)
+{
+    __atomic_store_n(&sync_log.on, false, __ATOMIC_RELAXED);
+}
+
+static unsigned sync_log_len(void)
+{
+    unsigned n = __atomic_load_n(&sync_log.n, __ATOMIC_RELAXED);
+
+    return n < SYNC_LOG_MAX ? n : SYNC_LOG_MAX;
+}
+
+static void sync_log_add(int kind, const void *addr, size_t len)
+{
+    unsigned i;
+
+    if (!__atomic_load_n(&sync_log.on, __ATOMIC_RELAXED))
+        return;
+    i = __atomic_fetch_add(&sync_log.n, 1, __ATOMIC_RELAXED);
+    if (i < SYNC_LOG_MAX) {
+        sync_log.at[i] = addr;
+        sync_log.len[i] = len;
+        sync_log.kind[i] = (uint8_t)kind;
+        sync_log.who[i] = (uint8_t)helper_no;
+    }
+}
+
+/* Pieces are at least a page; commit points and headers are not. */
+static void piece_delay(size_t len)
+{
+    if (helper_no && helper_sync_delay_us)
+        usleep(helper_sync_delay_us);
+    else if (!helper_no && owner_piece_delay_us && len >= 4096)
+        usleep(owner_piece_delay_us);
+}
+
+static void *real_fn(void **slot, const char *name)
+{
+    void *fn = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+
+    if (!fn) {
+        fn = dlsym(RTLD_NEXT, name);
+        __atomic_store_n(slot, fn, __ATOMIC_RELEASE);
+    }
+    return fn;
+}
 
 int pmem_msync(const void *addr, size_t len)
 {
-    static int (*real)(const void *, size_t);
+    static void *real;
+    int (*fn)(const void *, size_t) = (int (*)(const void *, size_t))real_fn(&real, "pmem_msync");
     int rc;
 
-    if (!real)
-        *(void **)&real = dlsym(RTLD_NEXT, "pmem_msync");
-    if (sync_log.on && sync_log.n < 64) {
-        sync_log.at[sync_log.n] = addr;
-        sync_log.len[sync_log.n++] = len;
+    piece_delay(len);
+    if (helper_no && __atomic_load_n(&helper_sync_fail, __ATOMIC_RELAXED) > 0 &&
+        __atomic_sub_fetch(&helper_sync_fail, 1, __ATOMIC_RELAXED) >= 0) {
+        errno = EIO;
+        return -1;
     }
-    rc = real(addr, len);
+    rc = fn(addr, len);
+    sync_log_add(LOG_MSYNC, addr, len);
     if (crash_after_syncs > 0 && --crash_after_syncs == 0)
         _exit(0);
     return rc;
+}
+
+void pmem_flush(const void *addr, size_t len)
+{
+    static void *real;
+    void (*fn)(const void *, size_t) = (void (*)(const void *, size_t))real_fn(&real, "pmem_flush");
+
+    piece_delay(len);
+    fn(addr, len);
+    sync_log_add(LOG_FLUSH, addr, len);
+}
+
+void pmem_drain(void)
+{
+    static void *real;
+    void (*fn)(void) = (void (*)(void))real_fn(&real, "pmem_drain");
+
+    fn();
+    sync_log_add(LOG_FENCE, NULL, 0);
 }
 
 /* ---- fixtures and helpers ---- */
@@ -196,6 +292,12 @@ static void file_write(off_t at, const void *buf, size_t n)
     ck_assert_int_ge(fd, 0);
     ck_assert_int_eq(pwrite(fd, buf, n, at), (ssize_t)n);
     close(fd);
+}
+
+/* Bytes a lessee's records start into a leased segment: a page. */
+static uint32_t lease_first(void)
+{
+    return (uint32_t)sysconf(_SC_PAGESIZE);
 }
 
 static uint64_t seg_used(uint32_t seg)
@@ -869,7 +971,7 @@ static int synced_at(const void *at, size_t n)
 {
     const uint8_t *a = at;
 
-    for (unsigned i = 0; i < sync_log.n; i++)
+    for (unsigned i = 0; i < sync_log_len(); i++)
         if (sync_log.at[i] <= a && a + n <= sync_log.at[i] + sync_log.len[i])
             return (int)i;
     return -1;
@@ -942,7 +1044,7 @@ START_TEST(lease_records_survive_reopen)
     ck_assert_uint_eq(tern_pm_seg_file_off(p, seg), pm_seg_offset(seg, SEG));
     ck_assert_uint_eq(tern_pm_seg_file_off(p, seg) % 4096, 0);
     ck_assert_uint_eq(tern_pm_seg_room(p), SEG - 64);
-    ck_assert_uint_eq(tern_pm_lease_next(p, seg), 64);
+    ck_assert_uint_eq(tern_pm_lease_next(p, seg), (uint32_t)sysconf(_SC_PAGESIZE));
     ck_assert_int_eq(fstat(tern_pm_fd(p), &st), 0);
     ck_assert_uint_eq((uint64_t)st.st_size, tern_pm_map_len(p));
     ck_assert_uint_eq(tern_pm_map_len(p), POOL);
@@ -953,7 +1055,7 @@ START_TEST(lease_records_survive_reopen)
     ck_assert_uint_ne((uint32_t)(o2 >> 32), seg);
     loc[2] = lessee_put(p, seg, "c1", NULL, &v[2]);      /* a tombstone */
     ck_assert_uint_eq(tern_pm_lease_next(p, seg),
-                      64 + tern_pm_rec_size(2, 10) + tern_pm_rec_size(2, 0) * 2);
+                      lease_first() + tern_pm_rec_size(2, 10) + tern_pm_rec_size(2, 0) * 2);
     /* Stamped: version, flags 0, slot 0, checksum of the pool's bytes. */
     const struct tern_pm_rec *r = tern_pm_rec_at(p, loc[0]);
     ck_assert_uint_eq(r->version, v[0]);
@@ -1088,7 +1190,7 @@ START_TEST(lease_end_drops_uncommitted)
     ck_assert_uint_eq(tern_pm_lease_next(p, seg), 0);
     ck_assert_int_eq(tern_pm_lease_append(p, seg, (uint32_t)lost, 77, &lost), TERN_EINVAL);
     commit(p);
-    ck_assert_uint_eq(seg_used(seg), tern_pm_rec_size(4, 3));
+    ck_assert_uint_eq(seg_used(seg), lease_first() - 64 + tern_pm_rec_size(4, 3));
     tern_pm_close(p);
     p = open_pool(0, &s);
     ck_assert_uint_eq(s.n, 1);
@@ -1098,40 +1200,93 @@ START_TEST(lease_end_drops_uncommitted)
 }
 END_TEST
 
-/* A lessee that wrote over its segment's header before its lease ended:
- * lease_end puts the header back, and the segment recovers as leased. */
-START_TEST(lease_end_restores_header)
+/* A leased segment's records start a page in, so that a lessee mapped from
+ * there on never reaches the segment's header; the header says where they
+ * start, recovery and the checker walk from there, and a header whose
+ * `first` is out of line is corruption, not a place to read records from. */
+START_TEST(lease_starts_past_header)
 {
     struct tern_pm_pool *p = open_pool(POOL, NULL);
-    struct pm_seg_hdr before, after;
-    tern_pm_loc r1, r2, o;
+    struct pm_seg_hdr h;
+    struct check_out c;
+    tern_pm_loc r1, o;
     uint64_t v1, vo;
     struct seen s;
-    uint32_t seg;
+    uint32_t seg, bad;
 
     o = put(p, "own", 'o', 10, &vo);
     ck_assert_int_eq(tern_pm_lease(p, &seg), 0);
+    ck_assert_uint_eq(tern_pm_lease_next(p, seg), lease_first());
     r1 = lessee_put(p, seg, "c1", "one", &v1);
-    commit(p);
-    r2 = lessee_put(p, seg, "c2", "two", NULL);        /* dropped by lease_end */
-    memcpy(&before, seg_ptr(p, seg, 0), sizeof(before));
-    memset(seg_ptr(p, seg, 0), 0xa5, sizeof(struct pm_seg_hdr));
-    tern_pm_lease_end(p, seg);
+    ck_assert_uint_eq((uint32_t)r1, lease_first());
     commit(p);
     tern_pm_close(p);
-
-    file_read((off_t)pm_seg_offset(seg, SEG), &after, sizeof(after));
-    ck_assert_uint_eq(after.seq, before.seq);
-    ck_assert_uint_eq(after.used, tern_pm_rec_size(2, 3));
-    ck_assert_uint_eq(after.magic, PM_SEG_MAGIC);
-    ck_assert_uint_eq(after.index, seg);
-    ck_assert_uint_eq(after.flags, PM_SEG_LEASED);
+    file_read((off_t)pm_seg_offset(seg, SEG), &h, sizeof(h));
+    ck_assert_uint_eq(h.first, lease_first());
+    ck_assert_uint_eq(h.used, lease_first() - 64 + tern_pm_rec_size(2, 3));
+    ck_assert_uint_eq(h.flags, PM_SEG_LEASED);
+    check_pool(&c);
+    ck_assert_msg(c.rc == 0, "check: %s\n%s", tern_strerror(c.rc), c.text);
+    ck_assert_uint_eq(c.info.records, 2);
+    ck_assert_uint_eq(c.info.bytes_committed, tern_pm_rec_size(3, 10) + tern_pm_rec_size(2, 3));
     p = open_pool(0, &s);
     ck_assert_uint_eq(s.n, 2);
     ck_assert_uint_eq(seen_ver(&s, v1)->loc, r1);
     ck_assert_uint_eq(seen_ver(&s, vo)->loc, o);
-    ck_assert_ptr_null(seen_loc(&s, r2));
     tern_pm_close(p);
+
+    /* Out of line: unaligned, inside the header, past the commit point. */
+    const uint32_t bads[] = {lease_first() + 4, 8, h.used + 64 + 8};
+    for (unsigned i = 0; i < sizeof(bads) / sizeof(bads[0]); i++) {
+        bad = bads[i];
+        file_write((off_t)pm_seg_offset(seg, SEG) + offsetof(struct pm_seg_hdr, first), &bad,
+                   sizeof(bad));
+        check_pool(&c);
+        ck_assert_msg(c.rc == TERN_ECORRUPT, "first = %u: check says %s", bad,
+                      tern_strerror(c.rc));
+        ck_assert_int_eq(open_rc(0, NULL, &p), TERN_ECORRUPT);
+    }
+}
+END_TEST
+
+/* A layout-3 pool (before leases started a page in) opens: its header is
+ * upgraded to this layout, stray bytes in the segment headers' new `first`
+ * word are cleared first, and every record is still there. */
+START_TEST(layout3_pool_is_upgraded)
+{
+    struct tern_pm_pool *p = open_pool(POOL, NULL);
+    struct pm_file_hdr fh;
+    struct pm_seg_hdr h;
+    struct check_out c;
+    uint64_t v1, v2;
+    tern_pm_loc r1;
+    struct seen s;
+    uint32_t junk = 0x5a5a5a5a;
+
+    r1 = put(p, "one", '1', 100, &v1);
+    put(p, "two", '2', 100, &v2);
+    commit(p);
+    tern_pm_close(p);
+    file_read(0, &fh, sizeof(fh));
+    ck_assert_uint_eq(fh.layout, PM_LAYOUT);
+    fh.layout = 3;
+    fh.sum = pm_sum(&fh, offsetof(struct pm_file_hdr, sum));
+    file_write(0, &fh, sizeof(fh));
+    /* A free segment's header with junk where layout 3 had reserved bytes. */
+    file_write((off_t)pm_seg_offset(7, SEG) + offsetof(struct pm_seg_hdr, first),
+               &junk, sizeof(junk));
+    check_pool(&c);
+    ck_assert_msg(c.rc == 0, "a layout-3 pool fails its check: %s\n%s", tern_strerror(c.rc),
+                  c.text);
+    p = open_pool(0, &s);
+    ck_assert_uint_eq(s.n, 2);
+    ck_assert_uint_eq(seen_ver(&s, v1)->loc, r1);
+    tern_pm_close(p);
+    file_read(0, &fh, sizeof(fh));
+    ck_assert_uint_eq(fh.layout, PM_LAYOUT);
+    ck_assert_uint_eq(fh.sum, pm_sum(&fh, offsetof(struct pm_file_hdr, sum)));
+    file_read((off_t)pm_seg_offset(7, SEG), &h, sizeof(h));
+    ck_assert_uint_eq(h.first, 0);
 }
 END_TEST
 
@@ -1230,7 +1385,7 @@ START_TEST(scribbled_lease_is_cut)
     ck_assert_ptr_null(seen_ver(&s, v3));
     ck_assert_uint_eq(seen_ver(&s, vo1)->loc, o1);
     ck_assert_uint_eq(seen_ver(&s, vo2)->loc, o2);
-    ck_assert_uint_eq(seg_used(seg), tern_pm_rec_size(2, 3));
+    ck_assert_uint_eq(seg_used(seg), lease_first() - 64 + tern_pm_rec_size(2, 3));
     tern_pm_close(p);
     check_pool(&c);
     ck_assert_int_eq(c.rc, 0);
@@ -1288,6 +1443,483 @@ START_TEST(reused_lease_segment_is_ordinary)
 }
 END_TEST
 
+/* ---- cooperative flushing ---- */
+
+#define BSEG (1u << 20)
+#define BPOOL (24ull * BSEG + 4096)
+#define SPLIT (64u * 1024)               /* split_flush of these tests: 32 KiB pieces */
+#define BIG_RECS 12
+
+/* The flush tests run twice: _i = 0 on a file (msync), _i = 1 with
+ * PMEM_IS_PMEM_FORCE=1 (cache-line flushes and fences). The variable is
+ * read once, at the first open of the process; every test is a fresh
+ * process in fork mode. */
+enum { MODE_MSYNC = 0, MODE_PMEM = 1 };
+
+static struct tern_pm_pool *open_big(uint32_t seg, uint32_t split, int mode)
+{
+    struct tern_pm_opts o = {.size = 24ull * seg + 4096, .seg_size = seg, .create = true,
+                             .split_flush = split};
+    struct tern_pm_info info;
+    struct tern_pm_pool *p;
+    int rc;
+
+    if (mode == MODE_PMEM)
+        setenv("PMEM_IS_PMEM_FORCE", "1", 1);
+    rc = tern_pm_open(path, &o, &p);
+    ck_assert_msg(rc == 0, "open: %s", tern_strerror(rc));
+    ck_assert_int_eq(tern_pm_recover(p, NULL, NULL), 0);
+    tern_pm_get_info(p, &info);
+    if (mode == MODE_PMEM)
+        ck_assert_msg(info.is_pmem, "PMEM_IS_PMEM_FORCE=1 had no effect (not in fork mode?)");
+    return p;
+}
+
+static bool msyncs(struct tern_pm_pool *p)
+{
+    struct tern_pm_info info;
+
+    tern_pm_get_info(p, &info);
+    return !info.is_pmem;
+}
+
+/* Threads that call tern_pm_help() in a loop, counting the pieces they ran. */
+struct helpers {
+    struct tern_pm_pool *p;
+    pthread_t th[2];
+    unsigned n;
+    unsigned ids;
+    unsigned running;                    /* helpers that called tern_pm_help() */
+    bool stop;
+    unsigned long ran;
+};
+
+static void *help_loop(void *arg)
+{
+    struct helpers *h = arg;
+    unsigned idle = 0;
+    bool counted = false;
+
+    helper_no = __atomic_add_fetch(&h->ids, 1, __ATOMIC_RELAXED);
+    while (!__atomic_load_n(&h->stop, __ATOMIC_RELAXED)) {
+        if (tern_pm_help(h->p) == 1) {
+            __atomic_fetch_add(&h->ran, 1, __ATOMIC_RELAXED);
+            idle = 0;
+        } else if (++idle % 256 == 0) {
+            sched_yield();               /* on two cores, leave the owner room */
+        }
+        /* After its first call: from then on the pool splits. */
+        if (!counted) {
+            counted = true;
+            __atomic_fetch_add(&h->running, 1, __ATOMIC_RELAXED);
+        }
+    }
+    return NULL;
+}
+
+static void helpers_start(struct helpers *h, struct tern_pm_pool *p, unsigned n)
+{
+    *h = (struct helpers){.p = p};
+    for (; h->n < n; h->n++)
+        ck_assert_int_eq(pthread_create(&h->th[h->n], NULL, help_loop, h), 0);
+    /* The pool splits flushes only once a helper has called, and a few
+     * commits take a millisecond: they could all be over before a helper
+     * was first scheduled. */
+    while (__atomic_load_n(&h->running, __ATOMIC_RELAXED) < n)
+        sched_yield();
+}
+
+static unsigned long helpers_stop(struct helpers *h)
+{
+    __atomic_store_n(&h->stop, true, __ATOMIC_RELAXED);
+    for (unsigned i = 0; i < h->n; i++)
+        pthread_join(h->th[i], NULL);
+    return h->ran;
+}
+
+/* A thread that calls tern_pm_help() once and is gone: from now on the
+ * pool splits large flushes, and nobody helps with them. */
+static void *help_once_main(void *arg)
+{
+    helper_no = 9;
+    return (void *)(intptr_t)tern_pm_help(arg);
+}
+
+static void help_once(struct tern_pm_pool *p)
+{
+    pthread_t th;
+    void *ran;
+
+    ck_assert_int_eq(pthread_create(&th, NULL, help_once_main, p), 0);
+    ck_assert_int_eq(pthread_join(th, &ran), 0);
+    ck_assert_ptr_null(ran);                 /* nothing was posted */
+}
+
+/* Record i of a test: key "bigNN", a length from 200 KiB to about 900 KiB
+ * (not a multiple of a page), and bytes that differ from page to page. */
+static uint32_t big_len(unsigned i)
+{
+    return 200u * 1024 + i * 63u * 1024 + i * 24 + 8;
+}
+
+static void big_val(char *buf, unsigned i, uint32_t len)
+{
+    for (uint32_t j = 0; j < len; j++)
+        buf[j] = (char)('a' + (i * 7 + j / 4096 + (j & 3)) % 26);
+}
+
+static tern_pm_loc big_put(struct tern_pm_pool *p, unsigned i, uint32_t len)
+{
+    static char val[4u << 20];
+    char key[16];
+    tern_pm_loc loc;
+    int rc;
+
+    ck_assert_uint_le(len, sizeof(val));
+    big_val(val, i, len);
+    snprintf(key, sizeof(key), "big%02u", i);
+    rc = tern_pm_append(p, TERN_PM_VALUE, tern_pm_next_version(p), key, (uint16_t)strlen(key),
+                        val, len, &loc);
+    ck_assert_msg(rc == 0, "append %s: %s", key, tern_strerror(rc));
+    return loc;
+}
+
+/* Records recovery found, checked byte by byte against big_val. */
+struct big_seen {
+    unsigned n;
+    uint32_t len[64];                    /* by record number; 0 = not seen */
+    unsigned bad;                        /* records whose bytes are wrong */
+};
+
+static int big_visit(void *arg, tern_pm_loc loc, const struct tern_pm_rec *r)
+{
+    static char want[4u << 20];
+    struct big_seen *s = arg;
+    char key[16] = {0};
+    unsigned i;
+
+    (void)loc;
+    memcpy(key, tern_pm_rec_key(r), r->key_len < 15 ? r->key_len : 15);
+    if (sscanf(key, "big%u", &i) != 1 || i >= 64 || r->val_len > sizeof(want))
+        return 0;
+    big_val(want, i, r->val_len);
+    if (memcmp(tern_pm_rec_val(r), want, r->val_len) != 0)
+        s->bad++;
+    s->len[i] = r->val_len;
+    s->n++;
+    return 0;
+}
+
+static void big_reopen(struct big_seen *s)
+{
+    struct tern_pm_pool *p;
+    int rc = tern_pm_open(path, NULL, &p);
+
+    ck_assert_msg(rc == 0, "reopen: %s", tern_strerror(rc));
+    *s = (struct big_seen){0};
+    rc = tern_pm_recover(p, big_visit, s);
+    ck_assert_msg(rc == 0, "recover: %s", tern_strerror(rc));
+    tern_pm_close(p);
+    ck_assert_uint_eq(s->bad, 0);
+}
+
+/* Did log entry i (a flush) have a fence of the same thread after it,
+ * before entry `limit`? A fence orders only its own thread's flushes. */
+static bool fenced_before(unsigned i, unsigned limit)
+{
+    for (unsigned j = i + 1; j < limit && j < sync_log_len(); j++)
+        if (sync_log.kind[j] == LOG_FENCE && sync_log.who[j] == sync_log.who[i])
+            return true;
+    return false;
+}
+
+/* Were all bytes of [at, at+n) durable by log entry `limit`: msynced, or
+ * flushed and then fenced by the same thread? */
+static bool synced_before(const void *at, size_t n, unsigned limit)
+{
+    const uint8_t *pos = at, *end = pos + n;
+
+    while (pos < end) {
+        const uint8_t *next = NULL;
+
+        for (unsigned i = 0; i < limit && i < sync_log_len() && !next; i++)
+            if (sync_log.kind[i] != LOG_FENCE && sync_log.at[i] <= pos &&
+                pos < sync_log.at[i] + sync_log.len[i] &&
+                (sync_log.kind[i] == LOG_MSYNC || fenced_before(i, limit)))
+                next = sync_log.at[i] + sync_log.len[i];
+        if (!next)
+            return false;
+        pos = next;
+    }
+    return true;
+}
+
+/* Log entries (msyncs or flushes) that lie within [at, at+n), and the
+ * longest. */
+static unsigned pieces_in(const void *at, size_t n, size_t *longest)
+{
+    const uint8_t *a = at;
+    unsigned k = 0;
+
+    *longest = 0;
+    for (unsigned i = 0; i < sync_log_len(); i++)
+        if (sync_log.at[i] >= a && sync_log.at[i] + sync_log.len[i] <= a + n) {
+            k++;
+            if (sync_log.len[i] > *longest)
+                *longest = sync_log.len[i];
+        }
+    return k;
+}
+
+/* Append and commit record `i`, and check that every byte of it was made
+ * durable, in more than one piece, before its segment's commit point (on a
+ * file msynced; on PM flushed, and fenced by the thread that flushed). */
+static void big_commit_len(struct tern_pm_pool *p, unsigned i, uint32_t len, size_t piece)
+{
+    uint32_t size = tern_pm_rec_size(5, len);
+    tern_pm_loc loc = big_put(p, i, len);
+    const void *rec = tern_pm_rec_at(p, loc);
+    size_t longest;
+    int used;
+
+    sync_log_start();
+    commit(p);
+    sync_log_stop();
+    used = synced_at(used_word(p, (uint32_t)(loc >> 32)), 8);
+    ck_assert_int_ge(used, 0);
+    ck_assert_msg(synced_before(rec, size, (unsigned)used),
+                  "record %u (%u bytes) not all durable before its commit point", i, size);
+    ck_assert_uint_gt(pieces_in(rec, size, &longest), 1);
+    ck_assert_uint_le(longest, piece);
+}
+
+static void big_commit(struct tern_pm_pool *p, unsigned i)
+{
+    big_commit_len(p, i, big_len(i), SPLIT / 2);
+}
+
+/* (a) With helpers, large records commit in pieces, partly flushed by the
+ * helpers; each is durable before its commit point and whole after a
+ * reopen. The helpers' pieces are slowed down, so that the owner really
+ * has to wait for them, and so are the owner's, so that the helpers get
+ * some even when the machine is busy. */
+START_TEST(split_flush_with_helpers)
+{
+    struct tern_pm_pool *p = open_big(BSEG, SPLIT, _i);
+    struct helpers h;
+    struct big_seen s;
+    unsigned long ran;
+
+    helper_sync_delay_us = 300;
+    owner_piece_delay_us = 300;
+    helpers_start(&h, p, 2);
+    for (unsigned i = 0; i < BIG_RECS; i++)
+        big_commit(p, i);
+    ran = helpers_stop(&h);
+    ck_assert_msg(ran > 0, "the helpers ran no piece in %u commits", BIG_RECS);
+    tern_pm_close(p);
+    big_reopen(&s);
+    ck_assert_uint_eq(s.n, BIG_RECS);
+    for (unsigned i = 0; i < BIG_RECS; i++)
+        ck_assert_uint_eq(s.len[i], big_len(i));
+}
+END_TEST
+
+/* Many commits of many small pieces (4 KiB), nothing slowed down: the
+ * owner and two helpers race for every piece, and each must be run exactly
+ * once (a piece run twice would count as done twice and a piece lost
+ * would leave bytes unflushed). */
+START_TEST(split_flush_contended)
+{
+    struct tern_pm_pool *p = open_big(BSEG, 8192, _i);
+    struct helpers h;
+    struct big_seen s;
+    unsigned n = 0;
+
+    helpers_start(&h, p, 2);
+    for (; tern_pm_free_segs(p) > 3; n++)
+        big_commit_len(p, n % 64, 100u * 1024 + (n % 7) * 1000, 4096);
+    helpers_stop(&h);
+    tern_pm_close(p);
+    big_reopen(&s);
+    ck_assert_uint_eq(s.n, n);
+}
+END_TEST
+
+/* (b) With no helper left, the owner runs every piece itself. */
+START_TEST(split_flush_alone)
+{
+    struct tern_pm_pool *p = open_big(BSEG, SPLIT, _i);
+    struct big_seen s;
+
+    help_once(p);
+    for (unsigned i = 0; i < BIG_RECS; i++)
+        big_commit(p, i);
+    ck_assert_int_eq(tern_pm_help(p), 0);    /* nothing is left posted */
+    tern_pm_close(p);
+    big_reopen(&s);
+    ck_assert_uint_eq(s.n, BIG_RECS);
+}
+END_TEST
+
+/* Append a record of `len` bytes and commit it; the number of pieces it
+ * was made durable in, and the longest. */
+static unsigned pieces_of(struct tern_pm_pool *p, unsigned i, uint32_t len, size_t *longest)
+{
+    tern_pm_loc loc = big_put(p, i, len);
+    unsigned k;
+
+    sync_log_start();
+    commit(p);
+    sync_log_stop();
+    k = pieces_in(tern_pm_rec_at(p, loc), tern_pm_rec_size(5, len), longest);
+    ck_assert_uint_ge(k, 1);
+    return k;
+}
+
+/* When a flush is split: not before some thread called tern_pm_help(),
+ * never with UINT32_MAX, by default at 256 KiB on PM but never on a file,
+ * into pieces of 64 KiB at most that end on page boundaries; a range longer
+ * than the board holds (64 pieces) is cut into longer pieces. */
+START_TEST(split_flush_threshold)
+{
+    struct tern_pm_pool *p;
+    const uint8_t *rec;
+    tern_pm_loc loc;
+    size_t longest;
+    uint32_t size;
+
+    p = open_big(BSEG, SPLIT, _i);
+    ck_assert_uint_eq(pieces_of(p, 0, 900u * 1024, &longest), 1);
+    help_once(p);
+    ck_assert_uint_gt(pieces_of(p, 1, 900u * 1024, &longest), 1);
+    tern_pm_close(p);
+    unlink(path);
+
+    p = open_big(BSEG, UINT32_MAX, _i);
+    help_once(p);
+    ck_assert_uint_eq(pieces_of(p, 0, 900u * 1024, &longest), 1);
+    tern_pm_close(p);
+    unlink(path);
+
+    p = open_big(BSEG, 0, _i);
+    help_once(p);
+    ck_assert_uint_eq(pieces_of(p, 1, 250u * 1024, &longest), 1);
+    loc = big_put(p, 2, 300u * 1024);
+    sync_log_start();
+    commit(p);
+    sync_log_stop();
+    rec = (const uint8_t *)tern_pm_rec_at(p, loc);
+    size = tern_pm_rec_size(5, 300u * 1024);
+    if (!msyncs(p)) {
+        ck_assert_uint_ge(pieces_in(rec, size, &longest), 5);
+        ck_assert_uint_le(longest, 64u * 1024);
+        for (unsigned i = 0; i < sync_log_len(); i++)
+            if (sync_log.at[i] > rec && sync_log.at[i] < rec + size)
+                ck_assert_uint_eq((uintptr_t)sync_log.at[i] % 4096, 0);
+    } else {
+        ck_assert_uint_eq(pieces_in(rec, size, &longest), 1);
+    }
+    tern_pm_close(p);
+    unlink(path);
+
+    p = open_big(4u << 20, SPLIT, _i);
+    help_once(p);
+    size = (4u << 20) - 4096;
+    loc = big_put(p, 3, size);
+    sync_log_start();
+    commit(p);
+    sync_log_stop();
+    rec = (const uint8_t *)tern_pm_rec_at(p, loc);
+    size = tern_pm_rec_size(5, size);
+    ck_assert(synced_before(rec, size, (unsigned)synced_at(used_word(p, (uint32_t)(loc >> 32)), 8)));
+    ck_assert_uint_le(pieces_in(rec, size, &longest), 64);
+    ck_assert_uint_gt(longest, SPLIT / 2);
+    tern_pm_close(p);
+}
+END_TEST
+
+/* (d) A piece's msync that fails in a helper stops the pool's commits, as
+ * the owner's own would: the commit that posted it fails, and so does every
+ * later one; the record it carried never reaches recovery. */
+START_TEST(helper_msync_failure_stops_commits)
+{
+    struct tern_pm_pool *p = open_big(BSEG, SPLIT, MODE_MSYNC);
+    struct helpers h;
+    struct big_seen s;
+    unsigned i;
+    int rc = 0;
+
+    if (!msyncs(p)) {
+        tern_pm_close(p);
+        return;
+    }
+    big_put(p, 0, big_len(0));
+    commit(p);
+    owner_piece_delay_us = 300;
+    helper_sync_fail = 1;
+    helpers_start(&h, p, 1);
+    /* Until a helper happens to take a piece (nearly always the first). */
+    for (i = 1; i < 20 && __atomic_load_n(&helper_sync_fail, __ATOMIC_RELAXED) > 0; i++) {
+        big_put(p, i, big_len(1));
+        rc = tern_pm_commit(p);
+        if (__atomic_load_n(&helper_sync_fail, __ATOMIC_RELAXED) > 0)
+            ck_assert_int_eq(rc, 0);
+    }
+    ck_assert_msg(helper_sync_fail <= 0, "no helper took a piece in %u commits", i - 1);
+    ck_assert_int_eq(rc, TERN_EIO);
+    rc = tern_pm_append(p, TERN_PM_VALUE, tern_pm_next_version(p), "after", 5, "x", 1,
+                        &(tern_pm_loc){0});
+    ck_assert(rc == 0 || rc == TERN_EIO);
+    ck_assert_int_eq(tern_pm_commit(p), TERN_EIO);
+    helpers_stop(&h);
+    tern_pm_close(p);
+    big_reopen(&s);
+    ck_assert_uint_eq(s.n, i - 1);           /* every record but the failed commit's */
+    ck_assert_uint_eq(s.len[i - 1], 0);
+}
+END_TEST
+
+/* (e) A process killed (SIGKILL) right after commits that helpers shared
+ * in: every committed record is there, whole, on reopen; the one appended
+ * after the last commit is not. On a file the page cache outlives the
+ * process, so this checks the commit points and records the pool wrote,
+ * not the flushes themselves (split_flush_with_helpers checks those). */
+static void killed_after_helped_commits(int mode)
+{
+    struct tern_pm_pool *p = open_big(BSEG, SPLIT, mode);
+    struct helpers h;
+
+    helpers_start(&h, p, 2);
+    for (unsigned i = 0; i < 6; i++) {
+        big_put(p, i, big_len(i));
+        if (tern_pm_commit(p) < 0)
+            _exit(3);
+    }
+    big_put(p, 6, big_len(6));
+    kill(getpid(), SIGKILL);
+    _exit(4);
+}
+
+START_TEST(helpers_then_kill)
+{
+    struct big_seen s;
+    pid_t pid = fork();
+    int st;
+
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0)
+        killed_after_helped_commits(_i);
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert_msg(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "child status %#x", st);
+    big_reopen(&s);
+    ck_assert_uint_eq(s.n, 6);
+    for (unsigned i = 0; i < 6; i++)
+        ck_assert_uint_eq(s.len[i], big_len(i));
+    ck_assert_uint_eq(s.len[6], 0);
+}
+END_TEST
+
 Suite *suite_pm(void)
 {
     Suite *s = suite_create("pm");
@@ -1308,11 +1940,23 @@ Suite *suite_pm(void)
     tcase_add_test(tc, lease_records_survive_reopen);
     tcase_add_test(tc, lessee_garbage_refused);
     tcase_add_test(tc, lease_end_drops_uncommitted);
-    tcase_add_test(tc, lease_end_restores_header);
+    tcase_add_test(tc, lease_starts_past_header);
+    tcase_add_test(tc, layout3_pool_is_upgraded);
     tcase_add_test(tc, clean_skips_active_lease);
     tcase_add_test(tc, lease_keeps_reserves);
     tcase_add_test(tc, scribbled_lease_is_cut);
     tcase_add_test(tc, reused_lease_segment_is_ordinary);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("flush");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, split_flush_with_helpers, MODE_MSYNC, MODE_PMEM + 1);
+    tcase_add_loop_test(tc, split_flush_alone, MODE_MSYNC, MODE_PMEM + 1);
+    tcase_add_loop_test(tc, split_flush_contended, MODE_MSYNC, MODE_PMEM + 1);
+    tcase_add_loop_test(tc, split_flush_threshold, MODE_MSYNC, MODE_PMEM + 1);
+    tcase_add_test(tc, helper_msync_failure_stops_commits);
+    tcase_add_loop_test(tc, helpers_then_kill, MODE_MSYNC, MODE_PMEM + 1);
     suite_add_tcase(s, tc);
     return s;
 }

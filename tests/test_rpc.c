@@ -3613,6 +3613,51 @@ START_TEST(rma_slot_exhaustion)
 }
 END_TEST
 
+/* A get the peer never serves (on tcp the server's progress engine serves
+ * it, and the server is not polled) completes with TERN_ETIMEDOUT after
+ * rma_timeout_ms, once; the late answer, when the server runs again, is
+ * dropped; and the slot comes back, so operations go on. */
+START_TEST(rma_timeout)
+{
+    struct tern_rpc_config ccfg = {.max_msg = MAX_MSG, .max_calls = 4, .rma_timeout_ms = 100};
+    struct tern_rpc_mr *cmr;
+    struct tern_tp_rkey srk;
+    struct rma_rec r = {0};
+    double t0, waited;
+
+    rma_pair_open(FAB_TCP, &ccfg);
+    ck_assert_int_eq(tern_rpc_mr_alloc(cli, 4096, TERN_TP_ACCESS_LOCAL, &cmr), 0);
+    srk = srv_key(sess, 0);
+    t0 = now_ms();
+    ck_assert_int_eq(tern_session_get(sess, cmr, 0, 100, &srk, 0, rma_cb, &r), 0);
+    while (!r.runs && now_ms() - t0 < 3000)
+        tern_rpc_poll(cli);
+    waited = now_ms() - t0;
+    ck_assert_msg(r.runs == 1, "a get nobody serves never completed");
+    ck_assert_msg(r.status == TERN_ETIMEDOUT, "status %s", status_name(r.status));
+    ck_assert_msg(waited >= 100 && waited < 2000, "timed out after %.0f ms (rma_timeout_ms 100)",
+                  waited);
+    rma_poll_for(50);                   /* the server answers late */
+    ck_assert_int_eq(r.runs, 1);
+    /* All four slots at once: the late answer freed the orphan's. */
+    {
+        struct rma_rec q[4] = {{0}};
+        int done = 0;
+
+        for (int i = 0; i < 4; i++)
+            ck_assert_int_eq(tern_session_get(sess, cmr, 0, 100, &srk, 0, rma_cb, &q[i]), 0);
+        for (double end = now_ms() + WAIT_MS; done < 4 && now_ms() < end;) {
+            rma_poll();
+            done = q[0].runs + q[1].runs + q[2].runs + q[3].runs;
+        }
+        ck_assert_int_eq(done, 4);
+        for (int i = 0; i < 4; i++)
+            ck_assert_int_eq(q[i].status, 0);
+    }
+    rma_pair_close();
+}
+END_TEST
+
 /* Completions that start the next operation, and at the end a call, from
  * inside the callback; one slot is enough, as the slot is free when the
  * callback runs. */
@@ -3859,6 +3904,7 @@ Suite *suite_rpc(void)
     tcase_add_test(rma, rma_server_gone);
     tcase_add_test(rma, rma_protocol_error_fails_ops_once);
     tcase_add_test(rma, rma_slot_exhaustion);
+    tcase_add_test(rma, rma_timeout);
     tcase_add_test(rma, rma_callback_chains);
     tcase_add_test(rma, rma_argument_errors);
     tcase_add_test(rma, rma_epoch_failover);

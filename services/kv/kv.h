@@ -37,6 +37,9 @@ struct tern_kv_service_opts {
     uint32_t range_hi;               /* 0, 0 = the whole space */
     bool append_only;                /* never update in place (BOOM-KV's hybrid
                                       * update is on by default) */
+    uint32_t split_flush;            /* flush ranges this long in pieces that
+                                      * tern_kv_service_help may take; 0 = 256 KiB
+                                      * on PM, never on a file (tern_pm_opts) */
 };
 
 struct tern_kv_service;
@@ -50,6 +53,11 @@ const struct tern_service *tern_kv_service_def(struct tern_kv_service *svc);
 
 /* The store behind the service (for a gateway on the same thread). */
 struct tern_kv_store *tern_kv_service_store(struct tern_kv_service *svc);
+
+/* From a thread other than the service's: run one piece of a large flush
+ * the service posted (tern_pm_help); 1 if it ran one, 0 if none was
+ * posted. Stop calling it before tern_kv_service_destroy(). */
+int tern_kv_service_help(struct tern_kv_service *svc);
 
 /* One-sided paths (see tern_kv_set_path). */
 struct tern_kv_onesided_opts {
@@ -151,6 +159,11 @@ enum tern_kv_path {
      * under 1 KiB go inline in an RPC, as Chequer's do: for them the
      * record's extra trip between caches costs more than the copy saved. */
     TERN_KV_PATH_AUTO = 2,
+    /* GET by server push: the client names a buffer of its own and the
+     * server writes the record into it by one-sided put straight from the
+     * pool, then replies with its size (one round trip, no copy on the
+     * server, no remote read). PUTs as TERN_KV_PATH_ONESIDED. */
+    TERN_KV_PATH_PUSH = 3,
 };
 
 /* Choose how later GETs and PUTs travel (DELETE, MGET, SCAN stay RPC).
@@ -172,6 +185,8 @@ struct tern_kv_os_stats {
     uint64_t cache_hits;
     uint64_t puts;                   /* PUTs through a leased segment */
     uint64_t leases;                 /* segments leased */
+    uint64_t gets_pushed;            /* GETs whose record the server pushed */
+    uint64_t stage_lost;             /* staging slots retired: a push may still land */
 };
 
 /* Counters of the one-sided paths. */

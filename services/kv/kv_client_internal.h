@@ -16,13 +16,14 @@
 struct kv_os_srv {
     enum { OS_UNKNOWN, OS_ASKING, OS_READY, OS_OFF } state;
     uint32_t epoch;                  /* tern_session_epoch when learned */
-    bool fast;                       /* the fabric reads/writes without the server's CPU */
+    enum { OS_SHM, OS_RDMA, OS_NTB, OS_TCP } fabric;
     struct kv_os_info info;
     bool leasing, leased;            /* a LEASE call in flight; a lease held */
     bool populated;                  /* the lease's pages are mapped in (shm) */
     struct kv_lease lease;
     uint32_t next;                   /* where the next record goes in the lease */
     struct kv_lease_req lreq;        /* the LEASE request while in flight */
+    struct tern_tp_rkey stage_rkey;  /* our staging slots, for this server's pushes */
 };
 
 struct kv_server {
@@ -48,6 +49,7 @@ struct kv_op {
     unsigned tries;
     struct kvw_bucket bk;            /* the key's bucket as read */
     struct kv_lput lput;             /* the LPUT request while in flight */
+    struct kv_pget pget;             /* the PGET request while in flight */
 };
 
 struct kv_os_client;

@@ -11,6 +11,11 @@
  *   second skipped on a hit in the client cache (validated by version).
  * A key not in the window (absent, deleted, its block full) is asked by RPC.
  *
+ * GET by server push (KV_M_PGET) names a staging slot instead: the server
+ * puts the record there straight from its pool and replies with its size;
+ * the record is checked as a window read's is. One round trip, no remote
+ * read: the GET for links where writes are cheap and reads are not.
+ *
  * PUT writes a record (header with an intent id in the version field, key,
  * value) at the next free offset of the segment the server leased to this
  * client, through the mapping or by one-sided put from a staging slot, and
@@ -205,10 +210,14 @@ static void os_info_done(void *arg, int status, const void *reply, size_t len)
     if (status == 0 && len == sizeof(srv->os.info)) {
         memcpy(&srv->os.info, reply, len);
         if (srv->os.info.n_blocks && !(srv->os.info.n_blocks & (srv->os.info.n_blocks - 1)) &&
-            srv->os.info.seg_size) {
+            srv->os.info.seg_size &&
+            tern_rpc_mr_rkey(srv->kv->os->stage_mr, srv->s, &srv->os.stage_rkey) == 0) {
             const char *f = tern_session_fabric(srv->s);
 
-            srv->os.fast = strcmp(f, "shm") == 0 || strcmp(f, "rdma") == 0;
+            srv->os.fabric = strcmp(f, "shm") == 0    ? OS_SHM
+                             : strcmp(f, "rdma") == 0 ? OS_RDMA
+                             : strcmp(f, "ntb") == 0  ? OS_NTB
+                                                      : OS_TCP;
             srv->os.state = OS_READY;
             return;
         }
@@ -220,7 +229,7 @@ static void os_info_done(void *arg, int status, const void *reply, size_t len)
 
 /* Is the server's one-sided state current? If the session moved to another
  * fabric its keys are stale: ask again (in the background) and use RPC. */
-static bool srv_ready(struct tern_kv *kv, struct kv_server *srv)
+static bool srv_known(struct tern_kv *kv, struct kv_server *srv)
 {
     uint32_t epoch = tern_session_epoch(srv->s);
 
@@ -233,7 +242,47 @@ static bool srv_ready(struct tern_kv *kv, struct kv_server *srv)
                       os_info_done, srv, NULL) < 0)
             srv->os.state = OS_UNKNOWN;
     }
-    return srv->os.state == OS_READY && (srv->os.fast || kv->path == TERN_KV_PATH_ONESIDED);
+    return srv->os.state == OS_READY;
+}
+
+enum way { BY_RPC, BY_WINDOW, BY_PUSH, BY_LEASE };
+
+/* How a GET goes to this server. TERN_KV_PATH_AUTO reads the window where
+ * reads cost the server nothing (shm: loads; rdma: the NIC), has the
+ * server push the record on ntb (reads cross PCIe one way and back and
+ * are served by the peer's CPU, while a write is a posted store), and
+ * stays RPC on tcp, where every one-sided operation is a served message. */
+static enum way get_way(struct tern_kv *kv, struct kv_server *srv)
+{
+    if (!srv_known(kv, srv))
+        return BY_RPC;
+    switch (kv->path) {
+    case TERN_KV_PATH_ONESIDED:
+        return BY_WINDOW;
+    case TERN_KV_PATH_PUSH:
+        return BY_PUSH;
+    case TERN_KV_PATH_AUTO:
+        return srv->os.fabric == OS_SHM || srv->os.fabric == OS_RDMA ? BY_WINDOW
+               : srv->os.fabric == OS_NTB                            ? BY_PUSH
+                                                                     : BY_RPC;
+    default:
+        return BY_RPC;
+    }
+}
+
+/* How a PUT of `len` bytes goes. TERN_KV_PATH_AUTO leases where the write
+ * costs the server nothing (shm, rdma), for values of AUTO_PUT_MIN and
+ * more. */
+static enum way put_way(struct tern_kv *kv, struct kv_server *srv, size_t len)
+{
+    if (len > UINT32_MAX - 4096 || !srv_known(kv, srv))
+        return BY_RPC;
+    if (kv->path == TERN_KV_PATH_ONESIDED || kv->path == TERN_KV_PATH_PUSH)
+        return BY_LEASE;
+    if (kv->path == TERN_KV_PATH_AUTO && len >= AUTO_PUT_MIN &&
+        (srv->os.fabric == OS_SHM || srv->os.fabric == OS_RDMA))
+        return BY_LEASE;
+    return BY_RPC;
 }
 
 static void lease_done(void *arg, int status, const void *reply, size_t len)
@@ -245,7 +294,7 @@ static void lease_done(void *arg, int status, const void *reply, size_t len)
     if (status < 0 || len != sizeof(l))
         return;
     memcpy(&l, reply, sizeof(l));
-    if (l.next >= l.end || l.end > srv->os.info.seg_size)
+    if (l.next >= l.end || l.end > srv->os.info.seg_size || l.base > l.next)
         return;
     srv->os.lease = l;
     srv->os.next = l.next;
@@ -443,6 +492,16 @@ static int get_mapped(struct kv_op *op)
 
 static void get_read_block(struct kv_op *op);
 
+/* A one-sided operation that timed out may still land in its staging slot
+ * (rpc.h): the slot is never used again. */
+static void stage_retire(struct kv_op *op, int status)
+{
+    if (status == TERN_ETIMEDOUT && op->stage >= 0) {
+        op->stage = -1;
+        op->kv->os->st.stage_lost++;
+    }
+}
+
 static void on_record(void *arg, int status)
 {
     struct kv_op *op = arg;
@@ -450,6 +509,7 @@ static void on_record(void *arg, int status)
     const struct tern_pm_rec *r;
     uint8_t *rec;
 
+    stage_retire(op, status);
     if (status < 0) {
         if (op_by_rpc(op, KV_M_GET) < 0)
             op_finish(op, status, NULL, 0, 0);
@@ -478,6 +538,7 @@ static void on_block(void *arg, int status)
     bool torn;
     int rc;
 
+    stage_retire(op, status);
     if (status < 0 || !find_bucket(op, (const void *)stage_mem(c, op->stage), &torn)) {
         if (status == 0 && torn) {
             c->st.torn++;
@@ -526,6 +587,73 @@ static void get_read_block(struct kv_op *op)
         op_finish(op, rc, NULL, 0, 0);
 }
 
+/* ---- GET by server push ---- */
+
+static int pget_send(struct kv_op *op);
+
+static void pget_done(void *arg, int status, const void *reply, size_t len)
+{
+    struct kv_op *op = arg;
+    struct kv_os_client *c = op->kv->os;
+    const struct tern_pm_rec *r;
+    struct kv_pget_rep rep;
+    const uint8_t *rec;
+
+    stage_retire(op, status);      /* the server may still push into it */
+    if (status == 0 && len < sizeof(rep))
+        status = TERN_EPROTO;
+    if (status < 0) {
+        op_finish(op, status, NULL, 0, 0);
+        return;
+    }
+    memcpy(&rep, reply, sizeof(rep));
+    if (!rep.size) {
+        /* Sent inline: too big for a slot, or the server could not push. */
+        if (len != sizeof(rep) + (uint64_t)rep.vlen) {
+            op_finish(op, TERN_EPROTO, NULL, 0, 0);
+            return;
+        }
+        c->st.gets_rpc++;
+        op_finish(op, 0, (const uint8_t *)reply + sizeof(rep), rep.vlen, rep.version);
+        return;
+    }
+    /* The reply came after the data (one session keeps the order), but a
+     * server is not trusted with the bytes: key, version and sum decide. */
+    rec = stage_mem(c, op->stage);
+    if (rep.size > STAGE_SLOT || !kvw_record_valid(rec, rep.size, op->key, op->klen, rep.version)) {
+        c->st.torn++;
+        if (++op->tries < MAX_TRIES && pget_send(op) == 0)
+            return;
+        if (op_by_rpc(op, KV_M_GET) < 0)
+            op_finish(op, TERN_EIO, NULL, 0, 0);
+        return;
+    }
+    r = (const void *)rec;
+    c->st.gets_pushed++;
+    op_finish(op, 0, tern_pm_rec_val(r), r->val_len, r->version);
+}
+
+/* Ask for the op's key to be pushed into its staging slot. */
+static int pget_send(struct kv_op *op)
+{
+    struct kv_server *srv = op->srv;
+    struct iovec iov[2];
+    int rc;
+
+    op->pget = (struct kv_pget){.klen = op->klen, .cap = STAGE_SLOT,
+                                .off = (uint64_t)op->stage * STAGE_SLOT,
+                                .dst = srv->os.stage_rkey};
+    iov[0] = (struct iovec){.iov_base = &op->pget, .iov_len = sizeof(op->pget)};
+    iov[1] = (struct iovec){.iov_base = (void *)op->key, .iov_len = op->klen};
+    rc = tern_callv(srv->s, TERN_KV_SERVICE_ID, KV_M_PGET, iov, 2, op->kv->timeout, pget_done,
+                    op, NULL);
+    if (rc < 0) {
+        stage_put(op->kv->os, op->stage);
+        kv_op_put(op->kv, op);
+    }
+    return rc;
+}
+
 int kv_os_get(struct tern_kv *kv, const void *key, size_t klen, tern_kv_cb cb, void *arg)
 {
     struct kv_op *op = kv_op_get(kv);
@@ -535,8 +663,17 @@ int kv_os_get(struct tern_kv *kv, const void *key, size_t klen, tern_kv_cb cb, v
     *op = (struct kv_op){.kv = kv, .cb = cb, .arg = arg, .key = key, .klen = (uint16_t)klen,
                          .stage = -1, .hash = tern_kv_hash(key, klen)};
     op->srv = kv_route(kv, key, klen);
-    if (!srv_ready(kv, op->srv))
+    switch (get_way(kv, op->srv)) {
+    case BY_WINDOW:
+        break;
+    case BY_PUSH:
+        op->stage = stage_get(kv->os);
+        if (op->stage < 0)
+            return op_by_rpc(op, KV_M_GET);
+        return pget_send(op);
+    default:
         return op_by_rpc(op, KV_M_GET);
+    }
     if (get_mapped(op))
         return 0;
     op->tries = 0;
@@ -576,8 +713,12 @@ static void stage_put_done(void *arg, int status)
 {
     struct kv_stage *st = arg;
 
-    (void)status;   /* a failed put leaves the intent id unwritten: LPUT is refused */
-    stage_put(st->c, (int)st->idx);
+    /* A failed put leaves the intent id unwritten: LPUT is refused. One
+     * that timed out may still read the slot: it is never used again. */
+    if (status == TERN_ETIMEDOUT)
+        st->c->st.stage_lost++;
+    else
+        stage_put(st->c, (int)st->idx);
 }
 
 /* Map a new lease's pages in at once (shm), one system call per lease
@@ -588,7 +729,7 @@ static void lease_populate(struct kv_server *srv)
     void *p;
 
     srv->os.populated = true;
-    if (tern_session_rkey_ptr(srv->s, &srv->os.lease.rkey, srv->os.next,
+    if (tern_session_rkey_ptr(srv->s, &srv->os.lease.rkey, srv->os.next - srv->os.lease.base,
                               srv->os.lease.end - srv->os.next, TERN_TP_ACCESS_REMOTE_WRITE,
                               &p) < 0)
         return;
@@ -633,8 +774,7 @@ int kv_os_put(struct tern_kv *kv, const void *key, size_t klen, const void *val,
     *op = (struct kv_op){.kv = kv, .cb = cb, .arg = arg, .key = key, .klen = (uint16_t)klen,
                          .val = val, .vlen = (uint32_t)len, .stage = -1};
     srv = op->srv = kv_route(kv, key, klen);
-    if (len > UINT32_MAX - 4096 || !srv_ready(kv, srv) ||
-        (kv->path == TERN_KV_PATH_AUTO && len < AUTO_PUT_MIN))
+    if (put_way(kv, srv, len) != BY_LEASE)
         return op_by_rpc(op, KV_M_PUT);
     size = tern_pm_rec_size(op->klen, op->vlen);
     if (!srv->os.leased || size > srv->os.lease.end - srv->os.next) {
@@ -643,8 +783,8 @@ int kv_os_put(struct tern_kv *kv, const void *key, size_t klen, const void *val,
     }
     op->lput = (struct kv_lput){.seg = srv->os.lease.seg, .off = srv->os.next,
                                 .intent = c->intent++};
-    rc = tern_session_rkey_ptr(srv->s, &srv->os.lease.rkey, srv->os.next, size,
-                               TERN_TP_ACCESS_REMOTE_WRITE, &p);
+    rc = tern_session_rkey_ptr(srv->s, &srv->os.lease.rkey, srv->os.next - srv->os.lease.base,
+                               size, TERN_TP_ACCESS_REMOTE_WRITE, &p);
     if (rc == 0) {
         if (!srv->os.populated)
             lease_populate(srv);
@@ -652,7 +792,8 @@ int kv_os_put(struct tern_kv *kv, const void *key, size_t klen, const void *val,
     } else if (rc == TERN_ENOTSUP && size <= STAGE_SLOT && (op->stage = stage_get(c)) >= 0) {
         write_record(stage_mem(c, op->stage), op, op->lput.intent);
         rc = tern_session_put(srv->s, c->stage_mr, (size_t)op->stage * STAGE_SLOT, size,
-                              &srv->os.lease.rkey, srv->os.next, stage_put_done,
+                              &srv->os.lease.rkey, srv->os.next - srv->os.lease.base,
+                              stage_put_done,
                               &c->stages[op->stage]);
         if (rc < 0)
             return op_by_rpc(op, KV_M_PUT);
@@ -682,7 +823,7 @@ int tern_kv_set_path(struct tern_kv *kv, enum tern_kv_path path)
     int rc;
 
     if (!kv || (path != TERN_KV_PATH_RPC && path != TERN_KV_PATH_ONESIDED &&
-                path != TERN_KV_PATH_AUTO))
+                path != TERN_KV_PATH_AUTO && path != TERN_KV_PATH_PUSH))
         return TERN_EINVAL;
     kv->path = path;
     if (path == TERN_KV_PATH_RPC || kv->os)
@@ -691,8 +832,9 @@ int tern_kv_set_path(struct tern_kv *kv, enum tern_kv_path path)
     if (!c)
         return TERN_ENOMEM;
     c->kv = kv;
-    rc = tern_rpc_mr_alloc(kv->ep, (size_t)STAGE_SLOTS * STAGE_SLOT, TERN_TP_ACCESS_LOCAL,
-                           &c->stage_mr);
+    /* Servers push GETs' records into the slots: remote write. */
+    rc = tern_rpc_mr_alloc(kv->ep, (size_t)STAGE_SLOTS * STAGE_SLOT,
+                           TERN_TP_ACCESS_LOCAL | TERN_TP_ACCESS_REMOTE_WRITE, &c->stage_mr);
     if (rc < 0) {
         free(c);
         kv->path = TERN_KV_PATH_RPC;
@@ -708,7 +850,7 @@ int tern_kv_set_path(struct tern_kv *kv, enum tern_kv_path path)
     /* Learn every server's keys now, so the first calls can use them. */
     for (unsigned i = 0; i < kv->n; i++) {
         kv->srv[i].kv = kv;
-        srv_ready(kv, &kv->srv[i]);
+        srv_known(kv, &kv->srv[i]);
     }
     while (tern_rpc_calls_in_flight(kv->ep)) {
         rc = tern_rpc_poll(kv->ep);

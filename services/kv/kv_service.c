@@ -310,6 +310,7 @@ static const struct tern_method kv_methods[] = {
     {.id = KV_M_OS_INFO, .name = "os_info", .handler = kv_h_os_info},
     {.id = KV_M_LEASE, .name = "lease", .handler = kv_h_lease},
     {.id = KV_M_LPUT, .name = "lput", .handler = kv_h_lput},
+    {.id = KV_M_PGET, .name = "pget", .handler = kv_h_pget},
 };
 
 int tern_kv_service_create(const struct tern_kv_service_opts *o, struct tern_kv_service **out)
@@ -327,6 +328,7 @@ int tern_kv_service_create(const struct tern_kv_service_opts *o, struct tern_kv_
     so.pool_size = o->pool_size;
     so.seg_size = o->seg_size;
     so.append_only = o->append_only;
+    so.split_flush = o->split_flush;
     rc = tern_kv_store_open(&so, &svc->store);
     if (rc < 0) {
         free(svc);
@@ -351,6 +353,11 @@ const struct tern_service *tern_kv_service_def(struct tern_kv_service *svc)
 struct tern_kv_store *tern_kv_service_store(struct tern_kv_service *svc)
 {
     return svc->store;
+}
+
+int tern_kv_service_help(struct tern_kv_service *svc)
+{
+    return tern_pm_help(tern_kv_store_pool(svc->store));
 }
 
 void tern_kv_service_destroy(struct tern_kv_service *svc)

@@ -7,6 +7,9 @@
  *   each one starts (KV_M_LPUT); the server checks it, versions it, makes it
  *   durable, indexes it and replies. One round trip per PUT; a new lease
  *   only when the segment is full.
+ * - GET by server push: the client names a buffer of its own, the server
+ *   puts the key's record into it straight from the pool and replies with
+ *   its size (KV_M_PGET); the record stays pinned until the put is done.
  * A lease ends when its client asks for the next one, when its session
  * closes, when a record it sent is refused in a way that drops it, or when
  * it sat unused for lease_idle_ms and another client needs the slot. Its
@@ -32,6 +35,13 @@ struct kv_lease_ent {
     bool revoked;                    /* taken back; ends at the lessee's next word */
 };
 
+/* A record on its way to a client by server push (KV_M_PGET). */
+struct kv_push {
+    struct tern_kv_service *svc;
+    tern_pm_loc loc;                 /* pinned until the put completes */
+    bool busy;
+};
+
 struct kv_os {
     struct tern_rpc_ep *ep;
     /* Registrations belong to the endpoint, which goes first (kv.h): its
@@ -51,6 +61,8 @@ struct kv_os {
     struct kv_lease_ent *leases;
     uint32_t *by_seg;                /* segment -> its lease entry + 1 (0: none),
                                       * so an LPUT finds its lease at once */
+    struct kv_push pushes[TERN_KV_PINS];
+    unsigned push_hint;              /* where to look for a free one first */
 };
 
 /* Window blocks for a pool: one 8-bucket block per 4 KiB of pool (a bucket
@@ -277,7 +289,7 @@ int kv_h_lease(struct tern_req *req, const void *data, size_t len, void *ctx)
     struct kv_lease_req q;
     struct kv_lease *out;
     uint64_t foff;
-    uint32_t seg;
+    uint32_t seg, base;
     int rc;
 
     if (!os)
@@ -300,8 +312,11 @@ int kv_h_lease(struct tern_req *req, const void *data, size_t len, void *ctx)
     rc = tern_kv_store_lease(svc->store, &seg);
     if (rc < 0)
         return rc;
-    foff = tern_pm_seg_file_off(pool, seg);
-    rc = tern_rpc_mr_reg(os->ep, (uint8_t *)tern_pm_base(pool) + foff, os->seg_size,
+    /* From the lessee's first byte on (a page boundary): the segment's
+     * header, before it, stays out of the lessee's reach. */
+    base = tern_pm_lease_next(pool, seg);
+    foff = tern_pm_seg_file_off(pool, seg) + base;
+    rc = tern_rpc_mr_reg(os->ep, (uint8_t *)tern_pm_base(pool) + foff, os->seg_size - base,
                          tern_pm_fd(pool), foff,
                          TERN_TP_ACCESS_REMOTE_READ | TERN_TP_ACCESS_REMOTE_WRITE, &l->mr);
     if (rc == 0 && (rc = tern_rpc_mr_rkey(l->mr, s, &out->rkey)) < 0)
@@ -313,13 +328,13 @@ int kv_h_lease(struct tern_req *req, const void *data, size_t len, void *ctx)
     }
     /* The records will be read and flushed here: map the segment's pages
      * in now rather than fault on every 4 KiB of them (a hint). */
-    madvise((uint8_t *)tern_pm_base(pool) + foff, os->seg_size, MADV_POPULATE_WRITE);
+    madvise((uint8_t *)tern_pm_base(pool) + foff, os->seg_size - base, MADV_POPULATE_WRITE);
     l->s = s;
     l->seg = seg;
     os->by_seg[seg] = (uint32_t)(l - os->leases) + 1;
     l->used_ns = tern_now_ns();
-    *out = (struct kv_lease){.seg = seg, .next = tern_pm_lease_next(pool, seg),
-                             .end = os->seg_size, .rkey = out->rkey};
+    *out = (struct kv_lease){.seg = seg, .next = base, .end = os->seg_size, .base = base,
+                             .rkey = out->rkey};
     return 0;
 }
 
@@ -352,4 +367,101 @@ int kv_h_lput(struct tern_req *req, const void *data, size_t len, void *ctx)
     if (ended)
         lease_drop(l, svc->store, false);
     return rc < 0 ? rc : kv_reply_version(req, version);
+}
+
+/* ---- GET by server push ---- */
+
+static void push_done(void *arg, int status)
+{
+    struct kv_push *p = arg;
+
+    /* A failed put leaves the client's buffer as it was; the client checks
+     * the record's key, version and sum before it believes it. */
+    (void)status;
+    tern_kv_store_unpin(p->svc->store, p->loc);
+    p->busy = false;
+}
+
+static struct kv_push *push_slot(struct kv_os *os)
+{
+    for (unsigned i = 0; i < TERN_KV_PINS; i++) {
+        unsigned j = (os->push_hint + i) % TERN_KV_PINS;
+
+        if (!os->pushes[j].busy) {
+            os->push_hint = j + 1;
+            return &os->pushes[j];
+        }
+    }
+    return NULL;
+}
+
+/* Push the record at `loc` into the client's buffer straight from the
+ * pool (no copy here) and reply with its size. The put is posted before
+ * the reply is reserved, so that the reply follows the data (rpc.h). The
+ * record stays pinned (never rewritten in place) until the put is done. */
+static int pget_push(struct tern_req *req, struct tern_kv_service *svc, const struct kv_pget *q,
+                     tern_pm_loc loc, uint32_t size, uint64_t version, uint32_t vlen)
+{
+    struct tern_pm_pool *pool = tern_kv_store_pool(svc->store);
+    struct kv_os *os = svc->os;
+    struct kv_pget_rep *rep;
+    struct kv_push *p = push_slot(os);
+    uint64_t off = tern_pm_seg_file_off(pool, (uint32_t)(loc >> 32)) + (uint32_t)loc;
+
+    if (!p || tern_kv_store_pin(svc->store, loc) < 0)
+        return TERN_ENOBUFS;
+    *p = (struct kv_push){.svc = svc, .loc = loc, .busy = true};
+    if (tern_session_put(tern_req_session(req), os->pool_mr, off, size, &q->dst, q->off,
+                         push_done, p) < 0) {
+        tern_kv_store_unpin(svc->store, loc);
+        p->busy = false;
+        return TERN_EAGAIN;
+    }
+    rep = tern_reply_alloc(req, sizeof(*rep));
+    if (!rep)
+        return TERN_EMSGSIZE;
+    *rep = (struct kv_pget_rep){.version = version, .size = size, .vlen = vlen};
+    return 0;
+}
+
+int kv_h_pget(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    struct tern_kv_service *svc = ctx;
+    const struct tern_pm_rec *r;
+    struct kv_pget_rep *rep;
+    const uint8_t *key = (const uint8_t *)data + sizeof(struct kv_pget);
+    struct kv_pget q;
+    tern_pm_loc loc;
+    uint64_t version;
+    uint32_t size;
+    int rc;
+
+    if (!svc->os)
+        return TERN_ENOTSUP;
+    if (len < sizeof(q))
+        return TERN_EPROTO;
+    memcpy(&q, data, sizeof(q));
+    if (q.flags || len != sizeof(q) + q.klen)
+        return TERN_EPROTO;
+    if (!q.klen)
+        return TERN_EINVAL;
+    if (!kv_owns(svc, key, q.klen))
+        return TERN_EWRONGNODE;
+    rc = tern_kv_store_locate(svc->store, key, q.klen, &loc, &size, &version);
+    if (rc < 0)
+        return rc;
+    r = tern_pm_rec_at(tern_kv_store_pool(svc->store), loc);
+    if (size <= q.cap) {
+        rc = pget_push(req, svc, &q, loc, size, version, r->val_len);
+        if (rc != TERN_ENOBUFS && rc != TERN_EAGAIN)
+            return rc;
+    }
+    /* Too big for the client's buffer, or no room to push now (or the
+     * client's key is bad): the value goes inline, as KV_M_GET sends it. */
+    rep = tern_reply_alloc(req, sizeof(*rep) + r->val_len);
+    if (!rep)
+        return TERN_EMSGSIZE;
+    *rep = (struct kv_pget_rep){.version = version, .vlen = r->val_len};
+    memcpy(rep + 1, tern_pm_rec_val(r), r->val_len);
+    return 0;
 }

@@ -27,6 +27,14 @@ struct tern_kv_store {
     struct tern_kv_store_stats st;
     struct tern_pm_cleaner cleaner;
     struct kv_window win;            /* the index mirrored for one-sided GETs */
+    /* Records being sent straight from the pool (server push): never
+     * rewritten in place until the send is done. A handful at most are in
+     * flight, so a short array beats a hash. */
+    struct {
+        tern_pm_loc loc;
+        uint32_t n;                  /* 0: free */
+    } pins[TERN_KV_PINS];
+    unsigned n_pins;                 /* entries in use */
 };
 
 uint64_t tern_kv_hash(const void *key, size_t klen)
@@ -162,6 +170,7 @@ int tern_kv_store_open(const struct tern_kv_store_opts *o, struct tern_kv_store 
         return TERN_EINVAL;
     po.size = o->pool_size;
     po.seg_size = o->seg_size;
+    po.split_flush = o->split_flush;
     s = calloc(1, sizeof(*s));
     if (!s)
         return TERN_ENOMEM;
@@ -226,6 +235,63 @@ int tern_kv_store_get(struct tern_kv_store *s, const void *key, size_t klen,
     return 0;
 }
 
+int tern_kv_store_locate(struct tern_kv_store *s, const void *key, size_t klen,
+                         tern_pm_loc *loc, uint32_t *size, uint64_t *version)
+{
+    const struct tern_pm_rec *r;
+    struct kv_ent *e;
+
+    s->st.gets++;
+    if (!klen || klen > TERN_KV_KEY_MAX)
+        return klen ? TERN_E2BIG : TERN_EINVAL;
+    e = kv_index_find(&s->ix, s->pool, tern_kv_hash(key, klen), key, (uint16_t)klen);
+    if (!e || ent_is_tomb(e))
+        return TERN_ENOENT;
+    r = tern_pm_rec_at(s->pool, ent_loc(e));
+    *loc = ent_loc(e);
+    *size = tern_pm_rec_size(r->key_len, r->val_len);
+    *version = r->version;
+    s->st.hits++;
+    return 0;
+}
+
+static int pin_find(const struct tern_kv_store *s, tern_pm_loc loc)
+{
+    for (unsigned i = 0; i < TERN_KV_PINS; i++)
+        if (s->pins[i].n && s->pins[i].loc == loc)
+            return (int)i;
+    return -1;
+}
+
+static bool pinned(const struct tern_kv_store *s, tern_pm_loc loc)
+{
+    return s->n_pins && pin_find(s, loc) >= 0;
+}
+
+int tern_kv_store_pin(struct tern_kv_store *s, tern_pm_loc loc)
+{
+    int i = pin_find(s, loc);
+
+    if (i < 0) {
+        if (s->n_pins == TERN_KV_PINS)
+            return TERN_ENOBUFS;
+        for (i = 0; s->pins[i].n; i++)
+            ;
+        s->pins[i].loc = loc;
+        s->n_pins++;
+    }
+    s->pins[i].n++;
+    return 0;
+}
+
+void tern_kv_store_unpin(struct tern_kv_store *s, tern_pm_loc loc)
+{
+    int i = pin_find(s, loc);
+
+    if (i >= 0 && --s->pins[i].n == 0)
+        s->n_pins--;
+}
+
 /* ---- writes ---- */
 
 /* Append a record, cleaning first when free segments run low and again,
@@ -287,8 +353,9 @@ static void point_at(struct tern_kv_store *s, uint64_t h, const void *key, uint1
  * version: the store has nothing uncommitted, so the record that
  * superseded it is durable, and a crash mid-rewrite (which recovery skips)
  * leaves the key at that version; (2) the new record fits its slot; (3)
- * nobody reads it in flight: the server copies values out synchronously,
- * and one-sided readers check version and checksum and read again. Returns
+ * nobody reads it in flight: the server copies values out synchronously
+ * or pins the records it pushes until the push is done, and one-sided
+ * readers check version and checksum and read again. Returns
  * 1 if it did, 0 to append instead. */
 static int put_in_place(struct tern_kv_store *s, uint64_t h, const void *key, uint16_t klen,
                         const void *val, uint32_t len, uint64_t *ver)
@@ -300,7 +367,7 @@ static int put_in_place(struct tern_kv_store *s, uint64_t h, const void *key, ui
     if (s->append_only || s->dirty)
         return 0;
     e = kv_index_find(&s->ix, s->pool, h, key, klen);
-    if (!e || !e->old_loc ||
+    if (!e || !e->old_loc || pinned(s, e->old_loc) ||
         tern_pm_slot_size(s->pool, e->old_loc) < tern_pm_rec_size(klen, len))
         return 0;
     *ver = tern_pm_next_version(s->pool);

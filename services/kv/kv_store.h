@@ -34,6 +34,7 @@ struct tern_kv_store_opts {
     uint64_t pool_size;              /* create: 0 = 256 MiB */
     uint32_t seg_size;               /* create: 0 = 1 MiB */
     bool append_only;                /* never rewrite an older record in place */
+    uint32_t split_flush;            /* see tern_pm_opts; 0 = its default */
 };
 
 struct tern_kv_store_stats {
@@ -109,6 +110,19 @@ struct tern_pm_pool *tern_kv_store_pool(const struct tern_kv_store *s);
  * power of two) from now on, for clients that read it one-sidedly (see
  * kv_window.h). */
 void tern_kv_store_attach_window(struct tern_kv_store *s, void *mem, uint32_t n_blocks);
+
+/* Where the key's newest record lies, to send it from the pool as it is:
+ * 0 with *loc, *size (the record's bytes) and *version, or TERN_ENOENT
+ * (also for a deleted key). Counts as a GET. */
+int tern_kv_store_locate(struct tern_kv_store *s, const void *key, size_t klen,
+                         tern_pm_loc *loc, uint32_t *size, uint64_t *version);
+
+/* Records sent from the pool while the send is in flight: a pinned record
+ * is never rewritten in place (BOOM-KV's third condition); pins nest.
+ * TERN_ENOBUFS with TERN_KV_PINS records pinned already. */
+#define TERN_KV_PINS 64u
+int tern_kv_store_pin(struct tern_kv_store *s, tern_pm_loc loc);
+void tern_kv_store_unpin(struct tern_kv_store *s, tern_pm_loc loc);
 
 /* Keys in the window, and keys left out because their block was full. */
 void tern_kv_store_window_counts(const struct tern_kv_store *s, uint64_t *mirrored,

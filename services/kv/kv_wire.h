@@ -19,6 +19,7 @@ enum kv_method {
     KV_M_OS_INFO = 7,  /* empty                -> kv_os_info (keys for this fabric) */
     KV_M_LEASE = 8,    /* kv_lease_req         -> kv_lease */
     KV_M_LPUT = 9,     /* kv_lput              -> kv_val (version; durable) */
+    KV_M_PGET = 10,    /* kv_pget, key         -> kv_pget_rep [, value] */
 };
 
 /* Where a client reads the index window and the pool, on the fabric of the
@@ -39,12 +40,14 @@ struct kv_lease_req {
 };
 
 /* A leased segment: write records from `next` on, below `end` (offsets in
- * the segment), through `rkey` (offset 0 = the segment's first byte). */
+ * the segment), through `rkey`, whose offset 0 is byte `base` of the
+ * segment (the first byte a record may go to: the segment's header lies
+ * before it, out of the lessee's reach). */
 struct kv_lease {
     uint32_t seg;
     uint32_t next;
     uint32_t end;
-    uint32_t reserved;
+    uint32_t base;
     struct tern_tp_rkey rkey;
 };
 
@@ -57,6 +60,25 @@ struct kv_lput {
     uint32_t seg;
     uint32_t off;
     uint64_t intent;
+};
+
+/* "Write the key's record into my region `dst` at `off`, at most `cap`
+ * bytes" (GET by server push). The server writes the whole record (as it
+ * lies in the pool) by one-sided put, then replies with its size; a record
+ * that does not fit, or that cannot be pushed right now, comes inline in
+ * the reply instead (size 0, the value after the reply header). */
+struct kv_pget {
+    uint16_t klen;
+    uint16_t flags;  /* 0 */
+    uint32_t cap;
+    uint64_t off;
+    struct tern_tp_rkey dst;
+};
+
+struct kv_pget_rep {
+    uint64_t version;
+    uint32_t size;   /* record bytes pushed; 0: the value follows */
+    uint32_t vlen;
 };
 
 struct kv_key {
@@ -124,5 +146,7 @@ _Static_assert(sizeof(struct tern_tp_rkey) == 24, "rkey on the wire");
 _Static_assert(sizeof(struct kv_os_info) == 80, "kv_os_info");
 _Static_assert(sizeof(struct kv_lease) == 40, "kv_lease");
 _Static_assert(sizeof(struct kv_lput) == 16, "kv_lput");
+_Static_assert(sizeof(struct kv_pget) == 40, "kv_pget");
+_Static_assert(sizeof(struct kv_pget_rep) == 16, "kv_pget_rep");
 
 #endif

@@ -29,6 +29,7 @@
 
 #include "error.h"
 #include "log.h"
+#include "pm_flush.h"
 #include "pm_layout.h"
 
 #define NO_SEG UINT32_MAX
@@ -40,6 +41,7 @@ struct seg_state {
     uint32_t live;                   /* record bytes still live */
     uint32_t dirty_lo, dirty_hi;     /* bytes of the segment written since the last
                                       * drain; dirty_hi 0 = none */
+    uint32_t first;                  /* where records start (past a lessee's reach) */
     bool leased;                     /* a lessee writes here; only it appends */
     bool queued;                     /* listed in the pool's queue */
 };
@@ -66,6 +68,7 @@ struct tern_pm_pool {
     uint32_t *queue;
     uint32_t n_queued;
     bool io_failed;                  /* an msync failed: no commit may follow */
+    struct pm_board *board;          /* large flushes shared with helpers */
     uint8_t uuid[16];
 };
 
@@ -105,8 +108,9 @@ int pm_hdr_check(const struct pm_file_hdr *h, uint64_t file_size, const char **w
         *why = "not a tern pool (bad magic)";
         return TERN_ECORRUPT;
     }
-    if (h->layout != PM_LAYOUT) {
-        *why = "pool layout version not supported by this build, which reads layout " PM_STR(PM_LAYOUT);
+    if (h->layout < PM_LAYOUT_OLDEST || h->layout > PM_LAYOUT) {
+        *why = "pool layout version not supported by this build, which reads layouts "
+               PM_STR(PM_LAYOUT_OLDEST) " to " PM_STR(PM_LAYOUT);
         return TERN_EVERSION;
     }
     if (h->sum != pm_sum(h, offsetof(struct pm_file_hdr, sum))) {
@@ -217,10 +221,13 @@ static void mark_written(struct tern_pm_pool *p, const void *addr, size_t n)
 }
 
 /* Make everything written so far durable: on PM, flush each segment's
- * written range and fence once; on a file, msync each range. */
+ * written range and fence once; on a file, msync each range. A range of
+ * the split threshold or more is cut into pieces that helper threads may
+ * take (tern_pm_help); the owner runs whatever they leave and waits for the
+ * rest (pm_flush.c). */
 static int drain(struct tern_pm_pool *p)
 {
-    bool flushed = false;
+    int rc = 0;
 
     if (p->io_failed)
         return TERN_EIO;
@@ -231,25 +238,25 @@ static int drain(struct tern_pm_pool *p)
 
         if (!ss->dirty_hi)
             continue;
-        if (p->is_pmem) {
-            pmem_flush(at, n);
-            flushed = true;
-        } else if (pmem_msync(at, n) < 0) {
-            /* Once writeback has failed, Linux may mark the pages clean and
-             * report the error only once, so a retry can "succeed" without
-             * writing anything: no commit point may move after this until
-             * the pool is reopened and recovered from what really is in
-             * the file. */
-            tern_log(TERN_LOG_ERROR, "pm", "msync: %s; the pool takes no more commits",
-                     strerror(errno));
-            p->io_failed = true;
-            return TERN_EIO;
-        }
+        rc = pm_flush(p->board, at, n);
+        if (rc < 0)
+            break;
         ss->dirty_lo = ss->dirty_hi = 0;
     }
-    if (flushed)
-        pmem_drain();
+    /* Even after a failure: pieces already posted must be finished before
+     * the board (or the mapping) can be used again. */
+    if (pm_flush_wait(p->board) < 0 || rc < 0) {
+        /* pm_flush logged the msync's error. No commit point may move
+         * from now on: see run() in pm_flush.c. */
+        p->io_failed = true;
+        return TERN_EIO;
+    }
     return 0;
+}
+
+int tern_pm_help(struct tern_pm_pool *p)
+{
+    return pm_board_help(p->board);
 }
 
 /* One 8-byte store, persisted: the only way segment state changes. */
@@ -332,6 +339,41 @@ static int create_file(const char *path, const struct tern_pm_opts *o)
     return sync_dir_of(path);
 }
 
+/* Persist [addr, addr+n) outside any commit (open time only). */
+static int persist_now(struct tern_pm_pool *p, void *addr, size_t n)
+{
+    if (p->is_pmem) {
+        pmem_persist(addr, n);
+        return 0;
+    }
+    return pmem_msync(addr, n) < 0 ? TERN_EIO : 0;
+}
+
+/* Bring an older layout's file up to this one. Layout 3 differs only in
+ * segment headers' `first` word, which it never wrote (so it should read 0,
+ * "records start after the header"): it is cleared to be sure, persisted,
+ * and only then does the file header say layout 4. */
+static int upgrade_hdr(struct tern_pm_pool *p, const char *path)
+{
+    struct pm_file_hdr *h = (struct pm_file_hdr *)p->base;
+    int rc;
+
+    for (uint32_t s = 0; s < h->n_segs; s++) {
+        struct pm_seg_hdr *sh = (struct pm_seg_hdr *)(p->base + pm_seg_offset(s, h->seg_size));
+
+        if (sh->first) {
+            sh->first = 0;
+            rc = persist_now(p, &sh->first, sizeof(sh->first));
+            if (rc < 0)
+                return rc;
+        }
+    }
+    tern_log(TERN_LOG_INFO, "pm", "%s: layout %u upgraded to %u", path, h->layout, PM_LAYOUT);
+    h->layout = PM_LAYOUT;
+    h->sum = pm_sum(h, offsetof(struct pm_file_hdr, sum));
+    return persist_now(p, h, sizeof(*h));
+}
+
 int tern_pm_open(const char *path, const struct tern_pm_opts *o, struct tern_pm_pool **out)
 {
     struct tern_pm_pool *p;
@@ -384,13 +426,19 @@ int tern_pm_open(const char *path, const struct tern_pm_opts *o, struct tern_pm_
         tern_log(TERN_LOG_ERROR, "pm", "%s: offset 0: %s", path, why);
         goto fail;
     }
+    if (h->layout < PM_LAYOUT) {
+        rc = upgrade_hdr(p, path);
+        if (rc < 0)
+            goto fail;
+    }
     p->seg_size = h->seg_size;
     p->n_segs = h->n_segs;
     memcpy(p->uuid, h->uuid, sizeof(p->uuid));
     p->segs = calloc(p->n_segs, sizeof(*p->segs));
     p->free_segs = calloc(p->n_segs, sizeof(*p->free_segs));
     p->queue = calloc(p->n_segs, sizeof(*p->queue));
-    if (!p->segs || !p->free_segs || !p->queue) {
+    p->board = pm_board_new(p->is_pmem, o ? o->split_flush : 0);
+    if (!p->segs || !p->free_segs || !p->queue || !p->board) {
         rc = TERN_ENOMEM;
         goto fail;
     }
@@ -412,6 +460,7 @@ void tern_pm_close(struct tern_pm_pool *p)
     free(p->segs);
     free(p->free_segs);
     free(p->queue);
+    pm_board_free(p->board);
     free(p);
 }
 
@@ -449,7 +498,7 @@ static int recover_seg(struct tern_pm_pool *p, uint32_t s, bool leased, tern_pm_
     uint64_t seg_off = pm_seg_offset(s, p->seg_size);
     const uint8_t *seg = seg_base(p, s);
 
-    for (uint64_t off = PM_SEG_HDR; off < PM_SEG_HDR + ss->committed;) {
+    for (uint64_t off = ss->first; off < PM_SEG_HDR + ss->committed;) {
         const struct tern_pm_rec *r = (const void *)(seg + off);
         const char *why;
         uint32_t size;
@@ -503,13 +552,15 @@ int tern_pm_recover(struct tern_pm_pool *p, tern_pm_visit_fn fn, void *arg)
             continue;
         }
         if (sh->magic != PM_SEG_MAGIC || sh->index != s || (sh->flags & ~PM_SEG_FLAGS_KNOWN) ||
-            used > p->seg_size - PM_SEG_HDR || (used & 7)) {
+            used > p->seg_size - PM_SEG_HDR || (used & 7) || !pm_seg_first(sh)) {
             tern_log(TERN_LOG_ERROR, "pm", "offset %llu: segment %u header corrupt",
                      (unsigned long long)seg_off, s);
             return TERN_ECORRUPT;
         }
         p->segs[s].seq = sh->seq;
-        p->segs[s].appended = p->segs[s].committed = p->segs[s].live = (uint32_t)used;
+        p->segs[s].first = pm_seg_first(sh);
+        p->segs[s].appended = p->segs[s].committed = (uint32_t)used;
+        p->segs[s].live = (uint32_t)used - (p->segs[s].first - PM_SEG_HDR);
         if (sh->seq > p->seq)
             p->seq = sh->seq;
         /* Appends continue in the newest segment the server wrote itself:
@@ -619,10 +670,12 @@ static uint32_t keep_free(const struct tern_pm_pool *p, enum tern_pm_rec_type ty
     return p->cleaning ? 0 : type == TERN_PM_TOMBSTONE ? 1 : 2;
 }
 
-/* Take a free segment. Its header is valid (magic, index, flags, used = 0)
- * before seq makes it count; flags are always written, since a segment
- * once leased and then cleaned still carries the old mark. */
-static int open_seg(struct tern_pm_pool *p, uint32_t flags, uint32_t *out)
+/* Take a free segment whose records start at `first`. Its header is valid
+ * (magic, index, flags, first, used) before seq makes it count; every field
+ * is written, since a segment once leased and then cleaned still carries
+ * the old values. The bytes before `first` count as committed, so that the
+ * commit point still counts from the header's end. */
+static int open_seg(struct tern_pm_pool *p, uint32_t flags, uint32_t first, uint32_t *out)
 {
     struct pm_seg_hdr *sh;
     uint32_t s;
@@ -630,17 +683,21 @@ static int open_seg(struct tern_pm_pool *p, uint32_t flags, uint32_t *out)
 
     s = p->free_segs[--p->n_free];
     sh = seg_hdr(p, s);
-    sh->used = 0;
+    sh->used = first - PM_SEG_HDR;
     sh->magic = PM_SEG_MAGIC;
     sh->index = s;
     sh->flags = flags;
+    sh->first = first == PM_SEG_HDR ? 0 : first;
     mark_written(p, sh, sizeof(*sh));
     rc = persist_word(p, &sh->seq, ++p->seq);
     if (rc < 0) {
         p->free_segs[p->n_free++] = s;
         return rc;
     }
-    p->segs[s] = (struct seg_state){.seq = p->seq, .leased = (flags & PM_SEG_LEASED) != 0,
+    p->segs[s] = (struct seg_state){.seq = p->seq, .first = first,
+                                    .appended = first - PM_SEG_HDR,
+                                    .committed = first - PM_SEG_HDR,
+                                    .leased = (flags & PM_SEG_LEASED) != 0,
                                     .queued = p->segs[s].queued};
     *out = s;
     return 0;
@@ -660,7 +717,7 @@ static int open_head(struct tern_pm_pool *p, enum tern_pm_rec_type type)
         if (rc < 0)
             return rc;
     }
-    return open_seg(p, 0, &p->head);
+    return open_seg(p, 0, PM_SEG_HDR, &p->head);
 }
 
 int tern_pm_append(struct tern_pm_pool *p, enum tern_pm_rec_type type, uint64_t version,
@@ -741,7 +798,7 @@ static int rewrite_target(const struct tern_pm_pool *p, tern_pm_loc loc, struct 
         return TERN_EINVAL;
     ss = &p->segs[s];
     end = PM_SEG_HDR + (uint64_t)ss->committed;
-    if (!ss->seq || ss->leased || off < PM_SEG_HDR || (off & 7) || off + sizeof(*r) > end)
+    if (!ss->seq || ss->leased || off < ss->first || (off & 7) || off + sizeof(*r) > end)
         return TERN_EINVAL;
     r = (struct tern_pm_rec *)(seg_base(p, s) + off);
     if (off + (uint64_t)pm_rec_span(r) > end)
@@ -831,11 +888,16 @@ int tern_pm_overwrite(struct tern_pm_pool *p, tern_pm_loc loc, enum tern_pm_rec_
 
 int tern_pm_lease(struct tern_pm_pool *p, uint32_t *seg)
 {
+    uint32_t page = (uint32_t)sysconf(_SC_PAGESIZE);
+
     if (!p->recovered || !seg)
         return TERN_EINVAL;
+    /* The lessee's first page must leave it room for records. */
+    if (page < PM_SEG_HDR || page > p->seg_size / 2)
+        return TERN_ENOTSUP;
     if (p->n_free <= keep_free(p, TERN_PM_VALUE))
         return TERN_ENOSPC;
-    return open_seg(p, PM_SEG_LEASED, seg);
+    return open_seg(p, PM_SEG_LEASED, page, seg);
 }
 
 uint64_t tern_pm_seg_file_off(const struct tern_pm_pool *p, uint32_t seg)
@@ -917,23 +979,6 @@ int tern_pm_lease_append(struct tern_pm_pool *p, uint32_t seg, uint32_t off, uin
     return 0;
 }
 
-/* A lease maps whole pages, so the lessee could write the segment's header
- * too: put back what the pool wrote (the mark stays), so that the segment
- * recovers as the sealed segment it now is. seq goes last: a header torn
- * by a crash in between has the old seq and sound other fields, or is
- * whole. */
-static int restore_hdr(struct tern_pm_pool *p, uint32_t s)
-{
-    struct pm_seg_hdr *sh = seg_hdr(p, s);
-
-    sh->used = p->segs[s].committed;
-    sh->magic = PM_SEG_MAGIC;
-    sh->index = s;
-    sh->flags = PM_SEG_LEASED;
-    mark_written(p, sh, sizeof(*sh));
-    return persist_word(p, &sh->seq, p->segs[s].seq);
-}
-
 void tern_pm_lease_end(struct tern_pm_pool *p, uint32_t seg)
 {
     struct seg_state *ss;
@@ -946,10 +991,6 @@ void tern_pm_lease_end(struct tern_pm_pool *p, uint32_t seg)
     ss->live = ss->live > dropped ? ss->live - dropped : 0;
     ss->appended = ss->committed;
     ss->leased = false;
-    /* On failure the pool takes no more commits (drain latches it); the
-     * header is as sound as the lessee left it. */
-    if (restore_hdr(p, seg) < 0)
-        tern_log(TERN_LOG_ERROR, "pm", "segment %u: header not restored at lease end", seg);
 }
 
 void *tern_pm_base(const struct tern_pm_pool *p)
@@ -1009,7 +1050,7 @@ static int clean_one(struct tern_pm_pool *p, const struct tern_pm_cleaner *c, ui
     uint64_t end = PM_SEG_HDR + vs->committed;
     int rc = 0, commit_rc;
 
-    for (uint64_t off = PM_SEG_HDR; off < end;) {
+    for (uint64_t off = vs->first; off < end;) {
         const struct tern_pm_rec *r = (const void *)(seg_base(p, v) + off);
         tern_pm_loc from = (uint64_t)v << 32 | off, to;
         bool hole = is_hole(p, v, off);
@@ -1035,7 +1076,7 @@ static int clean_one(struct tern_pm_pool *p, const struct tern_pm_cleaner *c, ui
      * clean that fails above leaves every record where it was counted. The
      * bytes are still there to read until the segment is handed out. */
     if (c->dropped)
-        for (uint64_t off = PM_SEG_HDR; off < end;) {
+        for (uint64_t off = vs->first; off < end;) {
             const struct tern_pm_rec *r = (const void *)(seg_base(p, v) + off);
 
             if (!is_hole(p, v, off))
@@ -1083,7 +1124,7 @@ void tern_pm_get_info(const struct tern_pm_pool *p, struct tern_pm_info *info)
         if (!p->segs[s].seq)
             continue;
         info->segs_used++;
-        info->bytes_committed += p->segs[s].committed;
+        info->bytes_committed += p->segs[s].committed - (p->segs[s].first - PM_SEG_HDR);
         info->bytes_live += p->segs[s].live;
     }
 }

@@ -16,8 +16,15 @@
  * copied to the head and is then freed.
  *
  * On real PM (or with PMEM_IS_PMEM_FORCE=1) durability is cache-line flushes
- * and a fence; on an ordinary file it is msync() of the dirty range. One
- * thread owns a pool; nothing here takes a lock.
+ * and a fence; on an ordinary file it is msync() of the dirty range.
+ *
+ * One thread owns a pool and makes every call below, with one exception:
+ * tern_pm_help(), which any other thread may call to take a share of a
+ * large flush (BOOM-KV's cooperative write-back). The owner cuts a dirty
+ * range of opts.split_flush bytes or more into pieces and posts them on a
+ * board in the pool; helpers take pieces by an atomic compare-and-swap,
+ * the owner runs those nobody took and waits for the rest before it moves
+ * a commit point. Nothing here takes a lock.
  */
 #ifndef TERN_PM_H
 #define TERN_PM_H
@@ -32,7 +39,8 @@ extern "C" {
 #endif
 
 #define TERN_PM_KEY_MAX 1024u        /* longest key a record may hold */
-#define TERN_PM_SEG_HDR 64u          /* a segment's records start this far into it */
+#define TERN_PM_SEG_HDR 64u          /* a segment's records start this far into it
+                                      * (a leased one's: a page in) */
 
 enum tern_pm_rec_type {
     TERN_PM_VALUE = 1,               /* key = value */
@@ -66,6 +74,11 @@ struct tern_pm_opts {
     uint64_t size;       /* create: pool bytes (4 segments at least); 0 = 256 MiB */
     uint32_t seg_size;   /* create: segment bytes, a power of two >= 64 KiB; 0 = 1 MiB */
     bool create;         /* create the file if it does not exist */
+    uint32_t split_flush;  /* once a thread has called tern_pm_help(), a dirty
+                            * range this long or longer is flushed in pieces
+                            * helpers may take; 0 = 256 KiB on PM and never on
+                            * a file (one msync costs a device flush, whatever
+                            * its size), UINT32_MAX = never */
 };
 
 struct tern_pm_info {
@@ -142,6 +155,15 @@ int tern_pm_append(struct tern_pm_pool *p, enum tern_pm_rec_type type, uint64_t 
  * After it returns, recovery sees those records. */
 int tern_pm_commit(struct tern_pm_pool *p);
 
+/* From any thread but the owner, at any time while the pool is open: take
+ * one piece of a large flush the owner posted and run it (flush and fence,
+ * or msync; a failed msync stops the pool's commits, as the owner's own
+ * would). 1 if it ran a piece, 0 if none was posted. Never blocks. The
+ * caller must have stopped calling it (every call returned) before
+ * tern_pm_close(); whoever starts helpers and closes the pool sees to that
+ * (ternd joins its helpers before it destroys the service). */
+int tern_pm_help(struct tern_pm_pool *p);
+
 /* Bytes the record at `loc` occupies: its slot, at least its own size. */
 uint32_t tern_pm_slot_size(const struct tern_pm_pool *p, tern_pm_loc loc);
 
@@ -163,15 +185,18 @@ int tern_pm_overwrite(struct tern_pm_pool *p, tern_pm_loc loc, enum tern_pm_rec_
 /* ---- leased segments: a client appends records by one-sided writes ---- */
 
 /* Take a free segment and open it for one lessee, who writes records into
- * it directly (from byte tern_pm_lease_next() of the segment on, up to
- * tern_pm_seg_room() bytes of records). Nobody else appends there. The
- * segment is marked leased in its header, so recovery knows its records
- * came from outside.
- * TERN_ENOSPC keeps the same reserves as appends of values. */
+ * it directly, from byte tern_pm_lease_next() of the segment on to its end.
+ * That first byte is a page boundary, past the segment's header: give the
+ * lessee access from there on only, and the header stays out of its reach.
+ * Nobody else appends there. The segment is marked leased in its header,
+ * so recovery knows its records came from outside.
+ * TERN_ENOSPC keeps the same reserves as appends of values; TERN_ENOTSUP
+ * if a page is more than half a segment. */
 int tern_pm_lease(struct tern_pm_pool *p, uint32_t *seg);
 
 /* Where a segment lies in the pool file (page aligned), and how many bytes
- * of records it holds at most (they start at byte 64 of the segment). */
+ * of records it holds at most (they start at byte 64 of the segment, or a
+ * page in if it was leased). */
 uint64_t tern_pm_seg_file_off(const struct tern_pm_pool *p, uint32_t seg);
 uint32_t tern_pm_seg_room(const struct tern_pm_pool *p);
 
@@ -198,9 +223,8 @@ uint32_t tern_pm_lease_next(const struct tern_pm_pool *p, uint32_t seg);
 
 /* End a lease (the lessee is done, gone, or the segment is full): bytes
  * past the commit point are ignored and the segment takes no more records;
- * cleaning may pick it from now on. The segment's header, which the lessee
- * could reach, is written back as the pool left it and persisted: call this
- * after the lessee has lost access to the segment. */
+ * cleaning may pick it from now on. Call it after the lessee has lost
+ * access to the segment. */
 void tern_pm_lease_end(struct tern_pm_pool *p, uint32_t seg);
 
 /* The pool's mapping and file, for registering it for one-sided access. */

@@ -60,9 +60,14 @@ static int check_seg(const uint8_t *base, const struct pm_file_hdr *h, uint32_t 
                  (unsigned long long)sh->used);
         return corrupt(out, bad_off, seg_off + offsetof(struct pm_seg_hdr, used), what);
     }
+    if (!pm_seg_first(sh)) {
+        snprintf(what, sizeof(what), "segment %u: records start at %u, out of range", s,
+                 sh->first);
+        return corrupt(out, bad_off, seg_off + offsetof(struct pm_seg_hdr, first), what);
+    }
     info->segs_used++;
-    info->bytes_committed += sh->used;
-    for (uint64_t off = PM_SEG_HDR; off < PM_SEG_HDR + sh->used;) {
+    info->bytes_committed += sh->used - (pm_seg_first(sh) - PM_SEG_HDR);
+    for (uint64_t off = pm_seg_first(sh); off < PM_SEG_HDR + sh->used;) {
         const struct tern_pm_rec *r = (const void *)(seg + off);
         const char *why;
         uint32_t size;

@@ -8,8 +8,12 @@
 #include "pm.h"
 
 #define PM_MAGIC "TERNPOOL"
-#define PM_LAYOUT 3                  /* 3: record sums split body/version (2: XXH3 of
+#define PM_LAYOUT 4                  /* 4: leased segments start a page in (`first`);
+                                      * 3: record sums split body/version (2: XXH3 of
                                       * the whole record, 1: CRC32) */
+#define PM_LAYOUT_OLDEST 3           /* oldest layout opened; upgraded in place, as a
+                                      * layout-3 file is a layout-4 file without leases
+                                      * that start late */
 #define PM_HDR_SIZE 4096u            /* the file header's block */
 #define PM_SEG_MAGIC 0x47455354u     /* "TSEG" */
 #define PM_SEG_HDR 64u               /* records start this far into a segment */
@@ -39,13 +43,17 @@ struct pm_seg_hdr {
     uint32_t magic;                  /* PM_SEG_MAGIC once opened */
     uint32_t index;                  /* its own index, to catch misplaced data */
     uint32_t flags;                  /* PM_SEG_*; 0 in pools written before leases */
-    uint8_t reserved[36];
+    uint32_t first;                  /* where records start; 0 = PM_SEG_HDR */
+    uint8_t reserved[32];
 };
 
 /* Opened for a lessee (tern_pm_lease): its records were written by a
  * client, so recovery cuts the segment at the first bad one instead of
  * refusing the pool. The mark outlives the lease: a lessee may have
- * scribbled over its committed records at any time before it ended. */
+ * scribbled over its committed records at any time before it ended.
+ * A leased segment's records start a page in (`first`), so that a lessee,
+ * whose mapping covers whole pages from there on, can never reach the
+ * header; the bytes in between hold nothing. */
 #define PM_SEG_LEASED 1u
 #define PM_SEG_FLAGS_KNOWN PM_SEG_LEASED
 
@@ -57,6 +65,15 @@ _Static_assert(PM_SEG_HDR == TERN_PM_SEG_HDR, "pm.h tells lessees where records 
 static inline uint64_t pm_seg_offset(uint32_t seg, uint32_t seg_size)
 {
     return PM_HDR_SIZE + (uint64_t)seg * seg_size;
+}
+
+/* Where a segment's records start, or 0 if the header's `first` is out of
+ * line (not 8-aligned, before the header's end, past the commit point). */
+static inline uint32_t pm_seg_first(const struct pm_seg_hdr *sh)
+{
+    uint32_t f = sh->first ? sh->first : PM_SEG_HDR;
+
+    return f >= PM_SEG_HDR && !(f & 7) && f <= PM_SEG_HDR + sh->used ? f : 0;
 }
 
 /* The pool's checksum: the low 32 bits of XXH3-64. It replaced zlib's CRC32,

@@ -29,6 +29,7 @@
 
 #define KV_SWEEP 16
 #define KV_LOAD_WINDOW 32
+#define KV_PATHS 4                   /* rpc, onesided, auto, push */
 #define KV_TIMEOUT_NS (10ull * 1000000000u)
 #define KV_CONNECT_NS (5ull * 1000000000u)
 #define KV_MAX_ERRORS 100
@@ -46,7 +47,7 @@ struct kv_opts {
     unsigned n_windows;
     size_t key_size;
     int cpu_client, cpu_server;
-    enum tern_kv_path paths[3];
+    enum tern_kv_path paths[KV_PATHS];
     unsigned n_paths;
     unsigned cache;              /* one-sided GET cache entries */
     bool append_only;            /* server: no in-place updates */
@@ -54,7 +55,10 @@ struct kv_opts {
 
 static const char *path_name(enum tern_kv_path p)
 {
-    return p == TERN_KV_PATH_ONESIDED ? "onesided" : p == TERN_KV_PATH_AUTO ? "auto" : "rpc";
+    return p == TERN_KV_PATH_ONESIDED ? "onesided"
+           : p == TERN_KV_PATH_AUTO   ? "auto"
+           : p == TERN_KV_PATH_PUSH   ? "push"
+                                      : "rpc";
 }
 
 static uint64_t warmup_of(uint64_t iters)
@@ -611,6 +615,7 @@ static int kv_bench(struct kv_ctx *c, const struct ycsb_workload *w, size_t vsiz
                  ",\"dist\":\"%s\",\"records\":%llu,\"persist\":\"%s\",\"path\":\"%s\","
                  "\"server_busy_us_per_op\":%.3f,\"gets_direct\":%llu,\"gets_rpc\":%llu,"
                  "\"torn_reads\":%llu,\"cache_hits\":%llu,\"puts_onesided\":%llu,"
+                 "\"gets_pushed\":%llu,"
                  "\"pool_used_bytes\":%llu,\"in_place_total\":%llu",
                  w->latest ? "latest" : o->zipfian ? "zipfian" : "uniform",
                  (unsigned long long)o->records, c->persist, path_name(path), srv_us,
@@ -619,6 +624,7 @@ static int kv_bench(struct kv_ctx *c, const struct ycsb_workload *w, size_t vsiz
                  (unsigned long long)(os1.torn - os0.torn),
                  (unsigned long long)(os1.cache_hits - os0.cache_hits),
                  (unsigned long long)(os1.puts - os0.puts),
+                 (unsigned long long)(os1.gets_pushed - os0.gets_pushed),
                  (unsigned long long)info.pool_used, (unsigned long long)info.in_place);
         snprintf(row_extra, sizeof(row_extra), " %8s %9.2f", path_name(path), srv_us);
         if (o->baseline && echo_p50) {
@@ -793,8 +799,10 @@ static void kv_usage(FILE *f)
             "  --window N[,N...]     operations in flight (default 1)\n"
             "  --path P[,P...]       rpc (every call an RPC), onesided (GET reads the\n"
             "                        server's index window and pool, PUT writes into a\n"
-            "                        leased segment, on every fabric) and/or auto\n"
-            "                        (onesided on shm and rdma, rpc elsewhere); each run\n"
+            "                        leased segment, on every fabric), push (GET: the\n"
+            "                        server writes the record into the client's buffer;\n"
+            "                        PUT as onesided) and/or auto (onesided on shm and\n"
+            "                        rdma, push GETs on ntb, rpc elsewhere); each run\n"
             "                        once per path, side by side (default rpc)\n"
             "  --cache N             onesided: client cache of N values validated by version\n"
             "  --append-only         server: never update in place (the baseline of BOOM-KV's\n"
@@ -838,7 +846,7 @@ static bool parse_paths(const char *arg, struct kv_opts *o)
     snprintf(buf, sizeof(buf), "%s", arg);
     o->n_paths = 0;
     for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        if (o->n_paths == 3)
+        if (o->n_paths == KV_PATHS)
             return false;
         if (strcmp(t, "rpc") == 0)
             o->paths[o->n_paths++] = TERN_KV_PATH_RPC;
@@ -846,6 +854,8 @@ static bool parse_paths(const char *arg, struct kv_opts *o)
             o->paths[o->n_paths++] = TERN_KV_PATH_ONESIDED;
         else if (strcmp(t, "auto") == 0)
             o->paths[o->n_paths++] = TERN_KV_PATH_AUTO;
+        else if (strcmp(t, "push") == 0)
+            o->paths[o->n_paths++] = TERN_KV_PATH_PUSH;
         else
             return false;
     }

@@ -5,22 +5,26 @@
  *
  *   ternd [--data-dir DIR] [--listen URI]... [--no-shm] [--resp-port PORT]
  *         [--pool-size SIZE] [--seg-size SIZE] [--range LO:HI]
- *         [--spin-us N] [--resp-coalesce-us N] [--busy]
+ *         [--spin-us N] [--resp-coalesce-us N] [--busy] [--flush-helpers N]
  *
  * One thread runs everything: RPC handlers and RESP commands touch the store
  * without locks. When both have been idle for --spin-us it sleeps on one
- * epoll set holding the RPC endpoint's fd and the gateway's. SIGTERM and
+ * epoll set holding the RPC endpoint's fd and the gateway's. With
+ * --flush-helpers, that many more threads take pieces of the store's large
+ * flushes (tern_kv_service_help) and touch nothing else. SIGTERM and
  * SIGINT stop it cleanly: clients are closed, the pool is synced and
  * unlocked. Once serving it prints one line, "ternd ready ...", on stdout.
  */
 #include <errno.h>
 #include <getopt.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "kv.h"
@@ -29,6 +33,7 @@
 #include "rpc.h"
 
 #define MAX_LISTEN 8
+#define MAX_HELPERS 64
 
 struct opts {
     const char *data_dir;
@@ -41,6 +46,7 @@ struct opts {
     uint32_t range_lo, range_hi;
     unsigned spin_us;
     unsigned coalesce_us;
+    unsigned helpers;                /* --flush-helpers */
 };
 
 static struct tern_rpc_ep *g_ep;
@@ -70,7 +76,9 @@ static int usage(void)
             "  --spin-us N       poll this long after the last work before sleeping (20)\n"
             "  --resp-coalesce-us N  under load, gather RESP commands this long before\n"
             "                    sleeping; 0 turns it off (50)\n"
-            "  --busy            never sleep (lowest latency, one core always busy)\n");
+            "  --busy            never sleep (lowest latency, one core always busy)\n"
+            "  --flush-helpers N start N threads that take pieces of large flushes off\n"
+            "                    the serving thread (PM pools only; 0)\n");
     return 2;
 }
 
@@ -98,6 +106,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         {"range", required_argument, NULL, 'R'},    {"spin-us", required_argument, NULL, 'S'},
         {"resp-coalesce-us", required_argument, NULL, 'C'},
         {"busy", no_argument, NULL, 'b'},           {"help", no_argument, NULL, 'h'},
+        {"flush-helpers", required_argument, NULL, 'F'},
         {0},
     };
     uint64_t v;
@@ -148,6 +157,11 @@ static int parse_args(int argc, char **argv, struct opts *o)
             o->coalesce_us = (unsigned)v;
             break;
         case 'b': o->busy = true; break;
+        case 'F':
+            if (!parse_size(optarg, &v) || v > MAX_HELPERS)
+                return usage();
+            o->helpers = (unsigned)v;
+            break;
         default: return usage();
         }
     }
@@ -222,6 +236,73 @@ static void serve(const struct opts *o, struct tern_rpc_ep *ep, struct tern_resp
         close(sleeper);
 }
 
+/* ---- flush helpers ---- */
+
+/* A commit's pieces come in a burst, and a helper asleep when it starts
+ * finds them taken: after work, a helper keeps polling for this many empty
+ * polls (a few hundred microseconds) before it naps between polls. Idle, it
+ * costs a wake-up per nap, not a core. */
+#define HELPER_SPINS 8192
+#define HELPER_NAP_NS 30000
+
+static pthread_t g_helper[MAX_HELPERS];
+static unsigned g_n_helpers;
+static bool g_helpers_stop;
+
+static inline void cpu_pause(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static void *helper_main(void *arg)
+{
+    struct tern_kv_service *svc = arg;
+    unsigned idle = 0;
+
+    while (!__atomic_load_n(&g_helpers_stop, __ATOMIC_RELAXED)) {
+        if (tern_kv_service_help(svc) > 0) {
+            idle = 0;
+        } else if (idle < HELPER_SPINS) {
+            idle++;
+            cpu_pause();
+        } else {
+            nanosleep(&(struct timespec){.tv_nsec = HELPER_NAP_NS}, NULL);
+        }
+    }
+    return NULL;
+}
+
+/* Helpers block SIGTERM and SIGINT: the serving thread's handler must run,
+ * as it is the one to wake. */
+static int start_helpers(struct tern_kv_service *svc, unsigned n)
+{
+    sigset_t stop, old;
+    int rc = 0;
+
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGTERM);
+    sigaddset(&stop, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &stop, &old);
+    while (g_n_helpers < n && rc == 0) {
+        rc = pthread_create(&g_helper[g_n_helpers], NULL, helper_main, svc);
+        if (rc == 0)
+            g_n_helpers++;
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return -rc;
+}
+
+/* Before the service goes: tern_kv_service_help must not run past it. */
+static void stop_helpers(void)
+{
+    __atomic_store_n(&g_helpers_stop, true, __ATOMIC_RELAXED);
+    for (unsigned i = 0; i < g_n_helpers; i++)
+        pthread_join(g_helper[i], NULL);
+    g_n_helpers = 0;
+}
+
 int main(int argc, char **argv)
 {
     struct tern_rpc_config cfg = {.mode = TERN_TP_POLL_ADAPTIVE};
@@ -288,7 +369,10 @@ int main(int argc, char **argv)
             at += (size_t)snprintf(line + at, sizeof(line) - at, " resp=127.0.0.1:%u",
                                    tern_resp_gw_port(gw));
     }
+    if (rc == 0 && (rc = start_helpers(svc, o.helpers)) < 0)
+        fprintf(stderr, "ternd: flush helpers: %s\n", tern_strerror(rc));
     if (rc < 0) {
+        stop_helpers();
         tern_resp_gw_destroy(gw);
         tern_rpc_ep_destroy(g_ep);
         tern_kv_service_destroy(svc);
@@ -306,6 +390,7 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     serve(&o, g_ep, gw);
 
+    stop_helpers();
     tern_resp_gw_destroy(gw);
     tern_rpc_ep_destroy(g_ep);
     tern_kv_service_destroy(svc);

@@ -1,0 +1,266 @@
+/* Cooperative flushing (BOOM-KV's cooperative write-back).
+ *
+ * A commit that follows a large append spends most of its time flushing:
+ * cache-line flushes of hundreds of KiB on PM, an msync of as many pages on
+ * a file. The owner of the pool cuts such a range into pieces and posts
+ * them on the pool's board; idle threads (tern_pm_help) take pieces while
+ * the owner works through the rest itself. The owner never waits for a
+ * helper that is not there: it takes every piece nobody took, and waits
+ * only for pieces a helper has already taken and is running.
+ *
+ * When it splits (measured on a 2-core VM, see the report of issue 6):
+ * - Only once some thread has called tern_pm_help() on the pool. Taking a
+ *   piece is a locked instruction, which waits for the thread's earlier
+ *   clflushopt/clwb to finish, so a split flush that nobody helps with is
+ *   about 5% slower than one pmem_flush of the whole range.
+ * - By default only on PM. On a file each msync is a journal commit and a
+ *   device cache flush (ext4: ~2-8 ms whatever the size), so N pieces cost
+ *   N of them: 900 KiB went from 7.5 ms to 15 ms with a helper and 40 ms
+ *   without. An explicit split_flush splits on files too (tmpfs, tests).
+ *
+ * The board, without locks:
+ * - `word` = gen << 16 | posted << 8 | next. Pieces [0, posted) of
+ *   generation `gen` are posted; [0, next) are taken. Anyone takes piece
+ *   `next` by a CAS that moves next on by one. Only the owner changes
+ *   `posted` and `gen`.
+ * - `done` counts pieces of the generation that helpers ran to the end;
+ *   the owner, which counts its own apart, waits for done + its own ==
+ *   posted, then sets done back to 0.
+ *
+ * Posting. The owner writes piece[posted] and then raises `posted` with a
+ * release RMW, so a thread that loads the word (acquire) and sees the piece
+ * posted also sees its descriptor. The first piece of a generation is
+ * posted by a plain release store of (gen + 1, 1, 0): nobody else writes
+ * the word then, because every piece of the old generation was taken
+ * (next == posted, and helpers CAS only while next < posted). `done` went
+ * back to 0 when every piece of the old generation was done, so no late
+ * increment can land on the new count, and that store comes before the
+ * release that posts the new generation, so no early one lands before it.
+ *
+ * Taking. A helper loads the word, copies piece[next] and then CASes the
+ * word from what it loaded to next + 1. The copy may be stale: the helper
+ * may have slept between the load and the CAS while the generation ended
+ * and the owner rewrote the descriptors for the next one. The CAS then
+ * fails, because gen differs, and the copy is thrown away. If the CAS
+ * succeeds the copy is good: the owner rewrites piece[i] only in a later
+ * generation, that is, after it saw piece i taken (next > i) and done, and
+ * "taken" is this very CAS, which (release) comes after the copy, so the
+ * owner's rewrite comes after the copy too. Descriptors are read and
+ * written with relaxed atomics: a stale copy races with the rewrite by
+ * design. ABA: the CAS could succeed on a stale copy only if the word came
+ * back to the same value, that is, after 2^48 generations (each a drain of
+ * a large range) while the helper slept between two instructions.
+ *
+ * Finishing. A helper that flushed cache lines fences (pmem_drain) before
+ * it counts the piece done: a fence orders only the flushes of the CPU
+ * that issues it, so the owner's own fence would not cover them. Its
+ * increment of `done` is a release, the owner's load of it an acquire, so
+ * when the owner sees done + its own == posted every piece is durable and
+ * it may store the commit point. On x86 the helper's flushes are also ordered
+ * after the owner's writes of the records: the helper took the piece with
+ * a locked CAS, which clflushopt/clwb do not pass, and the owner published
+ * it after writing the records. A piece whose msync failed sets `failed`
+ * (before its done, so the owner sees it): the owner reports TERN_EIO and
+ * the pool takes no more commits.
+ *
+ * Helpers stop calling before the pool closes (tern_pm_help says who sees
+ * to it); a drain never returns with a piece posted or running, so a
+ * helper outside pm_board_help holds nothing of the pool.
+ */
+#include <errno.h>
+#include <libpmem.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "log.h"
+#include "pm_flush.h"
+
+#define PIECES_MAX 64u               /* pieces on the board at once (< 256) */
+#define PIECE_LEN (64u * 1024)       /* bytes of a piece, unless the board runs short */
+#define SPLIT_DEFAULT (256u * 1024)   /* on PM; never on a file */
+#define PAGE 4096u                   /* cut points: msync works on whole pages */
+
+struct piece {
+    uintptr_t at;
+    size_t len;
+};
+
+struct pm_board {
+    /* Helpers poll `word`; each shared word has a cache line of its own so
+     * that polling does not slow the owner's other writes. */
+    _Alignas(64) uint64_t word;
+    bool is_pmem;                    /* set before anyone shares the board */
+    bool helped;                     /* someone called pm_board_help: split */
+    _Alignas(64) uint32_t done;
+    uint32_t failed;                 /* an msync of a piece failed (sticky) */
+    _Alignas(64) struct piece piece[PIECES_MAX];
+    /* The owner's alone. */
+    _Alignas(64) bool flushed;       /* the owner flushed lines since its last fence */
+    uint32_t posted;                 /* pieces of the current generation, 0 = none */
+    uint32_t mine;                   /* of which the owner ran */
+    uint32_t split;
+    uint32_t piece_len;
+};
+
+static inline uint32_t w_posted(uint64_t w)
+{
+    return (uint32_t)(w >> 8) & 0xff;
+}
+
+static inline uint32_t w_next(uint64_t w)
+{
+    return (uint32_t)w & 0xff;
+}
+
+static inline void cpu_pause(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#else
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+#endif
+}
+
+struct pm_board *pm_board_new(bool is_pmem, uint32_t split)
+{
+    struct pm_board *b = aligned_alloc(_Alignof(struct pm_board), sizeof(*b));
+
+    if (!b)
+        return NULL;
+    memset(b, 0, sizeof(*b));
+    b->is_pmem = is_pmem;
+    b->split = split ? split : is_pmem ? SPLIT_DEFAULT : UINT32_MAX;
+    /* Half the threshold if that is less than PIECE_LEN: a range at the
+     * threshold is always worth at least two pieces. */
+    b->piece_len = b->split / 2 < PIECE_LEN ? b->split / 2 & ~(PAGE - 1) : PIECE_LEN;
+    if (b->piece_len < PAGE)
+        b->piece_len = PAGE;
+    return b;
+}
+
+void pm_board_free(struct pm_board *b)
+{
+    free(b);
+}
+
+/* Make [at, at+len) durable, or on PM just flush it (a helper fences after
+ * it; the owner once, in pm_flush_wait). */
+static int run(struct pm_board *b, uintptr_t at, size_t len, bool helper)
+{
+    if (b->is_pmem) {
+        pmem_flush((void *)at, len);
+        if (helper)
+            pmem_drain();
+        else
+            b->flushed = true;
+        return 0;
+    }
+    if (pmem_msync((void *)at, len) == 0)
+        return 0;
+    /* Once writeback has failed, Linux may mark the pages clean and report
+     * the error only once, so a retry can "succeed" without writing
+     * anything: the pool must take no commit after this until it is
+     * reopened and recovered from what really is in the file. */
+    tern_log(TERN_LOG_ERROR, "pm", "msync: %s; the pool takes no more commits",
+             strerror(errno));
+    __atomic_store_n(&b->failed, 1, __ATOMIC_RELAXED);
+    return TERN_EIO;
+}
+
+/* Take the next posted piece, if there is one, copying it to *out. */
+static bool take(struct pm_board *b, struct piece *out)
+{
+    uint64_t w = __atomic_load_n(&b->word, __ATOMIC_ACQUIRE);
+
+    while (w_next(w) < w_posted(w)) {
+        const struct piece *pc = &b->piece[w_next(w)];
+
+        out->at = __atomic_load_n(&pc->at, __ATOMIC_RELAXED);
+        out->len = __atomic_load_n(&pc->len, __ATOMIC_RELAXED);
+        if (__atomic_compare_exchange_n(&b->word, &w, w + 1, false, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE))
+            return true;
+    }
+    return false;
+}
+
+int pm_board_help(struct pm_board *b)
+{
+    struct piece pc;
+
+    /* Written once: a store on every call would take the line from the
+     * owner on every poll. */
+    if (!__atomic_load_n(&b->helped, __ATOMIC_RELAXED))
+        __atomic_store_n(&b->helped, true, __ATOMIC_RELAXED);
+    if (!take(b, &pc))
+        return 0;
+    run(b, pc.at, pc.len, true);
+    __atomic_fetch_add(&b->done, 1, __ATOMIC_RELEASE);
+    return 1;
+}
+
+static void post(struct pm_board *b, uintptr_t at, size_t len)
+{
+    struct piece *pc = &b->piece[b->posted];
+
+    __atomic_store_n(&pc->at, at, __ATOMIC_RELAXED);
+    __atomic_store_n(&pc->len, len, __ATOMIC_RELAXED);
+    if (b->posted++ == 0) {
+        uint64_t gen = (__atomic_load_n(&b->word, __ATOMIC_RELAXED) >> 16) + 1;
+
+        __atomic_store_n(&b->word, gen << 16 | 1u << 8, __ATOMIC_RELEASE);
+    } else {
+        __atomic_fetch_add(&b->word, 1u << 8, __ATOMIC_RELEASE);
+    }
+}
+
+int pm_flush(struct pm_board *b, void *addr, size_t n)
+{
+    uintptr_t at = (uintptr_t)addr, end = at + n;
+    uint32_t room = PIECES_MAX - b->posted;
+    size_t len = b->piece_len;
+
+    if (n < b->split || room == 0 || !__atomic_load_n(&b->helped, __ATOMIC_RELAXED))
+        return run(b, at, n, false);
+    /* Longer pieces rather than more than the board holds. */
+    if (n / room >= len)
+        len = (n / room + PAGE) & ~(size_t)(PAGE - 1);
+    while (at < end) {
+        /* Cut at page boundaries, so that no page is msynced twice. */
+        uintptr_t cut = (at + len) & ~(uintptr_t)(PAGE - 1);
+
+        if (cut >= end || b->posted == PIECES_MAX - 1)
+            cut = end;
+        post(b, at, cut - at);
+        at = cut;
+    }
+    return 0;
+}
+
+int pm_flush_wait(struct pm_board *b)
+{
+    struct piece pc;
+
+    while (take(b, &pc)) {
+        run(b, pc.at, pc.len, false);
+        b->mine++;
+    }
+    /* Only pieces helpers are running are left. A helper may have been
+     * preempted mid-piece: after a short spin, give it the CPU. */
+    for (unsigned spins = 0;
+         __atomic_load_n(&b->done, __ATOMIC_ACQUIRE) + b->mine != b->posted; spins++) {
+        if (spins < 1024)
+            cpu_pause();
+        else
+            sched_yield();
+    }
+    __atomic_store_n(&b->done, 0, __ATOMIC_RELAXED);
+    b->posted = b->mine = 0;
+    if (b->flushed) {
+        pmem_drain();
+        b->flushed = false;
+    }
+    return __atomic_load_n(&b->failed, __ATOMIC_RELAXED) ? TERN_EIO : 0;
+}

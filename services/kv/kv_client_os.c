@@ -248,10 +248,11 @@ static bool srv_known(struct tern_kv *kv, struct kv_server *srv)
 enum way { BY_RPC, BY_WINDOW, BY_PUSH, BY_LEASE };
 
 /* How a GET goes to this server. TERN_KV_PATH_AUTO reads the window where
- * reads cost the server nothing (shm: loads; rdma: the NIC), has the
- * server push the record on ntb (reads cross PCIe one way and back and
- * are served by the peer's CPU, while a write is a posted store), and
- * stays RPC on tcp, where every one-sided operation is a served message. */
+ * reads cost the server nothing (shm: loads; rdma: the NIC) and stays RPC
+ * elsewhere. On ntb a window read is a served round trip each (two per
+ * GET), and a push is a ring record the client's CPU copies out, plus a
+ * checksum: measured, both lose to an RPC reply (docs/KV.md). On tcp every
+ * one-sided operation is a served message. */
 static enum way get_way(struct tern_kv *kv, struct kv_server *srv)
 {
     if (!srv_known(kv, srv))
@@ -262,9 +263,7 @@ static enum way get_way(struct tern_kv *kv, struct kv_server *srv)
     case TERN_KV_PATH_PUSH:
         return BY_PUSH;
     case TERN_KV_PATH_AUTO:
-        return srv->os.fabric == OS_SHM || srv->os.fabric == OS_RDMA ? BY_WINDOW
-               : srv->os.fabric == OS_NTB                            ? BY_PUSH
-                                                                     : BY_RPC;
+        return srv->os.fabric == OS_SHM || srv->os.fabric == OS_RDMA ? BY_WINDOW : BY_RPC;
     default:
         return BY_RPC;
     }
@@ -366,6 +365,17 @@ static int op_by_rpc(struct kv_op *op, uint16_t method)
     if (method == KV_M_GET)
         op->kv->os->st.gets_rpc++;
     return kv_op_call(op, method, op->key, op->klen, op->val, op->vlen);
+}
+
+/* From a completion: hand the op over to the RPC path or, if the call
+ * cannot be sent (kv_op_call has freed the op then), end it with `status`. */
+static void op_by_rpc_or_end(struct kv_op *op, uint16_t method, int status)
+{
+    tern_kv_cb cb = op->cb;
+    void *arg = op->arg;
+
+    if (op_by_rpc(op, method) < 0 && cb)
+        cb(arg, status, NULL, 0, 0);
 }
 
 /* The op's bucket in a copy of its block, if a whole one has its tag.
@@ -511,8 +521,7 @@ static void on_record(void *arg, int status)
 
     stage_retire(op, status);
     if (status < 0) {
-        if (op_by_rpc(op, KV_M_GET) < 0)
-            op_finish(op, status, NULL, 0, 0);
+        op_by_rpc_or_end(op, KV_M_GET, status);
         return;
     }
     rec = stage_mem(c, op->stage) + sizeof(struct kvw_block);
@@ -546,8 +555,7 @@ static void on_block(void *arg, int status)
             get_read_block(op);
             return;
         }
-        if (op_by_rpc(op, KV_M_GET) < 0)
-            op_finish(op, TERN_EIO, NULL, 0, 0);
+        op_by_rpc_or_end(op, KV_M_GET, TERN_EIO);
         return;
     }
     ce = cache_find(&c->cache, op->hash, op->key, op->klen);
@@ -561,15 +569,14 @@ static void on_block(void *arg, int status)
         return;
     }
     if (!rec_readable(info, &op->bk) || op->bk.size > STAGE_SLOT - sizeof(struct kvw_block)) {
-        if (op_by_rpc(op, KV_M_GET) < 0)
-            op_finish(op, TERN_EIO, NULL, 0, 0);
+        op_by_rpc_or_end(op, KV_M_GET, TERN_EIO);
         return;
     }
     rc = tern_session_get(op->srv->s, c->stage_mr,
                           (size_t)op->stage * STAGE_SLOT + sizeof(struct kvw_block),
                           op->bk.size, &info->pool, rec_off(info, op->bk.loc), on_record, op);
-    if (rc < 0 && op_by_rpc(op, KV_M_GET) < 0)
-        op_finish(op, rc, NULL, 0, 0);
+    if (rc < 0)
+        op_by_rpc_or_end(op, KV_M_GET, rc);
 }
 
 static void get_read_block(struct kv_op *op)
@@ -583,8 +590,8 @@ static void get_read_block(struct kv_op *op)
                               sizeof(struct kvw_block), &info->window,
                               kvw_block_off(kvw_block_of(op->hash, info->n_blocks)), on_block,
                               op);
-    if (rc < 0 && op_by_rpc(op, KV_M_GET) < 0)
-        op_finish(op, rc, NULL, 0, 0);
+    if (rc < 0)
+        op_by_rpc_or_end(op, KV_M_GET, rc);
 }
 
 /* ---- GET by server push ---- */
@@ -624,8 +631,7 @@ static void pget_done(void *arg, int status, const void *reply, size_t len)
         c->st.torn++;
         if (++op->tries < MAX_TRIES && pget_send(op) == 0)
             return;
-        if (op_by_rpc(op, KV_M_GET) < 0)
-            op_finish(op, TERN_EIO, NULL, 0, 0);
+        op_by_rpc_or_end(op, KV_M_GET, TERN_EIO);
         return;
     }
     r = (const void *)rec;
@@ -647,10 +653,6 @@ static int pget_send(struct kv_op *op)
     iov[1] = (struct iovec){.iov_base = (void *)op->key, .iov_len = op->klen};
     rc = tern_callv(srv->s, TERN_KV_SERVICE_ID, KV_M_PGET, iov, 2, op->kv->timeout, pget_done,
                     op, NULL);
-    if (rc < 0) {
-        stage_put(op->kv->os, op->stage);
-        kv_op_put(op->kv, op);
-    }
     return rc;
 }
 
@@ -668,9 +670,9 @@ int kv_os_get(struct tern_kv *kv, const void *key, size_t klen, tern_kv_cb cb, v
         break;
     case BY_PUSH:
         op->stage = stage_get(kv->os);
-        if (op->stage < 0)
+        if (op->stage < 0 || pget_send(op) < 0)
             return op_by_rpc(op, KV_M_GET);
-        return pget_send(op);
+        return 0;
     default:
         return op_by_rpc(op, KV_M_GET);
     }
@@ -697,8 +699,8 @@ static void lput_done(void *arg, int status, const void *reply, size_t len)
          * and store this value by RPC meanwhile. */
         if (srv->os.leased && srv->os.lease.seg == op->lput.seg)
             lease_ask(op->kv, srv);
-        if (op_by_rpc(op, KV_M_PUT) == 0)
-            return;
+        op_by_rpc_or_end(op, KV_M_PUT, status);
+        return;
     }
     if (status == 0 && len != sizeof(struct kv_val))
         status = TERN_EPROTO;

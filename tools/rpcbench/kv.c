@@ -631,7 +631,7 @@ static int kv_bench(struct kv_ctx *c, const struct ycsb_workload *w, size_t vsiz
             double ratio = (double)hist_quantile(&hist, 0.5) / (double)echo_p50;
             size_t n = strlen(json_extra);
 
-            snprintf(json_extra + n, sizeof(json_extra) - n, ",\"ratio_to_echo_p50\":%.3f",
+            snprintf(json_extra + n, sizeof(json_extra) - n, ",\"ratio_to_echo_p50\":%.4g",
                      ratio);
             n = strlen(row_extra);
             snprintf(row_extra + n, sizeof(row_extra) - n, " %8.2f", ratio);

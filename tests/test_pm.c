@@ -63,6 +63,7 @@ static struct {
  * some. */
 static __thread unsigned helper_no;
 static unsigned helper_sync_delay_us, owner_piece_delay_us;
+static unsigned helper_pieces_started;
 static int helper_sync_fail;         /* this many helper msyncs fail with EIO */
 
 static void sync_log_start(void)
@@ -101,8 +102,10 @@ static void sync_log_add(int kind, const void *addr, size_t len)
 /* Pieces are at least a page; commit points and headers are not. */
 static void piece_delay(size_t len)
 {
-    if (helper_no && helper_sync_delay_us)
-        usleep(helper_sync_delay_us);
+    if (helper_no)
+        __atomic_fetch_add(&helper_pieces_started, 1, __ATOMIC_RELAXED);
+    if (helper_no && __atomic_load_n(&helper_sync_delay_us, __ATOMIC_RELAXED))
+        usleep(__atomic_load_n(&helper_sync_delay_us, __ATOMIC_RELAXED));
     else if (!helper_no && owner_piece_delay_us && len >= 4096)
         usleep(owner_piece_delay_us);
 }
@@ -1672,9 +1675,12 @@ static unsigned pieces_in(const void *at, size_t n, size_t *longest)
 }
 
 /* Append and commit record `i`, and check that every byte of it was made
- * durable, in more than one piece, before its segment's commit point (on a
- * file msynced; on PM flushed, and fenced by the thread that flushed). */
-static void big_commit_len(struct tern_pm_pool *p, unsigned i, uint32_t len, size_t piece)
+ * durable before its segment's commit point (on a file msynced; on PM
+ * flushed, and fenced by the thread that flushed), in pieces of at most
+ * `piece` bytes, more than one if `split` (on PM, a commit that follows one
+ * whose helper was late is not split: see late_helper_not_waited_for). */
+static void big_commit_len(struct tern_pm_pool *p, unsigned i, uint32_t len, size_t piece,
+                           bool split)
 {
     uint32_t size = tern_pm_rec_size(5, len);
     tern_pm_loc loc = big_put(p, i, len);
@@ -1689,13 +1695,16 @@ static void big_commit_len(struct tern_pm_pool *p, unsigned i, uint32_t len, siz
     ck_assert_int_ge(used, 0);
     ck_assert_msg(synced_before(rec, size, (unsigned)used),
                   "record %u (%u bytes) not all durable before its commit point", i, size);
-    ck_assert_uint_gt(pieces_in(rec, size, &longest), 1);
-    ck_assert_uint_le(longest, piece);
+    if (split)
+        ck_assert_uint_gt(pieces_in(rec, size, &longest), 1);
+    else
+        pieces_in(rec, size, &longest);
+    ck_assert_uint_le(longest, split ? piece : size);
 }
 
-static void big_commit(struct tern_pm_pool *p, unsigned i)
+static void big_commit(struct tern_pm_pool *p, unsigned i, bool split)
 {
-    big_commit_len(p, i, big_len(i), SPLIT / 2);
+    big_commit_len(p, i, big_len(i), SPLIT / 2, split);
 }
 
 /* (a) With helpers, large records commit in pieces, partly flushed by the
@@ -1714,7 +1723,7 @@ START_TEST(split_flush_with_helpers)
     owner_piece_delay_us = 300;
     helpers_start(&h, p, 2);
     for (unsigned i = 0; i < BIG_RECS; i++)
-        big_commit(p, i);
+        big_commit(p, i, _i == MODE_MSYNC);
     ran = helpers_stop(&h);
     ck_assert_msg(ran > 0, "the helpers ran no piece in %u commits", BIG_RECS);
     tern_pm_close(p);
@@ -1738,7 +1747,7 @@ START_TEST(split_flush_contended)
 
     helpers_start(&h, p, 2);
     for (; tern_pm_free_segs(p) > 3; n++)
-        big_commit_len(p, n % 64, 100u * 1024 + (n % 7) * 1000, 4096);
+        big_commit_len(p, n % 64, 100u * 1024 + (n % 7) * 1000, 4096, _i == MODE_MSYNC);
     helpers_stop(&h);
     tern_pm_close(p);
     big_reopen(&s);
@@ -1754,7 +1763,7 @@ START_TEST(split_flush_alone)
 
     help_once(p);
     for (unsigned i = 0; i < BIG_RECS; i++)
-        big_commit(p, i);
+        big_commit(p, i, true);
     ck_assert_int_eq(tern_pm_help(p), 0);    /* nothing is left posted */
     tern_pm_close(p);
     big_reopen(&s);
@@ -1836,6 +1845,36 @@ START_TEST(split_flush_threshold)
     ck_assert_uint_le(pieces_in(rec, size, &longest), 64);
     ck_assert_uint_gt(longest, SPLIT / 2);
     tern_pm_close(p);
+}
+END_TEST
+
+/* On PM, a helper that holds a piece for long (preempted; here it sleeps
+ * 200 ms) is not waited for: the owner flushes that piece again itself and
+ * commits, and posts nothing until the helper is done, so the next commit
+ * is flushed in one piece; once the helper is back, commits split again. */
+START_TEST(late_helper_not_waited_for)
+{
+    struct tern_pm_pool *p = open_big(BSEG, SPLIT, MODE_PMEM);
+    struct helpers h;
+    struct big_seen s;
+    size_t longest;
+
+    helper_sync_delay_us = 200000;
+    owner_piece_delay_us = 300;
+    helpers_start(&h, p, 1);
+    big_commit(p, 0, true);
+    ck_assert_uint_ge(__atomic_load_n(&helper_pieces_started, __ATOMIC_RELAXED), 1);
+    ck_assert_msg(__atomic_load_n(&h.ran, __ATOMIC_RELAXED) == 0,
+                  "the commit waited for a helper that slept");
+    ck_assert_uint_eq(pieces_of(p, 1, big_len(1), &longest), 1);
+    while (__atomic_load_n(&h.ran, __ATOMIC_RELAXED) == 0)
+        usleep(1000);
+    __atomic_store_n(&helper_sync_delay_us, 0, __ATOMIC_RELAXED);
+    big_commit(p, 2, true);
+    helpers_stop(&h);
+    tern_pm_close(p);
+    big_reopen(&s);
+    ck_assert_uint_eq(s.n, 3);
 }
 END_TEST
 
@@ -1956,6 +1995,7 @@ Suite *suite_pm(void)
     tcase_add_loop_test(tc, split_flush_contended, MODE_MSYNC, MODE_PMEM + 1);
     tcase_add_loop_test(tc, split_flush_threshold, MODE_MSYNC, MODE_PMEM + 1);
     tcase_add_test(tc, helper_msync_failure_stops_commits);
+    tcase_add_test(tc, late_helper_not_waited_for);
     tcase_add_loop_test(tc, helpers_then_kill, MODE_MSYNC, MODE_PMEM + 1);
     suite_add_tcase(s, tc);
     return s;

@@ -20,11 +20,13 @@
  *
  * One thread owns a pool and makes every call below, with one exception:
  * tern_pm_help(), which any other thread may call to take a share of a
- * large flush (BOOM-KV's cooperative write-back). The owner cuts a dirty
- * range of opts.split_flush bytes or more into pieces and posts them on a
- * board in the pool; helpers take pieces by an atomic compare-and-swap,
- * the owner runs those nobody took and waits for the rest before it moves
- * a commit point. Nothing here takes a lock.
+ * large flush (BOOM-KV's cooperative write-back). Once some thread has
+ * called it, the owner cuts a dirty range of opts.split_flush bytes or more
+ * into pieces and posts them on a board in the pool; helpers take pieces
+ * by an atomic compare-and-swap, the owner runs those nobody took and waits
+ * for the rest before it moves a commit point (on PM only briefly: a
+ * helper preempted while it holds a piece has the piece flushed again by
+ * the owner). Nothing here takes a lock.
  */
 #ifndef TERN_PM_H
 #define TERN_PM_H

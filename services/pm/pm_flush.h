@@ -27,10 +27,11 @@ void pm_board_free(struct pm_board *b);
  * msync failed here. */
 int pm_flush(struct pm_board *b, void *at, size_t n);
 
-/* Owner: run the pieces nobody took, wait for those helpers took, then
- * fence. Always leaves the board empty, so it must follow pm_flush() even
- * after a failure. TERN_EIO if any msync failed, now or ever before on
- * this board. */
+/* Owner: run the pieces nobody took, wait for those helpers took (on PM,
+ * for a while: then it flushes their pieces itself), then fence. Always
+ * leaves no piece to take, so it must follow pm_flush() even after a
+ * failure. TERN_EIO if any msync failed, now or ever before on this
+ * board. */
 int pm_flush_wait(struct pm_board *b);
 
 /* Any thread: run one posted piece. 1 if it ran one, 0 if none was

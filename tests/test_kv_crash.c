@@ -15,7 +15,8 @@
  * and of verify()'s GETs, so that they cannot pass on RPC alone.
  *
  * TERN_CRASH_ROUNDS sets the number of kill points of every variant
- * (default: each variant's own, 100 for the RPC one). */
+ * (default: 100 for the RPC one, 60 for the others); TERN_CRASH_VERBOSE=1
+ * prints what each variant did and how long it took. */
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -61,6 +62,13 @@ __attribute__((constructor)) static void rdma_listen_init(void)
 }
 #endif
 
+/* The fast-path variants run 60 rounds by default (TERN_CRASH_ROUNDS sets
+ * every variant's): with the RPC variant's 100 the suite, which CI runs
+ * twice (plain and sanitized builds), stays within about a minute on a
+ * loaded two-CPU host. Mutants of the one-sided PUT's durability (no
+ * commit, the reply before the commit, leased records never committed)
+ * failed every fast-path variant within a few rounds, AUTO (which leases
+ * only half its PUTs) within about 25. */
 static const struct variant variants[] = {
     /* The RPC path, alternating TCP and shared memory; values from 8 to
      * ~700 bytes, so records straddle cache lines and pages. */
@@ -70,18 +78,16 @@ static const struct variant variants[] = {
      * first ones of a round, and those while a full segment is replaced,
      * go by RPC meanwhile), every GET from the window and the pool. */
     {"onesided-shm", TERN_KV_PATH_ONESIDED, true, {"shm://auto", "shm://auto"}, "shm://auto",
-     0, 700, 100},
+     0, 700, 60},
     /* AUTO: values of 1 KiB and more go one-sided, smaller ones inline in
      * an RPC; the lengths (~520 to ~1550 bytes) straddle 1 KiB, so each
      * round mixes both paths on the same keys. */
     {"auto-shm", TERN_KV_PATH_AUTO, true, {"shm://auto", "shm://auto"}, "shm://auto",
-     AUTO_MIN / 2, AUTO_MIN, 100},
+     AUTO_MIN / 2, AUTO_MIN, 60},
 #if TERN_HAVE_RDMA
     /* The same over rdma (softverbs unless TERN_TEST_RDMA_IP names a NIC's
      * address): a record goes by RDMA WRITE from a staging slot and its
-     * LPUT right behind it on the same session; a GET is two RDMA READs.
-     * 60 rounds: an emulated-rdma round costs more than a shm one, and the
-     * suite runs twice in CI (plain and sanitized builds). */
+     * LPUT right behind it on the same session; a GET is two RDMA READs. */
     {"onesided-rdma", TERN_KV_PATH_ONESIDED, true, {rdma_listen, rdma_listen}, rdma_listen,
      0, 700, 60},
     {"auto-rdma", TERN_KV_PATH_AUTO, true, {rdma_listen, rdma_listen}, rdma_listen,
@@ -125,6 +131,7 @@ struct pending {
     uint64_t result;                 /* the seq the key holds once this applies */
     bool busy;
     int len;                         /* of the value (a PUT) */
+    bool lease_held;                 /* sent after the round's first lease came */
     char *val;
 };
 
@@ -132,6 +139,11 @@ static struct pending pend[WINDOW];
 static unsigned n_busy;
 static uint64_t n_acked;
 static uint64_t n_puts_acked, n_big_puts_acked;    /* big: AUTO_MIN bytes and more */
+/* The fast paths: a round's PUTs go by RPC until its first lease comes.
+ * Acknowledged writes sent after that (all of them on the RPC path), and
+ * of them the PUTs that could have gone through the lease (AUTO: the big
+ * ones). */
+static uint64_t n_leased_acks, n_eligible;
 
 /* "key:seq:" and then padding that depends on seq and position, so that a
  * record put together from two writes, or shifted, does not pass. */
@@ -170,20 +182,34 @@ static void on_ack(void *arg, int status, const void *val, size_t len, uint64_t 
         ks->acked = p->result;
         drop_inflight(ks, p->result);
         n_acked++;
+        n_leased_acks += p->lease_held;
         if (status == 0 && p->result) {
+            bool big = p->len >= (int)AUTO_MIN;
+
             n_puts_acked++;
-            n_big_puts_acked += p->len >= (int)AUTO_MIN;
+            n_big_puts_acked += big;
+            n_eligible += p->lease_held && (big || var->path != TERN_KV_PATH_AUTO);
         }
     }
     /* Any other failure (the server died) leaves the write in doubt: it
      * stays in the in-flight set. */
 }
 
-/* Keep WINDOW writes going until `until_ms`, or until the session dies. */
+/* Keep WINDOW writes going until `until_ms`, or until the session dies.
+ * On a host so loaded that fewer than ROUND_ACKS writes were acknowledged
+ * by then (on the fast paths: since the round's first lease came), go on
+ * until they are, for up to 2 s more: every kill should find writes of the
+ * path under test in flight. Unloaded rounds see hundreds. */
+#define ROUND_ACKS 12
 static void write_until(struct tern_rpc_ep *ep, struct tern_kv *kv, uint64_t *seq,
                         double until_ms, unsigned *rnd)
 {
-    while (now_ms() < until_ms) {
+    uint64_t acked0 = n_leased_acks;
+    bool leased = var->path == TERN_KV_PATH_RPC;
+    double now;
+
+    while ((now = now_ms()) < until_ms ||
+           (n_leased_acks - acked0 < ROUND_ACKS && now < until_ms + 2000)) {
         for (unsigned w = 0; w < WINDOW && n_busy < WINDOW; w++) {
             struct pending *p = &pend[w];
             char k[16];
@@ -197,6 +223,13 @@ static void write_until(struct tern_rpc_ep *ep, struct tern_kv *kv, uint64_t *se
                 continue;
             klen = snprintf(k, sizeof(k), "k%d", p->key);
             p->val = vals[w];
+            if (!leased) {
+                struct tern_kv_os_stats st;
+
+                tern_kv_get_os_stats(kv, &st);
+                leased = st.leases > 0;
+            }
+            p->lease_held = leased;
             if (rand_r(rnd) % 8 == 0) {
                 p->result = 0;
                 p->len = 0;
@@ -322,8 +355,12 @@ static pid_t start_janitor(int *fd)
 
         setpgid(0, 0);
         close(fds[1]);
-        while (read(fds[0], &c, 1) != 0 && errno == EINTR)
-            ;
+        for (;;) {
+            ssize_t r = read(fds[0], &c, 1);
+
+            if (r == 0 || (r < 0 && errno != EINTR))
+                break;
+        }
         unlink(pool_path);
         rmdir(dir);
         _exit(0);
@@ -377,7 +414,7 @@ START_TEST(kill9_loses_no_acknowledged_write)
     memset(keys, 0, sizeof(keys));
     memset(pend, 0, sizeof(pend));
     n_busy = 0;
-    n_acked = n_puts_acked = n_big_puts_acked = 0;
+    n_acked = n_puts_acked = n_big_puts_acked = n_leased_acks = n_eligible = 0;
     test_pool_dir(dir, sizeof(dir), "crash");
     snprintf(pool_path, sizeof(pool_path), "%s/kv.pool", dir);
     janitor = start_janitor(&janitor_fd);
@@ -421,35 +458,41 @@ START_TEST(kill9_loses_no_acknowledged_write)
         tern_kv_close(kv);
         stop_server(pid);
     }
+    /* TERN_CRASH_VERBOSE=1: what each variant did, and how long it took. */
     if (getenv("TERN_CRASH_VERBOSE"))
         fprintf(stderr,
-                "kv_crash %s: %u rounds, %llu acked (%llu puts, %llu of >= 1 KiB); "
-                "one-sided: %llu puts, %llu leases, %llu of %llu gets direct, %llu torn; %u polls; %.0f ms\n",
-                var->name, n, (unsigned long long)n_acked, (unsigned long long)n_puts_acked,
-                (unsigned long long)n_big_puts_acked, (unsigned long long)t.puts,
-                (unsigned long long)t.leases, (unsigned long long)t.gets_direct,
-                (unsigned long long)t.present, (unsigned long long)t.torn, max_polls, now_ms() - t0);
+                "kv_crash %s: %u rounds, %.0f ms; %llu acked (%llu puts, %llu of 1 KiB+); "
+                "one-sided: %llu of %llu puts, %llu leases, %llu of %llu GETs, %llu torn; "
+                "%u polls for the pool lock\n",
+                var->name, n, now_ms() - t0, (unsigned long long)n_acked,
+                (unsigned long long)n_puts_acked, (unsigned long long)n_big_puts_acked,
+                (unsigned long long)t.puts, (unsigned long long)n_eligible,
+                (unsigned long long)t.leases,
+                (unsigned long long)t.gets_direct, (unsigned long long)t.present,
+                (unsigned long long)t.torn, max_polls);
     ck_assert_uint_gt(n_acked, 10 * n);     /* the rounds did write */
     if (var->path == TERN_KV_PATH_RPC) {
         ck_assert_uint_eq(t.puts + t.gets_direct + t.leases, 0);
     } else {
-        /* The fast paths did the work. A PUT goes by RPC only while a
-         * lease is asked for (a round's first ones, and those while a full
-         * segment is replaced, which in this small pool means cleaning):
-         * about 60% of ONESIDED's go one-sided on shm, 85-95% on rdma, and
-         * half of AUTO's big ones (from a run under load to a quiet one).
-         * AUTO takes no small PUT one-sided. Every GET of a present key is
-         * answered from the window and the pool: nothing writes while
-         * verify() reads. */
-        uint64_t eligible = var->path == TERN_KV_PATH_AUTO ? n_big_puts_acked : n_puts_acked;
+        /* The fast paths did the work. A PUT goes by RPC while a lease is
+         * asked for: a round's first ones, and those while a full segment
+         * is replaced (in this small pool, after some cleaning). Of those
+         * sent once the round had a lease, about 65% go one-sided on shm
+         * with ONESIDED and 95% on rdma; of AUTO's big ones 45-55% on shm
+         * and 90% on rdma; more on a loaded host, where rounds are short.
+         * The bars below leave room under the lowest of those. AUTO takes
+         * no small PUT one-sided. Every GET of a present key is answered
+         * from the window and the pool: nothing writes while verify()
+         * reads. */
+        unsigned share = var->path == TERN_KV_PATH_AUTO ? 25 : 40;     /* percent */
 
-        ck_assert_msg(t.puts <= eligible, "%s: %llu one-sided PUTs, only %llu could be",
-                      var->name, (unsigned long long)t.puts, (unsigned long long)eligible);
-        ck_assert_msg(eligible >= 2 * n && t.puts * 3 >= eligible,
-                      "%s: %llu of %llu PUTs went one-sided", var->name,
-                      (unsigned long long)t.puts, (unsigned long long)eligible);
         ck_assert_msg(t.leases >= n / 4, "%s: %llu leases in %u rounds", var->name,
                       (unsigned long long)t.leases, n);
+        ck_assert_msg(t.puts <= n_eligible, "%s: %llu one-sided PUTs, only %llu could be",
+                      var->name, (unsigned long long)t.puts, (unsigned long long)n_eligible);
+        ck_assert_msg(n_eligible >= n && t.puts * 100 >= n_eligible * share,
+                      "%s: %llu of %llu PUTs went one-sided, less than %u%%", var->name,
+                      (unsigned long long)t.puts, (unsigned long long)n_eligible, share);
         ck_assert_msg(t.present > 10 * n && t.gets_direct * 10 >= t.present * 9,
                       "%s: %llu of %llu GETs of present keys were one-sided", var->name,
                       (unsigned long long)t.gets_direct, (unsigned long long)t.present);

@@ -117,7 +117,7 @@ new=$(leftovers | grep -vxF -e "${before:-^}" || true)
 [ -z "$new" ] || { echo "rpcbench kv left files in /dev/shm:" $new; exit 1; }
 # Bad options are refused with a usage message, not a crash.
 for bad in "--workload Z" "--dist pareto" "--value-size banana" "--key-size 6" "--fabric nope" \
-           "--path nope" "--path rpc,rpc,rpc,rpc"; do
+           "--path nope" "--path rpc,rpc,rpc,rpc,rpc"; do
     # shellcheck disable=SC2086
     if "$bench" kv $bad --iters 10 >/dev/null 2>&1; then echo "kv $bad accepted"; exit 1; fi
 done

@@ -491,6 +491,11 @@ const char *tern_session_fabric(const struct tern_session *s)
     return tern_tp_fabric(tern_tp_conn_ep(s->conn));
 }
 
+uint32_t tern_session_caps(const struct tern_session *s)
+{
+    return tern_tp_caps(tern_tp_conn_ep(s->conn));
+}
+
 int tern_rpc_connect(struct tern_rpc_ep *ep, const char *uri, uint64_t timeout_ns,
                      struct tern_session **out)
 {

@@ -183,19 +183,14 @@ static void rpc_housekeeping(struct tern_rpc_ep *ep)
 int rpc_tp_for(struct tern_rpc_ep *ep, const char *uri, const char **addr,
                struct tern_tp_ep **tp)
 {
-    const char *sep = uri ? strstr(uri, "://") : NULL;
-    char fabric[16];
-    size_t fl;
+    int id = tern_tp_uri_fabric(uri);
     int rc;
 
-    if (!sep || sep == uri || (size_t)(sep - uri) >= sizeof(fabric) || !sep[3])
-        return TERN_EBADADDR;
-    fl = (size_t)(sep - uri);
-    memcpy(fabric, uri, fl);
-    fabric[fl] = 0;
-    *addr = sep + 3;
+    if (id < 0)
+        return id == TERN_ENOFABRIC ? TERN_ENOFABRIC : TERN_EBADADDR;
+    *addr = strstr(uri, "://") + 3;
     for (unsigned i = 0; i < ep->n_tp; i++) {
-        if (strcmp(tern_tp_fabric(ep->tp[i]), fabric) == 0) {
+        if (tern_tp_fabric_id(ep->tp[i]) == id) {
             *tp = ep->tp[i];
             return 0;
         }
@@ -203,7 +198,7 @@ int rpc_tp_for(struct tern_rpc_ep *ep, const char *uri, const char **addr,
     if (ep->n_tp == RPC_MAX_FABRICS)
         return TERN_ENOBUFS;
     struct tern_tp_config tc = {
-        .fabric = fabric, .mode = ep->cfg.mode,
+        .fabric = tern_tp_fabric_names()[id], .mode = ep->cfg.mode,
         .max_msg = ep->cfg.max_msg + sizeof(struct rpc_hdr),
         .max_conns = ep->cfg.max_sessions,
     };
@@ -237,7 +232,7 @@ int tern_rpc_listen(struct tern_rpc_ep *ep, const char *uri, char *bound, size_t
     if (bound && bound_len)
         snprintf(bound, bound_len, "%s://%s", tern_tp_fabric(tp), tb);
     /* Clients that arrive over TCP learn about the faster ways in. */
-    if (strcmp(tern_tp_fabric(tp), "tcp") != 0) {
+    if (tern_tp_selectable(tp)) {
         char node[128];
         size_t used = strlen(ep->ads);
 

@@ -148,6 +148,13 @@ int tern_session_status(const struct tern_session *s);
 /* The fabric a session runs on ("tcp", "shm", ...). */
 const char *tern_session_fabric(const struct tern_session *s);
 
+/* What the fabric the session runs on now can do: TERN_TP_CAP_* bits of
+ * transport.h. Services choose their paths by these, never by the fabric's
+ * name: TERN_TP_CAP_RMA_OFFLOAD says one-sided operations complete without
+ * the server's CPU, TERN_TP_CAP_PUT/GET that they exist at all. The answer
+ * changes when an auto:// session moves (tern_session_epoch). */
+uint32_t tern_session_caps(const struct tern_session *s);
+
 /* Calls the server lets this session have in flight at once. */
 unsigned tern_session_credits(const struct tern_session *s);
 

@@ -168,7 +168,7 @@ struct tern_rpc_ep {
     struct rpc_service services[RPC_MAX_SERVICES];
     unsigned n_services;
     uint8_t svc_slot[65536];        /* service id -> index + 1, 0 = none */
-    char ads[1024];                 /* "fabric://addr@node;" per non-tcp listener */
+    char ads[1024];                 /* "fabric://addr@node;" per selectable listener */
     struct rpc_replay *replays;     /* per client token (server side) */
     struct tern_session *sessions;
     struct tern_session *zombies;

@@ -1,8 +1,11 @@
 /* Per-peer fabric choice: which advertised fabrics are reachable, and how
  * policy and scores order them. */
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "suites.h"
 #include "tern_config.h"
@@ -113,6 +116,82 @@ START_TEST(malformed_ads_are_ignored)
 }
 END_TEST
 
+/* What each fabric's descriptor says of itself, through the public calls
+ * that tools and tests use instead of comparing fabric names. */
+START_TEST(descriptors_answer_for_every_fabric)
+{
+    char uri[128], label[32];
+    int n = 0;
+
+    for (const char *const *f = tern_tp_fabric_names(); *f; f++, n++) {
+        /* Every fabric has a local address, and it names that fabric. */
+        ck_assert_int_eq(tern_tp_local_uri(*f, "selftest", uri, sizeof(uri)), 0);
+        ck_assert_int_eq(tern_tp_uri_fabric(uri), n);
+        /* Its label is the fabric's name, or NAME-emu on an emulated device. */
+        tern_tp_uri_label(uri, label, sizeof(label));
+        ck_assert_msg(strncmp(label, *f, strlen(*f)) == 0 &&
+                          (!label[strlen(*f)] || strcmp(label + strlen(*f), "-emu") == 0),
+                      "%s labelled %s", *f, label);
+        ck_assert_uint_ne(tern_tp_fabric_caps(*f) & TERN_TP_CAP_MSG, 0);
+        /* Offloaded one-sided access needs the operations themselves. */
+        if (tern_tp_fabric_caps(*f) & TERN_TP_CAP_RMA_OFFLOAD)
+            ck_assert_uint_eq(tern_tp_fabric_caps(*f) & (TERN_TP_CAP_PUT | TERN_TP_CAP_GET),
+                              TERN_TP_CAP_PUT | TERN_TP_CAP_GET);
+        /* Too small a buffer, a tag no address can hold. */
+        ck_assert_int_eq(tern_tp_local_uri(*f, "selftest", uri, 4), TERN_EINVAL);
+    }
+    ck_assert_int_eq(tern_tp_local_uri("carrier-pigeon", "x", uri, sizeof(uri)), TERN_ENOFABRIC);
+    ck_assert_int_eq(tern_tp_local_uri("shm", "bad name!", uri, sizeof(uri)), TERN_EINVAL);
+    ck_assert_int_eq(tern_tp_local_uri("ntb", "bad name!", uri, sizeof(uri)), TERN_EINVAL);
+    ck_assert_int_eq(tern_tp_uri_fabric("carrier-pigeon://x"), TERN_ENOFABRIC);
+    ck_assert_int_eq(tern_tp_uri_fabric("no-scheme"), TERN_EBADADDR);
+    ck_assert_int_eq(tern_tp_uri_fabric("tcp://"), TERN_EBADADDR);
+    ck_assert_str_eq(tern_tp_uri_label("ntb://emu:x", label, sizeof(label)), "ntb-emu");
+    ck_assert_str_eq(tern_tp_uri_label("ntb://hw", label, sizeof(label)), "ntb");
+    ck_assert_str_eq(tern_tp_uri_label("what://x", label, sizeof(label)), "?");
+    /* Only the fabrics a session may move to offload one-sided work. */
+    ck_assert_uint_eq(tern_tp_fabric_caps("tcp") & TERN_TP_CAP_RMA_OFFLOAD, 0);
+    ck_assert_uint_eq(tern_tp_fabric_caps("ntb") & TERN_TP_CAP_RMA_OFFLOAD, 0);
+    ck_assert_uint_ne(tern_tp_fabric_caps("shm") & TERN_TP_CAP_RMA_OFFLOAD, 0);
+}
+END_TEST
+
+/* An emulated NTB device that a SIGKILLed process left behind is swept; one
+ * that a live endpoint holds is not. */
+START_TEST(sweep_removes_only_orphaned_devices)
+{
+    struct tern_tp_config cfg = {.fabric = "ntb", .max_msg = 4096};
+    struct tern_tp_ep *live;
+    char orphan[64], held[64], path[96];
+    int status;
+    pid_t pid;
+
+    snprintf(orphan, sizeof(orphan), "emu:sweep-orphan-%d", (int)getpid());
+    snprintf(held, sizeof(held), "emu:sweep-held-%d", (int)getpid());
+    pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        struct tern_tp_ep *ep;
+
+        if (tern_tp_open(&cfg, &ep) < 0 || tern_tp_listen(ep, orphan, NULL, 0) < 0)
+            _exit(1);
+        raise(SIGKILL);     /* no chance to remove its device */
+    }
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert(WIFSIGNALED(status));
+    snprintf(path, sizeof(path), "/dev/shm/tern-ntb.%s", orphan + 4);
+    ck_assert_int_eq(access(path, F_OK), 0);
+    ck_assert_int_eq(tern_tp_open(&cfg, &live), 0);
+    ck_assert_int_eq(tern_tp_listen(live, held, NULL, 0), 0);
+    tern_tp_sweep();
+    ck_assert_int_ne(access(path, F_OK), 0);
+    snprintf(path, sizeof(path), "/dev/shm/tern-ntb.%s", held + 4);
+    ck_assert_int_eq(access(path, F_OK), 0);
+    tern_tp_close(live);    /* the last side out removes its own */
+    ck_assert_int_ne(access(path, F_OK), 0);
+}
+END_TEST
+
 Suite *suite_select(void)
 {
     Suite *s = suite_create("select");
@@ -126,6 +205,8 @@ Suite *suite_select(void)
 #endif
     tcase_add_test(tc, policy_filters_and_orders);
     tcase_add_test(tc, malformed_ads_are_ignored);
+    tcase_add_test(tc, descriptors_answer_for_every_fabric);
+    tcase_add_test(tc, sweep_removes_only_orphaned_devices);
     suite_add_tcase(s, tc);
     return s;
 }

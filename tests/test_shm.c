@@ -16,7 +16,7 @@ static unsigned count_links(struct tern_tp_ep *ep)
 {
     unsigned n = 0;
 
-    for (struct shm_link *l = SEP(ep)->links; l; l = l->next)
+    for (struct ring_link *l = REP(ep)->links; l; l = l->next)
         n++;
     return n;
 }

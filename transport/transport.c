@@ -1,6 +1,7 @@
 /* The fabric-independent core: validates arguments, fills config defaults and
  * dispatches to the fabric's ops, answering TERN_ENOTSUP for missing ones. */
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,12 +11,6 @@
 
 #include "tern_config.h"
 #include "transport_internal.h"
-#if TERN_HAVE_DPDK
-#include "ntb/ntb.h"
-#endif
-#if TERN_HAVE_RDMA
-#include "rdma/rdma_api.h"
-#endif
 
 static const struct tern_tp_fabric *const fabrics[] = {
     &tern_tp_fabric_tcp,
@@ -26,18 +21,71 @@ static const struct tern_tp_fabric *const fabrics[] = {
 #endif
 };
 
-static const char *const fabric_names[] = {
-    "tcp",
-    "shm",
-    "ntb",
-#if TERN_HAVE_RDMA
-    "rdma",
-#endif
-    NULL,
-};
+#define N_FABRICS (sizeof(fabrics) / sizeof(fabrics[0]))
+
+static const char *fabric_names[N_FABRICS + 1];
+static pthread_once_t names_once = PTHREAD_ONCE_INIT;
+
+static void names_init(void)
+{
+    for (size_t i = 0; i < N_FABRICS; i++)
+        fabric_names[i] = fabrics[i]->name;
+}
+
+const char *const *tern_tp_fabric_names(void)
+{
+    pthread_once(&names_once, names_init);
+    return fabric_names;
+}
+
+const struct tern_tp_fabric *tern_tp_fabric_find(const char *name)
+{
+    for (size_t i = 0; i < N_FABRICS; i++)
+        if (name && strcmp(fabrics[i]->name, name) == 0)
+            return fabrics[i];
+    return NULL;
+}
+
+const struct tern_tp_fabric *tern_tp_fabric_of(const char *uri)
+{
+    const char *sep = uri ? strstr(uri, "://") : NULL;
+
+    for (size_t i = 0; sep && i < N_FABRICS; i++)
+        if (strlen(fabrics[i]->name) == (size_t)(sep - uri) &&
+            strncmp(fabrics[i]->name, uri, (size_t)(sep - uri)) == 0)
+            return fabrics[i];
+    return NULL;
+}
+
+int tern_tp_uri_fabric(const char *uri)
+{
+    const char *sep = uri ? strstr(uri, "://") : NULL;
+    const struct tern_tp_fabric *f = tern_tp_fabric_of(uri);
+
+    if (!sep || sep == uri || !sep[3])
+        return TERN_EBADADDR;
+    for (size_t i = 0; f && i < N_FABRICS; i++)
+        if (fabrics[i] == f)
+            return (int)i;
+    return TERN_ENOFABRIC;
+}
+
+int tern_tp_fabric_id(const struct tern_tp_ep *ep)
+{
+    for (size_t i = 0; i < N_FABRICS; i++)
+        if (fabrics[i] == ep->fabric)
+            return (int)i;
+    return TERN_ENOFABRIC;     /* a test's own table (tern_tp_open_fabric) */
+}
+
+bool tern_tp_selectable(const struct tern_tp_ep *ep)
+{
+    return ep->fabric->reachable != NULL;
+}
 
 int tern_tp_probe(const char *fabric, const char *args, char *desc, size_t desc_len)
 {
+    const struct tern_tp_fabric *f = tern_tp_fabric_find(fabric);
     char tmp[8];
 
     if (!fabric)
@@ -46,50 +94,57 @@ int tern_tp_probe(const char *fabric, const char *args, char *desc, size_t desc_
         desc = tmp;
         desc_len = sizeof(tmp);
     }
-    if (strcmp(fabric, "tcp") == 0 || strcmp(fabric, "shm") == 0) {
+    if (!f) {
+        snprintf(desc, desc_len, "not built in");
+        return TERN_ENOFABRIC;
+    }
+    if (!f->probe) {
         snprintf(desc, desc_len, "always available");
         return 0;
     }
-    /* ntb: is there hardware? (Emulated devices, "emu:NAME", always work.) */
-    if (strcmp(fabric, "ntb") == 0) {
-#if TERN_HAVE_DPDK
-        return tern_ntb_describe(args, desc, desc_len);
-#else
-        snprintf(desc, desc_len, "no NTB hardware support: built without DPDK");
-        return TERN_ENODEV;
-#endif
-    }
-    /* rdma: a NIC with an active port and a GID ("soft": the emulation,
-     * which reaches this host only). */
-    if (strcmp(fabric, "rdma") == 0) {
-#if TERN_HAVE_RDMA
-        if (args && strcmp(args, "soft") == 0) {
-            snprintf(desc, desc_len, "softverbs0 (emulated NIC: reaches this host only)");
-            return 0;
-        }
-        return tern_rdma_hw_usable(desc, desc_len) ? 0 : TERN_ENODEV;
-#else
-        snprintf(desc, desc_len, "no RDMA support: built without rdma-core");
-        return TERN_ENODEV;
-#endif
-    }
-    snprintf(desc, desc_len, "not built in");
-    return TERN_ENOFABRIC;
+    return f->probe(args, desc, desc_len);
 }
 
-const char *const *tern_tp_fabric_names(void)
+uint32_t tern_tp_fabric_caps(const char *fabric)
 {
-    return fabric_names;
+    const struct tern_tp_fabric *f = tern_tp_fabric_find(fabric);
+
+    return f ? f->caps : 0;
 }
 
-#define N_FABRICS (sizeof(fabrics) / sizeof(fabrics[0]))
+int tern_tp_local_uri(const char *fabric, const char *tag, char *uri, size_t len)
+{
+    const struct tern_tp_fabric *f = tern_tp_fabric_find(fabric);
+    int n;
 
-const struct tern_tp_fabric *tern_tp_fabric_find(const char *name)
+    if (!f || !f->local_addr)
+        return TERN_ENOFABRIC;
+    if (!uri || !tag)
+        return TERN_EINVAL;
+    n = snprintf(uri, len, "%s://", f->name);
+    if (n < 0 || (size_t)n >= len)
+        return TERN_EINVAL;
+    return f->local_addr(tag, uri + n, len - (size_t)n);
+}
+
+const char *tern_tp_uri_label(const char *uri, char *buf, size_t len)
+{
+    const struct tern_tp_fabric *f = tern_tp_fabric_of(uri);
+
+    if (!f)
+        snprintf(buf, len, "?");
+    else if (f->emulated && f->emulated(uri + strlen(f->name) + 3))
+        snprintf(buf, len, "%s-emu", f->name);
+    else
+        snprintf(buf, len, "%s", f->name);
+    return buf;
+}
+
+void tern_tp_sweep(void)
 {
     for (size_t i = 0; i < N_FABRICS; i++)
-        if (name && strcmp(fabrics[i]->name, name) == 0)
-            return fabrics[i];
-    return NULL;
+        if (fabrics[i]->sweep)
+            fabrics[i]->sweep();
 }
 
 /* Let go of a region's file, and of its memory if it is ours. Peers keep
@@ -125,6 +180,8 @@ bool tern_tp_caps_match_ops(const struct tern_tp_fabric *f)
 
     if (!o->poll)
         return false;   /* every fabric must report events */
+    if ((f->caps & TERN_TP_CAP_RMA_OFFLOAD) && !(o->put && o->get))
+        return false;
     for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
         if (!!(f->caps & rows[i].cap) != rows[i].has)
             return false;

@@ -31,6 +31,7 @@
 #ifndef TERN_TRANSPORT_H
 #define TERN_TRANSPORT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -53,6 +54,10 @@ enum tern_tp_cap {
     TERN_TP_CAP_LISTEN = 1u << 4,  /* accepts connections */
     TERN_TP_CAP_CONNECT = 1u << 5, /* opens connections */
     TERN_TP_CAP_RKEY_PTR = 1u << 6, /* tern_tp_rkey_ptr (shm) */
+    /* put/get complete without the peer's CPU (a NIC, or stores into the
+     * peer's mapped memory); without it the peer's poll serves them. Not
+     * an op of its own: it needs PUT and GET. */
+    TERN_TP_CAP_RMA_OFFLOAD = 1u << 7,
 };
 
 enum tern_tp_poll_mode {
@@ -112,6 +117,38 @@ const char *const *tern_tp_fabric_names(void);
  * is fabric-specific (ntb: DPDK EAL arguments; rdma: NULL for a NIC,
  * "soft" for the softverbs emulation); tcp and shm need none. */
 int tern_tp_probe(const char *fabric, const char *args, char *desc, size_t desc_len);
+
+/* Which built-in fabric "fabric://..." names: its index in
+ * tern_tp_fabric_names(). TERN_EBADADDR if `uri` has no "fabric://",
+ * TERN_ENOFABRIC if that fabric is not built in. */
+int tern_tp_uri_fabric(const char *uri);
+
+/* The index in tern_tp_fabric_names() of the fabric `ep` runs on. */
+int tern_tp_fabric_id(const struct tern_tp_ep *ep);
+
+/* Whether peers can pick `ep`'s fabric from an advertisement of its
+ * listeners (tern_tp_select); false for tcp, the bootstrap itself. */
+bool tern_tp_selectable(const struct tern_tp_ep *ep);
+
+/* Capability bits of a built-in fabric by name (0 if not built in). */
+uint32_t tern_tp_fabric_caps(const char *fabric);
+
+/* Write to `uri` an address on `fabric` ("fabric://...") that a server on
+ * this host can listen on and processes of this host can reach, unique per
+ * `tag` (a pid, a test name): "tcp://127.0.0.1:0", "shm://TAG", an emulated
+ * NTB device, softverbs where there is no RDMA NIC. TERN_ENOFABRIC if the
+ * fabric is not built in, TERN_EINVAL if it does not fit. */
+int tern_tp_local_uri(const char *fabric, const char *tag, char *uri, size_t len);
+
+/* How results should name the fabric of bound address `uri`: the fabric's
+ * name, or "NAME-emu" when it runs on an emulated device (an emulated NTB
+ * device, softverbs). Returns `buf`; "?" for an unknown fabric. */
+const char *tern_tp_uri_label(const char *uri, char *buf, size_t len);
+
+/* Remove what processes of this host that died left behind on every
+ * fabric (emulated NTB devices nobody holds, softverbs segments). Safe
+ * while other processes run: only what no live process uses goes. */
+void tern_tp_sweep(void);
 
 /* This node's identity for same-host fabrics: boot id and network
  * namespace ("<boot_id>.<netns inode>"). */

@@ -43,11 +43,33 @@ struct tern_tp_ops {
     int (*wait)(struct tern_tp_ep *ep, int timeout_ms);
 };
 
+/* A fabric's descriptor: its ops and what it knows about itself. Only the
+ * fabric's own folder fills one, and no code outside it asks for a fabric
+ * by name to learn any of this. Hooks may be NULL where noted. */
 struct tern_tp_fabric {
     const char *name;
     uint32_t caps;
     size_t ep_size;   /* bytes to allocate for the fabric's endpoint */
     const struct tern_tp_ops *ops;
+
+    /* Selection order: typical same-rack small-message latency in ns, then
+     * bandwidth in GB/s as the tie breaker. Only the order matters. */
+    unsigned latency_ns, bandwidth_gbs;
+    /* tern_tp_probe: is the hardware there? NULL: always usable. */
+    int (*probe)(const char *args, char *desc, size_t desc_len);
+    /* Can this node reach `addr` (what follows "fabric://", `len` bytes),
+     * advertised by a node that is this host (`same_node`) or another?
+     * NULL: never taken from an advertisement (tcp: the bootstrap itself). */
+    bool (*reachable)(const char *addr, size_t len, bool same_node);
+    /* An address to listen on for a server on this host that processes of
+     * this host reach, unique per `tag` (tests, benchmarks). */
+    int (*local_addr)(const char *tag, char *buf, size_t len);
+    /* True if bound address `addr` is an emulated device (results say
+     * "ntb-emu", "rdma-emu"). NULL: never. */
+    bool (*emulated)(const char *addr);
+    /* Remove what processes of this host that died left behind (device
+     * files, segments). NULL: nothing outlives a process. */
+    void (*sweep)(void);
 };
 
 /* Registered regions of one endpoint; shared by every fabric that checks
@@ -115,6 +137,10 @@ bool tern_tp_caps_match_ops(const struct tern_tp_fabric *f);
 
 /* The built-in fabric called `name`, or NULL. */
 const struct tern_tp_fabric *tern_tp_fabric_find(const char *name);
+
+/* The fabric of "fabric://..." in `uri` (the first `len` bytes name it),
+ * or NULL. */
+const struct tern_tp_fabric *tern_tp_fabric_of(const char *uri);
 
 /* Fabrics built into the library. */
 extern const struct tern_tp_fabric tern_tp_fabric_tcp;

@@ -16,7 +16,7 @@
 struct kv_os_srv {
     enum { OS_UNKNOWN, OS_ASKING, OS_READY, OS_OFF } state;
     uint32_t epoch;                  /* tern_session_epoch when learned */
-    enum { OS_SHM, OS_RDMA, OS_NTB, OS_TCP } fabric;
+    bool offload;   /* one-sided operations cost the server no CPU */
     struct kv_os_info info;
     bool leasing, leased;            /* a LEASE call in flight; a lease held */
     bool populated;                  /* the lease's pages are mapped in (shm) */

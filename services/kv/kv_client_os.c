@@ -212,12 +212,7 @@ static void os_info_done(void *arg, int status, const void *reply, size_t len)
         if (srv->os.info.n_blocks && !(srv->os.info.n_blocks & (srv->os.info.n_blocks - 1)) &&
             srv->os.info.seg_size &&
             tern_rpc_mr_rkey(srv->kv->os->stage_mr, srv->s, &srv->os.stage_rkey) == 0) {
-            const char *f = tern_session_fabric(srv->s);
-
-            srv->os.fabric = strcmp(f, "shm") == 0    ? OS_SHM
-                             : strcmp(f, "rdma") == 0 ? OS_RDMA
-                             : strcmp(f, "ntb") == 0  ? OS_NTB
-                                                      : OS_TCP;
+            srv->os.offload = (tern_session_caps(srv->s) & TERN_TP_CAP_RMA_OFFLOAD) != 0;
             srv->os.state = OS_READY;
             return;
         }
@@ -263,7 +258,7 @@ static enum way get_way(struct tern_kv *kv, struct kv_server *srv)
     case TERN_KV_PATH_PUSH:
         return BY_PUSH;
     case TERN_KV_PATH_AUTO:
-        return srv->os.fabric == OS_SHM || srv->os.fabric == OS_RDMA ? BY_WINDOW : BY_RPC;
+        return srv->os.offload ? BY_WINDOW : BY_RPC;
     default:
         return BY_RPC;
     }
@@ -279,7 +274,7 @@ static enum way put_way(struct tern_kv *kv, struct kv_server *srv, size_t len)
     if (kv->path == TERN_KV_PATH_ONESIDED || kv->path == TERN_KV_PATH_PUSH)
         return BY_LEASE;
     if (kv->path == TERN_KV_PATH_AUTO && len >= AUTO_PUT_MIN &&
-        (srv->os.fabric == OS_SHM || srv->os.fabric == OS_RDMA))
+        srv->os.offload)
         return BY_LEASE;
     return BY_RPC;
 }

@@ -20,6 +20,8 @@ static int parse_key(const void *data, size_t len, bool with_val, const uint8_t 
 {
     struct kv_key k;
 
+    *key = NULL;    /* callers read them only on success; say so to the compiler */
+    *klen = 0;
     if (len < sizeof(k))
         return TERN_EPROTO;
     memcpy(&k, data, sizeof(k));
@@ -116,6 +118,8 @@ static int h_del(struct tern_req *req, const void *data, size_t len, void *ctx)
 static int next_key(const uint8_t *data, size_t len, size_t *off, const uint8_t **key,
                     uint16_t *klen)
 {
+    *key = NULL;
+    *klen = 0;
     if (*off + sizeof(*klen) > len)
         return TERN_EPROTO;
     memcpy(klen, data + *off, sizeof(*klen));

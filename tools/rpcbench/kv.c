@@ -668,11 +668,7 @@ static int kv_client(struct kv_ctx *c, const char *uri)
         return rc;
     }
     tern_kv_set_timeout(c->kv, KV_TIMEOUT_NS);
-    snprintf(c->fabric, sizeof(c->fabric), "%s", tern_session_fabric(c->s));
-    if (strncmp(uri, "ntb://emu:", 10) == 0)
-        snprintf(c->fabric, sizeof(c->fabric), "ntb-emu");
-    if (strncmp(uri, "rdma://soft:", 12) == 0)
-        snprintf(c->fabric, sizeof(c->fabric), "rdma-emu");
+    tern_tp_uri_label(uri, c->fabric, sizeof(c->fabric));   /* "ntb-emu" and the like */
     ycsb_rng_seed(&c->rng, 0x6b76ull);
     if (o->zipfian)
         ycsb_scrambled_init(&c->zipf, 0, o->records - 1);
@@ -727,7 +723,7 @@ static int kv_run_local(const struct kv_opts *o)
             pool = 16ull * seg;
     }
     for (; *names; names++) {
-        char uri[200], listen[64], pool_path[4096];
+        char uri[200], listen[64], tag[32], pool_path[4096];
         struct kv_server_args sa;
         struct kv_ctx c = {.o = o, .header = header};
         int status;
@@ -735,12 +731,9 @@ static int kv_run_local(const struct kv_opts *o)
 
         if (strcmp(o->fabric, "all") != 0 && strcmp(o->fabric, *names) != 0)
             continue;
-        if (strcmp(*names, "tcp") == 0 || strcmp(*names, "rdma") == 0)
-            snprintf(listen, sizeof(listen), "%s://127.0.0.1:0", *names);
-        else if (strcmp(*names, "ntb") == 0)
-            snprintf(listen, sizeof(listen), "ntb://emu:rpcbench-kv-%d", (int)getpid());
-        else
-            snprintf(listen, sizeof(listen), "%s://rpcbench-kv-%d", *names, (int)getpid());
+        snprintf(tag, sizeof(tag), "rpcbench-kv-%d", (int)getpid());
+        if (tern_tp_local_uri(*names, tag, listen, sizeof(listen)) < 0)
+            continue;
         snprintf(pool_path, sizeof(pool_path), "%s/rpcbench-kv-%d-%s.pool", o->pool_dir,
                  (int)getpid(), *names);
         unlink(pool_path);

@@ -13,15 +13,6 @@
 #include "rpc.h"
 #include "spawn.h"
 
-static const char *listen_addr(const char *fabric)
-{
-    if (strcmp(fabric, "tcp") == 0 || strcmp(fabric, "rdma") == 0)
-        return "127.0.0.1:0";
-    if (strcmp(fabric, "ntb") == 0)
-        return "emu:auto";
-    return "auto";
-}
-
 static volatile sig_atomic_t owner_stop;
 
 static void owner_on_term(int sig)
@@ -40,11 +31,12 @@ static int owner(void *arg, int pipe_fd)
     uint32_t access = TERN_TP_ACCESS_REMOTE_READ | TERN_TP_ACCESS_REMOTE_WRITE;
     struct tern_tp_ep *ep;
     struct tern_tp_event ev[16];
-    char bound[128];
+    char bound[128], uri[128], tag[32];
 
     bench_pin(o->cpu_server);
-    if (tern_tp_open(&cfg, &ep) < 0 ||
-        tern_tp_listen(ep, listen_addr(o->fabric), bound, sizeof(bound)) < 0) {
+    snprintf(tag, sizeof(tag), "rpcbench-os-%d", (int)getpid());
+    if (tern_tp_local_uri(o->fabric, tag, uri, sizeof(uri)) < 0 || tern_tp_open(&cfg, &ep) < 0 ||
+        tern_tp_listen(ep, strstr(uri, "://") + 3, bound, sizeof(bound)) < 0) {
         (void)!write(pipe_fd, "-", 1);
         return 1;
     }

@@ -441,14 +441,12 @@ static int run_client(const struct opts *o, const char *uri, bool header)
         tern_rpc_ep_destroy(ep);
         return rc;
     }
-    /* With auto:// this is the fabric the selection chose. */
-    snprintf(fabric, sizeof(fabric), "%s", tern_session_fabric(s));
-    /* Say so when the NTB link is the emulated one. */
-    if (strncmp(uri, "ntb://emu:", 10) == 0)
-        snprintf(fabric, sizeof(fabric), "ntb-emu");
-    /* ... and when the RDMA NIC is softverbs. */
-    if (strncmp(uri, "rdma://soft:", 12) == 0)
-        snprintf(fabric, sizeof(fabric), "rdma-emu");
+    /* With auto:// this is the fabric the selection chose; results say
+     * when it runs on an emulated device ("ntb-emu", "rdma-emu"). */
+    if (tern_tp_uri_fabric(uri) >= 0)
+        tern_tp_uri_label(uri, fabric, sizeof(fabric));
+    else
+        snprintf(fabric, sizeof(fabric), "%s", tern_session_fabric(s));
     for (unsigned i = 0; i < o->n_sizes && rc == 0; i++)
         for (unsigned w = 0; w < o->n_windows && rc == 0; w++, header = false)
             rc = bench_one(o, ep, s, fabric, o->sizes[i], o->windows[w], header, NULL);
@@ -488,21 +486,18 @@ static int run_local(const struct opts *o)
     if (strcmp(o->fabric, "auto") == 0)
         names = auto_only;
     for (; *names; names++) {
-        char uri[160], listen[64];
+        char uri[160], listen[64], tag[32];
         struct server_args sa;
         int status;
         pid_t pid;
 
         if (strcmp(o->fabric, "all") != 0 && strcmp(o->fabric, *names) != 0)
             continue;
-        if (strcmp(*names, "auto") == 0)
+        snprintf(tag, sizeof(tag), "rpcbench-%d", (int)getpid());
+        if (names == auto_only)
             snprintf(listen, sizeof(listen), "auto://127.0.0.1:0");
-        else if (strcmp(*names, "tcp") == 0 || strcmp(*names, "rdma") == 0)
-            snprintf(listen, sizeof(listen), "%s://127.0.0.1:0", *names);
-        else if (strcmp(*names, "ntb") == 0)    /* an emulated device, on one host */
-            snprintf(listen, sizeof(listen), "ntb://emu:rpcbench-%d", (int)getpid());
-        else
-            snprintf(listen, sizeof(listen), "%s://rpcbench-%d", *names, (int)getpid());
+        else if (tern_tp_local_uri(*names, tag, listen, sizeof(listen)) < 0)
+            continue;
         sa = (struct server_args){o, listen};
         pid = bench_spawn(server_child, &sa, uri, sizeof(uri));
         if (pid < 0)

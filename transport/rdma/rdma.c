@@ -6,13 +6,16 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <unistd.h>
 
 #include "../log.h"
+#include "rdma_api.h"
 #include "rdma_internal.h"
+#include "softverbs.h"
 
 static void set_nonblock(int fd)
 {
@@ -269,10 +272,49 @@ static const struct tern_tp_ops rdma_ops = {
     .wait = rdma_wait,
 };
 
+/* "soft": the emulation, which reaches this host only. */
+static int rdma_probe(const char *args, char *desc, size_t len)
+{
+    if (args && strcmp(args, "soft") == 0) {
+        snprintf(desc, len, "softverbs0 (emulated NIC: reaches this host only)");
+        return 0;
+    }
+    return tern_rdma_hw_usable(desc, len) ? 0 : TERN_ENODEV;
+}
+
+static bool rdma_emulated(const char *addr)
+{
+    return strncmp(addr, "soft:", 5) == 0;
+}
+
+/* Only when both ends can: the peer advertises rdma only if it has a
+ * device, and this node needs one too. An emulated NIC reaches processes
+ * of this host only. */
+static bool rdma_reachable(const char *addr, size_t len, bool same_node)
+{
+    if (len >= 5 && strncmp(addr, "soft:", 5) == 0)
+        return same_node;
+    return tern_rdma_hw_usable(NULL, 0);
+}
+
+/* Loopback: softverbs where there is no NIC (a NIC needs one of its own
+ * addresses, which the caller names). */
+static int rdma_local_addr(const char *tag, char *buf, size_t len)
+{
+    return snprintf(buf, len, "127.0.0.1:0") < (int)len ? 0 : TERN_EINVAL;
+}
+
 const struct tern_tp_fabric tern_tp_fabric_rdma = {
     .name = "rdma",
     .caps = TERN_TP_CAP_MSG | TERN_TP_CAP_PUT | TERN_TP_CAP_GET | TERN_TP_CAP_WAIT_FD |
-            TERN_TP_CAP_LISTEN | TERN_TP_CAP_CONNECT,
+            TERN_TP_CAP_LISTEN | TERN_TP_CAP_CONNECT | TERN_TP_CAP_RMA_OFFLOAD,
     .ep_size = sizeof(struct rdma_ep),
     .ops = &rdma_ops,
+    .latency_ns = 2000,
+    .bandwidth_gbs = 12,
+    .probe = rdma_probe,
+    .reachable = rdma_reachable,
+    .local_addr = rdma_local_addr,
+    .emulated = rdma_emulated,
+    .sweep = sv_sweep_dead,
 };

@@ -1,10 +1,10 @@
 /* Message rings in a byte-addressable window, shared by the window fabrics
- * (shm, ntb). Internal to transport/.
+ * (ring/chan.h). Internal to transport/.
  *
  * Two nodes each own a window: memory the *peer* writes and the owner reads.
- * On NTB the peer writes it through a PCIe BAR; on shm through a shared
- * mapping. Remote reads across PCIe are slow, so the protocol only ever
- * writes remotely and reads locally:
+ * The peer writes it through a PCIe BAR, or through a shared mapping.
+ * Remote reads across PCIe are slow, so the protocol only ever writes
+ * remotely and reads locally:
  *
  *   sender                                   receiver (owns the window)
  *   payload -> peer window ring  ---------->  polls the header at its read
@@ -73,7 +73,7 @@ struct ring_tx {
     uint8_t *resv;              /* open reservation (payload start) or NULL */
     uint32_t resv_len;
     bool congested;             /* credit_req raised */
-    bool wc;                    /* the peer's window is write-combining (NTB) */
+    bool wc;                    /* the peer's window is write-combining (a BAR) */
     uint64_t asked_at;          /* `consumed` when it was raised */
     uint64_t limit;             /* consumed + size - RING_SLACK when last
                                  * read: head may grow to here without
@@ -249,7 +249,7 @@ static inline bool ring_rx_quiet(const struct ring_rx *rx)
 /* Order the payload stores before the header store. On ordinary
  * (write-back) memory x86 keeps stores in order and a compiler barrier is
  * enough, except that memcpy may use non-temporal stores for large copies;
- * write-combining NTB mappings reorder stores too. Those get an sfence.
+ * write-combining mappings (a BAR) reorder stores too. Those get an sfence.
  * Elsewhere a release fence does it all. */
 static inline void ring_publish_fence(const struct ring_tx *tx, uint32_t len)
 {

@@ -34,9 +34,7 @@
  *   tern_tp_mr_alloc is unmapped: a store that raced with that lands in
  *   pages only the peer still maps, never in memory the owner uses
  *   afterwards. A caller's file stays the caller's, and so do such stores.
- *
- * Links of the ntb fabric keep the served path: their peer is another
- * host, reached through the window only. */
+ */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -146,11 +144,11 @@ static void seal_for_peers(const struct tern_tp_mr *mr)
 
 int shm_direct_publish(struct tern_tp_ep *base, struct tern_tp_mr *mr, bool up)
 {
-    struct shm_ep *ep = SEP(base);
+    struct shm_ep *ep = SHEP(base);
     struct shm_mrpub *e;
 
-    /* ntb endpoints have no direct access; memory from tern_tp_mr_reg has
-     * no file a peer could map. */
+    /* Without a table there is no direct access; memory from tern_tp_mr_reg
+     * has no file a peer could map. */
     if (!ep->tab || mr->fd < 0)
         return 0;
     e = &ep->tab[mr->key & (TERN_MR_MAX - 1)];
@@ -172,7 +170,7 @@ static bool peer_same_uid(const struct shm_link *l)
     struct ucred cr;
     socklen_t n = sizeof(cr);
 
-    return l->obj.fd >= 0 && getsockopt(l->obj.fd, SOL_SOCKET, SO_PEERCRED, &cr, &n) == 0 &&
+    return l->r.obj.fd >= 0 && getsockopt(l->r.obj.fd, SOL_SOCKET, SO_PEERCRED, &cr, &n) == 0 &&
            n == sizeof(cr) && cr.uid == geteuid();
 }
 
@@ -237,13 +235,13 @@ static int send_msg(struct shm_link *l, const struct map_msg *m, const int *fds,
         cm->cmsg_len = CMSG_LEN((size_t)nfds * sizeof(int));
         memcpy(CMSG_DATA(cm), fds, (size_t)nfds * sizeof(int));
     }
-    return sendmsg(l->obj.fd, &h, MSG_DONTWAIT | MSG_NOSIGNAL) == (ssize_t)sizeof(*m) ? 0 : -1;
+    return sendmsg(l->r.obj.fd, &h, MSG_DONTWAIT | MSG_NOSIGNAL) == (ssize_t)sizeof(*m) ? 0 : -1;
 }
 
 /* The peer asks for one of our regions. */
 static void on_request(struct shm_link *l, const struct map_msg *req)
 {
-    struct tern_tp_ep *base = &l->ep->base;
+    struct tern_tp_ep *base = &l->r.ep->base;
     struct tern_tp_mr *mr = &base->mrs[req->key & (TERN_MR_MAX - 1)];
     struct map_msg ans = {.type = 'A', .key = req->key, .status = TERN_EREMACCESS};
     bool opened;
@@ -256,7 +254,7 @@ static void on_request(struct shm_link *l, const struct map_msg *req)
         send_msg(l, &ans, NULL, 0);
         return;
     }
-    fds[0] = l->ep->tab ? handout(l, mr, &opened) : -1;
+    fds[0] = SHEP(l->r.ep)->tab ? handout(l, mr, &opened) : -1;
     if (fds[0] < 0) {
         ans.status = TERN_ENOTSUP;
         send_msg(l, &ans, NULL, 0);
@@ -267,9 +265,9 @@ static void on_request(struct shm_link *l, const struct map_msg *req)
     ans.len = mr->len;
     ans.map_len = mr->map_len;
     ans.fd_off = mr->fd_off;
-    fds[1] = l->ep->tab_fd;
+    fds[1] = SHEP(l->r.ep)->tab_fd;
     if (send_msg(l, &ans, fds, 2) < 0)
-        tern_log(TERN_LOG_DEBUG, LOG_WHO, "link %s: map answer not sent", l->name);
+        tern_log(TERN_LOG_DEBUG, LOG_WHO, "link %s: map answer not sent", l->r.name);
     if (opened)
         close(fds[0]);
 }
@@ -402,19 +400,19 @@ static struct shm_rmap *rmap_get(struct shm_link *l, uint32_t key)
  * flight, a direct store could land before an earlier served one, and a
  * direct load miss it. (Completed direct ones not yet reported count in
  * `done`.) */
-static bool served_in_flight(const struct shm_conn *c)
+static bool served_in_flight(const struct ring_conn *c)
 {
     return c->ev.pend_tail - c->ev.pend_head != c->ev.done;
 }
 
-int shm_direct(struct shm_conn *c, bool put, void *local, size_t len,
+int shm_direct(struct ring_conn *c, bool put, void *local, size_t len,
                const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token, size_t max_len)
 {
-    struct shm_link *l = c->link;
+    struct shm_link *l = SHLINK(c->link);
     uint32_t need = put ? TERN_TP_ACCESS_REMOTE_WRITE : TERN_TP_ACCESS_REMOTE_READ;
     struct shm_rmap *m;
 
-    if (!l || l->ntb || c->state != ST_OPEN || l->state != LINK_OPEN || !rkey->key)
+    if (!l || c->state != ST_OPEN || l->r.state != LINK_OPEN || !rkey->key)
         return 0;
     m = rmap_get(l, rkey->key);
     /* A refused access takes the served path, which reports and counts it;
@@ -436,19 +434,19 @@ int shm_direct(struct shm_conn *c, bool put, void *local, size_t len,
     /* Stores into the peer's region are visible before anything this side
      * publishes after the completion (a message saying "it is there"). */
     __atomic_thread_fence(__ATOMIC_RELEASE);
-    shm_ready_push(c);
+    ring_conn_ready(c);
     return 1;
 }
 
-int shm_direct_ptr(struct shm_conn *c, const struct tern_tp_rkey *rkey, uint64_t roff,
+int shm_direct_ptr(struct ring_conn *c, const struct tern_tp_rkey *rkey, uint64_t roff,
                    size_t len, uint32_t need, void **ptr)
 {
-    struct shm_link *l = c->link;
+    struct shm_link *l = SHLINK(c->link);
     struct shm_rmap *m;
 
     if (c->state != ST_OPEN)
         return TERN_ENOTCONN;
-    if (!l || l->ntb || l->state != LINK_OPEN)
+    if (!l || l->r.state != LINK_OPEN)
         return TERN_ENOTSUP;
     if (!rkey->key)
         return TERN_EREMACCESS;

@@ -1,415 +1,441 @@
 /* The shm fabric: connections between processes of one host over shared
- * memory windows, driven by the ring protocol of ring/ring.h. It is also the
- * emulation of an NTB link: the data path only writes the peer's window and
- * reads its own, exactly as on PCIe.
+ * memory windows, driven by the ring engine (ring/chan.h). This file is its
+ * window provider and its descriptor.
  *
- * Connections between two endpoints share a link (link.c: one socket, one
- * window pair) and each has its own channel in it, so a connection that
- * stops reading blocks only itself and thousands of connections need only a
- * few sockets. No system call is made on the data path while both sides
- * poll.
- *
- * Messages up to a ring record go straight into the peer's window (zero
- * copy: the caller writes into peer memory). Larger ones are staged and sent
- * as FRAG records, a few per connection per poll, and reassembled by the
- * receiver. One-sided put/get travel as CTL records served by the peer's
- * poll, with the same checks as every fabric. (Stores straight into
- * registered window memory are the next step; see docs/DESIGN.md.)
- */
+ * A link is a Unix seqpacket socket (an abstract name, "tern-shm/NAME") and
+ * a pair of windows. The connecting side creates both windows (memfd,
+ * sealed against shrinking, so the other side cannot be made to fault) and
+ * hands them over with SCM_RIGHTS in its HELLO, so it can send at once.
+ * After that the socket carries only the hang-up of a dead peer, doorbells
+ * to a peer that sleeps and the map requests of direct one-sided access
+ * (direct.c); channel opens and closes travel as control records on
+ * channel 0 of the windows. */
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "../log.h"
 #include "shm_internal.h"
 
+#define SHM_MAGIC 0x74736d68u      /* "tsmh" */
+#define SHM_VERSION 2
 #define SHM_RING_BYTES (1024u * 1024)
-#define SHM_CHANNELS 64            /* per link, channel 0 for the link itself */
-#define SHM_RX_BATCH 16            /* records per connection per poll */
-#define SHM_FRAG_BATCH 4           /* fragments per connection per poll */
-#define SHM_EPOLL_EVERY 32         /* look at sockets once per this many polls */
-#define SHM_EPOLL_NS 20000         /* ... and at most once per this many ns */
-#define SHM_CTL_EVERY 4            /* control channels: a power of two dividing it */
-#define SHM_MAX_VIOLATIONS 16
+#define SHM_CHANNELS 64             /* per link, channel 0 for the link itself */
+#define SHM_MAX_REFUSALS 16         /* refused rkey_ptr calls before hanging up */
+#define HELLO_TIMEOUT_S 5           /* an accepted link must say HELLO by then */
 #define LOG_WHO "shm"
 
-/* CTL record payload, followed by data for PUT and GET_RESP. */
-enum shm_ctl_op { CTL_PUT = 1, CTL_GET = 2, CTL_ACK = 3, CTL_GET_RESP = 4 };
-
-struct shm_ctl {
-    uint8_t op;
-    uint8_t pad[3];
-    int32_t status;
-    uint32_t key;
-    uint32_t len;
-    uint64_t off;
+struct hello {
+    uint32_t magic;
+    uint32_t version;
+    uint32_t n_chan;
+    uint32_t ring_bytes;
 };
 
-/* FRAG record prefix. */
-struct shm_frag {
-    uint32_t total;
-    uint32_t offset;
-};
+/* ---- small helpers ---- */
 
-/* ---- connection lifetime ---- */
+/* ---- small helpers ---- */
 
-void shm_ready_push(struct shm_conn *c)
+/* "NAME" -> abstract socket address; false if the name is not acceptable. */
+static bool sock_addr(const char *name, struct sockaddr_un *sa, socklen_t *len)
 {
-    tp_ready_push(&c->base);
-}
+    size_t n = strlen(name);
 
-static struct shm_conn *conn_new(struct shm_ep *ep)
-{
-    struct shm_conn *c = calloc(1, sizeof(*c));
+    if (n == 0 || n > RING_NAME_MAX)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char ch = name[i];
 
-    if (!c)
-        return NULL;
-    tp_conn_add(&ep->base, &c->base);
-    return c;
-}
-
-/* Put `c` on channel `chan` of `l` (the link counts it already). */
-void shm_conn_bind(struct shm_conn *c, struct shm_link *l, uint32_t chan)
-{
-    c->link = l;
-    c->chan = chan;
-    l->chan[chan] = c;
-    ring_tx_init(&c->tx, l->mine + SHM_RINGS_OFF, l->peers + SHM_RINGS_OFF, &l->g, chan);
-    ring_rx_init(&c->rx, l->mine + SHM_RINGS_OFF, l->peers + SHM_RINGS_OFF, &l->g, chan);
-    c->tx.wc = l->ctl_tx.wc;    /* an NTB BAR is write-combining */
-    snprintf(c->peer, sizeof(c->peer), "%s://%s#%u", l->ntb ? "ntb" : "shm", l->name, chan);
-    c->state = ST_OPEN;
-}
-
-struct shm_conn *shm_conn_attach(struct shm_link *l, uint32_t chan, bool accepted)
-{
-    struct shm_conn *c;
-
-    if (l->ep->base.nconns >= l->ep->base.cfg.max_conns || !(c = conn_new(l->ep)))
-        return NULL;
-    l->nconns++;
-    shm_conn_bind(c, l, chan);
-    if (accepted) {
-        c->ev.accepted = true;
-        shm_ready_push(c);
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+              (ch >= '0' && ch <= '9') || ch == '-' || ch == '_' || ch == '.'))
+            return false;
     }
-    return c;
+    memset(sa, 0, sizeof(*sa));
+    sa->sun_family = AF_UNIX;
+    *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 +
+                       (size_t)snprintf(sa->sun_path + 1, sizeof(sa->sun_path) - 1,
+                                        "tern-shm/%s", name));
+    return true;
 }
 
-void shm_conn_fail(struct shm_conn *c, int status, const char *why)
+static uint8_t *map_window(int fd, size_t size)
 {
-    if (c->state == ST_DEAD)
-        return;
-    if (status < 0)
-        tern_log(TERN_LOG_WARN, LOG_WHO, "connection %s closed: %s (%s)", c->peer, why,
-                 tern_strerror(status));
-    tp_conn_dead(&c->ev, status, false);
-    c->state = ST_DEAD;
-    shm_ready_push(c);
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+
+    return p == MAP_FAILED ? NULL : p;
 }
 
-/* The peer closed the channel or the whole link: hand out what it
- * published, then report CLOSED. */
-void shm_conn_peer_gone(struct shm_conn *c)
+static int make_window(size_t size)
 {
-    if (c->state == ST_OPEN)
-        c->state = ST_DRAINING;
-    shm_ready_push(c);
-}
+    int fd = memfd_create("tern-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 
-static void shm_disconnect(struct tern_tp_conn *conn)
-{
-    struct shm_conn *c = SCONN(conn);
-
-    if (c->link) {
-        /* On an NTB link the channel is reused once both sides said CLOSE,
-         * so a connection that died on its own says it too. */
-        if (c->state == ST_OPEN || c->state == ST_DRAINING || (c->link->ntb && c->chan))
-            shm_link_send_close(c->link, c->chan);
-        shm_link_drop_conn(c->link, c);
+    if (fd < 0)
+        return -1;
+    if (ftruncate(fd, (off_t)size) < 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+        close(fd);
+        return -1;
     }
-    tp_conn_del(&c->base);
-    free(c->stage);
-    free(c->reasm);
-    free(c);
+    return fd;
 }
 
-static const char *shm_conn_peer(const struct tern_tp_conn *conn)
+static bool window_ok(int fd, size_t size)
 {
-    return SCONN(conn)->peer;
+    struct stat st;
+    int seals = fcntl(fd, F_GET_SEALS);
+
+    return seals >= 0 && (seals & F_SEAL_SHRINK) && fstat(fd, &st) == 0 &&
+           (size_t)st.st_size >= size;
 }
 
-static int shm_listen(struct tern_tp_ep *base, const char *addr, char *bound, size_t bound_len)
-{
-    if (SEP(base)->ntb)
-        return ntb_link_listen(SEP(base), addr, bound, bound_len);
-    return shm_link_listen(SEP(base), addr, bound, bound_len);
-}
 
-/* ntb: the connection waits (ST_CONNECTING) until the NTB link is up. */
-static int ntb_connect(struct shm_ep *ep, const char *addr, struct tern_tp_conn **out)
-{
-    struct shm_conn *c = conn_new(ep);
-    int rc;
+/* ---- set-up ---- */
 
-    if (!c)
+/* Map the windows and bind channel 0 once the geometry is known. */
+static int link_map(struct ring_link *l, int mine_fd, int peers_fd)
+{
+    l->win_size = RING_LINK_OFF + ring_window_size(&l->g);
+    l->mine = map_window(mine_fd, l->win_size);
+    l->peers = map_window(peers_fd, l->win_size);
+    if (!l->mine || !l->peers)
         return TERN_ENOMEM;
-    snprintf(c->peer, sizeof(c->peer), "ntb://%s", addr);
-    c->state = ST_CONNECTING;
-    rc = ntb_link_connect(ep, addr, c);
-    if (rc < 0) {
-        tp_conn_del(&c->base);
-        free(c);
+    return ring_link_bind(l, l->mine, l->peers);
+}
+
+
+static int send_hello(int sock, const struct hello *h, const int fds[2])
+{
+    char cbuf[CMSG_SPACE(2 * sizeof(int))] = {0};
+    struct iovec iov = {.iov_base = (void *)h, .iov_len = sizeof(*h)};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+                       .msg_controllen = sizeof(cbuf)};
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(2 * sizeof(int));
+    memcpy(CMSG_DATA(cm), fds, 2 * sizeof(int));
+    return sendmsg(sock, &m, MSG_NOSIGNAL) == (ssize_t)sizeof(*h) ? 0 : -1;
+}
+
+static bool geometry_ok(const struct ring_geometry *g)
+{
+    size_t size = ring_window_size(g);
+
+    /* A peer must not make us map more than 1 GiB per window. */
+    return g->n_chan >= 2 && g->n_chan <= 4096 && g->ring_bytes <= (16u << 20) && size &&
+           size <= (1u << 30);
+}
+
+/* Read the connecting side's HELLO with its two windows: 1 when the link
+ * is open, 0 if the HELLO has not arrived yet, <0 on error. */
+static int accept_hello(struct ring_link *l)
+{
+    char cbuf[CMSG_SPACE(2 * sizeof(int))];
+    struct hello h;
+    struct iovec iov = {.iov_base = &h, .iov_len = sizeof(h)};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+                       .msg_controllen = sizeof(cbuf)};
+    struct cmsghdr *cm;
+    int fds[2] = {-1, -1}, rc = TERN_EPROTO;
+    ssize_t n = recvmsg(l->obj.fd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        return 0;
+    cm = n > 0 ? CMSG_FIRSTHDR(&m) : NULL;
+    if (cm && cm->cmsg_type == SCM_RIGHTS && cm->cmsg_len == CMSG_LEN(2 * sizeof(int)))
+        memcpy(fds, CMSG_DATA(cm), sizeof(fds));
+    else if (cm && cm->cmsg_type == SCM_RIGHTS)   /* wrong count: close what came */
+        for (size_t i = 0; i < (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++)
+            close(((int *)(void *)CMSG_DATA(cm))[i]);
+    if (n != sizeof(h) || fds[0] < 0 || h.magic != SHM_MAGIC || h.version != SHM_VERSION)
+        goto out;
+    l->g = (struct ring_geometry){.n_chan = h.n_chan, .ring_bytes = h.ring_bytes};
+    if (!geometry_ok(&l->g) ||
+        !window_ok(fds[0], RING_LINK_OFF + ring_window_size(&l->g)) ||
+        !window_ok(fds[1], RING_LINK_OFF + ring_window_size(&l->g)))
+        goto out;
+    /* The connector's window 0 is its own (we write it), window 1 ours. */
+    rc = link_map(l, fds[1], fds[0]);
+    if (rc == 0)
+        rc = 1;
+out:
+    if (fds[0] >= 0)
+        close(fds[0]);
+    if (fds[1] >= 0)
+        close(fds[1]);
+    return rc;
+}
+
+static int shm_listen(struct ring_ep *ep, const char *addr, char *bound, size_t bound_len)
+{
+    struct sockaddr_un sa;
+    socklen_t sl;
+    char name[RING_NAME_MAX + 1];
+    int fd, rc;
+
+    if (strcmp(addr, "auto") == 0)
+        snprintf(name, sizeof(name), "auto-%d-%u", (int)getpid(), ++ep->auto_names);
+    else
+        snprintf(name, sizeof(name), "%s", addr);
+    if (!sock_addr(name, &sa, &sl))
+        return TERN_EBADADDR;
+    fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -errno;
+    if (bind(fd, (struct sockaddr *)&sa, sl) < 0 || listen(fd, 1024) < 0) {
+        rc = errno == EADDRINUSE ? TERN_EADDRINUSE : -errno;
+        close(fd);
         return rc;
     }
-    shm_links_doorbells(ep);    /* a peer asleep learns of the OPEN now */
-    *out = &c->base;
+    rc = ring_listener_add(ep, fd);
+    if (rc < 0) {
+        close(fd);
+        return rc;
+    }
+    if (bound && bound_len)
+        snprintf(bound, bound_len, "%s", name);
     return 0;
 }
 
-static int shm_connect(struct tern_tp_ep *base, const char *addr, struct tern_tp_conn **out)
+static int link_connect(struct ring_ep *ep, const char *name, struct ring_link **out)
 {
-    struct shm_ep *ep = SEP(base);
-    struct shm_link *l = NULL;
-    struct shm_conn *c;
-    int rc;
+    struct hello h = {.magic = SHM_MAGIC, .version = SHM_VERSION, .n_chan = ep->g.n_chan,
+                      .ring_bytes = ep->g.ring_bytes};
+    size_t size = RING_LINK_OFF + ring_window_size(&ep->g);
+    struct sockaddr_un sa;
+    socklen_t sl;
+    struct ring_link *l;
+    int fd, fds[2] = {-1, -1}, rc = 0;
 
-    if (base->nconns >= base->cfg.max_conns)
-        return TERN_ENOBUFS;
-    if (ep->ntb)
-        return ntb_connect(ep, addr, out);
-    rc = shm_link_for(ep, addr, &l);
+    if (!sock_addr(name, &sa, &sl))
+        return TERN_EBADADDR;
+    fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -errno;
+    if (connect(fd, (struct sockaddr *)&sa, sl) < 0) {
+        rc = errno == ECONNREFUSED || errno == ENOENT ? TERN_ECONNREFUSED : -errno;
+        close(fd);
+        return rc;
+    }
+    l = ring_link_new(ep, fd);
+    if (!l) {
+        close(fd);
+        return TERN_ENOMEM;
+    }
+    l->client = true;
+    l->g = ep->g;
+    snprintf(l->name, sizeof(l->name), "%s", name);
+    fds[0] = make_window(size);   /* ours: the listener writes it */
+    fds[1] = make_window(size);   /* the listener's: we write it */
+    if (fds[0] < 0 || fds[1] < 0 || link_map(l, fds[0], fds[1]) < 0 ||
+        send_hello(fd, &h, fds) < 0)
+        rc = TERN_ECONNREFUSED;
+    if (fds[0] >= 0)
+        close(fds[0]);
+    if (fds[1] >= 0)
+        close(fds[1]);
+    if (rc < 0) {
+        ring_link_free(l);
+        return rc;
+    }
+    l->state = LINK_OPEN;
+    *out = l;
+    return 0;
+}
+
+static int link_for(struct ring_ep *ep, const char *name, struct ring_link **out)
+{
+    for (struct ring_link *l = ep->links; l; l = l->next)
+        if (l->client && l->state == LINK_OPEN && l->next_chan < l->g.n_chan &&
+            strcmp(l->name, name) == 0) {
+            *out = l;
+            return 0;
+        }
+    return link_connect(ep, name, out);
+}
+
+/* A channel on a link to the listener `addr`; a failure to reach it is
+ * reported as a connection that failed, as tcp does. */
+static int shm_connect(struct ring_ep *ep, const char *addr, struct ring_conn *c)
+{
+    struct ring_link *l = NULL;
+    int rc = link_for(ep, addr, &l);
+
     if (rc == TERN_EBADADDR)
         return rc;
-    if (rc == 0) {
-        c = shm_conn_attach(l, l->next_chan++, false);
-        if (!c)
-            return TERN_ENOMEM;
-        rc = shm_link_send_open(l, c->chan);
-        if (rc < 0) {
-            shm_disconnect(&c->base);
-            return rc;
-        }
-    } else {
-        /* Report the failure as a connection that failed, like tcp. */
-        c = conn_new(ep);
-        if (!c)
-            return TERN_ENOMEM;
-        snprintf(c->peer, sizeof(c->peer), "shm://%s", addr);
-        c->state = ST_OPEN;
-        shm_conn_fail(c, rc, "connect failed");
-    }
     c->ev.connected = true;
-    shm_ready_push(c);
-    *out = &c->base;
+    if (rc == 0) {
+        l->nconns++;
+        ring_conn_bind(c, l, l->next_chan++);
+        rc = ring_link_send(l, OP_OPEN, c->chan);
+    }
+    if (rc < 0) {
+        c->state = ST_OPEN;
+        ring_conn_fail(c, rc, "connect failed");
+    }
+    ring_conn_ready(c);
     return 0;
 }
 
-/* The receiver answered a sender's credit request: that sender may be
- * asleep, so this poll's flush rings its doorbell. */
-static void note_answer(struct shm_conn *c)
+/* ---- sockets ---- */
+
+static void shm_accept(struct ring_ep *ep, struct ring_listener *ls)
 {
-    if (c->rx.answered && c->link) {
-        c->rx.answered = false;
-        shm_link_published(c->link);
-    }
-}
+    for (;;) {
+        int fd = accept4(ls->obj.fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        struct ring_link *l;
 
-/* ---- send path ---- */
-
-static int shm_msg_alloc(struct tern_tp_conn *conn, size_t len, void **buf)
-{
-    struct shm_conn *c = SCONN(conn);
-    uint8_t *p;
-
-    if (c->state != ST_OPEN && c->state != ST_CONNECTING)
-        return TERN_ENOTCONN;
-    if (c->tx.resv || c->stage_resv)
-        return TERN_EINVAL;
-    /* A large message still leaving keeps later ones behind it, in order. */
-    if (c->frag_pending) {
-        c->want_writable = true;
-        return TERN_EAGAIN;
-    }
-    /* While an NTB link comes up, one message waits in the stage (and goes
-     * as fragments once the channel is there); more get TERN_EAGAIN. */
-    if (c->state == ST_OPEN && len <= ring_max_record(c->tx.size)) {
-        p = ring_tx_reserve(&c->tx, (uint32_t)len);
-        if (!p) {
-            c->want_writable = true;
-            return TERN_EAGAIN;
-        }
-        *buf = p;
-        return 0;
-    }
-    if (c->stage_cap < len) {
-        uint8_t *s = realloc(c->stage, len);
-
-        if (!s)
-            return TERN_ENOMEM;
-        c->stage = s;
-        c->stage_cap = len;
-    }
-    c->stage_resv = true;
-    c->frag_total = len;
-    *buf = c->stage;
-    return 0;
-}
-
-/* Push fragments of the staged message while credit lasts (at most
- * SHM_FRAG_BATCH per call, so one elephant cannot hog the poll). */
-static void push_frags(struct shm_conn *c)
-{
-    uint32_t chunk = ring_max_record(c->tx.size) - (uint32_t)sizeof(struct shm_frag);
-
-    for (int i = 0; i < SHM_FRAG_BATCH && c->frag_pending; i++) {
-        size_t left = c->frag_total - c->frag_off;
-        uint32_t n = left < chunk ? (uint32_t)left : chunk;
-        struct shm_frag f = {.total = (uint32_t)c->frag_total, .offset = (uint32_t)c->frag_off};
-        uint8_t *p = ring_tx_reserve(&c->tx, n + (uint32_t)sizeof(f));
-
-        if (!p)
+        if (fd < 0)
             return;
-        memcpy(p, &f, sizeof(f));
-        memcpy(p + sizeof(f), c->stage + c->frag_off, n);
-        ring_tx_publish(&c->tx, n + (uint32_t)sizeof(f), RING_FRAG);
-        shm_link_published(c->link);
-        c->frag_off += n;
-        if (c->frag_off == c->frag_total)
-            c->frag_pending = false;
-    }
-}
+        /* Each link costs a socket and two mappings: no more of them than
+         * connections this endpoint may have. */
+        if (ep->nlinks >= ep->base.cfg.max_conns || !(l = ring_link_new(ep, fd))) {
+            static struct tern_log_limit limit;
 
-static int shm_msg_post(struct tern_tp_conn *conn, void *buf, size_t len)
-{
-    struct shm_conn *c = SCONN(conn);
-
-    if (c->stage_resv && buf == c->stage) {
-        c->stage_resv = false;
-        if (len > c->frag_total)
-            return TERN_EMSGSIZE;
-        if (c->state != ST_OPEN && c->state != ST_CONNECTING)
-            return TERN_ENOTCONN;
-        if (c->state == ST_OPEN && len <= ring_max_record(c->tx.size)) {
-            /* Shrunk to fit one record after all. */
-            void *p = ring_tx_reserve(&c->tx, (uint32_t)len);
-
-            if (p) {
-                memcpy(p, c->stage, len);
-                ring_tx_publish(&c->tx, (uint32_t)len, RING_MSG);
-                shm_link_published(c->link);
-                return 0;
+            if (tern_log_allow(&limit)) {
+                tern_log(TERN_LOG_WARN, LOG_WHO, "refusing a link: %u open (%u more refused)",
+                         ep->nlinks, limit.held);
+                limit.held = 0;
             }
+            close(fd);
+            continue;
         }
-        c->frag_total = len;
-        c->frag_off = 0;
-        c->frag_pending = true;
-        if (c->state == ST_OPEN)
-            push_frags(c);
-        return 0;
+        snprintf(l->name, sizeof(l->name), "peer-%d", fd);
+        l->state = LINK_ACCEPTING;
+        l->born_s = ring_now_s();
+        /* The HELLO is usually there already. */
+        switch (accept_hello(l)) {
+        case 1:
+            l->state = LINK_OPEN;
+            break;
+        case 0:
+            break;
+        default:
+            tern_log(TERN_LOG_WARN, LOG_WHO, "bad HELLO; dropping the link");
+            ring_link_free(l);
+            break;
+        }
     }
-    if (!c->tx.resv || buf != c->tx.resv)
-        return TERN_EINVAL;
-    if (len > c->tx.resv_len)
-        return TERN_EMSGSIZE;
-    ring_tx_publish(&c->tx, (uint32_t)len, RING_MSG);
-    shm_link_published(c->link);
-    return 0;
 }
 
-static void shm_msg_abort(struct tern_tp_conn *conn, void *buf)
+static void shm_on_fd(struct ring_link *l, uint32_t events)
 {
-    struct shm_conn *c = SCONN(conn);
+    char buf[64];
+    ssize_t r;
 
-    if (c->stage_resv && buf == c->stage)
-        c->stage_resv = false;
-    else if (c->tx.resv == buf)
-        ring_tx_abort(&c->tx);
-}
+    if (l->state == LINK_ACCEPTING) {
+        int rc = accept_hello(l);
 
-static void shm_msg_release(struct tern_tp_conn *conn, const void *view)
-{
-    struct shm_conn *c = SCONN(conn);
-
-    if (c->reasm_held && view == c->reasm) {
-        c->reasm_held = false;
-        shm_ready_push(c);      /* a stalled FRAG may go on now */
+        if (rc == 1) {
+            l->state = LINK_OPEN;
+        } else if (rc < 0 || (events & (EPOLLHUP | EPOLLERR))) {
+            tern_log(TERN_LOG_WARN, LOG_WHO, "bad or missing HELLO; dropping the link");
+            ring_link_free(l);
+        }
         return;
     }
-    if (c->rx.views) {
-        ring_rx_release(&c->rx);
-        note_answer(c);
+    /* After set-up the socket carries doorbells, the hang-up and, for
+     * direct one-sided access, map requests and answers (direct.c). */
+    for (;;) {
+        char cbuf[CMSG_SPACE(4 * sizeof(int))];
+        struct iovec iov = {.iov_base = buf, .iov_len = sizeof(buf)};
+        struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+                           .msg_controllen = sizeof(cbuf)};
+        struct cmsghdr *cm;
+        int fds[4], nfds = 0;
+
+        r = recvmsg(l->obj.fd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        if (r <= 0)
+            break;
+        for (cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm))
+            if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
+                for (size_t i = 0; i < (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
+                    int fd = ((int *)(void *)CMSG_DATA(cm))[i];
+
+                    if (nfds < 4)
+                        fds[nfds++] = fd;
+                    else
+                        close(fd);
+                }
+        shm_direct_on_socket(SHLINK(l), buf, (size_t)r, fds, nfds);
+        while (nfds)
+            close(fds[--nfds]);     /* what was mapped holds its own reference */
     }
+    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK) ||
+        (events & (EPOLLHUP | EPOLLERR)))
+        ring_link_dead(l);
 }
 
-/* ---- one-sided (requester) ---- */
 
-static int ctl_send(struct shm_conn *c, const struct shm_ctl *ctl, const void *data,
-                    uint32_t len)
+/* An accepted link that never said HELLO goes after HELLO_TIMEOUT_S. */
+static bool shm_link_poll(struct ring_link *l, bool tick)
 {
-    uint8_t *p;
-
-    if (c->tx.resv || c->stage_resv || c->frag_pending)
-        return TERN_EAGAIN;
-    p = ring_tx_reserve(&c->tx, (uint32_t)sizeof(*ctl) + len);
-    if (!p)
-        return TERN_EAGAIN;
-    memcpy(p, ctl, sizeof(*ctl));
-    if (len)
-        memcpy(p + sizeof(*ctl), data, len);
-    ring_tx_publish(&c->tx, (uint32_t)sizeof(*ctl) + len, RING_CTL);
-    shm_link_published(c->link);
-    return 0;
+    if (tick && l->state == LINK_ACCEPTING && ring_now_s() - l->born_s > HELLO_TIMEOUT_S) {
+        tern_log(TERN_LOG_WARN, LOG_WHO, "link %s sent no HELLO; dropping it", l->name);
+        ring_link_free(l);
+        return false;
+    }
+    return true;
 }
 
-/* The largest one-sided operation: one CTL record with its payload. */
-static size_t onesided_max(const struct shm_conn *c)
+/* One byte on the socket: the peer's epoll wakes. */
+static void shm_doorbell(struct ring_link *l)
 {
-    return ring_max_record(c->tx.size) - sizeof(struct shm_ctl);
+    if (send(l->obj.fd, "d", 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 && errno != EAGAIN)
+        tern_log(TERN_LOG_DEBUG, LOG_WHO, "doorbell to %s: %s", l->name, strerror(errno));
 }
 
-static int onesided(struct shm_conn *c, uint8_t op, const void *src, uint8_t *dst, size_t len,
-                    const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token)
+static void shm_link_release(struct ring_link *l)
 {
-    struct shm_ctl ctl = {.op = op, .key = rkey->key, .len = (uint32_t)len, .off = roff};
-    int rc;
-
-    if (c->state != ST_OPEN)
-        return TERN_ENOTCONN;
-    if (len > onesided_max(c))
-        return TERN_EMSGSIZE;
-    if (tp_pend_full(&c->ev))
-        return TERN_EAGAIN;
-    rc = ctl_send(c, &ctl, src, op == CTL_PUT ? (uint32_t)len : 0);
-    if (rc == TERN_EAGAIN)
-        c->want_writable = true;
-    if (rc < 0)
-        return rc;
-    return tp_pend_push(&c->ev, op == CTL_PUT, dst, len, token);
+    shm_direct_link_free(SHLINK(l));
+    if (l->mine)
+        munmap(l->mine, l->win_size);
+    if (l->peers)
+        munmap(l->peers, l->win_size);
 }
+
+static const struct ring_link_ops shm_link_ops = {
+    .link_size = sizeof(struct shm_link),
+    .geometry = {.n_chan = SHM_CHANNELS, .ring_bytes = SHM_RING_BYTES},
+    .listen = shm_listen,
+    .connect = shm_connect,
+    .accept = shm_accept,
+    .on_fd = shm_on_fd,
+    .link_poll = shm_link_poll,
+    .doorbell = shm_doorbell,
+    .link_release = shm_link_release,
+};
+
+/* ---- one-sided: direct where the peer's memory is mapped, else served ---- */
 
 static int shm_put(struct tern_tp_conn *conn, struct tern_tp_mr *lmr, const void *src, size_t len,
                    const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token)
 {
-    int rc = shm_direct(SCONN(conn), true, (void *)src, len, rkey, roff, token,
-                        onesided_max(SCONN(conn)));
+    int rc = shm_direct(RCONN(conn), true, (void *)src, len, rkey, roff, token,
+                        ring_conn_onesided_max(RCONN(conn)));
 
     if (rc)
         return rc < 0 ? rc : 0;
-    return onesided(SCONN(conn), CTL_PUT, src, NULL, len, rkey, roff, token);
+    return ring_tp_put(conn, lmr, src, len, rkey, roff, token);
 }
 
 static int shm_get(struct tern_tp_conn *conn, struct tern_tp_mr *lmr, void *dst, size_t len,
                    const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token)
 {
-    int rc = shm_direct(SCONN(conn), false, dst, len, rkey, roff, token,
-                        onesided_max(SCONN(conn)));
+    int rc = shm_direct(RCONN(conn), false, dst, len, rkey, roff, token,
+                        ring_conn_onesided_max(RCONN(conn)));
 
     if (rc)
         return rc < 0 ? rc : 0;
-    return onesided(SCONN(conn), CTL_GET, NULL, dst, len, rkey, roff, token);
+    return ring_tp_get(conn, lmr, dst, len, rkey, roff, token);
 }
 
 /* A pointer into the peer's region. Refusals count like refused put and
@@ -418,446 +444,81 @@ static int shm_get(struct tern_tp_conn *conn, struct tern_tp_mr *lmr, void *dst,
 static int shm_rkey_ptr(struct tern_tp_conn *conn, const struct tern_tp_rkey *rkey,
                         uint64_t roff, size_t len, uint32_t need, void **ptr)
 {
-    struct shm_conn *c = SCONN(conn);
+    struct ring_conn *c = RCONN(conn);
     int rc = shm_direct_ptr(c, rkey, roff, len, need, ptr);
 
-    if (rc == TERN_EREMACCESS && ++c->ptr_refusals > SHM_MAX_VIOLATIONS) {
-        shm_link_send_close(c->link, c->chan);
-        shm_conn_fail(c, TERN_EREMACCESS, "too many refused direct accesses");
+    if (rc == TERN_EREMACCESS && ++c->ptr_refusals > SHM_MAX_REFUSALS) {
+        ring_link_send_close(c->link, c->chan);
+        ring_conn_fail(c, TERN_EREMACCESS, "too many refused direct accesses");
     }
     return rc;
 }
 
-/* ---- receive path ---- */
-
-/* Serve or complete a CTL record. Returns 1 handled (ev may be filled:
- * *got = 1), 0 to retry later (no room to answer), <0 protocol error. */
-static int on_ctl(struct shm_conn *c, const uint8_t *p, uint32_t len, struct tern_tp_event *ev,
-                  int *got)
-{
-    struct shm_ctl ctl, ans = {0};
-    uint8_t *where = NULL;
-    struct tp_onesided *pd;
-
-    if (len < sizeof(ctl))
-        return TERN_EPROTO;
-    /* It is released at once, so no view before it may still be held. */
-    if (c->rx.views > 1)
-        return 0;
-    memcpy(&ctl, p, sizeof(ctl));
-    if (ctl.op == CTL_PUT || ctl.op == CTL_GET) {
-        int status;
-
-        if (ctl.op == CTL_PUT && ctl.len != len - sizeof(ctl))
-            return TERN_EPROTO;
-        if (ctl.op == CTL_GET && len != sizeof(ctl))
-            return TERN_EPROTO;
-        status = ctl.len + sizeof(ctl) > ring_max_record(c->tx.size)
-                     ? TERN_EREMACCESS
-                     : tern_tp_mr_check(c->base.ep, ctl.key, ctl.off, ctl.len,
-                                        ctl.op == CTL_PUT ? TERN_TP_ACCESS_REMOTE_WRITE
-                                                          : TERN_TP_ACCESS_REMOTE_READ,
-                                        &where);
-        if (status < 0 && c->violations + 1 > SHM_MAX_VIOLATIONS) {
-            shm_conn_fail(c, TERN_EREMACCESS, "too many refused one-sided accesses");
-            return 1;
-        }
-        /* A peer that left needs no answer (and no credit will come back
-         * for one): consume the request and move on. */
-        if (c->state == ST_DRAINING)
-            return 1;
-        ans.op = ctl.op == CTL_PUT ? CTL_ACK : CTL_GET_RESP;
-        ans.status = status;
-        ans.len = ctl.op == CTL_GET && status == 0 ? ctl.len : 0;
-        /* The data lands before the ACK can be seen: the requester may
-         * follow it with direct stores to the same bytes. (If the ACK finds
-         * no room, the record is read again later and copied again: the
-         * same bytes.) */
-        if (status == 0 && ctl.op == CTL_PUT)
-            memcpy(where, p + sizeof(ctl), ctl.len);
-        if (ctl_send(c, &ans, where, ans.len) < 0)
-            return 0;
-        if (status < 0)
-            c->violations++;
-        return 1;
-    }
-    if (ctl.op != CTL_ACK && ctl.op != CTL_GET_RESP)
-        return TERN_EPROTO;
-    if (c->ev.done)
-        return 0;   /* direct completions ahead of it are reported first */
-    pd = tp_pend_front(&c->ev);
-    if (!pd || (ctl.op == CTL_ACK) != pd->is_put || ctl.status > 0 ||
-        (ctl.status == 0 && ctl.op == CTL_GET_RESP &&
-         (ctl.len != pd->len || len != sizeof(ctl) + pd->len)))
-        return TERN_EPROTO;
-    if (ctl.status == 0 && ctl.op == CTL_GET_RESP)
-        memcpy(pd->dst, p + sizeof(ctl), pd->len);
-    tp_pend_pop(&c->ev);
-    *ev = (struct tern_tp_event){
-        .type = ctl.op == CTL_ACK ? TERN_TP_EV_PUT_DONE : TERN_TP_EV_GET_DONE,
-        .status = ctl.status, .conn = &c->base, .token = pd->token,
-    };
-    *got = 1;
-    return 1;
-}
-
-/* A FRAG record. Returns 1 consumed (ev filled when the message is whole),
- * 0 to retry later (a view is still held), <0 protocol error. */
-static int on_frag(struct shm_conn *c, const uint8_t *p, uint32_t len, struct tern_tp_event *ev,
-                   int *got)
-{
-    struct shm_frag f;
-    size_t n;
-
-    if (len < sizeof(f))
-        return TERN_EPROTO;
-    memcpy(&f, p, sizeof(f));
-    n = len - sizeof(f);
-    /* The reassembly buffer holds one message; ring records before this
-     * one must be released first, as views go back in order. */
-    if (c->reasm_held || c->rx.views > 1)
-        return 0;
-    if (f.offset == 0) {
-        if (f.total > c->base.ep->cfg.max_msg || f.total < n)
-            return TERN_EPROTO;
-        if (c->reasm_cap < f.total) {
-            uint8_t *r = realloc(c->reasm, f.total);
-
-            if (!r)
-                return TERN_ENOMEM;
-            c->reasm = r;
-            c->reasm_cap = f.total;
-        }
-        c->reasm_total = f.total;
-        c->reasm_got = 0;
-    }
-    if (f.offset != c->reasm_got || f.total != c->reasm_total || n > f.total - f.offset)
-        return TERN_EPROTO;
-    memcpy(c->reasm + f.offset, p + sizeof(f), n);
-    c->reasm_got += n;
-    if (c->reasm_got == c->reasm_total) {
-        c->reasm_held = true;
-        *ev = (struct tern_tp_event){.type = TERN_TP_EV_RECV, .conn = &c->base,
-                                     .data = c->reasm, .len = c->reasm_total};
-        *got = 1;
-    }
-    return 1;
-}
-
-/* Up to SHM_RX_BATCH records of one connection (fairness bound). */
-static int rx_progress(struct shm_conn *c, struct tern_tp_event *ev, int max)
-{
-    int n = 0;
-
-    for (int i = 0; i < SHM_RX_BATCH && n < max && c->state != ST_DEAD; i++) {
-        const void *view;
-        uint32_t len;
-        enum ring_type type;
-        int rc = ring_rx_peek(&c->rx, &view, &len, &type), got = 0;
-
-        if (rc == 0)
-            break;
-        if (rc < 0) {
-            shm_conn_fail(c, rc, "corrupt ring");
-            break;
-        }
-        if (type == RING_MSG) {
-            ev[n++] = (struct tern_tp_event){.type = TERN_TP_EV_RECV, .conn = &c->base,
-                                             .data = view, .len = len};
-            continue;
-        }
-        rc = type == RING_FRAG ? on_frag(c, view, len, &ev[n], &got)
-                               : on_ctl(c, view, len, &ev[n], &got);
-        if (rc < 0) {
-            shm_conn_fail(c, rc, "malformed record");
-            break;
-        }
-        if (rc == 0) {
-            ring_rx_unpeek(&c->rx, len);
-            break;
-        }
-        ring_rx_release(&c->rx);    /* FRAG and CTL records are copied out */
-        n += got;
-    }
-    ring_rx_credit(&c->rx);
-    note_answer(c);
-    return n;
-}
-
-/* Most polls of most connections find nothing: say so in a few loads,
- * inline, before paying for a call to conn_progress. */
-static inline bool conn_quiet(const struct shm_conn *c)
-{
-    return c->state == ST_OPEN && !c->frag_pending && !c->want_writable &&
-           !tp_events_owed(&c->ev) && ring_rx_quiet(&c->rx);
-}
-
-static int conn_progress(struct shm_conn *c, struct tern_tp_event *ev, int max)
-{
-    bool open = c->state == ST_OPEN || c->state == ST_DRAINING;
-    int n;
-
-    if (open) {
-        if (c->frag_pending)
-            push_frags(c);
-        if (c->want_writable && !c->frag_pending && ring_tx_room(&c->tx) >= c->tx.size / 4) {
-            c->want_writable = false;
-            c->ev.writable = true;
-        }
-    }
-    n = tp_events_owed(&c->ev) ? tp_emit_owed(&c->ev, &c->base, ev, max) : 0;
-    if (open) {
-        n += rx_progress(c, ev + n, max - n);
-        /* The peer left: everything it published has been handed out. */
-        if (c->state == ST_DRAINING && n < max && !c->rx.views && !c->reasm_held) {
-            const void *v;
-            uint32_t l;
-            enum ring_type t;
-            int rc = ring_rx_peek(&c->rx, &v, &l, &t);
-
-            if (rc == 1)
-                ring_rx_unpeek(&c->rx, l);
-            else
-                shm_conn_fail(c, rc, rc ? "corrupt ring" : "peer left");
-        }
-    }
-    if (c->state == ST_DEAD)
-        n += tp_emit_dead(&c->ev, &c->base, ev + n, max - n);
-    return n;
-}
-
-static bool conn_owes(const struct shm_conn *c)
-{
-    return tp_events_owed(&c->ev) || c->state == ST_DRAINING;
-}
-
-/* ---- polling and sleeping ---- */
-
-static int shm_flush(struct tern_tp_ep *base)
-{
-    shm_links_doorbells(SEP(base));
-    return 0;
-}
-
-/* Sockets only carry set-up, hang-ups and doorbells: look at them every
- * SHM_EPOLL_EVERY polls, and then only if SHM_EPOLL_NS have passed. A
- * system call costs as much as a dozen idle polls, and a message that
- * arrives during one waits for it: a busy loop makes one every 20 us, an
- * endpoint polled now and then every 32 polls. */
-static bool sockets_due(struct shm_ep *ep)
-{
-    struct timespec ts;
-    uint64_t now;
-
-    if (ep->polls % SHM_EPOLL_EVERY != 0)
-        return false;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-    if (now - ep->sockets_at < SHM_EPOLL_NS)
-        return false;
-    ep->sockets_at = now;
-    return true;
-}
-
-static int shm_poll(struct tern_tp_ep *base, struct tern_tp_event *ev, int max)
-{
-    struct shm_ep *ep = SEP(base);
-    struct tern_tp_conn *todo;
-    int n = 0;
-
-    if (ep->armed)
-        shm_links_set_sleeping(ep, false);
-    /* Each link's channel 0 (opens, closes) is read every SHM_CTL_EVERY
-     * polls: set-up is not worth a cost on every poll of the data path. */
-    if ((++ep->polls & (SHM_CTL_EVERY - 1)) == 0)
-        shm_links_poll(ep, sockets_due(ep));
-    /* Owed events first. */
-    todo = tp_ready_take(base);
-    while (todo) {
-        struct shm_conn *c = SCONN(todo);
-
-        todo = todo->ready_next;
-        c->base.on_ready = false;
-        if (n < max)
-            n += conn_progress(c, ev + n, max - n);
-        if (conn_owes(c))
-            shm_ready_push(c);
-    }
-    /* Then every open connection, a bounded batch each. */
-    for (struct tern_tp_conn *b = base->conns; b && n < max; b = b->next)
-        if (SCONN(b)->state == ST_OPEN && !b->on_ready && !conn_quiet(SCONN(b)))
-            n += conn_progress(SCONN(b), ev + n, max - n);
-    shm_links_doorbells(ep);
-    return n;
-}
-
-/* A record this side can act on now. While the application holds views,
- * what waits behind them is not: it releases first, then polls. */
-static bool conn_has_input(struct shm_conn *c)
-{
-    const void *v;
-    uint32_t l;
-    enum ring_type t;
-    int rc;
-
-    if (c->rx.views || c->reasm_held)
-        return false;
-    rc = ring_rx_peek(&c->rx, &v, &l, &t);
-
-    if (rc == 1)
-        ring_rx_unpeek(&c->rx, l);
-    return rc != 0;
-}
-
-static int shm_arm(struct tern_tp_ep *base)
-{
-    struct shm_ep *ep = SEP(base);
-
-    if (base->ready)
-        return TERN_EAGAIN;
-    /* Tell every peer we sleep, then look once more: a message published
-     * before the peer saw the flag is found here, one after it rings. */
-    shm_links_set_sleeping(ep, true);
-    /* A sender waiting for credit may sleep: the receiver rings the
-     * doorbell when it answers the credit request (ring_rx.answered). */
-    for (struct tern_tp_conn *b = base->conns; b; b = b->next)
-        if (SCONN(b)->state == ST_OPEN && conn_has_input(SCONN(b)))
-            return TERN_EAGAIN;
-    for (struct shm_link *l = ep->links; l; l = l->next) {
-        const void *v;
-        uint32_t len;
-        enum ring_type t;
-        int rc;
-
-        if (l->state != LINK_OPEN)
-            continue;
-        rc = ring_rx_peek(&l->ctl_rx, &v, &len, &t);
-        if (rc == 1)
-            ring_rx_unpeek(&l->ctl_rx, len);
-        if (rc != 0)
-            return TERN_EAGAIN;
-    }
-    return 0;
-}
-
-static int shm_wait(struct tern_tp_ep *base, int timeout_ms)
-{
-    struct shm_ep *ep = SEP(base);
-    struct epoll_event e;
-    int rc;
-
-    if (shm_arm(base) < 0) {
-        shm_links_set_sleeping(ep, false);
-        return 1;
-    }
-    /* An NTB link lives on heartbeats: wake to beat in time. */
-    if (ep->ntb && (timeout_ms < 0 || timeout_ms > NTB_BEAT_MS))
-        timeout_ms = NTB_BEAT_MS;
-    rc = epoll_wait(ep->epfd, &e, 1, timeout_ms);
-    shm_links_set_sleeping(ep, false);
-    /* A socket spoke (or, on ntb, a beat may be due): the next poll looks. */
-    if (rc > 0 || ep->ntb) {
-        ep->polls = SHM_EPOLL_EVERY - 1;
-        ep->sockets_at = 0;
-    }
-    return rc > 0;
-}
-
-static int shm_wait_fd(struct tern_tp_ep *base)
-{
-    return SEP(base)->epfd;
-}
-
-/* ---- endpoint ---- */
+/* ---- endpoint and descriptor ---- */
 
 static int shm_ep_open(struct tern_tp_ep *base)
 {
-    struct shm_ep *ep = SEP(base);
-
+    struct shm_ep *ep = SHEP(base);
     int rc;
 
     ep->tab_fd = -1;
-    ep->g = (struct ring_geometry){.n_chan = SHM_CHANNELS, .ring_bytes = SHM_RING_BYTES};
-    ep->epfd = epoll_create1(EPOLL_CLOEXEC);
-    if (ep->epfd < 0)
-        return -errno;
+    rc = ring_ep_open(base, &shm_link_ops);
+    if (rc < 0)
+        return rc;
     /* Without the table, one-sided operations are all served. */
     rc = shm_direct_ep_open(ep);
     if (rc < 0) {
-        tern_log(TERN_LOG_INFO, "shm", "no direct one-sided access: %s", tern_strerror(rc));
+        tern_log(TERN_LOG_INFO, LOG_WHO, "no direct one-sided access: %s", tern_strerror(rc));
         shm_direct_ep_close(ep);
     }
     return 0;
 }
 
-/* The ntb fabric: the same connections over one NTB link per device, the
- * real one through DPDK or an emulated one (ntb_link.c). Many channels of
- * modest rings: a window is a scarce BAR, and both sides open channels. */
-static int ntb_ep_open(struct tern_tp_ep *base)
-{
-    struct shm_ep *ep = SEP(base);
-    int rc = shm_ep_open(base);
-
-    shm_direct_ep_close(ep);    /* the peer is another host: served only */
-    ep->ntb = true;
-    ep->g = (struct ring_geometry){.n_chan = NTB_CHANNELS, .ring_bytes = NTB_RING_BYTES};
-    return rc;
-}
-
 static void shm_ep_close(struct tern_tp_ep *base)
 {
-    struct shm_ep *ep = SEP(base);
-
-    while (base->conns)
-        shm_disconnect(base->conns);
-    shm_links_close_all(ep);
-    shm_direct_ep_close(ep);
-    close(ep->epfd);
+    ring_tp_ep_close(base);
+    shm_direct_ep_close(SHEP(base));
 }
 
-/* Everything but ep_open is the same for shm and ntb endpoints. */
-#define SHM_COMMON_OPS \
-    .ep_close = shm_ep_close, \
-    .listen = shm_listen, \
-    .connect = shm_connect, \
-    .disconnect = shm_disconnect, \
-    .conn_peer = shm_conn_peer, \
-    .msg_alloc = shm_msg_alloc, \
-    .msg_post = shm_msg_post, \
-    .msg_abort = shm_msg_abort, \
-    .msg_release = shm_msg_release, \
-    .put = shm_put, \
-    .get = shm_get, \
-    .mr_publish = shm_direct_publish, \
-    .poll = shm_poll, \
-    .flush = shm_flush, \
-    .wait_fd = shm_wait_fd, \
-    .arm = shm_arm, \
-    .wait = shm_wait,
-
 static const struct tern_tp_ops shm_ops = {
+    RING_TP_OPS,
     .ep_open = shm_ep_open,
-    .rkey_ptr = shm_rkey_ptr,   /* ntb: the peer is another host */
-    SHM_COMMON_OPS
+    .ep_close = shm_ep_close,
+    .put = shm_put,
+    .get = shm_get,
+    .rkey_ptr = shm_rkey_ptr,
+    .mr_publish = shm_direct_publish,
 };
 
-static const struct tern_tp_ops ntb_ops = {
-    .ep_open = ntb_ep_open,
-    SHM_COMMON_OPS
-};
+/* Processes of this host (same boot and network namespace: the listener
+ * is an abstract socket of the namespace). */
+static bool shm_reachable(const char *addr, size_t len, bool same_node)
+{
+    return same_node;
+}
 
+static int shm_local_addr(const char *tag, char *buf, size_t len)
+{
+    struct sockaddr_un sa;
+    socklen_t sl;
+
+    if (snprintf(buf, len, "tern-%s", tag) >= (int)len || !sock_addr(buf, &sa, &sl))
+        return TERN_EINVAL;
+    return 0;
+}
+
+/* Direct one-sided access makes put and get plain stores and loads into the
+ * peer's memory where it registered a file (tern_tp_mr_reg_fd,
+ * tern_tp_mr_alloc); other regions are served by its poll. */
 const struct tern_tp_fabric tern_tp_fabric_shm = {
     .name = "shm",
     .caps = TERN_TP_CAP_MSG | TERN_TP_CAP_PUT | TERN_TP_CAP_GET | TERN_TP_CAP_WAIT_FD |
-            TERN_TP_CAP_LISTEN | TERN_TP_CAP_CONNECT | TERN_TP_CAP_RKEY_PTR,
+            TERN_TP_CAP_LISTEN | TERN_TP_CAP_CONNECT | TERN_TP_CAP_RKEY_PTR |
+            TERN_TP_CAP_RMA_OFFLOAD,
     .ep_size = sizeof(struct shm_ep),
     .ops = &shm_ops,
-};
-
-const struct tern_tp_fabric tern_tp_fabric_ntb = {
-    .name = "ntb",
-    .caps = TERN_TP_CAP_MSG | TERN_TP_CAP_PUT | TERN_TP_CAP_GET | TERN_TP_CAP_WAIT_FD |
-            TERN_TP_CAP_LISTEN | TERN_TP_CAP_CONNECT,
-    .ep_size = sizeof(struct shm_ep),
-    .ops = &ntb_ops,
+    .latency_ns = 300,
+    .bandwidth_gbs = 20,
+    .reachable = shm_reachable,
+    .local_addr = shm_local_addr,
 };

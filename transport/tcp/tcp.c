@@ -1010,10 +1010,19 @@ static const struct tern_tp_ops tcp_ops = {
     .wait = tcp_wait,
 };
 
+/* The loopback interface, any free port. */
+static int tcp_local_addr(const char *tag, char *buf, size_t len)
+{
+    return snprintf(buf, len, "127.0.0.1:0") < (int)len ? 0 : TERN_EINVAL;
+}
+
 const struct tern_tp_fabric tern_tp_fabric_tcp = {
     .name = "tcp",
     .caps = TERN_TP_CAP_MSG | TERN_TP_CAP_PUT | TERN_TP_CAP_GET | TERN_TP_CAP_WAIT_FD |
             TERN_TP_CAP_LISTEN | TERN_TP_CAP_CONNECT,
     .ep_size = sizeof(struct tcp_ep),
     .ops = &tcp_ops,
+    .latency_ns = 10000,
+    .bandwidth_gbs = 2,
+    .local_addr = tcp_local_addr,
 };

@@ -1,5 +1,6 @@
-/* NTB links: the shm fabric's connections over one window pair per NTB
- * device, as PCIe NTB gives it. The rules differ from socket links:
+/* The ntb fabric: the ring engine's connections (ring/chan.h) over one
+ * window pair per NTB device, as PCIe NTB gives it. This file is its window
+ * provider and its descriptor. The rules differ from shm's socket links:
  *
  * - The windows exist before either side does: there is no socket to hand
  *   them over, to carry a HELLO or to hang up. Each side says hello in the
@@ -32,7 +33,8 @@
  * Devices: "emu:NAME" is an emulated device (a shared-memory file holding
  * both windows, each side of each partition claimed by an OFD lock,
  * doorbells on datagram sockets), which is how CI runs NTB links; "hw" is
- * the DPDK ntb rawdev (ntb/ntb.c), with EAL arguments from $TERN_NTB_EAL. */
+ * the DPDK ntb rawdev (dpdk.c), with EAL arguments from $TERN_NTB_EAL. */
+#include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -47,12 +49,19 @@
 #include <unistd.h>
 
 #include "../log.h"
-#include "shm_internal.h"
+#include "../ring/chan.h"
 #include "tern_config.h"
 #if TERN_HAVE_DPDK
-#include "../ntb/ntb.h"
+#include "dpdk.h"
 #endif
 
+/* Geometry of a link, heartbeat period and partitions of each window (one
+ * link each). Many channels of modest rings: a window is a scarce BAR, and
+ * both sides open channels. */
+#define NTB_CHANNELS 512
+#define NTB_RING_BYTES (64u * 1024)
+#define NTB_BEAT_MS 100
+#define NTB_PARTS 8
 #define NTB_MAGIC 0x746e6268u       /* "tnbh" */
 #define NTB_VERSION 2                /* 2: windows in partitions */
 #define HANDSHAKE_MS 2000           /* a connect waits this long for a peer */
@@ -60,6 +69,7 @@
 #define EMU_LOCK_SETUP 2            /* lock byte: the first set-up of the file */
 #define EMU_LOCK_SIDES 16           /* lock bytes 16 + 2 * part + side: claims */
 #define LOG_WHO "ntb"
+#define NL(l) ((struct ntb_link *)(l))
 
 /* Per channel, on both sides. */
 enum { CH_USED = 1, CH_CLOSE_SENT = 2, CH_CLOSE_GOT = 4, CH_FREED = 8, CH_FREE_GOT = 16 };
@@ -69,8 +79,9 @@ struct emu_hdr {
 };
 
 struct ntb_link {
+    struct ring_link r;
     bool hw;
-    char dev[SHM_NAME_MAX];         /* "emu:NAME" or "hw" */
+    char dev[RING_NAME_MAX];         /* "emu:NAME" or "hw" */
     unsigned part;                  /* the partition of each window */
     int dev_fd;                     /* emu: the device file */
     int side;                       /* emu: which side of the partition is ours */
@@ -87,7 +98,7 @@ struct ntb_link {
     uint32_t next;                  /* next of our channels to try */
     unsigned npending;
     uint8_t *ch;                    /* CH_* per channel */
-    struct shm_conn *pending;       /* connections waiting for the link */
+    struct ring_conn *pending;       /* connections waiting for the link */
 };
 
 static uint64_t now_ms(void)
@@ -111,14 +122,14 @@ static uint64_t dead_ms(void)
     return v;
 }
 
-static struct link_ctl *line_in(struct shm_link *l)
+static struct ring_link_ctl *line_in(struct ring_link *l)
 {
-    return (struct link_ctl *)(void *)l->mine;
+    return (struct ring_link_ctl *)(void *)l->mine;
 }
 
-static struct link_ctl *line_out(struct shm_link *l)
+static struct ring_link_ctl *line_out(struct ring_link *l)
 {
-    return (struct link_ctl *)(void *)l->peers;
+    return (struct ring_link_ctl *)(void *)l->peers;
 }
 
 static void put64(volatile uint64_t *at, uint64_t v)
@@ -133,10 +144,10 @@ static uint64_t get64(volatile uint64_t *at)
 
 /* Our hello in the peer's window; the nonce goes last. Rewritten with every
  * beat, so a peer that zeroed its window learns it again. */
-static void say_hello(struct shm_link *l)
+static void say_hello(struct ring_link *l)
 {
-    struct ntb_link *nl = l->ntb;
-    struct link_ctl *out = line_out(l);
+    struct ntb_link *nl = NL(l);
+    struct ring_link_ctl *out = line_out(l);
 
     out->magic = NTB_MAGIC;
     out->version = NTB_VERSION;
@@ -150,10 +161,10 @@ static void say_hello(struct shm_link *l)
 
 /* Zero every ring and control word of our window (not its first line,
  * which holds the peer's hello). */
-static void zero_rings(struct shm_link *l)
+static void zero_rings(struct ring_link *l)
 {
-    struct ntb_link *nl = l->ntb;
-    size_t off = SHM_RINGS_OFF, len = ring_window_size(&l->g);
+    struct ntb_link *nl = NL(l);
+    size_t off = RING_LINK_OFF, len = ring_window_size(&l->g);
 
     /* On the emulated device, punching a hole zeroes without touching every
      * page; what it cannot do falls back to stores. */
@@ -173,9 +184,9 @@ static void zero_rings(struct shm_link *l)
 }
 
 /* A new incarnation: new nonce, nothing seen, no channel in use. */
-static void link_reset(struct shm_link *l)
+static void link_reset(struct ring_link *l)
 {
-    struct ntb_link *nl = l->ntb;
+    struct ntb_link *nl = NL(l);
 
     do {
         if (getrandom(&nl->nonce, sizeof(nl->nonce), 0) != sizeof(nl->nonce))
@@ -187,16 +198,16 @@ static void link_reset(struct shm_link *l)
     say_hello(l);
 }
 
-static void go_down(struct shm_link *l, const char *why, bool expected)
+static void go_down(struct ring_link *l, const char *why, bool expected)
 {
     tern_log(expected ? TERN_LOG_INFO : TERN_LOG_WARN, LOG_WHO, "link %s down: %s", l->name, why);
-    shm_link_dead(l);
+    ring_link_dead(l);
 }
 
 /* One of our channels that is free, or 0. */
-static uint32_t chan_alloc(struct shm_link *l)
+static uint32_t chan_alloc(struct ring_link *l)
 {
-    struct ntb_link *nl = l->ntb;
+    struct ntb_link *nl = NL(l);
     uint32_t first = nl->odd ? 1 : 2, span = (l->g.n_chan - first + 1) / 2;
 
     for (uint32_t i = 0; i < span; i++) {
@@ -212,33 +223,33 @@ static uint32_t chan_alloc(struct shm_link *l)
 }
 
 /* Give a waiting connection its channel and tell the peer. */
-static void start_conn(struct shm_link *l, struct shm_conn *c)
+static void start_conn(struct ring_link *l, struct ring_conn *c)
 {
     uint32_t chan = chan_alloc(l);
 
     c->ev.connected = true;
     if (!chan) {
-        shm_conn_fail(c, TERN_ENOBUFS, "no free channel on the NTB link");
+        ring_conn_fail(c, TERN_ENOBUFS, "no free channel on the NTB link");
         return;
     }
-    shm_conn_bind(c, l, chan);
-    if (shm_link_send_open(l, chan) < 0)
-        shm_conn_fail(c, TERN_EAGAIN, "NTB control channel full");
-    shm_ready_push(c);
+    ring_conn_bind(c, l, chan);
+    if (ring_link_send(l, OP_OPEN, chan) < 0)
+        ring_conn_fail(c, TERN_EAGAIN, "NTB control channel full");
+    ring_conn_ready(c);
 }
 
-static void link_up(struct shm_link *l)
+static void link_up(struct ring_link *l)
 {
-    struct ntb_link *nl = l->ntb;
+    struct ntb_link *nl = NL(l);
 
-    shm_link_bind(l, l->mine, l->peers);    /* channel 0 starts afresh */
+    ring_link_bind(l, l->mine, l->peers);    /* channel 0 starts afresh */
     l->ctl_tx.wc = nl->hw;
     nl->odd = nl->nonce < nl->peer_nonce;
     nl->next = nl->odd ? 1 : 2;
     l->state = LINK_OPEN;
     tern_log(TERN_LOG_INFO, LOG_WHO, "link %s up", l->name);
     while (nl->pending) {
-        struct shm_conn *c = nl->pending;
+        struct ring_conn *c = nl->pending;
 
         nl->pending = c->pending_next;
         nl->npending--;
@@ -247,32 +258,32 @@ static void link_up(struct shm_link *l)
     }
 }
 
-static void fail_pending(struct shm_link *l, int status, const char *why)
+static void fail_pending(struct ring_link *l, int status, const char *why)
 {
-    struct ntb_link *nl = l->ntb;
+    struct ntb_link *nl = NL(l);
 
     while (nl->pending) {
-        struct shm_conn *c = nl->pending;
+        struct ring_conn *c = nl->pending;
 
         nl->pending = c->pending_next;
         nl->npending--;
         c->pending_next = NULL;
         c->ev.connected = true;
-        shm_conn_fail(c, status, why);
+        ring_conn_fail(c, status, why);
     }
 }
 
-static bool device_link_up(struct shm_link *l);
+static bool device_link_up(struct ring_link *l);
 
-void ntb_link_poll(struct shm_link *l, bool tick)
+static bool ntb_link_poll(struct ring_link *l, bool tick)
 {
-    struct ntb_link *nl = l->ntb;
-    struct link_ctl *in = line_in(l);
+    struct ntb_link *nl = NL(l);
+    struct ring_link_ctl *in = line_in(l);
     uint64_t now, pn, pb;
 
     /* The handshake and the heartbeat need no more than the socket ticks. */
     if (!tick)
-        return;
+        return true;
     now = now_ms();
     if (now - nl->last_beat_ms >= NTB_BEAT_MS) {
         nl->beat++;
@@ -305,16 +316,16 @@ void ntb_link_poll(struct shm_link *l, bool tick)
         /* The old session's connections are gone: start a new one. */
         if (l->nconns == nl->npending)
             link_reset(l);
-        return;
+        return true;
     }
     if (l->state != LINK_ACCEPTING)
-        return;
+        return true;
     if (nl->pending && now - nl->pending_since_ms > HANDSHAKE_MS) {
         fail_pending(l, TERN_ECONNREFUSED, "no peer on the NTB link");
-        return;
+        return true;
     }
     if (!pn)
-        return;
+        return true;
     if (in->magic != NTB_MAGIC || in->version != NTB_VERSION || in->n_chan != l->g.n_chan ||
         in->ring_bytes != l->g.ring_bytes) {
         static struct tern_log_limit limit;
@@ -322,7 +333,7 @@ void ntb_link_poll(struct shm_link *l, bool tick)
         if (tern_log_allow(&limit))
             tern_log(TERN_LOG_WARN, LOG_WHO, "link %s: the peer's geometry or version differs",
                      l->name);
-        return;
+        return true;
     }
     if (!nl->seen_sent) {
         nl->seen_sent = true;
@@ -336,22 +347,23 @@ void ntb_link_poll(struct shm_link *l, bool tick)
     }
     if (nl->ready_sent && get64(&in->ready) == nl->nonce)
         link_up(l);
+    return true;
 }
 
 /* ---- channels ---- */
 
-static void settle(struct shm_link *l, uint32_t chan)
+static void settle(struct ring_link *l, uint32_t chan)
 {
-    struct ntb_link *nl = l->ntb;
+    struct ntb_link *nl = NL(l);
     uint8_t f = nl->ch[chan];
 
     if (l->state != LINK_OPEN)
         return;
     if ((f & CH_CLOSE_SENT) && (f & CH_CLOSE_GOT) && !(f & CH_FREED) && !l->chan[chan]) {
         /* Neither side writes this channel any more: clean our half. */
-        memset(ring_data_of(l->mine + SHM_RINGS_OFF, &l->g, chan), 0, l->g.ring_bytes);
-        memset(ring_ctl_of(l->mine + SHM_RINGS_OFF, &l->g, chan), 0, sizeof(struct ring_ctl));
-        if (shm_link_send(l, OP_FREE, chan) == 0)
+        memset(ring_data_of(l->mine + RING_LINK_OFF, &l->g, chan), 0, l->g.ring_bytes);
+        memset(ring_ctl_of(l->mine + RING_LINK_OFF, &l->g, chan), 0, sizeof(struct ring_ctl));
+        if (ring_link_send(l, OP_FREE, chan) == 0)
             f |= CH_FREED;
     }
     if ((f & CH_FREED) && (f & CH_FREE_GOT))
@@ -359,9 +371,9 @@ static void settle(struct shm_link *l, uint32_t chan)
     nl->ch[chan] = f;
 }
 
-bool ntb_link_accepts(struct shm_link *l, uint32_t chan)
+static bool ntb_link_accepts(struct ring_link *l, uint32_t chan)
 {
-    struct ntb_link *nl = l->ntb;
+    struct ntb_link *nl = NL(l);
 
     if ((chan & 1) == (nl->odd ? 1u : 0u) || nl->ch[chan]) {
         static struct tern_log_limit limit;
@@ -373,41 +385,41 @@ bool ntb_link_accepts(struct shm_link *l, uint32_t chan)
     }
     nl->ch[chan] = CH_USED;
     if (!nl->listening) {
-        shm_link_send_close(l, chan);   /* nobody listens here: refused */
+        ring_link_send_close(l, chan);   /* nobody listens here: refused */
         return false;
     }
     return true;
 }
 
-void ntb_link_on_close(struct shm_link *l, uint32_t chan, bool sent)
+static void ntb_link_on_close(struct ring_link *l, uint32_t chan, bool sent)
 {
-    l->ntb->ch[chan] |= sent ? CH_CLOSE_SENT : CH_CLOSE_GOT;
+    NL(l)->ch[chan] |= sent ? CH_CLOSE_SENT : CH_CLOSE_GOT;
     settle(l, chan);
 }
 
-void ntb_link_on_free(struct shm_link *l, uint32_t chan)
+static void ntb_link_on_free(struct ring_link *l, uint32_t chan)
 {
-    l->ntb->ch[chan] |= CH_FREE_GOT;
+    NL(l)->ch[chan] |= CH_FREE_GOT;
     settle(l, chan);
 }
 
-void ntb_link_conn_gone(struct shm_link *l, struct shm_conn *c)
+static void ntb_link_conn_gone(struct ring_link *l, struct ring_conn *c)
 {
-    struct shm_conn **pp = &l->ntb->pending;
+    struct ring_conn **pp = &NL(l)->pending;
 
     while (*pp && *pp != c)
         pp = &(*pp)->pending_next;
     if (*pp) {
         *pp = c->pending_next;
-        l->ntb->npending--;
+        NL(l)->npending--;
     }
     if (c->chan)
         settle(l, c->chan);
 }
 
-void ntb_link_ring(struct shm_link *l)
+static void ntb_link_doorbell(struct ring_link *l)
 {
-    struct ntb_link *nl = l->ntb;
+    struct ntb_link *nl = NL(l);
 
     /* The hardware doorbell (an MSI-X interrupt through vfio) is not wired
      * yet: NTB endpoints on hardware poll, and their waits are bounded by
@@ -462,15 +474,15 @@ static void unlock_byte(int fd, off_t at)
  * aligned so that each partition maps and zeroes on its own. */
 static size_t part_bytes(const struct ring_geometry *g)
 {
-    return (SHM_RINGS_OFF + ring_window_size(g) + 4095) & ~(size_t)4095;
+    return (RING_LINK_OFF + ring_window_size(g) + 4095) & ~(size_t)4095;
 }
 
 /* The emulated device: a file of two windows of NTB_PARTS partitions each;
  * each side of each partition is claimed by an OFD lock, which a process
  * that dies gives back. */
-static int emu_attach(struct shm_link *l, const char *name)
+static int emu_attach(struct ring_link *l, const char *name)
 {
-    struct ntb_link *nl = l->ntb;
+    struct ntb_link *nl = NL(l);
     size_t part = part_bytes(&l->g), win = NTB_PARTS * part, size = EMU_HDR + 2 * win;
     struct emu_hdr want = {NTB_MAGIC, NTB_VERSION, l->g.n_chan, l->g.ring_bytes, NTB_PARTS};
     struct emu_hdr *hdr = NULL;
@@ -535,7 +547,7 @@ static int emu_attach(struct shm_link *l, const char *name)
     l->peers = nl->peers_map;
     l->win_size = part;
     /* Whatever an earlier owner of this side left is not ours. */
-    memset(l->mine, 0, SHM_RINGS_OFF);
+    memset(l->mine, 0, RING_LINK_OFF);
     zero_rings(l);
     l->obj.fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     sl = bell_addr(&sa, name, nl->part, side);
@@ -553,9 +565,9 @@ static int emu_attach(struct shm_link *l, const char *name)
 
 /* The emulated device's link status: the peer's side is claimed, that is
  * its process is alive (a dead process gives its OFD lock back). */
-static bool emu_link_up(struct shm_link *l)
+static bool emu_link_up(struct ring_link *l)
 {
-    struct ntb_link *nl = l->ntb;
+    struct ntb_link *nl = NL(l);
     struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET,
                        .l_start = EMU_LOCK_SIDES + 2 * (off_t)nl->part + (1 - nl->side),
                        .l_len = 1};
@@ -592,9 +604,9 @@ static void hw_put(struct ntb_link *nl)
     nl->hwdev = NULL;
 }
 
-static int hw_attach(struct shm_link *l)
+static int hw_attach(struct ring_link *l)
 {
-    struct ntb_link *nl = l->ntb;
+    struct ntb_link *nl = NL(l);
     const char *eal = getenv("TERN_NTB_EAL");
     size_t part;
     int rc = 0;
@@ -624,32 +636,32 @@ static int hw_attach(struct shm_link *l)
     /* As many channels as a partition of the window holds, up to the
      * default. */
     part = (nl->hwdev->dev.size / NTB_PARTS) & ~(size_t)4095;
-    while (l->g.n_chan > 2 && SHM_RINGS_OFF + ring_window_size(&l->g) > part)
+    while (l->g.n_chan > 2 && RING_LINK_OFF + ring_window_size(&l->g) > part)
         l->g.n_chan /= 2;
-    if (SHM_RINGS_OFF + ring_window_size(&l->g) > part) {
+    if (RING_LINK_OFF + ring_window_size(&l->g) > part) {
         hw_put(nl);
         return TERN_ENOMEM;
     }
     l->mine = nl->hwdev->dev.local + nl->part * part;
     l->peers = nl->hwdev->dev.remote + nl->part * part;
-    l->win_size = SHM_RINGS_OFF + ring_window_size(&l->g);
+    l->win_size = RING_LINK_OFF + ring_window_size(&l->g);
     memset(l->mine, 0, l->win_size);
     return 0;
 }
 #endif
 
-static bool device_link_up(struct shm_link *l)
+static bool device_link_up(struct ring_link *l)
 {
 #if TERN_HAVE_DPDK
-    if (l->ntb->hwdev)
-        return tern_ntb_link_up(&l->ntb->hwdev->dev);
+    if (NL(l)->hwdev)
+        return tern_ntb_link_up(&NL(l)->hwdev->dev);
 #endif
     return emu_link_up(l);
 }
 
-void ntb_link_close(struct shm_link *l)
+static void ntb_link_release(struct ring_link *l)
 {
-    struct ntb_link *nl = l->ntb;
+    struct ntb_link *nl = NL(l);
 
     if (l->peers && nl->nonce)
         put64(&line_out(l)->nonce, 0);      /* tell the peer we left */
@@ -677,8 +689,6 @@ void ntb_link_close(struct shm_link *l)
         close(nl->dev_fd);
     }
     free(nl->ch);
-    free(nl);
-    l->ntb = NULL;
 }
 
 /* Split "DEV[/P]" into the device and the partition (0 if absent). */
@@ -707,17 +717,17 @@ static int parse_addr(const char *addr, char *dev, size_t dev_len, unsigned *par
 
 /* The endpoint's link to partition `addr` ("DEV[/P]"), attaching it on
  * first use. */
-static int link_for(struct shm_ep *ep, const char *addr, struct shm_link **out)
+static int link_for(struct ring_ep *ep, const char *addr, struct ring_link **out)
 {
-    char dev[SHM_NAME_MAX];
+    char dev[RING_NAME_MAX];
     unsigned part;
-    struct shm_link *l;
+    struct ring_link *l;
     int rc = parse_addr(addr, dev, sizeof(dev), &part);
 
     if (rc < 0)
         return rc;
     for (l = ep->links; l; l = l->next)
-        if (l->ntb && strcmp(l->ntb->dev, dev) == 0 && l->ntb->part == part) {
+        if (strcmp(NL(l)->dev, dev) == 0 && NL(l)->part == part) {
             *out = l;
             return 0;
         }
@@ -727,41 +737,36 @@ static int link_for(struct shm_ep *ep, const char *addr, struct shm_link **out)
         return TERN_ENODEV;
     }
 #endif
-    l = shm_link_new(ep, -1);
+    l = ring_link_new(ep, -1);
     if (!l)
         return TERN_ENOMEM;
-    l->ntb = calloc(1, sizeof(*l->ntb));
+    NL(l)->dev_fd = -1;
     l->g = ep->g;
     snprintf(l->name, sizeof(l->name), "%s", addr);
-    if (!l->ntb) {
-        shm_link_free(l);
-        return TERN_ENOMEM;
-    }
-    l->ntb->dev_fd = -1;
-    snprintf(l->ntb->dev, sizeof(l->ntb->dev), "%s", dev);
-    l->ntb->part = part;
+    snprintf(NL(l)->dev, sizeof(NL(l)->dev), "%s", dev);
+    NL(l)->part = part;
 #if TERN_HAVE_DPDK
     rc = strcmp(dev, "hw") == 0 ? hw_attach(l) : emu_attach(l, dev + 4);
 #else
     rc = emu_attach(l, dev + 4);
 #endif
-    if (rc == 0 && (!(l->ntb->ch = calloc(l->g.n_chan, 1)) ||
-                    shm_link_bind(l, l->mine, l->peers) < 0))
+    if (rc == 0 && (!(NL(l)->ch = calloc(l->g.n_chan, 1)) ||
+                    ring_link_bind(l, l->mine, l->peers) < 0))
         rc = TERN_ENOMEM;
     if (rc < 0) {
-        shm_link_free(l);
+        ring_link_free(l);
         return rc;
     }
-    l->ntb->last_beat_ms = now_ms();
+    NL(l)->last_beat_ms = now_ms();
     link_reset(l);
     *out = l;
     return 0;
 }
 
-int ntb_link_listen(struct shm_ep *ep, const char *addr, char *bound, size_t bound_len)
+static int ntb_link_listen(struct ring_ep *ep, const char *addr, char *bound, size_t bound_len)
 {
-    char name[SHM_NAME_MAX + 1];
-    struct shm_link *l;
+    char name[RING_NAME_MAX + 1];
+    struct ring_link *l;
     int rc;
 
     if (strcmp(addr, "emu:auto") == 0)
@@ -771,15 +776,15 @@ int ntb_link_listen(struct shm_ep *ep, const char *addr, char *bound, size_t bou
     rc = link_for(ep, name, &l);
     if (rc < 0)
         return rc;
-    l->ntb->listening = true;
+    NL(l)->listening = true;
     if (bound && bound_len)
         snprintf(bound, bound_len, "%s", name);
     return 0;
 }
 
-int ntb_link_connect(struct shm_ep *ep, const char *addr, struct shm_conn *c)
+static int ntb_link_connect(struct ring_ep *ep, const char *addr, struct ring_conn *c)
 {
-    struct shm_link *l;
+    struct ring_link *l;
     int rc = link_for(ep, addr, &l);
 
     if (rc < 0)
@@ -790,10 +795,135 @@ int ntb_link_connect(struct shm_ep *ep, const char *addr, struct shm_conn *c)
         start_conn(l, c);
         return 0;
     }
-    if (!l->ntb->pending)
-        l->ntb->pending_since_ms = now_ms();
-    c->pending_next = l->ntb->pending;
-    l->ntb->pending = c;
-    l->ntb->npending++;
+    if (!NL(l)->pending)
+        NL(l)->pending_since_ms = now_ms();
+    c->pending_next = NL(l)->pending;
+    NL(l)->pending = c;
+    NL(l)->npending++;
     return 0;
 }
+
+/* The doorbell socket of an emulated device: its datagrams only wake the
+ * endpoint; drain them. */
+static void ntb_link_on_fd(struct ring_link *l, uint32_t events)
+{
+    char buf[64];
+
+    while (recv(l->obj.fd, buf, sizeof(buf), MSG_DONTWAIT) > 0)
+        ;
+}
+
+static const struct ring_link_ops ntb_link_ops = {
+    .link_size = sizeof(struct ntb_link),
+    .geometry = {.n_chan = NTB_CHANNELS, .ring_bytes = NTB_RING_BYTES},
+    .shared_channels = true,
+    .keeps_links = true,
+    .beat_ms = NTB_BEAT_MS,
+    .listen = ntb_link_listen,
+    .connect = ntb_link_connect,
+    .on_fd = ntb_link_on_fd,
+    .link_poll = ntb_link_poll,
+    .accepts = ntb_link_accepts,
+    .on_close = ntb_link_on_close,
+    .on_free = ntb_link_on_free,
+    .conn_gone = ntb_link_conn_gone,
+    .doorbell = ntb_link_doorbell,
+    .link_release = ntb_link_release,
+};
+
+/* ---- endpoint and descriptor ---- */
+
+static int ntb_ep_open(struct tern_tp_ep *base)
+{
+    return ring_ep_open(base, &ntb_link_ops);
+}
+
+/* One-sided operations are served by the peer's poll: its host is reached
+ * through the window only. */
+static const struct tern_tp_ops ntb_ops = {
+    RING_TP_OPS,
+    .ep_open = ntb_ep_open,
+    .ep_close = ring_tp_ep_close,
+    .put = ring_tp_put,
+    .get = ring_tp_get,
+};
+
+static int ntb_probe(const char *args, char *desc, size_t len)
+{
+#if TERN_HAVE_DPDK
+    return tern_ntb_describe(args, desc, len);
+#else
+    snprintf(desc, len, "no NTB hardware support: built without DPDK");
+    return TERN_ENODEV;
+#endif
+}
+
+static bool is_emu(const char *addr, size_t len)
+{
+    return len >= 4 && strncmp(addr, "emu:", 4) == 0;
+}
+
+/* An emulated device is a file of this host. A hardware link joins two
+ * hosts that only their cabling knows of: it is taken when a policy names
+ * it, never guessed from an advertisement. */
+static bool ntb_reachable(const char *addr, size_t len, bool same_node)
+{
+    return same_node && is_emu(addr, len);
+}
+
+static int ntb_local_addr(const char *tag, char *buf, size_t len)
+{
+    if (snprintf(buf, len, "emu:%s", tag) >= (int)len || !name_ok(tag))
+        return TERN_EINVAL;
+    return 0;
+}
+
+static bool ntb_emulated(const char *addr)
+{
+    return is_emu(addr, strlen(addr));
+}
+
+/* Emulated devices whose every side is unclaimed: their processes died
+ * without the last one out removing the file (SIGKILL). A live process
+ * holds the OFD lock of its side, so its device stays. */
+static void ntb_sweep(void)
+{
+    DIR *d = opendir("/dev/shm");
+    struct dirent *de;
+
+    if (!d)
+        return;
+    while ((de = readdir(d))) {
+        char path[300];
+        bool free_all = true;
+        int fd;
+
+        if (strncmp(de->d_name, "tern-ntb.", 9) != 0)
+            continue;
+        snprintf(path, sizeof(path), "/%s", de->d_name);
+        fd = shm_open(path, O_RDWR | O_CLOEXEC, 0);
+        if (fd < 0)
+            continue;
+        for (off_t b = 0; free_all && b < 2 * NTB_PARTS; b++)
+            free_all = lock_byte(fd, EMU_LOCK_SIDES + b, false);
+        if (free_all)
+            shm_unlink(path);
+        close(fd);
+    }
+    closedir(d);
+}
+
+const struct tern_tp_fabric tern_tp_fabric_ntb = {
+    .name = "ntb",
+    .caps = TERN_TP_CAP_MSG | TERN_TP_CAP_PUT | TERN_TP_CAP_GET | TERN_TP_CAP_WAIT_FD |
+            TERN_TP_CAP_LISTEN | TERN_TP_CAP_CONNECT,
+    .ep_size = sizeof(struct ring_ep),
+    .ops = &ntb_ops,
+    .latency_ns = 800,
+    .bandwidth_gbs = 12,
+    .probe = ntb_probe,
+    .reachable = ntb_reachable,
+    .local_addr = ntb_local_addr,
+    .emulated = ntb_emulated,
+    .sweep = ntb_sweep,
+};

@@ -2,8 +2,8 @@
  * expose a local memory window to the peer, map the peer's window, wait for
  * the link. The data path on top is the shared ring protocol (ring/ring.h),
  * the same one the shm fabric runs. Internal to transport/. */
-#ifndef TERN_NTB_H
-#define TERN_NTB_H
+#ifndef TERN_NTB_DPDK_H
+#define TERN_NTB_DPDK_H
 
 #include <stdbool.h>
 #include <stddef.h>

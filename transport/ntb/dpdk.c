@@ -18,7 +18,7 @@
 
 #include "../error.h"
 #include "../log.h"
-#include "ntb.h"
+#include "dpdk.h"
 
 #define LOG_WHO "ntb"
 #define MAX_EAL_ARGS 32

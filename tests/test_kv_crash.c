@@ -224,9 +224,9 @@ static void write_until(struct tern_rpc_ep *ep, struct tern_kv *kv, uint64_t *se
             klen = snprintf(k, sizeof(k), "k%d", p->key);
             p->val = vals[w];
             if (!leased) {
-                struct tern_kv_os_stats st;
+                struct tern_kv_onesided_stats st;
 
-                tern_kv_get_os_stats(kv, &st);
+                tern_kv_get_onesided_stats(kv, &st);
                 leased = st.leases > 0;
             }
             p->lease_held = leased;
@@ -313,7 +313,7 @@ struct os_tally {
     uint64_t present;                /* verify() GETs of present keys */
 };
 
-static void os_add(struct os_tally *t, const struct tern_kv_os_stats *st)
+static void os_add(struct os_tally *t, const struct tern_kv_onesided_stats *st)
 {
     t->gets_direct += st->gets_direct;
     t->puts += st->puts;
@@ -400,7 +400,7 @@ START_TEST(kill9_loses_no_acknowledged_write)
 {
     struct tern_rpc_ep *ep;
     struct os_tally t = {0};
-    struct tern_kv_os_stats st;
+    struct tern_kv_onesided_stats st;
     unsigned rnd = (unsigned)getpid(), n;
     uint64_t seq = 0;
     unsigned max_polls = 0;
@@ -434,7 +434,7 @@ START_TEST(kill9_loses_no_acknowledged_write)
         /* Let the in-flight calls fail (the session sees the death). */
         while (n_busy)
             tern_rpc_poll(ep);
-        tern_kv_get_os_stats(kv, &st);
+        tern_kv_get_onesided_stats(kv, &st);
         os_add(&t, &st);
         tern_kv_close(kv);
         {
@@ -453,7 +453,7 @@ START_TEST(kill9_loses_no_acknowledged_write)
         struct tern_kv *kv = open_kv(ep, uri);
 
         t.present += verify(kv, n);
-        tern_kv_get_os_stats(kv, &st);
+        tern_kv_get_onesided_stats(kv, &st);
         os_add(&t, &st);
         tern_kv_close(kv);
         stop_server(pid);

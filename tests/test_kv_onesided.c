@@ -1,5 +1,5 @@
 /* The KV service's one-sided paths across processes (kv.h: "one-sided
- * paths"; kv_service_os.c and kv_client_os.c): servers run tern_kv_service
+ * paths"; kv_service_onesided.c and kv_client_path.c): servers run tern_kv_service
  * with tern_kv_service_enable_onesided in forked children, the test process
  * is the client, on every fabric that is built. Covers GETs that read the
  * index window and the pool, PUTs into leased segments, the client cache,
@@ -71,7 +71,7 @@ static bool fabric_is_fast(int i)
     return strncmp(listen_uris[i], "shm:", 4) == 0 || strncmp(listen_uris[i], "rdma:", 5) == 0;
 }
 
-/* How TERN_KV_PATH_AUTO sends GETs to a server on the fabric (kv_client_os.c
+/* How TERN_KV_PATH_AUTO sends GETs to a server on the fabric (kv_client_path.c
  * get_way): window reads where they cost the server nothing (shm: loads,
  * rdma: the NIC), RPC on tcp and ntb (on ntb both a window read and a push
  * lose to an RPC reply, docs/KV.md). The one place to change when
@@ -351,11 +351,11 @@ static void finish(struct tern_rpc_ep *ep, struct tern_kv *a, struct tern_kv *b,
     cleanup_at_exit();
 }
 
-static struct tern_kv_os_stats stats(const struct tern_kv *kv)
+static struct tern_kv_onesided_stats stats(const struct tern_kv *kv)
 {
-    struct tern_kv_os_stats st;
+    struct tern_kv_onesided_stats st;
 
-    tern_kv_get_os_stats(kv, &st);
+    tern_kv_get_onesided_stats(kv, &st);
     return st;
 }
 
@@ -482,7 +482,7 @@ START_TEST(roundtrip_every_fabric)
     enum { NS = sizeof(sizes) / sizeof(sizes[0]) };
     static uint8_t val[NS][60 * KIB], val2[60 * KIB];
     uint64_t v_rpc[NS], v_os[NS], v1, v2, v3;
-    struct tern_kv_os_stats st0, st1;
+    struct tern_kv_onesided_stats st0, st1;
     struct tern_rpc_ep *ep;
     struct tern_kv *os, *rpc;
     char k[32];
@@ -580,7 +580,7 @@ END_TEST
 START_TEST(auto_path_every_fabric)
 {
     static uint8_t val[4 * KIB];
-    struct tern_kv_os_stats st, st0;
+    struct tern_kv_onesided_stats st, st0;
     struct tern_rpc_ep *ep;
     struct tern_kv *kv;
     uint64_t ver[20];
@@ -673,7 +673,7 @@ START_TEST(server_without_onesided)
     s = NULL;
     rc = tern_rpc_connect(ep, uris[0], 5 * SEC, &s);
     ck_assert_int_eq(rc, 0);
-    rc = tern_call_sync(s, SVC, KV_M_OS_INFO, NULL, 0, NULL, 0, NULL, 5 * SEC);
+    rc = tern_call_sync(s, SVC, KV_M_ONESIDED_INFO, NULL, 0, NULL, 0, NULL, 5 * SEC);
     CHECK(rc == TERN_ENOTSUP, "OS_INFO: %s", tern_err_name(rc));
     rc = tern_call_sync(s, SVC, KV_M_LEASE, &(struct kv_lease_req){0},
                         sizeof(struct kv_lease_req), NULL, 0, NULL, 5 * SEC);
@@ -717,7 +717,7 @@ static void check_all(struct tern_kv *kv, const struct expect *e, unsigned n,
 START_TEST(durable_onesided_puts)
 {
     static struct expect dur[N_DUR], killed[N_KILL];
-    struct tern_kv_os_stats st;
+    struct tern_kv_onesided_stats st;
     struct tern_rpc_ep *ep;
     struct tern_kv *os, *rpc;
     struct srv o = {.fabric = _i, .seg_size = 64 * KIB};
@@ -826,7 +826,7 @@ START_TEST(cache_every_fabric)
 {
     enum { NK = 200, VL = 100 };
     static uint8_t v1[1 * KIB], v2[1 * KIB], v3[1 * KIB], vals[NK][VL];
-    struct tern_kv_os_stats st0, st1;
+    struct tern_kv_onesided_stats st0, st1;
     struct tern_rpc_ep *ep;
     struct tern_kv *a, *b, *c;
     uint64_t ver, ver1, ver2, ver3, vers[NK];
@@ -1033,7 +1033,7 @@ START_TEST(torn_reads_single_writer)
     static uint8_t buf[32 * KIB];
     static uint64_t seen_c[TORN_READS], seen_v[TORN_READS];
     static struct torn_writer local;
-    struct tern_kv_os_stats st0, st1;
+    struct tern_kv_onesided_stats st0, st1;
     struct tern_rpc_ep *ep;
     struct tern_kv *kv;
     uint64_t last_v = 0, last_c = 0;
@@ -1394,7 +1394,7 @@ static int fake_info(struct tern_req *req, const void *data, size_t len, void *c
 
 static int fake_os_info(struct tern_req *req, const void *data, size_t len, void *ctx)
 {
-    struct kv_os_info *out = tern_reply_alloc(req, sizeof(*out));
+    struct kv_onesided_info *out = tern_reply_alloc(req, sizeof(*out));
     int rc;
 
     (void)data;
@@ -1449,7 +1449,7 @@ static const struct tern_method fake_methods[] = {
     {.id = KV_M_GET, .name = "get", .handler = fake_get},
     {.id = KV_M_PGET, .name = "pget", .handler = fake_pget},
     {.id = KV_M_INFO, .name = "info", .handler = fake_info},
-    {.id = KV_M_OS_INFO, .name = "os_info", .handler = fake_os_info},
+    {.id = KV_M_ONESIDED_INFO, .name = "os_info", .handler = fake_os_info},
     {.id = KV_M_LEASE, .name = "lease", .handler = fake_enotsup},
 };
 
@@ -1531,7 +1531,7 @@ static void setup_fake(struct tern_rpc_ep *ep)
 
 START_TEST(lying_window_never_trusted)
 {
-    struct tern_kv_os_stats st0, st1;
+    struct tern_kv_onesided_stats st0, st1;
     struct tern_rpc_ep *ep;
     struct tern_kv *kv;
 
@@ -1579,7 +1579,7 @@ START_TEST(idle_lease_taken_back)
     struct srv o = {.fabric = _i, .os = {.max_leases = 1, .lease_idle_ms = 50}};
     struct tern_rpc_ep *ep_a, *ep_b;
     struct tern_kv *a, *b;
-    struct tern_kv_os_stats sa, sb;
+    struct tern_kv_onesided_stats sa, sb;
     uint64_t va[4] = {0}, vb[8] = {0};
     char k[32];
     int kl, rc;
@@ -1649,7 +1649,7 @@ START_TEST(quiet_revoked_lessees_do_not_starve)
     struct srv o = {.fabric = _i, .os = {.max_leases = 1, .lease_idle_ms = 50}};
     struct tern_rpc_ep *ep_a, *ep_b, *ep_c;
     struct tern_kv *a, *b, *c;
-    struct tern_kv_os_stats sc = {0};
+    struct tern_kv_onesided_stats sc = {0};
     uint64_t va, vb, va2 = 0, vb2 = 0, vc[8] = {0};
     char k[32];
     int kl;
@@ -1750,7 +1750,7 @@ START_TEST(dead_lessee_reclaimed)
     struct srv o = {.fabric = _i, .os = {.max_leases = 1, .lease_idle_ms = 60000}};
     struct tern_rpc_ep *ep;
     struct tern_kv *kv;
-    struct tern_kv_os_stats st;
+    struct tern_kv_onesided_stats st;
     double t0, took;
     unsigned n;
 
@@ -1921,7 +1921,7 @@ START_TEST(hostile_lput)
     struct tern_session *s1, *s2;
     struct tern_kv *kv;
     struct kv_lease l, l2;
-    struct kv_os_info oi;
+    struct kv_onesided_info oi;
     struct kv_info info;
     char in[32], in2[32], out[32];
     size_t kin, kin2, kout, got;
@@ -1942,7 +1942,7 @@ START_TEST(hostile_lput)
     key_in_range(out, sizeof(out), &kout, "out", 0x80000000u, 0xffffffffu);
 
     /* What OS_INFO says matches the pool. */
-    rc = raw_call(s1, KV_M_OS_INFO, NULL, 0, &oi, sizeof(oi), &got);
+    rc = raw_call(s1, KV_M_ONESIDED_INFO, NULL, 0, &oi, sizeof(oi), &got);
     CHECK(rc == 0, "os_info: %s", tern_err_name(rc));
     ck_assert_uint_eq(got, sizeof(oi));
     rc = raw_call(s1, KV_M_INFO, NULL, 0, &info, sizeof(info), &got);
@@ -2092,7 +2092,7 @@ START_TEST(hostile_lput)
         EXPECT_RC(raw_call(s1, KV_M_LEASE, &q, sizeof(q), NULL, 0, NULL), TERN_EPROTO,
                   "lease with reserved bits");
     }
-    EXPECT_RC(raw_call(s1, KV_M_OS_INFO, big, 8, NULL, 0, NULL), TERN_EPROTO, "os_info, payload");
+    EXPECT_RC(raw_call(s1, KV_M_ONESIDED_INFO, big, 8, NULL, 0, NULL), TERN_EPROTO, "os_info, payload");
 
     /* After all of it: the values that were accepted, a normal client. */
     kv = kv_open_path(ep, 2, TERN_KV_PATH_ONESIDED);
@@ -2213,14 +2213,14 @@ START_TEST(hostile_lessee_header)
     /* ...its key reaches the segment's end and no further... */
     {
         void *q;
-        struct kv_os_info oi;
+        struct kv_onesided_info oi;
         size_t got = 0;
 
         EXPECT_RC(tern_session_rkey_ptr(s, &l.rkey, l.end - l.base, 1,
                                         TERN_TP_ACCESS_REMOTE_WRITE, &q),
                   TERN_EREMACCESS, "a byte past the lease's end");
         /* ...and the pool's key, which reaches the header, is read-only. */
-        EXPECT_RC(raw_call(s, KV_M_OS_INFO, NULL, 0, &oi, sizeof(oi), &got), 0, "os_info");
+        EXPECT_RC(raw_call(s, KV_M_ONESIDED_INFO, NULL, 0, &oi, sizeof(oi), &got), 0, "os_info");
         lease_ptr(ep, s, &l, l.base, 1);   /* (maps the pool's file) */
         while ((rc = tern_session_rkey_ptr(s, &oi.pool, oi.seg0 + l.seg * (uint64_t)oi.seg_size,
                                            TERN_PM_SEG_HDR, TERN_TP_ACCESS_REMOTE_WRITE,
@@ -2422,7 +2422,7 @@ END_TEST
 /* ---- 10: GET by server push (TERN_KV_PATH_PUSH) ---- */
 
 /* Does a GET of a value this long come by push on the fabric? The client
- * offers a staging slot of 64 KiB + 256 bytes (kv_client_os.c STAGE_SLOT):
+ * offers a staging slot of 64 KiB + 256 bytes (kv_client_path.c STAGE_SLOT):
  * a record that does not fit comes inline in the reply. On ntb a one-sided
  * operation is one ring record (~16 KiB, see fits_onesided): the server's
  * put of a bigger record cannot be posted (TERN_EMSGSIZE), so the value
@@ -2436,7 +2436,7 @@ static bool push_fits(int fabric, size_t vlen)
 }
 
 /* What one GET (or a batch of them) did to a client's counters. */
-static void expect_gets(const struct tern_kv_os_stats *a, const struct tern_kv_os_stats *b,
+static void expect_gets(const struct tern_kv_onesided_stats *a, const struct tern_kv_onesided_stats *b,
                         uint64_t pushed, uint64_t rpc, const char *what)
 {
     CHECK(b->gets_pushed - a->gets_pushed == pushed && b->gets_rpc - a->gets_rpc == rpc &&
@@ -2474,7 +2474,7 @@ START_TEST(push_roundtrip_every_fabric)
     enum { NS = sizeof(sizes) / sizeof(sizes[0]), N_ASYNC = 64 };
     static uint8_t val[NS][100 * KIB], small[64];
     uint64_t v_rpc[NS], v_push[NS], v1, v2;
-    struct tern_kv_os_stats st0, st1;
+    struct tern_kv_onesided_stats st0, st1;
     struct push_async pa;
     struct tern_rpc_ep *ep;
     struct tern_kv *push, *rpc;
@@ -2701,7 +2701,7 @@ START_TEST(hostile_pget)
     struct tern_kv *rpc, *kv;
     struct kv_pget_rep rep;
     struct kv_pget q;
-    struct tern_kv_os_stats st0, st1;
+    struct tern_kv_onesided_stats st0, st1;
     char in[32], out[32], absent[32];
     size_t kin, kout, kabsent, klong, got;
     uint64_t ver, in_place0;
@@ -3051,7 +3051,7 @@ static int fake_pget(struct tern_req *req, const void *data, size_t len, void *c
 
 START_TEST(lying_push_never_trusted)
 {
-    struct tern_kv_os_stats st0, st1;
+    struct tern_kv_onesided_stats st0, st1;
     struct tern_rpc_ep *ep;
     struct tern_kv *kv;
 
@@ -3269,7 +3269,7 @@ START_TEST(push_races_in_place_updates)
     static uint64_t seen_c[RACE_READS], seen_v[RACE_READS];
     static struct race_writer local;
     struct race_reader rd = {.seen_c = seen_c, .seen_v = seen_v};
-    struct tern_kv_os_stats st0, st1;
+    struct tern_kv_onesided_stats st0, st1;
     struct tern_rpc_ep *ep;
     struct tern_session *s;
     bool in_proc = one_peer_only(_i);

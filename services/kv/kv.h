@@ -178,7 +178,7 @@ int tern_kv_set_path(struct tern_kv *kv, enum tern_kv_path path);
  * TERN_ENOTSUP before tern_kv_set_path() chose a one-sided path. */
 int tern_kv_set_cache(struct tern_kv *kv, unsigned entries, size_t max_val);
 
-struct tern_kv_os_stats {
+struct tern_kv_onesided_stats {
     uint64_t gets_direct;            /* GETs answered from the window and pool */
     uint64_t gets_rpc;               /* of the one-sided path, asked by RPC instead */
     uint64_t torn;                   /* reads retried (torn bucket or record) */
@@ -190,7 +190,7 @@ struct tern_kv_os_stats {
 };
 
 /* Counters of the one-sided paths. */
-void tern_kv_get_os_stats(const struct tern_kv *kv, struct tern_kv_os_stats *st);
+void tern_kv_get_onesided_stats(const struct tern_kv *kv, struct tern_kv_onesided_stats *st);
 
 #ifdef __cplusplus
 }

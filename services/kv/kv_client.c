@@ -8,7 +8,7 @@
 #include "error.h"
 #include "kv.h"
 #include "kv_client_internal.h"
-#include "kv_store.h"
+#include "kv_hash.h"
 #include "kv_wire.h"
 #include "log.h"
 
@@ -100,9 +100,9 @@ static int key_call(struct tern_kv *kv, uint16_t method, const void *key, size_t
     if (klen > TERN_KV_KEY_MAX || len > UINT32_MAX)
         return TERN_E2BIG;
     if (kv->path != TERN_KV_PATH_RPC && method == KV_M_GET)
-        return kv_os_get(kv, key, klen, cb, arg);
+        return kv_path_get(kv, key, klen, cb, arg);
     if (kv->path != TERN_KV_PATH_RPC && method == KV_M_PUT)
-        return kv_os_put(kv, key, klen, val, len, cb, arg);
+        return kv_path_put(kv, key, klen, val, len, cb, arg);
     op = kv_op_get(kv);
     if (!op)
         return TERN_ENOBUFS;
@@ -550,7 +550,7 @@ void tern_kv_close(struct tern_kv *kv)
         return;
     for (unsigned i = 0; i < kv->n; i++)
         tern_session_close(kv->srv[i].s);
-    kv_os_free(kv);
+    kv_onesided_free(kv);
     free(kv->srv);
     free(kv);
 }

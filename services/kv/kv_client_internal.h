@@ -1,5 +1,5 @@
 /* What the KV client's files share: kv_client.c (routing, RPC calls, the
- * sync forms) and kv_client_os.c (the one-sided paths). */
+ * sync forms) and kv_client_path.c (the one-sided paths). */
 #ifndef TERN_KV_CLIENT_INTERNAL_H
 #define TERN_KV_CLIENT_INTERNAL_H
 
@@ -9,15 +9,16 @@
 #include "kv.h"
 #include "kv_window.h"
 #include "kv_wire.h"
+#include "pm/pm_record.h"
 
 #define KV_OPS 4096                  /* async calls in flight per client */
 
-/* A server's one-sided state, learned through KV_M_OS_INFO and KV_M_LEASE. */
-struct kv_os_srv {
+/* A server's one-sided state, learned through KV_M_ONESIDED_INFO and KV_M_LEASE. */
+struct kv_onesided_srv {
     enum { OS_UNKNOWN, OS_ASKING, OS_READY, OS_OFF } state;
     uint32_t epoch;                  /* tern_session_epoch when learned */
     bool offload;   /* one-sided operations cost the server no CPU */
-    struct kv_os_info info;
+    struct kv_onesided_info info;
     bool leasing, leased;            /* a LEASE call in flight; a lease held */
     bool populated;                  /* the lease's pages are mapped in (shm) */
     struct kv_lease lease;
@@ -30,7 +31,7 @@ struct kv_server {
     struct tern_kv *kv;
     struct tern_session *s;
     uint32_t lo, hi;
-    struct kv_os_srv os;
+    struct kv_onesided_srv os;
 };
 
 struct kv_op {
@@ -52,7 +53,7 @@ struct kv_op {
     struct kv_pget pget;             /* the PGET request while in flight */
 };
 
-struct kv_os_client;
+struct kv_onesided;
 
 struct tern_kv {
     struct tern_rpc_ep *ep;
@@ -60,12 +61,60 @@ struct tern_kv {
     unsigned n;
     uint64_t timeout;
     enum tern_kv_path path;
-    struct kv_os_client *os;         /* NULL until the one-sided path is chosen */
+    struct kv_onesided *os;          /* NULL until a one-sided path is chosen */
     struct kv_op ops[KV_OPS];
     uint32_t free_head;
 };
 
-/* kv_client.c */
+/* ---- the one-sided paths' state (kv_client_path.c) ---- */
+
+#define STAGE_SLOTS 32u                      /* one-sided ops with a staging slot */
+#define STAGE_SLOT (64u * 1024 + 256)        /* a block and a record up to ~64 KiB */
+#define MAX_TRIES 16u                        /* torn reads before asking by RPC */
+#define MAX_DEPTH 4u                         /* nested inline GETs with their own scratch */
+/* TERN_KV_PATH_AUTO sends smaller values inline in an RPC: below this, the
+ * record's trip through the pool's cache lines costs more than the server's
+ * copy it saves (Chequer puts its threshold between 512 B and 2 KiB). */
+#define AUTO_PUT_MIN 1024u
+
+struct kv_stage {
+    struct kv_onesided *c;
+    uint32_t idx;
+};
+
+struct kv_cache_ent {
+    uint64_t hash, version;
+    uint32_t vlen;
+    uint16_t klen;
+    uint32_t next;                           /* hash chain, index + 1 */
+    uint32_t prev_lru, next_lru;             /* index + 1 */
+    uint8_t *data;                           /* key, then value */
+};
+
+struct kv_cache {
+    unsigned n;                              /* 0: off */
+    size_t max_val, key_max;
+    struct kv_cache_ent *ents;
+    uint32_t *heads, mask;
+    uint32_t lru_head, lru_tail;             /* most / least recently used */
+    uint32_t used;
+    uint8_t *arena;
+};
+
+struct kv_onesided {
+    struct tern_kv *kv;
+    struct tern_rpc_mr *stage_mr;
+    uint32_t stage_free;                     /* bit i: slot i is free */
+    struct kv_stage stages[STAGE_SLOTS];
+    uint8_t *scratch[MAX_DEPTH];
+    size_t scratch_len[MAX_DEPTH];
+    unsigned depth;
+    uint64_t intent;                         /* next intent id (top bit set) */
+    struct kv_cache cache;
+    struct tern_kv_onesided_stats st;
+};
+
+/* kv_client.c: routing, call slots, the RPC path */
 struct kv_server *kv_route(struct tern_kv *kv, const void *key, size_t klen);
 struct kv_op *kv_op_get(struct tern_kv *kv);
 void kv_op_put(struct tern_kv *kv, struct kv_op *op);
@@ -73,10 +122,27 @@ void kv_op_put(struct tern_kv *kv, struct kv_op *op);
 int kv_op_call(struct kv_op *op, uint16_t method, const void *key, size_t klen,
                const void *val, size_t len);
 
-/* kv_client_os.c */
-int kv_os_get(struct tern_kv *kv, const void *key, size_t klen, tern_kv_cb cb, void *arg);
-int kv_os_put(struct tern_kv *kv, const void *key, size_t klen, const void *val, size_t len,
-              tern_kv_cb cb, void *arg);
-void kv_os_free(struct tern_kv *kv);
+/* kv_client_path.c: the one place that chooses how a GET or PUT goes */
+int kv_path_get(struct tern_kv *kv, const void *key, size_t klen, tern_kv_cb cb, void *arg);
+int kv_path_put(struct tern_kv *kv, const void *key, size_t klen, const void *val, size_t len,
+                tern_kv_cb cb, void *arg);
+void kv_onesided_free(struct tern_kv *kv);
+/* What every path shares: ending an op, handing it to RPC, staging slots. */
+void kv_op_finish(struct kv_op *op, int status, const void *val, size_t len, uint64_t version);
+int kv_op_by_rpc(struct kv_op *op, uint16_t method);
+void kv_op_by_rpc_or_end(struct kv_op *op, uint16_t method, int status);
+int kv_stage_get(struct kv_onesided *c);
+void kv_stage_put(struct kv_onesided *c, int i);
+uint8_t *kv_stage_mem(struct kv_onesided *c, int i);
+void kv_stage_retire(struct kv_op *op, int status);
+
+/* One file per path. Each takes an op routed to op->srv and either starts
+ * it (0) or hands it to RPC itself; a negative return means nothing was
+ * started and the op is freed. */
+int kv_window_get(struct kv_op *op);      /* kv_client_window.c: read the index window */
+void kv_cache_free(struct kv_cache *c);
+int kv_push_get(struct kv_op *op);        /* kv_client_push.c: the server pushes the record */
+int kv_lease_put(struct kv_op *op);       /* kv_client_lease.c: write into a leased segment */
+void kv_lease_ask(struct tern_kv *kv, struct kv_server *srv);
 
 #endif

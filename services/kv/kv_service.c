@@ -311,7 +311,7 @@ static const struct tern_method kv_methods[] = {
     {.id = KV_M_MGET, .name = "mget", .handler = h_mget},
     {.id = KV_M_SCAN, .name = "scan", .handler = h_scan},
     {.id = KV_M_INFO, .name = "info", .handler = h_info},
-    {.id = KV_M_OS_INFO, .name = "os_info", .handler = kv_h_os_info},
+    {.id = KV_M_ONESIDED_INFO, .name = "os_info", .handler = kv_h_os_info},
     {.id = KV_M_LEASE, .name = "lease", .handler = kv_h_lease},
     {.id = KV_M_LPUT, .name = "lput", .handler = kv_h_lput},
     {.id = KV_M_PGET, .name = "pget", .handler = kv_h_pget},
@@ -343,7 +343,7 @@ int tern_kv_service_create(const struct tern_kv_service_opts *o, struct tern_kv_
     svc->def = (struct tern_service){
         .name = "kv", .id = TERN_KV_SERVICE_ID, .methods = kv_methods,
         .n_methods = sizeof(kv_methods) / sizeof(kv_methods[0]), .ctx = svc,
-        .session_closed = kv_os_session_closed,
+        .session_closed = kv_onesided_session_closed,
     };
     *out = svc;
     return 0;
@@ -368,7 +368,7 @@ void tern_kv_service_destroy(struct tern_kv_service *svc)
 {
     if (!svc)
         return;
-    kv_os_destroy(svc);
+    kv_onesided_destroy(svc);
     tern_kv_store_close(svc->store);
     free(svc);
 }

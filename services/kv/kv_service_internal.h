@@ -1,5 +1,5 @@
 /* What the KV service's files share: the service object, and the one-sided
- * part (kv_service_os.c) the RPC handlers in kv_service.c hand over to. */
+ * part (kv_service_onesided.c) the RPC handlers in kv_service.c hand over to. */
 #ifndef TERN_KV_SERVICE_INTERNAL_H
 #define TERN_KV_SERVICE_INTERNAL_H
 
@@ -24,14 +24,14 @@ bool kv_owns(const struct tern_kv_service *svc, const void *key, size_t klen);
 /* Reply with a kv_val holding `version`. */
 int kv_reply_version(struct tern_req *req, uint64_t version);
 
-/* kv_service_os.c: handlers of KV_M_OS_INFO, KV_M_LEASE, KV_M_LPUT, KV_M_PGET (all
+/* kv_service_onesided.c: handlers of KV_M_ONESIDED_INFO, KV_M_LEASE, KV_M_LPUT, KV_M_PGET (all
  * TERN_ENOTSUP until tern_kv_service_enable_onesided), the sessions' end,
  * and teardown. */
 int kv_h_os_info(struct tern_req *req, const void *data, size_t len, void *ctx);
 int kv_h_lease(struct tern_req *req, const void *data, size_t len, void *ctx);
 int kv_h_lput(struct tern_req *req, const void *data, size_t len, void *ctx);
 int kv_h_pget(struct tern_req *req, const void *data, size_t len, void *ctx);
-void kv_os_session_closed(struct tern_session *s, void *ctx);
-void kv_os_destroy(struct tern_kv_service *svc);
+void kv_onesided_session_closed(struct tern_session *s, void *ctx);
+void kv_onesided_destroy(struct tern_kv_service *svc);
 
 #endif

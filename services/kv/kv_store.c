@@ -37,11 +37,6 @@ struct tern_kv_store {
     unsigned n_pins;                 /* entries in use */
 };
 
-uint64_t tern_kv_hash(const void *key, size_t klen)
-{
-    return XXH3_64bits(key, klen);
-}
-
 static inline tern_pm_loc ent_loc(const struct kv_ent *e)
 {
     return e->loc & ~KV_TOMB;

@@ -17,13 +17,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kv_hash.h"
+#include "kv_wire.h"
 #include "pm/pm.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-#define TERN_KV_KEY_MAX TERN_PM_KEY_MAX
 
 enum tern_kv_flags {
     TERN_KV_SYNC = 1u << 0,          /* durable before the call returns */
@@ -146,10 +146,6 @@ void tern_kv_store_lease_end(struct tern_kv_store *s, uint32_t seg);
 int tern_kv_store_lease_put(struct tern_kv_store *s, uint32_t seg, uint32_t off,
                             uint64_t intent, uint32_t range_lo, uint32_t range_hi,
                             unsigned flags, uint64_t *version, bool *ended);
-
-/* The 64-bit hash the index and the client's routing use (XXH3); a server
- * owns the keys whose top 32 bits fall in its range. */
-uint64_t tern_kv_hash(const void *key, size_t klen);
 
 #ifdef __cplusplus
 }

@@ -3,7 +3,7 @@
 #include <xxhash.h>
 
 #include "kv_window.h"
-#include "pm/pm_layout.h"
+#include "pm/pm_record.h"
 
 uint32_t kvw_bucket_sum(const struct kvw_bucket *b)
 {

@@ -23,7 +23,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "pm/pm.h"
+#include "pm/pm_record.h"
 
 #define KVW_BUCKETS 8u                   /* buckets per block: 256 bytes, one read */
 #define KVW_MAGIC 0x5749564bu            /* "KVIW" */

@@ -6,7 +6,11 @@
 
 #include <stdint.h>
 
+#include "pm/pm_record.h"
 #include "transport.h"
+
+/* The longest key: a pool record's. */
+#define TERN_KV_KEY_MAX TERN_PM_KEY_MAX
 
 enum kv_method {
     KV_M_GET = 1,    /* kv_key, key            -> kv_val, value */
@@ -16,7 +20,7 @@ enum kv_method {
     KV_M_SCAN = 5,   /* kv_scan                -> kv_scan_rep, n x kv_item with keys */
     KV_M_INFO = 6,   /* empty                  -> kv_info */
     /* One-sided paths (kv_client.c's onesided.c part; see kv.h) */
-    KV_M_OS_INFO = 7,  /* empty                -> kv_os_info (keys for this fabric) */
+    KV_M_ONESIDED_INFO = 7,  /* empty                -> kv_onesided_info (keys for this fabric) */
     KV_M_LEASE = 8,    /* kv_lease_req         -> kv_lease */
     KV_M_LPUT = 9,     /* kv_lput              -> kv_val (version; durable) */
     KV_M_PGET = 10,    /* kv_pget, key         -> kv_pget_rep [, value] */
@@ -25,7 +29,7 @@ enum kv_method {
 /* Where a client reads the index window and the pool, on the fabric of the
  * session that asked. A record at loc (segment << 32 | offset) lies at
  * pool offset seg0 + segment * seg_size + offset. */
-struct kv_os_info {
+struct kv_onesided_info {
     struct tern_tp_rkey window;
     struct tern_tp_rkey pool;
     uint64_t seg0;
@@ -143,7 +147,7 @@ _Static_assert(sizeof(struct kv_key) == 8, "kv_key");
 _Static_assert(sizeof(struct kv_item) == 24, "kv_item");
 _Static_assert(sizeof(struct kv_info) == 72, "kv_info");
 _Static_assert(sizeof(struct tern_tp_rkey) == 24, "rkey on the wire");
-_Static_assert(sizeof(struct kv_os_info) == 80, "kv_os_info");
+_Static_assert(sizeof(struct kv_onesided_info) == 80, "kv_onesided_info");
 _Static_assert(sizeof(struct kv_lease) == 40, "kv_lease");
 _Static_assert(sizeof(struct kv_lput) == 16, "kv_lput");
 _Static_assert(sizeof(struct kv_pget) == 40, "kv_pget");

@@ -72,36 +72,6 @@ struct tern_pm_pool {
     uint8_t uuid[16];
 };
 
-uint32_t pm_sum(const void *p, size_t n)
-{
-    return (uint32_t)XXH3_64bits(p, n);
-}
-
-/* A record's checksum is the hash of its body (everything from key_len on:
- * the rest of the header, key, value) XORed with a hash of its version
- * seeded with its value length. The version enters alone so that it can be
- * changed without reading the body: a lessee sums its record with its own
- * intent id in the version field, and the pool swaps in the real version
- * in O(1) (tern_pm_lease_append), never reading the value the client wrote. */
-static uint32_t meta_sum(uint64_t version, uint32_t val_len)
-{
-    return (uint32_t)XXH3_64bits_withSeed(&version, sizeof(version), val_len);
-}
-
-uint32_t pm_rec_sum(const struct tern_pm_rec *r)
-{
-    const uint8_t *body = (const uint8_t *)&r->key_len;
-
-    return pm_sum(body, sizeof(*r) - offsetof(struct tern_pm_rec, key_len) + r->key_len +
-                            r->val_len) ^
-           meta_sum(r->version, r->val_len);
-}
-
-uint32_t tern_pm_rec_sum_of(const struct tern_pm_rec *r)
-{
-    return pm_rec_sum(r);
-}
-
 int pm_hdr_check(const struct pm_file_hdr *h, uint64_t file_size, const char **why)
 {
     if (memcmp(h->magic, PM_MAGIC, sizeof(h->magic)) != 0) {
@@ -965,8 +935,8 @@ int tern_pm_lease_append(struct tern_pm_pool *p, uint32_t seg, uint32_t off, uin
      * is not read here: the lessee vouches for it, and a lessee that lied
      * loses only its own records (recovery cuts a leased segment at the
      * first bad record). */
-    *r = (struct tern_pm_rec){.sum = h.sum ^ meta_sum(h.version, h.val_len) ^
-                                     meta_sum(version, h.val_len),
+    *r = (struct tern_pm_rec){.sum = h.sum ^ pm_rec_meta_sum(h.version, h.val_len) ^
+                                     pm_rec_meta_sum(version, h.val_len),
                               .val_len = h.val_len, .version = version, .key_len = h.key_len,
                               .type = h.type};
     memset(dst + sizeof(h) + h.key_len + h.val_len, 0, size - sizeof(h) - h.key_len - h.val_len);

@@ -36,41 +36,11 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "pm_record.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-#define TERN_PM_KEY_MAX 1024u        /* longest key a record may hold */
-#define TERN_PM_SEG_HDR 64u          /* a segment's records start this far into it
-                                      * (a leased one's: a page in) */
-
-enum tern_pm_rec_type {
-    TERN_PM_VALUE = 1,               /* key = value */
-    TERN_PM_TOMBSTONE = 2,           /* key deleted (value empty) */
-};
-
-/* A record as it lies in the pool, 8-byte aligned, followed by the key, the
- * value and zero padding up to the next multiple of 8. */
-struct tern_pm_rec {
-    uint32_t sum;                    /* checksum of the rest of the record */
-    uint32_t val_len;
-    uint64_t version;
-    uint16_t key_len;
-    uint8_t type;                    /* enum tern_pm_rec_type */
-    uint8_t flags;                   /* enum tern_pm_rec_flags */
-    uint32_t slot;                   /* bytes the record occupies (its next_offset);
-                                      * 0 = tern_pm_rec_size() of its lengths */
-};
-
-enum tern_pm_rec_flags {
-    /* Written over an older record in place (tern_pm_overwrite). A torn
-     * record with this flag is an interrupted rewrite, never an
-     * acknowledged write: recovery skips it instead of refusing the pool. */
-    TERN_PM_F_REWRITTEN = 1u << 0,
-};
-
-/* A record's place: segment index << 32 | byte offset in the segment. */
-typedef uint64_t tern_pm_loc;
 
 struct tern_pm_opts {
     uint64_t size;       /* create: pool bytes (4 segments at least); 0 = 256 MiB */
@@ -120,22 +90,6 @@ int tern_pm_recover(struct tern_pm_pool *p, tern_pm_visit_fn fn, void *arg);
 
 /* The record at `loc` (a location this pool handed out). */
 const struct tern_pm_rec *tern_pm_rec_at(const struct tern_pm_pool *p, tern_pm_loc loc);
-
-static inline const void *tern_pm_rec_key(const struct tern_pm_rec *r)
-{
-    return (const uint8_t *)(r + 1);
-}
-
-static inline const void *tern_pm_rec_val(const struct tern_pm_rec *r)
-{
-    return (const uint8_t *)(r + 1) + r->key_len;
-}
-
-/* Bytes a record with these lengths takes in the pool. */
-static inline uint32_t tern_pm_rec_size(uint32_t key_len, uint32_t val_len)
-{
-    return (uint32_t)((sizeof(struct tern_pm_rec) + key_len + val_len + 7u) & ~7u);
-}
 
 /* Largest value a record with `key_len` bytes of key may hold. */
 uint32_t tern_pm_val_max(const struct tern_pm_pool *p, uint32_t key_len);
@@ -201,10 +155,6 @@ int tern_pm_lease(struct tern_pm_pool *p, uint32_t *seg);
  * page in if it was leased). */
 uint64_t tern_pm_seg_file_off(const struct tern_pm_pool *p, uint32_t seg);
 uint32_t tern_pm_seg_room(const struct tern_pm_pool *p);
-
-/* The checksum a record should carry (for lessees, which write whole
- * records themselves). */
-uint32_t tern_pm_rec_sum_of(const struct tern_pm_rec *r);
 
 /* The lessee of `seg` wrote a record at byte `off` of the segment (the
  * segment's append point, tern_pm_lease_next()): a whole record, flags and

@@ -76,15 +76,6 @@ static inline uint32_t pm_seg_first(const struct pm_seg_hdr *sh)
     return f >= PM_SEG_HDR && !(f & 7) && f <= PM_SEG_HDR + sh->used ? f : 0;
 }
 
-/* The pool's checksum: the low 32 bits of XXH3-64. It replaced zlib's CRC32,
- * which cost 100 ns on a 100-byte record (XXH3: 6 ns) and was nearly half of
- * the gateway's CPU on pipelined SETs. */
-uint32_t pm_sum(const void *p, size_t n);
-
-/* Checksum of a record: everything after the sum field, the version
- * hashed apart from the rest so that it can be swapped in O(1). */
-uint32_t pm_rec_sum(const struct tern_pm_rec *r);
-
 /* Is the file header sound? 0, or TERN_ECORRUPT/TERN_EVERSION with a reason. */
 int pm_hdr_check(const struct pm_file_hdr *h, uint64_t file_size, const char **why);
 

@@ -545,7 +545,7 @@ static int kv_bench(struct kv_ctx *c, const struct ycsb_workload *w, size_t vsiz
     struct ycsb_latest latest;
     struct result res = {.fabric = c->fabric, .size = vsize, .hist = &hist};
     char workload[16], label[80], json_extra[400], row_extra[64];
-    struct tern_kv_os_stats os0, os1;
+    struct tern_kv_onesided_stats os0, os1;
     struct kv_info info = {0};
     uint64_t t_end, busy0, busy1;
     double srv_us;
@@ -590,12 +590,12 @@ static int kv_bench(struct kv_ctx *c, const struct ycsb_workload *w, size_t vsiz
     res.window = window;
     res.srv_rss[0] = server_rss(c->s);
     res.rss[0] = rss_kb();
-    tern_kv_get_os_stats(c->kv, &os0);
+    tern_kv_get_onesided_stats(c->kv, &os0);
     busy0 = server_busy_ns(c->s);
     kv_drive(c->ep, &r, label);
     t_end = tern_now_ns();
     busy1 = server_busy_ns(c->s);
-    tern_kv_get_os_stats(c->kv, &os1);
+    tern_kv_get_onesided_stats(c->kv, &os1);
     kv_server_info(c, &info);
     /* The whole run, warm-up included, over every operation it issued. */
     srv_us = r.done ? (double)(busy1 - busy0) / 1e3 / (double)r.done : 0;

@@ -174,7 +174,7 @@ static void lease_drop(struct kv_lease_ent *l, struct tern_kv_store *store, bool
     *l = (struct kv_lease_ent){0};
 }
 
-void kv_os_destroy(struct tern_kv_service *svc)
+void kv_onesided_destroy(struct tern_kv_service *svc)
 {
     struct kv_os *os = svc->os;
 
@@ -194,7 +194,7 @@ void kv_os_destroy(struct tern_kv_service *svc)
     svc->os = NULL;
 }
 
-void kv_os_session_closed(struct tern_session *s, void *ctx)
+void kv_onesided_session_closed(struct tern_session *s, void *ctx)
 {
     struct tern_kv_service *svc = ctx;
 
@@ -210,7 +210,7 @@ int kv_h_os_info(struct tern_req *req, const void *data, size_t len, void *ctx)
     struct tern_kv_service *svc = ctx;
     struct tern_session *s = tern_req_session(req);
     struct tern_pm_pool *pool;
-    struct kv_os_info *out;
+    struct kv_onesided_info *out;
     int rc;
 
     (void)data;

@@ -1,0 +1,8 @@
+#include <xxhash.h>
+
+#include "kv_hash.h"
+
+uint64_t tern_kv_hash(const void *key, size_t klen)
+{
+    return XXH3_64bits(key, klen);
+}

@@ -20,7 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "kv/kv.h"
+#include "kv.h"
 #include "kv/kv_store.h"
 #include "kv/kv_wire.h"
 #include "kvbench.h"

@@ -16,8 +16,8 @@
 #include <rte_log.h>
 #include <rte_rawdev.h>
 
-#include "../error.h"
-#include "../log.h"
+#include "error.h"
+#include "log.h"
 #include "dpdk.h"
 
 #define LOG_WHO "ntb"

@@ -48,7 +48,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../log.h"
+#include "log.h"
 #include "../ring/chan.h"
 #include "tern_config.h"
 #if TERN_HAVE_DPDK

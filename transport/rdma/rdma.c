@@ -12,7 +12,7 @@
 #include <sys/epoll.h>
 #include <unistd.h>
 
-#include "../log.h"
+#include "log.h"
 #include "rdma_api.h"
 #include "rdma_internal.h"
 #include "softverbs.h"

@@ -9,7 +9,7 @@
 #include <sys/mman.h>
 
 #include "../addr.h"
-#include "../log.h"
+#include "log.h"
 #include "rdma_internal.h"
 
 #define RESOLVE_MS 2000

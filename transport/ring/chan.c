@@ -18,7 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../log.h"
+#include "log.h"
 #include "chan.h"
 
 #define RING_RX_BATCH 16            /* records per connection per poll */

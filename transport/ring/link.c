@@ -9,7 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../log.h"
+#include "log.h"
 #include "chan.h"
 
 #define LOG_WHO "ring"

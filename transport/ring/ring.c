@@ -1,7 +1,7 @@
 /* The ring protocol of ring.h: records in a channel ring, published by one
  * 8-byte header store, credit returned by remote writes. */
 
-#include "../error.h"
+#include "error.h"
 #include "ring.h"
 
 /* The header word and the sequence numbers are in ring.h (the receive fast

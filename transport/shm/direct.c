@@ -46,7 +46,7 @@
 #include <sys/vfs.h>
 #include <unistd.h>
 
-#include "../log.h"
+#include "log.h"
 #include "shm_internal.h"
 
 #define LOG_WHO "shm"

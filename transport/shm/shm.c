@@ -21,7 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../log.h"
+#include "log.h"
 #include "shm_internal.h"
 
 #define SHM_MAGIC 0x74736d68u      /* "tsmh" */

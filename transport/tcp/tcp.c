@@ -25,7 +25,7 @@
 #include <unistd.h>
 
 #include "../conn_events.h"
-#include "../log.h"
+#include "log.h"
 #include "../addr.h"
 #include "../transport_internal.h"
 #include "tcp_wire.h"

@@ -10,6 +10,10 @@
 
 #include <errno.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define TERN_EBASE 4000
 
 /*      name             value                 message */
@@ -59,5 +63,9 @@ const char *tern_strerror(int err);
 
 /* Symbolic name of a tern code, e.g. "TERN_ETIMEDOUT"; "TERN_UNKNOWN" if none. */
 const char *tern_err_name(int err);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

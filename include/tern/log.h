@@ -4,6 +4,10 @@
 #ifndef TERN_LOG_H
 #define TERN_LOG_H
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 enum tern_log_level {
     TERN_LOG_ERROR = 0,
     TERN_LOG_WARN = 1,
@@ -29,5 +33,9 @@ int tern_log_allow(struct tern_log_limit *state);
 
 /* Override the level from TERN_LOG (e.g. tests silence expected errors). */
 void tern_log_set_level(enum tern_log_level level);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -49,12 +49,12 @@ int main(void)
     pthread_t t;
     int rc;
 
-    if (tern_rpc_ep_create(NULL, &server) < 0 || tern_rpc_register(server, &greeter) < 0 ||
+    if (tern_rpc_open(NULL, &server) < 0 || tern_rpc_register(server, &greeter) < 0 ||
         tern_rpc_listen(server, "tcp://127.0.0.1:0", uri, sizeof(uri)) < 0)
         return 1;
     pthread_create(&t, NULL, serve, server);
 
-    tern_rpc_ep_create(NULL, &client);
+    tern_rpc_open(NULL, &client);
     rc = tern_rpc_connect(client, uri, 2000000000ull, &s);
     if (rc == 0)
         rc = tern_call_sync(s, GREETER, GREET, "world", 5, reply, sizeof(reply) - 1, &len,
@@ -69,9 +69,9 @@ int main(void)
     rc = tern_call_sync(s, GREETER, 99, "", 0, NULL, 0, NULL, 1000000000ull);
     printf("unknown method -> %s (%s)\n", tern_err_name(rc), tern_strerror(rc));
 
-    tern_rpc_ep_destroy(client);
+    tern_rpc_close(client);
     tern_rpc_stop(server);
     pthread_join(t, NULL);
-    tern_rpc_ep_destroy(server);
+    tern_rpc_close(server);
     return 0;
 }

@@ -258,14 +258,19 @@ void rpc_stamp_calls(struct tern_rpc_ep *ep, uint64_t now)
     ep->n_unstamped = 0;
 }
 
-int tern_call_cancel(struct tern_rpc_ep *ep, uint64_t call_id)
+int tern_call_cancel(struct tern_session *s_in, uint64_t call_id)
 {
+    struct tern_rpc_ep *ep;
     struct rpc_call *c;
 
+    if (!s_in)
+        return TERN_EINVAL;
+    ep = s_in->ep;
     if (SLOT(call_id) >= ep->cfg.max_calls)
         return TERN_ENOENT;
     c = &ep->calls[SLOT(call_id)];
-    if (c->state == CALL_FREE || c->id != call_id)
+    /* An id names a call of the session it was started on, and no other. */
+    if (c->state == CALL_FREE || c->id != call_id || c->s != s_in)
         return TERN_ENOENT;
     /* The server may still run it; its reply will carry a stale id and be
      * dropped. The credit comes back now so queued calls are not held up. */
@@ -481,7 +486,7 @@ static int connect_auto(struct tern_rpc_ep *ep, const char *hostport, uint64_t t
     better->standby = s->conn;
     tern_tp_conn_set_user(s->conn, better);
     s->conn = NULL;
-    tern_session_close(s);
+    tern_rpc_disconnect(s);
     *out = better;
     return 0;
 }
@@ -553,14 +558,14 @@ static int connect_one(struct tern_rpc_ep *ep, const char *uri, uint64_t timeout
     if (rc == 0 && s->state == SESS_DEAD)
         rc = s->status ? s->status : TERN_ECONNRESET;
     if (rc < 0) {
-        tern_session_close(s);
+        tern_rpc_disconnect(s);
         return rc;
     }
     *out = s;
     return 0;
 }
 
-void tern_session_close(struct tern_session *s)
+void tern_rpc_disconnect(struct tern_session *s)
 {
     /* A continuation run by this very close may close the session again. */
     if (!s || s->closing)

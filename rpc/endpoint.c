@@ -9,7 +9,12 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "cfg.h"
 #include "rpc_internal.h"
+
+/* tern 0.1's struct tern_rpc_config: every field it has today. A field
+ * added later makes this offsetof(struct tern_rpc_config, that_field). */
+#define TERN_RPC_CONFIG_V0_1 sizeof(struct tern_rpc_config)
 
 uint64_t tern_now_ns(void)
 {
@@ -51,7 +56,7 @@ void rpc_disconnect(struct tern_rpc_ep *ep, struct tern_tp_conn *conn)
 
 static void rpc_housekeeping(struct tern_rpc_ep *ep);
 
-int tern_rpc_ep_create(const struct tern_rpc_config *cfg, struct tern_rpc_ep **out)
+int tern_rpc_open(const struct tern_rpc_config *cfg, struct tern_rpc_ep **out)
 {
     struct tern_rpc_ep *ep;
     int rc;
@@ -63,10 +68,9 @@ int tern_rpc_ep_create(const struct tern_rpc_config *cfg, struct tern_rpc_ep **o
     if (!ep)
         return TERN_ENOMEM;
     ep->wait_epfd = -1;
-    if (cfg)
-        ep->cfg = *cfg;
-    if (!ep->cfg.spin_us)
-        ep->cfg.spin_us = 50;
+    tp_cfg_copy(&ep->cfg, sizeof(ep->cfg), cfg, TERN_RPC_CONFIG_V0_1);
+    if (!ep->cfg.spin_ns)
+        ep->cfg.spin_ns = 50000;
     if (!ep->cfg.max_msg)
         ep->cfg.max_msg = 1u << 20;
     if (!ep->cfg.credits)
@@ -75,10 +79,10 @@ int tern_rpc_ep_create(const struct tern_rpc_config *cfg, struct tern_rpc_ep **o
         ep->cfg.max_calls = 4096;
     if (!ep->cfg.max_sessions)
         ep->cfg.max_sessions = 4096;
-    if (!ep->cfg.hello_timeout_ms)
-        ep->cfg.hello_timeout_ms = 5000;
-    if (!ep->cfg.rma_timeout_ms)
-        ep->cfg.rma_timeout_ms = 10000;
+    if (!ep->cfg.hello_timeout_ns)
+        ep->cfg.hello_timeout_ns = 5000000000ull;
+    if (!ep->cfg.rma_timeout_ns)
+        ep->cfg.rma_timeout_ns = 10000000000ull;
     if (ep->cfg.credits > ep->cfg.max_calls)
         ep->cfg.credits = ep->cfg.max_calls;
     if (ep->cfg.max_calls > (1u << 24) || ep->cfg.max_msg > (1u << 30)) {
@@ -94,7 +98,7 @@ int tern_rpc_ep_create(const struct tern_rpc_config *cfg, struct tern_rpc_ep **o
     return 0;
 }
 
-void tern_rpc_ep_destroy(struct tern_rpc_ep *ep)
+void tern_rpc_close(struct tern_rpc_ep *ep)
 {
     if (!ep)
         return;
@@ -103,7 +107,7 @@ void tern_rpc_ep_destroy(struct tern_rpc_ep *ep)
     while (ep->n_doomed)
         rpc_disconnect(ep, ep->doomed[--ep->n_doomed]);
     while (ep->sessions)
-        tern_session_close(ep->sessions);
+        tern_rpc_disconnect(ep->sessions);
     /* Regions go before their fabrics: closing one frees its registrations. */
     rpc_rma_destroy(ep);
     for (unsigned i = 0; i < ep->n_tp; i++)
@@ -163,7 +167,7 @@ const struct rpc_service *rpc_service_find(const struct tern_rpc_ep *ep, uint16_
 
 static void rpc_housekeeping(struct tern_rpc_ep *ep)
 {
-    uint64_t now = tern_now_ns(), limit = (uint64_t)ep->cfg.hello_timeout_ms * 1000000u;
+    uint64_t now = tern_now_ns(), limit = ep->cfg.hello_timeout_ns;
 
     if (now < ep->next_housekeeping)
         return;
@@ -171,8 +175,9 @@ static void rpc_housekeeping(struct tern_rpc_ep *ep)
     for (struct tern_session *s = ep->sessions, *next; s; s = next) {
         next = s->next;
         if (s->role == ROLE_SERVER && s->state == SESS_CONNECTING && now - s->created > limit) {
-            tern_log(TERN_LOG_WARN, "rpc", "%s sent no HELLO in %u ms; closing",
-                     tern_tp_conn_peer(s->conn), ep->cfg.hello_timeout_ms);
+            tern_log(TERN_LOG_WARN, "rpc", "%s sent no HELLO in %llu ms; closing",
+                     tern_tp_conn_peer(s->conn),
+                     (unsigned long long)(ep->cfg.hello_timeout_ns / 1000000u));
             rpc_session_free(s);
         }
     }
@@ -527,7 +532,7 @@ static void rpc_sleep(struct tern_rpc_ep *ep, int ms)
     struct epoll_event e;
 
     if (ep->n_tp == 1) {
-        tern_tp_wait(ep->tp[0], ms);
+        tern_tp_wait(ep->tp[0], (int64_t)ms * 1000000);
         return;
     }
     for (unsigned t = 0; t < ep->n_tp; t++)
@@ -553,15 +558,15 @@ int tern_rpc_arm(struct tern_rpc_ep *ep)
 
         ep->tp_idle[t] = 0;      /* after a sleep, look at every fabric */
         if (rc < 0)
-            return rc == TERN_EAGAIN ? 1 : rc;
+            return rc;
     }
     return 0;
 }
 
-int tern_rpc_run(struct tern_rpc_ep *ep, int timeout_ms)
+int tern_rpc_run(struct tern_rpc_ep *ep, int64_t timeout_ns)
 {
     uint64_t start = tern_now_ns(), idle_since = start;
-    uint64_t end = timeout_ms < 0 ? UINT64_MAX : start + (uint64_t)timeout_ms * 1000000u;
+    uint64_t end = timeout_ns < 0 ? UINT64_MAX : start + (uint64_t)timeout_ns;
     int total = 0;
 
     while (!__atomic_load_n(&ep->stop, __ATOMIC_RELAXED)) {
@@ -583,7 +588,7 @@ int tern_rpc_run(struct tern_rpc_ep *ep, int timeout_ms)
             continue;
         }
         if (ep->cfg.mode == TERN_TP_POLL_ADAPTIVE && ep->n_tp &&
-            now - idle_since > (uint64_t)ep->cfg.spin_us * 1000u) {
+            now - idle_since > ep->cfg.spin_ns) {
             /* Sleep at most 10 ms (1 ms with deadlines to watch). */
             int ms = !ep->n_deadlines ? 10 : 1;
 

@@ -127,7 +127,7 @@ void rpc_rma_done(struct tern_rpc_ep *ep, const struct tern_tp_event *e)
 void rpc_rma_expire(struct tern_rpc_ep *ep, uint64_t now)
 {
     enum { BATCH = 64 };
-    uint64_t limit = (uint64_t)ep->cfg.rma_timeout_ms * 1000000u, tok[BATCH];
+    uint64_t limit = ep->cfg.rma_timeout_ns, tok[BATCH];
     unsigned n;
 
     /* A session's operations are listed oldest first, so only the heads

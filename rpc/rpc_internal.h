@@ -96,7 +96,7 @@ struct rpc_rma {
     struct tern_session *s;         /* LIVE: who started it */
     struct tern_tp_conn *conn;      /* where it is in flight */
     struct tern_rpc_mr *mr;         /* its local region (holds a reference) */
-    uint64_t t0;                    /* started (ns), for rma_timeout_ms */
+    uint64_t t0;                    /* started (ns), for rma_timeout_ns */
     struct rpc_rma *prev, *next;    /* LIVE: the session's operations, oldest first */
     tern_rma_fn cb;
     void *arg;
@@ -127,7 +127,7 @@ struct tern_session {
     enum session_state state;
     int status;                     /* why it died */
     bool zombie;                    /* closed during a poll, freed after it */
-    bool closing;                   /* tern_session_close is running */
+    bool closing;                   /* tern_rpc_disconnect is running */
     uint64_t created;               /* server: when accepted (HELLO timeout) */
     struct tern_session *prev, *next;
     size_t peer_max_msg;            /* largest payload the peer accepts */
@@ -248,7 +248,7 @@ void rpc_rma_conn_gone(struct tern_rpc_ep *ep, struct tern_tp_conn *conn);
 /* Endpoint teardown, after every session and connection is gone and before
  * the transport endpoints close: deregister and free every region. */
 void rpc_rma_destroy(struct tern_rpc_ep *ep);
-/* Complete operations older than rma_timeout_ms with TERN_ETIMEDOUT. */
+/* Complete operations older than rma_timeout_ns with TERN_ETIMEDOUT. */
 void rpc_rma_expire(struct tern_rpc_ep *ep, uint64_t now);
 /* Are one-sided operations in flight (deadlines to watch)? */
 static inline bool rpc_rma_busy(const struct tern_rpc_ep *ep)

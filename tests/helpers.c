@@ -180,7 +180,7 @@ pid_t spawn_rpc_server_at(void (*setup)(struct tern_rpc_ep *ep),
         char bound[128];
 
         close(fds[0]);
-        if (tern_rpc_ep_create(cfg, &child_ep) < 0)
+        if (tern_rpc_open(cfg, &child_ep) < 0)
             _exit(3);
         if (setup)
             setup(child_ep);
@@ -190,8 +190,8 @@ pid_t spawn_rpc_server_at(void (*setup)(struct tern_rpc_ep *ep),
         if (write(fds[1], bound, strlen(bound) + 1) < 0)
             _exit(5);
         close(fds[1]);
-        tern_rpc_run(child_ep, 60000);
-        tern_rpc_ep_destroy(child_ep);
+        tern_rpc_run(child_ep, 60000000000ll);
+        tern_rpc_close(child_ep);
         _exit(0);
     }
     close(fds[1]);

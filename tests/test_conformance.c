@@ -887,7 +887,7 @@ START_TEST(wait_fd_wakes)
     ck_assert_int_eq(tern_tp_arm(p.b), 0);
     ck_assert_int_eq(poll(&pfd, 1, 20), 0);
     t0 = now_ms();
-    ck_assert_int_eq(tern_tp_wait(p.b, 30), 0);
+    ck_assert_int_eq(tern_tp_wait(p.b, 30000000ll), 0);
     ck_assert(now_ms() - t0 >= 25);
     /* Sleeping on the fd needs an arm first (it tells window peers to
      * ring a doorbell). */
@@ -896,7 +896,7 @@ START_TEST(wait_fd_wakes)
     /* A flush alone sends it: the sender does not have to poll. */
     ck_assert_int_eq(tern_tp_flush(p.a), 0);
     ck_assert_int_eq(poll(&pfd, 1, 5000), 1);
-    ck_assert_int_eq(tern_tp_wait(p.b, 5000), 1);
+    ck_assert_int_eq(tern_tp_wait(p.b, 5000000000ll), 1);
     ck_assert(tp_next(p.b, &ev, 1000));
     ck_assert_int_eq(ev.type, TERN_TP_EV_RECV);
     tern_tp_msg_release(ev.conn, ev.data);

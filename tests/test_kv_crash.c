@@ -106,7 +106,7 @@ static void kv_setup(struct tern_rpc_ep *ep)
                                      .seg_size = SEG};
     struct tern_kv_service *svc;
 
-    if (tern_kv_service_create(&o, &svc) != 0 || tern_rpc_register(ep, tern_kv_service_def(svc)))
+    if (tern_kv_service_open(&o, &svc) != 0 || tern_rpc_register(ep, tern_kv_service_def(svc)))
         _exit(3);
     /* After the registration, on the endpoint the service is on (kv.h). */
     if (var->onesided && tern_kv_service_enable_onesided(svc, ep, NULL) != 0)
@@ -418,7 +418,7 @@ START_TEST(kill9_loses_no_acknowledged_write)
     test_pool_dir(dir, sizeof(dir), "crash");
     snprintf(pool_path, sizeof(pool_path), "%s/kv.pool", dir);
     janitor = start_janitor(&janitor_fd);
-    ck_assert_int_eq(tern_rpc_ep_create(NULL, &ep), 0);
+    ck_assert_int_eq(tern_rpc_open(NULL, &ep), 0);
     for (unsigned round = 0; round < n; round++) {
         char uri[160];
         pid_t pid = spawn_rpc_server_at(kv_setup, NULL, var->listen[round % 2], uri, sizeof(uri));
@@ -497,7 +497,7 @@ START_TEST(kill9_loses_no_acknowledged_write)
                       "%s: %llu of %llu GETs of present keys were one-sided", var->name,
                       (unsigned long long)t.gets_direct, (unsigned long long)t.present);
     }
-    tern_rpc_ep_destroy(ep);
+    tern_rpc_close(ep);
     unlink(pool_path);
     rmdir(dir);
     close(janitor_fd);

@@ -109,7 +109,7 @@ static void setup_kv_os(struct tern_rpc_ep *ep)
 
     /* The service lives as long as the child, which _exit()s: every write
      * it acknowledged was durable before the reply left. */
-    if (tern_kv_service_create(&next_opts, &svc) < 0)
+    if (tern_kv_service_open(&next_opts, &svc) < 0)
         _exit(7);
     if (tern_rpc_register(ep, tern_kv_service_def(svc)) < 0)
         _exit(8);
@@ -317,7 +317,7 @@ static void *shared_alloc(size_t len)
 static struct tern_rpc_ep *new_ep(void)
 {
     struct tern_rpc_ep *ep;
-    int rc = tern_rpc_ep_create(NULL, &ep);
+    int rc = tern_rpc_open(NULL, &ep);
 
     CHECK(rc == 0, "client ep: %s", tern_strerror(rc));
     return ep;
@@ -345,7 +345,7 @@ static void finish(struct tern_rpc_ep *ep, struct tern_kv *a, struct tern_kv *b,
         tern_kv_close(a);
     if (b)
         tern_kv_close(b);
-    tern_rpc_ep_destroy(ep);
+    tern_rpc_close(ep);
     for (int i = 0; i < n_servers; i++)
         finish_server(i);
     cleanup_at_exit();
@@ -461,7 +461,7 @@ static void assert_fabric(struct tern_rpc_ep *ep, int fabric)
     CHECK(strncmp(listen_uris[fabric], tern_session_fabric(s), fl) == 0 &&
           listen_uris[fabric][fl] == ':', "listening on %s, session on %s",
           listen_uris[fabric], tern_session_fabric(s));
-    tern_session_close(s);
+    tern_rpc_disconnect(s);
 }
 
 /* ---- 1: round trips on every fabric ---- */
@@ -678,7 +678,7 @@ START_TEST(server_without_onesided)
     rc = tern_call_sync(s, SVC, KV_M_LEASE, &(struct kv_lease_req){0},
                         sizeof(struct kv_lease_req), NULL, 0, NULL, 5 * SEC);
     CHECK(rc == TERN_ENOTSUP, "LEASE: %s", tern_err_name(rc));
-    tern_session_close(s);
+    tern_rpc_disconnect(s);
     finish(ep, kv, NULL, 1);
 }
 END_TEST
@@ -770,7 +770,7 @@ START_TEST(durable_onesided_puts)
     check_all(os, dur, N_DUR, "dur");
     tern_kv_close(os);
     tern_kv_close(rpc);
-    tern_rpc_ep_destroy(ep);
+    tern_rpc_close(ep);
     finish_server(0);
 
     /* SIGTERM, then a new server on the same pool: all of it is there, by
@@ -800,7 +800,7 @@ START_TEST(durable_onesided_puts)
     kill_server(0);
     tern_kv_close(os);
     tern_kv_close(rpc);
-    tern_rpc_ep_destroy(ep);
+    tern_rpc_close(ep);
 
     start_server(0, &o);
     ep = new_ep();
@@ -1015,7 +1015,7 @@ static int torn_writer_proc(void *arg)
     double t0 = now_ms();
 
     (void)arg;
-    if (tern_rpc_ep_create(NULL, &ep) < 0 || tern_kv_open(ep, &u, 1, 5 * SEC, &w.kv) < 0 ||
+    if (tern_rpc_open(NULL, &ep) < 0 || tern_kv_open(ep, &u, 1, 5 * SEC, &w.kv) < 0 ||
         tern_kv_set_path(w.kv, TERN_KV_PATH_ONESIDED) < 0)
         return 3;
     torn_next(&w);
@@ -1024,7 +1024,7 @@ static int torn_writer_proc(void *arg)
         tern_rpc_poll(ep);
     torn->os_puts = stats(w.kv).puts;
     tern_kv_close(w.kv);
-    tern_rpc_ep_destroy(ep);
+    tern_rpc_close(ep);
     return torn->err ? 4 : 0;
 }
 
@@ -1193,7 +1193,7 @@ static int multi_writer_proc(void *arg)
     double t0 = now_ms();
 
     m.w = (uint32_t)(uintptr_t)arg;
-    if (tern_rpc_ep_create(NULL, &ep) < 0 || tern_kv_open(ep, &u, 1, 5 * SEC, &m.kv) < 0 ||
+    if (tern_rpc_open(NULL, &ep) < 0 || tern_kv_open(ep, &u, 1, 5 * SEC, &m.kv) < 0 ||
         tern_kv_set_path(m.kv, TERN_KV_PATH_ONESIDED) < 0)
         return 3;
     while (!__atomic_load_n(&multi->go, __ATOMIC_ACQUIRE)) {
@@ -1206,7 +1206,7 @@ static int multi_writer_proc(void *arg)
         tern_rpc_poll(ep);
     multi->os_puts[m.w] = stats(m.kv).puts;
     tern_kv_close(m.kv);
-    tern_rpc_ep_destroy(ep);
+    tern_rpc_close(ep);
     return multi->err[m.w] || m.seq != W_PUTS ? 4 : 0;
 }
 
@@ -1576,7 +1576,7 @@ END_TEST
 
 START_TEST(idle_lease_taken_back)
 {
-    struct srv o = {.fabric = _i, .os = {.max_leases = 1, .lease_idle_ms = 50}};
+    struct srv o = {.fabric = _i, .os = {.max_leases = 1, .lease_idle_ns = 50000000ull}};
     struct tern_rpc_ep *ep_a, *ep_b;
     struct tern_kv *a, *b;
     struct tern_kv_onesided_stats sa, sb;
@@ -1634,7 +1634,7 @@ START_TEST(idle_lease_taken_back)
     expect_get(b, "a-again", 7, "x", 1, va[0]);
     tern_kv_close(b);
     if (ep_b != ep_a)
-        tern_rpc_ep_destroy(ep_b);
+        tern_rpc_close(ep_b);
     finish(ep_a, a, NULL, 1);
 }
 END_TEST
@@ -1646,7 +1646,7 @@ END_TEST
  * is gone without a word to them. */
 START_TEST(quiet_revoked_lessees_do_not_starve)
 {
-    struct srv o = {.fabric = _i, .os = {.max_leases = 1, .lease_idle_ms = 50}};
+    struct srv o = {.fabric = _i, .os = {.max_leases = 1, .lease_idle_ns = 50000000ull}};
     struct tern_rpc_ep *ep_a, *ep_b, *ep_c;
     struct tern_kv *a, *b, *c;
     struct tern_kv_onesided_stats sc = {0};
@@ -1666,7 +1666,7 @@ START_TEST(quiet_revoked_lessees_do_not_starve)
     must_os_put(b, ep_b, "b", 1, "from b", 6, &vb);     /* takes A's */
     ck_assert_uint_eq(stats(b).leases, 1);
     usleep(100 * 1000);
-    /* A and B both idle past lease_idle_ms: C's turn. */
+    /* A and B both idle past lease_idle_ns: C's turn. */
     for (int i = 0; i < 8; i++) {
         kl = snprintf(k, sizeof(k), "c-%d", i);
         must_put(c, k, (size_t)kl, k, (size_t)kl, &vc[i]);
@@ -1699,9 +1699,9 @@ START_TEST(quiet_revoked_lessees_do_not_starve)
     tern_kv_close(c);
     tern_kv_close(b);
     if (ep_c != ep_a)
-        tern_rpc_ep_destroy(ep_c);
+        tern_rpc_close(ep_c);
     if (ep_b != ep_a)
-        tern_rpc_ep_destroy(ep_b);
+        tern_rpc_close(ep_b);
     finish(ep_a, a, NULL, 1);
 }
 END_TEST
@@ -1723,7 +1723,7 @@ static int dead_lessee(void *arg)
     const char *u = uris[0];
 
     (void)arg;
-    if (tern_rpc_ep_create(NULL, &ep) < 0 || tern_kv_open(ep, &u, 1, 5 * SEC, &kv) < 0 ||
+    if (tern_rpc_open(NULL, &ep) < 0 || tern_kv_open(ep, &u, 1, 5 * SEC, &kv) < 0 ||
         tern_kv_set_path(kv, TERN_KV_PATH_ONESIDED) < 0) {
         __atomic_store_n(&dead->state, 2, __ATOMIC_RELEASE);
         return 3;
@@ -1747,7 +1747,7 @@ static int dead_lessee(void *arg)
 
 START_TEST(dead_lessee_reclaimed)
 {
-    struct srv o = {.fabric = _i, .os = {.max_leases = 1, .lease_idle_ms = 60000}};
+    struct srv o = {.fabric = _i, .os = {.max_leases = 1, .lease_idle_ns = 60000000000ull}};
     struct tern_rpc_ep *ep;
     struct tern_kv *kv;
     struct tern_kv_onesided_stats st;
@@ -2101,8 +2101,8 @@ START_TEST(hostile_lput)
     expect_enoent(kv, out, kout);
     must_os_put(kv, ep, "normal", 6, "client", 6, &ver);
     expect_get(kv, "normal", 6, "client", 6, ver);
-    tern_session_close(s1);
-    tern_session_close(s2);
+    tern_rpc_disconnect(s1);
+    tern_rpc_disconnect(s2);
     finish(ep, kv, NULL, 2);
 }
 END_TEST
@@ -2112,7 +2112,7 @@ END_TEST
  * busy gets TERN_ENOBUFS. Raw sessions, shm. */
 START_TEST(lease_take_back_on_the_wire)
 {
-    struct srv o = {.fabric = SHM, .os = {.max_leases = 1, .lease_idle_ms = 50}};
+    struct srv o = {.fabric = SHM, .os = {.max_leases = 1, .lease_idle_ns = 50000000ull}};
     struct tern_rpc_ep *ep;
     struct tern_session *s1, *s2;
     struct kv_lease l1, l2;
@@ -2149,8 +2149,8 @@ START_TEST(lease_take_back_on_the_wire)
     EXPECT_RC(lput(s2, l2.seg, l2.next + tern_pm_rec_size(2, 4), intent, NULL), TERN_ENOLEASE,
               "lput on the second lease taken back");
     ck_assert_uint_eq(raw_keys(s1), 1);      /* only s2's good record */
-    tern_session_close(s1);
-    tern_session_close(s2);
+    tern_rpc_disconnect(s1);
+    tern_rpc_disconnect(s2);
     finish(ep, NULL, NULL, 1);
 }
 END_TEST
@@ -2201,9 +2201,9 @@ START_TEST(hostile_lessee_header)
         CHECK(rc == 0 || rc == TERN_ENOLEASE, "record after the liar's: %s", tern_err_name(rc));
         must_put(kv, "victim2", 7, "also safe", 9, &v2);
         kill_server(0);
-        tern_session_close(s);
+        tern_rpc_disconnect(s);
         tern_kv_close(kv);
-        tern_rpc_ep_destroy(ep);
+        tern_rpc_close(ep);
         goto restart;
     }
     /* The lease's first byte is a page boundary past the header... */
@@ -2232,10 +2232,10 @@ START_TEST(hostile_lessee_header)
     p = lease_ptr(ep, s, &l, next, l.end - next);
     memset(p, 0xa5, l.end - next);
     if (_i == 0) {
-        tern_session_close(s);
+        tern_rpc_disconnect(s);
         must_put(kv, "victim2", 7, "also safe", 9, &v2);
         tern_kv_close(kv);
-        tern_rpc_ep_destroy(ep);
+        tern_rpc_close(ep);
         finish_server(0);
     } else {
         p = lease_ptr(ep, s, &l, next, 256);
@@ -2243,9 +2243,9 @@ START_TEST(hostile_lessee_header)
         EXPECT_RC(lput(s, l.seg, next, intent, NULL), 0, "lessee's second record");
         must_put(kv, "victim2", 7, "also safe", 9, &v2);
         kill_server(0);
-        tern_session_close(s);
+        tern_rpc_disconnect(s);
         tern_kv_close(kv);
-        tern_rpc_ep_destroy(ep);
+        tern_rpc_close(ep);
     }
 
 restart:
@@ -2854,7 +2854,7 @@ START_TEST(hostile_pget)
                   "%s: the region was written (%s, reply size %u)", bad[b].what,
                   rc ? tern_err_name(rc) : "success", rep.size);
             CHECK(server_alive(0), "%s: the server died", bad[b].what);
-            tern_session_close(s2);
+            tern_rpc_disconnect(s2);
         }
     }
 
@@ -2870,7 +2870,7 @@ START_TEST(hostile_pget)
             rc = raw_pget(s2, &q, in, kin, (size_t)-1, &rep, &got);
             CHECK(rc == 0, "refused push %u.%u: %s", n, i, tern_err_name(rc));
         }
-        tern_session_close(s2);
+        tern_rpc_disconnect(s2);
     }
     spin(ep, 5);
 
@@ -2899,7 +2899,7 @@ START_TEST(hostile_pget)
     expect_enoent(kv, absent, kabsent);
     st1 = stats(kv);
     expect_gets(&st0, &st1, 2, 0, "a normal client after the hostile one");
-    tern_session_close(s);
+    tern_rpc_disconnect(s);
     tern_rpc_mr_dereg(mr);
     tern_kv_close(rpc);
     finish(ep, kv, NULL, 2);
@@ -3224,13 +3224,13 @@ static int race_writer_proc(void *arg)
     double t0 = now_ms();
 
     (void)arg;
-    if (tern_rpc_ep_create(NULL, &ep) < 0 || tern_kv_open(ep, &u, 1, 5 * SEC, &w.kv) < 0)
+    if (tern_rpc_open(NULL, &ep) < 0 || tern_kv_open(ep, &u, 1, 5 * SEC, &w.kv) < 0)
         return 3;
     race_writer_start(&w);
     while (w.busy && now_ms() - t0 < 30000)
         tern_rpc_poll(ep);
     tern_kv_close(w.kv);
-    tern_rpc_ep_destroy(ep);
+    tern_rpc_close(ep);
     return torn->err ? 4 : 0;
 }
 
@@ -3354,7 +3354,7 @@ START_TEST(push_races_in_place_updates)
         torn_fill(want, torn->n);
         expect_get(rd.kv, "torn", 4, want, torn_len(torn->n), torn->ver[torn->n]);
     }
-    tern_session_close(s);
+    tern_rpc_disconnect(s);
     munmap(torn, sizeof(*torn));
     finish(ep, rd.kv, NULL, 1);
 }
@@ -3399,7 +3399,7 @@ START_TEST(fallback_without_call_slots)
 
     start_server(0, &(struct srv){.fabric = 0});
     ck_assert(strncmp(listen_uris[0], "tcp:", 4) == 0);
-    rc = tern_rpc_ep_create(&few, &ep);
+    rc = tern_rpc_open(&few, &ep);
     CHECK(rc == 0, "client ep: %s", tern_err_name(rc));
     kv = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
     must_put(kv, "key1", 4, "val1", 4, NULL);

@@ -64,7 +64,7 @@ static void setup_kv(struct tern_rpc_ep *ep)
 
     /* The service lives as long as the child; the child _exit()s, and every
      * write it acknowledged was durable before the reply left. */
-    if (tern_kv_service_create(&next_opts, &svc) < 0)
+    if (tern_kv_service_open(&next_opts, &svc) < 0)
         _exit(7);
     if (tern_rpc_register(ep, tern_kv_service_def(svc)) < 0)
         _exit(8);
@@ -221,7 +221,7 @@ static void finish_server(int i)
 static void finish(struct tern_rpc_ep *ep, struct tern_kv *kv, int n_servers)
 {
     tern_kv_close(kv);
-    tern_rpc_ep_destroy(ep);
+    tern_rpc_close(ep);
     for (int i = 0; i < n_servers; i++)
         finish_server(i);
     cleanup_at_exit();
@@ -230,7 +230,7 @@ static void finish(struct tern_rpc_ep *ep, struct tern_kv *kv, int n_servers)
 static struct tern_rpc_ep *new_ep(const struct tern_rpc_config *cfg)
 {
     struct tern_rpc_ep *ep;
-    int rc = tern_rpc_ep_create(cfg, &ep);
+    int rc = tern_rpc_open(cfg, &ep);
 
     ck_assert_msg(rc == 0, "client ep: %s", tern_strerror(rc));
     return ep;
@@ -278,7 +278,7 @@ static uint64_t server_keys(struct tern_rpc_ep *ep, int i)
     int rc = raw_info(s, &info);
 
     ck_assert_msg(rc == 0, "info of server %d: %s", i, tern_err_name(rc));
-    tern_session_close(s);
+    tern_rpc_disconnect(s);
     return info.keys;
 }
 
@@ -362,7 +362,7 @@ START_TEST(basic_ops_every_fabric)
         ck_assert_msg(strncmp(listen_uris[_i], tern_session_fabric(s), fl) == 0 &&
                       listen_uris[_i][fl] == ':', "listening on %s, session on %s",
                       listen_uris[_i], tern_session_fabric(s));
-        tern_session_close(s);
+        tern_rpc_disconnect(s);
     }
     kv = kv_connect(ep, 1, NULL);
 
@@ -872,7 +872,7 @@ START_TEST(two_servers_split_ranges)
                       tern_err_name(rc));
         break;
     }
-    tern_session_close(raw);
+    tern_rpc_disconnect(raw);
 
     m.n = N;
     rc = tern_kv_mget(kv, N, keys, klens, mget_cb, &m);
@@ -1430,7 +1430,7 @@ START_TEST(server_killed_mid_run)
         ck_assert_msg(rc < 0, "count from a dead server: %s", tern_err_name(rc));
     }
     tern_kv_close(kv);
-    tern_rpc_ep_destroy(ep);
+    tern_rpc_close(ep);
     cleanup_at_exit();
 }
 END_TEST

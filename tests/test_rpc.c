@@ -239,12 +239,12 @@ static void pair_open(const struct tern_rpc_config *scfg, const struct tern_rpc_
     int rc;
 
     server_runs = 0;
-    rc = tern_rpc_ep_create(scfg ? scfg : &dflt, &srv);
+    rc = tern_rpc_open(scfg ? scfg : &dflt, &srv);
     ck_assert_msg(rc == 0, "server ep: %s", tern_strerror(rc));
     ck_assert_int_eq(tern_rpc_register(srv, &service), 0);
     rc = tern_rpc_listen(srv, "tcp://127.0.0.1:0", uri, sizeof(uri));
     ck_assert_msg(rc == 0, "listen: %s", tern_strerror(rc));
-    rc = tern_rpc_ep_create(ccfg ? ccfg : &dflt, &cli);
+    rc = tern_rpc_open(ccfg ? ccfg : &dflt, &cli);
     ck_assert_msg(rc == 0, "client ep: %s", tern_strerror(rc));
     rc = connect_inproc(cli, uri, &sess);
     ck_assert_msg(rc == 0, "connect %s: %s", uri, tern_strerror(rc));
@@ -253,8 +253,8 @@ static void pair_open(const struct tern_rpc_config *scfg, const struct tern_rpc_
 
 static void pair_close(void)
 {
-    tern_rpc_ep_destroy(cli);
-    tern_rpc_ep_destroy(srv);
+    tern_rpc_close(cli);
+    tern_rpc_close(srv);
     cli = srv = NULL;
     sess = NULL;
 }
@@ -645,10 +645,10 @@ START_TEST(max_calls_below_default_credits)
      * should be accepted, with the credits defaulting to what fits. */
     struct tern_rpc_config cfg = {.max_calls = 4};
     struct tern_rpc_ep *ep = NULL;
-    int rc = tern_rpc_ep_create(&cfg, &ep);
+    int rc = tern_rpc_open(&cfg, &ep);
 
     ck_assert_msg(rc == 0, "max_calls=4 with default credits refused: %s", tern_err_name(rc));
-    tern_rpc_ep_destroy(ep);
+    tern_rpc_close(ep);
 }
 END_TEST
 
@@ -665,11 +665,11 @@ START_TEST(cancel_sent_call)
     rc = tern_call(sess, SVC, M_ECHO, "AAAA", 4, 0, rec_cont, &a, &id);
     ck_assert_int_eq(rc, 0);
     poll_both();    /* let it go out */
-    ck_assert_int_eq(tern_call_cancel(cli, id), 0);
+    ck_assert_int_eq(tern_call_cancel(sess, id), 0);
     ck_assert_int_eq(a.runs, 1);
     ck_assert_int_eq(a.status, TERN_ECANCELED);
     ck_assert(a.reply_null);
-    ck_assert_int_eq(tern_call_cancel(cli, id), TERN_ENOENT);
+    ck_assert_int_eq(tern_call_cancel(sess, id), TERN_ENOENT);
     ck_assert_uint_eq(tern_rpc_calls_in_flight(cli), 0);
 
     /* The next call probably reuses the slot; the late "AAAA" reply must
@@ -704,7 +704,7 @@ START_TEST(cancel_queued_call)
     ck_assert_int_eq(tern_call(sess, SVC, M_ECHO, "a", 1, 0, rec_cont, &a, &ida), 0);
     ck_assert_int_eq(tern_call(sess, SVC, M_ECHO, "b", 1, 0, rec_cont, &b, &idb), 0);
     ck_assert(ida != idb);
-    ck_assert_int_eq(tern_call_cancel(cli, idb), 0);
+    ck_assert_int_eq(tern_call_cancel(sess, idb), 0);
     ck_assert_int_eq(b.runs, 1);
     ck_assert_int_eq(b.status, TERN_ECANCELED);
     ck_assert(poll_until(&a.runs, 1, WAIT_MS));
@@ -712,7 +712,7 @@ START_TEST(cancel_queued_call)
     poll_for(50);
     ck_assert_int_eq(b.runs, 1);
     ck_assert_int_eq(server_runs, 1);
-    ck_assert_int_eq(tern_call_cancel(cli, ida), TERN_ENOENT);  /* completed */
+    ck_assert_int_eq(tern_call_cancel(sess, ida), TERN_ENOENT);  /* completed */
     pair_close();
 }
 END_TEST
@@ -761,7 +761,7 @@ START_TEST(cancel_sends_queued_call)
     rec_init(&b, 8);
     ck_assert_int_eq(tern_call(sess, SVC, M_ECHO, "a", 1, 0, rec_cont, &a, &ida), 0);
     ck_assert_int_eq(tern_call(sess, SVC, M_ECHO, "bb", 2, 0, rec_cont, &b, NULL), 0);
-    ck_assert_int_eq(tern_call_cancel(cli, ida), 0);
+    ck_assert_int_eq(tern_call_cancel(sess, ida), 0);
     ck_assert_int_eq(a.runs, 1);
     ck_assert_int_eq(a.status, TERN_ECANCELED);
     ck_assert_msg(poll_one_until(srv, &server_runs, 2, WAIT_MS),
@@ -831,9 +831,22 @@ END_TEST
 
 START_TEST(cancel_unknown_ids)
 {
-    ck_assert_int_eq(tern_call_cancel(cli, 0), TERN_ENOENT);
-    ck_assert_int_eq(tern_call_cancel(cli, 12345), TERN_ENOENT);
-    ck_assert_int_eq(tern_call_cancel(cli, UINT64_MAX), TERN_ENOENT);
+    struct tern_session *other;
+    struct rec a;
+    uint64_t id;
+
+    ck_assert_int_eq(tern_call_cancel(sess, 0), TERN_ENOENT);
+    ck_assert_int_eq(tern_call_cancel(sess, 12345), TERN_ENOENT);
+    ck_assert_int_eq(tern_call_cancel(sess, UINT64_MAX), TERN_ENOENT);
+    ck_assert_int_eq(tern_call_cancel(NULL, 1), TERN_EINVAL);
+    /* A call is cancelled through the session it was started on only. */
+    ck_assert_int_eq(connect_inproc(cli, uri, &other), 0);
+    rec_init(&a, 16);
+    ck_assert_int_eq(tern_call(sess, SVC, M_ECHO, "AAAA", 4, 0, rec_cont, &a, &id), 0);
+    ck_assert_int_eq(tern_call_cancel(other, id), TERN_ENOENT);
+    ck_assert(poll_until(&a.runs, 1, WAIT_MS));
+    ck_assert_int_eq(a.status, 0);
+    free(a.buf);
 }
 END_TEST
 
@@ -853,7 +866,7 @@ START_TEST(session_close_cancels_in_flight)
     }
     poll_both();
     ck_assert_int_eq(total_runs, 0);
-    tern_session_close(sess);
+    tern_rpc_disconnect(sess);
     sess = NULL;
     for (int i = 0; i < N; i++) {
         ck_assert_msg(r[i].runs == 1, "call %d ran %d times", i, r[i].runs);
@@ -878,7 +891,7 @@ static struct tern_session *close_me;
 static void closing_cont(void *arg, int status, const void *reply, size_t len)
 {
     rec_cont(arg, status, reply, len);
-    tern_session_close(close_me);
+    tern_rpc_disconnect(close_me);
     close_me = NULL;
 }
 
@@ -923,7 +936,7 @@ START_TEST(call_on_closed_session_fails)
     int rc;
     double end = now_ms() + WAIT_MS;
 
-    tern_rpc_ep_destroy(srv);
+    tern_rpc_close(srv);
     srv = NULL;
     while (tern_session_status(sess) == 0 && now_ms() < end)
         tern_rpc_poll(cli);
@@ -932,7 +945,7 @@ START_TEST(call_on_closed_session_fails)
     rc = tern_call(sess, SVC, M_ECHO, "x", 1, 0, rec_cont, &r, NULL);
     ck_assert_msg(rc < 0, "call on a dead session accepted");
     ck_assert_int_eq(r.runs, 0);
-    tern_rpc_ep_destroy(cli);
+    tern_rpc_close(cli);
     cli = NULL;
 }
 END_TEST
@@ -1024,7 +1037,7 @@ START_TEST(timeout_max_means_no_deadline)
     rc = connect_inproc_timeout(cli, uri, UINT64_MAX, &s2);
     ck_assert_msg(rc == 0, "connect with timeout UINT64_MAX: %s", tern_err_name(rc));
     ck_assert_int_eq(tern_session_status(s2), 0);
-    tern_session_close(s2);
+    tern_rpc_disconnect(s2);
     rc = tern_rpc_connect(cli, "tcp://127.0.0.1:1", UINT64_MAX, &s2);
     ck_assert_msg(rc == TERN_ECONNREFUSED, "connect to a closed port, timeout UINT64_MAX: %s",
                   tern_err_name(rc));
@@ -1053,7 +1066,7 @@ START_TEST(queued_call_expires)
     ck_assert_int_eq(b.runs, 1);
     ck_assert_int_eq(b.status, TERN_ETIMEDOUT);
     ck_assert_int_eq(a.runs, 0);
-    ck_assert_int_eq(tern_call_cancel(cli, idb), TERN_ENOENT);
+    ck_assert_int_eq(tern_call_cancel(sess, idb), TERN_ENOENT);
     ck_assert(poll_until(&a.runs, 1, WAIT_MS));
     ck_assert_int_eq(a.status, 0);
     poll_for(50);
@@ -1071,14 +1084,14 @@ static uint64_t other_id;
 static void cancel_other_cont(void *arg, int status, const void *reply, size_t len)
 {
     rec_cont(arg, status, reply, len);
-    tern_call_cancel(cli, other_id);
+    tern_call_cancel(sess, other_id);
 }
 
 static void close_session_cont(void *arg, int status, const void *reply, size_t len)
 {
     rec_cont(arg, status, reply, len);
     if (sess) {
-        tern_session_close(sess);
+        tern_rpc_disconnect(sess);
         sess = NULL;
     }
 }
@@ -1206,11 +1219,11 @@ START_TEST(connect_refused)
     struct tern_session *s = (struct tern_session *)&s;
     int rc;
 
-    ck_assert_int_eq(tern_rpc_ep_create(NULL, &ep), 0);
+    ck_assert_int_eq(tern_rpc_open(NULL, &ep), 0);
     rc = tern_rpc_connect(ep, "tcp://127.0.0.1:1", 2 * SEC, &s);
     ck_assert_msg(rc == TERN_ECONNREFUSED, "got %s", tern_err_name(rc));
     ck_assert_ptr_null(s);
-    tern_rpc_ep_destroy(ep);
+    tern_rpc_close(ep);
 }
 END_TEST
 
@@ -1244,7 +1257,7 @@ START_TEST(connect_bad_uris)
     /* None of it hurt the endpoint. */
     expect_echo(12);
     ck_assert_int_eq(connect_inproc(cli, uri, &s), 0);
-    tern_session_close(s);
+    tern_rpc_disconnect(s);
 }
 END_TEST
 
@@ -1715,9 +1728,9 @@ START_TEST(wait_fd_before_listen)
 {
     struct tern_rpc_ep *ep;
 
-    ck_assert_int_eq(tern_rpc_ep_create(NULL, &ep), 0);
+    ck_assert_int_eq(tern_rpc_open(NULL, &ep), 0);
     ck_assert_int_eq(tern_rpc_wait_fd(ep), -1);
-    tern_rpc_ep_destroy(ep);
+    tern_rpc_close(ep);
 }
 END_TEST
 
@@ -1783,7 +1796,7 @@ START_TEST(wait_arm_reports_owed_events)
 {
     /* More requests than one poll hands out arrive at once: the server
      * reads them all, serves one batch, and holds the rest. Its fd says
-     * nothing about those; tern_rpc_arm() must (1: poll again). Polling
+     * nothing about those; tern_rpc_arm() must (TERN_EAGAIN: poll again). Polling
      * only while arm says 1 must serve every request. */
     enum { N = 100 };
     struct tern_rpc_config cfg = {.max_msg = MAX_MSG, .credits = 128};
@@ -1822,11 +1835,11 @@ START_TEST(wait_arm_reports_owed_events)
     n = tern_rpc_poll(srv);
     ck_assert_msg(n > 0 && n < N, "one poll handed out %d of %d requests", n, N);
     ck_assert_int_eq(server_runs, n);
-    ck_assert_msg(tern_rpc_arm(srv) == 1, "%d requests are owed and arm says sleep",
+    ck_assert_msg(tern_rpc_arm(srv) == TERN_EAGAIN, "%d requests are owed and arm says sleep",
                   N - server_runs);
 
     /* Poll while arm says so: no request may be stranded. */
-    while (tern_rpc_arm(srv) == 1) {
+    while (tern_rpc_arm(srv) == TERN_EAGAIN) {
         ck_assert_msg(++polls < 10 * N, "arm keeps saying work is pending");
         tern_rpc_poll(srv);
     }
@@ -1879,7 +1892,7 @@ START_TEST(wait_fd_two_fabrics)
     pair_open(NULL, NULL);
     rc = tern_rpc_listen(srv, "shm://auto", shm_uri, sizeof(shm_uri));
     ck_assert_msg(rc == 0, "listen shm: %s", tern_strerror(rc));
-    ck_assert_int_eq(tern_rpc_ep_create(&cfg, &cli2), 0);
+    ck_assert_int_eq(tern_rpc_open(&cfg, &cli2), 0);
     rc = connect_inproc(cli2, shm_uri, &s2);
     ck_assert_msg(rc == 0, "connect %s: %s", shm_uri, tern_strerror(rc));
     ck_assert_str_eq(tern_session_fabric(s2), "shm");
@@ -1912,7 +1925,7 @@ START_TEST(wait_fd_two_fabrics)
         ck_assert(r.len == 3 && memcmp(r.buf, name, 3) == 0);
         free(r.buf);
     }
-    tern_rpc_ep_destroy(cli2);
+    tern_rpc_close(cli2);
     pair_close();
 }
 END_TEST
@@ -2083,7 +2096,7 @@ START_TEST(server_survives_bad_client)
         struct tern_session *s2;
 
         ck_assert_int_eq(connect_inproc(cli, uri, &s2), 0);
-        tern_session_close(s2);
+        tern_rpc_disconnect(s2);
     }
 }
 END_TEST
@@ -2093,10 +2106,10 @@ START_TEST(silent_clients_time_out)
     /* Connections that never say HELLO hold server sessions. With
      * max_sessions 5, one real session and four silent sockets fill the
      * server, and a fifth client is turned away. The silent ones must be
-     * dropped after hello_timeout_ms, not before, and nobody else with them;
+     * dropped after hello_timeout_ns, not before, and nobody else with them;
      * then new clients get in again. */
     struct tern_rpc_config scfg = {.max_msg = MAX_MSG, .max_sessions = 5,
-                                   .hello_timeout_ms = 1000};
+                                   .hello_timeout_ns = 1000000000ull};
     struct raw silent[4];
     struct tern_session *s2;
     struct tern_tp_event ev;
@@ -2134,7 +2147,7 @@ START_TEST(silent_clients_time_out)
     rc = connect_inproc(cli, uri, &s2);
     ck_assert_msg(rc == 0, "connect after the silent clients were dropped: %s",
                   tern_err_name(rc));
-    tern_session_close(s2);
+    tern_rpc_disconnect(s2);
     pair_close();
 }
 END_TEST
@@ -2298,7 +2311,7 @@ START_TEST(hostile_server_handshake)
     struct tern_rpc_ep *ep;
     struct fake f;
 
-    ck_assert_int_eq(tern_rpc_ep_create(NULL, &ep), 0);
+    ck_assert_int_eq(tern_rpc_open(NULL, &ep), 0);
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         struct tern_session *s = (struct tern_session *)&s;
         double t0;
@@ -2316,7 +2329,7 @@ START_TEST(hostile_server_handshake)
         fake_stop(&f);
     }
     ck_assert_uint_eq(tern_rpc_calls_in_flight(ep), 0);
-    tern_rpc_ep_destroy(ep);
+    tern_rpc_close(ep);
 }
 END_TEST
 
@@ -2330,13 +2343,13 @@ START_TEST(connect_to_other_rpc_version)
     struct fake f;
     int rc;
 
-    ck_assert_int_eq(tern_rpc_ep_create(NULL, &ep), 0);
+    ck_assert_int_eq(tern_rpc_open(NULL, &ep), 0);
     fake_start(&f, F_ACK_VERSION);
     rc = tern_rpc_connect(ep, f.uri, SEC, &s);
     fake_stop(&f);
     ck_assert_msg(rc == TERN_EVERSION, "connect to an RPC v%d server: %s, want TERN_EVERSION",
                   RPC_VERSION + 1, tern_err_name(rc));
-    tern_rpc_ep_destroy(ep);
+    tern_rpc_close(ep);
 }
 END_TEST
 
@@ -2356,7 +2369,7 @@ START_TEST(hostile_server_replies)
     struct tern_rpc_ep *ep;
     struct fake f;
 
-    ck_assert_int_eq(tern_rpc_ep_create(NULL, &ep), 0);
+    ck_assert_int_eq(tern_rpc_open(NULL, &ep), 0);
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         struct tern_session *s;
         struct rec r;
@@ -2389,11 +2402,11 @@ START_TEST(hostile_server_replies)
             ck_assert_msg(tern_session_status(s) == 0, "%s: session died (%s)", cases[i].what,
                           tern_err_name(tern_session_status(s)));
         }
-        tern_session_close(s);
+        tern_rpc_disconnect(s);
         fake_stop(&f);
         free(r.buf);
     }
-    tern_rpc_ep_destroy(ep);
+    tern_rpc_close(ep);
 }
 END_TEST
 
@@ -2406,7 +2419,7 @@ START_TEST(hostile_server_short_message)
     struct rec r;
     struct fake f;
 
-    ck_assert_int_eq(tern_rpc_ep_create(NULL, &ep), 0);
+    ck_assert_int_eq(tern_rpc_open(NULL, &ep), 0);
     fake_start(&f, F_REQ_SHORT);
     ck_assert_int_eq(tern_rpc_connect(ep, f.uri, 2 * SEC, &s), 0);
     rec_init(&r, 0);
@@ -2416,9 +2429,9 @@ START_TEST(hostile_server_short_message)
     ck_assert_int_eq(r.runs, 1);
     ck_assert_int_eq(r.status, 0);
     ck_assert_int_eq(tern_session_status(s), TERN_EPROTO);
-    tern_session_close(s);
+    tern_rpc_disconnect(s);
     fake_stop(&f);
-    tern_rpc_ep_destroy(ep);
+    tern_rpc_close(ep);
 }
 END_TEST
 
@@ -2505,7 +2518,7 @@ START_TEST(no_continuation_inside_tern_call)
     int rc;
 
     rst_server_start(&rs);
-    ck_assert_int_eq(tern_rpc_ep_create(NULL, &ep), 0);
+    ck_assert_int_eq(tern_rpc_open(NULL, &ep), 0);
     rc = tern_rpc_connect(ep, rs.uri, 5 * SEC, &s);
     pthread_join(rs.th, NULL);
     ck_assert_msg(rc == 0, "connect to the raw server: %s", tern_err_name(rc));
@@ -2534,7 +2547,7 @@ START_TEST(no_continuation_inside_tern_call)
     ck_assert_ptr_null(close_me);      /* the session was closed by b's continuation */
     ck_assert_uint_eq(tern_rpc_calls_in_flight(ep), 0);
     poll_for_ep(ep, 20);
-    tern_rpc_ep_destroy(ep);
+    tern_rpc_close(ep);
 }
 END_TEST
 
@@ -2935,12 +2948,12 @@ static void rma_pair_open(int fab, const struct tern_rpc_config *ccfg)
     int rc;
 
     server_runs = 0;
-    ck_assert_int_eq(tern_rpc_ep_create(&dflt, &srv), 0);
+    ck_assert_int_eq(tern_rpc_open(&dflt, &srv), 0);
     rc = rma_setup_ep(srv);
     ck_assert_msg(rc == 0, "server set-up: %s", tern_strerror(rc));
     rc = tern_rpc_listen(srv, rma_listen[fab], uri, sizeof(uri));
     ck_assert_msg(rc == 0, "listen %s: %s", rma_listen[fab], tern_strerror(rc));
-    ck_assert_int_eq(tern_rpc_ep_create(ccfg ? ccfg : &dflt, &cli), 0);
+    ck_assert_int_eq(tern_rpc_open(ccfg ? ccfg : &dflt, &cli), 0);
     rc = connect_inproc(cli, uri, &sess);
     ck_assert_msg(rc == 0, "connect %s: %s", uri, tern_strerror(rc));
     ck_assert_str_eq(tern_session_fabric(sess), rma_fabric[fab]);
@@ -2948,7 +2961,7 @@ static void rma_pair_open(int fab, const struct tern_rpc_config *ccfg)
 
 static void rma_pair_close(void)
 {
-    tern_rpc_ep_destroy(cli2);
+    tern_rpc_close(cli2);
     cli2 = NULL;
     pair_close();
     srv_mrs[0] = srv_mrs[1] = NULL;
@@ -2986,7 +2999,7 @@ static bool rma_proc_open(int fab)
     }
     rma_pid = spawn_rpc_server_at(rma_setup_child, &cfg, rma_listen[fab], uri, sizeof(uri));
     ck_assert_int_gt(rma_pid, 0);
-    ck_assert_int_eq(tern_rpc_ep_create(&cfg, &cli), 0);
+    ck_assert_int_eq(tern_rpc_open(&cfg, &cli), 0);
     rc = tern_rpc_connect(cli, uri, 5 * SEC, &sess);
     ck_assert_msg(rc == 0, "connect %s: %s", uri, tern_strerror(rc));
     ck_assert_str_eq(tern_session_fabric(sess), rma_fabric[fab]);
@@ -2997,7 +3010,7 @@ static void rma_proc_close(void)
 {
     pid_t pid = rma_pid;
 
-    tern_rpc_ep_destroy(cli);
+    tern_rpc_close(cli);
     cli = NULL;
     sess = NULL;
     rma_pid = 0;
@@ -3358,12 +3371,12 @@ START_TEST(rma_rkeys_per_fabric)
     uint8_t *sm;
     int rc;
 
-    ck_assert_int_eq(tern_rpc_ep_create(&cfg, &srv), 0);
+    ck_assert_int_eq(tern_rpc_open(&cfg, &srv), 0);
     ck_assert_int_eq(rma_setup_ep(srv), 0);
     ck_assert_int_eq(tern_rpc_listen(srv, "tcp://127.0.0.1:0", uri, sizeof(uri)), 0);
     ck_assert_int_eq(tern_rpc_listen(srv, "shm://auto", shm_uri, sizeof(shm_uri)), 0);
-    ck_assert_int_eq(tern_rpc_ep_create(&cfg, &cli), 0);
-    ck_assert_int_eq(tern_rpc_ep_create(&cfg, &cli2), 0);
+    ck_assert_int_eq(tern_rpc_open(&cfg, &cli), 0);
+    ck_assert_int_eq(tern_rpc_open(&cfg, &cli2), 0);
     ck_assert_int_eq(connect_inproc(cli, uri, &sess), 0);
     rc = connect_inproc(cli2, shm_uri, &s2);
     ck_assert_msg(rc == 0, "connect %s: %s", shm_uri, tern_strerror(rc));
@@ -3423,7 +3436,7 @@ START_TEST(rma_close_fails_ops_once)
         ck_assert_int_eq((i & 1 ? tern_session_get : tern_session_put)(
                              sess, cmr, (size_t)i * 1000, 1000, &srk, (uint64_t)i * 1000,
                              rma_cb, &r[i]), 0);
-    tern_session_close(sess);
+    tern_rpc_disconnect(sess);
     sess = NULL;
     for (int i = 0; i < 6; i++) {
         ck_assert_msg(r[i].runs == 1, "op %d: %d completions at close", i, r[i].runs);
@@ -3485,7 +3498,7 @@ START_TEST(rma_server_gone)
     for (int i = 0; i < 3; i++)
         ck_assert_int_eq(tern_session_get(sess, cmr, (size_t)i * 100, 100, &srk, 0, rma_cb,
                                           &r[i]), 0);
-    tern_rpc_ep_destroy(srv);
+    tern_rpc_close(srv);
     srv = NULL;
     srv_mrs[0] = srv_mrs[1] = NULL;
     for (double end = now_ms() + WAIT_MS; tern_session_status(sess) == 0 && now_ms() < end;)
@@ -3543,7 +3556,7 @@ START_TEST(rma_protocol_error_fails_ops_once)
     struct fake f;
     void *p;
 
-    ck_assert_int_eq(tern_rpc_ep_create(&cfg, &ep), 0);
+    ck_assert_int_eq(tern_rpc_open(&cfg, &ep), 0);
     ck_assert_int_eq(tern_rpc_mr_alloc(ep, 4096, TERN_TP_ACCESS_LOCAL, &cmr), 0);
     fake_start(&f, F_REQ_POSITIVE_STATUS);
     ck_assert_int_eq(tern_rpc_connect(ep, f.uri, 2 * SEC, &s), 0);
@@ -3572,10 +3585,10 @@ START_TEST(rma_protocol_error_fails_ops_once)
     ck_assert_int_eq(tern_rpc_mr_rkey(cmr, s, &k), TERN_ENOTCONN);
     /* The fabric answered it meanwhile: its slot is back. */
     ck_assert_uint_eq(ep->n_rma_free, ep->cfg.max_calls);
-    tern_session_close(s);
+    tern_rpc_disconnect(s);
     fake_stop(&f);
     tern_rpc_mr_dereg(cmr);
-    tern_rpc_ep_destroy(ep);
+    tern_rpc_close(ep);
 }
 END_TEST
 
@@ -3615,11 +3628,11 @@ END_TEST
 
 /* A get the peer never serves (on tcp the server's progress engine serves
  * it, and the server is not polled) completes with TERN_ETIMEDOUT after
- * rma_timeout_ms, once; the late answer, when the server runs again, is
+ * rma_timeout_ns, once; the late answer, when the server runs again, is
  * dropped; and the slot comes back, so operations go on. */
 START_TEST(rma_timeout)
 {
-    struct tern_rpc_config ccfg = {.max_msg = MAX_MSG, .max_calls = 4, .rma_timeout_ms = 100};
+    struct tern_rpc_config ccfg = {.max_msg = MAX_MSG, .max_calls = 4, .rma_timeout_ns = 100000000ull};
     struct tern_rpc_mr *cmr;
     struct tern_tp_rkey srk;
     struct rma_rec r = {0};
@@ -3635,7 +3648,7 @@ START_TEST(rma_timeout)
     waited = now_ms() - t0;
     ck_assert_msg(r.runs == 1, "a get nobody serves never completed");
     ck_assert_msg(r.status == TERN_ETIMEDOUT, "status %s", status_name(r.status));
-    ck_assert_msg(waited >= 100 && waited < 2000, "timed out after %.0f ms (rma_timeout_ms 100)",
+    ck_assert_msg(waited >= 100 && waited < 2000, "timed out after %.0f ms (rma_timeout_ns 100)",
                   waited);
     rma_poll_for(50);                   /* the server answers late */
     ck_assert_int_eq(r.runs, 1);
@@ -3776,12 +3789,12 @@ START_TEST(rma_epoch_failover)
     struct rec r;
     int rc;
 
-    ck_assert_int_eq(tern_rpc_ep_create(&cfg, &srv), 0);
+    ck_assert_int_eq(tern_rpc_open(&cfg, &srv), 0);
     ck_assert_int_eq(rma_setup_ep(srv), 0);
     ck_assert_int_eq(tern_rpc_listen(srv, "tcp://127.0.0.1:0", uri, sizeof(uri)), 0);
     ck_assert_int_eq(tern_rpc_listen(srv, "shm://auto", NULL, 0), 0);
     snprintf(auto_uri, sizeof(auto_uri), "auto://%s", uri + strlen("tcp://"));
-    ck_assert_int_eq(tern_rpc_ep_create(&cfg, &cli), 0);
+    ck_assert_int_eq(tern_rpc_open(&cfg, &cli), 0);
     rc = connect_inproc(cli, auto_uri, &sess);
     ck_assert_msg(rc == 0, "connect %s: %s", auto_uri, tern_strerror(rc));
     ck_assert_str_eq(tern_session_fabric(sess), "shm");

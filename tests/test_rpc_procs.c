@@ -200,7 +200,7 @@ static struct tern_rpc_ep *client_open(const struct tern_rpc_config *cfg,
                                        struct tern_session **s)
 {
     struct tern_rpc_ep *ep;
-    int rc = tern_rpc_ep_create(cfg, &ep);
+    int rc = tern_rpc_open(cfg, &ep);
 
     ck_assert_msg(rc == 0, "client ep: %s", tern_strerror(rc));
     rc = tern_rpc_connect(ep, uri, 5 * SEC, s);
@@ -341,7 +341,7 @@ START_TEST(sync_echo)
     rc = tern_call_sync(s, SVC + 1, M_ECHO, NULL, 0, NULL, 0, NULL, 0);
     ck_assert_int_eq(rc, TERN_ENOSERVICE);
     assert_echo(s, 3);
-    tern_rpc_ep_destroy(ep);
+    tern_rpc_close(ep);
     finish_server();
 }
 END_TEST
@@ -381,7 +381,7 @@ START_TEST(deadline_on_slow_server)
     ck_assert_int_eq(r.runs, 1);
     ck_assert_int_eq(tern_session_status(s), 0);
     ck_assert_uint_eq(tern_rpc_calls_in_flight(ep), 0);
-    tern_rpc_ep_destroy(ep);
+    tern_rpc_close(ep);
     finish_server();
 }
 END_TEST
@@ -401,7 +401,7 @@ START_TEST(slow_call_within_deadline)
     ck_assert_msg(rc == 0, "slow call with a 5 s deadline: %s", tern_err_name(rc));
     ck_assert_uint_eq(got, 4);
     ck_assert_mem_eq(rep, "slow", 4);
-    tern_rpc_ep_destroy(ep);
+    tern_rpc_close(ep);
     finish_server();
 }
 END_TEST
@@ -443,7 +443,7 @@ START_TEST(server_killed_mid_call)
     poll_for(ep, 20);
     ck_assert_int_eq(late.runs, 0);
     ck_assert_int_eq(r.runs, 1);
-    tern_rpc_ep_destroy(ep);
+    tern_rpc_close(ep);
 }
 END_TEST
 
@@ -476,7 +476,7 @@ START_TEST(server_killed_calls_queued)
         ck_assert_msg(r[i].status < 0, "call %d: %s", i, tern_err_name(r[i].status));
     }
     ck_assert_uint_eq(tern_rpc_calls_in_flight(ep), 0);
-    tern_rpc_ep_destroy(ep);
+    tern_rpc_close(ep);
 }
 END_TEST
 
@@ -488,7 +488,7 @@ static int client_main(int id, int calls)
     struct tern_session *s;
     uint8_t req[1024], rep[1024];
 
-    if (tern_rpc_ep_create(NULL, &ep) < 0)
+    if (tern_rpc_open(NULL, &ep) < 0)
         return 10;
     if (tern_rpc_connect(ep, uri, 5 * SEC, &s) < 0)
         return 11;
@@ -501,7 +501,7 @@ static int client_main(int id, int calls)
             return 12;
         }
     }
-    tern_rpc_ep_destroy(ep);
+    tern_rpc_close(ep);
     return 0;
 }
 
@@ -556,8 +556,8 @@ START_TEST(garbage_client_does_not_stop_server)
     ep2 = client_open(NULL, &s2);
     assert_echo(s2, 77);
     assert_echo(s, 78);
-    tern_rpc_ep_destroy(ep2);
-    tern_rpc_ep_destroy(ep);
+    tern_rpc_close(ep2);
+    tern_rpc_close(ep);
     finish_server();
 }
 END_TEST
@@ -593,7 +593,7 @@ START_TEST(rpc_garbage_in_valid_frames)
         close(fd);
     }
     assert_echo(s, 4096);
-    tern_rpc_ep_destroy(ep);
+    tern_rpc_close(ep);
     finish_server();
 }
 END_TEST
@@ -618,7 +618,7 @@ START_TEST(half_frame_does_not_block_others)
         assert_echo(s, 64);
     close(fd);
     assert_echo(s, 65);
-    tern_rpc_ep_destroy(ep);
+    tern_rpc_close(ep);
     finish_server();
 }
 END_TEST
@@ -681,9 +681,9 @@ START_TEST(adaptive_server)
         struct tern_rpc_ep *ep2 = client_open(NULL, &s2);
 
         assert_echo(s2, 5);
-        tern_rpc_ep_destroy(ep2);
+        tern_rpc_close(ep2);
     }
-    tern_rpc_ep_destroy(ep);
+    tern_rpc_close(ep);
     finish_server();
 }
 END_TEST
@@ -691,10 +691,10 @@ END_TEST
 START_TEST(adaptive_server_drops_silent_clients)
 {
     /* Sockets that connect and never say HELLO are dropped after
-     * hello_timeout_ms, also by an adaptive server that is otherwise idle
+     * hello_timeout_ns, also by an adaptive server that is otherwise idle
      * and sleeps between polls. Three rounds, one after the other: a check
      * that only comes around every few seconds cannot meet all of them. */
-    struct tern_rpc_config cfg = {.mode = TERN_TP_POLL_ADAPTIVE, .hello_timeout_ms = 500};
+    struct tern_rpc_config cfg = {.mode = TERN_TP_POLL_ADAPTIVE, .hello_timeout_ns = 500000000ull};
     struct tern_session *s;
     struct tern_rpc_ep *ep;
 
@@ -707,15 +707,15 @@ START_TEST(adaptive_server_drops_silent_clients)
         el = now_ms() - t0;
         close(fd);
         ck_assert_msg(gone, "round %d: a silent client still connected after %.0f ms "
-                      "(hello_timeout_ms 500)", round, el);
+                      "(hello_timeout_ns 500)", round, el);
         /* Generous: the timeout plus a second and a half of slack. */
         ck_assert_msg(el >= 450 && el < 2000, "round %d: a silent client was dropped after "
-                      "%.0f ms, with hello_timeout_ms 500", round, el);
+                      "%.0f ms, with hello_timeout_ns 500", round, el);
     }
     /* Clients that do say HELLO are served as usual. */
     ep = client_open(NULL, &s);
     assert_echo(s, 9);
-    tern_rpc_ep_destroy(ep);
+    tern_rpc_close(ep);
     finish_server();
 }
 END_TEST
@@ -732,30 +732,30 @@ START_TEST(auto_picks_shm_on_same_host)
 
     start_auto_server(auto_uri, sizeof(auto_uri));
 
-    ck_assert_int_eq(tern_rpc_ep_create(NULL, &ep), 0);
+    ck_assert_int_eq(tern_rpc_open(NULL, &ep), 0);
     rc = tern_rpc_connect(ep, auto_uri, 5 * SEC, &s);
     ck_assert_msg(rc == 0, "auto connect: %s", tern_strerror(rc));
     ck_assert_str_eq(tern_session_fabric(s), "shm");
     assert_echo(s, 100);
     assert_echo(s, 300000);
-    tern_rpc_ep_destroy(ep);
+    tern_rpc_close(ep);
 
     /* The policy keeps it on TCP. */
-    ck_assert_int_eq(tern_rpc_ep_create(&tcp_only, &ep), 0);
+    ck_assert_int_eq(tern_rpc_open(&tcp_only, &ep), 0);
     ck_assert_int_eq(tern_rpc_connect(ep, auto_uri, 5 * SEC, &s), 0);
     ck_assert_str_eq(tern_session_fabric(s), "tcp");
     assert_echo(s, 100);
-    tern_rpc_ep_destroy(ep);
+    tern_rpc_close(ep);
     finish_server();
 
     /* A server without shm: auto stays on TCP. */
     start_server(NULL);
     snprintf(auto_uri, sizeof(auto_uri), "auto://%s", uri + strlen("tcp://"));
-    ck_assert_int_eq(tern_rpc_ep_create(NULL, &ep), 0);
+    ck_assert_int_eq(tern_rpc_open(NULL, &ep), 0);
     ck_assert_int_eq(tern_rpc_connect(ep, auto_uri, 5 * SEC, &s), 0);
     ck_assert_str_eq(tern_session_fabric(s), "tcp");
     assert_echo(s, 100);
-    tern_rpc_ep_destroy(ep);
+    tern_rpc_close(ep);
     finish_server();
 }
 END_TEST
@@ -778,13 +778,13 @@ START_TEST(auto_takes_rdma_by_policy)
     int rc;
 
     start_auto_server_with(setup_service_and_rdma, auto_uri, sizeof(auto_uri));
-    ck_assert_int_eq(tern_rpc_ep_create(&rdma_first, &ep), 0);
+    ck_assert_int_eq(tern_rpc_open(&rdma_first, &ep), 0);
     rc = tern_rpc_connect(ep, auto_uri, 5 * SEC, &s);
     ck_assert_msg(rc == 0, "auto connect: %s", tern_strerror(rc));
     ck_assert_str_eq(tern_session_fabric(s), "rdma");
     assert_echo(s, 100);
     assert_echo(s, 300000);
-    tern_rpc_ep_destroy(ep);
+    tern_rpc_close(ep);
     finish_server();
 }
 END_TEST
@@ -802,13 +802,13 @@ START_TEST(auto_takes_ntb_by_policy)
 
     snprintf(ntb_dev, sizeof(ntb_dev), "ntb://emu:auto-%d", (int)getpid());
     start_auto_server_with(setup_service_and_ntb, auto_uri, sizeof(auto_uri));
-    ck_assert_int_eq(tern_rpc_ep_create(&ntb_first, &ep), 0);
+    ck_assert_int_eq(tern_rpc_open(&ntb_first, &ep), 0);
     rc = tern_rpc_connect(ep, auto_uri, 5 * SEC, &s);
     ck_assert_msg(rc == 0, "auto connect: %s", tern_strerror(rc));
     ck_assert_str_eq(tern_session_fabric(s), "ntb");
     assert_echo(s, 100);
     assert_echo(s, 300000);
-    tern_rpc_ep_destroy(ep);
+    tern_rpc_close(ep);
     finish_server();
 }
 END_TEST
@@ -848,7 +848,7 @@ START_TEST(failover_loses_no_call_and_runs_none_twice)
     int rc;
 
     start_auto_server(auto_uri, sizeof(auto_uri));
-    ck_assert_int_eq(tern_rpc_ep_create(NULL, &ep), 0);
+    ck_assert_int_eq(tern_rpc_open(NULL, &ep), 0);
     ck_assert_int_eq(tern_rpc_connect(ep, auto_uri, 5 * SEC, &s), 0);
     ck_assert_str_eq(tern_session_fabric(s), "shm");
     t0 = now_ms();
@@ -868,7 +868,7 @@ START_TEST(failover_loses_no_call_and_runs_none_twice)
     ck_assert_msg(c.bad == 0, "%u calls failed or ran twice (last: %d)", c.bad, c.status);
     ck_assert_int_eq(tern_session_status(s), 0);
     ck_assert_str_eq(tern_session_fabric(s), "tcp");
-    tern_rpc_ep_destroy(ep);
+    tern_rpc_close(ep);
     finish_server();
 }
 END_TEST

@@ -1,6 +1,7 @@
 /* Per-peer fabric choice: which advertised fabrics are reachable, and how
  * policy and scores order them. */
 #include <signal.h>
+#include <stddef.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -9,6 +10,7 @@
 
 #include "suites.h"
 #include "tern_config.h"
+#include "rpc.h"
 #include "transport.h"
 
 static char me[128];
@@ -192,6 +194,38 @@ START_TEST(sweep_removes_only_orphaned_devices)
 }
 END_TEST
 
+/* A configuration is read as far as its size says: a caller built against
+ * an older header never has bytes past its struct taken for new fields. */
+START_TEST(config_read_as_far_as_its_size)
+{
+    struct tern_tp_config c = {.fabric = "tcp", .max_msg = 4096, .conn_buf = 1};
+    struct tern_rpc_config r = {.max_msg = 4096, .credits = 4, .max_calls = 1u << 25};
+    struct tern_tp_ep *ep;
+    struct tern_rpc_ep *rep;
+
+    /* conn_buf 1 is below max_msg: refused when read... */
+    ck_assert_int_eq(tern_tp_open(&c, &ep), TERN_EINVAL);
+    c.size = sizeof(c);
+    ck_assert_int_eq(tern_tp_open(&c, &ep), TERN_EINVAL);
+    /* ...and its default when the caller's struct ended before it. */
+    c.size = (uint32_t)offsetof(struct tern_tp_config, conn_buf);
+    ck_assert_int_eq(tern_tp_open(&c, &ep), 0);
+    ck_assert_uint_eq(tern_tp_max_msg(ep), 4096);
+    tern_tp_close(ep);
+    /* A newer caller's larger struct: what this build knows is read. */
+    c.size = (uint32_t)sizeof(c) + 64;
+    c.conn_buf = 0;
+    ck_assert_int_eq(tern_tp_open(&c, &ep), 0);
+    tern_tp_close(ep);
+    /* The same for RPC endpoints: 2^25 call slots are refused... */
+    ck_assert_int_eq(tern_rpc_open(&r, &rep), TERN_EINVAL);
+    /* ...unless the caller's struct predates max_calls. */
+    r.size = (uint32_t)offsetof(struct tern_rpc_config, max_calls);
+    ck_assert_int_eq(tern_rpc_open(&r, &rep), 0);
+    tern_rpc_close(rep);
+}
+END_TEST
+
 Suite *suite_select(void)
 {
     Suite *s = suite_create("select");
@@ -207,6 +241,7 @@ Suite *suite_select(void)
     tcase_add_test(tc, malformed_ads_are_ignored);
     tcase_add_test(tc, descriptors_answer_for_every_fabric);
     tcase_add_test(tc, sweep_removes_only_orphaned_devices);
+    tcase_add_test(tc, config_read_as_far_as_its_size);
     suite_add_tcase(s, tc);
     return s;
 }

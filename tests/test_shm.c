@@ -263,14 +263,14 @@ START_TEST(sender_sleeps_until_credit_returns)
     /* Nobody drains yet: the wait must sleep its full 100 ms, not spin. */
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
     t0 = now_ms();
-    ck_assert_int_eq(tern_tp_wait(a, 100), 0);
+    ck_assert_int_eq(tern_tp_wait(a, 100000000ll), 0);
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
     ck_assert(now_ms() - t0 >= 90);
     ck_assert((c1.tv_sec - c0.tv_sec) * 1e3 + (c1.tv_nsec - c0.tv_nsec) / 1e6 < 50);
     /* Now a reader drains after 100 ms; the doorbell ends a 5 s wait. */
     ck_assert_int_eq(pthread_create(&t, NULL, drain_later, &d), 0);
     t0 = now_ms();
-    woke = tern_tp_wait(a, 5000);
+    woke = tern_tp_wait(a, 5000000000ll);
     waited = now_ms() - t0;
     pthread_join(t, NULL);
     ck_assert_int_eq(woke, 1);

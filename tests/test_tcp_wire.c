@@ -974,7 +974,7 @@ static double sleep_serve(int ms, void (*poll_fn)(void), int *woke)
 
     *woke = 0;
     while (now_ms() < end) {
-        *woke += tern_tp_wait(srv.ep, 10);
+        *woke += tern_tp_wait(srv.ep, 10000000ll);
         poll_fn();
     }
     return cpu_seconds() - c0;

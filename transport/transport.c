@@ -10,7 +10,11 @@
 #include <unistd.h>
 
 #include "tern_config.h"
+#include "cfg.h"
 #include "transport_internal.h"
+
+/* tern 0.1's struct tern_tp_config (see cfg.h). */
+#define TERN_TP_CONFIG_V0_1 sizeof(struct tern_tp_config)
 
 static const struct tern_tp_fabric *const fabrics[] = {
     &tern_tp_fabric_tcp,
@@ -216,7 +220,7 @@ int tern_tp_open_fabric(const struct tern_tp_fabric *f, const struct tern_tp_con
     if (!ep)
         return TERN_ENOMEM;
     ep->fabric = f;
-    ep->cfg = *cfg;
+    tp_cfg_copy(&ep->cfg, sizeof(ep->cfg), cfg, TERN_TP_CONFIG_V0_1);
     if (!ep->cfg.max_msg)
         ep->cfg.max_msg = 1u << 20;
     if (!ep->cfg.conn_buf)
@@ -576,7 +580,11 @@ int tern_tp_arm(struct tern_tp_ep *ep)
     return OPS(ep)->arm ? OPS(ep)->arm(ep) : TERN_ENOTSUP;
 }
 
-int tern_tp_wait(struct tern_tp_ep *ep, int timeout_ms)
+int tern_tp_wait(struct tern_tp_ep *ep, int64_t timeout_ns)
 {
-    return OPS(ep)->wait ? OPS(ep)->wait(ep, timeout_ms) : TERN_ENOTSUP;
+    int ms = timeout_ns < 0                          ? -1
+             : timeout_ns >= (int64_t)INT32_MAX * 1000000 ? INT32_MAX
+                                                      : (int)((timeout_ns + 999999) / 1000000);
+
+    return OPS(ep)->wait ? OPS(ep)->wait(ep, ms) : TERN_ENOTSUP;
 }

@@ -4,6 +4,18 @@
  * (0 or a positive count on success). Where POSIX has a fitting errno the code
  * is simply its negation, so -EINVAL == TERN_EINVAL; codes that POSIX lacks
  * live above TERN_EBASE. One X-macro keeps the values and strings together.
+ *
+ * The table has two parts. The first is for every layer (arguments,
+ * transports, RPC). The second is the services' (the persistent-memory pool
+ * and the key-value store): a service handler returns them, and they reach
+ * the caller's continuation as its status like any other code:
+ *   ENOSPC      the pool has no free segment for the write (delete or clean);
+ *   E2BIG       a key or value over what a record or message may hold;
+ *   EBUSY       the pool file is open in another process (its lock);
+ *   ECORRUPT    a pool file failed a magic, bounds or checksum test (the
+ *               log says what and where; the file is left as it was);
+ *   EWRONGNODE  the key hashes outside this server's range (re-route);
+ *   ENOLEASE    a one-sided PUT named a lease that ended (lease again).
  */
 #ifndef TERN_ERROR_H
 #define TERN_ERROR_H
@@ -44,6 +56,7 @@ extern "C" {
     X(EHANDLER,        -(TERN_EBASE + 6), "remote handler failed")             \
     X(EVERSION,        -(TERN_EBASE + 7), "peer speaks an incompatible protocol version") \
     X(ENODEV,          -ENODEV,          "no such device: the fabric's hardware is absent") \
+    /* services: the pool and the key-value store */                          \
     X(ENOSPC,          -ENOSPC,          "no space left in the pool")          \
     X(E2BIG,           -E2BIG,           "key or value larger than the store accepts") \
     X(EBUSY,           -EBUSY,           "in use by another process")          \

@@ -1,7 +1,7 @@
 /* tern key-value service: a persistent store served over tern RPC, and the
  * client library that spreads keys over several servers.
  *
- * Server: tern_kv_service_create() opens a pool (recovering its index) and
+ * Server: tern_kv_service_open() opens a pool (recovering its index) and
  * gives a struct tern_service to register on an endpoint. GET replies are
  * copied from the pool straight into the send buffer; a PUT value goes from
  * the receive buffer into the pool once, and the reply that says "stored"
@@ -46,7 +46,7 @@ struct tern_kv_service;
 struct tern_kv_store;
 
 /* Open the pool and build the service. Errors as tern_kv_store_open(). */
-int tern_kv_service_create(const struct tern_kv_service_opts *o, struct tern_kv_service **out);
+int tern_kv_service_open(const struct tern_kv_service_opts *o, struct tern_kv_service **out);
 
 /* The service to tern_rpc_register(); valid until destroy. */
 const struct tern_service *tern_kv_service_def(struct tern_kv_service *svc);
@@ -56,7 +56,7 @@ struct tern_kv_store *tern_kv_service_store(struct tern_kv_service *svc);
 
 /* From a thread other than the service's: run one piece of a large flush
  * the service posted (tern_pm_help); 1 if it ran one, 0 if none was
- * posted. Stop calling it before tern_kv_service_destroy(). */
+ * posted. Stop calling it before tern_kv_service_close(). */
 int tern_kv_service_help(struct tern_kv_service *svc);
 
 /* One-sided paths (see tern_kv_set_path). */
@@ -64,8 +64,8 @@ struct tern_kv_onesided_opts {
     uint32_t window_blocks;          /* index window blocks of 8 buckets, a power of
                                       * two; 0 = one per 4 KiB of pool */
     unsigned max_leases;             /* segments leased at once; 0 = 256 */
-    uint32_t lease_idle_ms;          /* a lease unused this long is taken back when
-                                      * another client needs one; 0 = 30000 */
+    uint64_t lease_idle_ns;          /* a lease unused this long is taken back when
+                                      * another client needs one; 0 = 30 s */
 };
 
 /* Serve the one-sided paths to clients of `ep` (the endpoint the service is
@@ -78,7 +78,7 @@ int tern_kv_service_enable_onesided(struct tern_kv_service *svc, struct tern_rpc
                                     const struct tern_kv_onesided_opts *o);
 
 /* Close the store. Unregister first (destroy the endpoint). */
-void tern_kv_service_destroy(struct tern_kv_service *svc);
+void tern_kv_service_close(struct tern_kv_service *svc);
 
 /* ---- client ---- */
 

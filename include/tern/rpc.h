@@ -78,25 +78,28 @@ uint16_t tern_req_method(const struct tern_req *req);
 
 /* ---- endpoints ---- */
 
+/* `size`: sizeof(struct tern_rpc_config), or 0 for the fields below as of
+ * tern 0.1 (see tern_tp_config). */
 struct tern_rpc_config {
+    uint32_t size;
     enum tern_tp_poll_mode mode; /* busy (default) or adaptive */
-    unsigned spin_us;            /* adaptive: spin this long before sleeping; 0 = 50 */
+    uint64_t spin_ns;            /* adaptive: spin this long before sleeping; 0 = 50 us */
     size_t max_msg;              /* largest request or reply payload; 0 = 1 MiB */
     unsigned credits;            /* calls in flight per session; 0 = 32 */
     unsigned max_calls;          /* call slots per endpoint; 0 = 4096 */
     unsigned max_sessions;       /* 0 = 4096 */
-    unsigned hello_timeout_ms;   /* server: close clients silent this long; 0 = 5000 */
-    unsigned rma_timeout_ms;     /* one-sided operations not done this long complete
+    uint64_t hello_timeout_ns;   /* server: close clients silent this long; 0 = 5 s */
+    uint64_t rma_timeout_ns;     /* one-sided operations not done this long complete
                                   * with TERN_ETIMEDOUT (the peer may still write
-                                  * into a get's buffer later); 0 = 10000 */
+                                  * into a get's buffer later); 0 = 10 s */
     const char *fabrics;         /* auto:// policy, e.g. "shm,tcp"; NULL: $TERN_FABRICS or any */
 };
 
 /* Create an endpoint. cfg may be NULL for defaults. */
-int tern_rpc_ep_create(const struct tern_rpc_config *cfg, struct tern_rpc_ep **out);
+int tern_rpc_open(const struct tern_rpc_config *cfg, struct tern_rpc_ep **out);
 
 /* Fail every call, close every session, free the endpoint. */
-void tern_rpc_ep_destroy(struct tern_rpc_ep *ep);
+void tern_rpc_close(struct tern_rpc_ep *ep);
 
 /* Register a service; the struct and its method table must outlive the
  * endpoint. TERN_EEXIST if the id is taken, TERN_EINVAL for duplicate
@@ -111,9 +114,9 @@ int tern_rpc_listen(struct tern_rpc_ep *ep, const char *uri, char *bound, size_t
  * of transport events handled (0 when idle). Never blocks. */
 int tern_rpc_poll(struct tern_rpc_ep *ep);
 
-/* Poll until tern_rpc_stop() or `timeout_ms` elapses (-1: no limit). In
+/* Poll until tern_rpc_stop() or `timeout_ns` elapses (-1: no limit). In
  * adaptive mode it sleeps on the transport's fd when idle. */
-int tern_rpc_run(struct tern_rpc_ep *ep, int timeout_ms);
+int tern_rpc_run(struct tern_rpc_ep *ep, int64_t timeout_ns);
 
 /* For an application that sleeps in its own loop (say with other sockets):
  * an fd that polls readable when the endpoint may have work (-1 before the
@@ -122,8 +125,9 @@ int tern_rpc_run(struct tern_rpc_ep *ep, int timeout_ms);
  * after the last one. */
 int tern_rpc_wait_fd(const struct tern_rpc_ep *ep);
 
-/* Get ready to sleep on tern_rpc_wait_fd(): 0 if that is safe, 1 if work is
- * already pending (poll again instead), or a negative tern code. */
+/* Get ready to sleep on tern_rpc_wait_fd(): 0 if that is safe, TERN_EAGAIN
+ * if work is already pending (poll again instead), as tern_tp_arm() says
+ * it, or another negative tern code. */
 int tern_rpc_arm(struct tern_rpc_ep *ep);
 
 /* Make tern_rpc_run() return; safe from a handler or a signal handler. */
@@ -140,7 +144,7 @@ int tern_rpc_connect(struct tern_rpc_ep *ep, const char *uri, uint64_t timeout_n
                      struct tern_session **out);
 
 /* Close a session; calls still in flight complete with TERN_ECANCELED. */
-void tern_session_close(struct tern_session *s);
+void tern_rpc_disconnect(struct tern_session *s);
 
 /* 0 while the session is usable, else the error that ended it. */
 int tern_session_status(const struct tern_session *s);
@@ -184,7 +188,7 @@ int tern_callv(struct tern_session *s, uint16_t svc, uint16_t method, const stru
 
 /* Cancel a call: its continuation runs now with TERN_ECANCELED and a late
  * reply is dropped. TERN_ENOENT if it already completed. */
-int tern_call_cancel(struct tern_rpc_ep *ep, uint64_t call_id);
+int tern_call_cancel(struct tern_session *s, uint64_t call_id);
 
 /* Call and wait. The reply is copied into reply/reply_cap (TERN_EMSGSIZE if
  * it does not fit) and its length stored in *reply_len. Returns the call's
@@ -245,7 +249,7 @@ typedef void (*tern_rma_fn)(void *arg, int status);
  * posts the put before tern_reply_alloc(): the reply takes its place in
  * the send queue when it is allocated, so a put posted after that reaches
  * the caller after the reply. An operation the fabric has not finished
- * after the endpoint's rma_timeout_ms completes with TERN_ETIMEDOUT; its
+ * after the endpoint's rma_timeout_ns completes with TERN_ETIMEDOUT; its
  * local memory may still be written (get) or read (put) until the fabric
  * lets go, so a caller must not trust or reuse it. TERN_ENOBUFS: too many
  * operations in flight (poll, retry); TERN_EAGAIN: the fabric's queue is

@@ -65,7 +65,12 @@ enum tern_tp_poll_mode {
     TERN_TP_POLL_ADAPTIVE = 1, /* spin while busy, sleep in tern_tp_wait() */
 };
 
+/* Endpoint configuration. `size`: sizeof(struct tern_tp_config), or 0 for
+ * the fields below as of tern 0.1; fields added later are read only when
+ * the caller's size covers them (the struct may grow without breaking
+ * callers built against an older header). */
 struct tern_tp_config {
+    uint32_t size;
     const char *fabric;          /* "tcp", "shm", "ntb", "rdma" (tern_tp_fabric_names) */
     enum tern_tp_poll_mode mode;
     size_t max_msg;              /* largest message; 0 = 1 MiB */
@@ -310,9 +315,10 @@ int tern_tp_wait_fd(struct tern_tp_ep *ep);
  * TERN_EAGAIN if tern_tp_poll() has events to hand out first. */
 int tern_tp_arm(struct tern_tp_ep *ep);
 
-/* Block up to timeout_ms (-1: forever) until the endpoint may have work.
- * Returns 1 if it may, 0 on timeout. */
-int tern_tp_wait(struct tern_tp_ep *ep, int timeout_ms);
+/* Block up to timeout_ns (-1: forever; the wait's resolution is a
+ * millisecond, rounded up) until the endpoint may have work. Returns 1 if
+ * it may, 0 on timeout. */
+int tern_tp_wait(struct tern_tp_ep *ep, int64_t timeout_ns);
 
 #ifdef __cplusplus
 }

@@ -549,7 +549,7 @@ void tern_kv_close(struct tern_kv *kv)
     if (!kv)
         return;
     for (unsigned i = 0; i < kv->n; i++)
-        tern_session_close(kv->srv[i].s);
+        tern_rpc_disconnect(kv->srv[i].s);
     kv_onesided_free(kv);
     free(kv->srv);
     free(kv);

@@ -317,7 +317,7 @@ static const struct tern_method kv_methods[] = {
     {.id = KV_M_PGET, .name = "pget", .handler = kv_h_pget},
 };
 
-int tern_kv_service_create(const struct tern_kv_service_opts *o, struct tern_kv_service **out)
+int tern_kv_service_open(const struct tern_kv_service_opts *o, struct tern_kv_service **out)
 {
     struct tern_kv_store_opts so = {0};
     struct tern_kv_service *svc;
@@ -364,7 +364,7 @@ int tern_kv_service_help(struct tern_kv_service *svc)
     return tern_pm_help(tern_kv_store_pool(svc->store));
 }
 
-void tern_kv_service_destroy(struct tern_kv_service *svc)
+void tern_kv_service_close(struct tern_kv_service *svc)
 {
     if (!svc)
         return;

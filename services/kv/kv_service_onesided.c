@@ -12,7 +12,7 @@
  *   its size (KV_M_PGET); the record stays pinned until the put is done.
  * A lease ends when its client asks for the next one, when its session
  * closes, when a record it sent is refused in a way that drops it, or when
- * it sat unused for lease_idle_ms and another client needs the slot. Its
+ * it sat unused for lease_idle_ns and another client needs the slot. Its
  * registration goes with it, so on RDMA the NIC refuses late writes. */
 #include <fcntl.h>
 #include <stdlib.h>
@@ -129,7 +129,7 @@ int tern_kv_service_enable_onesided(struct tern_kv_service *svc, struct tern_rpc
     memcpy(os->uuid, info.uuid, sizeof(os->uuid));
     os->n_blocks = o && o->window_blocks ? o->window_blocks
                                          : default_blocks(tern_pm_map_len(pool));
-    os->idle_ns = (o && o->lease_idle_ms ? o->lease_idle_ms : 30000) * 1000000ull;
+    os->idle_ns = o && o->lease_idle_ns ? o->lease_idle_ns : 30000000000ull;
     os->max_active = o && o->max_leases ? o->max_leases : 256;
     /* Taken-back leases stay until their client speaks or leaves: one
      * per session at most, up to the RPC default of 4096 sessions. */

@@ -135,12 +135,12 @@ static int kv_server_child(void *arg, int fd)
      * instead of calling msync. */
     if (a->force_pmem)
         setenv("PMEM_IS_PMEM_FORCE", "1", 1);
-    rc = tern_kv_service_create(&so, &svc);
+    rc = tern_kv_service_open(&so, &svc);
     if (rc < 0) {
         fprintf(stderr, "rpcbench kv server: %s: %s\n", a->pool_path, tern_strerror(rc));
         goto fail;
     }
-    rc = tern_rpc_ep_create(&cfg, &kv_server_ep);
+    rc = tern_rpc_open(&cfg, &kv_server_ep);
     if (rc == 0)
         rc = tern_rpc_register(kv_server_ep, tern_kv_service_def(svc));
     if (rc == 0)
@@ -161,14 +161,14 @@ static int kv_server_child(void *arg, int fd)
         goto fail;
     close(fd);
     bench_serve_busy(kv_server_ep, &kv_server_stop);
-    tern_rpc_ep_destroy(kv_server_ep);
-    tern_kv_service_destroy(svc);
+    tern_rpc_close(kv_server_ep);
+    tern_kv_service_close(svc);
     return 0;
 fail:
     if (kv_server_ep)
-        tern_rpc_ep_destroy(kv_server_ep);
+        tern_rpc_close(kv_server_ep);
     if (svc)
-        tern_kv_service_destroy(svc);
+        tern_kv_service_close(svc);
     (void)!write(fd, "-", 1);
     return 1;
 }
@@ -656,7 +656,7 @@ static int kv_client(struct kv_ctx *c, const char *uri)
     int rc;
 
     bench_pin(o->cpu_client);
-    rc = tern_rpc_ep_create(&cfg, &c->ep);
+    rc = tern_rpc_open(&cfg, &c->ep);
     if (rc < 0)
         return rc;
     rc = tern_rpc_connect(c->ep, uri, KV_CONNECT_NS, &c->s);
@@ -664,7 +664,7 @@ static int kv_client(struct kv_ctx *c, const char *uri)
         rc = tern_kv_open(c->ep, &uri, 1, KV_CONNECT_NS, &c->kv);
     if (rc < 0) {
         fprintf(stderr, "rpcbench kv: connect %s: %s\n", uri, tern_strerror(rc));
-        tern_rpc_ep_destroy(c->ep);
+        tern_rpc_close(c->ep);
         return rc;
     }
     tern_kv_set_timeout(c->kv, KV_TIMEOUT_NS);
@@ -690,7 +690,7 @@ static int kv_client(struct kv_ctx *c, const char *uri)
                                   o->paths[p]);
     }
     tern_kv_close(c->kv);
-    tern_rpc_ep_destroy(c->ep);
+    tern_rpc_close(c->ep);
     return rc;
 }
 

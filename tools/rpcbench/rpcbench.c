@@ -184,7 +184,7 @@ static int run_server(const struct opts *o, const char *uri, int report_fd)
     int rc;
 
     bench_pin(o->cpu_server);
-    rc = tern_rpc_ep_create(&cfg, &server_ep);
+    rc = tern_rpc_open(&cfg, &server_ep);
     if (rc == 0)
         rc = tern_rpc_register(server_ep, &bench_service);
     if (rc == 0 && strncmp(uri, "auto://", 7) == 0) {
@@ -222,7 +222,7 @@ static int run_server(const struct opts *o, const char *uri, int report_fd)
         fflush(stdout);
     }
     tern_rpc_run(server_ep, -1);
-    tern_rpc_ep_destroy(server_ep);
+    tern_rpc_close(server_ep);
     return 0;
 }
 
@@ -432,13 +432,13 @@ static int run_client(const struct opts *o, const char *uri, bool header)
     int rc;
 
     bench_pin(o->cpu_client);
-    rc = tern_rpc_ep_create(&cfg, &ep);
+    rc = tern_rpc_open(&cfg, &ep);
     if (rc < 0)
         return rc;
     rc = tern_rpc_connect(ep, uri, 5000000000ull, &s);
     if (rc < 0) {
         fprintf(stderr, "rpcbench: connect %s: %s\n", uri, tern_strerror(rc));
-        tern_rpc_ep_destroy(ep);
+        tern_rpc_close(ep);
         return rc;
     }
     /* With auto:// this is the fabric the selection chose; results say
@@ -450,7 +450,7 @@ static int run_client(const struct opts *o, const char *uri, bool header)
     for (unsigned i = 0; i < o->n_sizes && rc == 0; i++)
         for (unsigned w = 0; w < o->n_windows && rc == 0; w++, header = false)
             rc = bench_one(o, ep, s, fabric, o->sizes[i], o->windows[w], header, NULL);
-    tern_rpc_ep_destroy(ep);
+    tern_rpc_close(ep);
     return rc;
 }
 

@@ -333,7 +333,7 @@ int main(int argc, char **argv)
     ko = (struct tern_kv_service_opts){.pool_path = pool, .pool_size = o.pool_size,
                                        .seg_size = o.seg_size, .range_lo = o.range_lo,
                                        .range_hi = o.range_hi};
-    rc = tern_kv_service_create(&ko, &svc);
+    rc = tern_kv_service_open(&ko, &svc);
     if (rc < 0) {
         fprintf(stderr, "ternd: pool %s: %s\n", pool, tern_strerror(rc));
         if (rc == TERN_ECORRUPT)
@@ -343,7 +343,7 @@ int main(int argc, char **argv)
     }
     if (o.busy)
         cfg.mode = TERN_TP_POLL_BUSY;
-    rc = tern_rpc_ep_create(&cfg, &g_ep);
+    rc = tern_rpc_open(&cfg, &g_ep);
     if (rc == 0)
         rc = tern_rpc_register(g_ep, tern_kv_service_def(svc));
     /* Clients that ask for the one-sided paths (tern_kv_set_path) get them. */
@@ -381,8 +381,8 @@ int main(int argc, char **argv)
     if (rc < 0) {
         stop_helpers();
         tern_resp_gw_destroy(gw);
-        tern_rpc_ep_destroy(g_ep);
-        tern_kv_service_destroy(svc);
+        tern_rpc_close(g_ep);
+        tern_kv_service_close(svc);
         return 1;
     }
     tern_kv_store_get_stats(tern_kv_service_store(svc), &st);
@@ -399,8 +399,8 @@ int main(int argc, char **argv)
 
     stop_helpers();
     tern_resp_gw_destroy(gw);
-    tern_rpc_ep_destroy(g_ep);
-    tern_kv_service_destroy(svc);
+    tern_rpc_close(g_ep);
+    tern_kv_service_close(svc);
     fprintf(stderr, "ternd: stopped\n");
     return 0;
 }

@@ -33,12 +33,12 @@ static int check_pattern(const uint8_t *p, size_t len, unsigned seed)
 
 START_TEST(caps_match_ops)
 {
-    const struct tern_tp_fabric *f = tern_tp_fabric_find(FC->fabric);
+    const struct tern_tp_fabric *f = tp_fabric_find(FC->fabric);
     struct tern_tp_ep *ep = tp_open(FC->fabric, 0);
     uint32_t caps;
 
     ck_assert_ptr_nonnull(f);
-    ck_assert(tern_tp_caps_match_ops(f));
+    ck_assert(tp_caps_match_ops(f));
     caps = tern_tp_caps(ep);
     ck_assert_uint_eq(caps, f->caps);
     ck_assert_str_eq(tern_tp_fabric(ep), FC->fabric);
@@ -1207,7 +1207,7 @@ START_TEST(null_ops_enotsup)
     struct tern_tp_event ev;
     void *buf;
 
-    ck_assert_int_eq(tern_tp_open_fabric(&sparse_fabric, &cfg, &ep), 0);
+    ck_assert_int_eq(tp_open_fabric(&sparse_fabric, &cfg, &ep), 0);
     fake.ep = ep;
     ck_assert_int_eq(tern_tp_listen(ep, "x", NULL, 0), TERN_ENOTSUP);
     ck_assert_int_eq(tern_tp_connect(ep, "x", &c), TERN_ENOTSUP);
@@ -1233,20 +1233,20 @@ START_TEST(caps_that_lie_are_refused)
     struct tern_tp_ep *ep;
 
     liar.caps = TERN_TP_CAP_PUT;    /* claims put, has no put op */
-    ck_assert(!tern_tp_caps_match_ops(&liar));
-    ck_assert_int_eq(tern_tp_open_fabric(&liar, &cfg, &ep), TERN_EINVAL);
+    ck_assert(!tp_caps_match_ops(&liar));
+    ck_assert_int_eq(tp_open_fabric(&liar, &cfg, &ep), TERN_EINVAL);
     liar.caps = TERN_TP_CAP_RKEY_PTR;   /* claims direct pointers, has no op */
-    ck_assert(!tern_tp_caps_match_ops(&liar));
-    ck_assert_int_eq(tern_tp_open_fabric(&liar, &cfg, &ep), TERN_EINVAL);
+    ck_assert(!tp_caps_match_ops(&liar));
+    ck_assert_int_eq(tp_open_fabric(&liar, &cfg, &ep), TERN_EINVAL);
     liar.caps = 0;
     liar.ops = &ptr_only_ops;           /* has the op, does not say so */
-    ck_assert(!tern_tp_caps_match_ops(&liar));
+    ck_assert(!tp_caps_match_ops(&liar));
     liar.caps = TERN_TP_CAP_RKEY_PTR;
-    ck_assert(tern_tp_caps_match_ops(&liar));
+    ck_assert(tp_caps_match_ops(&liar));
     liar.caps = TERN_TP_CAP_WAIT_FD;
     liar.ops = &no_arm_ops;
-    ck_assert(!tern_tp_caps_match_ops(&liar));
-    ck_assert_int_eq(tern_tp_open_fabric(&liar, &cfg, &ep), TERN_EINVAL);
+    ck_assert(!tp_caps_match_ops(&liar));
+    ck_assert_int_eq(tp_open_fabric(&liar, &cfg, &ep), TERN_EINVAL);
 }
 END_TEST
 

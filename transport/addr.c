@@ -9,7 +9,7 @@
 #include "addr.h"
 #include "error.h"
 
-void tern_addr_text(const struct sockaddr *sa, char *out, size_t len)
+void tp_addr_text(const struct sockaddr *sa, char *out, size_t len)
 {
     char host[INET6_ADDRSTRLEN] = "?", serv[16] = "?";
 
@@ -20,7 +20,7 @@ void tern_addr_text(const struct sockaddr *sa, char *out, size_t len)
 }
 
 /* Split "host:port" or "[v6]:port" and resolve it. */
-int tern_addr_resolve(const char *addr, bool passive, struct addrinfo **res)
+int tp_addr_resolve(const char *addr, bool passive, struct addrinfo **res)
 {
     char host[256];
     const char *colon = strrchr(addr, ':');

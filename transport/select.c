@@ -79,7 +79,7 @@ int tern_tp_select(const char *ads, const char *policy, char *uri, size_t len)
 
         if (sep && at && at > sep && (size_t)(at - p) < n && sep[1] == '/' && sep[2] == '/') {
             size_t fl = (size_t)(sep - p), nl = n - (size_t)(at + 1 - p);
-            const struct tern_tp_fabric *f = tern_tp_fabric_of(p);
+            const struct tern_tp_fabric *f = tp_fabric_of(p);
 
             if (nl < sizeof(node)) {
                 memcpy(node, at + 1, nl);

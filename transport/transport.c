@@ -17,11 +17,11 @@
 #define TERN_TP_CONFIG_V0_1 sizeof(struct tern_tp_config)
 
 static const struct tern_tp_fabric *const fabrics[] = {
-    &tern_tp_fabric_tcp,
-    &tern_tp_fabric_shm,
-    &tern_tp_fabric_ntb,
+    &tp_fabric_tcp,
+    &tp_fabric_shm,
+    &tp_fabric_ntb,
 #if TERN_HAVE_RDMA
-    &tern_tp_fabric_rdma,
+    &tp_fabric_rdma,
 #endif
 };
 
@@ -42,7 +42,7 @@ const char *const *tern_tp_fabric_names(void)
     return fabric_names;
 }
 
-const struct tern_tp_fabric *tern_tp_fabric_find(const char *name)
+const struct tern_tp_fabric *tp_fabric_find(const char *name)
 {
     for (size_t i = 0; i < N_FABRICS; i++)
         if (name && strcmp(fabrics[i]->name, name) == 0)
@@ -50,7 +50,7 @@ const struct tern_tp_fabric *tern_tp_fabric_find(const char *name)
     return NULL;
 }
 
-const struct tern_tp_fabric *tern_tp_fabric_of(const char *uri)
+const struct tern_tp_fabric *tp_fabric_of(const char *uri)
 {
     const char *sep = uri ? strstr(uri, "://") : NULL;
 
@@ -64,7 +64,7 @@ const struct tern_tp_fabric *tern_tp_fabric_of(const char *uri)
 int tern_tp_uri_fabric(const char *uri)
 {
     const char *sep = uri ? strstr(uri, "://") : NULL;
-    const struct tern_tp_fabric *f = tern_tp_fabric_of(uri);
+    const struct tern_tp_fabric *f = tp_fabric_of(uri);
 
     if (!sep || sep == uri || !sep[3])
         return TERN_EBADADDR;
@@ -79,7 +79,7 @@ int tern_tp_fabric_id(const struct tern_tp_ep *ep)
     for (size_t i = 0; i < N_FABRICS; i++)
         if (fabrics[i] == ep->fabric)
             return (int)i;
-    return TERN_ENOFABRIC;     /* a test's own table (tern_tp_open_fabric) */
+    return TERN_ENOFABRIC;     /* a test's own table (tp_open_fabric) */
 }
 
 bool tern_tp_selectable(const struct tern_tp_ep *ep)
@@ -89,7 +89,7 @@ bool tern_tp_selectable(const struct tern_tp_ep *ep)
 
 int tern_tp_probe(const char *fabric, const char *args, char *desc, size_t desc_len)
 {
-    const struct tern_tp_fabric *f = tern_tp_fabric_find(fabric);
+    const struct tern_tp_fabric *f = tp_fabric_find(fabric);
     char tmp[8];
 
     if (!fabric)
@@ -111,14 +111,14 @@ int tern_tp_probe(const char *fabric, const char *args, char *desc, size_t desc_
 
 uint32_t tern_tp_fabric_caps(const char *fabric)
 {
-    const struct tern_tp_fabric *f = tern_tp_fabric_find(fabric);
+    const struct tern_tp_fabric *f = tp_fabric_find(fabric);
 
     return f ? f->caps : 0;
 }
 
 int tern_tp_local_uri(const char *fabric, const char *tag, char *uri, size_t len)
 {
-    const struct tern_tp_fabric *f = tern_tp_fabric_find(fabric);
+    const struct tern_tp_fabric *f = tp_fabric_find(fabric);
     int n;
 
     if (!f || !f->local_addr)
@@ -133,7 +133,7 @@ int tern_tp_local_uri(const char *fabric, const char *tag, char *uri, size_t len
 
 const char *tern_tp_uri_label(const char *uri, char *buf, size_t len)
 {
-    const struct tern_tp_fabric *f = tern_tp_fabric_of(uri);
+    const struct tern_tp_fabric *f = tp_fabric_of(uri);
 
     if (!f)
         snprintf(buf, len, "?");
@@ -166,7 +166,7 @@ static void mr_release(struct tern_tp_mr *mr)
     mr->owns_map = false;
 }
 
-bool tern_tp_caps_match_ops(const struct tern_tp_fabric *f)
+bool tp_caps_match_ops(const struct tern_tp_fabric *f)
 {
     const struct tern_tp_ops *o = f->ops;
     const struct {
@@ -199,13 +199,13 @@ int tern_tp_open(const struct tern_tp_config *cfg, struct tern_tp_ep **out)
     if (!cfg || !out)
         return TERN_EINVAL;
     *out = NULL;
-    f = tern_tp_fabric_find(cfg->fabric);
+    f = tp_fabric_find(cfg->fabric);
     if (!f)
         return TERN_ENOFABRIC;
-    return tern_tp_open_fabric(f, cfg, out);
+    return tp_open_fabric(f, cfg, out);
 }
 
-int tern_tp_open_fabric(const struct tern_tp_fabric *f, const struct tern_tp_config *cfg,
+int tp_open_fabric(const struct tern_tp_fabric *f, const struct tern_tp_config *cfg,
                         struct tern_tp_ep **out)
 {
     struct tern_tp_ep *ep;
@@ -214,7 +214,7 @@ int tern_tp_open_fabric(const struct tern_tp_fabric *f, const struct tern_tp_con
     if (!f || !cfg || !out || f->ep_size < sizeof(struct tern_tp_ep))
         return TERN_EINVAL;
     *out = NULL;
-    if (!tern_tp_caps_match_ops(f))
+    if (!tp_caps_match_ops(f))
         return TERN_EINVAL;
     ep = calloc(1, f->ep_size);
     if (!ep)
@@ -507,7 +507,7 @@ struct tern_tp_rkey tern_tp_mr_rkey(const struct tern_tp_mr *mr)
     };
 }
 
-int tern_tp_mr_check(struct tern_tp_ep *ep, uint32_t key, uint64_t off, uint64_t len,
+int tp_mr_check(struct tern_tp_ep *ep, uint32_t key, uint64_t off, uint64_t len,
                      uint32_t need, uint8_t **where)
 {
     struct tern_tp_mr *mr = &ep->mrs[key & (TERN_MR_MAX - 1)];

@@ -124,28 +124,28 @@ struct tern_tp_conn *tp_ready_take(struct tern_tp_ep *ep);
 
 /* Check a peer's one-sided access against this endpoint's regions; on
  * success *where points at the local bytes. TERN_EREMACCESS otherwise. */
-int tern_tp_mr_check(struct tern_tp_ep *ep, uint32_t key, uint64_t off, uint64_t len,
+int tp_mr_check(struct tern_tp_ep *ep, uint32_t key, uint64_t off, uint64_t len,
                      uint32_t need, uint8_t **where);
 
 /* Open an endpoint on a given fabric table (tern_tp_open after the lookup);
  * tests use it to run the core against sparse ops tables. */
-int tern_tp_open_fabric(const struct tern_tp_fabric *f, const struct tern_tp_config *cfg,
+int tp_open_fabric(const struct tern_tp_fabric *f, const struct tern_tp_config *cfg,
                         struct tern_tp_ep **out);
 
 /* True if f->caps names exactly the ops f->ops implements. */
-bool tern_tp_caps_match_ops(const struct tern_tp_fabric *f);
+bool tp_caps_match_ops(const struct tern_tp_fabric *f);
 
 /* The built-in fabric called `name`, or NULL. */
-const struct tern_tp_fabric *tern_tp_fabric_find(const char *name);
+const struct tern_tp_fabric *tp_fabric_find(const char *name);
 
 /* The fabric of "fabric://..." in `uri` (the first `len` bytes name it),
  * or NULL. */
-const struct tern_tp_fabric *tern_tp_fabric_of(const char *uri);
+const struct tern_tp_fabric *tp_fabric_of(const char *uri);
 
 /* Fabrics built into the library. */
-extern const struct tern_tp_fabric tern_tp_fabric_tcp;
-extern const struct tern_tp_fabric tern_tp_fabric_shm;
-extern const struct tern_tp_fabric tern_tp_fabric_ntb;
-extern const struct tern_tp_fabric tern_tp_fabric_rdma;
+extern const struct tern_tp_fabric tp_fabric_tcp;
+extern const struct tern_tp_fabric tp_fabric_shm;
+extern const struct tern_tp_fabric tp_fabric_ntb;
+extern const struct tern_tp_fabric tp_fabric_rdma;
 
 #endif

@@ -46,7 +46,7 @@ static int eal_init(const char *eal_args)
     return 0;
 }
 
-int tern_ntb_probe(const char *eal_args, struct tern_ntb_link *link)
+int ntb_hw_probe(const char *eal_args, struct ntb_hw_dev *link)
 {
     int rc = eal_init(eal_args);
 
@@ -99,7 +99,7 @@ static uint8_t *map_peer_window(const char *pci_name, size_t size)
     return p == MAP_FAILED ? NULL : p;
 }
 
-int tern_ntb_open(struct tern_ntb_link *link, int timeout_ms)
+int ntb_hw_open(struct ntb_hw_dev *link, int timeout_ms)
 {
     struct ntb_dev_info ntb = {0};
     struct rte_rawdev_info info = {.dev_private = &ntb};
@@ -153,7 +153,7 @@ int tern_ntb_open(struct tern_ntb_link *link, int timeout_ms)
     return 0;
 }
 
-bool tern_ntb_link_up(struct tern_ntb_link *link)
+bool ntb_hw_link_up(struct ntb_hw_dev *link)
 {
     uint64_t up = 1;
 
@@ -162,7 +162,7 @@ bool tern_ntb_link_up(struct tern_ntb_link *link)
     return up != 0;
 }
 
-void tern_ntb_close(struct tern_ntb_link *link)
+void ntb_hw_close(struct ntb_hw_dev *link)
 {
     if (!link->up)
         return;
@@ -171,10 +171,10 @@ void tern_ntb_close(struct tern_ntb_link *link)
     link->up = false;
 }
 
-int tern_ntb_describe(const char *eal_args, char *desc, size_t len)
+int ntb_hw_describe(const char *eal_args, char *desc, size_t len)
 {
-    struct tern_ntb_link link;
-    int rc = tern_ntb_probe(eal_args, &link);
+    struct ntb_hw_dev link;
+    int rc = ntb_hw_probe(eal_args, &link);
 
     if (rc == 0)
         snprintf(desc, len, "NTB rawdev %u at %s, memory window 0: %llu bytes", link.dev_id,

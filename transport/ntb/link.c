@@ -88,7 +88,7 @@ struct ntb_link {
     uint8_t *mine_map, *peers_map;  /* emu: our and the peer's partition */
     size_t part_size;               /* bytes of one partition (page multiple) */
     off_t mine_off;                 /* emu: file offset of our partition */
-    struct tern_ntb_hw *hwdev;      /* hw: the device, shared by partitions */
+    struct ntb_hw_shared *hwdev;      /* hw: the device, shared by partitions */
     struct sockaddr_un bell;        /* emu: the peer's doorbell socket */
     socklen_t bell_len;
     uint64_t nonce, peer_nonce;
@@ -582,13 +582,13 @@ static bool emu_link_up(struct ring_link *l)
 /* One hardware device per process, shared by the partitions (endpoints of
  * different threads) that use it; attach and detach take a lock, the data
  * path none. */
-struct tern_ntb_hw {
-    struct tern_ntb_link dev;
+struct ntb_hw_shared {
+    struct ntb_hw_dev dev;
     unsigned refs;
     bool parts[NTB_PARTS];
 };
 
-static struct tern_ntb_hw *hw_dev;
+static struct ntb_hw_shared *hw_dev;
 static pthread_mutex_t hw_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void hw_put(struct ntb_link *nl)
@@ -596,7 +596,7 @@ static void hw_put(struct ntb_link *nl)
     pthread_mutex_lock(&hw_lock);
     nl->hwdev->parts[nl->part] = false;
     if (--nl->hwdev->refs == 0) {
-        tern_ntb_close(&nl->hwdev->dev);
+        ntb_hw_close(&nl->hwdev->dev);
         free(nl->hwdev);
         hw_dev = NULL;
     }
@@ -614,9 +614,9 @@ static int hw_attach(struct ring_link *l)
     pthread_mutex_lock(&hw_lock);
     if (!hw_dev) {
         hw_dev = calloc(1, sizeof(*hw_dev));
-        rc = !hw_dev ? TERN_ENOMEM : tern_ntb_probe(eal ? eal : "", &hw_dev->dev);
+        rc = !hw_dev ? TERN_ENOMEM : ntb_hw_probe(eal ? eal : "", &hw_dev->dev);
         if (rc == 0)
-            rc = tern_ntb_open(&hw_dev->dev, 5000);
+            rc = ntb_hw_open(&hw_dev->dev, 5000);
         if (rc < 0) {
             free(hw_dev);
             hw_dev = NULL;
@@ -654,7 +654,7 @@ static bool device_link_up(struct ring_link *l)
 {
 #if TERN_HAVE_DPDK
     if (NL(l)->hwdev)
-        return tern_ntb_link_up(&NL(l)->hwdev->dev);
+        return ntb_hw_link_up(&NL(l)->hwdev->dev);
 #endif
     return emu_link_up(l);
 }
@@ -851,7 +851,7 @@ static const struct tern_tp_ops ntb_ops = {
 static int ntb_probe(const char *args, char *desc, size_t len)
 {
 #if TERN_HAVE_DPDK
-    return tern_ntb_describe(args, desc, len);
+    return ntb_hw_describe(args, desc, len);
 #else
     snprintf(desc, len, "no NTB hardware support: built without DPDK");
     return TERN_ENODEV;
@@ -913,7 +913,7 @@ static void ntb_sweep(void)
     closedir(d);
 }
 
-const struct tern_tp_fabric tern_tp_fabric_ntb = {
+const struct tern_tp_fabric tp_fabric_ntb = {
     .name = "ntb",
     .caps = TERN_TP_CAP_MSG | TERN_TP_CAP_PUT | TERN_TP_CAP_GET | TERN_TP_CAP_WAIT_FD |
             TERN_TP_CAP_LISTEN | TERN_TP_CAP_CONNECT,

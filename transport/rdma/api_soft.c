@@ -3,7 +3,7 @@
 #include "rdma_api.h"
 #include "softverbs.h"
 
-const struct tern_rdma_api tern_rdma_api_soft = {
+const struct tern_rdma_api rdma_api_soft = {
     .name = "softverbs",
     .emulated = true,
     .get_devices = sv_rdma_get_devices,

@@ -12,7 +12,7 @@ static struct ibv_mr *reg_mr(struct ibv_pd *pd, void *addr, size_t len, int acce
     return ibv_reg_mr(pd, addr, len, access);
 }
 
-const struct tern_rdma_api tern_rdma_api_verbs = {
+const struct tern_rdma_api rdma_api_verbs = {
     .name = "verbs",
     .emulated = false,
     .get_devices = rdma_get_devices,

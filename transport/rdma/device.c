@@ -66,26 +66,26 @@ static bool hw_present(void)
     return n > 0;
 }
 
-bool tern_rdma_hw_usable(char *desc, size_t len)
+bool rdma_hw_usable(char *desc, size_t len)
 {
     static int known = -1;
     static struct tern_rdma_dev hw;
 
     if (known < 0)
-        known = hw_present() && find_port(&tern_rdma_api_verbs, getenv("TERN_RDMA_DEVICE"),
+        known = hw_present() && find_port(&rdma_api_verbs, getenv("TERN_RDMA_DEVICE"),
                                           &hw) == 0;
     if (desc && len)
         snprintf(desc, len, "%s", known ? hw.desc : "no usable RDMA device");
     return known;
 }
 
-int tern_rdma_dev_pick(struct tern_rdma_dev *dev)
+int rdma_dev_pick(struct tern_rdma_dev *dev)
 {
     const char *prov = getenv("TERN_RDMA_PROVIDER");
 
     memset(dev, 0, sizeof(*dev));
     if (prov && strcmp(prov, "softverbs") == 0)
-        return find_port(&tern_rdma_api_soft, NULL, dev);
+        return find_port(&rdma_api_soft, NULL, dev);
     if (prov && *prov && strcmp(prov, "verbs") != 0 && strcmp(prov, "auto") != 0) {
         snprintf(dev->desc, sizeof(dev->desc),
                  "TERN_RDMA_PROVIDER=%s: want verbs, softverbs or auto", prov);
@@ -94,6 +94,6 @@ int tern_rdma_dev_pick(struct tern_rdma_dev *dev)
     /* auto: a host with RDMA hardware uses it (and says why if it cannot);
      * one without any falls back to the emulation. */
     if ((prov && strcmp(prov, "verbs") == 0) || hw_present())
-        return find_port(&tern_rdma_api_verbs, getenv("TERN_RDMA_DEVICE"), dev);
-    return find_port(&tern_rdma_api_soft, NULL, dev);
+        return find_port(&rdma_api_verbs, getenv("TERN_RDMA_DEVICE"), dev);
+    return find_port(&rdma_api_soft, NULL, dev);
 }

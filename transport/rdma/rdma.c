@@ -68,7 +68,7 @@ static int rdma_ep_open(struct tern_tp_ep *base)
 
     ep->epfd = -1;
     pthread_mutex_lock(&open_lock);
-    rc = tern_rdma_dev_pick(&ep->dev);
+    rc = rdma_dev_pick(&ep->dev);
     if (rc == 0)
         open_eps[ep->dev.api->emulated]++;
     pthread_mutex_unlock(&open_lock);
@@ -279,7 +279,7 @@ static int rdma_probe(const char *args, char *desc, size_t len)
         snprintf(desc, len, "softverbs0 (emulated NIC: reaches this host only)");
         return 0;
     }
-    return tern_rdma_hw_usable(desc, len) ? 0 : TERN_ENODEV;
+    return rdma_hw_usable(desc, len) ? 0 : TERN_ENODEV;
 }
 
 static bool rdma_emulated(const char *addr)
@@ -294,7 +294,7 @@ static bool rdma_reachable(const char *addr, size_t len, bool same_node)
 {
     if (len >= 5 && strncmp(addr, "soft:", 5) == 0)
         return same_node;
-    return tern_rdma_hw_usable(NULL, 0);
+    return rdma_hw_usable(NULL, 0);
 }
 
 /* Loopback: softverbs where there is no NIC (a NIC needs one of its own
@@ -304,7 +304,7 @@ static int rdma_local_addr(const char *tag, char *buf, size_t len)
     return snprintf(buf, len, "127.0.0.1:0") < (int)len ? 0 : TERN_EINVAL;
 }
 
-const struct tern_tp_fabric tern_tp_fabric_rdma = {
+const struct tern_tp_fabric tp_fabric_rdma = {
     .name = "rdma",
     .caps = TERN_TP_CAP_MSG | TERN_TP_CAP_PUT | TERN_TP_CAP_GET | TERN_TP_CAP_WAIT_FD |
             TERN_TP_CAP_LISTEN | TERN_TP_CAP_CONNECT | TERN_TP_CAP_RMA_OFFLOAD,

@@ -64,8 +64,8 @@ struct tern_rdma_api {
     int (*release_devices)(void);
 };
 
-extern const struct tern_rdma_api tern_rdma_api_verbs;
-extern const struct tern_rdma_api tern_rdma_api_soft;
+extern const struct tern_rdma_api rdma_api_verbs;
+extern const struct tern_rdma_api rdma_api_soft;
 
 /* A device the fabric can use: its context (owned by the provider's
  * rdma_cm, never closed), the port and a description. */
@@ -81,10 +81,10 @@ struct tern_rdma_dev {
  * required), "softverbs" (the emulation), or unset/"auto": rdma-core when
  * the host has any RDMA device, else softverbs. 0 or a negative tern code
  * with the reason in dev->desc. */
-int tern_rdma_dev_pick(struct tern_rdma_dev *dev);
+int rdma_dev_pick(struct tern_rdma_dev *dev);
 
 /* Whether rdma-core sees a usable device here (an active port with a GID),
  * described in `desc`; the result of the first call is kept. */
-bool tern_rdma_hw_usable(char *desc, size_t len);
+bool rdma_hw_usable(char *desc, size_t len);
 
 #endif

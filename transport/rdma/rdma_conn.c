@@ -338,7 +338,7 @@ static int parse_addr(struct rdma_ep *ep, const char *addr, bool passive, struct
             return TERN_EBADADDR;
         addr += strlen(SOFT_PREFIX);
     }
-    return tern_addr_resolve(addr, passive, ai);
+    return tp_addr_resolve(addr, passive, ai);
 }
 
 int trdma_listen(struct tern_tp_ep *base, const char *addr, char *bound, size_t bound_len)
@@ -376,7 +376,7 @@ int trdma_listen(struct tern_tp_ep *base, const char *addr, char *bound, size_t 
     l->next = ep->listeners;
     ep->listeners = l;
     if (bound && bound_len) {
-        tern_addr_text(&l->id->route.addr.src_addr, text, sizeof(text));
+        tp_addr_text(&l->id->route.addr.src_addr, text, sizeof(text));
         snprintf(bound, bound_len, "%s%s", ep->api->emulated ? SOFT_PREFIX : "", text);
     }
     return 0;
@@ -407,7 +407,7 @@ int trdma_connect(struct tern_tp_ep *base, const char *addr, struct tern_tp_conn
         freeaddrinfo(ai);
         return TERN_ENOBUFS;
     }
-    tern_addr_text(ai->ai_addr, c->peer, sizeof(c->peer));
+    tp_addr_text(ai->ai_addr, c->peer, sizeof(c->peer));
     /* Messages may be staged before the peer's ring is known: lay them
      * out for a ring like ours, and again if the peer's differs. */
     c->tx_size = (uint64_t)1 << ring_log2(ep);
@@ -505,7 +505,7 @@ static void on_request(struct rdma_ep *ep, struct rdma_cm_id *id, const void *da
     }
     c->id = id;
     id->context = &c->kind;
-    tern_addr_text(&id->route.addr.dst_addr, c->peer, sizeof(c->peer));
+    tp_addr_text(&id->route.addr.dst_addr, c->peer, sizeof(c->peer));
     peer_ring_set(c, &h);
     c->tx_size = (uint64_t)1 << h.ring_log2;
     set_state(c, RC_ACCEPTING);

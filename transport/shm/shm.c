@@ -510,7 +510,7 @@ static int shm_local_addr(const char *tag, char *buf, size_t len)
 /* Direct one-sided access makes put and get plain stores and loads into the
  * peer's memory where it registered a file (tern_tp_mr_reg_fd,
  * tern_tp_mr_alloc); other regions are served by its poll. */
-const struct tern_tp_fabric tern_tp_fabric_shm = {
+const struct tern_tp_fabric tp_fabric_shm = {
     .name = "shm",
     .caps = TERN_TP_CAP_MSG | TERN_TP_CAP_PUT | TERN_TP_CAP_GET | TERN_TP_CAP_WAIT_FD |
             TERN_TP_CAP_LISTEN | TERN_TP_CAP_CONNECT | TERN_TP_CAP_RKEY_PTR |

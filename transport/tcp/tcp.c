@@ -479,7 +479,7 @@ static int serve_onesided(struct tcp_conn *c, uint8_t type, const uint8_t *body,
     if ((type == TCP_PUT && len != blen - sizeof(req)) || len > c->base.ep->cfg.max_msg)
         status = TERN_EREMACCESS;
     else
-        status = tern_tp_mr_check(c->base.ep, le32toh(req.key), le64toh(req.off), len,
+        status = tp_mr_check(c->base.ep, le32toh(req.key), le64toh(req.off), len,
                                   type == TCP_PUT ? TERN_TP_ACCESS_REMOTE_WRITE
                                                   : TERN_TP_ACCESS_REMOTE_READ,
                                   &where);
@@ -761,7 +761,7 @@ static void do_accept(struct tcp_ep *ep, struct tcp_listener *l)
             close(fd);
             continue;
         }
-        tern_addr_text((struct sockaddr *)&ss, c->peer, sizeof(c->peer));
+        tp_addr_text((struct sockaddr *)&ss, c->peer, sizeof(c->peer));
         c->state = ST_OPEN;
         c->ev.accepted = true;
         ready_push(c);
@@ -776,7 +776,7 @@ static int tcp_listen(struct tern_tp_ep *base, const char *addr, char *bound, si
     struct sockaddr_storage ss;
     socklen_t sl = sizeof(ss);
     struct epoll_event e = {.events = EPOLLIN};
-    int fd, one = 1, rc = tern_addr_resolve(addr, true, &ai);
+    int fd, one = 1, rc = tp_addr_resolve(addr, true, &ai);
 
     if (rc < 0)
         return rc;
@@ -805,7 +805,7 @@ static int tcp_listen(struct tern_tp_ep *base, const char *addr, char *bound, si
     ep->listeners = l;
     if (bound && bound_len) {
         getsockname(fd, (struct sockaddr *)&ss, &sl);
-        tern_addr_text((struct sockaddr *)&ss, bound, bound_len);
+        tp_addr_text((struct sockaddr *)&ss, bound, bound_len);
     }
     return 0;
 }
@@ -815,7 +815,7 @@ static int tcp_connect(struct tern_tp_ep *base, const char *addr, struct tern_tp
     struct tcp_ep *ep = TEP(base);
     struct addrinfo *ai;
     struct tcp_conn *c;
-    int fd, rc = tern_addr_resolve(addr, false, &ai);
+    int fd, rc = tp_addr_resolve(addr, false, &ai);
 
     if (rc < 0)
         return rc;
@@ -834,7 +834,7 @@ static int tcp_connect(struct tern_tp_ep *base, const char *addr, struct tern_tp
         close(fd);
         return TERN_ENOMEM;
     }
-    tern_addr_text(ai->ai_addr, c->peer, sizeof(c->peer));
+    tp_addr_text(ai->ai_addr, c->peer, sizeof(c->peer));
     c->state = ST_CONNECTING;
     rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
     freeaddrinfo(ai);
@@ -1016,7 +1016,7 @@ static int tcp_local_addr(const char *tag, char *buf, size_t len)
     return snprintf(buf, len, "127.0.0.1:0") < (int)len ? 0 : TERN_EINVAL;
 }
 
-const struct tern_tp_fabric tern_tp_fabric_tcp = {
+const struct tern_tp_fabric tp_fabric_tcp = {
     .name = "tcp",
     .caps = TERN_TP_CAP_MSG | TERN_TP_CAP_PUT | TERN_TP_CAP_GET | TERN_TP_CAP_WAIT_FD |
             TERN_TP_CAP_LISTEN | TERN_TP_CAP_CONNECT,

@@ -787,9 +787,23 @@ static uint64_t seg_word(int fd, uint32_t seg, size_t field)
  * `victim`; its higher index makes recovery keep the victim's records and
  * count the copies as old ones. `copy` becomes the newest segment, the one
  * appends continue in. */
+/* Give a forged segment header what a real one opened as `seq` at
+ * `index` has: `opened`, the header sum and a commit word checked for
+ * them (the commit point kept). */
+static void seal_seg_hdr(struct pm_seg_hdr *h, uint64_t seq, uint32_t index)
+{
+    uint32_t used = (uint32_t)h->commit;
+
+    h->seq = h->opened = seq;
+    h->index = index;
+    h->sum = pm_seg_hdr_sum(h);
+    h->commit = pm_seg_commit_word(used, seq, index);
+}
+
 static void forge_interrupted_clean(uint32_t victim, uint32_t copy, uint32_t n_segs)
 {
     static uint8_t seg[SEG];
+    struct pm_seg_hdr *h = (struct pm_seg_hdr *)seg;
     uint64_t seq = 0;
     int fd = open(path, O_RDWR);
 
@@ -802,12 +816,11 @@ static void forge_interrupted_clean(uint32_t victim, uint32_t copy, uint32_t n_s
         seq = q > seq ? q : seq;
     }
     ck_assert_int_eq(pread(fd, seg, SEG, (off_t)pm_seg_offset(copy, SEG)), (ssize_t)SEG);
-    ((struct pm_seg_hdr *)seg)->index = victim;
+    seal_seg_hdr(h, h->seq, victim);
     ck_assert_int_eq(pwrite(fd, seg, SEG, (off_t)pm_seg_offset(victim, SEG)), (ssize_t)SEG);
-    seq++;
-    ck_assert_int_eq(pwrite(fd, &seq, sizeof(seq),
-                            (off_t)(pm_seg_offset(copy, SEG) + offsetof(struct pm_seg_hdr, seq))),
-                     (ssize_t)sizeof(seq));
+    seal_seg_hdr(h, seq + 1, copy);
+    ck_assert_int_eq(pwrite(fd, h, sizeof(*h), (off_t)pm_seg_offset(copy, SEG)),
+                     (ssize_t)sizeof(*h));
     close(fd);
 }
 
@@ -863,7 +876,7 @@ START_TEST(failed_clean_leaves_counts_right)
     tern_kv_store_close(s);
 
     fd = open(path, O_RDONLY);
-    ck_assert_uint_eq(seg_word(fd, 1, offsetof(struct pm_seg_hdr, used)), CAP - 8192);
+    ck_assert_uint_eq((uint32_t)seg_word(fd, 1, offsetof(struct pm_seg_hdr, commit)), CAP - 8192);
     close(fd);
     forge_interrupted_clean(5, 1, 6);
 
@@ -897,6 +910,86 @@ START_TEST(failed_clean_leaves_counts_right)
 }
 END_TEST
 
+/* ---- damaged segment headers ---- */
+
+static uint8_t *read_whole(size_t *len)
+{
+    struct stat st;
+    uint8_t *buf;
+    int fd = open(path, O_RDONLY);
+
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(fstat(fd, &st), 0);
+    buf = malloc((size_t)st.st_size);
+    ck_assert_ptr_nonnull(buf);
+    ck_assert_int_eq(pread(fd, buf, (size_t)st.st_size, 0), st.st_size);
+    close(fd);
+    *len = (size_t)st.st_size;
+    return buf;
+}
+
+/* A segment full of keys whose commit word, or whose seq, is zeroed: the
+ * store refuses to open (it used to serve without that segment's keys,
+ * or take the segment for a free one), and so does the checker, deep or
+ * not; the file is left as it was. */
+START_TEST(damaged_segment_header_is_refused)
+{
+    static const size_t fields[] = {offsetof(struct pm_seg_hdr, commit),
+                                    offsetof(struct pm_seg_hdr, seq)};
+    struct tern_kv_store *s = open_store(8 * SEG + 4096);
+    struct tern_kv_store_opts o = {.path = path};
+    uint32_t full = UINT32_MAX, per_seg[8] = {0};
+    char k[16], v[48];
+    uint64_t zero = 0, bad = 0;
+    int fd;
+
+    memset(v, 'v', sizeof(v));
+    for (int i = 0; i < 2000; i++) {
+        uint64_t ver;
+        tern_pm_loc loc;
+        uint32_t size;
+
+        snprintf(k, sizeof(k), "key%05d", i);
+        ck_assert_int_eq(tern_kv_store_put(s, k, strlen(k), v, sizeof(v), 0, NULL), 0);
+        ck_assert_int_eq(tern_kv_store_locate(s, k, strlen(k), &loc, &size, &ver), 0);
+        per_seg[loc >> 32]++;
+    }
+    ck_assert_int_eq(tern_kv_store_sync(s), 0);
+    tern_kv_store_close(s);
+    for (uint32_t i = 0; i < 8; i++)
+        if (per_seg[i] > 500 && full == UINT32_MAX)
+            full = i;
+    ck_assert_uint_ne(full, UINT32_MAX);
+
+    fd = open(path, O_RDWR);
+    ck_assert_int_ge(fd, 0);
+    for (unsigned f = 0; f < 2; f++) {
+        off_t at = (off_t)(pm_seg_offset(full, SEG) + fields[f]);
+        uint64_t good = seg_word(fd, full, fields[f]);
+        uint8_t *before, *after;
+        size_t len, len2;
+
+        ck_assert_int_eq(pwrite(fd, &zero, sizeof(zero), at), (ssize_t)sizeof(zero));
+        before = read_whole(&len);
+        ck_assert_msg(tern_kv_store_open(&o, &s) == TERN_ECORRUPT,
+                      "a store with segment %u's %s zeroed opened", full,
+                      f ? "seq" : "commit word");
+        ck_assert_int_eq(tern_pm_check(path, true, NULL, NULL, &bad), TERN_ECORRUPT);
+        ck_assert_uint_eq(bad, (uint64_t)at);
+        ck_assert_int_eq(tern_pm_check(path, false, NULL, NULL, NULL), TERN_ECORRUPT);
+        after = read_whole(&len2);
+        ck_assert(len == len2 && memcmp(before, after, len) == 0);
+        free(before);
+        free(after);
+        ck_assert_int_eq(pwrite(fd, &good, sizeof(good), at), (ssize_t)sizeof(good));
+    }
+    close(fd);
+    s = open_store(0);
+    ck_assert_uint_eq(tern_kv_store_count(s), 2000);
+    tern_kv_store_close(s);
+}
+END_TEST
+
 Suite *suite_kv(void)
 {
     Suite *s = suite_create("kv");
@@ -921,6 +1014,7 @@ Suite *suite_kv(void)
     tcase_add_test(tc, clear_deletes_everything);
     tcase_add_test(tc, old_tombstone_does_not_retire_new_one);
     tcase_add_test(tc, failed_clean_leaves_counts_right);
+    tcase_add_test(tc, damaged_segment_header_is_refused);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -2,10 +2,11 @@
  *
  * A pool is one file mapped with libpmem. After a 4 KiB header (magic,
  * version, UUID, sizes, checksum) it is cut into equal log segments. Each
- * segment starts with a 64-byte header whose `used` word is the segment's
+ * segment starts with a 64-byte header whose commit word holds the segment's
  * commit point: records are appended after it, made durable, and only then is
- * `used` advanced by one persisted 8-byte store. Bytes past `used` are never
- * read, so a crash mid-append leaves no torn record behind.
+ * the commit point advanced by one persisted 8-byte store. Bytes past it are
+ * never read, so a crash mid-append leaves no torn record behind. Every
+ * header word recovery trusts is checked (pm_layout.h).
  *
  * Records carry a key, a value, a type (value or tombstone), a version from
  * one pool-wide counter (the newest version of a key wins at recovery) and a

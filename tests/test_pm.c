@@ -2293,6 +2293,101 @@ START_TEST(corrupt_old_layout_not_upgraded)
 }
 END_TEST
 
+/* ---- a clean cut short: recovery hands the copy first ---- */
+
+struct dup_case {
+    uint32_t lseg;                   /* the victim: a segment that was leased */
+    tern_pm_loc orig;                /* its one record, live */
+    uint64_t ver;
+};
+
+/* The child: reopen and clean the once-leased segment, whose record the
+ * owner still needs: it is copied into the head, which was opened before
+ * the lease (a lower sequence number than the victim's). */
+static int do_clean_leased(void *arg)
+{
+    struct dup_case *d = arg;
+    struct clean_log l = {.live = {d->orig}, .n_live = 1};
+    struct tern_pm_cleaner c = {.is_live = cl_is_live, .moved = cl_moved,
+                                .dropped = cl_dropped, .arg = &l};
+    struct tern_pm_opts o = {0};
+    struct tern_pm_pool *p;
+
+    if (tern_pm_open(path, &o, &p) < 0 || tern_pm_recover(p, NULL, NULL) < 0)
+        return 10;
+    if (tern_pm_clean(p, &c, 1, 100) != 1 || l.n_moved != 1)
+        return 11;
+    return 12;
+}
+
+/* A crash between a clean's commit and its victim's free leaves two
+ * records of one version. Recovery hands the copy first, even where the
+ * victim has the higher sequence number (a segment leased after the head
+ * was opened) or the higher index, so that an owner that keeps the first
+ * finds the victim all dead and the next clean frees it without copying a
+ * byte: a pool the crash left without a free segment is not stuck. */
+START_TEST(interrupted_clean_copy_first)
+{
+    struct dup_case d;
+    struct tern_pm_pool *p;
+    uint8_t *orig;
+    size_t len;
+    unsigned dups = 0;
+    int syncs, st = 0;
+
+    if (pool_is_pmem())
+        return;                         /* flushes bypass pmem_msync */
+    p = open_pool(POOL, NULL);
+    put(p, "own", 'o', 100, NULL);
+    ck_assert_int_eq(tern_pm_lease(p, &d.lseg), 0);
+    d.orig = lessee_put(p, d.lseg, "c1", "one", &d.ver);
+    commit(p);
+    tern_pm_lease_end(p, d.lseg);
+    tern_pm_close(p);
+    orig = file_snapshot(&len);
+    for (syncs = 1; syncs < 20 && st != 12; syncs++) {
+        struct clean_log l = {0};
+        struct tern_pm_cleaner c = {.is_live = cl_is_live, .moved = cl_moved,
+                                    .dropped = cl_dropped, .arg = &l};
+        const struct rec_copy *first = NULL;
+        tern_pm_loc kept;
+        unsigned n = 0;
+        struct seen s;
+
+        file_write(0, orig, len);
+        st = crash_child(do_clean_leased, &d, syncs);
+        ck_assert_msg(st == 0 || st == 12, "msync %d: child failed with %d", syncs, st);
+        p = open_pool(0, &s);
+        for (unsigned i = 0; i < s.n; i++)
+            if (s.r[i].version == d.ver && n++ == 0)
+                first = &s.r[i];
+        ck_assert_msg(first, "crash at msync %d: the record is gone", syncs);
+        if (n == 1) {
+            tern_pm_close(p);
+            continue;
+        }
+        ck_assert_uint_eq(n, 2);
+        dups++;
+        ck_assert_msg(first->loc >> 32 != d.lseg,
+                      "crash at msync %d: the victim's original came before the copy", syncs);
+        /* The owner keeps the first: the victim goes without a copy. */
+        kept = first->loc;
+        l.live[l.n_live++] = kept;
+        ck_assert_int_eq(tern_pm_clean(p, &c, 1, 100), 1);
+        ck_assert_uint_eq(l.n_moved, 0);
+        ck_assert(logged(l.dropped, l.n_dropped, d.orig));
+        tern_pm_close(p);
+        p = open_pool(0, &s);
+        ck_assert_uint_eq(s.n, 2);
+        ck_assert_uint_eq(seen_ver(&s, d.ver)->loc, kept);
+        tern_pm_close(p);
+    }
+    ck_assert_msg(st == 12, "the child never got through");
+    ck_assert_uint_ge(dups, 1);
+    free(orig);
+}
+END_TEST
+
 Suite *suite_pm(void)
 {
     Suite *s = suite_create("pm");
@@ -2323,6 +2418,7 @@ Suite *suite_pm(void)
     tcase_add_test(tc, seg_header_crash_states);
     tcase_add_test(tc, layout4_upgrade_crash_states);
     tcase_add_test(tc, corrupt_old_layout_not_upgraded);
+    tcase_add_test(tc, interrupted_clean_copy_first);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("flush");

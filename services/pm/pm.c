@@ -694,31 +694,56 @@ static int recover_seg(struct tern_pm_pool *p, uint32_t s, bool leased, tern_pm_
     return 0;
 }
 
+/* The order recovery walks segments in: those the pool appended to, newest
+ * first, then those that were leased. A cleaner's copy always lies in a
+ * segment appended to after its original's (the head, or one opened as the
+ * head during the clean) and never in a leased one, so the copy comes
+ * first. */
+struct walk_ent {
+    uint64_t seq;
+    uint32_t seg;
+    bool leased;
+};
+
+static int walk_order(const void *a, const void *b)
+{
+    const struct walk_ent *x = a, *y = b;
+
+    if (x->leased != y->leased)
+        return x->leased ? 1 : -1;
+    return x->seq < y->seq ? 1 : x->seq > y->seq ? -1 : 0;
+}
+
 int tern_pm_recover(struct tern_pm_pool *p, tern_pm_visit_fn fn, void *arg)
 {
-    uint32_t newest = NO_SEG;
+    uint32_t newest = NO_SEG, n = 0;
     uint64_t newest_seq = 0;
+    struct walk_ent *order;
+    int rc = 0;
 
     if (p->recovered)
         return TERN_EINVAL;
+    order = malloc(p->n_segs * sizeof(*order));
+    if (!order)
+        return TERN_ENOMEM;
+    /* Every header is checked before any record is walked (or a leased
+     * segment cut): a pool refused for a bad header is left as it was. */
     for (uint32_t s = p->n_segs; s-- > 0;) {
         uint64_t seg_off = pm_seg_offset(s, p->seg_size);
         struct pm_seg_view v;
         const char *why;
         uint32_t at;
-        bool leased;
-        int rc = pm_seg_hdr_check(seg_hdr(p, s), s, p->seg_size, PM_LAYOUT, &v, &at, &why);
 
+        rc = pm_seg_hdr_check(seg_hdr(p, s), s, p->seg_size, PM_LAYOUT, &v, &at, &why);
         if (rc < 0) {
             tern_log(TERN_LOG_ERROR, "pm", "offset %llu (segment %u + %u): %s",
                      (unsigned long long)(seg_off + at), s, at, why);
-            return rc;
+            goto out;
         }
         if (!v.in_use) {
             p->free_segs[p->n_free++] = s;
             continue;
         }
-        leased = v.leased;
         p->segs[s].seq = v.seq;
         p->segs[s].first = v.first;
         p->segs[s].appended = p->segs[s].committed = v.used;
@@ -727,19 +752,24 @@ int tern_pm_recover(struct tern_pm_pool *p, tern_pm_visit_fn fn, void *arg)
             p->seq = v.seq;
         /* Appends continue in the newest segment the server wrote itself:
          * a once-leased one is sealed, whatever its sequence number. */
-        if (!leased && v.seq > newest_seq) {
+        if (!v.leased && v.seq > newest_seq) {
             newest_seq = v.seq;
             newest = s;
         }
-        rc = recover_seg(p, s, leased, fn, arg);
-        if (rc < 0)
-            return rc;
+        order[n++] = (struct walk_ent){.seq = v.seq, .seg = s, .leased = v.leased};
     }
+    qsort(order, n, sizeof(*order), walk_order);
+    for (uint32_t i = 0; i < n && rc == 0; i++)
+        rc = recover_seg(p, order[i].seg, order[i].leased, fn, arg);
+    if (rc < 0)
+        goto out;
     /* Whatever lies past the head's commit point (a torn append) is
      * overwritten. No lease survives a restart: its lessee is gone. */
     p->head = newest;
     p->recovered = true;
-    return 0;
+out:
+    free(order);
+    return rc;
 }
 
 /* ---- appends and commits ---- */

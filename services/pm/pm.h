@@ -108,8 +108,14 @@ int tern_pm_open(const char *path, const struct tern_pm_opts *o, struct tern_pm_
 /* Unmap and unlock. Records appended but not committed are lost. */
 void tern_pm_close(struct tern_pm_pool *p);
 
-/* Recovery: hand every committed record to `fn` in log order (segment by
- * segment). Must be called once after open and before any append. A record
+/* Recovery: hand every committed record to `fn`, segment by segment: the
+ * segments the pool appended to, newest first, then those that were leased.
+ * Two records of one key and one version are a cleaner's copy and its
+ * original, left by a crash between the copy's commit and the victim's
+ * free; the copy comes first, so that a caller that keeps the first of
+ * them keeps the copy, and the victim, all dead, is freed by the next
+ * clean without a byte to copy. Must be called once after open and before
+ * any append. A record
  * that fails its checksum or bounds below a commit point stops the walk with
  * TERN_ECORRUPT (logged with its file offset), with two exceptions: an
  * interrupted rewrite (TERN_PM_F_REWRITTEN, sane slot) is skipped, and a

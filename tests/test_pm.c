@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -2388,6 +2389,34 @@ START_TEST(interrupted_clean_copy_first)
 }
 END_TEST
 
+/* ---- the descriptor handed out for registration ---- */
+
+/* tern_pm_fd is the pool's file without its lock: a holder of a duplicate
+ * (as a shm peer gets one) can neither take the lock through it nor drop
+ * the owner's, and the pool stays locked until the owner closes it. */
+START_TEST(shared_fd_carries_no_lock)
+{
+    struct tern_pm_pool *p = open_pool(POOL, NULL), *q = NULL;
+    struct tern_pm_opts o = {0};
+    struct stat a, b;
+    int fd = fcntl(tern_pm_fd(p), F_DUPFD_CLOEXEC, 0);
+
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(fstat(fd, &a), 0);
+    ck_assert_int_eq(stat(path, &b), 0);
+    ck_assert(a.st_dev == b.st_dev && a.st_ino == b.st_ino);
+    ck_assert_int_eq(flock(fd, LOCK_EX | LOCK_NB), -1);
+    ck_assert_int_eq(errno, EWOULDBLOCK);
+    ck_assert_int_eq(flock(fd, LOCK_UN), 0);
+    ck_assert_int_eq(tern_pm_open(path, &o, &q), TERN_EBUSY);
+    tern_pm_close(p);
+    /* The duplicate outlives the owner, and keeps nothing locked. */
+    ck_assert_int_eq(tern_pm_open(path, &o, &q), 0);
+    tern_pm_close(q);
+    close(fd);
+}
+END_TEST
+
 Suite *suite_pm(void)
 {
     Suite *s = suite_create("pm");
@@ -2419,6 +2448,7 @@ Suite *suite_pm(void)
     tcase_add_test(tc, layout4_upgrade_crash_states);
     tcase_add_test(tc, corrupt_old_layout_not_upgraded);
     tcase_add_test(tc, interrupted_clean_copy_first);
+    tcase_add_test(tc, shared_fd_carries_no_lock);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("flush");

@@ -49,6 +49,7 @@ struct seg_state {
 
 struct tern_pm_pool {
     int lock_fd;
+    int share_fd;                    /* the file again, without the lock (tern_pm_fd) */
     uint8_t *base;
     size_t len;
     bool is_pmem;
@@ -535,6 +536,29 @@ static int upgrade_hdr(struct tern_pm_pool *p, const char *path)
     return persist_now(p, h, sizeof(*h));
 }
 
+/* The descriptor tern_pm_fd hands out, for registering the pool with a
+ * fabric: the file opened again, a separate open file description. A
+ * flock belongs to the open file description, and every duplicate of
+ * lock_fd (a shm peer receives one over SCM_RIGHTS when it maps a lease;
+ * its mapping alone keeps the description alive) would share the lock:
+ * the peer could drop it with flock(LOCK_UN) while we run, and would keep
+ * it after we die, so that a restarted server found the pool busy for as
+ * long as that client lived. */
+static int open_share_fd(struct tern_pm_pool *p, const char *path, const struct stat *locked)
+{
+    struct stat st;
+
+    p->share_fd = open(path, O_RDWR | O_CLOEXEC);
+    if (p->share_fd < 0)
+        return errno == EACCES ? TERN_EACCES : TERN_EIO;
+    if (fstat(p->share_fd, &st) < 0 || st.st_dev != locked->st_dev ||
+        st.st_ino != locked->st_ino) {
+        tern_log(TERN_LOG_ERROR, "pm", "%s was replaced while it was being opened", path);
+        return TERN_EIO;
+    }
+    return 0;
+}
+
 int tern_pm_open(const char *path, const struct tern_pm_opts *o, struct tern_pm_pool **out)
 {
     struct tern_pm_pool *p;
@@ -555,7 +579,7 @@ int tern_pm_open(const char *path, const struct tern_pm_opts *o, struct tern_pm_
     p = calloc(1, sizeof(*p));
     if (!p)
         return TERN_ENOMEM;
-    p->lock_fd = -1;
+    p->lock_fd = p->share_fd = -1;
     p->head = NO_SEG;
     /* An exclusive lock for the pool's lifetime: two writers would each
      * believe they own the free segments. */
@@ -574,6 +598,9 @@ int tern_pm_open(const char *path, const struct tern_pm_opts *o, struct tern_pm_
         rc = TERN_ECORRUPT;
         goto fail;
     }
+    rc = open_share_fd(p, path, &st);
+    if (rc < 0)
+        goto fail;
     p->base = pmem_map_file(path, 0, 0, 0, &p->len, &is_pmem);
     if (!p->base) {
         tern_log(TERN_LOG_ERROR, "pm", "map %s: %s", path, strerror(errno));
@@ -616,6 +643,8 @@ void tern_pm_close(struct tern_pm_pool *p)
         return;
     if (p->base)
         pmem_unmap(p->base, p->len);
+    if (p->share_fd >= 0)
+        close(p->share_fd);
     if (p->lock_fd >= 0)
         close(p->lock_fd);     /* drops the lock */
     free(p->segs);
@@ -1203,7 +1232,7 @@ size_t tern_pm_map_len(const struct tern_pm_pool *p)
 
 int tern_pm_fd(const struct tern_pm_pool *p)
 {
-    return p->lock_fd;
+    return p->share_fd;
 }
 
 /* ---- cleaning ---- */

@@ -236,7 +236,11 @@ uint32_t tern_pm_lease_next(const struct tern_pm_pool *p, uint32_t seg);
  * access to the segment. */
 void tern_pm_lease_end(struct tern_pm_pool *p, uint32_t seg);
 
-/* The pool's mapping and file, for registering it for one-sided access. */
+/* The pool's mapping and file, for registering it for one-sided access.
+ * tern_pm_fd is an open file description of its own, without the pool's
+ * lock: whoever receives a duplicate of it (a shm peer mapping a lease)
+ * can neither drop the lock while the owner runs nor keep the pool locked
+ * after the owner dies. */
 void *tern_pm_base(const struct tern_pm_pool *p);
 size_t tern_pm_map_len(const struct tern_pm_pool *p);
 int tern_pm_fd(const struct tern_pm_pool *p);

@@ -780,16 +780,35 @@ static uint64_t seg_word(int fd, uint32_t seg, size_t field)
     return w;
 }
 
-/* Leave the pool file as a crash in the middle of a clean leaves it: the
- * victim's live records were copied into the last free segment and
- * committed, and the process died before the victim was freed. The victim
- * is made here by duplicating segment `copy` (all live) at the free segment
- * `victim`; its higher index makes recovery keep the victim's records and
- * count the copies as old ones. `copy` becomes the newest segment, the one
- * appends continue in. */
-static void forge_interrupted_clean(uint32_t victim, uint32_t copy, uint32_t n_segs)
+/* Give a forged segment header what a real one opened as `seq` at
+ * `index` has: `opened`, the header sum and a commit word checked for
+ * them (the commit point kept). */
+static void seal_seg_hdr(struct pm_seg_hdr *h, uint64_t seq, uint32_t index)
+{
+    uint32_t used = (uint32_t)h->commit;
+
+    h->seq = h->opened = seq;
+    h->index = index;
+    h->sum = pm_seg_hdr_sum(h);
+    h->commit = pm_seg_commit_word(used, seq, index);
+}
+
+/* Duplicate segment `copy` (one record, all live) at the free segment
+ * `victim`, which keeps `copy`'s sequence number, and make `copy` the
+ * newest segment, the one appends continue in:
+ * - as is, this is the pool file as a crash in the middle of a clean leaves
+ *   it: the victim's live records were copied into the head and committed,
+ *   and the process died before the victim was freed (its higher index
+ *   puts it first in a walk by index);
+ * - with `newer_victim`, the victim's record gets a version above every
+ *   other, so that it is the live one whatever recovery's order, and the
+ *   head holds only a dead record: a full pool whose clean has no room.
+ *   No crash leaves that state (a clean's copy is what recovery keeps). */
+static void forge_dup_segment(uint32_t victim, uint32_t copy, uint32_t n_segs, bool newer_victim)
 {
     static uint8_t seg[SEG];
+    struct pm_seg_hdr *h = (struct pm_seg_hdr *)seg;
+    struct tern_pm_rec *r = (struct tern_pm_rec *)(seg + PM_SEG_HDR);
     uint64_t seq = 0;
     int fd = open(path, O_RDWR);
 
@@ -802,12 +821,17 @@ static void forge_interrupted_clean(uint32_t victim, uint32_t copy, uint32_t n_s
         seq = q > seq ? q : seq;
     }
     ck_assert_int_eq(pread(fd, seg, SEG, (off_t)pm_seg_offset(copy, SEG)), (ssize_t)SEG);
-    ((struct pm_seg_hdr *)seg)->index = victim;
+    seal_seg_hdr(h, h->seq, victim);
+    if (newer_victim) {
+        ck_assert_uint_eq(pm_rec_span(r), (uint32_t)h->commit);    /* one record */
+        r->version += 1u << 20;
+        r->sum = tern_pm_rec_sum_of(r);
+    }
     ck_assert_int_eq(pwrite(fd, seg, SEG, (off_t)pm_seg_offset(victim, SEG)), (ssize_t)SEG);
-    seq++;
-    ck_assert_int_eq(pwrite(fd, &seq, sizeof(seq),
-                            (off_t)(pm_seg_offset(copy, SEG) + offsetof(struct pm_seg_hdr, seq))),
-                     (ssize_t)sizeof(seq));
+    ck_assert_int_eq(pread(fd, seg, SEG, (off_t)pm_seg_offset(copy, SEG)), (ssize_t)SEG);
+    seal_seg_hdr(h, seq + 1, copy);
+    ck_assert_int_eq(pwrite(fd, h, sizeof(*h), (off_t)pm_seg_offset(copy, SEG)),
+                     (ssize_t)sizeof(*h));
     close(fd);
 }
 
@@ -823,23 +847,15 @@ static const char *old_key(int i)
     return k;
 }
 
-/* A clean that fails halfway leaves every record of its victim counted.
- * Only a crash leaves a pool without a free segment (outside a clean, one
- * is kept back for tombstones, and a victim's live records always fit in
- * one empty segment), so that state is forged: on reopen all six segments
- * are in use and the head has 8 KiB free.
+/* Fill a pool of six segments, closed, as
  *   seg0 [15 dead empty values of deleted keys, L1 (4K), L2 (8K), dead Q]
  *   seg1 [W, 8K free]  seg2 [X]  seg3 [Y]  seg4 [15 tombstones, tQ]
- * seg0 is the emptiest (12 KiB live): its clean copies L1 and fails on L2.
- * seg4's tombstones are a little more than that; had the failed clean
- * counted the dead values as gone, the tombstones would retire, seg4 would
- * be cleaned next while seg0 stays, and the 15 keys would come back. */
-START_TEST(failed_clean_leaves_counts_right)
+ * with seg5 free. With `split`, W, X and Y are each two records: 16 KiB
+ * (W1, X1, Y1), and the rest (W2, X2, Y2). No clean runs meanwhile. */
+static void lay_out_six_segments(bool append_only, bool split)
 {
-    struct tern_kv_store *s = open_store(6 * SEG + 4096);
-    struct tern_kv_store_stats st, st2;
-    const void *val;
-    uint32_t len;
+    struct tern_kv_store *s = open_store_opts(6 * SEG + 4096, append_only);
+    struct tern_kv_store_stats st;
     int fd;
 
     for (int i = 0; i < OLD_KEYS; i++)
@@ -848,9 +864,18 @@ START_TEST(failed_clean_leaves_counts_right)
     put_rec(s, "live---1", 4096);
     put_rec(s, "live---2", 8192);
     put_rec(s, "fill---Q", CAP - OLD_KEYS * 1024 - 4096 - 8192);
-    put_rec(s, "fill---W", CAP - 8192);
-    put_rec(s, "fill---X", CAP);
-    put_rec(s, "fill---Y", CAP);
+    if (split) {
+        put_rec(s, "fill--W1", 16384);
+        put_rec(s, "fill--W2", CAP - 8192 - 16384);
+        put_rec(s, "fill--X1", 16384);
+        put_rec(s, "fill--X2", CAP - 16384);
+        put_rec(s, "fill--Y1", 16384);
+        put_rec(s, "fill--Y2", CAP - 16384);
+    } else {
+        put_rec(s, "fill---W", CAP - 8192);
+        put_rec(s, "fill---X", CAP);
+        put_rec(s, "fill---Y", CAP);
+    }
     /* The first tombstone opens seg4, the last segment but one; from here
      * on every write looks for a segment under 75% live, and seg0 stays
      * above that until Q goes. */
@@ -863,9 +888,28 @@ START_TEST(failed_clean_leaves_counts_right)
     tern_kv_store_close(s);
 
     fd = open(path, O_RDONLY);
-    ck_assert_uint_eq(seg_word(fd, 1, offsetof(struct pm_seg_hdr, used)), CAP - 8192);
+    ck_assert_uint_eq((uint32_t)seg_word(fd, 1, offsetof(struct pm_seg_hdr, commit)), CAP - 8192);
     close(fd);
-    forge_interrupted_clean(5, 1, 6);
+}
+
+/* A clean that fails halfway leaves every record of its victim counted.
+ * A full pool whose head has no room for the emptiest segment's live
+ * records is forged (forge_dup_segment): on reopen all six segments of
+ * lay_out_six_segments are in use, seg5 holds W, and the head, seg1, has
+ * 8 KiB free. seg0 is the emptiest (12 KiB live): its clean copies L1 and
+ * fails on L2. seg4's tombstones are a little more than that; had the
+ * failed clean counted the dead values as gone, the tombstones would
+ * retire, seg4 would be cleaned next while seg0 stays, and the 15 keys
+ * would come back. */
+START_TEST(failed_clean_leaves_counts_right)
+{
+    struct tern_kv_store *s;
+    struct tern_kv_store_stats st, st2;
+    const void *val;
+    uint32_t len;
+
+    lay_out_six_segments(false, false);
+    forge_dup_segment(5, 1, 6, true);
 
     s = open_store(0);
     tern_kv_store_get_stats(s, &st);
@@ -897,6 +941,154 @@ START_TEST(failed_clean_leaves_counts_right)
 }
 END_TEST
 
+/* A crash in the middle of a clean, after its copies were committed and
+ * before its victim was freed, leaves a pool with no free segment: the
+ * copies took the last one. The next clean must free the victim (whose
+ * records the copies made dead) instead of copying them again into a pool
+ * without room: that clean used to fail, and every later one picked the
+ * same victim and failed too, so that PUTs got TERN_ENOSPC until deletes
+ * emptied it. Here the victim, seg5, is a copy of the head, seg1 (W1, W2);
+ * once W2, X2 and Y2 are deleted every segment but the victim has from
+ * 12 to 16 KiB live, more than the head has room for, and the pool as a
+ * whole is three quarters dead. Append-only, so that every PUT takes room:
+ * 3000 PUTs of 200 bytes over 8 keys write twice the pool's size. */
+START_TEST(interrupted_clean_does_not_stick)
+{
+    struct tern_kv_store *s;
+    struct tern_kv_store_stats st;
+    char k[16], v[200];
+    const void *val;
+    uint32_t len;
+
+    lay_out_six_segments(true, true);
+    forge_dup_segment(5, 1, 6, false);
+
+    s = open_store_opts(0, true);
+    tern_kv_store_get_stats(s, &st);
+    ck_assert_uint_eq(st.pool.segs_used, 6);
+    del_str(s, "fill--W2");
+    /* The first clean took the victim, which held nothing live. */
+    tern_kv_store_get_stats(s, &st);
+    ck_assert_uint_eq(st.segs_cleaned, 1);
+    ck_assert_uint_eq(st.pool.segs_used, 5);
+    del_str(s, "fill--X2");
+    del_str(s, "fill--Y2");
+    for (int i = 0; i < 3000; i++) {
+        int rc;
+
+        snprintf(k, sizeof(k), "key-%d", i % 8);
+        memset(v, 'a' + i % 26, sizeof(v));
+        rc = tern_kv_store_put(s, k, strlen(k), v, sizeof(v), TERN_KV_SYNC, NULL);
+        ck_assert_msg(rc == 0, "put %d after the interrupted clean: %s (%llu segments cleaned)",
+                      i, tern_strerror(rc), (unsigned long long)segs_cleaned(s));
+    }
+    ck_assert_uint_gt(segs_cleaned(s), 10);
+    tern_kv_store_close(s);
+
+    s = open_store_opts(0, true);
+    for (int i = 2992; i < 3000; i++) {
+        snprintf(k, sizeof(k), "key-%d", i % 8);
+        ck_assert_int_eq(tern_kv_store_get(s, k, strlen(k), &val, &len, NULL), 0);
+        ck_assert_uint_eq(len, sizeof(v));
+        ck_assert_int_eq(((const char *)val)[0], 'a' + i % 26);
+    }
+    for (int i = 0; i < OLD_KEYS; i++)
+        ck_assert_int_eq(tern_kv_store_get(s, old_key(i), OLD_KLEN, &val, &len, NULL),
+                         TERN_ENOENT);
+    ck_assert_int_eq(has(s, "fill--W2", ""), 0);
+    ck_assert_int_eq(has(s, "fill--X2", ""), 0);
+    ck_assert_int_eq(has(s, "fill--Y2", ""), 0);
+    ck_assert_int_eq(has_rec(s, "live---1", 4096), 1);
+    ck_assert_int_eq(has_rec(s, "live---2", 8192), 1);
+    ck_assert_int_eq(has_rec(s, "fill--W1", 16384), 1);
+    ck_assert_int_eq(has_rec(s, "fill--X1", 16384), 1);
+    ck_assert_int_eq(has_rec(s, "fill--Y1", 16384), 1);
+    ck_assert_uint_eq(tern_kv_store_count(s), 5 + 8);
+    tern_kv_store_close(s);
+    ck_assert_int_eq(tern_pm_check(path, true, NULL, NULL, NULL), 0);
+}
+END_TEST
+
+/* ---- damaged segment headers ---- */
+
+static uint8_t *read_whole(size_t *len)
+{
+    struct stat st;
+    uint8_t *buf;
+    int fd = open(path, O_RDONLY);
+
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(fstat(fd, &st), 0);
+    buf = malloc((size_t)st.st_size);
+    ck_assert_ptr_nonnull(buf);
+    ck_assert_int_eq(pread(fd, buf, (size_t)st.st_size, 0), st.st_size);
+    close(fd);
+    *len = (size_t)st.st_size;
+    return buf;
+}
+
+/* A segment full of keys whose commit word, or whose seq, is zeroed: the
+ * store refuses to open (it used to serve without that segment's keys,
+ * or take the segment for a free one), and so does the checker, deep or
+ * not; the file is left as it was. */
+START_TEST(damaged_segment_header_is_refused)
+{
+    static const size_t fields[] = {offsetof(struct pm_seg_hdr, commit),
+                                    offsetof(struct pm_seg_hdr, seq)};
+    struct tern_kv_store *s = open_store(8 * SEG + 4096);
+    struct tern_kv_store_opts o = {.path = path};
+    uint32_t full = UINT32_MAX, per_seg[8] = {0};
+    char k[16], v[48];
+    uint64_t zero = 0, bad = 0;
+    int fd;
+
+    memset(v, 'v', sizeof(v));
+    for (int i = 0; i < 2000; i++) {
+        uint64_t ver;
+        tern_pm_loc loc;
+        uint32_t size;
+
+        snprintf(k, sizeof(k), "key%05d", i);
+        ck_assert_int_eq(tern_kv_store_put(s, k, strlen(k), v, sizeof(v), 0, NULL), 0);
+        ck_assert_int_eq(tern_kv_store_locate(s, k, strlen(k), &loc, &size, &ver), 0);
+        per_seg[loc >> 32]++;
+    }
+    ck_assert_int_eq(tern_kv_store_sync(s), 0);
+    tern_kv_store_close(s);
+    for (uint32_t i = 0; i < 8; i++)
+        if (per_seg[i] > 500 && full == UINT32_MAX)
+            full = i;
+    ck_assert_uint_ne(full, UINT32_MAX);
+
+    fd = open(path, O_RDWR);
+    ck_assert_int_ge(fd, 0);
+    for (unsigned f = 0; f < 2; f++) {
+        off_t at = (off_t)(pm_seg_offset(full, SEG) + fields[f]);
+        uint64_t good = seg_word(fd, full, fields[f]);
+        uint8_t *before, *after;
+        size_t len, len2;
+
+        ck_assert_int_eq(pwrite(fd, &zero, sizeof(zero), at), (ssize_t)sizeof(zero));
+        before = read_whole(&len);
+        ck_assert_msg(tern_kv_store_open(&o, &s) == TERN_ECORRUPT,
+                      "a store with segment %u's %s zeroed opened", full,
+                      f ? "seq" : "commit word");
+        ck_assert_int_eq(tern_pm_check(path, true, NULL, NULL, &bad), TERN_ECORRUPT);
+        ck_assert_uint_eq(bad, (uint64_t)at);
+        ck_assert_int_eq(tern_pm_check(path, false, NULL, NULL, NULL), TERN_ECORRUPT);
+        after = read_whole(&len2);
+        ck_assert(len == len2 && memcmp(before, after, len) == 0);
+        free(before);
+        free(after);
+        ck_assert_int_eq(pwrite(fd, &good, sizeof(good), at), (ssize_t)sizeof(good));
+    }
+    close(fd);
+    s = open_store(0);
+    ck_assert_uint_eq(tern_kv_store_count(s), 2000);
+    tern_kv_store_close(s);
+}
+END_TEST
+
 Suite *suite_kv(void)
 {
     Suite *s = suite_create("kv");
@@ -921,6 +1113,8 @@ Suite *suite_kv(void)
     tcase_add_test(tc, clear_deletes_everything);
     tcase_add_test(tc, old_tombstone_does_not_retire_new_one);
     tcase_add_test(tc, failed_clean_leaves_counts_right);
+    tcase_add_test(tc, damaged_segment_header_is_refused);
+    tcase_add_test(tc, interrupted_clean_does_not_stick);
     suite_add_tcase(s, tc);
     return s;
 }

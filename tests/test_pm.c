@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -303,13 +304,14 @@ static uint32_t lease_first(void)
     return (uint32_t)sysconf(_SC_PAGESIZE);
 }
 
+/* A segment's commit point, from its commit word (the low half). */
 static uint64_t seg_used(uint32_t seg)
 {
-    uint64_t used;
+    uint64_t w;
 
-    file_read((off_t)(pm_seg_offset(seg, SEG) + offsetof(struct pm_seg_hdr, used)), &used,
-              sizeof(used));
-    return used;
+    file_read((off_t)(pm_seg_offset(seg, SEG) + offsetof(struct pm_seg_hdr, commit)), &w,
+              sizeof(w));
+    return (uint32_t)w;
 }
 
 /* tern_pm_check's verdict and report. */
@@ -982,7 +984,7 @@ static int synced_at(const void *at, size_t n)
 
 static const void *used_word(struct tern_pm_pool *p, uint32_t seg)
 {
-    return seg_ptr(p, seg, offsetof(struct pm_seg_hdr, used));
+    return seg_ptr(p, seg, offsetof(struct pm_seg_hdr, commit));
 }
 
 /* A commit makes a rewrite durable although no commit point moves; with
@@ -1226,7 +1228,7 @@ START_TEST(lease_starts_past_header)
     tern_pm_close(p);
     file_read((off_t)pm_seg_offset(seg, SEG), &h, sizeof(h));
     ck_assert_uint_eq(h.first, lease_first());
-    ck_assert_uint_eq(h.used, lease_first() - 64 + tern_pm_rec_size(2, 3));
+    ck_assert_uint_eq((uint32_t)h.commit, lease_first() - 64 + tern_pm_rec_size(2, 3));
     ck_assert_uint_eq(h.flags, PM_SEG_LEASED);
     check_pool(&c);
     ck_assert_msg(c.rc == 0, "check: %s\n%s", tern_strerror(c.rc), c.text);
@@ -1239,7 +1241,7 @@ START_TEST(lease_starts_past_header)
     tern_pm_close(p);
 
     /* Out of line: unaligned, inside the header, past the commit point. */
-    const uint32_t bads[] = {lease_first() + 4, 8, h.used + 64 + 8};
+    const uint32_t bads[] = {lease_first() + 4, 8, (uint32_t)h.commit + 64 + 8};
     for (unsigned i = 0; i < sizeof(bads) / sizeof(bads[0]); i++) {
         bad = bads[i];
         file_write((off_t)pm_seg_offset(seg, SEG) + offsetof(struct pm_seg_hdr, first), &bad,
@@ -1252,9 +1254,13 @@ START_TEST(lease_starts_past_header)
 }
 END_TEST
 
-/* A layout-3 pool (before leases started a page in) opens: its header is
- * upgraded to this layout, stray bytes in the segment headers' new `first`
- * word are cleared first, and every record is still there. */
+static void make_old_layout(uint32_t layout);
+static void expect_headers_sound(void);
+
+/* A layout-3 pool (before leases started a page in, and before segment
+ * headers were checked) opens: its header is upgraded to this layout,
+ * stray bytes in the segment headers' `first` word are cleared first, the
+ * headers get their checks, and every record is still there. */
 START_TEST(layout3_pool_is_upgraded)
 {
     struct tern_pm_pool *p = open_pool(POOL, NULL);
@@ -1270,14 +1276,13 @@ START_TEST(layout3_pool_is_upgraded)
     put(p, "two", '2', 100, &v2);
     commit(p);
     tern_pm_close(p);
-    file_read(0, &fh, sizeof(fh));
-    ck_assert_uint_eq(fh.layout, PM_LAYOUT);
-    fh.layout = 3;
-    fh.sum = pm_sum(&fh, offsetof(struct pm_file_hdr, sum));
-    file_write(0, &fh, sizeof(fh));
-    /* A free segment's header with junk where layout 3 had reserved bytes. */
+    make_old_layout(3);
+    /* A free segment's header, and one in use, with junk where layout 3 had
+     * reserved bytes. */
     file_write((off_t)pm_seg_offset(7, SEG) + offsetof(struct pm_seg_hdr, first),
                &junk, sizeof(junk));
+    file_write((off_t)pm_seg_offset((uint32_t)(r1 >> 32), SEG) +
+                   offsetof(struct pm_seg_hdr, first), &junk, sizeof(junk));
     check_pool(&c);
     ck_assert_msg(c.rc == 0, "a layout-3 pool fails its check: %s\n%s", tern_strerror(c.rc),
                   c.text);
@@ -1290,6 +1295,7 @@ START_TEST(layout3_pool_is_upgraded)
     ck_assert_uint_eq(fh.sum, pm_sum(&fh, offsetof(struct pm_file_hdr, sum)));
     file_read((off_t)pm_seg_offset(7, SEG), &h, sizeof(h));
     ck_assert_uint_eq(h.first, 0);
+    expect_headers_sound();
 }
 END_TEST
 
@@ -1959,6 +1965,458 @@ START_TEST(helpers_then_kill)
 }
 END_TEST
 
+/* ---- segment headers: every word recovery trusts is checked ---- */
+
+static uint8_t *file_snapshot(size_t *len)
+{
+    struct stat st;
+    uint8_t *buf;
+
+    ck_assert_int_eq(stat(path, &st), 0);
+    buf = malloc((size_t)st.st_size);
+    ck_assert_ptr_nonnull(buf);
+    file_read(0, buf, (size_t)st.st_size);
+    *len = (size_t)st.st_size;
+    return buf;
+}
+
+static void expect_file(const uint8_t *want, size_t len, const char *what)
+{
+    size_t now_len;
+    uint8_t *now = file_snapshot(&now_len);
+
+    ck_assert_msg(now_len == len && memcmp(now, want, len) == 0, "%s: the file changed", what);
+    free(now);
+}
+
+/* Every segment header of the closed pool passes this layout's checks. */
+static void expect_headers_sound(void)
+{
+    struct pm_file_hdr fh;
+
+    file_read(0, &fh, sizeof(fh));
+    ck_assert_uint_eq(fh.layout, PM_LAYOUT);
+    for (uint32_t s = 0; s < fh.n_segs; s++) {
+        struct pm_seg_hdr h;
+        struct pm_seg_view v;
+        const char *why = "";
+        uint32_t at;
+
+        file_read((off_t)pm_seg_offset(s, SEG), &h, sizeof(h));
+        ck_assert_msg(pm_seg_hdr_check(&h, s, SEG, PM_LAYOUT, &v, &at, &why) == 0,
+                      "segment %u + %u: %s", s, at, why);
+    }
+}
+
+/* The words of a segment header that recovery reads. */
+static const struct {
+    const char *name;
+    uint32_t at, size;
+} seg_words[] = {
+    {"seq", offsetof(struct pm_seg_hdr, seq), 8},
+    {"commit", offsetof(struct pm_seg_hdr, commit), 8},
+    {"magic", offsetof(struct pm_seg_hdr, magic), 4},
+    {"index", offsetof(struct pm_seg_hdr, index), 4},
+    {"flags", offsetof(struct pm_seg_hdr, flags), 4},
+    {"first", offsetof(struct pm_seg_hdr, first), 4},
+    {"opened", offsetof(struct pm_seg_hdr, opened), 8},
+    {"sum", offsetof(struct pm_seg_hdr, sum), 4},
+};
+
+/* Each word that recovery trusts, of an ordinary segment full of records
+ * and of a leased one, zeroed or with one bit flipped (in the commit point
+ * and in its check): the checker and recovery both refuse the pool, name
+ * the segment and the offset, and leave the file as it was. Zeroed `commit`
+ * and `seq` are the cases that used to pass: a segment's records gone
+ * without a word, or a full segment taken for a free one. */
+START_TEST(seg_header_damage_refused)
+{
+    static const uint64_t flips[] = {0, 1ull << 3, 1ull << 40};
+    struct tern_pm_pool *p = open_pool(POOL, NULL);
+    struct check_out c;
+    uint32_t segs[2];
+    struct seen s;
+    char key[16];
+    unsigned tried = 0;
+
+    for (int i = 0; i < 40; i++) {
+        snprintf(key, sizeof(key), "key%02d", i);
+        segs[0] = (uint32_t)(put(p, key, 'v', 1000, NULL) >> 32);
+    }
+    ck_assert_int_eq(tern_pm_lease(p, &segs[1]), 0);
+    lessee_put(p, segs[1], "c1", "one", NULL);
+    lessee_put(p, segs[1], "c2", "two", NULL);
+    commit(p);
+    tern_pm_close(p);
+    expect_headers_sound();
+
+    for (unsigned si = 0; si < 2; si++) {
+        uint64_t seg_off = pm_seg_offset(segs[si], SEG);
+        struct pm_seg_hdr good;
+
+        file_read((off_t)seg_off, &good, sizeof(good));
+        for (unsigned w = 0; w < sizeof(seg_words) / sizeof(seg_words[0]); w++)
+            for (unsigned f = 0; f < sizeof(flips) / sizeof(flips[0]); f++) {
+                struct pm_seg_hdr bad = good;
+                uint8_t *word = (uint8_t *)&bad + seg_words[w].at;
+                uint64_t v = 0;
+                char what[96], line[64];
+                uint8_t *before;
+                size_t len;
+
+                memcpy(&v, word, seg_words[w].size);
+                v = flips[f] ? v ^ flips[f] : 0;
+                memcpy(word, &v, seg_words[w].size);
+                if (memcmp(&bad, &good, sizeof(bad)) == 0)
+                    continue;        /* a word that is 0 already, a bit beyond it */
+                tried++;
+                snprintf(what, sizeof(what), "segment %u, %s %s", segs[si], seg_words[w].name,
+                         flips[f] ? "with a bit flipped" : "zeroed");
+                file_write((off_t)seg_off, &bad, sizeof(bad));
+                before = file_snapshot(&len);
+                check_pool(&c);
+                ck_assert_msg(c.rc == TERN_ECORRUPT, "%s: check says %s\n%s", what,
+                              tern_strerror(c.rc), c.text);
+                ck_assert_msg(c.bad >= seg_off && c.bad < seg_off + sizeof(bad),
+                              "%s: bad offset %llu", what, (unsigned long long)c.bad);
+                snprintf(line, sizeof(line), "segment %u + %llu: segment header", segs[si],
+                         (unsigned long long)(c.bad - seg_off));
+                ck_assert_msg(reported(&c, "corrupt  ", (off_t)c.bad) && strstr(c.text, line),
+                              "%s: not reported as such:\n%s", what, c.text);
+                ck_assert_msg(open_rc(0, NULL, &p) == TERN_ECORRUPT, "%s: the pool opened",
+                              what);
+                expect_file(before, len, what);
+                free(before);
+                file_write((off_t)seg_off, &good, sizeof(good));
+            }
+    }
+    ck_assert_uint_ge(tried, 35);
+    check_pool(&c);
+    ck_assert_msg(c.rc == 0, "check: %s\n%s", tern_strerror(c.rc), c.text);
+    p = open_pool(0, &s);
+    ck_assert_uint_eq(s.n, 42);
+    tern_pm_close(p);
+}
+END_TEST
+
+/* The child: reopen, clean the sealed segment (the owner still needs
+ * `live`, the rest is dead), then take a lease (another segment opened);
+ * dies at the injected msync. */
+struct clean_crash {
+    tern_pm_loc live, dead;
+};
+
+static int do_clean_and_lease(void *arg)
+{
+    struct clean_crash *cc = arg;
+    struct clean_log l = {.live = {cc->live}, .n_live = 1};
+    struct tern_pm_cleaner c = {.is_live = cl_is_live, .moved = cl_moved,
+                                .dropped = cl_dropped, .arg = &l};
+    struct tern_pm_opts o = {0};
+    struct tern_pm_pool *p;
+    uint32_t seg;
+
+    if (tern_pm_open(path, &o, &p) < 0 || tern_pm_recover(p, NULL, NULL) < 0)
+        return 10;
+    tern_pm_dead(p, cc->dead);
+    if (tern_pm_clean(p, &c, 1, 100) != 1)
+        return 11;
+    if (tern_pm_lease(p, &seg) < 0 || tern_pm_commit(p) < 0)
+        return 12;
+    return 13;
+}
+
+/* Freeing a segment (two persisted stores: the commit point back to
+ * nothing, then seq 0) and opening one (the summed header, then seq) never
+ * leave, at any crash point, a header that fails its checks: the check
+ * passes and the pool opens with the live record, at every msync of a
+ * clean and of a lease's opening. */
+START_TEST(seg_header_crash_states)
+{
+    struct clean_crash cc;
+    struct tern_pm_pool *p;
+    struct check_out c;
+    uint64_t vlive, vfill;
+    uint8_t *orig;
+    size_t len;
+    int syncs, st = 0;
+
+    if (pool_is_pmem())
+        return;                         /* flushes bypass pmem_msync */
+    p = open_pool(POOL, NULL);
+    cc.live = put(p, "live", 'l', 100, &vlive);
+    cc.dead = put(p, "dead", 'd', 100, NULL);
+    put(p, "fill", 'f', FILL_LEN, &vfill);     /* seals the first segment */
+    commit(p);
+    tern_pm_close(p);
+    orig = file_snapshot(&len);
+    for (syncs = 1; syncs < 40; syncs++) {
+        struct seen s;
+
+        file_write(0, orig, len);
+        st = crash_child(do_clean_and_lease, &cc, syncs);
+        ck_assert_msg(st == 0 || st == 13, "msync %d: child failed with %d", syncs, st);
+        check_pool(&c);
+        ck_assert_msg(c.rc == 0, "crash at msync %d: check: %s\n%s", syncs,
+                      tern_strerror(c.rc), c.text);
+        p = open_pool(0, &s);
+        ck_assert_msg(seen_ver(&s, vlive) && seen_ver(&s, vfill),
+                      "crash at msync %d: a record is gone", syncs);
+        tern_pm_close(p);
+        if (st == 13)
+            break;
+    }
+    ck_assert_msg(st == 13, "the child never got through");
+    ck_assert_int_gt(syncs, 6);
+    free(orig);
+}
+END_TEST
+
+/* Rewrite the closed pool's file as layout `layout` (3 or 4) wrote it: plain
+ * commit points, zeros where `opened` and the header sum go. */
+static void make_old_layout(uint32_t layout)
+{
+    struct pm_file_hdr fh;
+
+    file_read(0, &fh, sizeof(fh));
+    for (uint32_t s = 0; s < fh.n_segs; s++) {
+        struct pm_seg_hdr h;
+
+        file_read((off_t)pm_seg_offset(s, SEG), &h, sizeof(h));
+        h.commit = (uint32_t)h.commit;
+        h.opened = 0;
+        h.sum = 0;
+        file_write((off_t)pm_seg_offset(s, SEG), &h, sizeof(h));
+    }
+    fh.layout = layout;
+    fh.sum = pm_sum(&fh, offsetof(struct pm_file_hdr, sum));
+    file_write(0, &fh, sizeof(fh));
+}
+
+static int do_open(void *arg)
+{
+    struct tern_pm_opts o = {0};
+    struct tern_pm_pool *p;
+
+    (void)arg;
+    if (tern_pm_open(path, &o, &p) < 0)
+        return 10;
+    tern_pm_close(p);
+    return 11;
+}
+
+/* A layout-4 pool (records in the head, in a leased segment, a segment
+ * freed) is upgraded on open, and a crash at any msync of the upgrade
+ * leaves a file that passes the check (segments of both forms) and that
+ * the next open upgrades, every record still there. */
+START_TEST(layout4_upgrade_crash_states)
+{
+    struct clean_log l = {0};
+    struct tern_pm_cleaner cl = {.is_live = cl_is_live, .moved = cl_moved,
+                                 .dropped = cl_dropped, .arg = &l};
+    bool pmem = pool_is_pmem();
+    struct tern_pm_pool *p = open_pool(POOL, NULL);
+    struct check_out c;
+    uint64_t v[4];
+    uint32_t seg;
+    uint8_t *orig;
+    size_t len;
+    int syncs, st = 0;
+
+    tern_pm_dead(p, put(p, "gone", 'g', FILL_LEN, NULL));
+    put(p, "own", 'o', 100, &v[0]);
+    ck_assert_int_eq(tern_pm_clean(p, &cl, 1, 100), 1);     /* "gone"'s segment */
+    ck_assert_int_eq(tern_pm_lease(p, &seg), 0);
+    lessee_put(p, seg, "c1", "one", &v[1]);
+    lessee_put(p, seg, "c2", "two", &v[2]);
+    put(p, "own2", 'p', 200, &v[3]);
+    commit(p);
+    tern_pm_close(p);
+    make_old_layout(4);
+    check_pool(&c);
+    ck_assert_msg(c.rc == 0, "the layout-4 pool fails its check: %s\n%s", tern_strerror(c.rc),
+                  c.text);
+    ck_assert_uint_eq(c.info.version, 4);
+    orig = file_snapshot(&len);
+    for (syncs = 1; syncs < 40; syncs++) {
+        struct seen s;
+
+        file_write(0, orig, len);
+        if (!pmem) {
+            st = crash_child(do_open, NULL, syncs);
+            ck_assert_msg(st == 0 || st == 11, "msync %d: child failed with %d", syncs, st);
+            check_pool(&c);
+            ck_assert_msg(c.rc == 0, "crash at msync %d: check: %s\n%s", syncs,
+                          tern_strerror(c.rc), c.text);
+        } else {
+            st = 11;                    /* flushes bypass pmem_msync: no crash points */
+        }
+        p = open_pool(0, &s);
+        ck_assert_uint_eq(s.n, 4);
+        for (int i = 0; i < 4; i++)
+            ck_assert_msg(seen_ver(&s, v[i]), "crash at msync %d: record %d is gone", syncs, i);
+        tern_pm_close(p);
+        expect_headers_sound();
+        if (st == 11)
+            break;
+    }
+    ck_assert_msg(st == 11, "the child never got through");
+    free(orig);
+}
+END_TEST
+
+/* An old pool whose segment header fails its layout's checks is refused
+ * before the upgrade writes anything. */
+START_TEST(corrupt_old_layout_not_upgraded)
+{
+    struct tern_pm_pool *p = open_pool(POOL, NULL);
+    struct tern_pm_opts o = {0};
+    struct check_out c;
+    uint64_t big = 2ull * SEG;
+    uint32_t seg;
+    uint8_t *before;
+    size_t len;
+
+    put(p, "a", 'a', 100, NULL);
+    seg = (uint32_t)(put(p, "b", 'b', 100, NULL) >> 32);
+    commit(p);
+    tern_pm_close(p);
+    make_old_layout(4);
+    file_write((off_t)(pm_seg_offset(seg, SEG) + offsetof(struct pm_seg_hdr, commit)), &big,
+               sizeof(big));
+    before = file_snapshot(&len);
+    ck_assert_int_eq(tern_pm_open(path, &o, &p), TERN_ECORRUPT);
+    expect_file(before, len, "refused upgrade");
+    check_pool(&c);
+    ck_assert_int_eq(c.rc, TERN_ECORRUPT);
+    ck_assert_uint_eq(c.bad, pm_seg_offset(seg, SEG) + offsetof(struct pm_seg_hdr, commit));
+    free(before);
+}
+END_TEST
+
+/* ---- a clean cut short: recovery hands the copy first ---- */
+
+struct dup_case {
+    uint32_t lseg;                   /* the victim: a segment that was leased */
+    tern_pm_loc orig;                /* its one record, live */
+    uint64_t ver;
+};
+
+/* The child: reopen and clean the once-leased segment, whose record the
+ * owner still needs: it is copied into the head, which was opened before
+ * the lease (a lower sequence number than the victim's). */
+static int do_clean_leased(void *arg)
+{
+    struct dup_case *d = arg;
+    struct clean_log l = {.live = {d->orig}, .n_live = 1};
+    struct tern_pm_cleaner c = {.is_live = cl_is_live, .moved = cl_moved,
+                                .dropped = cl_dropped, .arg = &l};
+    struct tern_pm_opts o = {0};
+    struct tern_pm_pool *p;
+
+    if (tern_pm_open(path, &o, &p) < 0 || tern_pm_recover(p, NULL, NULL) < 0)
+        return 10;
+    if (tern_pm_clean(p, &c, 1, 100) != 1 || l.n_moved != 1)
+        return 11;
+    return 12;
+}
+
+/* A crash between a clean's commit and its victim's free leaves two
+ * records of one version. Recovery hands the copy first, even where the
+ * victim has the higher sequence number (a segment leased after the head
+ * was opened) or the higher index, so that an owner that keeps the first
+ * finds the victim all dead and the next clean frees it without copying a
+ * byte: a pool the crash left without a free segment is not stuck. */
+START_TEST(interrupted_clean_copy_first)
+{
+    struct dup_case d;
+    struct tern_pm_pool *p;
+    uint8_t *orig;
+    size_t len;
+    unsigned dups = 0;
+    int syncs, st = 0;
+
+    if (pool_is_pmem())
+        return;                         /* flushes bypass pmem_msync */
+    p = open_pool(POOL, NULL);
+    put(p, "own", 'o', 100, NULL);
+    ck_assert_int_eq(tern_pm_lease(p, &d.lseg), 0);
+    d.orig = lessee_put(p, d.lseg, "c1", "one", &d.ver);
+    commit(p);
+    tern_pm_lease_end(p, d.lseg);
+    tern_pm_close(p);
+    orig = file_snapshot(&len);
+    for (syncs = 1; syncs < 20 && st != 12; syncs++) {
+        struct clean_log l = {0};
+        struct tern_pm_cleaner c = {.is_live = cl_is_live, .moved = cl_moved,
+                                    .dropped = cl_dropped, .arg = &l};
+        const struct rec_copy *first = NULL;
+        tern_pm_loc kept;
+        unsigned n = 0;
+        struct seen s;
+
+        file_write(0, orig, len);
+        st = crash_child(do_clean_leased, &d, syncs);
+        ck_assert_msg(st == 0 || st == 12, "msync %d: child failed with %d", syncs, st);
+        p = open_pool(0, &s);
+        for (unsigned i = 0; i < s.n; i++)
+            if (s.r[i].version == d.ver && n++ == 0)
+                first = &s.r[i];
+        ck_assert_msg(first, "crash at msync %d: the record is gone", syncs);
+        if (n == 1) {
+            tern_pm_close(p);
+            continue;
+        }
+        ck_assert_uint_eq(n, 2);
+        dups++;
+        ck_assert_msg(first->loc >> 32 != d.lseg,
+                      "crash at msync %d: the victim's original came before the copy", syncs);
+        /* The owner keeps the first: the victim goes without a copy. */
+        kept = first->loc;
+        l.live[l.n_live++] = kept;
+        ck_assert_int_eq(tern_pm_clean(p, &c, 1, 100), 1);
+        ck_assert_uint_eq(l.n_moved, 0);
+        ck_assert(logged(l.dropped, l.n_dropped, d.orig));
+        tern_pm_close(p);
+        p = open_pool(0, &s);
+        ck_assert_uint_eq(s.n, 2);
+        ck_assert_uint_eq(seen_ver(&s, d.ver)->loc, kept);
+        tern_pm_close(p);
+    }
+    ck_assert_msg(st == 12, "the child never got through");
+    ck_assert_uint_ge(dups, 1);
+    free(orig);
+}
+END_TEST
+
+/* ---- the descriptor handed out for registration ---- */
+
+/* tern_pm_fd is the pool's file without its lock: a holder of a duplicate
+ * (as a shm peer gets one) can neither take the lock through it nor drop
+ * the owner's, and the pool stays locked until the owner closes it. */
+START_TEST(shared_fd_carries_no_lock)
+{
+    struct tern_pm_pool *p = open_pool(POOL, NULL), *q = NULL;
+    struct tern_pm_opts o = {0};
+    struct stat a, b;
+    int fd = fcntl(tern_pm_fd(p), F_DUPFD_CLOEXEC, 0);
+
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(fstat(fd, &a), 0);
+    ck_assert_int_eq(stat(path, &b), 0);
+    ck_assert(a.st_dev == b.st_dev && a.st_ino == b.st_ino);
+    ck_assert_int_eq(flock(fd, LOCK_EX | LOCK_NB), -1);
+    ck_assert_int_eq(errno, EWOULDBLOCK);
+    ck_assert_int_eq(flock(fd, LOCK_UN), 0);
+    ck_assert_int_eq(tern_pm_open(path, &o, &q), TERN_EBUSY);
+    tern_pm_close(p);
+    /* The duplicate outlives the owner, and keeps nothing locked. */
+    ck_assert_int_eq(tern_pm_open(path, &o, &q), 0);
+    tern_pm_close(q);
+    close(fd);
+}
+END_TEST
+
 Suite *suite_pm(void)
 {
     Suite *s = suite_create("pm");
@@ -1985,6 +2443,12 @@ Suite *suite_pm(void)
     tcase_add_test(tc, lease_keeps_reserves);
     tcase_add_test(tc, scribbled_lease_is_cut);
     tcase_add_test(tc, reused_lease_segment_is_ordinary);
+    tcase_add_test(tc, seg_header_damage_refused);
+    tcase_add_test(tc, seg_header_crash_states);
+    tcase_add_test(tc, layout4_upgrade_crash_states);
+    tcase_add_test(tc, corrupt_old_layout_not_upgraded);
+    tcase_add_test(tc, interrupted_clean_copy_first);
+    tcase_add_test(tc, shared_fd_carries_no_lock);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("flush");

@@ -91,8 +91,12 @@ static int recover_rec(void *arg, tern_pm_loc loc, const struct tern_pm_rec *r)
         s->keys += !flag;
         return 0;
     }
-    /* Two records of one key: the newer version wins; a copy left by an
-     * interrupted clean has the same version and counts as an old one. */
+    /* Two records of one key: the newer version wins. Of two of one
+     * version (an interrupted clean's copy and its original), the first
+     * wins: the pool hands the copy first (tern_pm_recover), so the
+     * victim holds nothing live and the next clean frees it outright. Had
+     * the original won, that clean would copy it all again into a pool
+     * the crash had left without room, and fail, again and again. */
     e->n_old++;
     if (r->version <= tern_pm_rec_at(s->pool, ent_loc(e))->version) {
         tern_pm_dead(s->pool, loc);

@@ -4,8 +4,9 @@
  * Durability order for one commit: the records written since the last one
  * (appended, rewritten in place, or stamped for a lessee) are flushed (on
  * PM: cache-line flushes of each segment's written range, then one fence;
- * on a file: msync of each range), and only then are the `used` words of
- * the segments that grew stored and persisted. A crash before that store
+ * on a file: msync of each range), and only then are the commit words of
+ * the segments that grew stored and persisted (each one 8-byte store of
+ * the commit point and its check: pm_layout.h). A crash before that store
  * leaves the records past the commit point, where nobody reads them.
  *
  * A rewrite (tern_pm_overwrite) changes bytes below a commit point, so it
@@ -48,6 +49,7 @@ struct seg_state {
 
 struct tern_pm_pool {
     int lock_fd;
+    int share_fd;                    /* the file again, without the lock (tern_pm_fd) */
     uint8_t *base;
     size_t len;
     bool is_pmem;
@@ -151,6 +153,119 @@ uint32_t pm_rec_torn_rewrite(const uint8_t *seg, uint64_t off, uint64_t used)
     if (slot < sizeof(*r) || (slot & 7) || off + slot > end)
         return 0;
     return slot;
+}
+
+uint64_t pm_seg_commit_word(uint32_t used, uint64_t opened, uint32_t index)
+{
+    uint64_t in = (uint64_t)index << 32 | used;
+    uint32_t check = (uint32_t)(XXH3_64bits_withSeed(&in, sizeof(in), opened) >> 32);
+
+    /* Never 0: a zeroed commit word must fail its check. */
+    return (uint64_t)(check ? check : 1) << 32 | used;
+}
+
+uint32_t pm_seg_hdr_sum(const struct pm_seg_hdr *sh)
+{
+    return pm_sum(&sh->magic,
+                  offsetof(struct pm_seg_hdr, sum) - offsetof(struct pm_seg_hdr, magic));
+}
+
+#define SEG_AT(field) ((uint32_t)offsetof(struct pm_seg_hdr, field))
+
+static int seg_bad(uint32_t *where, const char **why, uint32_t at, const char *what)
+{
+    *where = at;
+    *why = what;
+    return TERN_ECORRUPT;
+}
+
+/* A layout-5 header of a segment in use (seq not 0). */
+static int seg_hdr_check5(const struct pm_seg_hdr *sh, uint32_t s, uint32_t seg_size,
+                          struct pm_seg_view *v, uint32_t *where, const char **why)
+{
+    uint32_t used = (uint32_t)sh->commit;
+
+    if (sh->magic != PM_SEG_MAGIC)
+        return seg_bad(where, why, SEG_AT(magic), "segment header: bad magic");
+    if (sh->index != s)
+        return seg_bad(where, why, SEG_AT(index),
+                       "segment header: another segment's index (misplaced data?)");
+    if (sh->sum != pm_seg_hdr_sum(sh))
+        return seg_bad(where, why, SEG_AT(sum),
+                       "segment header checksum mismatch (magic, index, flags, first or "
+                       "opened damaged)");
+    if (sh->seq != sh->opened)
+        return seg_bad(where, why, SEG_AT(seq),
+                       "segment header: sequence number differs from the one the segment "
+                       "was opened with");
+    if (sh->flags & ~PM_SEG_FLAGS_KNOWN)
+        return seg_bad(where, why, SEG_AT(flags), "segment header: unknown flags");
+    if (sh->commit != pm_seg_commit_word(used, sh->opened, s))
+        return seg_bad(where, why, SEG_AT(commit),
+                       "segment header: commit word fails its check");
+    if (used > seg_size - PM_SEG_HDR || (used & 7))
+        return seg_bad(where, why, SEG_AT(commit),
+                       "segment header: commit point out of range");
+    if (!pm_seg_first(sh->first, used))
+        return seg_bad(where, why, SEG_AT(first),
+                       "segment header: records start out of range");
+    *v = (struct pm_seg_view){.in_use = true, .leased = (sh->flags & PM_SEG_LEASED) != 0,
+                              .seq = sh->seq, .used = used,
+                              .first = pm_seg_first(sh->first, used)};
+    return 0;
+}
+
+/* A header of layout 3 or 4 (no checks but bounds): `used` plain; layout
+ * 3 never wrote `first`. */
+static int seg_hdr_check_old(const struct pm_seg_hdr *sh, uint32_t s, uint32_t seg_size,
+                             uint32_t layout, struct pm_seg_view *v, uint32_t *where,
+                             const char **why)
+{
+    uint32_t first = layout < 4 ? 0 : sh->first;
+
+    if (sh->magic != PM_SEG_MAGIC)
+        return seg_bad(where, why, SEG_AT(magic), "segment header: bad magic");
+    if (sh->index != s)
+        return seg_bad(where, why, SEG_AT(index),
+                       "segment header: another segment's index (misplaced data?)");
+    if (sh->flags & ~PM_SEG_FLAGS_KNOWN)
+        return seg_bad(where, why, SEG_AT(flags), "segment header: unknown flags");
+    if (sh->commit > seg_size - PM_SEG_HDR || (sh->commit & 7))
+        return seg_bad(where, why, SEG_AT(commit),
+                       "segment header: commit point out of range");
+    if (!pm_seg_first(first, sh->commit))
+        return seg_bad(where, why, SEG_AT(first),
+                       "segment header: records start out of range");
+    *v = (struct pm_seg_view){.in_use = true, .leased = (sh->flags & PM_SEG_LEASED) != 0,
+                              .seq = sh->seq, .used = (uint32_t)sh->commit,
+                              .first = pm_seg_first(first, sh->commit)};
+    return 0;
+}
+
+int pm_seg_hdr_check(const struct pm_seg_hdr *sh, uint32_t s, uint32_t seg_size,
+                     uint32_t layout, struct pm_seg_view *v, uint32_t *where, const char **why)
+{
+    *v = (struct pm_seg_view){0};
+    if (layout < PM_LAYOUT_SEG_SUM) {
+        if (sh->seq == 0)
+            return 0;
+        /* Upgraded already (upgrade_hdr converts one segment at a time). */
+        if (seg_hdr_check5(sh, s, seg_size, v, where, why) == 0)
+            return 0;
+        return seg_hdr_check_old(sh, s, seg_size, layout, v, where, why);
+    }
+    if (sh->seq != 0)
+        return seg_hdr_check5(sh, s, seg_size, v, where, why);
+    /* Free, unless the rest of the header is sound and still counts
+     * committed records: then the seq word was lost, not cleared (a free
+     * moves the commit point back before it clears seq). */
+    if (sh->magic == PM_SEG_MAGIC && sh->index == s && sh->sum == pm_seg_hdr_sum(sh) &&
+        sh->commit == pm_seg_commit_word((uint32_t)sh->commit, sh->opened, s) &&
+        (uint32_t)sh->commit > (sh->first > PM_SEG_HDR ? sh->first - PM_SEG_HDR : 0))
+        return seg_bad(where, why, SEG_AT(seq),
+                       "segment header: marked free (sequence number 0) but its commit "
+                       "word counts committed records (sequence number lost?)");
+    return 0;
 }
 
 static inline uint8_t *seg_base(const struct tern_pm_pool *p, uint32_t seg)
@@ -319,17 +434,43 @@ static int persist_now(struct tern_pm_pool *p, void *addr, size_t n)
     return pmem_msync(addr, n) < 0 ? TERN_EIO : 0;
 }
 
-/* Bring an older layout's file up to this one. Layout 3 differs only in
- * segment headers' `first` word, which it never wrote (so it should read 0,
- * "records start after the header"): it is cleared to be sure, persisted,
- * and only then does the file header say layout 4. */
+/* Bring an older layout's file up to this one, so that a crash at any
+ * point leaves a file this build opens, and upgrades, again:
+ * 1. every segment header is checked by the rules of the file's layout;
+ *    one that fails refuses the pool before anything is written;
+ * 2. layout 3 never wrote the segment headers' `first` (it should read 0,
+ *    "records start after the header"): it is cleared, persisted;
+ * 3. layouts 3 and 4 had no header checks: each segment in use gets
+ *    `opened` and the header sum, in bytes those layouts left zero and
+ *    never read, persisted; then its commit word in the checked form, by
+ *    one persisted 8-byte store. One whose header already passes layout
+ *    5's checks was done by an upgrade a crash cut short. Free segments
+ *    are left alone: zero where the sum goes, their headers read as free;
+ * 4. only then does the file header say layout 5.
+ * A file whose upgrade a crash cut short has segments of both forms under
+ * a layout-3 or -4 header: older builds refuse it (as corrupt), this one
+ * reads both forms and finishes the upgrade. */
 static int upgrade_hdr(struct tern_pm_pool *p, const char *path)
 {
     struct pm_file_hdr *h = (struct pm_file_hdr *)p->base;
+    uint32_t from = h->layout;
     int rc;
 
     for (uint32_t s = 0; s < h->n_segs; s++) {
-        struct pm_seg_hdr *sh = (struct pm_seg_hdr *)(p->base + pm_seg_offset(s, h->seg_size));
+        struct pm_seg_view v;
+        const char *why;
+        uint32_t at;
+
+        rc = pm_seg_hdr_check(seg_hdr(p, s), s, h->seg_size, from, &v, &at, &why);
+        if (rc < 0) {
+            tern_log(TERN_LOG_ERROR, "pm", "%s: offset %llu (segment %u + %u): %s (layout %u, "
+                     "not upgraded)", path,
+                     (unsigned long long)(pm_seg_offset(s, h->seg_size) + at), s, at, why, from);
+            return rc;
+        }
+    }
+    for (uint32_t s = 0; s < h->n_segs && from < 4; s++) {
+        struct pm_seg_hdr *sh = seg_hdr(p, s);
 
         if (sh->first) {
             sh->first = 0;
@@ -338,10 +479,54 @@ static int upgrade_hdr(struct tern_pm_pool *p, const char *path)
                 return rc;
         }
     }
-    tern_log(TERN_LOG_INFO, "pm", "%s: layout %u upgraded to %u", path, h->layout, PM_LAYOUT);
+    for (uint32_t s = 0; s < h->n_segs; s++) {
+        struct pm_seg_hdr *sh = seg_hdr(p, s);
+        struct pm_seg_view v;
+        const char *why;
+        uint32_t at;
+
+        if (!sh->seq ||
+            pm_seg_hdr_check(sh, s, h->seg_size, PM_LAYOUT, &v, &at, &why) == 0)
+            continue;
+        sh->opened = sh->seq;
+        sh->sum = pm_seg_hdr_sum(sh);
+        rc = persist_now(p, &sh->opened, offsetof(struct pm_seg_hdr, reserved) -
+                                              offsetof(struct pm_seg_hdr, opened));
+        if (rc < 0)
+            return rc;
+        __atomic_store_n(&sh->commit, pm_seg_commit_word((uint32_t)sh->commit, sh->seq, s),
+                         __ATOMIC_RELEASE);
+        rc = persist_now(p, &sh->commit, sizeof(sh->commit));
+        if (rc < 0)
+            return rc;
+    }
+    tern_log(TERN_LOG_INFO, "pm", "%s: layout %u upgraded to %u", path, from, PM_LAYOUT);
     h->layout = PM_LAYOUT;
     h->sum = pm_sum(h, offsetof(struct pm_file_hdr, sum));
     return persist_now(p, h, sizeof(*h));
+}
+
+/* The descriptor tern_pm_fd hands out, for registering the pool with a
+ * fabric: the file opened again, a separate open file description. A
+ * flock belongs to the open file description, and every duplicate of
+ * lock_fd (a shm peer receives one over SCM_RIGHTS when it maps a lease;
+ * its mapping alone keeps the description alive) would share the lock:
+ * the peer could drop it with flock(LOCK_UN) while we run, and would keep
+ * it after we die, so that a restarted server found the pool busy for as
+ * long as that client lived. */
+static int open_share_fd(struct tern_pm_pool *p, const char *path, const struct stat *locked)
+{
+    struct stat st;
+
+    p->share_fd = open(path, O_RDWR | O_CLOEXEC);
+    if (p->share_fd < 0)
+        return errno == EACCES ? TERN_EACCES : TERN_EIO;
+    if (fstat(p->share_fd, &st) < 0 || st.st_dev != locked->st_dev ||
+        st.st_ino != locked->st_ino) {
+        tern_log(TERN_LOG_ERROR, "pm", "%s was replaced while it was being opened", path);
+        return TERN_EIO;
+    }
+    return 0;
 }
 
 int tern_pm_open(const char *path, const struct tern_pm_opts *o, struct tern_pm_pool **out)
@@ -364,7 +549,7 @@ int tern_pm_open(const char *path, const struct tern_pm_opts *o, struct tern_pm_
     p = calloc(1, sizeof(*p));
     if (!p)
         return TERN_ENOMEM;
-    p->lock_fd = -1;
+    p->lock_fd = p->share_fd = -1;
     p->head = NO_SEG;
     /* An exclusive lock for the pool's lifetime: two writers would each
      * believe they own the free segments. */
@@ -383,6 +568,9 @@ int tern_pm_open(const char *path, const struct tern_pm_opts *o, struct tern_pm_
         rc = TERN_ECORRUPT;
         goto fail;
     }
+    rc = open_share_fd(p, path, &st);
+    if (rc < 0)
+        goto fail;
     p->base = pmem_map_file(path, 0, 0, 0, &p->len, &is_pmem);
     if (!p->base) {
         tern_log(TERN_LOG_ERROR, "pm", "map %s: %s", path, strerror(errno));
@@ -396,13 +584,13 @@ int tern_pm_open(const char *path, const struct tern_pm_opts *o, struct tern_pm_
         tern_log(TERN_LOG_ERROR, "pm", "%s: offset 0: %s", path, why);
         goto fail;
     }
+    p->seg_size = h->seg_size;
+    p->n_segs = h->n_segs;
     if (h->layout < PM_LAYOUT) {
         rc = upgrade_hdr(p, path);
         if (rc < 0)
             goto fail;
     }
-    p->seg_size = h->seg_size;
-    p->n_segs = h->n_segs;
     memcpy(p->uuid, h->uuid, sizeof(p->uuid));
     p->segs = calloc(p->n_segs, sizeof(*p->segs));
     p->free_segs = calloc(p->n_segs, sizeof(*p->free_segs));
@@ -425,6 +613,8 @@ void tern_pm_close(struct tern_pm_pool *p)
         return;
     if (p->base)
         pmem_unmap(p->base, p->len);
+    if (p->share_fd >= 0)
+        close(p->share_fd);
     if (p->lock_fd >= 0)
         close(p->lock_fd);     /* drops the lock */
     free(p->segs);
@@ -451,7 +641,7 @@ static int cut_leased(struct tern_pm_pool *p, uint32_t s, uint64_t off, const ch
              "from here on are dropped",
              (unsigned long long)(pm_seg_offset(s, p->seg_size) + off), s,
              (unsigned long long)off, why, ss->committed - keep);
-    rc = persist_word(p, &seg_hdr(p, s)->used, keep);
+    rc = persist_word(p, &seg_hdr(p, s)->commit, pm_seg_commit_word(keep, ss->seq, s));
     if (rc < 0)
         return rc;
     ss->live -= ss->committed - keep;
@@ -503,51 +693,82 @@ static int recover_seg(struct tern_pm_pool *p, uint32_t s, bool leased, tern_pm_
     return 0;
 }
 
+/* The order recovery walks segments in: those the pool appended to, newest
+ * first, then those that were leased. A cleaner's copy always lies in a
+ * segment appended to after its original's (the head, or one opened as the
+ * head during the clean) and never in a leased one, so the copy comes
+ * first. */
+struct walk_ent {
+    uint64_t seq;
+    uint32_t seg;
+    bool leased;
+};
+
+static int walk_order(const void *a, const void *b)
+{
+    const struct walk_ent *x = a, *y = b;
+
+    if (x->leased != y->leased)
+        return x->leased ? 1 : -1;
+    return x->seq < y->seq ? 1 : x->seq > y->seq ? -1 : 0;
+}
+
 int tern_pm_recover(struct tern_pm_pool *p, tern_pm_visit_fn fn, void *arg)
 {
-    uint32_t newest = NO_SEG;
+    uint32_t newest = NO_SEG, n = 0;
     uint64_t newest_seq = 0;
+    struct walk_ent *order;
+    int rc = 0;
 
     if (p->recovered)
         return TERN_EINVAL;
+    order = malloc(p->n_segs * sizeof(*order));
+    if (!order)
+        return TERN_ENOMEM;
+    /* Every header is checked before any record is walked (or a leased
+     * segment cut): a pool refused for a bad header is left as it was. */
     for (uint32_t s = p->n_segs; s-- > 0;) {
-        const struct pm_seg_hdr *sh = seg_hdr(p, s);
         uint64_t seg_off = pm_seg_offset(s, p->seg_size);
-        uint64_t used = sh->used;
-        bool leased = (sh->flags & PM_SEG_LEASED) != 0;
-        int rc;
+        struct pm_seg_view v;
+        const char *why;
+        uint32_t at;
 
-        if (sh->seq == 0) {
+        rc = pm_seg_hdr_check(seg_hdr(p, s), s, p->seg_size, PM_LAYOUT, &v, &at, &why);
+        if (rc < 0) {
+            tern_log(TERN_LOG_ERROR, "pm", "offset %llu (segment %u + %u): %s",
+                     (unsigned long long)(seg_off + at), s, at, why);
+            goto out;
+        }
+        if (!v.in_use) {
             p->free_segs[p->n_free++] = s;
             continue;
         }
-        if (sh->magic != PM_SEG_MAGIC || sh->index != s || (sh->flags & ~PM_SEG_FLAGS_KNOWN) ||
-            used > p->seg_size - PM_SEG_HDR || (used & 7) || !pm_seg_first(sh)) {
-            tern_log(TERN_LOG_ERROR, "pm", "offset %llu: segment %u header corrupt",
-                     (unsigned long long)seg_off, s);
-            return TERN_ECORRUPT;
-        }
-        p->segs[s].seq = sh->seq;
-        p->segs[s].first = pm_seg_first(sh);
-        p->segs[s].appended = p->segs[s].committed = (uint32_t)used;
-        p->segs[s].live = (uint32_t)used - (p->segs[s].first - PM_SEG_HDR);
-        if (sh->seq > p->seq)
-            p->seq = sh->seq;
+        p->segs[s].seq = v.seq;
+        p->segs[s].first = v.first;
+        p->segs[s].appended = p->segs[s].committed = v.used;
+        p->segs[s].live = v.used - (v.first - PM_SEG_HDR);
+        if (v.seq > p->seq)
+            p->seq = v.seq;
         /* Appends continue in the newest segment the server wrote itself:
          * a once-leased one is sealed, whatever its sequence number. */
-        if (!leased && sh->seq > newest_seq) {
-            newest_seq = sh->seq;
+        if (!v.leased && v.seq > newest_seq) {
+            newest_seq = v.seq;
             newest = s;
         }
-        rc = recover_seg(p, s, leased, fn, arg);
-        if (rc < 0)
-            return rc;
+        order[n++] = (struct walk_ent){.seq = v.seq, .seg = s, .leased = v.leased};
     }
+    qsort(order, n, sizeof(*order), walk_order);
+    for (uint32_t i = 0; i < n && rc == 0; i++)
+        rc = recover_seg(p, order[i].seg, order[i].leased, fn, arg);
+    if (rc < 0)
+        goto out;
     /* Whatever lies past the head's commit point (a torn append) is
      * overwritten. No lease survives a restart: its lessee is gone. */
     p->head = newest;
     p->recovered = true;
-    return 0;
+out:
+    free(order);
+    return rc;
 }
 
 /* ---- appends and commits ---- */
@@ -593,7 +814,7 @@ static int commit_seg(struct tern_pm_pool *p, uint32_t s)
     if (ss->committed == ss->appended)
         return 0;
     /* persist_word drains the records before it stores the point. */
-    rc = persist_word(p, &seg_hdr(p, s)->used, ss->appended);
+    rc = persist_word(p, &seg_hdr(p, s)->commit, pm_seg_commit_word(ss->appended, ss->seq, s));
     if (rc < 0)
         return rc;
     ss->committed = ss->appended;
@@ -615,8 +836,9 @@ int tern_pm_commit(struct tern_pm_pool *p)
 
         if (p->segs[s].committed == p->segs[s].appended)
             continue;
-        __atomic_store_n(&sh->used, p->segs[s].appended, __ATOMIC_RELEASE);
-        mark_written(p, &sh->used, sizeof(sh->used));
+        __atomic_store_n(&sh->commit, pm_seg_commit_word(p->segs[s].appended, p->segs[s].seq, s),
+                         __ATOMIC_RELEASE);
+        mark_written(p, &sh->commit, sizeof(sh->commit));
     }
     rc = drain(p);
     if (rc < 0)
@@ -640,30 +862,35 @@ static uint32_t keep_free(const struct tern_pm_pool *p, enum tern_pm_rec_type ty
     return p->cleaning ? 0 : type == TERN_PM_TOMBSTONE ? 1 : 2;
 }
 
-/* Take a free segment whose records start at `first`. Its header is valid
- * (magic, index, flags, first, used) before seq makes it count; every field
- * is written, since a segment once leased and then cleaned still carries
- * the old values. The bytes before `first` count as committed, so that the
- * commit point still counts from the header's end. */
+/* Take a free segment whose records start at `first`. Its header is whole
+ * and summed (magic, index, flags, first, opened, and a commit word that
+ * counts nothing) before seq makes it count; every field is written, since
+ * a segment once leased and then cleaned still carries the old values.
+ * The bytes before `first` count as committed, so that the commit point
+ * still counts from the header's end. */
 static int open_seg(struct tern_pm_pool *p, uint32_t flags, uint32_t first, uint32_t *out)
 {
     struct pm_seg_hdr *sh;
+    uint64_t seq = p->seq + 1;
     uint32_t s;
     int rc;
 
     s = p->free_segs[--p->n_free];
     sh = seg_hdr(p, s);
-    sh->used = first - PM_SEG_HDR;
+    sh->commit = pm_seg_commit_word(first - PM_SEG_HDR, seq, s);
     sh->magic = PM_SEG_MAGIC;
     sh->index = s;
     sh->flags = flags;
     sh->first = first == PM_SEG_HDR ? 0 : first;
+    sh->opened = seq;
+    sh->sum = pm_seg_hdr_sum(sh);
     mark_written(p, sh, sizeof(*sh));
-    rc = persist_word(p, &sh->seq, ++p->seq);
+    rc = persist_word(p, &sh->seq, seq);
     if (rc < 0) {
         p->free_segs[p->n_free++] = s;
         return rc;
     }
+    p->seq = seq;
     p->segs[s] = (struct seg_state){.seq = p->seq, .first = first,
                                     .appended = first - PM_SEG_HDR,
                                     .committed = first - PM_SEG_HDR,
@@ -975,7 +1202,7 @@ size_t tern_pm_map_len(const struct tern_pm_pool *p)
 
 int tern_pm_fd(const struct tern_pm_pool *p)
 {
-    return p->lock_fd;
+    return p->share_fd;
 }
 
 /* ---- cleaning ---- */
@@ -1039,6 +1266,14 @@ static int clean_one(struct tern_pm_pool *p, const struct tern_pm_cleaner *c, ui
     commit_rc = tern_pm_commit(p);
     if (rc < 0 || commit_rc < 0)
         return rc < 0 ? rc : commit_rc;
+    /* Freed in two persisted stores: the commit point back to nothing
+     * committed, then seq = 0. A crash in between leaves an empty segment
+     * in use; a header that says free while its commit word still counts
+     * records is then always corruption (a lost seq), never a free. */
+    rc = persist_word(p, &seg_hdr(p, v)->commit,
+                      pm_seg_commit_word(vs->first - PM_SEG_HDR, vs->seq, v));
+    if (rc < 0)
+        return rc;
     rc = persist_word(p, &seg_hdr(p, v)->seq, 0);
     if (rc < 0)
         return rc;

@@ -2,10 +2,11 @@
  *
  * A pool is one file mapped with libpmem. After a 4 KiB header (magic,
  * version, UUID, sizes, checksum) it is cut into equal log segments. Each
- * segment starts with a 64-byte header whose `used` word is the segment's
+ * segment starts with a 64-byte header whose commit word holds the segment's
  * commit point: records are appended after it, made durable, and only then is
- * `used` advanced by one persisted 8-byte store. Bytes past `used` are never
- * read, so a crash mid-append leaves no torn record behind.
+ * the commit point advanced by one persisted 8-byte store. Bytes past it are
+ * never read, so a crash mid-append leaves no torn record behind. Every
+ * header word recovery trusts is checked (pm_layout.h).
  *
  * Records carry a key, a value, a type (value or tombstone), a version from
  * one pool-wide counter (the newest version of a key wins at recovery) and a
@@ -77,8 +78,14 @@ int tern_pm_open(const char *path, const struct tern_pm_opts *o, struct tern_pm_
 /* Unmap and unlock. Records appended but not committed are lost. */
 void tern_pm_close(struct tern_pm_pool *p);
 
-/* Recovery: hand every committed record to `fn` in log order (segment by
- * segment). Must be called once after open and before any append. A record
+/* Recovery: hand every committed record to `fn`, segment by segment: the
+ * segments the pool appended to, newest first, then those that were leased.
+ * Two records of one key and one version are a cleaner's copy and its
+ * original, left by a crash between the copy's commit and the victim's
+ * free; the copy comes first, so that a caller that keeps the first of
+ * them keeps the copy, and the victim, all dead, is freed by the next
+ * clean without a byte to copy. Must be called once after open and before
+ * any append. A record
  * that fails its checksum or bounds below a commit point stops the walk with
  * TERN_ECORRUPT (logged with its file offset), with two exceptions: an
  * interrupted rewrite (TERN_PM_F_REWRITTEN, sane slot) is skipped, and a
@@ -179,7 +186,11 @@ uint32_t tern_pm_lease_next(const struct tern_pm_pool *p, uint32_t seg);
  * access to the segment. */
 void tern_pm_lease_end(struct tern_pm_pool *p, uint32_t seg);
 
-/* The pool's mapping and file, for registering it for one-sided access. */
+/* The pool's mapping and file, for registering it for one-sided access.
+ * tern_pm_fd is an open file description of its own, without the pool's
+ * lock: whoever receives a duplicate of it (a shm peer mapping a lease)
+ * can neither drop the lock while the owner runs nor keep the pool locked
+ * after the owner dies. */
 void *tern_pm_base(const struct tern_pm_pool *p);
 size_t tern_pm_map_len(const struct tern_pm_pool *p);
 int tern_pm_fd(const struct tern_pm_pool *p);

@@ -37,43 +37,39 @@ struct repairs {
     unsigned cuts;                   /* leased segments it cuts short */
 };
 
-/* Walk one segment's committed records. Recovery's rules, read-only: an
- * interrupted rewrite is stepped over, a bad record in a leased segment
- * ends that segment; both are reported, neither is corruption. */
-static int check_seg(const uint8_t *base, const struct pm_file_hdr *h, uint32_t s,
+/* Check one segment's header (recovery refuses the pool on what fails
+ * here) and, if `deep`, walk its committed records. Recovery's rules,
+ * read-only: an interrupted rewrite is stepped over, a bad record in a
+ * leased segment ends that segment; both are reported, neither is
+ * corruption. */
+static int check_seg(const uint8_t *base, const struct pm_file_hdr *h, uint32_t s, bool deep,
                      FILE *out, struct tern_pm_info *info, uint64_t *bad_off,
                      struct repairs *fix)
 {
     uint64_t seg_off = pm_seg_offset(s, h->seg_size);
     const struct pm_seg_hdr *sh = (const void *)(base + seg_off);
     const uint8_t *seg = base + seg_off;
-    char what[160];
+    struct pm_seg_view v;
+    const char *why;
+    char what[200];
+    uint32_t at;
 
-    if (sh->seq == 0)
+    if (pm_seg_hdr_check(sh, s, h->seg_size, h->layout, &v, &at, &why) < 0) {
+        snprintf(what, sizeof(what), "segment %u + %u: %s", s, at, why);
+        return corrupt(out, bad_off, seg_off + at, what);
+    }
+    if (!v.in_use)
         return 0;
-    if (sh->magic != PM_SEG_MAGIC || sh->index != s || (sh->flags & ~PM_SEG_FLAGS_KNOWN)) {
-        snprintf(what, sizeof(what), "segment %u header has a bad magic, index or flags", s);
-        return corrupt(out, bad_off, seg_off, what);
-    }
-    if (sh->used > h->seg_size - PM_SEG_HDR || (sh->used & 7)) {
-        snprintf(what, sizeof(what), "segment %u commit point %llu is out of range", s,
-                 (unsigned long long)sh->used);
-        return corrupt(out, bad_off, seg_off + offsetof(struct pm_seg_hdr, used), what);
-    }
-    if (!pm_seg_first(sh)) {
-        snprintf(what, sizeof(what), "segment %u: records start at %u, out of range", s,
-                 sh->first);
-        return corrupt(out, bad_off, seg_off + offsetof(struct pm_seg_hdr, first), what);
-    }
     info->segs_used++;
-    info->bytes_committed += sh->used - (pm_seg_first(sh) - PM_SEG_HDR);
-    for (uint64_t off = pm_seg_first(sh); off < PM_SEG_HDR + sh->used;) {
+    info->bytes_committed += v.used - (v.first - PM_SEG_HDR);
+    if (!deep)
+        return 0;
+    for (uint64_t off = v.first; off < PM_SEG_HDR + v.used;) {
         const struct tern_pm_rec *r = (const void *)(seg + off);
-        const char *why;
         uint32_t size;
 
-        if (pm_rec_check(seg, off, sh->used, &size, &why) < 0) {
-            size = pm_rec_torn_rewrite(seg, off, sh->used);
+        if (pm_rec_check(seg, off, v.used, &size, &why) < 0) {
+            size = pm_rec_torn_rewrite(seg, off, v.used);
             if (size) {
                 report(out, "rewrite   offset %llu: segment %u + %llu: interrupted rewrite "
                        "(%s); recovery skips its %u bytes\n",
@@ -83,11 +79,11 @@ static int check_seg(const uint8_t *base, const struct pm_file_hdr *h, uint32_t 
                 off += size;
                 continue;
             }
-            if (sh->flags & PM_SEG_LEASED) {
+            if (v.leased) {
                 report(out, "lessee    offset %llu: segment %u + %llu: %s; the segment is "
                        "leased, recovery cuts it here (%llu bytes dropped)\n",
                        (unsigned long long)(seg_off + off), s, (unsigned long long)off, why,
-                       (unsigned long long)(PM_SEG_HDR + sh->used - off));
+                       (unsigned long long)(PM_SEG_HDR + v.used - off));
                 fix->cuts++;
                 return 0;
             }
@@ -152,18 +148,8 @@ int tern_pm_check(const char *path, bool deep, FILE *out, struct tern_pm_info *i
     info->n_segs = h->n_segs;
     report(out, "uuid      %s\nlayout    %u\nsize      %llu bytes: %u segments of %u bytes\n",
            uuid, h->layout, (unsigned long long)h->size, h->n_segs, h->seg_size);
-    for (uint32_t s = 0; s < h->n_segs && rc == 0; s++) {
-        if (deep) {
-            rc = check_seg(base, h, s, out, info, bad_off, &fix);
-        } else {
-            const struct pm_seg_hdr *sh = (const void *)(base + pm_seg_offset(s, h->seg_size));
-
-            if (sh->seq) {
-                info->segs_used++;
-                info->bytes_committed += sh->used;
-            }
-        }
-    }
+    for (uint32_t s = 0; s < h->n_segs && rc == 0; s++)
+        rc = check_seg(base, h, s, deep, out, info, bad_off, &fix);
     report(out, "in use    %u segments, %llu record bytes committed\n", info->segs_used,
            (unsigned long long)info->bytes_committed);
     if (deep && rc == 0)

@@ -3,17 +3,19 @@
 #ifndef TERN_PM_LAYOUT_H
 #define TERN_PM_LAYOUT_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "pm.h"
 
 #define PM_MAGIC "TERNPOOL"
-#define PM_LAYOUT 4                  /* 4: leased segments start a page in (`first`);
-                                      * 3: record sums split body/version (2: XXH3 of
-                                      * the whole record, 1: CRC32) */
-#define PM_LAYOUT_OLDEST 3           /* oldest layout opened; upgraded in place, as a
-                                      * layout-3 file is a layout-4 file without leases
-                                      * that start late */
+#define PM_LAYOUT 5                  /* 5: segment headers checked (`opened`, `sum`, the
+                                      * commit word's check); 4: leased segments start a
+                                      * page in (`first`); 3: record sums split
+                                      * body/version (2: XXH3 of the whole record, 1: CRC32) */
+#define PM_LAYOUT_OLDEST 3           /* oldest layout opened; upgraded in place
+                                      * (upgrade_hdr in pm.c) */
+#define PM_LAYOUT_SEG_SUM 5          /* first layout whose segment headers are checked */
 #define PM_HDR_SIZE 4096u            /* the file header's block */
 #define PM_SEG_MAGIC 0x47455354u     /* "TSEG" */
 #define PM_SEG_HDR 64u               /* records start this far into a segment */
@@ -34,17 +36,38 @@ struct pm_file_hdr {
     uint32_t sum;                    /* pm_sum() of the bytes before it */
 };
 
-/* The first cache line of a segment. `seq` and `used` are each changed by
- * one persisted 8-byte store: seq 0 means free, `used` is the commit point.
- * The other fields are written before seq makes the segment count. */
+/* The first cache line of a segment. Every word recovery trusts is
+ * checked, and no crash between the stores that change it leaves a header
+ * that fails its checks while it holds committed records:
+ * - `magic`, `index`, `flags`, `first` and `opened` are written once, when
+ *   the segment is opened, under `sum`, and persisted before `seq`;
+ * - `seq` is the opening's commit, one persisted 8-byte store: 0 = free,
+ *   else it must equal `opened`;
+ * - `commit` is the commit point, moved by one persisted 8-byte store: the
+ *   committed bytes after this header in its low 32 bits, and in its high
+ *   32 a check of them, the segment's index and `opened`
+ *   (pm_seg_commit_word). A torn or zeroed commit word fails its check;
+ *   one left from an earlier life of the segment fails it too (another
+ *   `opened`);
+ * - freeing a segment first moves its commit point back to "nothing
+ *   committed", persisted, and only then stores seq = 0. A header that
+ *   says free while its checks hold and its commit word still counts
+ *   records has lost its `seq`: corruption, not a free segment. Any other
+ *   header with seq 0 is free (never opened, freed, or an opening that a
+ *   crash cut short: nothing was ever committed under it).
+ * Layouts 3 and 4 had `used` (plain) where `commit` is, and zeros in place
+ * of `opened` and `sum`. */
 struct pm_seg_hdr {
     uint64_t seq;                    /* 0 = free, else the order it was opened in */
-    uint64_t used;                   /* committed record bytes after this header */
+    uint64_t commit;                 /* commit point and its check (layout < 5: `used`,
+                                      * committed record bytes after this header) */
     uint32_t magic;                  /* PM_SEG_MAGIC once opened */
     uint32_t index;                  /* its own index, to catch misplaced data */
     uint32_t flags;                  /* PM_SEG_*; 0 in pools written before leases */
     uint32_t first;                  /* where records start; 0 = PM_SEG_HDR */
-    uint8_t reserved[32];
+    uint64_t opened;                 /* seq as the segment was opened (layout 5) */
+    uint32_t sum;                    /* pm_sum of magic..opened (layout 5) */
+    uint8_t reserved[20];
 };
 
 /* Opened for a lessee (tern_pm_lease): its records were written by a
@@ -67,14 +90,38 @@ static inline uint64_t pm_seg_offset(uint32_t seg, uint32_t seg_size)
     return PM_HDR_SIZE + (uint64_t)seg * seg_size;
 }
 
-/* Where a segment's records start, or 0 if the header's `first` is out of
- * line (not 8-aligned, before the header's end, past the commit point). */
-static inline uint32_t pm_seg_first(const struct pm_seg_hdr *sh)
+/* Where a segment's records start, or 0 if `first` is out of line (not
+ * 8-aligned, before the header's end, past the commit point `used`). */
+static inline uint32_t pm_seg_first(uint32_t first, uint64_t used)
 {
-    uint32_t f = sh->first ? sh->first : PM_SEG_HDR;
+    uint32_t f = first ? first : PM_SEG_HDR;
 
-    return f >= PM_SEG_HDR && !(f & 7) && f <= PM_SEG_HDR + sh->used ? f : 0;
+    return f >= PM_SEG_HDR && !(f & 7) && f <= PM_SEG_HDR + used ? f : 0;
 }
+
+/* A segment header as checked by pm_seg_hdr_check. */
+struct pm_seg_view {
+    bool in_use;                     /* false: free, the rest is 0 */
+    bool leased;
+    uint64_t seq;
+    uint32_t used;                   /* committed record bytes after the header */
+    uint32_t first;                  /* where records start */
+};
+
+/* Check segment `s`'s header by the rules of `layout`. 0 with the verdict
+ * in *v, or TERN_ECORRUPT with the offset in the header of the word at
+ * fault in *where and a reason in *why. For layouts before 5 (a file not
+ * upgraded yet, or whose upgrade a crash cut short) a header is taken in
+ * either form. */
+int pm_seg_hdr_check(const struct pm_seg_hdr *sh, uint32_t s, uint32_t seg_size,
+                     uint32_t layout, struct pm_seg_view *v, uint32_t *where, const char **why);
+
+/* The commit word of a segment opened as `opened` at `index` with `used`
+ * committed bytes. */
+uint64_t pm_seg_commit_word(uint32_t used, uint64_t opened, uint32_t index);
+
+/* The header sum: over magic, index, flags, first and opened. */
+uint32_t pm_seg_hdr_sum(const struct pm_seg_hdr *sh);
 
 /* Is the file header sound? 0, or TERN_ECORRUPT/TERN_EVERSION with a reason. */
 int pm_hdr_check(const struct pm_file_hdr *h, uint64_t file_size, const char **why);

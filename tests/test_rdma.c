@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -563,6 +564,175 @@ START_TEST(acceptor_sends_before_the_connector_polls)
 }
 END_TEST
 
+/* A CQ that overruns (softverbs made to hold 8 entries whatever its
+ * size): the completions taken from it before the overrun come out as
+ * events, their views intact, and the endpoint's failure comes with the
+ * next poll and every poll after. */
+START_TEST(cq_overrun_hands_out_what_was_taken)
+{
+    enum { HOLD = 8, SENT = 20 };
+    struct tern_tp_ep *a, *b;
+    struct tern_tp_conn *c;
+    struct tern_tp_event ev[32];
+    char bound[128];
+    bool up = false, in = false;
+    int n;
+
+    setenv("TERN_RDMA_PROVIDER", "softverbs", 1);
+    setenv("SOFTVERBS_CQ_ENTRIES", "8", 1);
+    a = tp_open("rdma", 4096);
+    unsetenv("SOFTVERBS_CQ_ENTRIES");
+    b = tp_open("rdma", 4096);
+    ck_assert_int_eq(tern_tp_listen(a, "127.0.0.1:0", bound, sizeof(bound)), 0);
+    ck_assert_int_eq(tern_tp_connect(b, bound, &c), 0);
+    while (!up || !in) {
+        ck_assert(tp_next2(up ? a : b, up ? b : a, ev, 5000));
+        if (ev[0].type == TERN_TP_EV_CONNECTED) {
+            ck_assert_int_eq(ev[0].status, 0);
+            up = true;
+        } else {
+            ck_assert_int_eq(ev[0].type, TERN_TP_EV_ACCEPTED);
+            in = true;
+        }
+    }
+    /* The sender's NIC (this thread) lands every record at once: eight
+     * completions fit, the ninth overruns the receiver's CQ. */
+    for (unsigned i = 0; i < SENT; i++)
+        send_seq(c, i, 64);
+    ck_assert_int_eq(tern_tp_flush(b), 0);
+    n = tern_tp_poll(a, ev, 32);
+    ck_assert_msg(n == HOLD, "poll after the overrun returned %d (%s), not the %d messages taken",
+                  n, n < 0 ? tern_strerror(n) : "", HOLD);
+    for (int i = 0; i < n; i++) {
+        ck_assert_int_eq(ev[i].type, TERN_TP_EV_RECV);
+        ck_assert_uint_eq(ev[i].len, 64);
+        ck_assert_uint_eq(*(const unsigned *)ev[i].data, (unsigned)i);
+        tern_tp_msg_release(ev[i].conn, ev[i].data);
+    }
+    ck_assert_int_eq(tern_tp_poll(a, ev, 32), TERN_EIO);
+    ck_assert_int_eq(tern_tp_arm(a), TERN_EAGAIN);     /* never sleeps on it */
+    ck_assert_int_eq(tern_tp_poll(a, ev, 32), TERN_EIO);
+    tern_tp_close(a);
+    tern_tp_close(b);
+}
+END_TEST
+
+/* The same overrun under RPC: a server process replies to 32 calls while
+ * the client, whose CQ holds 4 entries, does not poll. The replies taken
+ * before the overrun complete their calls; the fabric's failure is not
+ * taken for idleness: tern_rpc_poll reports it once, the other calls and
+ * the session fail with it, and the fabric is not used again. */
+struct overrun_server {
+    unsigned handled;   /* requests answered (the server's count) */
+    unsigned flushed;   /* ... and their replies sent */
+};
+static struct overrun_server *ovs;
+
+static int overrun_echo(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    void *out = tern_reply_alloc(req, len);
+
+    if (!out)
+        return TERN_EMSGSIZE;
+    memcpy(out, data, len);
+    ovs->handled++;
+    return 0;
+}
+
+static const struct tern_method overrun_methods[] = {{.id = 1, .name = "echo",
+                                                      .handler = overrun_echo}};
+static const struct tern_service overrun_svc = {.name = "overrun", .id = 77,
+                                                .methods = overrun_methods, .n_methods = 1};
+
+struct overrun_call {
+    bool done;
+    int status;
+};
+
+static void overrun_cont(void *arg, int status, const void *reply, size_t len)
+{
+    struct overrun_call *c = arg;
+
+    c->done = true;
+    c->status = status;
+}
+
+START_TEST(rpc_sessions_fail_with_their_fabric)
+{
+    enum { N = 32 };
+    static struct overrun_call calls[N];
+    static unsigned seq[N];
+    struct tern_rpc_ep *ep;
+    struct tern_session *s, *s2;
+    char bound[128] = "";
+    unsigned done = 0, ok = 0, errors = 0;
+    int fds[2];
+    pid_t pid;
+
+    setenv("TERN_RDMA_PROVIDER", "softverbs", 1);
+    ovs = mmap(NULL, sizeof(*ovs), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    ck_assert_ptr_ne(ovs, MAP_FAILED);
+    ck_assert_int_eq(pipe(fds), 0);
+    pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        struct tern_rpc_ep *sep;
+
+        if (tern_rpc_ep_create(NULL, &sep) < 0 || tern_rpc_register(sep, &overrun_svc) < 0 ||
+            tern_rpc_listen(sep, "rdma://127.0.0.1:0", bound, sizeof(bound)) < 0 ||
+            write(fds[1], bound, sizeof(bound)) != (ssize_t)sizeof(bound))
+            _exit(2);
+        for (;;) {      /* until killed */
+            tern_rpc_poll(sep);
+            __atomic_store_n(&ovs->flushed, ovs->handled, __ATOMIC_RELEASE);
+        }
+    }
+    ck_assert_int_eq(read(fds[0], bound, sizeof(bound)), (ssize_t)sizeof(bound));
+    setenv("SOFTVERBS_CQ_ENTRIES", "4", 1);
+    ck_assert_int_eq(tern_rpc_ep_create(NULL, &ep), 0);
+    ck_assert_int_eq(tern_rpc_connect(ep, bound, 5000000000ull, &s), 0);
+    unsetenv("SOFTVERBS_CQ_ENTRIES");
+    /* Outside a poll each call leaves at once. */
+    for (unsigned i = 0; i < N; i++) {
+        seq[i] = i;
+        ck_assert_int_eq(tern_call(s, 77, 1, &seq[i], sizeof(seq[i]), 0, overrun_cont,
+                                   &calls[i], NULL), 0);
+    }
+    for (double end = now_ms() + 10000; __atomic_load_n(&ovs->flushed, __ATOMIC_ACQUIRE) < N;)
+        ck_assert_msg(now_ms() < end, "the server answered %u of %u calls", ovs->flushed, N);
+    for (double end = now_ms() + 10000; done < N;) {
+        int rc = tern_rpc_poll(ep);
+
+        if (rc < 0) {
+            ck_assert_int_eq(rc, TERN_EIO);
+            errors++;
+        }
+        done = 0;
+        for (unsigned i = 0; i < N; i++)
+            done += calls[i].done;
+        ck_assert_msg(now_ms() < end, "%u of %u calls completed: the fabric's failure was "
+                      "taken for idleness", done, N);
+    }
+    for (unsigned i = 0; i < N; i++) {
+        ck_assert_msg(calls[i].status == 0 || calls[i].status == TERN_EIO,
+                      "call %u: %s", i, tern_strerror(calls[i].status));
+        ok += calls[i].status == 0;
+    }
+    ck_assert_uint_ge(ok, 1);               /* the replies taken before it */
+    ck_assert_uint_lt(ok, N);
+    ck_assert_uint_eq(errors, 1);
+    ck_assert_int_eq(tern_session_status(s), TERN_EIO);
+    ck_assert_int_eq(tern_rpc_poll(ep), 0);
+    ck_assert_int_eq(tern_rpc_connect(ep, bound, 1000000000ull, &s2), TERN_EIO);
+    tern_session_close(s);
+    tern_rpc_ep_destroy(ep);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    sv_sweep_dead();
+    munmap(ovs, sizeof(*ovs));
+}
+END_TEST
+
 Suite *suite_rdma(void)
 {
     Suite *s = suite_create("rdma");
@@ -579,6 +749,8 @@ Suite *suite_rdma(void)
     tcase_add_test(tc, arm_sees_a_refused_put);
     tcase_add_test(tc, writable_survives_a_full_pending_list);
     tcase_add_test(tc, acceptor_sends_before_the_connector_polls);
+    tcase_add_test(tc, cq_overrun_hands_out_what_was_taken);
+    tcase_add_test(tc, rpc_sessions_fail_with_their_fabric);
     suite_add_tcase(s, tc);
     return s;
 }

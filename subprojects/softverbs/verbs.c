@@ -301,12 +301,18 @@ struct ibv_cq *sv_create_cq(struct ibv_context *context, int cqe, void *cq_conte
                             struct ibv_comp_channel *channel, int comp_vector)
 {
     struct sv_context *ctx = sv_ctx(context);
+    const char *limit = getenv("SOFTVERBS_CQ_ENTRIES");
+    uint32_t entries = (uint32_t)cqe;
     struct sv_cq_h *h;
 
     if (cqe < 1 || cqe > SV_MAX_CQE - 1) {
         errno = EINVAL;
         return NULL;
     }
+    /* A test hook: the CQ holds fewer entries than it says, so that a
+     * consumer that sizes its CQ right can still be shown an overrun. */
+    if (limit && strtoul(limit, NULL, 10) >= 1 && strtoul(limit, NULL, 10) < entries)
+        entries = (uint32_t)strtoul(limit, NULL, 10);
     for (uint32_t i = 0; i < SV_MAX_CQ; i++) {
         struct sv_cq *cq = &ctx->seg->cq[i];
 
@@ -317,7 +323,7 @@ struct ibv_cq *sv_create_cq(struct ibv_context *context, int cqe, void *cq_conte
             return NULL;
         sv_mutex_init(&cq->lock);
         cq->head = cq->tail = 0;
-        cq->depth = (uint32_t)cqe + 1;
+        cq->depth = entries + 1;
         cq->armed = cq->overrun = 0;
         cq->channel = channel ? (int32_t)((struct sv_channel *)(void *)channel)->idx : -1;
         cq->gen++;

@@ -6,12 +6,14 @@
 #include <endian.h>
 #include <fcntl.h>
 #include <netdb.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <softverbs.h>
@@ -564,6 +566,150 @@ START_TEST(acceptor_sends_before_the_connector_polls)
 }
 END_TEST
 
+/* Two endpoints in one process, each on its own thread, over one
+ * softverbs context (rdma_cm gives the process one): they open at once and
+ * exchange messages both ways. Any thread's poll carried out the pending
+ * sends of every QP of the context, also while another thread was posting
+ * to its own: records went twice or not at all, and the pair hung. Each
+ * thread gives up at a deadline, and the main thread stops waiting at
+ * another, so a hang fails the test. */
+#define MT_MSGS 5000u
+
+struct mt_side {
+    pthread_barrier_t *start;
+    bool listens;
+    unsigned sent, got;
+    int err;
+    char why[128];
+};
+
+static char mt_bound[128];
+static int mt_have_bound, mt_done;
+
+static void mt_fail(struct mt_side *sd, int err, const char *why)
+{
+    sd->err = err;
+    snprintf(sd->why, sizeof(sd->why), "%s", why);
+}
+
+static void *mt_run(void *arg)
+{
+    struct mt_side *sd = arg;
+    struct tern_tp_config cfg = {.fabric = "rdma", .max_msg = 4096};
+    struct tern_tp_ep *ep = NULL;
+    struct tern_tp_conn *c = NULL;
+    struct tern_tp_event ev[32];
+    double end = now_ms() + 30000;
+    bool up = false, counted = false;
+    int rc;
+
+    pthread_barrier_wait(sd->start);
+    rc = tern_tp_open(&cfg, &ep);
+    if (rc < 0) {
+        mt_fail(sd, rc, "open");
+        __atomic_add_fetch(&mt_done, 2, __ATOMIC_RELEASE);
+        return NULL;
+    }
+    if (sd->listens) {
+        rc = tern_tp_listen(ep, "127.0.0.1:0", mt_bound, sizeof(mt_bound));
+        __atomic_store_n(&mt_have_bound, rc < 0 ? -1 : 1, __ATOMIC_RELEASE);
+    } else {
+        while (!(rc = __atomic_load_n(&mt_have_bound, __ATOMIC_ACQUIRE)) && now_ms() < end)
+            ;
+        rc = rc == 1 ? tern_tp_connect(ep, mt_bound, &c) : TERN_ETIMEDOUT;
+    }
+    if (rc < 0)
+        mt_fail(sd, rc, "listen or connect");
+    /* Until both sides have all they were sent: the last records and
+     * credits need the sender's polls too. */
+    while (!sd->err && __atomic_load_n(&mt_done, __ATOMIC_ACQUIRE) < 2) {
+        int n = tern_tp_poll(ep, ev, 32);
+
+        if (now_ms() > end) {
+            mt_fail(sd, TERN_ETIMEDOUT, "stuck");
+            break;
+        }
+        if (n < 0)
+            mt_fail(sd, n, "poll");
+        for (int i = 0; i < n && !sd->err; i++) {
+            unsigned v;
+
+            switch (ev[i].type) {
+            case TERN_TP_EV_ACCEPTED:
+                c = ev[i].conn;
+                up = true;
+                break;
+            case TERN_TP_EV_CONNECTED:
+                up = ev[i].status == 0;
+                if (!up)
+                    mt_fail(sd, ev[i].status, "connect");
+                break;
+            case TERN_TP_EV_RECV:
+                memcpy(&v, ev[i].data, sizeof(v));
+                if (v != sd->got || ev[i].len != 64 + v % 937)
+                    mt_fail(sd, TERN_EPROTO, "message out of order, twice or cut");
+                sd->got++;
+                tern_tp_msg_release(ev[i].conn, ev[i].data);
+                break;
+            case TERN_TP_EV_WRITABLE:
+                break;
+            default:
+                mt_fail(sd, ev[i].status < 0 ? ev[i].status : TERN_EPROTO, "event");
+                break;
+            }
+        }
+        /* A window of 16 ahead of what came back keeps both rings busy. */
+        while (up && !sd->err && sd->sent < MT_MSGS && sd->sent < sd->got + 16) {
+            uint8_t m[1024] = {0};
+
+            memcpy(m, &sd->sent, sizeof(sd->sent));
+            rc = tern_tp_msg_send(c, m, 64 + sd->sent % 937);
+            if (rc == TERN_EAGAIN)
+                break;
+            if (rc < 0)
+                mt_fail(sd, rc, "send");
+            else
+                sd->sent++;
+        }
+        if (!counted && sd->got == MT_MSGS && sd->sent == MT_MSGS) {
+            counted = true;
+            __atomic_add_fetch(&mt_done, 1, __ATOMIC_RELEASE);
+        }
+    }
+    if (!counted)
+        __atomic_add_fetch(&mt_done, 2, __ATOMIC_RELEASE);  /* the other stops too */
+    /* Close once both are done with the connection. */
+    while (__atomic_load_n(&mt_done, __ATOMIC_ACQUIRE) < 2)
+        ;
+    tern_tp_close(ep);
+    return NULL;
+}
+
+START_TEST(two_endpoints_on_two_threads)
+{
+    struct mt_side sd[2] = {{.listens = true}, {.listens = false}};
+    pthread_barrier_t start;
+    pthread_t t[2];
+    struct timespec deadline;
+
+    setenv("TERN_RDMA_PROVIDER", "softverbs", 1);
+    pthread_barrier_init(&start, NULL, 2);
+    for (int i = 0; i < 2; i++) {
+        sd[i].start = &start;
+        ck_assert_int_eq(pthread_create(&t[i], NULL, mt_run, &sd[i]), 0);
+    }
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += 45;
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(pthread_timedjoin_np(t[i], NULL, &deadline) == 0,
+                      "thread %d hung (sent %u, got %u)", i, sd[i].sent, sd[i].got);
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(!sd[i].err, "thread %d: %s: %s (sent %u, got %u of %u)", i, sd[i].why,
+                      tern_strerror(sd[i].err), sd[i].sent, sd[i].got, MT_MSGS);
+    pthread_barrier_destroy(&start);
+}
+END_TEST
+
 /* A CQ that overruns (softverbs made to hold 8 entries whatever its
  * size): the completions taken from it before the overrun come out as
  * events, their views intact, and the endpoint's failure comes with the
@@ -751,6 +897,7 @@ Suite *suite_rdma(void)
     tcase_add_test(tc, acceptor_sends_before_the_connector_polls);
     tcase_add_test(tc, cq_overrun_hands_out_what_was_taken);
     tcase_add_test(tc, rpc_sessions_fail_with_their_fabric);
+    tcase_add_test(tc, two_endpoints_on_two_threads);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -197,7 +197,7 @@ int rpc_tp_for(struct tern_rpc_ep *ep, const char *uri, const char **addr,
     for (unsigned i = 0; i < ep->n_tp; i++) {
         if (tern_tp_fabric_id(ep->tp[i]) == id) {
             *tp = ep->tp[i];
-            return 0;
+            return ep->tp_failed[i];
         }
     }
     if (ep->n_tp == RPC_MAX_FABRICS)
@@ -459,9 +459,45 @@ static void on_event(struct tern_rpc_ep *ep, const struct tern_tp_event *e)
     }
 }
 
+/* Fabric `t` failed as a whole (say its completion queue overran): its
+ * connections will never report anything again. Sessions on it end as
+ * if their connection had closed with `status` (a client moves to its
+ * standby path if it has one); the fabric is not polled nor used again. */
+static void fabric_failed(struct tern_rpc_ep *ep, unsigned t, int status)
+{
+    struct tern_tp_ep *tp = ep->tp[t];
+    struct tern_session *s = ep->sessions;
+
+    tern_log(TERN_LOG_ERROR, "rpc", "fabric %s failed: %s; its sessions fail",
+             tern_tp_fabric(tp), tern_strerror(status));
+    ep->tp_failed[t] = status;
+    if (ep->wait_epfd >= 0 && tern_tp_wait_fd(tp) >= 0)
+        epoll_ctl(ep->wait_epfd, EPOLL_CTL_DEL, tern_tp_wait_fd(tp), NULL);
+    /* Continuations run by a failure may close other sessions: after
+     * each, start over (a session handled no longer matches). */
+    while (s) {
+        bool on_tp = s->conn && tern_tp_conn_ep(s->conn) == tp && !s->zombie &&
+                     (s->role == ROLE_SERVER || s->state != SESS_DEAD);
+
+        if (s->standby && tern_tp_conn_ep(s->standby) == tp) {
+            rpc_doom(ep, s->standby);
+            s->standby = NULL;
+        }
+        if (!on_tp) {
+            s = s->next;
+            continue;
+        }
+        if (s->role == ROLE_SERVER)
+            rpc_session_free(s);
+        else if (!rpc_client_failover(s, status))
+            rpc_client_fail(s, status);
+        s = ep->sessions;
+    }
+}
+
 int tern_rpc_poll(struct tern_rpc_ep *ep)
 {
-    int total = 0;
+    int total = 0, failed = 0;
 
     ep->polling++;
     for (unsigned t = 0; t < ep->n_tp; t++) {
@@ -471,9 +507,15 @@ int tern_rpc_poll(struct tern_rpc_ep *ep)
          * the idle TCP path an auto:// session keeps for failover) is
          * polled every 64th time only: its poll may be a system call, and
          * the busy fabric should not pay for it on every round trip. */
-        if (ep->n_tp > 1 && ep->tp_idle[t] > 64 && (ep->polls & 63) != t)
+        if (ep->tp_failed[t] ||
+            (ep->n_tp > 1 && ep->tp_idle[t] > 64 && (ep->polls & 63) != t))
             continue;
         n = tern_tp_poll(ep->tp[t], ep->ev, RPC_EVENT_BATCH);
+        if (n < 0) {
+            fabric_failed(ep, t, n);
+            failed = n;
+            continue;
+        }
         for (int i = 0; i < n; i++)
             on_event(ep, &ep->ev[i]);
         if (n > 0) {
@@ -514,14 +556,15 @@ int tern_rpc_poll(struct tern_rpc_ep *ep)
     /* Replies and calls posted by handlers, continuations and expiries of
      * this poll leave together: one doorbell per connection. */
     for (unsigned t = 0; t < ep->n_tp; t++)
-        tern_tp_flush(ep->tp[t]);
+        if (!ep->tp_failed[t])
+            tern_tp_flush(ep->tp[t]);
     if (--ep->polling == 0) {
         if (ep->zombies)
             free_zombies(ep);
         while (ep->n_doomed)
             rpc_disconnect(ep, ep->doomed[--ep->n_doomed]);
     }
-    return total;
+    return failed ? failed : total;
 }
 
 /* Sleep until any fabric has work. With one fabric its own wait does it;
@@ -531,12 +574,12 @@ static void rpc_sleep(struct tern_rpc_ep *ep, int ms)
 {
     struct epoll_event e;
 
-    if (ep->n_tp == 1) {
+    if (ep->n_tp == 1 && !ep->tp_failed[0]) {
         tern_tp_wait(ep->tp[0], (int64_t)ms * 1000000);
         return;
     }
     for (unsigned t = 0; t < ep->n_tp; t++)
-        if (tern_tp_arm(ep->tp[t]) < 0)
+        if (!ep->tp_failed[t] && tern_tp_arm(ep->tp[t]) < 0)
             goto awake;
     if (ep->wait_epfd >= 0)
         epoll_wait(ep->wait_epfd, &e, 1, ms);
@@ -554,7 +597,7 @@ int tern_rpc_wait_fd(const struct tern_rpc_ep *ep)
 int tern_rpc_arm(struct tern_rpc_ep *ep)
 {
     for (unsigned t = 0; t < ep->n_tp; t++) {
-        int rc = tern_tp_arm(ep->tp[t]);
+        int rc = ep->tp_failed[t] ? 0 : tern_tp_arm(ep->tp[t]);
 
         ep->tp_idle[t] = 0;      /* after a sleep, look at every fabric */
         if (rc < 0)

@@ -163,6 +163,8 @@ struct tern_rpc_ep {
     struct tern_rpc_config cfg;
     struct tern_tp_ep *tp[RPC_MAX_FABRICS];
     unsigned tp_idle[RPC_MAX_FABRICS];  /* polls since the fabric had events */
+    int tp_failed[RPC_MAX_FABRICS];     /* the fabric's endpoint-wide failure:
+                                         * no longer polled nor used */
     int wait_epfd;                  /* every fabric's wait fd, for sleeping */
     unsigned n_tp;
     struct rpc_service services[RPC_MAX_SERVICES];

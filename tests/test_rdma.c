@@ -6,11 +6,14 @@
 #include <endian.h>
 #include <fcntl.h>
 #include <netdb.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <softverbs.h>
@@ -563,6 +566,319 @@ START_TEST(acceptor_sends_before_the_connector_polls)
 }
 END_TEST
 
+/* Two endpoints in one process, each on its own thread, over one
+ * softverbs context (rdma_cm gives the process one): they open at once and
+ * exchange messages both ways. Any thread's poll carried out the pending
+ * sends of every QP of the context, also while another thread was posting
+ * to its own: records went twice or not at all, and the pair hung. Each
+ * thread gives up at a deadline, and the main thread stops waiting at
+ * another, so a hang fails the test. */
+#define MT_MSGS 5000u
+
+struct mt_side {
+    pthread_barrier_t *start;
+    bool listens;
+    unsigned sent, got;
+    int err;
+    char why[128];
+};
+
+static char mt_bound[128];
+static int mt_have_bound, mt_done;
+
+static void mt_fail(struct mt_side *sd, int err, const char *why)
+{
+    sd->err = err;
+    snprintf(sd->why, sizeof(sd->why), "%s", why);
+}
+
+static void *mt_run(void *arg)
+{
+    struct mt_side *sd = arg;
+    struct tern_tp_config cfg = {.fabric = "rdma", .max_msg = 4096};
+    struct tern_tp_ep *ep = NULL;
+    struct tern_tp_conn *c = NULL;
+    struct tern_tp_event ev[32];
+    double end = now_ms() + 30000;
+    bool up = false, counted = false;
+    int rc;
+
+    pthread_barrier_wait(sd->start);
+    rc = tern_tp_open(&cfg, &ep);
+    if (rc < 0) {
+        mt_fail(sd, rc, "open");
+        __atomic_add_fetch(&mt_done, 2, __ATOMIC_RELEASE);
+        return NULL;
+    }
+    if (sd->listens) {
+        rc = tern_tp_listen(ep, "127.0.0.1:0", mt_bound, sizeof(mt_bound));
+        __atomic_store_n(&mt_have_bound, rc < 0 ? -1 : 1, __ATOMIC_RELEASE);
+    } else {
+        while (!(rc = __atomic_load_n(&mt_have_bound, __ATOMIC_ACQUIRE)) && now_ms() < end)
+            ;
+        rc = rc == 1 ? tern_tp_connect(ep, mt_bound, &c) : TERN_ETIMEDOUT;
+    }
+    if (rc < 0)
+        mt_fail(sd, rc, "listen or connect");
+    /* Until both sides have all they were sent: the last records and
+     * credits need the sender's polls too. */
+    while (!sd->err && __atomic_load_n(&mt_done, __ATOMIC_ACQUIRE) < 2) {
+        int n = tern_tp_poll(ep, ev, 32);
+
+        if (now_ms() > end) {
+            mt_fail(sd, TERN_ETIMEDOUT, "stuck");
+            break;
+        }
+        if (n < 0)
+            mt_fail(sd, n, "poll");
+        for (int i = 0; i < n && !sd->err; i++) {
+            unsigned v;
+
+            switch (ev[i].type) {
+            case TERN_TP_EV_ACCEPTED:
+                c = ev[i].conn;
+                up = true;
+                break;
+            case TERN_TP_EV_CONNECTED:
+                up = ev[i].status == 0;
+                if (!up)
+                    mt_fail(sd, ev[i].status, "connect");
+                break;
+            case TERN_TP_EV_RECV:
+                memcpy(&v, ev[i].data, sizeof(v));
+                if (v != sd->got || ev[i].len != 64 + v % 937)
+                    mt_fail(sd, TERN_EPROTO, "message out of order, twice or cut");
+                sd->got++;
+                tern_tp_msg_release(ev[i].conn, ev[i].data);
+                break;
+            case TERN_TP_EV_WRITABLE:
+                break;
+            default:
+                mt_fail(sd, ev[i].status < 0 ? ev[i].status : TERN_EPROTO, "event");
+                break;
+            }
+        }
+        /* A window of 16 ahead of what came back keeps both rings busy. */
+        while (up && !sd->err && sd->sent < MT_MSGS && sd->sent < sd->got + 16) {
+            uint8_t m[1024] = {0};
+
+            memcpy(m, &sd->sent, sizeof(sd->sent));
+            rc = tern_tp_msg_send(c, m, 64 + sd->sent % 937);
+            if (rc == TERN_EAGAIN)
+                break;
+            if (rc < 0)
+                mt_fail(sd, rc, "send");
+            else
+                sd->sent++;
+        }
+        if (!counted && sd->got == MT_MSGS && sd->sent == MT_MSGS) {
+            counted = true;
+            __atomic_add_fetch(&mt_done, 1, __ATOMIC_RELEASE);
+        }
+    }
+    if (!counted)
+        __atomic_add_fetch(&mt_done, 2, __ATOMIC_RELEASE);  /* the other stops too */
+    /* Close once both are done with the connection. */
+    while (__atomic_load_n(&mt_done, __ATOMIC_ACQUIRE) < 2)
+        ;
+    tern_tp_close(ep);
+    return NULL;
+}
+
+START_TEST(two_endpoints_on_two_threads)
+{
+    struct mt_side sd[2] = {{.listens = true}, {.listens = false}};
+    pthread_barrier_t start;
+    pthread_t t[2];
+    struct timespec deadline;
+
+    setenv("TERN_RDMA_PROVIDER", "softverbs", 1);
+    pthread_barrier_init(&start, NULL, 2);
+    for (int i = 0; i < 2; i++) {
+        sd[i].start = &start;
+        ck_assert_int_eq(pthread_create(&t[i], NULL, mt_run, &sd[i]), 0);
+    }
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += 45;
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(pthread_timedjoin_np(t[i], NULL, &deadline) == 0,
+                      "thread %d hung (sent %u, got %u)", i, sd[i].sent, sd[i].got);
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(!sd[i].err, "thread %d: %s: %s (sent %u, got %u of %u)", i, sd[i].why,
+                      tern_strerror(sd[i].err), sd[i].sent, sd[i].got, MT_MSGS);
+    pthread_barrier_destroy(&start);
+}
+END_TEST
+
+/* A CQ that overruns (softverbs made to hold 8 entries whatever its
+ * size): the completions taken from it before the overrun come out as
+ * events, their views intact, and the endpoint's failure comes with the
+ * next poll and every poll after. */
+START_TEST(cq_overrun_hands_out_what_was_taken)
+{
+    enum { HOLD = 8, SENT = 20 };
+    struct tern_tp_ep *a, *b;
+    struct tern_tp_conn *c;
+    struct tern_tp_event ev[32];
+    char bound[128];
+    bool up = false, in = false;
+    int n;
+
+    setenv("TERN_RDMA_PROVIDER", "softverbs", 1);
+    setenv("SOFTVERBS_CQ_ENTRIES", "8", 1);
+    a = tp_open("rdma", 4096);
+    unsetenv("SOFTVERBS_CQ_ENTRIES");
+    b = tp_open("rdma", 4096);
+    ck_assert_int_eq(tern_tp_listen(a, "127.0.0.1:0", bound, sizeof(bound)), 0);
+    ck_assert_int_eq(tern_tp_connect(b, bound, &c), 0);
+    while (!up || !in) {
+        ck_assert(tp_next2(up ? a : b, up ? b : a, ev, 5000));
+        if (ev[0].type == TERN_TP_EV_CONNECTED) {
+            ck_assert_int_eq(ev[0].status, 0);
+            up = true;
+        } else {
+            ck_assert_int_eq(ev[0].type, TERN_TP_EV_ACCEPTED);
+            in = true;
+        }
+    }
+    /* The sender's NIC (this thread) lands every record at once: eight
+     * completions fit, the ninth overruns the receiver's CQ. */
+    for (unsigned i = 0; i < SENT; i++)
+        send_seq(c, i, 64);
+    ck_assert_int_eq(tern_tp_flush(b), 0);
+    n = tern_tp_poll(a, ev, 32);
+    ck_assert_msg(n == HOLD, "poll after the overrun returned %d (%s), not the %d messages taken",
+                  n, n < 0 ? tern_strerror(n) : "", HOLD);
+    for (int i = 0; i < n; i++) {
+        ck_assert_int_eq(ev[i].type, TERN_TP_EV_RECV);
+        ck_assert_uint_eq(ev[i].len, 64);
+        ck_assert_uint_eq(*(const unsigned *)ev[i].data, (unsigned)i);
+        tern_tp_msg_release(ev[i].conn, ev[i].data);
+    }
+    ck_assert_int_eq(tern_tp_poll(a, ev, 32), TERN_EIO);
+    ck_assert_int_eq(tern_tp_arm(a), TERN_EAGAIN);     /* never sleeps on it */
+    ck_assert_int_eq(tern_tp_poll(a, ev, 32), TERN_EIO);
+    tern_tp_close(a);
+    tern_tp_close(b);
+}
+END_TEST
+
+/* The same overrun under RPC: a server process replies to 32 calls while
+ * the client, whose CQ holds 4 entries, does not poll. The replies taken
+ * before the overrun complete their calls; the fabric's failure is not
+ * taken for idleness: tern_rpc_poll reports it once, the other calls and
+ * the session fail with it, and the fabric is not used again. */
+struct overrun_server {
+    unsigned handled;   /* requests answered (the server's count) */
+    unsigned flushed;   /* ... and their replies sent */
+};
+static struct overrun_server *ovs;
+
+static int overrun_echo(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    void *out = tern_reply_alloc(req, len);
+
+    if (!out)
+        return TERN_EMSGSIZE;
+    memcpy(out, data, len);
+    ovs->handled++;
+    return 0;
+}
+
+static const struct tern_method overrun_methods[] = {{.id = 1, .name = "echo",
+                                                      .handler = overrun_echo}};
+static const struct tern_service overrun_svc = {.name = "overrun", .id = 77,
+                                                .methods = overrun_methods, .n_methods = 1};
+
+struct overrun_call {
+    bool done;
+    int status;
+};
+
+static void overrun_cont(void *arg, int status, const void *reply, size_t len)
+{
+    struct overrun_call *c = arg;
+
+    c->done = true;
+    c->status = status;
+}
+
+START_TEST(rpc_sessions_fail_with_their_fabric)
+{
+    enum { N = 32 };
+    static struct overrun_call calls[N];
+    static unsigned seq[N];
+    struct tern_rpc_ep *ep;
+    struct tern_session *s, *s2;
+    char bound[128] = "";
+    unsigned done = 0, ok = 0, errors = 0;
+    int fds[2];
+    pid_t pid;
+
+    setenv("TERN_RDMA_PROVIDER", "softverbs", 1);
+    ovs = mmap(NULL, sizeof(*ovs), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    ck_assert_ptr_ne(ovs, MAP_FAILED);
+    ck_assert_int_eq(pipe(fds), 0);
+    pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        struct tern_rpc_ep *sep;
+
+        if (tern_rpc_open(NULL, &sep) < 0 || tern_rpc_register(sep, &overrun_svc) < 0 ||
+            tern_rpc_listen(sep, "rdma://127.0.0.1:0", bound, sizeof(bound)) < 0 ||
+            write(fds[1], bound, sizeof(bound)) != (ssize_t)sizeof(bound))
+            _exit(2);
+        for (;;) {      /* until killed */
+            tern_rpc_poll(sep);
+            __atomic_store_n(&ovs->flushed, ovs->handled, __ATOMIC_RELEASE);
+        }
+    }
+    ck_assert_int_eq(read(fds[0], bound, sizeof(bound)), (ssize_t)sizeof(bound));
+    setenv("SOFTVERBS_CQ_ENTRIES", "4", 1);
+    ck_assert_int_eq(tern_rpc_open(NULL, &ep), 0);
+    ck_assert_int_eq(tern_rpc_connect(ep, bound, 5000000000ull, &s), 0);
+    unsetenv("SOFTVERBS_CQ_ENTRIES");
+    /* Outside a poll each call leaves at once. */
+    for (unsigned i = 0; i < N; i++) {
+        seq[i] = i;
+        ck_assert_int_eq(tern_call(s, 77, 1, &seq[i], sizeof(seq[i]), 0, overrun_cont,
+                                   &calls[i], NULL), 0);
+    }
+    for (double end = now_ms() + 10000; __atomic_load_n(&ovs->flushed, __ATOMIC_ACQUIRE) < N;)
+        ck_assert_msg(now_ms() < end, "the server answered %u of %u calls", ovs->flushed, N);
+    for (double end = now_ms() + 10000; done < N;) {
+        int rc = tern_rpc_poll(ep);
+
+        if (rc < 0) {
+            ck_assert_int_eq(rc, TERN_EIO);
+            errors++;
+        }
+        done = 0;
+        for (unsigned i = 0; i < N; i++)
+            done += calls[i].done;
+        ck_assert_msg(now_ms() < end, "%u of %u calls completed: the fabric's failure was "
+                      "taken for idleness", done, N);
+    }
+    for (unsigned i = 0; i < N; i++) {
+        ck_assert_msg(calls[i].status == 0 || calls[i].status == TERN_EIO,
+                      "call %u: %s", i, tern_strerror(calls[i].status));
+        ok += calls[i].status == 0;
+    }
+    ck_assert_uint_ge(ok, 1);               /* the replies taken before it */
+    ck_assert_uint_lt(ok, N);
+    ck_assert_uint_eq(errors, 1);
+    ck_assert_int_eq(tern_session_status(s), TERN_EIO);
+    ck_assert_int_eq(tern_rpc_poll(ep), 0);
+    ck_assert_int_eq(tern_rpc_connect(ep, bound, 1000000000ull, &s2), TERN_EIO);
+    tern_rpc_disconnect(s);
+    tern_rpc_close(ep);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    sv_sweep_dead();
+    munmap(ovs, sizeof(*ovs));
+}
+END_TEST
+
 Suite *suite_rdma(void)
 {
     Suite *s = suite_create("rdma");
@@ -579,6 +895,9 @@ Suite *suite_rdma(void)
     tcase_add_test(tc, arm_sees_a_refused_put);
     tcase_add_test(tc, writable_survives_a_full_pending_list);
     tcase_add_test(tc, acceptor_sends_before_the_connector_polls);
+    tcase_add_test(tc, cq_overrun_hands_out_what_was_taken);
+    tcase_add_test(tc, rpc_sessions_fail_with_their_fabric);
+    tcase_add_test(tc, two_endpoints_on_two_threads);
     suite_add_tcase(s, tc);
     return s;
 }

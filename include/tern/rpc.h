@@ -111,7 +111,11 @@ int tern_rpc_register(struct tern_rpc_ep *ep, const struct tern_service *svc);
 int tern_rpc_listen(struct tern_rpc_ep *ep, const char *uri, char *bound, size_t bound_len);
 
 /* Make progress: run handlers, continuations, deadlines. Returns the number
- * of transport events handled (0 when idle). Never blocks. */
+ * of transport events handled (0 when idle), or a negative tern code if a
+ * fabric failed as a whole in this poll (an RDMA completion queue that
+ * overran): its sessions have failed with that code, or moved to their
+ * standby path, and the fabric is not used again (a connect or listen on
+ * it returns the code). Never blocks. */
 int tern_rpc_poll(struct tern_rpc_ep *ep);
 
 /* Poll until tern_rpc_stop() or `timeout_ns` elapses (-1: no limit). In

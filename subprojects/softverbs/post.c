@@ -373,21 +373,25 @@ void sv_progress(struct sv_context *ctx)
 {
     uint64_t now = 0;
 
+    pthread_mutex_lock(&ctx->lock);
     for (struct sv_qp *q = ctx->qps; q; q = q->next) {
+        /* Its owner is posting to it, and carries out its sends itself. */
+        if (pthread_mutex_trylock(&q->lock) != 0)
+            continue;
         if (q->sq_head == q->sq_tail && q->ibv.state != IBV_QPS_ERR) {
             sync_state(q);
-            continue;
+        } else {
+            if (!now)
+                now = now_ns();
+            progress_qp(q, now);
         }
-        if (!now)
-            now = now_ns();
-        progress_qp(q, now);
+        pthread_mutex_unlock(&q->lock);
     }
+    pthread_mutex_unlock(&ctx->lock);
 }
 
-int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
+static int post_send(struct sv_qp *q, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
 {
-    struct sv_qp *q = (struct sv_qp *)(void *)ibqp;
-
     sync_state(q);
     for (; wr; wr = wr->next) {
         struct sv_swr *s;
@@ -440,6 +444,17 @@ int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr
     return 0;
 }
 
+int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
+{
+    struct sv_qp *q = (struct sv_qp *)(void *)ibqp;
+    int rc;
+
+    pthread_mutex_lock(&q->lock);
+    rc = post_send(q, wr, bad);
+    pthread_mutex_unlock(&q->lock);
+    return rc;
+}
+
 static int post_rq(struct sv_rq *rq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
 {
     int rc = 0;
@@ -473,16 +488,18 @@ int sv_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_recv_wr
 {
     struct sv_qp *q = (struct sv_qp *)(void *)ibqp;
     struct sv_qp_ent *e = &own_seg(q)->qp[q->idx];
-    int rc;
+    int rc = EINVAL;
 
+    pthread_mutex_lock(&q->lock);
     sync_state(q);
     if (e->srq >= 0 || q->ibv.state == IBV_QPS_RESET) {
         *bad = wr;
-        return EINVAL;
+    } else {
+        rc = post_rq(&e->rq, wr, bad);
+        if (q->ibv.state == IBV_QPS_ERR)
+            flush_rq(q);
     }
-    rc = post_rq(&e->rq, wr, bad);
-    if (q->ibv.state == IBV_QPS_ERR)
-        flush_rq(q);
+    pthread_mutex_unlock(&q->lock);
     return rc;
 }
 

@@ -28,6 +28,11 @@
  * shared-memory segment /dev/shm/softverbs.PID that peers map; its GID names
  * the process (PID and a random incarnation), so QPs connect as on RoCE:
  * IBV_QP_AV with a global route to the peer's GID and its QP number.
+ *
+ * Test hook: with SOFTVERBS_CQ_ENTRIES=n in the environment, CQs created
+ * from then on hold at most n entries whatever size they were asked for
+ * (and report), so that a CQ overrun can be provoked: the completion that
+ * finds the CQ full is lost and ibv_poll_cq fails once the CQ is empty.
  */
 #ifndef SOFTVERBS_H
 #define SOFTVERBS_H

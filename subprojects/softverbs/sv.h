@@ -120,9 +120,14 @@ int sv_mutex_init(pthread_mutex_t *m);
 
 /* ---- verbs.c: the objects behind the handles ---- */
 
+/* One context serves every thread of the process (rdma_cm hands out one
+ * per device), each thread with its own objects on it, as on a NIC. The
+ * context's lock guards what they share: the slots of the segment's
+ * tables, the lists and arrays below, and the walk of sv_progress. */
 struct sv_context {
     struct ibv_context ibv;
     struct sv_seg *seg;
+    pthread_mutex_t lock;
     struct sv_peer *peers;
     struct sv_qp *qps;              /* every QP, for send progress */
     struct sv_cq_h *cqs[SV_MAX_CQ];
@@ -168,6 +173,10 @@ struct sv_swr {
 
 struct sv_qp {
     struct ibv_qp ibv;
+    /* Its owner posts and modifies it; any thread's poll may carry out its
+     * pending sends (sv_progress). This orders the two: it guards the send
+     * queue, the state and the peer. */
+    pthread_mutex_t lock;
     struct sv_qp *next;             /* the context's QPs */
     uint32_t idx;
     bool sq_sig_all;
@@ -198,9 +207,11 @@ int sv_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr *
 int sv_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
 int sv_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc);
 int sv_req_notify_cq(struct ibv_cq *cq, int solicited_only);
-/* Move a QP to the error state: pending sends complete as flushed. */
+/* Move a QP to the error state: pending sends complete as flushed. The
+ * caller holds the QP's lock. */
 void sv_qp_error(struct sv_qp *qp);
-/* Work on pending sends of every QP of the context (RNR retries). */
+/* Work on pending sends of every QP of the context (RNR retries) that no
+ * other thread is working on. */
 void sv_progress(struct sv_context *ctx);
 
 #endif

@@ -60,6 +60,7 @@ struct ibv_context *sv_open_device(struct ibv_device *device)
     ctx->ibv.async_fd = -1;
     ctx->ibv.num_comp_vectors = 1;
     pthread_mutex_init(&ctx->ibv.mutex, NULL);
+    pthread_mutex_init(&ctx->lock, NULL);
     ctx->ibv.ops.poll_cq = sv_poll_cq;
     ctx->ibv.ops.req_notify_cq = sv_req_notify_cq;
     ctx->ibv.ops.post_send = sv_post_send;
@@ -82,6 +83,7 @@ int sv_close_device(struct ibv_context *context)
         free(p);
     }
     sv_seg_destroy(ctx->seg);
+    pthread_mutex_destroy(&ctx->lock);
     free(ctx);
     return 0;
 }
@@ -136,20 +138,24 @@ struct sv_peer *sv_peer_get(struct sv_context *ctx, const union ibv_gid *gid)
 {
     struct sv_peer *p;
 
+    pthread_mutex_lock(&ctx->lock);
     for (p = ctx->peers; p; p = p->next)
         if (memcmp(&p->gid, gid, sizeof(*gid)) == 0)
-            return p;
+            goto out;
     p = calloc(1, sizeof(*p));
     if (!p)
-        return NULL;
+        goto out;
     p->seg = sv_seg_attach(gid);
     if (!p->seg) {
         free(p);
-        return NULL;
+        p = NULL;
+        goto out;
     }
     p->gid = *gid;
     p->next = ctx->peers;
     ctx->peers = p;
+out:
+    pthread_mutex_unlock(&ctx->lock);
     return p;
 }
 
@@ -250,7 +256,7 @@ static socklen_t channel_addr(struct sockaddr_un *sa, const struct sv_seg *seg, 
                                         (unsigned long long)seg->incarnation, idx));
 }
 
-struct ibv_comp_channel *sv_create_comp_channel(struct ibv_context *context)
+static struct ibv_comp_channel *channel_new(struct ibv_context *context)
 {
     struct sv_context *ctx = sv_ctx(context);
     struct sv_channel *ch;
@@ -283,7 +289,18 @@ struct ibv_comp_channel *sv_create_comp_channel(struct ibv_context *context)
     return NULL;
 }
 
-int sv_destroy_comp_channel(struct ibv_comp_channel *channel)
+struct ibv_comp_channel *sv_create_comp_channel(struct ibv_context *context)
+{
+    struct sv_context *ctx = sv_ctx(context);
+    struct ibv_comp_channel *ch;
+
+    pthread_mutex_lock(&ctx->lock);
+    ch = channel_new(context);
+    pthread_mutex_unlock(&ctx->lock);
+    return ch;
+}
+
+static int channel_destroy(struct ibv_comp_channel *channel)
 {
     struct sv_channel *ch = (struct sv_channel *)(void *)channel;
     struct sv_context *ctx = sv_ctx(channel->context);
@@ -297,16 +314,33 @@ int sv_destroy_comp_channel(struct ibv_comp_channel *channel)
     return 0;
 }
 
-struct ibv_cq *sv_create_cq(struct ibv_context *context, int cqe, void *cq_context,
-                            struct ibv_comp_channel *channel, int comp_vector)
+int sv_destroy_comp_channel(struct ibv_comp_channel *channel)
+{
+    struct sv_context *ctx = sv_ctx(channel->context);
+    int rc;
+
+    pthread_mutex_lock(&ctx->lock);
+    rc = channel_destroy(channel);
+    pthread_mutex_unlock(&ctx->lock);
+    return rc;
+}
+
+static struct ibv_cq *cq_new(struct ibv_context *context, int cqe, void *cq_context,
+                             struct ibv_comp_channel *channel)
 {
     struct sv_context *ctx = sv_ctx(context);
+    const char *limit = getenv("SOFTVERBS_CQ_ENTRIES");
+    uint32_t entries = (uint32_t)cqe;
     struct sv_cq_h *h;
 
     if (cqe < 1 || cqe > SV_MAX_CQE - 1) {
         errno = EINVAL;
         return NULL;
     }
+    /* A test hook: the CQ holds fewer entries than it says, so that a
+     * consumer that sizes its CQ right can still be shown an overrun. */
+    if (limit && strtoul(limit, NULL, 10) >= 1 && strtoul(limit, NULL, 10) < entries)
+        entries = (uint32_t)strtoul(limit, NULL, 10);
     for (uint32_t i = 0; i < SV_MAX_CQ; i++) {
         struct sv_cq *cq = &ctx->seg->cq[i];
 
@@ -317,7 +351,7 @@ struct ibv_cq *sv_create_cq(struct ibv_context *context, int cqe, void *cq_conte
             return NULL;
         sv_mutex_init(&cq->lock);
         cq->head = cq->tail = 0;
-        cq->depth = (uint32_t)cqe + 1;
+        cq->depth = entries + 1;
         cq->armed = cq->overrun = 0;
         cq->channel = channel ? (int32_t)((struct sv_channel *)(void *)channel)->idx : -1;
         cq->gen++;
@@ -337,7 +371,19 @@ struct ibv_cq *sv_create_cq(struct ibv_context *context, int cqe, void *cq_conte
     return NULL;
 }
 
-int sv_destroy_cq(struct ibv_cq *ibcq)
+struct ibv_cq *sv_create_cq(struct ibv_context *context, int cqe, void *cq_context,
+                            struct ibv_comp_channel *channel, int comp_vector)
+{
+    struct sv_context *ctx = sv_ctx(context);
+    struct ibv_cq *cq;
+
+    pthread_mutex_lock(&ctx->lock);
+    cq = cq_new(context, cqe, cq_context, channel);
+    pthread_mutex_unlock(&ctx->lock);
+    return cq;
+}
+
+static int cq_destroy(struct ibv_cq *ibcq)
 {
     struct sv_cq_h *h = (struct sv_cq_h *)(void *)ibcq;
     struct sv_context *ctx = sv_ctx(ibcq->context);
@@ -351,23 +397,38 @@ int sv_destroy_cq(struct ibv_cq *ibcq)
     return 0;
 }
 
+int sv_destroy_cq(struct ibv_cq *ibcq)
+{
+    struct sv_context *ctx = sv_ctx(ibcq->context);
+    int rc;
+
+    pthread_mutex_lock(&ctx->lock);
+    rc = cq_destroy(ibcq);
+    pthread_mutex_unlock(&ctx->lock);
+    return rc;
+}
+
 int sv_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq, void **cq_context)
 {
     struct sv_context *ctx = sv_ctx(channel->context);
     struct sv_channel *ch = (struct sv_channel *)(void *)channel;
+    struct sv_cq_h *h = NULL;
     uint32_t idx;
 
-    for (;;) {
+    while (!h) {
         ssize_t n = recv(channel->fd, &idx, sizeof(idx), 0);
 
         if (n < 0)
             return -1;
         /* A CQ destroyed since it rang: nothing to report. */
-        if (n == sizeof(idx) && idx < SV_MAX_CQ && ctx->cqs[idx])
-            break;
+        if (n == sizeof(idx) && idx < SV_MAX_CQ) {
+            pthread_mutex_lock(&ctx->lock);
+            h = ctx->cqs[idx];
+            pthread_mutex_unlock(&ctx->lock);
+        }
     }
     ch->events++;
-    *cq = &ctx->cqs[idx]->ibv;
+    *cq = &h->ibv;
     *cq_context = (*cq)->cq_context;
     return 0;
 }
@@ -405,9 +466,19 @@ bool sv_cq_push(struct sv_seg *seg, uint32_t idx, const struct ibv_wc *wc)
         struct sockaddr_un sa;
         socklen_t sl = channel_addr(&sa, seg, (uint32_t)channel);
 
-        if (tx_fd < 0)
-            tx_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-        sendto(tx_fd, &idx, sizeof(idx), MSG_NOSIGNAL, (struct sockaddr *)&sa, sl);
+        int fd = __atomic_load_n(&tx_fd, __ATOMIC_ACQUIRE);
+
+        /* Threads that ring at once each make one; one stays. */
+        if (fd < 0) {
+            int mine = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+
+            if (mine >= 0 && !__atomic_compare_exchange_n(&tx_fd, &fd, mine, false,
+                                                          __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+                close(mine);
+            else
+                fd = mine;
+        }
+        sendto(fd, &idx, sizeof(idx), MSG_NOSIGNAL, (struct sockaddr *)&sa, sl);
     }
     return ok;
 }
@@ -421,7 +492,7 @@ static void rq_init(struct sv_rq *rq, uint32_t depth)
     rq->depth = depth;
 }
 
-struct ibv_srq *sv_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
+static struct ibv_srq *srq_new(struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
 {
     struct sv_context *ctx = sv_ctx(pd->context);
     struct sv_srq *s;
@@ -455,7 +526,18 @@ struct ibv_srq *sv_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
     return NULL;
 }
 
-int sv_destroy_srq(struct ibv_srq *ibsrq)
+struct ibv_srq *sv_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr)
+{
+    struct sv_context *ctx = sv_ctx(pd->context);
+    struct ibv_srq *srq;
+
+    pthread_mutex_lock(&ctx->lock);
+    srq = srq_new(pd, attr);
+    pthread_mutex_unlock(&ctx->lock);
+    return srq;
+}
+
+static int srq_destroy(struct ibv_srq *ibsrq)
 {
     struct sv_srq *s = (struct sv_srq *)(void *)ibsrq;
     struct sv_context *ctx = sv_ctx(ibsrq->context);
@@ -468,9 +550,20 @@ int sv_destroy_srq(struct ibv_srq *ibsrq)
     return 0;
 }
 
+int sv_destroy_srq(struct ibv_srq *ibsrq)
+{
+    struct sv_context *ctx = sv_ctx(ibsrq->context);
+    int rc;
+
+    pthread_mutex_lock(&ctx->lock);
+    rc = srq_destroy(ibsrq);
+    pthread_mutex_unlock(&ctx->lock);
+    return rc;
+}
+
 /* ---- queue pairs ---- */
 
-struct ibv_qp *sv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
+static struct ibv_qp *qp_new(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
 {
     struct sv_context *ctx = sv_ctx(pd->context);
     static uint32_t gen;
@@ -518,6 +611,7 @@ struct ibv_qp *sv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
                                  .qp_type = IBV_QPT_RC};
         pthread_mutex_init(&q->ibv.mutex, NULL);
         pthread_cond_init(&q->ibv.cond, NULL);
+        pthread_mutex_init(&q->lock, NULL);
         __atomic_store_n(&e->qpn, q->ibv.qp_num, __ATOMIC_RELEASE);
         q->next = ctx->qps;
         ctx->qps = q;
@@ -525,6 +619,17 @@ struct ibv_qp *sv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
     }
     errno = ENOMEM;
     return NULL;
+}
+
+struct ibv_qp *sv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
+{
+    struct sv_context *ctx = sv_ctx(pd->context);
+    struct ibv_qp *qp;
+
+    pthread_mutex_lock(&ctx->lock);
+    qp = qp_new(pd, attr);
+    pthread_mutex_unlock(&ctx->lock);
+    return qp;
 }
 
 static void set_state(struct sv_qp *q, enum ibv_qp_state s)
@@ -535,7 +640,7 @@ static void set_state(struct sv_qp *q, enum ibv_qp_state s)
     __atomic_store_n(&seg->qp[q->idx].state, (uint32_t)s, __ATOMIC_RELEASE);
 }
 
-int sv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask)
+static int modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask)
 {
     struct sv_qp *q = (struct sv_qp *)(void *)ibqp;
     struct sv_context *ctx = sv_ctx(ibqp->context);
@@ -601,11 +706,23 @@ int sv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask)
     return 0;
 }
 
+int sv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask)
+{
+    struct sv_qp *q = (struct sv_qp *)(void *)ibqp;
+    int rc;
+
+    pthread_mutex_lock(&q->lock);
+    rc = modify_qp(ibqp, attr, mask);
+    pthread_mutex_unlock(&q->lock);
+    return rc;
+}
+
 int sv_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
                 struct ibv_qp_init_attr *init_attr)
 {
     struct sv_qp *q = (struct sv_qp *)(void *)ibqp;
 
+    pthread_mutex_lock(&q->lock);
     memset(attr, 0, sizeof(*attr));
     attr->qp_state = ibqp->state;
     attr->cur_qp_state = ibqp->state;
@@ -622,6 +739,7 @@ int sv_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask,
         init_attr->cap.max_inline_data = q->max_inline;
         init_attr->sq_sig_all = q->sq_sig_all;
     }
+    pthread_mutex_unlock(&q->lock);
     return 0;
 }
 
@@ -631,7 +749,9 @@ int sv_destroy_qp(struct ibv_qp *ibqp)
     struct sv_context *ctx = sv_ctx(ibqp->context);
     struct sv_qp_ent *e = &ctx->seg->qp[q->idx];
 
-    /* Peers sending to it from now on find no QP: their sends fail. */
+    /* Peers sending to it from now on find no QP: their sends fail. Off
+     * the list, no other thread's sv_progress reaches it any more. */
+    pthread_mutex_lock(&ctx->lock);
     __atomic_store_n(&e->state, (uint32_t)IBV_QPS_RESET, __ATOMIC_RELEASE);
     __atomic_store_n(&e->qpn, 0, __ATOMIC_RELEASE);
     for (struct sv_qp **pp = &ctx->qps; *pp; pp = &(*pp)->next)
@@ -639,6 +759,8 @@ int sv_destroy_qp(struct ibv_qp *ibqp)
             *pp = q->next;
             break;
         }
+    pthread_mutex_unlock(&ctx->lock);
+    pthread_mutex_destroy(&q->lock);
     free(q->sq);
     free(q);
     return 0;

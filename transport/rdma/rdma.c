@@ -188,8 +188,14 @@ static int serve_ready(struct rdma_ep *ep, struct tern_tp_event *ev, int max)
 static int rdma_poll(struct tern_tp_ep *base, struct tern_tp_event *ev, int max)
 {
     struct rdma_ep *ep = REP(base);
-    int n, k;
+    int n;
 
+    /* Failed: what is owed still goes out (nothing the user was told of
+     * is lost), then the failure, on every poll. */
+    if (ep->failed) {
+        n = serve_ready(ep, ev, max);
+        return n ? n : ep->failed;
+    }
     /* The CM costs a system call: looked at every RDMA_CM_EVERY polls,
      * and every poll while a connection is being set up. */
     if (ep->cm_pending || ++ep->polls % RDMA_CM_EVERY == 0)
@@ -199,13 +205,12 @@ static int rdma_poll(struct tern_tp_ep *base, struct tern_tp_event *ev, int max)
     /* Connections with events owed go first (a CONNECTED before its
      * first RECV); completions wait for the next poll. */
     if (n < max && !ep->base.ready) {
-        k = trdma_wc_handle(ep, ev + n, max - n);
-        if (k < 0)
-            return k;
-        n += k;
+        n += trdma_wc_handle(ep, ev + n, max - n);
         if (n < max)
             n += serve_ready(ep, ev + n, max - n);
     }
+    if (ep->failed)
+        return n ? n : ep->failed;
     if (ep->srq_missing >= RDMA_SRQ_REPOST)
         trdma_srq_refill(ep, false);
     return n;
@@ -223,6 +228,8 @@ static int rdma_arm(struct tern_tp_ep *base)
     void *ctx;
     int k;
 
+    if (ep->failed)
+        return TERN_EAGAIN;     /* the next poll reports it */
     trdma_cm_poll(ep);
     trdma_flush(base);      /* may itself make events owed */
     if (ep->base.ready || ep->wc_head < ep->wc_n)
@@ -237,6 +244,10 @@ static int rdma_arm(struct tern_tp_ep *base)
     if (k > 0) {
         ep->wc_head = 0;
         ep->wc_n = k;
+        return TERN_EAGAIN;
+    }
+    if (k < 0) {
+        trdma_cq_overrun(ep);
         return TERN_EAGAIN;
     }
     return 0;

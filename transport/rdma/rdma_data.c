@@ -6,6 +6,7 @@
 #include <endian.h>
 #include <string.h>
 
+#include "log.h"
 #include "rdma_internal.h"
 
 void trdma_mark_dirty(struct rdma_conn *c)
@@ -372,6 +373,8 @@ int trdma_flush(struct tern_tp_ep *base)
     struct rdma_ep *ep = REP(base);
     struct rdma_conn *list = ep->dirty;
 
+    if (ep->failed)
+        return ep->failed;  /* no completion would account for a post */
     /* Posting never marks another connection; those with work left (no
      * room) stay on the list for the next flush. */
     ep->dirty = NULL;
@@ -479,19 +482,35 @@ static int recv_done(struct rdma_conn *c, const struct ibv_wc *wc, struct tern_t
     return 1;
 }
 
+void trdma_cq_overrun(struct rdma_ep *ep)
+{
+    /* A completion was lost, and with it maybe the only sign that some
+     * work request or record is done: nothing on this endpoint can be
+     * trusted to finish any more. */
+    if (!ep->failed)
+        tern_log(TERN_LOG_ERROR, "rdma", "%s: the completion queue overran; endpoint failed",
+                 ep->dev.desc);
+    ep->failed = TERN_EIO;
+}
+
 int trdma_wc_handle(struct rdma_ep *ep, struct tern_tp_event *ev, int max)
 {
     int n = 0;
 
-    while (n < max) {
+    while (n < max && !ep->failed) {
         const struct ibv_wc *wc;
         struct rdma_conn *c;
 
         if (ep->wc_head == ep->wc_n) {
             int k = ibv_poll_cq(ep->cq, RDMA_WC_BATCH, ep->wc);
 
-            if (k < 0)
-                return TERN_EIO;    /* the CQ overran: the budget is wrong */
+            if (k < 0) {
+                /* The events written so far hold views and completions
+                 * already taken from the CQ: they go out with this poll,
+                 * the failure with the next. */
+                trdma_cq_overrun(ep);
+                break;
+            }
             if (k < RDMA_WC_BATCH) {
                 /* Seen empty: no entry of a destroyed QP is left in it. */
                 ep->cq_free += ep->cq_deferred;

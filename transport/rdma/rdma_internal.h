@@ -175,6 +175,9 @@ struct rdma_ep {
     struct rdma_conn **qp_tab;  /* QP number -> connection */
     uint32_t qp_mask;
     unsigned polls, cm_pending;
+    int failed;                 /* endpoint-wide failure (the CQ overran):
+                                 * every poll reports it once the events
+                                 * taken before it are out */
 };
 
 #define REP(ep) ((struct rdma_ep *)(void *)(ep))
@@ -216,8 +219,11 @@ int trdma_get(struct tern_tp_conn *conn, struct tern_tp_mr *lmr, void *dst, size
              const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token);
 int trdma_flush(struct tern_tp_ep *ep);
 void trdma_mark_dirty(struct rdma_conn *c);
-/* Handle polled completions into events; returns how many were written. */
+/* Handle polled completions into events; returns how many were written
+ * (on a CQ overrun, those taken before it, with ep->failed set). */
 int trdma_wc_handle(struct rdma_ep *ep, struct tern_tp_event *ev, int max);
+/* The CQ overran: the endpoint has failed. */
+void trdma_cq_overrun(struct rdma_ep *ep);
 /* Put back the receives the SRQ has handed out. */
 void trdma_srq_refill(struct rdma_ep *ep, bool all);
 /* After the QP moved to error: post the marker whose flush says every

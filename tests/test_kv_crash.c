@@ -85,7 +85,7 @@ static const struct variant variants[] = {
     {"auto-shm", TERN_KV_PATH_AUTO, true, {"shm://auto", "shm://auto"}, "shm://auto",
      AUTO_MIN / 2, AUTO_MIN, 60},
 #if TERN_HAVE_RDMA
-    /* The same over rdma (softverbs unless TERN_TEST_RDMA_IP names a NIC's
+    /* The same over rdma (softverbs unless TERN_RDMA_LOCAL_IP names a NIC's
      * address): a record goes by RDMA WRITE from a staging slot and its
      * LPUT right behind it on the same session; a GET is two RDMA READs. */
     {"onesided-rdma", TERN_KV_PATH_ONESIDED, true, {rdma_listen, rdma_listen}, rdma_listen,

@@ -103,19 +103,10 @@ static void setup_service(struct tern_rpc_ep *ep)
 
 /* ---- the client's side ---- */
 
-/* The server of the current test, killed on any exit so that a failed
- * assertion does not leave it running. */
+/* The server of the current test (the harness kills it on any exit, so a
+ * failed assertion does not leave it running). */
 static pid_t server_pid;
 static char uri[128];
-
-static void kill_server_at_exit(void)
-{
-    if (server_pid > 0) {
-        kill(server_pid, SIGKILL);
-        waitpid(server_pid, NULL, 0);
-        server_pid = 0;
-    }
-}
 
 /* The service, plus a shm listener that HELLO_ACK advertises (auto://). */
 static void setup_service_and_shm(struct tern_rpc_ep *ep)
@@ -135,36 +126,15 @@ static void setup_service_and_ntb(struct tern_rpc_ep *ep)
         _exit(6);
 }
 
-/* The fabrics the loop tests below run on. */
-static char rdma_uri[96] = "rdma://127.0.0.1:0";
-static const char *const listen_uris[] = {
-    "tcp://127.0.0.1:0", "shm://auto",
-#if TERN_HAVE_RDMA
-    rdma_uri,
-#endif
-};
-
-__attribute__((constructor)) static void rdma_uri_init(void)
-{
-    snprintf(rdma_uri, sizeof(rdma_uri), "rdma://%s:0", test_rdma_ip());
-}
-#define N_LISTEN_URIS ((int)(sizeof(listen_uris) / sizeof(listen_uris[0])))
-
-static bool registered_kill;
-
 static void start_server_at(const struct tern_rpc_config *cfg, const char *listen_uri)
 {
-    if (!registered_kill) {
-        atexit(kill_server_at_exit);
-        registered_kill = true;
-    }
     server_pid = spawn_rpc_server_at(setup_service, cfg, listen_uri, uri, sizeof(uri));
     ck_assert_int_gt(server_pid, 0);
 }
 
 static void start_server(const struct tern_rpc_config *cfg)
 {
-    start_server_at(cfg, listen_uris[0]);
+    start_server_at(cfg, "tcp://127.0.0.1:0");
 }
 
 /* A server on TCP that also listens where `setup` says, and the auto://
@@ -172,10 +142,6 @@ static void start_server(const struct tern_rpc_config *cfg)
 static void start_auto_server_with(void (*setup)(struct tern_rpc_ep *), char *auto_uri,
                                    size_t len)
 {
-    if (!registered_kill) {
-        atexit(kill_server_at_exit);
-        registered_kill = true;
-    }
     server_pid = spawn_rpc_server_at(setup, NULL, "tcp://127.0.0.1:0", uri, sizeof(uri));
     ck_assert_int_gt(server_pid, 0);
     snprintf(auto_uri, len, "auto://%s", uri + strlen("tcp://"));
@@ -326,7 +292,7 @@ START_TEST(sync_echo)
     size_t got = 99;
     int rc;
 
-    start_server_at(NULL, listen_uris[_i]);
+    start_server_at(NULL, test_fabric_listen(_i));
     ep = client_open(NULL, &s);
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++)
         assert_echo(s, sizes[i]);
@@ -415,7 +381,7 @@ START_TEST(server_killed_mid_call)
     int rc, wstatus;
     pid_t pid;
 
-    start_server_at(NULL, listen_uris[_i]);
+    start_server_at(NULL, test_fabric_listen(_i));
     ep = client_open(NULL, &s);
     assert_echo(s, 8);
 
@@ -463,7 +429,7 @@ START_TEST(server_killed_calls_queued)
     for (int i = 0; i < N; i++)
         ck_assert_int_eq(tern_call(s, SVC, M_SLOW, NULL, 0, 0, rec_cont, &r[i], NULL), 0);
     poll_for(ep, 50);
-    kill_server_at_exit();
+    test_child_kill(&server_pid);
     for (double end = now_ms() + 5000; now_ms() < end && done < N;) {
         tern_rpc_poll(ep);
         done = 0;
@@ -764,7 +730,7 @@ END_TEST
 static void setup_service_and_rdma(struct tern_rpc_ep *ep)
 {
     setup_service(ep);
-    ck_assert_int_eq(tern_rpc_listen(ep, rdma_uri, NULL, 0), 0);
+    ck_assert_int_eq(tern_rpc_listen(ep, test_fabric_listen(test_fabric_row("rdma")), NULL, 0), 0);
 }
 
 /* The server advertises rdma only because it has a NIC (here softverbs);
@@ -800,7 +766,7 @@ START_TEST(auto_takes_ntb_by_policy)
     char auto_uri[160];
     int rc;
 
-    snprintf(ntb_dev, sizeof(ntb_dev), "ntb://emu:auto-%d", (int)getpid());
+    snprintf(ntb_dev, sizeof(ntb_dev), "%s", test_fabric_listen(test_fabric_row("ntb")));
     start_auto_server_with(setup_service_and_ntb, auto_uri, sizeof(auto_uri));
     ck_assert_int_eq(tern_rpc_open(&ntb_first, &ep), 0);
     rc = tern_rpc_connect(ep, auto_uri, 5 * SEC, &s);
@@ -879,10 +845,10 @@ Suite *suite_rpc_procs(void)
     TCase *tc = tcase_create("procs");
 
     tcase_set_timeout(tc, 60);
-    tcase_add_loop_test(tc, sync_echo, 0, N_LISTEN_URIS);
+    tcase_add_loop_test(tc, sync_echo, 0, test_fabric_count());
     tcase_add_test(tc, deadline_on_slow_server);
     tcase_add_test(tc, slow_call_within_deadline);
-    tcase_add_loop_test(tc, server_killed_mid_call, 0, N_LISTEN_URIS);
+    tcase_add_loop_test(tc, server_killed_mid_call, 0, test_fabric_count());
     tcase_add_test(tc, auto_picks_shm_on_same_host);
     tcase_add_test(tc, auto_takes_ntb_by_policy);
 #if TERN_HAVE_RDMA

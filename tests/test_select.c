@@ -139,6 +139,9 @@ START_TEST(descriptors_answer_for_every_fabric)
         if (tern_tp_fabric_caps(*f) & TERN_TP_CAP_RMA_OFFLOAD)
             ck_assert_uint_eq(tern_tp_fabric_caps(*f) & (TERN_TP_CAP_PUT | TERN_TP_CAP_GET),
                               TERN_TP_CAP_PUT | TERN_TP_CAP_GET);
+        /* One the fabric names itself. */
+        ck_assert_int_eq(tern_tp_local_uri(*f, NULL, uri, sizeof(uri)), 0);
+        ck_assert_int_eq(tern_tp_uri_fabric(uri), n);
         /* Too small a buffer, a tag no address can hold. */
         ck_assert_int_eq(tern_tp_local_uri(*f, "selftest", uri, 4), TERN_EINVAL);
     }

@@ -123,7 +123,7 @@ int tern_tp_local_uri(const char *fabric, const char *tag, char *uri, size_t len
 
     if (!f || !f->local_addr)
         return TERN_ENOFABRIC;
-    if (!uri || !tag)
+    if (!uri)
         return TERN_EINVAL;
     n = snprintf(uri, len, "%s://", f->name);
     if (n < 0 || (size_t)n >= len)

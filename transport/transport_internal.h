@@ -62,7 +62,8 @@ struct tern_tp_fabric {
      * NULL: never taken from an advertisement (tcp: the bootstrap itself). */
     bool (*reachable)(const char *addr, size_t len, bool same_node);
     /* An address to listen on for a server on this host that processes of
-     * this host reach, unique per `tag` (tests, benchmarks). */
+     * this host reach, unique per `tag`; tag NULL: one the fabric makes
+     * unique when a listener binds it (tests, benchmarks). */
     int (*local_addr)(const char *tag, char *buf, size_t len);
     /* True if bound address `addr` is an emulated device (results say
      * "ntb-emu", "rdma-emu"). NULL: never. */

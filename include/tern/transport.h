@@ -140,9 +140,11 @@ uint32_t tern_tp_fabric_caps(const char *fabric);
 
 /* Write to `uri` an address on `fabric` ("fabric://...") that a server on
  * this host can listen on and processes of this host can reach, unique per
- * `tag` (a pid, a test name): "tcp://127.0.0.1:0", "shm://TAG", an emulated
- * NTB device, softverbs where there is no RDMA NIC. TERN_ENOFABRIC if the
- * fabric is not built in, TERN_EINVAL if it does not fit. */
+ * `tag` (a pid, a test name): "tcp://127.0.0.1:0", "shm://tern-TAG", an
+ * emulated NTB device, softverbs where there is no RDMA NIC. With tag NULL
+ * the fabric names the listener itself when it binds (any free port, an
+ * "auto" name): the bound address says which. TERN_ENOFABRIC if the fabric
+ * is not built in, TERN_EINVAL if it does not fit. */
 int tern_tp_local_uri(const char *fabric, const char *tag, char *uri, size_t len);
 
 /* How results should name the fabric of bound address `uri`: the fabric's

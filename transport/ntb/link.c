@@ -873,6 +873,8 @@ static bool ntb_reachable(const char *addr, size_t len, bool same_node)
 
 static int ntb_local_addr(const char *tag, char *buf, size_t len)
 {
+    if (!tag)
+        return snprintf(buf, len, "emu:auto") < (int)len ? 0 : TERN_EINVAL;
     if (snprintf(buf, len, "emu:%s", tag) >= (int)len || !name_ok(tag))
         return TERN_EINVAL;
     return 0;

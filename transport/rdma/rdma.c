@@ -308,11 +308,13 @@ static bool rdma_reachable(const char *addr, size_t len, bool same_node)
     return rdma_hw_usable(NULL, 0);
 }
 
-/* Loopback: softverbs where there is no NIC (a NIC needs one of its own
- * addresses, which the caller names). */
+/* An address of this host's NIC: $TERN_RDMA_LOCAL_IP (one of its netdev's
+ * addresses, say soft-RoCE's), else loopback, which softverbs serves. */
 static int rdma_local_addr(const char *tag, char *buf, size_t len)
 {
-    return snprintf(buf, len, "127.0.0.1:0") < (int)len ? 0 : TERN_EINVAL;
+    const char *ip = getenv("TERN_RDMA_LOCAL_IP");
+
+    return snprintf(buf, len, "%s:0", ip && *ip ? ip : "127.0.0.1") < (int)len ? 0 : TERN_EINVAL;
 }
 
 const struct tern_tp_fabric tp_fabric_rdma = {

@@ -502,6 +502,8 @@ static int shm_local_addr(const char *tag, char *buf, size_t len)
     struct sockaddr_un sa;
     socklen_t sl;
 
+    if (!tag)
+        return snprintf(buf, len, "auto") < (int)len ? 0 : TERN_EINVAL;
     if (snprintf(buf, len, "tern-%s", tag) >= (int)len || !sock_addr(buf, &sa, &sl))
         return TERN_EINVAL;
     return 0;

@@ -1,11 +1,14 @@
-/* Shared test plumbing: fabrics to run the conformance suite on, event
- * queues over tern_tp_poll, and server processes for multi-process tests. */
+/* The test harness every suite includes: the fabric matrix (fabrics.h),
+ * processes and folders (procs.h), and here the conformance suite's rows
+ * and event queues over tern_tp_poll. */
 #ifndef TERN_TEST_HELPERS_H
 #define TERN_TEST_HELPERS_H
 
 #include <stdbool.h>
 #include <sys/types.h>
 
+#include "fabrics.h"
+#include "procs.h"
 #include "rpc.h"
 #include "transport.h"
 
@@ -21,10 +24,6 @@ struct fabric_case {
 
 extern const struct fabric_case fabric_cases[];
 extern const int n_fabric_cases;
-
-/* The address rdma tests listen on: TERN_TEST_RDMA_IP (an address of
- * the NIC's netdev, e.g. for soft-RoCE), else 127.0.0.1 (softverbs). */
-const char *test_rdma_ip(void);
 
 /* Open an endpoint with small buffers unless max_msg says otherwise. */
 struct tern_tp_ep *tp_open(const char *fabric, size_t max_msg);
@@ -47,25 +46,6 @@ struct tp_pair {
 /* Listen on b, connect from a, wait for CONNECTED and ACCEPTED. */
 void tp_pair_open(struct tp_pair *p, const struct fabric_case *fc, size_t max_msg);
 void tp_pair_close(struct tp_pair *p);
-
-/* Fork a process that serves an RPC endpoint (cfg may be NULL) with the
- * services `setup` registers, listening on tcp://127.0.0.1:0. Its URI is
- * written to `uri`. */
-pid_t spawn_rpc_server(void (*setup)(struct tern_rpc_ep *ep),
-                       const struct tern_rpc_config *cfg, char *uri, size_t uri_len);
-
-/* The same, listening on `listen_uri` (e.g. "shm://auto"). */
-pid_t spawn_rpc_server_at(void (*setup)(struct tern_rpc_ep *ep),
-                          const struct tern_rpc_config *cfg, const char *listen_uri,
-                          char *uri, size_t uri_len);
-
-/* SIGTERM the server and reap it; returns its exit status (-1 if killed). */
-int stop_server(pid_t pid);
-
-/* A fresh directory for a test's pool files, named after `name`: on tmpfs
- * (/dev/shm) when there is one, where a persist is a cheap msync, else in
- * /tmp. Written to buf (at least 64 bytes); returns buf. */
-char *test_pool_dir(char *buf, size_t len, const char *name);
 
 /* Milliseconds since an arbitrary start. */
 double now_ms(void);

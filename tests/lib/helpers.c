@@ -13,13 +13,6 @@
 
 static char rdma_listen[80] = "127.0.0.1:0", rdma_refused[80] = "127.0.0.1:1";
 
-const char *test_rdma_ip(void)
-{
-    const char *ip = getenv("TERN_TEST_RDMA_IP");
-
-    return ip && *ip ? ip : "127.0.0.1";
-}
-
 __attribute__((constructor)) static void rdma_addresses(void)
 {
     snprintf(rdma_listen, sizeof(rdma_listen), "%s:0", test_rdma_ip());
@@ -35,7 +28,7 @@ const struct fabric_case fabric_cases[] = {
 #if TERN_HAVE_RDMA
     /* RDMA verbs: a NIC if the host has one, else softverbs (the tests
      * then run the fabric's code against the emulated NIC). On a NIC the
-     * address must be one of its own: TERN_TEST_RDMA_IP. */
+     * address must be one of its own: TERN_RDMA_LOCAL_IP. */
     {"rdma", rdma_listen, rdma_refused, "no-port-here", true},
 #endif
 };
@@ -148,77 +141,4 @@ void tp_pair_close(struct tp_pair *p)
 {
     tern_tp_close(p->a);
     tern_tp_close(p->b);
-}
-
-static struct tern_rpc_ep *child_ep;
-
-static void child_stop(int sig)
-{
-    (void)sig;
-    if (child_ep)
-        tern_rpc_stop(child_ep);
-}
-
-pid_t spawn_rpc_server(void (*setup)(struct tern_rpc_ep *ep),
-                       const struct tern_rpc_config *cfg, char *uri, size_t uri_len)
-{
-    return spawn_rpc_server_at(setup, cfg, "tcp://127.0.0.1:0", uri, uri_len);
-}
-
-pid_t spawn_rpc_server_at(void (*setup)(struct tern_rpc_ep *ep),
-                          const struct tern_rpc_config *cfg, const char *listen_uri,
-                          char *uri, size_t uri_len)
-{
-    int fds[2];
-    pid_t pid;
-    ssize_t got = 0, n;
-
-    ck_assert_int_eq(pipe(fds), 0);
-    pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        char bound[128];
-
-        close(fds[0]);
-        if (tern_rpc_open(cfg, &child_ep) < 0)
-            _exit(3);
-        if (setup)
-            setup(child_ep);
-        if (tern_rpc_listen(child_ep, listen_uri, bound, sizeof(bound)) < 0)
-            _exit(4);
-        signal(SIGTERM, child_stop);
-        if (write(fds[1], bound, strlen(bound) + 1) < 0)
-            _exit(5);
-        close(fds[1]);
-        tern_rpc_run(child_ep, 60000000000ll);
-        tern_rpc_close(child_ep);
-        _exit(0);
-    }
-    close(fds[1]);
-    while (got < (ssize_t)uri_len - 1 && (n = read(fds[0], uri + got, uri_len - 1 - (size_t)got)) > 0)
-        got += n;
-    close(fds[0]);
-    uri[got > 0 ? got : 0] = 0;
-    ck_assert_msg(got > 1, "server process did not start");
-    return pid;
-}
-
-int stop_server(pid_t pid)
-{
-    int status;
-
-    kill(pid, SIGTERM);
-    if (waitpid(pid, &status, 0) != pid)
-        return -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-char *test_pool_dir(char *buf, size_t len, const char *name)
-{
-    struct stat st;
-    const char *base = stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode) ? "/dev/shm" : "/tmp";
-
-    snprintf(buf, len, "%s/tern-%s-XXXXXX", base, name);
-    ck_assert_ptr_nonnull(mkdtemp(buf));
-    return buf;
 }

@@ -14,8 +14,10 @@
  * --flush-helpers, that many more threads take pieces of the store's large
  * flushes (tern_kv_service_help) and touch nothing else. SIGTERM and
  * SIGINT stop it cleanly: clients are closed, the pool is synced and
- * unlocked. Once serving it prints one line, "ternd ready ...", on stdout;
- * errors go to stderr. Usage errors exit 2.
+ * unlocked. SIGHUP is ignored. Once serving it prints one line,
+ * "ternd ready ...", on stdout; errors go to stderr. A start that fails
+ * (exit 1) removes the pool file it created, if it created one; usage
+ * errors exit 2.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -90,7 +92,9 @@ static void usage(FILE *f)
             "                    sleeping; 0 turns it off (0..%u, default 50)\n"
             "  --busy            never sleep (lowest latency, one core always busy)\n"
             "  --flush-helpers N start N threads that take pieces of large flushes off\n"
-            "                    the serving thread (PM pools only; 0..%u, default 0)\n",
+            "                    the serving thread (PM pools only; 0..%u, default 0)\n"
+            "SIGTERM and SIGINT stop ternd cleanly; SIGHUP is ignored (it logs to\n"
+            "stderr and has no configuration file to reload).\n",
             MAX_LISTEN, SPIN_MAX_US, TERN_RESP_COALESCE_MAX_US, MAX_HELPERS);
 }
 
@@ -365,18 +369,26 @@ int main(int argc, char **argv)
     struct tern_resp_gw *gw = NULL;
     struct tern_kv_store_stats st;
     char pool[4096], bound[256], line[1024];
+    bool made_dir, new_pool;
+    struct stat pst;
     struct opts o;
     size_t at;
     int rc;
 
+    /* A hang-up of the terminal or of a supervisor that sends SIGHUP for
+     * "reload" must not stop the store: there is nothing to reload (no
+     * configuration file; logs go to stderr). */
+    signal(SIGHUP, SIG_IGN);
     rc = parse_args(argc, argv, &o);
     if (rc)
         return rc < 0 ? 0 : rc;       /* -1: --help or --version */
-    if (mkdir(o.data_dir, 0700) < 0 && errno != EEXIST) {
+    made_dir = mkdir(o.data_dir, 0700) == 0;
+    if (!made_dir && errno != EEXIST) {
         fprintf(stderr, "ternd: %s: %s\n", o.data_dir, strerror(errno));
         return 1;
     }
     snprintf(pool, sizeof(pool), "%s/kv.pool", o.data_dir);
+    new_pool = stat(pool, &pst) < 0 && errno == ENOENT;
     ko = (struct tern_kv_service_opts){.pool_path = pool, .pool_size = o.pool_size,
                                        .seg_size = o.seg_size, .range_lo = o.range_lo,
                                        .range_hi = o.range_hi};
@@ -386,6 +398,8 @@ int main(int argc, char **argv)
         if (rc == TERN_ECORRUPT)
             fprintf(stderr, "ternd: run `tern pool check %s` for the offset; the file was "
                     "left as it is\n", pool);
+        if (made_dir)
+            rmdir(o.data_dir);
         return 1;
     }
     if (o.busy)
@@ -418,7 +432,8 @@ int main(int argc, char **argv)
 
         rc = tern_resp_gw_create(tern_kv_service_store(svc), &rc_cfg, &gw);
         if (rc < 0)
-            fprintf(stderr, "ternd: resp port %d: %s\n", o.resp_port, tern_strerror(rc));
+            fprintf(stderr, "ternd: --resp-port: 127.0.0.1:%d: %s\n", o.resp_port,
+                    tern_strerror(rc));
         else if (at < sizeof(line))
             at += (size_t)snprintf(line + at, sizeof(line) - at, " resp=127.0.0.1:%u",
                                    tern_resp_gw_port(gw));
@@ -430,6 +445,13 @@ int main(int argc, char **argv)
         tern_resp_gw_destroy(gw);
         tern_rpc_close(g_ep);
         tern_kv_service_close(svc);
+        /* A pool this run created holds nothing yet: a start that failed
+         * (an address in use, a typo in --listen) leaves no file behind.
+         * The service had it locked until now, so it was ours. */
+        if (new_pool)
+            unlink(pool);
+        if (made_dir)
+            rmdir(o.data_dir);
         return 1;
     }
     tern_kv_store_get_stats(tern_kv_service_store(svc), &st);

@@ -122,6 +122,7 @@ run_tests() {
     if build build -Dwerror=true; then
         log "test suites"
         suite build
+        count cli-smoke tests/cli_smoke.sh build
         count rpcbench-smoke tests/rpcbench_smoke.sh build/tools/rpcbench/rpcbench
         count rpcbench-kv-smoke tests/rpcbench_kv_smoke.sh build/tools/rpcbench/rpcbench
         count ternd-smoke tests/ternd_smoke.sh build

@@ -1377,7 +1377,9 @@ int tern_resp_gw_create(struct tern_kv_store *store, const struct tern_resp_conf
     if (rc == 0 && epoll_ctl(gw->epfd, EPOLL_CTL_ADD, gw->lfd, &e) < 0)
         rc = -errno;
     if (rc < 0) {
-        tern_log(TERN_LOG_WARN, LOG_WHO, "cannot listen on %s:%u: %s",
+        /* The caller gets the code and says it: a warning too would print
+         * the one error twice. */
+        tern_log(TERN_LOG_DEBUG, LOG_WHO, "cannot listen on %s:%u: %s",
                  cfg && cfg->host ? cfg->host : "127.0.0.1", cfg ? cfg->port : 0,
                  tern_strerror(rc));
         if (gw->lfd >= 0)

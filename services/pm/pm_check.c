@@ -136,7 +136,7 @@ int tern_pm_check(const char *path, bool deep, FILE *out, struct tern_pm_info *i
         if (rc == TERN_ECORRUPT)
             corrupt(out, bad_off, 0, why);
         else
-            report(out, "error     %s (layout %u)\n", why, h->layout);
+            report(out, "error     %s: %s (layout %u)\n", path, why, h->layout);
         goto out;
     }
     for (int i = 0; i < 16; i++)

@@ -24,6 +24,7 @@
 #include "kv/kv_store.h"
 #include "kv/kv_wire.h"
 #include "kvbench.h"
+#include "opt.h"
 #include "spawn.h"
 #include "ycsb.h"
 
@@ -701,21 +702,30 @@ static bool on_tmpfs(const char *dir)
     return statfs(dir, &sf) == 0 && sf.f_type == TMPFS_MAGIC;
 }
 
-static int kv_run_local(const struct kv_opts *o)
+/* The pool's segment size: 0 (the pool's 1 MiB) unless a segment of that
+ * size could not hold two records. */
+static uint32_t kv_seg_size(const struct kv_opts *o)
 {
-    const char *const *names = tern_tp_fabric_names();
-    const char *printed_persist = NULL;
-    uint64_t pool = o->pool_size, per = max_value(o) + o->key_size + 64;
+    uint64_t per = max_value(o) + o->key_size + 64;
     uint32_t seg = 0;
-    bool tmpfs = on_tmpfs(o->pool_dir), header = true;
-    int failed = 0;
 
-    /* A segment holds at least two records. */
     if (per * 2 > MIB) {
         seg = 1u << 20;
         while (seg < per * 2)
             seg <<= 1;
     }
+    return seg;
+}
+
+static int kv_run_local(const struct kv_opts *o)
+{
+    const char *const *names = tern_tp_fabric_names();
+    const char *printed_persist = NULL;
+    uint64_t pool = o->pool_size, per = max_value(o) + o->key_size + 64;
+    uint32_t seg = kv_seg_size(o);
+    bool tmpfs = on_tmpfs(o->pool_dir), header = true;
+    int failed = 0;
+
     if (!pool) {
         pool = 4 * (o->records + max_inserts(o)) * per;
         pool = pool < 64 * MIB ? 64 * MIB : (pool + MIB - 1) / MIB * MIB;
@@ -776,20 +786,26 @@ static int kv_run_local(const struct kv_opts *o)
 static void kv_usage(FILE *f)
 {
     fprintf(f,
-            "usage: rpcbench kv [--fabric tcp|shm|ntb|rdma|all] [options]\n"
+            "usage: rpcbench kv [--fabric FABRIC|all] [options]\n"
             "  YCSB workloads on the key-value service: a local server per fabric on a\n"
             "  fresh pool; keys are loaded (untimed), then each workload is timed.\n"
+            "FABRIC: one of");
+    for (const char *const *n = tern_tp_fabric_names(); *n; n++)
+        fprintf(f, " %s", *n);
+    fprintf(f,
+            " (this build; default tcp)\n"
             "options:\n"
             "  --workload W[,W...]   A (50%% read/50%% update), B (95/5), C (100%% read),\n"
             "                        D (95%% read of the latest keys/5%% insert),\n"
             "                        F (50%% read/50%% read-modify-write), get, put (default A)\n"
             "  --dist uniform|zipfian  request distribution (zipfian 0.99, scrambled, as\n"
             "                        YCSB; D always uses latest; default uniform)\n"
-            "  --records N           keys loaded (default 10000)\n"
-            "  --value-size N[,N...] value bytes (default 64; k/m suffixes)\n"
-            "  --key-size N          key bytes, \"user\" and a zero-padded number (default 16)\n"
+            "  --records N           keys loaded (default 10000; k/m suffixes)\n"
+            "  --value-size N[,N...] value bytes, 1..64m (default 64; k/m suffixes)\n"
+            "  --key-size N          key bytes, \"user\" and a zero-padded number,\n"
+            "                        8..%u (default 16)\n"
             "  --iters N             measured operations per run (default 100000)\n"
-            "  --window N[,N...]     operations in flight (default 1)\n"
+            "  --window N[,N...]     operations in flight, 1..256 (default 1)\n"
             "  --path P[,P...]       rpc (every call an RPC), onesided (GET reads the\n"
             "                        server's index window and pool, PUT writes into a\n"
             "                        leased segment, on every fabric), push (GET: the\n"
@@ -798,6 +814,7 @@ static void kv_usage(FILE *f)
             "                        rdma, push GETs on ntb, rpc elsewhere); each run\n"
             "                        once per path, side by side (default rpc)\n"
             "  --cache N             onesided: client cache of N values validated by version\n"
+            "                        (0..16m)\n"
             "  --append-only         server: never update in place (the baseline of BOOM-KV's\n"
             "                        hybrid update; JSON pool_used_bytes shows the space)\n"
             "  --baseline            echo at the same size and window first, and each kv\n"
@@ -808,74 +825,68 @@ static void kv_usage(FILE *f)
             "                        else $TMPDIR or /tmp); on tmpfs writes are made\n"
             "                        durable by cache-line flushes (PMEM_IS_PMEM_FORCE=1),\n"
             "                        elsewhere by msync\n"
-            "  --pool-size N         pool bytes (k/m/g; default max(64 MiB,\n"
-            "                        4 x keys x (value + key + 64)))\n");
+            "  --pool-size N         pool bytes (k/m/g/t; default max(64 MiB,\n"
+            "                        4 x keys x (value + key + 64)); at least four\n"
+            "                        segments and 4k)\n",
+            TERN_KV_KEY_MAX);
 }
 
 static bool parse_workloads(const char *arg, struct kv_opts *o)
 {
     char buf[256], *save = NULL;
 
-    if (strlen(arg) >= sizeof(buf))
+    if (strlen(arg) >= sizeof(buf)) {
+        fprintf(stderr, "rpcbench kv: --workload: %.32s... is too long\n", arg);
         return false;
+    }
     snprintf(buf, sizeof(buf), "%s", arg);
     o->n_workloads = 0;
     for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         const struct ycsb_workload *w = ycsb_workload_find(t);
 
-        if (!w || o->n_workloads == KV_SWEEP)
+        if (!w) {
+            fprintf(stderr, "rpcbench kv: --workload: %s is not one of A, B, C, D, F, get, "
+                    "put\n", t);
             return false;
+        }
+        if (o->n_workloads == KV_SWEEP) {
+            fprintf(stderr, "rpcbench kv: --workload: more than %d workloads\n", KV_SWEEP);
+            return false;
+        }
         o->workloads[o->n_workloads++] = w;
     }
+    if (!o->n_workloads)
+        fprintf(stderr, "rpcbench kv: --workload: none given\n");
     return o->n_workloads > 0;
 }
 
 static bool parse_paths(const char *arg, struct kv_opts *o)
 {
+    static const char *const names[] = {"rpc", "onesided", "auto", "push", NULL};
+    static const enum tern_kv_path paths[] = {TERN_KV_PATH_RPC, TERN_KV_PATH_ONESIDED,
+                                              TERN_KV_PATH_AUTO, TERN_KV_PATH_PUSH};
     char buf[64], *save = NULL;
 
-    if (strlen(arg) >= sizeof(buf))
+    if (strlen(arg) >= sizeof(buf)) {
+        fprintf(stderr, "rpcbench kv: --path: %.32s... is too long\n", arg);
         return false;
+    }
     snprintf(buf, sizeof(buf), "%s", arg);
     o->n_paths = 0;
     for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        if (o->n_paths == KV_PATHS)
+        int i = opt_choice("rpcbench kv", "--path", t, names, NULL);
+
+        if (i < 0)
             return false;
-        if (strcmp(t, "rpc") == 0)
-            o->paths[o->n_paths++] = TERN_KV_PATH_RPC;
-        else if (strcmp(t, "onesided") == 0)
-            o->paths[o->n_paths++] = TERN_KV_PATH_ONESIDED;
-        else if (strcmp(t, "auto") == 0)
-            o->paths[o->n_paths++] = TERN_KV_PATH_AUTO;
-        else if (strcmp(t, "push") == 0)
-            o->paths[o->n_paths++] = TERN_KV_PATH_PUSH;
-        else
+        if (o->n_paths == KV_PATHS) {
+            fprintf(stderr, "rpcbench kv: --path: more than %d paths\n", KV_PATHS);
             return false;
+        }
+        o->paths[o->n_paths++] = paths[i];
     }
+    if (!o->n_paths)
+        fprintf(stderr, "rpcbench kv: --path: none given\n");
     return o->n_paths > 0;
-}
-
-static uint64_t parse_bytes(const char *s, bool *ok)
-{
-    size_t n = strlen(s);
-
-    if (n > 1 && (s[n - 1] == 'g' || s[n - 1] == 'G')) {
-        char buf[32];
-
-        snprintf(buf, sizeof(buf), "%.*s", (int)(n - 1), s);
-        return (uint64_t)parse_size(buf, ok) << 30;
-    }
-    return parse_size(s, ok);
-}
-
-static bool fabric_known(const char *f)
-{
-    if (strcmp(f, "all") == 0)
-        return true;
-    for (const char *const *n = tern_tp_fabric_names(); *n; n++)
-        if (strcmp(f, *n) == 0)
-            return true;
-    return false;
 }
 
 static const char *default_pool_dir(void)
@@ -900,14 +911,18 @@ int kv_main(int argc, char **argv)
         {"pool-size", required_argument, NULL, 'P'}, {"baseline", no_argument, NULL, 'b'},
         {"path", required_argument, NULL, 'T'},     {"cache", required_argument, NULL, 'C'},
         {"append-only", no_argument, NULL, 'A'},
-        {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0},
+        {"help", no_argument, NULL, 'h'},           {"version", no_argument, NULL, 'V'},
+        {NULL, 0, NULL, 0},
     };
+    static const char *const all[] = {"all", NULL};
+    static const char *const dists[] = {"uniform", "zipfian", NULL};
+    static const char *const me = "rpcbench kv";
     struct kv_opts o = {.fabric = "tcp", .records = 10000, .sizes = {64}, .n_sizes = 1,
                         .windows = {1}, .n_windows = 1, .iters = 100000, .key_size = 16,
                         .cpu_client = -1, .cpu_server = -1,
                         .paths = {TERN_KV_PATH_RPC}, .n_paths = 1};
-    size_t tmp[KV_SWEEP];
-    uint64_t max_key, digits_max = 1;
+    const char *pool_size = NULL;
+    uint64_t tmp[KV_SWEEP], max_key, digits_max = 1, v = 0, seg;
     int c;
 
     o.workloads[0] = ycsb_workload_find("A");
@@ -917,52 +932,61 @@ int kv_main(int argc, char **argv)
         bool ok = true;
 
         switch (c) {
-        case 'f': o.fabric = optarg; ok = fabric_known(optarg); break;
+        case 'f':
+            o.fabric = optarg;
+            ok = opt_choice(me, "--fabric", optarg, tern_tp_fabric_names(), all) >= 0;
+            break;
         case 'W': ok = parse_workloads(optarg, &o); break;
         case 'D':
             o.zipfian = strcmp(optarg, "zipfian") == 0;
-            ok = o.zipfian || strcmp(optarg, "uniform") == 0;
+            ok = opt_choice(me, "--dist", optarg, dists, NULL) >= 0;
             break;
-        case 'r': o.records = parse_size(optarg, &ok); ok = ok && o.records > 0; break;
+        case 'r': ok = opt_num(me, "--records", optarg, 1, 1ull << 40, OPT_SIZE, &o.records); break;
         case 's':
-            ok = parse_list(optarg, o.sizes, &o.n_sizes);
+            o.n_sizes = opt_list(me, "--value-size", optarg, 1, 64u << 20, OPT_SIZE, tmp,
+                                 KV_SWEEP);
             for (unsigned i = 0; i < o.n_sizes; i++)
-                ok = ok && o.sizes[i] > 0 && o.sizes[i] <= (64u << 20);
+                o.sizes[i] = (size_t)tmp[i];
+            ok = o.n_sizes > 0;
             break;
         case 'k':
-            o.key_size = parse_size(optarg, &ok);
-            ok = ok && o.key_size >= 8 && o.key_size <= TERN_KV_KEY_MAX;
+            ok = opt_num(me, "--key-size", optarg, 8, TERN_KV_KEY_MAX, 0, &v);
+            o.key_size = (size_t)v;
             break;
-        case 'n': o.iters = parse_size(optarg, &ok); ok = ok && o.iters > 0; break;
+        case 'n': ok = opt_num(me, "--iters", optarg, 1, 1ull << 40, OPT_SIZE, &o.iters); break;
         case 'w':
-            ok = parse_list(optarg, tmp, &o.n_windows);
-            for (unsigned i = 0; i < o.n_windows; i++) {
+            o.n_windows = opt_list(me, "--window", optarg, 1, 256, 0, tmp, KV_SWEEP);
+            for (unsigned i = 0; i < o.n_windows; i++)
                 o.windows[i] = (unsigned)tmp[i];
-                ok = ok && tmp[i] > 0 && tmp[i] <= 256;
-            }
+            ok = o.n_windows > 0;
             break;
         case 'j': o.json = true; break;
-        case 'p': ok = sscanf(optarg, "%d,%d", &o.cpu_client, &o.cpu_server) == 2; break;
+        case 'p': ok = bench_parse_cpu(me, optarg, &o.cpu_client, &o.cpu_server); break;
         case 'd': o.pool_dir = optarg; break;
-        case 'P': o.pool_size = parse_bytes(optarg, &ok); ok = ok && o.pool_size >= MIB; break;
+        case 'P': pool_size = optarg; break;    /* its least depends on the value sizes */
         case 'b': o.baseline = true; break;
         case 'T': ok = parse_paths(optarg, &o); break;
         case 'A': o.append_only = true; break;
-        case 'C': o.cache = (unsigned)parse_size(optarg, &ok); ok = ok && o.cache <= (1u << 24); break;
+        case 'C':
+            ok = opt_num(me, "--cache", optarg, 0, 1u << 24, OPT_SIZE, &v);
+            o.cache = (unsigned)v;
+            break;
         case 'h': kv_usage(stdout); return 0;
-        default: ok = false; break;
+        case 'V': return opt_version("rpcbench");
+        default:                             /* getopt said what */
+            fprintf(stderr, "Try 'rpcbench kv --help' for the options.\n");
+            return OPT_USAGE;
         }
-        if (!ok) {
-            fprintf(stderr, "rpcbench kv: bad value for option\n");
-            kv_usage(stderr);
-            return 2;
-        }
+        if (!ok)
+            return OPT_USAGE;
     }
-    if (optind < argc) {
-        fprintf(stderr, "rpcbench kv: unexpected argument '%s'\n", argv[optind]);
-        kv_usage(stderr);
-        return 2;
-    }
+    if (optind < argc)
+        return opt_usage_error(me, "unexpected argument '%s'", argv[optind]);
+    /* The pool's least: its 4 KiB header and four segments. */
+    seg = kv_seg_size(&o) ? kv_seg_size(&o) : MIB;
+    if (pool_size && !opt_num(me, "--pool-size", pool_size, 4096 + 4 * seg, 1ull << 44,
+                              OPT_SIZE, &o.pool_size))
+        return OPT_USAGE;
     /* Every key number must fit the key's digits. */
     max_key = o.records + max_inserts(&o);
     for (size_t d = 0; d < o.key_size - 4 && digits_max <= max_key; d++)
@@ -970,7 +994,7 @@ int kv_main(int argc, char **argv)
     if (digits_max <= max_key) {
         fprintf(stderr, "rpcbench kv: --key-size %zu is too short for %llu keys\n", o.key_size,
                 (unsigned long long)max_key);
-        return 2;
+        return OPT_USAGE;
     }
     if (!o.pool_dir)
         o.pool_dir = default_pool_dir();

@@ -62,10 +62,8 @@ uint64_t server_busy_ns(struct tern_session *s);
 int bench_echo(struct tern_rpc_ep *ep, struct tern_session *s, const char *fabric,
                size_t size, unsigned window, uint64_t iters, bool json, uint64_t *p50);
 
-/* "64", "4k", "1m" (up to a comma); *ok set false if malformed. */
-size_t parse_size(const char *s, bool *ok);
-
-/* "64,4k,...": up to 16 values. */
-bool parse_list(const char *arg, size_t *out, unsigned *n);
+/* --cpu C,S of `prog` ("rpcbench", "rpcbench kv"): false after saying
+ * what is wrong. */
+bool bench_parse_cpu(const char *prog, const char *arg, int *client, int *server);
 
 #endif

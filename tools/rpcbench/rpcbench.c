@@ -5,6 +5,7 @@
  *   rpcbench client --connect URI [opts] client only
  *   rpcbench get|put [--served]         one-sided latency (transport level)
  *   rpcbench kv     [options]           YCSB workloads on the key-value service (kv.c)
+ *   rpcbench --help | --version
  *
  * The echo service answers every request with its own payload. The client
  * keeps `window` calls in flight, times each round trip into a fixed-size
@@ -13,6 +14,7 @@
  */
 #include <errno.h>
 #include <getopt.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -25,6 +27,7 @@
 #include "hist.h"
 #include "kvbench.h"
 #include "onesided.h"
+#include "opt.h"
 #include "spawn.h"
 #include "rpc.h"
 #include "tern_config.h"
@@ -520,54 +523,55 @@ static int run_local(const struct opts *o)
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: rpcbench echo   [--fabric tcp|shm|ntb|rdma|auto|all] [options]\n"
+            "usage: rpcbench echo   [--fabric FABRIC|auto|all] [options]\n"
             "       rpcbench sink   [...]     like echo, but one-way: the server reads every byte, replies are empty\n"
             "       rpcbench server --listen URI [--adaptive]\n"
             "       rpcbench client --connect URI [options]\n"
             "       rpcbench floor  [--iters N] [--cpu C,S]   cache-line ping-pong floor\n"
-            "       rpcbench get|put [--fabric shm|tcp|ntb|rdma] [--size N] [--served]\n"
+            "       rpcbench get|put [--fabric FABRIC] [--size N] [--served]\n"
             "                        one-sided latency, window 1; --served: the owner\n"
             "                        registers its own memory (no direct access)\n"
-            "       rpcbench probe  --fabric ntb|rdma [--eal 'EAL ARGS']   is the hardware there?\n"
-            "       rpcbench kv     [--fabric tcp|shm|ntb|rdma|all] [--workload A,B,C,D,F,get,put]\n"
+            "       rpcbench probe  --fabric FABRIC [--eal 'EAL ARGS']   is the hardware there?\n"
+            "       rpcbench kv     [--fabric FABRIC|all] [--workload A,B,C,D,F,get,put]\n"
             "                       YCSB workloads on the key-value service (rpcbench kv --help)\n"
+            "       rpcbench --help | --version\n"
+            "FABRIC: one of");
+    for (const char *const *n = tern_tp_fabric_names(); *n; n++)
+        fprintf(f, " %s", *n);
+    fprintf(f,
+            " (this build; default tcp)\n"
             "options:\n"
-            "  --size N[,N...]     payload bytes (default 64; k/m suffixes)\n"
-            "  --window N[,N...]   calls in flight (default 1)\n"
-            "  --iters N           measured calls per run (default 200000)\n"
+            "  --size N[,N...]     payload bytes, 0..64m (default 64; k/m suffixes)\n"
+            "  --window N[,N...]   calls in flight, 1..256 (default 1)\n"
+            "  --iters N           measured calls per run (default 200000; k/m suffixes)\n"
             "  --json              one JSON object per run\n"
             "  --adaptive          sleep when idle instead of busy polling\n"
             "  --cpu C,S           pin client to cpu C and server to cpu S\n"
             "  --workload W        client mode: echo (default) or sink\n"
             "URIs: tcp://host:port, shm://name, ntb://emu:NAME or ntb://hw (NTB device),\n"
             "      rdma://host:port (a NIC; rdma://soft:host:port when emulated by softverbs),\n"
-            "      auto://host:port (picks the best fabric)\n");
+            "      auto://host:port (picks the best fabric)\n"
+            "Exit status: 0 done, 1 a run failed, 2 usage error.\n");
 }
 
-size_t parse_size(const char *s, bool *ok)
+bool bench_parse_cpu(const char *prog, const char *arg, int *client, int *server)
 {
-    char *end;
-    unsigned long long v = strtoull(s, &end, 10);
+    const char *comma = strchr(arg, ',');
+    uint64_t c, s;
+    char first[32];
 
-    if (end == s)
-        *ok = false;
-    if (*end == 'k' || *end == 'K')
-        v <<= 10, end++;
-    else if (*end == 'm' || *end == 'M')
-        v <<= 20, end++;
-    if (*end && *end != ',')
-        *ok = false;
-    return (size_t)v;
-}
-
-bool parse_list(const char *arg, size_t *out, unsigned *n)
-{
-    bool ok = true;
-
-    *n = 0;
-    for (const char *p = arg; p && *p && *n < MAX_SWEEP; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
-        out[(*n)++] = parse_size(p, &ok);
-    return ok && *n > 0;
+    if (!comma || (size_t)(comma - arg) >= sizeof(first)) {
+        fprintf(stderr, "%s: --cpu: %s is not C,S (the client's cpu, the server's)\n", prog,
+                arg);
+        return false;
+    }
+    snprintf(first, sizeof(first), "%.*s", (int)(comma - arg), arg);
+    if (!opt_num(prog, "--cpu", first, 0, CPU_SETSIZE - 1, 0, &c) ||
+        !opt_num(prog, "--cpu", comma + 1, 0, CPU_SETSIZE - 1, 0, &s))
+        return false;
+    *client = (int)c;
+    *server = (int)s;
+    return true;
 }
 
 int main(int argc, char **argv)
@@ -581,19 +585,39 @@ int main(int argc, char **argv)
         {"workload", required_argument, NULL, 'W'},
         {"eal", required_argument, NULL, 'E'},
         {"served", no_argument, NULL, 'S'},
+        {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
     };
-    struct opts o = {.workload = "echo", .fabric = "tcp", .sizes = {64}, .n_sizes = 1, .windows = {1},
-                     .n_windows = 1, .iters = 200000, .cpu_client = -1, .cpu_server = -1};
+    static const char *const commands[] = {"echo", "sink", "server", "client", "floor", "get",
+                                           "put", "probe", "kv", NULL};
+    static const char *const workloads[] = {"echo", "sink", NULL};
+    static const char *const all_auto[] = {"all", "auto", NULL};
+    struct opts o = {.workload = "echo", .fabric = "tcp", .sizes = {64}, .n_sizes = 1,
+                     .windows = {1}, .n_windows = 1, .iters = 200000, .cpu_client = -1,
+                     .cpu_server = -1};
     const char *cmd;
-    size_t tmp[MAX_SWEEP];
+    uint64_t tmp[MAX_SWEEP];
+    bool one_fabric;
     int c;
 
-    if (argc < 2 || argv[1][0] == '-') {
-        usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
+    if (argc < 2) {
+        usage(stderr);
+        return OPT_USAGE;
     }
     cmd = argv[1];
+    if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    if (strcmp(cmd, "--version") == 0)
+        return opt_version("rpcbench");
+    if (cmd[0] == '-')
+        return opt_usage_error("rpcbench", "the command comes first (echo, kv, ...), not '%s'",
+                               cmd);
+    for (c = 0; commands[c] && strcmp(commands[c], cmd) != 0; c++)
+        ;
+    if (!commands[c])
+        return opt_usage_error("rpcbench", "unknown command '%s'", cmd);
     if (strcmp(cmd, "kv") == 0) {
 #if defined(TERN_HAVE_SERVICES) && TERN_HAVE_SERVICES
         return kv_main(argc, argv);
@@ -602,47 +626,56 @@ int main(int argc, char **argv)
         return 2;
 #endif
     }
+    /* get, put and probe take one real fabric; the others also all and auto. */
+    one_fabric = strcmp(cmd, "get") == 0 || strcmp(cmd, "put") == 0 || strcmp(cmd, "probe") == 0;
     optind = 2;
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         bool ok = true;
 
         switch (c) {
-        case 'f': o.fabric = optarg; break;
-        case 's': ok = parse_list(optarg, o.sizes, &o.n_sizes); break;
-        case 'w':
-            ok = parse_list(optarg, tmp, &o.n_windows);
-            for (unsigned i = 0; i < o.n_windows; i++) {
-                o.windows[i] = (unsigned)tmp[i];
-                ok = ok && tmp[i] > 0 && tmp[i] <= 256;
-            }
+        case 'f':
+            o.fabric = optarg;
+            ok = opt_choice("rpcbench", "--fabric", optarg, tern_tp_fabric_names(),
+                            one_fabric ? NULL : all_auto) >= 0;
             break;
-        case 'n': o.iters = parse_size(optarg, &ok); ok = ok && o.iters > 0; break;
+        case 's':
+            o.n_sizes = opt_list("rpcbench", "--size", optarg, 0, 64u << 20, OPT_SIZE, tmp,
+                                 MAX_SWEEP);
+            for (unsigned i = 0; i < o.n_sizes; i++)
+                o.sizes[i] = (size_t)tmp[i];
+            ok = o.n_sizes > 0;
+            break;
+        case 'w':
+            o.n_windows = opt_list("rpcbench", "--window", optarg, 1, 256, 0, tmp, MAX_SWEEP);
+            for (unsigned i = 0; i < o.n_windows; i++)
+                o.windows[i] = (unsigned)tmp[i];
+            ok = o.n_windows > 0;
+            break;
+        case 'n':
+            ok = opt_num("rpcbench", "--iters", optarg, 1, 1ull << 40, OPT_SIZE, &o.iters);
+            break;
         case 'j': o.json = true; break;
         case 'a': o.adaptive = true; break;
         case 'l': o.listen = optarg; break;
         case 'c': o.connect = optarg; break;
-        case 'p': ok = sscanf(optarg, "%d,%d", &o.cpu_client, &o.cpu_server) == 2; break;
+        case 'p': ok = bench_parse_cpu("rpcbench", optarg, &o.cpu_client, &o.cpu_server); break;
         case 'h': usage(stdout); return 0;
+        case 'V': return opt_version("rpcbench");
         case 'E': o.eal = optarg; break;
         case 'S': o.served = true; break;
         case 'W':
             o.workload = optarg;
-            ok = strcmp(optarg, "echo") == 0 || strcmp(optarg, "sink") == 0;
+            ok = opt_choice("rpcbench", "--workload", optarg, workloads, NULL) >= 0;
             break;
-        default: ok = false; break;
+        default:                             /* getopt said what */
+            fprintf(stderr, "Try 'rpcbench --help' for the options.\n");
+            return OPT_USAGE;
         }
-        if (!ok) {
-            fprintf(stderr, "rpcbench: bad value for option\n");
-            usage(stderr);
-            return 2;
-        }
+        if (!ok)
+            return OPT_USAGE;
     }
-    for (unsigned i = 0; i < o.n_sizes; i++) {
-        if (o.sizes[i] > (64u << 20)) {
-            fprintf(stderr, "rpcbench: size %zu is over the 64 MiB limit\n", o.sizes[i]);
-            return 2;
-        }
-    }
+    if (optind < argc)
+        return opt_usage_error("rpcbench", "unexpected argument '%s'", argv[optind]);
     if (strcmp(cmd, "echo") == 0 || strcmp(cmd, "sink") == 0) {
         o.workload = cmd;
         return run_local(&o);
@@ -669,10 +702,12 @@ int main(int argc, char **argv)
     }
     if (strcmp(cmd, "floor") == 0)
         return run_floor(o.iters, o.cpu_client, o.cpu_server, o.json);
-    if (strcmp(cmd, "server") == 0 && o.listen)
+    if (strcmp(cmd, "server") == 0) {
+        if (!o.listen)
+            return opt_usage_error("rpcbench", "server: --listen URI is needed");
         return run_server(&o, o.listen, -1);
-    if (strcmp(cmd, "client") == 0 && o.connect)
-        return run_client(&o, o.connect, true) < 0 ? 1 : 0;
-    usage(stderr);
-    return 2;
+    }
+    if (!o.connect)
+        return opt_usage_error("rpcbench", "client: --connect URI is needed");
+    return run_client(&o, o.connect, true) < 0 ? 1 : 0;
 }

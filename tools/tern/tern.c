@@ -2,43 +2,108 @@
  *
  *   tern pool info PATH     the header and the segments in use (fast)
  *   tern pool check PATH    also every committed record's bounds and checksum
+ *   tern --help | --version
  *
- * Exit status: 0 sound, 1 corrupt (the report names the offset), 2 usage or
- * another error. Read-only: safe on a copy, or while ternd is down. */
+ * The report goes to stdout. Exit status: 0 sound, 1 corrupt (the report
+ * names the offset), 2 usage or another error (said once, on stderr).
+ * Read-only: safe on a copy, or while ternd is down. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "error.h"
+#include "opt.h"
 #include "pm/pm.h"
 
-static int usage(void)
+static void usage(FILE *f)
 {
-    fprintf(stderr, "usage: tern pool info|check PATH\n");
+    fprintf(f,
+            "usage: tern pool info PATH    the pool's header and the segments in use\n"
+            "       tern pool check PATH   also every committed record's bounds and checksum\n"
+            "       tern --help | --version\n"
+            "Read-only. Exit status: 0 sound, 1 corrupt (the report names the offset),\n"
+            "2 usage or another error.\n");
+}
+
+static bool is_help(const char *a)
+{
+    return strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0;
+}
+
+/* The report, once the check could be made, on stdout; else only the
+ * reason, on stderr. tern_pm_check writes that reason into its report as
+ * an "error" line, so the report is held until its verdict is known. */
+static int pool_cmd(const char *path, bool deep)
+{
+    static const char tag[] = "error     ";
+    char *rep = NULL, *why;
+    size_t len = 0;
+    uint64_t bad = 0;
+    FILE *mem = open_memstream(&rep, &len);
+    int rc;
+
+    if (!mem) {
+        fprintf(stderr, "tern: %s\n", tern_strerror(TERN_ENOMEM));
+        return 2;
+    }
+    rc = tern_pm_check(path, deep, mem, NULL, &bad);
+    fclose(mem);
+    if (rc == 0 || rc == TERN_ECORRUPT) {
+        fwrite(rep, 1, len, stdout);
+        free(rep);
+        return rc ? 1 : 0;
+    }
+    why = rep ? strstr(rep, tag) : NULL;
+    if (why) {
+        why += sizeof(tag) - 1;
+        why[strcspn(why, "\n")] = 0;
+        fprintf(stderr, "tern: %s\n", why);    /* it names the file */
+    } else {
+        fprintf(stderr, "tern: %s: %s\n", path, tern_strerror(rc));
+    }
+    free(rep);
     return 2;
 }
 
 int main(int argc, char **argv)
 {
-    bool deep;
-    uint64_t bad = 0;
-    int rc;
+    const char *path = NULL;
+    bool deep, dashes = false;
 
-    if (argc != 4 || strcmp(argv[1], "pool") != 0)
-        return usage();
+    for (int i = 1; i < argc; i++) {
+        if (is_help(argv[i])) {
+            usage(stdout);
+            return 0;
+        }
+        if (strcmp(argv[i], "--version") == 0)
+            return opt_version("tern");
+        if (strcmp(argv[i], "--") == 0)
+            break;
+    }
+    if (argc < 2)
+        return opt_usage_error("tern", "a command is needed (tern pool info|check PATH)");
+    if (strcmp(argv[1], "pool") != 0)
+        return opt_usage_error("tern", "unknown command '%s'", argv[1]);
+    if (argc < 3)
+        return opt_usage_error("tern", "pool: info or check is needed");
     if (strcmp(argv[2], "info") == 0)
         deep = false;
     else if (strcmp(argv[2], "check") == 0)
         deep = true;
     else
-        return usage();
-    rc = tern_pm_check(argv[3], deep, stdout, NULL, &bad);
-    if (rc == TERN_ECORRUPT) {
-        fprintf(stderr, "tern: %s is corrupt at offset %llu\n", argv[3], (unsigned long long)bad);
-        return 1;
+        return opt_usage_error("tern", "pool: unknown command '%s' (info or check)", argv[2]);
+    /* One PATH; "--" lets it start with a dash. */
+    for (int i = 3; i < argc; i++) {
+        if (!dashes && strcmp(argv[i], "--") == 0)
+            dashes = true;
+        else if (!dashes && argv[i][0] == '-' && argv[i][1])
+            return opt_usage_error("tern", "unknown option '%s'", argv[i]);
+        else if (path)
+            return opt_usage_error("tern", "pool %s: one PATH only", argv[2]);
+        else
+            path = argv[i];
     }
-    if (rc < 0) {
-        fprintf(stderr, "tern: %s: %s\n", argv[3], tern_strerror(rc));
-        return 2;
-    }
-    return 0;
+    if (!path)
+        return opt_usage_error("tern", "pool %s: PATH is needed", argv[2]);
+    return pool_cmd(path, deep);
 }

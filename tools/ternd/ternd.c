@@ -6,6 +6,7 @@
  *   ternd [--data-dir DIR] [--listen URI]... [--no-shm] [--resp-port PORT]
  *         [--pool-size SIZE] [--seg-size SIZE] [--range LO:HI]
  *         [--spin-us N] [--resp-coalesce-us N] [--busy] [--flush-helpers N]
+ *   ternd --help | --version
  *
  * One thread runs everything: RPC handlers and RESP commands touch the store
  * without locks. When both have been idle for --spin-us it sleeps on one
@@ -13,7 +14,10 @@
  * --flush-helpers, that many more threads take pieces of the store's large
  * flushes (tern_kv_service_help) and touch nothing else. SIGTERM and
  * SIGINT stop it cleanly: clients are closed, the pool is synced and
- * unlocked. Once serving it prints one line, "ternd ready ...", on stdout.
+ * unlocked. SIGHUP is ignored. Once serving it prints one line,
+ * "ternd ready ...", on stdout; errors go to stderr. A start that fails
+ * (exit 1) removes the pool file it created, if it created one; usage
+ * errors exit 2.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -29,11 +33,16 @@
 
 #include "kv.h"
 #include "kv_store.h"
+#include "opt.h"
 #include "resp.h"
 #include "rpc.h"
 
 #define MAX_LISTEN 8
 #define MAX_HELPERS 64
+#define SPIN_MAX_US 1000000u         /* a second: past that --busy is meant */
+#define DEFAULT_SEG (1ull << 20)     /* the pool's defaults (pm.h) */
+#define DEFAULT_POOL (256ull << 20)
+#define POOL_MAX (1ull << 44)
 
 struct opts {
     const char *data_dir;
@@ -60,41 +69,86 @@ static void on_signal(int sig)
         tern_rpc_stop(g_ep);
 }
 
-static int usage(void)
+static void usage(FILE *f)
 {
-    fprintf(stderr,
+    fprintf(f,
             "usage: ternd [--data-dir DIR] [--listen URI]... [--no-shm] [--resp-port PORT]\n"
             "             [--pool-size SIZE] [--seg-size SIZE] [--range LO:HI]\n"
-            "             [--spin-us N] [--resp-coalesce-us N] [--busy]\n"
+            "             [--spin-us N] [--resp-coalesce-us N] [--busy] [--flush-helpers N]\n"
+            "       ternd --help | --version\n"
             "  --data-dir DIR    pool files live here (default ./tern-data)\n"
-            "  --listen URI      tern RPC address, repeatable (default tcp://127.0.0.1:7300)\n"
+            "  --listen URI      tern RPC address, repeatable up to %d times\n"
+            "                    (default tcp://127.0.0.1:7300)\n"
             "  --no-shm          do not offer shared memory to auto:// clients on this host\n"
-            "  --resp-port PORT  also serve the Redis protocol on 127.0.0.1:PORT\n"
-            "  --pool-size SIZE  size of a new pool, e.g. 256m, 4g (default 256m)\n"
-            "  --seg-size SIZE   log segment size of a new pool (default 1m)\n"
+            "  --resp-port PORT  also serve the Redis protocol on 127.0.0.1:PORT (0: any)\n"
+            "  --pool-size SIZE  size of a new pool, k/m/g/t, at least four segments and\n"
+            "                    4k (default 256m)\n"
+            "  --seg-size SIZE   log segment size of a new pool, a power of two in\n"
+            "                    64k..1g (default 1m)\n"
             "  --range LO:HI     the 32-bit key-hash range this server owns (default all)\n"
-            "  --spin-us N       poll this long after the last work before sleeping (20)\n"
+            "  --spin-us N       poll this long after the last work before sleeping\n"
+            "                    (0..%u, default 20)\n"
             "  --resp-coalesce-us N  under load, gather RESP commands this long before\n"
-            "                    sleeping; 0 turns it off (50)\n"
+            "                    sleeping; 0 turns it off (0..%u, default 50)\n"
             "  --busy            never sleep (lowest latency, one core always busy)\n"
             "  --flush-helpers N start N threads that take pieces of large flushes off\n"
-            "                    the serving thread (PM pools only; 0)\n");
-    return 2;
+            "                    the serving thread (PM pools only; 0..%u, default 0)\n"
+            "SIGTERM and SIGINT stop ternd cleanly; SIGHUP is ignored (it logs to\n"
+            "stderr and has no configuration file to reload).\n",
+            MAX_LISTEN, SPIN_MAX_US, TERN_RESP_COALESCE_MAX_US, MAX_HELPERS);
 }
 
-static bool parse_size(const char *s, uint64_t *out)
+/* "LO:HI", both 32-bit, LO <= HI. */
+static bool parse_range(const char *arg, struct opts *o)
 {
-    char *end;
-    unsigned long long v = strtoull(s, &end, 0);
+    const char *colon = strchr(arg, ':');
+    uint64_t lo, hi;
+    char los[32];
 
-    switch (*end) {
-    case 'k': case 'K': v <<= 10; end++; break;
-    case 'm': case 'M': v <<= 20; end++; break;
-    case 'g': case 'G': v <<= 30; end++; break;
-    default: break;
+    if (!colon || (size_t)(colon - arg) >= sizeof(los)) {
+        fprintf(stderr, "ternd: --range: %s is not LO:HI\n", arg);
+        return false;
     }
-    *out = v;
-    return *end == '\0' && end != s;
+    snprintf(los, sizeof(los), "%.*s", (int)(colon - arg), arg);
+    if (!opt_num("ternd", "--range", los, 0, UINT32_MAX, 0, &lo) ||
+        !opt_num("ternd", "--range", colon + 1, 0, UINT32_MAX, 0, &hi))
+        return false;
+    if (lo > hi) {
+        fprintf(stderr, "ternd: --range: %s is empty (LO is above HI)\n", arg);
+        return false;
+    }
+    o->range_lo = (uint32_t)lo;
+    o->range_hi = (uint32_t)hi;
+    return true;
+}
+
+/* A new pool's sizes, checked here because the pool would only say
+ * "invalid argument". They do not matter to an existing pool, but a
+ * command line that could not create one is wrong all the same. */
+static bool check_sizes(struct opts *o, const char *pool_size)
+{
+    uint64_t seg = o->seg_size ? o->seg_size : DEFAULT_SEG, min;
+    char segs[32], mins[32];
+
+    if (seg & (seg - 1)) {
+        opt_format(segs, sizeof(segs), seg, OPT_SIZE);
+        fprintf(stderr, "ternd: --seg-size: %s is not a power of two\n", segs);
+        return false;
+    }
+    /* The pool's smallest: its 4 KiB header and four segments (one to
+     * write to and the reserves). */
+    min = 4096 + 4 * seg;
+    if (pool_size)
+        return opt_num("ternd", "--pool-size", pool_size, min, POOL_MAX, OPT_SIZE,
+                       &o->pool_size);
+    if (DEFAULT_POOL < min) {
+        opt_format(segs, sizeof(segs), seg, OPT_SIZE);
+        opt_format(mins, sizeof(mins), 4 * seg, OPT_SIZE);
+        fprintf(stderr, "ternd: --seg-size: %s segments need a --pool-size of %s + 4k at "
+                "least (four segments and the header; the default is 256m)\n", segs, mins);
+        return false;
+    }
+    return true;
 }
 
 static int parse_args(int argc, char **argv, struct opts *o)
@@ -107,66 +161,63 @@ static int parse_args(int argc, char **argv, struct opts *o)
         {"resp-coalesce-us", required_argument, NULL, 'C'},
         {"busy", no_argument, NULL, 'b'},           {"help", no_argument, NULL, 'h'},
         {"flush-helpers", required_argument, NULL, 'F'},
+        {"version", no_argument, NULL, 'V'},
         {0},
     };
-    uint64_t v;
+    const char *pool_size = NULL;
+    uint64_t v = 0;
     int c;
 
     *o = (struct opts){.data_dir = "./tern-data", .shm = true, .resp_port = -1, .spin_us = 20,
                          .coalesce_us = 50};
     while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
+        bool ok = true;
+
         switch (c) {
         case 'd': o->data_dir = optarg; break;
         case 'l':
             if (o->n_listen == MAX_LISTEN)
-                return usage();
+                return opt_usage_error("ternd", "--listen: at most %d addresses", MAX_LISTEN);
             o->listen[o->n_listen++] = optarg;
             break;
         case 'n': o->shm = false; break;
         case 'r':
-            if (!parse_size(optarg, &v) || v > 65535)
-                return usage();
+            ok = opt_num("ternd", "--resp-port", optarg, 0, 65535, 0, &v);
             o->resp_port = (int)v;
             break;
-        case 'p':
-            if (!parse_size(optarg, &o->pool_size))
-                return usage();
-            break;
+        case 'p': pool_size = optarg; break;     /* its least depends on --seg-size */
         case 's':
-            if (!parse_size(optarg, &v) || v > UINT32_MAX)
-                return usage();
+            ok = opt_num("ternd", "--seg-size", optarg, 64u << 10, 1u << 30, OPT_SIZE, &v);
             o->seg_size = (uint32_t)v;
             break;
-        case 'R': {
-            unsigned long long lo, hi;
-
-            if (sscanf(optarg, "%lli:%lli", &lo, &hi) != 2 || lo > hi || hi > UINT32_MAX)
-                return usage();
-            o->range_lo = (uint32_t)lo;
-            o->range_hi = (uint32_t)hi;
-            break;
-        }
+        case 'R': ok = parse_range(optarg, o); break;
         case 'S':
-            if (!parse_size(optarg, &v))
-                return usage();
+            ok = opt_num("ternd", "--spin-us", optarg, 0, SPIN_MAX_US, 0, &v);
             o->spin_us = (unsigned)v;
             break;
         case 'C':
-            if (!parse_size(optarg, &v) || v > TERN_RESP_COALESCE_MAX_US)
-                return usage();
+            ok = opt_num("ternd", "--resp-coalesce-us", optarg, 0, TERN_RESP_COALESCE_MAX_US, 0,
+                         &v);
             o->coalesce_us = (unsigned)v;
             break;
         case 'b': o->busy = true; break;
         case 'F':
-            if (!parse_size(optarg, &v) || v > MAX_HELPERS)
-                return usage();
+            ok = opt_num("ternd", "--flush-helpers", optarg, 0, MAX_HELPERS, 0, &v);
             o->helpers = (unsigned)v;
             break;
-        default: return usage();
+        case 'h': usage(stdout); return -1;
+        case 'V': opt_version("ternd"); return -1;
+        default:                             /* getopt said what */
+            fprintf(stderr, "Try 'ternd --help' for the options.\n");
+            return OPT_USAGE;
         }
+        if (!ok)
+            return OPT_USAGE;
     }
     if (optind != argc)
-        return usage();
+        return opt_usage_error("ternd", "unexpected argument '%s'", argv[optind]);
+    if (!check_sizes(o, pool_size))
+        return OPT_USAGE;
     if (!o->n_listen)
         o->listen[o->n_listen++] = "tcp://127.0.0.1:7300";
     return 0;
@@ -318,18 +369,26 @@ int main(int argc, char **argv)
     struct tern_resp_gw *gw = NULL;
     struct tern_kv_store_stats st;
     char pool[4096], bound[256], line[1024];
+    bool made_dir, new_pool;
+    struct stat pst;
     struct opts o;
     size_t at;
     int rc;
 
+    /* A hang-up of the terminal or of a supervisor that sends SIGHUP for
+     * "reload" must not stop the store: there is nothing to reload (no
+     * configuration file; logs go to stderr). */
+    signal(SIGHUP, SIG_IGN);
     rc = parse_args(argc, argv, &o);
     if (rc)
-        return rc;
-    if (mkdir(o.data_dir, 0700) < 0 && errno != EEXIST) {
+        return rc < 0 ? 0 : rc;       /* -1: --help or --version */
+    made_dir = mkdir(o.data_dir, 0700) == 0;
+    if (!made_dir && errno != EEXIST) {
         fprintf(stderr, "ternd: %s: %s\n", o.data_dir, strerror(errno));
         return 1;
     }
     snprintf(pool, sizeof(pool), "%s/kv.pool", o.data_dir);
+    new_pool = stat(pool, &pst) < 0 && errno == ENOENT;
     ko = (struct tern_kv_service_opts){.pool_path = pool, .pool_size = o.pool_size,
                                        .seg_size = o.seg_size, .range_lo = o.range_lo,
                                        .range_hi = o.range_hi};
@@ -339,6 +398,8 @@ int main(int argc, char **argv)
         if (rc == TERN_ECORRUPT)
             fprintf(stderr, "ternd: run `tern pool check %s` for the offset; the file was "
                     "left as it is\n", pool);
+        if (made_dir)
+            rmdir(o.data_dir);
         return 1;
     }
     if (o.busy)
@@ -371,7 +432,8 @@ int main(int argc, char **argv)
 
         rc = tern_resp_gw_create(tern_kv_service_store(svc), &rc_cfg, &gw);
         if (rc < 0)
-            fprintf(stderr, "ternd: resp port %d: %s\n", o.resp_port, tern_strerror(rc));
+            fprintf(stderr, "ternd: --resp-port: 127.0.0.1:%d: %s\n", o.resp_port,
+                    tern_strerror(rc));
         else if (at < sizeof(line))
             at += (size_t)snprintf(line + at, sizeof(line) - at, " resp=127.0.0.1:%u",
                                    tern_resp_gw_port(gw));
@@ -383,6 +445,13 @@ int main(int argc, char **argv)
         tern_resp_gw_destroy(gw);
         tern_rpc_close(g_ep);
         tern_kv_service_close(svc);
+        /* A pool this run created holds nothing yet: a start that failed
+         * (an address in use, a typo in --listen) leaves no file behind.
+         * The service had it locked until now, so it was ours. */
+        if (new_pool)
+            unlink(pool);
+        if (made_dir)
+            rmdir(o.data_dir);
         return 1;
     }
     tern_kv_store_get_stats(tern_kv_service_store(svc), &st);

@@ -1,5 +1,5 @@
 /* The transport conformance suite: the same tests on every fabric in
- * fabric_cases (helpers.c). Each test is a Check loop test whose index picks
+ * fabric_cases (lib/helpers.c). Each test is a Check loop test whose index picks
  * the fabric, so a new fabric joins by adding one row there. */
 #include <dirent.h>
 #include <fcntl.h>

@@ -30,6 +30,7 @@
 
 #include "error.h"
 #include "helpers.h"
+#include "kv_servers.h"
 #include "kv.h"
 #include "pm/pm.h"
 #include "suites.h"
@@ -47,20 +48,12 @@ struct variant {
     const char *name;
     enum tern_kv_path path;
     bool onesided;                   /* the server serves the one-sided paths */
-    const char *listen[2];           /* fabric of even and odd rounds */
+    const char *listen[2];           /* fabric of even and odd rounds (a row of
+                                      * tests/lib/fabrics.h, by name) */
     const char *last;                /* fabric of the final check */
     unsigned pad_min, pad_span;      /* value padding: pad_min + [0, pad_span) bytes */
     unsigned rounds;                 /* kill points by default */
 };
-
-#if TERN_HAVE_RDMA
-static char rdma_listen[96] = "rdma://127.0.0.1:0";
-
-__attribute__((constructor)) static void rdma_listen_init(void)
-{
-    snprintf(rdma_listen, sizeof(rdma_listen), "rdma://%s:0", test_rdma_ip());
-}
-#endif
 
 /* The fast-path variants run 60 rounds by default (TERN_CRASH_ROUNDS sets
  * every variant's): with the RPC variant's 100 the suite, which CI runs
@@ -72,45 +65,43 @@ __attribute__((constructor)) static void rdma_listen_init(void)
 static const struct variant variants[] = {
     /* The RPC path, alternating TCP and shared memory; values from 8 to
      * ~700 bytes, so records straddle cache lines and pages. */
-    {"rpc", TERN_KV_PATH_RPC, false, {"tcp://127.0.0.1:0", "shm://auto"}, "tcp://127.0.0.1:0",
+    {"rpc", TERN_KV_PATH_RPC, false, {"tcp", "shm"}, "tcp",
      0, 700, 100},
     /* Every PUT through a leased segment once a lease is granted (the
      * first ones of a round, and those while a full segment is replaced,
      * go by RPC meanwhile), every GET from the window and the pool. */
-    {"onesided-shm", TERN_KV_PATH_ONESIDED, true, {"shm://auto", "shm://auto"}, "shm://auto",
+    {"onesided-shm", TERN_KV_PATH_ONESIDED, true, {"shm", "shm"}, "shm",
      0, 700, 60},
     /* AUTO: values of 1 KiB and more go one-sided, smaller ones inline in
      * an RPC; the lengths (~520 to ~1550 bytes) straddle 1 KiB, so each
      * round mixes both paths on the same keys. */
-    {"auto-shm", TERN_KV_PATH_AUTO, true, {"shm://auto", "shm://auto"}, "shm://auto",
+    {"auto-shm", TERN_KV_PATH_AUTO, true, {"shm", "shm"}, "shm",
      AUTO_MIN / 2, AUTO_MIN, 60},
 #if TERN_HAVE_RDMA
     /* The same over rdma (softverbs unless TERN_RDMA_LOCAL_IP names a NIC's
      * address): a record goes by RDMA WRITE from a staging slot and its
      * LPUT right behind it on the same session; a GET is two RDMA READs. */
-    {"onesided-rdma", TERN_KV_PATH_ONESIDED, true, {rdma_listen, rdma_listen}, rdma_listen,
+    {"onesided-rdma", TERN_KV_PATH_ONESIDED, true, {"rdma", "rdma"}, "rdma",
      0, 700, 60},
-    {"auto-rdma", TERN_KV_PATH_AUTO, true, {rdma_listen, rdma_listen}, rdma_listen,
+    {"auto-rdma", TERN_KV_PATH_AUTO, true, {"rdma", "rdma"}, "rdma",
      AUTO_MIN / 2, AUTO_MIN, 60},
 #endif
 };
 #define N_VARIANTS ((int)(sizeof(variants) / sizeof(variants[0])))
 
-/* The variant under test: set before the loop, copied into servers by fork. */
+/* The variant under test. */
 static const struct variant *var;
-static char dir[64], pool_path[128];
 
-static void kv_setup(struct tern_rpc_ep *ep)
+/* Server 0 of tests/lib/kv_servers.h on `fabric`, on the one pool. */
+static void start_server(const char *fabric)
 {
-    struct tern_kv_service_opts o = {.pool_path = pool_path, .pool_size = 24 * SEG + 4096,
-                                     .seg_size = SEG};
-    struct tern_kv_service *svc;
+    static const struct tern_rpc_config busy = {0};
+    struct test_kv_srv o = {.listen = test_fabric_listen(test_fabric_row(fabric)),
+                            .pool_size = 24 * SEG + 4096, .seg_size = SEG,
+                            .onesided = var->onesided, .cfg = &busy};
 
-    if (tern_kv_service_open(&o, &svc) != 0 || tern_rpc_register(ep, tern_kv_service_def(svc)))
-        _exit(3);
-    /* After the registration, on the endpoint the service is on (kv.h). */
-    if (var->onesided && tern_kv_service_enable_onesided(svc, ep, NULL) != 0)
-        _exit(6);
+    ck_assert_int_ge(test_fabric_row(fabric), 0);
+    test_kv_start(0, &o);
 }
 
 /* ---- the writer and what it expects ---- */
@@ -338,50 +329,18 @@ static struct tern_kv *open_kv(struct tern_rpc_ep *ep, const char *uri)
     return kv;
 }
 
-/* A failed assertion ends the test process with _exit() and Check kills
- * its process group (the servers too), so the pool would stay in /dev/shm.
- * A janitor outside the group removes it once the test process and every
- * server (all of which hold the pipe's write end) are gone. */
-static pid_t start_janitor(int *fd)
-{
-    int fds[2];
-    pid_t pid;
-
-    ck_assert_int_eq(pipe(fds), 0);
-    pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        char c;
-
-        setpgid(0, 0);
-        close(fds[1]);
-        for (;;) {
-            ssize_t r = read(fds[0], &c, 1);
-
-            if (r == 0 || (r < 0 && errno != EINTR))
-                break;
-        }
-        unlink(pool_path);
-        rmdir(dir);
-        _exit(0);
-    }
-    close(fds[0]);
-    *fd = fds[1];
-    return pid;
-}
-
 /* Poll `ep` until no process holds the pool's lock (tern_pm_open's flock)
- * any more. On shm a lease's segment is handed to the client through the
- * server's own pool descriptor, lock and all (transport/shm/direct.c:
- * handout), and the client's mapping of it keeps that lock until the
- * client's endpoint drops the dead server's link. Returns the polls it took. */
+ * any more. The lock dies with the server: a lessee's mapping of its
+ * segment was handed out through a descriptor of its own that holds none
+ * (tern_pm_fd), so this should take no poll at all. Returns the polls it
+ * took. */
 static unsigned wait_pool_unlocked(struct tern_rpc_ep *ep, unsigned round)
 {
     double end = now_ms() + 10000;
     unsigned polls = 0;
 
     for (;;) {
-        int fd = open(pool_path, O_RDONLY | O_CLOEXEC);
+        int fd = open(test_kv_pool(0), O_RDONLY | O_CLOEXEC);
         bool free_now;
 
         ck_assert_int_ge(fd, 0);
@@ -405,8 +364,6 @@ START_TEST(kill9_loses_no_acknowledged_write)
     uint64_t seq = 0;
     unsigned max_polls = 0;
     double t0 = now_ms();
-    int janitor_fd;
-    pid_t janitor;
 
     var = &variants[_i];
     n = rounds();
@@ -415,22 +372,15 @@ START_TEST(kill9_loses_no_acknowledged_write)
     memset(pend, 0, sizeof(pend));
     n_busy = 0;
     n_acked = n_puts_acked = n_big_puts_acked = n_leased_acks = n_eligible = 0;
-    test_pool_dir(dir, sizeof(dir), "crash");
-    snprintf(pool_path, sizeof(pool_path), "%s/kv.pool", dir);
-    janitor = start_janitor(&janitor_fd);
     ck_assert_int_eq(tern_rpc_open(NULL, &ep), 0);
     for (unsigned round = 0; round < n; round++) {
-        char uri[160];
-        pid_t pid = spawn_rpc_server_at(kv_setup, NULL, var->listen[round % 2], uri, sizeof(uri));
         struct tern_kv *kv;
-        int st_pid;
 
-        ck_assert_int_gt(pid, 0);
-        kv = open_kv(ep, uri);
+        start_server(var->listen[round % 2]);
+        kv = open_kv(ep, test_kv_uri(0));
         t.present += verify(kv, round);    /* what the last kill left */
         write_until(ep, kv, &seq, now_ms() + 2 + rand_r(&rnd) % 30, &rnd);
-        kill(pid, SIGKILL);
-        ck_assert_int_eq(waitpid(pid, &st_pid, 0), pid);
+        test_kv_kill(0);
         /* Let the in-flight calls fail (the session sees the death). */
         while (n_busy)
             tern_rpc_poll(ep);
@@ -443,20 +393,21 @@ START_TEST(kill9_loses_no_acknowledged_write)
             max_polls = polls > max_polls ? polls : max_polls;
         }
         /* Nothing torn below a commit point. */
-        ck_assert_msg(tern_pm_check(pool_path, true, NULL, NULL, NULL) == 0,
+        ck_assert_msg(tern_pm_check(test_kv_pool(0), true, NULL, NULL, NULL) == 0,
                       "%s round %u: the pool fails its check after kill -9", var->name, round);
     }
     /* A last restart to verify the final kill's state. */
     {
-        char uri[160];
-        pid_t pid = spawn_rpc_server_at(kv_setup, NULL, var->last, uri, sizeof(uri));
-        struct tern_kv *kv = open_kv(ep, uri);
+        struct tern_kv *kv;
+
+        start_server(var->last);
+        kv = open_kv(ep, test_kv_uri(0));
 
         t.present += verify(kv, n);
         tern_kv_get_onesided_stats(kv, &st);
         os_add(&t, &st);
         tern_kv_close(kv);
-        stop_server(pid);
+        test_kv_finish(0);
     }
     /* TERN_CRASH_VERBOSE=1: what each variant did, and how long it took. */
     if (getenv("TERN_CRASH_VERBOSE"))
@@ -498,10 +449,7 @@ START_TEST(kill9_loses_no_acknowledged_write)
                       (unsigned long long)t.gets_direct, (unsigned long long)t.present);
     }
     tern_rpc_close(ep);
-    unlink(pool_path);
-    rmdir(dir);
-    close(janitor_fd);
-    waitpid(janitor, NULL, 0);
+    test_kv_cleanup();
 }
 END_TEST
 

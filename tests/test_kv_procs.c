@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "helpers.h"
+#include "kv_servers.h"
 #include "kv.h"
 #include "kv_store.h"
 #include "kv_wire.h"
@@ -30,201 +31,18 @@
 #define KIB 1024u
 #define SVC TERN_KV_SERVICE_ID
 
-/* ---- fabrics: the listen URIs of test_rpc_procs, plus the emulated NTB ---- */
+/* ---- servers (tests/lib/kv_servers.h), over the fabric matrix ---- */
 
-static char rdma_uri[96] = "rdma://127.0.0.1:0";
-static const char *const listen_uris[] = {
-    "tcp://127.0.0.1:0", "shm://auto", "ntb://emu:auto",
-#if TERN_HAVE_RDMA
-    rdma_uri,
-#endif
-};
-#define N_LISTEN_URIS ((int)(sizeof(listen_uris) / sizeof(listen_uris[0])))
+#define MAX_SERVERS TEST_KV_SERVERS
 
-__attribute__((constructor)) static void rdma_uri_init(void)
-{
-    snprintf(rdma_uri, sizeof(rdma_uri), "rdma://%s:0", test_rdma_ip());
-}
-
-/* ---- servers (children) and their pool files ---- */
-
-#define MAX_SERVERS 4
-
-static pid_t pids[MAX_SERVERS];
-static char uris[MAX_SERVERS][128];
-static char pool_paths[MAX_SERVERS][128];
-static char tmpdir[64];
-
-/* What the next forked server opens: set before spawning, copied by fork. */
-static struct tern_kv_service_opts next_opts;
-
-static void setup_kv(struct tern_rpc_ep *ep)
-{
-    struct tern_kv_service *svc;
-
-    /* The service lives as long as the child; the child _exit()s, and every
-     * write it acknowledged was durable before the reply left. */
-    if (tern_kv_service_open(&next_opts, &svc) < 0)
-        _exit(7);
-    if (tern_rpc_register(ep, tern_kv_service_def(svc)) < 0)
-        _exit(8);
-}
-
-static void kill_server(int i)
-{
-    if (pids[i] > 0) {
-        kill(pids[i], SIGKILL);
-        waitpid(pids[i], NULL, 0);
-        pids[i] = 0;
-    }
-}
-
-/* Kill what is left and remove the pool files: on any exit of the test
- * process, so that a failed assertion leaves nothing behind. */
-static void cleanup_at_exit(void)
-{
-    DIR *d;
-    struct dirent *de;
-
-    for (int i = 0; i < MAX_SERVERS; i++)
-        kill_server(i);
-    if (!tmpdir[0])
-        return;
-    d = opendir(tmpdir);
-    if (d) {
-        while ((de = readdir(d))) {
-            char p[sizeof(tmpdir) + 300];
-
-            if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
-                continue;
-            snprintf(p, sizeof(p), "%s/%s", tmpdir, de->d_name);
-            unlink(p);
-        }
-        closedir(d);
-    }
-    rmdir(tmpdir);
-    tmpdir[0] = 0;
-}
-
-/* Check ends a failed test with _exit() and kills its process group, so
- * atexit() does not run then. A janitor outside that group cleans up once
- * the test process and every server (all of which hold the pipe's write
- * end) are gone: the pool files, and the emulated NTB devices the servers
- * made (named after their pids, which the pipe brings; a device whose users
- * all died is left behind by the transport). */
-static int janitor_fd = -1;
-
-static void remove_ntb_devices(const pid_t *servers, int n)
-{
-    DIR *d = opendir("/dev/shm");
-    struct dirent *de;
-
-    if (!d)
-        return;
-    while ((de = readdir(d))) {
-        for (int i = 0; i < n; i++) {
-            char prefix[64], p[300];
-
-            snprintf(prefix, sizeof(prefix), "tern-ntb.auto-%d-", (int)servers[i]);
-            if (strncmp(de->d_name, prefix, strlen(prefix)) == 0) {
-                snprintf(p, sizeof(p), "/dev/shm/%s", de->d_name);
-                unlink(p);
-            }
-        }
-    }
-    closedir(d);
-}
-
-static void start_janitor(void)
-{
-    int fds[2];
-    pid_t pid;
-
-    ck_assert_int_eq(pipe(fds), 0);
-    pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        pid_t servers[64];
-        int n = 0;
-        ssize_t got;
-
-        setpgid(0, 0);
-        close(fds[1]);
-        while ((got = read(fds[0], &servers[n < 63 ? n : 63], sizeof(pid_t))) != 0) {
-            if (got == (ssize_t)sizeof(pid_t) && n < 64)
-                n++;
-            else if (got < 0 && errno != EINTR)
-                break;
-        }
-        for (int i = 0; i < MAX_SERVERS; i++)
-            pids[i] = 0;    /* not ours to kill */
-        cleanup_at_exit();
-        remove_ntb_devices(servers, n);
-        _exit(0);
-    }
-    close(fds[0]);
-    janitor_fd = fds[1];
-}
-
-static void make_tmpdir(void)
-{
-    static bool registered;
-
-    if (!registered) {
-        atexit(cleanup_at_exit);
-        registered = true;
-    }
-    test_pool_dir(tmpdir, sizeof(tmpdir), "kvp");     /* tmpfs if there is one */
-    start_janitor();
-    for (int i = 0; i < MAX_SERVERS; i++)
-        snprintf(pool_paths[i], sizeof(pool_paths[i]), "%s/pool%d", tmpdir, i);
-}
-
-struct srv {
-    const char *listen;              /* NULL: tcp */
-    uint64_t pool_size;              /* 0: 8 MiB */
-    uint32_t seg_size;               /* 0: 64 KiB */
-    uint32_t lo, hi;                 /* 0, 0: the whole space */
-    const struct tern_rpc_config *cfg;
-};
-
-static const struct tern_rpc_config adaptive = {.mode = TERN_TP_POLL_ADAPTIVE};
-
-/* Start server `i` on pool file `i` (created at the first start). */
-static void start_server(int i, const struct srv *o)
-{
-    if (!tmpdir[0])
-        make_tmpdir();
-    next_opts = (struct tern_kv_service_opts){
-        .pool_path = pool_paths[i], .pool_size = o->pool_size ? o->pool_size : 8u << 20,
-        .seg_size = o->seg_size ? o->seg_size : 64u << 10, .range_lo = o->lo,
-        .range_hi = o->hi,
-    };
-    /* Servers sleep when idle: several of them and the client share few
-     * CPUs, and busy-polling servers would take turns in time slices. */
-    pids[i] = spawn_rpc_server_at(setup_kv, o->cfg ? o->cfg : &adaptive,
-                                  o->listen ? o->listen : listen_uris[0], uris[i],
-                                  sizeof(uris[i]));
-    ck_assert_int_gt(pids[i], 0);
-    ck_assert_int_eq(write(janitor_fd, &pids[i], sizeof(pid_t)), (ssize_t)sizeof(pid_t));
-}
-
-/* SIGTERM: the server must stop and exit cleanly. */
-static void finish_server(int i)
-{
-    pid_t pid = pids[i];
-
-    pids[i] = 0;
-    ck_assert_msg(stop_server(pid) == 0, "server %d did not exit cleanly", i);
-}
 
 static void finish(struct tern_rpc_ep *ep, struct tern_kv *kv, int n_servers)
 {
     tern_kv_close(kv);
     tern_rpc_close(ep);
     for (int i = 0; i < n_servers; i++)
-        finish_server(i);
-    cleanup_at_exit();
+        test_kv_finish(i);
+    test_kv_cleanup();
 }
 
 static struct tern_rpc_ep *new_ep(const struct tern_rpc_config *cfg)
@@ -244,7 +62,7 @@ static struct tern_kv *kv_connect(struct tern_rpc_ep *ep, int n, const int *orde
     int rc;
 
     for (int i = 0; i < n; i++)
-        u[i] = uris[order ? order[i] : i];
+        u[i] = test_kv_uri(order ? order[i] : i);
     rc = tern_kv_open(ep, u, (unsigned)n, 5 * SEC, &kv);
     ck_assert_msg(rc == 0, "tern_kv_open %s: %s", u[0], tern_err_name(rc));
     ck_assert_ptr_nonnull(kv);
@@ -254,9 +72,9 @@ static struct tern_kv *kv_connect(struct tern_rpc_ep *ep, int n, const int *orde
 static struct tern_session *raw_session(struct tern_rpc_ep *ep, int i)
 {
     struct tern_session *s;
-    int rc = tern_rpc_connect(ep, uris[i], 5 * SEC, &s);
+    int rc = tern_rpc_connect(ep, test_kv_uri(i), 5 * SEC, &s);
 
-    ck_assert_msg(rc == 0, "connect %s: %s", uris[i], tern_err_name(rc));
+    ck_assert_msg(rc == 0, "connect %s: %s", test_kv_uri(i), tern_err_name(rc));
     return s;
 }
 
@@ -345,23 +163,23 @@ START_TEST(basic_ops_every_fabric)
     static uint8_t big[64 * KIB], small[16];
     static const uint8_t bin_key[] = {'k', 0, 'e', 'y', 0, 0xff};
     uint8_t bin_val[256];
-    struct srv o = {.listen = listen_uris[_i], .seg_size = 128 * KIB};
+    struct test_kv_srv o = {.listen = test_fabric_listen(_i), .seg_size = 128 * KIB};
     struct tern_rpc_ep *ep;
     struct tern_kv *kv;
     uint64_t v1 = 0, v2 = 0, v3 = 0, keys = 99;
     size_t got = 0;
     int rc;
 
-    start_server(0, &o);
+    test_kv_start(0, &o);
     ep = new_ep(NULL);
     {
         /* The fabric under test is the one the sessions use. */
         struct tern_session *s = raw_session(ep, 0);
         size_t fl = strlen(tern_session_fabric(s));
 
-        ck_assert_msg(strncmp(listen_uris[_i], tern_session_fabric(s), fl) == 0 &&
-                      listen_uris[_i][fl] == ':', "listening on %s, session on %s",
-                      listen_uris[_i], tern_session_fabric(s));
+        ck_assert_msg(strncmp(test_fabric_listen(_i), tern_session_fabric(s), fl) == 0 &&
+                      test_fabric_listen(_i)[fl] == ':', "listening on %s, session on %s",
+                      test_fabric_listen(_i), tern_session_fabric(s));
         tern_rpc_disconnect(s);
     }
     kv = kv_connect(ep, 1, NULL);
@@ -539,7 +357,7 @@ START_TEST(async_window_and_mget)
     int rc;
 
     make_async_keys();
-    start_server(0, &(struct srv){0});
+    test_kv_start(0, &(struct test_kv_srv){0});
     ep = new_ep(NULL);
     kv = kv_connect(ep, 1, NULL);
 
@@ -647,7 +465,7 @@ START_TEST(mget_larger_than_one_message)
     struct tern_kv *kv;
     int rc;
 
-    start_server(0, &(struct srv){0});
+    test_kv_start(0, &(struct test_kv_srv){0});
     ep = new_ep(&small);
     kv = kv_connect(ep, 1, NULL);
     for (unsigned i = 0; i < N; i++) {
@@ -770,7 +588,7 @@ START_TEST(scan_every_key)
     unsigned calls;
     int rc;
 
-    start_server(0, &(struct srv){0});
+    test_kv_start(0, &(struct test_kv_srv){0});
     ep = new_ep(NULL);
     kv = kv_connect(ep, 1, NULL);
 
@@ -836,8 +654,8 @@ START_TEST(two_servers_split_ranges)
     uint64_t count = 0;
     int rc;
 
-    start_server(0, &(struct srv){.lo = 0, .hi = 0x7fffffff});
-    start_server(1, &(struct srv){.lo = 0x80000000u, .hi = 0xffffffffu});
+    test_kv_start(0, &(struct test_kv_srv){.lo = 0, .hi = 0x7fffffff});
+    test_kv_start(1, &(struct test_kv_srv){.lo = 0x80000000u, .hi = 0xffffffffu});
     ep = new_ep(NULL);
     kv = kv_connect(ep, 2, reversed);   /* the library sorts them */
     for (unsigned i = 0; i < N; i++) {
@@ -914,20 +732,20 @@ START_TEST(bad_ranges_refused)
         struct tern_kv *kv = NULL;
         int rc;
 
-        start_server(0, &(struct srv){.lo = cases[c].lo0, .hi = cases[c].hi0});
+        test_kv_start(0, &(struct test_kv_srv){.lo = cases[c].lo0, .hi = cases[c].hi0});
         if (cases[c].n == 2)
-            start_server(1, &(struct srv){.lo = cases[c].lo1, .hi = cases[c].hi1});
-        u[0] = uris[0];
-        u[1] = uris[1];
+            test_kv_start(1, &(struct test_kv_srv){.lo = cases[c].lo1, .hi = cases[c].hi1});
+        u[0] = test_kv_uri(0);
+        u[1] = test_kv_uri(1);
         rc = tern_kv_open(ep, u, (unsigned)cases[c].n, 5 * SEC, &kv);
         ck_assert_msg(rc == TERN_EINVAL, "case %zu: tern_kv_open gave %s", c, tern_err_name(rc));
         ck_assert_ptr_null(kv);     /* no half-open client handed out */
         for (int i = 0; i < cases[c].n; i++)
-            finish_server(i);
+            test_kv_finish(i);
     }
     /* The control: the halves of case 0 done right open fine. */
-    start_server(0, &(struct srv){.lo = 0, .hi = 0x7fffffff});
-    start_server(1, &(struct srv){.lo = 0x80000000u, .hi = 0xffffffffu});
+    test_kv_start(0, &(struct test_kv_srv){.lo = 0, .hi = 0x7fffffff});
+    test_kv_start(1, &(struct test_kv_srv){.lo = 0x80000000u, .hi = 0xffffffffu});
     {
         struct tern_kv *kv = kv_connect(ep, 2, NULL);
 
@@ -1000,8 +818,8 @@ START_TEST(bad_input_keeps_serving)
 
     /* Server 0 owns the low half (the raw tests), server 1 the high half
      * (so that the library can open both). */
-    start_server(0, &(struct srv){.lo = 0, .hi = 0x7fffffff});
-    start_server(1, &(struct srv){.lo = 0x80000000u, .hi = 0xffffffffu});
+    test_kv_start(0, &(struct test_kv_srv){.lo = 0, .hi = 0x7fffffff});
+    test_kv_start(1, &(struct test_kv_srv){.lo = 0x80000000u, .hi = 0xffffffffu});
     ep = new_ep(NULL);
     s = raw_session(ep, 0);
     key_in_range(in, sizeof(in), &kin, "in", 0, 0x7fffffff);
@@ -1248,7 +1066,7 @@ START_TEST(full_pool_over_rpc)
     uint64_t count = 0;
     int rc = 0, kl;
 
-    start_server(0, &(struct srv){.pool_size = 4 * 64 * KIB + 4096, .seg_size = 64 * KIB});
+    test_kv_start(0, &(struct test_kv_srv){.pool_size = 4 * 64 * KIB + 4096, .seg_size = 64 * KIB});
     ep = new_ep(NULL);
     kv = kv_connect(ep, 1, NULL);
     tern_kv_set_timeout(kv, 2 * SEC);   /* a server stuck on a full pool fails fast */
@@ -1317,7 +1135,7 @@ START_TEST(durable_across_restart)
     uint64_t count = 0, v_after = 0, v_max = 0;
     int kl;
 
-    start_server(0, &(struct srv){0});
+    test_kv_start(0, &(struct test_kv_srv){0});
     ep = new_ep(NULL);
     kv = kv_connect(ep, 1, NULL);
     for (unsigned i = 0; i < N; i++) {
@@ -1339,9 +1157,9 @@ START_TEST(durable_across_restart)
     for (unsigned i = 0; i < N; i++)
         v_max = vers[i] > v_max ? vers[i] : v_max;
     tern_kv_close(kv);
-    finish_server(0);
+    test_kv_finish(0);
 
-    start_server(0, &(struct srv){0});     /* the same pool file */
+    test_kv_start(0, &(struct test_kv_srv){0});     /* the same pool file */
     kv = kv_connect(ep, 1, NULL);
     ck_assert_int_eq(tern_kv_count(kv, &count), 0);
     ck_assert_uint_eq(count, N);
@@ -1380,14 +1198,14 @@ START_TEST(server_killed_mid_run)
     static int runs[N];
     static uint8_t val[512];
     static char keyb[N][16];
-    struct srv o = {.listen = listen_uris[_i]};
+    struct test_kv_srv o = {.listen = test_fabric_listen(_i)};
     struct tern_rpc_ep *ep;
     struct tern_kv *kv;
     double t0, el;
     size_t got;
     int rc;
 
-    start_server(0, &o);
+    test_kv_start(0, &o);
     ep = new_ep(NULL);
     kv = kv_connect(ep, 1, NULL);
     tern_kv_set_timeout(kv, 1 * SEC);
@@ -1403,7 +1221,7 @@ START_TEST(server_killed_mid_run)
         ck_assert_int_eq(rc, 0);
     }
     tern_rpc_poll(ep);
-    kill_server(0);
+    test_kv_kill(0);
     t0 = now_ms();
     while (dead_done < N) {
         ck_assert_msg(now_ms() - t0 < 5000, "%u of %d calls never ended", dead_done, N);
@@ -1431,7 +1249,7 @@ START_TEST(server_killed_mid_run)
     }
     tern_kv_close(kv);
     tern_rpc_close(ep);
-    cleanup_at_exit();
+    test_kv_cleanup();
 }
 END_TEST
 
@@ -1441,7 +1259,7 @@ Suite *suite_kv_procs(void)
     TCase *tc = tcase_create("kv_procs");
 
     tcase_set_timeout(tc, 60);
-    tcase_add_loop_test(tc, basic_ops_every_fabric, 0, N_LISTEN_URIS);
+    tcase_add_loop_test(tc, basic_ops_every_fabric, 0, test_fabric_count());
     tcase_add_test(tc, async_window_and_mget);
     tcase_add_test(tc, mget_larger_than_one_message);
     tcase_add_test(tc, scan_every_key);
@@ -1450,7 +1268,7 @@ Suite *suite_kv_procs(void)
     tcase_add_test(tc, bad_input_keeps_serving);
     tcase_add_test(tc, full_pool_over_rpc);
     tcase_add_test(tc, durable_across_restart);
-    tcase_add_loop_test(tc, server_killed_mid_run, 0, N_LISTEN_URIS);
+    tcase_add_loop_test(tc, server_killed_mid_run, 0, test_fabric_count());
     suite_add_tcase(s, tc);
     return s;
 }

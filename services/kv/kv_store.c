@@ -35,6 +35,8 @@ struct tern_kv_store {
         uint32_t n;                  /* 0: free */
     } pins[TERN_KV_PINS];
     unsigned n_pins;                 /* entries in use */
+    void (*on_short)(void *arg);     /* tern_kv_store_on_short() */
+    void *on_short_arg;
 };
 
 uint64_t tern_kv_hash(const void *key, size_t klen)
@@ -294,6 +296,15 @@ void tern_kv_store_unpin(struct tern_kv_store *s, tern_pm_loc loc)
 
 /* ---- writes ---- */
 
+/* Free segments run low: segments held out of the cleaner's reach that
+ * their holder can spare (idle leases) come back first, so that cleaning
+ * can take them. */
+static void short_of_room(struct tern_kv_store *s)
+{
+    if (s->on_short)
+        s->on_short(s->on_short_arg);
+}
+
 /* Append a record, cleaning first when free segments run low and again,
  * harder, if the pool is full. On failure nothing has changed. */
 static int append(struct tern_kv_store *s, enum tern_pm_rec_type type, const void *key,
@@ -303,6 +314,7 @@ static int append(struct tern_kv_store *s, enum tern_pm_rec_type type, const voi
     int rc;
 
     if (tern_pm_free_segs(s->pool) < s->clean_low) {
+        short_of_room(s);
         rc = tern_pm_clean(s->pool, &s->cleaner, 1, 75);
         if (rc > 0)
             s->st.segs_cleaned += (unsigned)rc;
@@ -314,6 +326,7 @@ static int append(struct tern_kv_store *s, enum tern_pm_rec_type type, const voi
     /* Full: take back every segment at least a tenth dead, emptiest first.
      * Segments nearly all live are left alone: copying one forward would
      * use up about as much room as it frees, over and over. */
+    short_of_room(s);
     rc = tern_pm_clean(s->pool, &s->cleaner, tern_pm_seg_count(s->pool), 90);
     if (rc > 0)
         s->st.segs_cleaned += (unsigned)rc;
@@ -575,19 +588,30 @@ int tern_kv_store_lease(struct tern_kv_store *s, uint32_t *seg)
 {
     int rc;
 
-    /* A lease takes a whole segment: clean first, as an append would. */
-    if (tern_pm_free_segs(s->pool) < s->clean_low) {
+    /* A lease takes a whole segment out of the cleaner's reach until it
+     * ends, so it never takes one of the last clean_low: those keep the
+     * writes that come through the store (RPC, RESP) and the cleaner going
+     * whatever clients lease. Clean first, as an append would. */
+    if (tern_pm_free_segs(s->pool) <= s->clean_low) {
+        short_of_room(s);
         rc = tern_pm_clean(s->pool, &s->cleaner, 1, 75);
         if (rc > 0)
             s->st.segs_cleaned += (unsigned)rc;
     }
-    rc = tern_pm_lease(s->pool, seg);
-    if (rc != TERN_ENOSPC)
-        return rc;
-    rc = tern_pm_clean(s->pool, &s->cleaner, tern_pm_seg_count(s->pool), 90);
-    if (rc > 0)
-        s->st.segs_cleaned += (unsigned)rc;
+    if (tern_pm_free_segs(s->pool) <= s->clean_low) {
+        rc = tern_pm_clean(s->pool, &s->cleaner, tern_pm_seg_count(s->pool), 90);
+        if (rc > 0)
+            s->st.segs_cleaned += (unsigned)rc;
+    }
+    if (tern_pm_free_segs(s->pool) <= s->clean_low)
+        return TERN_ENOSPC;
     return tern_pm_lease(s->pool, seg);
+}
+
+void tern_kv_store_on_short(struct tern_kv_store *s, void (*fn)(void *arg), void *arg)
+{
+    s->on_short = fn;
+    s->on_short_arg = arg;
 }
 
 void tern_kv_store_lease_end(struct tern_kv_store *s, uint32_t seg)

@@ -52,6 +52,24 @@ static void store_open(void)
     ck_assert_msg(rc == 0, "store open: %s", tern_strerror(rc));
 }
 
+/* A fresh pool of other sizes, and the gateway on it. */
+static void store_recreate(uint64_t pool_size, uint32_t seg_size)
+{
+    struct tern_kv_store_opts o = {.path = pool_path, .pool_size = pool_size,
+                                   .seg_size = seg_size};
+    int rc;
+
+    if (gw)
+        tern_resp_gw_destroy(gw);
+    gw = NULL;
+    tern_kv_store_close(store);
+    unlink(pool_path);
+    rc = tern_kv_store_open(&o, &store);
+    ck_assert_msg(rc == 0, "store open: %s", tern_strerror(rc));
+    rc = tern_resp_gw_create(store, NULL, &gw);
+    ck_assert_msg(rc == 0, "gateway: %s", tern_strerror(rc));
+}
+
 static void gw_open(const struct tern_resp_config *cfg)
 {
     int rc = tern_resp_gw_create(store, cfg, &gw);
@@ -1006,6 +1024,104 @@ START_TEST(backlog_stalls_then_resumes)
 }
 END_TEST
 
+/* MGET of one 1 MiB value 1000 times, replies never read: a 1 GB reply.
+ * The gateway must not build it (its output buffer stays within the 64 MiB
+ * cap, as INFO's figures say), must answer with an error instead, and keep
+ * serving its other clients meanwhile. */
+START_TEST(mget_reply_held_to_output_cap)
+{
+    enum { VLEN = 1u << 20, N = 1000 };
+    struct conn *a, *b;
+    char *v = malloc(VLEN), *cmd = malloc(N * 16 + 32), *r;
+    size_t n;
+
+    ck_assert_ptr_nonnull(v);
+    ck_assert_ptr_nonnull(cmd);
+    store_recreate(16u << 20 | 4096, 2u << 20);
+    a = conn_open();
+    b = conn_open();
+    memset(v, 'v', VLEN);
+    conn_cmdv(b, 3, (const char *[]){"SET", "big", v}, (size_t[]){3, 3, VLEN});
+    expect(b, "+OK\r\n");
+    n = (size_t)sprintf(cmd, "*%d\r\n$4\r\nMGET\r\n", N + 1);
+    for (int i = 0; i < N; i++)
+        n += (size_t)sprintf(cmd + n, "$3\r\nbig\r\n");
+    cmds_run = 0;
+    conn_send(a, cmd, n);
+    for (int i = 0; i < 50 && cmds_run == 0; i++)
+        pump();
+    ck_assert_int_eq(cmds_run, 1);
+    /* Another client is served, and sees the buffers within the cap. */
+    CMD(b, "GET", "missing");
+    expect(b, "$-1\r\n");
+    ck_assert_uint_eq(info_number(b, "clients", "tern_output_limit"), 64u << 20);
+    ck_assert_uint_le(info_number(b, "clients", "tern_output_buffer_peak"), 64u << 20);
+    ck_assert_uint_le(info_number(b, "clients", "tern_output_pending"), 4096);
+    r = next_reply(a, NULL);
+    ck_assert_msg(strncmp(r, "-ERR reply exceeds the gateway's output limit", 45) == 0,
+                  "MGET's reply: %s", show(r, strlen(r)));
+    free(r);
+    /* The client goes on. */
+    CMD(a, "PING");
+    expect(a, "+PONG\r\n");
+    free(v);
+    free(cmd);
+    conn_close(a);
+    conn_close(b);
+}
+END_TEST
+
+/* An MGET that fits the cap on its own but not behind 40 MiB of unread GET
+ * replies waits for them to be sent, then runs whole: the client reads
+ * every reply in order. */
+START_TEST(big_reply_waits_for_output_to_drain)
+{
+    enum { VLEN = 1u << 20, GETS = 40, KEYS = 30 };
+    static const char get[] = "*2\r\n$3\r\nGET\r\n$3\r\nbig\r\n";
+    struct conn *c;
+    char *v = malloc(VLEN), *cmd = malloc(GETS * 32 + KEYS * 16 + 32), *r;
+    size_t n = 0, len, one = VLEN + 12;
+
+    ck_assert_ptr_nonnull(v);
+    ck_assert_ptr_nonnull(cmd);
+    store_recreate(16u << 20 | 4096, 2u << 20);
+    c = conn_open();
+    for (size_t i = 0; i < VLEN; i++)
+        v[i] = (char)('a' + i % 26);
+    conn_cmdv(c, 3, (const char *[]){"SET", "big", v}, (size_t[]){3, 3, VLEN});
+    expect(c, "+OK\r\n");
+    for (int i = 0; i < GETS; i++) {
+        memcpy(cmd + n, get, sizeof(get) - 1);
+        n += sizeof(get) - 1;
+    }
+    n += (size_t)sprintf(cmd + n, "*%d\r\n$4\r\nMGET\r\n", KEYS + 1);
+    for (int i = 0; i < KEYS; i++)
+        n += (size_t)sprintf(cmd + n, "$3\r\nbig\r\n");
+    cmds_run = 0;
+    conn_send(c, cmd, n);
+    for (int i = 0; i < 50; i++)
+        pump();         /* without reading */
+    ck_assert_int_eq(cmds_run, GETS);
+    for (int i = 0; i < GETS; i++) {
+        r = next_reply(c, &len);
+        ck_assert_uint_eq(len, one);
+        ck_assert_int_eq(memcmp(r + 10, v, VLEN), 0);
+        free(r);
+    }
+    r = next_reply(c, &len);
+    ck_assert_uint_eq(len, 5 + KEYS * one);
+    ck_assert_int_eq(memcmp(r, "*30\r\n$1048576\r\n", 15), 0);
+    ck_assert_int_eq(memcmp(r + 5 + (KEYS - 1) * one + 10, v, VLEN), 0);
+    free(r);
+    ck_assert_int_eq(cmds_run, GETS + 1);
+    CMD(c, "PING");
+    expect(c, "+PONG\r\n");
+    free(v);
+    free(cmd);
+    conn_close(c);
+}
+END_TEST
+
 /* ---- partial input and peers that go away ---- */
 
 START_TEST(split_commands_parse)
@@ -1349,6 +1465,8 @@ Suite *suite_resp(void)
     tcase_add_test(proto, oversized_requests);
     tcase_add_test(proto, slow_reader_gets_everything);
     tcase_add_test(proto, backlog_stalls_then_resumes);
+    tcase_add_test(proto, mget_reply_held_to_output_cap);
+    tcase_add_test(proto, big_reply_waits_for_output_to_drain);
     tcase_add_test(proto, split_commands_parse);
     tcase_add_test(proto, disconnect_mid_command);
     tcase_add_test(proto, max_clients_refused);

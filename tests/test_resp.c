@@ -1299,6 +1299,160 @@ START_TEST(acked_sets_survive_kill)
 }
 END_TEST
 
+/* N SETs of key `key` with values "%064u" of first..first+n-1, pipelined in
+ * one stream; the buffer is the caller's to free. */
+static char *set_stream(const char *key, unsigned first, unsigned n, size_t *len)
+{
+    size_t klen = strlen(key), cap = (size_t)n * (96 + klen) + 1, at = 0;
+    char *b = malloc(cap);
+
+    ck_assert_ptr_nonnull(b);
+    for (unsigned i = first; i < first + n; i++)
+        at += (size_t)snprintf(b + at, cap - at, "*3\r\n$3\r\nSET\r\n$%zu\r\n%s\r\n$64\r\n%064u\r\n",
+                               klen, key, i);
+    *len = at;
+    return b;
+}
+
+/* Until n "+OK" replies are in, consumed. */
+static void expect_oks(struct conn *c, unsigned n)
+{
+    while (n) {
+        unsigned k = n < 1000 ? n : 1000;
+        char want[5000];
+
+        for (unsigned i = 0; i < k; i++)
+            memcpy(want + 5 * i, "+OK\r\n", 5);
+        expect_n(c, want, 5 * k);
+        n -= k;
+    }
+}
+
+/* The value of `key` in the store, as the index of set_stream it came from. */
+static unsigned stored_index(const char *key)
+{
+    const void *v;
+    uint32_t len;
+    uint64_t version;
+    char text[65];
+
+    ck_assert_int_eq(tern_kv_store_get(store, key, strlen(key), &v, &len, &version), 0);
+    ck_assert_uint_eq(len, 64);
+    memcpy(text, v, 64);
+    text[64] = '\0';
+    return (unsigned)strtoul(text, NULL, 10);
+}
+
+/* 20 000 SETs of one key through the gateway, pipelined (the gateway runs
+ * them in batches with one commit each), then 200 one at a time. As for
+ * RPC PUTs (the hybrid update), a SET rewrites one of the key's records in
+ * place rather than appending: the log stays within one segment, nothing
+ * is cleaned, and the pool reopens with the last value. */
+START_TEST(set_one_key_updates_in_place)
+{
+    enum { PIPELINED = 20000, SINGLE = 200 };
+    struct conn *c = conn_open();
+    struct tern_kv_store_stats st;
+    char val[80];
+    size_t n;
+    char *batch = set_stream("hot", 0, PIPELINED, &n);
+
+    conn_send(c, batch, n);
+    expect_oks(c, PIPELINED);
+    for (unsigned i = PIPELINED; i < PIPELINED + SINGLE; i++) {
+        snprintf(val, sizeof(val), "%064u", i);
+        CMD(c, "SET", "hot", val);
+        expect(c, "+OK\r\n");
+    }
+    tern_kv_store_get_stats(store, &st);
+    ck_assert_msg(st.pool.bytes_committed <= SEG_SIZE,
+                  "%llu bytes of log for one key after %u SETs",
+                  (unsigned long long)st.pool.bytes_committed, PIPELINED + SINGLE);
+    ck_assert_uint_eq(st.segs_cleaned, 0);
+    ck_assert_uint_ge(st.in_place, (PIPELINED + SINGLE) * 9 / 10);
+    ck_assert_uint_eq(stored_index("hot"), PIPELINED + SINGLE - 1);
+    conn_close(c);
+    gw_close();
+    tern_kv_store_close(store);
+    store = NULL;
+    store_open();
+    ck_assert_uint_eq(stored_index("hot"), PIPELINED + SINGLE - 1);
+    tern_kv_store_get_stats(store, &st);
+    ck_assert_uint_le(st.pool.bytes_committed, SEG_SIZE);
+    free(batch);
+}
+END_TEST
+
+/* The same with the gateway in a child SIGKILLed twice: once right after
+ * 5000 SETs were acknowledged (the last one must be there), and once while
+ * 5000 more are in flight, so that a kill may fall in the middle of a
+ * record rewritten in place (the value must then be the last acknowledged
+ * one or one of those in flight). The pool must open each time, pass a
+ * deep check, and hold the key's log within one segment. */
+START_TEST(set_one_key_survives_kill)
+{
+    enum { N = 5000 };
+    struct tern_kv_store_stats st;
+    uint64_t bad_off = 0;
+
+    gw_close();
+    tern_kv_store_close(store);
+    store = NULL;
+    for (int round = 0; round < 2; round++) {
+        int pfd[2], status;
+        uint16_t port;
+        struct conn *c;
+        size_t n;
+        char *batch;
+        pid_t pid;
+        unsigned got;
+
+        ck_assert_int_eq(pipe(pfd), 0);
+        pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+            store_open();
+            gw_open(NULL);
+            port = tern_resp_gw_port(gw);
+            if (write(pfd[1], &port, sizeof(port)) != sizeof(port))
+                _exit(1);
+            for (;;)
+                tern_resp_gw_poll(gw, 100);
+        }
+        close(pfd[1]);
+        ck_assert_int_eq(read(pfd[0], &port, sizeof(port)), (ssize_t)sizeof(port));
+        close(pfd[0]);
+        c = conn_open_port(port);
+        batch = set_stream("hot", round * 2 * N, N, &n);
+        conn_send(c, batch, n);
+        expect_oks(c, N);
+        free(batch);
+        if (round == 1) {
+            batch = set_stream("hot", round * 2 * N + N, N, &n);
+            conn_send(c, batch, n);
+            free(batch);
+        }
+        kill(pid, SIGKILL);
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        conn_close(c);
+        ck_assert_msg(tern_pm_check(pool_path, true, NULL, NULL, &bad_off) == 0,
+                      "round %d: pool check failed at %llu", round,
+                      (unsigned long long)bad_off);
+        store_open();
+        got = stored_index("hot");
+        if (round == 0)
+            ck_assert_uint_eq(got, N - 1);
+        else
+            ck_assert_msg(got >= 2 * N + N - 1 && got < 4 * N, "round 1: value %u", got);
+        tern_kv_store_get_stats(store, &st);
+        ck_assert_msg(st.pool.bytes_committed <= SEG_SIZE, "round %d: %llu bytes of log",
+                      round, (unsigned long long)st.pool.bytes_committed);
+        tern_kv_store_close(store);
+        store = NULL;
+    }
+}
+END_TEST
+
 /* ---- real Redis tools ---- */
 
 /* Run a tool with its stdout in `out` while this process serves it. */
@@ -1479,6 +1633,8 @@ Suite *suite_resp(void)
     tcase_add_test(dur, sync_failure_fails_writes);
     tcase_add_test(dur, acked_set_survives_reopen);
     tcase_add_test(dur, acked_sets_survive_kill);
+    tcase_add_test(dur, set_one_key_updates_in_place);
+    tcase_add_test(dur, set_one_key_survives_kill);
     suite_add_tcase(s, dur);
 
     tcase_add_checked_fixture(tools, setup, teardown);

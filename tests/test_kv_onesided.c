@@ -246,6 +246,7 @@ static void make_tmpdir(void)
 
 struct srv {
     int fabric;                      /* index in listen_uris */
+    uint64_t pool_size;              /* 0: 8 MiB */
     uint32_t seg_size;               /* 0: 64 KiB */
     uint32_t lo, hi;                 /* 0, 0: the whole space */
     struct tern_kv_onesided_opts os;
@@ -262,7 +263,7 @@ static void start_server(int i, const struct srv *o)
     if (!tmpdir[0])
         make_tmpdir();
     next_opts = (struct tern_kv_service_opts){
-        .pool_path = pool_paths[i], .pool_size = 8u << 20,
+        .pool_path = pool_paths[i], .pool_size = o->pool_size ? o->pool_size : 8u << 20,
         .seg_size = o->seg_size ? o->seg_size : 64u << 10, .range_lo = o->lo,
         .range_hi = o->hi,
     };
@@ -2160,6 +2161,190 @@ START_TEST(lease_take_back_on_the_wire)
 }
 END_TEST
 
+/* ---- 8b: leases cannot crowd the pool's other writers out ---- */
+
+/* A PUT by RPC on a raw session. */
+static int raw_put(struct tern_session *s, const char *key, const void *val, uint32_t len)
+{
+    static uint8_t req[64 * KIB];
+    struct kv_key k = {.klen = (uint16_t)strlen(key), .vlen = len};
+    struct kv_val v;
+
+    ck_assert_uint_le(sizeof(k) + k.klen + len, sizeof(req));
+    memcpy(req, &k, sizeof(k));
+    memcpy(req + sizeof(k), key, k.klen);
+    memcpy(req + sizeof(k) + k.klen, val, len);
+    return raw_call(s, KV_M_PUT, req, sizeof(k) + k.klen + len, &v, sizeof(v), NULL);
+}
+
+/* 300 sessions each ask for a lease, as many clients starting at once
+ * would: leases take at most their share of the pool (a quarter of its 128
+ * segments by default), the others are told TERN_ENOSPC, and PUTs by RPC
+ * still find room for far more than what was left to them before (the
+ * pool's last two segments). */
+START_TEST(many_lessees_leave_room_for_puts)
+{
+    enum { N_SESS = 300, N_PUTS = 40, VLEN = 30 * KIB };
+    static struct tern_session *ss[N_SESS];
+    static uint8_t val[VLEN];
+    struct tern_rpc_ep *ep;
+    struct tern_kv *kv;
+    unsigned granted = 0;
+    char k[32];
+
+    start_server(0, &(struct srv){.fabric = 0});
+    ep = new_ep();
+    for (int i = 0; i < N_SESS; i++) {
+        struct kv_lease_req q = {0};
+        struct kv_lease l;
+        size_t got = 0;
+        int rc;
+
+        ss[i] = raw_session(ep, 0);
+        rc = raw_call(ss[i], KV_M_LEASE, &q, sizeof(q), &l, sizeof(l), &got);
+        CHECK(rc == 0 || rc == TERN_ENOSPC, "lease %d: %s", i, tern_err_name(rc));
+        granted += rc == 0;
+    }
+    CHECK(granted >= 1 && granted <= 128 / 4, "%u leases granted of a 128-segment pool",
+          granted);
+    kv = kv_open_path(ep, 1, TERN_KV_PATH_RPC);
+    for (int i = 0; i < N_PUTS; i++) {
+        int kl = snprintf(k, sizeof(k), "after-leases-%d", i);
+
+        pattern(val, sizeof(val), (unsigned)i);
+        must_put(kv, k, (size_t)kl, val, sizeof(val), NULL);
+    }
+    for (int i = 0; i < N_PUTS; i += 13) {
+        int kl = snprintf(k, sizeof(k), "after-leases-%d", i);
+
+        pattern(val, sizeof(val), (unsigned)i);
+        expect_get(kv, k, (size_t)kl, val, sizeof(val), 0);
+    }
+    /* A session that holds a lease still stores by RPC. */
+    EXPECT_RC(raw_put(ss[0], "by-rpc", "v", 1), 0, "RPC PUT on a lessee's session");
+    for (int i = 0; i < N_SESS; i++)
+        tern_rpc_disconnect(ss[i]);
+    finish(ep, kv, NULL, 1);
+}
+END_TEST
+
+/* One session asking for lease after lease without filling them: after
+ * session_leases (4 by default) handed back under half written, it is
+ * refused with TERN_EBUSY, and stays refused while other sessions still
+ * lease and it still stores by RPC. A lease it filled at least half way
+ * does not count against it. Raw session on shm. */
+START_TEST(session_lease_quota)
+{
+    enum { BIG = 31 * KIB };
+    static uint8_t big[BIG];
+    struct kv_lease_req q = {0};
+    struct tern_rpc_ep *ep;
+    struct tern_session *s, *s2;
+    struct kv_lease l;
+    uint64_t intent = INTENT_BIT | 77, ver = 0;
+    uint8_t *p;
+
+    start_server(0, &(struct srv){.fabric = SHM});
+    ep = new_ep();
+    s = raw_session(ep, 0);
+    s2 = raw_session(ep, 0);
+    /* Filled past half (64 KiB segments, a page before the records): this
+     * one does not count. */
+    l = raw_lease(s);
+    pattern(big, sizeof(big), 5);
+    p = lease_ptr(ep, s, &l, l.next, tern_pm_rec_size(3, BIG));
+    put_record(p, "big", 3, big, BIG, ++intent, TERN_PM_VALUE);
+    CHECK((uint64_t)tern_pm_rec_size(3, BIG) * 2 >= l.end - l.base, "the record fills %u of %u",
+          tern_pm_rec_size(3, BIG), l.end - l.base);
+    EXPECT_RC(lput(s, l.seg, l.next, intent, &ver), 0, "lput of the big record");
+    /* Four more, each handed back empty by the next ask: the ask after
+     * the fourth is refused. */
+    for (int i = 0; i < 4; i++)
+        l = raw_lease(s);
+    EXPECT_RC(raw_call(s, KV_M_LEASE, &q, sizeof(q), NULL, 0, NULL), TERN_EBUSY,
+              "lease after four handed back unused");
+    EXPECT_RC(raw_call(s, KV_M_LEASE, &q, sizeof(q), NULL, 0, NULL), TERN_EBUSY,
+              "lease asked again");
+    /* The refusal handed its last lease back: it is gone. */
+    EXPECT_RC(lput(s, l.seg, l.next, ++intent, NULL), TERN_ENOLEASE, "lput after the refusal");
+    /* Others are not affected, and the refused session stores by RPC. */
+    l = raw_lease(s2);
+    EXPECT_RC(raw_put(s, "rpc-after-refusal", "stored", 6), 0, "RPC PUT of a refused session");
+    ck_assert_uint_eq(raw_keys(s2), 2);
+    tern_rpc_disconnect(s);
+    tern_rpc_disconnect(s2);
+    finish(ep, NULL, NULL, 1);
+}
+END_TEST
+
+/* A lease left idle gives its segment back once the pool needs it: the pool
+ * (12 segments of 64 KiB, 3 records of ~21 KB each) takes exactly as many
+ * records as it would with no lease at all, 3 for each segment but the two
+ * kept free. Filling stops at TERN_ENOSPC; the client waits a little (the
+ * idle lease's key is withdrawn first, its lease ends a while later) and
+ * goes on, a few times at most. The quiet lessee then finds its key
+ * withdrawn (shm) and its LPUT refused. _i: tcp, shm. */
+START_TEST(idle_lease_returns_to_pool)
+{
+    enum { SEGS = 12, PER_SEG = 3, VLEN = 21000 };
+    struct srv o = {.fabric = _i, .pool_size = SEGS * 64ull * KIB + 4096,
+                    .os = {.lease_idle_ns = 50000000ull}};
+    static uint8_t val[VLEN];
+    struct tern_rpc_ep *ep;
+    struct tern_session *s;
+    struct tern_kv *kv;
+    struct kv_lease l;
+    unsigned stored = 0;
+    char k[32];
+
+    ck_assert_uint_eq(PER_SEG * tern_pm_rec_size(6, VLEN) <= 64 * KIB - 64 &&
+                      (PER_SEG + 1) * tern_pm_rec_size(6, VLEN) > 64 * KIB - 64, 1);
+    start_server(0, &o);
+    ep = new_ep();
+    s = raw_session(ep, 0);
+    l = raw_lease(s);
+    kv = kv_open_path(ep, 1, TERN_KV_PATH_RPC);
+    usleep(100 * 1000);                 /* past lease_idle_ns */
+    for (int round = 0; round < 5 && stored < (SEGS - 2) * PER_SEG; round++) {
+        int rc = 0;
+
+        while (rc == 0) {
+            int kl = snprintf(k, sizeof(k), "r%05u", stored);
+
+            pattern(val, sizeof(val), stored);
+            rc = tern_kv_put(kv, k, (size_t)kl, val, sizeof(val), NULL);
+            CHECK(rc == 0 || rc == TERN_ENOSPC, "put %s: %s", k, tern_err_name(rc));
+            stored += rc == 0;
+        }
+        usleep(150 * 1000);             /* past the withdrawn key's grace */
+    }
+    CHECK(stored == (SEGS - 2) * PER_SEG, "%u records stored, want %u: the idle lease's "
+          "segment never came back", stored, (SEGS - 2) * PER_SEG);
+    for (unsigned i = 0; i < stored; i += 7) {
+        int kl = snprintf(k, sizeof(k), "r%05u", i);
+
+        pattern(val, sizeof(val), i);
+        expect_get(kv, k, (size_t)kl, val, sizeof(val), 0);
+    }
+    if (_i == SHM) {
+        double t0 = now_ms();
+        void *p;
+        int rc;
+
+        while ((rc = tern_session_rkey_ptr(s, &l.rkey, 0, 256, TERN_TP_ACCESS_REMOTE_WRITE,
+                                           &p)) == TERN_EAGAIN) {
+            CHECK(now_ms() - t0 < 3000, "no answer about the withdrawn key");
+            tern_rpc_poll(ep);
+        }
+        CHECK(rc == TERN_EREMACCESS, "the reclaimed lease's key: %s", tern_err_name(rc));
+    }
+    EXPECT_RC(lput(s, l.seg, l.next, INTENT_BIT | 1, NULL), TERN_ENOLEASE,
+              "lput on the reclaimed lease");
+    tern_rpc_disconnect(s);
+    finish(ep, kv, NULL, 1);
+}
+END_TEST
+
 /* A lessee that damages what its lease lets it write: the pool must still
  * open after a restart, with every value other clients were told was
  * stored. The segment's header is out of its reach: the lease starts a
@@ -3674,6 +3859,9 @@ Suite *suite_kv_onesided(void)
     tcase_add_loop_test(tc, idle_lease_taken_back, 0, N_LISTEN_URIS);
     tcase_add_loop_test(tc, quiet_revoked_lessees_do_not_starve, 0, N_LISTEN_URIS);
     tcase_add_test(tc, lease_take_back_on_the_wire);
+    tcase_add_test(tc, many_lessees_leave_room_for_puts);
+    tcase_add_test(tc, session_lease_quota);
+    tcase_add_loop_test(tc, idle_lease_returns_to_pool, 0, 2);
     tcase_add_loop_test(tc, dead_lessee_reclaimed, 0, N_LISTEN_URIS);
     tcase_add_test(tc, hostile_lput);
     tcase_add_loop_test(tc, hostile_lessee_header, 0, 3);

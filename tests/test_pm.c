@@ -799,6 +799,134 @@ START_TEST(rewrite_commits_newer_version_first)
 }
 END_TEST
 
+/* The child's part for tern_pm_overwrite_behind: another key's record is
+ * appended (a batch not yet committed) before k's older record is
+ * rewritten; the child dies without a commit. */
+static int do_rewrite_in_batch(void *arg)
+{
+    struct rewrite_case *rc = arg;
+    struct tern_pm_pool *p;
+    struct tern_pm_opts o = {0};
+    tern_pm_loc j;
+
+    if (tern_pm_open(path, &o, &p) < 0 || tern_pm_recover(p, NULL, NULL) < 0)
+        return 10;
+    if (tern_pm_append(p, TERN_PM_VALUE, rc->v3 + 1, "j", 1, "pending", 7, &j) < 0)
+        return 11;
+    tern_pm_dead(p, rc->a);
+    if (tern_pm_overwrite_behind(p, rc->a, TERN_PM_VALUE, rc->v3, "k", 1, "three", 5) < 0)
+        return 12;
+    return 13;
+}
+
+/* tern_pm_overwrite_behind (k's newer version v2 is committed): the batch
+ * appended before it stays uncommitted (one commit per batch), and the
+ * mark is durable before the new bytes (a crash right after its msync is
+ * an interrupted rewrite that recovery skips). */
+START_TEST(overwrite_behind_leaves_batch_pending)
+{
+    struct rewrite_case rc;
+    struct tern_pm_pool *p;
+    struct tern_pm_rec r;
+    struct seen s;
+
+    rewrite_setup(&rc, true);
+    ck_assert_int_eq(crash_child(do_rewrite_in_batch, &rc, 0), 13);
+    p = open_pool(0, &s);
+    ck_assert_ptr_null(seen_ver(&s, rc.v3 + 1));    /* "j" was never committed */
+    ck_assert_uint_eq(seen_ver(&s, rc.v2)->loc, rc.b);
+    tern_pm_close(p);
+    if (pool_is_pmem())
+        return;                         /* flushes bypass pmem_msync */
+    unlink(path);
+    rewrite_setup(&rc, true);
+    /* The first msync is the mark's, on its own: "j" is not flushed. */
+    ck_assert_int_eq(crash_child(do_rewrite_in_batch, &rc, 1), 0);
+    file_read(file_off(rc.a), &r, sizeof(r));
+    ck_assert_uint_eq(r.flags, TERN_PM_F_REWRITTEN);
+    ck_assert_uint_eq(r.version, rc.v1);
+    expect_skipped(&rc);
+}
+END_TEST
+
+/* tern_pm_rewrite_pending: only over a record above its segment's commit
+ * point or a slot marked by an earlier rewrite; the slot keeps its size and
+ * the walk goes on past it; a torn rewrite of a marked slot is skipped at
+ * recovery, and the key falls back to its older version. */
+START_TEST(rewrite_pending_rules)
+{
+    struct tern_pm_pool *p = open_pool(POOL, NULL);
+    uint64_t v1, v2, v3, v4, v5, v6;
+    tern_pm_loc a = put(p, "k", '1', 100, &v1), pend, leased;
+    uint32_t slot = tern_pm_rec_size(1, 100), seg;
+    const struct tern_pm_rec *r;
+    struct slot_snap before;
+    struct check_out c;
+    struct seen s;
+
+    commit(p);
+    snap(p, a, &before);
+    ck_assert_int_eq(tern_pm_rewrite_pending(p, a, TERN_PM_VALUE, 900, "k", 1, "x", 1),
+                     TERN_EINVAL);         /* committed, never rewritten */
+    same_as(p, a, &before);
+    pend = put(p, "k", '2', 100, &v2);
+    put(p, "j", 'j', 7, NULL);
+    snap(p, pend, &before);
+    ck_assert_int_eq(tern_pm_rewrite_pending(p, pend, TERN_PM_VALUE, 901, "x", 1, "x", 1),
+                     TERN_EINVAL);         /* another key's */
+    ck_assert_int_eq(tern_pm_rewrite_pending(p, pend, TERN_PM_VALUE, 902, "k", 1, NULL, 0),
+                     0);                   /* (an empty value fits) */
+    ck_assert_int_eq(tern_pm_rewrite_pending(p, pend, TERN_PM_VALUE, 903, "k", 1,
+                                             "0123456789", slot), TERN_E2BIG);
+    v3 = tern_pm_next_version(p);
+    ck_assert_int_eq(tern_pm_rewrite_pending(p, pend, TERN_PM_VALUE, v3, "k", 1, "three", 5),
+                     0);
+    r = tern_pm_rec_at(p, pend);
+    ck_assert_uint_eq(r->version, v3);
+    ck_assert_uint_eq(r->slot, slot);
+    ck_assert_uint_eq(r->flags, 0);
+    commit(p);
+    /* Committed now, and never marked. */
+    ck_assert_int_eq(tern_pm_rewrite_pending(p, pend, TERN_PM_VALUE, 904, "k", 1, "x", 1),
+                     TERN_EINVAL);
+    tern_pm_dead(p, a);
+    v4 = tern_pm_next_version(p);
+    ck_assert_int_eq(tern_pm_overwrite_behind(p, a, TERN_PM_VALUE, v4, "k", 1, "four", 4), 0);
+    v5 = tern_pm_next_version(p);
+    ck_assert_int_eq(tern_pm_rewrite_pending(p, a, TERN_PM_VALUE, v5, "k", 1, "five", 4), 0);
+    /* Not in a leased segment. */
+    ck_assert_int_eq(tern_pm_lease(p, &seg), 0);
+    leased = lessee_put(p, seg, "k", "leased", NULL);
+    ck_assert_int_eq(tern_pm_rewrite_pending(p, leased, TERN_PM_VALUE, 905, "k", 1, "x", 1),
+                     TERN_EINVAL);
+    tern_pm_lease_end(p, seg);
+    commit(p);
+    tern_pm_close(p);
+
+    p = open_pool(0, &s);
+    ck_assert_uint_eq(seen_ver(&s, v5)->loc, a);
+    ck_assert(memcmp(seen_ver(&s, v5)->val, "five", 4) == 0);
+    ck_assert_uint_eq(seen_ver(&s, v3)->loc, pend);
+    ck_assert(memcmp(seen_ver(&s, v3)->val, "three", 5) == 0);
+    ck_assert_ptr_null(seen_ver(&s, v1));
+    ck_assert_ptr_null(seen_ver(&s, v2));
+    ck_assert_ptr_null(seen_ver(&s, v4));
+    ck_assert_uint_eq(s.n, 3);              /* a, pend, and "j" past pend's slot */
+    /* Again over the marked slot, torn this time (the pool closes without a
+     * commit; the value's end never made it). */
+    v6 = tern_pm_next_version(p);
+    ck_assert_int_eq(tern_pm_rewrite_pending(p, a, TERN_PM_VALUE, v6, "k", 1, "sixsix", 6), 0);
+    tern_pm_close(p);
+    file_write(file_off(a) + (off_t)sizeof(struct tern_pm_rec) + 1 + 4, "!!", 2);
+    check_pool(&c);
+    ck_assert_msg(c.rc == 0, "check: %s\n%s", tern_strerror(c.rc), c.text);
+    p = open_pool(0, &s);
+    ck_assert_ptr_null(seen_loc(&s, a));
+    ck_assert_uint_eq(seen_ver(&s, v3)->loc, pend);
+    tern_pm_close(p);
+}
+END_TEST
+
 /* A bad record without the flag is corruption, as before rewrites; so is
  * one with the flag whose slot cannot be trusted to find the next record. */
 START_TEST(corruption_still_refused)
@@ -2430,6 +2558,8 @@ Suite *suite_pm(void)
     tcase_add_test(tc, crash_after_mark);
     tcase_add_test(tc, crash_in_rewrite);
     tcase_add_test(tc, rewrite_commits_newer_version_first);
+    tcase_add_test(tc, overwrite_behind_leaves_batch_pending);
+    tcase_add_test(tc, rewrite_pending_rules);
     tcase_add_test(tc, corruption_still_refused);
     tcase_add_test(tc, clean_steps_over_torn_rewrite);
     tcase_add_test(tc, clean_walks_slots);

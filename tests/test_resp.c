@@ -52,6 +52,24 @@ static void store_open(void)
     ck_assert_msg(rc == 0, "store open: %s", tern_strerror(rc));
 }
 
+/* A fresh pool of other sizes, and the gateway on it. */
+static void store_recreate(uint64_t pool_size, uint32_t seg_size)
+{
+    struct tern_kv_store_opts o = {.path = pool_path, .pool_size = pool_size,
+                                   .seg_size = seg_size};
+    int rc;
+
+    if (gw)
+        tern_resp_gw_destroy(gw);
+    gw = NULL;
+    tern_kv_store_close(store);
+    unlink(pool_path);
+    rc = tern_kv_store_open(&o, &store);
+    ck_assert_msg(rc == 0, "store open: %s", tern_strerror(rc));
+    rc = tern_resp_gw_create(store, NULL, &gw);
+    ck_assert_msg(rc == 0, "gateway: %s", tern_strerror(rc));
+}
+
 static void gw_open(const struct tern_resp_config *cfg)
 {
     int rc = tern_resp_gw_create(store, cfg, &gw);
@@ -1006,6 +1024,104 @@ START_TEST(backlog_stalls_then_resumes)
 }
 END_TEST
 
+/* MGET of one 1 MiB value 1000 times, replies never read: a 1 GB reply.
+ * The gateway must not build it (its output buffer stays within the 64 MiB
+ * cap, as INFO's figures say), must answer with an error instead, and keep
+ * serving its other clients meanwhile. */
+START_TEST(mget_reply_held_to_output_cap)
+{
+    enum { VLEN = 1u << 20, N = 1000 };
+    struct conn *a, *b;
+    char *v = malloc(VLEN), *cmd = malloc(N * 16 + 32), *r;
+    size_t n;
+
+    ck_assert_ptr_nonnull(v);
+    ck_assert_ptr_nonnull(cmd);
+    store_recreate(16u << 20 | 4096, 2u << 20);
+    a = conn_open();
+    b = conn_open();
+    memset(v, 'v', VLEN);
+    conn_cmdv(b, 3, (const char *[]){"SET", "big", v}, (size_t[]){3, 3, VLEN});
+    expect(b, "+OK\r\n");
+    n = (size_t)sprintf(cmd, "*%d\r\n$4\r\nMGET\r\n", N + 1);
+    for (int i = 0; i < N; i++)
+        n += (size_t)sprintf(cmd + n, "$3\r\nbig\r\n");
+    cmds_run = 0;
+    conn_send(a, cmd, n);
+    for (int i = 0; i < 50 && cmds_run == 0; i++)
+        pump();
+    ck_assert_int_eq(cmds_run, 1);
+    /* Another client is served, and sees the buffers within the cap. */
+    CMD(b, "GET", "missing");
+    expect(b, "$-1\r\n");
+    ck_assert_uint_eq(info_number(b, "clients", "tern_output_limit"), 64u << 20);
+    ck_assert_uint_le(info_number(b, "clients", "tern_output_buffer_peak"), 64u << 20);
+    ck_assert_uint_le(info_number(b, "clients", "tern_output_pending"), 4096);
+    r = next_reply(a, NULL);
+    ck_assert_msg(strncmp(r, "-ERR reply exceeds the gateway's output limit", 45) == 0,
+                  "MGET's reply: %s", show(r, strlen(r)));
+    free(r);
+    /* The client goes on. */
+    CMD(a, "PING");
+    expect(a, "+PONG\r\n");
+    free(v);
+    free(cmd);
+    conn_close(a);
+    conn_close(b);
+}
+END_TEST
+
+/* An MGET that fits the cap on its own but not behind 40 MiB of unread GET
+ * replies waits for them to be sent, then runs whole: the client reads
+ * every reply in order. */
+START_TEST(big_reply_waits_for_output_to_drain)
+{
+    enum { VLEN = 1u << 20, GETS = 40, KEYS = 30 };
+    static const char get[] = "*2\r\n$3\r\nGET\r\n$3\r\nbig\r\n";
+    struct conn *c;
+    char *v = malloc(VLEN), *cmd = malloc(GETS * 32 + KEYS * 16 + 32), *r;
+    size_t n = 0, len, one = VLEN + 12;
+
+    ck_assert_ptr_nonnull(v);
+    ck_assert_ptr_nonnull(cmd);
+    store_recreate(16u << 20 | 4096, 2u << 20);
+    c = conn_open();
+    for (size_t i = 0; i < VLEN; i++)
+        v[i] = (char)('a' + i % 26);
+    conn_cmdv(c, 3, (const char *[]){"SET", "big", v}, (size_t[]){3, 3, VLEN});
+    expect(c, "+OK\r\n");
+    for (int i = 0; i < GETS; i++) {
+        memcpy(cmd + n, get, sizeof(get) - 1);
+        n += sizeof(get) - 1;
+    }
+    n += (size_t)sprintf(cmd + n, "*%d\r\n$4\r\nMGET\r\n", KEYS + 1);
+    for (int i = 0; i < KEYS; i++)
+        n += (size_t)sprintf(cmd + n, "$3\r\nbig\r\n");
+    cmds_run = 0;
+    conn_send(c, cmd, n);
+    for (int i = 0; i < 50; i++)
+        pump();         /* without reading */
+    ck_assert_int_eq(cmds_run, GETS);
+    for (int i = 0; i < GETS; i++) {
+        r = next_reply(c, &len);
+        ck_assert_uint_eq(len, one);
+        ck_assert_int_eq(memcmp(r + 10, v, VLEN), 0);
+        free(r);
+    }
+    r = next_reply(c, &len);
+    ck_assert_uint_eq(len, 5 + KEYS * one);
+    ck_assert_int_eq(memcmp(r, "*30\r\n$1048576\r\n", 15), 0);
+    ck_assert_int_eq(memcmp(r + 5 + (KEYS - 1) * one + 10, v, VLEN), 0);
+    free(r);
+    ck_assert_int_eq(cmds_run, GETS + 1);
+    CMD(c, "PING");
+    expect(c, "+PONG\r\n");
+    free(v);
+    free(cmd);
+    conn_close(c);
+}
+END_TEST
+
 /* ---- partial input and peers that go away ---- */
 
 START_TEST(split_commands_parse)
@@ -1183,6 +1299,160 @@ START_TEST(acked_sets_survive_kill)
 }
 END_TEST
 
+/* N SETs of key `key` with values "%064u" of first..first+n-1, pipelined in
+ * one stream; the buffer is the caller's to free. */
+static char *set_stream(const char *key, unsigned first, unsigned n, size_t *len)
+{
+    size_t klen = strlen(key), cap = (size_t)n * (96 + klen) + 1, at = 0;
+    char *b = malloc(cap);
+
+    ck_assert_ptr_nonnull(b);
+    for (unsigned i = first; i < first + n; i++)
+        at += (size_t)snprintf(b + at, cap - at, "*3\r\n$3\r\nSET\r\n$%zu\r\n%s\r\n$64\r\n%064u\r\n",
+                               klen, key, i);
+    *len = at;
+    return b;
+}
+
+/* Until n "+OK" replies are in, consumed. */
+static void expect_oks(struct conn *c, unsigned n)
+{
+    while (n) {
+        unsigned k = n < 1000 ? n : 1000;
+        char want[5000];
+
+        for (unsigned i = 0; i < k; i++)
+            memcpy(want + 5 * i, "+OK\r\n", 5);
+        expect_n(c, want, 5 * k);
+        n -= k;
+    }
+}
+
+/* The value of `key` in the store, as the index of set_stream it came from. */
+static unsigned stored_index(const char *key)
+{
+    const void *v;
+    uint32_t len;
+    uint64_t version;
+    char text[65];
+
+    ck_assert_int_eq(tern_kv_store_get(store, key, strlen(key), &v, &len, &version), 0);
+    ck_assert_uint_eq(len, 64);
+    memcpy(text, v, 64);
+    text[64] = '\0';
+    return (unsigned)strtoul(text, NULL, 10);
+}
+
+/* 20 000 SETs of one key through the gateway, pipelined (the gateway runs
+ * them in batches with one commit each), then 200 one at a time. As for
+ * RPC PUTs (the hybrid update), a SET rewrites one of the key's records in
+ * place rather than appending: the log stays within one segment, nothing
+ * is cleaned, and the pool reopens with the last value. */
+START_TEST(set_one_key_updates_in_place)
+{
+    enum { PIPELINED = 20000, SINGLE = 200 };
+    struct conn *c = conn_open();
+    struct tern_kv_store_stats st;
+    char val[80];
+    size_t n;
+    char *batch = set_stream("hot", 0, PIPELINED, &n);
+
+    conn_send(c, batch, n);
+    expect_oks(c, PIPELINED);
+    for (unsigned i = PIPELINED; i < PIPELINED + SINGLE; i++) {
+        snprintf(val, sizeof(val), "%064u", i);
+        CMD(c, "SET", "hot", val);
+        expect(c, "+OK\r\n");
+    }
+    tern_kv_store_get_stats(store, &st);
+    ck_assert_msg(st.pool.bytes_committed <= SEG_SIZE,
+                  "%llu bytes of log for one key after %u SETs",
+                  (unsigned long long)st.pool.bytes_committed, PIPELINED + SINGLE);
+    ck_assert_uint_eq(st.segs_cleaned, 0);
+    ck_assert_uint_ge(st.in_place, (PIPELINED + SINGLE) * 9 / 10);
+    ck_assert_uint_eq(stored_index("hot"), PIPELINED + SINGLE - 1);
+    conn_close(c);
+    gw_close();
+    tern_kv_store_close(store);
+    store = NULL;
+    store_open();
+    ck_assert_uint_eq(stored_index("hot"), PIPELINED + SINGLE - 1);
+    tern_kv_store_get_stats(store, &st);
+    ck_assert_uint_le(st.pool.bytes_committed, SEG_SIZE);
+    free(batch);
+}
+END_TEST
+
+/* The same with the gateway in a child SIGKILLed twice: once right after
+ * 5000 SETs were acknowledged (the last one must be there), and once while
+ * 5000 more are in flight, so that a kill may fall in the middle of a
+ * record rewritten in place (the value must then be the last acknowledged
+ * one or one of those in flight). The pool must open each time, pass a
+ * deep check, and hold the key's log within one segment. */
+START_TEST(set_one_key_survives_kill)
+{
+    enum { N = 5000 };
+    struct tern_kv_store_stats st;
+    uint64_t bad_off = 0;
+
+    gw_close();
+    tern_kv_store_close(store);
+    store = NULL;
+    for (int round = 0; round < 2; round++) {
+        int pfd[2], status;
+        uint16_t port;
+        struct conn *c;
+        size_t n;
+        char *batch;
+        pid_t pid;
+        unsigned got;
+
+        ck_assert_int_eq(pipe(pfd), 0);
+        pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+            store_open();
+            gw_open(NULL);
+            port = tern_resp_gw_port(gw);
+            if (write(pfd[1], &port, sizeof(port)) != sizeof(port))
+                _exit(1);
+            for (;;)
+                tern_resp_gw_poll(gw, 100);
+        }
+        close(pfd[1]);
+        ck_assert_int_eq(read(pfd[0], &port, sizeof(port)), (ssize_t)sizeof(port));
+        close(pfd[0]);
+        c = conn_open_port(port);
+        batch = set_stream("hot", round * 2 * N, N, &n);
+        conn_send(c, batch, n);
+        expect_oks(c, N);
+        free(batch);
+        if (round == 1) {
+            batch = set_stream("hot", round * 2 * N + N, N, &n);
+            conn_send(c, batch, n);
+            free(batch);
+        }
+        kill(pid, SIGKILL);
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        conn_close(c);
+        ck_assert_msg(tern_pm_check(pool_path, true, NULL, NULL, &bad_off) == 0,
+                      "round %d: pool check failed at %llu", round,
+                      (unsigned long long)bad_off);
+        store_open();
+        got = stored_index("hot");
+        if (round == 0)
+            ck_assert_uint_eq(got, N - 1);
+        else
+            ck_assert_msg(got >= 2 * N + N - 1 && got < 4 * N, "round 1: value %u", got);
+        tern_kv_store_get_stats(store, &st);
+        ck_assert_msg(st.pool.bytes_committed <= SEG_SIZE, "round %d: %llu bytes of log",
+                      round, (unsigned long long)st.pool.bytes_committed);
+        tern_kv_store_close(store);
+        store = NULL;
+    }
+}
+END_TEST
+
 /* ---- real Redis tools ---- */
 
 /* Run a tool with its stdout in `out` while this process serves it. */
@@ -1349,6 +1619,8 @@ Suite *suite_resp(void)
     tcase_add_test(proto, oversized_requests);
     tcase_add_test(proto, slow_reader_gets_everything);
     tcase_add_test(proto, backlog_stalls_then_resumes);
+    tcase_add_test(proto, mget_reply_held_to_output_cap);
+    tcase_add_test(proto, big_reply_waits_for_output_to_drain);
     tcase_add_test(proto, split_commands_parse);
     tcase_add_test(proto, disconnect_mid_command);
     tcase_add_test(proto, max_clients_refused);
@@ -1361,6 +1633,8 @@ Suite *suite_resp(void)
     tcase_add_test(dur, sync_failure_fails_writes);
     tcase_add_test(dur, acked_set_survives_reopen);
     tcase_add_test(dur, acked_sets_survive_kill);
+    tcase_add_test(dur, set_one_key_updates_in_place);
+    tcase_add_test(dur, set_one_key_survives_kill);
     suite_add_tcase(s, dur);
 
     tcase_add_checked_fixture(tools, setup, teardown);

@@ -65,7 +65,16 @@ struct tern_kv_onesided_opts {
                                       * two; 0 = one per 4 KiB of pool */
     unsigned max_leases;             /* segments leased at once; 0 = 256 */
     uint64_t lease_idle_ns;          /* a lease unused this long is taken back when
-                                      * another client needs one; 0 = 30 s */
+                                      * another client needs one, or the pool needs
+                                      * room; 0 = 30 s */
+    unsigned lease_pool_pct;         /* percent of the pool's segments leases may hold
+                                      * at once, taken back ones included (at least
+                                      * one segment); further LEASEs get TERN_ENOSPC.
+                                      * 0 = 25 */
+    unsigned session_leases;         /* leases in a row one session may hand back (or
+                                      * lose to a refused record) less than half
+                                      * written; past that its LEASEs get TERN_EBUSY
+                                      * while it stays connected. 0 = 4 */
 };
 
 /* Serve the one-sided paths to clients of `ep` (the endpoint the service is

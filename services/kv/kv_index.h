@@ -26,6 +26,9 @@ struct kv_ent {
                                       * key written again after its entry was retired
                                       * does not count the records of its past life */
     uint32_t wslot;                  /* its bucket in the index window + 1; 0 = none */
+    uint32_t gen;                    /* the store's sync generation when its newest
+                                      * record was written: while it is the current
+                                      * one, nobody was told of that record */
     uint64_t old_loc;                /* an older record of the key, superseded by a
                                       * durable one: a slot a PUT may rewrite in
                                       * place (0 = none; no record lies at 0) */

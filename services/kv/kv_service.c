@@ -185,9 +185,9 @@ static int h_mget(struct tern_req *req, const void *data, size_t len, void *ctx)
     total = sizeof(struct kv_mget_rep);
     for (uint16_t i = 0; i < n_done; i++) {
         struct kv_item it = {0};
-        const uint8_t *key;
+        const uint8_t *key = NULL;
         const void *val = NULL;
-        uint16_t klen;
+        uint16_t klen = 0;
 
         next_key(data, len, &off, &key, &klen);
         it.status = lookup(svc, key, klen, &val, &it.vlen, &it.version);

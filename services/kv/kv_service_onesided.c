@@ -12,8 +12,12 @@
  *   its size (KV_M_PGET); the record stays pinned until the put is done.
  * A lease ends when its client asks for the next one, when its session
  * closes, when a record it sent is refused in a way that drops it, or when
- * it sat unused for lease_idle_ns and another client needs the slot. Its
- * registration goes with it, so on RDMA the NIC refuses late writes. */
+ * it sat unused for lease_idle_ns and the pool needs the room. Its
+ * registration goes with it, so on RDMA the NIC refuses late writes.
+ * Leases are bounded so that no client, nor any number of them, can keep
+ * the writes that go through the store from finding room: together they
+ * hold at most lease_pool_pct of the pool's segments, and a session that
+ * keeps asking for leases it does not fill is refused (TERN_EBUSY). */
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,12 +31,19 @@
 #include "kv_wire.h"
 #include "log.h"
 
+/* A session's lease, and how it used the ones before: kept while it holds
+ * a lease or has wasted some. */
 struct kv_lease_ent {
     struct tern_session *s;          /* NULL: free */
-    uint32_t seg;
-    struct tern_rpc_mr *mr;
+    bool held;                       /* a segment is leased to s */
+    bool revoked;                    /* taken back: its LPUTs are refused */
+    uint32_t seg;                    /* held: the segment */
+    uint32_t base;                   /* held: where the lessee's records start */
+    unsigned wasted;                 /* leases in a row handed back under half written */
+    struct tern_rpc_mr *mr;          /* held: the lessee's registration (NULL once
+                                      * withdrawn) */
     uint64_t used_ns;                /* last LEASE or LPUT */
-    bool revoked;                    /* taken back; ends at the lessee's next word */
+    uint64_t withdrawn_ns;           /* revoked, registration withdrawn at; 0 = not */
 };
 
 /* A record on its way to a client by server push (KV_M_PGET). */
@@ -54,16 +65,22 @@ struct kv_os {
     int window_fd;
     uint32_t n_blocks, seg_size;
     uint64_t idle_ns;
+    uint64_t grace_ns;               /* from withdrawing a key to ending its lease */
     uint8_t uuid[16];
     unsigned max_active;             /* leases granted and not taken back */
-    unsigned n_leases;               /* entries: that, plus one per session for
-                                      * taken-back ones (a session has one lease) */
+    unsigned max_held;               /* segments leases may hold, taken back or not */
+    unsigned session_max;            /* wasted leases in a row a session may have */
+    unsigned n_active, n_held;
+    unsigned n_leases;               /* entries: one per session that leases (a
+                                      * session has one lease at a time) */
     struct kv_lease_ent *leases;
     uint32_t *by_seg;                /* segment -> its lease entry + 1 (0: none),
                                       * so an LPUT finds its lease at once */
     struct kv_push pushes[TERN_KV_PINS];
     unsigned push_hint;              /* where to look for a free one first */
 };
+
+static void on_short(void *arg);
 
 /* Window blocks for a pool: one 8-bucket block per 4 KiB of pool (a bucket
  * per 512 bytes), rounded down to a power of two. */
@@ -112,11 +129,14 @@ int tern_kv_service_enable_onesided(struct tern_kv_service *svc, struct tern_rpc
     struct tern_pm_pool *pool;
     struct tern_pm_info info;
     struct kv_os *os;
+    unsigned pct;
     int rc;
 
     if (!svc || !ep || svc->os)
         return TERN_EINVAL;
     if (o && o->window_blocks && (o->window_blocks & (o->window_blocks - 1)))
+        return TERN_EINVAL;
+    if (o && o->lease_pool_pct > 100)
         return TERN_EINVAL;
     pool = tern_kv_store_pool(svc->store);
     os = calloc(1, sizeof(*os));
@@ -130,9 +150,20 @@ int tern_kv_service_enable_onesided(struct tern_kv_service *svc, struct tern_rpc
     os->n_blocks = o && o->window_blocks ? o->window_blocks
                                          : default_blocks(tern_pm_map_len(pool));
     os->idle_ns = o && o->lease_idle_ns ? o->lease_idle_ns : 30000000000ull;
+    /* Long enough that a lessee's store cannot still be on its way when its
+     * segment is reused (see reclaim_idle), short enough that writers
+     * waiting for the room do not wait long. */
+    os->grace_ns = os->idle_ns < 1000000000ull ? os->idle_ns : 1000000000ull;
     os->max_active = o && o->max_leases ? o->max_leases : 256;
-    /* Taken-back leases stay until their client speaks or leaves: one
-     * per session at most, up to the RPC default of 4096 sessions. */
+    /* A quarter by default: the rest stays for the writes that go through
+     * the store and for the cleaner, whatever clients lease. */
+    pct = o && o->lease_pool_pct ? o->lease_pool_pct : 25;
+    os->max_held = (unsigned)((uint64_t)tern_pm_seg_count(pool) * pct / 100);
+    if (!os->max_held)
+        os->max_held = 1;
+    os->session_max = o && o->session_leases ? o->session_leases : 4;
+    /* One entry per session that leases: the RPC default allows 4096
+     * sessions (one past the table gets TERN_ENOBUFS). */
     os->n_leases = os->max_active + 4096;
     os->leases = calloc(os->n_leases, sizeof(*os->leases));
     os->by_seg = calloc(tern_pm_seg_count(pool), sizeof(*os->by_seg));
@@ -151,6 +182,7 @@ int tern_kv_service_enable_onesided(struct tern_kv_service *svc, struct tern_rpc
     if (rc < 0)
         goto fail;
     tern_kv_store_attach_window(svc->store, os->window, os->n_blocks);
+    tern_kv_store_on_short(svc->store, on_short, svc);
     svc->os = os;
     return 0;
 fail:
@@ -163,15 +195,38 @@ fail:
     return rc;
 }
 
-/* End a lease (unless the store already did) and withdraw its registration. */
-static void lease_drop(struct kv_lease_ent *l, struct tern_kv_store *store, bool end)
+/* End a held lease (unless the store already did) and withdraw its
+ * registration, if that was not done already. The entry stays the
+ * session's. */
+static void lease_drop(struct kv_os *os, struct kv_lease_ent *l, struct tern_kv_store *store,
+                       bool end)
 {
     /* The registration goes first: ending the lease rewrites the segment's
      * header, which the lessee's mapping must no longer reach. */
     tern_rpc_mr_dereg(l->mr);
     if (end)
         tern_kv_store_lease_end(store, l->seg);
-    *l = (struct kv_lease_ent){0};
+    if (!l->revoked)
+        os->n_active--;
+    os->n_held--;
+    l->held = l->revoked = false;
+    l->mr = NULL;
+    l->withdrawn_ns = 0;
+}
+
+/* Forget a session that holds nothing and wasted nothing. */
+static void ent_release(struct kv_lease_ent *l)
+{
+    if (!l->held && !l->wasted)
+        *l = (struct kv_lease_ent){0};
+}
+
+static void take_back(struct kv_os *os, struct kv_lease_ent *l, uint64_t now)
+{
+    tern_log(TERN_LOG_INFO, "kv", "lease of segment %u unused for %llu ms: taken back",
+             l->seg, (unsigned long long)((now - l->used_ns) / 1000000));
+    l->revoked = true;
+    os->n_active--;
 }
 
 void kv_onesided_destroy(struct tern_kv_service *svc)
@@ -184,8 +239,9 @@ void kv_onesided_destroy(struct tern_kv_service *svc)
      * were ended then. Any left end here; their registrations went with
      * the endpoint. */
     for (unsigned i = 0; i < os->n_leases; i++)
-        if (os->leases[i].s)
+        if (os->leases[i].held)
             tern_kv_store_lease_end(svc->store, os->leases[i].seg);
+    tern_kv_store_on_short(svc->store, NULL, NULL);
     tern_kv_store_attach_window(svc->store, NULL, 0);
     window_free(os);
     free(os->leases);
@@ -197,12 +253,16 @@ void kv_onesided_destroy(struct tern_kv_service *svc)
 void kv_onesided_session_closed(struct tern_session *s, void *ctx)
 {
     struct tern_kv_service *svc = ctx;
+    struct kv_os *os = svc->os;
 
-    if (!svc->os)
+    if (!os)
         return;
-    for (unsigned i = 0; i < svc->os->n_leases; i++)
-        if (svc->os->leases[i].s == s)
-            lease_drop(&svc->os->leases[i], svc->store, true);
+    for (unsigned i = 0; i < os->n_leases; i++)
+        if (os->leases[i].s == s) {
+            if (os->leases[i].held)
+                lease_drop(os, &os->leases[i], svc->store, true);
+            os->leases[i] = (struct kv_lease_ent){0};
+        }
 }
 
 int kv_h_os_info(struct tern_req *req, const void *data, size_t len, void *ctx)
@@ -241,42 +301,136 @@ static struct kv_lease_ent *lease_of_seg(struct kv_os *os, struct tern_kv_store 
     uint32_t i = seg < tern_pm_seg_count(tern_kv_store_pool(store)) ? os->by_seg[seg] : 0;
 
     /* The entry may have been freed and given to another segment since. */
-    return i && os->leases[i - 1].s && os->leases[i - 1].seg == seg ? &os->leases[i - 1] : NULL;
+    return i && os->leases[i - 1].held && os->leases[i - 1].seg == seg ? &os->leases[i - 1]
+                                                                        : NULL;
 }
 
-/* A free lease entry. With max_active leases out, the one idle longest
- * (if past idle_ns) is taken back first. Taking back keeps its segment
- * leased and registered: its client may be writing into it right now, and
- * on RDMA a write to a withdrawn key breaks the connection. Its LPUTs get
- * TERN_ENOLEASE; the lease ends, and the registration goes, when its client
- * asks for a new one (after every put it sent to the old one) or leaves. */
-static struct kv_lease_ent *lease_slot(struct kv_os *os)
+/* The session's entry, or a free one for it (NULL if none is left). */
+static struct kv_lease_ent *session_ent(struct kv_os *os, struct tern_session *s)
 {
-    struct kv_lease_ent *oldest = NULL, *free_ent = NULL;
+    struct kv_lease_ent *free_ent = NULL;
+
+    for (unsigned i = 0; i < os->n_leases; i++) {
+        if (os->leases[i].s == s)
+            return &os->leases[i];
+        if (!os->leases[i].s && !free_ent)
+            free_ent = &os->leases[i];
+    }
+    if (free_ent)
+        free_ent->s = s;
+    return free_ent;
+}
+
+/* Only RDMA breaks the connection of a peer that writes to a withdrawn key
+ * (the NIC fails the queue pair): elsewhere the write is refused one by one
+ * (shm: the key is checked before each store; tcp, ntb: the server's
+ * progress engine serves it), and the client leases again. */
+static bool may_withdraw(const struct tern_session *s)
+{
+    return strcmp(tern_session_fabric(s), "rdma") != 0;
+}
+
+/* The pool is short of free segments, or leases hold their whole share of
+ * it: every lease unused for idle_ns is taken back and its segment given
+ * back to the pool. Its key is withdrawn first, and only grace_ns later
+ * does the lease end, at its commit point (the records its client sent
+ * stay; the rest of the segment is the cleaner's to take): a store its
+ * client began just before the withdrawal has landed by then, where nobody
+ * reads it, rather than in the segment's next life. On RDMA the key stays
+ * until the client speaks or leaves (see may_withdraw): its lease is taken
+ * back only, and counts against max_held until then. */
+static void reclaim_idle(struct tern_kv_service *svc)
+{
+    struct kv_os *os = svc->os;
+    uint64_t now;
+
+    if (!os->n_held)
+        return;
+    now = tern_now_ns();
+    for (unsigned i = 0; i < os->n_leases; i++) {
+        struct kv_lease_ent *l = &os->leases[i];
+
+        if (!l->held)
+            continue;
+        if (l->withdrawn_ns) {
+            if (now - l->withdrawn_ns >= os->grace_ns) {
+                tern_log(TERN_LOG_INFO, "kv", "lease of segment %u ended: back to the pool",
+                         l->seg);
+                lease_drop(os, l, svc->store, true);
+                ent_release(l);
+            }
+            continue;
+        }
+        if (!l->revoked) {
+            if (now - l->used_ns < os->idle_ns)
+                continue;
+            take_back(os, l, now);
+        }
+        if (may_withdraw(l->s)) {
+            tern_rpc_mr_dereg(l->mr);
+            l->mr = NULL;
+            l->withdrawn_ns = now;
+        }
+    }
+}
+
+static void on_short(void *arg)
+{
+    reclaim_idle(arg);
+}
+
+/* With max_active leases out, the one idle longest (if past idle_ns) is
+ * taken back to make room. Taking back keeps its segment leased and
+ * registered: its client may be writing into it right now, and on RDMA a
+ * write to a withdrawn key breaks the connection. Its LPUTs get
+ * TERN_ENOLEASE; the lease ends, and the registration goes, when its client
+ * asks for a new one (after every put it sent to the old one), leaves, or
+ * the pool needs the room (reclaim_idle). */
+static bool take_back_oldest(struct kv_os *os)
+{
+    struct kv_lease_ent *oldest = NULL;
     uint64_t now = tern_now_ns();
-    unsigned active = 0;
 
     for (unsigned i = 0; i < os->n_leases; i++) {
         struct kv_lease_ent *l = &os->leases[i];
 
-        if (!l->s) {
-            free_ent = free_ent ? free_ent : l;
-            continue;
-        }
-        if (l->revoked)
-            continue;
-        active++;
-        if (now - l->used_ns >= os->idle_ns && (!oldest || l->used_ns < oldest->used_ns))
+        if (l->held && !l->revoked && now - l->used_ns >= os->idle_ns &&
+            (!oldest || l->used_ns < oldest->used_ns))
             oldest = l;
     }
-    if (active < os->max_active)
-        return free_ent;
-    if (!oldest || !free_ent)
-        return NULL;
-    tern_log(TERN_LOG_INFO, "kv", "lease of segment %u unused for %llu ms: taken back",
-             oldest->seg, (unsigned long long)((now - oldest->used_ns) / 1000000));
-    oldest->revoked = true;
-    return free_ent;
+    if (!oldest)
+        return false;
+    take_back(os, oldest, now);
+    return true;
+}
+
+/* Room for one more lease: TERN_ENOSPC while leases hold their share of the
+ * pool (idle ones are taken back for later), TERN_ENOBUFS while max_active
+ * are out and none is idle. */
+static int lease_room(struct tern_kv_service *svc)
+{
+    struct kv_os *os = svc->os;
+
+    if (os->n_held >= os->max_held) {
+        reclaim_idle(svc);
+        if (os->n_held >= os->max_held)
+            return TERN_ENOSPC;
+    }
+    if (os->n_active >= os->max_active && !take_back_oldest(os))
+        return TERN_ENOBUFS;
+    return 0;
+}
+
+/* The session hands its lease back by asking for another. One it left
+ * under half written counts against it, unless it was taken back (the
+ * server's doing, not the session's); one it filled clears the count. */
+static void hand_back(struct kv_os *os, struct kv_lease_ent *l, struct tern_kv_store *store)
+{
+    uint32_t used = tern_pm_lease_next(tern_kv_store_pool(store), l->seg) - l->base;
+
+    if (!l->revoked)
+        l->wasted = (uint64_t)used * 2 < os->seg_size - l->base ? l->wasted + 1 : 0;
+    lease_drop(os, l, store, true);
 }
 
 int kv_h_lease(struct tern_req *req, const void *data, size_t len, void *ctx)
@@ -285,6 +439,7 @@ int kv_h_lease(struct tern_req *req, const void *data, size_t len, void *ctx)
     struct tern_session *s = tern_req_session(req);
     struct tern_pm_pool *pool = tern_kv_store_pool(svc->store);
     struct kv_os *os = svc->os;
+    struct tern_rpc_mr *mr = NULL;
     struct kv_lease_ent *l;
     struct kv_lease_req q;
     struct kv_lease *out;
@@ -299,40 +454,53 @@ int kv_h_lease(struct tern_req *req, const void *data, size_t len, void *ctx)
     memcpy(&q, data, sizeof(q));
     if (q.flags || q.reserved)
         return TERN_EPROTO;
-    /* One lease per session: asking again hands the old one back. */
-    for (unsigned i = 0; i < os->n_leases; i++)
-        if (os->leases[i].s == s)
-            lease_drop(&os->leases[i], svc->store, true);
-    l = lease_slot(os);
+    l = session_ent(os, s);
     if (!l)
         return TERN_ENOBUFS;
-    out = tern_reply_alloc(req, sizeof(*out));
-    if (!out)
-        return TERN_EMSGSIZE;
-    rc = tern_kv_store_lease(svc->store, &seg);
-    if (rc < 0)
+    /* One lease per session: asking again hands the old one back. */
+    if (l->held)
+        hand_back(os, l, svc->store);
+    /* A client that asks and asks without writing would keep the server
+     * registering, mapping and cleaning segments for nothing. */
+    if (l->wasted >= os->session_max)
+        return TERN_EBUSY;
+    rc = lease_room(svc);
+    out = rc == 0 ? tern_reply_alloc(req, sizeof(*out)) : NULL;
+    if (rc == 0 && !out)
+        rc = TERN_EMSGSIZE;
+    if (rc == 0)
+        rc = tern_kv_store_lease(svc->store, &seg);
+    if (rc < 0) {
+        ent_release(l);
         return rc;
+    }
     /* From the lessee's first byte on (a page boundary): the segment's
      * header, before it, stays out of the lessee's reach. */
     base = tern_pm_lease_next(pool, seg);
     foff = tern_pm_seg_file_off(pool, seg) + base;
     rc = tern_rpc_mr_reg(os->ep, (uint8_t *)tern_pm_base(pool) + foff, os->seg_size - base,
                          tern_pm_fd(pool), foff,
-                         TERN_TP_ACCESS_REMOTE_READ | TERN_TP_ACCESS_REMOTE_WRITE, &l->mr);
-    if (rc == 0 && (rc = tern_rpc_mr_rkey(l->mr, s, &out->rkey)) < 0)
-        tern_rpc_mr_dereg(l->mr);
+                         TERN_TP_ACCESS_REMOTE_READ | TERN_TP_ACCESS_REMOTE_WRITE, &mr);
+    if (rc == 0 && (rc = tern_rpc_mr_rkey(mr, s, &out->rkey)) < 0)
+        tern_rpc_mr_dereg(mr);
     if (rc < 0) {
         tern_kv_store_lease_end(svc->store, seg);
-        l->mr = NULL;
+        ent_release(l);
         return rc;
     }
     /* The records will be read and flushed here: map the segment's pages
      * in now rather than fault on every 4 KiB of them (a hint). */
     madvise((uint8_t *)tern_pm_base(pool) + foff, os->seg_size - base, MADV_POPULATE_WRITE);
-    l->s = s;
+    l->held = true;
+    l->revoked = false;
     l->seg = seg;
-    os->by_seg[seg] = (uint32_t)(l - os->leases) + 1;
+    l->base = base;
+    l->mr = mr;
+    l->withdrawn_ns = 0;
     l->used_ns = tern_now_ns();
+    os->n_held++;
+    os->n_active++;
+    os->by_seg[seg] = (uint32_t)(l - os->leases) + 1;
     *out = (struct kv_lease){.seg = seg, .next = base, .end = os->seg_size, .base = base,
                              .rkey = out->rkey};
     return 0;
@@ -356,7 +524,8 @@ int kv_h_lput(struct tern_req *req, const void *data, size_t len, void *ctx)
     if (!l || l->s != tern_req_session(req))
         return TERN_ENOLEASE;
     /* Taken back: the registration stays until the client asks for a new
-     * lease (or leaves), as puts it pipelined may still be on their way. */
+     * lease (or leaves, or the pool needs the room), as puts it pipelined
+     * may still be on their way. */
     if (l->revoked)
         return TERN_ENOLEASE;
     l->used_ns = tern_now_ns();
@@ -364,8 +533,11 @@ int kv_h_lput(struct tern_req *req, const void *data, size_t len, void *ctx)
         return TERN_EPROTO;
     rc = tern_kv_store_lease_put(svc->store, q.seg, q.off, q.intent, svc->lo, svc->hi,
                                  TERN_KV_SYNC, &version, &ended);
-    if (ended)
-        lease_drop(l, svc->store, false);
+    if (ended) {
+        /* Lost to a record the store refused: the session's loss. */
+        l->wasted++;
+        lease_drop(svc->os, l, svc->store, false);
+    }
     return rc < 0 ? rc : kv_reply_version(req, version);
 }
 

@@ -22,6 +22,7 @@ struct tern_kv_store {
     struct kv_index ix;
     uint64_t keys;
     bool dirty;
+    uint32_t gen;                    /* successful syncs so far, never 0 (kv_ent.gen) */
     bool append_only;                /* no in-place updates (the baseline) */
     uint32_t clean_low;              /* clean when fewer free segments than this */
     struct tern_kv_store_stats st;
@@ -35,6 +36,8 @@ struct tern_kv_store {
         uint32_t n;                  /* 0: free */
     } pins[TERN_KV_PINS];
     unsigned n_pins;                 /* entries in use */
+    void (*on_short)(void *arg);     /* tern_kv_store_on_short() */
+    void *on_short_arg;
 };
 
 static inline tern_pm_loc ent_loc(const struct kv_ent *e)
@@ -176,6 +179,7 @@ int tern_kv_store_open(const struct tern_kv_store_opts *o, struct tern_kv_store 
     s->cleaner = (struct tern_pm_cleaner){.is_live = clean_is_live, .moved = clean_moved,
                                           .dropped = clean_dropped, .arg = s};
     s->append_only = o->append_only;
+    s->gen = 1;                      /* recovered entries have 0: durable */
     rc = tern_pm_open(o->path, &po, &s->pool);
     if (rc < 0)
         goto fail;
@@ -293,6 +297,15 @@ void tern_kv_store_unpin(struct tern_kv_store *s, tern_pm_loc loc)
 
 /* ---- writes ---- */
 
+/* Free segments run low: segments held out of the cleaner's reach that
+ * their holder can spare (idle leases) come back first, so that cleaning
+ * can take them. */
+static void short_of_room(struct tern_kv_store *s)
+{
+    if (s->on_short)
+        s->on_short(s->on_short_arg);
+}
+
 /* Append a record, cleaning first when free segments run low and again,
  * harder, if the pool is full. On failure nothing has changed. */
 static int append(struct tern_kv_store *s, enum tern_pm_rec_type type, const void *key,
@@ -302,6 +315,7 @@ static int append(struct tern_kv_store *s, enum tern_pm_rec_type type, const voi
     int rc;
 
     if (tern_pm_free_segs(s->pool) < s->clean_low) {
+        short_of_room(s);
         rc = tern_pm_clean(s->pool, &s->cleaner, 1, 75);
         if (rc > 0)
             s->st.segs_cleaned += (unsigned)rc;
@@ -313,6 +327,7 @@ static int append(struct tern_kv_store *s, enum tern_pm_rec_type type, const voi
     /* Full: take back every segment at least a tenth dead, emptiest first.
      * Segments nearly all live are left alone: copying one forward would
      * use up about as much room as it frees, over and over. */
+    short_of_room(s);
     rc = tern_pm_clean(s->pool, &s->cleaner, tern_pm_seg_count(s->pool), 90);
     if (rc > 0)
         s->st.segs_cleaned += (unsigned)rc;
@@ -344,18 +359,41 @@ static void point_at(struct tern_kv_store *s, uint64_t h, const void *key, uint1
         e->old_loc = ent_loc(e);
         e->loc = loc;
     }
+    e->gen = s->gen;
     mirror(s, e);
+}
+
+/* The key's newest record was written since the last sync, so nobody was
+ * told of it (writes are acknowledged after a sync): a batch that sets one
+ * key again and again (the RESP gateway's group commit) rewrites that
+ * record rather than appending one per SET. The pool allows it only where a
+ * crash mid-rewrite loses nothing acknowledged (tern_pm_rewrite_pending):
+ * past the commit point, or over a slot rewritten in place before. */
+static int put_again(struct tern_kv_store *s, struct kv_ent *e, const void *key,
+                     uint16_t klen, const void *val, uint32_t len, uint64_t *ver)
+{
+    if (ent_is_tomb(e) || pinned(s, ent_loc(e)) ||
+        tern_pm_slot_size(s->pool, ent_loc(e)) < tern_pm_rec_size(klen, len))
+        return 0;
+    *ver = tern_pm_next_version(s->pool);
+    if (tern_pm_rewrite_pending(s->pool, ent_loc(e), TERN_PM_VALUE, *ver, key, klen, val,
+                                len) < 0)
+        return 0;
+    s->st.in_place++;
+    mirror(s, e);
+    return 1;
 }
 
 /* BOOM-KV's hybrid update: write the new value over the key's older record
  * instead of appending, when (1) that record is not the newest durable
- * version: the store has nothing uncommitted, so the record that
- * superseded it is durable, and a crash mid-rewrite (which recovery skips)
- * leaves the key at that version; (2) the new record fits its slot; (3)
- * nobody reads it in flight: the server copies values out synchronously
- * or pins the records it pushes until the push is done, and one-sided
- * readers check version and checksum and read again. Returns
- * 1 if it did, 0 to append instead. */
+ * version: the record that superseded it was synced (its entry's gen is an
+ * older one), so a crash mid-rewrite (which recovery skips) leaves the key
+ * at that version, whatever else of the batch is still pending; (2) the
+ * new record fits its slot; (3) nobody reads it in flight: the server
+ * copies values out synchronously or pins the records it pushes until the
+ * push is done, and one-sided readers check version and checksum and read
+ * again. A key whose newest record is not synced yet is set again over that
+ * record instead (put_again). Returns 1 if it did, 0 to append instead. */
 static int put_in_place(struct tern_kv_store *s, uint64_t h, const void *key, uint16_t klen,
                         const void *val, uint32_t len, uint64_t *ver)
 {
@@ -363,14 +401,20 @@ static int put_in_place(struct tern_kv_store *s, uint64_t h, const void *key, ui
     tern_pm_loc prev;
     int rc;
 
-    if (s->append_only || s->dirty)
+    if (s->append_only)
         return 0;
     e = kv_index_find(&s->ix, s->pool, h, key, klen);
-    if (!e || !e->old_loc || pinned(s, e->old_loc) ||
+    if (!e)
+        return 0;
+    if (e->gen == s->gen)
+        return put_again(s, e, key, klen, val, len, ver);
+    if (!e->old_loc || pinned(s, e->old_loc) ||
         tern_pm_slot_size(s->pool, e->old_loc) < tern_pm_rec_size(klen, len))
         return 0;
     *ver = tern_pm_next_version(s->pool);
-    rc = tern_pm_overwrite(s->pool, e->old_loc, TERN_PM_VALUE, *ver, key, klen, val, len);
+    /* Nothing pending is committed first: the newer version is durable. */
+    rc = tern_pm_overwrite_behind(s->pool, e->old_loc, TERN_PM_VALUE, *ver, key, klen, val,
+                                  len);
     if (rc < 0)
         return 0;
     /* The rewritten slot is the newest now and the record it replaced goes
@@ -380,6 +424,7 @@ static int put_in_place(struct tern_kv_store *s, uint64_t h, const void *key, ui
     s->keys += ent_is_tomb(e);
     e->loc = e->old_loc;
     e->old_loc = prev;
+    e->gen = s->gen;
     s->st.in_place++;
     mirror(s, e);
     return 1;
@@ -443,6 +488,7 @@ int tern_kv_store_del(struct tern_kv_store *s, const void *key, size_t klen, uns
     e->n_old++;
     e->old_loc = ent_loc(e);
     e->loc = loc | KV_TOMB;
+    e->gen = s->gen;
     mirror(s, e);
     s->keys--;
     s->st.dels++;
@@ -462,6 +508,13 @@ int tern_kv_store_sync(struct tern_kv_store *s)
         return rc;
     s->dirty = false;
     s->st.syncs++;
+    /* Every entry written so far is durable now. Once in 2^32 syncs the
+     * generation comes round: the entries are told so. */
+    if (++s->gen == 0) {
+        for (uint32_t i = 0; i < s->ix.top; i++)
+            s->ix.ents[i].gen = 0;
+        s->gen = 1;
+    }
     return 0;
 }
 
@@ -574,19 +627,30 @@ int tern_kv_store_lease(struct tern_kv_store *s, uint32_t *seg)
 {
     int rc;
 
-    /* A lease takes a whole segment: clean first, as an append would. */
-    if (tern_pm_free_segs(s->pool) < s->clean_low) {
+    /* A lease takes a whole segment out of the cleaner's reach until it
+     * ends, so it never takes one of the last clean_low: those keep the
+     * writes that come through the store (RPC, RESP) and the cleaner going
+     * whatever clients lease. Clean first, as an append would. */
+    if (tern_pm_free_segs(s->pool) <= s->clean_low) {
+        short_of_room(s);
         rc = tern_pm_clean(s->pool, &s->cleaner, 1, 75);
         if (rc > 0)
             s->st.segs_cleaned += (unsigned)rc;
     }
-    rc = tern_pm_lease(s->pool, seg);
-    if (rc != TERN_ENOSPC)
-        return rc;
-    rc = tern_pm_clean(s->pool, &s->cleaner, tern_pm_seg_count(s->pool), 90);
-    if (rc > 0)
-        s->st.segs_cleaned += (unsigned)rc;
+    if (tern_pm_free_segs(s->pool) <= s->clean_low) {
+        rc = tern_pm_clean(s->pool, &s->cleaner, tern_pm_seg_count(s->pool), 90);
+        if (rc > 0)
+            s->st.segs_cleaned += (unsigned)rc;
+    }
+    if (tern_pm_free_segs(s->pool) <= s->clean_low)
+        return TERN_ENOSPC;
     return tern_pm_lease(s->pool, seg);
+}
+
+void tern_kv_store_on_short(struct tern_kv_store *s, void (*fn)(void *arg), void *arg)
+{
+    s->on_short = fn;
+    s->on_short_arg = arg;
 }
 
 void tern_kv_store_lease_end(struct tern_kv_store *s, uint32_t seg)

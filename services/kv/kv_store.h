@@ -129,8 +129,16 @@ void tern_kv_store_window_counts(const struct tern_kv_store *s, uint64_t *mirror
                                  uint64_t *unplaced);
 
 /* Lease a free segment to a client that writes records into it (cleaning
- * first if free segments run low). TERN_ENOSPC when the pool is full. */
+ * first if free segments run low). A lease never takes one of the free
+ * segments the store keeps for its own writes (a sixteenth of the pool, at
+ * least two): TERN_ENOSPC when that is all there is. */
 int tern_kv_store_lease(struct tern_kv_store *s, uint32_t *seg);
+
+/* Have fn(arg) called whenever the store runs short of free segments, before
+ * it cleans: an owner that keeps segments out of the cleaner's reach
+ * (leases) gives back those it can spare there. fn may end leases
+ * (tern_kv_store_lease_end) but must not write. NULL removes it. */
+void tern_kv_store_on_short(struct tern_kv_store *s, void (*fn)(void *arg), void *arg);
 
 /* End a lease; records not yet committed in it are dropped. */
 void tern_kv_store_lease_end(struct tern_kv_store *s, uint32_t seg);

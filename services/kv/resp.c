@@ -14,10 +14,15 @@
  * keeps the common path to one store call per command with the reply built
  * on the spot, and confines the rework to the failure.
  *
- * A client that does not read its replies is not served further once 64 MiB
- * of them wait: its commands stay unread, or read but not run, until the
- * output drains, so one slow reader cannot make the gateway's memory grow
- * without bound.
+ * A client that does not read its replies is not served further once
+ * max_output (64 MiB) of them wait: its commands stay unread, or read but
+ * not run, until the output drains, so one slow reader cannot make the
+ * gateway's memory grow without bound. One command cannot either: a reply
+ * that grows with the data (GET, MGET, ECHO, PING) is checked against the
+ * cap as it is built. If it would take the client's output past the cap,
+ * what was built is taken back; the command runs again once the output
+ * has drained, and if it still does not fit on its own, the client gets
+ * an error instead.
  *
  * Arguments are never copied: they point into the client's input buffer,
  * and keys and values go from there to the store; GET copies a value from
@@ -62,10 +67,8 @@
 /* An empty buffer larger than this (grown for one big command or reply)
  * goes back to its initial size so that idle clients stay small. */
 #define BUF_KEEP_MAX (1u << 20)
-/* A client with this much unsent output is not reading its replies: its
- * commands wait (unread, or read but not run) until the output drains, so
- * that memory stays bounded. */
-#define OUT_BACKLOG_MAX (64ull << 20)
+/* Unsent output a client may have (tern_resp_config.max_output). */
+#define DEFAULT_MAX_OUTPUT (64u << 20)
 
 int (*resp_sync_fn)(struct tern_kv_store *s) = tern_kv_store_sync;
 
@@ -90,6 +93,9 @@ struct client {
     bool touched;               /* on the poll's list */
     bool marks_lost;            /* a write mark could not be recorded */
     bool stalled;               /* input left unrun for the output to drain */
+    bool capped;                /* the running command's reply is held to max_output */
+    bool over;                  /* it did not fit: take it back */
+    bool rerun;                 /* run the next command again once the output is empty */
     uint64_t id;
     uint64_t window;            /* the coalescing window it was last counted in */
     struct buf in, out;
@@ -98,12 +104,15 @@ struct client {
     size_t n_marks, marks_cap;
     struct client *prev, *next;         /* every client */
     struct client *next_touched;
+    struct tern_resp_gw *gw;
 };
 
 struct tern_resp_gw {
     struct tern_kv_store *store;
     unsigned max_clients;
     size_t max_request;
+    size_t max_output;                  /* unsent output a client may have */
+    size_t out_peak;                    /* largest output buffer so far (INFO) */
     int epfd, lfd;
     uint16_t port;
     unsigned n_clients;
@@ -207,13 +216,18 @@ static bool parse_ll(const char *s, size_t n, long long *out)
 /* ---- output ---- */
 
 /* Room for n more bytes of output; NULL (and the client is dropped) if
- * memory runs out. */
+ * memory runs out, or (c->over) if a capped reply would take the output
+ * past max_output. */
 static char *out_reserve(struct client *c, size_t n)
 {
     struct buf *b = &c->out;
     size_t cap;
     char *p;
 
+    if (c->capped && (c->over || b->len - b->off + n > c->gw->max_output)) {
+        c->over = true;
+        return NULL;
+    }
     if (b->cap - b->len >= n)
         return b->p + b->len;
     if (b->off > 0) {
@@ -233,6 +247,8 @@ static char *out_reserve(struct client *c, size_t n)
     }
     b->p = p;
     b->cap = cap;
+    if (cap > c->gw->out_peak)
+        c->gw->out_peak = cap;
     return b->p + b->len;
 }
 
@@ -474,7 +490,7 @@ static void cmd_exists(struct tern_resp_gw *gw, struct client *c, const struct c
 static void cmd_mget(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
 {
     out_num(c, '*', (long long)(m->argc - 1));
-    for (size_t i = 1; i < m->argc; i++) {
+    for (size_t i = 1; i < m->argc && !c->over; i++) {
         const void *val;
         uint32_t len;
 
@@ -656,9 +672,14 @@ static void cmd_info(struct tern_resp_gw *gw, struct client *c, const struct cmd
                  (long long)(time(NULL) - gw->started));
     }
     if (info_wants(m, "clients")) {
+        size_t pending = 0;
+
+        for (const struct client *k = gw->clients; k; k = k->next)
+            pending += out_pending(k);
         text_section(&t, "Clients");
-        text_add(&t, "connected_clients:%u\r\nmaxclients:%u\r\n", gw->n_clients,
-                 gw->max_clients);
+        text_add(&t, "connected_clients:%u\r\nmaxclients:%u\r\ntern_output_limit:%zu\r\n"
+                 "tern_output_pending:%zu\r\ntern_output_buffer_peak:%zu\r\n", gw->n_clients,
+                 gw->max_clients, gw->max_output, pending, gw->out_peak);
     }
     if (info_wants(m, "persistence")) {
         text_section(&t, "Persistence");
@@ -774,7 +795,10 @@ static void cmd_config(struct tern_resp_gw *gw, struct client *c, const struct c
 
 static void cmd_command(struct tern_resp_gw *gw, struct client *c, const struct cmd *m);
 
-enum { CMD_WRITE = 1 };
+enum {
+    CMD_WRITE = 1,
+    CMD_BIG = 2,                /* the reply grows with the data: held to max_output */
+};
 
 struct command {
     const char *name;           /* lower case, as Redis quotes it in errors */
@@ -787,15 +811,15 @@ struct command {
 #define CMD(name, min, max, flags, fn) {name, sizeof(name) - 1, min, max, flags, fn}
 
 static const struct command commands[] = {
-    CMD("get", 2, 2, 0, cmd_get),
+    CMD("get", 2, 2, CMD_BIG, cmd_get),
     CMD("set", 3, 0, CMD_WRITE, cmd_set),
-    CMD("ping", 1, 2, 0, cmd_ping),
+    CMD("ping", 1, 2, CMD_BIG, cmd_ping),
     CMD("incr", 2, 2, CMD_WRITE, cmd_incr),
-    CMD("mget", 2, 0, 0, cmd_mget),
+    CMD("mget", 2, 0, CMD_BIG, cmd_mget),
     CMD("mset", 3, 0, CMD_WRITE, cmd_mset),
     CMD("del", 2, 0, CMD_WRITE, cmd_del),
     CMD("exists", 2, 0, 0, cmd_exists),
-    CMD("echo", 2, 2, 0, cmd_echo),
+    CMD("echo", 2, 2, CMD_BIG, cmd_echo),
     CMD("decr", 2, 2, CMD_WRITE, cmd_decr),
     CMD("incrby", 3, 3, CMD_WRITE, cmd_incrby),
     CMD("decrby", 3, 3, CMD_WRITE, cmd_decrby),
@@ -851,6 +875,28 @@ static void reply_unknown(struct client *c, const struct cmd *m)
             (int)(arglen(m, 0) < 128 ? arglen(m, 0) : 128), arg(m, 0), args);
 }
 
+/* After a reply was taken back: a buffer grown for it goes back to what
+ * the output left needs, so that the memory returns now rather than when
+ * the client reads. */
+static void out_trim(struct client *c)
+{
+    struct buf *b = &c->out;
+    size_t cap = OUT_INITIAL;
+    char *p;
+
+    if (b->cap <= BUF_KEEP_MAX)
+        return;
+    memmove(b->p, b->p + b->off, b->len - b->off);
+    b->len -= b->off;
+    b->off = 0;
+    while (cap < b->len)
+        cap *= 2;
+    if (cap >= b->cap || !(p = realloc(b->p, cap)))
+        return;
+    b->p = p;
+    b->cap = cap;
+}
+
 static void mark_write(struct client *c, size_t start)
 {
     if (out_pending(c) == start || c->out.p[c->out.off + start] == '-')
@@ -884,7 +930,22 @@ static void run_command(struct tern_resp_gw *gw, struct client *c, const struct 
         out_err(c, "ERR wrong number of arguments for '%s' command", k->name);
         return;
     }
+    /* Only replies that only read are capped: a write must never run
+     * twice, and its reply is a few bytes. */
+    c->capped = (k->flags & CMD_BIG) != 0;
     k->run(gw, c, m);
+    c->capped = false;
+    if (c->over) {
+        c->over = false;
+        c->out.len = c->out.off + start;
+        out_trim(c);
+        if (start)
+            c->rerun = true;    /* it may fit once what waits is sent */
+        else
+            out_err(c, "ERR reply exceeds the gateway's output limit of %zu bytes",
+                    gw->max_output);
+        return;
+    }
     if ((k->flags & CMD_WRITE) && !c->dead)
         mark_write(c, start);
 }
@@ -977,6 +1038,7 @@ static struct client *client_new(struct tern_resp_gw *gw, int fd)
     }
     c->events = EPOLLIN;
     c->id = ++gw->next_id;
+    c->gw = gw;
     c->next = gw->clients;
     if (gw->clients)
         gw->clients->prev = c;
@@ -1059,12 +1121,21 @@ static bool in_make_room(struct tern_resp_gw *gw, struct client *c)
     return b->len < b->cap;
 }
 
+/* May the client's next command run? Not while max_output waits, nor, for
+ * a command taken back for want of room, before the output is all sent. */
+static bool may_run(const struct tern_resp_gw *gw, const struct client *c)
+{
+    return c->rerun ? out_pending(c) == 0 : out_pending(c) <= gw->max_output;
+}
+
 /* Run every complete command in the input buffer. */
 static void run_input(struct tern_resp_gw *gw, struct client *c)
 {
     struct buf *b = &c->in;
 
-    while (!c->closing && !c->dead && b->off < b->len && out_pending(c) <= OUT_BACKLOG_MAX) {
+    if (may_run(gw, c))
+        c->rerun = false;
+    while (!c->closing && !c->dead && b->off < b->len && may_run(gw, c)) {
         const char *start = b->p + b->off;
         enum resp_status rc = resp_parse(&c->parser, start, b->len - b->off);
 
@@ -1083,13 +1154,17 @@ static void run_input(struct tern_resp_gw *gw, struct client *c)
             struct cmd m = {start, c->parser.argv, c->parser.argc};
 
             run_command(gw, c, &m);
+            if (c->rerun) {
+                /* Left in the buffer, parsed again when it runs. */
+                resp_parser_reset(&c->parser);
+                break;
+            }
             gw->batch_cmds++;
         }
         b->off += c->parser.pos;
         resp_parser_reset(&c->parser);
     }
-    c->stalled = !c->closing && !c->dead && b->off < b->len &&
-                 out_pending(c) > OUT_BACKLOG_MAX;
+    c->stalled = !c->closing && !c->dead && b->off < b->len && !may_run(gw, c);
     if (b->off == b->len) {
         b->off = b->len = 0;
         buf_shrink(b, IN_INITIAL);
@@ -1223,7 +1298,7 @@ static void client_flush(struct tern_resp_gw *gw, struct client *c)
     /* A stalled client waits for EPOLLOUT even with nothing to send: the
      * event is what brings it back to run the rest of its input. */
     set_interest(gw, c,
-                 (c->closing || c->stalled || backlog > OUT_BACKLOG_MAX ? 0 : EPOLLIN) |
+                 (c->closing || c->stalled || backlog > gw->max_output ? 0 : EPOLLIN) |
                  (backlog || c->stalled ? EPOLLOUT : 0));
     if (c->dead)
         client_close(gw, c);
@@ -1291,7 +1366,7 @@ int tern_resp_gw_poll(struct tern_resp_gw *gw, int timeout_ms)
             gw->window_clients++;
         }
         if (c->stalled) {
-            if (out_pending(c) <= OUT_BACKLOG_MAX)
+            if (may_run(gw, c))
                 run_input(gw, c);
         } else if ((ev[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) && (c->events & EPOLLIN)) {
             client_read(gw, c);
@@ -1360,6 +1435,7 @@ int tern_resp_gw_create(struct tern_kv_store *store, const struct tern_resp_conf
     gw->store = store;
     gw->max_clients = cfg && cfg->max_clients ? cfg->max_clients : DEFAULT_MAX_CLIENTS;
     gw->max_request = cfg && cfg->max_request ? cfg->max_request : DEFAULT_MAX_REQUEST;
+    gw->max_output = cfg && cfg->max_output ? cfg->max_output : DEFAULT_MAX_OUTPUT;
     gw->coalesce_us = cfg ? cfg->coalesce_us : 0;
     if (gw->coalesce_us > TERN_RESP_COALESCE_MAX_US)
         gw->coalesce_us = TERN_RESP_COALESCE_MAX_US;

@@ -6,6 +6,10 @@
  * the batch's writes durable with one tern_kv_store_sync(), and only then
  * writes the replies: a "+OK" to SET always means the value is persistent.
  *
+ * A client's queued replies are held to max_output: its commands wait while
+ * that much is queued, and a reply (GET, MGET, ECHO, PING) that would not
+ * fit under it even alone gets an error instead of being built.
+ *
  * Commands: PING, ECHO, GET, SET [NX|XX|KEEPTTL], DEL, EXISTS, MGET, MSET,
  * INCR, INCRBY, DECR, DECRBY, DBSIZE, FLUSHDB, FLUSHALL, INFO, COMMAND,
  * CONFIG GET, SELECT 0, CLIENT, QUIT; any other gets Redis's "unknown
@@ -31,6 +35,11 @@ struct tern_resp_config {
     uint16_t port;               /* 0 picks one (see tern_resp_gw_port) */
     unsigned max_clients;        /* 0 = 1024; further clients are refused */
     size_t max_request;          /* largest command in bytes; 0 = 64 MiB */
+    size_t max_output;           /* unsent reply bytes a client may have: its next
+                                    commands wait while that much is queued, and a
+                                    reply larger than this on its own (an MGET of
+                                    many big values) gets an error instead;
+                                    0 = 64 MiB */
     unsigned coalesce_us;        /* 0 = off, at most TERN_RESP_COALESCE_MAX_US;
                                     see tern_resp_gw_poll() */
 };

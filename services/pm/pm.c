@@ -356,6 +356,24 @@ static int persist_word(struct tern_pm_pool *p, uint64_t *word, uint64_t v)
     return drain(p);
 }
 
+/* The same, for a word whose store must be durable before what follows it
+ * but need not wait for what was written before it: only its line is
+ * flushed, so writes pending for a later commit stay pending. */
+static int persist_alone(struct tern_pm_pool *p, uint64_t *word, uint64_t v)
+{
+    int rc;
+
+    if (p->io_failed)
+        return TERN_EIO;
+    __atomic_store_n(word, v, __ATOMIC_RELEASE);
+    rc = pm_flush(p->board, word, sizeof(*word));
+    if (pm_flush_wait(p->board) < 0 || rc < 0) {
+        p->io_failed = true;
+        return TERN_EIO;
+    }
+    return 0;
+}
+
 /* ---- open, create, close ---- */
 
 /* Make a rename in the pool's directory durable. */
@@ -1009,7 +1027,8 @@ static int rewrite_target(const struct tern_pm_pool *p, tern_pm_loc loc, struct 
  * The old checksum no longer matches, on purpose: from here until the new
  * record is whole and durable, recovery steps over the slot, and as the old
  * record was not the key's newest version nothing is lost. */
-static int mark_rewriting(struct tern_pm_pool *p, struct tern_pm_rec *r, uint32_t slot)
+static int mark_rewriting(struct tern_pm_pool *p, struct tern_pm_rec *r, uint32_t slot,
+                          bool alone)
 {
     struct tern_pm_rec h = *r;
     uint64_t v;
@@ -1020,64 +1039,128 @@ static int mark_rewriting(struct tern_pm_pool *p, struct tern_pm_rec *r, uint32_
     /* Already marked (rewritten before): that mark was persisted then. */
     if (*rec_word(r) == v)
         return 0;
-    return persist_word(p, rec_word(r), v);
+    return alone ? persist_alone(p, rec_word(r), v) : persist_word(p, rec_word(r), v);
 }
 
-int tern_pm_overwrite(struct tern_pm_pool *p, tern_pm_loc loc, enum tern_pm_rec_type type,
-                      uint64_t version, const void *key, uint16_t key_len, const void *val,
-                      uint32_t val_len)
+/* Step (b): the new record over the slot at r (the key is already there),
+ * durable at the next commit. The value may come from the pool itself, even
+ * from this very slot. */
+static void rewrite_slot(struct tern_pm_pool *p, struct tern_pm_rec *r, uint32_t slot,
+                         uint8_t flags, enum tern_pm_rec_type type, uint64_t version,
+                         uint16_t key_len, const void *val, uint32_t val_len)
 {
-    struct seg_state *ss;
-    struct tern_pm_rec *r;
-    uint32_t slot, size;
-    uint8_t *dst;
-    int rc;
+    uint32_t size = tern_pm_rec_size(key_len, val_len);
+    uint8_t *dst = (uint8_t *)r;
 
-    if (!p->recovered || !key_len || (type != TERN_PM_VALUE && type != TERN_PM_TOMBSTONE) ||
-        (type == TERN_PM_TOMBSTONE && val_len) || (!val && val_len))
-        return TERN_EINVAL;
-    if (key_len > TERN_PM_KEY_MAX)
-        return TERN_E2BIG;
-    rc = rewrite_target(p, loc, &r);
-    if (rc < 0)
-        return rc;
-    ss = &p->segs[loc >> 32];
-    /* Another key's slot would leave two keys' records where the caller's
-     * index expects one. */
-    if (r->key_len != key_len || memcmp(tern_pm_rec_key(r), key, key_len) != 0)
-        return TERN_EINVAL;
-    slot = pm_rec_span(r);
-    size = tern_pm_rec_size(key_len, val_len);
-    if (val_len > slot || size > slot)
-        return TERN_E2BIG;
-    /* The key's newer version, which makes the old record expendable, may
-     * still be above a commit point; committed first, a crash cannot leave
-     * the key with neither. Free when nothing is pending. */
-    rc = tern_pm_commit(p);
-    if (rc < 0)
-        return rc;
-    rc = mark_rewriting(p, r, slot);
-    if (rc < 0)
-        return rc;
-    /* Step (b): the new record (the key is already there), durable at the
-     * next commit. The value may come from the pool itself, even from this
-     * very slot. */
-    dst = (uint8_t *)r;
     if (val_len)
         memmove(dst + sizeof(*r) + key_len, val, val_len);
     memset(dst + sizeof(*r) + key_len + val_len, 0, size - sizeof(*r) - key_len - val_len);
     r->val_len = val_len;
     r->version = version;
     r->type = (uint8_t)type;
-    r->flags = TERN_PM_F_REWRITTEN;
+    r->flags = flags;
     r->slot = slot;
     r->sum = pm_rec_sum(r);
     mark_written(p, dst, size);
+    if (version > p->version)
+        p->version = version;
+}
+
+/* A rewrite's arguments, and the slot at loc is the same key's and can
+ * hold the new record: 0 with *slot set, or the error to return. */
+static int rewrite_fits(struct tern_pm_rec *r, enum tern_pm_rec_type type, const void *key,
+                        uint16_t key_len, const void *val, uint32_t val_len, uint32_t *slot)
+{
+    if (!key_len || (type != TERN_PM_VALUE && type != TERN_PM_TOMBSTONE) ||
+        (type == TERN_PM_TOMBSTONE && val_len) || (!val && val_len))
+        return TERN_EINVAL;
+    if (key_len > TERN_PM_KEY_MAX)
+        return TERN_E2BIG;
+    /* Another key's slot would leave two keys' records where the caller's
+     * index expects one. */
+    if (r->key_len != key_len || memcmp(tern_pm_rec_key(r), key, key_len) != 0)
+        return TERN_EINVAL;
+    *slot = pm_rec_span(r);
+    if (val_len > *slot || tern_pm_rec_size(key_len, val_len) > *slot)
+        return TERN_E2BIG;
+    return 0;
+}
+
+static int overwrite(struct tern_pm_pool *p, tern_pm_loc loc, enum tern_pm_rec_type type,
+                     uint64_t version, const void *key, uint16_t key_len, const void *val,
+                     uint32_t val_len, bool behind)
+{
+    struct seg_state *ss;
+    struct tern_pm_rec *r;
+    uint32_t slot;
+    int rc;
+
+    if (!p->recovered)
+        return TERN_EINVAL;
+    rc = rewrite_target(p, loc, &r);
+    if (rc == 0)
+        rc = rewrite_fits(r, type, key, key_len, val, val_len, &slot);
+    if (rc < 0)
+        return rc;
+    ss = &p->segs[loc >> 32];
+    /* The key's newer version, which makes the old record expendable, may
+     * still be above a commit point; committed first, a crash cannot leave
+     * the key with neither. Free when nothing is pending, and not needed
+     * when the caller knows that version is durable (behind). */
+    rc = behind ? 0 : tern_pm_commit(p);
+    if (rc == 0)
+        rc = mark_rewriting(p, r, slot, behind);
+    if (rc < 0)
+        return rc;
+    rewrite_slot(p, r, slot, TERN_PM_F_REWRITTEN, type, version, key_len, val, val_len);
     /* The caller counted the old record dead; the slot holds a live one
      * again. */
     ss->live = ss->live + slot < ss->appended ? ss->live + slot : ss->appended;
-    if (version > p->version)
-        p->version = version;
+    return 0;
+}
+
+int tern_pm_overwrite(struct tern_pm_pool *p, tern_pm_loc loc, enum tern_pm_rec_type type,
+                      uint64_t version, const void *key, uint16_t key_len, const void *val,
+                      uint32_t val_len)
+{
+    return overwrite(p, loc, type, version, key, key_len, val, val_len, false);
+}
+
+int tern_pm_overwrite_behind(struct tern_pm_pool *p, tern_pm_loc loc,
+                             enum tern_pm_rec_type type, uint64_t version, const void *key,
+                             uint16_t key_len, const void *val, uint32_t val_len)
+{
+    return overwrite(p, loc, type, version, key, key_len, val, val_len, true);
+}
+
+int tern_pm_rewrite_pending(struct tern_pm_pool *p, tern_pm_loc loc,
+                            enum tern_pm_rec_type type, uint64_t version, const void *key,
+                            uint16_t key_len, const void *val, uint32_t val_len)
+{
+    uint32_t s = (uint32_t)(loc >> 32), off = (uint32_t)loc, slot;
+    const struct seg_state *ss;
+    struct tern_pm_rec *r;
+    int rc;
+
+    if (!p->recovered || s >= p->n_segs)
+        return TERN_EINVAL;
+    ss = &p->segs[s];
+    if (!ss->seq || ss->leased || off < ss->first || (off & 7) ||
+        off + sizeof(*r) > PM_SEG_HDR + (uint64_t)ss->appended)
+        return TERN_EINVAL;
+    r = (struct tern_pm_rec *)(seg_base(p, s) + off);
+    if (off + (uint64_t)pm_rec_span(r) > PM_SEG_HDR + (uint64_t)ss->appended)
+        return TERN_EINVAL;
+    /* Past the commit point recovery never reads it; below, only a slot
+     * rewritten before may go again: its mark is persisted, so a torn
+     * record there is an interrupted rewrite that recovery skips. */
+    if (off < PM_SEG_HDR + ss->committed && !(r->flags & TERN_PM_F_REWRITTEN))
+        return TERN_EINVAL;
+    rc = rewrite_fits(r, type, key, key_len, val, val_len, &slot);
+    if (rc < 0)
+        return rc;
+    /* The slot stays as long as it was, and live as it was. */
+    rewrite_slot(p, r, slot, r->flags, type, version, key_len, val, val_len);
     return 0;
 }
 

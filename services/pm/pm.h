@@ -145,6 +145,29 @@ int tern_pm_overwrite(struct tern_pm_pool *p, tern_pm_loc loc, enum tern_pm_rec_
                       uint64_t version, const void *key, uint16_t key_len, const void *val,
                       uint32_t val_len);
 
+/* As tern_pm_overwrite, for a caller that knows the key's newer version is
+ * durable already (an earlier tern_pm_commit() covered it): records appended
+ * since stay pending rather than being committed first, and only the old
+ * record's mark is persisted (if it carries none yet), so that a caller that
+ * commits a batch of writes at once keeps one commit per batch. */
+int tern_pm_overwrite_behind(struct tern_pm_pool *p, tern_pm_loc loc,
+                             enum tern_pm_rec_type type, uint64_t version, const void *key,
+                             uint16_t key_len, const void *val, uint32_t val_len);
+
+/* Write a new record of the same key over the record at `loc`, which the
+ * caller wrote since it last made its writes durable and has told nobody
+ * about (a batch that is committed before it is acknowledged): in place,
+ * keeping the slot's size. Allowed over a record past its segment's commit
+ * point, which recovery never reads, or over a slot rewritten in place
+ * before, whose mark is persisted: a crash mid-rewrite leaves a torn record
+ * that recovery skips, and the key falls back to an older version, as for
+ * any write not yet acknowledged. Any other record: TERN_EINVAL (append
+ * instead); one too small: TERN_E2BIG. Nothing changes on failure; the new
+ * record is durable at the next tern_pm_commit(). Not in a leased segment. */
+int tern_pm_rewrite_pending(struct tern_pm_pool *p, tern_pm_loc loc,
+                            enum tern_pm_rec_type type, uint64_t version, const void *key,
+                            uint16_t key_len, const void *val, uint32_t val_len);
+
 /* ---- leased segments: a client appends records by one-sided writes ---- */
 
 /* Take a free segment and open it for one lessee, who writes records into

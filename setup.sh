@@ -110,9 +110,16 @@ consumer() {
         cc -std=gnu11 -Wall -Werror examples/hello.c \
         $(PKG_CONFIG_SYSROOT_DIR=$dest PKG_CONFIG_PATH=$pc pkg-config --cflags --libs tern) \
         -o "$dest/hello" || return 1
-    LD_LIBRARY_PATH=$(dirname "$(find "$dest" -name 'libtern.so' | head -n 1)") \
-        timeout 20 "$dest/hello" | grep -q '^hello, world$'
-    local rc=$?
+    # shellcheck disable=SC2046
+    PKG_CONFIG_SYSROOT_DIR=$dest PKG_CONFIG_PATH=$pc \
+        c++ -std=c++17 -Wall -Werror -pthread tests/abi/consumer.cc \
+        $(PKG_CONFIG_SYSROOT_DIR=$dest PKG_CONFIG_PATH=$pc pkg-config --cflags --libs tern) \
+        -o "$dest/consumer-cxx" || return 1
+    local libdir rc=0
+    libdir=$(dirname "$(find "$dest" -name 'libtern.so' | head -n 1)")
+    LD_LIBRARY_PATH=$libdir timeout 20 "$dest/hello" | grep -q '^hello, world$' || rc=1
+    LD_LIBRARY_PATH=$libdir timeout 20 "$dest/consumer-cxx" || rc=1
+    sh tests/abi/exports.sh "$libdir/libtern.so" "$(dirname "$(find "$dest" -name tern.h | head -n 1)")" || rc=1
     rm -rf "$dest"
     return $rc
 }

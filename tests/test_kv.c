@@ -37,35 +37,35 @@ static void teardown(void)
     rmdir(dir);
 }
 
-static struct tern_kv_store *open_store_opts(uint64_t size, bool append_only)
+static struct kvs *open_store_opts(uint64_t size, bool append_only)
 {
-    struct tern_kv_store_opts o = {.path = path, .pool_size = size, .seg_size = SEG,
+    struct kvs_opts o = {.path = path, .pool_size = size, .seg_size = SEG,
                                    .append_only = append_only};
-    struct tern_kv_store *s = NULL;
-    int rc = tern_kv_store_open(&o, &s);
+    struct kvs *s = NULL;
+    int rc = kvs_open(&o, &s);
 
     ck_assert_msg(rc == 0, "open: %s", tern_strerror(rc));
     return s;
 }
 
-static struct tern_kv_store *open_store(uint64_t size)
+static struct kvs *open_store(uint64_t size)
 {
     return open_store_opts(size, false);
 }
 
-static void put_str(struct tern_kv_store *s, const char *k, const char *v)
+static void put_str(struct kvs *s, const char *k, const char *v)
 {
-    int rc = tern_kv_store_put(s, k, strlen(k), v, strlen(v), TERN_KV_SYNC, NULL);
+    int rc = kvs_put(s, k, strlen(k), v, strlen(v), TERN_KV_SYNC, NULL);
 
     ck_assert_msg(rc == 0, "put %s: %s", k, tern_strerror(rc));
 }
 
 /* 1 if k = v, 0 if absent; fails the test on a different value. */
-static int has(struct tern_kv_store *s, const char *k, const char *v)
+static int has(struct kvs *s, const char *k, const char *v)
 {
     const void *val;
     uint32_t len;
-    int rc = tern_kv_store_get(s, k, strlen(k), &val, &len, NULL);
+    int rc = kvs_get(s, k, strlen(k), &val, &len, NULL);
 
     if (rc == TERN_ENOENT)
         return 0;
@@ -77,56 +77,56 @@ static int has(struct tern_kv_store *s, const char *k, const char *v)
 
 START_TEST(put_get_del)
 {
-    struct tern_kv_store *s = open_store(1 << 20);
+    struct kvs *s = open_store(1 << 20);
     uint64_t v1, v2, v3;
     const void *val;
     uint32_t len;
 
-    ck_assert_int_eq(tern_kv_store_put(s, "a", 1, "one", 3, 0, &v1), 0);
-    ck_assert_int_eq(tern_kv_store_put(s, "a", 1, "uno", 3, 0, &v2), 0);
+    ck_assert_int_eq(kvs_put(s, "a", 1, "one", 3, 0, &v1), 0);
+    ck_assert_int_eq(kvs_put(s, "a", 1, "uno", 3, 0, &v2), 0);
     ck_assert_uint_gt(v2, v1);
     ck_assert_int_eq(has(s, "a", "uno"), 1);
-    ck_assert_int_eq(tern_kv_store_put(s, "empty", 5, NULL, 0, 0, NULL), 0);
-    ck_assert_int_eq(tern_kv_store_get(s, "empty", 5, &val, &len, NULL), 0);
+    ck_assert_int_eq(kvs_put(s, "empty", 5, NULL, 0, 0, NULL), 0);
+    ck_assert_int_eq(kvs_get(s, "empty", 5, &val, &len, NULL), 0);
     ck_assert_uint_eq(len, 0);
-    ck_assert_uint_eq(tern_kv_store_count(s), 2);
-    ck_assert_int_eq(tern_kv_store_del(s, "a", 1, 0, &v3), 0);
+    ck_assert_uint_eq(kvs_count(s), 2);
+    ck_assert_int_eq(kvs_del(s, "a", 1, 0, &v3), 0);
     ck_assert_uint_gt(v3, v2);
     ck_assert_int_eq(has(s, "a", ""), 0);
-    ck_assert_int_eq(tern_kv_store_del(s, "a", 1, 0, NULL), TERN_ENOENT);
-    ck_assert_int_eq(tern_kv_store_del(s, "nope", 4, 0, NULL), TERN_ENOENT);
-    ck_assert_uint_eq(tern_kv_store_count(s), 1);
+    ck_assert_int_eq(kvs_del(s, "a", 1, 0, NULL), TERN_ENOENT);
+    ck_assert_int_eq(kvs_del(s, "nope", 4, 0, NULL), TERN_ENOENT);
+    ck_assert_uint_eq(kvs_count(s), 1);
     /* Back after a delete. */
     put_str(s, "a", "again");
     ck_assert_int_eq(has(s, "a", "again"), 1);
-    ck_assert_uint_eq(tern_kv_store_count(s), 2);
-    tern_kv_store_close(s);
+    ck_assert_uint_eq(kvs_count(s), 2);
+    kvs_close(s);
 }
 END_TEST
 
 START_TEST(bad_sizes)
 {
-    struct tern_kv_store *s = open_store(1 << 20);
+    struct kvs *s = open_store(1 << 20);
     static char big[SEG];
-    size_t max = tern_kv_store_val_max(s, 3);
+    size_t max = kvs_val_max(s, 3);
 
-    ck_assert_int_eq(tern_kv_store_put(s, "", 0, "v", 1, 0, NULL), TERN_EINVAL);
-    ck_assert_int_eq(tern_kv_store_put(s, big, TERN_KV_KEY_MAX + 1, "v", 1, 0, NULL),
+    ck_assert_int_eq(kvs_put(s, "", 0, "v", 1, 0, NULL), TERN_EINVAL);
+    ck_assert_int_eq(kvs_put(s, big, KV_KEY_MAX + 1, "v", 1, 0, NULL),
                      TERN_E2BIG);
     ck_assert_uint_lt(max, SEG);
     put_str(s, "key", "old");
-    ck_assert_int_eq(tern_kv_store_put(s, "key", 3, big, max + 1, 0, NULL), TERN_E2BIG);
+    ck_assert_int_eq(kvs_put(s, "key", 3, big, max + 1, 0, NULL), TERN_E2BIG);
     ck_assert_int_eq(has(s, "key", "old"), 1);      /* nothing lost */
-    ck_assert_int_eq(tern_kv_store_put(s, "key", 3, big, max, TERN_KV_SYNC, NULL), 0);
-    ck_assert_int_eq(tern_kv_store_get(s, big, TERN_KV_KEY_MAX + 1, &(const void *){0},
+    ck_assert_int_eq(kvs_put(s, "key", 3, big, max, TERN_KV_SYNC, NULL), 0);
+    ck_assert_int_eq(kvs_get(s, big, KV_KEY_MAX + 1, &(const void *){0},
                                        &(uint32_t){0}, NULL), TERN_E2BIG);
-    tern_kv_store_close(s);
+    kvs_close(s);
 }
 END_TEST
 
 START_TEST(survives_reopen)
 {
-    struct tern_kv_store *s = open_store(4 << 20);
+    struct kvs *s = open_store(4 << 20);
     char k[32], v[32];
 
     for (int i = 0; i < 1000; i++) {
@@ -141,19 +141,19 @@ START_TEST(survives_reopen)
     }
     for (int i = 1; i < 1000; i += 5) {          /* delete a fifth */
         snprintf(k, sizeof(k), "key%d", i);
-        ck_assert_int_eq(tern_kv_store_del(s, k, strlen(k), TERN_KV_SYNC, NULL), 0);
+        ck_assert_int_eq(kvs_del(s, k, strlen(k), TERN_KV_SYNC, NULL), 0);
     }
-    uint64_t count = tern_kv_store_count(s);
-    tern_kv_store_close(s);
+    uint64_t count = kvs_count(s);
+    kvs_close(s);
 
     s = open_store(0);
-    ck_assert_uint_eq(tern_kv_store_count(s), count);
+    ck_assert_uint_eq(kvs_count(s), count);
     for (int i = 0; i < 1000; i++) {
         snprintf(k, sizeof(k), "key%d", i);
         snprintf(v, sizeof(v), "%c%d", i % 3 == 0 ? 'w' : 'v', i);
         ck_assert_int_eq(has(s, k, v), i % 5 != 1);
     }
-    tern_kv_store_close(s);
+    kvs_close(s);
 }
 END_TEST
 
@@ -161,21 +161,21 @@ END_TEST
  * the commit point moved) is not there after recovery; earlier ones are. */
 START_TEST(uncommitted_write_is_not_recovered)
 {
-    struct tern_kv_store *s = open_store(1 << 20);
+    struct kvs *s = open_store(1 << 20);
     pid_t pid;
     int st;
 
     put_str(s, "kept", "yes");
-    tern_kv_store_close(s);
+    kvs_close(s);
     pid = fork();
     if (pid == 0) {
-        struct tern_kv_store_opts o = {.path = path};
+        struct kvs_opts o = {.path = path};
 
-        if (tern_kv_store_open(&o, &s) != 0)
+        if (kvs_open(&o, &s) != 0)
             _exit(1);
-        if (tern_kv_store_put(s, "lost", 4, "no", 2, 0, NULL) != 0)   /* no sync */
+        if (kvs_put(s, "lost", 4, "no", 2, 0, NULL) != 0)   /* no sync */
             _exit(2);
-        if (tern_kv_store_put(s, "kept", 4, "overwritten", 11, 0, NULL) != 0)
+        if (kvs_put(s, "kept", 4, "overwritten", 11, 0, NULL) != 0)
             _exit(3);
         _exit(0);       /* dies with the records past the commit point */
     }
@@ -184,20 +184,20 @@ START_TEST(uncommitted_write_is_not_recovered)
     s = open_store(0);
     ck_assert_int_eq(has(s, "lost", ""), 0);
     ck_assert_int_eq(has(s, "kept", "yes"), 1);
-    tern_kv_store_close(s);
-    ck_assert_int_eq(tern_pm_check(path, true, NULL, NULL, NULL), 0);
+    kvs_close(s);
+    ck_assert_int_eq(pm_check(path, true, NULL, NULL, NULL), 0);
 }
 END_TEST
 
 START_TEST(second_opener_is_refused)
 {
-    struct tern_kv_store *s = open_store(1 << 20), *s2 = NULL;
-    struct tern_kv_store_opts o = {.path = path};
+    struct kvs *s = open_store(1 << 20), *s2 = NULL;
+    struct kvs_opts o = {.path = path};
 
-    ck_assert_int_eq(tern_kv_store_open(&o, &s2), TERN_EBUSY);
-    tern_kv_store_close(s);
-    ck_assert_int_eq(tern_kv_store_open(&o, &s2), 0);
-    tern_kv_store_close(s2);
+    ck_assert_int_eq(kvs_open(&o, &s2), TERN_EBUSY);
+    kvs_close(s);
+    ck_assert_int_eq(kvs_open(&o, &s2), 0);
+    kvs_close(s2);
 }
 END_TEST
 
@@ -206,8 +206,8 @@ END_TEST
  * the newest values survive reopen, and a value that does not fit appends. */
 START_TEST(updates_in_place_reuse_space)
 {
-    struct tern_kv_store *s = open_store(1 << 20);
-    struct tern_kv_store_stats st;
+    struct kvs *s = open_store(1 << 20);
+    struct kvs_stats st;
     uint64_t used_after_two;
     char k[32], v[64];
 
@@ -218,21 +218,21 @@ START_TEST(updates_in_place_reuse_space)
             put_str(s, k, v);
         }
         if (round == 1) {
-            tern_kv_store_get_stats(s, &st);
+            kvs_get_stats(s, &st);
             used_after_two = st.pool.bytes_committed;
         }
     }
-    tern_kv_store_get_stats(s, &st);
+    kvs_get_stats(s, &st);
     ck_assert_uint_eq(st.in_place, 10 * 49);
     ck_assert_uint_eq(st.pool.bytes_committed, used_after_two);
     /* Too long for either slot: appended, and the key still reads right. */
     put_str(s, "key3", "a value far too long for the slots of the earlier ones of key3");
-    tern_kv_store_get_stats(s, &st);
+    kvs_get_stats(s, &st);
     ck_assert_uint_eq(st.in_place, 10 * 49);
     ck_assert_uint_gt(st.pool.bytes_committed, used_after_two);
-    tern_kv_store_close(s);
+    kvs_close(s);
     s = open_store(0);
-    ck_assert_uint_eq(tern_kv_store_count(s), 10);
+    ck_assert_uint_eq(kvs_count(s), 10);
     for (int i = 0; i < 10; i++) {
         snprintf(k, sizeof(k), "key%d", i);
         snprintf(v, sizeof(v), "value 50 of key %d", i);
@@ -240,48 +240,48 @@ START_TEST(updates_in_place_reuse_space)
             snprintf(v, sizeof(v), "a value far too long for the slots of the earlier ones of key3");
         ck_assert_msg(has(s, k, v), "%s is gone after reopen", k);
     }
-    tern_kv_store_close(s);
+    kvs_close(s);
 }
 END_TEST
 
 /* A key with an older record to rewrite: v1 then v2, synced. Returns the
- * location of v1 (tern_kv_store_locate before the second PUT), which the
+ * location of v1 (kvs_locate before the second PUT), which the
  * next PUT of the key would rewrite in place. */
-static tern_pm_loc older_record(struct tern_kv_store *s, const char *k)
+static pm_loc older_record(struct kvs *s, const char *k)
 {
-    tern_pm_loc loc = 0, now = 0;
+    pm_loc loc = 0, now = 0;
     uint32_t size = 0;
     uint64_t ver = 0, v1 = 0;
 
-    ck_assert_int_eq(tern_kv_store_put(s, k, strlen(k), "value v1", 8, TERN_KV_SYNC, &v1), 0);
-    ck_assert_int_eq(tern_kv_store_locate(s, k, strlen(k), &loc, &size, &ver), 0);
+    ck_assert_int_eq(kvs_put(s, k, strlen(k), "value v1", 8, TERN_KV_SYNC, &v1), 0);
+    ck_assert_int_eq(kvs_locate(s, k, strlen(k), &loc, &size, &ver), 0);
     ck_assert_uint_eq(ver, v1);
-    ck_assert_uint_eq(size, tern_pm_rec_size((uint32_t)strlen(k), 8));
-    ck_assert_int_eq(tern_kv_store_put(s, k, strlen(k), "value v2", 8, TERN_KV_SYNC, NULL), 0);
-    ck_assert_int_eq(tern_kv_store_locate(s, k, strlen(k), &now, &size, &ver), 0);
+    ck_assert_uint_eq(size, pm_rec_size((uint32_t)strlen(k), 8));
+    ck_assert_int_eq(kvs_put(s, k, strlen(k), "value v2", 8, TERN_KV_SYNC, NULL), 0);
+    ck_assert_int_eq(kvs_locate(s, k, strlen(k), &now, &size, &ver), 0);
     ck_assert_uint_ne(now, loc);    /* appended: v1 is the older record now */
     return loc;
 }
 
-static uint64_t in_place(const struct tern_kv_store *s)
+static uint64_t in_place(const struct kvs *s)
 {
-    struct tern_kv_store_stats st;
+    struct kvs_stats st;
 
-    tern_kv_store_get_stats(s, &st);
+    kvs_get_stats(s, &st);
     return st.in_place;
 }
 
 /* The value bytes of the record at loc (it must be a value of key k). */
-static void rec_is(struct tern_kv_store *s, tern_pm_loc loc, const char *k, const char *v)
+static void rec_is(struct kvs *s, pm_loc loc, const char *k, const char *v)
 {
-    const struct tern_pm_rec *r = tern_pm_rec_at(tern_kv_store_pool(s), loc);
+    const struct pm_rec *r = pm_rec_at(kvs_pool(s), loc);
 
     ck_assert_ptr_nonnull(r);
     ck_assert_uint_eq(r->key_len, strlen(k));
-    ck_assert(memcmp(tern_pm_rec_key(r), k, strlen(k)) == 0);
-    ck_assert_msg(r->val_len == strlen(v) && memcmp(tern_pm_rec_val(r), v, r->val_len) == 0,
+    ck_assert(memcmp(pm_rec_key(r), k, strlen(k)) == 0);
+    ck_assert_msg(r->val_len == strlen(v) && memcmp(pm_rec_val(r), v, r->val_len) == 0,
                   "record of %s holds %.*s, want %s", k, (int)r->val_len,
-                  (const char *)tern_pm_rec_val(r), v);
+                  (const char *)pm_rec_val(r), v);
 }
 
 /* A record the server is pushing from the pool (KV_M_PGET) is pinned: no
@@ -289,89 +289,89 @@ static void rec_is(struct tern_kv_store *s, tern_pm_loc loc, const char *k, cons
  * unpinned. Pins nest, and the table holds TERN_KV_PINS of them. */
 START_TEST(pinned_record_is_not_rewritten)
 {
-    struct tern_kv_store *s = open_store(1 << 20);
-    tern_pm_loc a, b, c, d, loc;
+    struct kvs *s = open_store(1 << 20);
+    pm_loc a, b, c, d, loc;
     uint64_t before, ver;
     uint32_t size;
 
     /* Pinned: the PUT appends, and the pinned bytes stay as they were. */
     a = older_record(s, "pinned");
-    ck_assert_int_eq(tern_kv_store_pin(s, a), 0);
+    ck_assert_int_eq(kvs_pin(s, a), 0);
     before = in_place(s);
     put_str(s, "pinned", "value v3");
     ck_assert_uint_eq(in_place(s), before);
     rec_is(s, a, "pinned", "value v1");
     ck_assert_int_eq(has(s, "pinned", "value v3"), 1);
-    ck_assert_int_eq(tern_kv_store_locate(s, "pinned", 6, &loc, &size, &ver), 0);
+    ck_assert_int_eq(kvs_locate(s, "pinned", 6, &loc, &size, &ver), 0);
     ck_assert_uint_ne(loc, a);
-    tern_kv_store_unpin(s, a);
+    kvs_unpin(s, a);
 
     /* Pinned twice, unpinned once: still pinned. */
     b = older_record(s, "nested");
-    ck_assert_int_eq(tern_kv_store_pin(s, b), 0);
-    ck_assert_int_eq(tern_kv_store_pin(s, b), 0);
-    tern_kv_store_unpin(s, b);
+    ck_assert_int_eq(kvs_pin(s, b), 0);
+    ck_assert_int_eq(kvs_pin(s, b), 0);
+    kvs_unpin(s, b);
     before = in_place(s);
     put_str(s, "nested", "value v3");
     ck_assert_uint_eq(in_place(s), before);
     rec_is(s, b, "nested", "value v1");
-    tern_kv_store_unpin(s, b);
+    kvs_unpin(s, b);
 
     /* Pinned, then unpinned: the next PUT rewrites it in place. */
     c = older_record(s, "released");
-    ck_assert_int_eq(tern_kv_store_pin(s, c), 0);
-    tern_kv_store_unpin(s, c);
+    ck_assert_int_eq(kvs_pin(s, c), 0);
+    kvs_unpin(s, c);
     before = in_place(s);
     put_str(s, "released", "value v3");
     ck_assert_uint_eq(in_place(s), before + 1);
     rec_is(s, c, "released", "value v3");
-    ck_assert_int_eq(tern_kv_store_locate(s, "released", 8, &loc, &size, &ver), 0);
+    ck_assert_int_eq(kvs_locate(s, "released", 8, &loc, &size, &ver), 0);
     ck_assert_uint_eq(loc, c);
 
     /* A full table: TERN_ENOBUFS for a new location, but a pinned one
      * still nests; one unpinned makes room. Other keys' records are not
      * held back by it. */
     for (unsigned i = 0; i < TERN_KV_PINS; i++)
-        ck_assert_int_eq(tern_kv_store_pin(s, (tern_pm_loc)(1000 + i) << 32 | 64), 0);
-    ck_assert_int_eq(tern_kv_store_pin(s, (tern_pm_loc)2000 << 32 | 64), TERN_ENOBUFS);
-    ck_assert_int_eq(tern_kv_store_pin(s, (tern_pm_loc)1005 << 32 | 64), 0);
+        ck_assert_int_eq(kvs_pin(s, (pm_loc)(1000 + i) << 32 | 64), 0);
+    ck_assert_int_eq(kvs_pin(s, (pm_loc)2000 << 32 | 64), TERN_ENOBUFS);
+    ck_assert_int_eq(kvs_pin(s, (pm_loc)1005 << 32 | 64), 0);
     d = older_record(s, "crowded");
-    ck_assert_int_eq(tern_kv_store_pin(s, d), TERN_ENOBUFS);
+    ck_assert_int_eq(kvs_pin(s, d), TERN_ENOBUFS);
     before = in_place(s);
     put_str(s, "crowded", "value v3");      /* d was not pinned: in place */
     ck_assert_uint_eq(in_place(s), before + 1);
     rec_is(s, d, "crowded", "value v3");
-    tern_kv_store_unpin(s, (tern_pm_loc)1003 << 32 | 64);
-    ck_assert_int_eq(tern_kv_store_pin(s, (tern_pm_loc)2000 << 32 | 64), 0);
-    ck_assert_int_eq(tern_kv_store_pin(s, (tern_pm_loc)2001 << 32 | 64), TERN_ENOBUFS);
+    kvs_unpin(s, (pm_loc)1003 << 32 | 64);
+    ck_assert_int_eq(kvs_pin(s, (pm_loc)2000 << 32 | 64), 0);
+    ck_assert_int_eq(kvs_pin(s, (pm_loc)2001 << 32 | 64), TERN_ENOBUFS);
     /* 1005 was pinned twice: one unpin leaves it in the table. */
-    tern_kv_store_unpin(s, (tern_pm_loc)1005 << 32 | 64);
-    ck_assert_int_eq(tern_kv_store_pin(s, (tern_pm_loc)2001 << 32 | 64), TERN_ENOBUFS);
-    tern_kv_store_unpin(s, (tern_pm_loc)1005 << 32 | 64);
-    ck_assert_int_eq(tern_kv_store_pin(s, (tern_pm_loc)2001 << 32 | 64), 0);
+    kvs_unpin(s, (pm_loc)1005 << 32 | 64);
+    ck_assert_int_eq(kvs_pin(s, (pm_loc)2001 << 32 | 64), TERN_ENOBUFS);
+    kvs_unpin(s, (pm_loc)1005 << 32 | 64);
+    ck_assert_int_eq(kvs_pin(s, (pm_loc)2001 << 32 | 64), 0);
     /* Unpinning what is not pinned changes nothing. */
-    tern_kv_store_unpin(s, (tern_pm_loc)3000 << 32 | 64);
-    ck_assert_int_eq(tern_kv_store_pin(s, (tern_pm_loc)2002 << 32 | 64), TERN_ENOBUFS);
+    kvs_unpin(s, (pm_loc)3000 << 32 | 64);
+    ck_assert_int_eq(kvs_pin(s, (pm_loc)2002 << 32 | 64), TERN_ENOBUFS);
     for (unsigned i = 0; i < TERN_KV_PINS; i++)
-        tern_kv_store_unpin(s, (tern_pm_loc)(1000 + i) << 32 | 64);
-    tern_kv_store_unpin(s, (tern_pm_loc)2000 << 32 | 64);
-    tern_kv_store_unpin(s, (tern_pm_loc)2001 << 32 | 64);
+        kvs_unpin(s, (pm_loc)(1000 + i) << 32 | 64);
+    kvs_unpin(s, (pm_loc)2000 << 32 | 64);
+    kvs_unpin(s, (pm_loc)2001 << 32 | 64);
 
     /* Emptied: the table takes a new pin again, and it holds... */
     d = older_record(s, "after");
-    ck_assert_int_eq(tern_kv_store_pin(s, d), 0);
+    ck_assert_int_eq(kvs_pin(s, d), 0);
     before = in_place(s);
     put_str(s, "after", "value v3");
     ck_assert_uint_eq(in_place(s), before);
     rec_is(s, d, "after", "value v1");
-    tern_kv_store_unpin(s, d);
+    kvs_unpin(s, d);
     /* ...and v2's record, the older one now, is rewritten in place. */
     put_str(s, "after", "value v4");
     ck_assert_uint_eq(in_place(s), before + 1);
     ck_assert_int_eq(has(s, "after", "value v4"), 1);
     ck_assert_int_eq(has(s, "pinned", "value v3"), 1);
     ck_assert_int_eq(has(s, "nested", "value v3"), 1);
-    tern_kv_store_close(s);
+    kvs_close(s);
 }
 END_TEST
 
@@ -380,8 +380,8 @@ END_TEST
 START_TEST(cleaning_reclaims_space)
 {
     /* Append-only: updates in place would leave nothing to clean. */
-    struct tern_kv_store *s = open_store_opts(8 * SEG + 4096, true);
-    struct tern_kv_store_stats st;
+    struct kvs *s = open_store_opts(8 * SEG + 4096, true);
+    struct kvs_stats st;
     char k[32], v[128];
 
     for (int round = 0; round < 200; round++) {
@@ -393,13 +393,13 @@ START_TEST(cleaning_reclaims_space)
         /* Deleted keys must stay deleted through cleaning and recovery. */
         snprintf(k, sizeof(k), "gone%d", round);
         put_str(s, k, "temporary");
-        ck_assert_int_eq(tern_kv_store_del(s, k, strlen(k), TERN_KV_SYNC, NULL), 0);
+        ck_assert_int_eq(kvs_del(s, k, strlen(k), TERN_KV_SYNC, NULL), 0);
     }
-    tern_kv_store_get_stats(s, &st);
+    kvs_get_stats(s, &st);
     ck_assert_uint_gt(st.segs_cleaned, 10);
-    tern_kv_store_close(s);
+    kvs_close(s);
     s = open_store(0);
-    ck_assert_uint_eq(tern_kv_store_count(s), 100);
+    ck_assert_uint_eq(kvs_count(s), 100);
     for (int i = 0; i < 100; i++) {
         snprintf(k, sizeof(k), "key%d", i);
         snprintf(v, sizeof(v), "value %d of round %d padded to be a bit longer", i, 199);
@@ -409,8 +409,8 @@ START_TEST(cleaning_reclaims_space)
         snprintf(k, sizeof(k), "gone%d", round);
         ck_assert_int_eq(has(s, k, ""), 0);
     }
-    tern_kv_store_close(s);
-    ck_assert_int_eq(tern_pm_check(path, true, NULL, NULL, NULL), 0);
+    kvs_close(s);
+    ck_assert_int_eq(pm_check(path, true, NULL, NULL, NULL), 0);
 }
 END_TEST
 
@@ -418,39 +418,39 @@ END_TEST
  * writes again once keys are deleted. */
 START_TEST(full_pool)
 {
-    struct tern_kv_store *s = open_store(4 * SEG + 4096);
+    struct kvs *s = open_store(4 * SEG + 4096);
     char k[32], v[512];
     int n = 0, rc;
 
     memset(v, 'x', sizeof(v));
     for (;;) {
         snprintf(k, sizeof(k), "key%d", n);
-        rc = tern_kv_store_put(s, k, strlen(k), v, sizeof(v), TERN_KV_SYNC, NULL);
+        rc = kvs_put(s, k, strlen(k), v, sizeof(v), TERN_KV_SYNC, NULL);
         if (rc < 0)
             break;
         n++;
     }
     ck_assert_int_eq(rc, TERN_ENOSPC);
     ck_assert_int_gt(n, 100);
-    ck_assert_uint_eq(tern_kv_store_count(s), (uint64_t)n);
+    ck_assert_uint_eq(kvs_count(s), (uint64_t)n);
     for (int i = 0; i < n; i++) {
         const void *val;
         uint32_t len;
 
         snprintf(k, sizeof(k), "key%d", i);
-        ck_assert_int_eq(tern_kv_store_get(s, k, strlen(k), &val, &len, NULL), 0);
+        ck_assert_int_eq(kvs_get(s, k, strlen(k), &val, &len, NULL), 0);
         ck_assert_uint_eq(len, sizeof(v));
     }
     for (int i = 0; i < n; i += 2) {
         snprintf(k, sizeof(k), "key%d", i);
-        ck_assert_int_eq(tern_kv_store_del(s, k, strlen(k), TERN_KV_SYNC, NULL), 0);
+        ck_assert_int_eq(kvs_del(s, k, strlen(k), TERN_KV_SYNC, NULL), 0);
     }
     for (int i = 0; i < n / 4; i++) {
         snprintf(k, sizeof(k), "new%d", i);
-        rc = tern_kv_store_put(s, k, strlen(k), v, sizeof(v), TERN_KV_SYNC, NULL);
+        rc = kvs_put(s, k, strlen(k), v, sizeof(v), TERN_KV_SYNC, NULL);
         ck_assert_msg(rc == 0, "put after deletes: %s", tern_strerror(rc));
     }
-    tern_kv_store_close(s);
+    kvs_close(s);
 }
 END_TEST
 
@@ -469,7 +469,7 @@ static int count_visit(void *arg, const void *key, size_t klen, const void *val,
 /* A scan sees every key present throughout, even while the table grows. */
 START_TEST(scan_survives_growth)
 {
-    struct tern_kv_store *s = open_store(8 << 20);
+    struct kvs *s = open_store(8 << 20);
     static unsigned seen[5000];
     uint64_t cur = 0, next;
     char k[32];
@@ -480,7 +480,7 @@ START_TEST(scan_survives_growth)
         put_str(s, k, "v");
     }
     do {
-        ck_assert_int_eq(tern_kv_store_scan(s, cur, 50, count_visit, seen, &next), 0);
+        ck_assert_int_eq(kvs_scan(s, cur, 50, count_visit, seen, &next), 0);
         cur = next;
         /* Grow the index between calls: 4000 more keys over the scan. */
         for (int i = 0; i < 200 && calls < 20; i++) {
@@ -491,7 +491,7 @@ START_TEST(scan_survives_growth)
     } while (cur);
     for (int i = 0; i < 1000; i++)
         ck_assert_msg(seen[i] >= 1, "key%d missed by the scan", i);
-    tern_kv_store_close(s);
+    kvs_close(s);
 }
 END_TEST
 
@@ -499,7 +499,7 @@ END_TEST
  * record's offset, and the file is left exactly as it was. */
 START_TEST(corrupt_record_is_refused)
 {
-    struct tern_kv_store *s = open_store(1 << 20);
+    struct kvs *s = open_store(1 << 20);
     uint64_t bad = 0, bad2 = 0;
     struct stat st;
     char *before, *after;
@@ -507,7 +507,7 @@ START_TEST(corrupt_record_is_refused)
 
     put_str(s, "alpha", "first value");
     put_str(s, "beta", "second value");
-    tern_kv_store_close(s);
+    kvs_close(s);
     /* The second record of segment 0: header 4096 + segment header 64 +
      * the first record (24 + 5 + 11 = 40 bytes). */
     const off_t rec2 = 4096 + 64 + 40;
@@ -519,11 +519,11 @@ START_TEST(corrupt_record_is_refused)
     ck_assert_int_eq(pread(fd, before, (size_t)st.st_size, 0), st.st_size);
     close(fd);
 
-    struct tern_kv_store_opts o = {.path = path};
-    ck_assert_int_eq(tern_kv_store_open(&o, &s), TERN_ECORRUPT);
-    ck_assert_int_eq(tern_pm_check(path, true, NULL, NULL, &bad), TERN_ECORRUPT);
+    struct kvs_opts o = {.path = path};
+    ck_assert_int_eq(kvs_open(&o, &s), TERN_ECORRUPT);
+    ck_assert_int_eq(pm_check(path, true, NULL, NULL, &bad), TERN_ECORRUPT);
     ck_assert_int_eq((off_t)bad, rec2);
-    ck_assert_int_eq(tern_pm_check(path, false, NULL, NULL, &bad2), 0);  /* info: header only */
+    ck_assert_int_eq(pm_check(path, false, NULL, NULL, &bad2), 0);  /* info: header only */
 
     fd = open(path, O_RDONLY);
     after = malloc((size_t)st.st_size);
@@ -537,18 +537,18 @@ END_TEST
 
 START_TEST(bad_headers_are_refused)
 {
-    struct tern_kv_store *s = open_store(1 << 20);
-    struct tern_kv_store_opts o = {.path = path};
+    struct kvs *s = open_store(1 << 20);
+    struct kvs_opts o = {.path = path};
     int fd;
 
-    tern_kv_store_close(s);
+    kvs_close(s);
     fd = open(path, O_RDWR);
     /* The header's checksum catches a changed size field. */
     ck_assert_int_eq(pwrite(fd, "\x01", 1, 40), 1);
-    ck_assert_int_eq(tern_kv_store_open(&o, &s), TERN_ECORRUPT);
+    ck_assert_int_eq(kvs_open(&o, &s), TERN_ECORRUPT);
     ck_assert_int_eq(pwrite(fd, "NOTAPOOL", 8, 0), 8);
-    ck_assert_int_eq(tern_kv_store_open(&o, &s), TERN_ECORRUPT);
-    ck_assert_int_eq(tern_pm_check(path, false, NULL, NULL, NULL), TERN_ECORRUPT);
+    ck_assert_int_eq(kvs_open(&o, &s), TERN_ECORRUPT);
+    ck_assert_int_eq(pm_check(path, false, NULL, NULL, NULL), TERN_ECORRUPT);
     /* A sound header of another layout version (say layout 1, whose
      * checksums were CRC32) is refused as such, not as corruption. */
     struct pm_file_hdr h;
@@ -557,27 +557,27 @@ START_TEST(bad_headers_are_refused)
     h.layout = 1;
     h.sum = pm_sum(&h, offsetof(struct pm_file_hdr, sum));
     ck_assert_int_eq(pwrite(fd, &h, sizeof(h), 0), (ssize_t)sizeof(h));
-    ck_assert_int_eq(tern_kv_store_open(&o, &s), TERN_EVERSION);
-    ck_assert_int_eq(tern_pm_check(path, false, NULL, NULL, NULL), TERN_EVERSION);
+    ck_assert_int_eq(kvs_open(&o, &s), TERN_EVERSION);
+    ck_assert_int_eq(pm_check(path, false, NULL, NULL, NULL), TERN_EVERSION);
     ck_assert_int_eq(ftruncate(fd, 100), 0);
-    ck_assert_int_eq(tern_kv_store_open(&o, &s), TERN_ECORRUPT);
+    ck_assert_int_eq(kvs_open(&o, &s), TERN_ECORRUPT);
     close(fd);
     /* A missing pool is created only when asked. */
     unlink(path);
-    ck_assert_int_eq(tern_pm_check(path, true, NULL, NULL, NULL), TERN_ENOENT);
+    ck_assert_int_eq(pm_check(path, true, NULL, NULL, NULL), TERN_ENOENT);
 }
 END_TEST
 
 /* A segment header whose commit point runs past the segment. */
 START_TEST(bad_commit_point_is_refused)
 {
-    struct tern_kv_store *s = open_store(1 << 20);
-    struct tern_kv_store_opts o = {.path = path};
+    struct kvs *s = open_store(1 << 20);
+    struct kvs_opts o = {.path = path};
     uint64_t used = SEG * 2, bad = 0;
     int fd;
 
     put_str(s, "k", "v");
-    tern_kv_store_close(s);
+    kvs_close(s);
     fd = open(path, O_RDWR);
     /* Segments are handed out from the top: find the one in use. */
     for (uint32_t seg = 0; seg < 15; seg++) {
@@ -589,8 +589,8 @@ START_TEST(bad_commit_point_is_refused)
             ck_assert_int_eq(pwrite(fd, &used, 8, at + 8), 8);
     }
     close(fd);
-    ck_assert_int_eq(tern_kv_store_open(&o, &s), TERN_ECORRUPT);
-    ck_assert_int_eq(tern_pm_check(path, true, NULL, NULL, &bad), TERN_ECORRUPT);
+    ck_assert_int_eq(kvs_open(&o, &s), TERN_ECORRUPT);
+    ck_assert_int_eq(pm_check(path, true, NULL, NULL, &bad), TERN_ECORRUPT);
     ck_assert_uint_gt(bad, 4096);
 }
 END_TEST
@@ -602,7 +602,7 @@ START_TEST(random_model)
 {
     static char model[MODEL_KEYS][40];
     static bool present[MODEL_KEYS];
-    struct tern_kv_store *s = open_store(16 * SEG + 4096);
+    struct kvs *s = open_store(16 * SEG + 4096);
     unsigned seed = getenv("TERN_MODEL_SEED") ? (unsigned)atoi(getenv("TERN_MODEL_SEED")) : 12345;
     char k[32];
 
@@ -614,17 +614,17 @@ START_TEST(random_model)
             int len = snprintf(model[i], sizeof(model[i]), "%d-%d-%0*d", i, step,
                                (int)(rand_r(&seed) % 20), 0);
 
-            ck_assert_int_eq(tern_kv_store_put(s, k, strlen(k), model[i], (size_t)len,
+            ck_assert_int_eq(kvs_put(s, k, strlen(k), model[i], (size_t)len,
                                                step % 7 ? 0 : TERN_KV_SYNC, NULL), 0);
             present[i] = true;
         } else {
-            int rc = tern_kv_store_del(s, k, strlen(k), 0, NULL);
+            int rc = kvs_del(s, k, strlen(k), 0, NULL);
 
             ck_assert_int_eq(rc, present[i] ? 0 : TERN_ENOENT);
             present[i] = false;
         }
         if (step % 5000 == 4999) {
-            tern_kv_store_close(s);     /* syncs */
+            kvs_close(s);     /* syncs */
             s = open_store(0);
             uint64_t n = 0;
             for (int j = 0; j < MODEL_KEYS; j++) {
@@ -632,30 +632,30 @@ START_TEST(random_model)
                 ck_assert_int_eq(has(s, k, model[j]), present[j]);
                 n += present[j];
             }
-            ck_assert_uint_eq(tern_kv_store_count(s), n);
+            ck_assert_uint_eq(kvs_count(s), n);
         }
     }
-    tern_kv_store_close(s);
-    ck_assert_int_eq(tern_pm_check(path, true, NULL, NULL, NULL), 0);
+    kvs_close(s);
+    ck_assert_int_eq(pm_check(path, true, NULL, NULL, NULL), 0);
 }
 END_TEST
 
 START_TEST(clear_deletes_everything)
 {
-    struct tern_kv_store *s = open_store(2 << 20);
+    struct kvs *s = open_store(2 << 20);
     char k[32];
 
     for (int i = 0; i < 500; i++) {
         snprintf(k, sizeof(k), "key%d", i);
         put_str(s, k, "v");
     }
-    ck_assert_int_eq(tern_kv_store_clear(s, TERN_KV_SYNC), 0);
-    ck_assert_uint_eq(tern_kv_store_count(s), 0);
-    tern_kv_store_close(s);
+    ck_assert_int_eq(kvs_clear(s, TERN_KV_SYNC), 0);
+    ck_assert_uint_eq(kvs_count(s), 0);
+    kvs_close(s);
     s = open_store(0);
-    ck_assert_uint_eq(tern_kv_store_count(s), 0);
+    ck_assert_uint_eq(kvs_count(s), 0);
     ck_assert_int_eq(has(s, "key7", ""), 0);
-    tern_kv_store_close(s);
+    kvs_close(s);
 }
 END_TEST
 
@@ -667,25 +667,25 @@ END_TEST
 /* Put a value sized so that its record takes exactly `rec` bytes, which
  * lets a test say which segment each record lands in and how much of it is
  * live. The value is the key's last character, repeated. */
-static void put_rec(struct tern_kv_store *s, const char *k, uint32_t rec)
+static void put_rec(struct kvs *s, const char *k, uint32_t rec)
 {
     static char val[SEG];
-    size_t klen = strlen(k), len = rec - sizeof(struct tern_pm_rec) - klen;
+    size_t klen = strlen(k), len = rec - sizeof(struct pm_rec) - klen;
     int rc;
 
-    ck_assert_uint_eq(tern_pm_rec_size((uint32_t)klen, (uint32_t)len), rec);
+    ck_assert_uint_eq(pm_rec_size((uint32_t)klen, (uint32_t)len), rec);
     memset(val, k[klen - 1], len);
-    rc = tern_kv_store_put(s, k, klen, val, len, TERN_KV_SYNC, NULL);
+    rc = kvs_put(s, k, klen, val, len, TERN_KV_SYNC, NULL);
     ck_assert_msg(rc == 0, "put %s: %s", k, tern_strerror(rc));
 }
 
 /* 1 if k holds what put_rec(s, k, rec) wrote, 0 if absent. */
-static int has_rec(struct tern_kv_store *s, const char *k, uint32_t rec)
+static int has_rec(struct kvs *s, const char *k, uint32_t rec)
 {
-    size_t klen = strlen(k), len = rec - sizeof(struct tern_pm_rec) - klen;
+    size_t klen = strlen(k), len = rec - sizeof(struct pm_rec) - klen;
     const void *val;
     uint32_t got;
-    int rc = tern_kv_store_get(s, k, klen, &val, &got, NULL);
+    int rc = kvs_get(s, k, klen, &val, &got, NULL);
 
     if (rc == TERN_ENOENT)
         return 0;
@@ -696,18 +696,18 @@ static int has_rec(struct tern_kv_store *s, const char *k, uint32_t rec)
     return 1;
 }
 
-static void del_str(struct tern_kv_store *s, const char *k)
+static void del_str(struct kvs *s, const char *k)
 {
-    int rc = tern_kv_store_del(s, k, strlen(k), TERN_KV_SYNC, NULL);
+    int rc = kvs_del(s, k, strlen(k), TERN_KV_SYNC, NULL);
 
     ck_assert_msg(rc == 0, "del %s: %s", k, tern_strerror(rc));
 }
 
-static uint64_t segs_cleaned(struct tern_kv_store *s)
+static uint64_t segs_cleaned(struct kvs *s)
 {
-    struct tern_kv_store_stats st;
+    struct kvs_stats st;
 
-    tern_kv_store_get_stats(s, &st);
+    kvs_get_stats(s, &st);
     return st.segs_cleaned;
 }
 
@@ -726,8 +726,8 @@ static uint64_t segs_cleaned(struct tern_kv_store *s)
  * would come back at recovery. */
 START_TEST(old_tombstone_does_not_retire_new_one)
 {
-    struct tern_kv_store *s = open_store(6 * SEG + 4096);
-    struct tern_kv_store_stats st;
+    struct kvs *s = open_store(6 * SEG + 4096);
+    struct kvs_stats st;
 
     put_str(s, "k", "v1");
     put_rec(s, "fill---A", CAP - 32);
@@ -735,7 +735,7 @@ START_TEST(old_tombstone_does_not_retire_new_one)
     put_rec(s, "fill---B", CAP - 32);
     put_rec(s, "fill---A", CAP - 32);       /* seg0 all dead */
     put_rec(s, "fill---C", CAP);
-    tern_kv_store_get_stats(s, &st);
+    kvs_get_stats(s, &st);
     ck_assert_uint_eq(st.pool.segs_used, 4);
     ck_assert_uint_eq(st.segs_cleaned, 0);
     put_rec(s, "fill---D", CAP - 256);      /* room left for small records */
@@ -750,11 +750,11 @@ START_TEST(old_tombstone_does_not_retire_new_one)
     ck_assert_uint_eq(segs_cleaned(s), 3);
     del_str(s, "fill---E");                 /* seg3 (t2's) all dead but t2 */
     put_rec(s, "fill---G", CAP - 256);
-    tern_kv_store_get_stats(s, &st);
+    kvs_get_stats(s, &st);
     ck_assert_uint_eq(st.segs_cleaned, 4);
     ck_assert_uint_eq(st.pool.segs_used, 4);
     ck_assert_int_eq(has(s, "k", ""), 0);
-    tern_kv_store_close(s);
+    kvs_close(s);
 
     s = open_store(0);
     ck_assert_msg(has(s, "k", "v3") == 0, "deleted key k is back after reopen");
@@ -765,9 +765,9 @@ START_TEST(old_tombstone_does_not_retire_new_one)
     ck_assert_int_eq(has_rec(s, "fill---E", CAP - 256), 0);
     ck_assert_int_eq(has_rec(s, "fill---F", CAP - 256), 1);
     ck_assert_int_eq(has_rec(s, "fill---G", CAP - 256), 1);
-    ck_assert_uint_eq(tern_kv_store_count(s), 4);
-    tern_kv_store_close(s);
-    ck_assert_int_eq(tern_pm_check(path, true, NULL, NULL, NULL), 0);
+    ck_assert_uint_eq(kvs_count(s), 4);
+    kvs_close(s);
+    ck_assert_int_eq(pm_check(path, true, NULL, NULL, NULL), 0);
 }
 END_TEST
 
@@ -808,7 +808,7 @@ static void forge_dup_segment(uint32_t victim, uint32_t copy, uint32_t n_segs, b
 {
     static uint8_t seg[SEG];
     struct pm_seg_hdr *h = (struct pm_seg_hdr *)seg;
-    struct tern_pm_rec *r = (struct tern_pm_rec *)(seg + PM_SEG_HDR);
+    struct pm_rec *r = (struct pm_rec *)(seg + PM_SEG_HDR);
     uint64_t seq = 0;
     int fd = open(path, O_RDWR);
 
@@ -825,7 +825,7 @@ static void forge_dup_segment(uint32_t victim, uint32_t copy, uint32_t n_segs, b
     if (newer_victim) {
         ck_assert_uint_eq(pm_rec_span(r), (uint32_t)h->commit);    /* one record */
         r->version += 1u << 20;
-        r->sum = tern_pm_rec_sum_of(r);
+        r->sum = pm_rec_sum_of(r);
     }
     ck_assert_int_eq(pwrite(fd, seg, SEG, (off_t)pm_seg_offset(victim, SEG)), (ssize_t)SEG);
     ck_assert_int_eq(pread(fd, seg, SEG, (off_t)pm_seg_offset(copy, SEG)), (ssize_t)SEG);
@@ -854,12 +854,12 @@ static const char *old_key(int i)
  * (W1, X1, Y1), and the rest (W2, X2, Y2). No clean runs meanwhile. */
 static void lay_out_six_segments(bool append_only, bool split)
 {
-    struct tern_kv_store *s = open_store_opts(6 * SEG + 4096, append_only);
-    struct tern_kv_store_stats st;
+    struct kvs *s = open_store_opts(6 * SEG + 4096, append_only);
+    struct kvs_stats st;
     int fd;
 
     for (int i = 0; i < OLD_KEYS; i++)
-        ck_assert_int_eq(tern_kv_store_put(s, old_key(i), OLD_KLEN, NULL, 0, TERN_KV_SYNC, NULL),
+        ck_assert_int_eq(kvs_put(s, old_key(i), OLD_KLEN, NULL, 0, TERN_KV_SYNC, NULL),
                          0);
     put_rec(s, "live---1", 4096);
     put_rec(s, "live---2", 8192);
@@ -880,12 +880,12 @@ static void lay_out_six_segments(bool append_only, bool split)
      * on every write looks for a segment under 75% live, and seg0 stays
      * above that until Q goes. */
     for (int i = 0; i < OLD_KEYS; i++)
-        ck_assert_int_eq(tern_kv_store_del(s, old_key(i), OLD_KLEN, TERN_KV_SYNC, NULL), 0);
+        ck_assert_int_eq(kvs_del(s, old_key(i), OLD_KLEN, TERN_KV_SYNC, NULL), 0);
     del_str(s, "fill---Q");
-    tern_kv_store_get_stats(s, &st);
+    kvs_get_stats(s, &st);
     ck_assert_uint_eq(st.segs_cleaned, 0);
     ck_assert_uint_eq(st.pool.segs_used, 5);
-    tern_kv_store_close(s);
+    kvs_close(s);
 
     fd = open(path, O_RDONLY);
     ck_assert_uint_eq((uint32_t)seg_word(fd, 1, offsetof(struct pm_seg_hdr, commit)), CAP - 8192);
@@ -903,8 +903,8 @@ static void lay_out_six_segments(bool append_only, bool split)
  * would come back. */
 START_TEST(failed_clean_leaves_counts_right)
 {
-    struct tern_kv_store *s;
-    struct tern_kv_store_stats st, st2;
+    struct kvs *s;
+    struct kvs_stats st, st2;
     const void *val;
     uint32_t len;
 
@@ -912,20 +912,20 @@ START_TEST(failed_clean_leaves_counts_right)
     forge_dup_segment(5, 1, 6, true);
 
     s = open_store(0);
-    tern_kv_store_get_stats(s, &st);
+    kvs_get_stats(s, &st);
     ck_assert_uint_eq(st.pool.segs_used, 6);
     put_str(s, "x1", "1");
     /* A clean ran and failed: it committed the copy of L1, freed nothing. */
-    tern_kv_store_get_stats(s, &st2);
+    kvs_get_stats(s, &st2);
     ck_assert_uint_eq(st2.segs_cleaned, 0);
     ck_assert_uint_eq(st2.pool.segs_used, 6);
     ck_assert_uint_eq(st2.pool.bytes_committed, st.pool.bytes_committed + 4096 + 32);
     put_str(s, "x2", "2");
-    tern_kv_store_close(s);
+    kvs_close(s);
 
     s = open_store(0);
     for (int i = 0; i < OLD_KEYS; i++)
-        ck_assert_msg(tern_kv_store_get(s, old_key(i), OLD_KLEN, &val, &len, NULL) == TERN_ENOENT,
+        ck_assert_msg(kvs_get(s, old_key(i), OLD_KLEN, &val, &len, NULL) == TERN_ENOENT,
                       "deleted key %d is back after reopen", i);
     ck_assert_int_eq(has(s, "fill---Q", ""), 0);
     ck_assert_int_eq(has_rec(s, "live---1", 4096), 1);
@@ -935,9 +935,9 @@ START_TEST(failed_clean_leaves_counts_right)
     ck_assert_int_eq(has_rec(s, "fill---Y", CAP), 1);
     ck_assert_int_eq(has(s, "x1", "1"), 1);
     ck_assert_int_eq(has(s, "x2", "2"), 1);
-    ck_assert_uint_eq(tern_kv_store_count(s), 7);
-    tern_kv_store_close(s);
-    ck_assert_int_eq(tern_pm_check(path, true, NULL, NULL, NULL), 0);
+    ck_assert_uint_eq(kvs_count(s), 7);
+    kvs_close(s);
+    ck_assert_int_eq(pm_check(path, true, NULL, NULL, NULL), 0);
 }
 END_TEST
 
@@ -954,8 +954,8 @@ END_TEST
  * 3000 PUTs of 200 bytes over 8 keys write twice the pool's size. */
 START_TEST(interrupted_clean_does_not_stick)
 {
-    struct tern_kv_store *s;
-    struct tern_kv_store_stats st;
+    struct kvs *s;
+    struct kvs_stats st;
     char k[16], v[200];
     const void *val;
     uint32_t len;
@@ -964,11 +964,11 @@ START_TEST(interrupted_clean_does_not_stick)
     forge_dup_segment(5, 1, 6, false);
 
     s = open_store_opts(0, true);
-    tern_kv_store_get_stats(s, &st);
+    kvs_get_stats(s, &st);
     ck_assert_uint_eq(st.pool.segs_used, 6);
     del_str(s, "fill--W2");
     /* The first clean took the victim, which held nothing live. */
-    tern_kv_store_get_stats(s, &st);
+    kvs_get_stats(s, &st);
     ck_assert_uint_eq(st.segs_cleaned, 1);
     ck_assert_uint_eq(st.pool.segs_used, 5);
     del_str(s, "fill--X2");
@@ -978,22 +978,22 @@ START_TEST(interrupted_clean_does_not_stick)
 
         snprintf(k, sizeof(k), "key-%d", i % 8);
         memset(v, 'a' + i % 26, sizeof(v));
-        rc = tern_kv_store_put(s, k, strlen(k), v, sizeof(v), TERN_KV_SYNC, NULL);
+        rc = kvs_put(s, k, strlen(k), v, sizeof(v), TERN_KV_SYNC, NULL);
         ck_assert_msg(rc == 0, "put %d after the interrupted clean: %s (%llu segments cleaned)",
                       i, tern_strerror(rc), (unsigned long long)segs_cleaned(s));
     }
     ck_assert_uint_gt(segs_cleaned(s), 10);
-    tern_kv_store_close(s);
+    kvs_close(s);
 
     s = open_store_opts(0, true);
     for (int i = 2992; i < 3000; i++) {
         snprintf(k, sizeof(k), "key-%d", i % 8);
-        ck_assert_int_eq(tern_kv_store_get(s, k, strlen(k), &val, &len, NULL), 0);
+        ck_assert_int_eq(kvs_get(s, k, strlen(k), &val, &len, NULL), 0);
         ck_assert_uint_eq(len, sizeof(v));
         ck_assert_int_eq(((const char *)val)[0], 'a' + i % 26);
     }
     for (int i = 0; i < OLD_KEYS; i++)
-        ck_assert_int_eq(tern_kv_store_get(s, old_key(i), OLD_KLEN, &val, &len, NULL),
+        ck_assert_int_eq(kvs_get(s, old_key(i), OLD_KLEN, &val, &len, NULL),
                          TERN_ENOENT);
     ck_assert_int_eq(has(s, "fill--W2", ""), 0);
     ck_assert_int_eq(has(s, "fill--X2", ""), 0);
@@ -1003,9 +1003,9 @@ START_TEST(interrupted_clean_does_not_stick)
     ck_assert_int_eq(has_rec(s, "fill--W1", 16384), 1);
     ck_assert_int_eq(has_rec(s, "fill--X1", 16384), 1);
     ck_assert_int_eq(has_rec(s, "fill--Y1", 16384), 1);
-    ck_assert_uint_eq(tern_kv_store_count(s), 5 + 8);
-    tern_kv_store_close(s);
-    ck_assert_int_eq(tern_pm_check(path, true, NULL, NULL, NULL), 0);
+    ck_assert_uint_eq(kvs_count(s), 5 + 8);
+    kvs_close(s);
+    ck_assert_int_eq(pm_check(path, true, NULL, NULL, NULL), 0);
 }
 END_TEST
 
@@ -1035,8 +1035,8 @@ START_TEST(damaged_segment_header_is_refused)
 {
     static const size_t fields[] = {offsetof(struct pm_seg_hdr, commit),
                                     offsetof(struct pm_seg_hdr, seq)};
-    struct tern_kv_store *s = open_store(8 * SEG + 4096);
-    struct tern_kv_store_opts o = {.path = path};
+    struct kvs *s = open_store(8 * SEG + 4096);
+    struct kvs_opts o = {.path = path};
     uint32_t full = UINT32_MAX, per_seg[8] = {0};
     char k[16], v[48];
     uint64_t zero = 0, bad = 0;
@@ -1045,16 +1045,16 @@ START_TEST(damaged_segment_header_is_refused)
     memset(v, 'v', sizeof(v));
     for (int i = 0; i < 2000; i++) {
         uint64_t ver;
-        tern_pm_loc loc;
+        pm_loc loc;
         uint32_t size;
 
         snprintf(k, sizeof(k), "key%05d", i);
-        ck_assert_int_eq(tern_kv_store_put(s, k, strlen(k), v, sizeof(v), 0, NULL), 0);
-        ck_assert_int_eq(tern_kv_store_locate(s, k, strlen(k), &loc, &size, &ver), 0);
+        ck_assert_int_eq(kvs_put(s, k, strlen(k), v, sizeof(v), 0, NULL), 0);
+        ck_assert_int_eq(kvs_locate(s, k, strlen(k), &loc, &size, &ver), 0);
         per_seg[loc >> 32]++;
     }
-    ck_assert_int_eq(tern_kv_store_sync(s), 0);
-    tern_kv_store_close(s);
+    ck_assert_int_eq(kvs_sync(s), 0);
+    kvs_close(s);
     for (uint32_t i = 0; i < 8; i++)
         if (per_seg[i] > 500 && full == UINT32_MAX)
             full = i;
@@ -1070,12 +1070,12 @@ START_TEST(damaged_segment_header_is_refused)
 
         ck_assert_int_eq(pwrite(fd, &zero, sizeof(zero), at), (ssize_t)sizeof(zero));
         before = read_whole(&len);
-        ck_assert_msg(tern_kv_store_open(&o, &s) == TERN_ECORRUPT,
+        ck_assert_msg(kvs_open(&o, &s) == TERN_ECORRUPT,
                       "a store with segment %u's %s zeroed opened", full,
                       f ? "seq" : "commit word");
-        ck_assert_int_eq(tern_pm_check(path, true, NULL, NULL, &bad), TERN_ECORRUPT);
+        ck_assert_int_eq(pm_check(path, true, NULL, NULL, &bad), TERN_ECORRUPT);
         ck_assert_uint_eq(bad, (uint64_t)at);
-        ck_assert_int_eq(tern_pm_check(path, false, NULL, NULL, NULL), TERN_ECORRUPT);
+        ck_assert_int_eq(pm_check(path, false, NULL, NULL, NULL), TERN_ECORRUPT);
         after = read_whole(&len2);
         ck_assert(len == len2 && memcmp(before, after, len) == 0);
         free(before);
@@ -1084,8 +1084,8 @@ START_TEST(damaged_segment_header_is_refused)
     }
     close(fd);
     s = open_store(0);
-    ck_assert_uint_eq(tern_kv_store_count(s), 2000);
-    tern_kv_store_close(s);
+    ck_assert_uint_eq(kvs_count(s), 2000);
+    kvs_close(s);
 }
 END_TEST
 

@@ -329,10 +329,10 @@ static struct tern_kv *open_kv(struct tern_rpc_ep *ep, const char *uri)
     return kv;
 }
 
-/* Poll `ep` until no process holds the pool's lock (tern_pm_open's flock)
+/* Poll `ep` until no process holds the pool's lock (pm_open's flock)
  * any more. The lock dies with the server: a lessee's mapping of its
  * segment was handed out through a descriptor of its own that holds none
- * (tern_pm_fd), so this should take no poll at all. Returns the polls it
+ * (pm_fd), so this should take no poll at all. Returns the polls it
  * took. */
 static unsigned wait_pool_unlocked(struct tern_rpc_ep *ep, unsigned round)
 {
@@ -393,7 +393,7 @@ START_TEST(kill9_loses_no_acknowledged_write)
             max_polls = polls > max_polls ? polls : max_polls;
         }
         /* Nothing torn below a commit point. */
-        ck_assert_msg(tern_pm_check(test_kv_pool(0), true, NULL, NULL, NULL) == 0,
+        ck_assert_msg(pm_check(test_kv_pool(0), true, NULL, NULL, NULL) == 0,
                       "%s round %u: the pool fails its check after kill -9", var->name, round);
     }
     /* A last restart to verify the final kill's state. */

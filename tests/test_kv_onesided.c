@@ -1367,14 +1367,14 @@ static size_t fake_key(unsigned k, char *out, size_t cap)
 {
     for (unsigned n = 0;; n++) {
         size_t len = (size_t)snprintf(out, cap, "fake-%u-%u", k, n);
-        uint32_t blk = kvw_block_of(tern_kv_hash(out, len), FAKE_BLOCKS);
+        uint32_t blk = kvw_block_of(kv_hash(out, len), FAKE_BLOCKS);
         bool taken = false;
 
         for (unsigned j = 0; j < k && !taken; j++) {
             char o[32];
             size_t ol = fake_key(j, o, sizeof(o));
 
-            taken = kvw_block_of(tern_kv_hash(o, ol), FAKE_BLOCKS) == blk;
+            taken = kvw_block_of(kv_hash(o, ol), FAKE_BLOCKS) == blk;
         }
         if (!taken)
             return len;
@@ -1393,7 +1393,7 @@ static int fake_info(struct tern_req *req, const void *data, size_t len, void *c
     if (!out)
         return TERN_EMSGSIZE;
     *out = (struct kv_info){.range_hi = UINT32_MAX, .keys = F_N,
-                            .pool_size = FAKE_SEGS * FAKE_SEG, .key_max = TERN_PM_KEY_MAX,
+                            .pool_size = FAKE_SEGS * FAKE_SEG, .key_max = PM_KEY_MAX,
                             .val_max = FAKE_SEG / 2};
     return 0;
 }
@@ -1490,11 +1490,11 @@ static void setup_fake(struct tern_rpc_ep *ep)
         int vl = snprintf(val, sizeof(val), "win:%s", fake_what[k]);
         uint32_t off = 64 + 512 * k, slot = 0, size;
         uint8_t *rec = pool + FAKE_SEG + off;
-        struct tern_pm_rec *r = (void *)rec;
+        struct pm_rec *r = (void *)rec;
         struct kvw_bucket *b;
 
-        size = put_record(rec, key, (uint16_t)kl, val, (uint32_t)vl, 100 + k, TERN_PM_VALUE);
-        kv_window_set(&w, &slot, tern_kv_hash(key, kl), 1ull << 32 | off, 100 + k, size);
+        size = put_record(rec, key, (uint16_t)kl, val, (uint32_t)vl, 100 + k, PM_VALUE);
+        kv_window_set(&w, &slot, kv_hash(key, kl), 1ull << 32 | off, 100 + k, size);
         if (!slot)
             _exit(9);
         b = &w.bk[slot - 1];
@@ -1508,14 +1508,14 @@ static void setup_fake(struct tern_rpc_ep *ep)
             break;
         case F_VERSION:
             r->version += 1000;
-            r->sum = tern_pm_rec_sum_of(r);
+            r->sum = pm_rec_sum_of(r);
             break;
         case F_RECORD_SUM:
             rec[sizeof(*r) + kl + 1] ^= 0x01;
             break;
         case F_OTHER_KEY:
             rec[sizeof(*r)] = 'F';
-            r->sum = tern_pm_rec_sum_of(r);
+            r->sum = pm_rec_sum_of(r);
             break;
         case F_SIZE:
             b->size += 8;
@@ -1854,14 +1854,14 @@ static uint8_t *lease_ptr(struct tern_rpc_ep *ep, struct tern_session *s,
 static uint32_t put_record(uint8_t *dst, const void *key, uint16_t klen, const void *val,
                            uint32_t vlen, uint64_t intent, uint8_t type)
 {
-    struct tern_pm_rec h = {.val_len = vlen, .version = intent, .key_len = klen, .type = type};
-    uint32_t size = tern_pm_rec_size(klen, vlen);
+    struct pm_rec h = {.val_len = vlen, .version = intent, .key_len = klen, .type = type};
+    uint32_t size = pm_rec_size(klen, vlen);
 
     memcpy(dst, &h, sizeof(h));
     memcpy(dst + sizeof(h), key, klen);
     memcpy(dst + sizeof(h) + klen, val, vlen);
     memset(dst + sizeof(h) + klen + vlen, 0, size - sizeof(h) - klen - vlen);
-    h.sum = tern_pm_rec_sum_of((const struct tern_pm_rec *)dst);
+    h.sum = pm_rec_sum_of((const struct pm_rec *)dst);
     memcpy(dst, &h.sum, sizeof(h.sum));
     return size;
 }
@@ -1894,7 +1894,7 @@ static uint64_t raw_keys(struct tern_session *s)
 
 static uint32_t top32(const void *key, size_t klen)
 {
-    return (uint32_t)(tern_kv_hash(key, klen) >> 32);
+    return (uint32_t)(kv_hash(key, klen) >> 32);
 }
 
 /* A key "<prefix>-<n>" whose hash falls in [lo, hi]; klen set. */
@@ -1966,9 +1966,9 @@ START_TEST(hostile_lput)
     /* s1 leases and writes a good record; s2 claims it. */
     l = raw_lease(s1);
     ck_assert_uint_eq(l.end, 64 * KIB);
-    ck_assert_uint_ge(l.next, TERN_PM_SEG_HDR);
+    ck_assert_uint_ge(l.next, PM_SEG_HDR);
     p = lease_ptr(ep, s1, &l, l.next, 1024);
-    size = put_record(p, in, (uint16_t)kin, "hello", 5, intent, TERN_PM_VALUE);
+    size = put_record(p, in, (uint16_t)kin, "hello", 5, intent, PM_VALUE);
     EXPECT_RC(lput(s2, l.seg, l.next, intent, NULL), TERN_ENOLEASE, "lput on s1's segment");
     ck_assert_uint_eq(raw_keys(s2), keys0);
 
@@ -1978,9 +1978,9 @@ START_TEST(hostile_lput)
     EXPECT_RC(lput(s1, l.seg, l.next - 8, intent, NULL), TERN_EINVAL, "lput, offset - 8");
     EXPECT_RC(lput(s1, l.seg, 0, intent, NULL), TERN_EINVAL, "lput, offset 0");
     EXPECT_RC(lput(s1, l.seg, UINT32_MAX - 7, intent, NULL), TERN_EINVAL, "lput, offset ~0");
-    put_record(p, in, (uint16_t)kin, "hello", 5, 5, TERN_PM_VALUE);
+    put_record(p, in, (uint16_t)kin, "hello", 5, 5, PM_VALUE);
     EXPECT_RC(lput(s1, l.seg, l.next, 5, NULL), TERN_EPROTO, "lput, intent 5 (a version)");
-    put_record(p, in, (uint16_t)kin, "hello", 5, intent, TERN_PM_VALUE);
+    put_record(p, in, (uint16_t)kin, "hello", 5, intent, PM_VALUE);
     EXPECT_RC(lput(s1, l.seg, l.next, intent + 1, NULL), TERN_EPROTO,
               "lput, intent not the record's");
     EXPECT_RC(lput(s1, l.seg, l.next, intent & ~INTENT_BIT, NULL), TERN_EPROTO,
@@ -2001,7 +2001,7 @@ START_TEST(hostile_lput)
     {
         /* Room left in the segment from `next` on, for a record of a
          * 4-byte key: one byte more than that runs past the end. */
-        const uint32_t room = 64 * KIB - next - (uint32_t)sizeof(struct tern_pm_rec) - 4;
+        const uint32_t room = 64 * KIB - next - (uint32_t)sizeof(struct pm_rec) - 4;
         const struct {
             const char *what;
             uint16_t klen;
@@ -2009,21 +2009,21 @@ START_TEST(hostile_lput)
             uint8_t type, flags;
             uint32_t slot;
         } bad[] = {
-            {"key_len 0", 0, 5, TERN_PM_VALUE, 0, 0},
-            {"key_len over the maximum", TERN_PM_KEY_MAX + 1, 5, TERN_PM_VALUE, 0, 0},
+            {"key_len 0", 0, 5, PM_VALUE, 0, 0},
+            {"key_len over the maximum", PM_KEY_MAX + 1, 5, PM_VALUE, 0, 0},
             {"type 0", 4, 5, 0, 0, 0},
             {"type 9", 4, 5, 9, 0, 0},
-            {"flags set", 4, 5, TERN_PM_VALUE, TERN_PM_F_REWRITTEN, 0},
-            {"slot set", 4, 5, TERN_PM_VALUE, 0, 4096},
-            {"val_len of a whole segment", 4, 64 * KIB, TERN_PM_VALUE, 0, 0},
-            {"val_len one byte past the segment's end", 4, room + 1, TERN_PM_VALUE, 0, 0},
-            {"val_len ~0", 4, UINT32_MAX, TERN_PM_VALUE, 0, 0},
-            {"val_len ~0 - 31", 4, UINT32_MAX - 31, TERN_PM_VALUE, 0, 0},
+            {"flags set", 4, 5, PM_VALUE, PM_F_REWRITTEN, 0},
+            {"slot set", 4, 5, PM_VALUE, 0, 4096},
+            {"val_len of a whole segment", 4, 64 * KIB, PM_VALUE, 0, 0},
+            {"val_len one byte past the segment's end", 4, room + 1, PM_VALUE, 0, 0},
+            {"val_len ~0", 4, UINT32_MAX, PM_VALUE, 0, 0},
+            {"val_len ~0 - 31", 4, UINT32_MAX - 31, PM_VALUE, 0, 0},
         };
 
         p = lease_ptr(ep, s1, &l, next, 1024);
         for (size_t b = 0; b < sizeof(bad) / sizeof(bad[0]); b++) {
-            struct tern_pm_rec h = {.val_len = bad[b].vlen, .version = ++intent,
+            struct pm_rec h = {.val_len = bad[b].vlen, .version = ++intent,
                                     .key_len = bad[b].klen, .type = bad[b].type,
                                     .flags = bad[b].flags, .slot = bad[b].slot};
 
@@ -2032,7 +2032,7 @@ START_TEST(hostile_lput)
             /* Summed where the lengths are sane, so that the field under
              * test is all that is wrong. */
             if (bad[b].klen <= 4 && bad[b].vlen <= 5) {
-                h.sum = tern_pm_rec_sum_of((const struct tern_pm_rec *)p);
+                h.sum = pm_rec_sum_of((const struct pm_rec *)p);
                 memcpy(p, &h.sum, sizeof(h.sum));
             }
             rc = lput(s1, l.seg, next, intent, NULL);
@@ -2042,7 +2042,7 @@ START_TEST(hostile_lput)
             ck_assert_uint_eq(raw_keys(s1), keys0 + 1);
         }
         /* The same offset takes a good record afterwards. */
-        size = put_record(p, in2, (uint16_t)kin2, "second", 6, ++intent, TERN_PM_VALUE);
+        size = put_record(p, in2, (uint16_t)kin2, "second", 6, ++intent, PM_VALUE);
         EXPECT_RC(lput(s1, l.seg, next, intent, &ver2), 0, "good lput after bad ones");
         ck_assert_uint_gt(ver2, ver);
         next += size;
@@ -2050,9 +2050,9 @@ START_TEST(hostile_lput)
 
     /* A tombstone is not a value: refused, and it ends the lease. */
     p = lease_ptr(ep, s1, &l, next, 1024);
-    put_record(p, in, (uint16_t)kin, "", 0, ++intent, TERN_PM_TOMBSTONE);
+    put_record(p, in, (uint16_t)kin, "", 0, ++intent, PM_TOMBSTONE);
     EXPECT_RC(lput(s1, l.seg, next, intent, NULL), TERN_EPROTO, "tombstone record");
-    put_record(p, in, (uint16_t)kin, "again", 5, ++intent, TERN_PM_VALUE);
+    put_record(p, in, (uint16_t)kin, "again", 5, ++intent, PM_VALUE);
     EXPECT_RC(lput(s1, l.seg, next, intent, NULL), TERN_ENOLEASE, "lput after a tombstone");
     ck_assert_uint_eq(raw_keys(s1), keys0 + 2);
 
@@ -2060,9 +2060,9 @@ START_TEST(hostile_lput)
      * gone with the record. */
     l = raw_lease(s1);
     p = lease_ptr(ep, s1, &l, l.next, 1024);
-    put_record(p, out, (uint16_t)kout, "elsewhere", 9, ++intent, TERN_PM_VALUE);
+    put_record(p, out, (uint16_t)kout, "elsewhere", 9, ++intent, PM_VALUE);
     EXPECT_RC(lput(s1, l.seg, l.next, intent, NULL), TERN_EWRONGNODE, "key out of range");
-    put_record(p, in, (uint16_t)kin, "again", 5, ++intent, TERN_PM_VALUE);
+    put_record(p, in, (uint16_t)kin, "again", 5, ++intent, PM_VALUE);
     EXPECT_RC(lput(s1, l.seg, l.next, intent, NULL), TERN_ENOLEASE,
               "lput after a wrong-node record");
     ck_assert_uint_eq(raw_keys(s1), keys0 + 2);
@@ -2071,7 +2071,7 @@ START_TEST(hostile_lput)
     l = raw_lease(s1);
     l2 = raw_lease(s1);
     p = lease_ptr(ep, s1, &l2, l2.next, 1024);
-    put_record(p, in, (uint16_t)kin, "new lease", 9, ++intent, TERN_PM_VALUE);
+    put_record(p, in, (uint16_t)kin, "new lease", 9, ++intent, PM_VALUE);
     if (l.seg != l2.seg)
         EXPECT_RC(lput(s1, l.seg, l2.next, intent, NULL), TERN_ENOLEASE,
                   "lput on a returned lease");
@@ -2138,21 +2138,21 @@ START_TEST(lease_take_back_on_the_wire)
     l2 = raw_lease(s2);                 /* s1's sat idle: taken back */
     ck_assert_uint_ne(l1.seg, l2.seg);
     p = lease_ptr(ep, s1, &l1, l1.next, 256);
-    put_record(p, "late", 4, "write", 5, ++intent, TERN_PM_VALUE);
+    put_record(p, "late", 4, "write", 5, ++intent, PM_VALUE);
     EXPECT_RC(lput(s1, l1.seg, l1.next, intent, NULL), TERN_ENOLEASE,
               "lput on a lease taken back");
     /* s2's is fresh: s1 cannot take it back yet. */
     EXPECT_RC(raw_call(s1, KV_M_LEASE, &q, sizeof(q), NULL, 0, NULL), TERN_ENOBUFS,
               "lease while the other is fresh");
     p = lease_ptr(ep, s2, &l2, l2.next, 256);
-    put_record(p, "s2", 2, "mine", 4, ++intent, TERN_PM_VALUE);
+    put_record(p, "s2", 2, "mine", 4, ++intent, PM_VALUE);
     EXPECT_RC(lput(s2, l2.seg, l2.next, intent, &ver), 0, "lput on the new lease");
     ck_assert_uint_gt(ver, 0);
     usleep(100 * 1000);
     l1 = raw_lease(s1);                 /* now s2's is idle */
-    p = lease_ptr(ep, s2, &l2, l2.next + tern_pm_rec_size(2, 4), 256);
-    put_record(p, "s2b", 3, "late", 4, ++intent, TERN_PM_VALUE);
-    EXPECT_RC(lput(s2, l2.seg, l2.next + tern_pm_rec_size(2, 4), intent, NULL), TERN_ENOLEASE,
+    p = lease_ptr(ep, s2, &l2, l2.next + pm_rec_size(2, 4), 256);
+    put_record(p, "s2b", 3, "late", 4, ++intent, PM_VALUE);
+    EXPECT_RC(lput(s2, l2.seg, l2.next + pm_rec_size(2, 4), intent, NULL), TERN_ENOLEASE,
               "lput on the second lease taken back");
     ck_assert_uint_eq(raw_keys(s1), 1);      /* only s2's good record */
     tern_rpc_disconnect(s1);
@@ -2252,10 +2252,10 @@ START_TEST(session_lease_quota)
      * one does not count. */
     l = raw_lease(s);
     pattern(big, sizeof(big), 5);
-    p = lease_ptr(ep, s, &l, l.next, tern_pm_rec_size(3, BIG));
-    put_record(p, "big", 3, big, BIG, ++intent, TERN_PM_VALUE);
-    CHECK((uint64_t)tern_pm_rec_size(3, BIG) * 2 >= l.end - l.base, "the record fills %u of %u",
-          tern_pm_rec_size(3, BIG), l.end - l.base);
+    p = lease_ptr(ep, s, &l, l.next, pm_rec_size(3, BIG));
+    put_record(p, "big", 3, big, BIG, ++intent, PM_VALUE);
+    CHECK((uint64_t)pm_rec_size(3, BIG) * 2 >= l.end - l.base, "the record fills %u of %u",
+          pm_rec_size(3, BIG), l.end - l.base);
     EXPECT_RC(lput(s, l.seg, l.next, intent, &ver), 0, "lput of the big record");
     /* Four more, each handed back empty by the next ask: the ask after
      * the fourth is refused. */
@@ -2297,8 +2297,8 @@ START_TEST(idle_lease_returns_to_pool)
     unsigned stored = 0;
     char k[32];
 
-    ck_assert_uint_eq(PER_SEG * tern_pm_rec_size(6, VLEN) <= 64 * KIB - 64 &&
-                      (PER_SEG + 1) * tern_pm_rec_size(6, VLEN) > 64 * KIB - 64, 1);
+    ck_assert_uint_eq(PER_SEG * pm_rec_size(6, VLEN) <= 64 * KIB - 64 &&
+                      (PER_SEG + 1) * pm_rec_size(6, VLEN) > 64 * KIB - 64, 1);
     start_server(0, &o);
     ep = new_ep();
     s = raw_session(ep, 0);
@@ -2358,8 +2358,8 @@ END_TEST
  * server is killed. */
 START_TEST(hostile_lessee_header)
 {
-    struct tern_kv_store_opts so = {0};
-    struct tern_kv_store *st = NULL;
+    struct kvs_opts so = {0};
+    struct kvs *st = NULL;
     struct tern_rpc_ep *ep;
     struct tern_session *s;
     struct tern_kv *kv;
@@ -2376,17 +2376,17 @@ START_TEST(hostile_lessee_header)
     s = raw_session(ep, 0);
     l = raw_lease(s);
     p = lease_ptr(ep, s, &l, l.next, 256);
-    next = l.next + put_record(p, "mine", 4, "ok", 2, intent, TERN_PM_VALUE);
+    next = l.next + put_record(p, "mine", 4, "ok", 2, intent, PM_VALUE);
     EXPECT_RC(lput(s, l.seg, l.next, intent, &mine), 0, "lessee's own record");
     if (_i == 2) {
         p = lease_ptr(ep, s, &l, next, 256);
-        size = put_record(p, "liar", 4, "honest", 6, ++intent, TERN_PM_VALUE);
-        p[sizeof(struct tern_pm_rec) + 4] ^= 0x20;     /* "Honest" */
+        size = put_record(p, "liar", 4, "honest", 6, ++intent, PM_VALUE);
+        p[sizeof(struct pm_rec) + 4] ^= 0x20;     /* "Honest" */
         rc = lput(s, l.seg, next, intent, NULL);
         CHECK(rc == 0 || rc == TERN_EPROTO, "record with a wrong sum: %s", tern_err_name(rc));
         next += rc == 0 ? size : 0;
         p = lease_ptr(ep, s, &l, next, 256);
-        put_record(p, "after", 5, "ok", 2, ++intent, TERN_PM_VALUE);
+        put_record(p, "after", 5, "ok", 2, ++intent, PM_VALUE);
         rc = lput(s, l.seg, next, intent, NULL);
         CHECK(rc == 0 || rc == TERN_ENOLEASE, "record after the liar's: %s", tern_err_name(rc));
         must_put(kv, "victim2", 7, "also safe", 9, &v2);
@@ -2397,7 +2397,7 @@ START_TEST(hostile_lessee_header)
         goto restart;
     }
     /* The lease's first byte is a page boundary past the header... */
-    ck_assert_uint_ge(l.base, TERN_PM_SEG_HDR);
+    ck_assert_uint_ge(l.base, PM_SEG_HDR);
     ck_assert_uint_eq(l.base % (uint32_t)sysconf(_SC_PAGESIZE), 0);
     ck_assert_uint_eq(l.next, l.base);
     /* ...its key reaches the segment's end and no further... */
@@ -2413,7 +2413,7 @@ START_TEST(hostile_lessee_header)
         EXPECT_RC(raw_call(s, KV_M_ONESIDED_INFO, NULL, 0, &oi, sizeof(oi), &got), 0, "os_info");
         lease_ptr(ep, s, &l, l.base, 1);   /* (maps the pool's file) */
         while ((rc = tern_session_rkey_ptr(s, &oi.pool, oi.seg0 + l.seg * (uint64_t)oi.seg_size,
-                                           TERN_PM_SEG_HDR, TERN_TP_ACCESS_REMOTE_WRITE,
+                                           PM_SEG_HDR, TERN_TP_ACCESS_REMOTE_WRITE,
                                            &q)) == TERN_EAGAIN)
             tern_rpc_poll(ep);
         EXPECT_RC(rc, TERN_EREMACCESS, "the segment's header, for writing, by the pool's key");
@@ -2429,7 +2429,7 @@ START_TEST(hostile_lessee_header)
         finish_server(0);
     } else {
         p = lease_ptr(ep, s, &l, next, 256);
-        put_record(p, "mine2", 5, "ok", 2, ++intent, TERN_PM_VALUE);
+        put_record(p, "mine2", 5, "ok", 2, ++intent, PM_VALUE);
         EXPECT_RC(lput(s, l.seg, next, intent, NULL), 0, "lessee's second record");
         must_put(kv, "victim2", 7, "also safe", 9, &v2);
         kill_server(0);
@@ -2440,11 +2440,11 @@ START_TEST(hostile_lessee_header)
 
 restart:
     so.path = pool_paths[0];
-    rc = tern_kv_store_open(&so, &st);
+    rc = kvs_open(&so, &st);
     CHECK(rc == 0, "the pool no longer opens after a lessee %s (%s): %s",
           _i == 2 ? "sent a record with a wrong sum" : "wrote junk into its segment",
           _i ? "server killed" : "server stopped", tern_err_name(rc));
-    tern_kv_store_close(st);
+    kvs_close(st);
     start_server(0, &(struct srv){.fabric = SHM});
     ep = new_ep();
     kv = kv_open_path(ep, 1, TERN_KV_PATH_RPC);
@@ -2581,12 +2581,12 @@ START_TEST(window_unit)
     /* Records: whole only with the right version, key, bytes and size. */
     {
         static uint8_t rec[512];
-        struct tern_pm_rec *r = (void *)rec;
+        struct pm_rec *r = (void *)rec;
         uint8_t val[100];
-        uint32_t size = tern_pm_rec_size(7, sizeof(val));
+        uint32_t size = pm_rec_size(7, sizeof(val));
 
         pattern(val, sizeof(val), 5);
-        put_record(rec, "rec-key", 7, val, sizeof(val), 55, TERN_PM_VALUE);
+        put_record(rec, "rec-key", 7, val, sizeof(val), 55, PM_VALUE);
         ck_assert(kvw_record_valid(rec, size, "rec-key", 7, 55));
         ck_assert(!kvw_record_valid(rec, size, "rec-key", 7, 56));
         ck_assert(!kvw_record_valid(rec, size, "rec-kex", 7, 55));
@@ -2599,11 +2599,11 @@ START_TEST(window_unit)
         rec[sizeof(*r) + 7 + 50] ^= 0x10;
         ck_assert(kvw_record_valid(rec, size, "rec-key", 7, 55));
         r->version = 56;        /* rewritten in place, sum and all */
-        r->sum = tern_pm_rec_sum_of(r);
+        r->sum = pm_rec_sum_of(r);
         ck_assert(!kvw_record_valid(rec, size, "rec-key", 7, 55));
         ck_assert(kvw_record_valid(rec, size, "rec-key", 7, 56));
-        r->type = TERN_PM_TOMBSTONE;
-        r->sum = tern_pm_rec_sum_of(r);
+        r->type = PM_TOMBSTONE;
+        r->sum = pm_rec_sum_of(r);
         ck_assert(!kvw_record_valid(rec, size, "rec-key", 7, 56));
     }
 }
@@ -2847,12 +2847,12 @@ static struct kv_info raw_info(struct tern_session *s)
 static void expect_pushed(const uint8_t *region, uint64_t off, const void *key, size_t klen,
                           const void *val, size_t vlen, uint64_t version, const char *what)
 {
-    uint32_t size = tern_pm_rec_size((uint32_t)klen, (uint32_t)vlen);
-    const struct tern_pm_rec *r = (const void *)(region + off);
+    uint32_t size = pm_rec_size((uint32_t)klen, (uint32_t)vlen);
+    const struct pm_rec *r = (const void *)(region + off);
 
     CHECK(kvw_record_valid(region + off, size, key, (uint16_t)klen, version),
           "%s: no whole record of version %llu pushed", what, (unsigned long long)version);
-    CHECK(r->val_len == vlen && memcmp(tern_pm_rec_val(r), val, vlen) == 0,
+    CHECK(r->val_len == vlen && memcmp(pm_rec_val(r), val, vlen) == 0,
           "%s: the pushed record holds another value", what);
     CHECK(first_not(region, off, 0xee) == off, "%s: bytes before the record written", what);
     CHECK(first_not(region + off + size, PG_REGION - off - size, 0xee) ==
@@ -2883,7 +2883,7 @@ static bool server_alive(int i)
 
 START_TEST(hostile_pget)
 {
-    static uint8_t val[300], longkey[TERN_KV_KEY_MAX + 40];
+    static uint8_t val[300], longkey[KV_KEY_MAX + 40];
     struct tern_rpc_ep *ep;
     struct tern_session *s, *s2;
     struct tern_rpc_mr *mr;
@@ -2912,14 +2912,14 @@ START_TEST(hostile_pget)
         int w = snprintf((char *)longkey, 16, "%u", n);
 
         longkey[w] = 'L';
-        klong = TERN_KV_KEY_MAX + 8;
+        klong = KV_KEY_MAX + 8;
         if (top32(longkey, klong) <= 0x7fffffff)
             break;
     }
     pattern(val, sizeof(val), 42);
     must_put(rpc, in, kin, val, sizeof(val), &ver);
     must_put(rpc, out, kout, "far", 3, NULL);
-    size = tern_pm_rec_size((uint32_t)kin, sizeof(val));
+    size = pm_rec_size((uint32_t)kin, sizeof(val));
 
     s = raw_session(ep, 0);
     rc = tern_rpc_mr_alloc(ep, PG_REGION, TERN_TP_ACCESS_REMOTE_WRITE, &mr);
@@ -3142,23 +3142,23 @@ static uint32_t lie_record(uint8_t *pool, unsigned k)
     size_t kl = lie_key(k, key, sizeof(key));
     int vl = snprintf(v, sizeof(v), "push:%s", lie_what[k]);
     uint8_t *rec = pool + LIE_AT(k);
-    struct tern_pm_rec *r = (void *)rec;
+    struct pm_rec *r = (void *)rec;
     uint32_t size;
 
     if (k == L_TOMBSTONE)
-        return put_record(rec, key, (uint16_t)kl, "", 0, LIE_VERSION, TERN_PM_TOMBSTONE);
-    size = put_record(rec, key, (uint16_t)kl, v, (uint32_t)vl, LIE_VERSION, TERN_PM_VALUE);
+        return put_record(rec, key, (uint16_t)kl, "", 0, LIE_VERSION, PM_TOMBSTONE);
+    size = put_record(rec, key, (uint16_t)kl, v, (uint32_t)vl, LIE_VERSION, PM_VALUE);
     switch (k) {
     case L_VERSION:
         r->version = LIE_VERSION + 1;
-        r->sum = tern_pm_rec_sum_of(r);
+        r->sum = pm_rec_sum_of(r);
         break;
     case L_RECORD_SUM:
         rec[sizeof(*r) + kl + 2] ^= 0x01;
         break;
     case L_OTHER_KEY:
         rec[sizeof(*r)] = 'P';
-        r->sum = tern_pm_rec_sum_of(r);
+        r->sum = pm_rec_sum_of(r);
         break;
     default:
         break;
@@ -3781,8 +3781,8 @@ static void expect_lessee_puts(struct tern_kv *kv)
 START_TEST(lessee_keeps_no_lock_of_dead_server)
 {
     struct srv o = {.fabric = SHM};
-    struct tern_pm_opts po = {0};
-    struct tern_pm_pool *p;
+    struct pm_opts po = {0};
+    struct pm_pool *p;
     struct tern_rpc_ep *ep;
     struct tern_kv *kv;
     int rc;
@@ -3792,9 +3792,9 @@ START_TEST(lessee_keeps_no_lock_of_dead_server)
     spawn_kid(0, lock_lessee, NULL);
     wait_lessee();
     kill_server(0);
-    rc = tern_pm_open(pool_paths[0], &po, &p);
+    rc = pm_open(pool_paths[0], &po, &p);
     CHECK(rc == 0, "the dead server's pool, while its lessee lives: %s", tern_err_name(rc));
-    tern_pm_close(p);
+    pm_close(p);
     /* A whole server, with the lessee still there. */
     start_server(0, &o);
     ep = new_ep();
@@ -3814,8 +3814,8 @@ END_TEST
 START_TEST(lessee_cannot_unlock_live_server)
 {
     struct srv o = {.fabric = SHM};
-    struct tern_pm_opts po = {0};
-    struct tern_pm_pool *p = NULL;
+    struct pm_opts po = {0};
+    struct pm_pool *p = NULL;
     struct tern_rpc_ep *ep;
     struct tern_kv *kv;
     int rc;
@@ -3826,9 +3826,9 @@ START_TEST(lessee_cannot_unlock_live_server)
     wait_lessee();
     CHECK(lk->pool_fds > 0, "the lessee was sent no descriptor of the pool");
     CHECK(lk->locked == 0, "the lessee's descriptor of the pool holds the server's lock");
-    rc = tern_pm_open(pool_paths[0], &po, &p);
+    rc = pm_open(pool_paths[0], &po, &p);
     if (rc == 0)
-        tern_pm_close(p);
+        pm_close(p);
     CHECK(rc == TERN_EBUSY, "a third opener of a live server's pool: %s, not TERN_EBUSY",
           rc ? tern_err_name(rc) : "opened it");
     ep = new_ep();

@@ -102,7 +102,7 @@ static uint64_t server_keys(struct tern_rpc_ep *ep, int i)
 
 static uint32_t top32(const void *key, size_t klen)
 {
-    return (uint32_t)(tern_kv_hash(key, klen) >> 32);
+    return (uint32_t)(kv_hash(key, klen) >> 32);
 }
 
 /* A key "<prefix>-<n>" whose hash falls in [lo, hi]; klen set. */

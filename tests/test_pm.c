@@ -1,6 +1,6 @@
-/* Suite pm: the pool's record slots, rewrites in place (tern_pm_overwrite)
+/* Suite pm: the pool's record slots, rewrites in place (pm_overwrite)
  * and leased segments, each with its crash states and what recovery and
- * tern_pm_check make of them.
+ * pm_check make of them.
  *
  * Crash states come from two places: forged with pwrite on a closed pool,
  * or made by the pool itself in a child that dies at a chosen msync. The
@@ -9,7 +9,7 @@
  * with PMEM_IS_PMEM_FORCE=1, flushes bypass it and those tests skip.
  *
  * The "flush" test case covers cooperative flushing: large commits whose
- * flush is cut into pieces that helper threads take (tern_pm_help). */
+ * flush is cut into pieces that helper threads take (pm_help). */
 #include <check.h>
 #include <dlfcn.h>
 #include <errno.h>
@@ -180,7 +180,7 @@ static void teardown(void)
 
 /* A committed record as recovery handed it over. */
 struct rec_copy {
-    tern_pm_loc loc;
+    pm_loc loc;
     uint64_t version;
     uint8_t type, flags;
     uint32_t slot;
@@ -194,7 +194,7 @@ struct seen {
     unsigned n;
 };
 
-static int collect(void *arg, tern_pm_loc loc, const struct tern_pm_rec *r)
+static int collect(void *arg, pm_loc loc, const struct pm_rec *r)
 {
     struct seen *s = arg;
     struct rec_copy *c = &s->r[s->n++];
@@ -203,8 +203,8 @@ static int collect(void *arg, tern_pm_loc loc, const struct tern_pm_rec *r)
     *c = (struct rec_copy){.loc = loc, .version = r->version, .type = r->type,
                            .flags = r->flags, .slot = r->slot, .val_len = r->val_len};
     ck_assert_uint_lt(r->key_len, sizeof(c->key));
-    memcpy(c->key, tern_pm_rec_key(r), r->key_len);
-    memcpy(c->val, tern_pm_rec_val(r), r->val_len < sizeof(c->val) ? r->val_len : 0);
+    memcpy(c->key, pm_rec_key(r), r->key_len);
+    memcpy(c->val, pm_rec_val(r), r->val_len < sizeof(c->val) ? r->val_len : 0);
     return 0;
 }
 
@@ -216,7 +216,7 @@ static const struct rec_copy *seen_ver(const struct seen *s, uint64_t version)
     return NULL;
 }
 
-static const struct rec_copy *seen_loc(const struct seen *s, tern_pm_loc loc)
+static const struct rec_copy *seen_loc(const struct seen *s, pm_loc loc)
 {
     for (unsigned i = 0; i < s->n; i++)
         if (s->r[i].loc == loc)
@@ -226,25 +226,25 @@ static const struct rec_copy *seen_loc(const struct seen *s, tern_pm_loc loc)
 
 /* Open the pool at `path` (creating it with `size` bytes if size is not
  * 0) and recover it into `s` (may be NULL); returns recovery's code. */
-static int open_rc(uint64_t size, struct seen *s, struct tern_pm_pool **out)
+static int open_rc(uint64_t size, struct seen *s, struct pm_pool **out)
 {
-    struct tern_pm_opts o = {.size = size, .seg_size = SEG, .create = size != 0};
-    int rc = tern_pm_open(path, &o, out);
+    struct pm_opts o = {.size = size, .seg_size = SEG, .create = size != 0};
+    int rc = pm_open(path, &o, out);
 
     ck_assert_msg(rc == 0, "open: %s", tern_strerror(rc));
     if (s)
         s->n = 0;
-    rc = tern_pm_recover(*out, s ? collect : NULL, s);
+    rc = pm_recover(*out, s ? collect : NULL, s);
     if (rc < 0) {
-        tern_pm_close(*out);
+        pm_close(*out);
         *out = NULL;
     }
     return rc;
 }
 
-static struct tern_pm_pool *open_pool(uint64_t size, struct seen *s)
+static struct pm_pool *open_pool(uint64_t size, struct seen *s)
 {
-    struct tern_pm_pool *p;
+    struct pm_pool *p;
     int rc = open_rc(size, s, &p);
 
     ck_assert_msg(rc == 0, "recover: %s", tern_strerror(rc));
@@ -252,30 +252,30 @@ static struct tern_pm_pool *open_pool(uint64_t size, struct seen *s)
 }
 
 /* Append key = a value of `len` bytes of `fill`; returns its place. */
-static tern_pm_loc put(struct tern_pm_pool *p, const char *k, char fill, uint32_t len,
+static pm_loc put(struct pm_pool *p, const char *k, char fill, uint32_t len,
                        uint64_t *version)
 {
     static char val[SEG];
-    uint64_t v = tern_pm_next_version(p);
-    tern_pm_loc loc;
+    uint64_t v = pm_next_version(p);
+    pm_loc loc;
     int rc;
 
     memset(val, fill, len);
-    rc = tern_pm_append(p, TERN_PM_VALUE, v, k, (uint16_t)strlen(k), val, len, &loc);
+    rc = pm_append(p, PM_VALUE, v, k, (uint16_t)strlen(k), val, len, &loc);
     ck_assert_msg(rc == 0, "append %s: %s", k, tern_strerror(rc));
     if (version)
         *version = v;
     return loc;
 }
 
-static void commit(struct tern_pm_pool *p)
+static void commit(struct pm_pool *p)
 {
-    int rc = tern_pm_commit(p);
+    int rc = pm_commit(p);
 
     ck_assert_msg(rc == 0, "commit: %s", tern_strerror(rc));
 }
 
-static off_t file_off(tern_pm_loc loc)
+static off_t file_off(pm_loc loc)
 {
     return (off_t)(pm_seg_offset((uint32_t)(loc >> 32), SEG) + (uint32_t)loc);
 }
@@ -314,11 +314,11 @@ static uint64_t seg_used(uint32_t seg)
     return (uint32_t)w;
 }
 
-/* tern_pm_check's verdict and report. */
+/* pm_check's verdict and report. */
 struct check_out {
     int rc;
     uint64_t bad;
-    struct tern_pm_info info;
+    struct pm_info info;
     char text[4096];
 };
 
@@ -330,7 +330,7 @@ static void check_pool(struct check_out *c)
 
     ck_assert_ptr_nonnull(f);
     c->bad = 0;
-    c->rc = tern_pm_check(path, true, f, &c->info, &c->bad);
+    c->rc = pm_check(path, true, f, &c->info, &c->bad);
     fclose(f);
     snprintf(c->text, sizeof(c->text), "%s", buf);
     free(buf);
@@ -365,29 +365,29 @@ static int crash_child(int (*fn)(void *), void *arg, int syncs)
 
 static bool pool_is_pmem(void)
 {
-    struct tern_pm_info info;
-    struct tern_pm_pool *p = open_pool(POOL, NULL);
+    struct pm_info info;
+    struct pm_pool *p = open_pool(POOL, NULL);
 
-    tern_pm_get_info(p, &info);
-    tern_pm_close(p);
+    pm_get_info(p, &info);
+    pm_close(p);
     return info.is_pmem;
 }
 
 /* ---- lessees ---- */
 
-static uint8_t *seg_ptr(struct tern_pm_pool *p, uint32_t seg, uint32_t off)
+static uint8_t *seg_ptr(struct pm_pool *p, uint32_t seg, uint32_t off)
 {
-    return (uint8_t *)tern_pm_base(p) + tern_pm_seg_file_off(p, seg) + off;
+    return (uint8_t *)pm_base(p) + pm_seg_file_off(p, seg) + off;
 }
 
 /* Write a record into a leased segment as its lessee would: a whole
  * record with a version of its own (junk), flags and slot 0, summed; the
  * pool swaps its version in. */
-static uint32_t lessee_write(struct tern_pm_pool *p, uint32_t seg, uint32_t off, uint8_t type,
+static uint32_t lessee_write(struct pm_pool *p, uint32_t seg, uint32_t off, uint8_t type,
                              const char *key, uint16_t klen, const char *val, uint32_t vlen)
 {
     uint8_t *dst = seg_ptr(p, seg, off);
-    struct tern_pm_rec h;
+    struct pm_rec h;
 
     memset(&h, 0, sizeof(h));
     h.version = 0xa5a5a5a5a5a5a5a5ull;
@@ -400,25 +400,25 @@ static uint32_t lessee_write(struct tern_pm_pool *p, uint32_t seg, uint32_t off,
     if (val)
         memcpy(dst + sizeof(h) + klen, val, vlen);
     /* Only whole records can be summed; malformed ones are refused before. */
-    if (klen && (type == TERN_PM_VALUE || type == TERN_PM_TOMBSTONE) &&
-        off + sizeof(h) + (uint64_t)klen + vlen <= tern_pm_seg_room(p) + TERN_PM_SEG_HDR) {
-        h.sum = tern_pm_rec_sum_of((const struct tern_pm_rec *)dst);
+    if (klen && (type == PM_VALUE || type == PM_TOMBSTONE) &&
+        off + sizeof(h) + (uint64_t)klen + vlen <= pm_seg_room(p) + PM_SEG_HDR) {
+        h.sum = pm_rec_sum_of((const struct pm_rec *)dst);
         memcpy(dst, &h.sum, sizeof(h.sum));
     }
-    return tern_pm_rec_size(klen, vlen);
+    return pm_rec_size(klen, vlen);
 }
 
-static tern_pm_loc lessee_put(struct tern_pm_pool *p, uint32_t seg, const char *key,
+static pm_loc lessee_put(struct pm_pool *p, uint32_t seg, const char *key,
                               const char *val, uint64_t *version)
 {
-    uint32_t off = tern_pm_lease_next(p, seg);
-    uint64_t v = tern_pm_next_version(p);
-    tern_pm_loc loc;
+    uint32_t off = pm_lease_next(p, seg);
+    uint64_t v = pm_next_version(p);
+    pm_loc loc;
     int rc;
 
-    lessee_write(p, seg, off, val ? TERN_PM_VALUE : TERN_PM_TOMBSTONE, key,
+    lessee_write(p, seg, off, val ? PM_VALUE : PM_TOMBSTONE, key,
                  (uint16_t)strlen(key), val, val ? (uint32_t)strlen(val) : 0);
-    rc = tern_pm_lease_append(p, seg, off, v, &loc);
+    rc = pm_lease_append(p, seg, off, v, &loc);
     ck_assert_msg(rc == 0, "lease append %s: %s", key, tern_strerror(rc));
     ck_assert_uint_eq(loc, (uint64_t)seg << 32 | off);
     if (version)
@@ -431,16 +431,16 @@ static tern_pm_loc lessee_put(struct tern_pm_pool *p, uint32_t seg, const char *
 /* Rewrite the committed record at `loc` in the file (a closed pool) as
  * key = `len` bytes of `fill` with the given slot and flags, checksum
  * right. */
-static void forge_rec(tern_pm_loc loc, const char *key, char fill, uint32_t len, uint32_t slot,
+static void forge_rec(pm_loc loc, const char *key, char fill, uint32_t len, uint32_t slot,
                       uint8_t flags, uint64_t version)
 {
     uint8_t buf[512];
-    struct tern_pm_rec *r = (void *)buf;
+    struct pm_rec *r = (void *)buf;
     uint16_t klen = (uint16_t)strlen(key);
 
     ck_assert_uint_le(sizeof(*r) + klen + len, sizeof(buf));
-    *r = (struct tern_pm_rec){.val_len = len, .version = version, .key_len = klen,
-                              .type = TERN_PM_VALUE, .flags = flags, .slot = slot};
+    *r = (struct pm_rec){.val_len = len, .version = version, .key_len = klen,
+                              .type = PM_VALUE, .flags = flags, .slot = slot};
     memcpy(buf + sizeof(*r), key, klen);
     memset(buf + sizeof(*r) + klen, fill, len);
     r->sum = pm_rec_sum(r);
@@ -451,16 +451,16 @@ static void forge_rec(tern_pm_loc loc, const char *key, char fill, uint32_t len,
  * next record at the end of the slot, not at the end of the record. */
 START_TEST(slot_walk)
 {
-    struct tern_pm_pool *p = open_pool(POOL, NULL);
+    struct pm_pool *p = open_pool(POOL, NULL);
     uint64_t va, vb;
-    tern_pm_loc a = put(p, "a", 'a', 200, &va), b = put(p, "b", 'b', 3, &vb);
-    uint32_t slot = tern_pm_rec_size(1, 200);
+    pm_loc a = put(p, "a", 'a', 200, &va), b = put(p, "b", 'b', 3, &vb);
+    uint32_t slot = pm_rec_size(1, 200);
     struct check_out c;
     struct seen s;
 
-    ck_assert_uint_eq(tern_pm_slot_size(p, a), slot);      /* slot 0: its own size */
+    ck_assert_uint_eq(pm_slot_size(p, a), slot);      /* slot 0: its own size */
     commit(p);
-    tern_pm_close(p);
+    pm_close(p);
     forge_rec(a, "a", 'x', 10, slot, 0, va);
 
     p = open_pool(0, &s);
@@ -470,9 +470,9 @@ START_TEST(slot_walk)
     ck_assert_uint_eq(s.r[0].slot, slot);
     ck_assert_uint_eq(s.r[1].loc, b);
     ck_assert_uint_eq(s.r[1].version, vb);
-    ck_assert_uint_eq(tern_pm_slot_size(p, a), slot);
-    ck_assert_uint_eq(tern_pm_slot_size(p, b), tern_pm_rec_size(1, 3));
-    tern_pm_close(p);
+    ck_assert_uint_eq(pm_slot_size(p, a), slot);
+    ck_assert_uint_eq(pm_slot_size(p, b), pm_rec_size(1, 3));
+    pm_close(p);
     check_pool(&c);
     ck_assert_int_eq(c.rc, 0);
     ck_assert_uint_eq(c.info.records, 2);
@@ -481,7 +481,7 @@ START_TEST(slot_walk)
      * the record that has them. */
     const uint32_t bad[] = {
         slot + 4,                         /* unaligned */
-        tern_pm_rec_size(1, 10) - 8,      /* smaller than the record */
+        pm_rec_size(1, 10) - 8,      /* smaller than the record */
         SEG,                              /* past the commit point */
     };
     for (unsigned i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
@@ -499,34 +499,34 @@ END_TEST
 
 START_TEST(overwrite_in_place)
 {
-    struct tern_pm_pool *p = open_pool(POOL, NULL);
+    struct pm_pool *p = open_pool(POOL, NULL);
     uint64_t v1, v2, v3, v4;
-    tern_pm_loc a = put(p, "k", '1', 100, &v1), b = put(p, "k", '2', 5, &v2);
-    uint32_t slot = tern_pm_rec_size(1, 100);
-    const struct tern_pm_rec *r;
-    struct tern_pm_info i0, i1, i2;
+    pm_loc a = put(p, "k", '1', 100, &v1), b = put(p, "k", '2', 5, &v2);
+    uint32_t slot = pm_rec_size(1, 100);
+    const struct pm_rec *r;
+    struct pm_info i0, i1, i2;
     struct check_out c;
     struct seen s;
 
     commit(p);
-    tern_pm_get_info(p, &i0);
-    tern_pm_dead(p, a);                     /* the caller's part: v2 superseded it */
-    tern_pm_get_info(p, &i1);
+    pm_get_info(p, &i0);
+    pm_dead(p, a);                     /* the caller's part: v2 superseded it */
+    pm_get_info(p, &i1);
     ck_assert_uint_eq(i1.bytes_live, i0.bytes_live - slot);
-    v3 = tern_pm_next_version(p);
-    ck_assert_int_eq(tern_pm_overwrite(p, a, TERN_PM_VALUE, v3, "k", 1, "three", 5), 0);
-    r = tern_pm_rec_at(p, a);
+    v3 = pm_next_version(p);
+    ck_assert_int_eq(pm_overwrite(p, a, PM_VALUE, v3, "k", 1, "three", 5), 0);
+    r = pm_rec_at(p, a);
     ck_assert_uint_eq(r->version, v3);
-    ck_assert_uint_eq(r->flags, TERN_PM_F_REWRITTEN);
+    ck_assert_uint_eq(r->flags, PM_F_REWRITTEN);
     ck_assert_uint_eq(r->slot, slot);
     ck_assert_uint_eq(r->val_len, 5);
-    ck_assert(memcmp(tern_pm_rec_val(r), "three", 5) == 0);
-    ck_assert_uint_eq(tern_pm_slot_size(p, a), slot);
-    tern_pm_get_info(p, &i2);
+    ck_assert(memcmp(pm_rec_val(r), "three", 5) == 0);
+    ck_assert_uint_eq(pm_slot_size(p, a), slot);
+    pm_get_info(p, &i2);
     ck_assert_uint_eq(i2.bytes_live, i0.bytes_live);    /* the slot is live again */
     ck_assert_uint_eq(i2.bytes_committed, i0.bytes_committed);
     commit(p);
-    tern_pm_close(p);
+    pm_close(p);
 
     p = open_pool(0, &s);
     ck_assert_uint_eq(s.n, 2);
@@ -536,22 +536,22 @@ START_TEST(overwrite_in_place)
     ck_assert_uint_eq(seen_ver(&s, v2)->loc, b);       /* the walk went on past the slot */
     /* Again, now as a tombstone: the slot is marked already. A dead
      * rewritten record frees its whole slot, not just its own bytes. */
-    tern_pm_get_info(p, &i0);
-    tern_pm_dead(p, a);
-    tern_pm_get_info(p, &i1);
+    pm_get_info(p, &i0);
+    pm_dead(p, a);
+    pm_get_info(p, &i1);
     ck_assert_uint_eq(i1.bytes_live, i0.bytes_live - slot);
-    v4 = tern_pm_next_version(p);
-    ck_assert_int_eq(tern_pm_overwrite(p, a, TERN_PM_TOMBSTONE, v4, "k", 1, NULL, 0), 0);
+    v4 = pm_next_version(p);
+    ck_assert_int_eq(pm_overwrite(p, a, PM_TOMBSTONE, v4, "k", 1, NULL, 0), 0);
     commit(p);
-    tern_pm_close(p);
+    pm_close(p);
 
     p = open_pool(0, &s);
     ck_assert_uint_eq(s.n, 2);
     ck_assert_uint_eq(seen_ver(&s, v4)->loc, a);
-    ck_assert_uint_eq(seen_ver(&s, v4)->type, TERN_PM_TOMBSTONE);
+    ck_assert_uint_eq(seen_ver(&s, v4)->type, PM_TOMBSTONE);
     ck_assert_ptr_null(seen_ver(&s, v3));
-    ck_assert_uint_eq(tern_pm_slot_size(p, a), slot);
-    tern_pm_close(p);
+    ck_assert_uint_eq(pm_slot_size(p, a), slot);
+    pm_close(p);
     check_pool(&c);
     ck_assert_int_eq(c.rc, 0);
     ck_assert_uint_eq(c.info.records, 2);
@@ -562,16 +562,16 @@ END_TEST
 /* What a refused rewrite must leave alone. */
 struct slot_snap {
     uint8_t bytes[256];
-    struct tern_pm_info info;
+    struct pm_info info;
 };
 
-static void snap(struct tern_pm_pool *p, tern_pm_loc loc, struct slot_snap *s)
+static void snap(struct pm_pool *p, pm_loc loc, struct slot_snap *s)
 {
-    memcpy(s->bytes, tern_pm_rec_at(p, loc), sizeof(s->bytes));
-    tern_pm_get_info(p, &s->info);
+    memcpy(s->bytes, pm_rec_at(p, loc), sizeof(s->bytes));
+    pm_get_info(p, &s->info);
 }
 
-static void same_as(struct tern_pm_pool *p, tern_pm_loc loc, const struct slot_snap *s)
+static void same_as(struct pm_pool *p, pm_loc loc, const struct slot_snap *s)
 {
     struct slot_snap now;
 
@@ -583,10 +583,10 @@ static void same_as(struct tern_pm_pool *p, tern_pm_loc loc, const struct slot_s
 
 START_TEST(overwrite_refused)
 {
-    struct tern_pm_pool *p = open_pool(POOL, NULL);
+    struct pm_pool *p = open_pool(POOL, NULL);
     static char big[SEG];
-    tern_pm_loc a = put(p, "k", '1', 100, NULL), other, pending, leased;
-    uint32_t room = tern_pm_rec_size(1, 100) - (uint32_t)sizeof(struct tern_pm_rec) - 1;
+    pm_loc a = put(p, "k", '1', 100, NULL), other, pending, leased;
+    uint32_t room = pm_rec_size(1, 100) - (uint32_t)sizeof(struct pm_rec) - 1;
     struct slot_snap before;
     uint32_t seg;
 
@@ -594,84 +594,84 @@ START_TEST(overwrite_refused)
     other = put(p, "j", '3', 5, NULL);
     commit(p);
     pending = put(p, "k", '4', 5, NULL);      /* above the commit point */
-    tern_pm_dead(p, a);
+    pm_dead(p, a);
     snap(p, a, &before);
     memset(big, 'b', sizeof(big));
     /* One byte too many for the slot; the most that fits is taken. */
-    ck_assert_int_eq(tern_pm_overwrite(p, a, TERN_PM_VALUE, 1000, "k", 1, big, room + 1),
+    ck_assert_int_eq(pm_overwrite(p, a, PM_VALUE, 1000, "k", 1, big, room + 1),
                      TERN_E2BIG);
     same_as(p, a, &before);
-    ck_assert_int_eq(tern_pm_overwrite(p, a, TERN_PM_VALUE, 1000, "k", 1, big, SEG),
+    ck_assert_int_eq(pm_overwrite(p, a, PM_VALUE, 1000, "k", 1, big, SEG),
                      TERN_E2BIG);
     same_as(p, a, &before);
-    ck_assert_int_eq(tern_pm_overwrite(p, a, TERN_PM_VALUE, 1000, "j", 1, "v", 1), TERN_EINVAL);
-    ck_assert_int_eq(tern_pm_overwrite(p, a, TERN_PM_VALUE, 1000, "kk", 2, "v", 1), TERN_EINVAL);
-    ck_assert_int_eq(tern_pm_overwrite(p, a, 3, 1000, "k", 1, "v", 1), TERN_EINVAL);
-    ck_assert_int_eq(tern_pm_overwrite(p, a, TERN_PM_TOMBSTONE, 1000, "k", 1, "v", 1),
+    ck_assert_int_eq(pm_overwrite(p, a, PM_VALUE, 1000, "j", 1, "v", 1), TERN_EINVAL);
+    ck_assert_int_eq(pm_overwrite(p, a, PM_VALUE, 1000, "kk", 2, "v", 1), TERN_EINVAL);
+    ck_assert_int_eq(pm_overwrite(p, a, 3, 1000, "k", 1, "v", 1), TERN_EINVAL);
+    ck_assert_int_eq(pm_overwrite(p, a, PM_TOMBSTONE, 1000, "k", 1, "v", 1),
                      TERN_EINVAL);
     same_as(p, a, &before);
-    ck_assert_int_eq(tern_pm_overwrite(p, pending, TERN_PM_VALUE, 1000, "k", 1, "v", 1),
+    ck_assert_int_eq(pm_overwrite(p, pending, PM_VALUE, 1000, "k", 1, "v", 1),
                      TERN_EINVAL);
-    ck_assert_int_eq(tern_pm_overwrite(p, a + 8, TERN_PM_VALUE, 1000, "k", 1, "v", 1),
+    ck_assert_int_eq(pm_overwrite(p, a + 8, PM_VALUE, 1000, "k", 1, "v", 1),
                      TERN_EINVAL);        /* inside the record, not a record */
-    ck_assert_int_eq(tern_pm_overwrite(p, (uint64_t)(tern_pm_seg_count(p) - 1) << 32 | 64,
-                                       TERN_PM_VALUE, 1000, "k", 1, "v", 1),
+    ck_assert_int_eq(pm_overwrite(p, (uint64_t)(pm_seg_count(p) - 1) << 32 | 64,
+                                       PM_VALUE, 1000, "k", 1, "v", 1),
                      TERN_EINVAL);        /* a free segment */
-    ck_assert_int_eq(tern_pm_overwrite(p, (uint64_t)tern_pm_seg_count(p) << 32 | 64,
-                                       TERN_PM_VALUE, 1000, "k", 1, "v", 1), TERN_EINVAL);
+    ck_assert_int_eq(pm_overwrite(p, (uint64_t)pm_seg_count(p) << 32 | 64,
+                                       PM_VALUE, 1000, "k", 1, "v", 1), TERN_EINVAL);
     /* Not in a segment a lessee may still write. */
-    ck_assert_int_eq(tern_pm_lease(p, &seg), 0);
+    ck_assert_int_eq(pm_lease(p, &seg), 0);
     leased = lessee_put(p, seg, "L", NULL, NULL);
     commit(p);
-    ck_assert_int_eq(tern_pm_overwrite(p, leased, TERN_PM_TOMBSTONE, 1000, "L", 1, NULL, 0),
+    ck_assert_int_eq(pm_overwrite(p, leased, PM_TOMBSTONE, 1000, "L", 1, NULL, 0),
                      TERN_EINVAL);
     /* The largest value that fits does. */
-    ck_assert_int_eq(tern_pm_overwrite(p, a, TERN_PM_VALUE, 1000, "k", 1, big, room), 0);
-    ck_assert_int_eq(tern_pm_overwrite(p, other, TERN_PM_VALUE, 1001, "j", 1, "v", 1), 0);
-    ck_assert_uint_eq(tern_pm_next_version(p), 1002);  /* the counter stays ahead */
-    tern_pm_close(p);
+    ck_assert_int_eq(pm_overwrite(p, a, PM_VALUE, 1000, "k", 1, big, room), 0);
+    ck_assert_int_eq(pm_overwrite(p, other, PM_VALUE, 1001, "j", 1, "v", 1), 0);
+    ck_assert_uint_eq(pm_next_version(p), 1002);  /* the counter stays ahead */
+    pm_close(p);
 
     /* Before recovery nothing may be rewritten. */
-    struct tern_pm_opts o = {.seg_size = SEG};
-    ck_assert_int_eq(tern_pm_open(path, &o, &p), 0);
-    ck_assert_int_eq(tern_pm_overwrite(p, a, TERN_PM_VALUE, 1002, "k", 1, "v", 1), TERN_EINVAL);
-    tern_pm_close(p);
+    struct pm_opts o = {.seg_size = SEG};
+    ck_assert_int_eq(pm_open(path, &o, &p), 0);
+    ck_assert_int_eq(pm_overwrite(p, a, PM_VALUE, 1002, "k", 1, "v", 1), TERN_EINVAL);
+    pm_close(p);
 }
 END_TEST
 
 /* The pool the crash tests start from: k = v1 (100 bytes) at a, another
  * key, and (if `newer`) k = v2 at b, all committed. */
 struct rewrite_case {
-    tern_pm_loc a, b;
+    pm_loc a, b;
     uint64_t v1, v2, v3;
     uint32_t slot;
 };
 
 static void rewrite_setup(struct rewrite_case *rc, bool newer)
 {
-    struct tern_pm_pool *p = open_pool(POOL, NULL);
+    struct pm_pool *p = open_pool(POOL, NULL);
 
     rc->a = put(p, "k", '1', 100, &rc->v1);
     put(p, "other", 'o', 40, NULL);
     rc->b = newer ? put(p, "k", '2', 5, &rc->v2) : 0;
-    rc->v3 = tern_pm_next_version(p);
-    rc->slot = tern_pm_rec_size(1, 100);
+    rc->v3 = pm_next_version(p);
+    rc->slot = pm_rec_size(1, 100);
     commit(p);
-    tern_pm_close(p);
+    pm_close(p);
 }
 
-/* The child's part: reopen, the caller's tern_pm_dead, then the rewrite,
+/* The child's part: reopen, the caller's pm_dead, then the rewrite,
  * and die without a commit (or earlier, at the injected msync). */
 static int do_rewrite(void *arg)
 {
     struct rewrite_case *rc = arg;
-    struct tern_pm_pool *p;
-    struct tern_pm_opts o = {0};
+    struct pm_pool *p;
+    struct pm_opts o = {0};
 
-    if (tern_pm_open(path, &o, &p) < 0 || tern_pm_recover(p, NULL, NULL) < 0)
+    if (pm_open(path, &o, &p) < 0 || pm_recover(p, NULL, NULL) < 0)
         return 10;
-    tern_pm_dead(p, rc->a);
-    if (tern_pm_overwrite(p, rc->a, TERN_PM_VALUE, rc->v3, "k", 1, "three", 5) < 0)
+    pm_dead(p, rc->a);
+    if (pm_overwrite(p, rc->a, PM_VALUE, rc->v3, "k", 1, "three", 5) < 0)
         return 11;
     return 12;                          /* got through without the msync */
 }
@@ -682,8 +682,8 @@ static int do_rewrite(void *arg)
  * corrupt. */
 static void expect_skipped(const struct rewrite_case *rc)
 {
-    struct tern_pm_pool *p;
-    struct tern_pm_info info;
+    struct pm_pool *p;
+    struct pm_info info;
     struct check_out c;
     struct seen s;
 
@@ -697,16 +697,16 @@ static void expect_skipped(const struct rewrite_case *rc)
     ck_assert_ptr_null(seen_ver(&s, rc->v1));
     ck_assert_ptr_null(seen_ver(&s, rc->v3));
     ck_assert_uint_eq(seen_ver(&s, rc->v2)->loc, rc->b);
-    tern_pm_get_info(p, &info);
+    pm_get_info(p, &info);
     ck_assert_uint_eq(info.bytes_live, info.bytes_committed - rc->slot);
-    tern_pm_close(p);
+    pm_close(p);
 }
 
 /* Crash after step (a): the mark is durable, no byte of the new record is. */
 START_TEST(crash_after_mark)
 {
     struct rewrite_case rc;
-    struct tern_pm_rec r;
+    struct pm_rec r;
 
     if (pool_is_pmem())
         return;                         /* flushes bypass pmem_msync */
@@ -716,7 +716,7 @@ START_TEST(crash_after_mark)
      * dirty after recovery). */
     ck_assert_int_eq(crash_child(do_rewrite, &rc, 1), 0);
     file_read(file_off(rc.a), &r, sizeof(r));
-    ck_assert_uint_eq(r.flags, TERN_PM_F_REWRITTEN);
+    ck_assert_uint_eq(r.flags, PM_F_REWRITTEN);
     ck_assert_uint_eq(r.slot, rc.slot);
     ck_assert_uint_eq(r.version, rc.v1);    /* the rest is the old record's */
     ck_assert_uint_eq(r.val_len, 100);
@@ -729,17 +729,17 @@ END_TEST
 START_TEST(crash_in_rewrite)
 {
     struct rewrite_case rc;
-    struct tern_pm_rec r;
+    struct pm_rec r;
     struct seen s;
-    struct tern_pm_pool *p;
+    struct pm_pool *p;
 
     rewrite_setup(&rc, true);
     ck_assert_int_eq(crash_child(do_rewrite, &rc, 0), 12);
     /* Whole but uncommitted: a write never acknowledged may still show. */
     p = open_pool(0, &s);
     ck_assert_uint_eq(seen_ver(&s, rc.v3)->loc, rc.a);
-    ck_assert_uint_eq(seen_ver(&s, rc.v3)->flags, TERN_PM_F_REWRITTEN);
-    tern_pm_close(p);
+    ck_assert_uint_eq(seen_ver(&s, rc.v3)->flags, PM_F_REWRITTEN);
+    pm_close(p);
     /* Torn: the old value's bytes where the new value's end should be. */
     file_read(file_off(rc.a), &r, sizeof(r));
     ck_assert_uint_eq(r.version, rc.v3);
@@ -753,16 +753,16 @@ END_TEST
 static int do_rewrite_behind(void *arg)
 {
     struct rewrite_case *rc = arg;
-    struct tern_pm_pool *p;
-    struct tern_pm_opts o = {0};
-    tern_pm_loc b;
+    struct pm_pool *p;
+    struct pm_opts o = {0};
+    pm_loc b;
 
-    if (tern_pm_open(path, &o, &p) < 0 || tern_pm_recover(p, NULL, NULL) < 0)
+    if (pm_open(path, &o, &p) < 0 || pm_recover(p, NULL, NULL) < 0)
         return 10;
-    if (tern_pm_append(p, TERN_PM_VALUE, rc->v3, "k", 1, "newer", 5, &b) < 0)
+    if (pm_append(p, PM_VALUE, rc->v3, "k", 1, "newer", 5, &b) < 0)
         return 11;
-    tern_pm_dead(p, rc->a);
-    if (tern_pm_overwrite(p, rc->a, TERN_PM_VALUE, rc->v3 + 1, "k", 1, "three", 5) < 0)
+    pm_dead(p, rc->a);
+    if (pm_overwrite(p, rc->a, PM_VALUE, rc->v3 + 1, "k", 1, "three", 5) < 0)
         return 12;
     return 13;
 }
@@ -778,7 +778,7 @@ START_TEST(rewrite_commits_newer_version_first)
     if (pool_is_pmem())
         return;
     for (syncs = 1; syncs < 10; syncs++) {
-        struct tern_pm_pool *p;
+        struct pm_pool *p;
         struct seen s;
         unsigned have = 0;
 
@@ -790,7 +790,7 @@ START_TEST(rewrite_commits_newer_version_first)
             if (s.r[i].key[0] == 'k' && s.r[i].key[1] == '\0')
                 have++;
         ck_assert_msg(have >= 1, "crash at msync %d: key k is gone", syncs);
-        tern_pm_close(p);
+        pm_close(p);
         if (st == 13)
             break;                      /* the rewrite got through: every point tried */
         ck_assert_int_eq(st, 0);
@@ -799,35 +799,35 @@ START_TEST(rewrite_commits_newer_version_first)
 }
 END_TEST
 
-/* The child's part for tern_pm_overwrite_behind: another key's record is
+/* The child's part for pm_overwrite_behind: another key's record is
  * appended (a batch not yet committed) before k's older record is
  * rewritten; the child dies without a commit. */
 static int do_rewrite_in_batch(void *arg)
 {
     struct rewrite_case *rc = arg;
-    struct tern_pm_pool *p;
-    struct tern_pm_opts o = {0};
-    tern_pm_loc j;
+    struct pm_pool *p;
+    struct pm_opts o = {0};
+    pm_loc j;
 
-    if (tern_pm_open(path, &o, &p) < 0 || tern_pm_recover(p, NULL, NULL) < 0)
+    if (pm_open(path, &o, &p) < 0 || pm_recover(p, NULL, NULL) < 0)
         return 10;
-    if (tern_pm_append(p, TERN_PM_VALUE, rc->v3 + 1, "j", 1, "pending", 7, &j) < 0)
+    if (pm_append(p, PM_VALUE, rc->v3 + 1, "j", 1, "pending", 7, &j) < 0)
         return 11;
-    tern_pm_dead(p, rc->a);
-    if (tern_pm_overwrite_behind(p, rc->a, TERN_PM_VALUE, rc->v3, "k", 1, "three", 5) < 0)
+    pm_dead(p, rc->a);
+    if (pm_overwrite_behind(p, rc->a, PM_VALUE, rc->v3, "k", 1, "three", 5) < 0)
         return 12;
     return 13;
 }
 
-/* tern_pm_overwrite_behind (k's newer version v2 is committed): the batch
+/* pm_overwrite_behind (k's newer version v2 is committed): the batch
  * appended before it stays uncommitted (one commit per batch), and the
  * mark is durable before the new bytes (a crash right after its msync is
  * an interrupted rewrite that recovery skips). */
 START_TEST(overwrite_behind_leaves_batch_pending)
 {
     struct rewrite_case rc;
-    struct tern_pm_pool *p;
-    struct tern_pm_rec r;
+    struct pm_pool *p;
+    struct pm_rec r;
     struct seen s;
 
     rewrite_setup(&rc, true);
@@ -835,7 +835,7 @@ START_TEST(overwrite_behind_leaves_batch_pending)
     p = open_pool(0, &s);
     ck_assert_ptr_null(seen_ver(&s, rc.v3 + 1));    /* "j" was never committed */
     ck_assert_uint_eq(seen_ver(&s, rc.v2)->loc, rc.b);
-    tern_pm_close(p);
+    pm_close(p);
     if (pool_is_pmem())
         return;                         /* flushes bypass pmem_msync */
     unlink(path);
@@ -843,65 +843,65 @@ START_TEST(overwrite_behind_leaves_batch_pending)
     /* The first msync is the mark's, on its own: "j" is not flushed. */
     ck_assert_int_eq(crash_child(do_rewrite_in_batch, &rc, 1), 0);
     file_read(file_off(rc.a), &r, sizeof(r));
-    ck_assert_uint_eq(r.flags, TERN_PM_F_REWRITTEN);
+    ck_assert_uint_eq(r.flags, PM_F_REWRITTEN);
     ck_assert_uint_eq(r.version, rc.v1);
     expect_skipped(&rc);
 }
 END_TEST
 
-/* tern_pm_rewrite_pending: only over a record above its segment's commit
+/* pm_rewrite_pending: only over a record above its segment's commit
  * point or a slot marked by an earlier rewrite; the slot keeps its size and
  * the walk goes on past it; a torn rewrite of a marked slot is skipped at
  * recovery, and the key falls back to its older version. */
 START_TEST(rewrite_pending_rules)
 {
-    struct tern_pm_pool *p = open_pool(POOL, NULL);
+    struct pm_pool *p = open_pool(POOL, NULL);
     uint64_t v1, v2, v3, v4, v5, v6;
-    tern_pm_loc a = put(p, "k", '1', 100, &v1), pend, leased;
-    uint32_t slot = tern_pm_rec_size(1, 100), seg;
-    const struct tern_pm_rec *r;
+    pm_loc a = put(p, "k", '1', 100, &v1), pend, leased;
+    uint32_t slot = pm_rec_size(1, 100), seg;
+    const struct pm_rec *r;
     struct slot_snap before;
     struct check_out c;
     struct seen s;
 
     commit(p);
     snap(p, a, &before);
-    ck_assert_int_eq(tern_pm_rewrite_pending(p, a, TERN_PM_VALUE, 900, "k", 1, "x", 1),
+    ck_assert_int_eq(pm_rewrite_pending(p, a, PM_VALUE, 900, "k", 1, "x", 1),
                      TERN_EINVAL);         /* committed, never rewritten */
     same_as(p, a, &before);
     pend = put(p, "k", '2', 100, &v2);
     put(p, "j", 'j', 7, NULL);
     snap(p, pend, &before);
-    ck_assert_int_eq(tern_pm_rewrite_pending(p, pend, TERN_PM_VALUE, 901, "x", 1, "x", 1),
+    ck_assert_int_eq(pm_rewrite_pending(p, pend, PM_VALUE, 901, "x", 1, "x", 1),
                      TERN_EINVAL);         /* another key's */
-    ck_assert_int_eq(tern_pm_rewrite_pending(p, pend, TERN_PM_VALUE, 902, "k", 1, NULL, 0),
+    ck_assert_int_eq(pm_rewrite_pending(p, pend, PM_VALUE, 902, "k", 1, NULL, 0),
                      0);                   /* (an empty value fits) */
-    ck_assert_int_eq(tern_pm_rewrite_pending(p, pend, TERN_PM_VALUE, 903, "k", 1,
+    ck_assert_int_eq(pm_rewrite_pending(p, pend, PM_VALUE, 903, "k", 1,
                                              "0123456789", slot), TERN_E2BIG);
-    v3 = tern_pm_next_version(p);
-    ck_assert_int_eq(tern_pm_rewrite_pending(p, pend, TERN_PM_VALUE, v3, "k", 1, "three", 5),
+    v3 = pm_next_version(p);
+    ck_assert_int_eq(pm_rewrite_pending(p, pend, PM_VALUE, v3, "k", 1, "three", 5),
                      0);
-    r = tern_pm_rec_at(p, pend);
+    r = pm_rec_at(p, pend);
     ck_assert_uint_eq(r->version, v3);
     ck_assert_uint_eq(r->slot, slot);
     ck_assert_uint_eq(r->flags, 0);
     commit(p);
     /* Committed now, and never marked. */
-    ck_assert_int_eq(tern_pm_rewrite_pending(p, pend, TERN_PM_VALUE, 904, "k", 1, "x", 1),
+    ck_assert_int_eq(pm_rewrite_pending(p, pend, PM_VALUE, 904, "k", 1, "x", 1),
                      TERN_EINVAL);
-    tern_pm_dead(p, a);
-    v4 = tern_pm_next_version(p);
-    ck_assert_int_eq(tern_pm_overwrite_behind(p, a, TERN_PM_VALUE, v4, "k", 1, "four", 4), 0);
-    v5 = tern_pm_next_version(p);
-    ck_assert_int_eq(tern_pm_rewrite_pending(p, a, TERN_PM_VALUE, v5, "k", 1, "five", 4), 0);
+    pm_dead(p, a);
+    v4 = pm_next_version(p);
+    ck_assert_int_eq(pm_overwrite_behind(p, a, PM_VALUE, v4, "k", 1, "four", 4), 0);
+    v5 = pm_next_version(p);
+    ck_assert_int_eq(pm_rewrite_pending(p, a, PM_VALUE, v5, "k", 1, "five", 4), 0);
     /* Not in a leased segment. */
-    ck_assert_int_eq(tern_pm_lease(p, &seg), 0);
+    ck_assert_int_eq(pm_lease(p, &seg), 0);
     leased = lessee_put(p, seg, "k", "leased", NULL);
-    ck_assert_int_eq(tern_pm_rewrite_pending(p, leased, TERN_PM_VALUE, 905, "k", 1, "x", 1),
+    ck_assert_int_eq(pm_rewrite_pending(p, leased, PM_VALUE, 905, "k", 1, "x", 1),
                      TERN_EINVAL);
-    tern_pm_lease_end(p, seg);
+    pm_lease_end(p, seg);
     commit(p);
-    tern_pm_close(p);
+    pm_close(p);
 
     p = open_pool(0, &s);
     ck_assert_uint_eq(seen_ver(&s, v5)->loc, a);
@@ -914,16 +914,16 @@ START_TEST(rewrite_pending_rules)
     ck_assert_uint_eq(s.n, 3);              /* a, pend, and "j" past pend's slot */
     /* Again over the marked slot, torn this time (the pool closes without a
      * commit; the value's end never made it). */
-    v6 = tern_pm_next_version(p);
-    ck_assert_int_eq(tern_pm_rewrite_pending(p, a, TERN_PM_VALUE, v6, "k", 1, "sixsix", 6), 0);
-    tern_pm_close(p);
-    file_write(file_off(a) + (off_t)sizeof(struct tern_pm_rec) + 1 + 4, "!!", 2);
+    v6 = pm_next_version(p);
+    ck_assert_int_eq(pm_rewrite_pending(p, a, PM_VALUE, v6, "k", 1, "sixsix", 6), 0);
+    pm_close(p);
+    file_write(file_off(a) + (off_t)sizeof(struct pm_rec) + 1 + 4, "!!", 2);
     check_pool(&c);
     ck_assert_msg(c.rc == 0, "check: %s\n%s", tern_strerror(c.rc), c.text);
     p = open_pool(0, &s);
     ck_assert_ptr_null(seen_loc(&s, a));
     ck_assert_uint_eq(seen_ver(&s, v3)->loc, pend);
-    tern_pm_close(p);
+    pm_close(p);
 }
 END_TEST
 
@@ -931,16 +931,16 @@ END_TEST
  * one with the flag whose slot cannot be trusted to find the next record. */
 START_TEST(corruption_still_refused)
 {
-    struct tern_pm_pool *p = open_pool(POOL, NULL);
+    struct pm_pool *p = open_pool(POOL, NULL);
     uint64_t v1;
-    tern_pm_loc a = put(p, "k", '1', 100, &v1);
-    uint32_t slot = tern_pm_rec_size(1, 100);
+    pm_loc a = put(p, "k", '1', 100, &v1);
+    uint32_t slot = pm_rec_size(1, 100);
     struct check_out c;
     uint8_t word[8];
 
     put(p, "k", '2', 5, NULL);
     commit(p);
-    tern_pm_close(p);
+    pm_close(p);
     file_write(file_off(a) + 24 + 1 + 50, "X", 1);
     ck_assert_int_eq(open_rc(0, NULL, &p), TERN_ECORRUPT);
     check_pool(&c);
@@ -958,8 +958,8 @@ START_TEST(corruption_still_refused)
      * to hold a record header. */
     const uint32_t bad[] = {SEG, slot + 4, 16, 0};
     for (unsigned i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        struct tern_pm_rec h = {.key_len = 1, .type = TERN_PM_VALUE,
-                                .flags = TERN_PM_F_REWRITTEN, .slot = bad[i]};
+        struct pm_rec h = {.key_len = 1, .type = PM_VALUE,
+                                .flags = PM_F_REWRITTEN, .slot = bad[i]};
 
         memcpy(word, (uint8_t *)&h + 16, 8);
         file_write(file_off(a) + 16, word, 8);
@@ -974,13 +974,13 @@ END_TEST
 /* ---- cleaning ---- */
 
 struct clean_log {
-    tern_pm_loc live[16];            /* records the owner still needs */
+    pm_loc live[16];            /* records the owner still needs */
     unsigned n_live;
-    tern_pm_loc asked[64], dropped[64];
+    pm_loc asked[64], dropped[64];
     unsigned n_asked, n_dropped, n_moved;
 };
 
-static bool cl_is_live(void *arg, tern_pm_loc loc, const struct tern_pm_rec *r)
+static bool cl_is_live(void *arg, pm_loc loc, const struct pm_rec *r)
 {
     struct clean_log *l = arg;
 
@@ -992,7 +992,7 @@ static bool cl_is_live(void *arg, tern_pm_loc loc, const struct tern_pm_rec *r)
     return false;
 }
 
-static void cl_moved(void *arg, tern_pm_loc from, tern_pm_loc to, const struct tern_pm_rec *r)
+static void cl_moved(void *arg, pm_loc from, pm_loc to, const struct pm_rec *r)
 {
     struct clean_log *l = arg;
 
@@ -1003,7 +1003,7 @@ static void cl_moved(void *arg, tern_pm_loc from, tern_pm_loc to, const struct t
     l->n_moved++;
 }
 
-static void cl_dropped(void *arg, tern_pm_loc loc, const struct tern_pm_rec *r)
+static void cl_dropped(void *arg, pm_loc loc, const struct pm_rec *r)
 {
     struct clean_log *l = arg;
 
@@ -1011,7 +1011,7 @@ static void cl_dropped(void *arg, tern_pm_loc loc, const struct tern_pm_rec *r)
     l->dropped[l->n_dropped++] = loc;
 }
 
-static bool logged(const tern_pm_loc *locs, unsigned n, tern_pm_loc loc)
+static bool logged(const pm_loc *locs, unsigned n, pm_loc loc)
 {
     for (unsigned i = 0; i < n; i++)
         if (locs[i] == loc)
@@ -1024,18 +1024,18 @@ static bool logged(const tern_pm_loc *locs, unsigned n, tern_pm_loc loc)
 START_TEST(clean_steps_over_torn_rewrite)
 {
     struct clean_log l = {0};
-    struct tern_pm_cleaner c = {.is_live = cl_is_live, .moved = cl_moved,
+    struct pm_cleaner c = {.is_live = cl_is_live, .moved = cl_moved,
                                 .dropped = cl_dropped, .arg = &l};
     struct rewrite_case rc;
-    struct tern_pm_pool *p;
-    struct tern_pm_info info;
+    struct pm_pool *p;
+    struct pm_info info;
     uint8_t word[8];
-    struct tern_pm_rec h;
+    struct pm_rec h;
     struct seen s;
 
     rewrite_setup(&rc, true);
     file_read(file_off(rc.a), &h, sizeof(h));
-    h.flags = TERN_PM_F_REWRITTEN;
+    h.flags = PM_F_REWRITTEN;
     h.slot = rc.slot;
     memcpy(word, (uint8_t *)&h + 16, 8);
     file_write(file_off(rc.a) + 16, word, 8);      /* the state after step (a) */
@@ -1045,16 +1045,16 @@ START_TEST(clean_steps_over_torn_rewrite)
     put(p, "fill", 'f', FILL_LEN, NULL);
     commit(p);
     l.live[l.n_live++] = rc.b;
-    ck_assert_int_ge(tern_pm_clean(p, &c, 1, 100), 1);
+    ck_assert_int_ge(pm_clean(p, &c, 1, 100), 1);
     ck_assert_uint_eq(l.n_moved, 1);
     ck_assert(!logged(l.asked, l.n_asked, rc.a));
     ck_assert(!logged(l.dropped, l.n_dropped, rc.a));
     ck_assert(logged(l.dropped, l.n_dropped, rc.b));     /* the walk went past it */
-    tern_pm_get_info(p, &info);
-    tern_pm_close(p);
+    pm_get_info(p, &info);
+    pm_close(p);
     p = open_pool(0, &s);
     ck_assert_uint_eq(seen_ver(&s, rc.v2)->loc, l.live[0]);
-    tern_pm_close(p);
+    pm_close(p);
 }
 END_TEST
 
@@ -1064,36 +1064,36 @@ END_TEST
 START_TEST(clean_walks_slots)
 {
     struct clean_log l = {0};
-    struct tern_pm_cleaner c = {.is_live = cl_is_live, .moved = cl_moved,
+    struct pm_cleaner c = {.is_live = cl_is_live, .moved = cl_moved,
                                 .dropped = cl_dropped, .arg = &l};
     struct rewrite_case rc;
-    struct tern_pm_pool *p;
-    tern_pm_loc other;
+    struct pm_pool *p;
+    pm_loc other;
     struct seen s;
 
     rewrite_setup(&rc, true);
     p = open_pool(0, &s);
     ck_assert_uint_eq(s.n, 3);
     other = s.r[1].loc;
-    tern_pm_dead(p, rc.a);
-    ck_assert_int_eq(tern_pm_overwrite(p, rc.a, TERN_PM_VALUE, rc.v3, "k", 1, "3", 1), 0);
+    pm_dead(p, rc.a);
+    ck_assert_int_eq(pm_overwrite(p, rc.a, PM_VALUE, rc.v3, "k", 1, "3", 1), 0);
     put(p, "fill", 'f', FILL_LEN, NULL);
     commit(p);
     l.live[l.n_live++] = rc.a;
-    ck_assert_int_ge(tern_pm_clean(p, &c, 1, 100), 1);
+    ck_assert_int_ge(pm_clean(p, &c, 1, 100), 1);
     ck_assert_uint_eq(l.n_asked, 3);
     ck_assert_uint_eq(l.asked[0], rc.a);
     ck_assert_uint_eq(l.asked[1], other);
     ck_assert_uint_eq(l.asked[2], rc.b);
     ck_assert_uint_eq(l.n_dropped, 3);
     ck_assert_uint_eq(l.n_moved, 1);
-    ck_assert_uint_eq(tern_pm_rec_at(p, l.live[0])->slot, 0);
-    ck_assert_uint_eq(tern_pm_rec_at(p, l.live[0])->flags, 0);
-    ck_assert_uint_eq(tern_pm_slot_size(p, l.live[0]), tern_pm_rec_size(1, 1));
-    tern_pm_close(p);
+    ck_assert_uint_eq(pm_rec_at(p, l.live[0])->slot, 0);
+    ck_assert_uint_eq(pm_rec_at(p, l.live[0])->flags, 0);
+    ck_assert_uint_eq(pm_slot_size(p, l.live[0]), pm_rec_size(1, 1));
+    pm_close(p);
     p = open_pool(0, &s);
     ck_assert_uint_eq(seen_ver(&s, rc.v3)->loc, l.live[0]);
-    tern_pm_close(p);
+    pm_close(p);
 }
 END_TEST
 
@@ -1110,7 +1110,7 @@ static int synced_at(const void *at, size_t n)
     return -1;
 }
 
-static const void *used_word(struct tern_pm_pool *p, uint32_t seg)
+static const void *used_word(struct pm_pool *p, uint32_t seg)
 {
     return seg_ptr(p, seg, offsetof(struct pm_seg_hdr, commit));
 }
@@ -1120,8 +1120,8 @@ static const void *used_word(struct tern_pm_pool *p, uint32_t seg)
  * either commit point is stored. */
 START_TEST(commit_syncs_what_was_written)
 {
-    struct tern_pm_pool *p;
-    tern_pm_loc a, r1, o1;
+    struct pm_pool *p;
+    pm_loc a, r1, o1;
     uint32_t seg;
     int rec1, rec2, used1, used2;
 
@@ -1131,22 +1131,22 @@ START_TEST(commit_syncs_what_was_written)
     a = put(p, "k", '1', 100, NULL);
     put(p, "k", '2', 5, NULL);
     commit(p);
-    tern_pm_dead(p, a);
-    ck_assert_int_eq(tern_pm_overwrite(p, a, TERN_PM_VALUE, tern_pm_next_version(p), "k", 1,
+    pm_dead(p, a);
+    ck_assert_int_eq(pm_overwrite(p, a, PM_VALUE, pm_next_version(p), "k", 1,
                                        "three", 5), 0);
     sync_log.on = true;
     commit(p);
-    ck_assert_msg(synced_at(tern_pm_rec_at(p, a), tern_pm_rec_size(1, 5)) >= 0,
+    ck_assert_msg(synced_at(pm_rec_at(p, a), pm_rec_size(1, 5)) >= 0,
                   "the rewrite was not made durable by the commit");
 
-    ck_assert_int_eq(tern_pm_lease(p, &seg), 0);
+    ck_assert_int_eq(pm_lease(p, &seg), 0);
     r1 = lessee_put(p, seg, "c1", "one", NULL);
     o1 = put(p, "own", 'o', 10, NULL);
     sync_log.n = 0;
     commit(p);
     sync_log.on = false;
-    rec1 = synced_at(tern_pm_rec_at(p, r1), tern_pm_rec_size(2, 3));
-    rec2 = synced_at(tern_pm_rec_at(p, o1), tern_pm_rec_size(3, 10));
+    rec1 = synced_at(pm_rec_at(p, r1), pm_rec_size(2, 3));
+    rec2 = synced_at(pm_rec_at(p, o1), pm_rec_size(3, 10));
     used1 = synced_at(used_word(p, seg), 8);
     used2 = synced_at(used_word(p, (uint32_t)(o1 >> 32)), 8);
     ck_assert_int_ge(rec1, 0);
@@ -1155,7 +1155,7 @@ START_TEST(commit_syncs_what_was_written)
     ck_assert_int_gt(used1, rec2);
     ck_assert_int_gt(used2, rec1);
     ck_assert_int_gt(used2, rec2);
-    tern_pm_close(p);
+    pm_close(p);
 }
 END_TEST
 
@@ -1163,42 +1163,42 @@ END_TEST
 
 START_TEST(lease_records_survive_reopen)
 {
-    struct tern_pm_pool *p = open_pool(POOL, NULL);
+    struct pm_pool *p = open_pool(POOL, NULL);
     uint64_t v[4], vo1, vo2;
-    tern_pm_loc loc[4], o1 = put(p, "own1", 'o', 10, &vo1), o2;
+    pm_loc loc[4], o1 = put(p, "own1", 'o', 10, &vo1), o2;
     struct check_out c;
     struct stat st;
     struct seen s;
     uint32_t seg;
 
     commit(p);
-    ck_assert_int_eq(tern_pm_lease(p, &seg), 0);
+    ck_assert_int_eq(pm_lease(p, &seg), 0);
     ck_assert_uint_ne(seg, (uint32_t)(o1 >> 32));
-    ck_assert_uint_eq(tern_pm_seg_file_off(p, seg), pm_seg_offset(seg, SEG));
-    ck_assert_uint_eq(tern_pm_seg_file_off(p, seg) % 4096, 0);
-    ck_assert_uint_eq(tern_pm_seg_room(p), SEG - 64);
-    ck_assert_uint_eq(tern_pm_lease_next(p, seg), (uint32_t)sysconf(_SC_PAGESIZE));
-    ck_assert_int_eq(fstat(tern_pm_fd(p), &st), 0);
-    ck_assert_uint_eq((uint64_t)st.st_size, tern_pm_map_len(p));
-    ck_assert_uint_eq(tern_pm_map_len(p), POOL);
+    ck_assert_uint_eq(pm_seg_file_off(p, seg), pm_seg_offset(seg, SEG));
+    ck_assert_uint_eq(pm_seg_file_off(p, seg) % 4096, 0);
+    ck_assert_uint_eq(pm_seg_room(p), SEG - 64);
+    ck_assert_uint_eq(pm_lease_next(p, seg), (uint32_t)sysconf(_SC_PAGESIZE));
+    ck_assert_int_eq(fstat(pm_fd(p), &st), 0);
+    ck_assert_uint_eq((uint64_t)st.st_size, pm_map_len(p));
+    ck_assert_uint_eq(pm_map_len(p), POOL);
 
     loc[0] = lessee_put(p, seg, "c1", "client one", &v[0]);
     loc[1] = lessee_put(p, seg, "c2", "", &v[1]);
     o2 = put(p, "own2", 'p', 10, &vo2);      /* the head, between lessee records */
     ck_assert_uint_ne((uint32_t)(o2 >> 32), seg);
     loc[2] = lessee_put(p, seg, "c1", NULL, &v[2]);      /* a tombstone */
-    ck_assert_uint_eq(tern_pm_lease_next(p, seg),
-                      lease_first() + tern_pm_rec_size(2, 10) + tern_pm_rec_size(2, 0) * 2);
+    ck_assert_uint_eq(pm_lease_next(p, seg),
+                      lease_first() + pm_rec_size(2, 10) + pm_rec_size(2, 0) * 2);
     /* Stamped: version, flags 0, slot 0, checksum of the pool's bytes. */
-    const struct tern_pm_rec *r = tern_pm_rec_at(p, loc[0]);
+    const struct pm_rec *r = pm_rec_at(p, loc[0]);
     ck_assert_uint_eq(r->version, v[0]);
     ck_assert_uint_eq(r->flags, 0);
     ck_assert_uint_eq(r->slot, 0);
     ck_assert_uint_eq(r->sum, pm_rec_sum(r));
     commit(p);                         /* one commit: the head and the lease */
-    ck_assert_uint_eq(seg_used(seg), tern_pm_lease_next(p, seg) - 64);
+    ck_assert_uint_eq(seg_used(seg), pm_lease_next(p, seg) - 64);
     loc[3] = lessee_put(p, seg, "c3", "uncommitted", &v[3]);
-    tern_pm_close(p);                  /* a crash with the lease active */
+    pm_close(p);                  /* a crash with the lease active */
 
     check_pool(&c);
     ck_assert_int_eq(c.rc, 0);
@@ -1214,18 +1214,18 @@ START_TEST(lease_records_survive_reopen)
         ck_assert_uint_eq(rc->slot, 0);
     }
     ck_assert_str_eq(seen_ver(&s, v[0])->val, "client one");
-    ck_assert_uint_eq(seen_ver(&s, v[2])->type, TERN_PM_TOMBSTONE);
+    ck_assert_uint_eq(seen_ver(&s, v[2])->type, PM_TOMBSTONE);
     ck_assert_ptr_null(seen_ver(&s, v[3]));
     ck_assert_uint_eq(seen_ver(&s, vo1)->loc, o1);
     ck_assert_uint_eq(seen_ver(&s, vo2)->loc, o2);
     /* No lease survives: the segment takes nothing, and appends continue
      * in the pool's own head although the leased segment is newer. */
-    ck_assert_uint_eq(tern_pm_lease_next(p, seg), 0);
-    ck_assert_int_eq(tern_pm_lease_append(p, seg, 64 + (uint32_t)seg_used(seg),
-                                          tern_pm_next_version(p), &loc[3]), TERN_EINVAL);
+    ck_assert_uint_eq(pm_lease_next(p, seg), 0);
+    ck_assert_int_eq(pm_lease_append(p, seg, 64 + (uint32_t)seg_used(seg),
+                                          pm_next_version(p), &loc[3]), TERN_EINVAL);
     ck_assert_uint_eq((uint32_t)(put(p, "own3", 'q', 10, NULL) >> 32), (uint32_t)(o2 >> 32));
-    ck_assert_uint_gt(tern_pm_next_version(p), v[2]);
-    tern_pm_close(p);
+    ck_assert_uint_gt(pm_next_version(p), v[2]);
+    pm_close(p);
 }
 END_TEST
 
@@ -1234,11 +1234,11 @@ END_TEST
 START_TEST(lessee_garbage_refused)
 {
     static uint8_t before[SEG];
-    struct tern_pm_pool *p = open_pool(POOL, NULL);
-    tern_pm_loc own = put(p, "own", 'o', 10, NULL), loc = 0;
-    struct tern_pm_info i0, i1;
+    struct pm_pool *p = open_pool(POOL, NULL);
+    pm_loc own = put(p, "own", 'o', 10, NULL), loc = 0;
+    struct pm_info i0, i1;
     uint32_t seg, off;
-    static char key[TERN_PM_KEY_MAX + 1];
+    static char key[PM_KEY_MAX + 1];
     static const struct {
         uint8_t type;
         uint16_t klen;
@@ -1247,55 +1247,55 @@ START_TEST(lessee_garbage_refused)
     } bad[] = {
         {0, 1, 1, "type 0"},
         {3, 1, 1, "type 3"},
-        {TERN_PM_TOMBSTONE, 1, 4, "tombstone with a value"},
-        {TERN_PM_VALUE, 0, 4, "empty key"},
-        {TERN_PM_VALUE, TERN_PM_KEY_MAX + 1, 4, "key too long"},
-        {TERN_PM_VALUE, 1, 0, "one byte past the segment"},    /* length set below */
-        {TERN_PM_VALUE, 1, 0xfffffff0u, "length that wraps"},
+        {PM_TOMBSTONE, 1, 4, "tombstone with a value"},
+        {PM_VALUE, 0, 4, "empty key"},
+        {PM_VALUE, PM_KEY_MAX + 1, 4, "key too long"},
+        {PM_VALUE, 1, 0, "one byte past the segment"},    /* length set below */
+        {PM_VALUE, 1, 0xfffffff0u, "length that wraps"},
     };
 
     memset(key, 'k', sizeof(key));
     commit(p);
-    ck_assert_int_eq(tern_pm_lease(p, &seg), 0);
+    ck_assert_int_eq(pm_lease(p, &seg), 0);
     lessee_put(p, seg, "first", "1", NULL);
-    off = tern_pm_lease_next(p, seg);
+    off = pm_lease_next(p, seg);
     for (unsigned i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         uint32_t vlen = bad[i].vlen ? bad[i].vlen : SEG - off - 24;
 
         lessee_write(p, seg, off, bad[i].type, key, bad[i].klen, NULL, 0);
-        ((struct tern_pm_rec *)seg_ptr(p, seg, off))->val_len = vlen;
+        ((struct pm_rec *)seg_ptr(p, seg, off))->val_len = vlen;
         memcpy(before, seg_ptr(p, seg, 0), SEG);
-        tern_pm_get_info(p, &i0);
-        ck_assert_msg(tern_pm_lease_append(p, seg, off, 99, &loc) == TERN_EPROTO, "%s accepted",
+        pm_get_info(p, &i0);
+        ck_assert_msg(pm_lease_append(p, seg, off, 99, &loc) == TERN_EPROTO, "%s accepted",
                       bad[i].what);
         ck_assert_msg(memcmp(before, seg_ptr(p, seg, 0), SEG) == 0, "%s: bytes changed",
                       bad[i].what);
-        tern_pm_get_info(p, &i1);
+        pm_get_info(p, &i1);
         ck_assert_uint_eq(i1.bytes_live, i0.bytes_live);
         ck_assert_uint_eq(i1.bytes_committed, i0.bytes_committed);
         ck_assert_uint_eq(i1.max_version, i0.max_version);
-        ck_assert_uint_eq(tern_pm_lease_next(p, seg), off);
+        ck_assert_uint_eq(pm_lease_next(p, seg), off);
     }
     /* Right record, wrong place or wrong segment. */
-    lessee_write(p, seg, off, TERN_PM_VALUE, "ok", 2, "fine", 4);
+    lessee_write(p, seg, off, PM_VALUE, "ok", 2, "fine", 4);
     memcpy(before, seg_ptr(p, seg, 0), SEG);
-    ck_assert_int_eq(tern_pm_lease_append(p, seg, off + 8, 99, &loc), TERN_EINVAL);
-    ck_assert_int_eq(tern_pm_lease_append(p, seg, 64, 99, &loc), TERN_EINVAL);
-    ck_assert_int_eq(tern_pm_lease_append(p, (uint32_t)(own >> 32), off, 99, &loc), TERN_EINVAL);
-    ck_assert_int_eq(tern_pm_lease_append(p, tern_pm_seg_count(p), off, 99, &loc), TERN_EINVAL);
+    ck_assert_int_eq(pm_lease_append(p, seg, off + 8, 99, &loc), TERN_EINVAL);
+    ck_assert_int_eq(pm_lease_append(p, seg, 64, 99, &loc), TERN_EINVAL);
+    ck_assert_int_eq(pm_lease_append(p, (uint32_t)(own >> 32), off, 99, &loc), TERN_EINVAL);
+    ck_assert_int_eq(pm_lease_append(p, pm_seg_count(p), off, 99, &loc), TERN_EINVAL);
     ck_assert(memcmp(before, seg_ptr(p, seg, 0), SEG) == 0);
-    ck_assert_uint_eq(tern_pm_lease_next(p, seg), off);
+    ck_assert_uint_eq(pm_lease_next(p, seg), off);
     /* The same record at the right place goes in; then one that fills the
      * segment to its last byte, after which not even a header fits. */
-    ck_assert_int_eq(tern_pm_lease_append(p, seg, off, 99, &loc), 0);
-    off = tern_pm_lease_next(p, seg);
-    lessee_write(p, seg, off, TERN_PM_VALUE, "z", 1, NULL, SEG - off - 24 - 1);
-    ck_assert_int_eq(tern_pm_lease_append(p, seg, off, 100, &loc), 0);
-    ck_assert_uint_eq(tern_pm_lease_next(p, seg), SEG);
-    ck_assert_uint_eq(tern_pm_next_version(p), 101);     /* the counter stays ahead */
-    ck_assert_int_eq(tern_pm_lease_append(p, seg, SEG, 102, &loc), TERN_EPROTO);
+    ck_assert_int_eq(pm_lease_append(p, seg, off, 99, &loc), 0);
+    off = pm_lease_next(p, seg);
+    lessee_write(p, seg, off, PM_VALUE, "z", 1, NULL, SEG - off - 24 - 1);
+    ck_assert_int_eq(pm_lease_append(p, seg, off, 100, &loc), 0);
+    ck_assert_uint_eq(pm_lease_next(p, seg), SEG);
+    ck_assert_uint_eq(pm_next_version(p), 101);     /* the counter stays ahead */
+    ck_assert_int_eq(pm_lease_append(p, seg, SEG, 102, &loc), TERN_EPROTO);
     commit(p);
-    tern_pm_close(p);
+    pm_close(p);
     struct check_out c;
     check_pool(&c);
     ck_assert_int_eq(c.rc, 0);
@@ -1305,31 +1305,31 @@ END_TEST
 
 START_TEST(lease_end_drops_uncommitted)
 {
-    struct tern_pm_pool *p = open_pool(POOL, NULL);
-    tern_pm_loc kept, lost;
+    struct pm_pool *p = open_pool(POOL, NULL);
+    pm_loc kept, lost;
     uint64_t vk, vl;
-    struct tern_pm_info i0, i1;
+    struct pm_info i0, i1;
     struct seen s;
     uint32_t seg;
 
-    ck_assert_int_eq(tern_pm_lease(p, &seg), 0);
+    ck_assert_int_eq(pm_lease(p, &seg), 0);
     kept = lessee_put(p, seg, "kept", "yes", &vk);
     commit(p);
-    tern_pm_get_info(p, &i0);
+    pm_get_info(p, &i0);
     lost = lessee_put(p, seg, "lost", "no", &vl);
-    tern_pm_lease_end(p, seg);
-    tern_pm_get_info(p, &i1);
+    pm_lease_end(p, seg);
+    pm_get_info(p, &i1);
     ck_assert_uint_eq(i1.bytes_live, i0.bytes_live);
-    ck_assert_uint_eq(tern_pm_lease_next(p, seg), 0);
-    ck_assert_int_eq(tern_pm_lease_append(p, seg, (uint32_t)lost, 77, &lost), TERN_EINVAL);
+    ck_assert_uint_eq(pm_lease_next(p, seg), 0);
+    ck_assert_int_eq(pm_lease_append(p, seg, (uint32_t)lost, 77, &lost), TERN_EINVAL);
     commit(p);
-    ck_assert_uint_eq(seg_used(seg), lease_first() - 64 + tern_pm_rec_size(4, 3));
-    tern_pm_close(p);
+    ck_assert_uint_eq(seg_used(seg), lease_first() - 64 + pm_rec_size(4, 3));
+    pm_close(p);
     p = open_pool(0, &s);
     ck_assert_uint_eq(s.n, 1);
     ck_assert_uint_eq(seen_ver(&s, vk)->loc, kept);
     ck_assert_ptr_null(seen_ver(&s, vl));
-    tern_pm_close(p);
+    pm_close(p);
 }
 END_TEST
 
@@ -1339,34 +1339,34 @@ END_TEST
  * `first` is out of line is corruption, not a place to read records from. */
 START_TEST(lease_starts_past_header)
 {
-    struct tern_pm_pool *p = open_pool(POOL, NULL);
+    struct pm_pool *p = open_pool(POOL, NULL);
     struct pm_seg_hdr h;
     struct check_out c;
-    tern_pm_loc r1, o;
+    pm_loc r1, o;
     uint64_t v1, vo;
     struct seen s;
     uint32_t seg, bad;
 
     o = put(p, "own", 'o', 10, &vo);
-    ck_assert_int_eq(tern_pm_lease(p, &seg), 0);
-    ck_assert_uint_eq(tern_pm_lease_next(p, seg), lease_first());
+    ck_assert_int_eq(pm_lease(p, &seg), 0);
+    ck_assert_uint_eq(pm_lease_next(p, seg), lease_first());
     r1 = lessee_put(p, seg, "c1", "one", &v1);
     ck_assert_uint_eq((uint32_t)r1, lease_first());
     commit(p);
-    tern_pm_close(p);
+    pm_close(p);
     file_read((off_t)pm_seg_offset(seg, SEG), &h, sizeof(h));
     ck_assert_uint_eq(h.first, lease_first());
-    ck_assert_uint_eq((uint32_t)h.commit, lease_first() - 64 + tern_pm_rec_size(2, 3));
+    ck_assert_uint_eq((uint32_t)h.commit, lease_first() - 64 + pm_rec_size(2, 3));
     ck_assert_uint_eq(h.flags, PM_SEG_LEASED);
     check_pool(&c);
     ck_assert_msg(c.rc == 0, "check: %s\n%s", tern_strerror(c.rc), c.text);
     ck_assert_uint_eq(c.info.records, 2);
-    ck_assert_uint_eq(c.info.bytes_committed, tern_pm_rec_size(3, 10) + tern_pm_rec_size(2, 3));
+    ck_assert_uint_eq(c.info.bytes_committed, pm_rec_size(3, 10) + pm_rec_size(2, 3));
     p = open_pool(0, &s);
     ck_assert_uint_eq(s.n, 2);
     ck_assert_uint_eq(seen_ver(&s, v1)->loc, r1);
     ck_assert_uint_eq(seen_ver(&s, vo)->loc, o);
-    tern_pm_close(p);
+    pm_close(p);
 
     /* Out of line: unaligned, inside the header, past the commit point. */
     const uint32_t bads[] = {lease_first() + 4, 8, (uint32_t)h.commit + 64 + 8};
@@ -1391,19 +1391,19 @@ static void expect_headers_sound(void);
  * headers get their checks, and every record is still there. */
 START_TEST(layout3_pool_is_upgraded)
 {
-    struct tern_pm_pool *p = open_pool(POOL, NULL);
+    struct pm_pool *p = open_pool(POOL, NULL);
     struct pm_file_hdr fh;
     struct pm_seg_hdr h;
     struct check_out c;
     uint64_t v1, v2;
-    tern_pm_loc r1;
+    pm_loc r1;
     struct seen s;
     uint32_t junk = 0x5a5a5a5a;
 
     r1 = put(p, "one", '1', 100, &v1);
     put(p, "two", '2', 100, &v2);
     commit(p);
-    tern_pm_close(p);
+    pm_close(p);
     make_old_layout(3);
     /* A free segment's header, and one in use, with junk where layout 3 had
      * reserved bytes. */
@@ -1417,7 +1417,7 @@ START_TEST(layout3_pool_is_upgraded)
     p = open_pool(0, &s);
     ck_assert_uint_eq(s.n, 2);
     ck_assert_uint_eq(seen_ver(&s, v1)->loc, r1);
-    tern_pm_close(p);
+    pm_close(p);
     file_read(0, &fh, sizeof(fh));
     ck_assert_uint_eq(fh.layout, PM_LAYOUT);
     ck_assert_uint_eq(fh.sum, pm_sum(&fh, offsetof(struct pm_file_hdr, sum)));
@@ -1432,36 +1432,36 @@ END_TEST
 START_TEST(clean_skips_active_lease)
 {
     struct clean_log l = {0};
-    struct tern_pm_cleaner c = {.is_live = cl_is_live, .moved = cl_moved,
+    struct pm_cleaner c = {.is_live = cl_is_live, .moved = cl_moved,
                                 .dropped = cl_dropped, .arg = &l};
-    struct tern_pm_pool *p = open_pool(POOL, NULL);
-    tern_pm_loc a, own;
+    struct pm_pool *p = open_pool(POOL, NULL);
+    pm_loc a, own;
     uint32_t seg, next, free0;
     int freed;
 
     own = put(p, "own", 'o', 10, NULL);
-    ck_assert_int_eq(tern_pm_lease(p, &seg), 0);
+    ck_assert_int_eq(pm_lease(p, &seg), 0);
     a = lessee_put(p, seg, "dead", "soon", NULL);
     commit(p);
-    tern_pm_dead(p, a);
+    pm_dead(p, a);
     put(p, "fill", 'f', FILL_LEN, NULL);     /* seal own's segment too */
     commit(p);
-    next = tern_pm_lease_next(p, seg);
-    free0 = tern_pm_free_segs(p);
-    freed = tern_pm_clean(p, &c, tern_pm_seg_count(p), 100);
+    next = pm_lease_next(p, seg);
+    free0 = pm_free_segs(p);
+    freed = pm_clean(p, &c, pm_seg_count(p), 100);
     ck_assert_int_ge(freed, 1);          /* own's segment, at least */
     ck_assert(logged(l.dropped, l.n_dropped, own));
     ck_assert(!logged(l.asked, l.n_asked, a));
     ck_assert(!logged(l.dropped, l.n_dropped, a));
-    ck_assert_uint_eq(tern_pm_lease_next(p, seg), next);
+    ck_assert_uint_eq(pm_lease_next(p, seg), next);
     lessee_put(p, seg, "still", "leased", NULL);
-    ck_assert_uint_eq(tern_pm_free_segs(p), free0 + (uint32_t)freed);
+    ck_assert_uint_eq(pm_free_segs(p), free0 + (uint32_t)freed);
     commit(p);
-    tern_pm_lease_end(p, seg);
+    pm_lease_end(p, seg);
     l.n_asked = l.n_dropped = 0;
-    ck_assert_int_ge(tern_pm_clean(p, &c, tern_pm_seg_count(p), 100), 1);
+    ck_assert_int_ge(pm_clean(p, &c, pm_seg_count(p), 100), 1);
     ck_assert(logged(l.dropped, l.n_dropped, a));
-    tern_pm_close(p);
+    pm_close(p);
 }
 END_TEST
 
@@ -1469,23 +1469,23 @@ END_TEST
  * the cleaner stay, as an append of a value would. */
 START_TEST(lease_keeps_reserves)
 {
-    struct tern_pm_pool *p = open_pool(4ull * SEG + 4096, NULL);
+    struct pm_pool *p = open_pool(4ull * SEG + 4096, NULL);
     uint32_t a, b, c;
-    tern_pm_loc t;
+    pm_loc t;
 
-    ck_assert_uint_eq(tern_pm_free_segs(p), 4);
-    ck_assert_int_eq(tern_pm_lease(p, &a), 0);
-    ck_assert_int_eq(tern_pm_lease(p, &b), 0);
+    ck_assert_uint_eq(pm_free_segs(p), 4);
+    ck_assert_int_eq(pm_lease(p, &a), 0);
+    ck_assert_int_eq(pm_lease(p, &b), 0);
     ck_assert_uint_ne(a, b);
-    ck_assert_int_eq(tern_pm_lease(p, &c), TERN_ENOSPC);
-    ck_assert_uint_eq(tern_pm_free_segs(p), 2);
+    ck_assert_int_eq(pm_lease(p, &c), TERN_ENOSPC);
+    ck_assert_uint_eq(pm_free_segs(p), 2);
     /* Appends never go to a leased segment: a value finds no head, a
      * tombstone takes the first reserve. */
-    ck_assert_int_eq(tern_pm_append(p, TERN_PM_VALUE, 1, "k", 1, "v", 1, &t), TERN_ENOSPC);
-    ck_assert_int_eq(tern_pm_append(p, TERN_PM_TOMBSTONE, 2, "k", 1, NULL, 0, &t), 0);
+    ck_assert_int_eq(pm_append(p, PM_VALUE, 1, "k", 1, "v", 1, &t), TERN_ENOSPC);
+    ck_assert_int_eq(pm_append(p, PM_TOMBSTONE, 2, "k", 1, NULL, 0, &t), 0);
     ck_assert_uint_ne((uint32_t)(t >> 32), a);
     ck_assert_uint_ne((uint32_t)(t >> 32), b);
-    tern_pm_close(p);
+    pm_close(p);
 }
 END_TEST
 
@@ -1494,21 +1494,21 @@ END_TEST
  * opens, and the cut is made durable. */
 START_TEST(scribbled_lease_is_cut)
 {
-    struct tern_pm_pool *p = open_pool(POOL, NULL);
-    tern_pm_loc r1, r2, o1, o2;
+    struct pm_pool *p = open_pool(POOL, NULL);
+    pm_loc r1, r2, o1, o2;
     uint64_t v1, v2, v3, vo1, vo2;
     struct check_out c;
     struct seen s;
     uint32_t seg;
 
     o1 = put(p, "own1", 'o', 10, &vo1);
-    ck_assert_int_eq(tern_pm_lease(p, &seg), 0);
+    ck_assert_int_eq(pm_lease(p, &seg), 0);
     r1 = lessee_put(p, seg, "c1", "one", &v1);
     r2 = lessee_put(p, seg, "c2", "two", &v2);
     lessee_put(p, seg, "c3", "three", &v3);
     o2 = put(p, "own2", 'p', 10, &vo2);
     commit(p);
-    tern_pm_close(p);
+    pm_close(p);
     file_write(file_off(r2) + 24 + 2, "X", 1);       /* "two" -> "Xwo" */
 
     check_pool(&c);
@@ -1522,8 +1522,8 @@ START_TEST(scribbled_lease_is_cut)
     ck_assert_ptr_null(seen_ver(&s, v3));
     ck_assert_uint_eq(seen_ver(&s, vo1)->loc, o1);
     ck_assert_uint_eq(seen_ver(&s, vo2)->loc, o2);
-    ck_assert_uint_eq(seg_used(seg), lease_first() - 64 + tern_pm_rec_size(2, 3));
-    tern_pm_close(p);
+    ck_assert_uint_eq(seg_used(seg), lease_first() - 64 + pm_rec_size(2, 3));
+    pm_close(p);
     check_pool(&c);
     ck_assert_int_eq(c.rc, 0);
     ck_assert_ptr_null(strstr(c.text, "lessee "));
@@ -1532,17 +1532,17 @@ START_TEST(scribbled_lease_is_cut)
     /* The mark outlives the lease: scribbles found after it ended are cut
      * the same way. An ordinary segment is still corruption. */
     p = open_pool(0, NULL);
-    ck_assert_int_eq(tern_pm_lease(p, &seg), 0);
+    ck_assert_int_eq(pm_lease(p, &seg), 0);
     r1 = lessee_put(p, seg, "d1", "one", &v1);
     r2 = lessee_put(p, seg, "d2", "two", &v2);
     commit(p);
-    tern_pm_lease_end(p, seg);
-    tern_pm_close(p);
+    pm_lease_end(p, seg);
+    pm_close(p);
     file_write(file_off(r2) + 24 + 2, "X", 1);
     p = open_pool(0, &s);
     ck_assert_uint_eq(seen_ver(&s, v1)->loc, r1);
     ck_assert_ptr_null(seen_ver(&s, v2));
-    tern_pm_close(p);
+    pm_close(p);
     file_write(file_off(o2) + 24 + 4, "X", 1);
     ck_assert_int_eq(open_rc(0, NULL, &p), TERN_ECORRUPT);
     check_pool(&c);
@@ -1556,25 +1556,25 @@ END_TEST
 START_TEST(reused_lease_segment_is_ordinary)
 {
     struct clean_log l = {0};
-    struct tern_pm_cleaner c = {.is_live = cl_is_live, .moved = cl_moved,
+    struct pm_cleaner c = {.is_live = cl_is_live, .moved = cl_moved,
                                 .dropped = cl_dropped, .arg = &l};
-    struct tern_pm_pool *p = open_pool(6ull * SEG + 4096, NULL);
-    tern_pm_loc a, loc = UINT64_MAX;
+    struct pm_pool *p = open_pool(6ull * SEG + 4096, NULL);
+    pm_loc a, loc = UINT64_MAX;
     uint32_t seg;
 
-    ck_assert_int_eq(tern_pm_lease(p, &seg), 0);
+    ck_assert_int_eq(pm_lease(p, &seg), 0);
     a = lessee_put(p, seg, "c", "v", NULL);
     commit(p);
-    tern_pm_lease_end(p, seg);
-    tern_pm_dead(p, a);
-    ck_assert_int_ge(tern_pm_clean(p, &c, 1, 100), 1);
+    pm_lease_end(p, seg);
+    pm_dead(p, a);
+    ck_assert_int_ge(pm_clean(p, &c, 1, 100), 1);
     /* Free segments are a stack: the next head is the one just freed. */
     for (int i = 0; i < 4 && (uint32_t)(loc >> 32) != seg; i++) {
         loc = put(p, "fill", 'f', FILL_LEN, NULL);
         commit(p);
     }
     ck_assert_uint_eq((uint32_t)(loc >> 32), seg);
-    tern_pm_close(p);
+    pm_close(p);
     file_write(file_off(loc) + 24 + 6, "X", 1);
     ck_assert_int_eq(open_rc(0, NULL, &p), TERN_ECORRUPT);
 }
@@ -1593,40 +1593,40 @@ END_TEST
  * process in fork mode. */
 enum { MODE_MSYNC = 0, MODE_PMEM = 1 };
 
-static struct tern_pm_pool *open_big(uint32_t seg, uint32_t split, int mode)
+static struct pm_pool *open_big(uint32_t seg, uint32_t split, int mode)
 {
-    struct tern_pm_opts o = {.size = 24ull * seg + 4096, .seg_size = seg, .create = true,
+    struct pm_opts o = {.size = 24ull * seg + 4096, .seg_size = seg, .create = true,
                              .split_flush = split};
-    struct tern_pm_info info;
-    struct tern_pm_pool *p;
+    struct pm_info info;
+    struct pm_pool *p;
     int rc;
 
     if (mode == MODE_PMEM)
         setenv("PMEM_IS_PMEM_FORCE", "1", 1);
-    rc = tern_pm_open(path, &o, &p);
+    rc = pm_open(path, &o, &p);
     ck_assert_msg(rc == 0, "open: %s", tern_strerror(rc));
-    ck_assert_int_eq(tern_pm_recover(p, NULL, NULL), 0);
-    tern_pm_get_info(p, &info);
+    ck_assert_int_eq(pm_recover(p, NULL, NULL), 0);
+    pm_get_info(p, &info);
     if (mode == MODE_PMEM)
         ck_assert_msg(info.is_pmem, "PMEM_IS_PMEM_FORCE=1 had no effect (not in fork mode?)");
     return p;
 }
 
-static bool msyncs(struct tern_pm_pool *p)
+static bool msyncs(struct pm_pool *p)
 {
-    struct tern_pm_info info;
+    struct pm_info info;
 
-    tern_pm_get_info(p, &info);
+    pm_get_info(p, &info);
     return !info.is_pmem;
 }
 
-/* Threads that call tern_pm_help() in a loop, counting the pieces they ran. */
+/* Threads that call pm_help() in a loop, counting the pieces they ran. */
 struct helpers {
-    struct tern_pm_pool *p;
+    struct pm_pool *p;
     pthread_t th[2];
     unsigned n;
     unsigned ids;
-    unsigned running;                    /* helpers that called tern_pm_help() */
+    unsigned running;                    /* helpers that called pm_help() */
     bool stop;
     unsigned long ran;
 };
@@ -1639,7 +1639,7 @@ static void *help_loop(void *arg)
 
     helper_no = __atomic_add_fetch(&h->ids, 1, __ATOMIC_RELAXED);
     while (!__atomic_load_n(&h->stop, __ATOMIC_RELAXED)) {
-        if (tern_pm_help(h->p) == 1) {
+        if (pm_help(h->p) == 1) {
             __atomic_fetch_add(&h->ran, 1, __ATOMIC_RELAXED);
             idle = 0;
         } else if (++idle % 256 == 0) {
@@ -1654,7 +1654,7 @@ static void *help_loop(void *arg)
     return NULL;
 }
 
-static void helpers_start(struct helpers *h, struct tern_pm_pool *p, unsigned n)
+static void helpers_start(struct helpers *h, struct pm_pool *p, unsigned n)
 {
     *h = (struct helpers){.p = p};
     for (; h->n < n; h->n++)
@@ -1674,15 +1674,15 @@ static unsigned long helpers_stop(struct helpers *h)
     return h->ran;
 }
 
-/* A thread that calls tern_pm_help() once and is gone: from now on the
+/* A thread that calls pm_help() once and is gone: from now on the
  * pool splits large flushes, and nobody helps with them. */
 static void *help_once_main(void *arg)
 {
     helper_no = 9;
-    return (void *)(intptr_t)tern_pm_help(arg);
+    return (void *)(intptr_t)pm_help(arg);
 }
 
-static void help_once(struct tern_pm_pool *p)
+static void help_once(struct pm_pool *p)
 {
     pthread_t th;
     void *ran;
@@ -1705,17 +1705,17 @@ static void big_val(char *buf, unsigned i, uint32_t len)
         buf[j] = (char)('a' + (i * 7 + j / 4096 + (j & 3)) % 26);
 }
 
-static tern_pm_loc big_put(struct tern_pm_pool *p, unsigned i, uint32_t len)
+static pm_loc big_put(struct pm_pool *p, unsigned i, uint32_t len)
 {
     static char val[4u << 20];
     char key[16];
-    tern_pm_loc loc;
+    pm_loc loc;
     int rc;
 
     ck_assert_uint_le(len, sizeof(val));
     big_val(val, i, len);
     snprintf(key, sizeof(key), "big%02u", i);
-    rc = tern_pm_append(p, TERN_PM_VALUE, tern_pm_next_version(p), key, (uint16_t)strlen(key),
+    rc = pm_append(p, PM_VALUE, pm_next_version(p), key, (uint16_t)strlen(key),
                         val, len, &loc);
     ck_assert_msg(rc == 0, "append %s: %s", key, tern_strerror(rc));
     return loc;
@@ -1728,7 +1728,7 @@ struct big_seen {
     unsigned bad;                        /* records whose bytes are wrong */
 };
 
-static int big_visit(void *arg, tern_pm_loc loc, const struct tern_pm_rec *r)
+static int big_visit(void *arg, pm_loc loc, const struct pm_rec *r)
 {
     static char want[4u << 20];
     struct big_seen *s = arg;
@@ -1736,11 +1736,11 @@ static int big_visit(void *arg, tern_pm_loc loc, const struct tern_pm_rec *r)
     unsigned i;
 
     (void)loc;
-    memcpy(key, tern_pm_rec_key(r), r->key_len < 15 ? r->key_len : 15);
+    memcpy(key, pm_rec_key(r), r->key_len < 15 ? r->key_len : 15);
     if (sscanf(key, "big%u", &i) != 1 || i >= 64 || r->val_len > sizeof(want))
         return 0;
     big_val(want, i, r->val_len);
-    if (memcmp(tern_pm_rec_val(r), want, r->val_len) != 0)
+    if (memcmp(pm_rec_val(r), want, r->val_len) != 0)
         s->bad++;
     s->len[i] = r->val_len;
     s->n++;
@@ -1749,14 +1749,14 @@ static int big_visit(void *arg, tern_pm_loc loc, const struct tern_pm_rec *r)
 
 static void big_reopen(struct big_seen *s)
 {
-    struct tern_pm_pool *p;
-    int rc = tern_pm_open(path, NULL, &p);
+    struct pm_pool *p;
+    int rc = pm_open(path, NULL, &p);
 
     ck_assert_msg(rc == 0, "reopen: %s", tern_strerror(rc));
     *s = (struct big_seen){0};
-    rc = tern_pm_recover(p, big_visit, s);
+    rc = pm_recover(p, big_visit, s);
     ck_assert_msg(rc == 0, "recover: %s", tern_strerror(rc));
-    tern_pm_close(p);
+    pm_close(p);
     ck_assert_uint_eq(s->bad, 0);
 }
 
@@ -1813,12 +1813,12 @@ static unsigned pieces_in(const void *at, size_t n, size_t *longest)
  * flushed, and fenced by the thread that flushed), in pieces of at most
  * `piece` bytes, more than one if `split` (on PM, a commit that follows one
  * whose helper was late is not split: see late_helper_not_waited_for). */
-static void big_commit_len(struct tern_pm_pool *p, unsigned i, uint32_t len, size_t piece,
+static void big_commit_len(struct pm_pool *p, unsigned i, uint32_t len, size_t piece,
                            bool split)
 {
-    uint32_t size = tern_pm_rec_size(5, len);
-    tern_pm_loc loc = big_put(p, i, len);
-    const void *rec = tern_pm_rec_at(p, loc);
+    uint32_t size = pm_rec_size(5, len);
+    pm_loc loc = big_put(p, i, len);
+    const void *rec = pm_rec_at(p, loc);
     size_t longest;
     int used;
 
@@ -1836,7 +1836,7 @@ static void big_commit_len(struct tern_pm_pool *p, unsigned i, uint32_t len, siz
     ck_assert_uint_le(longest, split ? piece : size);
 }
 
-static void big_commit(struct tern_pm_pool *p, unsigned i, bool split)
+static void big_commit(struct pm_pool *p, unsigned i, bool split)
 {
     big_commit_len(p, i, big_len(i), SPLIT / 2, split);
 }
@@ -1848,7 +1848,7 @@ static void big_commit(struct tern_pm_pool *p, unsigned i, bool split)
  * some even when the machine is busy. */
 START_TEST(split_flush_with_helpers)
 {
-    struct tern_pm_pool *p = open_big(BSEG, SPLIT, _i);
+    struct pm_pool *p = open_big(BSEG, SPLIT, _i);
     struct helpers h;
     struct big_seen s;
     unsigned long ran;
@@ -1860,7 +1860,7 @@ START_TEST(split_flush_with_helpers)
         big_commit(p, i, _i == MODE_MSYNC);
     ran = helpers_stop(&h);
     ck_assert_msg(ran > 0, "the helpers ran no piece in %u commits", BIG_RECS);
-    tern_pm_close(p);
+    pm_close(p);
     big_reopen(&s);
     ck_assert_uint_eq(s.n, BIG_RECS);
     for (unsigned i = 0; i < BIG_RECS; i++)
@@ -1874,16 +1874,16 @@ END_TEST
  * would leave bytes unflushed). */
 START_TEST(split_flush_contended)
 {
-    struct tern_pm_pool *p = open_big(BSEG, 8192, _i);
+    struct pm_pool *p = open_big(BSEG, 8192, _i);
     struct helpers h;
     struct big_seen s;
     unsigned n = 0;
 
     helpers_start(&h, p, 2);
-    for (; tern_pm_free_segs(p) > 3; n++)
+    for (; pm_free_segs(p) > 3; n++)
         big_commit_len(p, n % 64, 100u * 1024 + (n % 7) * 1000, 4096, _i == MODE_MSYNC);
     helpers_stop(&h);
-    tern_pm_close(p);
+    pm_close(p);
     big_reopen(&s);
     ck_assert_uint_eq(s.n, n);
 }
@@ -1892,14 +1892,14 @@ END_TEST
 /* (b) With no helper left, the owner runs every piece itself. */
 START_TEST(split_flush_alone)
 {
-    struct tern_pm_pool *p = open_big(BSEG, SPLIT, _i);
+    struct pm_pool *p = open_big(BSEG, SPLIT, _i);
     struct big_seen s;
 
     help_once(p);
     for (unsigned i = 0; i < BIG_RECS; i++)
         big_commit(p, i, true);
-    ck_assert_int_eq(tern_pm_help(p), 0);    /* nothing is left posted */
-    tern_pm_close(p);
+    ck_assert_int_eq(pm_help(p), 0);    /* nothing is left posted */
+    pm_close(p);
     big_reopen(&s);
     ck_assert_uint_eq(s.n, BIG_RECS);
 }
@@ -1907,28 +1907,28 @@ END_TEST
 
 /* Append a record of `len` bytes and commit it; the number of pieces it
  * was made durable in, and the longest. */
-static unsigned pieces_of(struct tern_pm_pool *p, unsigned i, uint32_t len, size_t *longest)
+static unsigned pieces_of(struct pm_pool *p, unsigned i, uint32_t len, size_t *longest)
 {
-    tern_pm_loc loc = big_put(p, i, len);
+    pm_loc loc = big_put(p, i, len);
     unsigned k;
 
     sync_log_start();
     commit(p);
     sync_log_stop();
-    k = pieces_in(tern_pm_rec_at(p, loc), tern_pm_rec_size(5, len), longest);
+    k = pieces_in(pm_rec_at(p, loc), pm_rec_size(5, len), longest);
     ck_assert_uint_ge(k, 1);
     return k;
 }
 
-/* When a flush is split: not before some thread called tern_pm_help(),
+/* When a flush is split: not before some thread called pm_help(),
  * never with UINT32_MAX, by default at 256 KiB on PM but never on a file,
  * into pieces of 64 KiB at most that end on page boundaries; a range longer
  * than the board holds (64 pieces) is cut into longer pieces. */
 START_TEST(split_flush_threshold)
 {
-    struct tern_pm_pool *p;
+    struct pm_pool *p;
     const uint8_t *rec;
-    tern_pm_loc loc;
+    pm_loc loc;
     size_t longest;
     uint32_t size;
 
@@ -1936,13 +1936,13 @@ START_TEST(split_flush_threshold)
     ck_assert_uint_eq(pieces_of(p, 0, 900u * 1024, &longest), 1);
     help_once(p);
     ck_assert_uint_gt(pieces_of(p, 1, 900u * 1024, &longest), 1);
-    tern_pm_close(p);
+    pm_close(p);
     unlink(path);
 
     p = open_big(BSEG, UINT32_MAX, _i);
     help_once(p);
     ck_assert_uint_eq(pieces_of(p, 0, 900u * 1024, &longest), 1);
-    tern_pm_close(p);
+    pm_close(p);
     unlink(path);
 
     p = open_big(BSEG, 0, _i);
@@ -1952,8 +1952,8 @@ START_TEST(split_flush_threshold)
     sync_log_start();
     commit(p);
     sync_log_stop();
-    rec = (const uint8_t *)tern_pm_rec_at(p, loc);
-    size = tern_pm_rec_size(5, 300u * 1024);
+    rec = (const uint8_t *)pm_rec_at(p, loc);
+    size = pm_rec_size(5, 300u * 1024);
     if (!msyncs(p)) {
         ck_assert_uint_ge(pieces_in(rec, size, &longest), 5);
         ck_assert_uint_le(longest, 64u * 1024);
@@ -1963,7 +1963,7 @@ START_TEST(split_flush_threshold)
     } else {
         ck_assert_uint_eq(pieces_in(rec, size, &longest), 1);
     }
-    tern_pm_close(p);
+    pm_close(p);
     unlink(path);
 
     p = open_big(4u << 20, SPLIT, _i);
@@ -1973,12 +1973,12 @@ START_TEST(split_flush_threshold)
     sync_log_start();
     commit(p);
     sync_log_stop();
-    rec = (const uint8_t *)tern_pm_rec_at(p, loc);
-    size = tern_pm_rec_size(5, size);
+    rec = (const uint8_t *)pm_rec_at(p, loc);
+    size = pm_rec_size(5, size);
     ck_assert(synced_before(rec, size, (unsigned)synced_at(used_word(p, (uint32_t)(loc >> 32)), 8)));
     ck_assert_uint_le(pieces_in(rec, size, &longest), 64);
     ck_assert_uint_gt(longest, SPLIT / 2);
-    tern_pm_close(p);
+    pm_close(p);
 }
 END_TEST
 
@@ -1988,7 +1988,7 @@ END_TEST
  * is flushed in one piece; once the helper is back, commits split again. */
 START_TEST(late_helper_not_waited_for)
 {
-    struct tern_pm_pool *p = open_big(BSEG, SPLIT, MODE_PMEM);
+    struct pm_pool *p = open_big(BSEG, SPLIT, MODE_PMEM);
     struct helpers h;
     struct big_seen s;
     size_t longest;
@@ -2006,7 +2006,7 @@ START_TEST(late_helper_not_waited_for)
     __atomic_store_n(&helper_sync_delay_us, 0, __ATOMIC_RELAXED);
     big_commit(p, 2, true);
     helpers_stop(&h);
-    tern_pm_close(p);
+    pm_close(p);
     big_reopen(&s);
     ck_assert_uint_eq(s.n, 3);
 }
@@ -2017,14 +2017,14 @@ END_TEST
  * later one; the record it carried never reaches recovery. */
 START_TEST(helper_msync_failure_stops_commits)
 {
-    struct tern_pm_pool *p = open_big(BSEG, SPLIT, MODE_MSYNC);
+    struct pm_pool *p = open_big(BSEG, SPLIT, MODE_MSYNC);
     struct helpers h;
     struct big_seen s;
     unsigned i;
     int rc = 0;
 
     if (!msyncs(p)) {
-        tern_pm_close(p);
+        pm_close(p);
         return;
     }
     big_put(p, 0, big_len(0));
@@ -2035,18 +2035,18 @@ START_TEST(helper_msync_failure_stops_commits)
     /* Until a helper happens to take a piece (nearly always the first). */
     for (i = 1; i < 20 && __atomic_load_n(&helper_sync_fail, __ATOMIC_RELAXED) > 0; i++) {
         big_put(p, i, big_len(1));
-        rc = tern_pm_commit(p);
+        rc = pm_commit(p);
         if (__atomic_load_n(&helper_sync_fail, __ATOMIC_RELAXED) > 0)
             ck_assert_int_eq(rc, 0);
     }
     ck_assert_msg(helper_sync_fail <= 0, "no helper took a piece in %u commits", i - 1);
     ck_assert_int_eq(rc, TERN_EIO);
-    rc = tern_pm_append(p, TERN_PM_VALUE, tern_pm_next_version(p), "after", 5, "x", 1,
-                        &(tern_pm_loc){0});
+    rc = pm_append(p, PM_VALUE, pm_next_version(p), "after", 5, "x", 1,
+                        &(pm_loc){0});
     ck_assert(rc == 0 || rc == TERN_EIO);
-    ck_assert_int_eq(tern_pm_commit(p), TERN_EIO);
+    ck_assert_int_eq(pm_commit(p), TERN_EIO);
     helpers_stop(&h);
-    tern_pm_close(p);
+    pm_close(p);
     big_reopen(&s);
     ck_assert_uint_eq(s.n, i - 1);           /* every record but the failed commit's */
     ck_assert_uint_eq(s.len[i - 1], 0);
@@ -2060,13 +2060,13 @@ END_TEST
  * not the flushes themselves (split_flush_with_helpers checks those). */
 static void killed_after_helped_commits(int mode)
 {
-    struct tern_pm_pool *p = open_big(BSEG, SPLIT, mode);
+    struct pm_pool *p = open_big(BSEG, SPLIT, mode);
     struct helpers h;
 
     helpers_start(&h, p, 2);
     for (unsigned i = 0; i < 6; i++) {
         big_put(p, i, big_len(i));
-        if (tern_pm_commit(p) < 0)
+        if (pm_commit(p) < 0)
             _exit(3);
     }
     big_put(p, 6, big_len(6));
@@ -2160,7 +2160,7 @@ static const struct {
 START_TEST(seg_header_damage_refused)
 {
     static const uint64_t flips[] = {0, 1ull << 3, 1ull << 40};
-    struct tern_pm_pool *p = open_pool(POOL, NULL);
+    struct pm_pool *p = open_pool(POOL, NULL);
     struct check_out c;
     uint32_t segs[2];
     struct seen s;
@@ -2171,11 +2171,11 @@ START_TEST(seg_header_damage_refused)
         snprintf(key, sizeof(key), "key%02d", i);
         segs[0] = (uint32_t)(put(p, key, 'v', 1000, NULL) >> 32);
     }
-    ck_assert_int_eq(tern_pm_lease(p, &segs[1]), 0);
+    ck_assert_int_eq(pm_lease(p, &segs[1]), 0);
     lessee_put(p, segs[1], "c1", "one", NULL);
     lessee_put(p, segs[1], "c2", "two", NULL);
     commit(p);
-    tern_pm_close(p);
+    pm_close(p);
     expect_headers_sound();
 
     for (unsigned si = 0; si < 2; si++) {
@@ -2223,7 +2223,7 @@ START_TEST(seg_header_damage_refused)
     ck_assert_msg(c.rc == 0, "check: %s\n%s", tern_strerror(c.rc), c.text);
     p = open_pool(0, &s);
     ck_assert_uint_eq(s.n, 42);
-    tern_pm_close(p);
+    pm_close(p);
 }
 END_TEST
 
@@ -2231,25 +2231,25 @@ END_TEST
  * `live`, the rest is dead), then take a lease (another segment opened);
  * dies at the injected msync. */
 struct clean_crash {
-    tern_pm_loc live, dead;
+    pm_loc live, dead;
 };
 
 static int do_clean_and_lease(void *arg)
 {
     struct clean_crash *cc = arg;
     struct clean_log l = {.live = {cc->live}, .n_live = 1};
-    struct tern_pm_cleaner c = {.is_live = cl_is_live, .moved = cl_moved,
+    struct pm_cleaner c = {.is_live = cl_is_live, .moved = cl_moved,
                                 .dropped = cl_dropped, .arg = &l};
-    struct tern_pm_opts o = {0};
-    struct tern_pm_pool *p;
+    struct pm_opts o = {0};
+    struct pm_pool *p;
     uint32_t seg;
 
-    if (tern_pm_open(path, &o, &p) < 0 || tern_pm_recover(p, NULL, NULL) < 0)
+    if (pm_open(path, &o, &p) < 0 || pm_recover(p, NULL, NULL) < 0)
         return 10;
-    tern_pm_dead(p, cc->dead);
-    if (tern_pm_clean(p, &c, 1, 100) != 1)
+    pm_dead(p, cc->dead);
+    if (pm_clean(p, &c, 1, 100) != 1)
         return 11;
-    if (tern_pm_lease(p, &seg) < 0 || tern_pm_commit(p) < 0)
+    if (pm_lease(p, &seg) < 0 || pm_commit(p) < 0)
         return 12;
     return 13;
 }
@@ -2262,7 +2262,7 @@ static int do_clean_and_lease(void *arg)
 START_TEST(seg_header_crash_states)
 {
     struct clean_crash cc;
-    struct tern_pm_pool *p;
+    struct pm_pool *p;
     struct check_out c;
     uint64_t vlive, vfill;
     uint8_t *orig;
@@ -2276,7 +2276,7 @@ START_TEST(seg_header_crash_states)
     cc.dead = put(p, "dead", 'd', 100, NULL);
     put(p, "fill", 'f', FILL_LEN, &vfill);     /* seals the first segment */
     commit(p);
-    tern_pm_close(p);
+    pm_close(p);
     orig = file_snapshot(&len);
     for (syncs = 1; syncs < 40; syncs++) {
         struct seen s;
@@ -2290,7 +2290,7 @@ START_TEST(seg_header_crash_states)
         p = open_pool(0, &s);
         ck_assert_msg(seen_ver(&s, vlive) && seen_ver(&s, vfill),
                       "crash at msync %d: a record is gone", syncs);
-        tern_pm_close(p);
+        pm_close(p);
         if (st == 13)
             break;
     }
@@ -2323,13 +2323,13 @@ static void make_old_layout(uint32_t layout)
 
 static int do_open(void *arg)
 {
-    struct tern_pm_opts o = {0};
-    struct tern_pm_pool *p;
+    struct pm_opts o = {0};
+    struct pm_pool *p;
 
     (void)arg;
-    if (tern_pm_open(path, &o, &p) < 0)
+    if (pm_open(path, &o, &p) < 0)
         return 10;
-    tern_pm_close(p);
+    pm_close(p);
     return 11;
 }
 
@@ -2340,10 +2340,10 @@ static int do_open(void *arg)
 START_TEST(layout4_upgrade_crash_states)
 {
     struct clean_log l = {0};
-    struct tern_pm_cleaner cl = {.is_live = cl_is_live, .moved = cl_moved,
+    struct pm_cleaner cl = {.is_live = cl_is_live, .moved = cl_moved,
                                  .dropped = cl_dropped, .arg = &l};
     bool pmem = pool_is_pmem();
-    struct tern_pm_pool *p = open_pool(POOL, NULL);
+    struct pm_pool *p = open_pool(POOL, NULL);
     struct check_out c;
     uint64_t v[4];
     uint32_t seg;
@@ -2351,15 +2351,15 @@ START_TEST(layout4_upgrade_crash_states)
     size_t len;
     int syncs, st = 0;
 
-    tern_pm_dead(p, put(p, "gone", 'g', FILL_LEN, NULL));
+    pm_dead(p, put(p, "gone", 'g', FILL_LEN, NULL));
     put(p, "own", 'o', 100, &v[0]);
-    ck_assert_int_eq(tern_pm_clean(p, &cl, 1, 100), 1);     /* "gone"'s segment */
-    ck_assert_int_eq(tern_pm_lease(p, &seg), 0);
+    ck_assert_int_eq(pm_clean(p, &cl, 1, 100), 1);     /* "gone"'s segment */
+    ck_assert_int_eq(pm_lease(p, &seg), 0);
     lessee_put(p, seg, "c1", "one", &v[1]);
     lessee_put(p, seg, "c2", "two", &v[2]);
     put(p, "own2", 'p', 200, &v[3]);
     commit(p);
-    tern_pm_close(p);
+    pm_close(p);
     make_old_layout(4);
     check_pool(&c);
     ck_assert_msg(c.rc == 0, "the layout-4 pool fails its check: %s\n%s", tern_strerror(c.rc),
@@ -2383,7 +2383,7 @@ START_TEST(layout4_upgrade_crash_states)
         ck_assert_uint_eq(s.n, 4);
         for (int i = 0; i < 4; i++)
             ck_assert_msg(seen_ver(&s, v[i]), "crash at msync %d: record %d is gone", syncs, i);
-        tern_pm_close(p);
+        pm_close(p);
         expect_headers_sound();
         if (st == 11)
             break;
@@ -2397,8 +2397,8 @@ END_TEST
  * before the upgrade writes anything. */
 START_TEST(corrupt_old_layout_not_upgraded)
 {
-    struct tern_pm_pool *p = open_pool(POOL, NULL);
-    struct tern_pm_opts o = {0};
+    struct pm_pool *p = open_pool(POOL, NULL);
+    struct pm_opts o = {0};
     struct check_out c;
     uint64_t big = 2ull * SEG;
     uint32_t seg;
@@ -2408,12 +2408,12 @@ START_TEST(corrupt_old_layout_not_upgraded)
     put(p, "a", 'a', 100, NULL);
     seg = (uint32_t)(put(p, "b", 'b', 100, NULL) >> 32);
     commit(p);
-    tern_pm_close(p);
+    pm_close(p);
     make_old_layout(4);
     file_write((off_t)(pm_seg_offset(seg, SEG) + offsetof(struct pm_seg_hdr, commit)), &big,
                sizeof(big));
     before = file_snapshot(&len);
-    ck_assert_int_eq(tern_pm_open(path, &o, &p), TERN_ECORRUPT);
+    ck_assert_int_eq(pm_open(path, &o, &p), TERN_ECORRUPT);
     expect_file(before, len, "refused upgrade");
     check_pool(&c);
     ck_assert_int_eq(c.rc, TERN_ECORRUPT);
@@ -2426,7 +2426,7 @@ END_TEST
 
 struct dup_case {
     uint32_t lseg;                   /* the victim: a segment that was leased */
-    tern_pm_loc orig;                /* its one record, live */
+    pm_loc orig;                /* its one record, live */
     uint64_t ver;
 };
 
@@ -2437,14 +2437,14 @@ static int do_clean_leased(void *arg)
 {
     struct dup_case *d = arg;
     struct clean_log l = {.live = {d->orig}, .n_live = 1};
-    struct tern_pm_cleaner c = {.is_live = cl_is_live, .moved = cl_moved,
+    struct pm_cleaner c = {.is_live = cl_is_live, .moved = cl_moved,
                                 .dropped = cl_dropped, .arg = &l};
-    struct tern_pm_opts o = {0};
-    struct tern_pm_pool *p;
+    struct pm_opts o = {0};
+    struct pm_pool *p;
 
-    if (tern_pm_open(path, &o, &p) < 0 || tern_pm_recover(p, NULL, NULL) < 0)
+    if (pm_open(path, &o, &p) < 0 || pm_recover(p, NULL, NULL) < 0)
         return 10;
-    if (tern_pm_clean(p, &c, 1, 100) != 1 || l.n_moved != 1)
+    if (pm_clean(p, &c, 1, 100) != 1 || l.n_moved != 1)
         return 11;
     return 12;
 }
@@ -2458,7 +2458,7 @@ static int do_clean_leased(void *arg)
 START_TEST(interrupted_clean_copy_first)
 {
     struct dup_case d;
-    struct tern_pm_pool *p;
+    struct pm_pool *p;
     uint8_t *orig;
     size_t len;
     unsigned dups = 0;
@@ -2468,18 +2468,18 @@ START_TEST(interrupted_clean_copy_first)
         return;                         /* flushes bypass pmem_msync */
     p = open_pool(POOL, NULL);
     put(p, "own", 'o', 100, NULL);
-    ck_assert_int_eq(tern_pm_lease(p, &d.lseg), 0);
+    ck_assert_int_eq(pm_lease(p, &d.lseg), 0);
     d.orig = lessee_put(p, d.lseg, "c1", "one", &d.ver);
     commit(p);
-    tern_pm_lease_end(p, d.lseg);
-    tern_pm_close(p);
+    pm_lease_end(p, d.lseg);
+    pm_close(p);
     orig = file_snapshot(&len);
     for (syncs = 1; syncs < 20 && st != 12; syncs++) {
         struct clean_log l = {0};
-        struct tern_pm_cleaner c = {.is_live = cl_is_live, .moved = cl_moved,
+        struct pm_cleaner c = {.is_live = cl_is_live, .moved = cl_moved,
                                     .dropped = cl_dropped, .arg = &l};
         const struct rec_copy *first = NULL;
-        tern_pm_loc kept;
+        pm_loc kept;
         unsigned n = 0;
         struct seen s;
 
@@ -2492,7 +2492,7 @@ START_TEST(interrupted_clean_copy_first)
                 first = &s.r[i];
         ck_assert_msg(first, "crash at msync %d: the record is gone", syncs);
         if (n == 1) {
-            tern_pm_close(p);
+            pm_close(p);
             continue;
         }
         ck_assert_uint_eq(n, 2);
@@ -2502,14 +2502,14 @@ START_TEST(interrupted_clean_copy_first)
         /* The owner keeps the first: the victim goes without a copy. */
         kept = first->loc;
         l.live[l.n_live++] = kept;
-        ck_assert_int_eq(tern_pm_clean(p, &c, 1, 100), 1);
+        ck_assert_int_eq(pm_clean(p, &c, 1, 100), 1);
         ck_assert_uint_eq(l.n_moved, 0);
         ck_assert(logged(l.dropped, l.n_dropped, d.orig));
-        tern_pm_close(p);
+        pm_close(p);
         p = open_pool(0, &s);
         ck_assert_uint_eq(s.n, 2);
         ck_assert_uint_eq(seen_ver(&s, d.ver)->loc, kept);
-        tern_pm_close(p);
+        pm_close(p);
     }
     ck_assert_msg(st == 12, "the child never got through");
     ck_assert_uint_ge(dups, 1);
@@ -2519,15 +2519,15 @@ END_TEST
 
 /* ---- the descriptor handed out for registration ---- */
 
-/* tern_pm_fd is the pool's file without its lock: a holder of a duplicate
+/* pm_fd is the pool's file without its lock: a holder of a duplicate
  * (as a shm peer gets one) can neither take the lock through it nor drop
  * the owner's, and the pool stays locked until the owner closes it. */
 START_TEST(shared_fd_carries_no_lock)
 {
-    struct tern_pm_pool *p = open_pool(POOL, NULL), *q = NULL;
-    struct tern_pm_opts o = {0};
+    struct pm_pool *p = open_pool(POOL, NULL), *q = NULL;
+    struct pm_opts o = {0};
     struct stat a, b;
-    int fd = fcntl(tern_pm_fd(p), F_DUPFD_CLOEXEC, 0);
+    int fd = fcntl(pm_fd(p), F_DUPFD_CLOEXEC, 0);
 
     ck_assert_int_ge(fd, 0);
     ck_assert_int_eq(fstat(fd, &a), 0);
@@ -2536,11 +2536,11 @@ START_TEST(shared_fd_carries_no_lock)
     ck_assert_int_eq(flock(fd, LOCK_EX | LOCK_NB), -1);
     ck_assert_int_eq(errno, EWOULDBLOCK);
     ck_assert_int_eq(flock(fd, LOCK_UN), 0);
-    ck_assert_int_eq(tern_pm_open(path, &o, &q), TERN_EBUSY);
-    tern_pm_close(p);
+    ck_assert_int_eq(pm_open(path, &o, &q), TERN_EBUSY);
+    pm_close(p);
     /* The duplicate outlives the owner, and keeps nothing locked. */
-    ck_assert_int_eq(tern_pm_open(path, &o, &q), 0);
-    tern_pm_close(q);
+    ck_assert_int_eq(pm_open(path, &o, &q), 0);
+    pm_close(q);
     close(fd);
 }
 END_TEST

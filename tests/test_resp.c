@@ -34,8 +34,8 @@
 
 static char dir[64];
 static char pool_path[128];
-static struct tern_kv_store *store;
-static struct tern_resp_gw *gw;
+static struct kvs *store;
+static struct resp_gw *gw;
 static long cmds_run;       /* commands the gateway reported running */
 static int syncs_seen;      /* calls of the sync hook */
 static int early_replies;   /* syncs that found a reply already sent */
@@ -45,9 +45,9 @@ static int watched_fd = -1; /* the client the sync hook checks */
 
 static void store_open(void)
 {
-    struct tern_kv_store_opts o = {.path = pool_path, .pool_size = POOL_SIZE,
+    struct kvs_opts o = {.path = pool_path, .pool_size = POOL_SIZE,
                                    .seg_size = SEG_SIZE};
-    int rc = tern_kv_store_open(&o, &store);
+    int rc = kvs_open(&o, &store);
 
     ck_assert_msg(rc == 0, "store open: %s", tern_strerror(rc));
 }
@@ -55,32 +55,32 @@ static void store_open(void)
 /* A fresh pool of other sizes, and the gateway on it. */
 static void store_recreate(uint64_t pool_size, uint32_t seg_size)
 {
-    struct tern_kv_store_opts o = {.path = pool_path, .pool_size = pool_size,
+    struct kvs_opts o = {.path = pool_path, .pool_size = pool_size,
                                    .seg_size = seg_size};
     int rc;
 
     if (gw)
-        tern_resp_gw_destroy(gw);
+        resp_gw_destroy(gw);
     gw = NULL;
-    tern_kv_store_close(store);
+    kvs_close(store);
     unlink(pool_path);
-    rc = tern_kv_store_open(&o, &store);
+    rc = kvs_open(&o, &store);
     ck_assert_msg(rc == 0, "store open: %s", tern_strerror(rc));
-    rc = tern_resp_gw_create(store, NULL, &gw);
+    rc = resp_gw_create(store, NULL, &gw);
     ck_assert_msg(rc == 0, "gateway: %s", tern_strerror(rc));
 }
 
-static void gw_open(const struct tern_resp_config *cfg)
+static void gw_open(const struct resp_config *cfg)
 {
-    int rc = tern_resp_gw_create(store, cfg, &gw);
+    int rc = resp_gw_create(store, cfg, &gw);
 
     ck_assert_msg(rc == 0, "gateway: %s", tern_strerror(rc));
-    ck_assert_uint_ne(tern_resp_gw_port(gw), 0);
+    ck_assert_uint_ne(resp_gw_port(gw), 0);
 }
 
 static void gw_close(void)
 {
-    tern_resp_gw_destroy(gw);
+    resp_gw_destroy(gw);
     gw = NULL;
 }
 
@@ -91,7 +91,7 @@ static void setup(void)
     store_open();
     gw_open(NULL);
     cmds_run = 0;
-    resp_sync_fn = tern_kv_store_sync;
+    resp_sync_fn = kvs_sync;
 }
 
 static void teardown(void)
@@ -99,7 +99,7 @@ static void teardown(void)
     if (gw)
         gw_close();
     if (store)
-        tern_kv_store_close(store);
+        kvs_close(store);
     store = NULL;
     unlink(pool_path);
     rmdir(dir);
@@ -115,7 +115,7 @@ static void pump(void)
         usleep(1000);
         return;
     }
-    rc = tern_resp_gw_poll(gw, 10);
+    rc = resp_gw_poll(gw, 10);
     ck_assert_msg(rc >= 0, "poll: %s", tern_strerror(rc));
     cmds_run += rc;
 }
@@ -148,7 +148,7 @@ static struct conn *conn_open_port(uint16_t port)
 
 static struct conn *conn_open(void)
 {
-    return conn_open_port(tern_resp_gw_port(gw));
+    return conn_open_port(resp_gw_port(gw));
 }
 
 static void conn_close(struct conn *c)
@@ -465,14 +465,14 @@ END_TEST
 
 /* 100 SETs in one write: 100 "+OK"s, and the batch is committed with a
  * sync or two, not one per command. */
-static int counting_sync(struct tern_kv_store *s)
+static int counting_sync(struct kvs *s)
 {
     char b;
 
     syncs_seen++;
     if (watched_fd >= 0 && recv(watched_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) > 0)
         early_replies++;
-    return tern_kv_store_sync(s);
+    return kvs_sync(s);
 }
 
 START_TEST(pipelined_sets)
@@ -494,7 +494,7 @@ START_TEST(pipelined_sets)
     ck_assert_int_eq(cmds_run, 100);
     ck_assert_int_ge(syncs_seen, 1);
     ck_assert_int_le(syncs_seen, 2);
-    ck_assert_uint_eq(tern_kv_store_count(store), 100);
+    ck_assert_uint_eq(kvs_count(store), 100);
     for (int i = 0; i < 100; i += 33) {
         char key[16], want[32];
 
@@ -529,7 +529,7 @@ START_TEST(reply_after_sync)
 }
 END_TEST
 
-static int failing_sync(struct tern_kv_store *s)
+static int failing_sync(struct kvs *s)
 {
     syncs_seen++;
     return TERN_EIO;
@@ -553,7 +553,7 @@ START_TEST(sync_failure_fails_writes)
              "%s%s%s$2\r\nhi\r\n", e, e, e, e, e);
     expect(c, want);
     ck_assert_int_ge(syncs_seen, 1);
-    resp_sync_fn = tern_kv_store_sync;
+    resp_sync_fn = kvs_sync;
     CMD(c, "SET", "c", "2");
     expect(c, "+OK\r\n");
     conn_close(c);
@@ -732,7 +732,7 @@ END_TEST
 START_TEST(info_config_and_friends)
 {
     struct conn *c = conn_open();
-    struct tern_kv_store_stats st;
+    struct kvs_stats st;
     char *r, line[64];
 
     CMD(c, "SET", "k", "v");
@@ -743,7 +743,7 @@ START_TEST(info_config_and_friends)
     ck_assert_ptr_nonnull(strstr(r, "# Server\r\nredis_version:"));
     ck_assert_ptr_nonnull(strstr(r, "\r\ntern_version:"));
     ck_assert_ptr_nonnull(strstr(r, "# Persistence\r\n"));
-    tern_kv_store_get_stats(store, &st);
+    kvs_get_stats(store, &st);
     snprintf(line, sizeof(line), "\r\ntern_pool_bytes:%llu\r\n", (unsigned long long)st.pool.size);
     ck_assert_msg(st.pool.size > POOL_SIZE / 2 && strstr(r, line), "%s", r);
     ck_assert_ptr_nonnull(strstr(r, "# Keyspace\r\ndb0:keys=1,expires=0,avg_ttl=0\r\n"));
@@ -855,7 +855,7 @@ END_TEST
 
 START_TEST(oversized_requests)
 {
-    struct tern_resp_config cfg = {.max_request = 64 * 1024};
+    struct resp_config cfg = {.max_request = 64 * 1024};
     struct conn *good, *bad;
     char *big;
 
@@ -921,7 +921,7 @@ END_TEST
 START_TEST(value_over_val_max_keeps_old)
 {
     struct conn *c = conn_open();
-    size_t max = tern_kv_store_val_max(store, 1);
+    size_t max = kvs_val_max(store, 1);
     char *v = malloc(max + 1);
 
     ck_assert_ptr_nonnull(v);
@@ -1184,7 +1184,7 @@ END_TEST
 
 START_TEST(max_clients_refused)
 {
-    struct tern_resp_config cfg = {.max_clients = 2};
+    struct resp_config cfg = {.max_clients = 2};
     struct conn *a, *b, *c;
 
     gw_close();
@@ -1227,10 +1227,10 @@ START_TEST(acked_set_survives_reopen)
     expect(c, ":1\r\n");
     conn_close(c);
     gw_close();
-    tern_kv_store_close(store);
+    kvs_close(store);
     store = NULL;
     store_open();
-    ck_assert_int_eq(tern_kv_store_get(store, "persist", 7, &val, &len, &version), 0);
+    ck_assert_int_eq(kvs_get(store, "persist", 7, &val, &len, &version), 0);
     ck_assert_uint_eq(len, 2);
     ck_assert_int_eq(memcmp(val, "me", 2), 0);
     gw_open(NULL);
@@ -1254,7 +1254,7 @@ START_TEST(acked_sets_survive_kill)
     int status;
 
     gw_close();
-    tern_kv_store_close(store);
+    kvs_close(store);
     store = NULL;
     ck_assert_int_eq(pipe(pfd), 0);
     pid = fork();
@@ -1262,11 +1262,11 @@ START_TEST(acked_sets_survive_kill)
     if (pid == 0) {
         store_open();
         gw_open(NULL);
-        port = tern_resp_gw_port(gw);
+        port = resp_gw_port(gw);
         if (write(pfd[1], &port, sizeof(port)) != sizeof(port))
             _exit(1);
         for (;;)
-            tern_resp_gw_poll(gw, 100);
+            resp_gw_poll(gw, 100);
     }
     close(pfd[1]);
     ck_assert_int_eq(read(pfd[0], &port, sizeof(port)), (ssize_t)sizeof(port));
@@ -1283,7 +1283,7 @@ START_TEST(acked_sets_survive_kill)
     ck_assert_int_eq(waitpid(pid, &status, 0), pid);
     conn_close(c);
     store_open();
-    ck_assert_uint_eq(tern_kv_store_count(store), 100);
+    ck_assert_uint_eq(kvs_count(store), 100);
     for (int i = 0; i < 100; i++) {
         char key[16], val[16];
         const void *v;
@@ -1292,7 +1292,7 @@ START_TEST(acked_sets_survive_kill)
 
         snprintf(key, sizeof(key), "key%d", i);
         snprintf(val, sizeof(val), "val%d", i);
-        ck_assert_int_eq(tern_kv_store_get(store, key, strlen(key), &v, &len, &version), 0);
+        ck_assert_int_eq(kvs_get(store, key, strlen(key), &v, &len, &version), 0);
         ck_assert_uint_eq(len, strlen(val));
         ck_assert_int_eq(memcmp(v, val, len), 0);
     }
@@ -1336,7 +1336,7 @@ static unsigned stored_index(const char *key)
     uint64_t version;
     char text[65];
 
-    ck_assert_int_eq(tern_kv_store_get(store, key, strlen(key), &v, &len, &version), 0);
+    ck_assert_int_eq(kvs_get(store, key, strlen(key), &v, &len, &version), 0);
     ck_assert_uint_eq(len, 64);
     memcpy(text, v, 64);
     text[64] = '\0';
@@ -1352,7 +1352,7 @@ START_TEST(set_one_key_updates_in_place)
 {
     enum { PIPELINED = 20000, SINGLE = 200 };
     struct conn *c = conn_open();
-    struct tern_kv_store_stats st;
+    struct kvs_stats st;
     char val[80];
     size_t n;
     char *batch = set_stream("hot", 0, PIPELINED, &n);
@@ -1364,7 +1364,7 @@ START_TEST(set_one_key_updates_in_place)
         CMD(c, "SET", "hot", val);
         expect(c, "+OK\r\n");
     }
-    tern_kv_store_get_stats(store, &st);
+    kvs_get_stats(store, &st);
     ck_assert_msg(st.pool.bytes_committed <= SEG_SIZE,
                   "%llu bytes of log for one key after %u SETs",
                   (unsigned long long)st.pool.bytes_committed, PIPELINED + SINGLE);
@@ -1373,11 +1373,11 @@ START_TEST(set_one_key_updates_in_place)
     ck_assert_uint_eq(stored_index("hot"), PIPELINED + SINGLE - 1);
     conn_close(c);
     gw_close();
-    tern_kv_store_close(store);
+    kvs_close(store);
     store = NULL;
     store_open();
     ck_assert_uint_eq(stored_index("hot"), PIPELINED + SINGLE - 1);
-    tern_kv_store_get_stats(store, &st);
+    kvs_get_stats(store, &st);
     ck_assert_uint_le(st.pool.bytes_committed, SEG_SIZE);
     free(batch);
 }
@@ -1392,11 +1392,11 @@ END_TEST
 START_TEST(set_one_key_survives_kill)
 {
     enum { N = 5000 };
-    struct tern_kv_store_stats st;
+    struct kvs_stats st;
     uint64_t bad_off = 0;
 
     gw_close();
-    tern_kv_store_close(store);
+    kvs_close(store);
     store = NULL;
     for (int round = 0; round < 2; round++) {
         int pfd[2], status;
@@ -1413,11 +1413,11 @@ START_TEST(set_one_key_survives_kill)
         if (pid == 0) {
             store_open();
             gw_open(NULL);
-            port = tern_resp_gw_port(gw);
+            port = resp_gw_port(gw);
             if (write(pfd[1], &port, sizeof(port)) != sizeof(port))
                 _exit(1);
             for (;;)
-                tern_resp_gw_poll(gw, 100);
+                resp_gw_poll(gw, 100);
         }
         close(pfd[1]);
         ck_assert_int_eq(read(pfd[0], &port, sizeof(port)), (ssize_t)sizeof(port));
@@ -1435,7 +1435,7 @@ START_TEST(set_one_key_survives_kill)
         kill(pid, SIGKILL);
         ck_assert_int_eq(waitpid(pid, &status, 0), pid);
         conn_close(c);
-        ck_assert_msg(tern_pm_check(pool_path, true, NULL, NULL, &bad_off) == 0,
+        ck_assert_msg(pm_check(pool_path, true, NULL, NULL, &bad_off) == 0,
                       "round %d: pool check failed at %llu", round,
                       (unsigned long long)bad_off);
         store_open();
@@ -1444,10 +1444,10 @@ START_TEST(set_one_key_survives_kill)
             ck_assert_uint_eq(got, N - 1);
         else
             ck_assert_msg(got >= 2 * N + N - 1 && got < 4 * N, "round 1: value %u", got);
-        tern_kv_store_get_stats(store, &st);
+        kvs_get_stats(store, &st);
         ck_assert_msg(st.pool.bytes_committed <= SEG_SIZE, "round %d: %llu bytes of log",
                       round, (unsigned long long)st.pool.bytes_committed);
-        tern_kv_store_close(store);
+        kvs_close(store);
         store = NULL;
     }
 }
@@ -1500,7 +1500,7 @@ static int run_tool(char *const argv[], char *out, size_t cap)
  * still get every reply right. */
 START_TEST(coalescing_only_under_load)
 {
-    struct tern_resp_config cfg = {.coalesce_us = 200};
+    struct resp_config cfg = {.coalesce_us = 200};
     struct conn *c[8];
 
     gw_close();
@@ -1513,7 +1513,7 @@ START_TEST(coalescing_only_under_load)
             conn_sends(c[0], "*1\r\n$4\r\nPING\r\n");     /* one segment */
             expect(c[0], "+PONG\r\n");
         }
-        ck_assert_int_eq(tern_resp_gw_poll(gw, 1), 0);
+        ck_assert_int_eq(resp_gw_poll(gw, 1), 0);
     }
     ck_assert_uint_eq(info_number(c[0], "stats", "tern_coalesced_waits"), 0);
     /* The same from one client that reconnects for every command. */
@@ -1526,7 +1526,7 @@ START_TEST(coalescing_only_under_load)
             conn_close(r);
             pump();     /* the gateway sees the close */
         }
-        ck_assert_int_eq(tern_resp_gw_poll(gw, 1), 0);
+        ck_assert_int_eq(resp_gw_poll(gw, 1), 0);
     }
     ck_assert_uint_eq(info_number(c[0], "stats", "tern_coalesced_waits"), 0);
 
@@ -1556,7 +1556,7 @@ START_TEST(redis_cli_set_get)
         printf("SKIP: redis-cli not installed\n");
         return;
     }
-    snprintf(port, sizeof(port), "%u", tern_resp_gw_port(gw));
+    snprintf(port, sizeof(port), "%u", resp_gw_port(gw));
     ck_assert_int_eq(run_tool((char *[]){"/usr/bin/redis-cli", "-p", port, "SET", "k", "v", NULL},
                               out, sizeof(out)), 0);
     ck_assert_str_eq(out, "OK\n");
@@ -1577,13 +1577,13 @@ START_TEST(redis_benchmark_runs)
         printf("SKIP: redis-benchmark not installed\n");
         return;
     }
-    snprintf(port, sizeof(port), "%u", tern_resp_gw_port(gw));
+    snprintf(port, sizeof(port), "%u", resp_gw_port(gw));
     ck_assert_int_eq(run_tool((char *[]){"/usr/bin/redis-benchmark", "-p", port, "-t",
                                          "ping,set,get,incr,mset", "-n", "2000", "-c", "4",
                                          "-P", "8", "-q", NULL},
                               out, sizeof(out)), 0);
     ck_assert_msg(strstr(out, "SET:") && strstr(out, "GET:") && strstr(out, "MSET"), "%s", out);
-    ck_assert_uint_ge(tern_kv_store_count(store), 1);
+    ck_assert_uint_ge(kvs_count(store), 1);
 }
 END_TEST
 

@@ -39,23 +39,22 @@ struct tern_kv_service_opts {
                                       * update is on by default) */
     uint32_t split_flush;            /* flush ranges this long in pieces that
                                       * tern_kv_service_help may take; 0 = 256 KiB
-                                      * on PM, never on a file (tern_pm_opts) */
+                                      * on PM, never on a file */
 };
 
 struct tern_kv_service;
-struct tern_kv_store;
 
-/* Open the pool and build the service. Errors as tern_kv_store_open(). */
+/* Open the pool and build the service: TERN_EBUSY (another process has the
+ * pool), TERN_ECORRUPT (the log says what and where; the file is left as
+ * it was), TERN_EVERSION, TERN_EINVAL, TERN_ENOMEM, or an errno of the
+ * file. */
 int tern_kv_service_open(const struct tern_kv_service_opts *o, struct tern_kv_service **out);
 
 /* The service to tern_rpc_register(); valid until destroy. */
 const struct tern_service *tern_kv_service_def(struct tern_kv_service *svc);
 
-/* The store behind the service (for a gateway on the same thread). */
-struct tern_kv_store *tern_kv_service_store(struct tern_kv_service *svc);
-
 /* From a thread other than the service's: run one piece of a large flush
- * the service posted (tern_pm_help); 1 if it ran one, 0 if none was
+ * the service posted; 1 if it ran one, 0 if none was
  * posted. Stop calling it before tern_kv_service_close(). */
 int tern_kv_service_help(struct tern_kv_service *svc);
 

@@ -18,7 +18,7 @@
 
 struct kv_server *kv_route(struct tern_kv *kv, const void *key, size_t klen)
 {
-    uint32_t top = (uint32_t)(tern_kv_hash(key, klen) >> 32);
+    uint32_t top = (uint32_t)(kv_hash(key, klen) >> 32);
     unsigned lo = 0, hi = kv->n - 1;
 
     while (lo < hi) {
@@ -97,7 +97,7 @@ static int key_call(struct tern_kv *kv, uint16_t method, const void *key, size_t
 
     if (!kv || !key || !klen || (len && !val))
         return TERN_EINVAL;
-    if (klen > TERN_KV_KEY_MAX || len > UINT32_MAX)
+    if (klen > KV_KEY_MAX || len > UINT32_MAX)
         return TERN_E2BIG;
     if (kv->path != TERN_KV_PATH_RPC && method == KV_M_GET)
         return kv_path_get(kv, key, klen, cb, arg);
@@ -308,7 +308,7 @@ int tern_kv_mget(struct tern_kv *kv, unsigned n, const void *const *keys, const 
     for (unsigned i = 0; i < n; i++) {
         if (!keys[i] || !klens[i])
             return TERN_EINVAL;
-        if (klens[i] > TERN_KV_KEY_MAX)
+        if (klens[i] > KV_KEY_MAX)
             return TERN_E2BIG;
         bytes += sizeof(uint16_t) + klens[i];
     }

@@ -108,9 +108,9 @@ static void lease_populate(struct kv_server *srv)
  * version in without reading the value). */
 static void write_record(uint8_t *dst, const struct kv_op *op, uint64_t intent)
 {
-    struct tern_pm_rec h = {.val_len = op->vlen, .version = intent, .key_len = op->klen,
-                            .type = TERN_PM_VALUE};
-    uint32_t size = tern_pm_rec_size(op->klen, op->vlen);
+    struct pm_rec h = {.val_len = op->vlen, .version = intent, .key_len = op->klen,
+                            .type = PM_VALUE};
+    uint32_t size = pm_rec_size(op->klen, op->vlen);
     size_t used = sizeof(h) + op->klen + op->vlen;
 
     memcpy(dst, &h, sizeof(h));
@@ -118,7 +118,7 @@ static void write_record(uint8_t *dst, const struct kv_op *op, uint64_t intent)
     if (op->vlen)
         memcpy(dst + sizeof(h) + op->klen, op->val, op->vlen);
     memset(dst + used, 0, size - used);
-    h.sum = tern_pm_rec_sum_of((const struct tern_pm_rec *)dst);
+    h.sum = pm_rec_sum_of((const struct pm_rec *)dst);
     memcpy(dst, &h.sum, sizeof(h.sum));
 }
 
@@ -132,7 +132,7 @@ int kv_lease_put(struct kv_op *op)
     void *p;
     int rc;
 
-    size = tern_pm_rec_size(op->klen, op->vlen);
+    size = pm_rec_size(op->klen, op->vlen);
     if (!srv->os.leased || size > srv->os.lease.end - srv->os.next) {
         kv_lease_ask(kv, srv);
         return kv_op_by_rpc(op, KV_M_PUT);

@@ -180,7 +180,7 @@ int kv_path_get(struct tern_kv *kv, const void *key, size_t klen, tern_kv_cb cb,
     if (!op)
         return TERN_ENOBUFS;
     *op = (struct kv_op){.kv = kv, .cb = cb, .arg = arg, .key = key, .klen = (uint16_t)klen,
-                         .stage = -1, .hash = tern_kv_hash(key, klen)};
+                         .stage = -1, .hash = kv_hash(key, klen)};
     op->srv = kv_route(kv, key, klen);
     switch (get_way(kv, op->srv)) {
     case BY_WINDOW:

@@ -20,7 +20,7 @@ static void pget_done(void *arg, int status, const void *reply, size_t len)
 {
     struct kv_op *op = arg;
     struct kv_onesided *c = op->kv->os;
-    const struct tern_pm_rec *r;
+    const struct pm_rec *r;
     struct kv_pget_rep rep;
     const uint8_t *rec;
 
@@ -54,7 +54,7 @@ static void pget_done(void *arg, int status, const void *reply, size_t len)
     }
     r = (const void *)rec;
     c->st.gets_pushed++;
-    kv_op_finish(op, 0, tern_pm_rec_val(r), r->val_len, r->version);
+    kv_op_finish(op, 0, pm_rec_val(r), r->val_len, r->version);
 }
 
 /* Ask for the op's key to be pushed into its staging slot. */

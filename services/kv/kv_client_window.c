@@ -171,7 +171,7 @@ static uint64_t rec_off(const struct kv_onesided_info *info, uint64_t loc)
 /* A read that will not fit a staging slot or the pool goes by RPC. */
 static bool rec_readable(const struct kv_onesided_info *info, const struct kvw_bucket *b)
 {
-    return b->size >= sizeof(struct tern_pm_rec) && (uint32_t)b->loc < info->seg_size &&
+    return b->size >= sizeof(struct pm_rec) && (uint32_t)b->loc < info->seg_size &&
            b->size <= info->seg_size - (uint32_t)b->loc;
 }
 
@@ -246,14 +246,14 @@ static int get_mapped(struct kv_op *op)
             continue;       /* moved, rewritten or freed since: read again */
         }
         {
-            const struct tern_pm_rec *r = (const void *)c->scratch[depth];
+            const struct pm_rec *r = (const void *)c->scratch[depth];
 
-            cache_put(&c->cache, op->hash, op->key, op->klen, tern_pm_rec_val(r), r->val_len,
+            cache_put(&c->cache, op->hash, op->key, op->klen, pm_rec_val(r), r->val_len,
                       r->version);
             c->st.gets_direct++;
             c->depth++;
             status = 0;
-            kv_op_finish(op, status, tern_pm_rec_val(r), r->val_len, r->version);
+            kv_op_finish(op, status, pm_rec_val(r), r->val_len, r->version);
             c->depth--;
         }
         return 1;
@@ -267,7 +267,7 @@ static void on_record(void *arg, int status)
 {
     struct kv_op *op = arg;
     struct kv_onesided *c = op->kv->os;
-    const struct tern_pm_rec *r;
+    const struct pm_rec *r;
     uint8_t *rec;
 
     kv_stage_retire(op, status);
@@ -283,10 +283,10 @@ static void on_record(void *arg, int status)
         return;
     }
     r = (const void *)rec;
-    cache_put(&c->cache, op->hash, op->key, op->klen, tern_pm_rec_val(r), r->val_len,
+    cache_put(&c->cache, op->hash, op->key, op->klen, pm_rec_val(r), r->val_len,
               r->version);
     c->st.gets_direct++;
-    kv_op_finish(op, 0, tern_pm_rec_val(r), r->val_len, r->version);
+    kv_op_finish(op, 0, pm_rec_val(r), r->val_len, r->version);
 }
 
 static void on_block(void *arg, int status)

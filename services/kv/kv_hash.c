@@ -2,7 +2,7 @@
 
 #include "kv_hash.h"
 
-uint64_t tern_kv_hash(const void *key, size_t klen)
+uint64_t kv_hash(const void *key, size_t klen)
 {
     return XXH3_64bits(key, klen);
 }

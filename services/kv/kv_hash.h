@@ -12,7 +12,7 @@ extern "C" {
 
 /* The 64-bit hash of a key (XXH3); a server owns the keys whose top 32 bits
  * fall in its range. */
-uint64_t tern_kv_hash(const void *key, size_t klen);
+uint64_t kv_hash(const void *key, size_t klen);
 
 #ifdef __cplusplus
 }

@@ -30,17 +30,17 @@ void kv_index_free(struct kv_index *ix)
     memset(ix, 0, sizeof(*ix));
 }
 
-struct kv_ent *kv_index_find(const struct kv_index *ix, const struct tern_pm_pool *pool,
+struct kv_ent *kv_index_find(const struct kv_index *ix, const struct pm_pool *pool,
                              uint64_t h, const void *key, uint16_t klen)
 {
     for (uint32_t i = ix->buckets[h & ix->mask]; i; i = ix->ents[i - 1].next) {
         struct kv_ent *e = &ix->ents[i - 1];
-        const struct tern_pm_rec *r;
+        const struct pm_rec *r;
 
         if (e->hash != h)
             continue;
-        r = tern_pm_rec_at(pool, e->loc & ~KV_TOMB);
-        if (r->key_len == klen && memcmp(tern_pm_rec_key(r), key, klen) == 0)
+        r = pm_rec_at(pool, e->loc & ~KV_TOMB);
+        if (r->key_len == klen && memcmp(pm_rec_key(r), key, klen) == 0)
             return e;
     }
     return NULL;

@@ -19,7 +19,7 @@
 
 struct kv_ent {
     uint64_t hash;
-    uint64_t loc;                    /* tern_pm_loc | KV_TOMB, or KV_FREE */
+    uint64_t loc;                    /* pm_loc | KV_TOMB, or KV_FREE */
     uint32_t next;                   /* next entry in the chain + 1; 0 ends it */
     uint32_t n_old;                  /* older records of this key still in the pool */
     uint64_t base_ver;               /* n_old counts records from this version on: a
@@ -47,7 +47,7 @@ int kv_index_init(struct kv_index *ix, uint32_t buckets);
 void kv_index_free(struct kv_index *ix);
 
 /* The entry for key (hash `h`), or NULL. */
-struct kv_ent *kv_index_find(const struct kv_index *ix, const struct tern_pm_pool *pool,
+struct kv_ent *kv_index_find(const struct kv_index *ix, const struct pm_pool *pool,
                              uint64_t h, const void *key, uint16_t klen);
 
 /* Make sure the next kv_index_add() needs no memory. 0 or TERN_ENOMEM. */

@@ -40,7 +40,7 @@ static int parse_key(const void *data, size_t len, bool with_val, const uint8_t 
 
 bool kv_owns(const struct tern_kv_service *svc, const void *key, size_t klen)
 {
-    uint32_t top = (uint32_t)(tern_kv_hash(key, klen) >> 32);
+    uint32_t top = (uint32_t)(kv_hash(key, klen) >> 32);
 
     return top >= svc->lo && top <= svc->hi;
 }
@@ -70,7 +70,7 @@ static int h_get(struct tern_req *req, const void *data, size_t len, void *ctx)
         return rc;
     if (!kv_owns(svc, key, klen))
         return TERN_EWRONGNODE;
-    rc = tern_kv_store_get(svc->store, key, klen, &val, &vlen, &version);
+    rc = kvs_get(svc->store, key, klen, &val, &vlen, &version);
     if (rc < 0)
         return rc;
     out = tern_reply_alloc(req, sizeof(struct kv_val) + vlen);
@@ -94,7 +94,7 @@ static int h_put(struct tern_req *req, const void *data, size_t len, void *ctx)
         return rc;
     if (!kv_owns(svc, key, klen))
         return TERN_EWRONGNODE;
-    rc = tern_kv_store_put(svc->store, key, klen, val, vlen, TERN_KV_SYNC, &version);
+    rc = kvs_put(svc->store, key, klen, val, vlen, TERN_KV_SYNC, &version);
     return rc < 0 ? rc : kv_reply_version(req, version);
 }
 
@@ -110,7 +110,7 @@ static int h_del(struct tern_req *req, const void *data, size_t len, void *ctx)
         return rc;
     if (!kv_owns(svc, key, klen))
         return TERN_EWRONGNODE;
-    rc = tern_kv_store_del(svc->store, key, klen, TERN_KV_SYNC, &version);
+    rc = kvs_del(svc->store, key, klen, TERN_KV_SYNC, &version);
     return rc < 0 ? rc : kv_reply_version(req, version);
 }
 
@@ -139,7 +139,7 @@ static int lookup(struct tern_kv_service *svc, const uint8_t *key, uint16_t klen
     *version = 0;
     if (!kv_owns(svc, key, klen))
         return TERN_EWRONGNODE;
-    return tern_kv_store_get(svc->store, key, klen, val, vlen, version);
+    return kvs_get(svc->store, key, klen, val, vlen, version);
 }
 
 static int h_mget(struct tern_req *req, const void *data, size_t len, void *ctx)
@@ -231,7 +231,7 @@ static int scan_size(void *arg, const void *key, size_t klen, const void *val, u
 /* Take whole buckets from `cursor` while they fit in f->cap and fewer than
  * `max` keys were taken; returns the cursor after the last bucket taken. A
  * bucket is never split between replies, so the cursor always moves on. */
-static uint64_t fill_buckets(struct tern_kv_store *store, uint64_t cursor, uint32_t max,
+static uint64_t fill_buckets(struct kvs *store, uint64_t cursor, uint32_t max,
                              struct scan_fill *f, bool *done)
 {
     *done = false;
@@ -239,7 +239,7 @@ static uint64_t fill_buckets(struct tern_kv_store *store, uint64_t cursor, uint3
         struct scan_fill t = *f;
         uint64_t next;
 
-        tern_kv_store_scan(store, cursor, 1, scan_size, &t, &next);
+        kvs_scan(store, cursor, 1, scan_size, &t, &next);
         if (t.full)
             break;
         *f = t;
@@ -284,7 +284,7 @@ static int h_scan(struct tern_req *req, const void *data, size_t len, void *ctx)
 static int h_info(struct tern_req *req, const void *data, size_t len, void *ctx)
 {
     struct tern_kv_service *svc = ctx;
-    struct tern_kv_store_stats st;
+    struct kvs_stats st;
     struct kv_info *info;
 
     if (len)
@@ -292,12 +292,12 @@ static int h_info(struct tern_req *req, const void *data, size_t len, void *ctx)
     info = tern_reply_alloc(req, sizeof(*info));
     if (!info)
         return TERN_EMSGSIZE;
-    tern_kv_store_get_stats(svc->store, &st);
+    kvs_get_stats(svc->store, &st);
     *info = (struct kv_info){
         .range_lo = svc->lo, .range_hi = svc->hi, .keys = st.keys,
         .pool_size = st.pool.size, .pool_live = st.pool.bytes_live,
-        .key_max = TERN_KV_KEY_MAX,
-        .val_max = (uint32_t)tern_kv_store_val_max(svc->store, 16),
+        .key_max = KV_KEY_MAX,
+        .val_max = (uint32_t)kvs_val_max(svc->store, 16),
         .pool_used = st.pool.bytes_committed, .in_place = st.in_place,
     };
     memcpy(info->uuid, st.pool.uuid, sizeof(info->uuid));
@@ -319,7 +319,7 @@ static const struct tern_method kv_methods[] = {
 
 int tern_kv_service_open(const struct tern_kv_service_opts *o, struct tern_kv_service **out)
 {
-    struct tern_kv_store_opts so = {0};
+    struct kvs_opts so = {0};
     struct tern_kv_service *svc;
     int rc;
 
@@ -333,7 +333,7 @@ int tern_kv_service_open(const struct tern_kv_service_opts *o, struct tern_kv_se
     so.seg_size = o->seg_size;
     so.append_only = o->append_only;
     so.split_flush = o->split_flush;
-    rc = tern_kv_store_open(&so, &svc->store);
+    rc = kvs_open(&so, &svc->store);
     if (rc < 0) {
         free(svc);
         return rc;
@@ -354,14 +354,14 @@ const struct tern_service *tern_kv_service_def(struct tern_kv_service *svc)
     return &svc->def;
 }
 
-struct tern_kv_store *tern_kv_service_store(struct tern_kv_service *svc)
+struct kvs *kv_service_store(struct tern_kv_service *svc)
 {
     return svc->store;
 }
 
 int tern_kv_service_help(struct tern_kv_service *svc)
 {
-    return tern_pm_help(tern_kv_store_pool(svc->store));
+    return pm_help(kvs_pool(svc->store));
 }
 
 void tern_kv_service_close(struct tern_kv_service *svc)
@@ -369,6 +369,6 @@ void tern_kv_service_close(struct tern_kv_service *svc)
     if (!svc)
         return;
     kv_onesided_destroy(svc);
-    tern_kv_store_close(svc->store);
+    kvs_close(svc->store);
     free(svc);
 }

@@ -11,8 +11,12 @@
 
 struct kv_os;
 
+/* The store behind the service (for a gateway on the same thread: ternd's
+ * RESP gateway, rpcbench's space counters). */
+struct kvs *kv_service_store(struct tern_kv_service *svc);
+
 struct tern_kv_service {
-    struct tern_kv_store *store;
+    struct kvs *store;
     uint32_t lo, hi;
     struct tern_service def;
     struct kv_os *os;                /* one-sided paths; NULL until enabled */

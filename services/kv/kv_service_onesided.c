@@ -49,7 +49,7 @@ struct kv_lease_ent {
 /* A record on its way to a client by server push (KV_M_PGET). */
 struct kv_push {
     struct tern_kv_service *svc;
-    tern_pm_loc loc;                 /* pinned until the put completes */
+    pm_loc loc;                 /* pinned until the put completes */
     bool busy;
 };
 
@@ -126,8 +126,8 @@ static void window_free(struct kv_os *os)
 int tern_kv_service_enable_onesided(struct tern_kv_service *svc, struct tern_rpc_ep *ep,
                                     const struct tern_kv_onesided_opts *o)
 {
-    struct tern_pm_pool *pool;
-    struct tern_pm_info info;
+    struct pm_pool *pool;
+    struct pm_info info;
     struct kv_os *os;
     unsigned pct;
     int rc;
@@ -138,17 +138,17 @@ int tern_kv_service_enable_onesided(struct tern_kv_service *svc, struct tern_rpc
         return TERN_EINVAL;
     if (o && o->lease_pool_pct > 100)
         return TERN_EINVAL;
-    pool = tern_kv_store_pool(svc->store);
+    pool = kvs_pool(svc->store);
     os = calloc(1, sizeof(*os));
     if (!os)
         return TERN_ENOMEM;
     os->ep = ep;
     os->window_fd = -1;
-    tern_pm_get_info(pool, &info);
+    pm_get_info(pool, &info);
     os->seg_size = info.seg_size;
     memcpy(os->uuid, info.uuid, sizeof(os->uuid));
     os->n_blocks = o && o->window_blocks ? o->window_blocks
-                                         : default_blocks(tern_pm_map_len(pool));
+                                         : default_blocks(pm_map_len(pool));
     os->idle_ns = o && o->lease_idle_ns ? o->lease_idle_ns : 30000000000ull;
     /* Long enough that a lessee's store cannot still be on its way when its
      * segment is reused (see reclaim_idle), short enough that writers
@@ -158,7 +158,7 @@ int tern_kv_service_enable_onesided(struct tern_kv_service *svc, struct tern_rpc
     /* A quarter by default: the rest stays for the writes that go through
      * the store and for the cleaner, whatever clients lease. */
     pct = o && o->lease_pool_pct ? o->lease_pool_pct : 25;
-    os->max_held = (unsigned)((uint64_t)tern_pm_seg_count(pool) * pct / 100);
+    os->max_held = (unsigned)((uint64_t)pm_seg_count(pool) * pct / 100);
     if (!os->max_held)
         os->max_held = 1;
     os->session_max = o && o->session_leases ? o->session_leases : 4;
@@ -166,7 +166,7 @@ int tern_kv_service_enable_onesided(struct tern_kv_service *svc, struct tern_rpc
      * sessions (one past the table gets TERN_ENOBUFS). */
     os->n_leases = os->max_active + 4096;
     os->leases = calloc(os->n_leases, sizeof(*os->leases));
-    os->by_seg = calloc(tern_pm_seg_count(pool), sizeof(*os->by_seg));
+    os->by_seg = calloc(pm_seg_count(pool), sizeof(*os->by_seg));
     if (!os->leases || !os->by_seg) {
         rc = TERN_ENOMEM;
         goto fail;
@@ -177,12 +177,12 @@ int tern_kv_service_enable_onesided(struct tern_kv_service *svc, struct tern_rpc
                              TERN_TP_ACCESS_REMOTE_READ, &os->window_mr);
     if (rc < 0)
         goto fail;
-    rc = tern_rpc_mr_reg(ep, tern_pm_base(pool), tern_pm_map_len(pool), tern_pm_fd(pool), 0,
+    rc = tern_rpc_mr_reg(ep, pm_base(pool), pm_map_len(pool), pm_fd(pool), 0,
                          TERN_TP_ACCESS_REMOTE_READ, &os->pool_mr);
     if (rc < 0)
         goto fail;
-    tern_kv_store_attach_window(svc->store, os->window, os->n_blocks);
-    tern_kv_store_on_short(svc->store, on_short, svc);
+    kvs_attach_window(svc->store, os->window, os->n_blocks);
+    kvs_on_short(svc->store, on_short, svc);
     svc->os = os;
     return 0;
 fail:
@@ -198,14 +198,14 @@ fail:
 /* End a held lease (unless the store already did) and withdraw its
  * registration, if that was not done already. The entry stays the
  * session's. */
-static void lease_drop(struct kv_os *os, struct kv_lease_ent *l, struct tern_kv_store *store,
+static void lease_drop(struct kv_os *os, struct kv_lease_ent *l, struct kvs *store,
                        bool end)
 {
     /* The registration goes first: ending the lease rewrites the segment's
      * header, which the lessee's mapping must no longer reach. */
     tern_rpc_mr_dereg(l->mr);
     if (end)
-        tern_kv_store_lease_end(store, l->seg);
+        kvs_lease_end(store, l->seg);
     if (!l->revoked)
         os->n_active--;
     os->n_held--;
@@ -240,9 +240,9 @@ void kv_onesided_destroy(struct tern_kv_service *svc)
      * the endpoint. */
     for (unsigned i = 0; i < os->n_leases; i++)
         if (os->leases[i].held)
-            tern_kv_store_lease_end(svc->store, os->leases[i].seg);
-    tern_kv_store_on_short(svc->store, NULL, NULL);
-    tern_kv_store_attach_window(svc->store, NULL, 0);
+            kvs_lease_end(svc->store, os->leases[i].seg);
+    kvs_on_short(svc->store, NULL, NULL);
+    kvs_attach_window(svc->store, NULL, 0);
     window_free(os);
     free(os->leases);
     free(os->by_seg);
@@ -269,7 +269,7 @@ int kv_h_os_info(struct tern_req *req, const void *data, size_t len, void *ctx)
 {
     struct tern_kv_service *svc = ctx;
     struct tern_session *s = tern_req_session(req);
-    struct tern_pm_pool *pool;
+    struct pm_pool *pool;
     struct kv_onesided_info *out;
     int rc;
 
@@ -287,18 +287,18 @@ int kv_h_os_info(struct tern_req *req, const void *data, size_t len, void *ctx)
         rc = tern_rpc_mr_rkey(svc->os->pool_mr, s, &out->pool);
     if (rc < 0)
         return rc;
-    pool = tern_kv_store_pool(svc->store);
-    out->seg0 = tern_pm_seg_file_off(pool, 0);
+    pool = kvs_pool(svc->store);
+    out->seg0 = pm_seg_file_off(pool, 0);
     out->seg_size = svc->os->seg_size;
     out->n_blocks = svc->os->n_blocks;
     memcpy(out->uuid, svc->os->uuid, sizeof(out->uuid));
     return 0;
 }
 
-static struct kv_lease_ent *lease_of_seg(struct kv_os *os, struct tern_kv_store *store,
+static struct kv_lease_ent *lease_of_seg(struct kv_os *os, struct kvs *store,
                                          uint32_t seg)
 {
-    uint32_t i = seg < tern_pm_seg_count(tern_kv_store_pool(store)) ? os->by_seg[seg] : 0;
+    uint32_t i = seg < pm_seg_count(kvs_pool(store)) ? os->by_seg[seg] : 0;
 
     /* The entry may have been freed and given to another segment since. */
     return i && os->leases[i - 1].held && os->leases[i - 1].seg == seg ? &os->leases[i - 1]
@@ -424,9 +424,9 @@ static int lease_room(struct tern_kv_service *svc)
 /* The session hands its lease back by asking for another. One it left
  * under half written counts against it, unless it was taken back (the
  * server's doing, not the session's); one it filled clears the count. */
-static void hand_back(struct kv_os *os, struct kv_lease_ent *l, struct tern_kv_store *store)
+static void hand_back(struct kv_os *os, struct kv_lease_ent *l, struct kvs *store)
 {
-    uint32_t used = tern_pm_lease_next(tern_kv_store_pool(store), l->seg) - l->base;
+    uint32_t used = pm_lease_next(kvs_pool(store), l->seg) - l->base;
 
     if (!l->revoked)
         l->wasted = (uint64_t)used * 2 < os->seg_size - l->base ? l->wasted + 1 : 0;
@@ -437,7 +437,7 @@ int kv_h_lease(struct tern_req *req, const void *data, size_t len, void *ctx)
 {
     struct tern_kv_service *svc = ctx;
     struct tern_session *s = tern_req_session(req);
-    struct tern_pm_pool *pool = tern_kv_store_pool(svc->store);
+    struct pm_pool *pool = kvs_pool(svc->store);
     struct kv_os *os = svc->os;
     struct tern_rpc_mr *mr = NULL;
     struct kv_lease_ent *l;
@@ -469,28 +469,28 @@ int kv_h_lease(struct tern_req *req, const void *data, size_t len, void *ctx)
     if (rc == 0 && !out)
         rc = TERN_EMSGSIZE;
     if (rc == 0)
-        rc = tern_kv_store_lease(svc->store, &seg);
+        rc = kvs_lease(svc->store, &seg);
     if (rc < 0) {
         ent_release(l);
         return rc;
     }
     /* From the lessee's first byte on (a page boundary): the segment's
      * header, before it, stays out of the lessee's reach. */
-    base = tern_pm_lease_next(pool, seg);
-    foff = tern_pm_seg_file_off(pool, seg) + base;
-    rc = tern_rpc_mr_reg(os->ep, (uint8_t *)tern_pm_base(pool) + foff, os->seg_size - base,
-                         tern_pm_fd(pool), foff,
+    base = pm_lease_next(pool, seg);
+    foff = pm_seg_file_off(pool, seg) + base;
+    rc = tern_rpc_mr_reg(os->ep, (uint8_t *)pm_base(pool) + foff, os->seg_size - base,
+                         pm_fd(pool), foff,
                          TERN_TP_ACCESS_REMOTE_READ | TERN_TP_ACCESS_REMOTE_WRITE, &mr);
     if (rc == 0 && (rc = tern_rpc_mr_rkey(mr, s, &out->rkey)) < 0)
         tern_rpc_mr_dereg(mr);
     if (rc < 0) {
-        tern_kv_store_lease_end(svc->store, seg);
+        kvs_lease_end(svc->store, seg);
         ent_release(l);
         return rc;
     }
     /* The records will be read and flushed here: map the segment's pages
      * in now rather than fault on every 4 KiB of them (a hint). */
-    madvise((uint8_t *)tern_pm_base(pool) + foff, os->seg_size - base, MADV_POPULATE_WRITE);
+    madvise((uint8_t *)pm_base(pool) + foff, os->seg_size - base, MADV_POPULATE_WRITE);
     l->held = true;
     l->revoked = false;
     l->seg = seg;
@@ -531,7 +531,7 @@ int kv_h_lput(struct tern_req *req, const void *data, size_t len, void *ctx)
     l->used_ns = tern_now_ns();
     if (!(q.intent >> 63))
         return TERN_EPROTO;
-    rc = tern_kv_store_lease_put(svc->store, q.seg, q.off, q.intent, svc->lo, svc->hi,
+    rc = kvs_lease_put(svc->store, q.seg, q.off, q.intent, svc->lo, svc->hi,
                                  TERN_KV_SYNC, &version, &ended);
     if (ended) {
         /* Lost to a record the store refused: the session's loss. */
@@ -550,7 +550,7 @@ static void push_done(void *arg, int status)
     /* A failed put leaves the client's buffer as it was; the client checks
      * the record's key, version and sum before it believes it. */
     (void)status;
-    tern_kv_store_unpin(p->svc->store, p->loc);
+    kvs_unpin(p->svc->store, p->loc);
     p->busy = false;
 }
 
@@ -572,20 +572,20 @@ static struct kv_push *push_slot(struct kv_os *os)
  * the reply is reserved, so that the reply follows the data (rpc.h). The
  * record stays pinned (never rewritten in place) until the put is done. */
 static int pget_push(struct tern_req *req, struct tern_kv_service *svc, const struct kv_pget *q,
-                     tern_pm_loc loc, uint32_t size, uint64_t version, uint32_t vlen)
+                     pm_loc loc, uint32_t size, uint64_t version, uint32_t vlen)
 {
-    struct tern_pm_pool *pool = tern_kv_store_pool(svc->store);
+    struct pm_pool *pool = kvs_pool(svc->store);
     struct kv_os *os = svc->os;
     struct kv_pget_rep *rep;
     struct kv_push *p = push_slot(os);
-    uint64_t off = tern_pm_seg_file_off(pool, (uint32_t)(loc >> 32)) + (uint32_t)loc;
+    uint64_t off = pm_seg_file_off(pool, (uint32_t)(loc >> 32)) + (uint32_t)loc;
 
-    if (!p || tern_kv_store_pin(svc->store, loc) < 0)
+    if (!p || kvs_pin(svc->store, loc) < 0)
         return TERN_ENOBUFS;
     *p = (struct kv_push){.svc = svc, .loc = loc, .busy = true};
     if (tern_session_put(tern_req_session(req), os->pool_mr, off, size, &q->dst, q->off,
                          push_done, p) < 0) {
-        tern_kv_store_unpin(svc->store, loc);
+        kvs_unpin(svc->store, loc);
         p->busy = false;
         return TERN_EAGAIN;
     }
@@ -599,11 +599,11 @@ static int pget_push(struct tern_req *req, struct tern_kv_service *svc, const st
 int kv_h_pget(struct tern_req *req, const void *data, size_t len, void *ctx)
 {
     struct tern_kv_service *svc = ctx;
-    const struct tern_pm_rec *r;
+    const struct pm_rec *r;
     struct kv_pget_rep *rep;
     const uint8_t *key = (const uint8_t *)data + sizeof(struct kv_pget);
     struct kv_pget q;
-    tern_pm_loc loc;
+    pm_loc loc;
     uint64_t version;
     uint32_t size;
     int rc;
@@ -619,10 +619,10 @@ int kv_h_pget(struct tern_req *req, const void *data, size_t len, void *ctx)
         return TERN_EINVAL;
     if (!kv_owns(svc, key, q.klen))
         return TERN_EWRONGNODE;
-    rc = tern_kv_store_locate(svc->store, key, q.klen, &loc, &size, &version);
+    rc = kvs_locate(svc->store, key, q.klen, &loc, &size, &version);
     if (rc < 0)
         return rc;
-    r = tern_pm_rec_at(tern_kv_store_pool(svc->store), loc);
+    r = pm_rec_at(kvs_pool(svc->store), loc);
     if (size <= q.cap) {
         rc = pget_push(req, svc, &q, loc, size, version, r->val_len);
         if (rc != TERN_ENOBUFS && rc != TERN_EAGAIN)
@@ -634,6 +634,6 @@ int kv_h_pget(struct tern_req *req, const void *data, size_t len, void *ctx)
     if (!rep)
         return TERN_EMSGSIZE;
     *rep = (struct kv_pget_rep){.version = version, .vlen = r->val_len};
-    memcpy(rep + 1, tern_pm_rec_val(r), r->val_len);
+    memcpy(rep + 1, pm_rec_val(r), r->val_len);
     return 0;
 }

@@ -17,30 +17,30 @@
 #include "kv_window.h"
 #include "log.h"
 
-struct tern_kv_store {
-    struct tern_pm_pool *pool;
+struct kvs {
+    struct pm_pool *pool;
     struct kv_index ix;
     uint64_t keys;
     bool dirty;
     uint32_t gen;                    /* successful syncs so far, never 0 (kv_ent.gen) */
     bool append_only;                /* no in-place updates (the baseline) */
     uint32_t clean_low;              /* clean when fewer free segments than this */
-    struct tern_kv_store_stats st;
-    struct tern_pm_cleaner cleaner;
+    struct kvs_stats st;
+    struct pm_cleaner cleaner;
     struct kv_window win;            /* the index mirrored for one-sided GETs */
     /* Records being sent straight from the pool (server push): never
      * rewritten in place until the send is done. A handful at most are in
      * flight, so a short array beats a hash. */
     struct {
-        tern_pm_loc loc;
+        pm_loc loc;
         uint32_t n;                  /* 0: free */
     } pins[TERN_KV_PINS];
     unsigned n_pins;                 /* entries in use */
-    void (*on_short)(void *arg);     /* tern_kv_store_on_short() */
+    void (*on_short)(void *arg);     /* kvs_on_short() */
     void *on_short_arg;
 };
 
-static inline tern_pm_loc ent_loc(const struct kv_ent *e)
+static inline pm_loc ent_loc(const struct kv_ent *e)
 {
     return e->loc & ~KV_TOMB;
 }
@@ -52,9 +52,9 @@ static inline bool ent_is_tomb(const struct kv_ent *e)
 
 /* Mirror an entry's newest record into the index window (a tombstone
  * leaves it: deleted keys are answered by the server). */
-static void mirror(struct tern_kv_store *s, struct kv_ent *e)
+static void mirror(struct kvs *s, struct kv_ent *e)
 {
-    const struct tern_pm_rec *r;
+    const struct pm_rec *r;
 
     if (!s->win.hdr)
         return;
@@ -62,28 +62,28 @@ static void mirror(struct tern_kv_store *s, struct kv_ent *e)
         kv_window_clear(&s->win, &e->wslot);
         return;
     }
-    r = tern_pm_rec_at(s->pool, ent_loc(e));
+    r = pm_rec_at(s->pool, ent_loc(e));
     kv_window_set(&s->win, &e->wslot, e->hash, ent_loc(e), r->version,
-                  tern_pm_rec_size(r->key_len, r->val_len));
+                  pm_rec_size(r->key_len, r->val_len));
 }
 
 /* A tombstone with no older record left behind it protects nothing. */
-static void retire_if_bare(struct tern_kv_store *s, struct kv_ent *e)
+static void retire_if_bare(struct kvs *s, struct kv_ent *e)
 {
     if (ent_is_tomb(e) && e->n_old == 0) {
-        tern_pm_dead(s->pool, ent_loc(e));
+        pm_dead(s->pool, ent_loc(e));
         kv_index_remove(&s->ix, e);
     }
 }
 
 /* ---- recovery ---- */
 
-static int recover_rec(void *arg, tern_pm_loc loc, const struct tern_pm_rec *r)
+static int recover_rec(void *arg, pm_loc loc, const struct pm_rec *r)
 {
-    struct tern_kv_store *s = arg;
-    const void *key = tern_pm_rec_key(r);
-    uint64_t h = tern_kv_hash(key, r->key_len);
-    uint64_t flag = r->type == TERN_PM_TOMBSTONE ? KV_TOMB : 0;
+    struct kvs *s = arg;
+    const void *key = pm_rec_key(r);
+    uint64_t h = kv_hash(key, r->key_len);
+    uint64_t flag = r->type == PM_TOMBSTONE ? KV_TOMB : 0;
     struct kv_ent *e = kv_index_find(&s->ix, s->pool, h, key, r->key_len);
 
     if (!e) {
@@ -96,18 +96,18 @@ static int recover_rec(void *arg, tern_pm_loc loc, const struct tern_pm_rec *r)
     }
     /* Two records of one key: the newer version wins. Of two of one
      * version (an interrupted clean's copy and its original), the first
-     * wins: the pool hands the copy first (tern_pm_recover), so the
+     * wins: the pool hands the copy first (pm_recover), so the
      * victim holds nothing live and the next clean frees it outright. Had
      * the original won, that clean would copy it all again into a pool
      * the crash had left without room, and fail, again and again. */
     e->n_old++;
-    if (r->version <= tern_pm_rec_at(s->pool, ent_loc(e))->version) {
-        tern_pm_dead(s->pool, loc);
-        if (!e->old_loc && r->version < tern_pm_rec_at(s->pool, ent_loc(e))->version)
+    if (r->version <= pm_rec_at(s->pool, ent_loc(e))->version) {
+        pm_dead(s->pool, loc);
+        if (!e->old_loc && r->version < pm_rec_at(s->pool, ent_loc(e))->version)
             e->old_loc = loc;
         return 0;
     }
-    tern_pm_dead(s->pool, ent_loc(e));
+    pm_dead(s->pool, ent_loc(e));
     s->keys += (uint64_t)ent_is_tomb(e) - (uint64_t)!!flag;
     e->old_loc = ent_loc(e);
     e->loc = loc | flag;
@@ -116,14 +116,14 @@ static int recover_rec(void *arg, tern_pm_loc loc, const struct tern_pm_rec *r)
 
 /* ---- the cleaner's view ---- */
 
-static struct kv_ent *ent_of(struct tern_kv_store *s, const struct tern_pm_rec *r)
+static struct kv_ent *ent_of(struct kvs *s, const struct pm_rec *r)
 {
-    const void *key = tern_pm_rec_key(r);
+    const void *key = pm_rec_key(r);
 
-    return kv_index_find(&s->ix, s->pool, tern_kv_hash(key, r->key_len), key, r->key_len);
+    return kv_index_find(&s->ix, s->pool, kv_hash(key, r->key_len), key, r->key_len);
 }
 
-static bool clean_is_live(void *arg, tern_pm_loc loc, const struct tern_pm_rec *r)
+static bool clean_is_live(void *arg, pm_loc loc, const struct pm_rec *r)
 {
     struct kv_ent *e = ent_of(arg, r);
 
@@ -133,7 +133,7 @@ static bool clean_is_live(void *arg, tern_pm_loc loc, const struct tern_pm_rec *
 /* The copy becomes the key's record; the original, still in the victim
  * until it is freed, counts as an older one (dropped below, once the victim
  * is gone). */
-static void clean_moved(void *arg, tern_pm_loc from, tern_pm_loc to, const struct tern_pm_rec *r)
+static void clean_moved(void *arg, pm_loc from, pm_loc to, const struct pm_rec *r)
 {
     struct kv_ent *e = ent_of(arg, r);
 
@@ -145,9 +145,9 @@ static void clean_moved(void *arg, tern_pm_loc from, tern_pm_loc to, const struc
 }
 
 /* Called for every record of a victim after the victim was freed. */
-static void clean_dropped(void *arg, tern_pm_loc loc, const struct tern_pm_rec *r)
+static void clean_dropped(void *arg, pm_loc loc, const struct pm_rec *r)
 {
-    struct tern_kv_store *s = arg;
+    struct kvs *s = arg;
     struct kv_ent *e = ent_of(s, r);
 
     /* The segment is free now: never rewrite in place there. */
@@ -161,11 +161,11 @@ static void clean_dropped(void *arg, tern_pm_loc loc, const struct tern_pm_rec *
 
 /* ---- open and close ---- */
 
-int tern_kv_store_open(const struct tern_kv_store_opts *o, struct tern_kv_store **out)
+int kvs_open(const struct kvs_opts *o, struct kvs **out)
 {
-    struct tern_pm_opts po = {.create = true};
-    struct tern_kv_store *s;
-    struct tern_pm_info info;
+    struct pm_opts po = {.create = true};
+    struct kvs *s;
+    struct pm_info info;
     int rc;
 
     if (!o || !o->path || !out)
@@ -176,18 +176,18 @@ int tern_kv_store_open(const struct tern_kv_store_opts *o, struct tern_kv_store 
     s = calloc(1, sizeof(*s));
     if (!s)
         return TERN_ENOMEM;
-    s->cleaner = (struct tern_pm_cleaner){.is_live = clean_is_live, .moved = clean_moved,
+    s->cleaner = (struct pm_cleaner){.is_live = clean_is_live, .moved = clean_moved,
                                           .dropped = clean_dropped, .arg = s};
     s->append_only = o->append_only;
     s->gen = 1;                      /* recovered entries have 0: durable */
-    rc = tern_pm_open(o->path, &po, &s->pool);
+    rc = pm_open(o->path, &po, &s->pool);
     if (rc < 0)
         goto fail;
-    tern_pm_get_info(s->pool, &info);
+    pm_get_info(s->pool, &info);
     rc = kv_index_init(&s->ix, 1024);
     if (rc < 0)
         goto fail;
-    rc = tern_pm_recover(s->pool, recover_rec, s);
+    rc = pm_recover(s->pool, recover_rec, s);
     if (rc < 0)
         goto fail;
     for (uint32_t i = 0; i < s->ix.top; i++)
@@ -200,37 +200,37 @@ int tern_kv_store_open(const struct tern_kv_store_opts *o, struct tern_kv_store 
     return 0;
 fail:
     kv_index_free(&s->ix);
-    tern_pm_close(s->pool);
+    pm_close(s->pool);
     free(s);
     return rc;
 }
 
-void tern_kv_store_close(struct tern_kv_store *s)
+void kvs_close(struct kvs *s)
 {
     if (!s)
         return;
-    tern_kv_store_sync(s);
+    kvs_sync(s);
     kv_index_free(&s->ix);
-    tern_pm_close(s->pool);
+    pm_close(s->pool);
     free(s);
 }
 
 /* ---- reads ---- */
 
-int tern_kv_store_get(struct tern_kv_store *s, const void *key, size_t klen,
+int kvs_get(struct kvs *s, const void *key, size_t klen,
                       const void **val, uint32_t *len, uint64_t *version)
 {
     struct kv_ent *e;
-    const struct tern_pm_rec *r;
+    const struct pm_rec *r;
 
     s->st.gets++;
-    if (!klen || klen > TERN_KV_KEY_MAX)
+    if (!klen || klen > KV_KEY_MAX)
         return klen ? TERN_E2BIG : TERN_EINVAL;
-    e = kv_index_find(&s->ix, s->pool, tern_kv_hash(key, klen), key, (uint16_t)klen);
+    e = kv_index_find(&s->ix, s->pool, kv_hash(key, klen), key, (uint16_t)klen);
     if (!e || ent_is_tomb(e))
         return TERN_ENOENT;
-    r = tern_pm_rec_at(s->pool, ent_loc(e));
-    *val = tern_pm_rec_val(r);
+    r = pm_rec_at(s->pool, ent_loc(e));
+    *val = pm_rec_val(r);
     *len = r->val_len;
     if (version)
         *version = r->version;
@@ -238,27 +238,27 @@ int tern_kv_store_get(struct tern_kv_store *s, const void *key, size_t klen,
     return 0;
 }
 
-int tern_kv_store_locate(struct tern_kv_store *s, const void *key, size_t klen,
-                         tern_pm_loc *loc, uint32_t *size, uint64_t *version)
+int kvs_locate(struct kvs *s, const void *key, size_t klen,
+                         pm_loc *loc, uint32_t *size, uint64_t *version)
 {
-    const struct tern_pm_rec *r;
+    const struct pm_rec *r;
     struct kv_ent *e;
 
     s->st.gets++;
-    if (!klen || klen > TERN_KV_KEY_MAX)
+    if (!klen || klen > KV_KEY_MAX)
         return klen ? TERN_E2BIG : TERN_EINVAL;
-    e = kv_index_find(&s->ix, s->pool, tern_kv_hash(key, klen), key, (uint16_t)klen);
+    e = kv_index_find(&s->ix, s->pool, kv_hash(key, klen), key, (uint16_t)klen);
     if (!e || ent_is_tomb(e))
         return TERN_ENOENT;
-    r = tern_pm_rec_at(s->pool, ent_loc(e));
+    r = pm_rec_at(s->pool, ent_loc(e));
     *loc = ent_loc(e);
-    *size = tern_pm_rec_size(r->key_len, r->val_len);
+    *size = pm_rec_size(r->key_len, r->val_len);
     *version = r->version;
     s->st.hits++;
     return 0;
 }
 
-static int pin_find(const struct tern_kv_store *s, tern_pm_loc loc)
+static int pin_find(const struct kvs *s, pm_loc loc)
 {
     for (unsigned i = 0; i < TERN_KV_PINS; i++)
         if (s->pins[i].n && s->pins[i].loc == loc)
@@ -266,12 +266,12 @@ static int pin_find(const struct tern_kv_store *s, tern_pm_loc loc)
     return -1;
 }
 
-static bool pinned(const struct tern_kv_store *s, tern_pm_loc loc)
+static bool pinned(const struct kvs *s, pm_loc loc)
 {
     return s->n_pins && pin_find(s, loc) >= 0;
 }
 
-int tern_kv_store_pin(struct tern_kv_store *s, tern_pm_loc loc)
+int kvs_pin(struct kvs *s, pm_loc loc)
 {
     int i = pin_find(s, loc);
 
@@ -287,7 +287,7 @@ int tern_kv_store_pin(struct tern_kv_store *s, tern_pm_loc loc)
     return 0;
 }
 
-void tern_kv_store_unpin(struct tern_kv_store *s, tern_pm_loc loc)
+void kvs_unpin(struct kvs *s, pm_loc loc)
 {
     int i = pin_find(s, loc);
 
@@ -300,7 +300,7 @@ void tern_kv_store_unpin(struct tern_kv_store *s, tern_pm_loc loc)
 /* Free segments run low: segments held out of the cleaner's reach that
  * their holder can spare (idle leases) come back first, so that cleaning
  * can take them. */
-static void short_of_room(struct tern_kv_store *s)
+static void short_of_room(struct kvs *s)
 {
     if (s->on_short)
         s->on_short(s->on_short_arg);
@@ -308,42 +308,42 @@ static void short_of_room(struct tern_kv_store *s)
 
 /* Append a record, cleaning first when free segments run low and again,
  * harder, if the pool is full. On failure nothing has changed. */
-static int append(struct tern_kv_store *s, enum tern_pm_rec_type type, const void *key,
-                  uint16_t klen, const void *val, uint32_t len, tern_pm_loc *loc,
+static int append(struct kvs *s, enum pm_rec_type type, const void *key,
+                  uint16_t klen, const void *val, uint32_t len, pm_loc *loc,
                   uint64_t *version)
 {
     int rc;
 
-    if (tern_pm_free_segs(s->pool) < s->clean_low) {
+    if (pm_free_segs(s->pool) < s->clean_low) {
         short_of_room(s);
-        rc = tern_pm_clean(s->pool, &s->cleaner, 1, 75);
+        rc = pm_clean(s->pool, &s->cleaner, 1, 75);
         if (rc > 0)
             s->st.segs_cleaned += (unsigned)rc;
     }
-    *version = tern_pm_next_version(s->pool);
-    rc = tern_pm_append(s->pool, type, *version, key, klen, val, len, loc);
+    *version = pm_next_version(s->pool);
+    rc = pm_append(s->pool, type, *version, key, klen, val, len, loc);
     if (rc != TERN_ENOSPC)
         return rc;
     /* Full: take back every segment at least a tenth dead, emptiest first.
      * Segments nearly all live are left alone: copying one forward would
      * use up about as much room as it frees, over and over. */
     short_of_room(s);
-    rc = tern_pm_clean(s->pool, &s->cleaner, tern_pm_seg_count(s->pool), 90);
+    rc = pm_clean(s->pool, &s->cleaner, pm_seg_count(s->pool), 90);
     if (rc > 0)
         s->st.segs_cleaned += (unsigned)rc;
-    return tern_pm_append(s->pool, type, *version, key, klen, val, len, loc);
+    return pm_append(s->pool, type, *version, key, klen, val, len, loc);
 }
 
-static int finish_write(struct tern_kv_store *s, unsigned flags)
+static int finish_write(struct kvs *s, unsigned flags)
 {
     s->dirty = true;
-    return (flags & TERN_KV_SYNC) ? tern_kv_store_sync(s) : 0;
+    return (flags & TERN_KV_SYNC) ? kvs_sync(s) : 0;
 }
 
 /* Make a new value record the key's newest (the index has room: see
  * kv_index_reserve). */
-static void point_at(struct tern_kv_store *s, uint64_t h, const void *key, uint16_t klen,
-                     tern_pm_loc loc, uint64_t ver)
+static void point_at(struct kvs *s, uint64_t h, const void *key, uint16_t klen,
+                     pm_loc loc, uint64_t ver)
 {
     struct kv_ent *e = kv_index_find(&s->ix, s->pool, h, key, klen);
 
@@ -353,7 +353,7 @@ static void point_at(struct tern_kv_store *s, uint64_t h, const void *key, uint1
         e->base_ver = ver;
         s->keys++;
     } else {
-        tern_pm_dead(s->pool, ent_loc(e));
+        pm_dead(s->pool, ent_loc(e));
         e->n_old++;
         s->keys += ent_is_tomb(e);
         e->old_loc = ent_loc(e);
@@ -367,16 +367,16 @@ static void point_at(struct tern_kv_store *s, uint64_t h, const void *key, uint1
  * told of it (writes are acknowledged after a sync): a batch that sets one
  * key again and again (the RESP gateway's group commit) rewrites that
  * record rather than appending one per SET. The pool allows it only where a
- * crash mid-rewrite loses nothing acknowledged (tern_pm_rewrite_pending):
+ * crash mid-rewrite loses nothing acknowledged (pm_rewrite_pending):
  * past the commit point, or over a slot rewritten in place before. */
-static int put_again(struct tern_kv_store *s, struct kv_ent *e, const void *key,
+static int put_again(struct kvs *s, struct kv_ent *e, const void *key,
                      uint16_t klen, const void *val, uint32_t len, uint64_t *ver)
 {
     if (ent_is_tomb(e) || pinned(s, ent_loc(e)) ||
-        tern_pm_slot_size(s->pool, ent_loc(e)) < tern_pm_rec_size(klen, len))
+        pm_slot_size(s->pool, ent_loc(e)) < pm_rec_size(klen, len))
         return 0;
-    *ver = tern_pm_next_version(s->pool);
-    if (tern_pm_rewrite_pending(s->pool, ent_loc(e), TERN_PM_VALUE, *ver, key, klen, val,
+    *ver = pm_next_version(s->pool);
+    if (pm_rewrite_pending(s->pool, ent_loc(e), PM_VALUE, *ver, key, klen, val,
                                 len) < 0)
         return 0;
     s->st.in_place++;
@@ -394,11 +394,11 @@ static int put_again(struct tern_kv_store *s, struct kv_ent *e, const void *key,
  * push is done, and one-sided readers check version and checksum and read
  * again. A key whose newest record is not synced yet is set again over that
  * record instead (put_again). Returns 1 if it did, 0 to append instead. */
-static int put_in_place(struct tern_kv_store *s, uint64_t h, const void *key, uint16_t klen,
+static int put_in_place(struct kvs *s, uint64_t h, const void *key, uint16_t klen,
                         const void *val, uint32_t len, uint64_t *ver)
 {
     struct kv_ent *e;
-    tern_pm_loc prev;
+    pm_loc prev;
     int rc;
 
     if (s->append_only)
@@ -409,18 +409,18 @@ static int put_in_place(struct tern_kv_store *s, uint64_t h, const void *key, ui
     if (e->gen == s->gen)
         return put_again(s, e, key, klen, val, len, ver);
     if (!e->old_loc || pinned(s, e->old_loc) ||
-        tern_pm_slot_size(s->pool, e->old_loc) < tern_pm_rec_size(klen, len))
+        pm_slot_size(s->pool, e->old_loc) < pm_rec_size(klen, len))
         return 0;
-    *ver = tern_pm_next_version(s->pool);
+    *ver = pm_next_version(s->pool);
     /* Nothing pending is committed first: the newer version is durable. */
-    rc = tern_pm_overwrite_behind(s->pool, e->old_loc, TERN_PM_VALUE, *ver, key, klen, val,
+    rc = pm_overwrite_behind(s->pool, e->old_loc, PM_VALUE, *ver, key, klen, val,
                                   len);
     if (rc < 0)
         return 0;
     /* The rewritten slot is the newest now and the record it replaced goes
      * to the older ones: n_old does not change. */
     prev = ent_loc(e);
-    tern_pm_dead(s->pool, prev);
+    pm_dead(s->pool, prev);
     s->keys += ent_is_tomb(e);
     e->loc = e->old_loc;
     e->old_loc = prev;
@@ -430,18 +430,18 @@ static int put_in_place(struct tern_kv_store *s, uint64_t h, const void *key, ui
     return 1;
 }
 
-int tern_kv_store_put(struct tern_kv_store *s, const void *key, size_t klen,
+int kvs_put(struct kvs *s, const void *key, size_t klen,
                       const void *val, size_t len, unsigned flags, uint64_t *version)
 {
     uint64_t h, ver;
-    tern_pm_loc loc;
+    pm_loc loc;
     int rc;
 
     if (!klen || (!val && len))
         return TERN_EINVAL;
-    if (klen > TERN_KV_KEY_MAX || len > tern_kv_store_val_max(s, klen))
+    if (klen > KV_KEY_MAX || len > kvs_val_max(s, klen))
         return TERN_E2BIG;
-    h = tern_kv_hash(key, klen);
+    h = kv_hash(key, klen);
     /* Room for a new index entry is made first, so that running out of
      * memory leaves nothing half-done in the pool. */
     rc = kv_index_reserve(&s->ix);
@@ -453,7 +453,7 @@ int tern_kv_store_put(struct tern_kv_store *s, const void *key, size_t klen,
             *version = ver;
         return finish_write(s, flags);
     }
-    rc = append(s, TERN_PM_VALUE, key, (uint16_t)klen, val, (uint32_t)len, &loc, &ver);
+    rc = append(s, PM_VALUE, key, (uint16_t)klen, val, (uint32_t)len, &loc, &ver);
     if (rc < 0)
         return rc;
     /* Looked up after the append: cleaning may have moved records. */
@@ -464,27 +464,27 @@ int tern_kv_store_put(struct tern_kv_store *s, const void *key, size_t klen,
     return finish_write(s, flags);
 }
 
-int tern_kv_store_del(struct tern_kv_store *s, const void *key, size_t klen, unsigned flags,
+int kvs_del(struct kvs *s, const void *key, size_t klen, unsigned flags,
                       uint64_t *version)
 {
     uint64_t h, ver;
-    tern_pm_loc loc;
+    pm_loc loc;
     struct kv_ent *e;
     int rc;
 
     if (!klen)
         return TERN_EINVAL;
-    if (klen > TERN_KV_KEY_MAX)
+    if (klen > KV_KEY_MAX)
         return TERN_E2BIG;
-    h = tern_kv_hash(key, klen);
+    h = kv_hash(key, klen);
     e = kv_index_find(&s->ix, s->pool, h, key, (uint16_t)klen);
     if (!e || ent_is_tomb(e))
         return TERN_ENOENT;
-    rc = append(s, TERN_PM_TOMBSTONE, key, (uint16_t)klen, NULL, 0, &loc, &ver);
+    rc = append(s, PM_TOMBSTONE, key, (uint16_t)klen, NULL, 0, &loc, &ver);
     if (rc < 0)
         return rc;
     e = kv_index_find(&s->ix, s->pool, h, key, (uint16_t)klen);
-    tern_pm_dead(s->pool, ent_loc(e));
+    pm_dead(s->pool, ent_loc(e));
     e->n_old++;
     e->old_loc = ent_loc(e);
     e->loc = loc | KV_TOMB;
@@ -497,13 +497,13 @@ int tern_kv_store_del(struct tern_kv_store *s, const void *key, size_t klen, uns
     return finish_write(s, flags);
 }
 
-int tern_kv_store_sync(struct tern_kv_store *s)
+int kvs_sync(struct kvs *s)
 {
     int rc;
 
     if (!s->dirty)
         return 0;
-    rc = tern_pm_commit(s->pool);
+    rc = pm_commit(s->pool);
     if (rc < 0)
         return rc;
     s->dirty = false;
@@ -518,26 +518,26 @@ int tern_kv_store_sync(struct tern_kv_store *s)
     return 0;
 }
 
-bool tern_kv_store_dirty(const struct tern_kv_store *s)
+bool kvs_dirty(const struct kvs *s)
 {
     return s->dirty;
 }
 
-int tern_kv_store_clear(struct tern_kv_store *s, unsigned flags)
+int kvs_clear(struct kvs *s, unsigned flags)
 {
     /* By entry slot, not by bucket: deletes may retire tombstones, which
      * unlinks entries, but never add any. */
     for (uint32_t i = 0; i < s->ix.top; i++) {
         struct kv_ent *e = &s->ix.ents[i];
-        const struct tern_pm_rec *r;
-        uint8_t key[TERN_KV_KEY_MAX];
+        const struct pm_rec *r;
+        uint8_t key[KV_KEY_MAX];
         int rc;
 
         if (e->loc == KV_FREE || ent_is_tomb(e))
             continue;
-        r = tern_pm_rec_at(s->pool, ent_loc(e));
-        memcpy(key, tern_pm_rec_key(r), r->key_len);    /* the record may move */
-        rc = tern_kv_store_del(s, key, r->key_len, 0, NULL);
+        r = pm_rec_at(s->pool, ent_loc(e));
+        memcpy(key, pm_rec_key(r), r->key_len);    /* the record may move */
+        rc = kvs_del(s, key, r->key_len, 0, NULL);
         if (rc < 0)
             return rc;
     }
@@ -547,7 +547,7 @@ int tern_kv_store_clear(struct tern_kv_store *s, unsigned flags)
 /* ---- scans and figures ---- */
 
 struct scan_ctx {
-    struct tern_kv_store *s;
+    struct kvs *s;
     tern_kv_scan_fn fn;
     void *arg;
 };
@@ -555,16 +555,16 @@ struct scan_ctx {
 static int scan_visit(void *arg, struct kv_ent *e)
 {
     struct scan_ctx *c = arg;
-    const struct tern_pm_rec *r;
+    const struct pm_rec *r;
 
     if (ent_is_tomb(e))
         return 0;
-    r = tern_pm_rec_at(c->s->pool, ent_loc(e));
-    return c->fn(c->arg, tern_pm_rec_key(r), r->key_len, tern_pm_rec_val(r), r->val_len,
+    r = pm_rec_at(c->s->pool, ent_loc(e));
+    return c->fn(c->arg, pm_rec_key(r), r->key_len, pm_rec_val(r), r->val_len,
                  r->version);
 }
 
-int tern_kv_store_scan(struct tern_kv_store *s, uint64_t cursor, unsigned max,
+int kvs_scan(struct kvs *s, uint64_t cursor, unsigned max,
                        tern_kv_scan_fn fn, void *arg, uint64_t *next)
 {
     struct scan_ctx c = {.s = s, .fn = fn, .arg = arg};
@@ -575,39 +575,39 @@ int tern_kv_store_scan(struct tern_kv_store *s, uint64_t cursor, unsigned max,
     return 0;
 }
 
-uint64_t tern_kv_store_count(const struct tern_kv_store *s)
+uint64_t kvs_count(const struct kvs *s)
 {
     return s->keys;
 }
 
-size_t tern_kv_store_val_max(const struct tern_kv_store *s, size_t klen)
+size_t kvs_val_max(const struct kvs *s, size_t klen)
 {
-    return klen > TERN_KV_KEY_MAX ? 0 : tern_pm_val_max(s->pool, (uint32_t)klen);
+    return klen > KV_KEY_MAX ? 0 : pm_val_max(s->pool, (uint32_t)klen);
 }
 
-void tern_kv_store_get_stats(const struct tern_kv_store *s, struct tern_kv_store_stats *st)
+void kvs_get_stats(const struct kvs *s, struct kvs_stats *st)
 {
     *st = s->st;
     st->keys = s->keys;
-    tern_pm_get_info(s->pool, &st->pool);
+    pm_get_info(s->pool, &st->pool);
 }
 
 /* ---- one-sided access: the index window and leased segments ---- */
 
-struct tern_pm_pool *tern_kv_store_pool(const struct tern_kv_store *s)
+struct pm_pool *kvs_pool(const struct kvs *s)
 {
     return s->pool;
 }
 
-void tern_kv_store_attach_window(struct tern_kv_store *s, void *mem, uint32_t n_blocks)
+void kvs_attach_window(struct kvs *s, void *mem, uint32_t n_blocks)
 {
-    struct tern_pm_info info;
+    struct pm_info info;
 
     if (!mem) {
         s->win = (struct kv_window){0};
         return;
     }
-    tern_pm_get_info(s->pool, &info);
+    pm_get_info(s->pool, &info);
     kv_window_init(&s->win, mem, n_blocks, info.uuid);
     for (uint32_t i = 0; i < s->ix.top; i++)
         if (s->ix.ents[i].loc != KV_FREE) {
@@ -616,14 +616,14 @@ void tern_kv_store_attach_window(struct tern_kv_store *s, void *mem, uint32_t n_
         }
 }
 
-void tern_kv_store_window_counts(const struct tern_kv_store *s, uint64_t *mirrored,
+void kvs_window_counts(const struct kvs *s, uint64_t *mirrored,
                                  uint64_t *unplaced)
 {
     *mirrored = s->win.mirrored;
     *unplaced = s->win.unplaced;
 }
 
-int tern_kv_store_lease(struct tern_kv_store *s, uint32_t *seg)
+int kvs_lease(struct kvs *s, uint32_t *seg)
 {
     int rc;
 
@@ -631,81 +631,81 @@ int tern_kv_store_lease(struct tern_kv_store *s, uint32_t *seg)
      * ends, so it never takes one of the last clean_low: those keep the
      * writes that come through the store (RPC, RESP) and the cleaner going
      * whatever clients lease. Clean first, as an append would. */
-    if (tern_pm_free_segs(s->pool) <= s->clean_low) {
+    if (pm_free_segs(s->pool) <= s->clean_low) {
         short_of_room(s);
-        rc = tern_pm_clean(s->pool, &s->cleaner, 1, 75);
+        rc = pm_clean(s->pool, &s->cleaner, 1, 75);
         if (rc > 0)
             s->st.segs_cleaned += (unsigned)rc;
     }
-    if (tern_pm_free_segs(s->pool) <= s->clean_low) {
-        rc = tern_pm_clean(s->pool, &s->cleaner, tern_pm_seg_count(s->pool), 90);
+    if (pm_free_segs(s->pool) <= s->clean_low) {
+        rc = pm_clean(s->pool, &s->cleaner, pm_seg_count(s->pool), 90);
         if (rc > 0)
             s->st.segs_cleaned += (unsigned)rc;
     }
-    if (tern_pm_free_segs(s->pool) <= s->clean_low)
+    if (pm_free_segs(s->pool) <= s->clean_low)
         return TERN_ENOSPC;
-    return tern_pm_lease(s->pool, seg);
+    return pm_lease(s->pool, seg);
 }
 
-void tern_kv_store_on_short(struct tern_kv_store *s, void (*fn)(void *arg), void *arg)
+void kvs_on_short(struct kvs *s, void (*fn)(void *arg), void *arg)
 {
     s->on_short = fn;
     s->on_short_arg = arg;
 }
 
-void tern_kv_store_lease_end(struct tern_kv_store *s, uint32_t seg)
+void kvs_lease_end(struct kvs *s, uint32_t seg)
 {
-    tern_pm_lease_end(s->pool, seg);
+    pm_lease_end(s->pool, seg);
 }
 
-int tern_kv_store_lease_put(struct tern_kv_store *s, uint32_t seg, uint32_t off,
+int kvs_lease_put(struct kvs *s, uint32_t seg, uint32_t off,
                             uint64_t intent, uint32_t range_lo, uint32_t range_hi,
                             unsigned flags, uint64_t *version, bool *ended)
 {
-    const struct tern_pm_rec *r;
-    struct tern_pm_rec hdr;
-    tern_pm_loc loc;
+    const struct pm_rec *r;
+    struct pm_rec hdr;
+    pm_loc loc;
     uint64_t ver, h;
     uint32_t top;
     int rc;
 
-    if (off != tern_pm_lease_next(s->pool, seg))
+    if (off != pm_lease_next(s->pool, seg))
         return TERN_EINVAL;
     /* Is the record at off the one the client meant (its put may have
      * failed, leaving an older record there)? The pool's checks follow. */
-    r = (const struct tern_pm_rec *)((const uint8_t *)tern_pm_base(s->pool) +
-                                     tern_pm_seg_file_off(s->pool, seg) + off);
-    if (off + sizeof(*r) > TERN_PM_SEG_HDR + tern_pm_seg_room(s->pool) ||
+    r = (const struct pm_rec *)((const uint8_t *)pm_base(s->pool) +
+                                     pm_seg_file_off(s->pool, seg) + off);
+    if (off + sizeof(*r) > PM_SEG_HDR + pm_seg_room(s->pool) ||
         __atomic_load_n(&r->version, __ATOMIC_ACQUIRE) != intent)
         return TERN_EPROTO;
     rc = kv_index_reserve(&s->ix);
     if (rc < 0)
         return rc;
-    ver = tern_pm_next_version(s->pool);
-    rc = tern_pm_lease_append(s->pool, seg, off, ver, &loc);
+    ver = pm_next_version(s->pool);
+    rc = pm_lease_append(s->pool, seg, off, ver, &loc);
     if (rc < 0)
         return rc;
     /* The lessee can still write the header: read it once, and judge the
      * record by that copy, its lengths checked against the segment again.
      * One the store will not take is dropped with the lease (it is not
      * committed yet): the lessee asks for a new one. */
-    r = tern_pm_rec_at(s->pool, loc);
+    r = pm_rec_at(s->pool, loc);
     memcpy(&hdr, r, sizeof(hdr));
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
-    if (hdr.type != TERN_PM_VALUE || !hdr.key_len || hdr.key_len > TERN_PM_KEY_MAX ||
-        off + sizeof(hdr) + hdr.key_len > TERN_PM_SEG_HDR + tern_pm_seg_room(s->pool)) {
-        tern_pm_lease_end(s->pool, seg);
+    if (hdr.type != PM_VALUE || !hdr.key_len || hdr.key_len > PM_KEY_MAX ||
+        off + sizeof(hdr) + hdr.key_len > PM_SEG_HDR + pm_seg_room(s->pool)) {
+        pm_lease_end(s->pool, seg);
         *ended = true;
         return TERN_EPROTO;
     }
-    h = tern_kv_hash(tern_pm_rec_key(r), hdr.key_len);
+    h = kv_hash(pm_rec_key(r), hdr.key_len);
     top = (uint32_t)(h >> 32);
     if (top < range_lo || top > range_hi) {
-        tern_pm_lease_end(s->pool, seg);
+        pm_lease_end(s->pool, seg);
         *ended = true;
         return TERN_EWRONGNODE;
     }
-    point_at(s, h, tern_pm_rec_key(r), hdr.key_len, loc, ver);
+    point_at(s, h, pm_rec_key(r), hdr.key_len, loc, ver);
     s->st.puts++;
     if (version)
         *version = ver;

@@ -2,10 +2,10 @@
  * (services/pm) for the data and a DRAM hash index from key to record.
  *
  * One thread owns a store. Values are read in place: a pointer returned by
- * tern_kv_store_get() points into the pool and stays valid until the next
+ * kvs_get() points into the pool and stays valid until the next
  * write on the store (a write may clean segments and move records).
  *
- * Writes are durable only after tern_kv_store_sync(); TERN_KV_SYNC makes
+ * Writes are durable only after kvs_sync(); TERN_KV_SYNC makes
  * one write sync by itself. A caller that answers many writes at once (the
  * RESP gateway's pipelined batches) writes them all and syncs once before it
  * replies: one flush for the batch.
@@ -29,54 +29,54 @@ enum tern_kv_flags {
     TERN_KV_SYNC = 1u << 0,          /* durable before the call returns */
 };
 
-struct tern_kv_store_opts {
+struct kvs_opts {
     const char *path;                /* pool file (created if absent) */
     uint64_t pool_size;              /* create: 0 = 256 MiB */
     uint32_t seg_size;               /* create: 0 = 1 MiB */
     bool append_only;                /* never rewrite an older record in place */
-    uint32_t split_flush;            /* see tern_pm_opts; 0 = its default */
+    uint32_t split_flush;            /* see pm_opts; 0 = its default */
 };
 
-struct tern_kv_store_stats {
+struct kvs_stats {
     uint64_t keys;                   /* live keys */
     uint64_t gets, puts, dels, hits;
     uint64_t syncs;                  /* commits that wrote something */
     uint64_t segs_cleaned;
     uint64_t in_place;               /* PUTs written over an older record */
-    struct tern_pm_info pool;
+    struct pm_info pool;
 };
 
-struct tern_kv_store;
+struct kvs;
 
 /* Open the pool and rebuild the index from its log (newest version of each
- * key wins, tombstones delete). Errors: those of tern_pm_open and
- * tern_pm_recover (TERN_ECORRUPT, TERN_EBUSY, ...), TERN_ENOMEM. */
-int tern_kv_store_open(const struct tern_kv_store_opts *o, struct tern_kv_store **out);
+ * key wins, tombstones delete). Errors: those of pm_open and
+ * pm_recover (TERN_ECORRUPT, TERN_EBUSY, ...), TERN_ENOMEM. */
+int kvs_open(const struct kvs_opts *o, struct kvs **out);
 
 /* Sync, then close the pool and free the index. */
-void tern_kv_store_close(struct tern_kv_store *s);
+void kvs_close(struct kvs *s);
 
 /* Look a key up. 0 with *val (in the pool), *len and *version set, or
  * TERN_ENOENT. *val is valid until the next write to the store. */
-int tern_kv_store_get(struct tern_kv_store *s, const void *key, size_t klen,
+int kvs_get(struct kvs *s, const void *key, size_t klen,
                       const void **val, uint32_t *len, uint64_t *version);
 
 /* Set key = val; the value is copied into the pool once. *version (if not
- * NULL) gets the version written. TERN_E2BIG for a key over TERN_KV_KEY_MAX
- * or a value over tern_kv_store_val_max(); TERN_EINVAL for an empty key;
+ * NULL) gets the version written. TERN_E2BIG for a key over KV_KEY_MAX
+ * or a value over kvs_val_max(); TERN_EINVAL for an empty key;
  * TERN_ENOSPC when the pool is full of live data (nothing is changed). */
-int tern_kv_store_put(struct tern_kv_store *s, const void *key, size_t klen,
+int kvs_put(struct kvs *s, const void *key, size_t klen,
                       const void *val, size_t len, unsigned flags, uint64_t *version);
 
 /* Delete a key (writes a tombstone). TERN_ENOENT if it is absent. */
-int tern_kv_store_del(struct tern_kv_store *s, const void *key, size_t klen,
+int kvs_del(struct kvs *s, const void *key, size_t klen,
                       unsigned flags, uint64_t *version);
 
 /* Make every write so far durable (one flush and commit for all of them). */
-int tern_kv_store_sync(struct tern_kv_store *s);
+int kvs_sync(struct kvs *s);
 
-/* True if writes are waiting for tern_kv_store_sync(). */
-bool tern_kv_store_dirty(const struct tern_kv_store *s);
+/* True if writes are waiting for kvs_sync(). */
+bool kvs_dirty(const struct kvs *s);
 
 /* Scan in hash order. Start with cursor 0; each call visits whole buckets
  * until at least `max` keys were seen, calling fn for each (a nonzero return
@@ -86,72 +86,72 @@ bool tern_kv_store_dirty(const struct tern_kv_store *s);
  * even if the index grows meanwhile. fn must not write to the store. */
 typedef int (*tern_kv_scan_fn)(void *arg, const void *key, size_t klen, const void *val,
                                uint32_t len, uint64_t version);
-int tern_kv_store_scan(struct tern_kv_store *s, uint64_t cursor, unsigned max,
+int kvs_scan(struct kvs *s, uint64_t cursor, unsigned max,
                        tern_kv_scan_fn fn, void *arg, uint64_t *next);
 
 /* Delete every key. */
-int tern_kv_store_clear(struct tern_kv_store *s, unsigned flags);
+int kvs_clear(struct kvs *s, unsigned flags);
 
 /* Number of live keys. */
-uint64_t tern_kv_store_count(const struct tern_kv_store *s);
+uint64_t kvs_count(const struct kvs *s);
 
 /* Largest value a key of `klen` bytes may have. */
-size_t tern_kv_store_val_max(const struct tern_kv_store *s, size_t klen);
+size_t kvs_val_max(const struct kvs *s, size_t klen);
 
 /* Counters and pool figures. */
-void tern_kv_store_get_stats(const struct tern_kv_store *s, struct tern_kv_store_stats *st);
+void kvs_get_stats(const struct kvs *s, struct kvs_stats *st);
 
 /* ---- one-sided access ---- */
 
 /* The pool behind the store (to register it for one-sided access). */
-struct tern_pm_pool *tern_kv_store_pool(const struct tern_kv_store *s);
+struct pm_pool *kvs_pool(const struct kvs *s);
 
 /* Mirror the index into `mem` (kvw_bytes(n_blocks) zeroed bytes, n_blocks a
  * power of two) from now on, for clients that read it one-sidedly (see
  * kv_window.h). */
-void tern_kv_store_attach_window(struct tern_kv_store *s, void *mem, uint32_t n_blocks);
+void kvs_attach_window(struct kvs *s, void *mem, uint32_t n_blocks);
 
 /* Where the key's newest record lies, to send it from the pool as it is:
  * 0 with *loc, *size (the record's bytes) and *version, or TERN_ENOENT
  * (also for a deleted key). Counts as a GET. */
-int tern_kv_store_locate(struct tern_kv_store *s, const void *key, size_t klen,
-                         tern_pm_loc *loc, uint32_t *size, uint64_t *version);
+int kvs_locate(struct kvs *s, const void *key, size_t klen,
+                         pm_loc *loc, uint32_t *size, uint64_t *version);
 
 /* Records sent from the pool while the send is in flight: a pinned record
  * is never rewritten in place (BOOM-KV's third condition); pins nest.
  * TERN_ENOBUFS with TERN_KV_PINS records pinned already. */
 #define TERN_KV_PINS 64u
-int tern_kv_store_pin(struct tern_kv_store *s, tern_pm_loc loc);
-void tern_kv_store_unpin(struct tern_kv_store *s, tern_pm_loc loc);
+int kvs_pin(struct kvs *s, pm_loc loc);
+void kvs_unpin(struct kvs *s, pm_loc loc);
 
 /* Keys in the window, and keys left out because their block was full. */
-void tern_kv_store_window_counts(const struct tern_kv_store *s, uint64_t *mirrored,
+void kvs_window_counts(const struct kvs *s, uint64_t *mirrored,
                                  uint64_t *unplaced);
 
 /* Lease a free segment to a client that writes records into it (cleaning
  * first if free segments run low). A lease never takes one of the free
  * segments the store keeps for its own writes (a sixteenth of the pool, at
  * least two): TERN_ENOSPC when that is all there is. */
-int tern_kv_store_lease(struct tern_kv_store *s, uint32_t *seg);
+int kvs_lease(struct kvs *s, uint32_t *seg);
 
 /* Have fn(arg) called whenever the store runs short of free segments, before
  * it cleans: an owner that keeps segments out of the cleaner's reach
  * (leases) gives back those it can spare there. fn may end leases
- * (tern_kv_store_lease_end) but must not write. NULL removes it. */
-void tern_kv_store_on_short(struct tern_kv_store *s, void (*fn)(void *arg), void *arg);
+ * (kvs_lease_end) but must not write. NULL removes it. */
+void kvs_on_short(struct kvs *s, void (*fn)(void *arg), void *arg);
 
 /* End a lease; records not yet committed in it are dropped. */
-void tern_kv_store_lease_end(struct tern_kv_store *s, uint32_t seg);
+void kvs_lease_end(struct kvs *s, uint32_t seg);
 
 /* The lessee of `seg` wrote a value record at `off`, with `intent` in its
  * version field (anything else there: TERN_EPROTO, nothing changed): check it, give it a
- * version and make it the key's newest, as tern_kv_store_put would. A
+ * version and make it the key's newest, as kvs_put would. A
  * malformed record is refused by the pool and changes nothing
  * (TERN_EPROTO, TERN_EINVAL). A key whose hash>>32 is outside [range_lo,
  * range_hi] (TERN_EWRONGNODE) or a record that is not a value (TERN_EPROTO)
  * is found only once the record is in, so it ends the lease, dropping the
  * record: *ended says so. */
-int tern_kv_store_lease_put(struct tern_kv_store *s, uint32_t seg, uint32_t off,
+int kvs_lease_put(struct kvs *s, uint32_t seg, uint32_t off,
                             uint64_t intent, uint32_t range_lo, uint32_t range_hi,
                             unsigned flags, uint64_t *version, bool *ended);
 

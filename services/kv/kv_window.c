@@ -13,12 +13,12 @@ uint32_t kvw_bucket_sum(const struct kvw_bucket *b)
 bool kvw_record_valid(const void *rec, uint32_t size, const void *key, uint16_t klen,
                       uint64_t version)
 {
-    const struct tern_pm_rec *r = rec;
+    const struct pm_rec *r = rec;
 
     if (size < sizeof(*r) || r->version != version || r->key_len != klen ||
-        r->type != TERN_PM_VALUE || tern_pm_rec_size(r->key_len, r->val_len) != size)
+        r->type != PM_VALUE || pm_rec_size(r->key_len, r->val_len) != size)
         return false;
-    return memcmp(tern_pm_rec_key(r), key, klen) == 0 && pm_rec_sum(r) == r->sum;
+    return memcmp(pm_rec_key(r), key, klen) == 0 && pm_rec_sum(r) == r->sum;
 }
 
 void kv_window_init(struct kv_window *w, void *mem, uint32_t n_blocks, const uint8_t uuid[16])
@@ -33,7 +33,7 @@ void kv_window_init(struct kv_window *w, void *mem, uint32_t n_blocks, const uin
 /* Rewrite a bucket under its sequence word. Readers copy buckets while this
  * runs; the odd sequence, and the checksum over the final contents, tell
  * them to read again. */
-static void bucket_write(struct kvw_bucket *b, uint32_t tag, tern_pm_loc loc, uint64_t version,
+static void bucket_write(struct kvw_bucket *b, uint32_t tag, pm_loc loc, uint64_t version,
                          uint32_t size)
 {
     struct kvw_bucket nb = {.seq = b->seq + 2, .tag = tag, .loc = loc, .version = version,
@@ -50,7 +50,7 @@ static void bucket_write(struct kvw_bucket *b, uint32_t tag, tern_pm_loc loc, ui
     __atomic_store_n(&b->seq, nb.seq, __ATOMIC_RELEASE);
 }
 
-void kv_window_set(struct kv_window *w, uint32_t *slot, uint64_t hash, tern_pm_loc loc,
+void kv_window_set(struct kv_window *w, uint32_t *slot, uint64_t hash, pm_loc loc,
                    uint64_t version, uint32_t size)
 {
     if (!w->hdr)

@@ -31,7 +31,7 @@
 struct kvw_bucket {
     uint32_t seq;                        /* odd while the server writes it */
     uint32_t tag;                        /* kvw_tag() of the key's hash; 0 = empty */
-    uint64_t loc;                        /* tern_pm_loc of the key's newest record */
+    uint64_t loc;                        /* pm_loc of the key's newest record */
     uint64_t version;                    /* that record's version */
     uint32_t size;                       /* that record's bytes (header, key, value) */
     uint32_t sum;                        /* kvw_bucket_sum() of the above */
@@ -105,7 +105,7 @@ void kv_window_init(struct kv_window *w, void *mem, uint32_t n_blocks, const uin
 /* Point key `hash`'s bucket at a record; *slot is the bucket the key holds
  * (0 = none yet, else index + 1), updated. A key whose block is full stays
  * out (*slot 0). */
-void kv_window_set(struct kv_window *w, uint32_t *slot, uint64_t hash, tern_pm_loc loc,
+void kv_window_set(struct kv_window *w, uint32_t *slot, uint64_t hash, pm_loc loc,
                    uint64_t version, uint32_t size);
 
 /* Take the key out of the window (deleted, or no longer indexed). */

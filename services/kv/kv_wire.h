@@ -10,7 +10,7 @@
 #include "transport.h"
 
 /* The longest key: a pool record's. */
-#define TERN_KV_KEY_MAX TERN_PM_KEY_MAX
+#define KV_KEY_MAX PM_KEY_MAX
 
 enum kv_method {
     KV_M_GET = 1,    /* kv_key, key            -> kv_val, value */

@@ -67,10 +67,10 @@
 /* An empty buffer larger than this (grown for one big command or reply)
  * goes back to its initial size so that idle clients stay small. */
 #define BUF_KEEP_MAX (1u << 20)
-/* Unsent output a client may have (tern_resp_config.max_output). */
+/* Unsent output a client may have (resp_config.max_output). */
 #define DEFAULT_MAX_OUTPUT (64u << 20)
 
-int (*resp_sync_fn)(struct tern_kv_store *s) = tern_kv_store_sync;
+int (*resp_sync_fn)(struct kvs *s) = kvs_sync;
 
 struct buf {
     char *p;
@@ -104,11 +104,11 @@ struct client {
     size_t n_marks, marks_cap;
     struct client *prev, *next;         /* every client */
     struct client *next_touched;
-    struct tern_resp_gw *gw;
+    struct resp_gw *gw;
 };
 
-struct tern_resp_gw {
-    struct tern_kv_store *store;
+struct resp_gw {
+    struct kvs *store;
     unsigned max_clients;
     size_t max_request;
     size_t max_output;                  /* unsent output a client may have */
@@ -126,7 +126,7 @@ struct tern_resp_gw {
     uint64_t coalesced_waits;           /* coalescing sleeps taken */
     uint64_t next_id, total_conns, total_cmds;
     time_t started;
-    int watch_fd;                       /* tern_resp_gw_watch_fd(), -1 if none */
+    int watch_fd;                       /* resp_gw_watch_fd(), -1 if none */
     bool watch_ready;
 };
 
@@ -351,7 +351,7 @@ static bool key_ok(struct client *c, size_t klen)
         OUT_LIT(c, "-ERR empty keys are not supported\r\n");
         return false;
     }
-    if (klen > TERN_KV_KEY_MAX) {
+    if (klen > KV_KEY_MAX) {
         OUT_LIT(c, "-ERR key too large for the store\r\n");
         return false;
     }
@@ -359,21 +359,21 @@ static bool key_ok(struct client *c, size_t klen)
 }
 
 /* A key the store cannot hold cannot be in it: no need to ask. */
-static int lookup(struct tern_resp_gw *gw, const char *key, size_t klen, const void **val,
+static int lookup(struct resp_gw *gw, const char *key, size_t klen, const void **val,
                   uint32_t *len)
 {
     uint64_t version;
 
-    if (klen == 0 || klen > TERN_KV_KEY_MAX)
+    if (klen == 0 || klen > KV_KEY_MAX)
         return TERN_ENOENT;
-    return tern_kv_store_get(gw->store, key, klen, val, len, &version);
+    return kvs_get(gw->store, key, klen, val, len, &version);
 }
 
 /* ---- commands ---- */
 
-typedef void (*cmd_fn)(struct tern_resp_gw *gw, struct client *c, const struct cmd *m);
+typedef void (*cmd_fn)(struct resp_gw *gw, struct client *c, const struct cmd *m);
 
-static void cmd_ping(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+static void cmd_ping(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
     if (m->argc == 2)
         out_bulk(c, arg(m, 1), arglen(m, 1));
@@ -381,12 +381,12 @@ static void cmd_ping(struct tern_resp_gw *gw, struct client *c, const struct cmd
         OUT_LIT(c, "+PONG\r\n");
 }
 
-static void cmd_echo(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+static void cmd_echo(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
     out_bulk(c, arg(m, 1), arglen(m, 1));
 }
 
-static void cmd_get(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+static void cmd_get(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
     const void *val;
     uint32_t len;
@@ -402,7 +402,7 @@ static void cmd_get(struct tern_resp_gw *gw, struct client *c, const struct cmd 
 
 /* SET key value [NX|XX] [KEEPTTL]. There are no expiries, so KEEPTTL has
  * nothing to keep and EX/PX/EXAT/PXAT cannot be honoured. */
-static void cmd_set(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+static void cmd_set(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
     bool nx = false, xx = false;
     const void *old;
@@ -438,14 +438,14 @@ static void cmd_set(struct tern_resp_gw *gw, struct client *c, const struct cmd 
             return;
         }
     }
-    rc = tern_kv_store_put(gw->store, arg(m, 1), arglen(m, 1), arg(m, 2), arglen(m, 2), 0, NULL);
+    rc = kvs_put(gw->store, arg(m, 1), arglen(m, 1), arg(m, 2), arglen(m, 2), 0, NULL);
     if (rc < 0)
         out_store_err(c, rc);
     else
         OUT_LIT(c, "+OK\r\n");
 }
 
-static void cmd_del(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+static void cmd_del(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
     long long n = 0;
 
@@ -453,9 +453,9 @@ static void cmd_del(struct tern_resp_gw *gw, struct client *c, const struct cmd 
         uint64_t version;
         int rc;
 
-        if (arglen(m, i) == 0 || arglen(m, i) > TERN_KV_KEY_MAX)
+        if (arglen(m, i) == 0 || arglen(m, i) > KV_KEY_MAX)
             continue;
-        rc = tern_kv_store_del(gw->store, arg(m, i), arglen(m, i), 0, &version);
+        rc = kvs_del(gw->store, arg(m, i), arglen(m, i), 0, &version);
         if (rc == 0) {
             n++;
         } else if (rc != TERN_ENOENT) {
@@ -466,7 +466,7 @@ static void cmd_del(struct tern_resp_gw *gw, struct client *c, const struct cmd 
     out_num(c, ':', n);
 }
 
-static void cmd_exists(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+static void cmd_exists(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
     long long n = 0;
 
@@ -487,7 +487,7 @@ static void cmd_exists(struct tern_resp_gw *gw, struct client *c, const struct c
 
 /* Any failure to read a key shows as a missing one: an array has no room
  * for a per-key error that clients would understand. */
-static void cmd_mget(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+static void cmd_mget(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
     out_num(c, '*', (long long)(m->argc - 1));
     for (size_t i = 1; i < m->argc && !c->over; i++) {
@@ -504,7 +504,7 @@ static void cmd_mget(struct tern_resp_gw *gw, struct client *c, const struct cmd
 /* Redis's MSET is all or nothing. Every size is checked before the first
  * write, so the only failure left midway is a full pool, which leaves the
  * pairs before it written. */
-static void cmd_mset(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+static void cmd_mset(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
     if (m->argc % 2 == 0) {
         OUT_LIT(c, "-ERR wrong number of arguments for 'mset' command\r\n");
@@ -513,13 +513,13 @@ static void cmd_mset(struct tern_resp_gw *gw, struct client *c, const struct cmd
     for (size_t i = 1; i < m->argc; i += 2) {
         if (!key_ok(c, arglen(m, i)))
             return;
-        if (arglen(m, i + 1) > tern_kv_store_val_max(gw->store, arglen(m, i))) {
+        if (arglen(m, i + 1) > kvs_val_max(gw->store, arglen(m, i))) {
             out_store_err(c, TERN_E2BIG);
             return;
         }
     }
     for (size_t i = 1; i < m->argc; i += 2) {
-        int rc = tern_kv_store_put(gw->store, arg(m, i), arglen(m, i), arg(m, i + 1),
+        int rc = kvs_put(gw->store, arg(m, i), arglen(m, i), arg(m, i + 1),
                                    arglen(m, i + 1), 0, NULL);
 
         if (rc < 0) {
@@ -530,7 +530,7 @@ static void cmd_mset(struct tern_resp_gw *gw, struct client *c, const struct cmd
     OUT_LIT(c, "+OK\r\n");
 }
 
-static void incr_by(struct tern_resp_gw *gw, struct client *c, const struct cmd *m,
+static void incr_by(struct resp_gw *gw, struct client *c, const struct cmd *m,
                     long long delta)
 {
     const void *val;
@@ -555,7 +555,7 @@ static void incr_by(struct tern_resp_gw *gw, struct client *c, const struct cmd 
         return;
     }
     cur += delta;
-    rc = tern_kv_store_put(gw->store, arg(m, 1), arglen(m, 1), text, ll_text(text, cur), 0,
+    rc = kvs_put(gw->store, arg(m, 1), arglen(m, 1), text, ll_text(text, cur), 0,
                            NULL);
     if (rc < 0)
         out_store_err(c, rc);
@@ -563,17 +563,17 @@ static void incr_by(struct tern_resp_gw *gw, struct client *c, const struct cmd 
         out_num(c, ':', cur);
 }
 
-static void cmd_incr(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+static void cmd_incr(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
     incr_by(gw, c, m, 1);
 }
 
-static void cmd_decr(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+static void cmd_decr(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
     incr_by(gw, c, m, -1);
 }
 
-static void cmd_incrby(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+static void cmd_incrby(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
     long long delta;
 
@@ -584,7 +584,7 @@ static void cmd_incrby(struct tern_resp_gw *gw, struct client *c, const struct c
     incr_by(gw, c, m, delta);
 }
 
-static void cmd_decrby(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+static void cmd_decrby(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
     long long delta;
 
@@ -599,13 +599,13 @@ static void cmd_decrby(struct tern_resp_gw *gw, struct client *c, const struct c
     incr_by(gw, c, m, -delta);
 }
 
-static void cmd_dbsize(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+static void cmd_dbsize(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
-    out_num(c, ':', (long long)tern_kv_store_count(gw->store));
+    out_num(c, ':', (long long)kvs_count(gw->store));
 }
 
 /* FLUSHDB and FLUSHALL [ASYNC|SYNC]: one database, cleared at once. */
-static void cmd_flush(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+static void cmd_flush(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
     int rc;
 
@@ -613,7 +613,7 @@ static void cmd_flush(struct tern_resp_gw *gw, struct client *c, const struct cm
         OUT_LIT(c, "-ERR syntax error\r\n");
         return;
     }
-    rc = tern_kv_store_clear(gw->store, 0);
+    rc = kvs_clear(gw->store, 0);
     if (rc < 0)
         out_store_err(c, rc);
     else
@@ -657,12 +657,12 @@ static bool info_wants(const struct cmd *m, const char *section)
     return false;
 }
 
-static void cmd_info(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+static void cmd_info(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
-    struct tern_kv_store_stats st;
+    struct kvs_stats st;
     struct text t = {.len = 0};
 
-    tern_kv_store_get_stats(gw->store, &st);
+    kvs_get_stats(gw->store, &st);
     if (info_wants(m, "server")) {
         text_section(&t, "Server");
         text_add(&t, "redis_version:7.0.0\r\nredis_mode:standalone\r\ntern_version:%s\r\n"
@@ -710,7 +710,7 @@ static void cmd_info(struct tern_resp_gw *gw, struct client *c, const struct cmd
     out_bulk(c, t.buf, t.len);
 }
 
-static void cmd_select(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+static void cmd_select(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
     long long db;
 
@@ -722,14 +722,14 @@ static void cmd_select(struct tern_resp_gw *gw, struct client *c, const struct c
         OUT_LIT(c, "+OK\r\n");
 }
 
-static void cmd_quit(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+static void cmd_quit(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
     OUT_LIT(c, "+OK\r\n");
     c->closing = true;
 }
 
 /* Connection bookkeeping that libraries send on connect; nothing to keep. */
-static void cmd_client(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+static void cmd_client(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
     if (arg_is(m, 1, "GETNAME"))
         out_null(c);
@@ -741,7 +741,7 @@ static void cmd_client(struct tern_resp_gw *gw, struct client *c, const struct c
 
 /* CONFIG GET answers the few settings tools ask about (redis-benchmark
  * reads "save" and "appendonly"); there is nothing to set. */
-static void cmd_config(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+static void cmd_config(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
     char port[8], maxclients[16];
     const struct {
@@ -793,7 +793,7 @@ static void cmd_config(struct tern_resp_gw *gw, struct client *c, const struct c
         }
 }
 
-static void cmd_command(struct tern_resp_gw *gw, struct client *c, const struct cmd *m);
+static void cmd_command(struct resp_gw *gw, struct client *c, const struct cmd *m);
 
 enum {
     CMD_WRITE = 1,
@@ -838,7 +838,7 @@ static const struct command commands[] = {
 
 /* COMMAND's introspection is optional for clients; an empty answer tells
  * them to fall back on their own tables. */
-static void cmd_command(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+static void cmd_command(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
     if (m->argc >= 2 && arg_is(m, 1, "COUNT"))
         out_num(c, ':', (long long)N_COMMANDS);
@@ -917,7 +917,7 @@ static void mark_write(struct client *c, size_t start)
     c->n_marks++;
 }
 
-static void run_command(struct tern_resp_gw *gw, struct client *c, const struct cmd *m)
+static void run_command(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
     const struct command *k = find_command(m);
     size_t start = out_pending(c);
@@ -952,7 +952,7 @@ static void run_command(struct tern_resp_gw *gw, struct client *c, const struct 
 
 /* ---- clients ---- */
 
-static void set_interest(struct tern_resp_gw *gw, struct client *c, uint32_t events)
+static void set_interest(struct resp_gw *gw, struct client *c, uint32_t events)
 {
     struct epoll_event e = {.events = events, .data.ptr = c};
 
@@ -990,7 +990,7 @@ static void drain_input(int fd)
             return;
 }
 
-static void client_close(struct tern_resp_gw *gw, struct client *c)
+static void client_close(struct resp_gw *gw, struct client *c)
 {
     /* A client that reconnects in a loop is still one client. */
     if (c->window == gw->window && gw->window_clients)
@@ -1013,7 +1013,7 @@ static void client_close(struct tern_resp_gw *gw, struct client *c)
     free(c);
 }
 
-static struct client *client_new(struct tern_resp_gw *gw, int fd)
+static struct client *client_new(struct resp_gw *gw, int fd)
 {
     struct client *c = calloc(1, sizeof(*c));
     struct epoll_event e = {.events = EPOLLIN};
@@ -1063,7 +1063,7 @@ static void refuse(int fd, const char *reply, const char *why)
     }
 }
 
-static void accept_clients(struct tern_resp_gw *gw)
+static void accept_clients(struct resp_gw *gw)
 {
     for (int i = 0; i < ACCEPT_BURST; i++) {
         int fd = accept4(gw->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -1088,7 +1088,7 @@ static void accept_clients(struct tern_resp_gw *gw)
 
 /* Make room to read: drop consumed input, and grow to hold the command the
  * parser is in the middle of (it knows how long a bulk will be). */
-static bool in_make_room(struct tern_resp_gw *gw, struct client *c)
+static bool in_make_room(struct resp_gw *gw, struct client *c)
 {
     struct buf *b = &c->in;
     size_t limit = gw->max_request + 64, want, cap;
@@ -1123,13 +1123,13 @@ static bool in_make_room(struct tern_resp_gw *gw, struct client *c)
 
 /* May the client's next command run? Not while max_output waits, nor, for
  * a command taken back for want of room, before the output is all sent. */
-static bool may_run(const struct tern_resp_gw *gw, const struct client *c)
+static bool may_run(const struct resp_gw *gw, const struct client *c)
 {
     return c->rerun ? out_pending(c) == 0 : out_pending(c) <= gw->max_output;
 }
 
 /* Run every complete command in the input buffer. */
-static void run_input(struct tern_resp_gw *gw, struct client *c)
+static void run_input(struct resp_gw *gw, struct client *c)
 {
     struct buf *b = &c->in;
 
@@ -1172,7 +1172,7 @@ static void run_input(struct tern_resp_gw *gw, struct client *c)
 }
 
 /* One read per poll, so that one busy client cannot starve the others. */
-static void client_read(struct tern_resp_gw *gw, struct client *c)
+static void client_read(struct resp_gw *gw, struct client *c)
 {
     ssize_t n;
 
@@ -1198,7 +1198,7 @@ static void client_read(struct tern_resp_gw *gw, struct client *c)
     }
 }
 
-static void touch(struct tern_resp_gw *gw, struct client *c)
+static void touch(struct resp_gw *gw, struct client *c)
 {
     if (c->touched)
         return;
@@ -1240,13 +1240,13 @@ static void fail_writes(struct client *c, const char *err, size_t err_len)
 }
 
 /* Group commit: one sync for every write of the poll, before any reply. */
-static void commit_batch(struct tern_resp_gw *gw)
+static void commit_batch(struct resp_gw *gw)
 {
     static struct tern_log_limit limit;
     char err[160];
     int rc, n;
 
-    if (!tern_kv_store_dirty(gw->store))
+    if (!kvs_dirty(gw->store))
         return;
     rc = resp_sync_fn(gw->store);
     if (rc >= 0)
@@ -1265,7 +1265,7 @@ static void commit_batch(struct tern_resp_gw *gw)
 }
 
 /* One write per client per poll; what does not go waits for EPOLLOUT. */
-static void client_flush(struct tern_resp_gw *gw, struct client *c)
+static void client_flush(struct resp_gw *gw, struct client *c)
 {
     struct buf *b = &c->out;
     size_t backlog;
@@ -1307,19 +1307,19 @@ static void client_flush(struct tern_resp_gw *gw, struct client *c)
 /* Load is judged per 1 ms window by the distinct clients served in it:
  * counting clients, not polls or commands, keeps a lone client (however
  * fast it sends) from ever waiting for a batch to fill. */
-static void coalesce_window(struct tern_resp_gw *gw)
+static void coalesce_window(struct resp_gw *gw)
 {
     uint64_t now = tern_now_ns();
 
     if (now < gw->window_end_ns)
         return;
-    gw->coalesce = gw->window_clients >= TERN_RESP_COALESCE_MIN;
+    gw->coalesce = gw->window_clients >= RESP_COALESCE_MIN;
     gw->window++;
     gw->window_clients = 0;
     gw->window_end_ns = now + 1000000;
 }
 
-int tern_resp_gw_poll(struct tern_resp_gw *gw, int timeout_ms)
+int resp_gw_poll(struct resp_gw *gw, int timeout_ms)
 {
     struct epoll_event ev[MAX_EVENTS];
     int n;
@@ -1386,7 +1386,7 @@ int tern_resp_gw_poll(struct tern_resp_gw *gw, int timeout_ms)
 
 /* ---- the gateway ---- */
 
-static int listen_on(struct tern_resp_gw *gw, const char *host, uint16_t port)
+static int listen_on(struct resp_gw *gw, const char *host, uint16_t port)
 {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
@@ -1420,10 +1420,10 @@ static int listen_on(struct tern_resp_gw *gw, const char *host, uint16_t port)
     return 0;
 }
 
-int tern_resp_gw_create(struct tern_kv_store *store, const struct tern_resp_config *cfg,
-                        struct tern_resp_gw **out)
+int resp_gw_create(struct kvs *store, const struct resp_config *cfg,
+                        struct resp_gw **out)
 {
-    struct tern_resp_gw *gw;
+    struct resp_gw *gw;
     struct epoll_event e = {.events = EPOLLIN};
     int rc;
 
@@ -1437,8 +1437,8 @@ int tern_resp_gw_create(struct tern_kv_store *store, const struct tern_resp_conf
     gw->max_request = cfg && cfg->max_request ? cfg->max_request : DEFAULT_MAX_REQUEST;
     gw->max_output = cfg && cfg->max_output ? cfg->max_output : DEFAULT_MAX_OUTPUT;
     gw->coalesce_us = cfg ? cfg->coalesce_us : 0;
-    if (gw->coalesce_us > TERN_RESP_COALESCE_MAX_US)
-        gw->coalesce_us = TERN_RESP_COALESCE_MAX_US;
+    if (gw->coalesce_us > RESP_COALESCE_MAX_US)
+        gw->coalesce_us = RESP_COALESCE_MAX_US;
     gw->started = time(NULL);
     gw->lfd = -1;
     gw->watch_fd = -1;
@@ -1469,17 +1469,17 @@ int tern_resp_gw_create(struct tern_kv_store *store, const struct tern_resp_conf
     return 0;
 }
 
-uint16_t tern_resp_gw_port(const struct tern_resp_gw *gw)
+uint16_t resp_gw_port(const struct resp_gw *gw)
 {
     return gw->port;
 }
 
-int tern_resp_gw_fd(const struct tern_resp_gw *gw)
+int resp_gw_fd(const struct resp_gw *gw)
 {
     return gw->epfd;
 }
 
-int tern_resp_gw_watch_fd(struct tern_resp_gw *gw, int fd)
+int resp_gw_watch_fd(struct resp_gw *gw, int fd)
 {
     struct epoll_event e = {.events = EPOLLIN, .data.ptr = &gw->watch_fd};
 
@@ -1491,12 +1491,12 @@ int tern_resp_gw_watch_fd(struct tern_resp_gw *gw, int fd)
     return 0;
 }
 
-bool tern_resp_gw_watch_ready(const struct tern_resp_gw *gw)
+bool resp_gw_watch_ready(const struct resp_gw *gw)
 {
     return gw->watch_ready;
 }
 
-void tern_resp_gw_destroy(struct tern_resp_gw *gw)
+void resp_gw_destroy(struct resp_gw *gw)
 {
     if (!gw)
         return;

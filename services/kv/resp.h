@@ -3,7 +3,7 @@
  *
  * The gateway runs on the thread that owns the store. Each poll reads every
  * ready client, runs all the complete commands it finds (pipelining), makes
- * the batch's writes durable with one tern_kv_store_sync(), and only then
+ * the batch's writes durable with one kvs_sync(), and only then
  * writes the replies: a "+OK" to SET always means the value is persistent.
  *
  * A client's queued replies are held to max_output: its commands wait while
@@ -27,12 +27,12 @@
 extern "C" {
 #endif
 
-struct tern_kv_store;
-struct tern_resp_gw;
+struct kvs;
+struct resp_gw;
 
-struct tern_resp_config {
+struct resp_config {
     const char *host;            /* listen address; NULL = 127.0.0.1 */
-    uint16_t port;               /* 0 picks one (see tern_resp_gw_port) */
+    uint16_t port;               /* 0 picks one (see resp_gw_port) */
     unsigned max_clients;        /* 0 = 1024; further clients are refused */
     size_t max_request;          /* largest command in bytes; 0 = 64 MiB */
     size_t max_output;           /* unsent reply bytes a client may have: its next
@@ -40,48 +40,48 @@ struct tern_resp_config {
                                     reply larger than this on its own (an MGET of
                                     many big values) gets an error instead;
                                     0 = 64 MiB */
-    unsigned coalesce_us;        /* 0 = off, at most TERN_RESP_COALESCE_MAX_US;
-                                    see tern_resp_gw_poll() */
+    unsigned coalesce_us;        /* 0 = off, at most RESP_COALESCE_MAX_US;
+                                    see resp_gw_poll() */
 };
 
 /* Listen and serve `store` (which must outlive the gateway). */
-int tern_resp_gw_create(struct tern_kv_store *store, const struct tern_resp_config *cfg,
-                        struct tern_resp_gw **out);
+int resp_gw_create(struct kvs *store, const struct resp_config *cfg,
+                        struct resp_gw **out);
 
 /* The TCP port the gateway listens on. */
-uint16_t tern_resp_gw_port(const struct tern_resp_gw *gw);
+uint16_t resp_gw_port(const struct resp_gw *gw);
 
 /* An fd (epoll) that is readable when some client needs service; sleep on
- * it with the thread's other fds and call tern_resp_gw_poll() when it is. */
-int tern_resp_gw_fd(const struct tern_resp_gw *gw);
+ * it with the thread's other fds and call resp_gw_poll() when it is. */
+int resp_gw_fd(const struct resp_gw *gw);
 
-#define TERN_RESP_COALESCE_MIN 4
-#define TERN_RESP_COALESCE_MAX_US 1000000u
+#define RESP_COALESCE_MIN 4
+#define RESP_COALESCE_MAX_US 1000000u
 
 /* Serve every ready client, waiting up to timeout_ms (0: do not wait) for
  * one. Returns the number of commands run, or a negative tern code.
  *
  * With coalesce_us set, while the gateway is busy (at least
- * TERN_RESP_COALESCE_MIN distinct clients served in the last millisecond) a
+ * RESP_COALESCE_MIN distinct clients served in the last millisecond) a
  * poll that finds nobody ready first sleeps that long (plus the thread's
  * timer slack), then waits up to timeout_ms, as a NIC moderates interrupts:
  * the next batch is larger, so the gateway and its clients pay for fewer
  * wake-ups per command. The watched fd and signals cut the sleep short. A
  * lone client never waits for it, even one that reconnects for every
  * command. */
-int tern_resp_gw_poll(struct tern_resp_gw *gw, int timeout_ms);
+int resp_gw_poll(struct resp_gw *gw, int timeout_ms);
 
 /* Have the gateway's poll also wake when `fd` polls readable (say the RPC
  * endpoint's tern_rpc_wait_fd), so that one thread can sleep in
- * tern_resp_gw_poll() for both: one system call per wake-up. The gateway
+ * resp_gw_poll() for both: one system call per wake-up. The gateway
  * never reads fd. One fd at most; TERN_EINVAL for a second. */
-int tern_resp_gw_watch_fd(struct tern_resp_gw *gw, int fd);
+int resp_gw_watch_fd(struct resp_gw *gw, int fd);
 
-/* True if the watched fd was readable at the last tern_resp_gw_poll(). */
-bool tern_resp_gw_watch_ready(const struct tern_resp_gw *gw);
+/* True if the watched fd was readable at the last resp_gw_poll(). */
+bool resp_gw_watch_ready(const struct resp_gw *gw);
 
 /* Close every client and the listener. */
-void tern_resp_gw_destroy(struct tern_resp_gw *gw);
+void resp_gw_destroy(struct resp_gw *gw);
 
 #ifdef __cplusplus
 }

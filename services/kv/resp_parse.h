@@ -13,7 +13,7 @@
 
 #include <stddef.h>
 
-struct tern_kv_store;
+struct kvs;
 
 /* Longest inline command line, as in Redis. */
 #define RESP_INLINE_MAX (64u * 1024)
@@ -55,8 +55,8 @@ void resp_parser_reset(struct resp_parser *p);
 enum resp_status resp_parse(struct resp_parser *p, const char *buf, size_t len);
 
 /* Gateway internals, for tests only: the function the gateway commits each
- * batch with (tern_kv_store_sync unless a test replaces it to inject a
+ * batch with (kvs_sync unless a test replaces it to inject a
  * failure). */
-extern int (*resp_sync_fn)(struct tern_kv_store *s);
+extern int (*resp_sync_fn)(struct kvs *s);
 
 #endif

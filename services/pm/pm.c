@@ -9,9 +9,9 @@
  * the commit point and its check: pm_layout.h). A crash before that store
  * leaves the records past the commit point, where nobody reads them.
  *
- * A rewrite (tern_pm_overwrite) changes bytes below a commit point, so it
+ * A rewrite (pm_overwrite) changes bytes below a commit point, so it
  * cannot hide behind one: it first persists a mark in the old record
- * (TERN_PM_F_REWRITTEN and the slot's size), which breaks the old record's
+ * (PM_F_REWRITTEN and the slot's size), which breaks the old record's
  * checksum, then writes the new one. A crash anywhere in between leaves a
  * record that is the old one, the new one, or a torn one with the mark and
  * a sane slot, which recovery steps over.
@@ -47,9 +47,9 @@ struct seg_state {
     bool queued;                     /* listed in the pool's queue */
 };
 
-struct tern_pm_pool {
+struct pm_pool {
     int lock_fd;
-    int share_fd;                    /* the file again, without the lock (tern_pm_fd) */
+    int share_fd;                    /* the file again, without the lock (pm_fd) */
     uint8_t *base;
     size_t len;
     bool is_pmem;
@@ -105,7 +105,7 @@ int pm_hdr_check(const struct pm_file_hdr *h, uint64_t file_size, const char **w
 int pm_rec_check(const uint8_t *seg, uint64_t off, uint64_t used, uint32_t *size,
                  const char **why)
 {
-    const struct tern_pm_rec *r = (const void *)(seg + off);
+    const struct pm_rec *r = (const void *)(seg + off);
     uint64_t end = PM_SEG_HDR + used;
     uint32_t need;
 
@@ -113,13 +113,13 @@ int pm_rec_check(const uint8_t *seg, uint64_t off, uint64_t used, uint32_t *size
         *why = "record header crosses the commit point";
         return TERN_ECORRUPT;
     }
-    if (r->key_len == 0 || r->key_len > TERN_PM_KEY_MAX ||
-        (r->type != TERN_PM_VALUE && r->type != TERN_PM_TOMBSTONE) ||
-        (r->type == TERN_PM_TOMBSTONE && r->val_len) || (r->flags & ~TERN_PM_F_REWRITTEN)) {
+    if (r->key_len == 0 || r->key_len > PM_KEY_MAX ||
+        (r->type != PM_VALUE && r->type != PM_TOMBSTONE) ||
+        (r->type == PM_TOMBSTONE && r->val_len) || (r->flags & ~PM_F_REWRITTEN)) {
         *why = "record header malformed";
         return TERN_ECORRUPT;
     }
-    need = tern_pm_rec_size(r->key_len, r->val_len);
+    need = pm_rec_size(r->key_len, r->val_len);
     if ((uint64_t)r->val_len > end || off + need > end) {
         *why = "record runs past the commit point";
         return TERN_ECORRUPT;
@@ -140,13 +140,13 @@ int pm_rec_check(const uint8_t *seg, uint64_t off, uint64_t used, uint32_t *size
 
 uint32_t pm_rec_torn_rewrite(const uint8_t *seg, uint64_t off, uint64_t used)
 {
-    const struct tern_pm_rec *r = (const void *)(seg + off);
+    const struct pm_rec *r = (const void *)(seg + off);
     uint64_t end = PM_SEG_HDR + used;
     uint32_t slot;
 
-    if (off + sizeof(*r) > end || !(r->flags & TERN_PM_F_REWRITTEN))
+    if (off + sizeof(*r) > end || !(r->flags & PM_F_REWRITTEN))
         return 0;
-    /* A rewrite never changes the slot (tern_pm_overwrite persists it
+    /* A rewrite never changes the slot (pm_overwrite persists it
      * before anything else), so the slot is trusted even though the rest
      * of the record is not. */
     slot = r->slot;
@@ -268,17 +268,17 @@ int pm_seg_hdr_check(const struct pm_seg_hdr *sh, uint32_t s, uint32_t seg_size,
     return 0;
 }
 
-static inline uint8_t *seg_base(const struct tern_pm_pool *p, uint32_t seg)
+static inline uint8_t *seg_base(const struct pm_pool *p, uint32_t seg)
 {
     return p->base + pm_seg_offset(seg, p->seg_size);
 }
 
-static inline struct pm_seg_hdr *seg_hdr(const struct tern_pm_pool *p, uint32_t seg)
+static inline struct pm_seg_hdr *seg_hdr(const struct pm_pool *p, uint32_t seg)
 {
     return (struct pm_seg_hdr *)seg_base(p, seg);
 }
 
-static void queue_seg(struct tern_pm_pool *p, uint32_t s)
+static void queue_seg(struct pm_pool *p, uint32_t s)
 {
     if (!p->segs[s].queued) {
         p->segs[s].queued = true;
@@ -291,7 +291,7 @@ static void queue_seg(struct tern_pm_pool *p, uint32_t s)
  * cache line is usually the next one's first, and flushing at append time
  * would flush it twice (and on CPUs whose clwb evicts, read it back from
  * memory in between). */
-static void mark_written(struct tern_pm_pool *p, const void *addr, size_t n)
+static void mark_written(struct pm_pool *p, const void *addr, size_t n)
 {
     uint64_t at = (uint64_t)((const uint8_t *)addr - p->base) - PM_HDR_SIZE;
     uint32_t s = (uint32_t)(at / p->seg_size);
@@ -308,9 +308,9 @@ static void mark_written(struct tern_pm_pool *p, const void *addr, size_t n)
 /* Make everything written so far durable: on PM, flush each segment's
  * written range and fence once; on a file, msync each range. A range of
  * the split threshold or more is cut into pieces that helper threads may
- * take (tern_pm_help); the owner runs whatever they leave and waits for the
+ * take (pm_help); the owner runs whatever they leave and waits for the
  * rest (pm_flush.c). */
-static int drain(struct tern_pm_pool *p)
+static int drain(struct pm_pool *p)
 {
     int rc = 0;
 
@@ -339,13 +339,13 @@ static int drain(struct tern_pm_pool *p)
     return 0;
 }
 
-int tern_pm_help(struct tern_pm_pool *p)
+int pm_help(struct pm_pool *p)
 {
     return pm_board_help(p->board);
 }
 
 /* One 8-byte store, persisted: the only way segment state changes. */
-static int persist_word(struct tern_pm_pool *p, uint64_t *word, uint64_t v)
+static int persist_word(struct pm_pool *p, uint64_t *word, uint64_t v)
 {
     int rc = drain(p);               /* what came before goes first */
 
@@ -359,7 +359,7 @@ static int persist_word(struct tern_pm_pool *p, uint64_t *word, uint64_t v)
 /* The same, for a word whose store must be durable before what follows it
  * but need not wait for what was written before it: only its line is
  * flushed, so writes pending for a later commit stay pending. */
-static int persist_alone(struct tern_pm_pool *p, uint64_t *word, uint64_t v)
+static int persist_alone(struct pm_pool *p, uint64_t *word, uint64_t v)
 {
     int rc;
 
@@ -397,7 +397,7 @@ static int sync_dir_of(const char *path)
     return rc < 0 ? TERN_EIO : 0;
 }
 
-static int create_file(const char *path, const struct tern_pm_opts *o)
+static int create_file(const char *path, const struct pm_opts *o)
 {
     uint64_t size = o && o->size ? o->size : 256ull << 20;
     uint32_t seg = o && o->seg_size ? o->seg_size : 1u << 20;
@@ -443,7 +443,7 @@ static int create_file(const char *path, const struct tern_pm_opts *o)
 }
 
 /* Persist [addr, addr+n) outside any commit (open time only). */
-static int persist_now(struct tern_pm_pool *p, void *addr, size_t n)
+static int persist_now(struct pm_pool *p, void *addr, size_t n)
 {
     if (p->is_pmem) {
         pmem_persist(addr, n);
@@ -468,7 +468,7 @@ static int persist_now(struct tern_pm_pool *p, void *addr, size_t n)
  * A file whose upgrade a crash cut short has segments of both forms under
  * a layout-3 or -4 header: older builds refuse it (as corrupt), this one
  * reads both forms and finishes the upgrade. */
-static int upgrade_hdr(struct tern_pm_pool *p, const char *path)
+static int upgrade_hdr(struct pm_pool *p, const char *path)
 {
     struct pm_file_hdr *h = (struct pm_file_hdr *)p->base;
     uint32_t from = h->layout;
@@ -524,7 +524,7 @@ static int upgrade_hdr(struct tern_pm_pool *p, const char *path)
     return persist_now(p, h, sizeof(*h));
 }
 
-/* The descriptor tern_pm_fd hands out, for registering the pool with a
+/* The descriptor pm_fd hands out, for registering the pool with a
  * fabric: the file opened again, a separate open file description. A
  * flock belongs to the open file description, and every duplicate of
  * lock_fd (a shm peer receives one over SCM_RIGHTS when it maps a lease;
@@ -532,7 +532,7 @@ static int upgrade_hdr(struct tern_pm_pool *p, const char *path)
  * the peer could drop it with flock(LOCK_UN) while we run, and would keep
  * it after we die, so that a restarted server found the pool busy for as
  * long as that client lived. */
-static int open_share_fd(struct tern_pm_pool *p, const char *path, const struct stat *locked)
+static int open_share_fd(struct pm_pool *p, const char *path, const struct stat *locked)
 {
     struct stat st;
 
@@ -547,9 +547,9 @@ static int open_share_fd(struct tern_pm_pool *p, const char *path, const struct 
     return 0;
 }
 
-int tern_pm_open(const char *path, const struct tern_pm_opts *o, struct tern_pm_pool **out)
+int pm_open(const char *path, const struct pm_opts *o, struct pm_pool **out)
 {
-    struct tern_pm_pool *p;
+    struct pm_pool *p;
     const struct pm_file_hdr *h;
     const char *why = NULL;
     struct stat st;
@@ -621,11 +621,11 @@ int tern_pm_open(const char *path, const struct tern_pm_opts *o, struct tern_pm_
     *out = p;
     return 0;
 fail:
-    tern_pm_close(p);
+    pm_close(p);
     return rc;
 }
 
-void tern_pm_close(struct tern_pm_pool *p)
+void pm_close(struct pm_pool *p)
 {
     if (!p)
         return;
@@ -648,7 +648,7 @@ void tern_pm_close(struct tern_pm_pool *p)
  * over its own committed records. Its commit point comes down to the last
  * good record, so that the segment is sound from now on, and the other
  * segments (other clients' records) are recovered as usual. */
-static int cut_leased(struct tern_pm_pool *p, uint32_t s, uint64_t off, const char *why)
+static int cut_leased(struct pm_pool *p, uint32_t s, uint64_t off, const char *why)
 {
     struct seg_state *ss = &p->segs[s];
     uint32_t keep = (uint32_t)(off - PM_SEG_HDR);
@@ -669,7 +669,7 @@ static int cut_leased(struct tern_pm_pool *p, uint32_t s, uint64_t off, const ch
 
 /* Hand segment s's committed records to fn, stepping over interrupted
  * rewrites (their bytes count as dead). */
-static int recover_seg(struct tern_pm_pool *p, uint32_t s, bool leased, tern_pm_visit_fn fn,
+static int recover_seg(struct pm_pool *p, uint32_t s, bool leased, pm_visit_fn fn,
                        void *arg)
 {
     struct seg_state *ss = &p->segs[s];
@@ -677,7 +677,7 @@ static int recover_seg(struct tern_pm_pool *p, uint32_t s, bool leased, tern_pm_
     const uint8_t *seg = seg_base(p, s);
 
     for (uint64_t off = ss->first; off < PM_SEG_HDR + ss->committed;) {
-        const struct tern_pm_rec *r = (const void *)(seg + off);
+        const struct pm_rec *r = (const void *)(seg + off);
         const char *why;
         uint32_t size;
         int rc = pm_rec_check(seg, off, ss->committed, &size, &why);
@@ -731,7 +731,7 @@ static int walk_order(const void *a, const void *b)
     return x->seq < y->seq ? 1 : x->seq > y->seq ? -1 : 0;
 }
 
-int tern_pm_recover(struct tern_pm_pool *p, tern_pm_visit_fn fn, void *arg)
+int pm_recover(struct pm_pool *p, pm_visit_fn fn, void *arg)
 {
     uint32_t newest = NO_SEG, n = 0;
     uint64_t newest_seq = 0;
@@ -791,40 +791,40 @@ out:
 
 /* ---- appends and commits ---- */
 
-const struct tern_pm_rec *tern_pm_rec_at(const struct tern_pm_pool *p, tern_pm_loc loc)
+const struct pm_rec *pm_rec_at(const struct pm_pool *p, pm_loc loc)
 {
-    return (const struct tern_pm_rec *)(seg_base(p, (uint32_t)(loc >> 32)) + (uint32_t)loc);
+    return (const struct pm_rec *)(seg_base(p, (uint32_t)(loc >> 32)) + (uint32_t)loc);
 }
 
-uint32_t tern_pm_val_max(const struct tern_pm_pool *p, uint32_t key_len)
+uint32_t pm_val_max(const struct pm_pool *p, uint32_t key_len)
 {
-    uint32_t room = p->seg_size - PM_SEG_HDR - (uint32_t)sizeof(struct tern_pm_rec);
+    uint32_t room = p->seg_size - PM_SEG_HDR - (uint32_t)sizeof(struct pm_rec);
 
     return key_len >= room ? 0 : (room - key_len) & ~7u;
 }
 
-uint64_t tern_pm_next_version(struct tern_pm_pool *p)
+uint64_t pm_next_version(struct pm_pool *p)
 {
     return ++p->version;
 }
 
-uint32_t tern_pm_free_segs(const struct tern_pm_pool *p)
+uint32_t pm_free_segs(const struct pm_pool *p)
 {
     return p->n_free;
 }
 
-uint32_t tern_pm_seg_count(const struct tern_pm_pool *p)
+uint32_t pm_seg_count(const struct pm_pool *p)
 {
     return p->n_segs;
 }
 
-uint32_t tern_pm_slot_size(const struct tern_pm_pool *p, tern_pm_loc loc)
+uint32_t pm_slot_size(const struct pm_pool *p, pm_loc loc)
 {
-    return pm_rec_span(tern_pm_rec_at(p, loc));
+    return pm_rec_span(pm_rec_at(p, loc));
 }
 
 /* Move the commit point of `s` over everything appended to it. */
-static int commit_seg(struct tern_pm_pool *p, uint32_t s)
+static int commit_seg(struct pm_pool *p, uint32_t s)
 {
     struct seg_state *ss = &p->segs[s];
     int rc;
@@ -839,7 +839,7 @@ static int commit_seg(struct tern_pm_pool *p, uint32_t s)
     return 0;
 }
 
-int tern_pm_commit(struct tern_pm_pool *p)
+int pm_commit(struct pm_pool *p)
 {
     /* Every record first, then every commit point over them: two fences
      * however many segments were written. A segment queued only for a
@@ -875,9 +875,9 @@ int tern_pm_commit(struct tern_pm_pool *p)
  * which needs room to copy live records into, and one more for tombstones,
  * so that a pool full of values still takes the deletes that let it be
  * cleaned. */
-static uint32_t keep_free(const struct tern_pm_pool *p, enum tern_pm_rec_type type)
+static uint32_t keep_free(const struct pm_pool *p, enum pm_rec_type type)
 {
-    return p->cleaning ? 0 : type == TERN_PM_TOMBSTONE ? 1 : 2;
+    return p->cleaning ? 0 : type == PM_TOMBSTONE ? 1 : 2;
 }
 
 /* Take a free segment whose records start at `first`. Its header is whole
@@ -886,7 +886,7 @@ static uint32_t keep_free(const struct tern_pm_pool *p, enum tern_pm_rec_type ty
  * a segment once leased and then cleaned still carries the old values.
  * The bytes before `first` count as committed, so that the commit point
  * still counts from the header's end. */
-static int open_seg(struct tern_pm_pool *p, uint32_t flags, uint32_t first, uint32_t *out)
+static int open_seg(struct pm_pool *p, uint32_t flags, uint32_t first, uint32_t *out)
 {
     struct pm_seg_hdr *sh;
     uint64_t seq = p->seq + 1;
@@ -921,7 +921,7 @@ static int open_seg(struct tern_pm_pool *p, uint32_t flags, uint32_t first, uint
 /* Start appending to a fresh segment. The old head is committed first: it
  * is no longer the head, so cleaning may pick it, and cleaning only copies
  * what lies below a commit point. */
-static int open_head(struct tern_pm_pool *p, enum tern_pm_rec_type type)
+static int open_head(struct pm_pool *p, enum pm_rec_type type)
 {
     int rc;
 
@@ -935,19 +935,19 @@ static int open_head(struct tern_pm_pool *p, enum tern_pm_rec_type type)
     return open_seg(p, 0, PM_SEG_HDR, &p->head);
 }
 
-int tern_pm_append(struct tern_pm_pool *p, enum tern_pm_rec_type type, uint64_t version,
+int pm_append(struct pm_pool *p, enum pm_rec_type type, uint64_t version,
                    const void *key, uint16_t key_len, const void *val, uint32_t val_len,
-                   tern_pm_loc *loc)
+                   pm_loc *loc)
 {
-    uint32_t size = tern_pm_rec_size(key_len, val_len);
-    struct tern_pm_rec *r;
+    uint32_t size = pm_rec_size(key_len, val_len);
+    struct pm_rec *r;
     struct seg_state *ss;
     uint8_t *dst;
     int rc;
 
-    if (!p->recovered || !key_len || (type != TERN_PM_VALUE && type != TERN_PM_TOMBSTONE))
+    if (!p->recovered || !key_len || (type != PM_VALUE && type != PM_TOMBSTONE))
         return TERN_EINVAL;
-    if (key_len > TERN_PM_KEY_MAX || val_len > tern_pm_val_max(p, key_len))
+    if (key_len > PM_KEY_MAX || val_len > pm_val_max(p, key_len))
         return TERN_E2BIG;
     if (p->head == NO_SEG ||
         p->segs[p->head].appended + size > p->seg_size - PM_SEG_HDR) {
@@ -957,8 +957,8 @@ int tern_pm_append(struct tern_pm_pool *p, enum tern_pm_rec_type type, uint64_t 
     }
     ss = &p->segs[p->head];
     dst = seg_base(p, p->head) + PM_SEG_HDR + ss->appended;
-    r = (struct tern_pm_rec *)dst;
-    *r = (struct tern_pm_rec){.val_len = val_len, .version = version, .key_len = key_len,
+    r = (struct pm_rec *)dst;
+    *r = (struct pm_rec){.val_len = val_len, .version = version, .key_len = key_len,
                               .type = (uint8_t)type};
     memcpy(dst + sizeof(*r), key, key_len);
     if (val_len)
@@ -977,10 +977,10 @@ int tern_pm_append(struct tern_pm_pool *p, enum tern_pm_rec_type type, uint64_t 
     return 0;
 }
 
-void tern_pm_dead(struct tern_pm_pool *p, tern_pm_loc loc)
+void pm_dead(struct pm_pool *p, pm_loc loc)
 {
     struct seg_state *ss = &p->segs[loc >> 32];
-    uint32_t size = tern_pm_slot_size(p, loc);
+    uint32_t size = pm_slot_size(p, loc);
 
     ss->live = ss->live > size ? ss->live - size : 0;
 }
@@ -989,24 +989,24 @@ void tern_pm_dead(struct tern_pm_pool *p, tern_pm_loc loc)
 
 /* The word of a record that holds key_len, type, flags and slot: the one
  * 8-byte store that marks a record as being rewritten. */
-_Static_assert(offsetof(struct tern_pm_rec, key_len) == 16 &&
-               offsetof(struct tern_pm_rec, slot) + sizeof(uint32_t) == 24,
+_Static_assert(offsetof(struct pm_rec, key_len) == 16 &&
+               offsetof(struct pm_rec, slot) + sizeof(uint32_t) == 24,
                "key_len, type, flags and slot share the record's third word");
 
-static inline uint64_t *rec_word(struct tern_pm_rec *r)
+static inline uint64_t *rec_word(struct pm_rec *r)
 {
-    return (uint64_t *)((uint8_t *)r + offsetof(struct tern_pm_rec, key_len));
+    return (uint64_t *)((uint8_t *)r + offsetof(struct pm_rec, key_len));
 }
 
 /* Where a rewrite may go: a whole record below the commit point of a
  * segment in use and not leased. A lessee may write into its segment at
  * any time; an acknowledged rewrite it tore would pass at recovery for an
  * interrupted one and vanish without a word. */
-static int rewrite_target(const struct tern_pm_pool *p, tern_pm_loc loc, struct tern_pm_rec **out)
+static int rewrite_target(const struct pm_pool *p, pm_loc loc, struct pm_rec **out)
 {
     uint32_t s = (uint32_t)(loc >> 32), off = (uint32_t)loc;
     const struct seg_state *ss;
-    struct tern_pm_rec *r;
+    struct pm_rec *r;
     uint64_t end;
 
     if (s >= p->n_segs)
@@ -1015,7 +1015,7 @@ static int rewrite_target(const struct tern_pm_pool *p, tern_pm_loc loc, struct 
     end = PM_SEG_HDR + (uint64_t)ss->committed;
     if (!ss->seq || ss->leased || off < ss->first || (off & 7) || off + sizeof(*r) > end)
         return TERN_EINVAL;
-    r = (struct tern_pm_rec *)(seg_base(p, s) + off);
+    r = (struct pm_rec *)(seg_base(p, s) + off);
     if (off + (uint64_t)pm_rec_span(r) > end)
         return TERN_EINVAL;
     *out = r;
@@ -1027,13 +1027,13 @@ static int rewrite_target(const struct tern_pm_pool *p, tern_pm_loc loc, struct 
  * The old checksum no longer matches, on purpose: from here until the new
  * record is whole and durable, recovery steps over the slot, and as the old
  * record was not the key's newest version nothing is lost. */
-static int mark_rewriting(struct tern_pm_pool *p, struct tern_pm_rec *r, uint32_t slot,
+static int mark_rewriting(struct pm_pool *p, struct pm_rec *r, uint32_t slot,
                           bool alone)
 {
-    struct tern_pm_rec h = *r;
+    struct pm_rec h = *r;
     uint64_t v;
 
-    h.flags |= TERN_PM_F_REWRITTEN;
+    h.flags |= PM_F_REWRITTEN;
     h.slot = slot;
     memcpy(&v, rec_word(&h), sizeof(v));
     /* Already marked (rewritten before): that mark was persisted then. */
@@ -1045,11 +1045,11 @@ static int mark_rewriting(struct tern_pm_pool *p, struct tern_pm_rec *r, uint32_
 /* Step (b): the new record over the slot at r (the key is already there),
  * durable at the next commit. The value may come from the pool itself, even
  * from this very slot. */
-static void rewrite_slot(struct tern_pm_pool *p, struct tern_pm_rec *r, uint32_t slot,
-                         uint8_t flags, enum tern_pm_rec_type type, uint64_t version,
+static void rewrite_slot(struct pm_pool *p, struct pm_rec *r, uint32_t slot,
+                         uint8_t flags, enum pm_rec_type type, uint64_t version,
                          uint16_t key_len, const void *val, uint32_t val_len)
 {
-    uint32_t size = tern_pm_rec_size(key_len, val_len);
+    uint32_t size = pm_rec_size(key_len, val_len);
     uint8_t *dst = (uint8_t *)r;
 
     if (val_len)
@@ -1068,30 +1068,30 @@ static void rewrite_slot(struct tern_pm_pool *p, struct tern_pm_rec *r, uint32_t
 
 /* A rewrite's arguments, and the slot at loc is the same key's and can
  * hold the new record: 0 with *slot set, or the error to return. */
-static int rewrite_fits(struct tern_pm_rec *r, enum tern_pm_rec_type type, const void *key,
+static int rewrite_fits(struct pm_rec *r, enum pm_rec_type type, const void *key,
                         uint16_t key_len, const void *val, uint32_t val_len, uint32_t *slot)
 {
-    if (!key_len || (type != TERN_PM_VALUE && type != TERN_PM_TOMBSTONE) ||
-        (type == TERN_PM_TOMBSTONE && val_len) || (!val && val_len))
+    if (!key_len || (type != PM_VALUE && type != PM_TOMBSTONE) ||
+        (type == PM_TOMBSTONE && val_len) || (!val && val_len))
         return TERN_EINVAL;
-    if (key_len > TERN_PM_KEY_MAX)
+    if (key_len > PM_KEY_MAX)
         return TERN_E2BIG;
     /* Another key's slot would leave two keys' records where the caller's
      * index expects one. */
-    if (r->key_len != key_len || memcmp(tern_pm_rec_key(r), key, key_len) != 0)
+    if (r->key_len != key_len || memcmp(pm_rec_key(r), key, key_len) != 0)
         return TERN_EINVAL;
     *slot = pm_rec_span(r);
-    if (val_len > *slot || tern_pm_rec_size(key_len, val_len) > *slot)
+    if (val_len > *slot || pm_rec_size(key_len, val_len) > *slot)
         return TERN_E2BIG;
     return 0;
 }
 
-static int overwrite(struct tern_pm_pool *p, tern_pm_loc loc, enum tern_pm_rec_type type,
+static int overwrite(struct pm_pool *p, pm_loc loc, enum pm_rec_type type,
                      uint64_t version, const void *key, uint16_t key_len, const void *val,
                      uint32_t val_len, bool behind)
 {
     struct seg_state *ss;
-    struct tern_pm_rec *r;
+    struct pm_rec *r;
     uint32_t slot;
     int rc;
 
@@ -1107,39 +1107,39 @@ static int overwrite(struct tern_pm_pool *p, tern_pm_loc loc, enum tern_pm_rec_t
      * still be above a commit point; committed first, a crash cannot leave
      * the key with neither. Free when nothing is pending, and not needed
      * when the caller knows that version is durable (behind). */
-    rc = behind ? 0 : tern_pm_commit(p);
+    rc = behind ? 0 : pm_commit(p);
     if (rc == 0)
         rc = mark_rewriting(p, r, slot, behind);
     if (rc < 0)
         return rc;
-    rewrite_slot(p, r, slot, TERN_PM_F_REWRITTEN, type, version, key_len, val, val_len);
+    rewrite_slot(p, r, slot, PM_F_REWRITTEN, type, version, key_len, val, val_len);
     /* The caller counted the old record dead; the slot holds a live one
      * again. */
     ss->live = ss->live + slot < ss->appended ? ss->live + slot : ss->appended;
     return 0;
 }
 
-int tern_pm_overwrite(struct tern_pm_pool *p, tern_pm_loc loc, enum tern_pm_rec_type type,
+int pm_overwrite(struct pm_pool *p, pm_loc loc, enum pm_rec_type type,
                       uint64_t version, const void *key, uint16_t key_len, const void *val,
                       uint32_t val_len)
 {
     return overwrite(p, loc, type, version, key, key_len, val, val_len, false);
 }
 
-int tern_pm_overwrite_behind(struct tern_pm_pool *p, tern_pm_loc loc,
-                             enum tern_pm_rec_type type, uint64_t version, const void *key,
+int pm_overwrite_behind(struct pm_pool *p, pm_loc loc,
+                             enum pm_rec_type type, uint64_t version, const void *key,
                              uint16_t key_len, const void *val, uint32_t val_len)
 {
     return overwrite(p, loc, type, version, key, key_len, val, val_len, true);
 }
 
-int tern_pm_rewrite_pending(struct tern_pm_pool *p, tern_pm_loc loc,
-                            enum tern_pm_rec_type type, uint64_t version, const void *key,
+int pm_rewrite_pending(struct pm_pool *p, pm_loc loc,
+                            enum pm_rec_type type, uint64_t version, const void *key,
                             uint16_t key_len, const void *val, uint32_t val_len)
 {
     uint32_t s = (uint32_t)(loc >> 32), off = (uint32_t)loc, slot;
     const struct seg_state *ss;
-    struct tern_pm_rec *r;
+    struct pm_rec *r;
     int rc;
 
     if (!p->recovered || s >= p->n_segs)
@@ -1148,13 +1148,13 @@ int tern_pm_rewrite_pending(struct tern_pm_pool *p, tern_pm_loc loc,
     if (!ss->seq || ss->leased || off < ss->first || (off & 7) ||
         off + sizeof(*r) > PM_SEG_HDR + (uint64_t)ss->appended)
         return TERN_EINVAL;
-    r = (struct tern_pm_rec *)(seg_base(p, s) + off);
+    r = (struct pm_rec *)(seg_base(p, s) + off);
     if (off + (uint64_t)pm_rec_span(r) > PM_SEG_HDR + (uint64_t)ss->appended)
         return TERN_EINVAL;
     /* Past the commit point recovery never reads it; below, only a slot
      * rewritten before may go again: its mark is persisted, so a torn
      * record there is an interrupted rewrite that recovery skips. */
-    if (off < PM_SEG_HDR + ss->committed && !(r->flags & TERN_PM_F_REWRITTEN))
+    if (off < PM_SEG_HDR + ss->committed && !(r->flags & PM_F_REWRITTEN))
         return TERN_EINVAL;
     rc = rewrite_fits(r, type, key, key_len, val, val_len, &slot);
     if (rc < 0)
@@ -1166,7 +1166,7 @@ int tern_pm_rewrite_pending(struct tern_pm_pool *p, tern_pm_loc loc,
 
 /* ---- leased segments ---- */
 
-int tern_pm_lease(struct tern_pm_pool *p, uint32_t *seg)
+int pm_lease(struct pm_pool *p, uint32_t *seg)
 {
     uint32_t page = (uint32_t)sysconf(_SC_PAGESIZE);
 
@@ -1175,22 +1175,22 @@ int tern_pm_lease(struct tern_pm_pool *p, uint32_t *seg)
     /* The lessee's first page must leave it room for records. */
     if (page < PM_SEG_HDR || page > p->seg_size / 2)
         return TERN_ENOTSUP;
-    if (p->n_free <= keep_free(p, TERN_PM_VALUE))
+    if (p->n_free <= keep_free(p, PM_VALUE))
         return TERN_ENOSPC;
     return open_seg(p, PM_SEG_LEASED, page, seg);
 }
 
-uint64_t tern_pm_seg_file_off(const struct tern_pm_pool *p, uint32_t seg)
+uint64_t pm_seg_file_off(const struct pm_pool *p, uint32_t seg)
 {
     return pm_seg_offset(seg, p->seg_size);
 }
 
-uint32_t tern_pm_seg_room(const struct tern_pm_pool *p)
+uint32_t pm_seg_room(const struct pm_pool *p)
 {
     return p->seg_size - PM_SEG_HDR;
 }
 
-uint32_t tern_pm_lease_next(const struct tern_pm_pool *p, uint32_t seg)
+uint32_t pm_lease_next(const struct pm_pool *p, uint32_t seg)
 {
     if (seg >= p->n_segs || !p->segs[seg].leased)
         return 0;
@@ -1199,25 +1199,25 @@ uint32_t tern_pm_lease_next(const struct tern_pm_pool *p, uint32_t seg)
 
 /* Is a lessee's record header (the pool's own copy of it) one the pool
  * can take at `off`? */
-static bool lessee_hdr_ok(const struct tern_pm_pool *p, const struct tern_pm_rec *h,
+static bool lessee_hdr_ok(const struct pm_pool *p, const struct pm_rec *h,
                           uint32_t off)
 {
-    if (h->type != TERN_PM_VALUE && h->type != TERN_PM_TOMBSTONE)
+    if (h->type != PM_VALUE && h->type != PM_TOMBSTONE)
         return false;
     if (h->flags || h->slot)     /* the pool's to set: they are in the sum */
         return false;
-    if ((h->type == TERN_PM_TOMBSTONE && h->val_len) || !h->key_len ||
-        h->key_len > TERN_PM_KEY_MAX)
+    if ((h->type == PM_TOMBSTONE && h->val_len) || !h->key_len ||
+        h->key_len > PM_KEY_MAX)
         return false;
     /* val_len first: a huge one would wrap the record's size. */
     return h->val_len <= p->seg_size &&
-           tern_pm_rec_size(h->key_len, h->val_len) <= p->seg_size - off;
+           pm_rec_size(h->key_len, h->val_len) <= p->seg_size - off;
 }
 
-int tern_pm_lease_append(struct tern_pm_pool *p, uint32_t seg, uint32_t off, uint64_t version,
-                         tern_pm_loc *loc)
+int pm_lease_append(struct pm_pool *p, uint32_t seg, uint32_t off, uint64_t version,
+                         pm_loc *loc)
 {
-    struct tern_pm_rec h, *r;
+    struct pm_rec h, *r;
     struct seg_state *ss;
     uint32_t size;
     uint8_t *dst;
@@ -1230,7 +1230,7 @@ int tern_pm_lease_append(struct tern_pm_pool *p, uint32_t seg, uint32_t off, uin
     if (p->seg_size - off < sizeof(h))
         return TERN_EPROTO;
     dst = seg_base(p, seg) + off;
-    r = (struct tern_pm_rec *)dst;
+    r = (struct pm_rec *)dst;
     /* One copy, and from here on only the copy: the lessee can still write
      * the header, and a length that changed between its check and its use
      * would send the checksum past the segment. The fence keeps the
@@ -1239,13 +1239,13 @@ int tern_pm_lease_append(struct tern_pm_pool *p, uint32_t seg, uint32_t off, uin
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     if (!lessee_hdr_ok(p, &h, off))
         return TERN_EPROTO;
-    size = tern_pm_rec_size(h.key_len, h.val_len);
+    size = pm_rec_size(h.key_len, h.val_len);
     /* The lessee summed its record with its own version field; swapping in
      * the real version changes the sum by the version part alone. The body
      * is not read here: the lessee vouches for it, and a lessee that lied
      * loses only its own records (recovery cuts a leased segment at the
      * first bad record). */
-    *r = (struct tern_pm_rec){.sum = h.sum ^ pm_rec_meta_sum(h.version, h.val_len) ^
+    *r = (struct pm_rec){.sum = h.sum ^ pm_rec_meta_sum(h.version, h.val_len) ^
                                      pm_rec_meta_sum(version, h.val_len),
                               .val_len = h.val_len, .version = version, .key_len = h.key_len,
                               .type = h.type};
@@ -1259,7 +1259,7 @@ int tern_pm_lease_append(struct tern_pm_pool *p, uint32_t seg, uint32_t off, uin
     return 0;
 }
 
-void tern_pm_lease_end(struct tern_pm_pool *p, uint32_t seg)
+void pm_lease_end(struct pm_pool *p, uint32_t seg)
 {
     struct seg_state *ss;
     uint32_t dropped;
@@ -1273,17 +1273,17 @@ void tern_pm_lease_end(struct tern_pm_pool *p, uint32_t seg)
     ss->leased = false;
 }
 
-void *tern_pm_base(const struct tern_pm_pool *p)
+void *pm_base(const struct pm_pool *p)
 {
     return p->base;
 }
 
-size_t tern_pm_map_len(const struct tern_pm_pool *p)
+size_t pm_map_len(const struct pm_pool *p)
 {
     return p->len;
 }
 
-int tern_pm_fd(const struct tern_pm_pool *p)
+int pm_fd(const struct pm_pool *p)
 {
     return p->share_fd;
 }
@@ -1292,7 +1292,7 @@ int tern_pm_fd(const struct tern_pm_pool *p)
 
 /* The sealed segment with the fewest live bytes, if below the limit. A
  * leased segment is not sealed: its lessee may be writing the next record. */
-static uint32_t pick_victim(const struct tern_pm_pool *p, unsigned max_live_pct)
+static uint32_t pick_victim(const struct pm_pool *p, unsigned max_live_pct)
 {
     uint64_t cap = p->seg_size - PM_SEG_HDR;
     uint32_t best = NO_SEG;
@@ -1313,40 +1313,40 @@ static uint32_t pick_victim(const struct tern_pm_pool *p, unsigned max_live_pct)
  * it and its bytes are no record, so the owner never hears of it. In a
  * running pool every other record with the flag is whole, so only those
  * are summed. */
-static bool is_hole(const struct tern_pm_pool *p, uint32_t s, uint64_t off)
+static bool is_hole(const struct pm_pool *p, uint32_t s, uint64_t off)
 {
     const uint8_t *seg = seg_base(p, s);
-    const struct tern_pm_rec *r = (const void *)(seg + off);
+    const struct pm_rec *r = (const void *)(seg + off);
     const char *why;
     uint32_t size;
 
-    return (r->flags & TERN_PM_F_REWRITTEN) &&
+    return (r->flags & PM_F_REWRITTEN) &&
            pm_rec_check(seg, off, p->segs[s].committed, &size, &why) < 0;
 }
 
-static int clean_one(struct tern_pm_pool *p, const struct tern_pm_cleaner *c, uint32_t v)
+static int clean_one(struct pm_pool *p, const struct pm_cleaner *c, uint32_t v)
 {
     struct seg_state *vs = &p->segs[v];
     uint64_t end = PM_SEG_HDR + vs->committed;
     int rc = 0, commit_rc;
 
     for (uint64_t off = vs->first; off < end;) {
-        const struct tern_pm_rec *r = (const void *)(seg_base(p, v) + off);
-        tern_pm_loc from = (uint64_t)v << 32 | off, to;
+        const struct pm_rec *r = (const void *)(seg_base(p, v) + off);
+        pm_loc from = (uint64_t)v << 32 | off, to;
         bool hole = is_hole(p, v, off);
 
         off += pm_rec_span(r);
         if (hole || !c->is_live(c->arg, from, r))
             continue;
-        rc = tern_pm_append(p, (enum tern_pm_rec_type)r->type, r->version,
-                            tern_pm_rec_key(r), r->key_len, tern_pm_rec_val(r), r->val_len, &to);
+        rc = pm_append(p, (enum pm_rec_type)r->type, r->version,
+                            pm_rec_key(r), r->key_len, pm_rec_val(r), r->val_len, &to);
         if (rc < 0)
             break;
         c->moved(c->arg, from, to, r);
     }
     /* Copies are committed before the original goes: a crash in between
      * leaves two copies of a version, which recovery treats as one. */
-    commit_rc = tern_pm_commit(p);
+    commit_rc = pm_commit(p);
     if (rc < 0 || commit_rc < 0)
         return rc < 0 ? rc : commit_rc;
     /* Freed in two persisted stores: the commit point back to nothing
@@ -1365,7 +1365,7 @@ static int clean_one(struct tern_pm_pool *p, const struct tern_pm_cleaner *c, ui
      * bytes are still there to read until the segment is handed out. */
     if (c->dropped)
         for (uint64_t off = vs->first; off < end;) {
-            const struct tern_pm_rec *r = (const void *)(seg_base(p, v) + off);
+            const struct pm_rec *r = (const void *)(seg_base(p, v) + off);
 
             if (!is_hole(p, v, off))
                 c->dropped(c->arg, (uint64_t)v << 32 | off, r);
@@ -1376,7 +1376,7 @@ static int clean_one(struct tern_pm_pool *p, const struct tern_pm_cleaner *c, ui
     return 0;
 }
 
-int tern_pm_clean(struct tern_pm_pool *p, const struct tern_pm_cleaner *c,
+int pm_clean(struct pm_pool *p, const struct pm_cleaner *c,
                   unsigned max_segs, unsigned max_live_pct)
 {
     int freed = 0;
@@ -1401,9 +1401,9 @@ int tern_pm_clean(struct tern_pm_pool *p, const struct tern_pm_cleaner *c,
     return freed;
 }
 
-void tern_pm_get_info(const struct tern_pm_pool *p, struct tern_pm_info *info)
+void pm_get_info(const struct pm_pool *p, struct pm_info *info)
 {
-    *info = (struct tern_pm_info){
+    *info = (struct pm_info){
         .version = PM_LAYOUT, .size = p->len, .seg_size = p->seg_size, .n_segs = p->n_segs,
         .max_version = p->version, .is_pmem = p->is_pmem,
     };

@@ -20,7 +20,7 @@
  * and a fence; on an ordinary file it is msync() of the dirty range.
  *
  * One thread owns a pool and makes every call below, with one exception:
- * tern_pm_help(), which any other thread may call to take a share of a
+ * pm_help(), which any other thread may call to take a share of a
  * large flush (BOOM-KV's cooperative write-back). Once some thread has
  * called it, the owner cuts a dirty range of opts.split_flush bytes or more
  * into pieces and posts them on a board in the pool; helpers take pieces
@@ -43,18 +43,18 @@
 extern "C" {
 #endif
 
-struct tern_pm_opts {
+struct pm_opts {
     uint64_t size;       /* create: pool bytes (4 segments at least); 0 = 256 MiB */
     uint32_t seg_size;   /* create: segment bytes, a power of two >= 64 KiB; 0 = 1 MiB */
     bool create;         /* create the file if it does not exist */
-    uint32_t split_flush;  /* once a thread has called tern_pm_help(), a dirty
+    uint32_t split_flush;  /* once a thread has called pm_help(), a dirty
                             * range this long or longer is flushed in pieces
                             * helpers may take; 0 = 256 KiB on PM and never on
                             * a file (one msync costs a device flush, whatever
                             * its size), UINT32_MAX = never */
 };
 
-struct tern_pm_info {
+struct pm_info {
     uint8_t uuid[16];
     uint32_t version;        /* layout version of the file */
     uint64_t size;           /* pool bytes */
@@ -68,15 +68,15 @@ struct tern_pm_info {
     bool is_pmem;            /* flushes are cache-line flushes, not msync */
 };
 
-struct tern_pm_pool;
+struct pm_pool;
 
 /* Open (or create) the pool at `path`. The file is locked against a second
  * opener (TERN_EBUSY). A file that is not a tern pool, or has a bad header,
  * fails with TERN_ECORRUPT and a log line saying what and where. */
-int tern_pm_open(const char *path, const struct tern_pm_opts *o, struct tern_pm_pool **out);
+int pm_open(const char *path, const struct pm_opts *o, struct pm_pool **out);
 
 /* Unmap and unlock. Records appended but not committed are lost. */
-void tern_pm_close(struct tern_pm_pool *p);
+void pm_close(struct pm_pool *p);
 
 /* Recovery: hand every committed record to `fn`, segment by segment: the
  * segments the pool appended to, newest first, then those that were leased.
@@ -88,47 +88,47 @@ void tern_pm_close(struct tern_pm_pool *p);
  * any append. A record
  * that fails its checksum or bounds below a commit point stops the walk with
  * TERN_ECORRUPT (logged with its file offset), with two exceptions: an
- * interrupted rewrite (TERN_PM_F_REWRITTEN, sane slot) is skipped, and a
+ * interrupted rewrite (PM_F_REWRITTEN, sane slot) is skipped, and a
  * bad record in a segment that was leased ends that segment (its commit
  * point is cut back to the record, persistently). fn may stop the walk with
  * a negative return, which is passed back. No lease survives recovery. */
-typedef int (*tern_pm_visit_fn)(void *arg, tern_pm_loc loc, const struct tern_pm_rec *r);
-int tern_pm_recover(struct tern_pm_pool *p, tern_pm_visit_fn fn, void *arg);
+typedef int (*pm_visit_fn)(void *arg, pm_loc loc, const struct pm_rec *r);
+int pm_recover(struct pm_pool *p, pm_visit_fn fn, void *arg);
 
 /* The record at `loc` (a location this pool handed out). */
-const struct tern_pm_rec *tern_pm_rec_at(const struct tern_pm_pool *p, tern_pm_loc loc);
+const struct pm_rec *pm_rec_at(const struct pm_pool *p, pm_loc loc);
 
 /* Largest value a record with `key_len` bytes of key may hold. */
-uint32_t tern_pm_val_max(const struct tern_pm_pool *p, uint32_t key_len);
+uint32_t pm_val_max(const struct pm_pool *p, uint32_t key_len);
 
 /* The next version number (one counter per pool, strictly increasing). */
-uint64_t tern_pm_next_version(struct tern_pm_pool *p);
+uint64_t pm_next_version(struct pm_pool *p);
 
 /* Append a record: the key and value are copied into the pool once, but the
  * record is neither flushed, durable nor visible to recovery until
- * tern_pm_commit(). TERN_E2BIG for a key over TERN_PM_KEY_MAX or a record
+ * pm_commit(). TERN_E2BIG for a key over PM_KEY_MAX or a record
  * larger than a segment; TERN_ENOSPC when no segment is free (clean first;
  * tombstones and the cleaner's copies may use reserved segments). */
-int tern_pm_append(struct tern_pm_pool *p, enum tern_pm_rec_type type, uint64_t version,
+int pm_append(struct pm_pool *p, enum pm_rec_type type, uint64_t version,
                    const void *key, uint16_t key_len, const void *val, uint32_t val_len,
-                   tern_pm_loc *loc);
+                   pm_loc *loc);
 
 /* Make every appended (or rewritten) record durable and move the commit
  * points of every segment written to over them, leased ones included.
  * After it returns, recovery sees those records. */
-int tern_pm_commit(struct tern_pm_pool *p);
+int pm_commit(struct pm_pool *p);
 
 /* From any thread but the owner, at any time while the pool is open: take
  * one piece of a large flush the owner posted and run it (flush and fence,
  * or msync; a failed msync stops the pool's commits, as the owner's own
  * would). 1 if it ran a piece, 0 if none was posted. Never blocks. The
  * caller must have stopped calling it (every call returned) before
- * tern_pm_close(); whoever starts helpers and closes the pool sees to that
+ * pm_close(); whoever starts helpers and closes the pool sees to that
  * (ternd joins its helpers before it destroys the service). */
-int tern_pm_help(struct tern_pm_pool *p);
+int pm_help(struct pm_pool *p);
 
 /* Bytes the record at `loc` occupies: its slot, at least its own size. */
-uint32_t tern_pm_slot_size(const struct tern_pm_pool *p, tern_pm_loc loc);
+uint32_t pm_slot_size(const struct pm_pool *p, pm_loc loc);
 
 /* Hybrid update (BOOM-KV): write a new record of the same key over the
  * older record at `loc`, in place, keeping the slot's size so that recovery
@@ -139,19 +139,19 @@ uint32_t tern_pm_slot_size(const struct tern_pm_pool *p, tern_pm_loc loc);
  * marked as being rewritten and that mark persisted before the new bytes go
  * in (records appended but not committed are committed first, so that the
  * newer version the caller relies on is durable by then); the new record is
- * durable at the next tern_pm_commit(). Not in a segment under lease
+ * durable at the next pm_commit(). Not in a segment under lease
  * (TERN_EINVAL), nor over another key's record. */
-int tern_pm_overwrite(struct tern_pm_pool *p, tern_pm_loc loc, enum tern_pm_rec_type type,
+int pm_overwrite(struct pm_pool *p, pm_loc loc, enum pm_rec_type type,
                       uint64_t version, const void *key, uint16_t key_len, const void *val,
                       uint32_t val_len);
 
-/* As tern_pm_overwrite, for a caller that knows the key's newer version is
- * durable already (an earlier tern_pm_commit() covered it): records appended
+/* As pm_overwrite, for a caller that knows the key's newer version is
+ * durable already (an earlier pm_commit() covered it): records appended
  * since stay pending rather than being committed first, and only the old
  * record's mark is persisted (if it carries none yet), so that a caller that
  * commits a batch of writes at once keeps one commit per batch. */
-int tern_pm_overwrite_behind(struct tern_pm_pool *p, tern_pm_loc loc,
-                             enum tern_pm_rec_type type, uint64_t version, const void *key,
+int pm_overwrite_behind(struct pm_pool *p, pm_loc loc,
+                             enum pm_rec_type type, uint64_t version, const void *key,
                              uint16_t key_len, const void *val, uint32_t val_len);
 
 /* Write a new record of the same key over the record at `loc`, which the
@@ -163,80 +163,80 @@ int tern_pm_overwrite_behind(struct tern_pm_pool *p, tern_pm_loc loc,
  * that recovery skips, and the key falls back to an older version, as for
  * any write not yet acknowledged. Any other record: TERN_EINVAL (append
  * instead); one too small: TERN_E2BIG. Nothing changes on failure; the new
- * record is durable at the next tern_pm_commit(). Not in a leased segment. */
-int tern_pm_rewrite_pending(struct tern_pm_pool *p, tern_pm_loc loc,
-                            enum tern_pm_rec_type type, uint64_t version, const void *key,
+ * record is durable at the next pm_commit(). Not in a leased segment. */
+int pm_rewrite_pending(struct pm_pool *p, pm_loc loc,
+                            enum pm_rec_type type, uint64_t version, const void *key,
                             uint16_t key_len, const void *val, uint32_t val_len);
 
 /* ---- leased segments: a client appends records by one-sided writes ---- */
 
 /* Take a free segment and open it for one lessee, who writes records into
- * it directly, from byte tern_pm_lease_next() of the segment on to its end.
+ * it directly, from byte pm_lease_next() of the segment on to its end.
  * That first byte is a page boundary, past the segment's header: give the
  * lessee access from there on only, and the header stays out of its reach.
  * Nobody else appends there. The segment is marked leased in its header,
  * so recovery knows its records came from outside.
  * TERN_ENOSPC keeps the same reserves as appends of values; TERN_ENOTSUP
  * if a page is more than half a segment. */
-int tern_pm_lease(struct tern_pm_pool *p, uint32_t *seg);
+int pm_lease(struct pm_pool *p, uint32_t *seg);
 
 /* Where a segment lies in the pool file (page aligned), and how many bytes
  * of records it holds at most (they start at byte 64 of the segment, or a
  * page in if it was leased). */
-uint64_t tern_pm_seg_file_off(const struct tern_pm_pool *p, uint32_t seg);
-uint32_t tern_pm_seg_room(const struct tern_pm_pool *p);
+uint64_t pm_seg_file_off(const struct pm_pool *p, uint32_t seg);
+uint32_t pm_seg_room(const struct pm_pool *p);
 
 /* The lessee of `seg` wrote a record at byte `off` of the segment (the
- * segment's append point, tern_pm_lease_next()): a whole record, flags and
- * slot 0, any version of its own, summed (tern_pm_rec_sum_of). The pool
+ * segment's append point, pm_lease_next()): a whole record, flags and
+ * slot 0, any version of its own, summed (pm_rec_sum_of). The pool
  * copies the header out once, checks it (type, key length, sizes, room,
  * flags and slot 0), swaps `version` in (adjusting the sum without reading
- * the value) and appends it as tern_pm_append would: not durable until
- * tern_pm_commit(). TERN_EPROTO for a malformed header, TERN_EINVAL for a
+ * the value) and appends it as pm_append would: not durable until
+ * pm_commit(). TERN_EPROTO for a malformed header, TERN_EINVAL for a
  * segment not leased or a wrong offset; nothing changes on failure. A
  * record whose body does not match its sum is the lessee's loss: readers
  * refuse it and recovery cuts the segment there. */
-int tern_pm_lease_append(struct tern_pm_pool *p, uint32_t seg, uint32_t off, uint64_t version,
-                         tern_pm_loc *loc);
+int pm_lease_append(struct pm_pool *p, uint32_t seg, uint32_t off, uint64_t version,
+                         pm_loc *loc);
 
 /* The byte offset in `seg` where the lessee's next record goes (0 if `seg`
  * is not leased). */
-uint32_t tern_pm_lease_next(const struct tern_pm_pool *p, uint32_t seg);
+uint32_t pm_lease_next(const struct pm_pool *p, uint32_t seg);
 
 /* End a lease (the lessee is done, gone, or the segment is full): bytes
  * past the commit point are ignored and the segment takes no more records;
  * cleaning may pick it from now on. Call it after the lessee has lost
  * access to the segment. */
-void tern_pm_lease_end(struct tern_pm_pool *p, uint32_t seg);
+void pm_lease_end(struct pm_pool *p, uint32_t seg);
 
 /* The pool's mapping and file, for registering it for one-sided access.
- * tern_pm_fd is an open file description of its own, without the pool's
+ * pm_fd is an open file description of its own, without the pool's
  * lock: whoever receives a duplicate of it (a shm peer mapping a lease)
  * can neither drop the lock while the owner runs nor keep the pool locked
  * after the owner dies. */
-void *tern_pm_base(const struct tern_pm_pool *p);
-size_t tern_pm_map_len(const struct tern_pm_pool *p);
-int tern_pm_fd(const struct tern_pm_pool *p);
+void *pm_base(const struct pm_pool *p);
+size_t pm_map_len(const struct pm_pool *p);
+int pm_fd(const struct pm_pool *p);
 
 /* Tell the pool that the record at `loc` is no longer live (superseded or
  * deleted); cleaning prefers segments with few live bytes. */
-void tern_pm_dead(struct tern_pm_pool *p, tern_pm_loc loc);
+void pm_dead(struct pm_pool *p, pm_loc loc);
 
 /* Free segments left; appends need one when the head fills. */
-uint32_t tern_pm_free_segs(const struct tern_pm_pool *p);
+uint32_t pm_free_segs(const struct pm_pool *p);
 
 /* Segments in the pool. */
-uint32_t tern_pm_seg_count(const struct tern_pm_pool *p);
+uint32_t pm_seg_count(const struct pm_pool *p);
 
 /* The owner's view of a record during cleaning. */
-struct tern_pm_cleaner {
+struct pm_cleaner {
     /* Is this record still needed? */
-    bool (*is_live)(void *arg, tern_pm_loc loc, const struct tern_pm_rec *r);
+    bool (*is_live)(void *arg, pm_loc loc, const struct pm_rec *r);
     /* A live record was copied to `to` (same version); repoint the index. */
-    void (*moved)(void *arg, tern_pm_loc from, tern_pm_loc to, const struct tern_pm_rec *r);
+    void (*moved)(void *arg, pm_loc from, pm_loc to, const struct pm_rec *r);
     /* After the victim is freed, for each of its records (live ones were
      * copied first): an old copy or a dead record is gone for good. */
-    void (*dropped)(void *arg, tern_pm_loc loc, const struct tern_pm_rec *r);
+    void (*dropped)(void *arg, pm_loc loc, const struct pm_rec *r);
     void *arg;
 };
 
@@ -244,17 +244,17 @@ struct tern_pm_cleaner {
  * percent, fewest live bytes first: copy their live records to the head,
  * commit, then free them. Returns the number of segments freed (0 if none
  * qualified) or a negative code (TERN_ENOSPC: no room to copy into). */
-int tern_pm_clean(struct tern_pm_pool *p, const struct tern_pm_cleaner *c,
+int pm_clean(struct pm_pool *p, const struct pm_cleaner *c,
                   unsigned max_segs, unsigned max_live_pct);
 
 /* Sizes and counts of an open pool. */
-void tern_pm_get_info(const struct tern_pm_pool *p, struct tern_pm_info *info);
+void pm_get_info(const struct pm_pool *p, struct pm_info *info);
 
 /* Inspect a pool file read-only without opening it for use: the header, and
  * with `deep` every committed record's bounds and checksum. Writes a report
  * to `out` (may be NULL). Returns 0 if the pool is sound, TERN_ECORRUPT with
  * the first bad offset in *bad_off (if not NULL), or another error. */
-int tern_pm_check(const char *path, bool deep, FILE *out, struct tern_pm_info *info,
+int pm_check(const char *path, bool deep, FILE *out, struct pm_info *info,
                   uint64_t *bad_off);
 
 #ifdef __cplusplus

@@ -43,7 +43,7 @@ struct repairs {
  * leased segment ends that segment; both are reported, neither is
  * corruption. */
 static int check_seg(const uint8_t *base, const struct pm_file_hdr *h, uint32_t s, bool deep,
-                     FILE *out, struct tern_pm_info *info, uint64_t *bad_off,
+                     FILE *out, struct pm_info *info, uint64_t *bad_off,
                      struct repairs *fix)
 {
     uint64_t seg_off = pm_seg_offset(s, h->seg_size);
@@ -65,7 +65,7 @@ static int check_seg(const uint8_t *base, const struct pm_file_hdr *h, uint32_t 
     if (!deep)
         return 0;
     for (uint64_t off = v.first; off < PM_SEG_HDR + v.used;) {
-        const struct tern_pm_rec *r = (const void *)(seg + off);
+        const struct pm_rec *r = (const void *)(seg + off);
         uint32_t size;
 
         if (pm_rec_check(seg, off, v.used, &size, &why) < 0) {
@@ -99,10 +99,10 @@ static int check_seg(const uint8_t *base, const struct pm_file_hdr *h, uint32_t 
     return 0;
 }
 
-int tern_pm_check(const char *path, bool deep, FILE *out, struct tern_pm_info *info,
+int pm_check(const char *path, bool deep, FILE *out, struct pm_info *info,
                   uint64_t *bad_off)
 {
-    struct tern_pm_info local;
+    struct pm_info local;
     const struct pm_file_hdr *h;
     struct repairs fix = {0};
     const char *why = NULL;

@@ -3,13 +3,13 @@
  * A commit that follows a large append spends most of its time flushing:
  * cache-line flushes of hundreds of KiB on PM, an msync of as many pages on
  * a file. The owner of the pool cuts such a range into pieces and posts
- * them on the pool's board; idle threads (tern_pm_help) take pieces while
+ * them on the pool's board; idle threads (pm_help) take pieces while
  * the owner works through the rest itself. The owner never waits for a
  * helper that is not there: it takes every piece nobody took, and waits
  * only for pieces a helper has already taken and is running.
  *
  * When it splits (measured on a 2-core VM, see the report of issue 6):
- * - Only once some thread has called tern_pm_help() on the pool. Taking a
+ * - Only once some thread has called pm_help() on the pool. Taking a
  *   piece is a locked instruction, which waits for the thread's earlier
  *   clflushopt/clwb to finish, so a split flush that nobody helps with is
  *   5-7% slower than one pmem_flush of the whole range.
@@ -75,7 +75,7 @@
  * harmless. So a drain may return while a helper still runs a piece, never
  * with a piece left to take.
  *
- * Helpers stop calling before the pool closes (tern_pm_help says who sees
+ * Helpers stop calling before the pool closes (pm_help says who sees
  * to it): a helper outside pm_board_help holds nothing of the pool.
  */
 #include <errno.h>

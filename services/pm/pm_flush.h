@@ -1,5 +1,5 @@
 /* Cooperative flushing: the pool's owner cuts a large dirty range into
- * pieces and posts them on a job board; other threads (tern_pm_help) take
+ * pieces and posts them on a job board; other threads (pm_help) take
  * pieces from it while the owner works through the rest itself. Internal
  * to the pool (pm.c); see pm_flush.c for the protocol and why it is safe. */
 #ifndef TERN_PM_FLUSH_H

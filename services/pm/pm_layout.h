@@ -18,7 +18,6 @@
 #define PM_LAYOUT_SEG_SUM 5          /* first layout whose segment headers are checked */
 #define PM_HDR_SIZE 4096u            /* the file header's block */
 #define PM_SEG_MAGIC 0x47455354u     /* "TSEG" */
-#define PM_SEG_HDR 64u               /* records start this far into a segment */
 #define PM_SEG_MIN (64u * 1024)
 #define PM_STR_(x) #x
 #define PM_STR(x) PM_STR_(x)          /* PM_LAYOUT as text, for messages */
@@ -70,7 +69,7 @@ struct pm_seg_hdr {
     uint8_t reserved[20];
 };
 
-/* Opened for a lessee (tern_pm_lease): its records were written by a
+/* Opened for a lessee (pm_lease): its records were written by a
  * client, so recovery cuts the segment at the first bad one instead of
  * refusing the pool. The mark outlives the lease: a lessee may have
  * scribbled over its committed records at any time before it ended.
@@ -82,8 +81,7 @@ struct pm_seg_hdr {
 
 _Static_assert(sizeof(struct pm_file_hdr) == 72, "pool header layout");
 _Static_assert(sizeof(struct pm_seg_hdr) == PM_SEG_HDR, "segment header is one cache line");
-_Static_assert(sizeof(struct tern_pm_rec) == 24, "record header layout");
-_Static_assert(PM_SEG_HDR == TERN_PM_SEG_HDR, "pm.h tells lessees where records start");
+_Static_assert(sizeof(struct pm_rec) == 24, "record header layout");
 
 static inline uint64_t pm_seg_offset(uint32_t seg, uint32_t seg_size)
 {
@@ -127,10 +125,10 @@ uint32_t pm_seg_hdr_sum(const struct pm_seg_hdr *sh);
 int pm_hdr_check(const struct pm_file_hdr *h, uint64_t file_size, const char **why);
 
 /* The bytes a record occupies: its slot, or (slot 0, as every record of a
- * pool before tern_pm_overwrite had) its own size. */
-static inline uint32_t pm_rec_span(const struct tern_pm_rec *r)
+ * pool before pm_overwrite had) its own size. */
+static inline uint32_t pm_rec_span(const struct pm_rec *r)
 {
-    return r->slot ? r->slot : tern_pm_rec_size(r->key_len, r->val_len);
+    return r->slot ? r->slot : pm_rec_size(r->key_len, r->val_len);
 }
 
 /* Checks a record at `off` in a segment whose commit point is `used`:
@@ -140,7 +138,7 @@ int pm_rec_check(const uint8_t *seg, uint64_t off, uint64_t used, uint32_t *size
                  const char **why);
 
 /* For a record that failed pm_rec_check: if it is an interrupted rewrite
- * (TERN_PM_F_REWRITTEN with a slot that lies within the commit point), the
+ * (PM_F_REWRITTEN with a slot that lies within the commit point), the
  * bytes to skip to the next record; else 0 (real corruption). */
 uint32_t pm_rec_torn_rewrite(const uint8_t *seg, uint64_t off, uint64_t used);
 

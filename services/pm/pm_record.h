@@ -13,52 +13,52 @@
 extern "C" {
 #endif
 
-#define TERN_PM_KEY_MAX 1024u        /* longest key a record may hold */
-#define TERN_PM_SEG_HDR 64u          /* a segment's records start this far into it
+#define PM_KEY_MAX 1024u        /* longest key a record may hold */
+#define PM_SEG_HDR 64u          /* a segment's records start this far into it
                                       * (a leased one's: a page in) */
 
-enum tern_pm_rec_type {
-    TERN_PM_VALUE = 1,               /* key = value */
-    TERN_PM_TOMBSTONE = 2,           /* key deleted (value empty) */
+enum pm_rec_type {
+    PM_VALUE = 1,               /* key = value */
+    PM_TOMBSTONE = 2,           /* key deleted (value empty) */
 };
 
 /* A record as it lies in the pool, 8-byte aligned, followed by the key, the
  * value and zero padding up to the next multiple of 8. */
-struct tern_pm_rec {
+struct pm_rec {
     uint32_t sum;                    /* checksum of the rest of the record */
     uint32_t val_len;
     uint64_t version;
     uint16_t key_len;
-    uint8_t type;                    /* enum tern_pm_rec_type */
-    uint8_t flags;                   /* enum tern_pm_rec_flags */
+    uint8_t type;                    /* enum pm_rec_type */
+    uint8_t flags;                   /* enum pm_rec_flags */
     uint32_t slot;                   /* bytes the record occupies (its next_offset);
-                                      * 0 = tern_pm_rec_size() of its lengths */
+                                      * 0 = pm_rec_size() of its lengths */
 };
 
-enum tern_pm_rec_flags {
-    /* Written over an older record in place (tern_pm_overwrite). A torn
+enum pm_rec_flags {
+    /* Written over an older record in place (pm_overwrite). A torn
      * record with this flag is an interrupted rewrite, never an
      * acknowledged write: recovery skips it instead of refusing the pool. */
-    TERN_PM_F_REWRITTEN = 1u << 0,
+    PM_F_REWRITTEN = 1u << 0,
 };
 
 /* A record's place: segment index << 32 | byte offset in the segment. */
-typedef uint64_t tern_pm_loc;
+typedef uint64_t pm_loc;
 
-static inline const void *tern_pm_rec_key(const struct tern_pm_rec *r)
+static inline const void *pm_rec_key(const struct pm_rec *r)
 {
     return (const uint8_t *)(r + 1);
 }
 
-static inline const void *tern_pm_rec_val(const struct tern_pm_rec *r)
+static inline const void *pm_rec_val(const struct pm_rec *r)
 {
     return (const uint8_t *)(r + 1) + r->key_len;
 }
 
 /* Bytes a record with these lengths takes in the pool. */
-static inline uint32_t tern_pm_rec_size(uint32_t key_len, uint32_t val_len)
+static inline uint32_t pm_rec_size(uint32_t key_len, uint32_t val_len)
 {
-    return (uint32_t)((sizeof(struct tern_pm_rec) + key_len + val_len + 7u) & ~7u);
+    return (uint32_t)((sizeof(struct pm_rec) + key_len + val_len + 7u) & ~7u);
 }
 
 /* The pool's checksum: the low 32 bits of XXH3-64. It replaced zlib's CRC32,
@@ -72,11 +72,11 @@ uint32_t pm_rec_meta_sum(uint64_t version, uint32_t val_len);
 
 /* Checksum of a record: everything after the sum field, the version
  * hashed apart from the rest so that it can be swapped in O(1). */
-uint32_t pm_rec_sum(const struct tern_pm_rec *r);
+uint32_t pm_rec_sum(const struct pm_rec *r);
 
 /* The checksum a record should carry (for lessees, which write whole
  * records themselves). */
-uint32_t tern_pm_rec_sum_of(const struct tern_pm_rec *r);
+uint32_t pm_rec_sum_of(const struct pm_rec *r);
 
 #ifdef __cplusplus
 }

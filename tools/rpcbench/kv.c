@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "kv.h"
+#include "kv_service_internal.h"
 #include "kv/kv_store.h"
 #include "kv/kv_wire.h"
 #include "kvbench.h"
@@ -127,7 +128,7 @@ static int kv_server_child(void *arg, int fd)
                                       .append_only = a->o->append_only};
     struct tern_rpc_config cfg = kv_rpc_config(a->o);
     struct tern_kv_service *svc = NULL;
-    struct tern_kv_store_stats st;
+    struct kvs_stats st;
     char msg[200], bound[160];
     int rc, n;
 
@@ -154,7 +155,7 @@ static int kv_server_child(void *arg, int fd)
         fprintf(stderr, "rpcbench kv server: %s: %s\n", a->listen, tern_strerror(rc));
         goto fail;
     }
-    tern_kv_store_get_stats(tern_kv_service_store(svc), &st);
+    kvs_get_stats(kv_service_store(svc), &st);
     signal(SIGTERM, kv_on_signal);
     signal(SIGINT, kv_on_signal);
     n = snprintf(msg, sizeof(msg), "%s%c%s", bound, 0, st.pool.is_pmem ? "flush" : "msync");
@@ -828,7 +829,7 @@ static void kv_usage(FILE *f)
             "  --pool-size N         pool bytes (k/m/g/t; default max(64 MiB,\n"
             "                        4 x keys x (value + key + 64)); at least four\n"
             "                        segments and 4k)\n",
-            TERN_KV_KEY_MAX);
+            KV_KEY_MAX);
 }
 
 static bool parse_workloads(const char *arg, struct kv_opts *o)
@@ -950,7 +951,7 @@ int kv_main(int argc, char **argv)
             ok = o.n_sizes > 0;
             break;
         case 'k':
-            ok = opt_num(me, "--key-size", optarg, 8, TERN_KV_KEY_MAX, 0, &v);
+            ok = opt_num(me, "--key-size", optarg, 8, KV_KEY_MAX, 0, &v);
             o.key_size = (size_t)v;
             break;
         case 'n': ok = opt_num(me, "--iters", optarg, 1, 1ull << 40, OPT_SIZE, &o.iters); break;

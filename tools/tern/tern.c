@@ -31,7 +31,7 @@ static bool is_help(const char *a)
 }
 
 /* The report, once the check could be made, on stdout; else only the
- * reason, on stderr. tern_pm_check writes that reason into its report as
+ * reason, on stderr. pm_check writes that reason into its report as
  * an "error" line, so the report is held until its verdict is known. */
 static int pool_cmd(const char *path, bool deep)
 {
@@ -46,7 +46,7 @@ static int pool_cmd(const char *path, bool deep)
         fprintf(stderr, "tern: %s\n", tern_strerror(TERN_ENOMEM));
         return 2;
     }
-    rc = tern_pm_check(path, deep, mem, NULL, &bad);
+    rc = pm_check(path, deep, mem, NULL, &bad);
     fclose(mem);
     if (rc == 0 || rc == TERN_ECORRUPT) {
         fwrite(rep, 1, len, stdout);

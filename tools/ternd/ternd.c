@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "kv.h"
+#include "kv_service_internal.h"
 #include "kv_store.h"
 #include "opt.h"
 #include "resp.h"
@@ -95,7 +96,7 @@ static void usage(FILE *f)
             "                    the serving thread (PM pools only; 0..%u, default 0)\n"
             "SIGTERM and SIGINT stop ternd cleanly; SIGHUP is ignored (it logs to\n"
             "stderr and has no configuration file to reload).\n",
-            MAX_LISTEN, SPIN_MAX_US, TERN_RESP_COALESCE_MAX_US, MAX_HELPERS);
+            MAX_LISTEN, SPIN_MAX_US, RESP_COALESCE_MAX_US, MAX_HELPERS);
 }
 
 /* "LO:HI", both 32-bit, LO <= HI. */
@@ -196,7 +197,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
             o->spin_us = (unsigned)v;
             break;
         case 'C':
-            ok = opt_num("ternd", "--resp-coalesce-us", optarg, 0, TERN_RESP_COALESCE_MAX_US, 0,
+            ok = opt_num("ternd", "--resp-coalesce-us", optarg, 0, RESP_COALESCE_MAX_US, 0,
                          &v);
             o->coalesce_us = (unsigned)v;
             break;
@@ -239,14 +240,14 @@ static int make_sleeper(struct tern_rpc_ep *ep)
  * be), and the gateway every 16th. Once RPC is quiet the thread blocks in
  * the gateway's epoll, which also watches the endpoint's fd, so a RESP-only
  * load costs one epoll_wait per batch, as in Redis. */
-static void serve(const struct opts *o, struct tern_rpc_ep *ep, struct tern_resp_gw *gw)
+static void serve(const struct opts *o, struct tern_rpc_ep *ep, struct resp_gw *gw)
 {
     uint64_t spin = (uint64_t)o->spin_us * 1000u, last_rpc = tern_now_ns();
     int sleeper = -1;
     unsigned tick = 0;
 
     if (gw && !o->busy && tern_rpc_wait_fd(ep) >= 0)
-        tern_resp_gw_watch_fd(gw, tern_rpc_wait_fd(ep));
+        resp_gw_watch_fd(gw, tern_rpc_wait_fd(ep));
     else if (!gw && !o->busy)
         sleeper = make_sleeper(ep);
     while (!g_stop) {
@@ -269,8 +270,8 @@ static void serve(const struct opts *o, struct tern_rpc_ep *ep, struct tern_resp
                 else
                     last_rpc = tern_now_ns();
             }
-            tern_resp_gw_poll(gw, timeout);
-            if (tern_resp_gw_watch_ready(gw))
+            resp_gw_poll(gw, timeout);
+            if (resp_gw_watch_ready(gw))
                 last_rpc = tern_now_ns();   /* RPC work: poll it hot again */
             continue;
         }
@@ -366,8 +367,8 @@ int main(int argc, char **argv)
     struct tern_rpc_config cfg = {.mode = TERN_TP_POLL_ADAPTIVE};
     struct tern_kv_service_opts ko = {0};
     struct tern_kv_service *svc = NULL;
-    struct tern_resp_gw *gw = NULL;
-    struct tern_kv_store_stats st;
+    struct resp_gw *gw = NULL;
+    struct kvs_stats st;
     char pool[4096], bound[256], line[1024];
     bool made_dir, new_pool;
     struct stat pst;
@@ -427,22 +428,22 @@ int main(int argc, char **argv)
             at += (size_t)snprintf(line + at, sizeof(line) - at, " %s", bound);
     }
     if (rc == 0 && o.resp_port >= 0) {
-        struct tern_resp_config rc_cfg = {.port = (uint16_t)o.resp_port,
+        struct resp_config rc_cfg = {.port = (uint16_t)o.resp_port,
                                           .coalesce_us = o.coalesce_us};
 
-        rc = tern_resp_gw_create(tern_kv_service_store(svc), &rc_cfg, &gw);
+        rc = resp_gw_create(kv_service_store(svc), &rc_cfg, &gw);
         if (rc < 0)
             fprintf(stderr, "ternd: --resp-port: 127.0.0.1:%d: %s\n", o.resp_port,
                     tern_strerror(rc));
         else if (at < sizeof(line))
             at += (size_t)snprintf(line + at, sizeof(line) - at, " resp=127.0.0.1:%u",
-                                   tern_resp_gw_port(gw));
+                                   resp_gw_port(gw));
     }
     if (rc == 0 && (rc = start_helpers(svc, o.helpers)) < 0)
         fprintf(stderr, "ternd: flush helpers: %s\n", tern_strerror(rc));
     if (rc < 0) {
         stop_helpers();
-        tern_resp_gw_destroy(gw);
+        resp_gw_destroy(gw);
         tern_rpc_close(g_ep);
         tern_kv_service_close(svc);
         /* A pool this run created holds nothing yet: a start that failed
@@ -454,7 +455,7 @@ int main(int argc, char **argv)
             rmdir(o.data_dir);
         return 1;
     }
-    tern_kv_store_get_stats(tern_kv_service_store(svc), &st);
+    kvs_get_stats(kv_service_store(svc), &st);
     if (at < sizeof(line))
         snprintf(line + at, sizeof(line) - at, " pool=%.900s keys=%llu persist=%s", pool,
                  (unsigned long long)st.keys, st.pool.is_pmem ? "flush" : "msync");
@@ -467,7 +468,7 @@ int main(int argc, char **argv)
     serve(&o, g_ep, gw);
 
     stop_helpers();
-    tern_resp_gw_destroy(gw);
+    resp_gw_destroy(gw);
     tern_rpc_close(g_ep);
     tern_kv_service_close(svc);
     fprintf(stderr, "ternd: stopped\n");

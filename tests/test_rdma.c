@@ -23,9 +23,10 @@
 
 static const struct fabric_case *rdma_case(void)
 {
-    for (int i = 0; i < n_fabric_cases; i++)
-        if (strcmp(fabric_cases[i].fabric, "rdma") == 0)
-            return &fabric_cases[i];
+    int i = test_fabric_row("rdma");   /* the conformance rows follow the matrix */
+
+    if (i >= 0 && i < n_fabric_cases)
+        return &fabric_cases[i];
     ck_abort_msg("no rdma row in fabric_cases");
     return NULL;
 }

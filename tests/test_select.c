@@ -10,6 +10,7 @@
 
 #include "suites.h"
 #include "tern_config.h"
+#include "helpers.h"
 #include "rpc.h"
 #include "transport.h"
 
@@ -145,6 +146,10 @@ START_TEST(descriptors_answer_for_every_fabric)
         /* Too small a buffer, a tag no address can hold. */
         ck_assert_int_eq(tern_tp_local_uri(*f, "selftest", uri, 4), TERN_EINVAL);
     }
+    /* The conformance rows follow the matrix, one per fabric. */
+    ck_assert_int_eq(n_fabric_cases, n);
+    for (int i = 0; i < n_fabric_cases; i++)
+        ck_assert_int_eq(test_fabric_row(fabric_cases[i].fabric), i);
     ck_assert_int_eq(tern_tp_local_uri("carrier-pigeon", "x", uri, sizeof(uri)), TERN_ENOFABRIC);
     ck_assert_int_eq(tern_tp_local_uri("shm", "bad name!", uri, sizeof(uri)), TERN_EINVAL);
     ck_assert_int_eq(tern_tp_local_uri("ntb", "bad name!", uri, sizeof(uri)), TERN_EINVAL);

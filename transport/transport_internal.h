@@ -66,7 +66,7 @@ struct tern_tp_fabric {
      * unique when a listener binds it (tests, benchmarks). */
     int (*local_addr)(const char *tag, char *buf, size_t len);
     /* True if bound address `addr` is an emulated device (results say
-     * "ntb-emu", "rdma-emu"). NULL: never. */
+     * "NAME-emu"). NULL: never. */
     bool (*emulated)(const char *addr);
     /* Remove what processes of this host that died left behind (device
      * files, segments). NULL: nothing outlives a process. */

@@ -1,5 +1,5 @@
-/* tern transport: one fabric-independent API over TCP, shared memory,
- * PCIe NTB and RDMA.
+/* tern transport: one fabric-independent API over every fabric built in
+ * (tern_tp_fabric_names(); docs/ARCHITECTURE.md lists them).
  *
  * A transport endpoint (tern_tp_ep) belongs to one thread and one fabric. It
  * owns listeners, connections and registered memory, and reports everything
@@ -58,6 +58,10 @@ enum tern_tp_cap {
      * peer's mapped memory); without it the peer's poll serves them. Not
      * an op of its own: it needs PUT and GET. */
     TERN_TP_CAP_RMA_OFFLOAD = 1u << 7,
+    /* A wrong or stale remote key closes the connection with
+     * TERN_EREMACCESS (a NIC breaks its queue pair) instead of failing the
+     * one operation. Not an op either. */
+    TERN_TP_CAP_STRICT_RKEY = 1u << 8,
 };
 
 enum tern_tp_poll_mode {
@@ -71,7 +75,7 @@ enum tern_tp_poll_mode {
  * callers built against an older header). */
 struct tern_tp_config {
     uint32_t size;
-    const char *fabric;          /* "tcp", "shm", "ntb", "rdma" (tern_tp_fabric_names) */
+    const char *fabric;          /* one of tern_tp_fabric_names() */
     enum tern_tp_poll_mode mode;
     size_t max_msg;              /* largest message; 0 = 1 MiB */
     size_t conn_buf;             /* per-connection buffer cap; 0 = 4 x max_msg */
@@ -119,8 +123,8 @@ const char *const *tern_tp_fabric_names(void);
 
 /* Look for a fabric's hardware. 0 if it is usable (a one-line description
  * in `desc`), TERN_ENODEV if absent, TERN_ENOFABRIC if not built in. `args`
- * is fabric-specific (ntb: DPDK EAL arguments; rdma: NULL for a NIC,
- * "soft" for the softverbs emulation); tcp and shm need none. */
+ * is fabric-specific (its doc in docs/ says; NULL asks for real hardware);
+ * a fabric with no hardware of its own is always usable. */
 int tern_tp_probe(const char *fabric, const char *args, char *desc, size_t desc_len);
 
 /* Which built-in fabric "fabric://..." names: its index in
@@ -140,20 +144,21 @@ uint32_t tern_tp_fabric_caps(const char *fabric);
 
 /* Write to `uri` an address on `fabric` ("fabric://...") that a server on
  * this host can listen on and processes of this host can reach, unique per
- * `tag` (a pid, a test name): "tcp://127.0.0.1:0", "shm://tern-TAG", an
- * emulated NTB device, softverbs where there is no RDMA NIC. With tag NULL
+ * `tag` (a pid, a test name): a loopback port, a named shared-memory
+ * listener, an emulated device where the fabric has one. With tag NULL
  * the fabric names the listener itself when it binds (any free port, an
  * "auto" name): the bound address says which. TERN_ENOFABRIC if the fabric
  * is not built in, TERN_EINVAL if it does not fit. */
 int tern_tp_local_uri(const char *fabric, const char *tag, char *uri, size_t len);
 
 /* How results should name the fabric of bound address `uri`: the fabric's
- * name, or "NAME-emu" when it runs on an emulated device (an emulated NTB
- * device, softverbs). Returns `buf`; "?" for an unknown fabric. */
+ * name, or "NAME-emu" when it runs on an emulated device (a device file
+ * standing in for a PCIe link, a user-space NIC). Returns `buf`; "?" for an
+ * unknown fabric. */
 const char *tern_tp_uri_label(const char *uri, char *buf, size_t len);
 
 /* Remove what processes of this host that died left behind on every
- * fabric (emulated NTB devices nobody holds, softverbs segments). Safe
+ * fabric (emulated devices nobody holds, a user-space NIC's segments). Safe
  * while other processes run: only what no live process uses goes. */
 void tern_tp_sweep(void);
 
@@ -283,7 +288,7 @@ int tern_tp_get(struct tern_tp_conn *conn, struct tern_tp_mr *lmr, size_t loff, 
  * `rkey` at [roff, roff+len) directly, as UCX's uct_rkey_ptr: no call and no
  * completion per access. `need` holds the rights the caller will use
  * (REMOTE_READ, REMOTE_WRITE). TERN_ENOTSUP on fabrics without such
- * mappings (tcp, ntb, rdma: no TERN_TP_CAP_RKEY_PTR) or for regions the peer
+ * mappings (no TERN_TP_CAP_RKEY_PTR) or for regions the peer
  * does not let this side map (registered without a file, or a plain file of
  * another user); TERN_EAGAIN while the mapping is being set up (poll, and
  * let the peer poll, then ask again) or while this connection's earlier put

@@ -321,13 +321,13 @@ static struct kv_lease_ent *session_ent(struct kv_os *os, struct tern_session *s
     return free_ent;
 }
 
-/* Only RDMA breaks the connection of a peer that writes to a withdrawn key
- * (the NIC fails the queue pair): elsewhere the write is refused one by one
- * (shm: the key is checked before each store; tcp, ntb: the server's
- * progress engine serves it), and the client leases again. */
+/* A fabric whose NIC breaks the connection of a peer that writes to a
+ * withdrawn key (TERN_TP_CAP_STRICT_RKEY) keeps the lease: elsewhere the
+ * write is refused one by one (a key checked before each store, or by the
+ * server's progress engine), and the client leases again. */
 static bool may_withdraw(const struct tern_session *s)
 {
-    return strcmp(tern_session_fabric(s), "rdma") != 0;
+    return !(tern_session_caps(s) & TERN_TP_CAP_STRICT_RKEY);
 }
 
 /* The pool is short of free segments, or leases hold their whole share of

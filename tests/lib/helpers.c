@@ -24,12 +24,12 @@ const struct fabric_case fabric_cases[] = {
     {"shm", "auto", "nobody-listens-here", "bad name!", false},
     /* An emulated NTB device (a shared-memory file with both windows): the
      * same link rules as on PCIe, runnable anywhere. */
-    {"ntb", "emu:auto", "emu:nobody-attached", "emu:bad name!", false},
+    {"ntb", "emu:auto", "emu:nobody-attached", "emu:bad name!", true},
 #if TERN_HAVE_RDMA
     /* RDMA verbs: a NIC if the host has one, else softverbs (the tests
      * then run the fabric's code against the emulated NIC). On a NIC the
      * address must be one of its own: TERN_RDMA_LOCAL_IP. */
-    {"rdma", rdma_listen, rdma_refused, "no-port-here", true},
+    {"rdma", rdma_listen, rdma_refused, "no-port-here", false},
 #endif
 };
 const int n_fabric_cases = sizeof(fabric_cases) / sizeof(fabric_cases[0]);

@@ -18,8 +18,8 @@ struct fabric_case {
     const char *listen;     /* address to listen on (any free port/name) */
     const char *refused;    /* an address nobody listens on */
     const char *bad;        /* an address the fabric cannot parse */
-    bool key_errors_close;  /* a wrong remote key breaks the connection, as
-                             * the NIC breaks its queue pair (rdma) */
+    bool point_to_point;    /* a listener joins exactly one peer (an NTB
+                             * device's two ends) */
 };
 
 extern const struct fabric_case fabric_cases[];

@@ -320,7 +320,8 @@ static int rdma_local_addr(const char *tag, char *buf, size_t len)
 const struct tern_tp_fabric tp_fabric_rdma = {
     .name = "rdma",
     .caps = TERN_TP_CAP_MSG | TERN_TP_CAP_PUT | TERN_TP_CAP_GET | TERN_TP_CAP_WAIT_FD |
-            TERN_TP_CAP_LISTEN | TERN_TP_CAP_CONNECT | TERN_TP_CAP_RMA_OFFLOAD,
+            TERN_TP_CAP_LISTEN | TERN_TP_CAP_CONNECT | TERN_TP_CAP_RMA_OFFLOAD |
+            TERN_TP_CAP_STRICT_RKEY,
     .ep_size = sizeof(struct rdma_ep),
     .ops = &rdma_ops,
     .latency_ns = 2000,

@@ -49,7 +49,8 @@ struct variant {
     enum tern_kv_path path;
     bool onesided;                   /* the server serves the one-sided paths */
     const char *listen[2];           /* fabric of even and odd rounds (a row of
-                                      * tests/lib/fabrics.h, by name) */
+                                      * tests/lib/fabrics.h, by name); NULL:
+                                      * every fabric of the matrix in turn */
     const char *last;                /* fabric of the final check */
     unsigned pad_min, pad_span;      /* value padding: pad_min + [0, pad_span) bytes */
     unsigned rounds;                 /* kill points by default */
@@ -63,9 +64,10 @@ struct variant {
  * failed every fast-path variant within a few rounds, AUTO (which leases
  * only half its PUTs) within about 25. */
 static const struct variant variants[] = {
-    /* The RPC path, alternating TCP and shared memory; values from 8 to
+    /* The RPC path, each round on the next fabric of the matrix (tcp,
+     * shm, ntb on an emulated device, rdma where built); values from 8 to
      * ~700 bytes, so records straddle cache lines and pages. */
-    {"rpc", TERN_KV_PATH_RPC, false, {"tcp", "shm"}, "tcp",
+    {"rpc", TERN_KV_PATH_RPC, false, {NULL, NULL}, "tcp",
      0, 700, 100},
     /* Every PUT through a leased segment once a lease is granted (the
      * first ones of a round, and those while a full segment is replaced,
@@ -376,7 +378,8 @@ START_TEST(kill9_loses_no_acknowledged_write)
     for (unsigned round = 0; round < n; round++) {
         struct tern_kv *kv;
 
-        start_server(var->listen[round % 2]);
+        start_server(var->listen[0] ? var->listen[round % 2]
+                                    : test_fabric_name((int)(round % (unsigned)test_fabric_count())));
         kv = open_kv(ep, test_kv_uri(0));
         t.present += verify(kv, round);    /* what the last kill left */
         write_until(ep, kv, &seq, now_ms() + 2 + rand_r(&rnd) % 30, &rnd);

@@ -15,11 +15,8 @@
 #if TERN_HAVE_SERVICES
 
 #include <check.h>
-#include <dirent.h>
 #include <dlfcn.h>
-#include <errno.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,11 +24,11 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "helpers.h"
 #include "kv.h"
+#include "kv_servers.h"
 #include "kv_store.h"
 #include "kv_window.h"
 #include "kv_wire.h"
@@ -53,27 +50,20 @@
 #define SVC TERN_KV_SERVICE_ID
 #define INTENT_BIT (1ull << 63)
 
-/* ---- fabrics: those of test_kv_procs ---- */
+/* ---- fabrics (tests/lib/fabrics.h) ---- */
 
-static char rdma_uri[96] = "rdma://127.0.0.1:0";
-static const char *const listen_uris[] = {
-    "tcp://127.0.0.1:0", "shm://auto", "ntb://emu:auto",
-#if TERN_HAVE_RDMA
-    rdma_uri,
-#endif
-};
-#define N_LISTEN_URIS ((int)(sizeof(listen_uris) / sizeof(listen_uris[0])))
-#define SHM 1                        /* index of shm://auto above */
-
-__attribute__((constructor)) static void rdma_uri_init(void)
-{
-    snprintf(rdma_uri, sizeof(rdma_uri), "rdma://%s:0", test_rdma_ip());
-}
-
-/* Where TERN_KV_PATH_AUTO goes one-sided: the NIC or plain loads do the work. */
+/* Where TERN_KV_PATH_AUTO goes one-sided: one-sided access costs the server
+ * nothing there (the NIC, or plain loads and stores, do the work). */
 static bool fabric_is_fast(int i)
 {
-    return strncmp(listen_uris[i], "shm:", 4) == 0 || strncmp(listen_uris[i], "rdma:", 5) == 0;
+    return (test_fabric_caps(i) & TERN_TP_CAP_RMA_OFFLOAD) != 0;
+}
+
+/* The emulated NTB device: one-sided operations go as ring records, and it
+ * links one peer endpoint at a time. */
+static bool is_ntb(int i)
+{
+    return i == test_fabric_row("ntb");
 }
 
 /* How TERN_KV_PATH_AUTO sends GETs to a server on the fabric (kv_client_path.c
@@ -87,237 +77,24 @@ static enum auto_way auto_get_way(int i)
 {
     if (fabric_is_fast(i))
         return AUTO_WINDOW;
-    if (strncmp(listen_uris[i], "ntb:", 4) == 0)
+    if (is_ntb(i))
         return AUTO_RPC;
     return AUTO_RPC;
 }
 
-/* ---- servers (children), client children, and pool files ---- */
+/* ---- servers (tests/lib/kv_servers.h) and clients ---- */
 
 #define MAX_SERVERS 2
-#define MAX_KIDS 4
 
-static pid_t pids[MAX_SERVERS];
-static pid_t kids[MAX_KIDS];
-static char uris[MAX_SERVERS][128];
-static char pool_paths[MAX_SERVERS][128];
-static char tmpdir[64];
-
-/* What the next forked server runs: set before spawning, copied by fork. */
-static struct tern_kv_service_opts next_opts;
-static struct tern_kv_onesided_opts next_os;
-static bool next_os_off;
-
-static void setup_kv_os(struct tern_rpc_ep *ep)
+/* Start server i on fabric row `fabric` with the one-sided paths on, and
+ * the rest as `o` says (NULL: the defaults). */
+static void start_os_server(int i, int fabric, const struct test_kv_srv *o)
 {
-    struct tern_kv_service *svc;
+    struct test_kv_srv so = o ? *o : (struct test_kv_srv){0};
 
-    /* The service lives as long as the child, which _exit()s: every write
-     * it acknowledged was durable before the reply left. */
-    if (tern_kv_service_open(&next_opts, &svc) < 0)
-        _exit(7);
-    if (tern_rpc_register(ep, tern_kv_service_def(svc)) < 0)
-        _exit(8);
-    if (!next_os_off && tern_kv_service_enable_onesided(svc, ep, &next_os) < 0)
-        _exit(9);
-}
-
-static void kill_pid(pid_t *p)
-{
-    if (*p > 0) {
-        kill(*p, SIGKILL);
-        waitpid(*p, NULL, 0);
-        *p = 0;
-    }
-}
-
-static void kill_server(int i)
-{
-    kill_pid(&pids[i]);
-}
-
-static void remove_tmpdir(void)
-{
-    DIR *d;
-    struct dirent *de;
-
-    if (!tmpdir[0])
-        return;
-    d = opendir(tmpdir);
-    if (d) {
-        while ((de = readdir(d))) {
-            char p[sizeof(tmpdir) + 300];
-
-            if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
-                continue;
-            snprintf(p, sizeof(p), "%s/%s", tmpdir, de->d_name);
-            unlink(p);
-        }
-        closedir(d);
-    }
-    rmdir(tmpdir);
-    tmpdir[0] = 0;
-}
-
-/* On any exit of the test process: a failed assertion leaves nothing. */
-static void cleanup_at_exit(void)
-{
-    for (int i = 0; i < MAX_KIDS; i++)
-        kill_pid(&kids[i]);
-    for (int i = 0; i < MAX_SERVERS; i++)
-        kill_server(i);
-    remove_tmpdir();
-}
-
-/* Check ends a failed test with _exit() and kills its process group, so
- * atexit() does not run then. A janitor outside that group cleans up once
- * the test process and every child (all of which hold the pipe's write
- * end) are gone: the pool files, and the emulated NTB devices the servers
- * made (named after their pids, which the pipe brings). */
-static int janitor_fd = -1;
-
-static void remove_ntb_devices(const pid_t *servers, int n)
-{
-    DIR *d = opendir("/dev/shm");
-    struct dirent *de;
-
-    if (!d)
-        return;
-    while ((de = readdir(d))) {
-        for (int i = 0; i < n; i++) {
-            char prefix[64], p[300];
-
-            snprintf(prefix, sizeof(prefix), "tern-ntb.auto-%d-", (int)servers[i]);
-            if (strncmp(de->d_name, prefix, strlen(prefix)) == 0) {
-                snprintf(p, sizeof(p), "/dev/shm/%s", de->d_name);
-                unlink(p);
-            }
-        }
-    }
-    closedir(d);
-}
-
-static void start_janitor(void)
-{
-    int fds[2];
-    pid_t pid;
-
-    ck_assert_int_eq(pipe(fds), 0);
-    pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        pid_t servers[64];
-        int n = 0;
-        ssize_t got;
-
-        setpgid(0, 0);
-        close(fds[1]);
-        while ((got = read(fds[0], &servers[n < 63 ? n : 63], sizeof(pid_t))) != 0) {
-            if (got == (ssize_t)sizeof(pid_t) && n < 64)
-                n++;
-            else if (got < 0 && errno != EINTR)
-                break;
-        }
-        for (int i = 0; i < MAX_SERVERS; i++)
-            pids[i] = 0;    /* not ours to kill */
-        for (int i = 0; i < MAX_KIDS; i++)
-            kids[i] = 0;
-        remove_tmpdir();
-        remove_ntb_devices(servers, n);
-        _exit(0);
-    }
-    close(fds[0]);
-    janitor_fd = fds[1];
-}
-
-static void make_tmpdir(void)
-{
-    static bool registered;
-
-    if (!registered) {
-        atexit(cleanup_at_exit);
-        registered = true;
-    }
-    test_pool_dir(tmpdir, sizeof(tmpdir), "kvos");     /* tmpfs if there is one */
-    start_janitor();
-    for (int i = 0; i < MAX_SERVERS; i++)
-        snprintf(pool_paths[i], sizeof(pool_paths[i]), "%s/pool%d", tmpdir, i);
-}
-
-struct srv {
-    int fabric;                      /* index in listen_uris */
-    uint64_t pool_size;              /* 0: 8 MiB */
-    uint32_t seg_size;               /* 0: 64 KiB */
-    uint32_t lo, hi;                 /* 0, 0: the whole space */
-    struct tern_kv_onesided_opts os;
-    bool os_off;                     /* do not enable the one-sided paths */
-};
-
-/* Servers sleep when idle: they, writer children and the client share few
- * CPUs, and busy-polling servers would take turns in time slices. */
-static const struct tern_rpc_config adaptive = {.mode = TERN_TP_POLL_ADAPTIVE};
-
-/* Start server `i` on pool file `i` (created at the first start). */
-static void start_server(int i, const struct srv *o)
-{
-    if (!tmpdir[0])
-        make_tmpdir();
-    next_opts = (struct tern_kv_service_opts){
-        .pool_path = pool_paths[i], .pool_size = o->pool_size ? o->pool_size : 8u << 20,
-        .seg_size = o->seg_size ? o->seg_size : 64u << 10, .range_lo = o->lo,
-        .range_hi = o->hi,
-    };
-    next_os = o->os;
-    next_os_off = o->os_off;
-    pids[i] = spawn_rpc_server_at(setup_kv_os, &adaptive, listen_uris[o->fabric], uris[i],
-                                  sizeof(uris[i]));
-    ck_assert_int_gt(pids[i], 0);
-    ck_assert_int_eq(write(janitor_fd, &pids[i], sizeof(pid_t)), (ssize_t)sizeof(pid_t));
-}
-
-/* SIGTERM: the server must stop and exit cleanly. */
-static void finish_server(int i)
-{
-    pid_t pid = pids[i];
-
-    pids[i] = 0;
-    CHECK(stop_server(pid) == 0, "server %d did not exit cleanly", i);
-}
-
-/* Fork a client process running fn(arg); it _exit()s with fn's return. */
-static pid_t spawn_kid(int slot, int (*fn)(void *arg), void *arg)
-{
-    pid_t pid;
-
-    if (!tmpdir[0])
-        make_tmpdir();
-    pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0)
-        _exit(fn(arg));
-    kids[slot] = pid;
-    return pid;
-}
-
-/* Wait for client child `slot`; its exit code (-1 if it was killed). */
-static int reap_kid(int slot)
-{
-    int status;
-    pid_t pid = kids[slot];
-
-    kids[slot] = 0;
-    if (waitpid(pid, &status, 0) != pid)
-        return -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-/* Memory the test process and its client children share. */
-static void *shared_alloc(size_t len)
-{
-    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-
-    ck_assert_ptr_ne(p, MAP_FAILED);
-    return p;
+    so.listen = test_fabric_listen(fabric);
+    so.onesided = true;
+    test_kv_start(i, &so);
 }
 
 static struct tern_rpc_ep *new_ep(void)
@@ -337,7 +114,7 @@ static struct tern_kv *kv_open_path(struct tern_rpc_ep *ep, int n, enum tern_kv_
     int rc;
 
     for (int i = 0; i < n; i++)
-        u[i] = uris[i];
+        u[i] = test_kv_uri(i);
     rc = tern_kv_open(ep, u, (unsigned)n, 5 * SEC, &kv);
     CHECK(rc == 0, "tern_kv_open %s: %s", u[0], tern_err_name(rc));
     rc = tern_kv_set_path(kv, path);
@@ -353,8 +130,8 @@ static void finish(struct tern_rpc_ep *ep, struct tern_kv *a, struct tern_kv *b,
         tern_kv_close(b);
     tern_rpc_close(ep);
     for (int i = 0; i < n_servers; i++)
-        finish_server(i);
-    cleanup_at_exit();
+        test_kv_finish(i);
+    test_kv_cleanup();
 }
 
 static struct tern_kv_onesided_stats stats(const struct tern_kv *kv)
@@ -460,13 +237,13 @@ static void assert_fabric(struct tern_rpc_ep *ep, int fabric)
 {
     struct tern_session *s;
     size_t fl;
-    int rc = tern_rpc_connect(ep, uris[0], 5 * SEC, &s);
+    int rc = tern_rpc_connect(ep, test_kv_uri(0), 5 * SEC, &s);
 
-    CHECK(rc == 0, "connect %s: %s", uris[0], tern_err_name(rc));
+    CHECK(rc == 0, "connect %s: %s", test_kv_uri(0), tern_err_name(rc));
     fl = strlen(tern_session_fabric(s));
-    CHECK(strncmp(listen_uris[fabric], tern_session_fabric(s), fl) == 0 &&
-          listen_uris[fabric][fl] == ':', "listening on %s, session on %s",
-          listen_uris[fabric], tern_session_fabric(s));
+    CHECK(strncmp(test_fabric_listen(fabric), tern_session_fabric(s), fl) == 0 &&
+          test_fabric_listen(fabric)[fl] == ':', "listening on %s, session on %s",
+          test_fabric_listen(fabric), tern_session_fabric(s));
     tern_rpc_disconnect(s);
 }
 
@@ -478,7 +255,7 @@ static void assert_fabric(struct tern_rpc_ep *ep, int fabric)
  * bigger ones go by RPC. */
 static bool fits_onesided(int fabric, size_t vlen)
 {
-    return strncmp(listen_uris[fabric], "ntb:", 4) != 0 || vlen <= 8 * KIB;
+    return !is_ntb(fabric) || vlen <= 8 * KIB;
 }
 
 START_TEST(roundtrip_every_fabric)
@@ -494,7 +271,7 @@ START_TEST(roundtrip_every_fabric)
     char k[32];
     int kl;
 
-    start_server(0, &(struct srv){.fabric = _i});
+    start_os_server(0, _i, NULL);
     ep = new_ep();
     assert_fabric(ep, _i);
     os = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
@@ -593,7 +370,7 @@ START_TEST(auto_path_every_fabric)
     char k[32];
     int kl;
 
-    start_server(0, &(struct srv){.fabric = _i});
+    start_os_server(0, _i, NULL);
     ep = new_ep();
     assert_fabric(ep, _i);
     kv = kv_open_path(ep, 1, TERN_KV_PATH_AUTO);
@@ -614,32 +391,33 @@ START_TEST(auto_path_every_fabric)
     /* PUTs into leases on shm and rdma only. */
     if (fabric_is_fast(_i)) {
         CHECK(st.puts > 0 && st.leases > 0, "%s: AUTO PUTs stayed on RPC (puts %llu, leases %llu)",
-              listen_uris[_i], (unsigned long long)st.puts, (unsigned long long)st.leases);
+              test_fabric_listen(_i), (unsigned long long)st.puts, (unsigned long long)st.leases);
     } else {
         CHECK(st.puts == 0 && st.leases == 0,
-              "%s: AUTO PUTs went one-sided (puts %llu, leases %llu)", listen_uris[_i],
+              "%s: AUTO PUTs went one-sided (puts %llu, leases %llu)", test_fabric_listen(_i),
               (unsigned long long)st.puts, (unsigned long long)st.leases);
     }
     /* Each of the 60 GETs went the fabric's way (most of them: a torn read
      * or a push that could not be posted ends by RPC), none another way. */
     CHECK(st.gets_direct + st.gets_pushed + st.gets_rpc == 60,
-          "%s: %llu direct + %llu pushed + %llu by RPC for 60 GETs", listen_uris[_i],
+          "%s: %llu direct + %llu pushed + %llu by RPC for 60 GETs", test_fabric_listen(_i),
           (unsigned long long)st.gets_direct, (unsigned long long)st.gets_pushed,
           (unsigned long long)st.gets_rpc);
     switch (auto_get_way(_i)) {
     case AUTO_WINDOW:
         CHECK(st.gets_direct >= 30 && st.gets_pushed == 0,
-              "%s: AUTO GETs not from the window (direct %llu, pushed %llu)", listen_uris[_i],
+              "%s: AUTO GETs not from the window (direct %llu, pushed %llu)",
+              test_fabric_listen(_i),
               (unsigned long long)st.gets_direct, (unsigned long long)st.gets_pushed);
         break;
     case AUTO_PUSH:
         CHECK(st.gets_pushed >= 30 && st.gets_direct == 0,
-              "%s: AUTO GETs not pushed (direct %llu, pushed %llu)", listen_uris[_i],
+              "%s: AUTO GETs not pushed (direct %llu, pushed %llu)", test_fabric_listen(_i),
               (unsigned long long)st.gets_direct, (unsigned long long)st.gets_pushed);
         break;
     case AUTO_RPC:
         CHECK(st.gets_rpc == 60, "%s: AUTO GETs went one-sided (direct %llu, pushed %llu)",
-              listen_uris[_i], (unsigned long long)st.gets_direct,
+              test_fabric_listen(_i), (unsigned long long)st.gets_direct,
               (unsigned long long)st.gets_pushed);
         break;
     }
@@ -651,7 +429,7 @@ START_TEST(auto_path_every_fabric)
         expect_get(kv, k, (size_t)kl, val, 8 + i * 100, ver[i]);
     }
     CHECK(stats(kv).puts == st0.puts, "%s: %llu small AUTO PUTs went one-sided",
-          listen_uris[_i], (unsigned long long)(stats(kv).puts - st0.puts));
+          test_fabric_listen(_i), (unsigned long long)(stats(kv).puts - st0.puts));
     finish(ep, kv, NULL, 1);
 }
 END_TEST
@@ -666,7 +444,7 @@ START_TEST(server_without_onesided)
     uint64_t v;
     int rc;
 
-    start_server(0, &(struct srv){.fabric = SHM, .os_off = true});
+    test_kv_start(0, &(struct test_kv_srv){.listen = test_fabric_listen(test_fabric_row("shm"))});
     ep = new_ep();
     kv = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
     for (int i = 0; i < 5; i++) {
@@ -677,7 +455,7 @@ START_TEST(server_without_onesided)
     ck_assert_uint_eq(stats(kv).puts, 0);
     ck_assert_uint_eq(stats(kv).leases, 0);
     s = NULL;
-    rc = tern_rpc_connect(ep, uris[0], 5 * SEC, &s);
+    rc = tern_rpc_connect(ep, test_kv_uri(0), 5 * SEC, &s);
     ck_assert_int_eq(rc, 0);
     rc = tern_call_sync(s, SVC, KV_M_ONESIDED_INFO, NULL, 0, NULL, 0, NULL, 5 * SEC);
     CHECK(rc == TERN_ENOTSUP, "OS_INFO: %s", tern_err_name(rc));
@@ -726,13 +504,13 @@ START_TEST(durable_onesided_puts)
     struct tern_kv_onesided_stats st;
     struct tern_rpc_ep *ep;
     struct tern_kv *os, *rpc;
-    struct srv o = {.fabric = _i, .seg_size = 64 * KIB};
+    struct test_kv_srv o = {.seg_size = 64 * KIB};
     unsigned present = 0;
     uint64_t before;
     char k[32];
     int kl;
 
-    start_server(0, &o);
+    start_os_server(0, _i, &o);
     ep = new_ep();
     os = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
     rpc = kv_open_path(ep, 1, TERN_KV_PATH_RPC);
@@ -777,11 +555,11 @@ START_TEST(durable_onesided_puts)
     tern_kv_close(os);
     tern_kv_close(rpc);
     tern_rpc_close(ep);
-    finish_server(0);
+    test_kv_finish(0);
 
     /* SIGTERM, then a new server on the same pool: all of it is there, by
      * either path (the window is rebuilt from the recovered index). */
-    start_server(0, &o);
+    start_os_server(0, _i, &o);
     ep = new_ep();
     os = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
     rpc = kv_open_path(ep, 1, TERN_KV_PATH_RPC);
@@ -803,12 +581,12 @@ START_TEST(durable_onesided_puts)
         must_put(os, k, (size_t)kl, killed[i].val, killed[i].len, &killed[i].version);
     }
     ck_assert_uint_ge(stats(os).puts, N_KILL / 2);
-    kill_server(0);
+    test_kv_kill(0);
     tern_kv_close(os);
     tern_kv_close(rpc);
     tern_rpc_close(ep);
 
-    start_server(0, &o);
+    start_os_server(0, _i, &o);
     ep = new_ep();
     os = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
     check_all(os, killed, N_KILL, "killed");
@@ -839,7 +617,7 @@ START_TEST(cache_every_fabric)
     char k[32];
     int kl;
 
-    start_server(0, &(struct srv){.fabric = _i});
+    start_os_server(0, _i, NULL);
     ep = new_ep();
     a = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
     b = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
@@ -924,7 +702,7 @@ END_TEST
  * elsewhere they are processes of their own. */
 static bool one_peer_only(int fabric)
 {
-    return strncmp(listen_uris[fabric], "ntb:", 4) == 0;
+    return is_ntb(fabric);
 }
 
 #define TORN_MAX 200000
@@ -1017,7 +795,7 @@ static int torn_writer_proc(void *arg)
 {
     static struct torn_writer w;
     struct tern_rpc_ep *ep;
-    const char *u = uris[0];
+    const char *u = test_kv_uri(0);
     double t0 = now_ms();
 
     (void)arg;
@@ -1045,14 +823,15 @@ START_TEST(torn_reads_single_writer)
     uint64_t last_v = 0, last_c = 0;
     unsigned reads = 0;
     bool in_proc = one_peer_only(_i);
+    pid_t writer = 0;
     double t0;
     int rc;
 
-    torn = shared_alloc(sizeof(*torn));
+    torn = test_shared_alloc(sizeof(*torn));
     torn_unit = in_proc ? 2 * KIB : 8 * KIB;
-    start_server(0, &(struct srv){.fabric = _i});
+    start_os_server(0, _i, NULL);
     if (!in_proc)
-        spawn_kid(0, torn_writer_proc, NULL);
+        writer = test_fork(torn_writer_proc, NULL);
     ep = new_ep();
     kv = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
     if (in_proc) {
@@ -1102,7 +881,7 @@ START_TEST(torn_reads_single_writer)
         torn->os_puts = stats(local.kv).puts;
         tern_kv_close(local.kv);
     } else {
-        rc = reap_kid(0);
+        rc = test_child_wait(&writer);
         CHECK(rc == 0, "writer exited with %d (%s)", rc, tern_err_name(torn->err));
     }
     CHECK(reads >= 500, "only %u reads", reads);
@@ -1195,7 +974,7 @@ static int multi_writer_proc(void *arg)
 {
     static struct multi_writer m;
     struct tern_rpc_ep *ep;
-    const char *u = uris[0];
+    const char *u = test_kv_uri(0);
     double t0 = now_ms();
 
     m.w = (uint32_t)(uintptr_t)arg;
@@ -1224,24 +1003,21 @@ static int cmp_u64(const void *a, const void *b)
 }
 
 /* Are the writers done? Reaps the processes, or looks at the local ones. */
-static bool writers_done(const struct multi_writer *local, bool in_proc)
+static bool writers_done(const struct multi_writer *local, pid_t *writers, bool in_proc)
 {
     bool done = true;
 
     for (int i = 0; i < N_WRITERS; i++) {
-        int status;
+        int code;
 
         if (in_proc) {
             CHECK(!multi->err[i], "writer %d: %s", i, tern_err_name(multi->err[i]));
             done = done && !local[i].busy;
             continue;
         }
-        if (kids[i] > 0 && waitpid(kids[i], &status, WNOHANG) == kids[i]) {
-            kids[i] = 0;
-            CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "writer %d failed: %s", i,
-                  tern_err_name(multi->err[i]));
-        }
-        done = done && kids[i] == 0;
+        if (test_child_exited(&writers[i], &code))
+            CHECK(code == 0, "writer %d failed: %s", i, tern_err_name(multi->err[i]));
+        done = done && writers[i] == 0;
     }
     return done;
 }
@@ -1250,6 +1026,7 @@ START_TEST(concurrent_writers_one_key)
 {
     static uint64_t all[N_WRITERS * W_PUTS];
     static struct multi_writer local[N_WRITERS];
+    pid_t writers[N_WRITERS] = {0};
     uint8_t buf[1024], want[1024];
     struct tern_rpc_ep *ep;
     struct tern_kv *os, *rpc;
@@ -1260,11 +1037,11 @@ START_TEST(concurrent_writers_one_key)
     double t0;
     int rc;
 
-    multi = shared_alloc(sizeof(*multi));
-    start_server(0, &(struct srv){.fabric = _i});
+    multi = test_shared_alloc(sizeof(*multi));
+    start_os_server(0, _i, NULL);
     if (!in_proc)
         for (uint32_t w = 0; w < N_WRITERS; w++)
-            spawn_kid((int)w, multi_writer_proc, (void *)(uintptr_t)w);
+            writers[w] = test_fork(multi_writer_proc, (void *)(uintptr_t)w);
     ep = new_ep();
     os = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
     rpc = kv_open_path(ep, 1, TERN_KV_PATH_RPC);
@@ -1279,7 +1056,7 @@ START_TEST(concurrent_writers_one_key)
     __atomic_store_n(&multi->go, 1, __ATOMIC_RELEASE);
     /* Read while they write: every value whole, never older than the last. */
     t0 = now_ms();
-    while (!writers_done(local, in_proc)) {
+    while (!writers_done(local, writers, in_proc)) {
         size_t len = 0;
         uint32_t w, seq;
 
@@ -1541,12 +1318,7 @@ START_TEST(lying_window_never_trusted)
     struct tern_rpc_ep *ep;
     struct tern_kv *kv;
 
-    if (!tmpdir[0])
-        make_tmpdir();
-    pids[0] = spawn_rpc_server_at(setup_fake, &adaptive, listen_uris[_i], uris[0],
-                                  sizeof(uris[0]));
-    ck_assert_int_gt(pids[0], 0);
-    ck_assert_int_eq(write(janitor_fd, &pids[0], sizeof(pid_t)), (ssize_t)sizeof(pid_t));
+    test_kv_start_with(0, test_fabric_listen(_i), setup_fake);
     ep = new_ep();
     kv = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
     {
@@ -1582,7 +1354,7 @@ END_TEST
 
 START_TEST(idle_lease_taken_back)
 {
-    struct srv o = {.fabric = _i, .os = {.max_leases = 1, .lease_idle_ns = 50000000ull}};
+    struct test_kv_srv o = {.os = {.max_leases = 1, .lease_idle_ns = 50000000ull}};
     struct tern_rpc_ep *ep_a, *ep_b;
     struct tern_kv *a, *b;
     struct tern_kv_onesided_stats sa, sb;
@@ -1590,7 +1362,7 @@ START_TEST(idle_lease_taken_back)
     char k[32];
     int kl, rc;
 
-    start_server(0, &o);
+    start_os_server(0, _i, &o);
     ep_a = new_ep();
     /* B's own endpoint, except where the fabric links one peer endpoint
      * only: there its own sessions (leases are per session) on A's. */
@@ -1652,7 +1424,7 @@ END_TEST
  * is gone without a word to them. */
 START_TEST(quiet_revoked_lessees_do_not_starve)
 {
-    struct srv o = {.fabric = _i, .os = {.max_leases = 1, .lease_idle_ns = 50000000ull}};
+    struct test_kv_srv o = {.os = {.max_leases = 1, .lease_idle_ns = 50000000ull}};
     struct tern_rpc_ep *ep_a, *ep_b, *ep_c;
     struct tern_kv *a, *b, *c;
     struct tern_kv_onesided_stats sc = {0};
@@ -1660,7 +1432,7 @@ START_TEST(quiet_revoked_lessees_do_not_starve)
     char k[32];
     int kl;
 
-    start_server(0, &o);
+    start_os_server(0, _i, &o);
     ep_a = new_ep();
     ep_b = one_peer_only(_i) ? ep_a : new_ep();
     ep_c = one_peer_only(_i) ? ep_a : new_ep();
@@ -1726,7 +1498,7 @@ static int dead_lessee(void *arg)
 {
     struct tern_rpc_ep *ep;
     struct tern_kv *kv;
-    const char *u = uris[0];
+    const char *u = test_kv_uri(0);
 
     (void)arg;
     if (tern_rpc_open(NULL, &ep) < 0 || tern_kv_open(ep, &u, 1, 5 * SEC, &kv) < 0 ||
@@ -1753,23 +1525,24 @@ static int dead_lessee(void *arg)
 
 START_TEST(dead_lessee_reclaimed)
 {
-    struct srv o = {.fabric = _i, .os = {.max_leases = 1, .lease_idle_ns = 60000000000ull}};
+    struct test_kv_srv o = {.os = {.max_leases = 1, .lease_idle_ns = 60000000000ull}};
     struct tern_rpc_ep *ep;
     struct tern_kv *kv;
     struct tern_kv_onesided_stats st;
+    pid_t lessee;
     double t0, took;
     unsigned n;
 
-    dead = shared_alloc(sizeof(*dead));
-    start_server(0, &o);
-    spawn_kid(0, dead_lessee, NULL);
+    dead = test_shared_alloc(sizeof(*dead));
+    start_os_server(0, _i, &o);
+    lessee = test_fork(dead_lessee, NULL);
     t0 = now_ms();
     while (!__atomic_load_n(&dead->state, __ATOMIC_ACQUIRE)) {
         CHECK(now_ms() - t0 < 5000, "the child never leased");
         usleep(1000);
     }
     CHECK(dead->state == 1, "the child's PUTs did not go one-sided");
-    kill_pid(&kids[0]);
+    test_child_kill(&lessee);
 
     ep = new_ep();
     kv = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
@@ -1811,9 +1584,9 @@ static int raw_call(struct tern_session *s, uint16_t method, const void *req, si
 static struct tern_session *raw_session(struct tern_rpc_ep *ep, int i)
 {
     struct tern_session *s;
-    int rc = tern_rpc_connect(ep, uris[i], 5 * SEC, &s);
+    int rc = tern_rpc_connect(ep, test_kv_uri(i), 5 * SEC, &s);
 
-    CHECK(rc == 0, "connect %s: %s", uris[i], tern_err_name(rc));
+    CHECK(rc == 0, "connect %s: %s", test_kv_uri(i), tern_err_name(rc));
     return s;
 }
 
@@ -1934,12 +1707,13 @@ START_TEST(hostile_lput)
     uint64_t keys0, ver = 0, ver2 = 0, intent = INTENT_BIT | 0x1234;
     uint32_t size, next;
     uint8_t *p;
+    int shm = test_fabric_row("shm");
     int rc;
 
     /* Server 0 owns the low half (the raw tests), server 1 the high half
      * (so that the library can open both at the end). */
-    start_server(0, &(struct srv){.fabric = SHM, .lo = 0, .hi = 0x7fffffff});
-    start_server(1, &(struct srv){.fabric = SHM, .lo = 0x80000000u, .hi = 0xffffffffu});
+    start_os_server(0, shm, &(struct test_kv_srv){.lo = 0, .hi = 0x7fffffff});
+    start_os_server(1, shm, &(struct test_kv_srv){.lo = 0x80000000u, .hi = 0xffffffffu});
     ep = new_ep();
     s1 = raw_session(ep, 0);
     s2 = raw_session(ep, 0);
@@ -2118,7 +1892,7 @@ END_TEST
  * busy gets TERN_ENOBUFS. Raw sessions, shm. */
 START_TEST(lease_take_back_on_the_wire)
 {
-    struct srv o = {.fabric = SHM, .os = {.max_leases = 1, .lease_idle_ns = 50000000ull}};
+    struct test_kv_srv o = {.os = {.max_leases = 1, .lease_idle_ns = 50000000ull}};
     struct tern_rpc_ep *ep;
     struct tern_session *s1, *s2;
     struct kv_lease l1, l2;
@@ -2126,7 +1900,7 @@ START_TEST(lease_take_back_on_the_wire)
     uint64_t intent = INTENT_BIT | 7, ver = 0;
     uint8_t *p;
 
-    start_server(0, &o);
+    start_os_server(0, test_fabric_row("shm"), &o);
     ep = new_ep();
     s1 = raw_session(ep, 0);
     s2 = raw_session(ep, 0);
@@ -2192,7 +1966,7 @@ START_TEST(many_lessees_leave_room_for_puts)
     unsigned granted = 0;
     char k[32];
 
-    start_server(0, &(struct srv){.fabric = 0});
+    start_os_server(0, test_fabric_row("tcp"), NULL);
     ep = new_ep();
     for (int i = 0; i < N_SESS; i++) {
         struct kv_lease_req q = {0};
@@ -2244,7 +2018,7 @@ START_TEST(session_lease_quota)
     uint64_t intent = INTENT_BIT | 77, ver = 0;
     uint8_t *p;
 
-    start_server(0, &(struct srv){.fabric = SHM});
+    start_os_server(0, test_fabric_row("shm"), NULL);
     ep = new_ep();
     s = raw_session(ep, 0);
     s2 = raw_session(ep, 0);
@@ -2283,12 +2057,15 @@ END_TEST
  * kept free. Filling stops at TERN_ENOSPC; the client waits a little (the
  * idle lease's key is withdrawn first, its lease ends a while later) and
  * goes on, a few times at most. The quiet lessee then finds its key
- * withdrawn (shm) and its LPUT refused. _i: tcp, shm. */
+ * withdrawn (where the client maps it: shm) and its LPUT refused. _i: tcp,
+ * shm. */
 START_TEST(idle_lease_returns_to_pool)
 {
     enum { SEGS = 12, PER_SEG = 3, VLEN = 21000 };
-    struct srv o = {.fabric = _i, .pool_size = SEGS * 64ull * KIB + 4096,
-                    .os = {.lease_idle_ns = 50000000ull}};
+    static const char *const fabrics[] = {"tcp", "shm"};
+    struct test_kv_srv o = {.pool_size = SEGS * 64ull * KIB + 4096,
+                            .os = {.lease_idle_ns = 50000000ull}};
+    int fabric = test_fabric_row(fabrics[_i]);
     static uint8_t val[VLEN];
     struct tern_rpc_ep *ep;
     struct tern_session *s;
@@ -2299,7 +2076,7 @@ START_TEST(idle_lease_returns_to_pool)
 
     ck_assert_uint_eq(PER_SEG * pm_rec_size(6, VLEN) <= 64 * KIB - 64 &&
                       (PER_SEG + 1) * pm_rec_size(6, VLEN) > 64 * KIB - 64, 1);
-    start_server(0, &o);
+    start_os_server(0, fabric, &o);
     ep = new_ep();
     s = raw_session(ep, 0);
     l = raw_lease(s);
@@ -2326,7 +2103,7 @@ START_TEST(idle_lease_returns_to_pool)
         pattern(val, sizeof(val), i);
         expect_get(kv, k, (size_t)kl, val, sizeof(val), 0);
     }
-    if (_i == SHM) {
+    if (test_fabric_caps(fabric) & TERN_TP_CAP_RKEY_PTR) {
         double t0 = now_ms();
         void *p;
         int rc;
@@ -2369,7 +2146,7 @@ START_TEST(hostile_lessee_header)
     uint8_t *p;
     int rc;
 
-    start_server(0, &(struct srv){.fabric = SHM});
+    start_os_server(0, test_fabric_row("shm"), NULL);
     ep = new_ep();
     kv = kv_open_path(ep, 1, TERN_KV_PATH_RPC);
     must_put(kv, "victim", 6, "safe", 4, &v);
@@ -2390,7 +2167,7 @@ START_TEST(hostile_lessee_header)
         rc = lput(s, l.seg, next, intent, NULL);
         CHECK(rc == 0 || rc == TERN_ENOLEASE, "record after the liar's: %s", tern_err_name(rc));
         must_put(kv, "victim2", 7, "also safe", 9, &v2);
-        kill_server(0);
+        test_kv_kill(0);
         tern_rpc_disconnect(s);
         tern_kv_close(kv);
         tern_rpc_close(ep);
@@ -2426,26 +2203,26 @@ START_TEST(hostile_lessee_header)
         must_put(kv, "victim2", 7, "also safe", 9, &v2);
         tern_kv_close(kv);
         tern_rpc_close(ep);
-        finish_server(0);
+        test_kv_finish(0);
     } else {
         p = lease_ptr(ep, s, &l, next, 256);
         put_record(p, "mine2", 5, "ok", 2, ++intent, PM_VALUE);
         EXPECT_RC(lput(s, l.seg, next, intent, NULL), 0, "lessee's second record");
         must_put(kv, "victim2", 7, "also safe", 9, &v2);
-        kill_server(0);
+        test_kv_kill(0);
         tern_rpc_disconnect(s);
         tern_kv_close(kv);
         tern_rpc_close(ep);
     }
 
 restart:
-    so.path = pool_paths[0];
+    so.path = test_kv_pool(0);
     rc = kvs_open(&so, &st);
     CHECK(rc == 0, "the pool no longer opens after a lessee %s (%s): %s",
           _i == 2 ? "sent a record with a wrong sum" : "wrote junk into its segment",
           _i ? "server killed" : "server stopped", tern_err_name(rc));
     kvs_close(st);
-    start_server(0, &(struct srv){.fabric = SHM});
+    start_os_server(0, test_fabric_row("shm"), NULL);
     ep = new_ep();
     kv = kv_open_path(ep, 1, TERN_KV_PATH_RPC);
     expect_get(kv, "victim", 6, "safe", 4, v);
@@ -2622,7 +2399,7 @@ END_TEST
 static bool push_fits(int fabric, size_t vlen)
 {
     return vlen <= 56 * KIB &&
-           (strncmp(listen_uris[fabric], "ntb:", 4) != 0 || vlen <= 8 * KIB);
+           (!is_ntb(fabric) || vlen <= 8 * KIB);
 }
 
 /* What one GET (or a batch of them) did to a client's counters. */
@@ -2673,7 +2450,7 @@ START_TEST(push_roundtrip_every_fabric)
     int kl;
 
     /* 256 KiB segments: the store takes values bigger than a staging slot. */
-    start_server(0, &(struct srv){.fabric = _i, .seg_size = 256 * KIB});
+    start_os_server(0, _i, &(struct test_kv_srv){.seg_size = 256 * KIB});
     ep = new_ep();
     assert_fabric(ep, _i);
     push = kv_open_path(ep, 1, TERN_KV_PATH_PUSH);
@@ -2873,14 +2650,6 @@ static void expect_inline(const struct kv_pget_rep *rep, size_t got, const uint8
     CHECK(first_not(region, PG_REGION, 0xee) == PG_REGION, "%s: the region was written", what);
 }
 
-/* Is server i's process still there (not crashed)? */
-static bool server_alive(int i)
-{
-    int status;
-
-    return pids[i] > 0 && waitpid(pids[i], &status, WNOHANG) == 0;
-}
-
 START_TEST(hostile_pget)
 {
     static uint8_t val[300], longkey[KV_KEY_MAX + 40];
@@ -2900,8 +2669,8 @@ START_TEST(hostile_pget)
     int rc;
 
     /* Server 0 owns the low half (the raw requests), server 1 the high. */
-    start_server(0, &(struct srv){.fabric = _i, .lo = 0, .hi = 0x7fffffff});
-    start_server(1, &(struct srv){.fabric = _i, .lo = 0x80000000u, .hi = 0xffffffffu});
+    start_os_server(0, _i, &(struct test_kv_srv){.lo = 0, .hi = 0x7fffffff});
+    start_os_server(1, _i, &(struct test_kv_srv){.lo = 0x80000000u, .hi = 0xffffffffu});
     ep = new_ep();
     rpc = kv_open_path(ep, 2, TERN_KV_PATH_RPC);
     key_in_range(in, sizeof(in), &kin, "in", 0, 0x7fffffff);
@@ -3043,7 +2812,7 @@ START_TEST(hostile_pget)
             CHECK(first_not(region, PG_REGION, 0xee) == PG_REGION,
                   "%s: the region was written (%s, reply size %u)", bad[b].what,
                   rc ? tern_err_name(rc) : "success", rep.size);
-            CHECK(server_alive(0), "%s: the server died", bad[b].what);
+            CHECK(test_kv_alive(0), "%s: the server died", bad[b].what);
             tern_rpc_disconnect(s2);
         }
     }
@@ -3065,7 +2834,7 @@ START_TEST(hostile_pget)
     spin(ep, 5);
 
     /* After all of it the server serves as before: a good raw push... */
-    CHECK(server_alive(0) && server_alive(1), "a server died");
+    CHECK(test_kv_alive(0) && test_kv_alive(1), "a server died");
     CHECK(tern_rpc_mr_rkey(mr, s, &rk) == 0, "rkey for s");
     memset(region, 0xee, PG_REGION);
     q = (struct kv_pget){.klen = (uint16_t)kin, .cap = PG_REGION, .off = 64, .dst = rk};
@@ -3245,13 +3014,8 @@ START_TEST(lying_push_never_trusted)
     struct tern_rpc_ep *ep;
     struct tern_kv *kv;
 
-    lie_pgets = shared_alloc(L_N * sizeof(*lie_pgets));
-    if (!tmpdir[0])
-        make_tmpdir();
-    pids[0] = spawn_rpc_server_at(setup_fake, &adaptive, listen_uris[_i], uris[0],
-                                  sizeof(uris[0]));
-    ck_assert_int_gt(pids[0], 0);
-    ck_assert_int_eq(write(janitor_fd, &pids[0], sizeof(pid_t)), (ssize_t)sizeof(pid_t));
+    lie_pgets = test_shared_alloc(L_N * sizeof(*lie_pgets));
+    test_kv_start_with(0, test_fabric_listen(_i), setup_fake);
     ep = new_ep();
     kv = kv_open_path(ep, 1, TERN_KV_PATH_PUSH);
     /* Twice: nothing may be remembered from the first round (a slot still
@@ -3410,7 +3174,7 @@ static int race_writer_proc(void *arg)
 {
     static struct race_writer w;
     struct tern_rpc_ep *ep;
-    const char *u = uris[0];
+    const char *u = test_kv_uri(0);
     double t0 = now_ms();
 
     (void)arg;
@@ -3464,13 +3228,14 @@ START_TEST(push_races_in_place_updates)
     struct tern_session *s;
     bool in_proc = one_peer_only(_i);
     uint64_t in_place0, in_place1;
+    pid_t writer = 0;
     double t0;
     int rc;
 
-    torn = shared_alloc(sizeof(*torn));
+    torn = test_shared_alloc(sizeof(*torn));
     /* Records that fit a staging slot, and on ntb a ring record. */
     torn_unit = in_proc ? 2 * KIB : 8 * KIB;
-    start_server(0, &(struct srv){.fabric = _i});
+    start_os_server(0, _i, NULL);
     ep = new_ep();
     s = raw_session(ep, 0);
     rd.kv = kv_open_path(ep, 1, TERN_KV_PATH_PUSH);
@@ -3478,7 +3243,7 @@ START_TEST(push_races_in_place_updates)
         local = (struct race_writer){.kv = kv_open_path(ep, 1, TERN_KV_PATH_RPC)};
         race_writer_start(&local);
     } else {
-        spawn_kid(0, race_writer_proc, NULL);
+        writer = test_fork(race_writer_proc, NULL);
     }
     t0 = now_ms();
     while (__atomic_load_n(&torn->n, __ATOMIC_ACQUIRE) < 2) {
@@ -3513,7 +3278,7 @@ START_TEST(push_races_in_place_updates)
         CHECK(!local.busy && !torn->err, "writer: %s", tern_err_name(torn->err));
         tern_kv_close(local.kv);
     } else {
-        rc = reap_kid(0);
+        rc = test_child_wait(&writer);
         CHECK(rc == 0, "writer exited with %d (%s)", rc, tern_err_name(torn->err));
     }
     CHECK(rd.done >= 1000, "only %u reads", rd.done);
@@ -3587,8 +3352,7 @@ START_TEST(fallback_without_call_slots)
     double t0;
     int rc;
 
-    start_server(0, &(struct srv){.fabric = 0});
-    ck_assert(strncmp(listen_uris[0], "tcp:", 4) == 0);
+    start_os_server(0, test_fabric_row("tcp"), NULL);
     rc = tern_rpc_open(&few, &ep);
     CHECK(rc == 0, "client ep: %s", tern_err_name(rc));
     kv = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
@@ -3712,7 +3476,7 @@ static int lock_lessee(void *arg)
     bool hostile = arg != NULL;
     struct tern_rpc_ep *ep;
     struct tern_kv *kv;
-    const char *u = uris[0];
+    const char *u = test_kv_uri(0);
     struct stat pool, st;
     double t0 = now_ms();
 
@@ -3735,7 +3499,7 @@ static int lock_lessee(void *arg)
         for (int p = 0; p < 100; p++)
             tern_rpc_poll(ep);
     }
-    if (hostile && stat(pool_paths[0], &pool) == 0)
+    if (hostile && stat(test_kv_pool(0), &pool) == 0)
         for (unsigned i = 0; i < n_sent_fds; i++) {
             if (sent_fds[i] < 0 || fstat(sent_fds[i], &st) < 0 || st.st_dev != pool.st_dev ||
                 st.st_ino != pool.st_ino)
@@ -3780,28 +3544,29 @@ static void expect_lessee_puts(struct tern_kv *kv)
  * pool locked (TERN_EBUSY) for as long as the client lived. */
 START_TEST(lessee_keeps_no_lock_of_dead_server)
 {
-    struct srv o = {.fabric = SHM};
+    int shm = test_fabric_row("shm");
+    pid_t lessee;
     struct pm_opts po = {0};
     struct pm_pool *p;
     struct tern_rpc_ep *ep;
     struct tern_kv *kv;
     int rc;
 
-    lk = shared_alloc(sizeof(*lk));
-    start_server(0, &o);
-    spawn_kid(0, lock_lessee, NULL);
+    lk = test_shared_alloc(sizeof(*lk));
+    start_os_server(0, shm, NULL);
+    lessee = test_fork(lock_lessee, NULL);
     wait_lessee();
-    kill_server(0);
-    rc = pm_open(pool_paths[0], &po, &p);
+    test_kv_kill(0);
+    rc = pm_open(test_kv_pool(0), &po, &p);
     CHECK(rc == 0, "the dead server's pool, while its lessee lives: %s", tern_err_name(rc));
     pm_close(p);
     /* A whole server, with the lessee still there. */
-    start_server(0, &o);
+    start_os_server(0, shm, NULL);
     ep = new_ep();
     kv = kv_open_path(ep, 1, TERN_KV_PATH_RPC);
     expect_lessee_puts(kv);
     must_put(kv, "after", 5, "restart", 7, NULL);
-    kill_pid(&kids[0]);
+    test_child_kill(&lessee);
     munmap(lk, sizeof(*lk));
     finish(ep, kv, NULL, 1);
 }
@@ -3813,20 +3578,21 @@ END_TEST
  * which serves on. */
 START_TEST(lessee_cannot_unlock_live_server)
 {
-    struct srv o = {.fabric = SHM};
+    int shm = test_fabric_row("shm");
+    pid_t lessee;
     struct pm_opts po = {0};
     struct pm_pool *p = NULL;
     struct tern_rpc_ep *ep;
     struct tern_kv *kv;
     int rc;
 
-    lk = shared_alloc(sizeof(*lk));
-    start_server(0, &o);
-    spawn_kid(0, lock_lessee, (void *)1);
+    lk = test_shared_alloc(sizeof(*lk));
+    start_os_server(0, shm, NULL);
+    lessee = test_fork(lock_lessee, (void *)1);
     wait_lessee();
     CHECK(lk->pool_fds > 0, "the lessee was sent no descriptor of the pool");
     CHECK(lk->locked == 0, "the lessee's descriptor of the pool holds the server's lock");
-    rc = pm_open(pool_paths[0], &po, &p);
+    rc = pm_open(test_kv_pool(0), &po, &p);
     if (rc == 0)
         pm_close(p);
     CHECK(rc == TERN_EBUSY, "a third opener of a live server's pool: %s, not TERN_EBUSY",
@@ -3835,7 +3601,7 @@ START_TEST(lessee_cannot_unlock_live_server)
     kv = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
     expect_lessee_puts(kv);
     must_put(kv, "after", 5, "unlock", 6, NULL);
-    kill_pid(&kids[0]);
+    test_child_kill(&lessee);
     munmap(lk, sizeof(*lk));
     finish(ep, kv, NULL, 1);
 }
@@ -3848,31 +3614,31 @@ Suite *suite_kv_onesided(void)
 
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, window_unit);
-    tcase_add_loop_test(tc, roundtrip_every_fabric, 0, N_LISTEN_URIS);
-    tcase_add_loop_test(tc, auto_path_every_fabric, 0, N_LISTEN_URIS);
+    tcase_add_loop_test(tc, roundtrip_every_fabric, 0, test_fabric_count());
+    tcase_add_loop_test(tc, auto_path_every_fabric, 0, test_fabric_count());
     tcase_add_test(tc, server_without_onesided);
-    tcase_add_loop_test(tc, durable_onesided_puts, 0, N_LISTEN_URIS);
-    tcase_add_loop_test(tc, cache_every_fabric, 0, N_LISTEN_URIS);
-    tcase_add_loop_test(tc, torn_reads_single_writer, 0, N_LISTEN_URIS);
-    tcase_add_loop_test(tc, concurrent_writers_one_key, 0, N_LISTEN_URIS);
-    tcase_add_loop_test(tc, lying_window_never_trusted, 0, N_LISTEN_URIS);
-    tcase_add_loop_test(tc, idle_lease_taken_back, 0, N_LISTEN_URIS);
-    tcase_add_loop_test(tc, quiet_revoked_lessees_do_not_starve, 0, N_LISTEN_URIS);
+    tcase_add_loop_test(tc, durable_onesided_puts, 0, test_fabric_count());
+    tcase_add_loop_test(tc, cache_every_fabric, 0, test_fabric_count());
+    tcase_add_loop_test(tc, torn_reads_single_writer, 0, test_fabric_count());
+    tcase_add_loop_test(tc, concurrent_writers_one_key, 0, test_fabric_count());
+    tcase_add_loop_test(tc, lying_window_never_trusted, 0, test_fabric_count());
+    tcase_add_loop_test(tc, idle_lease_taken_back, 0, test_fabric_count());
+    tcase_add_loop_test(tc, quiet_revoked_lessees_do_not_starve, 0, test_fabric_count());
     tcase_add_test(tc, lease_take_back_on_the_wire);
     tcase_add_test(tc, many_lessees_leave_room_for_puts);
     tcase_add_test(tc, session_lease_quota);
     tcase_add_loop_test(tc, idle_lease_returns_to_pool, 0, 2);
-    tcase_add_loop_test(tc, dead_lessee_reclaimed, 0, N_LISTEN_URIS);
+    tcase_add_loop_test(tc, dead_lessee_reclaimed, 0, test_fabric_count());
     tcase_add_test(tc, hostile_lput);
     tcase_add_loop_test(tc, hostile_lessee_header, 0, 3);
     suite_add_tcase(s, tc);
     /* GET by server push: a case of its own (CK_RUN_CASE=kv_push). */
     tc = tcase_create("kv_push");
     tcase_set_timeout(tc, 60);
-    tcase_add_loop_test(tc, push_roundtrip_every_fabric, 0, N_LISTEN_URIS);
-    tcase_add_loop_test(tc, hostile_pget, 0, N_LISTEN_URIS);
-    tcase_add_loop_test(tc, lying_push_never_trusted, 0, N_LISTEN_URIS);
-    tcase_add_loop_test(tc, push_races_in_place_updates, 0, N_LISTEN_URIS);
+    tcase_add_loop_test(tc, push_roundtrip_every_fabric, 0, test_fabric_count());
+    tcase_add_loop_test(tc, hostile_pget, 0, test_fabric_count());
+    tcase_add_loop_test(tc, lying_push_never_trusted, 0, test_fabric_count());
+    tcase_add_loop_test(tc, push_races_in_place_updates, 0, test_fabric_count());
     suite_add_tcase(s, tc);
     tc = tcase_create("kv_fallback");
     tcase_set_timeout(tc, 60);

@@ -5,6 +5,7 @@
 #ifndef TERN_TEST_PROCS_H
 #define TERN_TEST_PROCS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <sys/types.h>
 
@@ -31,6 +32,22 @@ void test_child_track(pid_t pid);
 
 /* SIGKILL *pid now, reap it and set it to 0 (nothing if it is 0). */
 void test_child_kill(pid_t *pid);
+
+/* Fork a tracked child that runs fn(arg) and _exit()s with its return: a
+ * client process of a multi-process test. */
+pid_t test_fork(int (*fn)(void *arg), void *arg);
+
+/* Wait for the tracked child *pid to exit and set *pid to 0; its exit code
+ * (-1 if a signal ended it). */
+int test_child_wait(pid_t *pid);
+
+/* The same without blocking: false while *pid runs, else true with its exit
+ * code (-1 if a signal ended it) in *code and *pid set to 0. */
+bool test_child_exited(pid_t *pid, int *code);
+
+/* Memory the test process and the children it forks afterwards share
+ * (MAP_SHARED, zeroed); munmap it when done. */
+void *test_shared_alloc(size_t len);
 
 /* A fresh folder named after `name` on tmpfs (/dev/shm) where there is one,
  * so a persist is a cheap msync, else in /tmp; written to buf (64 bytes at

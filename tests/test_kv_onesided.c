@@ -28,22 +28,15 @@
 
 #include "helpers.h"
 #include "kv.h"
+#include "kv_client.h"
 #include "kv_servers.h"
 #include "kv_store.h"
 #include "kv_window.h"
 #include "kv_wire.h"
 #include "pm/pm.h"
 #include "rpc.h"
+#include "rpc_util.h"
 #include "suites.h"
-
-/* An assertion that costs nothing while it holds: Check's own report each
- * passing check to the runner through a pipe, which loops of thousands of
- * reads cannot afford. */
-#define CHECK(cond, ...)                                                                     \
-    do {                                                                                     \
-        if (!(cond))                                                                         \
-            ck_abort_msg(__VA_ARGS__);                                                       \
-    } while (0)
 
 #define SEC 1000000000ull
 #define KIB 1024u
@@ -97,41 +90,14 @@ static void start_os_server(int i, int fabric, const struct test_kv_srv *o)
     test_kv_start(i, &so);
 }
 
-static struct tern_rpc_ep *new_ep(void)
-{
-    struct tern_rpc_ep *ep;
-    int rc = tern_rpc_open(NULL, &ep);
-
-    CHECK(rc == 0, "client ep: %s", tern_strerror(rc));
-    return ep;
-}
-
 /* A client of servers 0..n-1 on `path`. */
 static struct tern_kv *kv_open_path(struct tern_rpc_ep *ep, int n, enum tern_kv_path path)
 {
-    const char *u[MAX_SERVERS];
-    struct tern_kv *kv = NULL;
-    int rc;
+    struct tern_kv *kv = test_kv_client(ep, n, NULL);
+    int rc = tern_kv_set_path(kv, path);
 
-    for (int i = 0; i < n; i++)
-        u[i] = test_kv_uri(i);
-    rc = tern_kv_open(ep, u, (unsigned)n, 5 * SEC, &kv);
-    CHECK(rc == 0, "tern_kv_open %s: %s", u[0], tern_err_name(rc));
-    rc = tern_kv_set_path(kv, path);
     CHECK(rc == 0, "tern_kv_set_path %d: %s", (int)path, tern_err_name(rc));
     return kv;
-}
-
-static void finish(struct tern_rpc_ep *ep, struct tern_kv *a, struct tern_kv *b, int n_servers)
-{
-    if (a)
-        tern_kv_close(a);
-    if (b)
-        tern_kv_close(b);
-    tern_rpc_close(ep);
-    for (int i = 0; i < n_servers; i++)
-        test_kv_finish(i);
-    test_kv_cleanup();
 }
 
 static struct tern_kv_onesided_stats stats(const struct tern_kv *kv)
@@ -140,60 +106,6 @@ static struct tern_kv_onesided_stats stats(const struct tern_kv *kv)
 
     tern_kv_get_onesided_stats(kv, &st);
     return st;
-}
-
-/* Deterministic bytes, zeros included. */
-static void pattern(uint8_t *p, size_t len, unsigned seed)
-{
-    for (size_t j = 0; j < len; j++)
-        p[j] = (uint8_t)((seed * 2654435761u + j * 31u) >> 3);
-}
-
-static void expect_get(struct tern_kv *kv, const void *key, size_t klen, const void *val,
-                       size_t len, uint64_t version)
-{
-    static uint8_t buf[128 * KIB];
-    size_t got = 12345;
-    uint64_t ver = 0;
-    int rc = tern_kv_get(kv, key, klen, buf, sizeof(buf), &got, &ver);
-
-    CHECK(rc == 0, "get %.*s: %s", (int)klen, (const char *)key, tern_err_name(rc));
-    CHECK(got == len, "get %.*s: %zu bytes, want %zu", (int)klen, (const char *)key,
-          got, len);
-    if (len)
-        CHECK(memcmp(buf, val, len) == 0, "value of %.*s differs", (int)klen,
-              (const char *)key);
-    if (version)
-        CHECK(ver == version, "get %.*s: version %llu, want %llu", (int)klen,
-              (const char *)key, (unsigned long long)ver, (unsigned long long)version);
-}
-
-static void expect_enoent(struct tern_kv *kv, const void *key, size_t klen)
-{
-    uint8_t buf[64];
-    size_t got = 0;
-    int rc = tern_kv_get(kv, key, klen, buf, sizeof(buf), &got, NULL);
-
-    CHECK(rc == TERN_ENOENT, "get %.*s: %s, want TERN_ENOENT", (int)klen,
-          (const char *)key, tern_err_name(rc));
-}
-
-static void must_put(struct tern_kv *kv, const void *key, size_t klen, const void *val,
-                     size_t len, uint64_t *version)
-{
-    int rc = tern_kv_put(kv, key, klen, val, len, version);
-
-    CHECK(rc == 0, "put %.*s (%zu bytes): %s", (int)klen, (const char *)key, len,
-          tern_err_name(rc));
-}
-
-/* Let the endpoint run for a moment (mappings being set up, lease replies). */
-static void spin(struct tern_rpc_ep *ep, double ms)
-{
-    double end = now_ms() + ms;
-
-    while (now_ms() < end)
-        tern_rpc_poll(ep);
 }
 
 /* PUT until one goes through a leased segment (the first ones go by RPC
@@ -205,10 +117,10 @@ static void must_os_put(struct tern_kv *kv, struct tern_rpc_ep *ep, const void *
     for (int tries = 0; tries < 20; tries++) {
         uint64_t before = stats(kv).puts;
 
-        must_put(kv, key, klen, val, len, version);
+        kv_must_put(kv, key, klen, val, len, version);
         if (stats(kv).puts > before)
             return;
-        spin(ep, 2);
+        test_rpc_poll_for(ep, 2);
     }
     ck_abort_msg("no PUT of %.*s (%zu bytes) went one-sided in 20 tries", (int)klen,
                  (const char *)key, len);
@@ -227,24 +139,9 @@ static void warm_get(struct tern_kv *kv, struct tern_rpc_ep *ep, const void *key
         CHECK(rc == 0, "warm-up get: %s", tern_err_name(rc));
         if (stats(kv).gets_direct > before)
             return;
-        spin(ep, 2);
+        test_rpc_poll_for(ep, 2);
     }
     ck_abort_msg("no GET of %.*s was answered one-sidedly", (int)klen, (const char *)key);
-}
-
-/* The fabric under test is the one the sessions use. */
-static void assert_fabric(struct tern_rpc_ep *ep, int fabric)
-{
-    struct tern_session *s;
-    size_t fl;
-    int rc = tern_rpc_connect(ep, test_kv_uri(0), 5 * SEC, &s);
-
-    CHECK(rc == 0, "connect %s: %s", test_kv_uri(0), tern_err_name(rc));
-    fl = strlen(tern_session_fabric(s));
-    CHECK(strncmp(test_fabric_listen(fabric), tern_session_fabric(s), fl) == 0 &&
-          test_fabric_listen(fabric)[fl] == ':', "listening on %s, session on %s",
-          test_fabric_listen(fabric), tern_session_fabric(s));
-    tern_rpc_disconnect(s);
 }
 
 /* ---- 1: round trips on every fabric ---- */
@@ -272,8 +169,8 @@ START_TEST(roundtrip_every_fabric)
     int kl;
 
     start_os_server(0, _i, NULL);
-    ep = new_ep();
-    assert_fabric(ep, _i);
+    ep = test_rpc_ep(NULL);
+    test_rpc_assert_fabric(ep, test_kv_uri(0), _i);
     os = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
     rpc = kv_open_path(ep, 1, TERN_KV_PATH_RPC);
 
@@ -282,12 +179,12 @@ START_TEST(roundtrip_every_fabric)
     warm_get(os, ep, "warm", 4);
 
     for (unsigned s = 0; s < NS; s++) {
-        pattern(val[s], sizes[s], (unsigned)s + 1);
+        test_pattern(val[s], sizes[s], (unsigned)s + 1);
         /* Written by RPC, read one-sidedly. */
         kl = snprintf(k, sizeof(k), "rpc2os-%zu", sizes[s]);
-        must_put(rpc, k, (size_t)kl, val[s], sizes[s], &v_rpc[s]);
+        kv_must_put(rpc, k, (size_t)kl, val[s], sizes[s], &v_rpc[s]);
         st0 = stats(os);
-        expect_get(os, k, (size_t)kl, val[s], sizes[s], v_rpc[s]);
+        kv_expect_get(os, k, (size_t)kl, val[s], sizes[s], v_rpc[s]);
         st1 = stats(os);
         CHECK(st1.gets_direct == st0.gets_direct + 1 || !fits_onesided(_i, sizes[s]),
               "GET of %zu bytes written by RPC was not one-sided", sizes[s]);
@@ -296,11 +193,11 @@ START_TEST(roundtrip_every_fabric)
         if (fits_onesided(_i, sizes[s]))
             must_os_put(os, ep, k, (size_t)kl, val[s], sizes[s], &v_os[s]);
         else
-            must_put(os, k, (size_t)kl, val[s], sizes[s], &v_os[s]);
+            kv_must_put(os, k, (size_t)kl, val[s], sizes[s], &v_os[s]);
         ck_assert_uint_gt(v_os[s], v_rpc[s]);
-        expect_get(rpc, k, (size_t)kl, val[s], sizes[s], v_os[s]);
+        kv_expect_get(rpc, k, (size_t)kl, val[s], sizes[s], v_os[s]);
         st0 = stats(os);
-        expect_get(os, k, (size_t)kl, val[s], sizes[s], v_os[s]);
+        kv_expect_get(os, k, (size_t)kl, val[s], sizes[s], v_os[s]);
         st1 = stats(os);
         CHECK(st1.gets_direct == st0.gets_direct + 1 || !fits_onesided(_i, sizes[s]),
               "GET of %zu bytes written one-sidedly was not one-sided", sizes[s]);
@@ -309,10 +206,10 @@ START_TEST(roundtrip_every_fabric)
     st0 = stats(os);
     for (unsigned s = 0; s < NS; s++) {
         kl = snprintf(k, sizeof(k), "rpc2os-%zu", sizes[s]);
-        expect_get(os, k, (size_t)kl, val[s], sizes[s], v_rpc[s]);
+        kv_expect_get(os, k, (size_t)kl, val[s], sizes[s], v_rpc[s]);
         kl = snprintf(k, sizeof(k), "os2rpc-%zu", sizes[s]);
-        expect_get(os, k, (size_t)kl, val[s], sizes[s], v_os[s]);
-        expect_get(rpc, k, (size_t)kl, val[s], sizes[s], v_os[s]);
+        kv_expect_get(os, k, (size_t)kl, val[s], sizes[s], v_os[s]);
+        kv_expect_get(rpc, k, (size_t)kl, val[s], sizes[s], v_os[s]);
     }
     st1 = stats(os);
     {
@@ -329,32 +226,33 @@ START_TEST(roundtrip_every_fabric)
 
     /* Absent and deleted keys: the window does not have them, the server
      * says so. */
-    expect_enoent(os, "never-written", 13);
+    kv_expect_enoent(os, "never-written", 13);
     must_os_put(os, ep, "doomed", 6, "soon gone", 9, &v1);
-    expect_get(os, "doomed", 6, "soon gone", 9, v1);
+    kv_expect_get(os, "doomed", 6, "soon gone", 9, v1);
     ck_assert_int_eq(tern_kv_del(os, "doomed", 6), 0);
-    expect_enoent(os, "doomed", 6);
-    expect_enoent(rpc, "doomed", 6);
+    kv_expect_enoent(os, "doomed", 6);
+    kv_expect_enoent(rpc, "doomed", 6);
 
     /* Overwrites, by either path and of other sizes: the newest wins. */
-    pattern(val2, sizeof(val2), 99);
+    test_pattern(val2, sizeof(val2), 99);
     must_os_put(os, ep, "over", 4, val2, 8, &v1);
-    expect_get(os, "over", 4, val2, 8, v1);
-    must_put(rpc, "over", 4, val2 + 1, 1 * KIB, &v2);
+    kv_expect_get(os, "over", 4, val2, 8, v1);
+    kv_must_put(rpc, "over", 4, val2 + 1, 1 * KIB, &v2);
     ck_assert_uint_gt(v2, v1);
-    expect_get(os, "over", 4, val2 + 1, 1 * KIB, v2);
+    kv_expect_get(os, "over", 4, val2 + 1, 1 * KIB, v2);
     must_os_put(os, ep, "over", 4, val2 + 2, 16, &v3);
     ck_assert_uint_gt(v3, v2);
-    expect_get(os, "over", 4, val2 + 2, 16, v3);
-    expect_get(rpc, "over", 4, val2 + 2, 16, v3);
-    must_put(rpc, "over", 4, val2 + 3, 8, &v1);     /* in place over an older record */
+    kv_expect_get(os, "over", 4, val2 + 2, 16, v3);
+    kv_expect_get(rpc, "over", 4, val2 + 2, 16, v3);
+    kv_must_put(rpc, "over", 4, val2 + 3, 8, &v1);     /* in place over an older record */
     ck_assert_uint_gt(v1, v3);
-    expect_get(os, "over", 4, val2 + 3, 8, v1);
+    kv_expect_get(os, "over", 4, val2 + 3, 8, v1);
     /* A deleted key written again one-sidedly comes back. */
     must_os_put(os, ep, "doomed", 6, "back", 4, &v2);
     ck_assert_uint_gt(v2, v1);
-    expect_get(os, "doomed", 6, "back", 4, v2);
-    finish(ep, os, rpc, 1);
+    kv_expect_get(os, "doomed", 6, "back", 4, v2);
+    tern_kv_close(rpc);
+    test_kv_end(ep, os, 1);
 }
 END_TEST
 
@@ -371,21 +269,21 @@ START_TEST(auto_path_every_fabric)
     int kl;
 
     start_os_server(0, _i, NULL);
-    ep = new_ep();
-    assert_fabric(ep, _i);
+    ep = test_rpc_ep(NULL);
+    test_rpc_assert_fabric(ep, test_kv_uri(0), _i);
     kv = kv_open_path(ep, 1, TERN_KV_PATH_AUTO);
     /* 1 KiB and more: values AUTO may write into a lease (kv.h). */
     for (unsigned i = 0; i < 20; i++) {
         kl = snprintf(k, sizeof(k), "auto-%u", i);
-        pattern(val, sizeof(val), i);
-        must_put(kv, k, (size_t)kl, val, 1 * KIB + i * 150, &ver[i]);
-        spin(ep, 1);
+        test_pattern(val, sizeof(val), i);
+        kv_must_put(kv, k, (size_t)kl, val, 1 * KIB + i * 150, &ver[i]);
+        test_rpc_poll_for(ep, 1);
     }
     for (unsigned r = 0; r < 3; r++)
         for (unsigned i = 0; i < 20; i++) {
             kl = snprintf(k, sizeof(k), "auto-%u", i);
-            pattern(val, sizeof(val), i);
-            expect_get(kv, k, (size_t)kl, val, 1 * KIB + i * 150, ver[i]);
+            test_pattern(val, sizeof(val), i);
+            kv_expect_get(kv, k, (size_t)kl, val, 1 * KIB + i * 150, ver[i]);
         }
     st = stats(kv);
     /* PUTs into leases on shm and rdma only. */
@@ -425,12 +323,12 @@ START_TEST(auto_path_every_fabric)
     st0 = stats(kv);
     for (unsigned i = 0; i < 10; i++) {
         kl = snprintf(k, sizeof(k), "small-%u", i);
-        must_put(kv, k, (size_t)kl, val, 8 + i * 100, &ver[i]);
-        expect_get(kv, k, (size_t)kl, val, 8 + i * 100, ver[i]);
+        kv_must_put(kv, k, (size_t)kl, val, 8 + i * 100, &ver[i]);
+        kv_expect_get(kv, k, (size_t)kl, val, 8 + i * 100, ver[i]);
     }
     CHECK(stats(kv).puts == st0.puts, "%s: %llu small AUTO PUTs went one-sided",
           test_fabric_listen(_i), (unsigned long long)(stats(kv).puts - st0.puts));
-    finish(ep, kv, NULL, 1);
+    test_kv_end(ep, kv, 1);
 }
 END_TEST
 
@@ -445,11 +343,11 @@ START_TEST(server_without_onesided)
     int rc;
 
     test_kv_start(0, &(struct test_kv_srv){.listen = test_fabric_listen(test_fabric_row("shm"))});
-    ep = new_ep();
+    ep = test_rpc_ep(NULL);
     kv = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
     for (int i = 0; i < 5; i++) {
-        must_put(kv, "plain", 5, "value", 5, &v);
-        expect_get(kv, "plain", 5, "value", 5, v);
+        kv_must_put(kv, "plain", 5, "value", 5, &v);
+        kv_expect_get(kv, "plain", 5, "value", 5, v);
     }
     ck_assert_uint_eq(stats(kv).gets_direct, 0);
     ck_assert_uint_eq(stats(kv).puts, 0);
@@ -463,7 +361,7 @@ START_TEST(server_without_onesided)
                         sizeof(struct kv_lease_req), NULL, 0, NULL, 5 * SEC);
     CHECK(rc == TERN_ENOTSUP, "LEASE: %s", tern_err_name(rc));
     tern_rpc_disconnect(s);
-    finish(ep, kv, NULL, 1);
+    test_kv_end(ep, kv, 1);
 }
 END_TEST
 
@@ -492,9 +390,9 @@ static void check_all(struct tern_kv *kv, const struct expect *e, unsigned n,
     for (unsigned i = 0; i < n; i++) {
         dur_key(k, sizeof(k), &kl, prefix, i);
         if (e[i].version)
-            expect_get(kv, k, (size_t)kl, e[i].val, e[i].len, e[i].version);
+            kv_expect_get(kv, k, (size_t)kl, e[i].val, e[i].len, e[i].version);
         else
-            expect_enoent(kv, k, (size_t)kl);
+            kv_expect_enoent(kv, k, (size_t)kl);
     }
 }
 
@@ -511,7 +409,7 @@ START_TEST(durable_onesided_puts)
     int kl;
 
     start_os_server(0, _i, &o);
-    ep = new_ep();
+    ep = test_rpc_ep(NULL);
     os = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
     rpc = kv_open_path(ep, 1, TERN_KV_PATH_RPC);
     must_os_put(os, ep, "warm", 4, "up", 2, NULL);
@@ -519,21 +417,21 @@ START_TEST(durable_onesided_puts)
     for (unsigned i = 0; i < N_DUR; i++) {
         dur_key(k, sizeof(k), &kl, "dur", i);
         dur[i].len = 900 + i % 200;
-        pattern(dur[i].val, dur[i].len, i);
-        must_put(os, k, (size_t)kl, dur[i].val, dur[i].len, &dur[i].version);
+        test_pattern(dur[i].val, dur[i].len, i);
+        kv_must_put(os, k, (size_t)kl, dur[i].val, dur[i].len, &dur[i].version);
     }
     /* Overwrites one-sided and by RPC, and deletes, in between. */
     for (unsigned i = 0; i < N_DUR; i += 3) {
         dur_key(k, sizeof(k), &kl, "dur", i);
         dur[i].len = 1500 + i % 500;
-        pattern(dur[i].val, dur[i].len, i + 5000);
-        must_put(os, k, (size_t)kl, dur[i].val, dur[i].len, &dur[i].version);
+        test_pattern(dur[i].val, dur[i].len, i + 5000);
+        kv_must_put(os, k, (size_t)kl, dur[i].val, dur[i].len, &dur[i].version);
     }
     for (unsigned i = 1; i < N_DUR; i += 7) {
         dur_key(k, sizeof(k), &kl, "dur", i);
         dur[i].len = 100;
-        pattern(dur[i].val, dur[i].len, i + 9000);
-        must_put(rpc, k, (size_t)kl, dur[i].val, dur[i].len, &dur[i].version);
+        test_pattern(dur[i].val, dur[i].len, i + 9000);
+        kv_must_put(rpc, k, (size_t)kl, dur[i].val, dur[i].len, &dur[i].version);
     }
     for (unsigned i = 2; i < N_DUR; i += 11) {
         dur_key(k, sizeof(k), &kl, "dur", i);
@@ -544,8 +442,8 @@ START_TEST(durable_onesided_puts)
     for (unsigned i = 2; i < N_DUR; i += 22) {
         dur_key(k, sizeof(k), &kl, "dur", i);
         dur[i].len = 33;
-        pattern(dur[i].val, dur[i].len, i + 7000);
-        must_put(os, k, (size_t)kl, dur[i].val, dur[i].len, &dur[i].version);
+        test_pattern(dur[i].val, dur[i].len, i + 7000);
+        kv_must_put(os, k, (size_t)kl, dur[i].val, dur[i].len, &dur[i].version);
     }
     st = stats(os);
     CHECK(st.leases >= 4, "only %llu leases for ~300 KiB of one-sided PUTs",
@@ -560,7 +458,7 @@ START_TEST(durable_onesided_puts)
     /* SIGTERM, then a new server on the same pool: all of it is there, by
      * either path (the window is rebuilt from the recovered index). */
     start_os_server(0, _i, &o);
-    ep = new_ep();
+    ep = test_rpc_ep(NULL);
     os = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
     rpc = kv_open_path(ep, 1, TERN_KV_PATH_RPC);
     check_all(rpc, dur, N_DUR, "dur");
@@ -577,8 +475,8 @@ START_TEST(durable_onesided_puts)
     for (unsigned i = 0; i < N_KILL; i++) {
         dur_key(k, sizeof(k), &kl, "killed", i);
         killed[i].len = 1000 + i * 7;
-        pattern(killed[i].val, killed[i].len, i + 123);
-        must_put(os, k, (size_t)kl, killed[i].val, killed[i].len, &killed[i].version);
+        test_pattern(killed[i].val, killed[i].len, i + 123);
+        kv_must_put(os, k, (size_t)kl, killed[i].val, killed[i].len, &killed[i].version);
     }
     ck_assert_uint_ge(stats(os).puts, N_KILL / 2);
     test_kv_kill(0);
@@ -587,7 +485,7 @@ START_TEST(durable_onesided_puts)
     tern_rpc_close(ep);
 
     start_os_server(0, _i, &o);
-    ep = new_ep();
+    ep = test_rpc_ep(NULL);
     os = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
     check_all(os, killed, N_KILL, "killed");
     check_all(os, dur, N_DUR, "dur");
@@ -597,10 +495,10 @@ START_TEST(durable_onesided_puts)
 
         for (unsigned i = 0; i < N_KILL; i++)
             vmax = killed[i].version > vmax ? killed[i].version : vmax;
-        must_put(os, "after", 5, "kill", 4, &v);
+        kv_must_put(os, "after", 5, "kill", 4, &v);
         ck_assert_uint_gt(v, vmax);
     }
-    finish(ep, os, NULL, 1);
+    test_kv_end(ep, os, 1);
 }
 END_TEST
 
@@ -618,7 +516,7 @@ START_TEST(cache_every_fabric)
     int kl;
 
     start_os_server(0, _i, NULL);
-    ep = new_ep();
+    ep = test_rpc_ep(NULL);
     a = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
     b = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
     c = kv_open_path(ep, 1, TERN_KV_PATH_RPC);
@@ -627,11 +525,11 @@ START_TEST(cache_every_fabric)
     memset(v1, 0x11, sizeof(v1));
     memset(v2, 0x22, sizeof(v2));
     memset(v3, 0x33, sizeof(v3));
-    must_put(c, "hot", 3, v1, sizeof(v1), &ver1);
+    kv_must_put(c, "hot", 3, v1, sizeof(v1), &ver1);
     warm_get(a, ep, "hot", 3);
     st0 = stats(a);
     for (int i = 0; i < 10; i++)
-        expect_get(a, "hot", 3, v1, sizeof(v1), ver1);
+        kv_expect_get(a, "hot", 3, v1, sizeof(v1), ver1);
     st1 = stats(a);
     CHECK(st1.cache_hits - st0.cache_hits >= 9, "%llu cache hits in 10 GETs",
           (unsigned long long)(st1.cache_hits - st0.cache_hits));
@@ -640,57 +538,58 @@ START_TEST(cache_every_fabric)
     /* Another client's one-sided PUT: the next GET sees it. */
     must_os_put(b, ep, "hot", 3, v2, sizeof(v2), &ver2);
     ck_assert_uint_gt(ver2, ver1);
-    expect_get(a, "hot", 3, v2, sizeof(v2), ver2);
-    expect_get(a, "hot", 3, v2, sizeof(v2), ver2);
+    kv_expect_get(a, "hot", 3, v2, sizeof(v2), ver2);
+    kv_expect_get(a, "hot", 3, v2, sizeof(v2), ver2);
     /* An RPC PUT (in place over the older record): the same. */
-    must_put(c, "hot", 3, v3, sizeof(v3), &ver3);
-    expect_get(a, "hot", 3, v3, sizeof(v3), ver3);
+    kv_must_put(c, "hot", 3, v3, sizeof(v3), &ver3);
+    kv_expect_get(a, "hot", 3, v3, sizeof(v3), ver3);
     /* And back to hits with the new value. */
     st0 = stats(a);
     for (int i = 0; i < 5; i++)
-        expect_get(a, "hot", 3, v3, sizeof(v3), ver3);
+        kv_expect_get(a, "hot", 3, v3, sizeof(v3), ver3);
     ck_assert_uint_ge(stats(a).cache_hits - st0.cache_hits, 4);
     /* Deleted and written again with the old bytes: a new version. */
     ck_assert_int_eq(tern_kv_del(c, "hot", 3), 0);
-    expect_enoent(a, "hot", 3);
-    must_put(c, "hot", 3, v1, sizeof(v1), &ver);
-    expect_get(a, "hot", 3, v1, sizeof(v1), ver);
+    kv_expect_enoent(a, "hot", 3);
+    kv_must_put(c, "hot", 3, v1, sizeof(v1), &ver);
+    kv_expect_get(a, "hot", 3, v1, sizeof(v1), ver);
 
     /* More keys than entries: evictions never hand out another key's value. */
     for (unsigned i = 0; i < NK; i++) {
         kl = snprintf(k, sizeof(k), "many-%u", i);
-        pattern(vals[i], VL, i);
-        must_put(c, k, (size_t)kl, vals[i], VL, &vers[i]);
+        test_pattern(vals[i], VL, i);
+        kv_must_put(c, k, (size_t)kl, vals[i], VL, &vers[i]);
     }
     for (unsigned r = 0; r < 2; r++)
         for (unsigned i = 0; i < NK; i++) {
             kl = snprintf(k, sizeof(k), "many-%u", i);
-            expect_get(a, k, (size_t)kl, vals[i], VL, vers[i]);
+            kv_expect_get(a, k, (size_t)kl, vals[i], VL, vers[i]);
         }
     for (unsigned i = 0; i < NK; i += 2) {
         kl = snprintf(k, sizeof(k), "many-%u", i);
-        pattern(vals[i], VL, i + 1000);
-        must_put(b, k, (size_t)kl, vals[i], VL, &vers[i]);
+        test_pattern(vals[i], VL, i + 1000);
+        kv_must_put(b, k, (size_t)kl, vals[i], VL, &vers[i]);
     }
     for (unsigned r = 0; r < 2; r++)
         for (unsigned i = NK; i-- > 0;) {
             kl = snprintf(k, sizeof(k), "many-%u", i);
-            expect_get(a, k, (size_t)kl, vals[i], VL, vers[i]);
+            kv_expect_get(a, k, (size_t)kl, vals[i], VL, vers[i]);
         }
     /* Values over max_val are read, not cached. */
     {
         static uint8_t big[8 * KIB];
 
-        pattern(big, sizeof(big), 77);
-        must_put(c, "big", 3, big, sizeof(big), &ver);
+        test_pattern(big, sizeof(big), 77);
+        kv_must_put(c, "big", 3, big, sizeof(big), &ver);
         warm_get(a, ep, "big", 3);
         st0 = stats(a);
         for (int i = 0; i < 3; i++)
-            expect_get(a, "big", 3, big, sizeof(big), ver);
+            kv_expect_get(a, "big", 3, big, sizeof(big), ver);
         ck_assert_uint_eq(stats(a).cache_hits, st0.cache_hits);
     }
     tern_kv_close(c);
-    finish(ep, a, b, 1);
+    tern_kv_close(b);
+    test_kv_end(ep, a, 1);
 }
 END_TEST
 
@@ -832,7 +731,7 @@ START_TEST(torn_reads_single_writer)
     start_os_server(0, _i, NULL);
     if (!in_proc)
         writer = test_fork(torn_writer_proc, NULL);
-    ep = new_ep();
+    ep = test_rpc_ep(NULL);
     kv = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
     if (in_proc) {
         local = (struct torn_writer){.kv = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED)};
@@ -901,10 +800,10 @@ START_TEST(torn_reads_single_writer)
         static uint8_t want[32 * KIB];
 
         torn_fill(want, torn->n);
-        expect_get(kv, "torn", 4, want, torn_len(torn->n), torn->ver[torn->n]);
+        kv_expect_get(kv, "torn", 4, want, torn_len(torn->n), torn->ver[torn->n]);
     }
     munmap(torn, sizeof(*torn));
-    finish(ep, kv, NULL, 1);
+    test_kv_end(ep, kv, 1);
 }
 END_TEST
 
@@ -1042,10 +941,10 @@ START_TEST(concurrent_writers_one_key)
     if (!in_proc)
         for (uint32_t w = 0; w < N_WRITERS; w++)
             writers[w] = test_fork(multi_writer_proc, (void *)(uintptr_t)w);
-    ep = new_ep();
+    ep = test_rpc_ep(NULL);
     os = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
     rpc = kv_open_path(ep, 1, TERN_KV_PATH_RPC);
-    must_put(rpc, "contended", 9, "start", 5, NULL);
+    kv_must_put(rpc, "contended", 9, "start", 5, NULL);
     if (in_proc) {
         for (uint32_t w = 0; w < N_WRITERS; w++) {
             local[w] = (struct multi_writer){.kv = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED),
@@ -1101,10 +1000,11 @@ START_TEST(concurrent_writers_one_key)
         CHECK(all[i] != all[i - 1], "version %llu acknowledged twice",
               (unsigned long long)all[i]);
     /* The newest acknowledged PUT is the value, by either path. */
-    expect_get(os, "contended", 9, want, multi_val(want, wmax, smax), vmax);
-    expect_get(rpc, "contended", 9, want, multi_val(want, wmax, smax), vmax);
+    kv_expect_get(os, "contended", 9, want, multi_val(want, wmax, smax), vmax);
+    kv_expect_get(rpc, "contended", 9, want, multi_val(want, wmax, smax), vmax);
     munmap(multi, sizeof(*multi));
-    finish(ep, os, rpc, 1);
+    tern_kv_close(rpc);
+    test_kv_end(ep, os, 1);
 }
 END_TEST
 
@@ -1319,7 +1219,7 @@ START_TEST(lying_window_never_trusted)
     struct tern_kv *kv;
 
     test_kv_start_with(0, test_fabric_listen(_i), setup_fake);
-    ep = new_ep();
+    ep = test_rpc_ep(NULL);
     kv = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
     {
         char key[32];
@@ -1340,13 +1240,13 @@ START_TEST(lying_window_never_trusted)
             else
                 wl = (size_t)snprintf(want, sizeof(want), "rpc:%s", key);
             st0 = stats(kv);
-            expect_get(kv, key, kl, want, wl, k == F_GOOD ? 100 : FAKE_RPC_VERSION);
+            kv_expect_get(kv, key, kl, want, wl, k == F_GOOD ? 100 : FAKE_RPC_VERSION);
             st1 = stats(kv);
             CHECK((st1.gets_direct - st0.gets_direct == 1) == (k == F_GOOD),
                   "%s: %llu one-sided answers", fake_what[k],
                   (unsigned long long)(st1.gets_direct - st0.gets_direct));
         }
-    finish(ep, kv, NULL, 1);
+    test_kv_end(ep, kv, 1);
 }
 END_TEST
 
@@ -1363,10 +1263,10 @@ START_TEST(idle_lease_taken_back)
     int kl, rc;
 
     start_os_server(0, _i, &o);
-    ep_a = new_ep();
+    ep_a = test_rpc_ep(NULL);
     /* B's own endpoint, except where the fabric links one peer endpoint
      * only: there its own sessions (leases are per session) on A's. */
-    ep_b = one_peer_only(_i) ? ep_a : new_ep();
+    ep_b = one_peer_only(_i) ? ep_a : test_rpc_ep(NULL);
     a = kv_open_path(ep_a, 1, TERN_KV_PATH_ONESIDED);
     b = kv_open_path(ep_b, 1, TERN_KV_PATH_ONESIDED);
     must_os_put(a, ep_a, "a-0", 3, "first of a", 10, &va[0]);
@@ -1376,8 +1276,8 @@ START_TEST(idle_lease_taken_back)
     /* B asks while A's lease sits idle: A's is taken back, B gets it. */
     for (int i = 0; i < 8; i++) {
         kl = snprintf(k, sizeof(k), "b-%d", i);
-        must_put(b, k, (size_t)kl, k, (size_t)kl, &vb[i]);
-        spin(ep_b, 1);
+        kv_must_put(b, k, (size_t)kl, k, (size_t)kl, &vb[i]);
+        test_rpc_poll_for(ep_b, 1);
     }
     sb = stats(b);
     CHECK(sb.leases > 0 && sb.puts > 0,
@@ -1390,30 +1290,30 @@ START_TEST(idle_lease_taken_back)
         rc = tern_kv_put(a, k, (size_t)kl, k, (size_t)kl, &va[i]);
         CHECK(rc == 0, "A's put %d after its lease was taken back: %s", i,
               tern_err_name(rc));
-        expect_get(b, k, (size_t)kl, k, (size_t)kl, va[i]);
+        kv_expect_get(b, k, (size_t)kl, k, (size_t)kl, va[i]);
     }
     /* Nothing is lost, seen from either client. */
-    expect_get(b, "a-0", 3, "first of a", 10, va[0]);
-    expect_get(a, "a-0", 3, "first of a", 10, va[0]);
+    kv_expect_get(b, "a-0", 3, "first of a", 10, va[0]);
+    kv_expect_get(a, "a-0", 3, "first of a", 10, va[0]);
     for (int i = 0; i < 8; i++) {
         kl = snprintf(k, sizeof(k), "b-%d", i);
-        expect_get(a, k, (size_t)kl, k, (size_t)kl, vb[i]);
-        expect_get(b, k, (size_t)kl, k, (size_t)kl, vb[i]);
+        kv_expect_get(a, k, (size_t)kl, k, (size_t)kl, vb[i]);
+        kv_expect_get(b, k, (size_t)kl, k, (size_t)kl, vb[i]);
     }
     for (int i = 1; i < 4; i++) {
         kl = snprintf(k, sizeof(k), "a-%d", i);
-        expect_get(a, k, (size_t)kl, k, (size_t)kl, va[i]);
+        kv_expect_get(a, k, (size_t)kl, k, (size_t)kl, va[i]);
     }
     /* Once B idles in turn, A leases again and writes one-sidedly. */
     usleep(100 * 1000);
     must_os_put(a, ep_a, "a-again", 7, "x", 1, &va[0]);
     sa = stats(a);
     CHECK(sa.leases >= 2, "A leased %llu times", (unsigned long long)sa.leases);
-    expect_get(b, "a-again", 7, "x", 1, va[0]);
+    kv_expect_get(b, "a-again", 7, "x", 1, va[0]);
     tern_kv_close(b);
     if (ep_b != ep_a)
         tern_rpc_close(ep_b);
-    finish(ep_a, a, NULL, 1);
+    test_kv_end(ep_a, a, 1);
 }
 END_TEST
 
@@ -1433,9 +1333,9 @@ START_TEST(quiet_revoked_lessees_do_not_starve)
     int kl;
 
     start_os_server(0, _i, &o);
-    ep_a = new_ep();
-    ep_b = one_peer_only(_i) ? ep_a : new_ep();
-    ep_c = one_peer_only(_i) ? ep_a : new_ep();
+    ep_a = test_rpc_ep(NULL);
+    ep_b = one_peer_only(_i) ? ep_a : test_rpc_ep(NULL);
+    ep_c = one_peer_only(_i) ? ep_a : test_rpc_ep(NULL);
     a = kv_open_path(ep_a, 1, TERN_KV_PATH_ONESIDED);
     b = kv_open_path(ep_b, 1, TERN_KV_PATH_ONESIDED);
     c = kv_open_path(ep_c, 1, TERN_KV_PATH_ONESIDED);
@@ -1447,8 +1347,8 @@ START_TEST(quiet_revoked_lessees_do_not_starve)
     /* A and B both idle past lease_idle_ns: C's turn. */
     for (int i = 0; i < 8; i++) {
         kl = snprintf(k, sizeof(k), "c-%d", i);
-        must_put(c, k, (size_t)kl, k, (size_t)kl, &vc[i]);
-        spin(ep_c, 1);
+        kv_must_put(c, k, (size_t)kl, k, (size_t)kl, &vc[i]);
+        test_rpc_poll_for(ep_c, 1);
         sc = stats(c);
         if (sc.leases > 0 && sc.puts > 0)
             break;
@@ -1466,13 +1366,13 @@ START_TEST(quiet_revoked_lessees_do_not_starve)
         rc = tern_kv_put(b, "b2", 2, "again b", 7, &vb2);
         CHECK(rc == 0, "B's put after its lease was taken back: %s", tern_err_name(rc));
     }
-    expect_get(c, "a", 1, "from a", 6, va);
-    expect_get(c, "b", 1, "from b", 6, vb);
-    expect_get(c, "a2", 2, "again a", 7, va2);
-    expect_get(c, "b2", 2, "again b", 7, vb2);
+    kv_expect_get(c, "a", 1, "from a", 6, va);
+    kv_expect_get(c, "b", 1, "from b", 6, vb);
+    kv_expect_get(c, "a2", 2, "again a", 7, va2);
+    kv_expect_get(c, "b2", 2, "again b", 7, vb2);
     for (int i = 0; i < 8 && vc[i]; i++) {
         kl = snprintf(k, sizeof(k), "c-%d", i);
-        expect_get(a, k, (size_t)kl, k, (size_t)kl, vc[i]);
+        kv_expect_get(a, k, (size_t)kl, k, (size_t)kl, vc[i]);
     }
     tern_kv_close(c);
     tern_kv_close(b);
@@ -1480,7 +1380,7 @@ START_TEST(quiet_revoked_lessees_do_not_starve)
         tern_rpc_close(ep_c);
     if (ep_b != ep_a)
         tern_rpc_close(ep_b);
-    finish(ep_a, a, NULL, 1);
+    test_kv_end(ep_a, a, 1);
 }
 END_TEST
 
@@ -1544,21 +1444,21 @@ START_TEST(dead_lessee_reclaimed)
     CHECK(dead->state == 1, "the child's PUTs did not go one-sided");
     test_child_kill(&lessee);
 
-    ep = new_ep();
+    ep = test_rpc_ep(NULL);
     kv = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
     t0 = now_ms();
     for (unsigned i = 0;; i++) {
         char k[16];
         int kl = snprintf(k, sizeof(k), "live-%u", i);
 
-        must_put(kv, k, (size_t)kl, k, (size_t)kl, NULL);
+        kv_must_put(kv, k, (size_t)kl, k, (size_t)kl, NULL);
         st = stats(kv);
         if (st.leases == 1 && st.puts > 0)
             break;
         took = now_ms() - t0;
         CHECK(took < 3000, "no lease %.0f ms after the lessee died (leases %llu)",
               took, (unsigned long long)st.leases);
-        spin(ep, 5);
+        test_rpc_poll_for(ep, 5);
     }
     /* What the dead client had acknowledged is there. */
     n = dead->n;
@@ -1566,36 +1466,21 @@ START_TEST(dead_lessee_reclaimed)
         char k[16];
         int kl = snprintf(k, sizeof(k), "dead-%u", i);
 
-        expect_get(kv, k, (size_t)kl, k, (size_t)kl, dead->ver[i]);
+        kv_expect_get(kv, k, (size_t)kl, k, (size_t)kl, dead->ver[i]);
     }
     munmap(dead, sizeof(*dead));
-    finish(ep, kv, NULL, 1);
+    test_kv_end(ep, kv, 1);
 }
 END_TEST
 
 /* ---- 8: hostile LEASE / LPUT on raw sessions ---- */
-
-static int raw_call(struct tern_session *s, uint16_t method, const void *req, size_t len,
-                    void *rep, size_t cap, size_t *got)
-{
-    return tern_call_sync(s, SVC, method, req, len, rep, cap, got, 5 * SEC);
-}
-
-static struct tern_session *raw_session(struct tern_rpc_ep *ep, int i)
-{
-    struct tern_session *s;
-    int rc = tern_rpc_connect(ep, test_kv_uri(i), 5 * SEC, &s);
-
-    CHECK(rc == 0, "connect %s: %s", test_kv_uri(i), tern_err_name(rc));
-    return s;
-}
 
 static struct kv_lease raw_lease(struct tern_session *s)
 {
     struct kv_lease_req q = {0};
     struct kv_lease l;
     size_t got = 0;
-    int rc = raw_call(s, KV_M_LEASE, &q, sizeof(q), &l, sizeof(l), &got);
+    int rc = test_kv_call(s, KV_M_LEASE, &q, sizeof(q), &l, sizeof(l), &got);
 
     CHECK(rc == 0, "lease: %s", tern_err_name(rc));
     ck_assert_uint_eq(got, sizeof(l));
@@ -1645,7 +1530,7 @@ static int lput(struct tern_session *s, uint32_t seg, uint32_t off, uint64_t int
     struct kv_lput q = {.seg = seg, .off = off, .intent = intent};
     struct kv_val v = {0};
     size_t got = 0;
-    int rc = raw_call(s, KV_M_LPUT, &q, sizeof(q), &v, sizeof(v), &got);
+    int rc = test_kv_call(s, KV_M_LPUT, &q, sizeof(q), &v, sizeof(v), &got);
 
     if (rc == 0) {
         ck_assert_uint_eq(got, sizeof(v));
@@ -1653,37 +1538,6 @@ static int lput(struct tern_session *s, uint32_t seg, uint32_t off, uint64_t int
             *version = v.version;
     }
     return rc;
-}
-
-static uint64_t raw_keys(struct tern_session *s)
-{
-    struct kv_info info;
-    size_t got = 0;
-    int rc = raw_call(s, KV_M_INFO, NULL, 0, &info, sizeof(info), &got);
-
-    CHECK(rc == 0, "info: %s", tern_err_name(rc));
-    return info.keys;
-}
-
-static uint32_t top32(const void *key, size_t klen)
-{
-    return (uint32_t)(kv_hash(key, klen) >> 32);
-}
-
-/* A key "<prefix>-<n>" whose hash falls in [lo, hi]; klen set. */
-static void key_in_range(char *key, size_t cap, size_t *klen, const char *prefix, uint32_t lo,
-                         uint32_t hi)
-{
-    for (unsigned n = 0; n < 1000000; n++) {
-        int k = snprintf(key, cap, "%s-%u", prefix, n);
-        uint32_t t = top32(key, (size_t)k);
-
-        if (t >= lo && t <= hi) {
-            *klen = (size_t)k;
-            return;
-        }
-    }
-    ck_abort_msg("no key in range");
 }
 
 #define EXPECT_RC(call, want, what)                                                          \
@@ -1714,18 +1568,18 @@ START_TEST(hostile_lput)
      * (so that the library can open both at the end). */
     start_os_server(0, shm, &(struct test_kv_srv){.lo = 0, .hi = 0x7fffffff});
     start_os_server(1, shm, &(struct test_kv_srv){.lo = 0x80000000u, .hi = 0xffffffffu});
-    ep = new_ep();
-    s1 = raw_session(ep, 0);
-    s2 = raw_session(ep, 0);
-    key_in_range(in, sizeof(in), &kin, "in", 0, 0x7fffffff);
-    key_in_range(in2, sizeof(in2), &kin2, "in2", 0, 0x7fffffff);
-    key_in_range(out, sizeof(out), &kout, "out", 0x80000000u, 0xffffffffu);
+    ep = test_rpc_ep(NULL);
+    s1 = test_kv_session(ep, 0);
+    s2 = test_kv_session(ep, 0);
+    kv_key_in_range(in, sizeof(in), &kin, "in", 0, 0x7fffffff);
+    kv_key_in_range(in2, sizeof(in2), &kin2, "in2", 0, 0x7fffffff);
+    kv_key_in_range(out, sizeof(out), &kout, "out", 0x80000000u, 0xffffffffu);
 
     /* What OS_INFO says matches the pool. */
-    rc = raw_call(s1, KV_M_ONESIDED_INFO, NULL, 0, &oi, sizeof(oi), &got);
+    rc = test_kv_call(s1, KV_M_ONESIDED_INFO, NULL, 0, &oi, sizeof(oi), &got);
     CHECK(rc == 0, "os_info: %s", tern_err_name(rc));
     ck_assert_uint_eq(got, sizeof(oi));
-    rc = raw_call(s1, KV_M_INFO, NULL, 0, &info, sizeof(info), &got);
+    rc = test_kv_call(s1, KV_M_INFO, NULL, 0, &info, sizeof(info), &got);
     ck_assert_int_eq(rc, 0);
     ck_assert_uint_eq(oi.seg_size, 64 * KIB);
     ck_assert(oi.n_blocks && !(oi.n_blocks & (oi.n_blocks - 1)));
@@ -1744,7 +1598,7 @@ START_TEST(hostile_lput)
     p = lease_ptr(ep, s1, &l, l.next, 1024);
     size = put_record(p, in, (uint16_t)kin, "hello", 5, intent, PM_VALUE);
     EXPECT_RC(lput(s2, l.seg, l.next, intent, NULL), TERN_ENOLEASE, "lput on s1's segment");
-    ck_assert_uint_eq(raw_keys(s2), keys0);
+    ck_assert_uint_eq(test_kv_info(s2).keys, keys0);
 
     /* s1 itself, wrong: offset, intent without its top bit, intent that is
      * not the record's. Nothing is stored by any of them. */
@@ -1759,17 +1613,17 @@ START_TEST(hostile_lput)
               "lput, intent not the record's");
     EXPECT_RC(lput(s1, l.seg, l.next, intent & ~INTENT_BIT, NULL), TERN_EPROTO,
               "lput, the record's intent without its top bit");
-    ck_assert_uint_eq(raw_keys(s1), keys0);
+    ck_assert_uint_eq(test_kv_info(s1).keys, keys0);
 
     /* Now right: stored, with a version, at the offset that was free. */
     EXPECT_RC(lput(s1, l.seg, l.next, intent, &ver), 0, "good lput");
     ck_assert_uint_gt(ver, 0);
     ck_assert_uint_lt(ver, INTENT_BIT);
-    ck_assert_uint_eq(raw_keys(s1), keys0 + 1);
+    ck_assert_uint_eq(test_kv_info(s1).keys, keys0 + 1);
     next = l.next + size;
     /* The same LPUT again: that offset is taken now. */
     EXPECT_RC(lput(s1, l.seg, l.next, intent, NULL), TERN_EINVAL, "replayed lput");
-    ck_assert_uint_eq(raw_keys(s1), keys0 + 1);
+    ck_assert_uint_eq(test_kv_info(s1).keys, keys0 + 1);
 
     /* Malformed records: refused, nothing changes, the lease goes on. */
     {
@@ -1813,7 +1667,7 @@ START_TEST(hostile_lput)
             CHECK(rc < 0, "record with %s: stored", bad[b].what);
             CHECK(rc == TERN_EPROTO || rc == TERN_EINVAL, "record with %s: %s",
                   bad[b].what, tern_err_name(rc));
-            ck_assert_uint_eq(raw_keys(s1), keys0 + 1);
+            ck_assert_uint_eq(test_kv_info(s1).keys, keys0 + 1);
         }
         /* The same offset takes a good record afterwards. */
         size = put_record(p, in2, (uint16_t)kin2, "second", 6, ++intent, PM_VALUE);
@@ -1828,7 +1682,7 @@ START_TEST(hostile_lput)
     EXPECT_RC(lput(s1, l.seg, next, intent, NULL), TERN_EPROTO, "tombstone record");
     put_record(p, in, (uint16_t)kin, "again", 5, ++intent, PM_VALUE);
     EXPECT_RC(lput(s1, l.seg, next, intent, NULL), TERN_ENOLEASE, "lput after a tombstone");
-    ck_assert_uint_eq(raw_keys(s1), keys0 + 2);
+    ck_assert_uint_eq(test_kv_info(s1).keys, keys0 + 2);
 
     /* A key of the other server's half: TERN_EWRONGNODE, and the lease is
      * gone with the record. */
@@ -1839,7 +1693,7 @@ START_TEST(hostile_lput)
     put_record(p, in, (uint16_t)kin, "again", 5, ++intent, PM_VALUE);
     EXPECT_RC(lput(s1, l.seg, l.next, intent, NULL), TERN_ENOLEASE,
               "lput after a wrong-node record");
-    ck_assert_uint_eq(raw_keys(s1), keys0 + 2);
+    ck_assert_uint_eq(test_kv_info(s1).keys, keys0 + 2);
 
     /* Asking for a lease again hands the old one back. */
     l = raw_lease(s1);
@@ -1853,37 +1707,38 @@ START_TEST(hostile_lput)
 
     /* Truncated and oversized payloads. */
     memset(big, 0, sizeof(big));
-    EXPECT_RC(raw_call(s1, KV_M_LPUT, big, 0, NULL, 0, NULL), TERN_EPROTO, "lput, empty");
-    EXPECT_RC(raw_call(s1, KV_M_LPUT, big, sizeof(struct kv_lput) - 1, NULL, 0, NULL),
+    EXPECT_RC(test_kv_call(s1, KV_M_LPUT, big, 0, NULL, 0, NULL), TERN_EPROTO, "lput, empty");
+    EXPECT_RC(test_kv_call(s1, KV_M_LPUT, big, sizeof(struct kv_lput) - 1, NULL, 0, NULL),
               TERN_EPROTO, "lput, truncated");
-    EXPECT_RC(raw_call(s1, KV_M_LPUT, big, sizeof(struct kv_lput) + 8, NULL, 0, NULL),
+    EXPECT_RC(test_kv_call(s1, KV_M_LPUT, big, sizeof(struct kv_lput) + 8, NULL, 0, NULL),
               TERN_EPROTO, "lput, oversized");
-    EXPECT_RC(raw_call(s1, KV_M_LEASE, big, 0, NULL, 0, NULL), TERN_EPROTO, "lease, empty");
-    EXPECT_RC(raw_call(s1, KV_M_LEASE, big, sizeof(struct kv_lease_req) - 1, NULL, 0, NULL),
+    EXPECT_RC(test_kv_call(s1, KV_M_LEASE, big, 0, NULL, 0, NULL), TERN_EPROTO, "lease, empty");
+    EXPECT_RC(test_kv_call(s1, KV_M_LEASE, big, sizeof(struct kv_lease_req) - 1, NULL, 0, NULL),
               TERN_EPROTO, "lease, truncated");
-    EXPECT_RC(raw_call(s1, KV_M_LEASE, big, sizeof(struct kv_lease_req) + 8, NULL, 0, NULL),
+    EXPECT_RC(test_kv_call(s1, KV_M_LEASE, big, sizeof(struct kv_lease_req) + 8, NULL, 0, NULL),
               TERN_EPROTO, "lease, oversized");
     {
         struct kv_lease_req q = {.flags = 1};
 
-        EXPECT_RC(raw_call(s1, KV_M_LEASE, &q, sizeof(q), NULL, 0, NULL), TERN_EPROTO,
+        EXPECT_RC(test_kv_call(s1, KV_M_LEASE, &q, sizeof(q), NULL, 0, NULL), TERN_EPROTO,
                   "lease with flags");
         q = (struct kv_lease_req){.reserved = 1};
-        EXPECT_RC(raw_call(s1, KV_M_LEASE, &q, sizeof(q), NULL, 0, NULL), TERN_EPROTO,
+        EXPECT_RC(test_kv_call(s1, KV_M_LEASE, &q, sizeof(q), NULL, 0, NULL), TERN_EPROTO,
                   "lease with reserved bits");
     }
-    EXPECT_RC(raw_call(s1, KV_M_ONESIDED_INFO, big, 8, NULL, 0, NULL), TERN_EPROTO, "os_info, payload");
+    EXPECT_RC(test_kv_call(s1, KV_M_ONESIDED_INFO, big, 8, NULL, 0, NULL), TERN_EPROTO,
+              "os_info, payload");
 
     /* After all of it: the values that were accepted, a normal client. */
     kv = kv_open_path(ep, 2, TERN_KV_PATH_ONESIDED);
-    expect_get(kv, in, kin, "new lease", 9, ver);
-    expect_get(kv, in2, kin2, "second", 6, ver2);
-    expect_enoent(kv, out, kout);
+    kv_expect_get(kv, in, kin, "new lease", 9, ver);
+    kv_expect_get(kv, in2, kin2, "second", 6, ver2);
+    kv_expect_enoent(kv, out, kout);
     must_os_put(kv, ep, "normal", 6, "client", 6, &ver);
-    expect_get(kv, "normal", 6, "client", 6, ver);
+    kv_expect_get(kv, "normal", 6, "client", 6, ver);
     tern_rpc_disconnect(s1);
     tern_rpc_disconnect(s2);
-    finish(ep, kv, NULL, 2);
+    test_kv_end(ep, kv, 2);
 }
 END_TEST
 
@@ -1901,12 +1756,12 @@ START_TEST(lease_take_back_on_the_wire)
     uint8_t *p;
 
     start_os_server(0, test_fabric_row("shm"), &o);
-    ep = new_ep();
-    s1 = raw_session(ep, 0);
-    s2 = raw_session(ep, 0);
+    ep = test_rpc_ep(NULL);
+    s1 = test_kv_session(ep, 0);
+    s2 = test_kv_session(ep, 0);
     l1 = raw_lease(s1);
     /* The only lease is out and busy: no second one. */
-    EXPECT_RC(raw_call(s2, KV_M_LEASE, &q, sizeof(q), NULL, 0, NULL), TERN_ENOBUFS,
+    EXPECT_RC(test_kv_call(s2, KV_M_LEASE, &q, sizeof(q), NULL, 0, NULL), TERN_ENOBUFS,
               "second lease while the first is fresh");
     usleep(100 * 1000);
     l2 = raw_lease(s2);                 /* s1's sat idle: taken back */
@@ -1916,7 +1771,7 @@ START_TEST(lease_take_back_on_the_wire)
     EXPECT_RC(lput(s1, l1.seg, l1.next, intent, NULL), TERN_ENOLEASE,
               "lput on a lease taken back");
     /* s2's is fresh: s1 cannot take it back yet. */
-    EXPECT_RC(raw_call(s1, KV_M_LEASE, &q, sizeof(q), NULL, 0, NULL), TERN_ENOBUFS,
+    EXPECT_RC(test_kv_call(s1, KV_M_LEASE, &q, sizeof(q), NULL, 0, NULL), TERN_ENOBUFS,
               "lease while the other is fresh");
     p = lease_ptr(ep, s2, &l2, l2.next, 256);
     put_record(p, "s2", 2, "mine", 4, ++intent, PM_VALUE);
@@ -1928,10 +1783,10 @@ START_TEST(lease_take_back_on_the_wire)
     put_record(p, "s2b", 3, "late", 4, ++intent, PM_VALUE);
     EXPECT_RC(lput(s2, l2.seg, l2.next + pm_rec_size(2, 4), intent, NULL), TERN_ENOLEASE,
               "lput on the second lease taken back");
-    ck_assert_uint_eq(raw_keys(s1), 1);      /* only s2's good record */
+    ck_assert_uint_eq(test_kv_info(s1).keys, 1);      /* only s2's good record */
     tern_rpc_disconnect(s1);
     tern_rpc_disconnect(s2);
-    finish(ep, NULL, NULL, 1);
+    test_kv_end(ep, NULL, 1);
 }
 END_TEST
 
@@ -1948,7 +1803,7 @@ static int raw_put(struct tern_session *s, const char *key, const void *val, uin
     memcpy(req, &k, sizeof(k));
     memcpy(req + sizeof(k), key, k.klen);
     memcpy(req + sizeof(k) + k.klen, val, len);
-    return raw_call(s, KV_M_PUT, req, sizeof(k) + k.klen + len, &v, sizeof(v), NULL);
+    return test_kv_call(s, KV_M_PUT, req, sizeof(k) + k.klen + len, &v, sizeof(v), NULL);
 }
 
 /* 300 sessions each ask for a lease, as many clients starting at once
@@ -1967,15 +1822,15 @@ START_TEST(many_lessees_leave_room_for_puts)
     char k[32];
 
     start_os_server(0, test_fabric_row("tcp"), NULL);
-    ep = new_ep();
+    ep = test_rpc_ep(NULL);
     for (int i = 0; i < N_SESS; i++) {
         struct kv_lease_req q = {0};
         struct kv_lease l;
         size_t got = 0;
         int rc;
 
-        ss[i] = raw_session(ep, 0);
-        rc = raw_call(ss[i], KV_M_LEASE, &q, sizeof(q), &l, sizeof(l), &got);
+        ss[i] = test_kv_session(ep, 0);
+        rc = test_kv_call(ss[i], KV_M_LEASE, &q, sizeof(q), &l, sizeof(l), &got);
         CHECK(rc == 0 || rc == TERN_ENOSPC, "lease %d: %s", i, tern_err_name(rc));
         granted += rc == 0;
     }
@@ -1985,20 +1840,20 @@ START_TEST(many_lessees_leave_room_for_puts)
     for (int i = 0; i < N_PUTS; i++) {
         int kl = snprintf(k, sizeof(k), "after-leases-%d", i);
 
-        pattern(val, sizeof(val), (unsigned)i);
-        must_put(kv, k, (size_t)kl, val, sizeof(val), NULL);
+        test_pattern(val, sizeof(val), (unsigned)i);
+        kv_must_put(kv, k, (size_t)kl, val, sizeof(val), NULL);
     }
     for (int i = 0; i < N_PUTS; i += 13) {
         int kl = snprintf(k, sizeof(k), "after-leases-%d", i);
 
-        pattern(val, sizeof(val), (unsigned)i);
-        expect_get(kv, k, (size_t)kl, val, sizeof(val), 0);
+        test_pattern(val, sizeof(val), (unsigned)i);
+        kv_expect_get(kv, k, (size_t)kl, val, sizeof(val), 0);
     }
     /* A session that holds a lease still stores by RPC. */
     EXPECT_RC(raw_put(ss[0], "by-rpc", "v", 1), 0, "RPC PUT on a lessee's session");
     for (int i = 0; i < N_SESS; i++)
         tern_rpc_disconnect(ss[i]);
-    finish(ep, kv, NULL, 1);
+    test_kv_end(ep, kv, 1);
 }
 END_TEST
 
@@ -2019,13 +1874,13 @@ START_TEST(session_lease_quota)
     uint8_t *p;
 
     start_os_server(0, test_fabric_row("shm"), NULL);
-    ep = new_ep();
-    s = raw_session(ep, 0);
-    s2 = raw_session(ep, 0);
+    ep = test_rpc_ep(NULL);
+    s = test_kv_session(ep, 0);
+    s2 = test_kv_session(ep, 0);
     /* Filled past half (64 KiB segments, a page before the records): this
      * one does not count. */
     l = raw_lease(s);
-    pattern(big, sizeof(big), 5);
+    test_pattern(big, sizeof(big), 5);
     p = lease_ptr(ep, s, &l, l.next, pm_rec_size(3, BIG));
     put_record(p, "big", 3, big, BIG, ++intent, PM_VALUE);
     CHECK((uint64_t)pm_rec_size(3, BIG) * 2 >= l.end - l.base, "the record fills %u of %u",
@@ -2035,19 +1890,19 @@ START_TEST(session_lease_quota)
      * the fourth is refused. */
     for (int i = 0; i < 4; i++)
         l = raw_lease(s);
-    EXPECT_RC(raw_call(s, KV_M_LEASE, &q, sizeof(q), NULL, 0, NULL), TERN_EBUSY,
+    EXPECT_RC(test_kv_call(s, KV_M_LEASE, &q, sizeof(q), NULL, 0, NULL), TERN_EBUSY,
               "lease after four handed back unused");
-    EXPECT_RC(raw_call(s, KV_M_LEASE, &q, sizeof(q), NULL, 0, NULL), TERN_EBUSY,
+    EXPECT_RC(test_kv_call(s, KV_M_LEASE, &q, sizeof(q), NULL, 0, NULL), TERN_EBUSY,
               "lease asked again");
     /* The refusal handed its last lease back: it is gone. */
     EXPECT_RC(lput(s, l.seg, l.next, ++intent, NULL), TERN_ENOLEASE, "lput after the refusal");
     /* Others are not affected, and the refused session stores by RPC. */
     l = raw_lease(s2);
     EXPECT_RC(raw_put(s, "rpc-after-refusal", "stored", 6), 0, "RPC PUT of a refused session");
-    ck_assert_uint_eq(raw_keys(s2), 2);
+    ck_assert_uint_eq(test_kv_info(s2).keys, 2);
     tern_rpc_disconnect(s);
     tern_rpc_disconnect(s2);
-    finish(ep, NULL, NULL, 1);
+    test_kv_end(ep, NULL, 1);
 }
 END_TEST
 
@@ -2077,8 +1932,8 @@ START_TEST(idle_lease_returns_to_pool)
     ck_assert_uint_eq(PER_SEG * pm_rec_size(6, VLEN) <= 64 * KIB - 64 &&
                       (PER_SEG + 1) * pm_rec_size(6, VLEN) > 64 * KIB - 64, 1);
     start_os_server(0, fabric, &o);
-    ep = new_ep();
-    s = raw_session(ep, 0);
+    ep = test_rpc_ep(NULL);
+    s = test_kv_session(ep, 0);
     l = raw_lease(s);
     kv = kv_open_path(ep, 1, TERN_KV_PATH_RPC);
     usleep(100 * 1000);                 /* past lease_idle_ns */
@@ -2088,7 +1943,7 @@ START_TEST(idle_lease_returns_to_pool)
         while (rc == 0) {
             int kl = snprintf(k, sizeof(k), "r%05u", stored);
 
-            pattern(val, sizeof(val), stored);
+            test_pattern(val, sizeof(val), stored);
             rc = tern_kv_put(kv, k, (size_t)kl, val, sizeof(val), NULL);
             CHECK(rc == 0 || rc == TERN_ENOSPC, "put %s: %s", k, tern_err_name(rc));
             stored += rc == 0;
@@ -2100,8 +1955,8 @@ START_TEST(idle_lease_returns_to_pool)
     for (unsigned i = 0; i < stored; i += 7) {
         int kl = snprintf(k, sizeof(k), "r%05u", i);
 
-        pattern(val, sizeof(val), i);
-        expect_get(kv, k, (size_t)kl, val, sizeof(val), 0);
+        test_pattern(val, sizeof(val), i);
+        kv_expect_get(kv, k, (size_t)kl, val, sizeof(val), 0);
     }
     if (test_fabric_caps(fabric) & TERN_TP_CAP_RKEY_PTR) {
         double t0 = now_ms();
@@ -2118,7 +1973,7 @@ START_TEST(idle_lease_returns_to_pool)
     EXPECT_RC(lput(s, l.seg, l.next, INTENT_BIT | 1, NULL), TERN_ENOLEASE,
               "lput on the reclaimed lease");
     tern_rpc_disconnect(s);
-    finish(ep, kv, NULL, 1);
+    test_kv_end(ep, kv, 1);
 }
 END_TEST
 
@@ -2147,10 +2002,10 @@ START_TEST(hostile_lessee_header)
     int rc;
 
     start_os_server(0, test_fabric_row("shm"), NULL);
-    ep = new_ep();
+    ep = test_rpc_ep(NULL);
     kv = kv_open_path(ep, 1, TERN_KV_PATH_RPC);
-    must_put(kv, "victim", 6, "safe", 4, &v);
-    s = raw_session(ep, 0);
+    kv_must_put(kv, "victim", 6, "safe", 4, &v);
+    s = test_kv_session(ep, 0);
     l = raw_lease(s);
     p = lease_ptr(ep, s, &l, l.next, 256);
     next = l.next + put_record(p, "mine", 4, "ok", 2, intent, PM_VALUE);
@@ -2166,7 +2021,7 @@ START_TEST(hostile_lessee_header)
         put_record(p, "after", 5, "ok", 2, ++intent, PM_VALUE);
         rc = lput(s, l.seg, next, intent, NULL);
         CHECK(rc == 0 || rc == TERN_ENOLEASE, "record after the liar's: %s", tern_err_name(rc));
-        must_put(kv, "victim2", 7, "also safe", 9, &v2);
+        kv_must_put(kv, "victim2", 7, "also safe", 9, &v2);
         test_kv_kill(0);
         tern_rpc_disconnect(s);
         tern_kv_close(kv);
@@ -2187,7 +2042,8 @@ START_TEST(hostile_lessee_header)
                                         TERN_TP_ACCESS_REMOTE_WRITE, &q),
                   TERN_EREMACCESS, "a byte past the lease's end");
         /* ...and the pool's key, which reaches the header, is read-only. */
-        EXPECT_RC(raw_call(s, KV_M_ONESIDED_INFO, NULL, 0, &oi, sizeof(oi), &got), 0, "os_info");
+        EXPECT_RC(test_kv_call(s, KV_M_ONESIDED_INFO, NULL, 0, &oi, sizeof(oi), &got), 0,
+                  "os_info");
         lease_ptr(ep, s, &l, l.base, 1);   /* (maps the pool's file) */
         while ((rc = tern_session_rkey_ptr(s, &oi.pool, oi.seg0 + l.seg * (uint64_t)oi.seg_size,
                                            PM_SEG_HDR, TERN_TP_ACCESS_REMOTE_WRITE,
@@ -2200,7 +2056,7 @@ START_TEST(hostile_lessee_header)
     memset(p, 0xa5, l.end - next);
     if (_i == 0) {
         tern_rpc_disconnect(s);
-        must_put(kv, "victim2", 7, "also safe", 9, &v2);
+        kv_must_put(kv, "victim2", 7, "also safe", 9, &v2);
         tern_kv_close(kv);
         tern_rpc_close(ep);
         test_kv_finish(0);
@@ -2208,7 +2064,7 @@ START_TEST(hostile_lessee_header)
         p = lease_ptr(ep, s, &l, next, 256);
         put_record(p, "mine2", 5, "ok", 2, ++intent, PM_VALUE);
         EXPECT_RC(lput(s, l.seg, next, intent, NULL), 0, "lessee's second record");
-        must_put(kv, "victim2", 7, "also safe", 9, &v2);
+        kv_must_put(kv, "victim2", 7, "also safe", 9, &v2);
         test_kv_kill(0);
         tern_rpc_disconnect(s);
         tern_kv_close(kv);
@@ -2223,15 +2079,15 @@ restart:
           _i ? "server killed" : "server stopped", tern_err_name(rc));
     kvs_close(st);
     start_os_server(0, test_fabric_row("shm"), NULL);
-    ep = new_ep();
+    ep = test_rpc_ep(NULL);
     kv = kv_open_path(ep, 1, TERN_KV_PATH_RPC);
-    expect_get(kv, "victim", 6, "safe", 4, v);
-    expect_get(kv, "victim2", 7, "also safe", 9, v2);
+    kv_expect_get(kv, "victim", 6, "safe", 4, v);
+    kv_expect_get(kv, "victim2", 7, "also safe", 9, v2);
     /* The liar keeps what it wrote before its lie (recovery cuts the
      * segment at the bad record, not before). */
     if (_i == 2)
-        expect_get(kv, "mine", 4, "ok", 2, mine);
-    finish(ep, kv, NULL, 1);
+        kv_expect_get(kv, "mine", 4, "ok", 2, mine);
+    test_kv_end(ep, kv, 1);
 }
 END_TEST
 
@@ -2362,7 +2218,7 @@ START_TEST(window_unit)
         uint8_t val[100];
         uint32_t size = pm_rec_size(7, sizeof(val));
 
-        pattern(val, sizeof(val), 5);
+        test_pattern(val, sizeof(val), 5);
         put_record(rec, "rec-key", 7, val, sizeof(val), 55, PM_VALUE);
         ck_assert(kvw_record_valid(rec, size, "rec-key", 7, 55));
         ck_assert(!kvw_record_valid(rec, size, "rec-key", 7, 56));
@@ -2451,20 +2307,20 @@ START_TEST(push_roundtrip_every_fabric)
 
     /* 256 KiB segments: the store takes values bigger than a staging slot. */
     start_os_server(0, _i, &(struct test_kv_srv){.seg_size = 256 * KIB});
-    ep = new_ep();
-    assert_fabric(ep, _i);
+    ep = test_rpc_ep(NULL);
+    test_rpc_assert_fabric(ep, test_kv_uri(0), _i);
     push = kv_open_path(ep, 1, TERN_KV_PATH_PUSH);
     rpc = kv_open_path(ep, 1, TERN_KV_PATH_RPC);
 
     for (unsigned s = 0; s < NS; s++) {
         bool fits = push_fits(_i, sizes[s]);
 
-        pattern(val[s], sizes[s], (unsigned)s + 1);
+        test_pattern(val[s], sizes[s], (unsigned)s + 1);
         /* Written by RPC, read by push (or inline, if it does not fit). */
         kl = snprintf(k, sizeof(k), "rpc2push-%zu", sizes[s]);
-        must_put(rpc, k, (size_t)kl, val[s], sizes[s], &v_rpc[s]);
+        kv_must_put(rpc, k, (size_t)kl, val[s], sizes[s], &v_rpc[s]);
         st0 = stats(push);
-        expect_get(push, k, (size_t)kl, val[s], sizes[s], v_rpc[s]);
+        kv_expect_get(push, k, (size_t)kl, val[s], sizes[s], v_rpc[s]);
         st1 = stats(push);
         expect_gets(&st0, &st1, fits, !fits, k);
         /* Written by the push client (its PUTs go as TERN_KV_PATH_ONESIDED
@@ -2473,11 +2329,11 @@ START_TEST(push_roundtrip_every_fabric)
         if (fits && fits_onesided(_i, sizes[s]))
             must_os_put(push, ep, k, (size_t)kl, val[s], sizes[s], &v_push[s]);
         else
-            must_put(push, k, (size_t)kl, val[s], sizes[s], &v_push[s]);
+            kv_must_put(push, k, (size_t)kl, val[s], sizes[s], &v_push[s]);
         ck_assert_uint_gt(v_push[s], v_rpc[s]);
-        expect_get(rpc, k, (size_t)kl, val[s], sizes[s], v_push[s]);
+        kv_expect_get(rpc, k, (size_t)kl, val[s], sizes[s], v_push[s]);
         st0 = stats(push);
-        expect_get(push, k, (size_t)kl, val[s], sizes[s], v_push[s]);
+        kv_expect_get(push, k, (size_t)kl, val[s], sizes[s], v_push[s]);
         st1 = stats(push);
         expect_gets(&st0, &st1, fits, !fits, k);
         want += fits ? 2 : 0;
@@ -2487,9 +2343,9 @@ START_TEST(push_roundtrip_every_fabric)
     st0 = stats(push);
     for (unsigned s = NS; s-- > 0;) {
         kl = snprintf(k, sizeof(k), "push2rpc-%zu", sizes[s]);
-        expect_get(push, k, (size_t)kl, val[s], sizes[s], v_push[s]);
+        kv_expect_get(push, k, (size_t)kl, val[s], sizes[s], v_push[s]);
         kl = snprintf(k, sizeof(k), "rpc2push-%zu", sizes[s]);
-        expect_get(push, k, (size_t)kl, val[s], sizes[s], v_rpc[s]);
+        kv_expect_get(push, k, (size_t)kl, val[s], sizes[s], v_rpc[s]);
     }
     st1 = stats(push);
     expect_gets(&st0, &st1, want, 2 * NS - want, "second round");
@@ -2500,11 +2356,11 @@ START_TEST(push_roundtrip_every_fabric)
     st0 = stats(push);
     for (unsigned r = 0; r < 140; r++) {
         kl = snprintf(k, sizeof(k), "rpc2push-%zu", sizes[NS - 1 - r % 2]);
-        expect_get(push, k, (size_t)kl, val[NS - 1 - r % 2], sizes[NS - 1 - r % 2],
+        kv_expect_get(push, k, (size_t)kl, val[NS - 1 - r % 2], sizes[NS - 1 - r % 2],
                    v_rpc[NS - 1 - r % 2]);
     }
     kl = snprintf(k, sizeof(k), "rpc2push-%zu", sizes[1]);
-    expect_get(push, k, (size_t)kl, val[1], sizes[1], v_rpc[1]);
+    kv_expect_get(push, k, (size_t)kl, val[1], sizes[1], v_rpc[1]);
     st1 = stats(push);
     CHECK(st1.gets_pushed - st0.gets_pushed == 1 + (push_fits(_i, sizes[NS - 2]) ? 70 : 0),
           "%llu of 141 GETs pushed", (unsigned long long)(st1.gets_pushed - st0.gets_pushed));
@@ -2534,7 +2390,7 @@ START_TEST(push_roundtrip_every_fabric)
           (unsigned long long)(st1.gets_rpc - st0.gets_rpc), N_ASYNC);
     st0 = stats(push);
     for (unsigned i = 0; i < 40; i++)
-        expect_get(push, k, (size_t)kl, val[1], sizes[1], v_rpc[1]);
+        kv_expect_get(push, k, (size_t)kl, val[1], sizes[1], v_rpc[1]);
     st1 = stats(push);
     expect_gets(&st0, &st1, 40, 0, "40 GETs after the burst");
 
@@ -2549,36 +2405,37 @@ START_TEST(push_roundtrip_every_fabric)
 
     /* Absent and deleted keys: TERN_ENOENT from the server, nothing pushed. */
     st0 = stats(push);
-    expect_enoent(push, "never-written", 13);
-    must_put(rpc, "doomed", 6, "soon gone", 9, &v1);
-    expect_get(push, "doomed", 6, "soon gone", 9, v1);
+    kv_expect_enoent(push, "never-written", 13);
+    kv_must_put(rpc, "doomed", 6, "soon gone", 9, &v1);
+    kv_expect_get(push, "doomed", 6, "soon gone", 9, v1);
     ck_assert_int_eq(tern_kv_del(push, "doomed", 6), 0);
-    expect_enoent(push, "doomed", 6);
-    expect_enoent(rpc, "doomed", 6);
+    kv_expect_enoent(push, "doomed", 6);
+    kv_expect_enoent(rpc, "doomed", 6);
     st1 = stats(push);
     ck_assert_uint_eq(st1.gets_pushed - st0.gets_pushed, 1);
-    must_put(push, "doomed", 6, "back", 4, &v2);
+    kv_must_put(push, "doomed", 6, "back", 4, &v2);
     ck_assert_uint_gt(v2, v1);
-    expect_get(push, "doomed", 6, "back", 4, v2);
+    kv_expect_get(push, "doomed", 6, "back", 4, v2);
 
     /* Overwrites of one size (in place over the older record from the
      * third on) and of another: each GET pushes the newest. */
     for (unsigned r = 0; r < 8; r++) {
         size_t len = r == 5 ? 700 : 300;
 
-        pattern(val[0], len, 1000 + r);
+        test_pattern(val[0], len, 1000 + r);
         if (r % 3 == 2)
-            must_put(push, "over", 4, val[0], len, &v2);
+            kv_must_put(push, "over", 4, val[0], len, &v2);
         else
-            must_put(rpc, "over", 4, val[0], len, &v2);
+            kv_must_put(rpc, "over", 4, val[0], len, &v2);
         ck_assert_uint_gt(v2, v1);
         v1 = v2;
         st0 = stats(push);
-        expect_get(push, "over", 4, val[0], len, v2);
+        kv_expect_get(push, "over", 4, val[0], len, v2);
         st1 = stats(push);
         expect_gets(&st0, &st1, 1, 0, "overwritten key");
     }
-    finish(ep, push, rpc, 1);
+    tern_kv_close(rpc);
+    test_kv_end(ep, push, 1);
 }
 END_TEST
 
@@ -2602,21 +2459,11 @@ static int raw_pget(struct tern_session *s, const struct kv_pget *q, const void 
     memcpy(req + sizeof(*q), key, klen);
     *got = 0;
     memset(rep, 0, sizeof(*rep));
-    rc = raw_call(s, KV_M_PGET, req, len == (size_t)-1 ? sizeof(*q) + klen : len, pg_reply,
+    rc = test_kv_call(s, KV_M_PGET, req, len == (size_t)-1 ? sizeof(*q) + klen : len, pg_reply,
                   sizeof(pg_reply), got);
     if (rc == 0 && *got >= sizeof(*rep))
         memcpy(rep, pg_reply, sizeof(*rep));
     return rc;
-}
-
-static struct kv_info raw_info(struct tern_session *s)
-{
-    struct kv_info info;
-    size_t got = 0;
-    int rc = raw_call(s, KV_M_INFO, NULL, 0, &info, sizeof(info), &got);
-
-    CHECK(rc == 0 && got == sizeof(info), "info: %s", tern_err_name(rc));
-    return info;
 }
 
 /* The record of key/val at `version` was pushed into `region` at `off`, and
@@ -2671,32 +2518,32 @@ START_TEST(hostile_pget)
     /* Server 0 owns the low half (the raw requests), server 1 the high. */
     start_os_server(0, _i, &(struct test_kv_srv){.lo = 0, .hi = 0x7fffffff});
     start_os_server(1, _i, &(struct test_kv_srv){.lo = 0x80000000u, .hi = 0xffffffffu});
-    ep = new_ep();
+    ep = test_rpc_ep(NULL);
     rpc = kv_open_path(ep, 2, TERN_KV_PATH_RPC);
-    key_in_range(in, sizeof(in), &kin, "in", 0, 0x7fffffff);
-    key_in_range(out, sizeof(out), &kout, "out", 0x80000000u, 0xffffffffu);
-    key_in_range(absent, sizeof(absent), &kabsent, "absent", 0, 0x7fffffff);
+    kv_key_in_range(in, sizeof(in), &kin, "in", 0, 0x7fffffff);
+    kv_key_in_range(out, sizeof(out), &kout, "out", 0x80000000u, 0xffffffffu);
+    kv_key_in_range(absent, sizeof(absent), &kabsent, "absent", 0, 0x7fffffff);
     memset(longkey, 'L', sizeof(longkey));
     for (unsigned n = 0;; n++) {
         int w = snprintf((char *)longkey, 16, "%u", n);
 
         longkey[w] = 'L';
         klong = KV_KEY_MAX + 8;
-        if (top32(longkey, klong) <= 0x7fffffff)
+        if (kv_top32(longkey, klong) <= 0x7fffffff)
             break;
     }
-    pattern(val, sizeof(val), 42);
-    must_put(rpc, in, kin, val, sizeof(val), &ver);
-    must_put(rpc, out, kout, "far", 3, NULL);
+    test_pattern(val, sizeof(val), 42);
+    kv_must_put(rpc, in, kin, val, sizeof(val), &ver);
+    kv_must_put(rpc, out, kout, "far", 3, NULL);
     size = pm_rec_size((uint32_t)kin, sizeof(val));
 
-    s = raw_session(ep, 0);
+    s = test_kv_session(ep, 0);
     rc = tern_rpc_mr_alloc(ep, PG_REGION, TERN_TP_ACCESS_REMOTE_WRITE, &mr);
     CHECK(rc == 0, "mr_alloc: %s", tern_err_name(rc));
     region = tern_rpc_mr_addr(mr);
     rc = tern_rpc_mr_rkey(mr, s, &rk);
     CHECK(rc == 0, "rkey: %s", tern_err_name(rc));
-    in_place0 = raw_info(s).in_place;
+    in_place0 = test_kv_info(s).in_place;
 
     /* A good request first: the record lands where it was asked to, and
      * nowhere else; the reply says so. */
@@ -2789,7 +2636,7 @@ START_TEST(hostile_pget)
         for (size_t b = 0; b < sizeof(bad) / sizeof(bad[0]); b++) {
             struct tern_tp_rkey k2;
 
-            s2 = raw_session(ep, 0);
+            s2 = test_kv_session(ep, 0);
             CHECK(tern_rpc_mr_rkey(mr, s2, &k2) == 0, "rkey for s2");
             if (bad[b].key == 1)
                 memset(&k2, 0, sizeof(k2));
@@ -2808,7 +2655,7 @@ START_TEST(hostile_pget)
                       "%s: reply size %u version %llu (%zu bytes)", bad[b].what, rep.size,
                       (unsigned long long)rep.version, got);
             /* (rc < 0: the fabric hung up on the session.) */
-            spin(ep, 5);     /* a failed put's refusal, a hang-up: let them land */
+            test_rpc_poll_for(ep, 5);     /* a failed put's refusal, a hang-up: let them land */
             CHECK(first_not(region, PG_REGION, 0xee) == PG_REGION,
                   "%s: the region was written (%s, reply size %u)", bad[b].what,
                   rc ? tern_err_name(rc) : "success", rep.size);
@@ -2821,7 +2668,7 @@ START_TEST(hostile_pget)
      * (64 each): whatever they held was let go. A few per session, as a
      * fabric hangs up on a peer after 16 refused accesses. */
     for (unsigned n = 0; n < 8; n++) {
-        s2 = raw_session(ep, 0);
+        s2 = test_kv_session(ep, 0);
         CHECK(tern_rpc_mr_rkey(mr, s2, &rk) == 0, "rkey for s2");
         q = (struct kv_pget){.klen = (uint16_t)kin, .cap = UINT32_MAX, .off = PG_REGION,
                              .dst = rk};
@@ -2831,7 +2678,7 @@ START_TEST(hostile_pget)
         }
         tern_rpc_disconnect(s2);
     }
-    spin(ep, 5);
+    test_rpc_poll_for(ep, 5);
 
     /* After all of it the server serves as before: a good raw push... */
     CHECK(test_kv_alive(0) && test_kv_alive(1), "a server died");
@@ -2843,25 +2690,25 @@ START_TEST(hostile_pget)
     expect_pushed(region, 64, in, kin, val, sizeof(val), ver, "good pget at the end");
     /* ...no pin left on the key's record: its second PUT from now is
      * written over it in place (the first appends: no older record)... */
-    CHECK(raw_info(s).in_place == in_place0, "in-place updates during the test");
-    must_put(rpc, in, kin, val, sizeof(val), NULL);
-    ck_assert_uint_eq(raw_info(s).in_place, in_place0);
-    pattern(val, sizeof(val), 43);
-    must_put(rpc, in, kin, val, sizeof(val), &ver);
-    CHECK(raw_info(s).in_place == in_place0 + 1,
+    CHECK(test_kv_info(s).in_place == in_place0, "in-place updates during the test");
+    kv_must_put(rpc, in, kin, val, sizeof(val), NULL);
+    ck_assert_uint_eq(test_kv_info(s).in_place, in_place0);
+    test_pattern(val, sizeof(val), 43);
+    kv_must_put(rpc, in, kin, val, sizeof(val), &ver);
+    CHECK(test_kv_info(s).in_place == in_place0 + 1,
           "the record pushed (and refused) was not rewritten in place: still pinned?");
     /* ...and a normal push client on both servers. */
     kv = kv_open_path(ep, 2, TERN_KV_PATH_PUSH);
     st0 = stats(kv);
-    expect_get(kv, in, kin, val, sizeof(val), ver);
-    expect_get(kv, out, kout, "far", 3, 0);
-    expect_enoent(kv, absent, kabsent);
+    kv_expect_get(kv, in, kin, val, sizeof(val), ver);
+    kv_expect_get(kv, out, kout, "far", 3, 0);
+    kv_expect_enoent(kv, absent, kabsent);
     st1 = stats(kv);
     expect_gets(&st0, &st1, 2, 0, "a normal client after the hostile one");
     tern_rpc_disconnect(s);
     tern_rpc_mr_dereg(mr);
     tern_kv_close(rpc);
-    finish(ep, kv, NULL, 2);
+    test_kv_end(ep, kv, 2);
 }
 END_TEST
 
@@ -3016,7 +2863,7 @@ START_TEST(lying_push_never_trusted)
 
     lie_pgets = test_shared_alloc(L_N * sizeof(*lie_pgets));
     test_kv_start_with(0, test_fabric_listen(_i), setup_fake);
-    ep = new_ep();
+    ep = test_rpc_ep(NULL);
     kv = kv_open_path(ep, 1, TERN_KV_PATH_PUSH);
     /* Twice: nothing may be remembered from the first round (a slot still
      * holding an earlier record must not pass for a new one). */
@@ -3049,7 +2896,7 @@ START_TEST(lying_push_never_trusted)
                 continue;
             }
             st0 = stats(kv);
-            expect_get(kv, key, kl, want, wl, honest ? LIE_VERSION : FAKE_RPC_VERSION);
+            kv_expect_get(kv, key, kl, want, wl, honest ? LIE_VERSION : FAKE_RPC_VERSION);
             st1 = stats(kv);
             n = __atomic_load_n(&lie_pgets[k], __ATOMIC_RELAXED) - n0;
             if (honest) {
@@ -3083,17 +2930,17 @@ START_TEST(lying_push_never_trusted)
         rc = tern_kv_get(kv, "plie-slow", 9, buf, sizeof(buf), &got, NULL);
         CHECK(rc == TERN_ETIMEDOUT, "slow push: %s", rc ? tern_err_name(rc) : "success");
         tern_kv_set_timeout(kv, 5 * SEC);
-        spin(ep, 400);
+        test_rpc_poll_for(ep, 400);
         st1 = stats(kv);
         CHECK(st1.stage_lost == st0.stage_lost + 1, "%llu slots retired",
               (unsigned long long)(st1.stage_lost - st0.stage_lost));
         for (unsigned i = 0; i < 40; i++)
-            expect_get(kv, key, kl, want, wl, LIE_VERSION);
+            kv_expect_get(kv, key, kl, want, wl, LIE_VERSION);
         st0 = stats(kv);
         expect_gets(&st1, &st0, 40, 0, "GETs after a slot was retired");
     }
     munmap(lie_pgets, L_N * sizeof(*lie_pgets));
-    finish(ep, kv, NULL, 1);
+    test_kv_end(ep, kv, 1);
 }
 END_TEST
 
@@ -3236,8 +3083,8 @@ START_TEST(push_races_in_place_updates)
     /* Records that fit a staging slot, and on ntb a ring record. */
     torn_unit = in_proc ? 2 * KIB : 8 * KIB;
     start_os_server(0, _i, NULL);
-    ep = new_ep();
-    s = raw_session(ep, 0);
+    ep = test_rpc_ep(NULL);
+    s = test_kv_session(ep, 0);
     rd.kv = kv_open_path(ep, 1, TERN_KV_PATH_PUSH);
     if (in_proc) {
         local = (struct race_writer){.kv = kv_open_path(ep, 1, TERN_KV_PATH_RPC)};
@@ -3251,7 +3098,7 @@ START_TEST(push_races_in_place_updates)
               tern_err_name(torn->err));
         tern_rpc_poll(ep);
     }
-    in_place0 = raw_info(s).in_place;
+    in_place0 = test_kv_info(s).in_place;
     st0 = stats(rd.kv);
     t0 = now_ms();
     while (rd.done + rd.in_flight < RACE_READS && now_ms() - t0 < 2000) {
@@ -3269,7 +3116,7 @@ START_TEST(push_races_in_place_updates)
         tern_rpc_poll(ep);
     }
     st1 = stats(rd.kv);
-    in_place1 = raw_info(s).in_place;
+    in_place1 = test_kv_info(s).in_place;
     __atomic_store_n(&torn->stop, 1, __ATOMIC_RELEASE);
     if (in_proc) {
         t0 = now_ms();
@@ -3307,11 +3154,11 @@ START_TEST(push_races_in_place_updates)
         static uint8_t want[32 * KIB];
 
         torn_fill(want, torn->n);
-        expect_get(rd.kv, "torn", 4, want, torn_len(torn->n), torn->ver[torn->n]);
+        kv_expect_get(rd.kv, "torn", 4, want, torn_len(torn->n), torn->ver[torn->n]);
     }
     tern_rpc_disconnect(s);
     munmap(torn, sizeof(*torn));
-    finish(ep, rd.kv, NULL, 1);
+    test_kv_end(ep, rd.kv, 1);
 }
 END_TEST
 
@@ -3356,8 +3203,8 @@ START_TEST(fallback_without_call_slots)
     rc = tern_rpc_open(&few, &ep);
     CHECK(rc == 0, "client ep: %s", tern_err_name(rc));
     kv = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
-    must_put(kv, "key1", 4, "val1", 4, NULL);
-    must_put(kv, "key2", 4, "val2", 4, NULL);
+    kv_must_put(kv, "key1", 4, "val1", 4, NULL);
+    kv_must_put(kv, "key2", 4, "val2", 4, NULL);
     /* 8 window reads, then 8 GETs by RPC (no operation slot left for a
      * read): when the reads find nothing, every call slot is taken. */
     for (int i = 0; i < 16; i++) {
@@ -3378,7 +3225,7 @@ START_TEST(fallback_without_call_slots)
             break;
         tern_rpc_poll(ep);
     }
-    spin(ep, 20);
+    test_rpc_poll_for(ep, 20);
     for (int i = 0; i < 16; i++)
         CHECK(abs_gets[i].calls == 1 && abs_gets[i].status < 0,
               "absent key %d: %u callbacks, %s", i, abs_gets[i].calls,
@@ -3401,14 +3248,14 @@ START_TEST(fallback_without_call_slots)
             break;
         tern_rpc_poll(ep);
     }
-    spin(ep, 20);
+    test_rpc_poll_for(ep, 20);
     CHECK(issued >= 8, "only %u GETs taken", issued);
     for (int i = 0; i < 40; i++)
         CHECK(gets[i].calls == 1 && !gets[i].wrong, "get %d of key%c: %u callbacks (%s)%s", i,
               gets[i].want, gets[i].calls,
               !gets[i].calls ? "none" : gets[i].status ? tern_err_name(gets[i].status) : "success",
               gets[i].wrong ? ", another key's value" : "");
-    finish(ep, kv, NULL, 1);
+    test_kv_end(ep, kv, 1);
 }
 END_TEST
 
@@ -3533,7 +3380,7 @@ static void expect_lessee_puts(struct tern_kv *kv)
         int kl;
 
         lock_key(k, sizeof(k), &kl, i);
-        expect_get(kv, k, (size_t)kl, k, (size_t)kl, lk->ver[i]);
+        kv_expect_get(kv, k, (size_t)kl, k, (size_t)kl, lk->ver[i]);
     }
 }
 
@@ -3562,13 +3409,13 @@ START_TEST(lessee_keeps_no_lock_of_dead_server)
     pm_close(p);
     /* A whole server, with the lessee still there. */
     start_os_server(0, shm, NULL);
-    ep = new_ep();
+    ep = test_rpc_ep(NULL);
     kv = kv_open_path(ep, 1, TERN_KV_PATH_RPC);
     expect_lessee_puts(kv);
-    must_put(kv, "after", 5, "restart", 7, NULL);
+    kv_must_put(kv, "after", 5, "restart", 7, NULL);
     test_child_kill(&lessee);
     munmap(lk, sizeof(*lk));
-    finish(ep, kv, NULL, 1);
+    test_kv_end(ep, kv, 1);
 }
 END_TEST
 
@@ -3597,13 +3444,13 @@ START_TEST(lessee_cannot_unlock_live_server)
         pm_close(p);
     CHECK(rc == TERN_EBUSY, "a third opener of a live server's pool: %s, not TERN_EBUSY",
           rc ? tern_err_name(rc) : "opened it");
-    ep = new_ep();
+    ep = test_rpc_ep(NULL);
     kv = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
     expect_lessee_puts(kv);
-    must_put(kv, "after", 5, "unlock", 6, NULL);
+    kv_must_put(kv, "after", 5, "unlock", 6, NULL);
     test_child_kill(&lessee);
     munmap(lk, sizeof(*lk));
-    finish(ep, kv, NULL, 1);
+    test_kv_end(ep, kv, 1);
 }
 END_TEST
 

@@ -36,7 +36,7 @@
 #define POOL (8ull * SEG + 4096)
 #define FILL_LEN (SEG - 64 - 24 - 8)     /* key "fill": a record that fills a segment */
 
-static char dir[64], path[128];
+static char path[128];
 
 /* ---- crash injection ---- */
 
@@ -164,18 +164,12 @@ void pmem_drain(void)
 
 static void setup(void)
 {
-    test_pool_dir(dir, sizeof(dir), "pm");
-    snprintf(path, sizeof(path), "%s/pm.pool", dir);
+    test_pool_file(path, sizeof(path), "pm");
 }
 
 static void teardown(void)
 {
-    char tmp[160];
-
-    unlink(path);
-    snprintf(tmp, sizeof(tmp), "%s.creating", path);
-    unlink(tmp);
-    rmdir(dir);
+    test_pool_file_remove(path);
 }
 
 /* A committed record as recovery handed it over. */

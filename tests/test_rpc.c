@@ -34,6 +34,7 @@
 
 #include "helpers.h"
 #include "rpc.h"
+#include "rpc_util.h"
 #include "rpc_internal.h"
 #include "suites.h"
 #include "tern_config.h"
@@ -322,15 +323,6 @@ static void poll_for(int ms)
 
     while (now_ms() < end)
         poll_both();
-}
-
-/* Poll one endpoint for `ms` milliseconds. */
-static void poll_for_ep(struct tern_rpc_ep *ep, int ms)
-{
-    double end = now_ms() + ms;
-
-    while (now_ms() < end)
-        tern_rpc_poll(ep);
 }
 
 /* Call and wait for the continuation; the result lands in r. */
@@ -717,19 +709,6 @@ START_TEST(cancel_queued_call)
 }
 END_TEST
 
-/* Poll one endpoint only until *counter reaches want; false on timeout. */
-static bool poll_one_until(struct tern_rpc_ep *ep, const int *counter, int want, int ms)
-{
-    double end = now_ms() + ms;
-
-    while (*counter < want) {
-        if (now_ms() > end)
-            return false;
-        tern_rpc_poll(ep);
-    }
-    return true;
-}
-
 /* b, queued behind a whose credit came back early, gets its own reply;
  * each continuation ran once; nothing is left in flight. */
 static void expect_b_alone(struct rec *a, struct rec *b)
@@ -764,7 +743,7 @@ START_TEST(cancel_sends_queued_call)
     ck_assert_int_eq(tern_call_cancel(sess, ida), 0);
     ck_assert_int_eq(a.runs, 1);
     ck_assert_int_eq(a.status, TERN_ECANCELED);
-    ck_assert_msg(poll_one_until(srv, &server_runs, 2, WAIT_MS),
+    ck_assert_msg(test_rpc_poll_until(srv, &server_runs, 2, WAIT_MS),
                   "the credit freed by tern_call_cancel was not used: the queued call "
                   "never reached the server (%d served)", server_runs);
     expect_b_alone(&a, &b);
@@ -785,11 +764,11 @@ START_TEST(expiry_sends_queued_call)
     ck_assert_int_eq(tern_call(sess, SVC, M_ECHO, "a", 1, 20 * 1000000ull, rec_cont, &a, NULL),
                      0);
     ck_assert_int_eq(tern_call(sess, SVC, M_ECHO, "bb", 2, 0, rec_cont, &b, NULL), 0);
-    ck_assert(poll_one_until(cli, &a.runs, 1, WAIT_MS));
+    ck_assert(test_rpc_poll_until(cli, &a.runs, 1, WAIT_MS));
     ck_assert_int_eq(a.status, TERN_ETIMEDOUT);
     ck_assert_int_eq(b.runs, 0);
     /* a's request is still in the server's socket; b must follow it. */
-    ck_assert_msg(poll_one_until(srv, &server_runs, 2, WAIT_MS),
+    ck_assert_msg(test_rpc_poll_until(srv, &server_runs, 2, WAIT_MS),
                   "the credit freed by an expired call was not used: the queued call "
                   "never reached the server (%d served)", server_runs);
     expect_b_alone(&a, &b);
@@ -1759,7 +1738,7 @@ START_TEST(wait_fd_wakes_on_request)
         tern_rpc_poll(srv);
     ck_assert_int_eq(server_runs, 1);
     ck_assert_msg(fd_readable(cfd, WAIT_MS), "a reply did not make the client's fd readable");
-    ck_assert(poll_one_until(cli, &r.runs, 1, WAIT_MS));
+    ck_assert(test_rpc_poll_until(cli, &r.runs, 1, WAIT_MS));
     ck_assert_int_eq(r.status, 0);
     ck_assert_uint_eq(r.len, 4);
     ck_assert(memcmp(r.buf, "ping", 4) == 0);
@@ -2546,7 +2525,7 @@ START_TEST(no_continuation_inside_tern_call)
                   tern_err_name(a.status), tern_err_name(b.status));
     ck_assert_ptr_null(close_me);      /* the session was closed by b's continuation */
     ck_assert_uint_eq(tern_rpc_calls_in_flight(ep), 0);
-    poll_for_ep(ep, 20);
+    test_rpc_poll_for(ep, 20);
     tern_rpc_close(ep);
 }
 END_TEST

@@ -230,6 +230,42 @@ void test_tmpdir_remove(const char *dir)
     remove_dir(dir);
 }
 
+char *test_pool_file(char *buf, size_t len, const char *name)
+{
+    char dir[DIR_LEN];
+
+    test_pool_dir(dir, sizeof(dir), name);
+    ck_assert_int_lt(snprintf(buf, len, "%s/%s.pool", dir, name), (int)len);
+    return buf;
+}
+
+void test_pool_file_remove(const char *path)
+{
+    char p[DIR_LEN + 64];
+    char *slash;
+
+    unlink(path);
+    snprintf(p, sizeof(p), "%s.creating", path);
+    unlink(p);
+    snprintf(p, sizeof(p), "%s", path);
+    slash = strrchr(p, '/');
+    ck_assert_ptr_nonnull(slash);
+    *slash = 0;
+    rmdir(p);
+}
+
+unsigned test_open_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    unsigned n = 0;
+
+    ck_assert_ptr_nonnull(d);
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n;
+}
+
 static struct tern_rpc_ep *child_ep;
 
 static void child_stop(int sig)

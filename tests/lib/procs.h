@@ -61,4 +61,15 @@ char *test_pool_dir(char *buf, size_t len, const char *name);
 /* Empty and remove a folder made by test_tmpdir now. */
 void test_tmpdir_remove(const char *dir);
 
+/* A path for the pool file "<name>.pool" in a fresh folder of its own
+ * (test_pool_dir), written to buf (128 bytes at least), returned. */
+char *test_pool_file(char *buf, size_t len, const char *name);
+
+/* Remove that pool file, what an interrupted create left beside it, and
+ * its folder. */
+void test_pool_file_remove(const char *path);
+
+/* Descriptors this process has open. */
+unsigned test_open_fds(void);
+
 #endif

@@ -27,9 +27,7 @@
 #include <string.h>
 #include <inttypes.h>
 #include <sys/mman.h>
-#include <signal.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "helpers.h"
@@ -2876,16 +2874,15 @@ static void rma_setup_child(struct tern_rpc_ep *ep)
         _exit(6);
 }
 
-/* The fabrics the loop tests run on: tcp, shm, rdma (softverbs unless the
- * host has a NIC). */
+/* The fabrics the loop tests run on, rows of the matrix (fabrics.h): tcp,
+ * shm, rdma (softverbs unless the host has a NIC). */
 enum { FAB_TCP, FAB_SHM, FAB_RDMA, N_FABS };
-static char rma_rdma_uri[96] = "rdma://127.0.0.1:0";
-static const char *const rma_listen[N_FABS] = {"tcp://127.0.0.1:0", "shm://auto", rma_rdma_uri};
 static const char *const rma_fabric[N_FABS] = {"tcp", "shm", "rdma"};
 
-__attribute__((constructor)) static void rma_rdma_uri_init(void)
+/* Where a server of loop row `fab` listens. */
+static const char *rma_listen(int fab)
 {
-    snprintf(rma_rdma_uri, sizeof(rma_rdma_uri), "rdma://%s:0", test_rdma_ip());
+    return test_fabric_listen(test_fabric_row(rma_fabric[fab]));
 }
 
 /* A second client endpoint some tests poll too. */
@@ -2930,8 +2927,8 @@ static void rma_pair_open(int fab, const struct tern_rpc_config *ccfg)
     ck_assert_int_eq(tern_rpc_open(&dflt, &srv), 0);
     rc = rma_setup_ep(srv);
     ck_assert_msg(rc == 0, "server set-up: %s", tern_strerror(rc));
-    rc = tern_rpc_listen(srv, rma_listen[fab], uri, sizeof(uri));
-    ck_assert_msg(rc == 0, "listen %s: %s", rma_listen[fab], tern_strerror(rc));
+    rc = tern_rpc_listen(srv, rma_listen(fab), uri, sizeof(uri));
+    ck_assert_msg(rc == 0, "listen %s: %s", rma_listen(fab), tern_strerror(rc));
     ck_assert_int_eq(tern_rpc_open(ccfg ? ccfg : &dflt, &cli), 0);
     rc = connect_inproc(cli, uri, &sess);
     ck_assert_msg(rc == 0, "connect %s: %s", uri, tern_strerror(rc));
@@ -2946,37 +2943,24 @@ static void rma_pair_close(void)
     srv_mrs[0] = srv_mrs[1] = NULL;
 }
 
-/* The server in a child process. The loop tests use one: rdma endpoints
- * of one process share the emulated NIC's context, whose progress is not
- * safe from two threads at once, and tern_rpc_connect needs the server
- * polled while it waits. */
+/* The server in a child process (procs.h). The loop tests use one: rdma
+ * endpoints of one process share the emulated NIC's context, whose
+ * progress is not safe from two threads at once, and tern_rpc_connect
+ * needs the server polled while it waits. */
 static pid_t rma_pid;
-
-static void rma_kill_child(void)
-{
-    if (rma_pid > 0) {
-        kill(rma_pid, SIGKILL);
-        waitpid(rma_pid, NULL, 0);
-        rma_pid = 0;
-    }
-}
 
 /* false (with a log line) if the fabric is not built in. */
 static bool rma_proc_open(int fab)
 {
     struct tern_rpc_config cfg = {.max_msg = MAX_MSG};
-    static bool registered;
     int rc;
 
-    if (fab == FAB_RDMA && !TERN_HAVE_RDMA) {
-        printf("SKIP: rdma not built in; this one-sided test runs on tcp and shm only\n");
+    if (test_fabric_row(rma_fabric[fab]) < 0) {
+        printf("SKIP: %s not built in; this one-sided test runs on the others only\n",
+               rma_fabric[fab]);
         return false;
     }
-    if (!registered) {
-        atexit(rma_kill_child);
-        registered = true;
-    }
-    rma_pid = spawn_rpc_server_at(rma_setup_child, &cfg, rma_listen[fab], uri, sizeof(uri));
+    rma_pid = spawn_rpc_server_at(rma_setup_child, &cfg, rma_listen(fab), uri, sizeof(uri));
     ck_assert_int_gt(rma_pid, 0);
     ck_assert_int_eq(tern_rpc_open(&cfg, &cli), 0);
     rc = tern_rpc_connect(cli, uri, 5 * SEC, &sess);
@@ -3267,7 +3251,7 @@ START_TEST(rma_rkey_ptr)
         rma_poll();
         rc = tern_session_rkey_ptr(sess, &srk, 0, 64, rd, &p);
     }
-    if (_i != FAB_SHM) {
+    if (!(test_fabric_caps(test_fabric_row(rma_fabric[_i])) & TERN_TP_CAP_RKEY_PTR)) {
         ck_assert_msg(rc == TERN_ENOTSUP, "rkey_ptr on %s: %s", rma_fabric[_i],
                       status_name(rc));
     } else if (rc == TERN_ENOTSUP &&

@@ -145,6 +145,7 @@ const struct tern_service test_service = {
 struct tern_rpc_ep *srv, *cli;
 struct tern_session *sess;
 char uri[128];
+struct tern_rpc_ep *cli2;
 
 /* Polls an endpoint from another thread until told to stop. */
 struct bg_poller {
@@ -204,9 +205,10 @@ void pair_open(const struct tern_rpc_config *scfg, const struct tern_rpc_config 
 
 void pair_close(void)
 {
+    tern_rpc_close(cli2);
     tern_rpc_close(cli);
     tern_rpc_close(srv);
-    cli = srv = NULL;
+    cli2 = cli = srv = NULL;
     sess = NULL;
 }
 
@@ -238,13 +240,16 @@ void rec_init(struct rec *r, size_t cap)
     ck_assert(!cap || r->buf);
 }
 
-void poll_both(void)
+void poll_eps(void)
 {
-    tern_rpc_poll(cli);
-    tern_rpc_poll(srv);
+    if (cli)
+        tern_rpc_poll(cli);
+    if (srv)
+        tern_rpc_poll(srv);
+    if (cli2)
+        tern_rpc_poll(cli2);
 }
 
-/* Poll both endpoints until *counter reaches want; false on timeout. */
 bool poll_until(const int *counter, int want, int ms)
 {
     double end = now_ms() + ms;
@@ -252,7 +257,7 @@ bool poll_until(const int *counter, int want, int ms)
     while (*counter < want) {
         if (now_ms() > end)
             return false;
-        poll_both();
+        poll_eps();
     }
     return true;
 }
@@ -262,7 +267,7 @@ void poll_for(int ms)
     double end = now_ms() + ms;
 
     while (now_ms() < end)
-        poll_both();
+        poll_eps();
 }
 
 /* Call and wait for the continuation; the result lands in r. */

@@ -62,6 +62,9 @@ extern struct tern_rpc_ep *srv, *cli;
 extern struct tern_session *sess;
 extern char uri[128];                   /* where srv listens */
 
+/* A second client endpoint some tests poll too (NULL: none). */
+extern struct tern_rpc_ep *cli2;
+
 /* tern_rpc_connect with the server endpoint (srv) served meanwhile. */
 int connect_inproc_timeout(struct tern_rpc_ep *ep, const char *to, uint64_t timeout_ns,
                            struct tern_session **out);
@@ -70,6 +73,8 @@ int connect_inproc(struct tern_rpc_ep *ep, const char *to, struct tern_session *
 /* Server with the test service listening on loopback; a client endpoint;
  * a session between them. NULL configs mean max_msg = MAX_MSG. */
 void pair_open(const struct tern_rpc_config *scfg, const struct tern_rpc_config *ccfg);
+
+/* Close cli2, cli and srv (those open). */
 void pair_close(void);
 
 /* The default pair: the checked fixture of the cases that share it. */
@@ -93,12 +98,10 @@ extern int total_runs;  /* continuations run, all calls together */
 void rec_cont(void *arg, int status, const void *reply, size_t len);
 void rec_init(struct rec *r, size_t cap);
 
-void poll_both(void);
-
-/* Poll both endpoints until *counter reaches want; false on timeout. */
+/* Poll the test's endpoints, cli, srv and cli2 (those open): once, until
+ * *counter reaches want (false on timeout), or for `ms` milliseconds. */
+void poll_eps(void);
 bool poll_until(const int *counter, int want, int ms);
-
-/* Poll both endpoints for `ms` milliseconds. */
 void poll_for(int ms);
 
 /* Call and wait for the continuation; the result lands in r. */

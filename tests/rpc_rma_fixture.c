@@ -186,36 +186,6 @@ static const char *rma_listen(int fab)
     return test_fabric_listen(test_fabric_row(rma_fabric[fab]));
 }
 
-struct tern_rpc_ep *cli2;
-
-void rma_poll(void)
-{
-    if (cli)
-        tern_rpc_poll(cli);
-    if (srv)
-        tern_rpc_poll(srv);
-    if (cli2)
-        tern_rpc_poll(cli2);
-}
-
-bool rma_until(const int *counter, int want, int ms)
-{
-    double end = now_ms() + ms;
-
-    while (*counter < want) {
-        if (now_ms() > end)
-            return false;
-        rma_poll();
-    }
-    return true;
-}
-
-void rma_poll_for(int ms)
-{
-    for (double end = now_ms() + ms; now_ms() < end;)
-        rma_poll();
-}
-
 /* The server in this process (srv), with a listener on `fab` and a client
  * session to it; its regions are registered before the listener. */
 void rma_pair_open(int fab, const struct tern_rpc_config *ccfg)
@@ -237,8 +207,6 @@ void rma_pair_open(int fab, const struct tern_rpc_config *ccfg)
 
 void rma_pair_close(void)
 {
-    tern_rpc_close(cli2);
-    cli2 = NULL;
     pair_close();
     srv_mrs[0] = srv_mrs[1] = NULL;
 }
@@ -300,7 +268,7 @@ size_t call_expect(struct tern_session *s, uint16_t method, const void *req, siz
     rec_init(&r, cap ? cap : 1);
     rc = tern_call(s, RSVC, method, req, len, 0, rec_cont, &r, NULL);
     ck_assert_msg(rc == 0, "call %u: %s", method, tern_strerror(rc));
-    ck_assert_msg(rma_until(&r.runs, 1, WAIT_MS), "call %u never completed", method);
+    ck_assert_msg(poll_until(&r.runs, 1, WAIT_MS), "call %u never completed", method);
     ck_assert_msg(r.status == want, "call %u: %s, want %s", method, status_name(r.status),
                   status_name(want));
     if (out && cap)
@@ -355,7 +323,7 @@ int rma_start_retry(struct tern_session *s, bool put, struct tern_rpc_mr *lmr,
                  : tern_session_get(s, lmr, loff, len, rk, roff, rma_cb, r);
         if (rc != TERN_EAGAIN || now_ms() > end)
             return rc;
-        rma_poll();
+        poll_eps();
     }
 }
 
@@ -369,10 +337,10 @@ void rma_expect(struct tern_session *s, bool put, struct tern_rpc_mr *lmr, size_
 
     ck_assert_msg(rc == 0, "%s of %zu bytes at %" PRIu64 ": %s", what, len, roff,
                   status_name(rc));
-    ck_assert_msg(rma_until(&r.runs, 1, WAIT_MS), "%s never completed", what);
+    ck_assert_msg(poll_until(&r.runs, 1, WAIT_MS), "%s never completed", what);
     ck_assert_msg(r.status == want, "%s of %zu bytes at %" PRIu64 ": %s, want %s", what, len,
                   roff, status_name(r.status), status_name(want));
-    rma_poll_for(5);
+    poll_for(5);
     ck_assert_msg(r.runs == 1, "%s completed %d times", what, r.runs);
 }
 
@@ -422,12 +390,12 @@ void expect_push(struct tern_session *s, struct tern_rpc_mr *cmr, size_t off, si
     memset((uint8_t *)tern_rpc_mr_addr(cmr) + off, byte ^ 0xff, len);
     rec_init(&seen.r, 0);
     ck_assert_int_eq(tern_call(s, RSVC, R_PUSH, &p, sizeof(p), 0, push_cont, &seen, NULL), 0);
-    ck_assert(rma_until(&seen.r.runs, 1, WAIT_MS));
+    ck_assert(poll_until(&seen.r.runs, 1, WAIT_MS));
     ck_assert_msg(seen.r.status == 0, "push: %s", status_name(seen.r.status));
     ck_assert_msg(seen.all_there, "the reply came before the server's put had landed");
     for (double end = now_ms() + WAIT_MS; (runs = srv_pushed(s, &status)) == before &&
                                           now_ms() < end;)
-        rma_poll();
+        poll_eps();
     ck_assert_msg(runs == before + 1, "server's put: %d completions", runs - before);
     ck_assert_msg(status == 0, "server's put: %s", status_name(status));
 }

@@ -63,15 +63,6 @@ int rma_setup_ep(struct tern_rpc_ep *ep);
 enum { FAB_TCP, FAB_SHM, FAB_RDMA, N_FABS };
 extern const char *const rma_fabric[N_FABS];
 
-/* A second client endpoint some tests poll too. */
-extern struct tern_rpc_ep *cli2;
-
-/* Poll cli, srv and cli2 (those open): once, until *counter reaches want
- * (false on timeout), or for `ms` milliseconds. */
-void rma_poll(void);
-bool rma_until(const int *counter, int want, int ms);
-void rma_poll_for(int ms);
-
 /* The server in this process (srv), with a listener on `fab` and a client
  * session to it; its regions are registered before the listener. */
 void rma_pair_open(int fab, const struct tern_rpc_config *ccfg);

@@ -31,7 +31,7 @@ START_TEST(cancel_sent_call)
     rec_init(&b, 16);
     rc = tern_call(sess, SVC, M_ECHO, "AAAA", 4, 0, rec_cont, &a, &id);
     ck_assert_int_eq(rc, 0);
-    poll_both();    /* let it go out */
+    poll_eps();    /* let it go out */
     ck_assert_int_eq(tern_call_cancel(sess, id), 0);
     ck_assert_int_eq(a.runs, 1);
     ck_assert_int_eq(a.status, TERN_ECANCELED);
@@ -218,7 +218,7 @@ START_TEST(session_close_cancels_in_flight)
         rec_init(&r[i], 0);
         ck_assert_int_eq(tern_call(sess, SVC, M_ECHO, "zz", 2, 0, rec_cont, &r[i], NULL), 0);
     }
-    poll_both();
+    poll_eps();
     ck_assert_int_eq(total_runs, 0);
     tern_rpc_disconnect(sess);
     sess = NULL;

@@ -30,7 +30,7 @@ static bool raw_next(struct raw *rw, struct tern_tp_event *ev, int ms)
         ck_assert_int_ge(n, 0);
         if (n == 1)
             return true;
-        poll_both();
+        poll_eps();
     } while (now_ms() < end);
     return false;
 }

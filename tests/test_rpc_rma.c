@@ -124,7 +124,7 @@ START_TEST(rma_rkey_ptr)
     srv_fill(sess, 0, 0, 64, 8);
     rc = tern_session_rkey_ptr(sess, &srk, 0, 64, rd, &p);
     for (double end = now_ms() + WAIT_MS; rc == TERN_EAGAIN && now_ms() < end;) {
-        rma_poll();
+        poll_eps();
         rc = tern_session_rkey_ptr(sess, &srk, 0, 64, rd, &p);
     }
     if (!(test_fabric_caps(test_fabric_row(rma_fabric[_i])) & TERN_TP_CAP_RKEY_PTR)) {
@@ -186,7 +186,7 @@ START_TEST(rma_dereg)
         ck_assert_msg(g[i].status == TERN_ECANCELED, "get %d: %s", i,
                       status_name(g[i].status));
     }
-    rma_poll_for(100);
+    poll_for(100);
     for (int i = 0; i < 3; i++)
         ck_assert_msg(g[i].runs == 1, "get %d completed again", i);
     ck_assert_uint_eq(cli->n_rma_free, cli->cfg.max_calls);
@@ -303,7 +303,7 @@ START_TEST(rma_callback_chains)
     rec_init(&c.call, 8);
     ck_assert_int_eq(tern_session_put(sess, c.mr, 0, 64, &c.rk, 0, chain_cb, &c), 0);
     for (double end = now_ms() + WAIT_MS; !c.call.runs && !c.failed && now_ms() < end;)
-        rma_poll();
+        poll_eps();
     ck_assert_msg(!c.failed, "%d operations failed, first: %s", c.failed,
                   status_name(c.first_error));
     ck_assert_int_eq(c.done, c.limit);

@@ -34,7 +34,7 @@ START_TEST(rma_close_fails_ops_once)
         ck_assert_msg(r[i].runs == 1, "op %d: %d completions at close", i, r[i].runs);
         ck_assert_msg(r[i].status == TERN_ECANCELED, "op %d: %s", i, status_name(r[i].status));
     }
-    rma_poll_for(100);
+    poll_for(100);
     for (int i = 0; i < 6; i++)
         ck_assert_msg(r[i].runs == 1, "op %d completed again after the close", i);
     /* Its slots came back with the connection. */
@@ -60,15 +60,15 @@ START_TEST(rma_server_session_gone)
     ck_assert_int_eq(tern_rpc_mr_rkey(cmr, sess, &p.rk), 0);
     rec_init(&r, 0);
     ck_assert_int_eq(tern_call(sess, RSVC, R_PUSH, &p, sizeof(p), 0, rec_cont, &r, NULL), 0);
-    ck_assert(rma_until(&push_runs, 1, WAIT_MS));
+    ck_assert(poll_until(&push_runs, 1, WAIT_MS));
     ck_assert_msg(push_status == TERN_ECONNRESET, "server's put: %s",
                   status_name(push_status));
     ck_assert_msg(push_again_rc == TERN_ENOTCONN, "a put from the callback: %s",
                   status_name(push_again_rc));
     push_again = false;
-    ck_assert(rma_until(&r.runs, 1, WAIT_MS));
+    ck_assert(poll_until(&r.runs, 1, WAIT_MS));
     ck_assert_int_eq(r.status, TERN_ECONNRESET);
-    rma_poll_for(100);
+    poll_for(100);
     ck_assert_msg(push_runs == 1, "the server's put completed %d times", push_runs);
     ck_assert_uint_eq(srv->n_rma_free, srv->cfg.max_calls);
     tern_rpc_mr_dereg(cmr);
@@ -96,7 +96,7 @@ START_TEST(rma_server_gone)
     for (double end = now_ms() + WAIT_MS; tern_session_status(sess) == 0 && now_ms() < end;)
         tern_rpc_poll(cli);
     ck_assert_int_lt(tern_session_status(sess), 0);
-    rma_poll_for(50);
+    poll_for(50);
     for (int i = 0; i < 3; i++) {
         ck_assert_msg(r[i].runs == 1, "get %d: %d completions", i, r[i].runs);
         ck_assert_msg(r[i].status == TERN_ECONNRESET, "get %d: %s", i,
@@ -207,7 +207,7 @@ START_TEST(rma_slot_exhaustion)
     /* Calls have slots of their own. */
     expect_echo(8);
     for (double end = now_ms() + WAIT_MS; done < 4 && now_ms() < end;) {
-        rma_poll();
+        poll_eps();
         done = r[0].runs + r[1].runs + r[2].runs + r[3].runs;
     }
     ck_assert_int_eq(done, 4);
@@ -242,7 +242,7 @@ START_TEST(rma_timeout)
     ck_assert_msg(r.status == TERN_ETIMEDOUT, "status %s", status_name(r.status));
     ck_assert_msg(waited >= 100 && waited < 2000, "timed out after %.0f ms (rma_timeout_ns 100)",
                   waited);
-    rma_poll_for(50);                   /* the server answers late */
+    poll_for(50);                   /* the server answers late */
     ck_assert_int_eq(r.runs, 1);
     /* All four slots at once: the late answer freed the orphan's. */
     {
@@ -252,7 +252,7 @@ START_TEST(rma_timeout)
         for (int i = 0; i < 4; i++)
             ck_assert_int_eq(tern_session_get(sess, cmr, 0, 100, &srk, 0, rma_cb, &q[i]), 0);
         for (double end = now_ms() + WAIT_MS; done < 4 && now_ms() < end;) {
-            rma_poll();
+            poll_eps();
             done = q[0].runs + q[1].runs + q[2].runs + q[3].runs;
         }
         ck_assert_int_eq(done, 4);
@@ -301,10 +301,10 @@ START_TEST(rma_epoch_failover)
     rec_init(&r, 0);
     ck_assert_int_eq(tern_call(sess, RSVC, R_DROP, NULL, 0, 0, rec_cont, &r, NULL), 0);
     ck_assert_int_eq(rma_start_retry(sess, true, cmr, 0, 64, &srk_shm, 0, &put), 0);
-    ck_assert(rma_until(&r.runs, 1, WAIT_MS));
+    ck_assert(poll_until(&r.runs, 1, WAIT_MS));
     ck_assert_msg(r.status == 0, "the dropped call: %s", status_name(r.status));
-    ck_assert(rma_until(&put.runs, 1, WAIT_MS));
-    rma_poll_for(50);
+    ck_assert(poll_until(&put.runs, 1, WAIT_MS));
+    poll_for(50);
     ck_assert_msg(put.runs == 1, "the put on the dead path completed %d times", put.runs);
     ck_assert_str_eq(tern_session_fabric(sess), "tcp");
     ck_assert_int_eq(tern_session_status(sess), 0);

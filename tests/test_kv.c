@@ -19,22 +19,16 @@
 
 #define SEG (64u * 1024)
 
-static char dir[64], path[128];
+static char path[128];
 
 static void setup(void)
 {
-    test_pool_dir(dir, sizeof(dir), "kv");
-    snprintf(path, sizeof(path), "%s/kv.pool", dir);
+    test_pool_file(path, sizeof(path), "kv");
 }
 
 static void teardown(void)
 {
-    char tmp[160];
-
-    unlink(path);
-    snprintf(tmp, sizeof(tmp), "%s.creating", path);
-    unlink(tmp);
-    rmdir(dir);
+    test_pool_file_remove(path);
 }
 
 static struct kvs *open_store_opts(uint64_t size, bool append_only)

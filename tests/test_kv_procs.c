@@ -20,138 +20,29 @@
 #include <unistd.h>
 
 #include "helpers.h"
+#include "kv_client.h"
 #include "kv_servers.h"
 #include "kv.h"
 #include "kv_store.h"
 #include "kv_wire.h"
 #include "rpc.h"
+#include "rpc_util.h"
 #include "suites.h"
 
 #define SEC 1000000000ull
 #define KIB 1024u
 #define SVC TERN_KV_SERVICE_ID
 
-/* ---- servers (tests/lib/kv_servers.h), over the fabric matrix ---- */
-
-#define MAX_SERVERS TEST_KV_SERVERS
-
-
-static void finish(struct tern_rpc_ep *ep, struct tern_kv *kv, int n_servers)
-{
-    tern_kv_close(kv);
-    tern_rpc_close(ep);
-    for (int i = 0; i < n_servers; i++)
-        test_kv_finish(i);
-    test_kv_cleanup();
-}
-
-static struct tern_rpc_ep *new_ep(const struct tern_rpc_config *cfg)
-{
-    struct tern_rpc_ep *ep;
-    int rc = tern_rpc_open(cfg, &ep);
-
-    ck_assert_msg(rc == 0, "client ep: %s", tern_strerror(rc));
-    return ep;
-}
-
-/* A client of servers 0..n-1, in the order given by `order` (NULL: 0..n-1). */
-static struct tern_kv *kv_connect(struct tern_rpc_ep *ep, int n, const int *order)
-{
-    const char *u[MAX_SERVERS];
-    struct tern_kv *kv = NULL;
-    int rc;
-
-    for (int i = 0; i < n; i++)
-        u[i] = test_kv_uri(order ? order[i] : i);
-    rc = tern_kv_open(ep, u, (unsigned)n, 5 * SEC, &kv);
-    ck_assert_msg(rc == 0, "tern_kv_open %s: %s", u[0], tern_err_name(rc));
-    ck_assert_ptr_nonnull(kv);
-    return kv;
-}
-
-static struct tern_session *raw_session(struct tern_rpc_ep *ep, int i)
-{
-    struct tern_session *s;
-    int rc = tern_rpc_connect(ep, test_kv_uri(i), 5 * SEC, &s);
-
-    ck_assert_msg(rc == 0, "connect %s: %s", test_kv_uri(i), tern_err_name(rc));
-    return s;
-}
-
-static int raw_info(struct tern_session *s, struct kv_info *info)
-{
-    size_t got = 0;
-    int rc = tern_call_sync(s, SVC, KV_M_INFO, NULL, 0, info, sizeof(*info), &got, 5 * SEC);
-
-    if (rc == 0)
-        ck_assert_uint_eq(got, sizeof(*info));
-    return rc;
-}
+/* ---- servers (tests/lib/kv_servers.h) and clients (kv_client.h), over the fabric matrix ---- */
 
 /* Keys stored on one server, asked over a session of its own. */
 static uint64_t server_keys(struct tern_rpc_ep *ep, int i)
 {
-    struct tern_session *s = raw_session(ep, i);
-    struct kv_info info;
-    int rc = raw_info(s, &info);
+    struct tern_session *s = test_kv_session(ep, i);
+    struct kv_info info = test_kv_info(s);
 
-    ck_assert_msg(rc == 0, "info of server %d: %s", i, tern_err_name(rc));
     tern_rpc_disconnect(s);
     return info.keys;
-}
-
-static uint32_t top32(const void *key, size_t klen)
-{
-    return (uint32_t)(kv_hash(key, klen) >> 32);
-}
-
-/* A key "<prefix>-<n>" whose hash falls in [lo, hi]; klen set. */
-static void key_in_range(char *key, size_t cap, size_t *klen, const char *prefix, uint32_t lo,
-                         uint32_t hi)
-{
-    for (unsigned n = 0; n < 1000000; n++) {
-        int k = snprintf(key, cap, "%s-%u", prefix, n);
-        uint32_t t = top32(key, (size_t)k);
-
-        if (t >= lo && t <= hi) {
-            *klen = (size_t)k;
-            return;
-        }
-    }
-    ck_abort_msg("no key in range");
-}
-
-/* Deterministic bytes, zeros included. */
-static void pattern(uint8_t *p, size_t len, unsigned seed)
-{
-    for (size_t j = 0; j < len; j++)
-        p[j] = (uint8_t)((seed * 2654435761u + j * 31u) >> 3);
-}
-
-static void expect_get(struct tern_kv *kv, const void *key, size_t klen, const void *val,
-                       size_t len, uint64_t version)
-{
-    static uint8_t buf[256 * KIB];
-    size_t got = 12345;
-    uint64_t ver = 0;
-    int rc = tern_kv_get(kv, key, klen, buf, sizeof(buf), &got, &ver);
-
-    ck_assert_msg(rc == 0, "get %.*s: %s", (int)klen, (const char *)key, tern_err_name(rc));
-    ck_assert_uint_eq(got, len);
-    if (len)
-        ck_assert_msg(memcmp(buf, val, len) == 0, "value of %.*s differs", (int)klen,
-                      (const char *)key);
-    if (version)
-        ck_assert_uint_eq(ver, version);
-}
-
-static void must_put(struct tern_kv *kv, const void *key, size_t klen, const void *val,
-                     size_t len, uint64_t *version)
-{
-    int rc = tern_kv_put(kv, key, klen, val, len, version);
-
-    ck_assert_msg(rc == 0, "put %.*s (%zu bytes): %s", (int)klen, (const char *)key, len,
-                  tern_err_name(rc));
 }
 
 /* ---- 1: the basic calls on every fabric ---- */
@@ -171,32 +62,23 @@ START_TEST(basic_ops_every_fabric)
     int rc;
 
     test_kv_start(0, &o);
-    ep = new_ep(NULL);
-    {
-        /* The fabric under test is the one the sessions use. */
-        struct tern_session *s = raw_session(ep, 0);
-        size_t fl = strlen(tern_session_fabric(s));
-
-        ck_assert_msg(strncmp(test_fabric_listen(_i), tern_session_fabric(s), fl) == 0 &&
-                      test_fabric_listen(_i)[fl] == ':', "listening on %s, session on %s",
-                      test_fabric_listen(_i), tern_session_fabric(s));
-        tern_rpc_disconnect(s);
-    }
-    kv = kv_connect(ep, 1, NULL);
+    ep = test_rpc_ep(NULL);
+    test_rpc_assert_fabric(ep, test_kv_uri(0), _i);
+    kv = test_kv_client(ep, 1, NULL);
 
     rc = tern_kv_count(kv, &keys);
     ck_assert_int_eq(rc, 0);
     ck_assert_uint_eq(keys, 0);
 
-    must_put(kv, "alpha", 5, "one", 3, &v1);
+    kv_must_put(kv, "alpha", 5, "one", 3, &v1);
     ck_assert_uint_gt(v1, 0);
-    expect_get(kv, "alpha", 5, "one", 3, v1);
-    must_put(kv, "alpha", 5, "two, longer", 11, &v2);
+    kv_expect_get(kv, "alpha", 5, "one", 3, v1);
+    kv_must_put(kv, "alpha", 5, "two, longer", 11, &v2);
     ck_assert_uint_gt(v2, v1);
-    expect_get(kv, "alpha", 5, "two, longer", 11, v2);
-    must_put(kv, "alpha", 5, "3", 1, &v3);
+    kv_expect_get(kv, "alpha", 5, "two, longer", 11, v2);
+    kv_must_put(kv, "alpha", 5, "3", 1, &v3);
     ck_assert_uint_gt(v3, v2);
-    expect_get(kv, "alpha", 5, "3", 1, v3);
+    kv_expect_get(kv, "alpha", 5, "3", 1, v3);
     ck_assert_int_eq(tern_kv_del(kv, "alpha", 5), 0);
     rc = tern_kv_get(kv, "alpha", 5, small, sizeof(small), &got, NULL);
     ck_assert_msg(rc == TERN_ENOENT, "get after del: %s", tern_err_name(rc));
@@ -205,19 +87,19 @@ START_TEST(basic_ops_every_fabric)
     rc = tern_kv_get(kv, "never", 5, small, sizeof(small), &got, NULL);
     ck_assert_int_eq(rc, TERN_ENOENT);
     /* A deleted key comes back with a newer version. */
-    must_put(kv, "alpha", 5, "again", 5, &v1);
+    kv_must_put(kv, "alpha", 5, "again", 5, &v1);
     ck_assert_uint_gt(v1, v3);
-    expect_get(kv, "alpha", 5, "again", 5, v1);
+    kv_expect_get(kv, "alpha", 5, "again", 5, v1);
 
     /* Binary keys and values, zero bytes included, and an empty value. */
     for (int j = 0; j < 256; j++)
         bin_val[j] = (uint8_t)(j * 7);
     bin_val[0] = bin_val[100] = bin_val[255] = 0;
-    must_put(kv, bin_key, sizeof(bin_key), bin_val, sizeof(bin_val), &v1);
-    expect_get(kv, bin_key, sizeof(bin_key), bin_val, sizeof(bin_val), v1);
+    kv_must_put(kv, bin_key, sizeof(bin_key), bin_val, sizeof(bin_val), &v1);
+    kv_expect_get(kv, bin_key, sizeof(bin_key), bin_val, sizeof(bin_val), v1);
     rc = tern_kv_get(kv, bin_key, 2, small, sizeof(small), &got, NULL);  /* "k\0" */
     ck_assert_int_eq(rc, TERN_ENOENT);
-    must_put(kv, "empty", 5, NULL, 0, &v1);
+    kv_must_put(kv, "empty", 5, NULL, 0, &v1);
     got = 77;
     rc = tern_kv_get(kv, "empty", 5, small, sizeof(small), &got, &v2);
     ck_assert_int_eq(rc, 0);
@@ -225,9 +107,9 @@ START_TEST(basic_ops_every_fabric)
     ck_assert_uint_eq(v2, v1);
 
     /* 64 KiB, and a buffer too small for it: the size needed comes back. */
-    pattern(big, sizeof(big), 1);
-    must_put(kv, "big", 3, big, sizeof(big), &v1);
-    expect_get(kv, "big", 3, big, sizeof(big), v1);
+    test_pattern(big, sizeof(big), 1);
+    kv_must_put(kv, "big", 3, big, sizeof(big), &v1);
+    kv_expect_get(kv, "big", 3, big, sizeof(big), v1);
     got = 0;
     rc = tern_kv_get(kv, "big", 3, small, sizeof(small), &got, NULL);
     ck_assert_msg(rc == TERN_EMSGSIZE, "get into a small buffer: %s", tern_err_name(rc));
@@ -252,13 +134,13 @@ START_TEST(basic_ops_every_fabric)
         char k[16];
         int kl = snprintf(k, sizeof(k), "k%d", j);
 
-        must_put(kv, k, (size_t)kl, k, (size_t)kl, NULL);
-        must_put(kv, k, (size_t)kl, "x", 1, NULL);      /* overwrites count once */
+        kv_must_put(kv, k, (size_t)kl, k, (size_t)kl, NULL);
+        kv_must_put(kv, k, (size_t)kl, "x", 1, NULL);      /* overwrites count once */
     }
     ck_assert_int_eq(tern_kv_del(kv, "k3", 2), 0);
     ck_assert_int_eq(tern_kv_count(kv, &keys), 0);
     ck_assert_uint_eq(keys, 4 + 9);
-    finish(ep, kv, 1);
+    test_kv_end(ep, kv, 1);
 }
 END_TEST
 
@@ -310,7 +192,7 @@ static void make_async_keys(void)
     for (unsigned i = 0; i < N_ASYNC; i++) {
         aklen[i] = (size_t)snprintf(akey[i], sizeof(akey[i]), "async-key-%u", i);
         avlen[i] = 1 + (i * 37) % sizeof(aval[i]);
-        pattern(aval[i], avlen[i], i + 100);
+        test_pattern(aval[i], avlen[i], i + 100);
     }
 }
 
@@ -358,8 +240,8 @@ START_TEST(async_window_and_mget)
 
     make_async_keys();
     test_kv_start(0, &(struct test_kv_srv){0});
-    ep = new_ep(NULL);
-    kv = kv_connect(ep, 1, NULL);
+    ep = test_rpc_ep(NULL);
+    kv = test_kv_client(ep, 1, NULL);
 
     /* 1000 PUTs, at most 64 in flight. */
     memset(acalls, 0, sizeof(acalls));
@@ -442,7 +324,7 @@ START_TEST(async_window_and_mget)
     }
     /* An empty mget is a no-op. */
     ck_assert_int_eq(tern_kv_mget(kv, 0, NULL, NULL, mget_cb, &m), 0);
-    finish(ep, kv, 1);
+    test_kv_end(ep, kv, 1);
 }
 END_TEST
 
@@ -466,13 +348,13 @@ START_TEST(mget_larger_than_one_message)
     int rc;
 
     test_kv_start(0, &(struct test_kv_srv){0});
-    ep = new_ep(&small);
-    kv = kv_connect(ep, 1, NULL);
+    ep = test_rpc_ep(&small);
+    kv = test_kv_client(ep, 1, NULL);
     for (unsigned i = 0; i < N; i++) {
         klens[i] = (size_t)snprintf(keyb[i], sizeof(keyb[i]), "kib-%u", i);
         keys[i] = keyb[i];
-        pattern(vals[i], VLEN, i + 7);
-        must_put(kv, keyb[i], klens[i], vals[i], VLEN, NULL);
+        test_pattern(vals[i], VLEN, i + 7);
+        kv_must_put(kv, keyb[i], klens[i], vals[i], VLEN, NULL);
         m.want[i] = vals[i];
         m.want_len[i] = VLEN;
     }
@@ -496,7 +378,7 @@ START_TEST(mget_larger_than_one_message)
         memcpy(req + off + sizeof(kl), keys[i], kl);
         off += sizeof(kl) + kl;
     }
-    s = raw_session(ep, 0);
+    s = test_kv_session(ep, 0);
     rc = tern_call_sync(s, SVC, KV_M_MGET, req, off, rep, sizeof(rep), &got, 5 * SEC);
     ck_assert_msg(rc == 0, "raw mget: %s", tern_err_name(rc));
     ck_assert_uint_ge(got, sizeof(r));
@@ -504,7 +386,7 @@ START_TEST(mget_larger_than_one_message)
     memcpy(&r, rep, sizeof(r));
     ck_assert_msg(r.n_done > 0 && r.n_done < N, "one reply held %u of %u", r.n_done, N);
     ck_assert_uint_eq(got, sizeof(r) + r.n_done * kv_item_size(0, VLEN));
-    finish(ep, kv, 1);
+    test_kv_end(ep, kv, 1);
 }
 END_TEST
 
@@ -522,7 +404,7 @@ static size_t scan_val(unsigned i, uint8_t *out)
 {
     size_t len = 8 + i % 90;
 
-    pattern(out, len, i * 3 + 1);
+    test_pattern(out, len, i * 3 + 1);
     return len;
 }
 
@@ -589,8 +471,8 @@ START_TEST(scan_every_key)
     int rc;
 
     test_kv_start(0, &(struct test_kv_srv){0});
-    ep = new_ep(NULL);
-    kv = kv_connect(ep, 1, NULL);
+    ep = test_rpc_ep(NULL);
+    kv = test_kv_client(ep, 1, NULL);
 
     /* An empty store: done at the first call, nothing visited. */
     memset(&sc, 0, sizeof(sc));
@@ -608,14 +490,14 @@ START_TEST(scan_every_key)
         char k[32];
         int kl = snprintf(k, sizeof(k), "scan-%u", i);
 
-        must_put(kv, k, (size_t)kl, v, scan_val(i, v), NULL);
+        kv_must_put(kv, k, (size_t)kl, v, scan_val(i, v), NULL);
     }
     /* Deleted keys are not visited. */
     for (unsigned i = 0; i < 50; i++) {
         char k[32];
         int kl = snprintf(k, sizeof(k), "scan-gone-%u", i);
 
-        must_put(kv, k, (size_t)kl, "x", 1, NULL);
+        kv_must_put(kv, k, (size_t)kl, "x", 1, NULL);
         ck_assert_int_eq(tern_kv_del(kv, k, (size_t)kl), 0);
     }
     calls = scan_all(kv, &sc, 100);
@@ -631,7 +513,7 @@ START_TEST(scan_every_key)
     calls = scan_all(kv, &sc, 100000);
     assert_scanned_all(&sc, N_SCAN);
     ck_assert_uint_le(sc.visits, N_SCAN);
-    finish(ep, kv, 1);
+    test_kv_end(ep, kv, 1);
 }
 END_TEST
 
@@ -656,14 +538,14 @@ START_TEST(two_servers_split_ranges)
 
     test_kv_start(0, &(struct test_kv_srv){.lo = 0, .hi = 0x7fffffff});
     test_kv_start(1, &(struct test_kv_srv){.lo = 0x80000000u, .hi = 0xffffffffu});
-    ep = new_ep(NULL);
-    kv = kv_connect(ep, 2, reversed);   /* the library sorts them */
+    ep = test_rpc_ep(NULL);
+    kv = test_kv_client(ep, 2, reversed);   /* the library sorts them */
     for (unsigned i = 0; i < N; i++) {
         klens[i] = (size_t)snprintf(keyb[i], sizeof(keyb[i]), "scan-%u", i);
         keys[i] = keyb[i];
-        pattern(vals[i], sizeof(vals[i]), i);
-        must_put(kv, keyb[i], klens[i], vals[i], scan_val(i, vals[i]), NULL);
-        on_lo += top32(keyb[i], klens[i]) <= 0x7fffffffu;
+        test_pattern(vals[i], sizeof(vals[i]), i);
+        kv_must_put(kv, keyb[i], klens[i], vals[i], scan_val(i, vals[i]), NULL);
+        on_lo += kv_top32(keyb[i], klens[i]) <= 0x7fffffffu;
         m.want[i] = vals[i];
         m.want_len[i] = scan_val(i, vals[i]);
     }
@@ -675,12 +557,12 @@ START_TEST(two_servers_split_ranges)
     ck_assert_uint_eq(count, N);
 
     /* A key sent to the wrong server by hand is refused there. */
-    raw = raw_session(ep, 1);
+    raw = test_kv_session(ep, 1);
     for (unsigned i = 0; i < N; i++) {
         uint8_t req[64];
         struct kv_key h = {.klen = (uint16_t)klens[i]};
 
-        if (top32(keyb[i], klens[i]) > 0x7fffffffu)
+        if (kv_top32(keyb[i], klens[i]) > 0x7fffffffu)
             continue;
         memcpy(req, &h, sizeof(h));
         memcpy(req + sizeof(h), keyb[i], klens[i]);
@@ -708,7 +590,7 @@ START_TEST(two_servers_split_ranges)
         ck_assert_int_eq(tern_kv_del(kv, keyb[i], klens[i]), 0);
     ck_assert_int_eq(tern_kv_count(kv, &count), 0);
     ck_assert_uint_eq(count, N / 2);
-    finish(ep, kv, 2);
+    test_kv_end(ep, kv, 2);
 }
 END_TEST
 
@@ -725,7 +607,7 @@ START_TEST(bad_ranges_refused)
         {0, 0x7fffffffu, 0, 0, 1},                        /* the top is missing */
         {0x00000001u, 0xffffffffu, 0, 0, 1},              /* the bottom is missing */
     };
-    struct tern_rpc_ep *ep = new_ep(NULL);
+    struct tern_rpc_ep *ep = test_rpc_ep(NULL);
 
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
         const char *u[2];
@@ -747,20 +629,14 @@ START_TEST(bad_ranges_refused)
     test_kv_start(0, &(struct test_kv_srv){.lo = 0, .hi = 0x7fffffff});
     test_kv_start(1, &(struct test_kv_srv){.lo = 0x80000000u, .hi = 0xffffffffu});
     {
-        struct tern_kv *kv = kv_connect(ep, 2, NULL);
+        struct tern_kv *kv = test_kv_client(ep, 2, NULL);
 
-        finish(ep, kv, 2);
+        test_kv_end(ep, kv, 2);
     }
 }
 END_TEST
 
 /* ---- 6: hostile requests on a raw session ---- */
-
-static int raw_call(struct tern_session *s, uint16_t method, const void *req, size_t len,
-                    void *rep, size_t cap, size_t *got)
-{
-    return tern_call_sync(s, SVC, method, req, len, rep, cap, got, 5 * SEC);
-}
 
 /* A kv_key request: header (klen/flags/vlen as given), then `body`. */
 static size_t build_key_req(uint8_t *out, uint16_t klen, uint16_t flags, uint32_t vlen,
@@ -785,11 +661,11 @@ static void raw_put_get(struct tern_session *s, const char *key, size_t klen, co
     memcpy(body, key, klen);
     memcpy(body + klen, val, vlen);
     len = build_key_req(req, (uint16_t)klen, 0, (uint32_t)vlen, body, klen + vlen);
-    rc = raw_call(s, KV_M_PUT, req, len, rep, sizeof(rep), &got);
+    rc = test_kv_call(s, KV_M_PUT, req, len, rep, sizeof(rep), &got);
     ck_assert_msg(rc == 0, "raw put: %s", tern_err_name(rc));
     ck_assert_uint_eq(got, sizeof(kv_v));
     len = build_key_req(req, (uint16_t)klen, 0, 0, key, klen);
-    rc = raw_call(s, KV_M_GET, req, len, rep, sizeof(rep), &got);
+    rc = test_kv_call(s, KV_M_GET, req, len, rep, sizeof(rep), &got);
     ck_assert_msg(rc == 0, "raw get: %s", tern_err_name(rc));
     ck_assert_uint_eq(got, sizeof(kv_v) + vlen);
     ck_assert(memcmp(rep + sizeof(kv_v), val, vlen) == 0);
@@ -820,10 +696,10 @@ START_TEST(bad_input_keeps_serving)
      * (so that the library can open both). */
     test_kv_start(0, &(struct test_kv_srv){.lo = 0, .hi = 0x7fffffff});
     test_kv_start(1, &(struct test_kv_srv){.lo = 0x80000000u, .hi = 0xffffffffu});
-    ep = new_ep(NULL);
-    s = raw_session(ep, 0);
-    key_in_range(in, sizeof(in), &kin, "in", 0, 0x7fffffff);
-    key_in_range(out, sizeof(out), &kout, "out", 0x80000000u, 0xffffffffu);
+    ep = test_rpc_ep(NULL);
+    s = test_kv_session(ep, 0);
+    kv_key_in_range(in, sizeof(in), &kin, "in", 0, 0x7fffffff);
+    kv_key_in_range(out, sizeof(out), &kout, "out", 0x80000000u, 0xffffffffu);
     raw_put_get(s, in, kin, "first");
 
 #define BAD(w, m, l, e) (bad[nb++] = (struct bad_case){w, m, l, e})
@@ -963,7 +839,7 @@ START_TEST(bad_input_keeps_serving)
         }
         for (int b = 0; b < nb; b++) {
             got = 999;
-            rc = raw_call(s, bad[b].method, req, bad[b].len, rep, sizeof(rep), &got);
+            rc = test_kv_call(s, bad[b].method, req, bad[b].len, rep, sizeof(rep), &got);
             ck_assert_msg(rc == bad[b].want, "%s: got %s, want %s", bad[b].what,
                           tern_err_name(rc), tern_err_name(bad[b].want));
             ck_assert_msg(tern_session_status(s) == 0, "%s: the session died", bad[b].what);
@@ -990,7 +866,7 @@ done:
         memcpy(p, &kl, 2);
         memcpy(p + 2, in, kin);
         p += 2 + kin;
-        rc = raw_call(s, KV_M_MGET, req, (size_t)(p - req), rep, sizeof(rep), &got);
+        rc = test_kv_call(s, KV_M_MGET, req, (size_t)(p - req), rep, sizeof(rep), &got);
         ck_assert_msg(rc == 0, "mget, one key out of range: %s", tern_err_name(rc));
         memcpy(&r, rep, sizeof(r));
         ck_assert_uint_eq(r.n_done, 2);
@@ -1004,7 +880,7 @@ done:
         ck_assert_uint_eq(got, sizeof(r) + kv_item_size(0, 0) + kv_item_size(0, 3));
     }
     /* And a session opened after all that. */
-    s2 = raw_session(ep, 0);
+    s2 = test_kv_session(ep, 0);
     raw_put_get(s2, in, kin, "second session");
     raw_put_get(s, in, kin, "first session");
 
@@ -1012,7 +888,7 @@ done:
      * value over what a 64 KiB segment holds is refused by the server's
      * store (E2BIG); one over max_msg (1 MiB) never leaves the client
      * (EMSGSIZE from tern_callv). */
-    kv = kv_connect(ep, 2, NULL);
+    kv = test_kv_client(ep, 2, NULL);
     memset(huge, 'k', 1025);
     rc = tern_kv_put(kv, huge, 1025, "v", 1, NULL);
     ck_assert_msg(rc == TERN_E2BIG, "1025-byte key put: %s", tern_err_name(rc));
@@ -1020,10 +896,10 @@ done:
     ck_assert_msg(rc == TERN_E2BIG, "1025-byte key get: %s", tern_err_name(rc));
     rc = tern_kv_del(kv, huge, 1025);
     ck_assert_msg(rc == TERN_E2BIG, "1025-byte key del: %s", tern_err_name(rc));
-    must_put(kv, huge, 1024, "v", 1, NULL);     /* the longest key is fine */
-    expect_get(kv, huge, 1024, "v", 1, 0);
+    kv_must_put(kv, huge, 1024, "v", 1, NULL);     /* the longest key is fine */
+    kv_expect_get(kv, huge, 1024, "v", 1, 0);
 
-    ck_assert_int_eq(raw_info(s, &info), 0);
+    info = test_kv_info(s);
     ck_assert_uint_eq(info.key_max, 1024);
     ck_assert_uint_eq(info.range_lo, 0);
     ck_assert_uint_eq(info.range_hi, 0x7fffffff);
@@ -1031,12 +907,12 @@ done:
     ck_assert_uint_lt(info.val_max, 64 * KIB);
     /* val_max is for a 16-byte key: the boundary exactly (either server). */
     snprintf(in16, sizeof(in16), "sixteen-byte-key");
-    pattern(huge, info.val_max + 1, 9);
+    test_pattern(huge, info.val_max + 1, 9);
     ck_assert_uint_eq(strlen(in16), 16);
     rc = tern_kv_put(kv, in16, 16, huge, info.val_max + 1, NULL);
     ck_assert_msg(rc == TERN_E2BIG, "value of val_max + 1: %s", tern_err_name(rc));
-    must_put(kv, in16, 16, huge, info.val_max, NULL);
-    expect_get(kv, in16, 16, huge, info.val_max, 0);
+    kv_must_put(kv, in16, 16, huge, info.val_max, NULL);
+    kv_expect_get(kv, in16, 16, huge, info.val_max, 0);
     rc = tern_kv_put(kv, "v64k", 4, huge, 64 * KIB, NULL);
     ck_assert_msg(rc == TERN_E2BIG, "64 KiB value in 64 KiB segments: %s", tern_err_name(rc));
     rc = tern_kv_put(kv, "v2m", 3, huge, sizeof(huge), NULL);
@@ -1048,7 +924,7 @@ done:
     ck_assert_int_eq(tern_kv_get(kv, "", 0, rep, sizeof(rep), &got, NULL), TERN_EINVAL);
     raw_put_get(s, in, kin, "still here");
     raw_put_get(s2, in, kin, "and here");
-    finish(ep, kv, 2);
+    test_kv_end(ep, kv, 2);
 }
 END_TEST
 
@@ -1067,12 +943,12 @@ START_TEST(full_pool_over_rpc)
     int rc = 0, kl;
 
     test_kv_start(0, &(struct test_kv_srv){.pool_size = 4 * 64 * KIB + 4096, .seg_size = 64 * KIB});
-    ep = new_ep(NULL);
-    kv = kv_connect(ep, 1, NULL);
+    ep = test_rpc_ep(NULL);
+    kv = test_kv_client(ep, 1, NULL);
     tern_kv_set_timeout(kv, 2 * SEC);   /* a server stuck on a full pool fails fast */
     for (n = 0; n < MAXK; n++) {
         kl = snprintf(k, sizeof(k), "full-%u", n);
-        pattern(vals[n], VLEN, n);
+        test_pattern(vals[n], VLEN, n);
         rc = tern_kv_put(kv, k, (size_t)kl, vals[n], VLEN, &vers[n]);
         if (rc < 0)
             break;
@@ -1089,7 +965,7 @@ START_TEST(full_pool_over_rpc)
     ck_assert_msg(rc == TERN_ENOENT, "the refused key: %s", tern_err_name(rc));
     for (unsigned i = 0; i < n; i++) {
         kl = snprintf(k, sizeof(k), "full-%u", i);
-        expect_get(kv, k, (size_t)kl, vals[i], VLEN, vers[i]);
+        kv_expect_get(kv, k, (size_t)kl, vals[i], VLEN, vers[i]);
     }
     ck_assert_int_eq(tern_kv_count(kv, &count), 0);
     ck_assert_uint_eq(count, n);
@@ -1110,15 +986,15 @@ START_TEST(full_pool_over_rpc)
     }
     for (unsigned i = 1; i < n; i += 2) {
         kl = snprintf(k, sizeof(k), "full-%u", i);
-        expect_get(kv, k, (size_t)kl, vals[i], VLEN, vers[i]);
+        kv_expect_get(kv, k, (size_t)kl, vals[i], VLEN, vers[i]);
     }
     for (unsigned i = 0; i < added; i++) {
         kl = snprintf(k, sizeof(k), "new-%u", i);
-        expect_get(kv, k, (size_t)kl, vals[i], VLEN, 0);
+        kv_expect_get(kv, k, (size_t)kl, vals[i], VLEN, 0);
     }
     ck_assert_int_eq(tern_kv_count(kv, &count), 0);
     ck_assert_uint_eq(count, n - deleted + added);
-    finish(ep, kv, 1);
+    test_kv_end(ep, kv, 1);
 }
 END_TEST
 
@@ -1136,22 +1012,22 @@ START_TEST(durable_across_restart)
     int kl;
 
     test_kv_start(0, &(struct test_kv_srv){0});
-    ep = new_ep(NULL);
-    kv = kv_connect(ep, 1, NULL);
+    ep = test_rpc_ep(NULL);
+    kv = test_kv_client(ep, 1, NULL);
     for (unsigned i = 0; i < N; i++) {
         kl = snprintf(k, sizeof(k), "durable-%u", i);
-        pattern(vals[i], sizeof(vals[i]), i);
-        must_put(kv, k, (size_t)kl, vals[i], 1 + i % sizeof(vals[i]), &vers[i]);
+        test_pattern(vals[i], sizeof(vals[i]), i);
+        kv_must_put(kv, k, (size_t)kl, vals[i], 1 + i % sizeof(vals[i]), &vers[i]);
     }
     /* Overwrite a fifth, and delete other keys, before the restart. */
     for (unsigned i = 0; i < N; i += 5) {
         kl = snprintf(k, sizeof(k), "durable-%u", i);
-        pattern(vals[i], sizeof(vals[i]), i + 1000);
-        must_put(kv, k, (size_t)kl, vals[i], 1 + i % sizeof(vals[i]), &vers[i]);
+        test_pattern(vals[i], sizeof(vals[i]), i + 1000);
+        kv_must_put(kv, k, (size_t)kl, vals[i], 1 + i % sizeof(vals[i]), &vers[i]);
     }
     for (unsigned i = 0; i < GONE; i++) {
         kl = snprintf(k, sizeof(k), "gone-%u", i);
-        must_put(kv, k, (size_t)kl, "x", 1, NULL);
+        kv_must_put(kv, k, (size_t)kl, "x", 1, NULL);
         ck_assert_int_eq(tern_kv_del(kv, k, (size_t)kl), 0);
     }
     for (unsigned i = 0; i < N; i++)
@@ -1160,21 +1036,21 @@ START_TEST(durable_across_restart)
     test_kv_finish(0);
 
     test_kv_start(0, &(struct test_kv_srv){0});     /* the same pool file */
-    kv = kv_connect(ep, 1, NULL);
+    kv = test_kv_client(ep, 1, NULL);
     ck_assert_int_eq(tern_kv_count(kv, &count), 0);
     ck_assert_uint_eq(count, N);
     for (unsigned i = 0; i < N; i++) {
         kl = snprintf(k, sizeof(k), "durable-%u", i);
-        expect_get(kv, k, (size_t)kl, vals[i], 1 + i % sizeof(vals[i]), vers[i]);
+        kv_expect_get(kv, k, (size_t)kl, vals[i], 1 + i % sizeof(vals[i]), vers[i]);
     }
     for (unsigned i = 0; i < GONE; i++) {
         kl = snprintf(k, sizeof(k), "gone-%u", i);
         ck_assert_int_eq(tern_kv_get(kv, k, (size_t)kl, NULL, 0, NULL, NULL), TERN_ENOENT);
     }
     /* Versions keep growing after recovery. */
-    must_put(kv, "after", 5, "restart", 7, &v_after);
+    kv_must_put(kv, "after", 5, "restart", 7, &v_after);
     ck_assert_uint_gt(v_after, v_max);
-    finish(ep, kv, 1);
+    test_kv_end(ep, kv, 1);
 }
 END_TEST
 
@@ -1206,10 +1082,10 @@ START_TEST(server_killed_mid_run)
     int rc;
 
     test_kv_start(0, &o);
-    ep = new_ep(NULL);
-    kv = kv_connect(ep, 1, NULL);
+    ep = test_rpc_ep(NULL);
+    kv = test_kv_client(ep, 1, NULL);
     tern_kv_set_timeout(kv, 1 * SEC);
-    must_put(kv, "before", 6, "x", 1, NULL);
+    kv_must_put(kv, "before", 6, "x", 1, NULL);
 
     /* Calls in flight when the server dies: each ends once, some way. */
     memset(runs, 0, sizeof(runs));

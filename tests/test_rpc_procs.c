@@ -18,6 +18,7 @@
 
 #include "helpers.h"
 #include "rpc.h"
+#include "rpc_util.h"
 #include "tern_config.h"
 #include "rpc_internal.h"
 #include "suites.h"
@@ -162,15 +163,13 @@ static void finish_server(void)
     ck_assert_msg(stop_server(pid) == 0, "server did not exit cleanly");
 }
 
+/* A client endpoint and a session of it to the server. */
 static struct tern_rpc_ep *client_open(const struct tern_rpc_config *cfg,
                                        struct tern_session **s)
 {
-    struct tern_rpc_ep *ep;
-    int rc = tern_rpc_open(cfg, &ep);
+    struct tern_rpc_ep *ep = test_rpc_ep(cfg);
 
-    ck_assert_msg(rc == 0, "client ep: %s", tern_strerror(rc));
-    rc = tern_rpc_connect(ep, uri, 5 * SEC, s);
-    ck_assert_msg(rc == 0, "connect %s: %s", uri, tern_strerror(rc));
+    *s = test_rpc_connect(ep, uri);
     return ep;
 }
 
@@ -220,26 +219,6 @@ static void rec_cont(void *arg, int status, const void *reply, size_t len)
     r->at_ms = now_ms();
 }
 
-static bool wait_runs(struct tern_rpc_ep *ep, const int *runs, int want, int ms)
-{
-    double end = now_ms() + ms;
-
-    while (*runs < want) {
-        if (now_ms() > end)
-            return false;
-        tern_rpc_poll(ep);
-    }
-    return true;
-}
-
-static void poll_for(struct tern_rpc_ep *ep, int ms)
-{
-    double end = now_ms() + ms;
-
-    while (now_ms() < end)
-        tern_rpc_poll(ep);
-}
-
 /* A plain socket to the server's port (uri is "tcp://127.0.0.1:PORT"). */
 static int raw_connect(void)
 {
@@ -271,16 +250,6 @@ static bool server_hung_up(int fd)
 }
 
 /* xorshift64*: fixed seeds, the same garbage every run. */
-static uint64_t rng_state;
-
-static uint64_t rng(void)
-{
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return rng_state * 2685821657736338717ull;
-}
-
 /* ---- tests ---- */
 
 START_TEST(sync_echo)
@@ -326,7 +295,7 @@ START_TEST(deadline_on_slow_server)
     t0 = now_ms();
     rc = tern_call(s, SVC, M_SLOW, NULL, 0, 50 * MS, rec_cont, &r, NULL);
     ck_assert_int_eq(rc, 0);
-    ck_assert_msg(wait_runs(ep, &r.runs, 1, 5000), "the timed call never completed");
+    ck_assert_msg(test_rpc_poll_until(ep, &r.runs, 1, 5000), "the timed call never completed");
     el = r.at_ms - t0;
     ck_assert_msg(r.status == TERN_ETIMEDOUT, "got %s", tern_err_name(r.status));
     /* Generous bounds: not a speed test, but 300 ms would mean the call
@@ -343,7 +312,7 @@ START_TEST(deadline_on_slow_server)
     /* The late replies are dropped, the continuation does not run again,
      * and the session serves the next call. */
     assert_echo(s, 100);
-    poll_for(ep, 50);
+    test_rpc_poll_for(ep, 50);
     ck_assert_int_eq(r.runs, 1);
     ck_assert_int_eq(tern_session_status(s), 0);
     ck_assert_uint_eq(tern_rpc_calls_in_flight(ep), 0);
@@ -387,7 +356,7 @@ START_TEST(server_killed_mid_call)
 
     rc = tern_call(s, SVC, M_SLOW, NULL, 0, 10 * SEC, rec_cont, &r, NULL);
     ck_assert_int_eq(rc, 0);
-    poll_for(ep, 50);   /* the server is inside the slow handler now */
+    test_rpc_poll_for(ep, 50);   /* the server is inside the slow handler now */
     ck_assert_int_eq(r.runs, 0);
 
     pid = server_pid;
@@ -397,7 +366,7 @@ START_TEST(server_killed_mid_call)
     server_pid = 0;
     ck_assert(WIFSIGNALED(wstatus));
 
-    ck_assert_msg(wait_runs(ep, &r.runs, 1, 9000), "the call outlived its server");
+    ck_assert_msg(test_rpc_poll_until(ep, &r.runs, 1, 9000), "the call outlived its server");
     el = r.at_ms - t_kill;
     ck_assert_msg(r.status < 0 && r.status != TERN_ETIMEDOUT,
                   "call to a dead server ended with %s", tern_err_name(r.status));
@@ -406,7 +375,7 @@ START_TEST(server_killed_mid_call)
 
     rc = tern_call(s, SVC, M_ECHO, "x", 1, 0, rec_cont, &late, NULL);
     ck_assert_msg(rc < 0, "tern_call on a dead session returned %d", rc);
-    poll_for(ep, 20);
+    test_rpc_poll_for(ep, 20);
     ck_assert_int_eq(late.runs, 0);
     ck_assert_int_eq(r.runs, 1);
     tern_rpc_close(ep);
@@ -428,7 +397,7 @@ START_TEST(server_killed_calls_queued)
     memset(r, 0, sizeof(r));
     for (int i = 0; i < N; i++)
         ck_assert_int_eq(tern_call(s, SVC, M_SLOW, NULL, 0, 0, rec_cont, &r[i], NULL), 0);
-    poll_for(ep, 50);
+    test_rpc_poll_for(ep, 50);
     test_child_kill(&server_pid);
     for (double end = now_ms() + 5000; now_ms() < end && done < N;) {
         tern_rpc_poll(ep);
@@ -471,27 +440,25 @@ static int client_main(int id, int calls)
     return 0;
 }
 
+#define CLIENT_CALLS 2000
+
+static int client_proc(void *arg)
+{
+    return client_main((int)(intptr_t)arg, CLIENT_CALLS);
+}
+
 START_TEST(many_client_processes)
 {
-    enum { CLIENTS = 4, CALLS = 2000 };
+    enum { CLIENTS = 4 };
     pid_t kids[CLIENTS];
 
     start_server(NULL);
+    for (int i = 0; i < CLIENTS; i++)
+        kids[i] = test_fork(client_proc, (void *)(intptr_t)i);
     for (int i = 0; i < CLIENTS; i++) {
-        kids[i] = fork();
-        ck_assert_int_ge(kids[i], 0);
-        if (kids[i] == 0) {
-            server_pid = 0;     /* not this process's to kill */
-            _exit(client_main(i, CALLS));
-        }
-    }
-    for (int i = 0; i < CLIENTS; i++) {
-        int st;
+        int code = test_child_wait(&kids[i]);
 
-        ck_assert_int_eq(waitpid(kids[i], &st, 0), kids[i]);
-        ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
-                      "client %d: %s %d", i, WIFEXITED(st) ? "exit" : "signal",
-                      WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+        ck_assert_msg(code == 0, "client %d exited with %d (-1: killed)", i, code);
     }
     finish_server();
 }
@@ -507,9 +474,9 @@ START_TEST(garbage_client_does_not_stop_server)
     start_server(NULL);
     ep = client_open(NULL, &s);
     fd = raw_connect();
-    rng_state = 0x9e3779b97f4a7c15ull;
+    test_rng_seed(0x9e3779b97f4a7c15ull);
     for (size_t i = 0; i < sizeof(junk); i++)
-        junk[i] = (uint8_t)(rng() >> 56);
+        junk[i] = (uint8_t)(test_rng() >> 56);
     junk[0] = (uint8_t)~(TCP_MAGIC & 0xff);    /* never a valid frame header */
     /* The server may hang up before it has read it all. */
     (void)!send(fd, junk, sizeof(junk), MSG_NOSIGNAL);
@@ -537,20 +504,20 @@ START_TEST(rpc_garbage_in_valid_frames)
 
     start_server(NULL);
     ep = client_open(NULL, &s);
-    rng_state = 12345;
+    test_rng_seed(12345);
     for (int round = 0; round < 20; round++) {
         uint8_t buf[TCP_FRAME_LEN(256)] = {0};  /* zero padding included */
         int fd = raw_connect();
-        size_t len = (size_t)(rng() % 200);
+        size_t len = (size_t)(test_rng() % 200);
         struct tcp_hdr h = {.magic = TCP_MAGIC, .version = TCP_VERSION, .type = TCP_MSG,
                             .len = (uint32_t)len};
 
         memcpy(buf, &h, sizeof(h));
         for (size_t j = 0; j < len; j++)
-            buf[sizeof(h) + j] = (uint8_t)(rng() >> 56);
+            buf[sizeof(h) + j] = (uint8_t)(test_rng() >> 56);
         if (round % 2 && len >= sizeof(struct rpc_hdr)) {
             /* A plausible header with a random type: deeper into the parser. */
-            buf[sizeof(h)] = (uint8_t)(1 + rng() % 5);
+            buf[sizeof(h)] = (uint8_t)(1 + test_rng() % 5);
             buf[sizeof(h) + 1] = RPC_VERSION;
         }
         (void)!send(fd, buf, TCP_FRAME_LEN(len), MSG_NOSIGNAL);

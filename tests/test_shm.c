@@ -1,7 +1,6 @@
 /* The shm fabric's own properties beyond the conformance suite: many
  * connections share a few links (sockets and window pairs), so thousands of
  * connections are cheap, and each keeps its own ordered stream. */
-#include <dirent.h>
 #include <pthread.h>
 #include <time.h>
 #include <unistd.h>
@@ -21,17 +20,6 @@ static unsigned count_links(struct tern_tp_ep *ep)
     return n;
 }
 
-static unsigned open_fds(void)
-{
-    DIR *d = opendir("/proc/self/fd");
-    unsigned n = 0;
-
-    ck_assert_ptr_nonnull(d);
-    while (readdir(d))
-        n++;
-    closedir(d);
-    return n;
-}
 
 START_TEST(thousands_of_connections)
 {
@@ -42,7 +30,7 @@ START_TEST(thousands_of_connections)
     static unsigned next[NC];
     struct tern_tp_event ev;
     char bound[128];
-    unsigned accepted = 0, connected = 0, got = 0, fds_before = open_fds();
+    unsigned accepted = 0, connected = 0, got = 0, fds_before = test_open_fds();
 
     ck_assert_int_eq(tern_tp_open(&cfg, &a), 0);
     ck_assert_int_eq(tern_tp_open(&cfg, &b), 0);
@@ -52,7 +40,7 @@ START_TEST(thousands_of_connections)
     /* 63 connections per link (channel 0 is the link's own). */
     ck_assert_uint_eq(count_links(a), (NC + 62) / 63);
     /* A socket per link per side and nothing per connection. */
-    ck_assert_uint_le(open_fds() - fds_before, 2 * count_links(a) + 8);
+    ck_assert_uint_le(test_open_fds() - fds_before, 2 * count_links(a) + 8);
     for (unsigned m = 0; m < NM; m++)
         for (unsigned i = 0; i < NC; i++) {
             unsigned v[2] = {i, m};

@@ -864,20 +864,10 @@ END_TEST
 /* ---- garbage ---- */
 
 /* xorshift64*: a fixed seed makes every run send the same bytes. */
-static uint64_t rng_state;
-
-static uint64_t rng(void)
-{
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return rng_state * 2685821657736338717ull;
-}
-
 static void rng_fill(uint8_t *p, size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        p[i] = (uint8_t)(rng() >> 56);
+        p[i] = (uint8_t)(test_rng() >> 56);
 }
 
 START_TEST(random_garbage)
@@ -889,12 +879,12 @@ START_TEST(random_garbage)
 
     /* A writable region, so that random PUTs have something to aim at. */
     reg_region(TERN_TP_ACCESS_REMOTE_READ | TERN_TP_ACCESS_REMOTE_WRITE, &mr);
-    rng_state = 0x7465726e2d777972ull;
+    test_rng_seed(0x7465726e2d777972ull);
     for (int round = 0; round < ROUNDS; round++) {
         struct tern_tp_conn *conn;
         struct logged *e;
         int fd = raw_connect(&conn);
-        size_t len = 1 + rng() % MAXLEN;
+        size_t len = 1 + test_rng() % MAXLEN;
         bool pure = round % 2 == 0;
 
         rng_fill(buf, len);
@@ -902,8 +892,9 @@ START_TEST(random_garbage)
             /* A valid magic and version with a random type and length: the
              * garbage reaches the type, length and one-sided checks. */
             struct tcp_hdr h = {.magic = TCP_MAGIC, .version = TCP_VERSION,
-                                .type = (uint8_t)(rng() % 8),
-                                .len = (uint32_t)(rng() % 4 == 0 ? rng() : rng() % 64)};
+                                .type = (uint8_t)(test_rng() % 8),
+                                .len = (uint32_t)(test_rng() % 4 == 0 ? test_rng()
+                                                                      : test_rng() % 64)};
 
             len = len < sizeof(h) ? sizeof(h) : len;
             memcpy(buf, &h, sizeof(h));
@@ -937,7 +928,7 @@ START_TEST(garbage_while_good_traffic)
     int fd[N];
     uint8_t junk[512];
 
-    rng_state = 42;
+    test_rng_seed(42);
     for (int i = 0; i < N; i++)
         fd[i] = raw_connect(&conn[i]);
     for (int i = 0; i < N; i++) {

@@ -42,6 +42,27 @@ double now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+void test_pattern(uint8_t *p, size_t len, unsigned seed)
+{
+    for (size_t j = 0; j < len; j++)
+        p[j] = (uint8_t)((seed * 2654435761u + j * 31u) >> 3);
+}
+
+static uint64_t rng_state;
+
+void test_rng_seed(uint64_t seed)
+{
+    rng_state = seed;
+}
+
+uint64_t test_rng(void)
+{
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return rng_state * 2685821657736338717ull;
+}
+
 struct tern_tp_ep *tp_open(const char *fabric, size_t max_msg)
 {
     struct tern_tp_config cfg = {.fabric = fabric, .max_msg = max_msg ? max_msg : 65536};

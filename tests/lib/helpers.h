@@ -1,10 +1,14 @@
 /* The test harness every suite includes: the fabric matrix (fabrics.h),
- * processes and folders (procs.h), and here the conformance suite's rows
- * and event queues over tern_tp_poll. */
+ * processes and folders (procs.h), and here the conformance suite's rows,
+ * event queues over tern_tp_poll, cheap checks, and deterministic bytes and
+ * random numbers. RPC plumbing is in rpc_util.h, KV servers and clients in
+ * kv_servers.h and kv_client.h. */
 #ifndef TERN_TEST_HELPERS_H
 #define TERN_TEST_HELPERS_H
 
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #include "fabrics.h"
@@ -49,5 +53,21 @@ void tp_pair_close(struct tp_pair *p);
 
 /* Milliseconds since an arbitrary start. */
 double now_ms(void);
+
+/* An assertion that costs nothing while it holds: Check's own report each
+ * passing check to the runner through a pipe, which loops of thousands of
+ * checks cannot afford. */
+#define CHECK(cond, ...)                                                                     \
+    do {                                                                                     \
+        if (!(cond))                                                                         \
+            ck_abort_msg(__VA_ARGS__);                                                       \
+    } while (0)
+
+/* Deterministic bytes of `seed`, zeros included. */
+void test_pattern(uint8_t *p, size_t len, unsigned seed);
+
+/* A deterministic stream of random numbers (xorshift), started by a seed. */
+void test_rng_seed(uint64_t seed);
+uint64_t test_rng(void);
 
 #endif

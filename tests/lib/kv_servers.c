@@ -1,6 +1,7 @@
 #include <check.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "kv_servers.h"
@@ -43,10 +44,10 @@ static void ensure_dir(void)
         snprintf(pools[k], sizeof(pools[k]), "%s/pool%d", dir, k);
 }
 
+static const struct tern_rpc_config adaptive = {.mode = TERN_TP_POLL_ADAPTIVE};
+
 void test_kv_start(int i, const struct test_kv_srv *o)
 {
-    static const struct tern_rpc_config adaptive = {.mode = TERN_TP_POLL_ADAPTIVE};
-
     ck_assert(i >= 0 && i < TEST_KV_SERVERS);
     ensure_dir();
     next = *o;
@@ -55,6 +56,20 @@ void test_kv_start(int i, const struct test_kv_srv *o)
                                   o->listen ? o->listen : "tcp://127.0.0.1:0", uris[i],
                                   sizeof(uris[i]));
     ck_assert_int_gt(pids[i], 0);
+}
+
+void test_kv_start_with(int i, const char *listen, void (*setup)(struct tern_rpc_ep *ep))
+{
+    ck_assert(i >= 0 && i < TEST_KV_SERVERS);
+    pids[i] = spawn_rpc_server_at(setup, &adaptive, listen, uris[i], sizeof(uris[i]));
+    ck_assert_int_gt(pids[i], 0);
+}
+
+bool test_kv_alive(int i)
+{
+    int status;
+
+    return pids[i] > 0 && waitpid(pids[i], &status, WNOHANG) == 0;
 }
 
 void test_kv_finish(int i)

@@ -30,11 +30,19 @@ struct test_kv_srv {
 /* Start server i (its pool is created at its first start). */
 void test_kv_start(int i, const struct test_kv_srv *o);
 
+/* Start a server of the test's own making as server i: an RPC endpoint on
+ * `listen` with whatever `setup` registers (a fake KV service), set up as
+ * test_kv_start sets up its servers. */
+void test_kv_start_with(int i, const char *listen, void (*setup)(struct tern_rpc_ep *ep));
+
 /* SIGTERM server i; it must exit cleanly (asserted). */
 void test_kv_finish(int i);
 
 /* SIGKILL server i. */
 void test_kv_kill(int i);
+
+/* Is server i's process still there (not crashed, not reaped)? */
+bool test_kv_alive(int i);
 
 /* Server i's bound URI, process, pool file. */
 const char *test_kv_uri(int i);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -114,6 +115,13 @@ static void prepare(void)
     janitor_start();
 }
 
+static void untrack(pid_t pid)
+{
+    for (int i = 0; i < MAX_TRACKED; i++)
+        if (tracked[i] == pid)
+            tracked[i] = 0;
+}
+
 void test_child_track(pid_t pid)
 {
     prepare();
@@ -131,10 +139,59 @@ void test_child_kill(pid_t *pid)
         return;
     kill(*pid, SIGKILL);
     waitpid(*pid, NULL, 0);
-    for (int i = 0; i < MAX_TRACKED; i++)
-        if (tracked[i] == *pid)
-            tracked[i] = 0;
+    untrack(*pid);
     *pid = 0;
+}
+
+pid_t test_fork(int (*fn)(void *arg), void *arg)
+{
+    pid_t pid;
+
+    prepare();
+    pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0)
+        _exit(fn(arg));
+    test_child_track(pid);
+    return pid;
+}
+
+static int exit_code(int status)
+{
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+int test_child_wait(pid_t *pid)
+{
+    pid_t p = *pid;
+    int status;
+
+    ck_assert_int_gt(p, 0);
+    *pid = 0;
+    untrack(p);
+    if (waitpid(p, &status, 0) != p)
+        return -1;
+    return exit_code(status);
+}
+
+bool test_child_exited(pid_t *pid, int *code)
+{
+    int status;
+
+    if (*pid <= 0 || waitpid(*pid, &status, WNOHANG) != *pid)
+        return false;
+    untrack(*pid);
+    *pid = 0;
+    *code = exit_code(status);
+    return true;
+}
+
+void *test_shared_alloc(size_t len)
+{
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+
+    ck_assert_ptr_ne(p, MAP_FAILED);
+    return p;
 }
 
 char *test_pool_dir(char *buf, size_t len, const char *name)
@@ -171,6 +228,42 @@ void test_tmpdir_remove(const char *dir)
         if (dirs[i][0] && strcmp(dirs[i], dir) == 0)
             dirs[i][0] = 0;
     remove_dir(dir);
+}
+
+char *test_pool_file(char *buf, size_t len, const char *name)
+{
+    char dir[DIR_LEN];
+
+    test_pool_dir(dir, sizeof(dir), name);
+    ck_assert_int_lt(snprintf(buf, len, "%s/%s.pool", dir, name), (int)len);
+    return buf;
+}
+
+void test_pool_file_remove(const char *path)
+{
+    char p[DIR_LEN + 64];
+    char *slash;
+
+    unlink(path);
+    snprintf(p, sizeof(p), "%s.creating", path);
+    unlink(p);
+    snprintf(p, sizeof(p), "%s", path);
+    slash = strrchr(p, '/');
+    ck_assert_ptr_nonnull(slash);
+    *slash = 0;
+    rmdir(p);
+}
+
+unsigned test_open_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    unsigned n = 0;
+
+    ck_assert_ptr_nonnull(d);
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n;
 }
 
 static struct tern_rpc_ep *child_ep;
@@ -236,8 +329,6 @@ int stop_server(pid_t pid)
     kill(pid, SIGTERM);
     if (waitpid(pid, &status, 0) != pid)
         return -1;
-    for (int i = 0; i < MAX_TRACKED; i++)
-        if (tracked[i] == pid)
-            tracked[i] = 0;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    untrack(pid);
+    return exit_code(status);
 }

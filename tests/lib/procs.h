@@ -5,6 +5,7 @@
 #ifndef TERN_TEST_PROCS_H
 #define TERN_TEST_PROCS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <sys/types.h>
 
@@ -32,6 +33,22 @@ void test_child_track(pid_t pid);
 /* SIGKILL *pid now, reap it and set it to 0 (nothing if it is 0). */
 void test_child_kill(pid_t *pid);
 
+/* Fork a tracked child that runs fn(arg) and _exit()s with its return: a
+ * client process of a multi-process test. */
+pid_t test_fork(int (*fn)(void *arg), void *arg);
+
+/* Wait for the tracked child *pid to exit and set *pid to 0; its exit code
+ * (-1 if a signal ended it). */
+int test_child_wait(pid_t *pid);
+
+/* The same without blocking: false while *pid runs, else true with its exit
+ * code (-1 if a signal ended it) in *code and *pid set to 0. */
+bool test_child_exited(pid_t *pid, int *code);
+
+/* Memory the test process and the children it forks afterwards share
+ * (MAP_SHARED, zeroed); munmap it when done. */
+void *test_shared_alloc(size_t len);
+
 /* A fresh folder named after `name` on tmpfs (/dev/shm) where there is one,
  * so a persist is a cheap msync, else in /tmp; written to buf (64 bytes at
  * least), returned. It and everything in it go at any exit of the test
@@ -43,5 +60,16 @@ char *test_pool_dir(char *buf, size_t len, const char *name);
 
 /* Empty and remove a folder made by test_tmpdir now. */
 void test_tmpdir_remove(const char *dir);
+
+/* A path for the pool file "<name>.pool" in a fresh folder of its own
+ * (test_pool_dir), written to buf (128 bytes at least), returned. */
+char *test_pool_file(char *buf, size_t len, const char *name);
+
+/* Remove that pool file, what an interrupted create left beside it, and
+ * its folder. */
+void test_pool_file_remove(const char *path);
+
+/* Descriptors this process has open. */
+unsigned test_open_fds(void);
 
 #endif

@@ -298,12 +298,17 @@ static void lessee_write(struct fz *f, uint8_t op)
 static void scribble(struct fz *f)
 {
     uint8_t *buf = tern_rpc_mr_addr(buf_mr);
-    uint32_t room = lease.end - lease.base, at = fz_u16(f) % room;
+    uint32_t room, at;
     const uint8_t *b;
-    size_t n = fz_take(f, 1 + fz_u8(f) % 32, &b);
+    size_t n;
     struct put_wait w = {0};
 
-    if (!leased || !n)
+    if (!leased || lease.end <= lease.base)
+        return;
+    room = lease.end - lease.base;
+    at = fz_u16(f) % room;
+    n = fz_take(f, 1 + fz_u8(f) % 32, &b);
+    if (!n)
         return;
     if (n > room - at)
         n = room - at;

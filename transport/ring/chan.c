@@ -454,13 +454,16 @@ static int on_frag(struct ring_conn *c, const uint8_t *p, uint32_t len, struct t
     if (f.offset == 0) {
         if (f.total > c->base.ep->cfg.max_msg || f.total < n)
             return TERN_EPROTO;
-        if (c->reasm_cap < f.total) {
-            uint8_t *r = realloc(c->reasm, f.total);
+        /* At least a byte: an empty message (posted while its link came
+         * up, it goes as a FRAG too) gets a view as every other one does. */
+        if (c->reasm_cap < f.total || !c->reasm) {
+            size_t cap = f.total ? f.total : 1;
+            uint8_t *r = realloc(c->reasm, cap);
 
             if (!r)
                 return TERN_ENOMEM;
             c->reasm = r;
-            c->reasm_cap = f.total;
+            c->reasm_cap = cap;
         }
         c->reasm_total = f.total;
         c->reasm_got = 0;

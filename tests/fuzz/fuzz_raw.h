@@ -24,6 +24,8 @@ static inline void raw_emit(struct raw_out *o, const void *b, size_t n)
 {
     if (n > o->cap - o->n)
         n = o->cap - o->n;
+    if (!n)
+        return;
     memcpy(o->p + o->n, b, n);
     o->n += n;
 }

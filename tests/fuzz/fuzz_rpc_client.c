@@ -94,7 +94,8 @@ static void record(struct fz *f, struct raw_out *o)
         uint8_t pick = fz_u8(f);
         struct rpc_hdr h = {.type = RPC_RESP, .version = RPC_VERSION, .svc = fz_u16(f),
                             .method = fz_u16(f),
-                            .status = op & 0x80 ? (int32_t)fz_u32(f) : -(int32_t)(op >> 5),
+                            .status = op & 0x80 ? (int32_t)fz_u32(f)
+                                                : -(int32_t)((op >> 2) & 3),
                             .req_id = op & 0x40 && n_calls ? calls[pick % n_calls].id
                                                            : fz_u64(f)};
         const uint8_t *b;

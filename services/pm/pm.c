@@ -248,26 +248,29 @@ int pm_seg_hdr_check(const struct pm_seg_hdr *sh, uint32_t s, uint32_t seg_size,
                      uint32_t layout, struct pm_seg_view *v, uint32_t *where, const char **why)
 {
     *v = (struct pm_seg_view){0};
+    /* Free, unless the rest of the header is sound and still counts
+     * committed records: then the seq word was lost, not cleared (a free
+     * moves the commit point back before it clears seq). Whatever the
+     * file's layout: a layout 3 or 4 header never has a sound sum and
+     * commit word, so one that has them is a layout-5 header (upgrade_hdr
+     * leaves free segments as they are, and the pool reads them by the
+     * rules of layout 5 once it has upgraded the file). */
+    if (sh->seq == 0) {
+        if (sh->magic == PM_SEG_MAGIC && sh->index == s && sh->sum == pm_seg_hdr_sum(sh) &&
+            sh->commit == pm_seg_commit_word((uint32_t)sh->commit, sh->opened, s) &&
+            (uint32_t)sh->commit > (sh->first > PM_SEG_HDR ? sh->first - PM_SEG_HDR : 0))
+            return seg_bad(where, why, SEG_AT(seq),
+                           "segment header: marked free (sequence number 0) but its commit "
+                           "word counts committed records (sequence number lost?)");
+        return 0;
+    }
     if (layout < PM_LAYOUT_SEG_SUM) {
-        if (sh->seq == 0)
-            return 0;
         /* Upgraded already (upgrade_hdr converts one segment at a time). */
         if (seg_hdr_check5(sh, s, seg_size, v, where, why) == 0)
             return 0;
         return seg_hdr_check_old(sh, s, seg_size, layout, v, where, why);
     }
-    if (sh->seq != 0)
-        return seg_hdr_check5(sh, s, seg_size, v, where, why);
-    /* Free, unless the rest of the header is sound and still counts
-     * committed records: then the seq word was lost, not cleared (a free
-     * moves the commit point back before it clears seq). */
-    if (sh->magic == PM_SEG_MAGIC && sh->index == s && sh->sum == pm_seg_hdr_sum(sh) &&
-        sh->commit == pm_seg_commit_word((uint32_t)sh->commit, sh->opened, s) &&
-        (uint32_t)sh->commit > (sh->first > PM_SEG_HDR ? sh->first - PM_SEG_HDR : 0))
-        return seg_bad(where, why, SEG_AT(seq),
-                       "segment header: marked free (sequence number 0) but its commit "
-                       "word counts committed records (sequence number lost?)");
-    return 0;
+    return seg_hdr_check5(sh, s, seg_size, v, where, why);
 }
 
 static inline uint8_t *seg_base(const struct pm_pool *p, uint32_t seg)

@@ -8,6 +8,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <stdbool.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -60,13 +61,32 @@ static inline void raw_msg(struct raw_out *o, const void *a, size_t an, const vo
     raw_emit(o, zeros, TCP_FRAME_LEN(an + bn) - sizeof(h) - an - bn);
 }
 
+/* A connected non-blocking socket. libFuzzer's timer interrupts blocking
+ * calls (EINTR), so the connect does not block. */
 static inline int raw_connect(const struct sockaddr_in *to)
 {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), err = 0;
+    socklen_t len = sizeof(err);
+    struct pollfd p = {.fd = fd, .events = POLLOUT};
 
     FZ_CHECK(fd >= 0, "socket: %s", strerror(errno));
-    FZ_CHECK(connect(fd, (const struct sockaddr *)to, sizeof(*to)) == 0, "connect: %s",
-             strerror(errno));
+    if (connect(fd, (const struct sockaddr *)to, sizeof(*to)) == 0)
+        return fd;
+    FZ_CHECK(errno == EINPROGRESS || errno == EINTR, "connect: %s", strerror(errno));
+    while (poll(&p, 1, 10000) < 0)
+        FZ_CHECK(errno == EINTR, "poll: %s", strerror(errno));
+    FZ_CHECK(getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && !err, "connect: %s",
+             strerror(err));
+    return fd;
+}
+
+/* accept(2) through libFuzzer's timer signals. */
+static inline int raw_accept(int lfd)
+{
+    int fd;
+
+    while ((fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC)) < 0)
+        FZ_CHECK(errno == EINTR, "accept: %s", strerror(errno));
     return fd;
 }
 

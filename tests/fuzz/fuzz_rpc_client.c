@@ -151,8 +151,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     n_calls = 0;
     rc = rpc_connect_start(ep, uri, flags & 0x80 ? 0x1234 : 0, &s);
     FZ_CHECK(rc == 0 && s, "connect: %d", rc);
-    fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-    FZ_CHECK(fd >= 0, "accept: %s", strerror(errno));
+    fd = raw_accept(lfd);
     for (unsigned i = 0; i < before && f.n; i++)
         record(&f, &o);
     serve(fd, &o, &sent, s);

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "fuzz.h"
+#include "fuzz_raw.h"
 #include "log.h"
 #include "tcp/tcp_wire.h"
 #include "transport.h"
@@ -239,11 +240,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct linger rst = {.l_onoff = 1, .l_linger = 0};
     size_t sent = 0;
     unsigned idle = 0;
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = raw_connect(&srv);
 
-    FZ_CHECK(fd >= 0, "socket: %s", strerror(errno));
-    FZ_CHECK(connect(fd, (struct sockaddr *)&srv, sizeof(srv)) == 0, "connect: %s",
-             strerror(errno));
     for (int i = 0; i < POLLS_MAX && !st.conn; i++)
         step(&st);
     FZ_CHECK(st.conn, "the endpoint never accepted");

@@ -41,7 +41,7 @@ static int h_echo(struct tern_req *req, const void *data, size_t len, void *ctx)
     return 0;
 }
 
-/* The size the first 2 bytes ask for, up to whatever tern_reply_max says. */
+/* The size the first 2 bytes ask for; the request's budget read on the way. */
 static int h_big(struct tern_req *req, const void *data, size_t len, void *ctx)
 {
     uint16_t want = 0;
@@ -52,7 +52,8 @@ static int h_big(struct tern_req *req, const void *data, size_t len, void *ctx)
     if (!out)
         return TERN_EMSGSIZE;
     memset(out, 0x5a, want);
-    return tern_req_deadline(req) ? 0 : 0;
+    (void)tern_req_deadline(req);
+    return 0;
 }
 
 static int h_fail(struct tern_req *req, const void *data, size_t len, void *ctx)

@@ -1232,6 +1232,36 @@ START_TEST(lost_seq_in_old_layout_refused_by_both)
 }
 END_TEST
 
+/* The same with garbage in `first`, which layout 3 never wrote: the pool
+ * clears it when it upgrades the file, which makes the header sound again,
+ * so the checker judges the header with `first` cleared too. */
+START_TEST(old_layout_first_judged_as_upgraded)
+{
+    struct kvs *s = open_store(1 << 20);
+    struct pm_file_hdr h;
+    struct pm_seg_hdr sh;
+    uint64_t bad = 0;
+    int fd;
+
+    put_str(s, "k", "v");
+    kvs_close(s);
+    fd = open(path, O_RDWR);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(pread(fd, &h, sizeof(h), 0), sizeof(h));
+    ck_assert_int_eq(pread(fd, &sh, sizeof(sh), PM_HDR_SIZE), sizeof(sh));
+    ck_assert_uint_eq(sh.first, 0);
+    h.layout = 3;
+    h.sum = pm_sum(&h, offsetof(struct pm_file_hdr, sum));
+    sh.seq = 0;
+    sh.first = 4096;
+    ck_assert_int_eq(pwrite(fd, &h, sizeof(h), 0), sizeof(h));
+    ck_assert_int_eq(pwrite(fd, &sh, sizeof(sh), PM_HDR_SIZE), sizeof(sh));
+    close(fd);
+    ck_assert_int_eq(pm_check(path, true, NULL, NULL, &bad), TERN_ECORRUPT);
+    ck_assert_int_eq(kvs_open(&(struct kvs_opts){.path = path}, &s), TERN_ECORRUPT);
+}
+END_TEST
+
 Suite *suite_kv(void)
 {
     Suite *s = suite_create("kv");
@@ -1261,6 +1291,7 @@ Suite *suite_kv(void)
     tcase_add_test(tc, lessee_rewrites_taken_record);
     tcase_add_test(tc, damaged_lease_is_not_cleaned);
     tcase_add_test(tc, lost_seq_in_old_layout_refused_by_both);
+    tcase_add_test(tc, old_layout_first_judged_as_upgraded);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -247,7 +247,16 @@ static int seg_hdr_check_old(const struct pm_seg_hdr *sh, uint32_t s, uint32_t s
 int pm_seg_hdr_check(const struct pm_seg_hdr *sh, uint32_t s, uint32_t seg_size,
                      uint32_t layout, struct pm_seg_view *v, uint32_t *where, const char **why)
 {
+    struct pm_seg_hdr h3;
+
     *v = (struct pm_seg_view){0};
+    /* Layout 3 never wrote `first`, and upgrade_hdr clears whatever is
+     * there before it reads the header by later rules: judge it so. */
+    if (layout < 4 && sh->first) {
+        h3 = *sh;
+        h3.first = 0;
+        sh = &h3;
+    }
     /* Free, unless the rest of the header is sound and still counts
      * committed records: then the seq word was lost, not cleared (a free
      * moves the commit point back before it clears seq). Whatever the

@@ -342,9 +342,10 @@ START_TEST(foreign_device_file_refused)
 END_TEST
 
 /* An empty message posted before the link is up waits in the stage and
- * leaves as a fragment; it arrives as an empty message with a view, as one
- * sent later does (the reassembly buffer was never allocated for it: a
- * NULL view, and arithmetic on NULL on the way). */
+ * leaves as a fragment; it has a reservation, and arrives as an empty
+ * message with a view, as one sent later does (neither the stage nor the
+ * reassembly buffer was ever allocated for it: NULL for both, and
+ * arithmetic on NULL on the way). */
 START_TEST(empty_message_before_link_up)
 {
     struct tern_tp_ep *a = tp_open("ntb", 0), *b = tp_open("ntb", 0);
@@ -359,6 +360,7 @@ START_TEST(empty_message_before_link_up)
     ck_assert_int_eq(tern_tp_listen(b, dev, NULL, 0), 0);
     ck_assert_int_eq(tern_tp_connect(a, dev, &ca), 0);
     ck_assert_int_eq(tern_tp_msg_alloc(ca, 0, &buf), 0);
+    ck_assert_ptr_nonnull(buf);
     ck_assert_int_eq(tern_tp_msg_post(ca, buf, 0), 0);
     for (t0 = now_ms(); !got;) {
         ck_assert_msg(now_ms() - t0 < 10000, "the empty message never came");

@@ -204,13 +204,15 @@ int ring_tp_msg_alloc(struct tern_tp_conn *conn, size_t len, void **buf)
         *buf = p;
         return 0;
     }
-    if (c->stage_cap < len) {
-        uint8_t *s = realloc(c->stage, len);
+    /* At least a byte: an empty message gets a reservation too. */
+    if (c->stage_cap < len || !c->stage) {
+        size_t cap = len ? len : 1;
+        uint8_t *s = realloc(c->stage, cap);
 
         if (!s)
             return TERN_ENOMEM;
         c->stage = s;
-        c->stage_cap = len;
+        c->stage_cap = cap;
     }
     c->stage_resv = true;
     c->frag_total = len;

@@ -4,7 +4,8 @@
 #   ./setup.sh bench   install what is missing, build, run rpcbench against a
 #                      local server over every fabric built in, print a table
 #   ./setup.sh test    install what is missing, build, run every test suite,
-#                      also under AddressSanitizer + UBSan; ends with
+#                      also under AddressSanitizer + UBSan, then each fuzz
+#                      target for FUZZ_SECONDS (15); ends with
 #                      "N passed, N failed"
 #
 # Packages come from Debian only (apt-get; sudo is used when not root).
@@ -15,7 +16,8 @@ cd "$(dirname "$0")"
 PKGS=(build-essential meson ninja-build pkg-config check libsubunit-dev python3
       libibverbs-dev librdmacm-dev    # rdma-core: the rdma fabric and its tests (softverbs)
       libpmem-dev libxxhash-dev   # the services: pool; checksums and key hash
-      redis-tools)                    # redis-cli/redis-benchmark against the RESP gateway
+      redis-tools                     # redis-cli/redis-benchmark against the RESP gateway
+      clang)                          # libFuzzer: the fuzz targets of tests/fuzz
 # Optional: without them the build leaves the matching parts out.
 OPTIONAL=(libdpdk-dev)   # DPDK 22.11: the ntb rawdev glue (transport/ntb)
 
@@ -124,6 +126,24 @@ consumer() {
     return $rc
 }
 
+# The libFuzzer targets (docs/FUZZING.md), each a test: a crash, a leak or
+# a sanitizer report fails it, and tests/fuzz/run.sh prints the path of the
+# input that did it.
+fuzz() {
+    local secs=${FUZZ_SECONDS:-15} t
+    log "fuzz targets, ${secs} s each (clang, libFuzzer, ASan + UBSan)"
+    if ! CC=clang build build-fuzz -Dfuzz=true -Db_sanitize=address,undefined \
+        -Db_lundef=false -Db_lto=false -Dtests=false; then
+        FAILED=$((FAILED + 1)); log "FAIL build-fuzz"
+        return
+    fi
+    for t in build-fuzz/tests/fuzz/fuzz_*; do
+        [ -f "$t" ] && [ -x "$t" ] || continue
+        t=${t##*/fuzz_}
+        count "fuzz-$t" tests/fuzz/run.sh build-fuzz "$secs" "$t"
+    done
+}
+
 run_tests() {
     log "build with warnings as errors"
     if build build -Dwerror=true; then
@@ -145,6 +165,7 @@ run_tests() {
     else
         FAILED=$((FAILED + 1)); log "FAIL build-asan"
     fi
+    fuzz
     echo "$PASSED passed, $FAILED failed"
     [ "$FAILED" -eq 0 ]
 }

@@ -512,8 +512,8 @@ int tern_rpc_connect(struct tern_rpc_ep *ep, const char *uri, uint64_t timeout_n
     return connect_one(ep, uri, timeout_ns, 0, out);
 }
 
-static int connect_one(struct tern_rpc_ep *ep, const char *uri, uint64_t timeout_ns,
-                       uint64_t token, struct tern_session **out)
+int rpc_connect_start(struct tern_rpc_ep *ep, const char *uri, uint64_t token,
+                      struct tern_session **out)
 {
     struct rpc_hello hello = {.magic = RPC_MAGIC, .credits = ep->cfg.credits,
                               .max_msg = ep->cfg.max_msg, .token = token};
@@ -523,11 +523,8 @@ static int connect_one(struct tern_rpc_ep *ep, const char *uri, uint64_t timeout
     struct tern_session *s;
     const char *addr;
     uint8_t *buf;
-    uint64_t end;
     int rc;
 
-    if (!out)
-        return TERN_EINVAL;
     *out = NULL;
     rc = rpc_tp_for(ep, uri, &addr, &tp);
     if (rc < 0)
@@ -549,6 +546,23 @@ static int connect_one(struct tern_rpc_ep *ep, const char *uri, uint64_t timeout
     }
     if (rc == 0)
         tern_tp_flush(tp);
+    *out = s;
+    return rc;
+}
+
+static int connect_one(struct tern_rpc_ep *ep, const char *uri, uint64_t timeout_ns,
+                       uint64_t token, struct tern_session **out)
+{
+    struct tern_session *s;
+    uint64_t end;
+    int rc;
+
+    if (!out)
+        return TERN_EINVAL;
+    *out = NULL;
+    rc = rpc_connect_start(ep, uri, token, &s);
+    if (!s)
+        return rc;
     end = deadline_after(timeout_ns ? timeout_ns : 5000000000ull);
     while (rc == 0 && s->state == SESS_CONNECTING) {
         tern_rpc_poll(ep);

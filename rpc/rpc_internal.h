@@ -234,6 +234,14 @@ void rpc_test_drop(struct tern_req *req);
  * its standby path. */
 bool rpc_client_failover(struct tern_session *s, int status);
 
+/* client.c: connect to `uri` and send HELLO, without waiting for the
+ * answer, which a later tern_rpc_poll takes (tern_rpc_connect waits for
+ * it; the fuzz target of the client's decoding answers it itself). *out is
+ * the session, SESS_CONNECTING, even if the HELLO could not go (the error
+ * is returned; tern_rpc_disconnect it), or NULL with nothing to undo. */
+int rpc_connect_start(struct tern_rpc_ep *ep, const char *uri, uint64_t token,
+                      struct tern_session **out);
+
 /* endpoint.c: disconnect a connection now; one-sided operations still on
  * it are over (see rpc_rma_conn_gone). */
 void rpc_disconnect(struct tern_rpc_ep *ep, struct tern_tp_conn *conn);

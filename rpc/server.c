@@ -305,6 +305,9 @@ void rpc_server_writable(struct tern_session *s)
         serve(s, d->view, d->len, d->arrived);
         tern_tp_msg_release(s->conn, d->view);
     }
+    /* A session that never held a request back has no array to move. */
+    if (!done)
+        return;
     memmove(s->deferred, s->deferred + done, (s->n_deferred - done) * sizeof(*s->deferred));
     s->n_deferred -= done;
 }

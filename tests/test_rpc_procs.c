@@ -556,6 +556,106 @@ START_TEST(half_frame_does_not_block_others)
 }
 END_TEST
 
+/* ---- in process: a reply that found the send path full ---- */
+
+#define BIG (64u * 1024)
+
+static unsigned big_runs;
+
+static int p_big(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    void *out = tern_reply_alloc(req, BIG);
+
+    if (!out)
+        return TERN_ENOMEM;
+    memset(out, 'b', BIG);
+    big_runs++;
+    return 0;
+}
+
+/* One RPC message in a TCP frame on a plain socket. */
+static void raw_rpc(int fd, const struct rpc_hdr *h, const void *body, size_t len)
+{
+    uint8_t buf[TCP_FRAME_LEN(sizeof(*h) + sizeof(struct rpc_hello))] = {0};
+    struct tcp_hdr th = {.magic = TCP_MAGIC, .version = TCP_VERSION, .type = TCP_MSG,
+                         .len = (uint32_t)(sizeof(*h) + len)};
+
+    memcpy(buf, &th, sizeof(th));
+    memcpy(buf + sizeof(th), h, sizeof(*h));
+    if (len)
+        memcpy(buf + sizeof(th) + sizeof(*h), body, len);
+    ck_assert_int_eq(send(fd, buf, TCP_FRAME_LEN(sizeof(*h) + len), MSG_NOSIGNAL),
+                     (ssize_t)TCP_FRAME_LEN(sizeof(*h) + len));
+}
+
+/* A client that reads nothing makes a reply spill; the reply goes once the
+ * send path drains (WRITABLE). The session never held a request back, so
+ * it has no array of them: the writable path must not touch it (it moved
+ * the held requests down with memmove from NULL + 0, undefined behaviour
+ * that UBSan reports; the RPC fuzz target found it). In this process, so
+ * that the test sees the server's session. */
+START_TEST(reply_spills_with_nothing_held)
+{
+    static const struct tern_method m[] = {{.id = 1, .name = "big", .handler = p_big}};
+    const struct tern_service svc = {.name = "big", .id = 12, .methods = m, .n_methods = 1};
+    struct tern_rpc_config cfg = {.max_msg = BIG};
+    struct rpc_hello hello = {.magic = RPC_MAGIC, .credits = 4096, .max_msg = BIG};
+    struct rpc_hdr h = {.type = RPC_HELLO, .version = RPC_VERSION};
+    struct tern_session *s = NULL;
+    struct tern_rpc_ep *ep;
+    size_t want, got = 0;
+    uint8_t buf[65536];
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    unsigned n;
+    int fd, small = 4096;
+    double end;
+
+    big_runs = 0;
+    ck_assert_int_eq(tern_rpc_open(&cfg, &ep), 0);
+    ck_assert_int_eq(tern_rpc_register(ep, &svc), 0);
+    ck_assert_int_eq(tern_rpc_listen(ep, "tcp://127.0.0.1:0", uri, sizeof(uri)), 0);
+    /* A small window, set before connecting: the server's send path fills
+     * after a few replies. */
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(fd, 0);
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+    sa.sin_port = htons((uint16_t)atoi(strrchr(uri, ':') + 1));
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    raw_rpc(fd, &h, &hello, sizeof(hello));
+    for (end = now_ms() + 5000; !(s = ep->sessions) || s->state != SESS_OPEN;) {
+        ck_assert_msg(now_ms() < end, "no session");
+        tern_rpc_poll(ep);
+    }
+    /* One call at a time, until a reply spills: none is held back then. */
+    h = (struct rpc_hdr){.type = RPC_REQ, .version = RPC_VERSION, .svc = 12, .method = 1};
+    for (n = 0; n < 4096 && !s->spill_head; n++) {
+        h.req_id = n;
+        raw_rpc(fd, &h, NULL, 0);
+        for (end = now_ms() + 5000; big_runs == n;) {
+            ck_assert_msg(now_ms() < end, "call %u not served", n);
+            tern_rpc_poll(ep);
+        }
+    }
+    ck_assert_msg(s->spill_head, "no reply spilled after %u calls", n);
+    ck_assert_uint_eq(s->n_deferred, 0);
+    /* Read it all: the HELLO_ACK (no fabric advertised), then every reply. */
+    want = TCP_FRAME_LEN(sizeof(h) + sizeof(hello) + 1) +
+           n * TCP_FRAME_LEN(sizeof(h) + BIG);
+    for (end = now_ms() + 30000; got < want;) {
+        ssize_t r = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+
+        ck_assert_msg(now_ms() < end, "%zu of %zu reply bytes", got, want);
+        if (r > 0)
+            got += (size_t)r;
+        tern_rpc_poll(ep);
+    }
+    ck_assert_uint_eq(got, want);
+    ck_assert_ptr_null(s->spill_head);
+    close(fd);
+    tern_rpc_close(ep);
+}
+END_TEST
+
 /* CPU seconds (user + system) the process has used, from /proc. */
 static double cpu_seconds(pid_t pid)
 {
@@ -827,6 +927,7 @@ Suite *suite_rpc_procs(void)
     tcase_add_test(tc, garbage_client_does_not_stop_server);
     tcase_add_test(tc, rpc_garbage_in_valid_frames);
     tcase_add_test(tc, half_frame_does_not_block_others);
+    tcase_add_test(tc, reply_spills_with_nothing_held);
     tcase_add_test(tc, adaptive_server);
     tcase_add_test(tc, adaptive_server_drops_silent_clients);
     suite_add_tcase(s, tc);

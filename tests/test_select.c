@@ -113,6 +113,13 @@ START_TEST(malformed_ads_are_ignored)
     snprintf(ads, sizeof(ads), "nonsense;shm://ok@%s", me);
     ck_assert_int_eq(tern_tp_select(ads, NULL, uri, sizeof(uri)), 0);
     ck_assert_str_eq(uri, "shm://ok");
+    /* An entry without an address: nothing to connect to (the selection
+     * once picked "shm://", a URI no fabric takes). */
+    snprintf(ads, sizeof(ads), "shm://@%s;ntb://@%s", me, me);
+    ck_assert_int_eq(tern_tp_select(ads, NULL, uri, sizeof(uri)), TERN_ENOENT);
+    snprintf(ads, sizeof(ads), "shm://@%s;ntb://emu:d@%s", me, me);
+    ck_assert_int_eq(tern_tp_select(ads, NULL, uri, sizeof(uri)), 0);
+    ck_assert_str_eq(uri, "ntb://emu:d");
     /* Too small a buffer is an error, not a truncated address. */
     ck_assert_int_eq(tern_tp_select(ads, NULL, uri, 5), TERN_EINVAL);
     ck_assert_int_eq(tern_tp_select(NULL, NULL, uri, sizeof(uri)), TERN_EINVAL);

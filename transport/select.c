@@ -77,7 +77,10 @@ int tern_tp_select(const char *ads, const char *policy, char *uri, size_t len)
         char node[128] = "";
         long long key;
 
-        if (sep && at && at > sep && (size_t)(at - p) < n && sep[1] == '/' && sep[2] == '/') {
+        /* An entry needs an address: "shm://@node" names nothing to
+         * connect to (tern_tp_uri_fabric refuses the URI it would make). */
+        if (sep && at && at > sep + 3 && (size_t)(at - p) < n && sep[1] == '/' &&
+            sep[2] == '/') {
             size_t fl = (size_t)(sep - p), nl = n - (size_t)(at + 1 - p);
             const struct tern_tp_fabric *f = tp_fabric_of(p);
 

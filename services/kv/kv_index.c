@@ -35,12 +35,14 @@ struct kv_ent *kv_index_find(const struct kv_index *ix, const struct pm_pool *po
 {
     for (uint32_t i = ix->buckets[h & ix->mask]; i; i = ix->ents[i - 1].next) {
         struct kv_ent *e = &ix->ents[i - 1];
-        const struct pm_rec *r;
+        pm_loc loc = e->loc & ~KV_TOMB;
+        struct pm_rec r;
 
         if (e->hash != h)
             continue;
-        r = pm_rec_at(pool, e->loc & ~KV_TOMB);
-        if (r->key_len == klen && memcmp(pm_rec_key(r), key, klen) == 0)
+        /* Checked: a lessee may have rewritten the record's header. */
+        if (pm_rec_read(pool, loc, &r) == 0 && r.key_len == klen &&
+            memcmp(pm_rec_key(pm_rec_at(pool, loc)), key, klen) == 0)
             return e;
     }
     return NULL;

@@ -599,13 +599,14 @@ static int pget_push(struct tern_req *req, struct tern_kv_service *svc, const st
 int kv_h_pget(struct tern_req *req, const void *data, size_t len, void *ctx)
 {
     struct tern_kv_service *svc = ctx;
-    const struct pm_rec *r;
     struct kv_pget_rep *rep;
     const uint8_t *key = (const uint8_t *)data + sizeof(struct kv_pget);
     struct kv_pget q;
+    struct pm_rec hdr;
+    const void *val;
     pm_loc loc;
     uint64_t version;
-    uint32_t size;
+    uint32_t size, vlen;
     int rc;
 
     if (!svc->os)
@@ -620,20 +621,24 @@ int kv_h_pget(struct tern_req *req, const void *data, size_t len, void *ctx)
     if (!kv_owns(svc, key, q.klen))
         return TERN_EWRONGNODE;
     rc = kvs_locate(svc->store, key, q.klen, &loc, &size, &version);
+    /* The header read once and checked: its lessee may be rewriting it. */
+    if (rc == 0 && pm_rec_read(kvs_pool(svc->store), loc, &hdr) < 0)
+        rc = TERN_ECORRUPT;
     if (rc < 0)
         return rc;
-    r = pm_rec_at(kvs_pool(svc->store), loc);
+    vlen = hdr.val_len;
+    val = (const uint8_t *)pm_rec_at(kvs_pool(svc->store), loc) + sizeof(hdr) + hdr.key_len;
     if (size <= q.cap) {
-        rc = pget_push(req, svc, &q, loc, size, version, r->val_len);
+        rc = pget_push(req, svc, &q, loc, size, version, vlen);
         if (rc != TERN_ENOBUFS && rc != TERN_EAGAIN)
             return rc;
     }
     /* Too big for the client's buffer, or no room to push now (or the
      * client's key is bad): the value goes inline, as KV_M_GET sends it. */
-    rep = tern_reply_alloc(req, sizeof(*rep) + r->val_len);
+    rep = tern_reply_alloc(req, sizeof(*rep) + vlen);
     if (!rep)
         return TERN_EMSGSIZE;
-    *rep = (struct kv_pget_rep){.version = version, .vlen = r->val_len};
-    memcpy(rep + 1, pm_rec_val(r), r->val_len);
+    *rep = (struct kv_pget_rep){.version = version, .vlen = vlen};
+    memcpy(rep + 1, val, vlen);
     return 0;
 }

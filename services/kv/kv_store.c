@@ -54,7 +54,7 @@ static inline bool ent_is_tomb(const struct kv_ent *e)
  * leaves it: deleted keys are answered by the server). */
 static void mirror(struct kvs *s, struct kv_ent *e)
 {
-    const struct pm_rec *r;
+    struct pm_rec r;
 
     if (!s->win.hdr)
         return;
@@ -62,9 +62,12 @@ static void mirror(struct kvs *s, struct kv_ent *e)
         kv_window_clear(&s->win, &e->wslot);
         return;
     }
-    r = pm_rec_at(s->pool, ent_loc(e));
-    kv_window_set(&s->win, &e->wslot, e->hash, ent_loc(e), r->version,
-                  pm_rec_size(r->key_len, r->val_len));
+    if (pm_rec_read(s->pool, ent_loc(e), &r) < 0) {
+        kv_window_clear(&s->win, &e->wslot);
+        return;
+    }
+    kv_window_set(&s->win, &e->wslot, e->hash, ent_loc(e), r.version,
+                  pm_rec_size(r.key_len, r.val_len));
 }
 
 /* A tombstone with no older record left behind it protects nothing. */
@@ -217,11 +220,12 @@ void kvs_close(struct kvs *s)
 
 /* ---- reads ---- */
 
-int kvs_get(struct kvs *s, const void *key, size_t klen,
-                      const void **val, uint32_t *len, uint64_t *version)
+/* The key's newest record, its header as checked (pm_rec_read): records in
+ * leased segments were written by a client, which may rewrite them. */
+static int newest(struct kvs *s, const void *key, size_t klen, pm_loc *loc,
+                  struct pm_rec *hdr)
 {
     struct kv_ent *e;
-    const struct pm_rec *r;
 
     s->st.gets++;
     if (!klen || klen > KV_KEY_MAX)
@@ -229,32 +233,39 @@ int kvs_get(struct kvs *s, const void *key, size_t klen,
     e = kv_index_find(&s->ix, s->pool, kv_hash(key, klen), key, (uint16_t)klen);
     if (!e || ent_is_tomb(e))
         return TERN_ENOENT;
-    r = pm_rec_at(s->pool, ent_loc(e));
-    *val = pm_rec_val(r);
-    *len = r->val_len;
-    if (version)
-        *version = r->version;
+    *loc = ent_loc(e);
+    if (pm_rec_read(s->pool, *loc, hdr) < 0 || hdr->key_len != klen)
+        return TERN_ECORRUPT;
     s->st.hits++;
+    return 0;
+}
+
+int kvs_get(struct kvs *s, const void *key, size_t klen,
+                      const void **val, uint32_t *len, uint64_t *version)
+{
+    struct pm_rec hdr;
+    pm_loc loc;
+    int rc = newest(s, key, klen, &loc, &hdr);
+
+    if (rc < 0)
+        return rc;
+    *val = (const uint8_t *)pm_rec_at(s->pool, loc) + sizeof(hdr) + hdr.key_len;
+    *len = hdr.val_len;
+    if (version)
+        *version = hdr.version;
     return 0;
 }
 
 int kvs_locate(struct kvs *s, const void *key, size_t klen,
                          pm_loc *loc, uint32_t *size, uint64_t *version)
 {
-    const struct pm_rec *r;
-    struct kv_ent *e;
+    struct pm_rec hdr;
+    int rc = newest(s, key, klen, loc, &hdr);
 
-    s->st.gets++;
-    if (!klen || klen > KV_KEY_MAX)
-        return klen ? TERN_E2BIG : TERN_EINVAL;
-    e = kv_index_find(&s->ix, s->pool, kv_hash(key, klen), key, (uint16_t)klen);
-    if (!e || ent_is_tomb(e))
-        return TERN_ENOENT;
-    r = pm_rec_at(s->pool, ent_loc(e));
-    *loc = ent_loc(e);
-    *size = pm_rec_size(r->key_len, r->val_len);
-    *version = r->version;
-    s->st.hits++;
+    if (rc < 0)
+        return rc;
+    *size = pm_rec_size(hdr.key_len, hdr.val_len);
+    *version = hdr.version;
     return 0;
 }
 
@@ -529,15 +540,21 @@ int kvs_clear(struct kvs *s, unsigned flags)
      * unlinks entries, but never add any. */
     for (uint32_t i = 0; i < s->ix.top; i++) {
         struct kv_ent *e = &s->ix.ents[i];
-        const struct pm_rec *r;
+        struct pm_rec r;
         uint8_t key[KV_KEY_MAX];
         int rc;
 
         if (e->loc == KV_FREE || ent_is_tomb(e))
             continue;
-        r = pm_rec_at(s->pool, ent_loc(e));
-        memcpy(key, pm_rec_key(r), r->key_len);    /* the record may move */
-        rc = kvs_del(s, key, r->key_len, 0, NULL);
+        /* A record its lessee rewrote no longer names the key it was
+         * indexed under: nothing to find it by, and nothing to lose. */
+        if (pm_rec_read(s->pool, ent_loc(e), &r) < 0)
+            continue;
+        /* Copied: the delete may move the record. */
+        memcpy(key, pm_rec_key(pm_rec_at(s->pool, ent_loc(e))), r.key_len);
+        rc = kvs_del(s, key, r.key_len, 0, NULL);
+        if (rc == TERN_ENOENT || rc == TERN_ECORRUPT)
+            continue;
         if (rc < 0)
             return rc;
     }
@@ -555,13 +572,13 @@ struct scan_ctx {
 static int scan_visit(void *arg, struct kv_ent *e)
 {
     struct scan_ctx *c = arg;
-    const struct pm_rec *r;
+    const uint8_t *at;
+    struct pm_rec r;
 
-    if (ent_is_tomb(e))
+    if (ent_is_tomb(e) || pm_rec_read(c->s->pool, ent_loc(e), &r) < 0)
         return 0;
-    r = pm_rec_at(c->s->pool, ent_loc(e));
-    return c->fn(c->arg, pm_rec_key(r), r->key_len, pm_rec_val(r), r->val_len,
-                 r->version);
+    at = (const uint8_t *)pm_rec_at(c->s->pool, ent_loc(e)) + sizeof(r);
+    return c->fn(c->arg, at, r.key_len, at + r.key_len, r.val_len, r.version);
 }
 
 int kvs_scan(struct kvs *s, uint64_t cursor, unsigned max,

@@ -1469,6 +1469,13 @@ int resp_gw_create(struct kvs *store, const struct resp_config *cfg,
     return 0;
 }
 
+int resp_gw_adopt(struct resp_gw *gw, int fd)
+{
+    if (gw->n_clients >= gw->max_clients)
+        return TERN_ENOBUFS;
+    return client_new(gw, fd) ? 0 : TERN_ENOMEM;
+}
+
 uint16_t resp_gw_port(const struct resp_gw *gw)
 {
     return gw->port;

@@ -59,4 +59,10 @@ enum resp_status resp_parse(struct resp_parser *p, const char *buf, size_t len);
  * failure). */
 extern int (*resp_sync_fn)(struct kvs *s);
 
+/* Serve an already connected, non-blocking stream socket as a client,
+ * as if the gateway had accepted it (its fuzz target feeds one end of a
+ * socketpair). TERN_ENOBUFS at max_clients, TERN_ENOMEM. */
+struct resp_gw;
+int resp_gw_adopt(struct resp_gw *gw, int fd);
+
 #endif

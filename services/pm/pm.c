@@ -45,6 +45,8 @@ struct seg_state {
     uint32_t first;                  /* where records start (past a lessee's reach) */
     bool leased;                     /* a lessee writes here; only it appends */
     bool queued;                     /* listed in the pool's queue */
+    bool damaged;                    /* its lessee left a record that fails its checks:
+                                      * never cleaned (recovery cuts it) */
 };
 
 struct pm_pool {
@@ -245,27 +247,39 @@ static int seg_hdr_check_old(const struct pm_seg_hdr *sh, uint32_t s, uint32_t s
 int pm_seg_hdr_check(const struct pm_seg_hdr *sh, uint32_t s, uint32_t seg_size,
                      uint32_t layout, struct pm_seg_view *v, uint32_t *where, const char **why)
 {
+    struct pm_seg_hdr h3;
+
     *v = (struct pm_seg_view){0};
+    /* Layout 3 never wrote `first`, and upgrade_hdr clears whatever is
+     * there before it reads the header by later rules: judge it so. */
+    if (layout < 4 && sh->first) {
+        h3 = *sh;
+        h3.first = 0;
+        sh = &h3;
+    }
+    /* Free, unless the rest of the header is sound and still counts
+     * committed records: then the seq word was lost, not cleared (a free
+     * moves the commit point back before it clears seq). Whatever the
+     * file's layout: a layout 3 or 4 header never has a sound sum and
+     * commit word, so one that has them is a layout-5 header (upgrade_hdr
+     * leaves free segments as they are, and the pool reads them by the
+     * rules of layout 5 once it has upgraded the file). */
+    if (sh->seq == 0) {
+        if (sh->magic == PM_SEG_MAGIC && sh->index == s && sh->sum == pm_seg_hdr_sum(sh) &&
+            sh->commit == pm_seg_commit_word((uint32_t)sh->commit, sh->opened, s) &&
+            (uint32_t)sh->commit > (sh->first > PM_SEG_HDR ? sh->first - PM_SEG_HDR : 0))
+            return seg_bad(where, why, SEG_AT(seq),
+                           "segment header: marked free (sequence number 0) but its commit "
+                           "word counts committed records (sequence number lost?)");
+        return 0;
+    }
     if (layout < PM_LAYOUT_SEG_SUM) {
-        if (sh->seq == 0)
-            return 0;
         /* Upgraded already (upgrade_hdr converts one segment at a time). */
         if (seg_hdr_check5(sh, s, seg_size, v, where, why) == 0)
             return 0;
         return seg_hdr_check_old(sh, s, seg_size, layout, v, where, why);
     }
-    if (sh->seq != 0)
-        return seg_hdr_check5(sh, s, seg_size, v, where, why);
-    /* Free, unless the rest of the header is sound and still counts
-     * committed records: then the seq word was lost, not cleared (a free
-     * moves the commit point back before it clears seq). */
-    if (sh->magic == PM_SEG_MAGIC && sh->index == s && sh->sum == pm_seg_hdr_sum(sh) &&
-        sh->commit == pm_seg_commit_word((uint32_t)sh->commit, sh->opened, s) &&
-        (uint32_t)sh->commit > (sh->first > PM_SEG_HDR ? sh->first - PM_SEG_HDR : 0))
-        return seg_bad(where, why, SEG_AT(seq),
-                       "segment header: marked free (sequence number 0) but its commit "
-                       "word counts committed records (sequence number lost?)");
-    return 0;
+    return seg_hdr_check5(sh, s, seg_size, v, where, why);
 }
 
 static inline uint8_t *seg_base(const struct pm_pool *p, uint32_t seg)
@@ -796,6 +810,27 @@ const struct pm_rec *pm_rec_at(const struct pm_pool *p, pm_loc loc)
     return (const struct pm_rec *)(seg_base(p, (uint32_t)(loc >> 32)) + (uint32_t)loc);
 }
 
+int pm_rec_read(const struct pm_pool *p, pm_loc loc, struct pm_rec *hdr)
+{
+    uint32_t s = (uint32_t)(loc >> 32), off = (uint32_t)loc;
+    uint64_t end;
+
+    if (s >= p->n_segs)
+        return TERN_ECORRUPT;
+    end = PM_SEG_HDR + (uint64_t)p->segs[s].appended;
+    if ((uint64_t)off + sizeof(*hdr) > end)
+        return TERN_ECORRUPT;
+    /* One copy, judged and used: a lessee may be rewriting the header. */
+    memcpy(hdr, pm_rec_at(p, loc), sizeof(*hdr));
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    if (!hdr->key_len || hdr->key_len > PM_KEY_MAX ||
+        (hdr->type != PM_VALUE && hdr->type != PM_TOMBSTONE) ||
+        (hdr->type == PM_TOMBSTONE && hdr->val_len) || hdr->val_len > p->seg_size ||
+        off + (uint64_t)pm_rec_size(hdr->key_len, hdr->val_len) > end)
+        return TERN_ECORRUPT;
+    return 0;
+}
+
 uint32_t pm_val_max(const struct pm_pool *p, uint32_t key_len)
 {
     uint32_t room = p->seg_size - PM_SEG_HDR - (uint32_t)sizeof(struct pm_rec);
@@ -1259,6 +1294,33 @@ int pm_lease_append(struct pm_pool *p, uint32_t seg, uint32_t off, uint64_t vers
     return 0;
 }
 
+/* The lessee could write its records until now, those the pool took
+ * included: check them as recovery would. A segment where one fails is
+ * never cleaned, as the cleaner walks records by their headers and copies
+ * them by their lengths; its records stay where the owner's index has
+ * them (readers check what they read, pm_rec_read), and recovery cuts the
+ * segment at that record. */
+static void lease_check(struct pm_pool *p, uint32_t seg)
+{
+    struct seg_state *ss = &p->segs[seg];
+    const uint8_t *base = seg_base(p, seg);
+    const char *why;
+
+    for (uint64_t off = ss->first, size; off < PM_SEG_HDR + (uint64_t)ss->committed;
+         off += size) {
+        uint32_t sz;
+
+        if (pm_rec_check(base, off, ss->committed, &sz, &why) < 0) {
+            tern_log(TERN_LOG_WARN, "pm", "segment %u + %llu: %s, written by its lessee; "
+                     "the segment is not cleaned until recovery cuts it there",
+                     seg, (unsigned long long)off, why);
+            ss->damaged = true;
+            return;
+        }
+        size = sz;
+    }
+}
+
 void pm_lease_end(struct pm_pool *p, uint32_t seg)
 {
     struct seg_state *ss;
@@ -1271,6 +1333,7 @@ void pm_lease_end(struct pm_pool *p, uint32_t seg)
     ss->live = ss->live > dropped ? ss->live - dropped : 0;
     ss->appended = ss->committed;
     ss->leased = false;
+    lease_check(p, seg);
 }
 
 void *pm_base(const struct pm_pool *p)
@@ -1300,7 +1363,7 @@ static uint32_t pick_victim(const struct pm_pool *p, unsigned max_live_pct)
     for (uint32_t s = 0; s < p->n_segs; s++) {
         const struct seg_state *ss = &p->segs[s];
 
-        if (!ss->seq || s == p->head || ss->leased ||
+        if (!ss->seq || s == p->head || ss->leased || ss->damaged ||
             (uint64_t)ss->live * 100 >= cap * max_live_pct)
             continue;
         if (best == NO_SEG || ss->live < p->segs[best].live)

@@ -98,6 +98,13 @@ int pm_recover(struct pm_pool *p, pm_visit_fn fn, void *arg);
 /* The record at `loc` (a location this pool handed out). */
 const struct pm_rec *pm_rec_at(const struct pm_pool *p, pm_loc loc);
 
+/* The header of the record at `loc`, copied once and checked: a key of 1
+ * to PM_KEY_MAX bytes, a known type, and the whole record inside the bytes
+ * its segment holds. 0, or TERN_ECORRUPT for a record a lessee rewrote
+ * after the pool took it (its segment may be leased still, and the header
+ * may change again at any time: use the copy, never the pool's). */
+int pm_rec_read(const struct pm_pool *p, pm_loc loc, struct pm_rec *hdr);
+
 /* Largest value a record with `key_len` bytes of key may hold. */
 uint32_t pm_val_max(const struct pm_pool *p, uint32_t key_len);
 

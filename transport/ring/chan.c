@@ -204,13 +204,15 @@ int ring_tp_msg_alloc(struct tern_tp_conn *conn, size_t len, void **buf)
         *buf = p;
         return 0;
     }
-    if (c->stage_cap < len) {
-        uint8_t *s = realloc(c->stage, len);
+    /* At least a byte: an empty message gets a reservation too. */
+    if (c->stage_cap < len || !c->stage) {
+        size_t cap = len ? len : 1;
+        uint8_t *s = realloc(c->stage, cap);
 
         if (!s)
             return TERN_ENOMEM;
         c->stage = s;
-        c->stage_cap = len;
+        c->stage_cap = cap;
     }
     c->stage_resv = true;
     c->frag_total = len;
@@ -454,13 +456,16 @@ static int on_frag(struct ring_conn *c, const uint8_t *p, uint32_t len, struct t
     if (f.offset == 0) {
         if (f.total > c->base.ep->cfg.max_msg || f.total < n)
             return TERN_EPROTO;
-        if (c->reasm_cap < f.total) {
-            uint8_t *r = realloc(c->reasm, f.total);
+        /* At least a byte: an empty message (posted while its link came
+         * up, it goes as a FRAG too) gets a view as every other one does. */
+        if (c->reasm_cap < f.total || !c->reasm) {
+            size_t cap = f.total ? f.total : 1;
+            uint8_t *r = realloc(c->reasm, cap);
 
             if (!r)
                 return TERN_ENOMEM;
             c->reasm = r;
-            c->reasm_cap = f.total;
+            c->reasm_cap = cap;
         }
         c->reasm_total = f.total;
         c->reasm_got = 0;

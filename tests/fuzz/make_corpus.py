@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""Write the seed corpora of tests/fuzz: a few valid inputs per target, in
+each target's input format (see the comment at the top of fuzz_NAME.c), so
+that the fuzzer starts from sound structure. Inputs that once crashed a
+target are kept beside them as regress-*; this script leaves those alone.
+
+    tests/fuzz/make_corpus.py [DIR]     (default: tests/fuzz/corpus)
+"""
+import os
+import struct
+import sys
+
+OUT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "corpus")
+
+
+def u8(v): return struct.pack("<B", v & 0xff)
+def u16(v): return struct.pack("<H", v & 0xffff)
+def u32(v): return struct.pack("<I", v & 0xffffffff)
+def u64(v): return struct.pack("<Q", v & 0xffffffffffffffff)
+
+
+def resp(*args):
+    out = b"*%d\r\n" % len(args)
+    for a in args:
+        a = a if isinstance(a, bytes) else a.encode()
+        out += b"$%d\r\n%s\r\n" % (len(a), a)
+    return out
+
+
+SEEDS = {}
+
+# fuzz_resp_parse: limit index, count of read sizes, the sizes, the stream.
+cmds = resp("SET", "key", "value") + resp("GET", "key") + b"PING\r\n" + resp("MSET", "a", "1", "b", "2")
+SEEDS["resp_parse"] = {
+    "multibulk": u8(0) + u8(0) + cmds,
+    "pieces": u8(0) + u8(4) + bytes([1, 3, 7, 2]) + cmds,
+    "inline": u8(5) + u8(0) + b"SET k v\r\nGET k\r\n\r\n",
+    "limits": u8(3) + u8(2) + bytes([5, 9]) + resp("SET", "k", "x" * 90),
+    "empty": u8(0) + u8(0) + b"*0\r\n*-1\r\n",
+}
+
+# fuzz_resp_gw: flags (bit 0: the group commit fails), the client's bytes.
+gw = (resp("SET", "k", "v") + resp("GET", "k") + resp("SET", "k", "w", "NX") +
+      resp("SET", "n", "1", "XX") + resp("INCR", "n") + resp("INCRBY", "n", "10") +
+      resp("DECRBY", "n", "3") + resp("DECR", "n") + resp("MSET", "a", "1", "b", "2") +
+      resp("MGET", "a", "b", "c") + resp("EXISTS", "a", "c") + resp("DEL", "a") +
+      resp("DBSIZE") + resp("ECHO", "hi") + resp("PING") + resp("INFO", "keyspace") +
+      resp("CONFIG", "GET", "maxmemory") + resp("SELECT", "0") + resp("CLIENT", "SETNAME", "x") +
+      resp("COMMAND", "COUNT") + resp("SET", "e", "1", "EX", "10") + resp("FLUSHDB") +
+      resp("NOSUCH") + resp("QUIT"))
+SEEDS["resp_gw"] = {
+    "commands": u8(0) + gw,
+    "sync-fails": u8(1) + resp("SET", "k", "v") + resp("GET", "k") + resp("MSET", "a", "b"),
+    "inline": u8(0) + b"SET k v\r\nGET k\r\nMGET k k k\r\n",
+    "big-mget": u8(0) + resp("SET", "big", "x" * 3000) + resp("MGET", *(["big"] * 4)),
+    "bad": u8(0) + b"*2\r\n$3\r\nGET\r\n+oops\r\n",
+}
+
+# fuzz_select: uri buffer size - 1, policy length, policy, advertisement
+# ("@=" stands for this host's node id).
+ads = b"shm://tern-a@=;ntb://emu:dev@=;rdma://soft:127.0.0.1:5@=;tcp://127.0.0.1:9@other;"
+SEEDS["select"] = {
+    "all": u8(127) + u8(0) + ads,
+    "policy": u8(127) + u8(7) + b"ntb,shm" + ads,
+    "short-uri": u8(4) + u8(3) + b"shm" + ads,
+    "foreign": u8(127) + u8(0) + b"shm://x@elsewhere;ntb://hw@=",
+}
+
+# fuzz_addr: the text itself.
+SEEDS["addr"] = {
+    "v4": b"127.0.0.1:8080", "v6": b"[::1]:443", "any": b":0", "uri": b"tcp://127.0.0.1:1",
+    "ntb": b"ntb://emu:dev/1", "rdma": b"rdma://soft:10.0.0.1:7", "noport": b"host:",
+}
+
+# fuzz_pool: flags (1 header sum, 2 segment sums, 4 record sums, 8 resize
+# by the i16 that follows), then patches: where (0: header, 1..6: segment,
+# 0xff: any offset as u32), offset u16, length byte (1 + n % 32), bytes.
+SEEDS["pool"] = {
+    "as-made": u8(0),
+    "layout-4": u8(1) + u8(0) + u16(8) + u8(3) + u32(4),
+    "seg-seq": u8(3) + u8(1) + u16(0) + u8(7) + u64(99),
+    "record": u8(7) + u8(1) + u16(64 + 8) + u8(3) + u32(0x10000000),
+    "truncated": u8(8) + u16(0x10000 - 4096),
+    "key-len": u8(7) + u8(2) + u16(64 + 16) + u8(1) + u16(2000),
+}
+
+
+# fuzz_tcp_wire: flags (bits 0-1 puts, 2-3 gets, 4-5 views held), records.
+def tcp_msg(body): return u8(1) + u16(len(body)) + body
+def tcp_put_real(data, off=0): return u8(0x82) + u16(len(data)) + u16(off) + data
+def tcp_get_real(n, off=0): return u8(0x83) + u16(n) + u16(off)
+def tcp_ack(status): return u8(4) + u32(status)
+def tcp_get_resp(data): return u8(5) + u32(0) + u16(len(data)) + data
+
+
+SEEDS["tcp_wire"] = {
+    "msgs": u8(0x10) + tcp_msg(b"hello") + tcp_msg(b"x" * 300) + tcp_msg(b""),
+    "onesided": u8(0) + tcp_put_real(b"data" * 4, 8) + tcp_get_real(64, 16),
+    "answers": u8(0x05) + tcp_ack(0) + tcp_get_resp(b"\0" * 8),
+    "bad-key": u8(0) + u8(2) + u16(4) + u32(12345) + u16(0) + b"abcd",
+    "raw": u8(0) + u8(0) + u8(8) + u16(0x7e72) + u8(1) + u8(9) + u32(0),
+}
+
+
+# fuzz_rpc_server: flags (bit 0: a small receive window), records.
+def hello(credits=4, max_msg=4096): return u8(0) + u8(credits) + u16(max_msg)
+def hello_token(token): return u8(0x10) + u8(4) + u16(4096) + u8(token)
+def req(method, body, req_id=1): return u8(1) + u8(method) + u8(req_id) + u16(len(body)) + body
+def req_resent(method, body, req_id): return u8(0x41) + u8(method) + u16(1) + u8(req_id) + u16(len(body)) + body
+
+
+SEEDS["rpc_server"] = {
+    "echo": u8(0) + hello() + req(1, b"ping") + req(2, u16(3000)) + req(3, b"x") + req(4, b"") + req(5, b"") + req(6, b"abc"),
+    "replay": u8(0) + hello_token(1) + req(1, b"a", 5) + req_resent(1, b"a", 5) + req_resent(1, b"b", 6),
+    "no-hello": u8(0) + req(1, b"ping"),
+    "hello-twice": u8(0) + hello() + hello(),
+    "backlog": u8(1) + hello() + b"".join(req(2, u16(4000), i) for i in range(20)),
+    "short": u8(0) + hello() + u8(3) + u8(5) + b"\x03\x01\x07\x00\x01",
+}
+
+
+# fuzz_rpc_client: flags (bits 0-3 calls, 4 cancel the first, 7 token),
+# records sent before the calls, records.
+def ack(credits=8, max_msg=4096, ads=b""): return u8(0) + u8(credits) + u16(max_msg) + u8(0) + u8(len(ads)) + ads
+def reply(pick, body, status_bits=0): return u8(0x41 | (status_bits << 2)) + u8(pick) + u16(7) + u16(0) + u16(len(body)) + body
+
+
+SEEDS["rpc_client"] = {
+    "calls": u8(4) + u8(1) + ack() + reply(0, b"one") + reply(1, b"two") + reply(2, b"", 1) + reply(3, b"four"),
+    "ads": u8(0x82) + u8(1) + ack(ads=b"shm://tern-x@node;ntb://emu:d@node;") + reply(0, b"ok"),
+    "cancel": u8(0x12) + u8(1) + ack() + reply(0, b"late") + reply(1, b"ok"),
+    "no-ack": u8(2) + u8(0) + reply(0, b"early"),
+    "twice": u8(1) + u8(1) + ack() + ack() + reply(0, b"x"),
+}
+
+
+# fuzz_kv_service: ops of (op, method % 12) and the method's fields.
+def kv_key(k): return u8(k)                       # alphabet key, 1-4 letters
+def kv_put(k, val): return u8(0) + u8(2) + u16(len(val)) + kv_key(k) + val
+def kv_get(k): return u8(0) + u8(1) + kv_key(k)
+def kv_del(k): return u8(0) + u8(3) + kv_key(k)
+def kv_mget(*ks): return u8(0) + u8(4) + u8(len(ks)) + b"".join(kv_key(k) for k in ks)
+def kv_scan(): return u8(0) + u8(5) + u8(0) + u8(16)
+def kv_lease(): return u8(0) + u8(8)
+def kv_lessee(k, val, intent=7): return u8(0) + u8(11) + kv_key(k) + u16(len(val)) + u32(intent) + val
+def kv_pget(k, cap=4096): return u8(0) + u8(10) + u16(cap) + u16(0) + kv_key(k)
+
+
+SEEDS["kv_service"] = {
+    "basic": kv_put(5, b"value") + kv_get(5) + kv_mget(5, 6, 5) + kv_scan() + kv_del(5) + kv_get(5) + u8(0) + u8(6) + u8(0) + u8(7),
+    "lease": kv_lease() + kv_lessee(9, b"leased value") + kv_get(9) + kv_lessee(10, b"second") + kv_pget(10),
+    "pget": kv_put(13, b"pushed" * 10) + kv_pget(13) + kv_pget(13, 8),
+    "scribble": kv_lease() + kv_lessee(9, b"v") + u8(1) + u8(11) + u16(0) + u8(3) + b"\xff\xff\xff\xff" + kv_get(9),
+    "raw": u8(0x80) + u8(1) + u16(8) + u16(1) + u16(0) + u32(0) + b"k",
+}
+
+
+# fuzz_ring: views held, then steps: publish (op 0: channel, kind, kind's
+# fields, length, bytes), scribble (op 1), poll (op 2 | n << 2), act (op 3).
+def open_chan(ch): return u8(0) + u8(0) + u8(0) + u8(1) + u8(ch) + u16(0)
+def msg(ch, body): return u8(0) + u8(ch) + u8(1) + u16(len(body)) + body
+def frag(ch, total, off, body): return u8(0) + u8(ch) + u8(2) + u16(total) + u16(off) + u16(8 + len(body)) + body
+def polls(n=7): return u8(2 | (n << 2))
+def send(conn, n): return u8(3) + u8(conn) + u32(0) + u16(n)
+
+
+SEEDS["ring"] = {
+    "messages": u8(1) + open_chan(1) + polls() + msg(1, b"hello") + msg(1, b"") + polls() + send(0, 100) + polls(),
+    "fragments": u8(0) + open_chan(2) + polls() + frag(2, 1500, 0, b"a" * 900) + polls() + frag(2, 1500, 900, b"b" * 600) + polls(),
+    "close": u8(0) + open_chan(1) + polls() + u8(0) + u8(0) + u8(0) + u8(2) + u8(1) + u16(0) + polls(),
+    "large-send": u8(0) + open_chan(1) + polls() + send(0, 5000) + polls() + polls(),
+}
+
+
+for target, seeds in SEEDS.items():
+    d = os.path.join(OUT, target)
+    os.makedirs(d, exist_ok=True)
+    for name, data in seeds.items():
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(data)

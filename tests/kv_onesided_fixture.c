@@ -22,7 +22,7 @@ bool is_ntb(int i)
 
 bool one_peer_only(int fabric)
 {
-    return is_ntb(fabric);
+    return (test_fabric_caps(fabric) & TERN_TP_CAP_POINT_TO_POINT) != 0;
 }
 
 /* On ntb a one-sided operation is one ring record, at most a quarter of

@@ -998,7 +998,7 @@ START_TEST(arm_before_sleeping)
     /* Three connections accepted at once: ACCEPTED events owed. An NTB
      * device joins exactly two endpoints, so there they go over the link
      * that is up; elsewhere to a second listener. */
-    if (FC->point_to_point)
+    if (tern_tp_fabric_caps(FC->fabric) & TERN_TP_CAP_POINT_TO_POINT)
         snprintf(bound, sizeof(bound), "%s", p.bound);
     else
         ck_assert_int_eq(tern_tp_listen(p.b, FC->listen, bound, sizeof(bound)), 0);

@@ -38,11 +38,7 @@ enum auto_way { AUTO_RPC, AUTO_WINDOW, AUTO_PUSH };
 
 static enum auto_way auto_get_way(int i)
 {
-    if (fabric_is_fast(i))
-        return AUTO_WINDOW;
-    if (is_ntb(i))
-        return AUTO_RPC;
-    return AUTO_RPC;
+    return fabric_is_fast(i) ? AUTO_WINDOW : AUTO_RPC;
 }
 
 /* ---- round trips on every fabric ---- */

@@ -62,6 +62,10 @@ enum tern_tp_cap {
      * TERN_EREMACCESS (a NIC breaks its queue pair) instead of failing the
      * one operation. Not an op either. */
     TERN_TP_CAP_STRICT_RKEY = 1u << 8,
+    /* A listener is reached by one peer endpoint only: an address names a
+     * link between two ends (a device's), not a place many connect to.
+     * Not an op either. */
+    TERN_TP_CAP_POINT_TO_POINT = 1u << 9,
 };
 
 enum tern_tp_poll_mode {

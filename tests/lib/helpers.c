@@ -20,16 +20,16 @@ __attribute__((constructor)) static void rdma_addresses(void)
 }
 
 const struct fabric_case fabric_cases[] = {
-    {"tcp", "127.0.0.1:0", "127.0.0.1:1", "no-port-here", false},
-    {"shm", "auto", "nobody-listens-here", "bad name!", false},
+    {"tcp", "127.0.0.1:0", "127.0.0.1:1", "no-port-here"},
+    {"shm", "auto", "nobody-listens-here", "bad name!"},
     /* An emulated NTB device (a shared-memory file with both windows): the
      * same link rules as on PCIe, runnable anywhere. */
-    {"ntb", "emu:auto", "emu:nobody-attached", "emu:bad name!", true},
+    {"ntb", "emu:auto", "emu:nobody-attached", "emu:bad name!"},
 #if TERN_HAVE_RDMA
     /* RDMA verbs: a NIC if the host has one, else softverbs (the tests
      * then run the fabric's code against the emulated NIC). On a NIC the
      * address must be one of its own: TERN_RDMA_LOCAL_IP. */
-    {"rdma", rdma_listen, rdma_refused, "no-port-here", false},
+    {"rdma", rdma_listen, rdma_refused, "no-port-here"},
 #endif
 };
 const int n_fabric_cases = sizeof(fabric_cases) / sizeof(fabric_cases[0]);

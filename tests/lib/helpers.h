@@ -22,8 +22,6 @@ struct fabric_case {
     const char *listen;     /* address to listen on (any free port/name) */
     const char *refused;    /* an address nobody listens on */
     const char *bad;        /* an address the fabric cannot parse */
-    bool point_to_point;    /* a listener joins exactly one peer (an NTB
-                             * device's two ends) */
 };
 
 extern const struct fabric_case fabric_cases[];

@@ -918,7 +918,7 @@ static void ntb_sweep(void)
 const struct tern_tp_fabric tp_fabric_ntb = {
     .name = "ntb",
     .caps = TERN_TP_CAP_MSG | TERN_TP_CAP_PUT | TERN_TP_CAP_GET | TERN_TP_CAP_WAIT_FD |
-            TERN_TP_CAP_LISTEN | TERN_TP_CAP_CONNECT,
+            TERN_TP_CAP_LISTEN | TERN_TP_CAP_CONNECT | TERN_TP_CAP_POINT_TO_POINT,
     .ep_size = sizeof(struct ring_ep),
     .ops = &ntb_ops,
     .latency_ns = 800,

@@ -291,7 +291,7 @@ START_TEST(durable_onesided_puts)
     struct tern_rpc_ep *ep;
     struct tern_kv *os, *rpc;
     struct test_kv_srv o = {.seg_size = 64 * KIB};
-    unsigned present = 0;
+    unsigned present = 0, os_puts = 0;
     uint64_t before;
     char k[32];
     int kl;
@@ -307,6 +307,7 @@ START_TEST(durable_onesided_puts)
         dur[i].len = 900 + i % 200;
         test_pattern(dur[i].val, dur[i].len, i);
         kv_must_put(os, k, (size_t)kl, dur[i].val, dur[i].len, &dur[i].version);
+        os_puts++;
     }
     /* Overwrites one-sided and by RPC, and deletes, in between. */
     for (unsigned i = 0; i < N_DUR; i += 3) {
@@ -314,6 +315,7 @@ START_TEST(durable_onesided_puts)
         dur[i].len = 1500 + i % 500;
         test_pattern(dur[i].val, dur[i].len, i + 5000);
         kv_must_put(os, k, (size_t)kl, dur[i].val, dur[i].len, &dur[i].version);
+        os_puts++;
     }
     for (unsigned i = 1; i < N_DUR; i += 7) {
         dur_key(k, sizeof(k), &kl, "dur", i);
@@ -332,11 +334,15 @@ START_TEST(durable_onesided_puts)
         dur[i].len = 33;
         test_pattern(dur[i].val, dur[i].len, i + 7000);
         kv_must_put(os, k, (size_t)kl, dur[i].val, dur[i].len, &dur[i].version);
+        os_puts++;
     }
     st = os_stats(os);
     CHECK(st.leases >= 4, "only %llu leases for ~300 KiB of one-sided PUTs",
           (unsigned long long)st.leases);
-    CHECK(st.puts >= N_DUR, "only %llu one-sided PUTs", (unsigned long long)st.puts);
+    /* Only a PUT that finds its lease full goes by RPC (while the next lease
+     * is asked for): one per lease, on every fabric, however slow. */
+    CHECK(st.puts + st.leases >= os_puts, "only %llu of %u PUTs went one-sided, with %llu leases",
+          (unsigned long long)st.puts, os_puts, (unsigned long long)st.leases);
     check_all(os, dur, N_DUR, "dur");
     tern_kv_close(os);
     tern_kv_close(rpc);

@@ -145,7 +145,11 @@ int kv_lease_put(struct kv_op *op)
         if (!srv->os.populated)
             lease_populate(srv);
         write_record(p, op, op->lput.intent);
-    } else if (rc == TERN_ENOTSUP && size <= STAGE_SLOT && (op->stage = kv_stage_get(c)) >= 0) {
+    } else if ((rc == TERN_ENOTSUP || rc == TERN_EAGAIN) && size <= STAGE_SLOT &&
+               (op->stage = kv_stage_get(c)) >= 0) {
+        /* No mapping (ntb, rdma), or not yet (shm maps a new lease's
+         * segment in the background): a one-sided put from a staging slot,
+         * which the fabric serves until the mapping is there. */
         write_record(kv_stage_mem(c, op->stage), op, op->lput.intent);
         rc = tern_session_put(srv->s, c->stage_mr, (size_t)op->stage * STAGE_SLOT, size,
                               &srv->os.lease.rkey, srv->os.next - srv->os.lease.base,

@@ -16,6 +16,7 @@ cd "$(dirname "$0")"
 PKGS=(build-essential meson ninja-build pkg-config check libsubunit-dev python3
       libibverbs-dev librdmacm-dev    # rdma-core: the rdma fabric and its tests (softverbs)
       libpmem-dev libxxhash-dev   # the services: pool; checksums and key hash
+      libbson-dev libpcre2-dev    # the document service: BSON; $regex
       redis-tools                     # redis-cli/redis-benchmark against the RESP gateway
       clang)                          # libFuzzer: the fuzz targets of tests/fuzz
 # Optional: without them the build leaves the matching parts out.

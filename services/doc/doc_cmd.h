@@ -1,0 +1,113 @@
+/* MongoDB's commands over a document store: what the wire gateway and the
+ * native RPC service both run, so that either way in gives the same
+ * answers.
+ *
+ * A command is a BSON document whose first field names it ({find: "c",
+ * filter: {...}, $db: "test"}), plus the document sequences OP_MSG may
+ * carry beside it (kind-1 sections "documents", "updates", "deletes");
+ * a sequence and an inline array of the same name are one and the same.
+ * The reply is the document MongoDB would send: {ok: 1, ...}, write
+ * errors inside an ok:1 reply ({n, writeErrors: [{index, code, errmsg,
+ * keyPattern, keyValue}]}), and a failed command as {ok: 0, errmsg, code,
+ * codeName}. A command never fails any other way: every error is a reply.
+ *
+ * Commands: hello/isMaster/ismaster, ping, buildInfo, getParameter,
+ * serverStatus, hostInfo, whatsmyuri, getLog, getCmdLineOpts, connectionStatus,
+ * insert, find, getMore, killCursors, update, delete, findAndModify,
+ * count, distinct, aggregate, createIndexes, listIndexes, dropIndexes,
+ * listCollections, listDatabases, create, drop, dropDatabase, collStats,
+ * dbStats, endSessions, explain (of find, count, distinct, aggregate,
+ * update, delete). Any other: CommandNotFound (59) with "no such command:
+ * 'foo'". Global fields (lsid, $readPreference, $clusterTime, txnNumber,
+ * writeConcern, readConcern, comment, maxTimeMS, apiVersion) are accepted
+ * and ignored.
+ *
+ * Clients: each connection or RPC session is a doc_client, which owns its
+ * cursors; a client holds at most max_cursors open cursors (the oldest
+ * idle one is closed for a new one past that) and the server at most
+ * max_cursors_total; a cursor idle for cursor_idle_ms is closed. getMore
+ * and killCursors on another client's cursor: CursorNotFound, as MongoDB
+ * without auth scopes cursors to sessions.
+ *
+ * Threads: one thread owns a server, its store, and all its clients. */
+#ifndef TERN_DOC_CMD_H
+#define TERN_DOC_CMD_H
+
+#include <bson/bson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "doc_store.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct doc_server;
+struct doc_client;
+
+struct doc_server_opts {
+    unsigned max_cursors;        /* per client; 0 = 1024 */
+    unsigned max_cursors_total;  /* 0 = 65536 */
+    uint64_t cursor_idle_ms;     /* 0 = 10 minutes, as MongoDB */
+    size_t max_batch_bytes;      /* a reply's batch; 0 = 16 MiB, as MongoDB */
+    unsigned default_batch;      /* first batch of a find without batchSize; 0 = 101 */
+    int32_t max_wire_version;    /* 0 = 17; min is always 0 */
+    const char *version;         /* buildInfo's version; NULL = "6.0.0" */
+};
+
+/* The store must outlive the server. */
+int doc_server_open(struct doc_store *store, const struct doc_server_opts *o,
+                    struct doc_server **out);
+void doc_server_close(struct doc_server *srv);
+
+struct doc_store *doc_server_store(struct doc_server *srv);
+
+/* A client of the server (a connection, an RPC session). `peer` is how
+ * replies name it (whatsmyuri, connectionStatus); copied. NULL on out of
+ * memory. Freeing kills its cursors. */
+struct doc_client *doc_client_new(struct doc_server *srv, const char *peer);
+void doc_client_free(struct doc_client *c);
+
+/* A kind-1 section: `id` ("documents"), and `len` bytes of BSON documents
+ * back to back at `docs` (checked here: a bad one is an InvalidBSON
+ * reply). */
+struct doc_seq {
+    const char *id;
+    size_t id_len;
+    const uint8_t *docs;
+    size_t len;
+};
+
+enum doc_cmd_flags {
+    DOC_CMD_WROTE = 1,          /* the command wrote: send its reply only after
+                                 * doc_server_sync() */
+};
+
+/* Run one command and build its reply into `reply` (an initialised,
+ * empty bson_t of the caller's). Returns enum doc_cmd_flags. */
+int doc_cmd_run(struct doc_client *c, const bson_t *cmd, const struct doc_seq *seqs,
+                unsigned nseq, bson_t *reply);
+
+/* Make the writes of every command run since the last call durable (one
+ * group commit for all clients). <0 if that failed: the replies of those
+ * commands must then be errors, not the ones built (the caller replaces
+ * them with doc_cmd_sync_failed). */
+int doc_server_sync(struct doc_server *srv, struct doc_err *e);
+void doc_cmd_sync_failed(const struct doc_err *e, bson_t *reply);
+
+/* Close cursors idle past cursor_idle_ms; call now and then. */
+void doc_server_tick(struct doc_server *srv, uint64_t now_ms);
+
+struct doc_server_stats {
+    uint64_t commands, inserts, queries, updates, deletes, getmores;
+    uint64_t cursors_open, cursors_timed_out;
+};
+void doc_server_stats(const struct doc_server *srv, struct doc_server_stats *st);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,88 @@
+/* The MongoDB wire protocol, as bytes: frames in, frames out. No I/O, no
+ * allocation; a parsed message points into the caller's buffer.
+ *
+ * Every message starts with a 16-byte header: int32 messageLength (the
+ * whole message, header included), int32 requestID, int32 responseTo,
+ * int32 opCode, all little-endian. tern answers two opcodes:
+ *   - OP_QUERY (2004), the legacy handshake drivers send first on each
+ *     connection: int32 flags, cstring "admin.$cmd", int32 skip, int32
+ *     numberToReturn, a command document (isMaster/hello), an optional
+ *     field selector; answered with OP_REPLY (1): int32 responseFlags,
+ *     int64 cursorID 0, int32 startingFrom 0, int32 numberReturned 1, the
+ *     reply document. OP_QUERY on anything but a "$cmd" collection is
+ *     refused (as MongoDB 6 does).
+ *   - OP_MSG (2013): uint32 flagBits (bit 0 checksumPresent, bit 1
+ *     moreToCome, bit 16 exhaustAllowed; any other bit of 0-15 is an
+ *     error, 16-31 are ignored), sections, then a CRC-32C if bit 0. A
+ *     section is kind 0 (one BSON document: the command) or kind 1 (int32
+ *     size including itself, cstring identifier, BSON documents filling
+ *     the rest). Exactly one kind 0; identifiers unique. A moreToCome
+ *     request gets no reply. Replies carry flags 0 and one kind-0 section,
+ *     never a checksum.
+ * Anything else (another opcode, OP_COMPRESSED included since tern
+ * advertises no compressor) gets an error reply where it can be
+ * addressed, and the connection goes on.
+ */
+#ifndef TERN_MONGO_WIRE_H
+#define TERN_MONGO_WIRE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "doc_cmd.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MONGO_OP_REPLY 1
+#define MONGO_OP_QUERY 2004
+#define MONGO_OP_COMPRESSED 2012
+#define MONGO_OP_MSG 2013
+
+#define MONGO_HDR_LEN 16
+#define MONGO_MAX_MESSAGE 48000000      /* maxMessageSizeBytes the server says */
+#define MONGO_MAX_SECTIONS 8
+
+#define MONGO_MSG_CHECKSUM 0x1u
+#define MONGO_MSG_MORE_TO_COME 0x2u
+#define MONGO_MSG_EXHAUST 0x10000u
+
+struct mongo_hdr {
+    int32_t len, request_id, response_to, op;
+};
+
+/* How many bytes of `buf` the next message takes: 0 if fewer than a
+ * header are there or the message is not complete yet (read more), the
+ * length if it is complete, <0 if the header is impossible (a length below
+ * 16 or above max: the stream cannot be framed any more, close it after
+ * the error reply mongo_frame_error writes). */
+long mongo_frame(const uint8_t *buf, size_t len, size_t max, struct mongo_hdr *h);
+
+struct mongo_msg {
+    struct mongo_hdr h;
+    uint32_t flags;               /* OP_MSG flagBits */
+    bson_t body;                  /* the command (a static view into the buffer) */
+    struct doc_seq seqs[MONGO_MAX_SECTIONS];
+    unsigned nseq;
+    bool legacy;                  /* came as OP_QUERY: reply with OP_REPLY */
+};
+
+/* Parse one complete message (as framed by mongo_frame). 0 and *m, or
+ * <0 with *e saying why (DOC_InvalidBSON, DOC_BadValue, DOC_CommandNotFound
+ * for an opcode tern does not serve, ...); m->h is filled either way, so
+ * the error can be addressed to the request. */
+int mongo_parse(const uint8_t *msg, size_t len, struct mongo_msg *m, struct doc_err *e);
+
+/* The bytes of a reply to request `h` carrying `doc`: an OP_MSG, or an
+ * OP_REPLY if `legacy`. Writes at most `cap` bytes of `out`; returns the
+ * reply's length (which may be more than cap: call again with room). */
+size_t mongo_reply(const struct mongo_hdr *h, bool legacy, int32_t request_id, const bson_t *doc,
+                   uint8_t *out, size_t cap);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -128,6 +128,8 @@ static const struct ucase set_rows[] = {
     {"{\"_id\": 1, \"a\": [1]}", "{\"$set\": {\"a.3\": 4}}", "{\"_id\": 1, \"a\": [1, null, null, 4]}", 0},
     {"{\"_id\": 1, \"a\": [{\"b\": 1}, {\"b\": 2}]}", "{\"$set\": {\"a.1.b\": 3, \"a.2.c\": 4}}",
      "{\"_id\": 1, \"a\": [{\"b\": 1}, {\"b\": 3}, {\"c\": 4}]}", 0},
+    {"{\"_id\": 1, \"a\": [{}]}", "{\"$set\": {\"a.2.b\": 1}}",
+     "{\"_id\": 1, \"a\": [{}, null, {\"b\": 1}]}", 0},
     {"{\"_id\": 1, \"a\": [[1, 2], [3]]}", "{\"$set\": {\"a.1.1\": 9}}",
      "{\"_id\": 1, \"a\": [[1, 2], [3, 9]]}", 0},
     /* through a scalar, or a name in an array: PathNotViable */
@@ -145,6 +147,8 @@ static const struct ucase set_rows[] = {
 /* ---- $setOnInsert: manual, "$setOnInsert" ---- */
 
 static const struct ucase soi_rows[] = {
+    /* not inserting: nothing, not even a path through a scalar */
+    {"{\"_id\": 1, \"a\": 5}", "{\"$setOnInsert\": {\"a.b\": 1, \"c\": 1}}", "{\"_id\": 1, \"a\": 5}", 0},
     {"{\"_id\": 1, \"item\": \"apple\"}",
      "{\"$set\": {\"item\": \"apple\"}, \"$setOnInsert\": {\"defaultQty\": 100}}",
      "{\"_id\": 1, \"item\": \"apple\"}", 0},
@@ -289,6 +293,7 @@ static const struct ucase rename_rows[] = {
     {"{\"_id\": 1, \"a\": [{\"b\": 1}]}", "{\"$rename\": {\"a.0.b\": \"c\"}}", NULL, DOC_BadValue},
     {"{\"_id\": 1, \"a\": [1], \"x\": 1}", "{\"$rename\": {\"x\": \"a.0\"}}", NULL, DOC_BadValue},
     {"{\"_id\": 1, \"a\": 5, \"x\": 1}", "{\"$rename\": {\"x\": \"a.b\"}}", NULL, DOC_PathNotViable},
+    {"{\"_id\": 1, \"a\": 5}", "{\"$rename\": {\"x\": \"a.b\"}}", "{\"_id\": 1, \"a\": 5}", 0},
     {"{\"_id\": 1, \"a\": 1}", "{\"$rename\": {\"a\": \"a\"}}", NULL, DOC_BadValue},
     {"{\"_id\": 1, \"a\": 1}", "{\"$rename\": {\"a\": \"a.b\"}}", NULL, DOC_BadValue},
     {"{\"_id\": 1, \"a\": 1}", "{\"$rename\": {\"a.b\": \"a\"}}", NULL, DOC_BadValue},
@@ -348,6 +353,8 @@ static const struct ucase push_rows[] = {
      "{\"_id\": 1, \"q\": [5, {\"a\": {\"b\": 1}}, {\"a\": {\"b\": 2}}]}", 0},
     /* a field that is not there becomes an array; an array is pushed whole */
     {"{\"_id\": 1}", "{\"$push\": {\"a.b\": 1}}", "{\"_id\": 1, \"a\": {\"b\": [1]}}", 0},
+    {"{\"_id\": 1, \"a\": [[0]]}", "{\"$push\": {\"a.0\": 1, \"a.2\": 2}}",
+     "{\"_id\": 1, \"a\": [[0, 1], null, [2]]}", 0},
     {"{\"_id\": 1, \"a\": []}", "{\"$push\": {\"a\": [1, 2]}}", "{\"_id\": 1, \"a\": [[1, 2]]}", 0},
     {"{\"_id\": 1, \"a\": 1}", "{\"$push\": {\"a\": 2}}", NULL, DOC_BadValue},
     {"{\"_id\": 1}", "{\"$push\": {\"a\": {\"$each\": 1}}}", NULL, DOC_BadValue},
@@ -433,6 +440,7 @@ static const struct ucase repl_rows[] = {
 static const struct ucase compile_rows[] = {
     /* two operators on one path, or on a path and its prefix */
     {"{\"_id\": 1}", "{\"$set\": {\"a\": 1, \"a.b\": 2}}", NULL, DOC_ConflictingUpdateOperators},
+    {"{\"_id\": 1}", "{\"$set\": {\"a\": 1, \"a\": 2}}", NULL, DOC_ConflictingUpdateOperators},
     {"{\"_id\": 1}", "{\"$set\": {\"a\": 1}, \"$inc\": {\"a\": 1}}", NULL, DOC_ConflictingUpdateOperators},
     {"{\"_id\": 1}", "{\"$set\": {\"a.b.c\": 1}, \"$unset\": {\"a.b\": 1}}", NULL,
      DOC_ConflictingUpdateOperators},

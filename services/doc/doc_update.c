@@ -63,7 +63,7 @@ static const struct {
 
 enum pull_kind {
     PULL_EQ,                    /* elements equal to arg */
-    PULL_COND,                  /* elements v with {"": v} matching the matcher */
+    PULL_COND,                  /* elements v with {v: v} matching the matcher */
     PULL_QUERY,                 /* document elements matching the matcher */
 };
 
@@ -73,6 +73,8 @@ struct mod {
     char *path;                 /* dotted, as given */
     char *split;                /* path with NULs for the dots */
     const char **comp;
+    uint32_t *clen;             /* each component's length... */
+    uint8_t *cnum;              /* ...and whether it is all digits */
     unsigned ncomp;
     bson_value_t arg;           /* $set, $inc, ..., $pull's value */
     bson_t *vals;               /* $push/$addToSet/$pullAll: the values, as an array */
@@ -100,31 +102,40 @@ struct doc_update {
 
 /* ---- names and paths ---- */
 
-static bool all_digits(const char *s)
+static bool all_digits_n(const char *s, size_t n)
 {
-    if (!*s)
+    if (!n)
         return false;
-    for (; *s; s++)
-        if (*s < '0' || *s > '9')
+    for (size_t i = 0; i < n; i++)
+        if (s[i] < '0' || s[i] > '9')
             return false;
     return true;
 }
 
+static bool all_digits(const char *s)
+{
+    return all_digits_n(s, strlen(s));
+}
+
 /* Numeric names first, in numeric order, then the others by bytes: a total
  * order, which MongoDB's numeric-or-lexicographic comparison is not. */
-static int comp_cmp(const char *a, const char *b)
+static int name_cmp(const char *a, size_t la, bool na, const char *b, size_t lb, bool nb)
 {
-    bool da = all_digits(a), db = all_digits(b);
+    int c;
 
-    if (da != db)
-        return da ? -1 : 1;
-    if (da) {
-        size_t la = strlen(a), lb = strlen(b);
+    if (na != nb)
+        return na ? -1 : 1;
+    if (na && la != lb)
+        return la < lb ? -1 : 1;
+    c = memcmp(a, b, la < lb ? la : lb);
+    if (c)
+        return c;
+    return la < lb ? -1 : la > lb;
+}
 
-        if (la != lb)
-            return la < lb ? -1 : 1;
-    }
-    return strcmp(a, b);
+static int comp_cmp(const struct mod *m, unsigned d, const char *key, size_t klen, bool knum)
+{
+    return name_cmp(m->comp[d], m->clen[d], m->cnum[d], key, klen, knum);
 }
 
 static int mod_cmp(const void *pa, const void *pb)
@@ -133,7 +144,7 @@ static int mod_cmp(const void *pa, const void *pb)
     unsigned n = a->ncomp < b->ncomp ? a->ncomp : b->ncomp;
 
     for (unsigned i = 0; i < n; i++) {
-        int c = comp_cmp(a->comp[i], b->comp[i]);
+        int c = comp_cmp(a, i, b->comp[i], b->clen[i], b->cnum[i]);
 
         if (c)
             return c;
@@ -172,7 +183,9 @@ static int split_path(struct mod *m, const char *path, struct doc_err *e)
     m->path = strdup(path);
     m->split = strdup(path);
     m->comp = malloc(n * sizeof(*m->comp));
-    if (!m->path || !m->split || !m->comp)
+    m->clen = malloc(n * sizeof(*m->clen));
+    m->cnum = malloc(n);
+    if (!m->path || !m->split || !m->comp || !m->clen || !m->cnum)
         return doc_errf(e, DOC_InternalError, "out of memory");
     m->ncomp = n;
     n = 0;
@@ -184,6 +197,9 @@ static int split_path(struct mod *m, const char *path, struct doc_err *e)
         }
     for (unsigned i = 0; i < m->ncomp; i++) {
         const char *c = m->comp[i];
+
+        m->clen[i] = (uint32_t)strlen(c);
+        m->cnum[i] = all_digits_n(c, m->clen[i]);
 
         if (!*c)
             return doc_errf(e, DOC_BadValue,
@@ -347,6 +363,8 @@ static void mod_free(struct mod *m)
     free(m->path);
     free(m->split);
     free(m->comp);
+    free(m->clen);
+    free(m->cnum);
     bson_value_destroy(&m->arg);
     if (m->vals)
         bson_destroy(m->vals);
@@ -563,7 +581,7 @@ static int compile_one(struct doc_update *u, struct mod *m, enum op op, const ch
             return doc_errf(e, DOC_FailedToParse, "Expected a number in: %s", js);
         }
         if (!as_int64(v, &n) || (n != 1 && n != -1)) {
-            value_json("x", v, js, sizeof(js));
+            value_json(NULL, v, js, sizeof(js));
             return doc_errf(e, DOC_FailedToParse, "$pop expects 1 or -1, found: %s", js);
         }
         m->pop = (int)n;
@@ -869,7 +887,7 @@ static int arith(struct actx *c, const struct mod *m, const bson_value_t *cur, b
                  const char *key, int klen)
 {
     const bson_value_t *a = &m->arg;
-    char js[256], id[200];
+    char id[200];
 
     if (!is_number(cur->value_type)) {
         id_json(c->doc, id, sizeof(id));
@@ -893,10 +911,11 @@ static int arith(struct actx *c, const struct mod *m, const bson_value_t *cur, b
         bool ovf = m->op == OP_INC ? __builtin_add_overflow(x, y, &r) : __builtin_mul_overflow(x, y, &r);
 
         if (ovf) {
-            value_json(key, cur, js, sizeof(js));
             id_json(c->doc, id, sizeof(id));
-            return doc_errf(c->e, DOC_BadValue, "Failed to apply %s operations to current value (%s) "
-                            "for document %.200s", m->opname, js, id);
+            return doc_errf(c->e, DOC_BadValue, "Failed to apply %s operations to current value "
+                            "((%s)%lld) for document %.200s", m->opname,
+                            cur->value_type == BSON_TYPE_INT32 ? "NumberInt" : "NumberLong",
+                            (long long)x, id);
         }
         append_int(out, key, klen, r, wide);
     }
@@ -1177,29 +1196,32 @@ static int merge_array(struct actx *c, bson_iter_t *it, const bson_value_t *whol
  * component d. */
 static size_t group_end(const struct actx *c, size_t lo, size_t hi, unsigned d)
 {
-    const char *k = c->u->mods[lo].comp[d];
+    const struct mod *m = &c->u->mods[lo];
     size_t i = lo + 1;
 
-    while (i < hi && strcmp(c->u->mods[i].comp[d], k) == 0)
+    while (i < hi && c->u->mods[i].clen[d] == m->clen[d] &&
+           memcmp(c->u->mods[i].comp[d], m->comp[d], m->clen[d]) == 0)
         i++;
     return i;
 }
 
 /* The run whose component d is `key`, by bisection (the run is sorted on
  * component d); hi if none. */
-static size_t find_group(const struct actx *c, size_t lo, size_t hi, unsigned d, const char *key)
+static size_t find_group(const struct actx *c, size_t lo, size_t hi, unsigned d, const char *key,
+                         size_t klen)
 {
+    bool knum = all_digits_n(key, klen);
     size_t a = lo, b = hi;
 
     while (a < b) {
         size_t mid = a + (b - a) / 2;
 
-        if (comp_cmp(c->u->mods[mid].comp[d], key) < 0)
+        if (comp_cmp(&c->u->mods[mid], d, key, klen, knum) < 0)
             a = mid + 1;
         else
             b = mid;
     }
-    if (a < hi && strcmp(c->u->mods[a].comp[d], key) == 0)
+    if (a < hi && c->u->mods[a].clen[d] == klen && memcmp(c->u->mods[a].comp[d], key, klen) == 0)
         return a;
     return hi;
 }
@@ -1265,7 +1287,7 @@ static int merge_doc(struct actx *c, bson_iter_t *it, size_t lo, size_t hi, unsi
         while (bson_iter_next(it)) {
             const char *key = bson_iter_key(it);
             int klen = (int)bson_iter_key_len(it);
-            size_t g = find_group(c, lo, hi, d, key);
+            size_t g = find_group(c, lo, hi, d, key, (size_t)klen);
 
             if (g == hi || c->used[g]) {
                 bson_append_iter(out, key, klen, it);
@@ -1321,7 +1343,7 @@ static int merge_array(struct actx *c, bson_iter_t *it, const bson_value_t *whol
         size_t g;
 
         il = bson_uint32_to_string(n, &ik, ibuf, sizeof(ibuf));
-        g = find_group(c, lo, hi, d, ik);
+        g = find_group(c, lo, hi, d, ik, il);
         if (g == hi || c->used[g]) {
             bson_append_value(out, ik, (int)il, bson_iter_value(it));
         } else {

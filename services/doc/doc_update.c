@@ -370,6 +370,8 @@ static void mod_free(struct mod *m)
         bson_destroy(m->vals);
     if (m->sort_spec)
         bson_destroy(m->sort_spec);
+    if (m->m)
+        doc_match_free(m->m);
 }
 
 void doc_update_free(struct doc_update *u)
@@ -506,16 +508,44 @@ static int compile_addtoset(struct mod *m, const bson_iter_t *arg, struct doc_er
     return 0;
 }
 
-/* $pull's argument: a value to remove. */
+/* A $pull condition: a document whose first field is a query operator on
+ * the element itself ({$gte: 6}), or a query on document elements
+ * ({score: 8}, {$or: [...]}); anything else is a value to remove. */
 static int compile_pull(struct mod *m, const bson_iter_t *arg, struct doc_err *e)
 {
+    static const char *const logical[] = {"$and", "$or", "$nor", "$expr", "$where", "$text",
+                                          "$comment"};
     const bson_value_t *v = bson_iter_value((bson_iter_t *)arg);
+    bson_iter_t it;
+    bson_t filter, wrapped = BSON_INITIALIZER;
+    const char *first;
+    int rc;
 
-    if (v->value_type == BSON_TYPE_DOCUMENT)
-        return doc_errf(e, DOC_NotImplemented, "$pull with a condition is not supported yet");
     bson_value_copy(v, &m->arg);
     m->pull = PULL_EQ;
-    return 0;
+    if (v->value_type != BSON_TYPE_DOCUMENT)
+        return 0;
+    if (!bson_init_static(&filter, v->value.v_doc.data, v->value.v_doc.data_len) ||
+        !bson_iter_init(&it, &filter))
+        return doc_errf(e, DOC_BadValue, "$pull: malformed condition");
+    m->pull = PULL_QUERY;
+    if (bson_iter_next(&it)) {
+        first = bson_iter_key(&it);
+        if (first[0] == '$') {
+            m->pull = PULL_COND;
+            for (size_t i = 0; i < sizeof(logical) / sizeof(logical[0]); i++)
+                if (strcmp(first, logical[i]) == 0)
+                    m->pull = PULL_QUERY;
+        }
+    }
+    if (m->pull == PULL_COND) {
+        bson_append_document(&wrapped, "v", 1, &filter);
+        rc = doc_match_compile(&wrapped, &m->m, e);
+    } else {
+        rc = doc_match_compile(&filter, &m->m, e);
+    }
+    bson_destroy(&wrapped);
+    return rc < 0 ? -1 : 0;
 }
 
 static int compile_one(struct doc_update *u, struct mod *m, enum op op, const char *opname,
@@ -995,7 +1025,26 @@ static int array_type_error(struct actx *c, const struct mod *m, const bson_valu
 
 static bool pulled(const struct mod *m, const bson_value_t *v)
 {
-    return doc_val_eq(&m->arg, v);
+    bson_t d, w = BSON_INITIALIZER;
+    bool r;
+
+    switch (m->pull) {
+    case PULL_EQ:
+        return doc_val_eq(&m->arg, v);
+    case PULL_QUERY:
+        return v->value_type == BSON_TYPE_DOCUMENT &&
+               bson_init_static(&d, v->value.v_doc.data, v->value.v_doc.data_len) &&
+               doc_match(m->m, &d);
+    case PULL_COND:
+        /* The element as the value of the field the condition was
+         * compiled on; a small document on the stack (libbson's inline
+         * buffer) unless the element is big. */
+        bson_append_value(&w, "v", 1, v);
+        r = doc_match(m->m, &w);
+        bson_destroy(&w);
+        return r;
+    }
+    return false;
 }
 
 /* The array operators on the current value `cur` (NULL: the field is not
@@ -1500,3 +1549,103 @@ done:
     return rc;
 }
 
+/* ---- upsert ---- */
+
+struct seed {
+    bson_t set;                 /* {path: value, ...}: the query's equalities */
+    unsigned n;
+};
+
+static int seed_eq(void *arg, const char *path, const bson_value_t *v)
+{
+    struct seed *s = arg;
+
+    bson_append_value(&s->set, path, -1, v);
+    s->n++;
+    return 0;
+}
+
+/* `_id` first, as MongoDB stores an inserted document. */
+static void id_first(bson_t *out)
+{
+    bson_iter_t it;
+    bson_t tmp;
+
+    if (!bson_iter_init(&it, out) || !bson_iter_next(&it) || strcmp(bson_iter_key(&it), "_id") == 0 ||
+        !bson_iter_init_find(&it, out, "_id"))
+        return;
+    bson_init(&tmp);
+    bson_append_iter(&tmp, "_id", 3, &it);
+    bson_iter_init(&it, out);
+    while (bson_iter_next(&it))
+        if (strcmp(bson_iter_key(&it), "_id") != 0)
+            bson_append_iter(&tmp, bson_iter_key(&it), (int)bson_iter_key_len(&it), &it);
+    bson_reinit(out);
+    bson_concat(out, &tmp);
+    bson_destroy(&tmp);
+}
+
+int doc_update_upsert_doc(const struct doc_update *u, const struct doc_matcher *query,
+                          int64_t now_ms, bson_t *out, struct doc_err *e)
+{
+    struct seed s = {.n = 0};
+    bson_t upd = BSON_INITIALIZER, base = BSON_INITIALIZER;
+    struct doc_update *su = NULL;
+    bson_value_t id;
+    int rc = -1;
+
+    if (u->replacement) {
+        if (query && doc_match_eq_value(query, "_id", &id)) {
+            bson_iter_t it;
+
+            if (!bson_iter_init_find(&it, u->repl, "_id"))
+                bson_append_value(&base, "_id", 3, &id);
+        }
+        rc = apply_replacement(u, &base, out, e) < 0 ? -1 : 0;
+        bson_destroy(&base);
+        return rc;
+    }
+    /* The equalities become a $set on an empty document: the same path
+     * rules build their sub-documents, and two equalities on one path (or
+     * on a path and its prefix) are refused as MongoDB refuses them. */
+    bson_init(&s.set);
+    if (query && doc_match_each_eq(query, seed_eq, &s) < 0) {
+        doc_errf(e, DOC_InternalError, "cannot read the query's equalities");
+        goto done;
+    }
+    if (s.n) {
+        bson_t seeded = BSON_INITIALIZER;
+
+        bson_append_document(&upd, "$set", 4, &s.set);
+        if (doc_update_compile(&upd, &su, e) < 0) {
+            if (e->code == DOC_ConflictingUpdateOperators) {
+                char why[sizeof(e->msg)];
+
+                memcpy(why, e->msg, sizeof(why));
+                doc_errf(e, DOC_NotSingleValueField,
+                         "cannot infer query fields to set, the query's equalities overlap: %.400s",
+                         why);
+            }
+            bson_destroy(&seeded);
+            goto done;
+        }
+        if (doc_update_apply(su, &base, true, now_ms, &seeded, e) < 0) {
+            bson_destroy(&seeded);
+            goto done;
+        }
+        /* bson_t may not be copied by assignment (it can point into
+         * itself): steal the seeded one into base. */
+        bson_destroy(&base);
+        bson_steal(&base, &seeded);
+    }
+    if (doc_update_apply(u, &base, true, now_ms, out, e) < 0)
+        goto done;
+    id_first(out);
+    rc = 0;
+done:
+    doc_update_free(su);
+    bson_destroy(&s.set);
+    bson_destroy(&upd);
+    bson_destroy(&base);
+    return rc;
+}

@@ -1047,6 +1047,12 @@ static bool pulled(const struct mod *m, const bson_value_t *v)
     return false;
 }
 
+/* |v| of a negative v, INT64_MIN included. */
+static uint64_t neg_u64(int64_t v)
+{
+    return 0 - (uint64_t)v;
+}
+
 /* The array operators on the current value `cur` (NULL: the field is not
  * there, and only $push and $addToSet make one). */
 static int array_op(struct actx *c, const struct mod *m, const bson_value_t *cur, bson_t *out,
@@ -1073,7 +1079,7 @@ static int array_op(struct actx *c, const struct mod *m, const bson_value_t *cur
             if (m->pos >= 0)
                 ins = (uint64_t)m->pos < n0 ? (size_t)m->pos : n0;
             else
-                ins = (uint64_t)-m->pos >= n0 ? 0 : n0 - (size_t)-m->pos;
+                ins = neg_u64(m->pos) >= n0 ? 0 : n0 - (size_t)neg_u64(m->pos);
         }
         bson_iter_init(&vi, m->vals);
         while (bson_iter_next(&vi))
@@ -1104,8 +1110,8 @@ static int array_op(struct actx *c, const struct mod *m, const bson_value_t *cur
             if (m->slice >= 0) {
                 if ((uint64_t)m->slice < total)
                     total = (size_t)m->slice;
-            } else if ((uint64_t)-m->slice < total) {
-                size_t drop = total - (size_t)-m->slice;
+            } else if (neg_u64(m->slice) < total) {
+                size_t drop = total - (size_t)neg_u64(m->slice);
 
                 memmove(c->vals, c->vals + drop, (total - drop) * sizeof(*c->vals));
                 total -= drop;

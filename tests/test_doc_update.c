@@ -754,7 +754,9 @@ static const struct upcase upsert_rows[] = {
     /* a replacement takes only the query's _id */
     {"{\"_id\": 5, \"x\": 1}", "{\"y\": 2}", "{\"_id\": 5, \"y\": 2}", 0},
     {"{\"x\": 1}", "{\"y\": 2}", "{\"y\": 2}", 0},
-    {"{\"_id\": 5}", "{\"y\": 2, \"_id\": 6}", "{\"_id\": 6, \"y\": 2}", 0},
+    {"{\"y\": 1}", "{\"y\": 2, \"_id\": 6}", "{\"_id\": 6, \"y\": 2}", 0},
+    {"{\"_id\": 6}", "{\"y\": 2, \"_id\": 6}", "{\"_id\": 6, \"y\": 2}", 0},
+    {"{\"_id\": 5}", "{\"y\": 2, \"_id\": 6}", NULL, DOC_ImmutableField},
 };
 
 START_TEST(upsert_seed)

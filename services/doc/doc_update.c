@@ -1601,12 +1601,10 @@ int doc_update_upsert_doc(const struct doc_update *u, const struct doc_matcher *
     int rc = -1;
 
     if (u->replacement) {
-        if (query && doc_match_eq_value(query, "_id", &id)) {
-            bson_iter_t it;
-
-            if (!bson_iter_init_find(&it, u->repl, "_id"))
-                bson_append_value(&base, "_id", 3, &id);
-        }
+        /* The replacement replaces a document holding the query's _id, so
+         * that an _id of its own must be the same, as in mongod. */
+        if (query && doc_match_eq_value(query, "_id", &id))
+            bson_append_value(&base, "_id", 3, &id);
         rc = apply_replacement(u, &base, out, e) < 0 ? -1 : 0;
         bson_destroy(&base);
         return rc;

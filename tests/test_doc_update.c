@@ -710,6 +710,48 @@ START_TEST(depth_limit)
 }
 END_TEST
 
+/* Compile {op: {path: value}} for a path of n components "a.a...". */
+static int compile_deep(const char *op, unsigned n, const char *value_json, struct doc_err *e)
+{
+    char path[512];
+    size_t len = 0;
+    bson_t upd, inner, *v = json(value_json);
+    bson_iter_t it;
+    struct doc_update *u = NULL;
+    int rc;
+
+    for (unsigned i = 0; i < n; i++)
+        len += (size_t)snprintf(path + len, sizeof(path) - len, i ? ".a" : "a");
+    ck_assert(bson_iter_init_find(&it, v, "v"));
+    bson_init(&upd);
+    bson_append_document_begin(&upd, op, -1, &inner);
+    bson_append_iter(&inner, path, -1, &it);
+    bson_append_document_end(&upd, &inner);
+    rc = doc_update_compile(&upd, &u, e);
+    doc_update_free(u);
+    bson_destroy(&upd);
+    bson_destroy(v);
+    return rc;
+}
+
+/* $push and $addToSet put their values one level down, in the array at
+ * the path, however they are given. */
+START_TEST(depth_limit_arrays)
+{
+    struct doc_err e = {0};
+
+    ck_assert_int_eq(compile_deep("$push", 99, "{\"v\": 1}", &e), 0);
+    ck_assert_int_eq(compile_deep("$push", 99, "{\"v\": {\"$each\": [1]}}", &e), 0);
+    ck_assert_int_eq(compile_deep("$addToSet", 99, "{\"v\": {\"$each\": [1]}}", &e), 0);
+    ck_assert_int_eq(compile_deep("$push", 100, "{\"v\": 1}", &e), -1);
+    ck_assert_int_eq(e.code, DOC_BadValue);
+    ck_assert_int_eq(compile_deep("$push", 99, "{\"v\": {\"$each\": [{}]}}", &e), -1);
+    ck_assert_int_eq(compile_deep("$addToSet", 100, "{\"v\": 1}", &e), -1);
+    ck_assert_int_eq(compile_deep("$set", 99, "{\"v\": [1]}", &e), 0);
+    ck_assert_int_eq(compile_deep("$set", 99, "{\"v\": [[1]]}", &e), -1);
+}
+END_TEST
+
 /* Padding an array to a far position is bounded as MongoDB bounds it. */
 START_TEST(pad_limit)
 {
@@ -822,6 +864,7 @@ Suite *suite_doc_update(void)
     tcase_add_test(other, compile_errors);
     tcase_add_test(other, reuse_and_kind);
     tcase_add_test(other, depth_limit);
+    tcase_add_test(other, depth_limit_arrays);
     tcase_add_test(other, pad_limit);
     tcase_add_test(other, upsert_seed);
     suite_add_tcase(s, other);

@@ -124,6 +124,9 @@ static const struct ucase set_rows[] = {
      "{\"_id\": 1, \"a\": {\"b\": [1, 2]}}", 0},
     /* an equal value of another type is a change */
     {"{\"_id\": 1, \"a\": 1}", "{\"$set\": {\"a\": 1.0}}", "{\"_id\": 1, \"a\": 1.0}", 0},
+    /* "Update Operators", Behavior: "a.2" before "a.10", numeric order */
+    {"{\"_id\": 1, \"a\": []}", "{\"$set\": {\"a.10\": 1, \"a.2\": 2}}",
+     "{\"_id\": 1, \"a\": [null, null, 2, null, null, null, null, null, null, null, 1]}", 0},
     /* a position past the end pads with nulls */
     {"{\"_id\": 1, \"a\": [1]}", "{\"$set\": {\"a.3\": 4}}", "{\"_id\": 1, \"a\": [1, null, null, 4]}", 0},
     {"{\"_id\": 1, \"a\": [{\"b\": 1}, {\"b\": 2}]}", "{\"$set\": {\"a.1.b\": 3, \"a.2.c\": 4}}",

@@ -47,6 +47,7 @@ static const struct {
 #endif
 #if TERN_HAVE_DOC
     {"doc_bson", suite_doc_bson},
+    {"doc_match", suite_doc_match},
     {"doc_query", suite_doc_query},
     {"doc_agg", suite_doc_agg},
 #endif

@@ -25,6 +25,7 @@ Suite *suite_kv_onesided(void);
 Suite *suite_resp(void);
 Suite *suite_pm(void);
 Suite *suite_doc_bson(void);     /* the document service: with libbson and PCRE2 */
+Suite *suite_doc_match(void);
 Suite *suite_doc_query(void);
 Suite *suite_doc_agg(void);
 

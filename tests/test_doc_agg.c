@@ -522,6 +522,15 @@ START_TEST(test_agg_limit_stops_source)
 }
 END_TEST
 
+/* An endless source of {a: 1}. */
+static int src_next_one(bson_t *doc)
+{
+    static const uint8_t one_doc[] = {12, 0, 0, 0, 0x10, 'a', 0, 1, 0, 0, 0, 0};
+
+    ck_assert(bson_init_static(doc, one_doc, sizeof(one_doc)));
+    return 1;
+}
+
 static int sink_fail(void *arg, const bson_t *doc, struct doc_err *e)
 {
     int *n = arg;
@@ -551,6 +560,39 @@ START_TEST(test_agg_sink_error)
     doc_agg_free(p);
     bson_destroy(ph);
     bson_destroy(dh);
+}
+END_TEST
+
+static int src_fail(void *arg, bson_t *doc, struct doc_err *e)
+{
+    int *calls = arg;
+
+    if (++*calls == 3)
+        return doc_errf(e, DOC_InternalError, "source broke");
+    return src_next_one(doc);
+}
+
+/* A source's error ends the run with it; the blocking stage sends nothing. */
+START_TEST(test_agg_source_error)
+{
+    bson_t *ph, pa;
+    struct doc_pipeline *p;
+    struct doc_err e = {0};
+    struct sink k;
+    int calls = 0;
+
+    J_array("[{\"$group\": {\"_id\": \"$a\", \"n\": {\"$sum\": 1}}}]", &ph, &pa);
+    ck_assert_int_eq(doc_agg_compile(&pa, &p, &e), 0);
+    bson_init(&k.out);
+    k.n = 0;
+    ck_assert_int_lt(doc_agg_run(p, NULL, src_fail, &calls, sink_take, &k, &e), 0);
+    ck_assert_int_eq(e.code, DOC_InternalError);
+    ck_assert_str_eq(e.msg, "source broke");
+    ck_assert_int_eq(calls, 3);
+    ck_assert_uint_eq(k.n, 0);
+    bson_destroy(&k.out);
+    doc_agg_free(p);
+    bson_destroy(ph);
 }
 END_TEST
 
@@ -904,6 +946,7 @@ Suite *suite_doc_agg(void)
     tcase_add_test(tc, test_agg_memory_limit);
     tcase_add_test(tc, test_agg_limit_stops_source);
     tcase_add_test(tc, test_agg_sink_error);
+    tcase_add_test(tc, test_agg_source_error);
     tcase_add_test(tc, test_agg_leading);
     tcase_add_test(tc, test_agg_skip_leading);
     suite_add_tcase(s, tc);

@@ -45,6 +45,9 @@ static const struct {
     {"resp", suite_resp},
     {"pm", suite_pm},
 #endif
+#if TERN_HAVE_DOC
+    {"doc_store", suite_doc_store},
+#endif
 };
 
 int main(int argc, char **argv)

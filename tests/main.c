@@ -51,6 +51,7 @@ static const struct {
     {"doc_update", suite_doc_update},
     {"doc_query", suite_doc_query},
     {"doc_agg", suite_doc_agg},
+    {"doc_store", suite_doc_store},
 #endif
 };
 

@@ -29,5 +29,6 @@ Suite *suite_doc_match(void);
 Suite *suite_doc_update(void);
 Suite *suite_doc_query(void);
 Suite *suite_doc_agg(void);
+Suite *suite_doc_store(void);
 
 #endif

@@ -385,12 +385,22 @@ static int doc_expr_compile_1(const bson_value_t *v, struct doc_expr **out, stru
     return ex_const(v, out, e);
 }
 
+/* Nesting of expressions a compile goes through: a hostile spec nested
+ * deeper must not exhaust the stack (compile and evaluation recurse). */
+#define EXPR_DEPTH_MAX 100
+
 int doc_expr_compile(const bson_value_t *v, struct doc_expr **out, struct doc_err *e)
 {
+    static __thread unsigned depth;
     int rc;
 
     *out = NULL;
+    if (depth >= EXPR_DEPTH_MAX)
+        return doc_errf(e, DOC_BadValue, "expression nested deeper than %d levels",
+                        EXPR_DEPTH_MAX);
+    depth++;
     rc = doc_expr_compile_1(v, out, e);
+    depth--;
     if (rc < 0) {
         doc_expr_free(*out);
         *out = NULL;

@@ -569,8 +569,10 @@ static int eval_path_doc(const uint8_t *data, uint32_t len, const char *path, st
     return eval_path(&it, dot ? dot + 1 : NULL, a, out, depth, e);
 }
 
-/* Through an array a field path reaches into every element and gives the
- * array of what it found there (the manual's "Field Paths"). */
+/* Through an array a field path reaches into every element that is a
+ * document and gives the array of what it found there (the manual's
+ * "Field Paths"; nested arrays are skipped, as MongoDB's
+ * ExpressionFieldPath does). */
 static int eval_path(const bson_iter_t *it, const char *rest, struct doc_arena *a,
                      bson_value_t *out, unsigned depth, struct doc_err *e)
 {
@@ -601,11 +603,10 @@ static int eval_path(const bson_iter_t *it, const char *rest, struct doc_arena *
         const char *ks;
         size_t kl;
 
-        if (BSON_ITER_HOLDS_DOCUMENT(&in) || BSON_ITER_HOLDS_ARRAY(&in)) {
-            if (eval_path(&in, BSON_ITER_HOLDS_ARRAY(&in) ? rest : rest, a, &v, depth + 1, e) < 0) {
-                bson_destroy(&arr);
-                return -1;
-            }
+        /* Documents only: arrays in the array are not looked into. */
+        if (BSON_ITER_HOLDS_DOCUMENT(&in) && eval_path(&in, rest, a, &v, depth + 1, e) < 0) {
+            bson_destroy(&arr);
+            return -1;
         }
         if (v.value_type == BSON_TYPE_EOD)
             continue;

@@ -200,6 +200,11 @@ static const struct agg_case {
     {"$sum widens int to long on overflow",
      "[{\"$group\": {\"_id\": null, \"s\": {\"$sum\": \"$v\"}}}]",
      (const char *[]){"[{\"v\": 2147483647}, {\"v\": 1}]"}, "[{\"_id\": null, \"s\": {\"$numberLong\": \"2147483648\"}}]"},
+    {"$sum and $avg of doubles sum without losing what rounding drops (ten 0.1s are 1.0)",
+     "[{\"$group\": {\"_id\": null, \"s\": {\"$sum\": \"$v\"}, \"a\": {\"$avg\": \"$v\"}}}]",
+     (const char *[]){"[{\"v\": 0.1}, {\"v\": 0.1}, {\"v\": 0.1}, {\"v\": 0.1}, {\"v\": 0.1},"
+                      " {\"v\": 0.1}, {\"v\": 0.1}, {\"v\": 0.1}, {\"v\": 0.1}, {\"v\": 0.1}]"},
+     "[{\"_id\": null, \"s\": 1.0, \"a\": 0.1}]"},
     {"$group of no input: no document", "[{\"$group\": {\"_id\": null, \"n\": {\"$sum\": 1}}}]",
      (const char *[]){"[]"}, "[]"},
 

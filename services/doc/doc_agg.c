@@ -473,6 +473,7 @@ struct num {
     int t;                      /* 0 int32, 1 int64, 2 double */
     int64_t i;
     double d;
+    double c;                   /* what a sum of doubles lost to rounding */
 };
 
 static void num_start(struct num *n, int64_t i)
@@ -480,6 +481,25 @@ static void num_start(struct num *n, int64_t i)
     n->t = 0;
     n->i = i;
     n->d = (double)i;
+    n->c = 0;
+}
+
+/* Compensated (Neumaier) summation: MongoDB sums doubles in double-double
+ * precision, so ten 0.1s make 1.0, not 0.9999999999999999. */
+static void num_add_d(struct num *n, double x)
+{
+    double t = n->d + x;
+
+    if (fabs(n->d) >= fabs(x))
+        n->c += (n->d - t) + x;
+    else
+        n->c += (x - t) + n->d;
+    n->d = t;
+}
+
+static double num_double(const struct num *n)
+{
+    return n->d + n->c;
 }
 
 static void num_op(struct num *n, const bson_value_t *v, bool mul)
@@ -487,7 +507,12 @@ static void num_op(struct num *n, const bson_value_t *v, bool mul)
     double d = num_d(v);
     int t = v->value_type == BSON_TYPE_INT32 ? 0 : v->value_type == BSON_TYPE_INT64 ? 1 : 2;
 
-    n->d = mul ? n->d * d : n->d + d;
+    if (mul) {
+        n->d = num_double(n) * d;
+        n->c = 0;
+    } else {
+        num_add_d(n, d);
+    }
     if (t > n->t)
         n->t = t;
     if (n->t < 2) {
@@ -508,7 +533,7 @@ static void num_value(const struct num *n, bson_value_t *out)
         out->value.v_int64 = n->i;
     } else {
         out->value_type = BSON_TYPE_DOUBLE;
-        out->value.v_double = n->d;
+        out->value.v_double = num_double(n);
     }
 }
 
@@ -696,7 +721,7 @@ static int arith(const struct doc_expr *x, const bson_t *root, struct doc_arena 
     }
     if (date) {
         out->value_type = BSON_TYPE_DATE_TIME;
-        out->value.v_datetime = n.t < 2 ? n.i : round_i64(n.d);
+        out->value.v_datetime = n.t < 2 ? n.i : round_i64(num_double(&n));
         return 0;
     }
     num_value(&n, out);
@@ -748,7 +773,7 @@ static int subtract(const struct doc_expr *x, const bson_t *root, struct doc_are
     } else {
         n.t = 2;
     }
-    n.d -= num_d(&r);
+    num_add_d(&n, -num_d(&r));
     num_value(&n, out);
     return 0;
 }
@@ -1643,7 +1668,7 @@ static int group_finish(struct run *r, unsigned i)
             case ACC_AVG:
                 if (st->n) {
                     v.value_type = BSON_TYPE_DOUBLE;
-                    v.value.v_double = st->sum.d / (double)st->n;
+                    v.value.v_double = num_double(&st->sum) / (double)st->n;
                 } else {
                     v = null_v;     /* $avg of nothing numeric */
                 }

@@ -48,6 +48,7 @@ static const struct {
 #if TERN_HAVE_DOC
     {"doc_bson", suite_doc_bson},
     {"doc_match", suite_doc_match},
+    {"doc_update", suite_doc_update},
     {"doc_query", suite_doc_query},
     {"doc_agg", suite_doc_agg},
 #endif

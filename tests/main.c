@@ -45,6 +45,9 @@ static const struct {
     {"resp", suite_resp},
     {"pm", suite_pm},
 #endif
+#if TERN_HAVE_DOC
+    {"doc_bson", suite_doc_bson},
+#endif
 };
 
 int main(int argc, char **argv)

@@ -47,6 +47,7 @@ static const struct {
 #endif
 #if TERN_HAVE_DOC
     {"doc_bson", suite_doc_bson},
+    {"doc_update", suite_doc_update},
 #endif
 };
 

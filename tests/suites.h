@@ -25,5 +25,6 @@ Suite *suite_kv_onesided(void);
 Suite *suite_resp(void);
 Suite *suite_pm(void);
 Suite *suite_doc_bson(void);     /* the document service: with libbson and PCRE2 */
+Suite *suite_doc_update(void);
 
 #endif

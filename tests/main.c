@@ -48,6 +48,7 @@ static const struct {
 #if TERN_HAVE_DOC
     {"doc_bson", suite_doc_bson},
     {"doc_update", suite_doc_update},
+    {"doc_cmd", suite_doc_cmd},
 #endif
 };
 

@@ -26,5 +26,6 @@ Suite *suite_resp(void);
 Suite *suite_pm(void);
 Suite *suite_doc_bson(void);     /* the document service: with libbson and PCRE2 */
 Suite *suite_doc_update(void);
+Suite *suite_doc_cmd(void);
 
 #endif

@@ -314,7 +314,7 @@ static const char *idx_key(uint32_t i, char *buf, size_t size)
  * (bson_validate, the matcher) sees the document. */
 static bool depth_ok(const bson_t *b, unsigned depth)
 {
-    bson_iter_t it, sub;
+    bson_iter_t it;
 
     if (depth > CMD_DEPTH_MAX || !bson_iter_init(&it, b))
         return false;
@@ -332,7 +332,6 @@ static bool depth_ok(const bson_t *b, unsigned depth)
                 return false;
         }
     }
-    (void)sub;
     return it.err_off == 0;
 }
 
@@ -1283,7 +1282,7 @@ static const bson_t *keep_id(const bson_t *old, const bson_t *out, bson_t *fixed
 
         a = *bson_iter_value(&oi);
         b = *bson_iter_value(&ni);
-        if (!doc_val_eq(&a, &b) || a.value_type != b.value_type) {
+        if (!doc_val_eq(&a, &b)) {
             doc_errf(e, DOC_ImmutableField,
                      "After applying the update, the (immutable) field '_id' was found to have been altered");
             return NULL;
@@ -1300,7 +1299,8 @@ static const bson_t *keep_id(const bson_t *old, const bson_t *out, bson_t *fixed
 }
 
 /* Apply `u` to the document at `ref` and write it back: 1 if it changed,
- * 0 if not. `after` (if not NULL, initialised) gets the new document. */
+ * 0 if not. `before` and `after` (if not NULL, initialised) get the old
+ * and the new document. */
 static int update_at(struct doc_coll *c, doc_ref ref, const struct doc_update *u, int64_t now,
                      bson_t *before, bson_t *after, struct doc_err *e, bson_t *failed)
 {
@@ -1312,7 +1312,7 @@ static int update_at(struct doc_coll *c, doc_ref ref, const struct doc_update *u
     if (!doc_read(c, ref, &view))
         return doc_errf(e, DOC_InternalError, "a matched document went away");
     if (before)
-        bson_copy_to(&view, before);
+        bson_concat(before, &view);
     bson_init(&out);
     rc = doc_update_apply(u, &view, false, now, &out, e);
     if (rc < 0) {
@@ -1540,9 +1540,10 @@ static int cmd_update(struct ctx *x)
         x->srv->st.updates++;
         if (update_stmt(x, cname, &c, &st, i, &n, &nmod, &ups, &nups, &e, &failed) < 0) {
             write_error(&werrs, &nerr, i, &e, c, bson_empty(&failed) ? NULL : &failed);
-            bson_destroy(&failed);
-            if (ordered)
+            if (ordered) {
+                bson_destroy(&failed);
                 break;
+            }
         }
         bson_destroy(&failed);
         i++;
@@ -1755,19 +1756,15 @@ static int cmd_find_and_modify(struct ctx *x)
             doc_errf(&x->e, DOC_InternalError, "a matched document went away");
             goto out;
         }
-        bson_destroy(&before);
-        bson_copy_to(&view, &before);
+        bson_concat(&before, &view);
         if (doc_delete(c, ref, &x->e) < 0)
             goto out;
         value = &before;
         x->srv->st.deletes++;
     } else if (found) {
-        bson_destroy(&before);
         changed = update_at(c, ref, u, wall_ms(), &before, &after, &x->e, NULL);
-        if (changed < 0) {
-            bson_init(&before);
+        if (changed < 0)
             goto out;
-        }
         value = want_new ? &after : &before;
         x->srv->st.updates++;
     } else if (upsert) {
@@ -1847,6 +1844,8 @@ static int cmd_count(struct ctx *x)
         return doc_errf(&x->e, DOC_BadValue, "skip value is negative in count query");
     if (limit < 0)
         limit = limit == INT64_MIN ? INT64_MAX : -limit;
+    if (limit > INT64_MAX - skip)
+        limit = 0;
     x->srv->st.queries++;
     if (coll_find(x, cname, &c) < 0)
         return -1;

@@ -1869,7 +1869,11 @@ static int cmd_count(struct ctx *x)
     n = n > skip ? n - skip : 0;
     if (limit > 0 && n > limit)
         n = limit;
-    bson_append_int64(x->reply, "n", 1, n);
+    /* MongoDB answers an int unless the count needs more */
+    if (n <= INT32_MAX)
+        bson_append_int32(x->reply, "n", 1, (int32_t)n);
+    else
+        bson_append_int64(x->reply, "n", 1, n);
     return 0;
 }
 

@@ -49,6 +49,7 @@ static const struct {
     {"doc_bson", suite_doc_bson},
     {"doc_update", suite_doc_update},
     {"doc_cmd", suite_doc_cmd},
+    {"doc_match", suite_doc_match},
 #endif
 };
 

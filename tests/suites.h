@@ -27,5 +27,6 @@ Suite *suite_pm(void);
 Suite *suite_doc_bson(void);     /* the document service: with libbson and PCRE2 */
 Suite *suite_doc_update(void);
 Suite *suite_doc_cmd(void);
+Suite *suite_doc_match(void);
 
 #endif

@@ -128,6 +128,8 @@ static const struct ucase set_rows[] = {
     {"{\"_id\": 1, \"a\": [1]}", "{\"$set\": {\"a.3\": 4}}", "{\"_id\": 1, \"a\": [1, null, null, 4]}", 0},
     {"{\"_id\": 1, \"a\": [{\"b\": 1}, {\"b\": 2}]}", "{\"$set\": {\"a.1.b\": 3, \"a.2.c\": 4}}",
      "{\"_id\": 1, \"a\": [{\"b\": 1}, {\"b\": 3}, {\"c\": 4}]}", 0},
+    {"{\"_id\": 1, \"a\": [{}]}", "{\"$set\": {\"a.2.b\": 1}}",
+     "{\"_id\": 1, \"a\": [{}, null, {\"b\": 1}]}", 0},
     {"{\"_id\": 1, \"a\": [[1, 2], [3]]}", "{\"$set\": {\"a.1.1\": 9}}",
      "{\"_id\": 1, \"a\": [[1, 2], [3, 9]]}", 0},
     /* through a scalar, or a name in an array: PathNotViable */
@@ -145,6 +147,8 @@ static const struct ucase set_rows[] = {
 /* ---- $setOnInsert: manual, "$setOnInsert" ---- */
 
 static const struct ucase soi_rows[] = {
+    /* not inserting: nothing, not even a path through a scalar */
+    {"{\"_id\": 1, \"a\": 5}", "{\"$setOnInsert\": {\"a.b\": 1, \"c\": 1}}", "{\"_id\": 1, \"a\": 5}", 0},
     {"{\"_id\": 1, \"item\": \"apple\"}",
      "{\"$set\": {\"item\": \"apple\"}, \"$setOnInsert\": {\"defaultQty\": 100}}",
      "{\"_id\": 1, \"item\": \"apple\"}", 0},
@@ -289,6 +293,7 @@ static const struct ucase rename_rows[] = {
     {"{\"_id\": 1, \"a\": [{\"b\": 1}]}", "{\"$rename\": {\"a.0.b\": \"c\"}}", NULL, DOC_BadValue},
     {"{\"_id\": 1, \"a\": [1], \"x\": 1}", "{\"$rename\": {\"x\": \"a.0\"}}", NULL, DOC_BadValue},
     {"{\"_id\": 1, \"a\": 5, \"x\": 1}", "{\"$rename\": {\"x\": \"a.b\"}}", NULL, DOC_PathNotViable},
+    {"{\"_id\": 1, \"a\": 5}", "{\"$rename\": {\"x\": \"a.b\"}}", "{\"_id\": 1, \"a\": 5}", 0},
     {"{\"_id\": 1, \"a\": 1}", "{\"$rename\": {\"a\": \"a\"}}", NULL, DOC_BadValue},
     {"{\"_id\": 1, \"a\": 1}", "{\"$rename\": {\"a\": \"a.b\"}}", NULL, DOC_BadValue},
     {"{\"_id\": 1, \"a\": 1}", "{\"$rename\": {\"a.b\": \"a\"}}", NULL, DOC_BadValue},
@@ -324,6 +329,13 @@ static const struct ucase push_rows[] = {
      "{\"_id\": 1, \"s\": [1, 2, 3]}", 0},
     {"{\"_id\": 1, \"s\": [1, 2]}", "{\"$push\": {\"s\": {\"$each\": [3], \"$position\": -10}}}",
      "{\"_id\": 1, \"s\": [3, 1, 2]}", 0},
+    /* the most negative position and slice: everything, from the start */
+    {"{\"_id\": 1, \"s\": [1, 2]}",
+     "{\"$push\": {\"s\": {\"$each\": [3], \"$position\": {\"$numberLong\": \"-9223372036854775808\"}}}}",
+     "{\"_id\": 1, \"s\": [3, 1, 2]}", 0},
+    {"{\"_id\": 1, \"s\": [1, 2]}",
+     "{\"$push\": {\"s\": {\"$each\": [3], \"$slice\": {\"$numberLong\": \"-9223372036854775808\"}}}}",
+     "{\"_id\": 1, \"s\": [1, 2, 3]}", 0},
     /* $slice */
     {"{\"_id\": 1, \"scores\": [40, 50, 60]}", "{\"$push\": {\"scores\": {\"$each\": [80, 78, 86], \"$slice\": -5}}}",
      "{\"_id\": 1, \"scores\": [50, 60, 80, 78, 86]}", 0},
@@ -348,6 +360,8 @@ static const struct ucase push_rows[] = {
      "{\"_id\": 1, \"q\": [5, {\"a\": {\"b\": 1}}, {\"a\": {\"b\": 2}}]}", 0},
     /* a field that is not there becomes an array; an array is pushed whole */
     {"{\"_id\": 1}", "{\"$push\": {\"a.b\": 1}}", "{\"_id\": 1, \"a\": {\"b\": [1]}}", 0},
+    {"{\"_id\": 1, \"a\": [[0]]}", "{\"$push\": {\"a.0\": 1, \"a.2\": 2}}",
+     "{\"_id\": 1, \"a\": [[0, 1], null, [2]]}", 0},
     {"{\"_id\": 1, \"a\": []}", "{\"$push\": {\"a\": [1, 2]}}", "{\"_id\": 1, \"a\": [[1, 2]]}", 0},
     {"{\"_id\": 1, \"a\": 1}", "{\"$push\": {\"a\": 2}}", NULL, DOC_BadValue},
     {"{\"_id\": 1}", "{\"$push\": {\"a\": {\"$each\": 1}}}", NULL, DOC_BadValue},
@@ -415,6 +429,46 @@ static const struct ucase pull_rows[] = {
     {"{\"_id\": 1}", "{\"$pullAll\": {\"scores\": 1}}", NULL, DOC_BadValue},
 };
 
+/* ---- $pull with conditions: manual, "$pull" ---- */
+
+static const struct ucase pull_cond_rows[] = {
+    /* Remove All Items That Match a Specified $pull Condition */
+    {"{\"_id\": 1, \"votes\": [3, 5, 6, 7, 7, 8]}", "{\"$pull\": {\"votes\": {\"$gte\": 6}}}",
+     "{\"_id\": 1, \"votes\": [3, 5]}", 0},
+    /* Remove Items from an Array of Documents: a query on each element */
+    {"{\"_id\": 1, \"results\": [{\"item\": \"A\", \"score\": 5}, {\"item\": \"B\", \"score\": 8}]}",
+     "{\"$pull\": {\"results\": {\"score\": 8, \"item\": \"B\"}}}",
+     "{\"_id\": 1, \"results\": [{\"item\": \"A\", \"score\": 5}]}", 0},
+    {"{\"_id\": 2, \"results\": [{\"item\": \"C\", \"score\": 8}, {\"item\": \"B\", \"score\": 4}]}",
+     "{\"$pull\": {\"results\": {\"score\": 8, \"item\": \"B\"}}}",
+     "{\"_id\": 2, \"results\": [{\"item\": \"C\", \"score\": 8}, {\"item\": \"B\", \"score\": 4}]}", 0},
+    /* an element with more fields than the condition names still matches */
+    {"{\"_id\": 1, \"r\": [{\"item\": \"B\", \"comment\": \"x\"}, {\"item\": \"C\"}]}",
+     "{\"$pull\": {\"r\": {\"item\": \"B\"}}}", "{\"_id\": 1, \"r\": [{\"item\": \"C\"}]}", 0},
+    /* Remove Documents from Nested Arrays: $elemMatch */
+    {"{\"_id\": 1, \"results\": [{\"item\": \"A\", \"score\": 5, \"answers\": [{\"q\": 1, \"a\": 4}, "
+     "{\"q\": 2, \"a\": 6}]}, {\"item\": \"B\", \"score\": 8, \"answers\": [{\"q\": 1, \"a\": 8}, "
+     "{\"q\": 2, \"a\": 9}]}]}",
+     "{\"$pull\": {\"results\": {\"answers\": {\"$elemMatch\": {\"q\": 2, \"a\": {\"$gte\": 8}}}}}}",
+     "{\"_id\": 1, \"results\": [{\"item\": \"A\", \"score\": 5, \"answers\": [{\"q\": 1, \"a\": 4}, "
+     "{\"q\": 2, \"a\": 6}]}]}", 0},
+    /* Remove All Items That Equal a Specified Value, with $in */
+    {"{\"_id\": 1, \"fruits\": [\"apples\", \"pears\", \"oranges\", \"grapes\", \"bananas\"], "
+     "\"vegetables\": [\"carrots\", \"celery\", \"squash\", \"carrots\"]}",
+     "{\"$pull\": {\"fruits\": {\"$in\": [\"apples\", \"oranges\"]}, \"vegetables\": \"carrots\"}}",
+     "{\"_id\": 1, \"fruits\": [\"pears\", \"grapes\", \"bananas\"], \"vegetables\": [\"celery\", \"squash\"]}",
+     0},
+    /* a query on documents leaves the other elements alone */
+    {"{\"_id\": 1, \"a\": [1, {\"b\": 1}, {\"b\": 2}]}", "{\"$pull\": {\"a\": {\"b\": 1}}}",
+     "{\"_id\": 1, \"a\": [1, {\"b\": 2}]}", 0},
+    {"{\"_id\": 1, \"a\": [{\"x\": 1}, {\"x\": 2}, {\"x\": 3}]}",
+     "{\"$pull\": {\"a\": {\"$or\": [{\"x\": 1}, {\"x\": 3}]}}}", "{\"_id\": 1, \"a\": [{\"x\": 2}]}", 0},
+    {"{\"_id\": 1, \"a\": [\"x\", \"yy\", 3]}", "{\"$pull\": {\"a\": {\"$type\": \"string\"}}}",
+     "{\"_id\": 1, \"a\": [3]}", 0},
+    {"{\"_id\": 1, \"a\": [5]}", "{\"$pull\": {\"a\": {\"$gt\": 6}}}", "{\"_id\": 1, \"a\": [5]}", 0},
+    {"{\"_id\": 1, \"a\": [5]}", "{\"$pull\": {\"a\": {\"$foo\": 6}}}", NULL, DOC_BadValue},
+};
+
 /* ---- replacement documents ---- */
 
 static const struct ucase repl_rows[] = {
@@ -433,6 +487,7 @@ static const struct ucase repl_rows[] = {
 static const struct ucase compile_rows[] = {
     /* two operators on one path, or on a path and its prefix */
     {"{\"_id\": 1}", "{\"$set\": {\"a\": 1, \"a.b\": 2}}", NULL, DOC_ConflictingUpdateOperators},
+    {"{\"_id\": 1}", "{\"$set\": {\"a\": 1, \"a\": 2}}", NULL, DOC_ConflictingUpdateOperators},
     {"{\"_id\": 1}", "{\"$set\": {\"a\": 1}, \"$inc\": {\"a\": 1}}", NULL, DOC_ConflictingUpdateOperators},
     {"{\"_id\": 1}", "{\"$set\": {\"a.b.c\": 1}, \"$unset\": {\"a.b\": 1}}", NULL,
      DOC_ConflictingUpdateOperators},
@@ -546,6 +601,8 @@ END_TEST
 START_TEST(op_pop) { run_rows(pop_rows, ROWS(pop_rows), false); }
 END_TEST
 START_TEST(op_pull_values) { run_rows(pull_rows, ROWS(pull_rows), false); }
+END_TEST
+START_TEST(op_pull_conditions) { run_rows(pull_cond_rows, ROWS(pull_cond_rows), false); }
 END_TEST
 START_TEST(replacement) { run_rows(repl_rows, ROWS(repl_rows), false); }
 END_TEST
@@ -665,6 +722,79 @@ START_TEST(pad_limit)
 }
 END_TEST
 
+/* ---- upsert: manual, "upsert" of update() and "Upsert with Dotted
+ * _id Query" / "$setOnInsert": the query's equalities seed the new
+ * document ---- */
+
+struct upcase {
+    const char *query, *upd;
+    const char *want;           /* NULL: an error */
+    int code;
+};
+
+static const struct upcase upsert_rows[] = {
+    {"{\"a\": 1, \"b.c\": 2}", "{\"$set\": {\"d\": 3}}", "{\"a\": 1, \"b\": {\"c\": 2}, \"d\": 3}", 0},
+    {"{\"a\": 1, \"b.c\": 2}", "{\"$set\": {\"b.d\": 3, \"a\": 5}}",
+     "{\"a\": 5, \"b\": {\"c\": 2, \"d\": 3}}", 0},
+    {"{\"x\": 1, \"_id\": 7}", "{\"$inc\": {\"n\": 1}}", "{\"_id\": 7, \"x\": 1, \"n\": 1}", 0},
+    /* _id first, whatever the order of the names */
+    {"{\"B\": 1, \"_id\": 7}", "{\"$set\": {\"A\": 1}}", "{\"_id\": 7, \"B\": 1, \"A\": 1}", 0},
+    {"{\"a\": {\"$gt\": 1}, \"b\": {\"$eq\": 2}}", "{\"$set\": {\"c\": 1}}", "{\"b\": 2, \"c\": 1}", 0},
+    {"{\"$and\": [{\"a\": 1}, {\"b\": 2}]}", "{\"$set\": {\"c\": 1}}", "{\"a\": 1, \"b\": 2, \"c\": 1}", 0},
+    {"{\"$or\": [{\"a\": 1}, {\"b\": 2}]}", "{\"$set\": {\"c\": 1}}", "{\"c\": 1}", 0},
+    /* $setOnInsert applies when the upsert inserts */
+    {"{\"_id\": 1}", "{\"$set\": {\"item\": \"apple\"}, \"$setOnInsert\": {\"defaultQty\": 100}}",
+     "{\"_id\": 1, \"defaultQty\": 100, \"item\": \"apple\"}", 0},
+    {"{}", "{\"$push\": {\"l\": 1}, \"$currentDate\": {\"t\": true}}",
+     "{\"l\": [1], \"t\": {\"$date\": {\"$numberLong\": \"1700000000123\"}}}", 0},
+    /* the query's _id cannot be changed by the update */
+    {"{\"_id\": 1}", "{\"$set\": {\"_id\": 2}}", NULL, DOC_ImmutableField},
+    /* two equalities on one path, or a path and its prefix */
+    {"{\"a\": 1, \"a.b\": 2}", "{\"$set\": {\"c\": 1}}", NULL, DOC_NotSingleValueField},
+    /* a replacement takes only the query's _id */
+    {"{\"_id\": 5, \"x\": 1}", "{\"y\": 2}", "{\"_id\": 5, \"y\": 2}", 0},
+    {"{\"x\": 1}", "{\"y\": 2}", "{\"y\": 2}", 0},
+    {"{\"_id\": 5}", "{\"y\": 2, \"_id\": 6}", "{\"_id\": 6, \"y\": 2}", 0},
+};
+
+START_TEST(upsert_seed)
+{
+    for (int i = 0; i < ROWS(upsert_rows); i++) {
+        const struct upcase *c = &upsert_rows[i];
+        bson_t *q = json(c->query), *upd = json(c->upd), out;
+        struct doc_matcher *m = NULL;
+        struct doc_update *u = NULL;
+        struct doc_err e = {0};
+        int rc;
+
+        ck_assert_int_eq(doc_match_compile(q, &m, &e), 0);
+        ck_assert_int_eq(doc_update_compile(upd, &u, &e), 0);
+        bson_init(&out);
+        rc = doc_update_upsert_doc(u, m, NOW_MS, &out, &e);
+        if (!c->want) {
+            ck_assert_msg(rc < 0, "row %d: wanted error %d", i, c->code);
+            ck_assert_msg(e.code == c->code, "row %d: wanted error %d, got %d (%s)", i, c->code,
+                          e.code, e.msg);
+        } else {
+            bson_t *want = json(c->want);
+            char *got;
+
+            ck_assert_msg(rc == 0, "row %d: error %d %s", i, e.code, e.msg);
+            got = js(&out);
+            ck_assert_msg(bson_equal(&out, want), "row %d: %s with %s:\n  got  %s\n  want %s", i,
+                          c->upd, c->query, got, c->want);
+            bson_free(got);
+            bson_destroy(want);
+        }
+        bson_destroy(&out);
+        doc_update_free(u);
+        doc_match_free(m);
+        bson_destroy(q);
+        bson_destroy(upd);
+    }
+}
+END_TEST
+
 Suite *suite_doc_update(void)
 {
     Suite *s = suite_create("doc_update");
@@ -683,6 +813,7 @@ Suite *suite_doc_update(void)
     tcase_add_test(ops, op_addtoset);
     tcase_add_test(ops, op_pop);
     tcase_add_test(ops, op_pull_values);
+    tcase_add_test(ops, op_pull_conditions);
     suite_add_tcase(s, ops);
 
     tcase_add_test(other, replacement);
@@ -690,6 +821,7 @@ Suite *suite_doc_update(void)
     tcase_add_test(other, reuse_and_kind);
     tcase_add_test(other, depth_limit);
     tcase_add_test(other, pad_limit);
+    tcase_add_test(other, upsert_seed);
     suite_add_tcase(s, other);
     return s;
 }

@@ -63,7 +63,7 @@ static const struct {
 
 enum pull_kind {
     PULL_EQ,                    /* elements equal to arg */
-    PULL_COND,                  /* elements v with {"": v} matching the matcher */
+    PULL_COND,                  /* elements v with {v: v} matching the matcher */
     PULL_QUERY,                 /* document elements matching the matcher */
 };
 
@@ -73,6 +73,8 @@ struct mod {
     char *path;                 /* dotted, as given */
     char *split;                /* path with NULs for the dots */
     const char **comp;
+    uint32_t *clen;             /* each component's length... */
+    uint8_t *cnum;              /* ...and whether it is all digits */
     unsigned ncomp;
     bson_value_t arg;           /* $set, $inc, ..., $pull's value */
     bson_t *vals;               /* $push/$addToSet/$pullAll: the values, as an array */
@@ -100,31 +102,40 @@ struct doc_update {
 
 /* ---- names and paths ---- */
 
-static bool all_digits(const char *s)
+static bool all_digits_n(const char *s, size_t n)
 {
-    if (!*s)
+    if (!n)
         return false;
-    for (; *s; s++)
-        if (*s < '0' || *s > '9')
+    for (size_t i = 0; i < n; i++)
+        if (s[i] < '0' || s[i] > '9')
             return false;
     return true;
 }
 
+static bool all_digits(const char *s)
+{
+    return all_digits_n(s, strlen(s));
+}
+
 /* Numeric names first, in numeric order, then the others by bytes: a total
  * order, which MongoDB's numeric-or-lexicographic comparison is not. */
-static int comp_cmp(const char *a, const char *b)
+static int name_cmp(const char *a, size_t la, bool na, const char *b, size_t lb, bool nb)
 {
-    bool da = all_digits(a), db = all_digits(b);
+    int c;
 
-    if (da != db)
-        return da ? -1 : 1;
-    if (da) {
-        size_t la = strlen(a), lb = strlen(b);
+    if (na != nb)
+        return na ? -1 : 1;
+    if (na && la != lb)
+        return la < lb ? -1 : 1;
+    c = memcmp(a, b, la < lb ? la : lb);
+    if (c)
+        return c;
+    return la < lb ? -1 : la > lb;
+}
 
-        if (la != lb)
-            return la < lb ? -1 : 1;
-    }
-    return strcmp(a, b);
+static int comp_cmp(const struct mod *m, unsigned d, const char *key, size_t klen, bool knum)
+{
+    return name_cmp(m->comp[d], m->clen[d], m->cnum[d], key, klen, knum);
 }
 
 static int mod_cmp(const void *pa, const void *pb)
@@ -133,7 +144,7 @@ static int mod_cmp(const void *pa, const void *pb)
     unsigned n = a->ncomp < b->ncomp ? a->ncomp : b->ncomp;
 
     for (unsigned i = 0; i < n; i++) {
-        int c = comp_cmp(a->comp[i], b->comp[i]);
+        int c = comp_cmp(a, i, b->comp[i], b->clen[i], b->cnum[i]);
 
         if (c)
             return c;
@@ -172,7 +183,9 @@ static int split_path(struct mod *m, const char *path, struct doc_err *e)
     m->path = strdup(path);
     m->split = strdup(path);
     m->comp = malloc(n * sizeof(*m->comp));
-    if (!m->path || !m->split || !m->comp)
+    m->clen = malloc(n * sizeof(*m->clen));
+    m->cnum = malloc(n);
+    if (!m->path || !m->split || !m->comp || !m->clen || !m->cnum)
         return doc_errf(e, DOC_InternalError, "out of memory");
     m->ncomp = n;
     n = 0;
@@ -184,6 +197,9 @@ static int split_path(struct mod *m, const char *path, struct doc_err *e)
         }
     for (unsigned i = 0; i < m->ncomp; i++) {
         const char *c = m->comp[i];
+
+        m->clen[i] = (uint32_t)strlen(c);
+        m->cnum[i] = all_digits_n(c, m->clen[i]);
 
         if (!*c)
             return doc_errf(e, DOC_BadValue,
@@ -347,11 +363,15 @@ static void mod_free(struct mod *m)
     free(m->path);
     free(m->split);
     free(m->comp);
+    free(m->clen);
+    free(m->cnum);
     bson_value_destroy(&m->arg);
     if (m->vals)
         bson_destroy(m->vals);
     if (m->sort_spec)
         bson_destroy(m->sort_spec);
+    if (m->m)
+        doc_match_free(m->m);
 }
 
 void doc_update_free(struct doc_update *u)
@@ -488,16 +508,44 @@ static int compile_addtoset(struct mod *m, const bson_iter_t *arg, struct doc_er
     return 0;
 }
 
-/* $pull's argument: a value to remove. */
+/* A $pull condition: a document whose first field is a query operator on
+ * the element itself ({$gte: 6}), or a query on document elements
+ * ({score: 8}, {$or: [...]}); anything else is a value to remove. */
 static int compile_pull(struct mod *m, const bson_iter_t *arg, struct doc_err *e)
 {
+    static const char *const logical[] = {"$and", "$or", "$nor", "$expr", "$where", "$text",
+                                          "$comment"};
     const bson_value_t *v = bson_iter_value((bson_iter_t *)arg);
+    bson_iter_t it;
+    bson_t filter, wrapped = BSON_INITIALIZER;
+    const char *first;
+    int rc;
 
-    if (v->value_type == BSON_TYPE_DOCUMENT)
-        return doc_errf(e, DOC_NotImplemented, "$pull with a condition is not supported yet");
     bson_value_copy(v, &m->arg);
     m->pull = PULL_EQ;
-    return 0;
+    if (v->value_type != BSON_TYPE_DOCUMENT)
+        return 0;
+    if (!bson_init_static(&filter, v->value.v_doc.data, v->value.v_doc.data_len) ||
+        !bson_iter_init(&it, &filter))
+        return doc_errf(e, DOC_BadValue, "$pull: malformed condition");
+    m->pull = PULL_QUERY;
+    if (bson_iter_next(&it)) {
+        first = bson_iter_key(&it);
+        if (first[0] == '$') {
+            m->pull = PULL_COND;
+            for (size_t i = 0; i < sizeof(logical) / sizeof(logical[0]); i++)
+                if (strcmp(first, logical[i]) == 0)
+                    m->pull = PULL_QUERY;
+        }
+    }
+    if (m->pull == PULL_COND) {
+        bson_append_document(&wrapped, "v", 1, &filter);
+        rc = doc_match_compile(&wrapped, &m->m, e);
+    } else {
+        rc = doc_match_compile(&filter, &m->m, e);
+    }
+    bson_destroy(&wrapped);
+    return rc < 0 ? -1 : 0;
 }
 
 static int compile_one(struct doc_update *u, struct mod *m, enum op op, const char *opname,
@@ -563,7 +611,7 @@ static int compile_one(struct doc_update *u, struct mod *m, enum op op, const ch
             return doc_errf(e, DOC_FailedToParse, "Expected a number in: %s", js);
         }
         if (!as_int64(v, &n) || (n != 1 && n != -1)) {
-            value_json("x", v, js, sizeof(js));
+            value_json(NULL, v, js, sizeof(js));
             return doc_errf(e, DOC_FailedToParse, "$pop expects 1 or -1, found: %s", js);
         }
         m->pop = (int)n;
@@ -869,7 +917,7 @@ static int arith(struct actx *c, const struct mod *m, const bson_value_t *cur, b
                  const char *key, int klen)
 {
     const bson_value_t *a = &m->arg;
-    char js[256], id[200];
+    char id[200];
 
     if (!is_number(cur->value_type)) {
         id_json(c->doc, id, sizeof(id));
@@ -893,10 +941,11 @@ static int arith(struct actx *c, const struct mod *m, const bson_value_t *cur, b
         bool ovf = m->op == OP_INC ? __builtin_add_overflow(x, y, &r) : __builtin_mul_overflow(x, y, &r);
 
         if (ovf) {
-            value_json(key, cur, js, sizeof(js));
             id_json(c->doc, id, sizeof(id));
-            return doc_errf(c->e, DOC_BadValue, "Failed to apply %s operations to current value (%s) "
-                            "for document %.200s", m->opname, js, id);
+            return doc_errf(c->e, DOC_BadValue, "Failed to apply %s operations to current value "
+                            "((%s)%lld) for document %.200s", m->opname,
+                            cur->value_type == BSON_TYPE_INT32 ? "NumberInt" : "NumberLong",
+                            (long long)x, id);
         }
         append_int(out, key, klen, r, wide);
     }
@@ -976,7 +1025,32 @@ static int array_type_error(struct actx *c, const struct mod *m, const bson_valu
 
 static bool pulled(const struct mod *m, const bson_value_t *v)
 {
-    return doc_val_eq(&m->arg, v);
+    bson_t d, w = BSON_INITIALIZER;
+    bool r;
+
+    switch (m->pull) {
+    case PULL_EQ:
+        return doc_val_eq(&m->arg, v);
+    case PULL_QUERY:
+        return v->value_type == BSON_TYPE_DOCUMENT &&
+               bson_init_static(&d, v->value.v_doc.data, v->value.v_doc.data_len) &&
+               doc_match(m->m, &d);
+    case PULL_COND:
+        /* The element as the value of the field the condition was
+         * compiled on; a small document on the stack (libbson's inline
+         * buffer) unless the element is big. */
+        bson_append_value(&w, "v", 1, v);
+        r = doc_match(m->m, &w);
+        bson_destroy(&w);
+        return r;
+    }
+    return false;
+}
+
+/* |v| of a negative v, INT64_MIN included. */
+static uint64_t neg_u64(int64_t v)
+{
+    return 0 - (uint64_t)v;
 }
 
 /* The array operators on the current value `cur` (NULL: the field is not
@@ -1005,7 +1079,7 @@ static int array_op(struct actx *c, const struct mod *m, const bson_value_t *cur
             if (m->pos >= 0)
                 ins = (uint64_t)m->pos < n0 ? (size_t)m->pos : n0;
             else
-                ins = (uint64_t)-m->pos >= n0 ? 0 : n0 - (size_t)-m->pos;
+                ins = neg_u64(m->pos) >= n0 ? 0 : n0 - (size_t)neg_u64(m->pos);
         }
         bson_iter_init(&vi, m->vals);
         while (bson_iter_next(&vi))
@@ -1036,8 +1110,8 @@ static int array_op(struct actx *c, const struct mod *m, const bson_value_t *cur
             if (m->slice >= 0) {
                 if ((uint64_t)m->slice < total)
                     total = (size_t)m->slice;
-            } else if ((uint64_t)-m->slice < total) {
-                size_t drop = total - (size_t)-m->slice;
+            } else if (neg_u64(m->slice) < total) {
+                size_t drop = total - (size_t)neg_u64(m->slice);
 
                 memmove(c->vals, c->vals + drop, (total - drop) * sizeof(*c->vals));
                 total -= drop;
@@ -1177,29 +1251,32 @@ static int merge_array(struct actx *c, bson_iter_t *it, const bson_value_t *whol
  * component d. */
 static size_t group_end(const struct actx *c, size_t lo, size_t hi, unsigned d)
 {
-    const char *k = c->u->mods[lo].comp[d];
+    const struct mod *m = &c->u->mods[lo];
     size_t i = lo + 1;
 
-    while (i < hi && strcmp(c->u->mods[i].comp[d], k) == 0)
+    while (i < hi && c->u->mods[i].clen[d] == m->clen[d] &&
+           memcmp(c->u->mods[i].comp[d], m->comp[d], m->clen[d]) == 0)
         i++;
     return i;
 }
 
 /* The run whose component d is `key`, by bisection (the run is sorted on
  * component d); hi if none. */
-static size_t find_group(const struct actx *c, size_t lo, size_t hi, unsigned d, const char *key)
+static size_t find_group(const struct actx *c, size_t lo, size_t hi, unsigned d, const char *key,
+                         size_t klen)
 {
+    bool knum = all_digits_n(key, klen);
     size_t a = lo, b = hi;
 
     while (a < b) {
         size_t mid = a + (b - a) / 2;
 
-        if (comp_cmp(c->u->mods[mid].comp[d], key) < 0)
+        if (comp_cmp(&c->u->mods[mid], d, key, klen, knum) < 0)
             a = mid + 1;
         else
             b = mid;
     }
-    if (a < hi && strcmp(c->u->mods[a].comp[d], key) == 0)
+    if (a < hi && c->u->mods[a].clen[d] == klen && memcmp(c->u->mods[a].comp[d], key, klen) == 0)
         return a;
     return hi;
 }
@@ -1265,7 +1342,7 @@ static int merge_doc(struct actx *c, bson_iter_t *it, size_t lo, size_t hi, unsi
         while (bson_iter_next(it)) {
             const char *key = bson_iter_key(it);
             int klen = (int)bson_iter_key_len(it);
-            size_t g = find_group(c, lo, hi, d, key);
+            size_t g = find_group(c, lo, hi, d, key, (size_t)klen);
 
             if (g == hi || c->used[g]) {
                 bson_append_iter(out, key, klen, it);
@@ -1321,7 +1398,7 @@ static int merge_array(struct actx *c, bson_iter_t *it, const bson_value_t *whol
         size_t g;
 
         il = bson_uint32_to_string(n, &ik, ibuf, sizeof(ibuf));
-        g = find_group(c, lo, hi, d, ik);
+        g = find_group(c, lo, hi, d, ik, il);
         if (g == hi || c->used[g]) {
             bson_append_value(out, ik, (int)il, bson_iter_value(it));
         } else {
@@ -1478,3 +1555,103 @@ done:
     return rc;
 }
 
+/* ---- upsert ---- */
+
+struct seed {
+    bson_t set;                 /* {path: value, ...}: the query's equalities */
+    unsigned n;
+};
+
+static int seed_eq(void *arg, const char *path, const bson_value_t *v)
+{
+    struct seed *s = arg;
+
+    bson_append_value(&s->set, path, -1, v);
+    s->n++;
+    return 0;
+}
+
+/* `_id` first, as MongoDB stores an inserted document. */
+static void id_first(bson_t *out)
+{
+    bson_iter_t it;
+    bson_t tmp;
+
+    if (!bson_iter_init(&it, out) || !bson_iter_next(&it) || strcmp(bson_iter_key(&it), "_id") == 0 ||
+        !bson_iter_init_find(&it, out, "_id"))
+        return;
+    bson_init(&tmp);
+    bson_append_iter(&tmp, "_id", 3, &it);
+    bson_iter_init(&it, out);
+    while (bson_iter_next(&it))
+        if (strcmp(bson_iter_key(&it), "_id") != 0)
+            bson_append_iter(&tmp, bson_iter_key(&it), (int)bson_iter_key_len(&it), &it);
+    bson_reinit(out);
+    bson_concat(out, &tmp);
+    bson_destroy(&tmp);
+}
+
+int doc_update_upsert_doc(const struct doc_update *u, const struct doc_matcher *query,
+                          int64_t now_ms, bson_t *out, struct doc_err *e)
+{
+    struct seed s = {.n = 0};
+    bson_t upd = BSON_INITIALIZER, base = BSON_INITIALIZER;
+    struct doc_update *su = NULL;
+    bson_value_t id;
+    int rc = -1;
+
+    if (u->replacement) {
+        if (query && doc_match_eq_value(query, "_id", &id)) {
+            bson_iter_t it;
+
+            if (!bson_iter_init_find(&it, u->repl, "_id"))
+                bson_append_value(&base, "_id", 3, &id);
+        }
+        rc = apply_replacement(u, &base, out, e) < 0 ? -1 : 0;
+        bson_destroy(&base);
+        return rc;
+    }
+    /* The equalities become a $set on an empty document: the same path
+     * rules build their sub-documents, and two equalities on one path (or
+     * on a path and its prefix) are refused as MongoDB refuses them. */
+    bson_init(&s.set);
+    if (query && doc_match_each_eq(query, seed_eq, &s) < 0) {
+        doc_errf(e, DOC_InternalError, "cannot read the query's equalities");
+        goto done;
+    }
+    if (s.n) {
+        bson_t seeded = BSON_INITIALIZER;
+
+        bson_append_document(&upd, "$set", 4, &s.set);
+        if (doc_update_compile(&upd, &su, e) < 0) {
+            if (e->code == DOC_ConflictingUpdateOperators) {
+                char why[sizeof(e->msg)];
+
+                memcpy(why, e->msg, sizeof(why));
+                doc_errf(e, DOC_NotSingleValueField,
+                         "cannot infer query fields to set, the query's equalities overlap: %.400s",
+                         why);
+            }
+            bson_destroy(&seeded);
+            goto done;
+        }
+        if (doc_update_apply(su, &base, true, now_ms, &seeded, e) < 0) {
+            bson_destroy(&seeded);
+            goto done;
+        }
+        /* bson_t may not be copied by assignment (it can point into
+         * itself): steal the seeded one into base. */
+        bson_destroy(&base);
+        bson_steal(&base, &seeded);
+    }
+    if (doc_update_apply(u, &base, true, now_ms, out, e) < 0)
+        goto done;
+    id_first(out);
+    rc = 0;
+done:
+    doc_update_free(su);
+    bson_destroy(&s.set);
+    bson_destroy(&upd);
+    bson_destroy(&base);
+    return rc;
+}

@@ -50,6 +50,8 @@ static const struct {
     {"doc_update", suite_doc_update},
     {"doc_cmd", suite_doc_cmd},
     {"doc_match", suite_doc_match},
+    {"doc_query", suite_doc_query},
+    {"doc_agg", suite_doc_agg},
 #endif
 };
 

@@ -450,6 +450,12 @@ static double num_d(const bson_value_t *v)
     }
 }
 
+/* Nearest integer, halves away from zero (llround without libm). */
+static int64_t round_i64(double d)
+{
+    return d >= 0 ? (int64_t)(d + 0.5) : -(int64_t)(-d + 0.5);
+}
+
 /* A numeric result: int32 while everything was int32 and it fits, int64
  * while everything was an integer and it fits, else double (MongoDB's
  * widening for $add, $multiply and $sum). */
@@ -679,7 +685,7 @@ static int arith(const struct doc_expr *x, const bson_t *root, struct doc_arena 
     }
     if (date) {
         out->value_type = BSON_TYPE_DATE_TIME;
-        out->value.v_datetime = n.t < 2 ? n.i : llround(n.d);
+        out->value.v_datetime = n.t < 2 ? n.i : round_i64(n.d);
         return 0;
     }
     num_value(&n, out);
@@ -713,7 +719,7 @@ static int subtract(const struct doc_expr *x, const bson_t *root, struct doc_are
     }
     if (l.value_type == BSON_TYPE_DATE_TIME && is_num(&r)) {
         out->value_type = BSON_TYPE_DATE_TIME;
-        out->value.v_datetime = l.value.v_datetime - llround(num_d(&r));
+        out->value.v_datetime = l.value.v_datetime - round_i64(num_d(&r));
         return 0;
     }
     if (!is_num(&l) || !is_num(&r))
@@ -721,19 +727,17 @@ static int subtract(const struct doc_expr *x, const bson_t *root, struct doc_are
                         type_name(r.value_type), type_name(l.value_type));
     num_start(&n, 0);
     num_op(&n, &l, false);
-    if (r.value_type == BSON_TYPE_INT32) {
-        r.value.v_int32 = r.value.v_int32 == INT32_MIN ? 0 : -r.value.v_int32;
-        if (r.value.v_int32 == 0 && num_d(&r) != 0) {
-            r.value_type = BSON_TYPE_INT64;
-            r.value.v_int64 = -(int64_t)INT32_MIN;
-        }
-    } else if (r.value_type == BSON_TYPE_INT64 && r.value.v_int64 != INT64_MIN) {
-        r.value.v_int64 = -r.value.v_int64;
+    if (r.value_type == BSON_TYPE_INT32 || r.value_type == BSON_TYPE_INT64) {
+        int64_t y = r.value_type == BSON_TYPE_INT32 ? r.value.v_int32 : r.value.v_int64;
+
+        if (r.value_type == BSON_TYPE_INT64 && n.t < 1)
+            n.t = 1;
+        if (n.t < 2 && __builtin_sub_overflow(n.i, y, &n.i))
+            n.t = 2;
     } else {
-        r.value.v_double = -num_d(&r);
-        r.value_type = BSON_TYPE_DOUBLE;
+        n.t = 2;
     }
-    num_op(&n, &r, false);
+    n.d -= num_d(&r);
     num_value(&n, out);
     return 0;
 }
@@ -1613,8 +1617,9 @@ static bool iter_sub_doc(const bson_iter_t *it, bson_t *sub)
 }
 
 /* Copy `in` with the value at `path` (sub-documents only) replaced by the
- * element at `el`, and at the top level the index field set. */
-static void unwind_copy(const bson_t *in, const char *path, const bson_iter_t *el,
+ * element at `el` (or left out if `drop`), and at the top level the index
+ * field set. */
+static void unwind_copy(const bson_t *in, const char *path, const bson_iter_t *el, bool drop,
                         const char *index_field, const bson_value_t *index, bson_t *out)
 {
     const char *dot = strchr(path, '.');
@@ -1634,9 +1639,10 @@ static void unwind_copy(const bson_t *in, const char *path, const bson_iter_t *e
             index_done = true;
             continue;
         }
-        if ((size_t)klen == clen && memcmp(k, path, clen) == 0 && el) {
+        if ((size_t)klen == clen && memcmp(k, path, clen) == 0 && (el || drop)) {
             if (!dot) {
-                bson_append_iter(out, k, klen, el);
+                if (el)
+                    bson_append_iter(out, k, klen, el);
                 continue;
             }
             if (BSON_ITER_HOLDS_DOCUMENT(&it)) {
@@ -1644,7 +1650,7 @@ static void unwind_copy(const bson_t *in, const char *path, const bson_iter_t *e
 
                 if (iter_sub_doc(&it, &sub)) {
                     bson_append_document_begin(out, k, klen, &child);
-                    unwind_copy(&sub, dot + 1, el, NULL, NULL, &child);
+                    unwind_copy(&sub, dot + 1, el, drop, NULL, NULL, &child);
                     bson_append_document_end(out, &child);
                     continue;
                 }
@@ -1692,12 +1698,19 @@ static int unwind_push(struct run *r, unsigned i, const bson_t *doc)
             index.value_type = BSON_TYPE_INT64;
             index.value.v_int64 = k++;
             bson_reinit(&sr->out);
-            unwind_copy(doc, s->path, &a, s->index_field, &index, &sr->out);
+            unwind_copy(doc, s->path, &a, false, s->index_field, &index, &sr->out);
             if ((rc = push(r, i + 1, &sr->out)) != 0)
                 return rc;
         }
         if (k)
             return 0;
+        /* An empty array, kept: the document goes on without the field
+         * (the manual's preserveNullAndEmptyArrays example). */
+        if (!s->preserve)
+            return 0;
+        bson_reinit(&sr->out);
+        unwind_copy(doc, s->path, NULL, true, s->index_field, &null_v, &sr->out);
+        return push(r, i + 1, &sr->out);
     } else if (found && !is_nullish(bson_iter_value(&it))) {
         /* A value that is not an array is an array of one. */
         goto as_is;
@@ -1708,7 +1721,7 @@ as_is:
     if (!s->index_field)
         return push(r, i + 1, doc);
     bson_reinit(&sr->out);
-    unwind_copy(doc, s->path, NULL, s->index_field, &null_v, &sr->out);
+    unwind_copy(doc, s->path, NULL, false, s->index_field, &null_v, &sr->out);
     return push(r, i + 1, &sr->out);
 }
 

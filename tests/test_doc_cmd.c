@@ -1321,6 +1321,82 @@ START_TEST(sync_and_flags)
 }
 END_TEST
 
+/* Every command with each of its arguments replaced by values of every
+ * kind: each gets a reply, ok or a complete error, and the server goes on. */
+START_TEST(argument_matrix)
+{
+    static const struct {
+        const char *name, *args[8];
+    } cmds[] = {
+        {"find", {"filter", "sort", "projection", "skip", "limit", "batchSize", "singleBatch", "hint"}},
+        {"getMore", {"getMore", "collection", "batchSize"}},
+        {"insert", {"documents", "ordered"}},
+        {"update", {"updates", "ordered"}},
+        {"delete", {"deletes", "ordered"}},
+        {"findAndModify", {"query", "sort", "update", "remove", "new", "fields", "upsert"}},
+        {"count", {"query", "skip", "limit"}},
+        {"distinct", {"key", "query"}},
+        {"aggregate", {"pipeline", "cursor", "explain"}},
+        {"createIndexes", {"indexes"}},
+        {"listIndexes", {"cursor"}},
+        {"dropIndexes", {"index"}},
+        {"listCollections", {"filter", "nameOnly", "cursor"}},
+        {"listDatabases", {"filter", "nameOnly"}},
+        {"create", {"capped", "viewOn"}},
+        {"drop", {"writeConcern"}},
+        {"collStats", {"scale"}},
+        {"dbStats", {"scale"}},
+        {"killCursors", {"cursors"}},
+        {"explain", {"explain", "verbosity"}},
+        {"hello", {"helloOk"}},
+        {"getParameter", {"getParameter", "featureCompatibilityVersion"}},
+        {"getLog", {"getLog"}},
+        {"dropDatabase", {"dropDatabase"}},
+    };
+    static const char *vals[] = {
+        "1", "-1", "0", "{\"$numberLong\": \"-9223372036854775808\"}", "1.5", "{\"$numberDouble\": \"NaN\"}",
+        "\"s\"", "\"\"", "\"*\"", "{}", "{\"$bad\": 1}", "{\"a\": {\"$gt\": 1}}", "[]", "[1]", "[{}]",
+        "[{\"q\": 1, \"u\": 1, \"limit\": \"x\"}]", "[{\"key\": {}, \"name\": 1}]", "[{\"$group\": 1}]",
+        "null", "true", "{\"$oid\": \"0123456789abcdef01234567\"}", "{\"$regex\": \"a(\", \"$options\": \"\"}",
+        "{\"$minKey\": 1}", "{\"$date\": 0}", "{\"$binary\": {\"base64\": \"AA==\", \"subType\": \"00\"}}",
+        "{\"find\": \"c\", \"filter\": {\"$where\": 1}}",
+    };
+    unsigned i, j, k;
+
+    insert_json("c", "[{\"_id\": 1, \"a\": 2}]");
+    for (i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
+        for (j = 0; j < 8 && cmds[i].args[j]; j++)
+            for (k = 0; k < sizeof(vals) / sizeof(vals[0]); k++) {
+                char js[1024];
+                bson_iter_t it;
+
+                if (!strcmp(cmds[i].args[j], cmds[i].name))
+                    snprintf(js, sizeof(js), "{\"%s\": %s, \"$db\": \"test\"}", cmds[i].name,
+                             vals[k]);
+                else
+                    snprintf(js, sizeof(js), "{\"%s\": \"c\", \"%s\": %s, \"$db\": \"test\"}",
+                             cmds[i].name, cmds[i].args[j], vals[k]);
+                run(js);
+                ck_assert_msg(find_path(&rep, "ok", &it) && BSON_ITER_HOLDS_DOUBLE(&it), "%s: %s",
+                              js, bson_as_relaxed_extended_json(&rep, NULL));
+                if (bson_iter_double(&it) == 0) {
+                    ck_assert_msg(type_of("errmsg") == BSON_TYPE_UTF8, "%s", js);
+                    ck_assert_msg(type_of("code") == BSON_TYPE_INT32, "%s", js);
+                    ck_assert_msg(type_of("codeName") == BSON_TYPE_UTF8, "%s", js);
+                }
+                /* the first field of the command with that value too */
+                snprintf(js, sizeof(js), "{\"%s\": %s, \"%s\": %s, \"$db\": \"test\"}",
+                         cmds[i].name, vals[k], cmds[i].args[j], vals[(k + 7) % (sizeof(vals) / sizeof(vals[0]))]);
+                run(js);
+                ck_assert_msg(find_path(&rep, "ok", &it) && BSON_ITER_HOLDS_DOUBLE(&it), "%s", js);
+            }
+    run("{\"ping\": 1}");
+    assert_ok();
+    run("{\"listDatabases\": 1, \"nameOnly\": true, \"$db\": \"admin\"}");
+    assert_ok();
+}
+END_TEST
+
 Suite *suite_doc_cmd(void)
 {
     Suite *s = suite_create("doc_cmd");
@@ -1351,6 +1427,7 @@ Suite *suite_doc_cmd(void)
     tcase_add_test(tc, namespace_commands);
     tcase_add_test(tc, explain_shapes);
     tcase_add_test(tc, sync_and_flags);
+    tcase_add_test(tc, argument_matrix);
     suite_add_tcase(s, tc);
     return s;
 }

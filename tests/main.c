@@ -47,11 +47,11 @@ static const struct {
 #endif
 #if TERN_HAVE_DOC
     {"doc_bson", suite_doc_bson},
-    {"doc_update", suite_doc_update},
-    {"doc_cmd", suite_doc_cmd},
     {"doc_match", suite_doc_match},
+    {"doc_update", suite_doc_update},
     {"doc_query", suite_doc_query},
     {"doc_agg", suite_doc_agg},
+    {"doc_cmd", suite_doc_cmd},
 #endif
 };
 

@@ -304,6 +304,9 @@ static const struct {
     {"{\"$toUpper\": [\"$s\"]}", "{\"r\": \"HELLO\"}"},
     {"{\"$toUpper\": \"$nope\"}", "{\"r\": \"\"}"},
     {"{\"$toLower\": 12}", "{\"r\": \"12\"}"},
+    {"{\"$toLower\": 0.1}", "{\"r\": \"0.1\"}"},
+    {"{\"$toUpper\": \"$f\"}", "{\"r\": \"2.5\"}"},
+    {"{\"$toUpper\": 2.0}", "{\"r\": \"2\"}"},
     /* $cond, $ifNull */
     {"{\"$cond\": [\"$a\", \"yes\", \"no\"]}", "{\"r\": \"yes\"}"},
     {"{\"$cond\": {\"if\": \"$n\", \"then\": 1, \"else\": 2}}", "{\"r\": 2}"},
@@ -519,6 +522,15 @@ START_TEST(test_agg_limit_stops_source)
 }
 END_TEST
 
+/* An endless source of {a: 1}. */
+static int src_next_one(bson_t *doc)
+{
+    static const uint8_t one_doc[] = {12, 0, 0, 0, 0x10, 'a', 0, 1, 0, 0, 0, 0};
+
+    ck_assert(bson_init_static(doc, one_doc, sizeof(one_doc)));
+    return 1;
+}
+
 static int sink_fail(void *arg, const bson_t *doc, struct doc_err *e)
 {
     int *n = arg;
@@ -548,6 +560,39 @@ START_TEST(test_agg_sink_error)
     doc_agg_free(p);
     bson_destroy(ph);
     bson_destroy(dh);
+}
+END_TEST
+
+static int src_fail(void *arg, bson_t *doc, struct doc_err *e)
+{
+    int *calls = arg;
+
+    if (++*calls == 3)
+        return doc_errf(e, DOC_InternalError, "source broke");
+    return src_next_one(doc);
+}
+
+/* A source's error ends the run with it; the blocking stage sends nothing. */
+START_TEST(test_agg_source_error)
+{
+    bson_t *ph, pa;
+    struct doc_pipeline *p;
+    struct doc_err e = {0};
+    struct sink k;
+    int calls = 0;
+
+    J_array("[{\"$group\": {\"_id\": \"$a\", \"n\": {\"$sum\": 1}}}]", &ph, &pa);
+    ck_assert_int_eq(doc_agg_compile(&pa, &p, &e), 0);
+    bson_init(&k.out);
+    k.n = 0;
+    ck_assert_int_lt(doc_agg_run(p, NULL, src_fail, &calls, sink_take, &k, &e), 0);
+    ck_assert_int_eq(e.code, DOC_InternalError);
+    ck_assert_str_eq(e.msg, "source broke");
+    ck_assert_int_eq(calls, 3);
+    ck_assert_uint_eq(k.n, 0);
+    bson_destroy(&k.out);
+    doc_agg_free(p);
+    bson_destroy(ph);
 }
 END_TEST
 
@@ -833,6 +878,61 @@ START_TEST(test_agg_generated_sort)
 }
 END_TEST
 
+/* $sort then $limit (or $skip and $limit) keeps only the first ones, as
+ * MongoDB's top-k sort does: 400 documents do not fit the limit given
+ * here, the 15 it keeps do; the order is the direct computation's. */
+START_TEST(test_agg_generated_topk)
+{
+    static struct gen g[GEN_DOCS];
+    static const char *const pipelines[] = {
+        "[{\"$sort\": {\"n\": -1, \"_id\": 1}}, {\"$skip\": 10}, {\"$limit\": 5}, {\"$project\": {\"n\": 1}}]",
+        "[{\"$sort\": {\"n\": -1, \"_id\": 1}}, {\"$limit\": 15}, {\"$skip\": 10}, {\"$project\": {\"n\": 1}}]",
+    };
+    struct doc_agg_run_opts o = {.max_bytes = 14000};
+    int idx[GEN_DOCS];
+    bson_t arr;
+
+    generate(g, &arr);
+    ck_assert_uint_gt(arr.len, 2 * o.max_bytes);
+    for (int i = 0; i < GEN_DOCS; i++)
+        idx[i] = i;
+    cmp_gen = g;
+    qsort(idx, GEN_DOCS, sizeof(idx[0]), by_n_desc);
+    for (size_t t = 0; t < 2; t++) {
+        struct doc_pipeline *p = compile(pipelines[t]);
+        struct src s;
+        struct sink k;
+        struct doc_err e = {0};
+        bson_iter_t it;
+
+        ck_assert(bson_iter_init(&s.it, &arr));
+        bson_init(&k.out);
+        k.n = 0;
+        ck_assert_msg(doc_agg_run(p, &o, src_next, &s, sink_take, &k, &e) == 0, "%s: %s", pipelines[t],
+                      e.msg);
+        ck_assert_uint_eq(k.n, 5);
+        ck_assert(bson_iter_init(&it, &k.out));
+        for (int i = 10; i < 15; i++) {
+            char want[64];
+            bson_t d, *w;
+            uint32_t len;
+            const uint8_t *data;
+
+            ck_assert(bson_iter_next(&it));
+            bson_iter_document(&it, &len, &data);
+            bson_init_static(&d, data, len);
+            snprintf(want, sizeof(want), "{\"_id\": %d, \"n\": %d}", idx[i], g[idx[i]].n);
+            w = J(want);
+            ck_assert_msg(bson_equal(&d, w), "%s: position %d: want %s", pipelines[t], i, want);
+            bson_destroy(w);
+        }
+        bson_destroy(&k.out);
+        doc_agg_free(p);
+    }
+    bson_destroy(&arr);
+}
+END_TEST
+
 Suite *suite_doc_agg(void)
 {
     Suite *s = suite_create("doc_agg");
@@ -846,12 +946,14 @@ Suite *suite_doc_agg(void)
     tcase_add_test(tc, test_agg_memory_limit);
     tcase_add_test(tc, test_agg_limit_stops_source);
     tcase_add_test(tc, test_agg_sink_error);
+    tcase_add_test(tc, test_agg_source_error);
     tcase_add_test(tc, test_agg_leading);
     tcase_add_test(tc, test_agg_skip_leading);
     suite_add_tcase(s, tc);
     tc = tcase_create("generated");
     tcase_add_test(tc, test_agg_generated_group);
     tcase_add_test(tc, test_agg_generated_sort);
+    tcase_add_test(tc, test_agg_generated_topk);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -251,6 +251,64 @@ START_TEST(test_proj_reuse)
 }
 END_TEST
 
+/* {a: [[[...[]...]]]}, `depth` arrays around an empty one, written as raw
+ * BSON (libbson's builders would need one bson_t per level): the array i
+ * levels out is 5 + 8 i bytes (its length, 0x04 "0\\0", the one inside,
+ * and its terminating 0). */
+static uint8_t *deep_arrays(unsigned depth, uint32_t *len)
+{
+    uint32_t total = 4 + 3 + (5 + 8 * depth) + 1, v;
+    uint8_t *buf = malloc(total), *p = buf;
+
+    ck_assert_ptr_nonnull(buf);
+    memcpy(p, &total, 4);
+    memcpy(p + 4, "\x04" "a", 3);
+    p += 7;
+    for (unsigned i = depth; i >= 1; i--) {
+        v = 5 + 8 * i;
+        memcpy(p, &v, 4);
+        memcpy(p + 4, "\x04" "0", 3);
+        p += 7;
+    }
+    memcpy(p, "\x05\0\0\0\0", 5);
+    p += 5;
+    memset(p, 0, depth + 1);
+    *len = total;
+    return buf;
+}
+
+/* A document of arrays nested 200,000 deep (hostile input) is projected
+ * without recursing that deep. */
+START_TEST(test_proj_deep_arrays)
+{
+    static const char *const specs[] = {"{\"a.b\": 1}", "{\"a.b\": 0}"};
+    uint32_t len;
+    uint8_t *raw = deep_arrays(200000, &len);
+    bson_t doc;
+
+    /* Not bson_validate: it recurses as deep as the document goes. */
+    ck_assert(bson_init_static(&doc, raw, len));
+    for (int i = 0; i < 2; i++) {
+        bson_t *spec = J(specs[i]), out;
+        struct doc_proj *p;
+        struct doc_err e = {0};
+
+        ck_assert_int_eq(doc_proj_compile(spec, &p, &e), 0);
+        bson_init(&out);
+        ck_assert_int_eq(doc_proj_apply(p, &doc, &out, &e), 0);
+        ck_assert(bson_has_field(&out, "a"));
+        if (i == 0)                             /* arrays of no documents: 100 deep */
+            ck_assert(bson_validate(&out, 0, NULL));
+        else                                    /* nothing to exclude */
+            ck_assert(out.len == len && memcmp(bson_get_data(&out), raw, len) == 0);
+        bson_destroy(&out);
+        doc_proj_free(p);
+        bson_destroy(spec);
+    }
+    free(raw);
+}
+END_TEST
+
 /* ---- sort ---- */
 
 /* Sort the documents by their keys (ties in the order given) and compare
@@ -450,6 +508,7 @@ Suite *suite_doc_query(void)
     tcase_add_loop_test(tc, test_proj_errors, 0, sizeof(proj_errs) / sizeof(proj_errs[0]));
     tcase_add_test(tc, test_proj_empty_and_codes);
     tcase_add_test(tc, test_proj_reuse);
+    tcase_add_test(tc, test_proj_deep_arrays);
     suite_add_tcase(s, tc);
     tc = tcase_create("sort");
     tcase_add_test(tc, test_sort_arrays);

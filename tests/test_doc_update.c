@@ -124,6 +124,9 @@ static const struct ucase set_rows[] = {
      "{\"_id\": 1, \"a\": {\"b\": [1, 2]}}", 0},
     /* an equal value of another type is a change */
     {"{\"_id\": 1, \"a\": 1}", "{\"$set\": {\"a\": 1.0}}", "{\"_id\": 1, \"a\": 1.0}", 0},
+    /* "Update Operators", Behavior: "a.2" before "a.10", numeric order */
+    {"{\"_id\": 1, \"a\": []}", "{\"$set\": {\"a.10\": 1, \"a.2\": 2}}",
+     "{\"_id\": 1, \"a\": [null, null, 2, null, null, null, null, null, null, null, 1]}", 0},
     /* a position past the end pads with nulls */
     {"{\"_id\": 1, \"a\": [1]}", "{\"$set\": {\"a.3\": 4}}", "{\"_id\": 1, \"a\": [1, null, null, 4]}", 0},
     {"{\"_id\": 1, \"a\": [{\"b\": 1}, {\"b\": 2}]}", "{\"$set\": {\"a.1.b\": 3, \"a.2.c\": 4}}",
@@ -710,6 +713,48 @@ START_TEST(depth_limit)
 }
 END_TEST
 
+/* Compile {op: {path: value}} for a path of n components "a.a...". */
+static int compile_deep(const char *op, unsigned n, const char *value_json, struct doc_err *e)
+{
+    char path[512];
+    size_t len = 0;
+    bson_t upd, inner, *v = json(value_json);
+    bson_iter_t it;
+    struct doc_update *u = NULL;
+    int rc;
+
+    for (unsigned i = 0; i < n; i++)
+        len += (size_t)snprintf(path + len, sizeof(path) - len, i ? ".a" : "a");
+    ck_assert(bson_iter_init_find(&it, v, "v"));
+    bson_init(&upd);
+    bson_append_document_begin(&upd, op, -1, &inner);
+    bson_append_iter(&inner, path, -1, &it);
+    bson_append_document_end(&upd, &inner);
+    rc = doc_update_compile(&upd, &u, e);
+    doc_update_free(u);
+    bson_destroy(&upd);
+    bson_destroy(v);
+    return rc;
+}
+
+/* $push and $addToSet put their values one level down, in the array at
+ * the path, however they are given. */
+START_TEST(depth_limit_arrays)
+{
+    struct doc_err e = {0};
+
+    ck_assert_int_eq(compile_deep("$push", 99, "{\"v\": 1}", &e), 0);
+    ck_assert_int_eq(compile_deep("$push", 99, "{\"v\": {\"$each\": [1]}}", &e), 0);
+    ck_assert_int_eq(compile_deep("$addToSet", 99, "{\"v\": {\"$each\": [1]}}", &e), 0);
+    ck_assert_int_eq(compile_deep("$push", 100, "{\"v\": 1}", &e), -1);
+    ck_assert_int_eq(e.code, DOC_BadValue);
+    ck_assert_int_eq(compile_deep("$push", 99, "{\"v\": {\"$each\": [{}]}}", &e), -1);
+    ck_assert_int_eq(compile_deep("$addToSet", 100, "{\"v\": 1}", &e), -1);
+    ck_assert_int_eq(compile_deep("$set", 99, "{\"v\": [1]}", &e), 0);
+    ck_assert_int_eq(compile_deep("$set", 99, "{\"v\": [[1]]}", &e), -1);
+}
+END_TEST
+
 /* Padding an array to a far position is bounded as MongoDB bounds it. */
 START_TEST(pad_limit)
 {
@@ -754,7 +799,9 @@ static const struct upcase upsert_rows[] = {
     /* a replacement takes only the query's _id */
     {"{\"_id\": 5, \"x\": 1}", "{\"y\": 2}", "{\"_id\": 5, \"y\": 2}", 0},
     {"{\"x\": 1}", "{\"y\": 2}", "{\"y\": 2}", 0},
-    {"{\"_id\": 5}", "{\"y\": 2, \"_id\": 6}", "{\"_id\": 6, \"y\": 2}", 0},
+    {"{\"y\": 1}", "{\"y\": 2, \"_id\": 6}", "{\"_id\": 6, \"y\": 2}", 0},
+    {"{\"_id\": 6}", "{\"y\": 2, \"_id\": 6}", "{\"_id\": 6, \"y\": 2}", 0},
+    {"{\"_id\": 5}", "{\"y\": 2, \"_id\": 6}", NULL, DOC_ImmutableField},
 };
 
 START_TEST(upsert_seed)
@@ -795,6 +842,175 @@ START_TEST(upsert_seed)
 }
 END_TEST
 
+/* ---- random updates on random documents ----
+ *
+ * Paths and documents drawn from a small alphabet ("a", "b", "0", "1",
+ * "2"), so that paths meet each other, arrays, scalars and positions past
+ * the end often. Every application must either fail with one of the codes
+ * the header lists or give valid BSON in which each $set path (that did
+ * not go through an array) holds its value. A fixed seed: the same cases
+ * every run. */
+
+static uint64_t rng_state;
+
+static unsigned rnd(unsigned n)
+{
+    rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (unsigned)((rng_state >> 33) % n);
+}
+
+static const char *const names[] = {"a", "b", "0", "1", "2"};
+
+static void random_value(bson_t *b, const char *key, int depth)
+{
+    bson_t sub;
+    unsigned n;
+
+    switch (depth > 0 ? rnd(6) : rnd(3)) {
+    case 0:
+        bson_append_int32(b, key, -1, (int32_t)rnd(5));
+        break;
+    case 1:
+        bson_append_utf8(b, key, -1, names[rnd(5)], -1);
+        break;
+    case 2:
+        bson_append_null(b, key, -1);
+        break;
+    case 3:
+    case 4:
+        bson_append_array_begin(b, key, -1, &sub);
+        n = rnd(4);
+        for (unsigned i = 0; i < n; i++) {
+            char k[4];
+
+            snprintf(k, sizeof(k), "%u", i);
+            random_value(&sub, k, depth - 1);
+        }
+        bson_append_array_end(b, &sub);
+        break;
+    default:
+        bson_append_document_begin(b, key, -1, &sub);
+        n = rnd(4);
+        for (unsigned i = 0; i < n; i++)
+            random_value(&sub, names[rnd(5)], depth - 1);
+        bson_append_document_end(b, &sub);
+        break;
+    }
+}
+
+static void random_path(char *p, size_t cap)
+{
+    unsigned n = 1 + rnd(3);
+    size_t len = 0;
+
+    for (unsigned i = 0; i < n; i++)
+        len += (size_t)snprintf(p + len, cap - len, "%s%s", i ? "." : "", names[rnd(5)]);
+}
+
+static bool via_array(const bson_t *doc, const char *path)
+{
+    char prefix[64];
+    bson_value_t v;
+
+    for (const char *dot = strchr(path, '.'); dot; dot = strchr(dot + 1, '.')) {
+        snprintf(prefix, sizeof(prefix), "%.*s", (int)(dot - path), path);
+        if (doc_get(doc, prefix, &v) && v.value_type == BSON_TYPE_ARRAY)
+            return true;
+    }
+    return false;
+}
+
+START_TEST(random_updates)
+{
+    static const char *const ops[] = {"$set", "$unset", "$inc", "$mul", "$min", "$max", "$push",
+                                      "$addToSet", "$pull", "$pop", "$rename", "$setOnInsert"};
+    static const int allowed[] = {DOC_BadValue, DOC_TypeMismatch, DOC_PathNotViable,
+                                  DOC_ConflictingUpdateOperators, DOC_ImmutableField,
+                                  DOC_FailedToParse};
+    unsigned ok = 0;
+
+    rng_state = 18;
+    for (int iter = 0; iter < 3000; iter++) {
+        bson_t doc = BSON_INITIALIZER, upd = BSON_INITIALIZER, out;
+        struct doc_update *u = NULL;
+        struct doc_err e = {0};
+        unsigned nf = rnd(5), nops = 1 + rnd(3);
+        bool only_set = true;
+        int rc;
+
+        bson_append_int32(&doc, "_id", 3, iter);
+        for (unsigned i = 0; i < nf; i++)
+            random_value(&doc, names[rnd(5)], 3);
+        for (unsigned i = 0; i < nops; i++) {
+            const char *op = ops[rnd(sizeof(ops) / sizeof(ops[0]))];
+            bson_t args;
+            unsigned na = 1 + rnd(3);
+
+            only_set &= strcmp(op, "$set") == 0;
+            bson_append_document_begin(&upd, op, -1, &args);
+            for (unsigned j = 0; j < na; j++) {
+                char path[64];
+
+                random_path(path, sizeof(path));
+                if (strcmp(op, "$rename") == 0) {
+                    char to[64];
+
+                    random_path(to, sizeof(to));
+                    bson_append_utf8(&args, path, -1, to, -1);
+                } else if (strcmp(op, "$pop") == 0) {
+                    bson_append_int32(&args, path, -1, rnd(2) ? 1 : -1);
+                } else if (strcmp(op, "$inc") == 0 || strcmp(op, "$mul") == 0) {
+                    bson_append_int32(&args, path, -1, (int32_t)rnd(7) - 3);
+                } else {
+                    random_value(&args, path, 2);
+                }
+            }
+            bson_append_document_end(&upd, &args);
+        }
+        bson_init(&out);
+        rc = doc_update_compile(&upd, &u, &e);
+        if (rc == 0)
+            rc = doc_update_apply(u, &doc, rnd(2), NOW_MS, &out, &e);
+        if (rc < 0) {
+            bool known = false;
+
+            for (size_t k = 0; k < sizeof(allowed) / sizeof(allowed[0]); k++)
+                known |= e.code == allowed[k];
+            ck_assert_msg(known, "iteration %d: error %d %s", iter, e.code, e.msg);
+        } else {
+            bson_iter_t it, args, setv;
+            size_t off;
+
+            ok++;
+            ck_assert_msg(bson_validate(&out, BSON_VALIDATE_NONE, &off), "iteration %d: invalid BSON",
+                          iter);
+            if (only_set && bson_iter_init(&it, &upd))
+                while (bson_iter_next(&it)) {
+                    bson_iter_recurse(&it, &args);
+                    while (bson_iter_next(&args)) {
+                        const char *p = bson_iter_key(&args);
+                        bson_value_t got;
+
+                        if (via_array(&doc, p))
+                            continue;
+                        ck_assert_msg(doc_get(&out, p, &got), "iteration %d: %s missing", iter, p);
+                        setv = args;
+                        ck_assert_msg(doc_val_eq(&got, bson_iter_value(&setv)),
+                                      "iteration %d: %s has another value", iter, p);
+                    }
+                }
+        }
+        doc_update_free(u);
+        bson_destroy(&out);
+        bson_destroy(&doc);
+        bson_destroy(&upd);
+    }
+    /* the alphabet is small enough for conflicts, not so small that
+     * nothing applies */
+    ck_assert_uint_gt(ok, 300);
+}
+END_TEST
+
 Suite *suite_doc_update(void)
 {
     Suite *s = suite_create("doc_update");
@@ -820,8 +1036,10 @@ Suite *suite_doc_update(void)
     tcase_add_test(other, compile_errors);
     tcase_add_test(other, reuse_and_kind);
     tcase_add_test(other, depth_limit);
+    tcase_add_test(other, depth_limit_arrays);
     tcase_add_test(other, pad_limit);
     tcase_add_test(other, upsert_seed);
+    tcase_add_test(other, random_updates);
     suite_add_tcase(s, other);
     return s;
 }

@@ -763,7 +763,10 @@ static int to_string(const bson_value_t *v, char *tmp, size_t cap, const char **
         *s = tmp;
         return 0;
     case BSON_TYPE_DOUBLE:
-        *len = (size_t)snprintf(tmp, cap, "%.17g", v->value.v_double);
+        /* The shortest of these that reads back as the same double. */
+        *len = (size_t)snprintf(tmp, cap, "%.15g", v->value.v_double);
+        if (strtod(tmp, NULL) != v->value.v_double)
+            *len = (size_t)snprintf(tmp, cap, "%.17g", v->value.v_double);
         *s = tmp;
         return 0;
     default:
@@ -911,6 +914,8 @@ struct stage {
     enum st_kind kind;
     struct doc_matcher *m;
     struct doc_sort *sort;
+    int64_t topk;               /* $sort: a $limit (after a $skip) follows: keep
+                                 * only that many, as MongoDB's top-k sort */
     struct doc_proj *proj;
     int64_t n;                  /* $limit, $skip */
     struct doc_expr *id;        /* $group */
@@ -1211,6 +1216,16 @@ int doc_agg_compile(const bson_t *stages, struct doc_pipeline **out, struct doc_
             return -1;
         }
     }
+    for (unsigned i = 0; i + 1 < p->n; i++) {
+        struct stage *n1 = &p->st[i + 1], *n2 = i + 2 < p->n ? &p->st[i + 2] : NULL;
+
+        if (p->st[i].kind != ST_SORT)
+            continue;
+        if (n1->kind == ST_LIMIT)
+            p->st[i].topk = n1->n;
+        else if (n1->kind == ST_SKIP && n2 && n2->kind == ST_LIMIT && n1->n <= INT64_MAX - n2->n)
+            p->st[i].topk = n1->n + n2->n;
+    }
     *out = p;
     return 0;
 }
@@ -1255,6 +1270,7 @@ struct srun {
     bson_t out;                 /* $project, $unwind, $group, $count: the document sent on */
     struct doc_arena arena;
     struct doc_buf docs, keys;  /* $sort: documents and their keys; $group: keys and _ids */
+    struct doc_buf docs2, keys2; /* $sort with a top-k: where the kept ones move */
     struct sent *ent;           /* $sort */
     struct grp *g;              /* $group */
     struct accst *as;
@@ -1289,6 +1305,40 @@ static int mem_check(struct run *r, struct srun *sr, size_t bytes)
                     "allowDiskUse:true to opt in.");
 }
 
+static int sent_cmp(const void *a, const void *b, void *arg);
+
+/* A top-k sort: keep the first k of what came so far, moved to the spare
+ * buffers (which then swap with the live ones: no allocation once warm).
+ * Moving them in their order keeps equal keys in the order they came. */
+static int sort_trim(struct run *r, struct srun *sr)
+{
+    size_t k = (size_t)sr->s->topk;
+    struct doc_buf t;
+
+    qsort_r(sr->ent, sr->n, sizeof(*sr->ent), sent_cmp, sr->keys.p);
+    doc_buf_reset(&sr->docs2);
+    doc_buf_reset(&sr->keys2);
+    for (size_t i = 0; i < k; i++) {
+        struct sent *en = &sr->ent[i];
+        size_t koff = sr->keys2.len, doff = sr->docs2.len;
+
+        doc_buf_add(&sr->keys2, sr->keys.p + en->koff, en->klen);
+        doc_buf_add(&sr->docs2, sr->docs.p + en->doff, en->dlen);
+        en->koff = koff;
+        en->doff = doff;
+    }
+    if (sr->keys2.oom || sr->docs2.oom)
+        return doc_errf(r->e, DOC_InternalError, "out of memory");
+    t = sr->docs;
+    sr->docs = sr->docs2;
+    sr->docs2 = t;
+    t = sr->keys;
+    sr->keys = sr->keys2;
+    sr->keys2 = t;
+    sr->n = k;
+    return 0;
+}
+
 static int sort_push(struct run *r, struct srun *sr, const bson_t *doc)
 {
     struct sent *en;
@@ -1312,6 +1362,9 @@ static int sort_push(struct run *r, struct srun *sr, const bson_t *doc)
     if (sr->keys.oom || sr->docs.oom)
         return doc_errf(r->e, DOC_InternalError, "out of memory");
     sr->n++;
+    if (sr->s->topk && sr->s->topk < (int64_t)(SIZE_MAX / 4) &&
+        sr->n >= 2 * (size_t)sr->s->topk + 64 && sort_trim(r, sr) < 0)
+        return -1;
     return mem_check(r, sr, sr->docs.len + sr->keys.len + sr->n * sizeof(struct sent));
 }
 
@@ -1808,6 +1861,8 @@ static void srun_free(struct srun *sr)
     doc_arena_free(&sr->arena);
     doc_buf_free(&sr->docs);
     doc_buf_free(&sr->keys);
+    doc_buf_free(&sr->docs2);
+    doc_buf_free(&sr->keys2);
     doc_buf_free(&sr->tmp);
     free(sr->ent);
     free(sr->g);

@@ -1207,6 +1207,8 @@ static void ivs_normalize(struct ivs *s)
 {
     unsigned out = 0;
 
+    if (!s->n)
+        return;             /* and iv may be NULL, which qsort may not get */
     qsort(s->iv, s->n, sizeof(*s->iv), iv_sort);
     for (unsigned i = 0; i < s->n; i++) {
         struct doc_interval *iv = &s->iv[i], *cur = out ? &s->iv[out - 1] : NULL;

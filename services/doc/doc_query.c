@@ -442,7 +442,13 @@ static bool iter_sub(const bson_iter_t *it, bson_t *sub)
 
 /* Inclusion inside an array: documents are projected, arrays recursed into,
  * other values dropped (MongoDB's rule for {"a.b": 1} over a: [1, {b: 2}]). */
-static int incl_arr(struct papply *ap, const struct pnode *n, const bson_iter_t *it, bson_t *out)
+/* Arrays nested deeper than this inside one path component are left alone
+ * (dropped by an inclusion, kept whole by an exclusion): a hostile
+ * document of millions of nested arrays must not exhaust the stack. */
+#define PROJ_ARRAY_DEPTH_MAX 100
+
+static int incl_arr(struct papply *ap, const struct pnode *n, const bson_iter_t *it, bson_t *out,
+                    unsigned depth)
 {
     bson_iter_t a;
     uint32_t k = 0;
@@ -456,7 +462,8 @@ static int incl_arr(struct papply *ap, const struct pnode *n, const bson_iter_t 
         bson_t in, child;
         int rc;
 
-        if (!BSON_ITER_HOLDS_DOCUMENT(&a) && !BSON_ITER_HOLDS_ARRAY(&a))
+        if (!BSON_ITER_HOLDS_DOCUMENT(&a) &&
+            (!BSON_ITER_HOLDS_ARRAY(&a) || depth >= PROJ_ARRAY_DEPTH_MAX))
             continue;
         kl = bson_uint32_to_string(k++, &ks, buf, sizeof(buf));
         if (BSON_ITER_HOLDS_DOCUMENT(&a)) {
@@ -467,7 +474,7 @@ static int incl_arr(struct papply *ap, const struct pnode *n, const bson_iter_t 
             bson_append_document_end(out, &child);
         } else {
             bson_append_array_begin(out, ks, (int)kl, &child);
-            rc = incl_arr(ap, n, &a, &child);
+            rc = incl_arr(ap, n, &a, &child, depth + 1);
             bson_append_array_end(out, &child);
         }
         if (rc < 0)
@@ -571,7 +578,7 @@ static int incl_doc(struct papply *ap, const struct pnode *n, const bson_t *in, 
                     return rc;
             } else if (BSON_ITER_HOLDS_ARRAY(&it)) {
                 bson_append_array_begin(out, key, klen, &child);
-                rc = incl_arr(ap, c, &it, &child);
+                rc = incl_arr(ap, c, &it, &child, 0);
                 bson_append_array_end(out, &child);
                 if (rc < 0)
                     return rc;
@@ -619,7 +626,7 @@ static int incl_doc(struct papply *ap, const struct pnode *n, const bson_t *in, 
 
 static void excl_doc(const struct pnode *n, const bson_t *in, bson_t *out);
 
-static void excl_arr(const struct pnode *n, const bson_iter_t *it, bson_t *out)
+static void excl_arr(const struct pnode *n, const bson_iter_t *it, bson_t *out, unsigned depth)
 {
     bson_iter_t a;
     uint32_t k = 0;
@@ -636,9 +643,9 @@ static void excl_arr(const struct pnode *n, const bson_iter_t *it, bson_t *out)
             bson_append_document_begin(out, ks, (int)kl, &child);
             excl_doc(n, &in, &child);
             bson_append_document_end(out, &child);
-        } else if (BSON_ITER_HOLDS_ARRAY(&a)) {
+        } else if (BSON_ITER_HOLDS_ARRAY(&a) && depth < PROJ_ARRAY_DEPTH_MAX) {
             bson_append_array_begin(out, ks, (int)kl, &child);
-            excl_arr(n, &a, &child);
+            excl_arr(n, &a, &child, depth + 1);
             bson_append_array_end(out, &child);
         } else {
             bson_append_iter(out, ks, (int)kl, &a);
@@ -668,7 +675,7 @@ static void excl_doc(const struct pnode *n, const bson_t *in, bson_t *out)
             bson_append_document_end(out, &child);
         } else if (c->kind == PN_SUB && BSON_ITER_HOLDS_ARRAY(&it)) {
             bson_append_array_begin(out, key, klen, &child);
-            excl_arr(c, &it, &child);
+            excl_arr(c, &it, &child, 0);
             bson_append_array_end(out, &child);
         } else if (c->kind == PN_SUB) {
             bson_append_iter(out, key, klen, &it);
@@ -686,8 +693,6 @@ int doc_proj_apply_x(const struct doc_proj *p, const bson_t *doc, bson_t *out,
         return 0;
     }
     if (!p->inclusion) {
-        if (!bson_validate(doc, 0, NULL))
-            return doc_errf(e, DOC_InvalidBSON, "document is not valid BSON");
         excl_doc(&p->root, doc, out);
         return 0;
     }

@@ -548,10 +548,17 @@ static int compile_pull(struct mod *m, const bson_iter_t *arg, struct doc_err *e
     return rc < 0 ? -1 : 0;
 }
 
+static int too_deep(const struct mod *m, struct doc_err *e)
+{
+    return doc_errf(e, DOC_BadValue, "%s on '%.200s' would nest the document deeper than %d levels",
+                    m->opname, m->path, UPD_DEPTH_MAX);
+}
+
 static int compile_one(struct doc_update *u, struct mod *m, enum op op, const char *opname,
                        bson_iter_t *it, struct doc_err *e)
 {
     const bson_value_t *v = bson_iter_value(it);
+    bson_value_t arr;
     char js[256];
     int64_t n;
 
@@ -559,9 +566,10 @@ static int compile_one(struct doc_update *u, struct mod *m, enum op op, const ch
     m->opname = opname;
     if (split_path(m, bson_iter_key(it), e) < 0)
         return -1;
-    if (value_depth(v, UPD_DEPTH_MAX) + (int)m->ncomp > UPD_DEPTH_MAX)
-        return doc_errf(e, DOC_BadValue, "%s on '%.200s' would nest the document deeper than %d levels",
-                        opname, m->path, UPD_DEPTH_MAX);
+    /* The values stored as given; the array operators check theirs below. */
+    if ((op == OP_SET || op == OP_SETONINSERT || op == OP_MIN || op == OP_MAX) &&
+        value_depth(v, UPD_DEPTH_MAX) + (int)m->ncomp > UPD_DEPTH_MAX)
+        return too_deep(m, e);
     switch (op) {
     case OP_INC:
     case OP_MUL:
@@ -617,9 +625,17 @@ static int compile_one(struct doc_update *u, struct mod *m, enum op op, const ch
         m->pop = (int)n;
         return 0;
     case OP_PUSH:
-        return compile_push(m, it, e);
     case OP_ADDTOSET:
-        return compile_addtoset(m, it, e);
+        if ((op == OP_PUSH ? compile_push(m, it, e) : compile_addtoset(m, it, e)) < 0)
+            return -1;
+        /* The values land in an array at the path: as deep as that array
+         * (not as the {$each: [...]} that brought them). */
+        arr.value_type = BSON_TYPE_ARRAY;
+        arr.value.v_doc.data = (uint8_t *)bson_get_data(m->vals);
+        arr.value.v_doc.data_len = m->vals->len;
+        if (value_depth(&arr, UPD_DEPTH_MAX) + (int)m->ncomp > UPD_DEPTH_MAX)
+            return too_deep(m, e);
+        return 0;
     case OP_PULL:
         return compile_pull(m, it, e);
     case OP_PULLALL:
@@ -1601,12 +1617,10 @@ int doc_update_upsert_doc(const struct doc_update *u, const struct doc_matcher *
     int rc = -1;
 
     if (u->replacement) {
-        if (query && doc_match_eq_value(query, "_id", &id)) {
-            bson_iter_t it;
-
-            if (!bson_iter_init_find(&it, u->repl, "_id"))
-                bson_append_value(&base, "_id", 3, &id);
-        }
+        /* The replacement replaces a document holding the query's _id, so
+         * that an _id of its own must be the same, as in mongod. */
+        if (query && doc_match_eq_value(query, "_id", &id))
+            bson_append_value(&base, "_id", 3, &id);
         rc = apply_replacement(u, &base, out, e) < 0 ? -1 : 0;
         bson_destroy(&base);
         return rc;

@@ -52,6 +52,7 @@ static const struct {
     {"doc_query", suite_doc_query},
     {"doc_agg", suite_doc_agg},
     {"doc_store", suite_doc_store},
+    {"doc_cmd", suite_doc_cmd},
 #endif
 };
 

@@ -30,5 +30,6 @@ Suite *suite_doc_update(void);
 Suite *suite_doc_query(void);
 Suite *suite_doc_agg(void);
 Suite *suite_doc_store(void);
+Suite *suite_doc_cmd(void);
 
 #endif

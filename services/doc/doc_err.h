@@ -21,6 +21,7 @@ extern "C" {
     X(BadValue, 2)                            \
     X(NoSuchKey, 4)                           \
     X(FailedToParse, 9)                       \
+    X(Unauthorized, 13)                       \
     X(TypeMismatch, 14)                       \
     X(Overflow, 15)                           \
     X(InvalidLength, 16)                      \

@@ -45,6 +45,9 @@ static const struct {
     {"resp", suite_resp},
     {"pm", suite_pm},
 #endif
+#if TERN_HAVE_DOC_SERVICE
+    {"doc_native", suite_doc_native},
+#endif
 };
 
 int main(int argc, char **argv)

@@ -529,13 +529,17 @@ START_TEST(cursors_freed_with_their_client_every_fabric)
     fill(doc, "many");
     ck_assert_uint_eq(cursors_settle(ep, 0), 0);
 
-    /* A client process dies holding a cursor: the session's end frees it. */
-    a->ready = (int *)(a + 1);
-    snprintf(a->uri, sizeof(a->uri), "%s", test_doc_uri(0));
-    pid = test_fork(die_mid_cursor, a);
-    ck_assert_int_eq(test_child_wait(&pid), 0);
-    ck_assert_int_eq(*a->ready, 1);
-    ck_assert_uint_eq(cursors_settle(ep, 0), 0);
+    /* A client process dies holding a cursor: the session's end frees it.
+     * Not where a listener takes one peer endpoint only (ntb: ours holds
+     * the link); there the session that closes below is the case. */
+    if (!(test_fabric_caps(_i) & TERN_TP_CAP_POINT_TO_POINT)) {
+        a->ready = (int *)(a + 1);
+        snprintf(a->uri, sizeof(a->uri), "%s", test_doc_uri(0));
+        pid = test_fork(die_mid_cursor, a);
+        ck_assert_int_eq(test_child_wait(&pid), 0);
+        ck_assert_int_eq(*a->ready, 1);
+        ck_assert_uint_eq(cursors_settle(ep, 0), 0);
+    }
 
     /* A session that closes: its two cursors go; another client's stays. */
     other = open_doc(ep, 0);
@@ -605,8 +609,9 @@ START_TEST(hostile_requests)
         bson_t *find = BCON_NEW("find", BCON_UTF8("h"), "$db", BCON_UTF8(DB));
         bson_t *one = BCON_NEW("_id", BCON_INT32(1), "x", BCON_UTF8("some bytes to find"));
         const struct doc_req bad[] = {
-            {.flags = DOC_REQ_PUSH, .cap = 16, .dst = {.addr = 0, .len = 1 << 20, .key = 1}},
-            {.flags = DOC_REQ_PUSH, .cap = 4096, .dst = {.addr = 0, .len = 16, .key = 1}},
+            /* an array is 5 bytes at least */
+            {.flags = DOC_REQ_PUSH, .cap = 4, .dst = {.addr = 0, .len = 1 << 20, .key = 1}},
+            {.flags = DOC_REQ_PUSH, .cap = 4096, .dst = {.addr = 0, .len = 4, .key = 1}},
         };
 
         MUST(tern_doc_insert_one(doc, DB, "h", one));

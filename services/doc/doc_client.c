@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "doc.h"
+#include "doc_err.h"
 #include "doc_wire.h"
 #include "error.h"
 #include "log.h"
@@ -122,6 +123,9 @@ static int error_of(struct tern_doc_error *e, const bson_t *d, int32_t index)
     if (!e->code)
         e->code = 8;                            /* UnknownError */
     copy_str(e->code_name, sizeof(e->code_name), d, "codeName");
+    /* writeErrors carry no codeName: MongoDB's table names the code. */
+    if (!e->code_name[0])
+        snprintf(e->code_name, sizeof(e->code_name), "%s", doc_code_name(e->code));
     copy_str(e->errmsg, sizeof(e->errmsg), d, "errmsg");
     e->index = index;
     return map_code(e->code);

@@ -49,6 +49,9 @@ extern "C" {
     X(QueryExceededMemoryLimitNoDiskUseAllowed, 292) \
     X(OutOfDiskSpace, 14031)                  \
     X(BSONObjectTooLarge, 10334)              \
+    X(Location31250, 31250) /* projection path collision */ \
+    X(Location31253, 31253) /* inclusion in an exclusion projection */ \
+    X(Location31254, 31254) /* exclusion in an inclusion projection */ \
     X(DuplicateKey, 11000)
 
 enum doc_code {

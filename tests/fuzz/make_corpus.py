@@ -172,6 +172,56 @@ SEEDS["ring"] = {
 }
 
 
+# fuzz_doc_filter: u16 length of the filter, the filter's BSON, the
+# document's BSON. A small BSON writer of its own: Python dicts keep their
+# order; a tuple is a regex (pattern, options).
+class Regex(tuple): pass
+
+
+def bson_doc(d):
+    body = b""
+    items = enumerate(d) if isinstance(d, list) else d.items()
+    for k, v in items:
+        k = str(k).encode() + b"\0"
+        if v is None:
+            body += b"\x0a" + k
+        elif isinstance(v, bool):
+            body += b"\x08" + k + u8(int(v))
+        elif isinstance(v, int):
+            body += b"\x10" + k + u32(v)
+        elif isinstance(v, float):
+            body += b"\x01" + k + struct.pack("<d", v)
+        elif isinstance(v, str):
+            e = v.encode()
+            body += b"\x02" + k + u32(len(e) + 1) + e + b"\0"
+        elif isinstance(v, Regex):
+            body += b"\x0b" + k + v[0].encode() + b"\0" + v[1].encode() + b"\0"
+        elif isinstance(v, list):
+            body += b"\x04" + k + bson_doc(v)
+        else:
+            body += b"\x03" + k + bson_doc(v)
+    return u32(len(body) + 5) + body + b"\0"
+
+
+def filt(f, d): return u16(len(bson_doc(f))) + bson_doc(f) + bson_doc(d)
+
+
+SEEDS["doc_filter"] = {
+    "eq-array": filt({"a": 5}, {"a": [1, 5]}),
+    "range": filt({"a": {"$gt": 1, "$lt": 10}}, {"a": 3}),
+    "in-null": filt({"a": {"$in": [1, "x", None]}}, {}),
+    "elemmatch-value": filt({"a.b": {"$elemMatch": {"$gte": 2}}}, {"a": [{"b": [1, 2]}]}),
+    "or-regex": filt({"$or": [{"a": Regex(("^ab", ""))}, {"b": {"$exists": False}}]}, {"a": "abc"}),
+    "type-size": filt({"a": {"$type": "number"}, "b": {"$size": 2}}, {"a": 1.5, "b": [1, 2]}),
+    "not-regex": filt({"a": {"$not": {"$regex": "x", "$options": "i"}}}, {"a": "X"}),
+    "all-nor": filt({"a": {"$all": [1, 2]}, "$nor": [{"c": None}]}, {"a": [2, 1], "c": 1}),
+    "elemmatch-doc": filt({"a": {"$elemMatch": {"b": 1, "c": {"$ne": 2}}}}, {"a": [{"b": 1, "c": 3}]}),
+    "positional": filt({"a.0": {"$lte": "z"}, "a.1.b": None}, {"a": ["q", {"c": 1}]}),
+    "and-in-regex": filt({"$and": [{"a": {"$in": [Regex(("^x", "")), 2.5]}}, {"a": {"$nin": [3]}}]}, {"a": ["xy", 4]}),
+    "eq-doc": filt({"a": {"b": 1, "c": [1, {"d": None}]}}, {"a": {"b": 1, "c": [1, {"d": None}]}}),
+}
+
+
 for target, seeds in SEEDS.items():
     d = os.path.join(OUT, target)
     os.makedirs(d, exist_ok=True)

@@ -54,6 +54,9 @@ static const struct {
     {"doc_store", suite_doc_store},
     {"doc_cmd", suite_doc_cmd},
 #endif
+#if TERN_HAVE_DOC_SERVICE
+    {"doc_native", suite_doc_native},
+#endif
 };
 
 int main(int argc, char **argv)

@@ -31,5 +31,6 @@ Suite *suite_doc_query(void);
 Suite *suite_doc_agg(void);
 Suite *suite_doc_store(void);
 Suite *suite_doc_cmd(void);
+Suite *suite_doc_native(void);  /* with the document service */
 
 #endif

@@ -336,10 +336,31 @@ static void dup_error(struct doc_coll *c, const struct doc_index *ix, const bson
         else
             bson_append_null(&kv, ix->paths[f], -1);
     }
-    js = bson_as_relaxed_extended_json(&kv, NULL);
-    doc_errf(e, DOC_DuplicateKey, "E11000 duplicate key error collection: %s index: %s dup key: %s",
-             c->ns, ix->name, js ? js : "{}");
-    bson_free(js);
+    /* MongoDB's form: { k: 2, s: "a" }, names bare, values as JSON. */
+    {
+        char out[400];
+        size_t n = (size_t)snprintf(out, sizeof(out), "{ ");
+        bson_iter_t it;
+
+        bson_iter_init(&it, &kv);
+        while (bson_iter_next(&it) && n < sizeof(out)) {
+            bson_t one = BSON_INITIALIZER;
+            size_t jl;
+
+            bson_append_value(&one, "v", 1, bson_iter_value(&it));
+            js = bson_as_relaxed_extended_json(&one, &jl);
+            /* js is { "v" : VALUE } */
+            if (js && jl > 10)
+                n += (size_t)snprintf(out + n, sizeof(out) - n, "%s%s: %.*s", n > 2 ? ", " : "",
+                                      bson_iter_key(&it), (int)(jl - 10), js + 8);
+            bson_free(js);
+            bson_destroy(&one);
+        }
+        if (n < sizeof(out))
+            snprintf(out + n, sizeof(out) - n, " }");
+        doc_errf(e, DOC_DuplicateKey, "E11000 duplicate key error collection: %s index: %s dup key: %s",
+                 c->ns, ix->name, out);
+    }
     bson_destroy(&kv);
 }
 

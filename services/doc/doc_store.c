@@ -514,7 +514,7 @@ int doc_insert(struct doc_coll *c, const bson_t *doc, struct doc_err *e)
     if (doc->len > s->max_doc)
         return doc_errf(e, DOC_BSONObjectTooLarge, "object to insert too large. size in bytes: %u, max size: %zu",
                         doc->len, s->max_doc);
-    if (check_id(doc, &id, e) < 0 || doc_index_check(c, doc, 0, e) < 0)
+    if (check_id(doc, &id, e) < 0 || doc_index_check(c, doc, UINT64_MAX, e) < 0)
         return -1;
     if (slot_alloc(c, &idx) < 0)
         return doc_errf(e, DOC_ExceededMemoryLimit, "out of memory");

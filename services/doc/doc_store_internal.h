@@ -97,7 +97,8 @@ void doc_index_free(struct doc_index *ix);
 int doc_index_keys(const struct doc_index *ix, const bson_t *doc, struct doc_buf *out,
                    uint32_t *lens, unsigned *n, struct doc_err *e);
 
-/* Would inserting `doc` (as slot `self`, 0 = none) break a unique index?
+/* Would storing `doc` as slot `self` (UINT64_MAX: a new document) break a
+ * unique index?
  * DOC_DuplicateKey with MongoDB's errmsg. */
 int doc_index_check(struct doc_coll *c, const bson_t *doc, uint64_t self, struct doc_err *e);
 

@@ -45,6 +45,9 @@ static const struct {
     {"resp", suite_resp},
     {"pm", suite_pm},
 #endif
+#if TERN_HAVE_DOC
+    {"mongo_wire", suite_mongo_wire},
+#endif
 };
 
 int main(int argc, char **argv)

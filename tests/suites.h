@@ -24,5 +24,6 @@ Suite *suite_kv_procs(void);
 Suite *suite_kv_onesided(void);
 Suite *suite_resp(void);
 Suite *suite_pm(void);
+Suite *suite_mongo_wire(void);  /* the document service: libbson, PCRE2 */
 
 #endif

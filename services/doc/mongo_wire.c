@@ -129,7 +129,7 @@ long mongo_frame(const uint8_t *buf, size_t len, size_t max, struct mongo_hdr *h
  * runs): 0, or <0 with *e if the document nests past MONGO_MAX_DEPTH or
  * its elements do not parse. A code-with-scope's scope is a level too:
  * libbson validates it by recursion as well. */
-static int check_depth(const bson_t *doc, struct doc_err *e)
+static int check_depth(const bson_t *doc, const char *what, struct doc_err *e)
 {
     /* A struct: bson_iter_t is aligned past its size, so no array of it. */
     struct level {
@@ -139,36 +139,62 @@ static int check_depth(const bson_t *doc, struct doc_err *e)
     int top = 0;
 
     if (!bson_iter_init(&stack[0].it, doc))
-        return doc_errf(e, DOC_InvalidBSON, "invalid BSON: bad document length");
+        return doc_errf(e, DOC_InvalidBSON, "%s: invalid BSON: bad document length", what);
     for (;;) {
         bson_iter_t *it = &stack[top].it;
         const uint8_t *sdata;
+        const char *key, *str;
         uint32_t code_len, slen;
 
         if (!bson_iter_next(it)) {
             if (it->err_off)
-                return doc_errf(e, DOC_InvalidBSON, "invalid BSON at offset %u",
-                                it->err_off);
+                return doc_errf(e, DOC_InvalidBSON, "%s: invalid BSON at offset %u",
+                                what, it->err_off);
             if (top == 0)
                 return 0;
             top--;
             continue;
         }
+        /* bson_validate(BSON_VALIDATE_UTF8) of libbson 1.23 lets a
+         * string of bad UTF-8 through ("\xc3\x28"): check here. */
+        key = bson_iter_key(it);
+        if (!bson_utf8_validate(key, strlen(key), false))
+            return doc_errf(e, DOC_InvalidBSON, "%s: invalid BSON: a key is not UTF-8",
+                            what);
         switch (bson_iter_type(it)) {
+        case BSON_TYPE_UTF8:
+            str = bson_iter_utf8(it, &slen);
+            goto utf8;
+        case BSON_TYPE_CODE:
+            str = bson_iter_code(it, &slen);
+            goto utf8;
+        case BSON_TYPE_SYMBOL:
+            str = bson_iter_symbol(it, &slen);
+utf8:
+            if (!bson_utf8_validate(str, slen, true))
+                return doc_errf(e, DOC_InvalidBSON, "%s: invalid BSON: a string is not UTF-8",
+                                what);
+            break;
         case BSON_TYPE_DOCUMENT:
         case BSON_TYPE_ARRAY:
             if (top + 1 == MONGO_MAX_DEPTH)
                 goto deep;
             if (!bson_iter_recurse(it, &stack[top + 1].it))
-                return doc_errf(e, DOC_InvalidBSON, "invalid BSON: bad embedded document");
+                return doc_errf(e, DOC_InvalidBSON, "%s: invalid BSON: bad embedded document",
+                                what);
             top++;
             break;
         case BSON_TYPE_CODEWSCOPE:
             if (top + 1 == MONGO_MAX_DEPTH)
                 goto deep;
-            bson_iter_codewscope(it, &code_len, &slen, &sdata);
-            if (!bson_init_static(&scope, sdata, slen) || !bson_iter_init(&stack[top + 1].it, &scope))
-                return doc_errf(e, DOC_InvalidBSON, "invalid BSON: bad code-with-scope");
+            str = bson_iter_codewscope(it, &code_len, &slen, &sdata);
+            if (!bson_utf8_validate(str, code_len, true))
+                return doc_errf(e, DOC_InvalidBSON, "%s: invalid BSON: code is not UTF-8",
+                                what);
+            if (!bson_init_static(&scope, sdata, slen) ||
+                !bson_iter_init(&stack[top + 1].it, &scope))
+                return doc_errf(e, DOC_InvalidBSON, "%s: invalid BSON: bad code-with-scope",
+                                what);
             top++;
             break;
         default:
@@ -176,8 +202,8 @@ static int check_depth(const bson_t *doc, struct doc_err *e)
         }
     }
 deep:
-    return doc_errf(e, DOC_Overflow, "BSONObj exceeded maximum nested object depth: %d",
-                    MONGO_MAX_DEPTH);
+    return doc_errf(e, DOC_Overflow, "%s: BSONObj exceeded maximum nested object depth: %d",
+                    what, MONGO_MAX_DEPTH);
 }
 
 /* The document at p, which must end within `room` bytes: its length, or
@@ -203,7 +229,7 @@ static long take_doc(const uint8_t *p, size_t room, bson_t *doc, const char *wha
                         what, n, MONGO_MAX_BSON_INTERNAL);
     if (!bson_init_static(doc, p, (size_t)n))
         return doc_errf(e, DOC_InvalidBSON, "%s: invalid BSON", what);
-    if (check_depth(doc, e) < 0)
+    if (check_depth(doc, what, e) < 0)
         return -1;
     if (!bson_validate(doc, BSON_VALIDATE_UTF8 | BSON_VALIDATE_UTF8_ALLOW_NULL, &off))
         return doc_errf(e, DOC_InvalidBSON, "%s: invalid BSON at offset %zu", what, off);

@@ -513,6 +513,33 @@ START_TEST(bad_bson_refused)
     mb_end(&b);
     put32(b.p + at, 100);
     parse_fails(&b, DOC_InvalidBSON, "invalid BSON");
+    /* An embedded document or array without its closing NUL (found by
+     * fuzz_mongo_wire: bson_iter_recurse does not look, and bson_validate
+     * passes over such a document). */
+    for (int arr = 0; arr < 2; arr++) {
+        bson_t sub;
+
+        bson_reinit(d);
+        BSON_APPEND_INT32(d, "ping", 1);
+        if (arr)
+            bson_append_array_begin(d, "a", -1, &sub);
+        else
+            bson_append_document_begin(d, "a", -1, &sub);
+        BSON_APPEND_UTF8(&sub, "0", "x");
+        if (arr)
+            bson_append_array_end(d, &sub);
+        else
+            bson_append_document_end(d, &sub);
+        BSON_APPEND_INT32(d, "z", 1);
+        msg_begin(&b, 1, 0);
+        sec0(&b, d);
+        mb_end(&b);
+        /* The sub-document's NUL is 6 bytes from the end (int32 "z", the
+         * closing NUL). */
+        ck_assert_uint_eq(b.p[b.len - 9], 0);
+        b.p[b.len - 9] = 0x10;
+        parse_fails(&b, DOC_InvalidBSON, "bad embedded document");
+    }
     /* A document without its closing NUL. */
     bson_reinit(d);
     BSON_APPEND_INT32(d, "ping", 1);

@@ -135,7 +135,7 @@ static int check_depth(const bson_t *doc, const char *what, struct doc_err *e)
     struct level {
         bson_iter_t it;
     } stack[MONGO_MAX_DEPTH];
-    bson_t scope;
+    bson_t sub;
     int top = 0;
 
     if (!bson_iter_init(&stack[0].it, doc))
@@ -175,25 +175,27 @@ utf8:
                 return doc_errf(e, DOC_InvalidBSON, "%s: invalid BSON: a string is not UTF-8",
                                 what);
             break;
+        /* Each level through bson_init_static, which checks the length
+         * and the closing NUL: bson_iter_recurse checks neither, and
+         * bson_validate (1.23) skips, as if valid, an embedded document
+         * that bson_init_static refuses. */
         case BSON_TYPE_DOCUMENT:
+            bson_iter_document(it, &slen, &sdata);
+            goto level;
         case BSON_TYPE_ARRAY:
-            if (top + 1 == MONGO_MAX_DEPTH)
-                goto deep;
-            if (!bson_iter_recurse(it, &stack[top + 1].it))
-                return doc_errf(e, DOC_InvalidBSON, "%s: invalid BSON: bad embedded document",
-                                what);
-            top++;
-            break;
+            bson_iter_array(it, &slen, &sdata);
+            goto level;
         case BSON_TYPE_CODEWSCOPE:
-            if (top + 1 == MONGO_MAX_DEPTH)
-                goto deep;
             str = bson_iter_codewscope(it, &code_len, &slen, &sdata);
             if (!bson_utf8_validate(str, code_len, true))
                 return doc_errf(e, DOC_InvalidBSON, "%s: invalid BSON: code is not UTF-8",
                                 what);
-            if (!bson_init_static(&scope, sdata, slen) ||
-                !bson_iter_init(&stack[top + 1].it, &scope))
-                return doc_errf(e, DOC_InvalidBSON, "%s: invalid BSON: bad code-with-scope",
+level:
+            if (top + 1 == MONGO_MAX_DEPTH)
+                goto deep;
+            if (!bson_init_static(&sub, sdata, slen) ||
+                !bson_iter_init(&stack[top + 1].it, &sub))
+                return doc_errf(e, DOC_InvalidBSON, "%s: invalid BSON: bad embedded document",
                                 what);
             top++;
             break;

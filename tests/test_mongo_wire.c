@@ -909,10 +909,12 @@ static void fake_tick(struct doc_server *s, uint64_t now_ms)
 static const struct mongo_gw_runner fake = {fake_client_new, fake_client_free, fake_run,
                                             fake_sync, fake_sync_failed, fake_tick};
 
+static unsigned max_clients;
+
 static void gw_open(size_t max_request, size_t max_output)
 {
     struct mongo_gw_config cfg = {.runner = &fake, .max_request = max_request,
-                                  .max_output = max_output};
+                                  .max_output = max_output, .max_clients = max_clients};
     int rc;
 
     if (gw)
@@ -927,6 +929,7 @@ static void gw_setup(void)
     clients_live = syncs = ticks = 0;
     sync_fails = false;
     replies_early = 0;
+    max_clients = 0;
     for (int i = 0; i < 4; i++)
         sync_watch[i] = -1;
     gw_open(0, 0);
@@ -1624,6 +1627,34 @@ START_TEST(clients_freed_and_ticked)
 }
 END_TEST
 
+START_TEST(max_clients_refused)
+{
+    struct conn *a, *b2, *c;
+
+    max_clients = 2;
+    gw_open(0, 0);
+    a = conn_open();
+    b2 = conn_open();
+    served(a, 1);
+    served(b2, 2);
+    /* The third is closed unserved; the others go on. */
+    c = conn_open();
+    ck_assert(conn_closed(c));
+    ck_assert_uint_eq(clients_live, 2);
+    served(a, 3);
+    /* Once one leaves there is room again. */
+    conn_close(b2);
+    for (int i = 0; i < MAX_PUMPS && clients_live == 2; i++)
+        pump();
+    conn_close(c);
+    c = conn_open();
+    served(c, 4);
+    served(a, 5);
+    conn_close(a);
+    conn_close(c);
+}
+END_TEST
+
 START_TEST(watched_fd_wakes_poll)
 {
     int p[2];
@@ -1688,6 +1719,7 @@ Suite *suite_mongo_wire(void)
     tcase_add_test(g, slow_client);
     tcase_add_test(g, client_that_never_reads);
     tcase_add_test(g, clients_freed_and_ticked);
+    tcase_add_test(g, max_clients_refused);
     tcase_add_test(g, watched_fd_wakes_poll);
     tcase_add_test(g, default_runner_needs_command_layer);
     suite_add_tcase(s, g);

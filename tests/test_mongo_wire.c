@@ -1141,6 +1141,13 @@ START_TEST(handshake_then_op_msg)
     query_msg(&b, 100, "admin.$cmd", q, NULL);
     conn_send(c, &b);
     expect_reply(c, 100, true, "isMaster", 0);
+    /* The command layer sees the OP_QUERY's database as $db. */
+    query_msg(&b, 99, "test.$cmd", q, NULL);
+    conn_send(c, &b);
+    next_reply(c, 99, true, &r);
+    ck_assert(bson_iter_init(&it, &r) && bson_iter_find_descendant(&it, "echo.$db", &it));
+    ck_assert_str_eq(bson_iter_utf8(&it, NULL), "test");
+    bson_destroy(&r);
 
     BSON_APPEND_INT32(d, "_id", 1);
     msg_begin(&b, 101, 0);

@@ -117,6 +117,7 @@ struct mongo_gw {
     bool batch_wrote;                   /* a command of this poll wrote */
     bson_t reply;                       /* every command's reply, reused */
     bson_t err;                         /* error replies, reused */
+    bson_t cmd;                         /* an OP_QUERY command given its $db */
     uint32_t next_request_id;
     uint64_t next_tick_ns;
     int watch_fd;                       /* mongo_gw_watch_fd(), -1 if none */
@@ -235,6 +236,7 @@ static void run_message(struct mongo_gw *gw, struct client *c, const uint8_t *ms
 {
     struct doc_err e = {0};
     struct mongo_msg m;
+    const bson_t *body;
     size_t start;
     int rc;
 
@@ -254,8 +256,18 @@ static void run_message(struct mongo_gw *gw, struct client *c, const uint8_t *ms
             out_error(gw, c, &m.h, m.legacy, &e);
         return;
     }
+    body = &m.body;
+    if (m.legacy && !bson_has_field(body, "$db")) {
+        /* An OP_QUERY names its database in the collection ("test.$cmd"),
+         * where OP_MSG has $db: give the command layer the same. Only
+         * handshakes come this way, so the copy is rare. */
+        bson_reinit(&gw->cmd);
+        bson_concat(&gw->cmd, body);
+        bson_append_utf8(&gw->cmd, "$db", 3, m.db, (int)m.db_len);
+        body = &gw->cmd;
+    }
     bson_reinit(&gw->reply);
-    rc = gw->run.run(c->dc, &m.body, m.seqs, m.nseq, &gw->reply);
+    rc = gw->run.run(c->dc, body, m.seqs, m.nseq, &gw->reply);
     if (rc & DOC_CMD_WROTE)
         gw->batch_wrote = true;
     if (m.flags & MONGO_MSG_MORE_TO_COME)
@@ -713,6 +725,7 @@ int mongo_gw_create(struct doc_server *srv, const struct mongo_gw_config *cfg,
     gw->watch_fd = -1;
     bson_init(&gw->reply);
     bson_init(&gw->err);
+    bson_init(&gw->cmd);
     gw->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (gw->epfd < 0) {
         rc = -errno;
@@ -788,6 +801,7 @@ void mongo_gw_destroy(struct mongo_gw *gw)
         client_close(gw, gw->clients);
     bson_destroy(&gw->reply);
     bson_destroy(&gw->err);
+    bson_destroy(&gw->cmd);
     close(gw->lfd);
     close(gw->epfd);
     free(gw);

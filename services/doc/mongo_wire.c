@@ -355,9 +355,9 @@ static int parse_query(const uint8_t *msg, size_t len, struct mongo_msg *m, stru
                         quote(p, ns_len, q));
     m->db = (const char *)p;
     m->db_len = ns_len - (sizeof(cmd) - 1);
-    p = nul + 1 + 4 + 4;        /* skip, numberToReturn */
-    if (p >= end)
+    if ((size_t)(end - nul) <= 1 + 4 + 4)
         return doc_errf(e, DOC_ProtocolError, "OP_QUERY truncated after its collection");
+    p = nul + 1 + 4 + 4;        /* skip, numberToReturn */
     n = take_doc(p, (size_t)(end - p), &m->body, "OP_QUERY query", e);
     if (n < 0)
         return -1;

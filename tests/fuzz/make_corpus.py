@@ -224,6 +224,18 @@ SEEDS["mongo_wire"] = {
     "bad-length": u8(0) + u8(0) + ping + u32(10) + u32(8) + u32(0) + u32(2013),
 }
 
+# fuzz_mongo_gw: flags (bit 0: the group commit fails, bit 1: a small
+# output cap), the client's bytes.
+write = op_msg(8, 0, kind0(bson(b_str("write", "c"), b_str("$db", "test"))),
+               kind1("documents", bson(b_int("_id", 1))))
+SEEDS["mongo_gw"] = {
+    "session": u8(0) + hello + ping + insert + write + update + ping,
+    "sync-fails": u8(1) + ping + write + ping + write,
+    "small-output": u8(2) + ping * 20,
+    "more-to-come": u8(0) + op_msg(6, 2, kind0(bson(b_str("write", "c")))) + ping,
+    "bad": u8(0) + ping + op_msg(9, 4, kind0(bson(b_int("ping", 1)))) + ping + u32(5) + u32(1) + u32(0) + u32(2013),
+}
+
 
 for target, seeds in SEEDS.items():
     d = os.path.join(OUT, target)

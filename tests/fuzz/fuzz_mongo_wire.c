@@ -60,7 +60,8 @@ static int depth_of(const bson_t *d)
                 bson_iter_document(&it, &len, &data);
             else
                 bson_iter_array(&it, &len, &data);
-            FZ_CHECK(bson_init_static(&sub, data, len), "bad embedded document \"%s\" of %u bytes at %ld", bson_iter_key(&it), len, (long)(data - bson_get_data(d)));
+            FZ_CHECK(bson_init_static(&sub, data, len), "bad embedded document \"%s\" of %u bytes",
+                     bson_iter_key(&it), len);
             k = 1 + depth_of(&sub);
             if (k > max)
                 max = k;

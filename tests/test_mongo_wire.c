@@ -602,9 +602,34 @@ END_TEST
 START_TEST(depth_capped_before_validation)
 {
     struct mb b = {0};
+    /* The same with code-with-scope ({c: Code("x", {c: Code("x", ...)})}):
+     * a level is 17 bytes in front and its closing NUL. */
+    size_t depth = (MONGO_MAX_BSON - 5) / 18, n = 5 + depth * 18;
+    uint8_t *p = calloc(1, n);
 
     nested_msg(&b, (MONGO_MAX_BSON - 5) / 8);
     parse_fails(&b, DOC_Overflow, "nested object depth");
+
+    ck_assert_ptr_nonnull(p);
+    for (size_t i = 0; i <= depth; i++) {
+        uint8_t *l = p + 17 * i;
+        uint32_t len = (uint32_t)(n - 18 * i);
+
+        put32(l, len);
+        if (i < depth) {
+            l[4] = 0x0f;
+            l[5] = 'c';
+            put32(l + 7, len - 4 - 3 - 1);      /* the element's own total */
+            put32(l + 11, 2);
+            l[15] = 'x';
+        }
+    }
+    msg_begin(&b, 11, 0);
+    mb_u8(&b, 0);
+    mb_put(&b, p, n);
+    mb_end(&b);
+    parse_fails(&b, DOC_Overflow, "nested object depth");
+    free(p);
     free(b.p);
 }
 END_TEST

@@ -27,12 +27,14 @@
  * section past the message, a document past its section, a kind-1 size
  * below 4 + 1), one body, unique identifiers, the flag bits, the CRC-32C
  * when bit 0 says there is one (verified, then left out of the sections),
- * each document with bson_validate (UTF-8 included) after a depth walk of
- * tern's own: libbson's validation recurses once per level, so nesting
- * past MONGO_MAX_DEPTH is refused (Overflow, as MongoDB's maxBSONDepth)
- * before it runs. A document over MONGO_MAX_BSON_INTERNAL is
- * BSONObjectTooLarge; the command layer holds stored documents to
- * MONGO_MAX_BSON.
+ * and each document: first a walk of tern's own without recursion, which
+ * refuses nesting past MONGO_MAX_DEPTH (Overflow, as MongoDB's
+ * maxBSONDepth; code-with-scope scopes count), keys, strings and code that
+ * are not UTF-8, and embedded documents that do not end in their NUL
+ * (libbson 1.23's bson_validate recurses once per level, and lets the last
+ * two through), then bson_validate. A document over
+ * MONGO_MAX_BSON_INTERNAL is BSONObjectTooLarge; the command layer holds
+ * stored documents to MONGO_MAX_BSON.
  *
  * A stream whose header cannot be believed (a length below 16 or past the
  * limit) cannot be framed any further: mongo_frame says so, and the

@@ -71,6 +71,14 @@ run_bench() {
     mkdir -p tern-data
     build/tools/rpcbench/rpcbench kv --fabric all --workload A,B,C,F --dist zipfian \
         --records 10000 --iters 20000 --pool-dir tern-data --cpu 0,1 --path rpc,auto
+    # The document service on a file-backed pool: ~1 KiB documents with an
+    # index, inserts, reads by _id, finds by the indexed field (inline and
+    # by one-sided batches where they pay), updates and YCSB mixes.
+    if [ -x build/tools/rpcbench/rpcbench ] && build/tools/rpcbench/rpcbench doc --help >/dev/null 2>&1; then
+        log "rpcbench doc: documents on a file-backed pool, every fabric"
+        build/tools/rpcbench/rpcbench doc --fabric all --workload insert,read,find,update,A,B,C,F \
+            --records 10000 --iters 5000 --pool-dir tern-data --cpu 0,1 --path rpc,auto
+    fi
 }
 
 PASSED=0

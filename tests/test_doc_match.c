@@ -818,6 +818,8 @@ START_TEST(bounds_hold_every_match)
         "{\"a\": {\"b\": 1}}", "{\"a\": {\"$gt\": {}}}", "{\"a\": true}",
         "{\"a\": {\"$eq\": {\"$regularExpression\": {\"pattern\": \"^abc\", \"options\": \"\"}}}}",
         "{\"a\": {\"$gt\": {\"$date\": \"2019-01-01T00:00:00Z\"}}}",
+        "{\"a\": {\"$elemMatch\": {\"$elemMatch\": {\"$gt\": 4}}}}",
+        "{\"a\": {\"$elemMatch\": {\"$lt\": 9, \"$elemMatch\": {\"$gt\": 4}}}}",
     };
     struct doc_buf k = {0};
     char json[256];

@@ -1451,7 +1451,9 @@ static int leaf_bounds(const struct node *n, struct ivs *s, bool *exact)
         for (unsigned i = 0; i < and->nkids; i++) {
             struct ivs one = {0}, both = {0};
 
-            if (and->kids[i]->kind != K_LEAF || leaf_bounds(and->kids[i], &one, &ex) != 1) {
+            /* a nested $elemMatch is about the element's elements */
+            if (and->kids[i]->kind != K_LEAF || and->kids[i]->op == OP_ELEM_VAL ||
+                leaf_bounds(and->kids[i], &one, &ex) != 1) {
                 ivs_free(&one);
                 continue;
             }

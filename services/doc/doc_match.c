@@ -1493,6 +1493,8 @@ struct pick {
     struct ivs best;
     bool have, best_points, best_exact;
     unsigned on_path;           /* predicates on the path */
+    unsigned used;              /* of them, in `best` */
+    bool intersect;             /* no arrays: one value meets them all */
     bool oom;
 };
 
@@ -1538,6 +1540,20 @@ static void pick_bounds(const struct node *n, struct pick *p)
     ivs_normalize(&s);
     if (s.oom)
         p->oom = true;
+    if (p->intersect && p->have) {
+        struct ivs both = {0};
+
+        ivs_intersect(&p->best, &s, &both);
+        if (both.oom)
+            p->oom = true;
+        ivs_free(&p->best);
+        ivs_free(&s);
+        p->best = both;
+        p->best_points = all_points(&both);
+        p->best_exact = p->best_exact && exact;
+        p->used++;
+        return;
+    }
     points = all_points(&s);
     if (!p->have || (points && !p->best_points) ||
         (points == p->best_points && s.n < p->best.n)) {
@@ -1546,14 +1562,16 @@ static void pick_bounds(const struct node *n, struct pick *p)
         p->have = true;
         p->best_points = points;
         p->best_exact = exact;
+        p->used = 1;
     } else {
         ivs_free(&s);
     }
 }
 
-int doc_match_bounds(const struct doc_matcher *m, const char *path, struct doc_bounds *b)
+static int bounds(const struct doc_matcher *m, const char *path, bool intersect,
+                  struct doc_bounds *b)
 {
-    struct pick p = {.path = path};
+    struct pick p = {.path = path, .intersect = intersect};
 
     memset(b, 0, sizeof(*b));
     pick_bounds(m->root, &p);
@@ -1566,8 +1584,18 @@ int doc_match_bounds(const struct doc_matcher *m, const char *path, struct doc_b
     b->iv = p.best.iv;
     b->n = p.best.n;
     b->point = p.best_points;
-    b->exact = p.best_exact && p.on_path == 1;
+    b->exact = p.best_exact && p.on_path == p.used;
     return 1;
+}
+
+int doc_match_bounds(const struct doc_matcher *m, const char *path, struct doc_bounds *b)
+{
+    return bounds(m, path, false, b);
+}
+
+int doc_match_bounds_scalar(const struct doc_matcher *m, const char *path, struct doc_bounds *b)
+{
+    return bounds(m, path, true, b);
 }
 
 void doc_bounds_free(struct doc_bounds *b)

@@ -287,6 +287,10 @@ static const struct mcase cases[] = {
     {products, "{\"sku\": {\"$in\": [{\"$regularExpression\": {\"pattern\": \"^abc\", \"options\": \"\"}}, \"xyz456\"]}}", "100,101,102"},
     {products, "{\"sku\": {\"$not\": {\"$regularExpression\": {\"pattern\": \"^abc\", \"options\": \"\"}}}}", "102,103,104"},
     {products, "{\"sku\": {\"$eq\": {\"$regularExpression\": {\"pattern\": \"^abc\", \"options\": \"\"}}}}", ""},
+    {products, "{\"sku\": {\"$not\": {\"%regex\": \"^abc\"}}}", "102,103,104"},
+    {products, "{\"sku\": {\"$not\": {\"%regex\": \"^ABC\", \"%options\": \"i\"}}}", "102,103"},
+    {in_inventory, "{\"tags\": {\"$elemMatch\": {\"%regex\": \"^st\"}}}", "3,4"},
+    {in_inventory, "{\"tags\": {\"$elemMatch\": {\"$in\": [\"home\"], \"$ne\": \"x\"}}}", "2,4"},
     /* $size */
     {sized, "{\"field\": {\"$size\": 2}}", "1,3"},
     {sized, "{\"field\": {\"$size\": 1}}", "4,5"},

@@ -1398,6 +1398,40 @@ START_TEST(argument_matrix)
 }
 END_TEST
 
+/* A cursor whose collection goes away under it ends; it does not read
+ * what replaced it. */
+START_TEST(cursor_after_drop)
+{
+    char cmd[256];
+    int64_t id, id2;
+
+    insert_many("big", 300, 0);
+    run("{\"find\": \"big\", \"batchSize\": 10, \"$db\": \"test\"}");
+    id = cursor_id();
+    run("{\"find\": \"big\", \"sort\": {\"a\": 1}, \"batchSize\": 10, \"$db\": \"test\"}");
+    id2 = cursor_id();
+    run("{\"drop\": \"big\", \"$db\": \"test\"}");
+    assert_ok();
+    insert_many("big", 5, 0);
+    snprintf(cmd, sizeof(cmd),
+             "{\"getMore\": {\"$numberLong\": \"%lld\"}, \"collection\": \"big\", \"$db\": \"test\"}",
+             (long long)id);
+    run(cmd);
+    assert_ok();
+    ck_assert_int_eq(array_len("cursor.nextBatch"), 0);
+    ck_assert_int_eq(cursor_id(), 0);
+    /* a sorted one had its results already */
+    snprintf(cmd, sizeof(cmd),
+             "{\"getMore\": {\"$numberLong\": \"%lld\"}, \"collection\": \"big\", \"$db\": \"test\"}",
+             (long long)id2);
+    run(cmd);
+    assert_ok();
+    ck_assert_int_eq(array_len("cursor.nextBatch"), 290);
+    run("{\"dropDatabase\": 1, \"$db\": \"test\"}");
+    assert_ok();
+}
+END_TEST
+
 Suite *suite_doc_cmd(void)
 {
     Suite *s = suite_create("doc_cmd");
@@ -1416,6 +1450,7 @@ Suite *suite_doc_cmd(void)
     tcase_add_test(tc, cursor_10000);
     tcase_add_test(tc, batches_cut_by_bytes);
     tcase_add_test(tc, cursors_of_clients);
+    tcase_add_test(tc, cursor_after_drop);
     tcase_add_test(tc, cursor_limits_and_idle);
     tcase_add_test(tc, update_shapes);
     tcase_add_test(tc, update_errors);

@@ -56,6 +56,7 @@ static const struct {
 #endif
 #if TERN_HAVE_DOC_SERVICE
     {"doc_native", suite_doc_native},
+    {"mongo_wire", suite_mongo_wire},
 #endif
 };
 

@@ -1165,7 +1165,7 @@ START_TEST(index_commands)
     ck_assert_int_eq(num("writeErrors.0.keyPattern.k"), 1);
     ck_assert_int_eq(num("writeErrors.0.keyValue.k"), 2);
     /* a unique index over duplicates is refused */
-    /* (a missing k indexes as null, once: these have their own) */
+    /* (each with a k of its own: a unique index holds one missing k, as null) */
     insert_json("c", "[{\"_id\": 4, \"k\": 4, \"j\": 1}, {\"_id\": 5, \"k\": 5, \"j\": 1}]");
     run("{\"createIndexes\": \"c\", \"indexes\": [{\"key\": {\"j\": 1}, \"name\": \"j_1\", \"unique\": true}], \"$db\": \"test\"}");
     assert_err(DOC_DuplicateKey);

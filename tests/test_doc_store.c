@@ -72,6 +72,13 @@ START_TEST(insert_replace_delete_survive_reopen)
     bson_t d, v;
 
     ck_assert_ptr_nonnull(c);
+    /* The first document (slot 0) clashes like any other. */
+    mkdoc(&d, 0, 0, "x");
+    ck_assert_int_eq(doc_insert(c, &d, &e), 0);
+    ck_assert_int_lt(doc_insert(c, &d, &e), 0);
+    ck_assert_int_eq(e.code, DOC_DuplicateKey);
+    ck_assert_int_eq(doc_delete(c, by_id(c, 0), &e), 0);
+    bson_destroy(&d);
     for (int64_t i = 0; i < 500; i++) {
         mkdoc(&d, i, i * 10, "x");
         ck_assert_msg(doc_insert(c, &d, &e) == 0, "insert %lld: %s", (long long)i, e.msg);
@@ -133,7 +140,7 @@ START_TEST(unique_secondary_index)
     mkdoc(&d, 100, 7, "p");
     ck_assert_int_lt(doc_insert(c, &d, &e), 0);
     ck_assert_int_eq(e.code, DOC_DuplicateKey);
-    ck_assert_msg(strstr(e.msg, "index: x_1 dup key: { \"x\" : 7 }"), "%s", e.msg);
+    ck_assert_msg(strstr(e.msg, "index: x_1 dup key: { x: 7 }"), "%s", e.msg);
     bson_destroy(&d);
     /* Replacing a document keeps its own key: no clash with itself. */
     mkdoc(&d, 7, 7, "again");
@@ -387,6 +394,78 @@ START_TEST(planner_uses_bounds_and_sort)
 }
 END_TEST
 
+/* The index holds what the planner's bounds assume: {"a.b": null}
+ * finds a document whose array has an element without b, a whole array
+ * is a key too, and documents nested past 100 levels are refused. */
+START_TEST(index_keys_as_bounds_assume)
+{
+    static const char *const docs[] = {
+        "{\"_id\": 1, \"a\": [{\"b\": 1}, {\"c\": 2}]}",
+        "{\"_id\": 2, \"a\": {\"b\": [1, 2]}}",
+        "{\"_id\": 3, \"a\": 5}",
+        "{\"_id\": 4}",
+        "{\"_id\": 5, \"a\": [{\"b\": 7}]}",
+    };
+    static const struct {
+        const char *filter;
+        unsigned n;
+    } q[] = {
+        {"{\"a.b\": null}", 3},            /* 1, 3, 4 */
+        {"{\"a.b\": 1}", 2},               /* 1, 2 */
+        {"{\"a.b\": [1, 2]}", 1},          /* 2: the whole array */
+        {"{\"a.b\": {\"$gt\": 1}}", 2},  /* 2, 5 */
+    };
+    struct doc_store *s = open_small();
+    struct doc_err e = {0};
+    struct doc_coll *c = doc_coll_get(s, "t", "keys", true, &e);
+    bson_t key = BSON_INITIALIZER, deep, v;
+    struct doc_index_spec spec = {.key = &key};
+
+    for (size_t i = 0; i < sizeof(docs) / sizeof(docs[0]); i++) {
+        bson_error_t be;
+        bson_t *d = bson_new_from_json((const uint8_t *)docs[i], -1, &be);
+
+        ck_assert_msg(doc_insert(c, d, &e) == 0, "%s", e.msg);
+        bson_destroy(d);
+    }
+    BSON_APPEND_INT32(&key, "a.b", 1);
+    ck_assert_int_eq(doc_index_create(c, &spec, &e), 1);
+    for (size_t i = 0; i < sizeof(q) / sizeof(q[0]); i++) {
+        struct doc_matcher *m = filter_of(q[i].filter);
+        struct doc_scan *sc;
+        struct doc_plan plan;
+        unsigned n = 0;
+        doc_ref r;
+
+        ck_assert_int_eq(doc_scan_open(c, m, NULL, &sc, &plan, &e), 0);
+        ck_assert_str_eq(plan.index, "a.b_1");
+        while (doc_scan_next(sc, &v, &r) == 1)
+            n++;
+        ck_assert_msg(n == q[i].n, "%s: %u documents, not %u", q[i].filter, n, q[i].n);
+        doc_scan_close(sc);
+        doc_match_free(m);
+    }
+    /* 101 levels of {x: ...}. */
+    bson_init(&deep);
+    {
+        bson_t lv[102];
+
+        bson_init(&lv[0]);
+        BSON_APPEND_INT32(&lv[0], "_id", 9);
+        for (int i = 1; i <= 101; i++)
+            bson_append_document_begin(&lv[i - 1], "x", 1, &lv[i]);
+        for (int i = 101; i >= 1; i--)
+            bson_append_document_end(&lv[i - 1], &lv[i]);
+        ck_assert_int_lt(doc_insert(c, &lv[0], &e), 0);
+        ck_assert_int_eq(e.code, DOC_Overflow);
+        bson_destroy(&lv[0]);
+    }
+    bson_destroy(&deep);
+    bson_destroy(&key);
+    doc_store_close(s);
+}
+END_TEST
+
 void doc_btree_tcase(Suite *s);
 
 Suite *suite_doc_store(void)
@@ -402,6 +481,7 @@ Suite *suite_doc_store(void)
     tcase_add_test(tc, churn_cleans_and_recovers);
     tcase_add_test(tc, scan_survives_writes);
     tcase_add_test(tc, planner_uses_bounds_and_sort);
+    tcase_add_test(tc, index_keys_as_bounds_assume);
     suite_add_tcase(s, tc);
     doc_btree_tcase(s);
     return s;

@@ -132,100 +132,106 @@ int doc_index_list(const struct doc_coll *c, bson_t *arr)
 
 /* ---- a document's entries ---- */
 
-/* The values of `path` in doc as an index sees them: a sub-document per
- * component, each element of an array met on the way (one level), a
- * numeric component as a position; an array at the end gives its
- * elements (an empty one gives undefined, as MongoDB indexes it); nothing
- * at all gives null. */
+/* The values of `path` in doc as an index holds them, which is what
+ * doc_match_bounds assumes (and tests/fuzz/fuzz_doc_filter.c's reference
+ * walker spells out): a field name looks into a sub-document, and into
+ * each element of an array that is a document; a numeric component also
+ * picks that element; the value at the end counts whole and, if an array,
+ * each element too; a field missing from a document the path reached, or
+ * a scalar where a document was needed, counts as null. */
 struct vals {
     bson_value_t v[DOC_IX_KEYS_MAX];
     unsigned n;
-    bool arrays;                 /* an array was expanded */
+    bool arrays;                 /* an array was met: several keys may come */
     bool overflow;
 };
 
 static void add_val(struct vals *vs, const bson_value_t *v)
 {
+    static const bson_value_t null = {.value_type = BSON_TYPE_NULL};
+
     if (vs->n == DOC_IX_KEYS_MAX) {
         vs->overflow = true;
         return;
     }
-    vs->v[vs->n++] = *v;
+    vs->v[vs->n++] = v ? *v : null;
+}
+
+static void at_end(struct vals *vs, const bson_value_t *v)
+{
+    bson_iter_t it;
+
+    add_val(vs, v);
+    if (v->value_type != BSON_TYPE_ARRAY ||
+        !bson_iter_init_from_data(&it, v->value.v_doc.data, v->value.v_doc.data_len))
+        return;
+    vs->arrays = true;
+    while (bson_iter_next(&it))
+        add_val(vs, bson_iter_value(&it));
+}
+
+static void collect_val(const bson_value_t *v, const char *path, struct vals *vs, int depth);
+
+static void collect_doc(const uint8_t *data, uint32_t len, const char *path, struct vals *vs,
+                        int depth)
+{
+    const char *dot = strchr(path, '.');
+    size_t n = dot ? (size_t)(dot - path) : strlen(path);
+    bson_iter_t it;
+
+    if (depth > DOC_INDEX_DEPTH_MAX)
+        return;
+    if (!bson_iter_init_from_data(&it, data, len) || !bson_iter_find_w_len(&it, path, (int)n))
+        add_val(vs, NULL);
+    else if (!dot)
+        at_end(vs, bson_iter_value(&it));
+    else
+        collect_val(bson_iter_value(&it), dot + 1, vs, depth + 1);
+}
+
+static void collect_val(const bson_value_t *v, const char *path, struct vals *vs, int depth)
+{
+    const char *dot = strchr(path, '.');
+    size_t n = dot ? (size_t)(dot - path) : strlen(path);
+    bool positional = n > 0 && n < 10 && (n == 1 || path[0] != '0');
+    uint32_t idx = 0, i = 0;
+    bson_iter_t it;
+
+    if (v->value_type == BSON_TYPE_DOCUMENT) {
+        collect_doc(v->value.v_doc.data, v->value.v_doc.data_len, path, vs, depth);
+        return;
+    }
+    if (v->value_type != BSON_TYPE_ARRAY) {
+        add_val(vs, NULL);
+        return;
+    }
+    vs->arrays = true;
+    for (size_t j = 0; positional && j < n; j++) {
+        if (path[j] < '0' || path[j] > '9')
+            positional = false;
+        else
+            idx = idx * 10 + (uint32_t)(path[j] - '0');
+    }
+    if (!bson_iter_init_from_data(&it, v->value.v_doc.data, v->value.v_doc.data_len))
+        return;
+    for (; bson_iter_next(&it); i++) {
+        const bson_value_t *e = bson_iter_value(&it);
+
+        if (positional && i == idx) {
+            if (dot)
+                collect_val(e, dot + 1, vs, depth + 1);
+            else
+                at_end(vs, e);
+        }
+        if (e->value_type == BSON_TYPE_DOCUMENT)
+            collect_doc(e->value.v_doc.data, e->value.v_doc.data_len, path, vs, depth + 1);
+    }
 }
 
 static void collect(const uint8_t *data, uint32_t len, const char *path, struct vals *vs,
                     int depth)
 {
-    bson_t d;
-    bson_iter_t it;
-    const char *dot = strchr(path, '.');
-    size_t cl = dot ? (size_t)(dot - path) : strlen(path);
-    char comp[256];
-
-    if (depth > 100 || cl >= sizeof(comp) || !bson_init_static(&d, data, len))
-        return;
-    memcpy(comp, path, cl);
-    comp[cl] = 0;
-    if (!bson_iter_init_find(&it, &d, comp))
-        return;
-    if (!dot) {
-        if (BSON_ITER_HOLDS_ARRAY(&it)) {
-            bson_iter_t ai;
-            bool any = false;
-
-            vs->arrays = true;
-            if (bson_iter_recurse(&it, &ai))
-                while (bson_iter_next(&ai)) {
-                    add_val(vs, bson_iter_value(&ai));
-                    any = true;
-                }
-            if (!any) {
-                bson_value_t u = {.value_type = BSON_TYPE_UNDEFINED};
-
-                add_val(vs, &u);
-            }
-        } else {
-            add_val(vs, bson_iter_value(&it));
-        }
-        return;
-    }
-    if (BSON_ITER_HOLDS_DOCUMENT(&it)) {
-        const uint8_t *sd;
-        uint32_t sl;
-
-        bson_iter_document(&it, &sl, &sd);
-        collect(sd, sl, dot + 1, vs, depth + 1);
-    } else if (BSON_ITER_HOLDS_ARRAY(&it)) {
-        bson_iter_t ai;
-        const char *rest = dot + 1;
-        const char *nd = strchr(rest, '.');
-        size_t rl = nd ? (size_t)(nd - rest) : strlen(rest);
-        bool numeric = rl > 0 && strspn(rest, "0123456789") == rl;
-
-        vs->arrays = true;
-        if (!bson_iter_recurse(&it, &ai))
-            return;
-        while (bson_iter_next(&ai)) {
-            const uint8_t *sd;
-            uint32_t sl;
-
-            if (numeric && strlen(bson_iter_key(&ai)) == rl &&
-                memcmp(bson_iter_key(&ai), rest, rl) == 0) {
-                /* "a.1.b": element 1 itself. */
-                if (!nd) {
-                    add_val(vs, bson_iter_value(&ai));
-                } else if (BSON_ITER_HOLDS_DOCUMENT(&ai)) {
-                    bson_iter_document(&ai, &sl, &sd);
-                    collect(sd, sl, nd + 1, vs, depth + 1);
-                }
-                continue;
-            }
-            if (BSON_ITER_HOLDS_DOCUMENT(&ai)) {
-                bson_iter_document(&ai, &sl, &sd);
-                collect(sd, sl, rest, vs, depth + 1);
-            }
-        }
-    }
+    collect_doc(data, len, path, vs, depth);
 }
 
 int doc_index_keys(const struct doc_index *ix, const bson_t *doc, struct doc_buf *out,
@@ -336,10 +342,31 @@ static void dup_error(struct doc_coll *c, const struct doc_index *ix, const bson
         else
             bson_append_null(&kv, ix->paths[f], -1);
     }
-    js = bson_as_relaxed_extended_json(&kv, NULL);
-    doc_errf(e, DOC_DuplicateKey, "E11000 duplicate key error collection: %s index: %s dup key: %s",
-             c->ns, ix->name, js ? js : "{}");
-    bson_free(js);
+    /* MongoDB's form: { k: 2, s: "a" }, names bare, values as JSON. */
+    {
+        char out[400];
+        size_t n = (size_t)snprintf(out, sizeof(out), "{ ");
+        bson_iter_t it;
+
+        bson_iter_init(&it, &kv);
+        while (bson_iter_next(&it) && n < sizeof(out)) {
+            bson_t one = BSON_INITIALIZER;
+            size_t jl;
+
+            bson_append_value(&one, "v", 1, bson_iter_value(&it));
+            js = bson_as_relaxed_extended_json(&one, &jl);
+            /* js is { "v" : VALUE } */
+            if (js && jl > 10)
+                n += (size_t)snprintf(out + n, sizeof(out) - n, "%s%s: %.*s", n > 2 ? ", " : "",
+                                      bson_iter_key(&it), (int)(jl - 10), js + 8);
+            bson_free(js);
+            bson_destroy(&one);
+        }
+        if (n < sizeof(out))
+            snprintf(out + n, sizeof(out) - n, " }");
+        doc_errf(e, DOC_DuplicateKey, "E11000 duplicate key error collection: %s index: %s dup key: %s",
+                 c->ns, ix->name, out);
+    }
     bson_destroy(&kv);
 }
 

@@ -503,6 +503,42 @@ static int check_id(const bson_t *doc, bson_value_t *id, struct doc_err *e)
     return 0;
 }
 
+/* MongoDB stores documents nested at most 100 deep; so does tern, and
+ * every walk over stored documents (keys, comparisons, projections) may
+ * recurse without bounds of its own. The walk here stops one level past
+ * the limit. */
+static bool depth_ok(const uint8_t *data, uint32_t len, int depth)
+{
+    bson_iter_t it;
+
+    if (depth > DOC_INDEX_DEPTH_MAX || !bson_iter_init_from_data(&it, data, len))
+        return depth <= DOC_INDEX_DEPTH_MAX;
+    while (bson_iter_next(&it)) {
+        const bson_value_t *v = bson_iter_value(&it);
+
+        if ((v->value_type == BSON_TYPE_DOCUMENT || v->value_type == BSON_TYPE_ARRAY) &&
+            !depth_ok(v->value.v_doc.data, v->value.v_doc.data_len, depth + 1))
+            return false;
+        if (v->value_type == BSON_TYPE_CODEWSCOPE &&
+            !depth_ok(v->value.v_codewscope.scope_data, v->value.v_codewscope.scope_len,
+                      depth + 1))
+            return false;
+    }
+    return true;
+}
+
+static int check_doc(const struct doc_store *s, const bson_t *doc, struct doc_err *e)
+{
+    if (doc->len > s->max_doc)
+        return doc_errf(e, DOC_BSONObjectTooLarge,
+                        "object to insert too large. size in bytes: %u, max size: %zu", doc->len,
+                        s->max_doc);
+    if (!depth_ok(bson_get_data(doc), doc->len, 1))
+        return doc_errf(e, DOC_Overflow, "Document exceeds maximum nesting depth of %d",
+                        DOC_INDEX_DEPTH_MAX);
+    return 0;
+}
+
 int doc_insert(struct doc_coll *c, const bson_t *doc, struct doc_err *e)
 {
     struct doc_store *s = c->s;
@@ -511,10 +547,8 @@ int doc_insert(struct doc_coll *c, const bson_t *doc, struct doc_err *e)
     pm_loc loc;
     int rc;
 
-    if (doc->len > s->max_doc)
-        return doc_errf(e, DOC_BSONObjectTooLarge, "object to insert too large. size in bytes: %u, max size: %zu",
-                        doc->len, s->max_doc);
-    if (check_id(doc, &id, e) < 0 || doc_index_check(c, doc, 0, e) < 0)
+    if (check_doc(s, doc, e) < 0 || check_id(doc, &id, e) < 0 ||
+        doc_index_check(c, doc, UINT64_MAX, e) < 0)
         return -1;
     if (slot_alloc(c, &idx) < 0)
         return doc_errf(e, DOC_ExceededMemoryLimit, "out of memory");
@@ -549,9 +583,8 @@ int doc_replace(struct doc_coll *c, doc_ref ref, const bson_t *doc, struct doc_e
     if (ref == 0 || ref > c->nslots || !c->slots[ref - 1].loc)
         return doc_errf(e, DOC_InternalError, "no document at ref %" PRIu64, ref);
     sl = &c->slots[ref - 1];
-    if (doc->len > s->max_doc)
-        return doc_errf(e, DOC_BSONObjectTooLarge, "object to update too large. size in bytes: %u, max size: %zu",
-                        doc->len, s->max_doc);
+    if (check_doc(s, doc, e) < 0)
+        return -1;
     doc_slot_view(c, sl, &old);
     if (check_id(doc, &id, e) < 0 || check_id(&old, &old_id, e) < 0)
         return -1;

@@ -94,10 +94,12 @@ void doc_index_free(struct doc_index *ix);
  * suffix), deduplicated, back to back in `out` with their lengths in
  * lens[]. DOC_BadValue for parallel arrays in a compound key. */
 #define DOC_IX_KEYS_MAX 4096
+#define DOC_INDEX_DEPTH_MAX 100      /* as MongoDB's documents nest at most */
 int doc_index_keys(const struct doc_index *ix, const bson_t *doc, struct doc_buf *out,
                    uint32_t *lens, unsigned *n, struct doc_err *e);
 
-/* Would inserting `doc` (as slot `self`, 0 = none) break a unique index?
+/* Would storing `doc` as slot `self` (UINT64_MAX: a new document) break a
+ * unique index?
  * DOC_DuplicateKey with MongoDB's errmsg. */
 int doc_index_check(struct doc_coll *c, const bson_t *doc, uint64_t self, struct doc_err *e);
 

@@ -175,7 +175,7 @@ struct run {
     unsigned inflight;
     uint64_t errors;
     int first_error;
-    char first_msg[200];
+    char first_msg[600];
     bool stop;
     struct hist *hist;
     struct ycsb_rng *rng;

@@ -388,6 +388,28 @@ START_TEST(unknown_and_malformed)
     assert_err(DOC_InvalidBSON);
     bson_destroy(&deep);
 
+    /* nesting through code-with-scope documents, which bson_validate
+     * walks recursively too: 100,000 levels */
+    {
+        bson_t *inner = bson_new();
+
+        for (i = 0; i < 100000; i++) {
+            bson_t *outer = bson_new();
+
+            bson_append_code_with_scope(outer, "c", 1, "x", inner);
+            bson_destroy(inner);
+            inner = outer;
+        }
+        bson_init(&deep);
+        bson_append_utf8(&deep, "find", 4, "c", 1);
+        bson_append_document(&deep, "filter", -1, inner);
+        bson_append_utf8(&deep, "$db", 3, "test", 4);
+        bson_destroy(inner);
+        run_on_seq(cl, &deep, NULL, 0);
+        assert_err(DOC_InvalidBSON);
+        bson_destroy(&deep);
+    }
+
     /* a sequence whose document lies about its length */
     json(&cmd, "{\"insert\": \"c\", \"$db\": \"test\"}");
     seq = (struct doc_seq){.id = "documents", .id_len = 9, .docs = junk, .len = sizeof(junk)};

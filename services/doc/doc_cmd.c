@@ -311,7 +311,9 @@ static const char *idx_key(uint32_t i, char *buf, size_t size)
 /* ---- checking what came in ---- */
 
 /* Nesting deeper than CMD_DEPTH_MAX is refused before anything recursive
- * (bson_validate, the matcher) sees the document. */
+ * (bson_validate, the matcher) sees the document; the scope of a
+ * code-with-scope value is a document that bson_validate descends into
+ * as well, so it counts as a level. */
 static bool depth_ok(const bson_t *b, unsigned depth)
 {
     bson_iter_t it;
@@ -329,6 +331,14 @@ static bool depth_ok(const bson_t *b, unsigned depth)
             else
                 bson_iter_array(&it, &len, &data);
             if (!bson_init_static(&child, data, len) || !depth_ok(&child, depth + 1))
+                return false;
+        } else if (BSON_ITER_HOLDS_CODEWSCOPE(&it)) {
+            const uint8_t *scope;
+            uint32_t len, slen;
+            bson_t child;
+
+            bson_iter_codewscope(&it, &len, &slen, &scope);
+            if (!bson_init_static(&child, scope, slen) || !depth_ok(&child, depth + 1))
                 return false;
         }
     }

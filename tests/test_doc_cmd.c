@@ -410,6 +410,40 @@ START_TEST(unknown_and_malformed)
         bson_destroy(&deep);
     }
 
+    /* corruption inside an embedded document: a string's length, its
+     * NUL, an element type of 0 or of no type, each refused */
+    {
+        static const int patch[][2] = {{-4, 100}, {3, 'X'}, {-7, 0}, {-7, 0x7e}, {-4, 0}};
+        bson_t good, bad;
+        const uint8_t *gp;
+        uint8_t *buf;
+        size_t at;
+        unsigned p;
+
+        json(&good, "{\"find\": \"c\", \"filter\": {\"a\": \"xyz\"}, \"$db\": \"test\"}");
+        gp = bson_get_data(&good);
+        for (at = 0; memcmp(gp + at, "xyz", 4) != 0; at++)
+            ;
+        buf = malloc(good.len);
+        for (p = 0; p < sizeof(patch) / sizeof(patch[0]); p++) {
+            memcpy(buf, gp, good.len);
+            if (patch[p][0] == -4) {
+                uint32_t l = (uint32_t)patch[p][1];
+
+                memcpy(buf + at - 4, &l, 4);
+            } else {
+                buf[(long)at + patch[p][0]] = (uint8_t)patch[p][1];
+            }
+            ck_assert(bson_init_static(&bad, buf, good.len));
+            run_on_seq(cl, &bad, NULL, 0);
+            assert_err(DOC_InvalidBSON);
+        }
+        free(buf);
+        run_on_seq(cl, &good, NULL, 0);
+        assert_ok();
+        bson_destroy(&good);
+    }
+
     /* a sequence whose document lies about its length */
     json(&cmd, "{\"insert\": \"c\", \"$db\": \"test\"}");
     seq = (struct doc_seq){.id = "documents", .id_len = 9, .docs = junk, .len = sizeof(junk)};

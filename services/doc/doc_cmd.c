@@ -345,14 +345,15 @@ static bool depth_ok(const bson_t *b, unsigned depth)
     return it.err_off == 0;
 }
 
+/* The walk is the whole check: bson_init_static checks each level's
+ * length and closing NUL, and bson_iter_next every element's bounds (a
+ * string's NUL included) and that the elements end exactly at that NUL.
+ * bson_validate on top of it (even BSON_VALIDATE_NONE) cost two thirds of
+ * a small insert's time in this layer. */
 static int check_doc(const bson_t *b, struct doc_err *e)
 {
-    size_t off;
-
     if (!depth_ok(b, 0))
         return doc_errf(e, DOC_InvalidBSON, "BSON document nested too deep or corrupt");
-    if (!bson_validate(b, BSON_VALIDATE_NONE, &off))
-        return doc_errf(e, DOC_InvalidBSON, "invalid BSON at offset %zu", off);
     return 0;
 }
 

@@ -389,25 +389,42 @@ START_TEST(unknown_and_malformed)
     bson_destroy(&deep);
 
     /* nesting through code-with-scope documents, which bson_validate
-     * walks recursively too: 100,000 levels */
+     * walks recursively too: 100,000 levels, written out directly (level
+     * k is 18 bytes around level k - 1: {c: Code("x", <level k - 1>)}) */
     {
-        bson_t *inner = bson_new();
+        const uint32_t levels = 100000;
+        size_t size = 5 + 18 * (size_t)levels, at = 0;
+        uint8_t *buf = malloc(size);
+        bson_t inner;
+        uint32_t k, v;
 
-        for (i = 0; i < 100000; i++) {
-            bson_t *outer = bson_new();
-
-            bson_append_code_with_scope(outer, "c", 1, "x", inner);
-            bson_destroy(inner);
-            inner = outer;
+        for (k = levels; k > 0; k--) {
+            v = 5 + 18 * k;
+            memcpy(buf + at, &v, 4);
+            memcpy(buf + at + 4, "\x0f" "c", 3);       /* type, key "c" and its NUL */
+            v = 10 + 5 + 18 * (k - 1);
+            memcpy(buf + at + 7, &v, 4);
+            v = 2;
+            memcpy(buf + at + 11, &v, 4);
+            memcpy(buf + at + 15, "x", 2);
+            at += 17;
         }
+        v = 5;
+        memcpy(buf + at, &v, 4);
+        buf[at + 4] = 0;
+        at += 5;
+        for (k = 0; k < levels; k++)
+            buf[at++] = 0;
+        ck_assert_uint_eq(at, size);
+        ck_assert(bson_init_static(&inner, buf, size));
         bson_init(&deep);
         bson_append_utf8(&deep, "find", 4, "c", 1);
-        bson_append_document(&deep, "filter", -1, inner);
+        bson_append_document(&deep, "filter", -1, &inner);
         bson_append_utf8(&deep, "$db", 3, "test", 4);
-        bson_destroy(inner);
         run_on_seq(cl, &deep, NULL, 0);
         assert_err(DOC_InvalidBSON);
         bson_destroy(&deep);
+        free(buf);
     }
 
     /* corruption inside an embedded document: a string's length, its

@@ -664,6 +664,15 @@ START_TEST(find_shapes)
     ck_assert_int_eq(num("cursor.firstBatch.1._id"), 1);
     ck_assert_int_eq(cursor_id(), 0);
 
+    /* {$natural: -1}: the scan's order, backwards */
+    run("{\"find\": \"c\", \"sort\": {\"$natural\": -1}, \"batchSize\": 2, \"$db\": \"test\"}");
+    assert_ok();
+    ck_assert_int_eq(array_len("cursor.firstBatch"), 2);
+    ck_assert_int_eq(num("cursor.firstBatch.0._id"), 4);
+    ck_assert_int_eq(num("cursor.firstBatch.1._id"), 3);
+    run("{\"find\": \"c\", \"sort\": {\"$natural\": 1}, \"limit\": 1, \"$db\": \"test\"}");
+    ck_assert_int_eq(num("cursor.firstBatch.0._id"), 1);
+
     /* find_one: limit 1, singleBatch */
     run("{\"find\": \"c\", \"filter\": {\"b\": \"y\"}, \"limit\": 1, \"singleBatch\": true, \"$db\": \"test\"}");
     ck_assert_int_eq(array_len("cursor.firstBatch"), 1);

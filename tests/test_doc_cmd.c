@@ -503,14 +503,17 @@ START_TEST(bad_argument_types)
     assert_err(DOC_TypeMismatch);
     run("{\"insert\": \"c\", \"documents\": [], \"$db\": \"test\"}");
     assert_err(DOC_InvalidLength);
+    /* a required field that is absent: MongoDB's IDL parser's 40414 */
     run("{\"insert\": \"c\", \"$db\": \"test\"}");
-    assert_err(DOC_FailedToParse);
+    assert_err(40414);
+    ck_assert_str_eq(str("codeName"), "Location40414");
+    ck_assert_str_eq(str("errmsg"), "BSON field 'insert.documents' is missing but a required field");
     run("{\"insert\": \"c\", \"ordered\": \"no\", \"documents\": [{}], \"$db\": \"test\"}");
     assert_err(DOC_TypeMismatch);
     run("{\"getMore\": 5, \"collection\": \"c\", \"$db\": \"test\"}");
     assert_err(DOC_TypeMismatch);
     run("{\"getMore\": {\"$numberLong\": \"5\"}, \"$db\": \"test\"}");
-    assert_err(DOC_FailedToParse);
+    assert_err(40414);
     run("{\"killCursors\": \"c\", \"cursors\": [1], \"$db\": \"test\"}");
     assert_err(DOC_TypeMismatch);
     run("{\"count\": \"c\", \"query\": 1, \"$db\": \"test\"}");
@@ -518,7 +521,7 @@ START_TEST(bad_argument_types)
     run("{\"distinct\": \"c\", \"key\": 1, \"$db\": \"test\"}");
     assert_err(DOC_TypeMismatch);
     run("{\"distinct\": \"c\", \"$db\": \"test\"}");
-    assert_err(DOC_FailedToParse);
+    assert_err(40414);
     run("{\"aggregate\": \"c\", \"pipeline\": {}, \"cursor\": {}, \"$db\": \"test\"}");
     assert_err(DOC_TypeMismatch);
     run("{\"aggregate\": \"c\", \"pipeline\": [], \"$db\": \"test\"}");
@@ -1011,7 +1014,7 @@ START_TEST(update_errors)
     run("{\"update\": \"c\", \"ordered\": false, \"updates\": [{\"u\": {\"$set\": {\"a\": 1}}}, {\"q\": 1, \"u\": {}}, {\"q\": {}, \"u\": {\"x\": 1}, \"multi\": true}, {\"q\": {}, \"u\": [{\"$set\": {\"a\": 1}}]}], \"$db\": \"test\"}");
     assert_ok();
     ck_assert_int_eq(array_len("writeErrors"), 4);
-    ck_assert_int_eq(num("writeErrors.0.code"), DOC_FailedToParse);
+    ck_assert_int_eq(num("writeErrors.0.code"), 40414);
     ck_assert_int_eq(num("writeErrors.1.code"), DOC_TypeMismatch);
     ck_assert_int_eq(num("writeErrors.2.code"), DOC_FailedToParse);
     ck_assert_int_eq(num("writeErrors.3.code"), DOC_NotImplemented);
@@ -1081,7 +1084,7 @@ START_TEST(delete_shapes)
     ck_assert_int_eq(num("n"), 1);
     ck_assert_int_eq(array_len("writeErrors"), 2);
     ck_assert_int_eq(num("writeErrors.0.code"), DOC_BadValue);
-    ck_assert_int_eq(num("writeErrors.1.code"), DOC_FailedToParse);
+    ck_assert_int_eq(num("writeErrors.1.code"), 40414);
     /* a collection that is not there */
     run("{\"delete\": \"none\", \"deletes\": [{\"q\": {}, \"limit\": 0}], \"$db\": \"test\"}");
     assert_ok();

@@ -247,6 +247,24 @@ static int put_pieces(struct tern_doc_service *svc, struct sess_ent *e, int i, u
     return 0;
 }
 
+/* Where the client's buffer can be mapped here (shm), the batch is one
+ * memcpy into it: no staging copy, no completion, and no limit of a ring
+ * record on its size. Visible to the client before the reply, which is
+ * posted after (a post is a release). While the mapping is being set up
+ * (the first ask starts it) the batch goes inline, never by served puts:
+ * those would be in flight at the next request and keep the mapping from
+ * being used (rkey_ptr waits for them), batch after batch. */
+static bool store_direct(struct sess_ent *e, const struct doc_req *q, const uint8_t *data,
+                         uint32_t len)
+{
+    void *p;
+
+    if (tern_session_rkey_ptr(e->s, &q->dst, q->off, len, TERN_TP_ACCESS_REMOTE_WRITE, &p) < 0)
+        return false;
+    memcpy(p, data, len);
+    return true;
+}
+
 /* Put the reply's batch into the client's buffer if the request asked and
  * it fits: true with *rep filled and svc->slim the reply to send. Any
  * failure to put sends it inline instead (pieces put already land in the
@@ -265,12 +283,17 @@ static bool push_batch(struct tern_doc_service *svc, struct sess_ent *e, const s
         return false;
     if (len < q->min || len > q->cap || len > svc->slot_size || !slim_reply(svc, &svc->reply, key))
         return false;
-    i = slot_get(svc);
-    if (i < 0)
-        return false;
-    memcpy((uint8_t *)tern_rpc_mr_addr(svc->stage_mr) + (size_t)i * svc->slot_size, data, len);
-    if (put_pieces(svc, e, i, len, q) < 0)
-        return false;   /* a bad key, a full queue: the batch goes inline */
+    if (tern_session_caps(e->s) & TERN_TP_CAP_RKEY_PTR) {
+        if (!store_direct(e, q, data, len))
+            return false;
+    } else {
+        i = slot_get(svc);
+        if (i < 0)
+            return false;
+        memcpy((uint8_t *)tern_rpc_mr_addr(svc->stage_mr) + (size_t)i * svc->slot_size, data, len);
+        if (put_pieces(svc, e, i, len, q) < 0)
+            return false;   /* a bad key, a full queue: the batch goes inline */
+    }
     rep->flags = DOC_REP_PUSHED;
     rep->size = len;
     rep->n = bson_init_static(&arr, data, len) ? bson_count_keys(&arr) : 0;

@@ -51,9 +51,12 @@ static const struct {
     {"doc_update", suite_doc_update},
     {"doc_query", suite_doc_query},
     {"doc_agg", suite_doc_agg},
+    {"doc_store", suite_doc_store},
+    {"doc_cmd", suite_doc_cmd},
 #endif
 #if TERN_HAVE_DOC_SERVICE
     {"doc_native", suite_doc_native},
+    {"mongo_wire", suite_mongo_wire},
 #endif
 };
 

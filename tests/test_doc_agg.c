@@ -147,7 +147,8 @@ static const char *mixed =
 
 static const char *one =
     "[{\"_id\": 1, \"a\": 5, \"b\": 2, \"s\": \"Hello\", \"arr\": [1, 2, 3], \"n\": null, \"f\": 2.5,"
-    " \"d\": {\"$date\": \"2020-01-01T00:00:00Z\"}, \"o\": [{\"k\": 1}, {\"k\": 2}, {\"z\": 0}]}]";
+    " \"d\": {\"$date\": \"2020-01-01T00:00:00Z\"}, \"o\": [{\"k\": 1}, {\"k\": 2}, {\"z\": 0}],"
+    " \"o2\": [{\"k\": 1}, [{\"k\": 3}], 7, {\"k\": [2]}]}]";
 
 static const struct agg_case {
     const char *what, *pipeline, **docs, *want;
@@ -199,6 +200,11 @@ static const struct agg_case {
     {"$sum widens int to long on overflow",
      "[{\"$group\": {\"_id\": null, \"s\": {\"$sum\": \"$v\"}}}]",
      (const char *[]){"[{\"v\": 2147483647}, {\"v\": 1}]"}, "[{\"_id\": null, \"s\": {\"$numberLong\": \"2147483648\"}}]"},
+    {"$sum and $avg of doubles sum without losing what rounding drops (ten 0.1s are 1.0)",
+     "[{\"$group\": {\"_id\": null, \"s\": {\"$sum\": \"$v\"}, \"a\": {\"$avg\": \"$v\"}}}]",
+     (const char *[]){"[{\"v\": 0.1}, {\"v\": 0.1}, {\"v\": 0.1}, {\"v\": 0.1}, {\"v\": 0.1},"
+                      " {\"v\": 0.1}, {\"v\": 0.1}, {\"v\": 0.1}, {\"v\": 0.1}, {\"v\": 0.1}]"},
+     "[{\"_id\": null, \"s\": 1.0, \"a\": 0.1}]"},
     {"$group of no input: no document", "[{\"$group\": {\"_id\": null, \"n\": {\"$sum\": 1}}}]",
      (const char *[]){"[]"}, "[]"},
 
@@ -324,6 +330,7 @@ static const struct {
     {"\"$arr\"", "{\"r\": [1, 2, 3]}"},
     {"\"$nope\"", "{}"},
     {"\"$o.k\"", "{\"r\": [1, 2]}"},
+    {"\"$o2.k\"", "{\"r\": [1, [2]]}"},
     {"\"$$ROOT.a\"", "{\"r\": 5}"},
     {"\"$$CURRENT.s\"", "{\"r\": \"Hello\"}"},
     {"{\"x\": \"$a\", \"y\": [\"$b\", \"$nope\"], \"z\": \"$nope\"}", "{\"r\": {\"x\": 5, \"y\": [2, null]}}"},
@@ -933,6 +940,254 @@ START_TEST(test_agg_generated_topk)
 }
 END_TEST
 
+/* ---- random documents: properties every result must have ---- */
+
+static uint32_t rnd_state;
+
+static uint32_t rnd(uint32_t n)
+{
+    rnd_state = rnd_state * 1103515245u + 12345u;
+    return (rnd_state >> 8) % n;
+}
+
+static void rnd_value(bson_t *d, const char *k, unsigned depth);
+
+static void rnd_fields(bson_t *d, unsigned depth)
+{
+    static const char *const names[] = {"a", "b", "c", "d"};
+
+    for (int i = 0; i < 4; i++)
+        if (rnd(3))
+            rnd_value(d, names[i], depth);
+}
+
+static void rnd_value(bson_t *d, const char *k, unsigned depth)
+{
+    bson_t sub;
+
+    switch (rnd(depth < 3 ? 9 : 7)) {
+    case 0: bson_append_int32(d, k, -1, (int32_t)rnd(7) - 3); break;
+    case 1: bson_append_int64(d, k, -1, (int64_t)rnd(7) - 3); break;
+    case 2: bson_append_double(d, k, -1, (double)rnd(13) / 4 - 1); break;
+    case 3: bson_append_utf8(d, k, -1, rnd(2) ? "x" : "y", -1); break;
+    case 4: bson_append_null(d, k, -1); break;
+    case 5: bson_append_bool(d, k, -1, rnd(2)); break;
+    case 6: bson_append_utf8(d, k, -1, "", -1); break;
+    case 7:
+        bson_append_document_begin(d, k, -1, &sub);
+        rnd_fields(&sub, depth + 1);
+        bson_append_document_end(d, &sub);
+        break;
+    default: {
+        unsigned n = rnd(4);
+
+        bson_append_array_begin(d, k, -1, &sub);
+        for (unsigned i = 0; i < n; i++) {
+            char ik[4];
+
+            snprintf(ik, sizeof(ik), "%u", i);
+            rnd_value(&sub, ik, depth + 1);
+        }
+        bson_append_array_end(d, &sub);
+    }
+    }
+}
+
+#define RND_DOCS 200
+
+static void rnd_docs(bson_t *arr)
+{
+    bson_init(arr);
+    for (int i = 0; i < RND_DOCS; i++) {
+        char k[8];
+        bson_t d;
+
+        snprintf(k, sizeof(k), "%d", i);
+        bson_append_document_begin(arr, k, -1, &d);
+        bson_append_int32(&d, "_id", 3, i);
+        rnd_fields(&d, 1);
+        bson_append_document_end(arr, &d);
+    }
+}
+
+static void run_on(const char *pipeline, const bson_t *arr, struct sink *k)
+{
+    struct doc_pipeline *p = compile(pipeline);
+    struct src s;
+    struct doc_err e = {0};
+
+    ck_assert(bson_iter_init(&s.it, arr));
+    bson_init(&k->out);
+    k->n = 0;
+    ck_assert_msg(doc_agg_run(p, NULL, src_next, &s, sink_take, k, &e) == 0, "%s: %s", pipeline, e.msg);
+    doc_agg_free(p);
+}
+
+static void out_doc(bson_iter_t *it, bson_t *d)
+{
+    uint32_t len;
+    const uint8_t *data;
+
+    ck_assert(bson_iter_next(it) && BSON_ITER_HOLDS_DOCUMENT(it));
+    bson_iter_document(it, &len, &data);
+    ck_assert(bson_init_static(d, data, len));
+    ck_assert(bson_validate(d, 0, NULL));
+}
+
+START_TEST(test_agg_random)
+{
+    static const char *const paths[] = {"a", "b", "a.b", "c.d", "a.a.a"};
+    bson_t arr;
+
+    rnd_state = 777u + (uint32_t)_i;
+    rnd_docs(&arr);
+    for (size_t pi = 0; pi < sizeof(paths) / sizeof(paths[0]); pi++) {
+        const char *path = paths[pi];
+        char pl[256];
+        struct sink k;
+        bson_iter_t it, in;
+        struct doc_sort *so;
+        struct doc_err e = {0};
+        struct doc_buf prev = {0}, key = {0};
+        bson_t *spec;
+        int64_t total = 0;
+
+        /* $sort: every document, in key order. */
+        for (int dir = -1; dir <= 1; dir += 2) {
+            snprintf(pl, sizeof(pl), "[{\"$sort\": {\"%s\": %d}}]", path, dir);
+            run_on(pl, &arr, &k);
+            ck_assert_uint_eq(k.n, RND_DOCS);
+            snprintf(pl, sizeof(pl), "{\"%s\": %d}", path, dir);
+            spec = J(pl);
+            ck_assert_int_eq(doc_sort_compile(spec, &so, &e), 0);
+            ck_assert(bson_iter_init(&it, &k.out));
+            doc_buf_reset(&prev);
+            for (int i = 0; i < RND_DOCS; i++) {
+                bson_t d;
+
+                out_doc(&it, &d);
+                doc_buf_reset(&key);
+                doc_sort_key(so, &d, &key);
+                if (i) {
+                    size_t m = prev.len < key.len ? prev.len : key.len;
+                    int c = memcmp(prev.p, key.p, m);
+
+                    ck_assert_msg(c < 0 || (c == 0 && prev.len <= key.len), "%s: out of order at %d",
+                                  pl, i);
+                }
+                doc_buf_reset(&prev);
+                doc_buf_add(&prev, key.p, key.len);
+            }
+            doc_sort_free(so);
+            bson_destroy(spec);
+            bson_destroy(&k.out);
+        }
+
+        /* $group: the counts add up, and no two groups have equal _ids. */
+        snprintf(pl, sizeof(pl), "[{\"$group\": {\"_id\": \"$%s\", \"n\": {\"$sum\": 1}}}]", path);
+        run_on(pl, &arr, &k);
+        ck_assert(bson_iter_init(&it, &k.out));
+        for (uint32_t g = 0; g < k.n; g++) {
+            bson_t d;
+            bson_iter_t f, o;
+
+            out_doc(&it, &d);
+            ck_assert(bson_iter_init_find(&f, &d, "n") && BSON_ITER_HOLDS_INT32(&f));
+            total += bson_iter_int32(&f);
+            ck_assert(bson_iter_init_find(&f, &d, "_id"));
+            ck_assert(bson_iter_init(&o, &k.out));
+            for (uint32_t h = 0; h < g; h++) {
+                bson_t od;
+                bson_iter_t of;
+
+                out_doc(&o, &od);
+                ck_assert(bson_iter_init_find(&of, &od, "_id"));
+                ck_assert_msg(!doc_val_eq(bson_iter_value(&f), bson_iter_value(&of)), "%s: groups %u and %u",
+                              pl, h, g);
+            }
+        }
+        ck_assert_int_eq(total, RND_DOCS);
+        bson_destroy(&k.out);
+
+        /* Inclusion keeps only _id and the path's first field; exclusion of
+         * a top-level field removes just it. */
+        for (int incl = 0; incl <= 1; incl++) {
+            size_t flen = strcspn(path, ".");
+
+            snprintf(pl, sizeof(pl), "[{\"$project\": {\"%s\": %d}}]", path, incl);
+            run_on(pl, &arr, &k);
+            ck_assert_uint_eq(k.n, RND_DOCS);
+            ck_assert(bson_iter_init(&it, &k.out));
+            ck_assert(bson_iter_init(&in, &arr));
+            for (int i = 0; i < RND_DOCS; i++) {
+                bson_t d, src;
+                bson_iter_t f;
+
+                out_doc(&it, &d);
+                out_doc(&in, &src);
+                ck_assert(bson_iter_init(&f, &d));
+                while (bson_iter_next(&f)) {
+                    const char *name = bson_iter_key(&f);
+
+                    if (incl)
+                        ck_assert_msg(strcmp(name, "_id") == 0 ||
+                                          (strlen(name) == flen && strncmp(name, path, flen) == 0),
+                                      "%s: field %s", pl, name);
+                    else
+                        ck_assert(bson_has_field(&src, name));
+                }
+                if (!incl && !strchr(path, '.'))
+                    ck_assert_uint_eq(bson_count_keys(&d),
+                                      bson_count_keys(&src) - (bson_has_field(&src, path) ? 1 : 0));
+            }
+            bson_destroy(&k.out);
+        }
+        doc_buf_free(&prev);
+        doc_buf_free(&key);
+    }
+
+    /* $unwind then $count against a count of the elements; $skip/$limit. */
+    {
+        struct sink k;
+        bson_iter_t in, f;
+        int want = 0;
+
+        ck_assert(bson_iter_init(&in, &arr));
+        for (int i = 0; i < RND_DOCS; i++) {
+            bson_t src;
+
+            out_doc(&in, &src);
+            if (!bson_iter_init_find(&f, &src, "a") || BSON_ITER_HOLDS_NULL(&f))
+                continue;
+            if (BSON_ITER_HOLDS_ARRAY(&f)) {
+                bson_iter_t a;
+
+                bson_iter_recurse(&f, &a);
+                while (bson_iter_next(&a))
+                    want++;
+            } else {
+                want++;
+            }
+        }
+        run_on("[{\"$unwind\": \"$a\"}, {\"$count\": \"n\"}]", &arr, &k);
+        ck_assert_uint_eq(k.n, want ? 1 : 0);
+        if (want) {
+            bson_t d;
+
+            ck_assert(bson_iter_init(&in, &k.out));
+            out_doc(&in, &d);
+            ck_assert(bson_iter_init_find(&f, &d, "n"));
+            ck_assert_int_eq(bson_iter_int32(&f), want);
+        }
+        bson_destroy(&k.out);
+        run_on("[{\"$skip\": 150}, {\"$limit\": 70}]", &arr, &k);
+        ck_assert_uint_eq(k.n, RND_DOCS - 150);
+        bson_destroy(&k.out);
+    }
+    bson_destroy(&arr);
+}
+END_TEST
+
 Suite *suite_doc_agg(void)
 {
     Suite *s = suite_create("doc_agg");
@@ -954,6 +1209,7 @@ Suite *suite_doc_agg(void)
     tcase_add_test(tc, test_agg_generated_group);
     tcase_add_test(tc, test_agg_generated_sort);
     tcase_add_test(tc, test_agg_generated_topk);
+    tcase_add_loop_test(tc, test_agg_random, 0, 8);
     suite_add_tcase(s, tc);
     return s;
 }

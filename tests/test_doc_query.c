@@ -277,6 +277,62 @@ static uint8_t *deep_arrays(unsigned depth, uint32_t *len)
     return buf;
 }
 
+/* {key: {key: ... {key: 1}}}, `depth` documents around the innermost one,
+ * as raw BSON: each level adds its length, 0x03, the key and its NUL, and
+ * a terminating 0. */
+static uint8_t *nested_docs(const char *key, unsigned depth, uint32_t *len)
+{
+    size_t kl = strlen(key) + 1, per = 4 + 1 + kl + 1;
+    uint32_t inner = (uint32_t)(4 + 1 + kl + 4 + 1), total = inner + (uint32_t)(per * depth), v;
+    uint8_t *buf = malloc(total), *p = buf;
+    int32_t one = 1;
+
+    ck_assert_ptr_nonnull(buf);
+    for (unsigned i = depth; i >= 1; i--) {
+        v = inner + (uint32_t)(per * i);
+        memcpy(p, &v, 4);
+        p[4] = 0x03;
+        memcpy(p + 5, key, kl);
+        p += 5 + kl;
+    }
+    memcpy(p, &inner, 4);
+    p[4] = 0x10;
+    memcpy(p + 5, key, kl);
+    memcpy(p + 5 + kl, &one, 4);
+    p += 5 + kl + 4;
+    memset(p, 0, depth + 1);
+    *len = total;
+    return buf;
+}
+
+/* Specs nested 100,000 deep (hostile input) are refused, not recursed
+ * into: expressions by depth, nested projections by the length of the
+ * path they make. */
+START_TEST(test_proj_deep_specs)
+{
+    static const struct {
+        const char *key, *msg;
+    } t[] = {{"$toUpper", "expression nested deeper than 100 levels"}, {"a", "projection path too long"}};
+
+    for (int i = 0; i < 2; i++) {
+        uint32_t len;
+        uint8_t *raw = nested_docs(t[i].key, 100000, &len);
+        bson_t inner, spec = BSON_INITIALIZER;
+        struct doc_proj *p = (struct doc_proj *)1;
+        struct doc_err e = {0};
+
+        ck_assert(bson_init_static(&inner, raw, len));
+        bson_append_document(&spec, "r", 1, &inner);
+        ck_assert_int_lt(doc_proj_compile(&spec, &p, &e), 0);
+        ck_assert_ptr_null(p);
+        ck_assert_int_eq(e.code, DOC_BadValue);
+        ck_assert_msg(strstr(e.msg, t[i].msg), "%s", e.msg);
+        bson_destroy(&spec);
+        free(raw);
+    }
+}
+END_TEST
+
 /* A document of arrays nested 200,000 deep (hostile input) is projected
  * without recursing that deep. */
 START_TEST(test_proj_deep_arrays)
@@ -509,6 +565,7 @@ Suite *suite_doc_query(void)
     tcase_add_test(tc, test_proj_empty_and_codes);
     tcase_add_test(tc, test_proj_reuse);
     tcase_add_test(tc, test_proj_deep_arrays);
+    tcase_add_test(tc, test_proj_deep_specs);
     suite_add_tcase(s, tc);
     tc = tcase_create("sort");
     tcase_add_test(tc, test_sort_arrays);

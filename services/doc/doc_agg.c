@@ -385,12 +385,22 @@ static int doc_expr_compile_1(const bson_value_t *v, struct doc_expr **out, stru
     return ex_const(v, out, e);
 }
 
+/* Nesting of expressions a compile goes through: a hostile spec nested
+ * deeper must not exhaust the stack (compile and evaluation recurse). */
+#define EXPR_DEPTH_MAX 100
+
 int doc_expr_compile(const bson_value_t *v, struct doc_expr **out, struct doc_err *e)
 {
+    static __thread unsigned depth;
     int rc;
 
     *out = NULL;
+    if (depth >= EXPR_DEPTH_MAX)
+        return doc_errf(e, DOC_BadValue, "expression nested deeper than %d levels",
+                        EXPR_DEPTH_MAX);
+    depth++;
     rc = doc_expr_compile_1(v, out, e);
+    depth--;
     if (rc < 0) {
         doc_expr_free(*out);
         *out = NULL;
@@ -463,6 +473,7 @@ struct num {
     int t;                      /* 0 int32, 1 int64, 2 double */
     int64_t i;
     double d;
+    double c;                   /* what a sum of doubles lost to rounding */
 };
 
 static void num_start(struct num *n, int64_t i)
@@ -470,6 +481,25 @@ static void num_start(struct num *n, int64_t i)
     n->t = 0;
     n->i = i;
     n->d = (double)i;
+    n->c = 0;
+}
+
+/* Compensated (Neumaier) summation: MongoDB sums doubles in double-double
+ * precision, so ten 0.1s make 1.0, not 0.9999999999999999. */
+static void num_add_d(struct num *n, double x)
+{
+    double t = n->d + x;
+
+    if (fabs(n->d) >= fabs(x))
+        n->c += (n->d - t) + x;
+    else
+        n->c += (x - t) + n->d;
+    n->d = t;
+}
+
+static double num_double(const struct num *n)
+{
+    return n->d + n->c;
 }
 
 static void num_op(struct num *n, const bson_value_t *v, bool mul)
@@ -477,7 +507,12 @@ static void num_op(struct num *n, const bson_value_t *v, bool mul)
     double d = num_d(v);
     int t = v->value_type == BSON_TYPE_INT32 ? 0 : v->value_type == BSON_TYPE_INT64 ? 1 : 2;
 
-    n->d = mul ? n->d * d : n->d + d;
+    if (mul) {
+        n->d = num_double(n) * d;
+        n->c = 0;
+    } else {
+        num_add_d(n, d);
+    }
     if (t > n->t)
         n->t = t;
     if (n->t < 2) {
@@ -498,7 +533,7 @@ static void num_value(const struct num *n, bson_value_t *out)
         out->value.v_int64 = n->i;
     } else {
         out->value_type = BSON_TYPE_DOUBLE;
-        out->value.v_double = n->d;
+        out->value.v_double = num_double(n);
     }
 }
 
@@ -559,8 +594,10 @@ static int eval_path_doc(const uint8_t *data, uint32_t len, const char *path, st
     return eval_path(&it, dot ? dot + 1 : NULL, a, out, depth, e);
 }
 
-/* Through an array a field path reaches into every element and gives the
- * array of what it found there (the manual's "Field Paths"). */
+/* Through an array a field path reaches into every element that is a
+ * document and gives the array of what it found there (the manual's
+ * "Field Paths"; nested arrays are skipped, as MongoDB's
+ * ExpressionFieldPath does). */
 static int eval_path(const bson_iter_t *it, const char *rest, struct doc_arena *a,
                      bson_value_t *out, unsigned depth, struct doc_err *e)
 {
@@ -591,11 +628,10 @@ static int eval_path(const bson_iter_t *it, const char *rest, struct doc_arena *
         const char *ks;
         size_t kl;
 
-        if (BSON_ITER_HOLDS_DOCUMENT(&in) || BSON_ITER_HOLDS_ARRAY(&in)) {
-            if (eval_path(&in, BSON_ITER_HOLDS_ARRAY(&in) ? rest : rest, a, &v, depth + 1, e) < 0) {
-                bson_destroy(&arr);
-                return -1;
-            }
+        /* Documents only: arrays in the array are not looked into. */
+        if (BSON_ITER_HOLDS_DOCUMENT(&in) && eval_path(&in, rest, a, &v, depth + 1, e) < 0) {
+            bson_destroy(&arr);
+            return -1;
         }
         if (v.value_type == BSON_TYPE_EOD)
             continue;
@@ -685,7 +721,7 @@ static int arith(const struct doc_expr *x, const bson_t *root, struct doc_arena 
     }
     if (date) {
         out->value_type = BSON_TYPE_DATE_TIME;
-        out->value.v_datetime = n.t < 2 ? n.i : round_i64(n.d);
+        out->value.v_datetime = n.t < 2 ? n.i : round_i64(num_double(&n));
         return 0;
     }
     num_value(&n, out);
@@ -737,7 +773,7 @@ static int subtract(const struct doc_expr *x, const bson_t *root, struct doc_are
     } else {
         n.t = 2;
     }
-    n.d -= num_d(&r);
+    num_add_d(&n, -num_d(&r));
     num_value(&n, out);
     return 0;
 }
@@ -1632,7 +1668,7 @@ static int group_finish(struct run *r, unsigned i)
             case ACC_AVG:
                 if (st->n) {
                     v.value_type = BSON_TYPE_DOUBLE;
-                    v.value.v_double = st->sum.d / (double)st->n;
+                    v.value.v_double = num_double(&st->sum) / (double)st->n;
                 } else {
                     v = null_v;     /* $avg of nothing numeric */
                 }

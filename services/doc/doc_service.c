@@ -333,11 +333,11 @@ static int h_cmd(struct tern_req *req, const void *data, size_t len, void *ctx)
     bson_reinit(&svc->reply);
     svc->st.commands++;
     if (doc_cmd_run(e->c, &cmd, NULL, 0, &svc->reply) & DOC_CMD_WROTE) {
-        struct doc_err e = {0};
+        struct doc_err se = {0};
 
-        if (doc_server_sync(svc->srv, &e) < 0) {
+        if (doc_server_sync(svc->srv, &se) < 0) {
             bson_reinit(&svc->reply);
-            doc_cmd_sync_failed(&e, &svc->reply);
+            doc_cmd_sync_failed(&se, &svc->reply);
         }
     }
     body = &svc->reply;

@@ -273,9 +273,14 @@ static int op_finish(struct tern_doc *doc, struct doc_op *op, const char *db, bo
     return op_send(doc, op);
 }
 
+static bool db_ok(const char *db)
+{
+    return db && *db && strlen(db) < 64;
+}
+
 static bool names_ok(const char *db, const char *coll)
 {
-    return db && *db && strlen(db) < 64 && (!coll || (*coll && strlen(coll) < 256));
+    return db_ok(db) && coll && *coll && strlen(coll) < 256;
 }
 
 /* ---- sync forms: start the async call and poll until it ends ---- */
@@ -338,7 +343,7 @@ int tern_doc_command_async(struct tern_doc *doc, const char *db, const bson_t *c
 {
     struct doc_op *op;
 
-    if (!doc || !names_ok(db, NULL) || !cmd || bson_empty(cmd))
+    if (!doc || !db_ok(db) || !cmd || bson_empty(cmd))
         return TERN_EINVAL;
     op = op_get(doc);
     if (!op)

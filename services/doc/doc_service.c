@@ -281,7 +281,10 @@ static bool push_batch(struct tern_doc_service *svc, struct sess_ent *e, const s
     if (!(q->flags & DOC_REQ_PUSH) || !svc->stage_mr ||
         !find_batch(&svc->reply, &data, &len, &key))
         return false;
-    if (len < q->min || len > q->cap || len > svc->slot_size || !slim_reply(svc, &svc->reply, key))
+    /* The key's own length too: a put past it is refused only where the
+     * peer serves it (tcp), after this reply would have said "pushed". */
+    if (len < q->min || len > q->cap || len > svc->slot_size || q->dst.len < q->off ||
+        len > q->dst.len - q->off || !slim_reply(svc, &svc->reply, key))
         return false;
     if (tern_session_caps(e->s) & TERN_TP_CAP_RKEY_PTR) {
         if (!store_direct(e, q, data, len))

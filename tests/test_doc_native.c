@@ -619,6 +619,40 @@ static int raw_cmd(struct tern_session *s, const void *req, size_t len)
                           10 * SEC);
 }
 
+/* {ping: 1, $db: "admin", x: {a: {a: ... {}}}} with `levels` documents
+ * below x, written by hand (BCON would recurse as deep); its length. */
+static void put32(uint8_t *p, uint32_t v)
+{
+    memcpy(p, &v, 4);
+}
+
+static size_t nested_ping(uint8_t *p, int levels)
+{
+    static const uint8_t head[] = {0x10, 'p', 'i', 'n', 'g', 0, 1, 0, 0, 0,
+                                   0x02, '$', 'd', 'b', 0, 6, 0, 0, 0, 'a', 'd', 'm', 'i', 'n', 0};
+    size_t off = 4;
+
+    memcpy(p + off, head, sizeof(head));
+    off += sizeof(head);
+    p[off++] = 0x03;
+    p[off++] = 'x';
+    p[off++] = 0;
+    /* document i (1..levels) holds "a": document i + 1; the last is empty */
+    for (int i = 1; i <= levels; i++) {
+        put32(p + off, 5u + 8u * (uint32_t)(levels - i));
+        off += 4;
+        if (i < levels) {
+            p[off++] = 0x03;
+            p[off++] = 'a';
+            p[off++] = 0;
+        }
+    }
+    for (int i = 0; i <= levels; i++)
+        p[off++] = 0;           /* each one's end, then the command's */
+    put32(p, (uint32_t)off);
+    return off;
+}
+
 START_TEST(hostile_requests)
 {
     struct tern_rpc_ep *ep;
@@ -677,6 +711,36 @@ START_TEST(hostile_requests)
         }
         bson_destroy(find);
         bson_destroy(one);
+    }
+    /* Nesting: 50 levels is a command like any other; 100,000 (8 bytes a
+     * level, within one message) is MongoDB's Overflow, answered before
+     * anything recurses into it (libbson's validation would overflow the
+     * server's stack), and the session goes on. */
+    {
+        size_t cap = 100000 * 8 + 64, got;
+        uint8_t *deep = malloc(sizeof(q) + cap), *rep = malloc(1 << 16);
+        struct doc_rep r;
+        bson_t body;
+
+        ck_assert_ptr_nonnull(deep);
+        ck_assert_ptr_nonnull(rep);
+        for (int levels = 50; levels <= 100000; levels = levels == 50 ? 100000 : levels + 1) {
+            size_t dl = nested_ping(deep + sizeof(q), levels);
+
+            memset(deep, 0, sizeof(q));
+            ck_assert_int_eq(tern_call_sync(s, TERN_DOC_SERVICE_ID, DOC_M_CMD, deep, sizeof(q) + dl,
+                                            rep, 1 << 16, &got, 30 * SEC), 0);
+            memcpy(&r, rep, sizeof(r));
+            ck_assert(bson_init_static(&body, rep + sizeof(r), got - sizeof(r)));
+            if (levels == 50) {
+                ck_assert_int_eq(field_int(&body, "ok"), 1);
+            } else {
+                ck_assert_int_eq(field_int(&body, "ok"), 0);
+                ck_assert_int_eq(field_int(&body, "code"), 15);     /* Overflow */
+            }
+        }
+        free(deep);
+        free(rep);
     }
     /* The server serves on, this session and the client's. */
     ck_assert_int_eq(tern_session_status(s), 0);

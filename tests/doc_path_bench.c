@@ -246,10 +246,11 @@ static int doc_batch(struct tern_doc *doc, int32_t k)
     const bson_t *view;
     int rc = tern_doc_find(doc, "bench", "b", NULL, opts, &cur), n = 0;
 
-    while (rc == 0 && (rc = tern_doc_cursor_next(cur, &view)) == 1)
-        n++;
-    if (rc == 0)
+    if (rc == 0) {
+        while ((rc = tern_doc_cursor_next(cur, &view)) == 1)
+            n++;
         tern_doc_cursor_close(cur);
+    }
     bson_destroy(opts);
     return rc < 0 ? rc : n;
 }

@@ -207,10 +207,12 @@ enum tern_doc_path {
     /* Every batch comes inline in the reply, copied out of it. */
     TERN_DOC_PATH_RPC = 0,
     /* RMongo's path: a cursor names a buffer this client registered, the
-     * server writes each batch's documents into it by one-sided put and
-     * replies with only their count and size; the cursor reads them in
-     * place. Where the session's fabric has no one-sided put, or every
-     * buffer is taken by other cursors, batches come inline. */
+     * server writes each batch's documents into it by one-sided put (on
+     * shm: stores into the buffer, mapped in the server) and replies with
+     * only their count and size; the cursor reads them in place. Batches
+     * come inline where the session's fabric has no one-sided put, while
+     * shm is still mapping the buffer, when the fabric's queue is full, or
+     * when every buffer is taken by other cursors. */
     TERN_DOC_PATH_ONESIDED = 1,
     /* One-sided for batches of at least 64 KiB on fabrics whose puts cost
      * the server's CPU nothing (TERN_TP_CAP_RMA_OFFLOAD: shm, rdma);

@@ -22,14 +22,19 @@
 
 #define DOC_OPS 64
 #define DEFAULT_TIMEOUT (5ull * 1000000000ull)
-/* TERN_DOC_PATH_AUTO's smallest batch to push (doc.h). tests/doc-path-bench
- * (one client, rounds of each way in turn, 2 cores shared with other work,
- * adaptive polling), batches/s pushed over inline, three runs: shm (the
- * server stores into our mapped buffer) 0.96-1.03 at 16 KiB, 1.04-2.24 at
- * 64 KiB, 1.36-8.8 at 256 KiB, 1.56-3.4 at 1 MiB; rdma (softverbs) 0.80-1.03,
- * 1.10-2.27, 1.28-1.74, 1.27-1.54. tcp and ntb lose (0.39-0.99 from 64 KiB:
- * their puts are served by our CPU, no TERN_TP_CAP_RMA_OFFLOAD), so AUTO
- * stays inline there. */
+/* TERN_DOC_PATH_AUTO's smallest batch to push (doc.h). Measured with
+ * tests/doc-path-bench (one client, rounds of each way in turn, adaptive
+ * polling) at cb36ed5 and 4efa26f on a 2-core VM shared with other builds
+ * (load 4-7, so single figures swing 2x): batches/s pushed over inline.
+ * The paths alone, three runs: shm (stores into our mapped buffer)
+ * 0.96-1.03 at 16 KiB, 1.04-2.24 at 64 KiB, 1.36-8.8 at 256 KiB, 1.56-3.4
+ * at 1 MiB; rdma (softverbs) 0.80-1.03, 1.10-2.27, 1.28-1.74, 1.27-1.54;
+ * tcp and ntb 0.39-0.99 from 64 KiB. Through the service (a find whose
+ * first batch has that size, read to its end), two runs: shm 1.06-1.15,
+ * 1.01-1.12, 1.01-1.16, 1.23-1.92; rdma 0.94-1.00, 1.05-1.09, 1.14-1.18,
+ * 0.81-1.28; tcp 0.49-0.78. Pushing pays from 64 KiB where the server's
+ * CPU does not serve the put (TERN_TP_CAP_RMA_OFFLOAD); elsewhere AUTO
+ * stays inline. */
 #define AUTO_PUSH_MIN (64u << 10)
 
 struct tern_doc;

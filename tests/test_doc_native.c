@@ -368,6 +368,35 @@ START_TEST(errors_every_fabric)
     bson_destroy(&reply);
     bson_destroy(cmd);
 
+    /* 20,000 documents, 1.9 MB, more than one message holds: they go in
+     * several commands, as drivers split them, and a duplicate in the
+     * second is reported at its index in the caller's array. */
+    {
+        enum { BIG = 20000, DUP = 15000 };
+        bson_t **many = calloc(BIG, sizeof(*many));
+
+        ck_assert_ptr_nonnull(many);
+        for (int i = 0; i < BIG; i++)
+            many[i] = BCON_NEW("_id", BCON_INT32(i == DUP ? 3 : i), "pad",
+                               BCON_UTF8("0123456789abcdef0123456789abcdef0123456789abcdef"));
+        rc = tern_doc_insert_many(doc, DB, "big_u", (const bson_t *const *)many, BIG, false, &n);
+        ck_assert_msg(rc == TERN_EEXIST, "unordered: %s", tern_err_name(rc));
+        ck_assert_uint_eq(n, BIG - 1);
+        ck_assert_int_eq(e->index, DUP);
+        ck_assert_int_eq(e->code, 11000);
+        MUST(tern_doc_count(doc, DB, "big_u", NULL, &n));
+        ck_assert_uint_eq(n, BIG - 1);
+        rc = tern_doc_insert_many(doc, DB, "big_o", (const bson_t *const *)many, BIG, true, &n);
+        ck_assert_msg(rc == TERN_EEXIST, "ordered: %s", tern_err_name(rc));
+        ck_assert_uint_eq(n, DUP);
+        ck_assert_int_eq(e->index, DUP);
+        MUST(tern_doc_count(doc, DB, "big_o", NULL, &n));
+        ck_assert_uint_eq(n, DUP);
+        for (int i = 0; i < BIG; i++)
+            bson_destroy(many[i]);
+        free(many);
+    }
+
     /* A call that works clears the last error. */
     MUST(tern_doc_count(doc, DB, "e", NULL, &n));
     ck_assert_int_eq(e->code, 0);

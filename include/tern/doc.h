@@ -105,10 +105,14 @@ int tern_doc_insert_one(struct tern_doc *doc, const char *db, const char *coll,
 int tern_doc_insert_one_async(struct tern_doc *doc, const char *db, const char *coll,
                               const bson_t *document, tern_doc_cb cb, void *arg);
 
-/* Insert n documents in one command. `ordered`: stop at the first error
- * (MongoDB's default); else insert every one that can be. *inserted (may be
- * NULL) is the number stored, also on error; the error is the first
- * write's (tern_doc_last_error's index says which). */
+/* Insert n documents. `ordered`: stop at the first error (MongoDB's
+ * default); else insert every one that can be. *inserted (may be NULL) is
+ * the number stored, also on error; the error is the first write's
+ * (tern_doc_last_error's index says which, in `docs`). As MongoDB's
+ * drivers do, the documents go in as many commands as messages need (each
+ * within both ends' max_msg and 100,000 documents); ordered stops at the
+ * first command with an error. The async form sends one command, which
+ * must fit one message (TERN_EMSGSIZE otherwise). */
 int tern_doc_insert_many(struct tern_doc *doc, const char *db, const char *coll,
                          const bson_t *const *docs, size_t n, bool ordered, uint64_t *inserted);
 int tern_doc_insert_many_async(struct tern_doc *doc, const char *db, const char *coll,

@@ -65,6 +65,7 @@ struct tern_doc {
     uint32_t rkey_epoch;
     bool rkey_ok;
     struct tern_doc_cursor *cursors; /* open ones, to orphan at close */
+    size_t insert_budget;            /* bytes of documents per insert command */
 };
 
 struct tern_doc_cursor {
@@ -407,16 +408,59 @@ int tern_doc_insert_one_async(struct tern_doc *doc, const char *db, const char *
     return tern_doc_insert_many_async(doc, db, coll, &document, 1, true, cb, arg);
 }
 
+/* As MongoDB's drivers split an insert_many by the server's message size
+ * and maxWriteBatchSize: commands of whole documents, each within
+ * doc->insert_budget bytes (halved when one turns out too large for either
+ * end's max_msg) and WRITE_BATCH_MAX documents. Ordered stops at the first
+ * command with an error; unordered goes on and reports the first error,
+ * its index counted in the caller's array. */
+#define WRITE_BATCH_MAX 100000
+#define ELEM_OVERHEAD 16    /* type, index key and NUL of an array element */
+
 int tern_doc_insert_many(struct tern_doc *doc, const char *db, const char *coll,
                          const bson_t *const *docs, size_t n, bool ordered, uint64_t *inserted)
 {
-    struct waiter w = {0};
-    int rc = wait_for(doc, &w,
-                      tern_doc_insert_many_async(doc, db, coll, docs, n, ordered, wait_cb, &w));
+    struct tern_doc_error first = {.index = -1};
+    uint64_t total = 0;
+    int first_rc = 0;
+    size_t i = 0;
 
+    if (!doc || !docs)
+        return TERN_EINVAL;
+    while (i < n) {
+        struct waiter w = {0};
+        size_t j = i, bytes = 0;
+        int rc;
+
+        if (!docs[i])
+            return TERN_EINVAL;
+        while (j < n && docs[j] && j - i < WRITE_BATCH_MAX &&
+               (j == i || bytes + docs[j]->len + ELEM_OVERHEAD <= doc->insert_budget)) {
+            bytes += docs[j]->len + ELEM_OVERHEAD;
+            j++;
+        }
+        rc = wait_for(doc, &w, tern_doc_insert_many_async(doc, db, coll, docs + i, j - i, ordered,
+                                                          wait_cb, &w));
+        if (rc == TERN_EMSGSIZE && j - i > 1 && doc->insert_budget > 4096) {
+            doc->insert_budget /= 2;
+            continue;
+        }
+        if (w.done && w.n > 0)
+            total += (uint64_t)w.n;
+        if (rc < 0 && !first_rc) {
+            first_rc = rc;
+            first = doc->err;
+            if (first.index >= 0)
+                first.index += (int32_t)i;
+        }
+        if (rc < 0 && (ordered || !w.done))
+            break;
+        i = j;
+    }
+    doc->err = first;
     if (inserted)
-        *inserted = w.done && w.n > 0 ? (uint64_t)w.n : 0;
-    return rc;
+        *inserted = total;
+    return first_rc;
 }
 
 int tern_doc_insert_one(struct tern_doc *doc, const char *db, const char *coll,
@@ -1039,6 +1083,8 @@ int tern_doc_open(struct tern_rpc_ep *ep, const char *const *uris, unsigned n,
     doc->timeout = DEFAULT_TIMEOUT;
     doc->path = TERN_DOC_PATH_AUTO;
     doc->err.index = -1;
+    /* tern's default max_msg, less room for the command around them */
+    doc->insert_budget = (1u << 20) - 4096;
     for (unsigned i = DOC_OPS; i > 0; i--) {
         doc->ops[i - 1].doc = doc;
         bson_init(&doc->ops[i - 1].cmd);

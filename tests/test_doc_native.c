@@ -768,6 +768,19 @@ START_TEST(hostile_requests)
                 ck_assert_int_eq(field_int(&body, "code"), 15);     /* Overflow */
             }
         }
+        /* An embedded document whose length lies: InvalidBSON, as the
+         * gateway answers it. */
+        {
+            size_t dl = nested_ping(deep + sizeof(q), 2);
+
+            put32(deep + sizeof(q) + 4 + 25 + 3, 200);
+            ck_assert_int_eq(tern_call_sync(s, TERN_DOC_SERVICE_ID, DOC_M_CMD, deep, sizeof(q) + dl,
+                                            rep, 1 << 16, &got, 30 * SEC), 0);
+            memcpy(&r, rep, sizeof(r));
+            ck_assert(bson_init_static(&body, rep + sizeof(r), got - sizeof(r)));
+            ck_assert_int_eq(field_int(&body, "ok"), 0);
+            ck_assert_int_eq(field_int(&body, "code"), 22);     /* InvalidBSON */
+        }
         free(deep);
         free(rep);
     }

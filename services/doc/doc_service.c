@@ -310,8 +310,9 @@ static bool push_batch(struct tern_doc_service *svc, struct sess_ent *e, const s
  * recurses into it: libbson's bson_validate recurses once per level (and
  * per code-with-scope scope), and a request of max_msg bytes nests far
  * enough to overflow the stack. An explicit stack of iterators, as the
- * wire gateway's walk (mongo_wire.c), so both ways in refuse alike. Each
- * level goes through bson_init_static, which checks its length and
+ * wire gateway's walk (mongo_wire.c), so both ways in refuse alike
+ * (doc_cmd_run's own bound answers InvalidBSON, the gateway Overflow).
+ * Each level goes through bson_init_static, which checks its length and
  * closing NUL. */
 static int depth_ok(const bson_t *cmd, struct doc_err *e)
 {
@@ -377,7 +378,6 @@ static int h_cmd(struct tern_req *req, const void *data, size_t len, void *ctx)
     struct sess_ent *e;
     struct doc_req q;
     const bson_t *body;
-    size_t err_off;
     uint64_t now;
     bson_t cmd;
 
@@ -389,14 +389,13 @@ static int h_cmd(struct tern_req *req, const void *data, size_t len, void *ctx)
     if (!bson_init_static(&cmd, (const uint8_t *)data + sizeof(q), len - sizeof(q)))
         return TERN_EPROTO;
     bson_reinit(&svc->reply);
+    /* doc_cmd_run validates the rest (InvalidBSON, as for the gateway). */
     if (depth_ok(&cmd, &de) < 0) {
         /* As the gateway answers it: a failed command (Overflow,
          * InvalidBSON), the session goes on. */
         doc_cmd_sync_failed(&de, &svc->reply);
         return reply_with(req, &svc->reply, &rep);
     }
-    if (!bson_validate(&cmd, BSON_VALIDATE_NONE, &err_off))
-        return TERN_EPROTO;
     now = tern_now_ns();
     if (now - svc->last_tick >= TICK_NS) {
         svc->last_tick = now;

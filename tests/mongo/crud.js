@@ -42,9 +42,12 @@ function step(name, fn) {
   emit(name, fields);
 }
 
+// mongosh's UpdateResult names the upserted _id insertedId (the Node
+// driver's, upsertedId).
 function upd(r) {
+  const id = r.upsertedId !== undefined ? r.upsertedId : r.insertedId;
   return { matched: r.matchedCount, modified: r.modifiedCount,
-           upserted_id: r.upsertedId === undefined ? null : r.upsertedId };
+           upserted_id: id === undefined ? null : id };
 }
 
 const people = db.people, big = db.big;

@@ -13,161 +13,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "canon.h"
+
 #define NPEOPLE 20
 #define NBIG 10000
 
 static mongoc_client_t *g_client;
 static mongoc_database_t *g_db;
 static mongoc_collection_t *g_people, *g_big;
-
-/* ---- the canonical transcript (the same form as crud.py's canon) ---- */
-
-static void put_string(const char *s, uint32_t len)
-{
-    putchar('"');
-    for (uint32_t i = 0; i < len; i++) {
-        unsigned char c = (unsigned char)s[i];
-
-        switch (c) {
-        case '"': fputs("\\\"", stdout); break;
-        case '\\': fputs("\\\\", stdout); break;
-        case '\b': fputs("\\b", stdout); break;
-        case '\f': fputs("\\f", stdout); break;
-        case '\n': fputs("\\n", stdout); break;
-        case '\r': fputs("\\r", stdout); break;
-        case '\t': fputs("\\t", stdout); break;
-        default:
-            if (c < 0x20)
-                printf("\\u%04x", c);
-            else
-                putchar(c);
-        }
-    }
-    putchar('"');
-}
-
-/* A double as Python's repr and JavaScript's String() print it for the
- * values the script makes: an integral one as an integer (the Node driver
- * cannot tell a double from an int32), any other the shortest digits that
- * read back the same. */
-static void put_double(double v)
-{
-    char buf[40];
-
-    if (v == (double)(int64_t)v && v > -9007199254740992.0 && v < 9007199254740992.0) {
-        printf("%lld", (long long)v);
-        return;
-    }
-    for (int p = 1; p <= 17; p++) {
-        snprintf(buf, sizeof(buf), "%.*g", p, v);
-        if (strtod(buf, NULL) == v)
-            break;
-    }
-    fputs(buf, stdout);
-}
-
-static void put_value(const bson_iter_t *it);
-
-static int cmp_keys(const void *a, const void *b)
-{
-    return strcmp(bson_iter_key((const bson_iter_t *)a), bson_iter_key((const bson_iter_t *)b));
-}
-
-/* A document with its keys sorted, as json.dumps(sort_keys=True). */
-static void put_doc(const bson_t *doc)
-{
-    bson_iter_t it, *keys;
-    size_t n = 0, i = 0;
-
-    if (bson_iter_init(&it, doc))
-        while (bson_iter_next(&it))
-            n++;
-    keys = calloc(n ? n : 1, sizeof(*keys));
-    if (!keys)
-        abort();
-    if (bson_iter_init(&it, doc))
-        while (bson_iter_next(&it))
-            keys[i++] = it;
-    qsort(keys, n, sizeof(*keys), cmp_keys);
-    putchar('{');
-    for (i = 0; i < n; i++) {
-        const char *k = bson_iter_key(&keys[i]);
-
-        if (i)
-            putchar(',');
-        put_string(k, (uint32_t)strlen(k));
-        putchar(':');
-        put_value(&keys[i]);
-    }
-    putchar('}');
-    free(keys);
-}
-
-static void put_array(const bson_t *arr)
-{
-    bson_iter_t it;
-    bool first = true;
-
-    putchar('[');
-    if (bson_iter_init(&it, arr))
-        while (bson_iter_next(&it)) {
-            if (!first)
-                putchar(',');
-            first = false;
-            put_value(&it);
-        }
-    putchar(']');
-}
-
-static void put_value(const bson_iter_t *it)
-{
-    const uint8_t *data;
-    const char *s;
-    uint32_t len;
-    bson_t sub;
-
-    switch (bson_iter_type(it)) {
-    case BSON_TYPE_DOCUMENT:
-    case BSON_TYPE_ARRAY:
-        if (BSON_ITER_HOLDS_DOCUMENT(it))
-            bson_iter_document(it, &len, &data);
-        else
-            bson_iter_array(it, &len, &data);
-        if (!bson_init_static(&sub, data, len)) {
-            fputs("\"<bad bson>\"", stdout);
-            return;
-        }
-        if (BSON_ITER_HOLDS_DOCUMENT(it))
-            put_doc(&sub);
-        else
-            put_array(&sub);
-        return;
-    case BSON_TYPE_UTF8:
-        s = bson_iter_utf8(it, &len);
-        put_string(s, len);
-        return;
-    case BSON_TYPE_OID: fputs("\"ObjectId\"", stdout); return;
-    case BSON_TYPE_BOOL: fputs(bson_iter_bool(it) ? "true" : "false", stdout); return;
-    case BSON_TYPE_NULL: fputs("null", stdout); return;
-    case BSON_TYPE_INT32: printf("%d", bson_iter_int32(it)); return;
-    case BSON_TYPE_INT64: printf("%lld", (long long)bson_iter_int64(it)); return;
-    case BSON_TYPE_DOUBLE: put_double(bson_iter_double(it)); return;
-    default:
-        /* Any other type prints as a marker no other client matches. */
-        printf("\"<bson type 0x%02x>\"", (unsigned)bson_iter_type(it));
-        return;
-    }
-}
-
-/* Print one step's line: its fields and "step". Frees `fields`. */
-static void emit(const char *step, bson_t *fields)
-{
-    BSON_APPEND_UTF8(fields, "step", step);
-    put_doc(fields);
-    putchar('\n');
-    fflush(stdout);
-    bson_destroy(fields);
-}
 
 static void emit_error(const char *step, const bson_error_t *err)
 {
@@ -176,7 +29,7 @@ static void emit_error(const char *step, const bson_error_t *err)
 
     snprintf(msg, sizeof(msg), "domain %u code %u: %s", err->domain, err->code, err->message);
     BSON_APPEND_UTF8(f, "unexpected_error", msg);
-    emit(step, f);
+    canon_emit(step, f);
 }
 
 /* ---- reading replies ---- */
@@ -220,7 +73,7 @@ static void step_find(const char *step, mongoc_collection_t *c, bson_t *filter, 
     bson_error_t err;
 
     if (append_cursor(f, "docs", mongoc_collection_find_with_opts(c, filter, opts, NULL), &err))
-        emit(step, f);
+        canon_emit(step, f);
     else {
         bson_destroy(f);
         emit_error(step, &err);
@@ -247,7 +100,7 @@ static void step_find_one(const char *step, bson_t *filter)
         bson_destroy(f);
         emit_error(step, &err);
     } else {
-        emit(step, f);
+        canon_emit(step, f);
     }
     mongoc_cursor_destroy(cur);
     bson_destroy(opts);
@@ -281,7 +134,7 @@ static void step_update(const char *step, bson_t *sel, bson_t *upd, bool upsert)
             BSON_APPEND_VALUE(f, "upserted_id", bson_iter_value(&it));
         else
             BSON_APPEND_NULL(f, "upserted_id");
-        emit(step, f);
+        canon_emit(step, f);
     }
     bson_destroy(&reply);
     bson_destroy(opts);
@@ -297,7 +150,7 @@ static void step_delete(const char *step, bson_t *sel, bool many)
                    : mongoc_collection_delete_one(g_people, sel, NULL, &reply, &err);
 
     if (ok)
-        emit(step, BCON_NEW("n", BCON_INT64(reply_int(&reply, "deletedCount"))));
+        canon_emit(step, BCON_NEW("n", BCON_INT64(reply_int(&reply, "deletedCount"))));
     else
         emit_error(step, &err);
     bson_destroy(&reply);
@@ -332,7 +185,7 @@ static void step_dup_one(const char *step, bson_t *doc)
         bson_destroy(doc);
         return;
     }
-    emit(step, f);
+    canon_emit(step, f);
     bson_destroy(doc);
 }
 
@@ -366,7 +219,7 @@ static void step_dup_many(const char *step, bson_t **docs, size_t n, bool ordere
         f = NULL;
     }
     if (f)
-        emit(step, f);
+        canon_emit(step, f);
     bson_destroy(&reply);
     bson_destroy(opts);
 }
@@ -431,7 +284,7 @@ int main(int argc, char **argv)
         BSON_APPEND_DOUBLE(docs[i], "score", i / 2.0);
     }
     if (insert_docs(g_people, docs, NPEOPLE, NULL, &reply, &err))
-        emit("insert_many", BCON_NEW("n", BCON_INT64(reply_int(&reply, "insertedCount"))));
+        canon_emit("insert_many", BCON_NEW("n", BCON_INT64(reply_int(&reply, "insertedCount"))));
     else
         emit_error("insert_many", &err);
     bson_destroy(&reply);
@@ -450,7 +303,7 @@ int main(int argc, char **argv)
         if (bson_iter_init_find(&it, &reply, "ok"))
             BSON_APPEND_VALUE(&sub, "ok", bson_iter_value(&it));
         bson_append_document_end(f, &sub);
-        emit("insert_noid", f);
+        canon_emit("insert_noid", f);
     } else {
         emit_error("insert_noid", &err);
     }
@@ -481,7 +334,7 @@ int main(int argc, char **argv)
             docs[i] = BCON_NEW("_id", BCON_INT32(i), "v", BCON_INT32(i % 97), "pad", BCON_UTF8(pad));
     }
     if (insert_docs(g_big, docs, NBIG, NULL, &reply, &err))
-        emit("insert_big", BCON_NEW("n", BCON_INT64(reply_int(&reply, "insertedCount"))));
+        canon_emit("insert_big", BCON_NEW("n", BCON_INT64(reply_int(&reply, "insertedCount"))));
     else
         emit_error("insert_big", &err);
     bson_destroy(&reply);
@@ -507,7 +360,7 @@ int main(int argc, char **argv)
         if (mongoc_cursor_error(cur, &err))
             emit_error("cursor", &err);
         else
-            emit("cursor", BCON_NEW("n", BCON_INT64(cnt), "first", BCON_INT64(first),
+            canon_emit("cursor", BCON_NEW("n", BCON_INT64(cnt), "first", BCON_INT64(first),
                                     "last", BCON_INT64(last), "ordered", BCON_BOOL(ordered),
                                     "sum_v", BCON_INT64(sum_v)));
         mongoc_cursor_destroy(cur);
@@ -521,7 +374,7 @@ int main(int argc, char **argv)
         if (mongoc_cursor_error(cur, &err))
             emit_error("cursor_filter", &err);
         else
-            emit("cursor_filter", BCON_NEW("n", BCON_INT64(cnt)));
+            canon_emit("cursor_filter", BCON_NEW("n", BCON_INT64(cnt)));
         mongoc_cursor_destroy(cur);
         bson_destroy(filter);
     }
@@ -556,7 +409,7 @@ int main(int argc, char **argv)
     if (n[0] >= 0 && n[1] >= 0 && n[2] >= 0 && n[3] >= 0)
         n[4] = count(g_big, bson_new(), NULL, &err);
     if (n[0] >= 0 && n[1] >= 0 && n[2] >= 0 && n[3] >= 0 && n[4] >= 0)
-        emit("count", BCON_NEW("all", BCON_INT64(n[0]), "lima", BCON_INT64(n[1]),
+        canon_emit("count", BCON_NEW("all", BCON_INT64(n[0]), "lima", BCON_INT64(n[1]),
                                "none", BCON_INT64(n[2]), "skip_limit", BCON_INT64(n[3]),
                                "big", BCON_INT64(n[4])));
     else
@@ -569,7 +422,7 @@ int main(int argc, char **argv)
                    "{", "key", "{", "name", BCON_INT32(1), "}", "name", "name_1",
                    "unique", BCON_BOOL(true), "}", "]");
     if (mongoc_database_write_command_with_opts(g_db, cmd, NULL, &reply, &err))
-        emit("create_index", BCON_NEW("name", "name_1"));
+        canon_emit("create_index", BCON_NEW("name", "name_1"));
     else
         emit_error("create_index", &err);
     bson_destroy(&reply);
@@ -616,7 +469,7 @@ int main(int argc, char **argv)
                 bson_append_document(&a, ks, -1, ix[i]);
             }
             bson_append_array_end(f, &a);
-            emit("list_indexes", f);
+            canon_emit("list_indexes", f);
         }
         for (size_t i = 0; i < nix; i++)
             bson_destroy(ix[i]);
@@ -634,7 +487,7 @@ int main(int argc, char **argv)
     step_dup_many("dup_unordered", docs, 2, false);
     n[0] = count(g_people, bson_new(), NULL, &err);
     if (n[0] >= 0)
-        emit("count_after", BCON_NEW("all", BCON_INT64(n[0])));
+        canon_emit("count_after", BCON_NEW("all", BCON_INT64(n[0])));
     else
         emit_error("count_after", &err);
 
@@ -650,7 +503,7 @@ int main(int argc, char **argv)
         f = bson_new();
         if (append_cursor(f, "docs", mongoc_collection_aggregate(g_people, MONGOC_QUERY_NONE, pipe,
                                                                  NULL, NULL), &err))
-            emit("aggregate", f);
+            canon_emit("aggregate", f);
         else {
             bson_destroy(f);
             emit_error("aggregate", &err);
@@ -662,7 +515,7 @@ int main(int argc, char **argv)
         f = bson_new();
         if (append_cursor(f, "docs", mongoc_collection_aggregate(g_big, MONGOC_QUERY_NONE, pipe,
                                                                  NULL, NULL), &err))
-            emit("aggregate_big", f);
+            canon_emit("aggregate_big", f);
         else {
             bson_destroy(f);
             emit_error("aggregate_big", &err);

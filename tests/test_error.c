@@ -46,6 +46,12 @@ START_TEST(errno_compatible)
     ck_assert_str_eq(tern_strerror(0), "success");
     ck_assert_str_eq(tern_strerror(-999999), "unknown error");
     ck_assert_str_eq(tern_err_name(12345), "TERN_UNKNOWN");
+    /* The document service's refusal is a code of tern's own, past the
+     * pool's and the KV store's. */
+    ck_assert_int_eq(TERN_EDOC, -(TERN_EBASE + 11));
+    ck_assert_str_eq(tern_err_name(TERN_EDOC), "TERN_EDOC");
+    ck_assert_str_eq(tern_strerror(TERN_EDOC),
+                     "the document service refused the command (see tern_doc_last_error)");
 }
 END_TEST
 

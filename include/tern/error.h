@@ -15,7 +15,10 @@
  *   ECORRUPT    a pool file failed a magic, bounds or checksum test (the
  *               log says what and where; the file is left as it was);
  *   EWRONGNODE  the key hashes outside this server's range (re-route);
- *   ENOLEASE    a one-sided PUT named a lease that ended (lease again).
+ *   ENOLEASE    a one-sided PUT named a lease that ended (lease again);
+ *   EDOC        the document service refused a command with a MongoDB error
+ *               that has no closer code here (tern_doc_last_error says which:
+ *               code, codeName, errmsg). A duplicate key is TERN_EEXIST.
  */
 #ifndef TERN_ERROR_H
 #define TERN_ERROR_H
@@ -62,7 +65,8 @@ extern "C" {
     X(EBUSY,           -EBUSY,           "in use by another process")          \
     X(ECORRUPT,        -(TERN_EBASE + 8), "pool file corrupt: failed a magic, bounds or checksum test") \
     X(EWRONGNODE,      -(TERN_EBASE + 9), "key outside this server's hash range") \
-    X(ENOLEASE,        -(TERN_EBASE + 10), "no such lease (ended or never granted): lease again")
+    X(ENOLEASE,        -(TERN_EBASE + 10), "no such lease (ended or never granted): lease again") \
+    X(EDOC,            -(TERN_EBASE + 11), "the document service refused the command (see tern_doc_last_error)")
 
 enum tern_errno {
 #define TERN_ERR_ENUM(name, value, msg) TERN_##name = (value),

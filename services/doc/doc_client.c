@@ -1,0 +1,1072 @@
+/* The native document client (doc.h): each call builds the MongoDB command
+ * a driver would send into an op slot of its own (the command's buffer is
+ * kept between uses), sends it with a doc_req header (doc_wire.h), and
+ * reads the answer from the reply document.
+ *
+ * Cursors: each holds its current batch, a BSON array, and walks it with
+ * an iterator. The batch lies either in a slot of the client's registered
+ * buffer, where the server put it (RMongo's path: read in place), or in
+ * the cursor's own memory, copied once out of the reply (the reply is
+ * only valid during its continuation). Which one is asked per request:
+ * by the path set, and by what the session's fabric can do now
+ * (tern_session_caps), never by its name. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "doc.h"
+#include "doc_wire.h"
+#include "error.h"
+#include "log.h"
+
+#define DOC_OPS 64
+#define DEFAULT_TIMEOUT (5ull * 1000000000ull)
+/* TERN_DOC_PATH_AUTO's smallest batch to push (doc.h; docs/DOC.md has the
+ * measurements behind it). */
+#define AUTO_PUSH_MIN (64u << 10)
+
+struct tern_doc;
+
+struct doc_op {
+    struct tern_doc *doc;
+    struct doc_op *next_free;
+    bson_t cmd;                      /* built here; its buffer is kept */
+    struct doc_req hdr;
+    tern_doc_cb cb;
+    void *arg;
+    struct tern_doc_cursor *cur;     /* a cursor's find/aggregate/getMore */
+};
+
+struct tern_doc {
+    struct tern_rpc_ep *ep;
+    struct tern_session *s;
+    uint64_t timeout;
+    enum tern_doc_path path;
+    struct doc_op ops[DOC_OPS];
+    struct doc_op *free_ops;
+    struct tern_doc_error err;
+    struct tern_doc_stats st;
+    /* Buffers the server puts batches into, one slot per cursor. */
+    struct tern_rpc_mr *buf_mr;
+    uint32_t slot_free;              /* bit i: slot i is free */
+    struct tern_tp_rkey rkey;
+    uint32_t rkey_epoch;
+    bool rkey_ok;
+    struct tern_doc_cursor *cursors; /* open ones, to orphan at close */
+};
+
+struct tern_doc_cursor {
+    struct tern_doc *doc;            /* NULL once the client closed */
+    struct tern_doc_cursor *prev, *next;
+    char db[64];
+    char coll[256];
+    int64_t id;                      /* the server's; 0 once exhausted */
+    int32_t batch_size;              /* for getMore; 0: the server's choice */
+    int slot;                        /* -1: batches come inline */
+    uint8_t *own;                    /* inline batches, copied here */
+    size_t own_cap;
+    bson_t arr;                      /* the current batch */
+    bson_iter_t it;
+    bool in_batch;
+    bson_t view;
+    int status;                      /* of the last request */
+};
+
+_Static_assert(TERN_DOC_BUF_SLOTS <= 32, "slot_free is a 32-bit mask");
+
+/* ---- errors ---- */
+
+/* MongoDB's code to the closest tern code (doc.h). */
+static int map_code(int32_t code)
+{
+    switch (code) {
+    case 11000: case 11001: case 12582:        /* DuplicateKey and its old names */
+        return TERN_EEXIST;
+    case 2: case 9: case 14: case 15: case 16: case 22: case 28: case 40: case 52: case 53:
+    case 54: case 66: case 67: case 72: case 73: case 85: case 86:
+        return TERN_EINVAL;
+    case 26: case 27: case 43:                  /* namespace, index, cursor not found */
+        return TERN_ENOENT;
+    case 10334: case 17419:                     /* BSONObjectTooLarge */
+        return TERN_E2BIG;
+    case 14031:                                 /* OutOfDiskSpace */
+        return TERN_ENOSPC;
+    default:
+        return TERN_EDOC;
+    }
+}
+
+static void copy_str(char *dst, size_t cap, const bson_t *d, const char *key)
+{
+    bson_iter_t it;
+    const char *s = "";
+
+    if (bson_iter_init_find(&it, d, key) && BSON_ITER_HOLDS_UTF8(&it))
+        s = bson_iter_utf8(&it, NULL);
+    snprintf(dst, cap, "%s", s);
+}
+
+static int64_t get_int(const bson_t *d, const char *key)
+{
+    bson_iter_t it;
+
+    if (!bson_iter_init_find(&it, d, key))
+        return 0;
+    return BSON_ITER_HOLDS_NUMBER(&it) ? bson_iter_as_int64(&it) : 0;
+}
+
+/* Fill `e` from an error document ({code, codeName, errmsg}); its code. */
+static int error_of(struct tern_doc_error *e, const bson_t *d, int32_t index)
+{
+    e->code = (int32_t)get_int(d, "code");
+    if (!e->code)
+        e->code = 8;                            /* UnknownError */
+    copy_str(e->code_name, sizeof(e->code_name), d, "codeName");
+    copy_str(e->errmsg, sizeof(e->errmsg), d, "errmsg");
+    e->index = index;
+    return map_code(e->code);
+}
+
+/* The status a reply means: ok:0, or the first of its writeErrors. */
+static int reply_status(struct tern_doc *doc, const bson_t *r)
+{
+    bson_iter_t it, we;
+    uint32_t len;
+    const uint8_t *data;
+    bson_t w;
+
+    if (!bson_iter_init_find(&it, r, "ok") || !BSON_ITER_HOLDS_NUMBER(&it))
+        return TERN_EPROTO;
+    if (bson_iter_as_double(&it) != 1.0)
+        return error_of(&doc->err, r, -1);
+    if (bson_iter_init_find(&it, r, "writeErrors") && BSON_ITER_HOLDS_ARRAY(&it) &&
+        bson_iter_recurse(&it, &we) && bson_iter_next(&we) && BSON_ITER_HOLDS_DOCUMENT(&we)) {
+        bson_iter_document(&we, &len, &data);
+        if (bson_init_static(&w, data, len))
+            return error_of(&doc->err, &w, (int32_t)get_int(&w, "index"));
+    }
+    return 0;
+}
+
+const struct tern_doc_error *tern_doc_last_error(const struct tern_doc *doc)
+{
+    return &doc->err;
+}
+
+/* ---- ops ---- */
+
+static struct doc_op *op_get(struct tern_doc *doc)
+{
+    struct doc_op *op = doc->free_ops;
+
+    if (!op)
+        return NULL;
+    doc->free_ops = op->next_free;
+    bson_reinit(&op->cmd);
+    op->hdr = (struct doc_req){0};
+    op->cb = NULL;
+    op->arg = NULL;
+    op->cur = NULL;
+    return op;
+}
+
+static void op_put(struct doc_op *op)
+{
+    op->next_free = op->doc->free_ops;
+    op->doc->free_ops = op;
+}
+
+static void cursor_took(struct tern_doc_cursor *cur, const struct doc_rep *rep, const bson_t *r,
+                        int status);
+
+static void op_done(void *arg, int status, const void *reply, size_t len)
+{
+    struct doc_op *op = arg;
+    struct tern_doc *doc = op->doc;
+    struct doc_rep rep = {0};
+    tern_doc_cb cb = op->cb;
+    void *cb_arg = op->arg;
+    struct tern_doc_cursor *cur = op->cur;
+    bool pushed = op->hdr.flags & DOC_REQ_PUSH;
+    bson_t r;
+
+    if (status == 0 && (len < sizeof(rep) + 5 ||
+                        !bson_init_static(&r, (const uint8_t *)reply + sizeof(rep),
+                                          len - sizeof(rep))))
+        status = TERN_EPROTO;
+    if (status == 0)
+        memcpy(&rep, reply, sizeof(rep));
+    op_put(op);
+    if (status < 0) {
+        doc->err = (struct tern_doc_error){.index = -1};
+        /* A put that timed out may still land: its slot is never used
+         * again (rpc.h). */
+        if (pushed && status == TERN_ETIMEDOUT && cur && cur->slot >= 0) {
+            cur->slot = -1;
+            doc->st.slots_lost++;
+        }
+        if (cur)
+            cursor_took(cur, NULL, NULL, status);
+        if (cb)
+            cb(cb_arg, status, NULL);
+        return;
+    }
+    doc->st.commands++;
+    doc->err = (struct tern_doc_error){.index = -1};
+    status = reply_status(doc, &r);
+    if (cur)
+        cursor_took(cur, &rep, &r, status);
+    if (cb)
+        cb(cb_arg, status, &r);
+}
+
+static int op_send(struct tern_doc *doc, struct doc_op *op)
+{
+    struct iovec iov[2] = {
+        {.iov_base = &op->hdr, .iov_len = sizeof(op->hdr)},
+        {.iov_base = (void *)bson_get_data(&op->cmd), .iov_len = op->cmd.len},
+    };
+    int rc = tern_callv(doc->s, TERN_DOC_SERVICE_ID, DOC_M_CMD, iov, 2, doc->timeout, op_done,
+                        op, NULL);
+
+    if (rc < 0)
+        op_put(op);
+    return rc;
+}
+
+/* Start a command: `begin` names it ({name: coll}), the caller appends the
+ * rest to op->cmd, then op_finish adds $db and sends it. */
+static struct doc_op *op_begin(struct tern_doc *doc, const char *name, const char *coll)
+{
+    struct doc_op *op = op_get(doc);
+
+    if (op && !BSON_APPEND_UTF8(&op->cmd, name, coll)) {
+        op_put(op);
+        return NULL;
+    }
+    return op;
+}
+
+static int op_finish(struct tern_doc *doc, struct doc_op *op, const char *db, bool ok,
+                     tern_doc_cb cb, void *arg)
+{
+    bson_iter_t it;
+
+    if (ok && !bson_iter_init_find(&it, &op->cmd, "$db"))
+        ok = BSON_APPEND_UTF8(&op->cmd, "$db", db);
+    if (!ok) {
+        op_put(op);
+        return TERN_E2BIG;      /* libbson refuses documents over 2 GiB */
+    }
+    op->cb = cb;
+    op->arg = arg;
+    return op_send(doc, op);
+}
+
+static bool names_ok(const char *db, const char *coll)
+{
+    return db && *db && strlen(db) < 64 && (!coll || (*coll && strlen(coll) < 256));
+}
+
+/* ---- sync forms: start the async call and poll until it ends ---- */
+
+struct waiter {
+    bool done;
+    int status;
+    bson_t *copy;                    /* the whole reply, for tern_doc_command */
+    bson_t *first;                   /* find_id: the first document of the batch */
+    bool found;
+    int64_t n, modified;
+    bool upserted;
+};
+
+static void wait_cb(void *arg, int status, const bson_t *reply)
+{
+    struct waiter *w = arg;
+    bson_iter_t it, b;
+
+    w->done = true;
+    w->status = status;
+    if (!reply)
+        return;
+    if (w->copy) {
+        bson_destroy(w->copy);
+        bson_copy_to(reply, w->copy);
+    }
+    w->n = get_int(reply, "n");
+    w->modified = get_int(reply, "nModified");
+    w->upserted = bson_iter_init_find(&it, reply, "upserted");
+    if (w->first && status == 0 && bson_iter_init_find(&it, reply, "cursor") &&
+        BSON_ITER_HOLDS_DOCUMENT(&it) && bson_iter_recurse(&it, &b) &&
+        bson_iter_find(&b, "firstBatch") && BSON_ITER_HOLDS_ARRAY(&b) &&
+        bson_iter_recurse(&b, &it) && bson_iter_next(&it) && BSON_ITER_HOLDS_DOCUMENT(&it)) {
+        const uint8_t *data;
+        uint32_t len;
+        bson_t d;
+
+        bson_iter_document(&it, &len, &data);
+        if (bson_init_static(&d, data, len)) {
+            bson_copy_to(&d, w->first);
+            w->found = true;
+        }
+    }
+}
+
+static int wait_for(struct tern_doc *doc, struct waiter *w, int rc)
+{
+    while (rc == 0 && !w->done) {
+        rc = tern_rpc_poll(doc->ep);
+        rc = rc < 0 ? rc : 0;
+    }
+    return rc < 0 ? rc : w->status;
+}
+
+/* ---- the generic command ---- */
+
+int tern_doc_command_async(struct tern_doc *doc, const char *db, const bson_t *cmd,
+                           tern_doc_cb cb, void *arg)
+{
+    struct doc_op *op;
+
+    if (!doc || !names_ok(db, NULL) || !cmd || bson_empty(cmd))
+        return TERN_EINVAL;
+    op = op_get(doc);
+    if (!op)
+        return TERN_ENOBUFS;
+    return op_finish(doc, op, db, bson_concat(&op->cmd, cmd), cb, arg);
+}
+
+int tern_doc_command(struct tern_doc *doc, const char *db, const bson_t *cmd, bson_t *reply)
+{
+    struct waiter w = {.copy = reply};
+
+    if (reply)
+        bson_init(reply);
+    return wait_for(doc, &w, tern_doc_command_async(doc, db, cmd, wait_cb, &w));
+}
+
+/* ---- writes ---- */
+
+static bool append_docs(bson_t *cmd, const char *field, const bson_t *const *docs, size_t n)
+{
+    bson_t arr;
+    bool ok = bson_append_array_begin(cmd, field, -1, &arr);
+
+    for (size_t i = 0; ok && i < n; i++) {
+        char buf[16];
+        const char *key;
+
+        bson_uint32_to_string((uint32_t)i, &key, buf, sizeof(buf));
+        ok = docs[i] && bson_append_document(&arr, key, -1, docs[i]);
+    }
+    return ok && bson_append_array_end(cmd, &arr);
+}
+
+int tern_doc_insert_many_async(struct tern_doc *doc, const char *db, const char *coll,
+                               const bson_t *const *docs, size_t n, bool ordered,
+                               tern_doc_cb cb, void *arg)
+{
+    struct doc_op *op;
+    bool ok;
+
+    if (!doc || !names_ok(db, coll) || !docs || !n || n > UINT32_MAX)
+        return TERN_EINVAL;
+    for (size_t i = 0; i < n; i++)
+        if (!docs[i])
+            return TERN_EINVAL;
+    op = op_begin(doc, "insert", coll);
+    if (!op)
+        return TERN_ENOBUFS;
+    ok = append_docs(&op->cmd, "documents", docs, n) && BSON_APPEND_BOOL(&op->cmd, "ordered", ordered);
+    return op_finish(doc, op, db, ok, cb, arg);
+}
+
+int tern_doc_insert_one_async(struct tern_doc *doc, const char *db, const char *coll,
+                              const bson_t *document, tern_doc_cb cb, void *arg)
+{
+    return tern_doc_insert_many_async(doc, db, coll, &document, 1, true, cb, arg);
+}
+
+int tern_doc_insert_many(struct tern_doc *doc, const char *db, const char *coll,
+                         const bson_t *const *docs, size_t n, bool ordered, uint64_t *inserted)
+{
+    struct waiter w = {0};
+    int rc = wait_for(doc, &w,
+                      tern_doc_insert_many_async(doc, db, coll, docs, n, ordered, wait_cb, &w));
+
+    if (inserted)
+        *inserted = w.done && w.n > 0 ? (uint64_t)w.n : 0;
+    return rc;
+}
+
+int tern_doc_insert_one(struct tern_doc *doc, const char *db, const char *coll,
+                        const bson_t *document)
+{
+    return tern_doc_insert_many(doc, db, coll, &document, 1, true, NULL);
+}
+
+int tern_doc_update_async(struct tern_doc *doc, const char *db, const char *coll,
+                          const bson_t *filter, const bson_t *update, bool upsert, bool multi,
+                          tern_doc_cb cb, void *arg)
+{
+    struct doc_op *op;
+    bson_t arr, u;
+    bool ok;
+
+    if (!doc || !names_ok(db, coll) || !filter || !update)
+        return TERN_EINVAL;
+    op = op_begin(doc, "update", coll);
+    if (!op)
+        return TERN_ENOBUFS;
+    ok = bson_append_array_begin(&op->cmd, "updates", -1, &arr) &&
+         bson_append_document_begin(&arr, "0", 1, &u) && BSON_APPEND_DOCUMENT(&u, "q", filter) &&
+         BSON_APPEND_DOCUMENT(&u, "u", update) && BSON_APPEND_BOOL(&u, "upsert", upsert) &&
+         BSON_APPEND_BOOL(&u, "multi", multi) && bson_append_document_end(&arr, &u) &&
+         bson_append_array_end(&op->cmd, &arr);
+    return op_finish(doc, op, db, ok, cb, arg);
+}
+
+static int update_sync(struct tern_doc *doc, const char *db, const char *coll,
+                       const bson_t *filter, const bson_t *update, bool upsert, bool multi,
+                       struct tern_doc_update_result *res)
+{
+    struct waiter w = {0};
+    int rc = wait_for(doc, &w, tern_doc_update_async(doc, db, coll, filter, update, upsert,
+                                                     multi, wait_cb, &w));
+
+    if (res) {
+        *res = (struct tern_doc_update_result){0};
+        if (w.done) {
+            /* MongoDB counts an upserted document in n, not as matched. */
+            res->upserted = w.upserted;
+            res->matched = (uint64_t)(w.n - (w.upserted ? 1 : 0));
+            res->modified = (uint64_t)w.modified;
+        }
+    }
+    return rc;
+}
+
+int tern_doc_update_one(struct tern_doc *doc, const char *db, const char *coll,
+                        const bson_t *filter, const bson_t *update, bool upsert,
+                        struct tern_doc_update_result *res)
+{
+    return update_sync(doc, db, coll, filter, update, upsert, false, res);
+}
+
+int tern_doc_update_many(struct tern_doc *doc, const char *db, const char *coll,
+                         const bson_t *filter, const bson_t *update, bool upsert,
+                         struct tern_doc_update_result *res)
+{
+    return update_sync(doc, db, coll, filter, update, upsert, true, res);
+}
+
+int tern_doc_delete_async(struct tern_doc *doc, const char *db, const char *coll,
+                          const bson_t *filter, bool multi, tern_doc_cb cb, void *arg)
+{
+    struct doc_op *op;
+    bson_t arr, d;
+    bool ok;
+
+    if (!doc || !names_ok(db, coll) || !filter)
+        return TERN_EINVAL;
+    op = op_begin(doc, "delete", coll);
+    if (!op)
+        return TERN_ENOBUFS;
+    ok = bson_append_array_begin(&op->cmd, "deletes", -1, &arr) &&
+         bson_append_document_begin(&arr, "0", 1, &d) && BSON_APPEND_DOCUMENT(&d, "q", filter) &&
+         BSON_APPEND_INT32(&d, "limit", multi ? 0 : 1) && bson_append_document_end(&arr, &d) &&
+         bson_append_array_end(&op->cmd, &arr);
+    return op_finish(doc, op, db, ok, cb, arg);
+}
+
+static int delete_sync(struct tern_doc *doc, const char *db, const char *coll,
+                       const bson_t *filter, bool multi, uint64_t *deleted)
+{
+    struct waiter w = {0};
+    int rc = wait_for(doc, &w, tern_doc_delete_async(doc, db, coll, filter, multi, wait_cb, &w));
+
+    if (deleted)
+        *deleted = w.done && w.n > 0 ? (uint64_t)w.n : 0;
+    return rc;
+}
+
+int tern_doc_delete_one(struct tern_doc *doc, const char *db, const char *coll,
+                        const bson_t *filter, uint64_t *deleted)
+{
+    return delete_sync(doc, db, coll, filter, false, deleted);
+}
+
+int tern_doc_delete_many(struct tern_doc *doc, const char *db, const char *coll,
+                         const bson_t *filter, uint64_t *deleted)
+{
+    return delete_sync(doc, db, coll, filter, true, deleted);
+}
+
+/* ---- reads ---- */
+
+int tern_doc_count_async(struct tern_doc *doc, const char *db, const char *coll,
+                         const bson_t *filter, tern_doc_cb cb, void *arg)
+{
+    struct doc_op *op;
+    bson_t empty = BSON_INITIALIZER;
+
+    if (!doc || !names_ok(db, coll))
+        return TERN_EINVAL;
+    op = op_begin(doc, "count", coll);
+    if (!op)
+        return TERN_ENOBUFS;
+    return op_finish(doc, op, db, BSON_APPEND_DOCUMENT(&op->cmd, "query", filter ? filter : &empty),
+                     cb, arg);
+}
+
+int tern_doc_count(struct tern_doc *doc, const char *db, const char *coll,
+                   const bson_t *filter, uint64_t *n)
+{
+    struct waiter w = {0};
+    int rc = wait_for(doc, &w, tern_doc_count_async(doc, db, coll, filter, wait_cb, &w));
+
+    if (n)
+        *n = rc == 0 && w.n > 0 ? (uint64_t)w.n : 0;
+    return rc;
+}
+
+int tern_doc_find_id_async(struct tern_doc *doc, const char *db, const char *coll,
+                           const bson_value_t *id, tern_doc_cb cb, void *arg)
+{
+    struct doc_op *op;
+    bson_t f;
+    bool ok;
+
+    if (!doc || !names_ok(db, coll) || !id)
+        return TERN_EINVAL;
+    op = op_begin(doc, "find", coll);
+    if (!op)
+        return TERN_ENOBUFS;
+    ok = bson_append_document_begin(&op->cmd, "filter", 6, &f) &&
+         bson_append_value(&f, "_id", 3, id) && bson_append_document_end(&op->cmd, &f) &&
+         BSON_APPEND_INT64(&op->cmd, "limit", 1) && BSON_APPEND_BOOL(&op->cmd, "singleBatch", true);
+    return op_finish(doc, op, db, ok, cb, arg);
+}
+
+int tern_doc_find_id(struct tern_doc *doc, const char *db, const char *coll,
+                     const bson_value_t *id, bson_t *out)
+{
+    struct waiter w = {.first = out};
+    int rc;
+
+    if (!out)
+        return TERN_EINVAL;
+    rc = wait_for(doc, &w, tern_doc_find_id_async(doc, db, coll, id, wait_cb, &w));
+    if (rc == 0 && !w.found)
+        rc = TERN_ENOENT;
+    if (rc < 0 && w.found)
+        bson_destroy(out);
+    return rc;
+}
+
+/* ---- cursors ---- */
+
+/* The slot a new cursor's batches may be put into, registering the
+ * buffers the first time; -1 for inline. */
+static int slot_take(struct tern_doc *doc)
+{
+    int i;
+
+    if (doc->path == TERN_DOC_PATH_RPC || !(tern_session_caps(doc->s) & TERN_TP_CAP_PUT))
+        return -1;
+    if (doc->path == TERN_DOC_PATH_AUTO &&
+        !(tern_session_caps(doc->s) & TERN_TP_CAP_RMA_OFFLOAD))
+        return -1;
+    if (!doc->buf_mr) {
+        if (tern_rpc_mr_alloc(doc->ep, (size_t)TERN_DOC_BUF_SLOTS * TERN_DOC_BUF_SLOT,
+                              TERN_TP_ACCESS_REMOTE_WRITE, &doc->buf_mr) < 0) {
+            doc->buf_mr = NULL;
+            return -1;
+        }
+        doc->slot_free = TERN_DOC_BUF_SLOTS == 32 ? UINT32_MAX
+                                                  : (1u << TERN_DOC_BUF_SLOTS) - 1;
+    }
+    if (!doc->slot_free)
+        return -1;
+    i = __builtin_ctz(doc->slot_free);
+    doc->slot_free &= ~(1u << i);
+    return i;
+}
+
+/* Ask for a push into the cursor's slot, if the path still says so for
+ * the fabric the session is on now (an auto:// session may have moved). */
+static void cursor_hdr(struct tern_doc_cursor *cur, struct doc_req *hdr)
+{
+    struct tern_doc *doc = cur->doc;
+    uint32_t caps = tern_session_caps(doc->s), epoch = tern_session_epoch(doc->s);
+
+    *hdr = (struct doc_req){0};
+    if (cur->slot < 0 || !(caps & TERN_TP_CAP_PUT))
+        return;
+    if (doc->path == TERN_DOC_PATH_AUTO && !(caps & TERN_TP_CAP_RMA_OFFLOAD))
+        return;
+    if (!doc->rkey_ok || doc->rkey_epoch != epoch) {
+        doc->rkey_ok = tern_rpc_mr_rkey(doc->buf_mr, doc->s, &doc->rkey) == 0;
+        doc->rkey_epoch = epoch;
+    }
+    if (!doc->rkey_ok)
+        return;
+    hdr->flags = DOC_REQ_PUSH;
+    hdr->cap = TERN_DOC_BUF_SLOT;
+    hdr->off = (uint64_t)cur->slot * TERN_DOC_BUF_SLOT;
+    hdr->min = doc->path == TERN_DOC_PATH_AUTO ? AUTO_PUSH_MIN : 0;
+    hdr->dst = doc->rkey;
+}
+
+/* A cursor's reply: its id, namespace and batch. */
+static void cursor_took(struct tern_doc_cursor *cur, const struct doc_rep *rep, const bson_t *r,
+                        int status)
+{
+    struct tern_doc *doc = cur->doc;
+    const uint8_t *data = NULL;
+    uint32_t len = 0;
+    bson_iter_t it, c;
+    bool have = false;
+
+    cur->in_batch = false;
+    cur->status = status;
+    if (status < 0)
+        return;
+    if (!bson_iter_init_find(&it, r, "cursor") || !BSON_ITER_HOLDS_DOCUMENT(&it) ||
+        !bson_iter_recurse(&it, &c)) {
+        cur->status = TERN_EPROTO;
+        return;
+    }
+    cur->id = 0;
+    while (bson_iter_next(&c)) {
+        const char *k = bson_iter_key(&c);
+
+        if (!strcmp(k, "id") && BSON_ITER_HOLDS_NUMBER(&c)) {
+            cur->id = bson_iter_as_int64(&c);
+        } else if (!strcmp(k, "ns") && BSON_ITER_HOLDS_UTF8(&c)) {
+            const char *dot = strchr(bson_iter_utf8(&c, NULL), '.');
+
+            if (dot)
+                snprintf(cur->coll, sizeof(cur->coll), "%s", dot + 1);
+        } else if ((!strcmp(k, "firstBatch") || !strcmp(k, "nextBatch")) &&
+                   BSON_ITER_HOLDS_ARRAY(&c)) {
+            bson_iter_array(&c, &len, &data);
+            have = true;
+        }
+    }
+    if (rep->flags & DOC_REP_PUSHED) {
+        /* The data came before the reply (one session keeps the order); the
+         * reply says how much of the slot is this batch. */
+        if (cur->slot < 0 || rep->size > TERN_DOC_BUF_SLOT ||
+            !bson_init_static(&cur->arr, (const uint8_t *)tern_rpc_mr_addr(doc->buf_mr) +
+                                             (size_t)cur->slot * TERN_DOC_BUF_SLOT,
+                              (size_t)rep->size)) {
+            cur->status = TERN_EPROTO;
+            return;
+        }
+        doc->st.batches_pushed++;
+        doc->st.bytes_pushed += rep->size;
+    } else {
+        if (!have) {
+            cur->status = TERN_EPROTO;
+            return;
+        }
+        if (len > cur->own_cap) {
+            uint8_t *p = realloc(cur->own, len);
+
+            if (!p) {
+                cur->status = TERN_ENOMEM;
+                return;
+            }
+            cur->own = p;
+            cur->own_cap = len;
+        }
+        memcpy(cur->own, data, len);
+        if (!bson_init_static(&cur->arr, cur->own, len)) {
+            cur->status = TERN_EPROTO;
+            return;
+        }
+        doc->st.batches_inline++;
+        doc->st.bytes_inline += len;
+    }
+    cur->in_batch = bson_iter_init(&cur->it, &cur->arr);
+    if (!cur->in_batch)
+        cur->status = TERN_EPROTO;
+}
+
+static struct tern_doc_cursor *cursor_new(struct tern_doc *doc, const char *db, const char *coll)
+{
+    struct tern_doc_cursor *cur = calloc(1, sizeof(*cur));
+
+    if (!cur)
+        return NULL;
+    cur->doc = doc;
+    snprintf(cur->db, sizeof(cur->db), "%s", db);
+    snprintf(cur->coll, sizeof(cur->coll), "%s", coll);
+    cur->slot = slot_take(doc);
+    cur->next = doc->cursors;
+    if (doc->cursors)
+        doc->cursors->prev = cur;
+    doc->cursors = cur;
+    return cur;
+}
+
+static void cursor_free(struct tern_doc_cursor *cur)
+{
+    struct tern_doc *doc = cur->doc;
+
+    if (doc) {
+        if (cur->slot >= 0)
+            doc->slot_free |= 1u << cur->slot;
+        if (cur->prev)
+            cur->prev->next = cur->next;
+        else
+            doc->cursors = cur->next;
+        if (cur->next)
+            cur->next->prev = cur->prev;
+    }
+    free(cur->own);
+    free(cur);
+}
+
+/* Send the op for `cur` and wait for its reply. */
+static int cursor_call(struct tern_doc_cursor *cur, struct doc_op *op, const char *db, bool ok)
+{
+    struct waiter w = {0};
+    int rc;
+
+    op->cur = cur;
+    cursor_hdr(cur, &op->hdr);
+    rc = wait_for(cur->doc, &w, op_finish(cur->doc, op, db, ok, wait_cb, &w));
+    if (rc == 0 && cur->status < 0)
+        rc = cur->status;
+    return rc;
+}
+
+static int cursor_open(struct tern_doc *doc, const char *db, const char *coll, struct doc_op *op,
+                       bool ok, struct tern_doc_cursor **out)
+{
+    struct tern_doc_cursor *cur = cursor_new(doc, db, coll);
+    int rc;
+
+    if (!cur) {
+        op_put(op);
+        return TERN_ENOMEM;
+    }
+    rc = cursor_call(cur, op, db, ok);
+    if (rc < 0) {
+        cursor_free(cur);
+        return rc;
+    }
+    *out = cur;
+    return 0;
+}
+
+/* find's options, copied as they are; batchSize is kept for getMore. */
+static bool append_opts(bson_t *cmd, const bson_t *opts, int32_t *batch_size)
+{
+    bson_iter_t it;
+    bool ok = true;
+
+    if (!opts || !bson_iter_init(&it, opts))
+        return true;
+    while (ok && bson_iter_next(&it)) {
+        if (!strcmp(bson_iter_key(&it), "batchSize") && BSON_ITER_HOLDS_NUMBER(&it))
+            *batch_size = (int32_t)bson_iter_as_int64(&it);
+        ok = bson_append_iter(cmd, NULL, 0, &it);
+    }
+    return ok;
+}
+
+int tern_doc_find(struct tern_doc *doc, const char *db, const char *coll, const bson_t *filter,
+                  const bson_t *opts, struct tern_doc_cursor **out)
+{
+    struct doc_op *op;
+    int32_t batch = 0;
+    bool ok;
+    int rc;
+
+    if (!doc || !names_ok(db, coll) || !out)
+        return TERN_EINVAL;
+    op = op_begin(doc, "find", coll);
+    if (!op)
+        return TERN_ENOBUFS;
+    ok = (!filter || BSON_APPEND_DOCUMENT(&op->cmd, "filter", filter)) &&
+         append_opts(&op->cmd, opts, &batch);
+    rc = cursor_open(doc, db, coll, op, ok, out);
+    if (rc == 0)
+        (*out)->batch_size = batch;
+    return rc;
+}
+
+int tern_doc_aggregate(struct tern_doc *doc, const char *db, const char *coll,
+                       const bson_t *pipeline, const bson_t *opts,
+                       struct tern_doc_cursor **out)
+{
+    struct doc_op *op;
+    bson_iter_t it, ci;
+    int32_t batch = 0;
+    bson_t c;
+    bool ok;
+    int rc;
+
+    if (!doc || !names_ok(db, coll) || !pipeline || !out)
+        return TERN_EINVAL;
+    op = op_begin(doc, "aggregate", coll);
+    if (!op)
+        return TERN_ENOBUFS;
+    ok = BSON_APPEND_ARRAY(&op->cmd, "pipeline", pipeline) && append_opts(&op->cmd, opts, &batch);
+    if (ok && !(opts && bson_iter_init_find(&it, opts, "cursor")))
+        ok = bson_append_document_begin(&op->cmd, "cursor", 6, &c) &&
+             bson_append_document_end(&op->cmd, &c);
+    /* aggregate's batchSize lies inside "cursor". */
+    if (opts && bson_iter_init(&it, opts) && bson_iter_find_descendant(&it, "cursor.batchSize", &ci) &&
+        BSON_ITER_HOLDS_NUMBER(&ci))
+        batch = (int32_t)bson_iter_as_int64(&ci);
+    rc = cursor_open(doc, db, coll, op, ok, out);
+    if (rc == 0)
+        (*out)->batch_size = batch;
+    return rc;
+}
+
+int tern_doc_cursor_next(struct tern_doc_cursor *cur, const bson_t **view)
+{
+    if (!cur || !view)
+        return TERN_EINVAL;
+    if (!cur->doc)
+        return TERN_ENOTCONN;
+    for (;;) {
+        struct doc_op *op;
+        bool ok;
+        int rc;
+
+        if (cur->status < 0)
+            return cur->status;
+        while (cur->in_batch && bson_iter_next(&cur->it)) {
+            const uint8_t *data;
+            uint32_t len;
+
+            if (!BSON_ITER_HOLDS_DOCUMENT(&cur->it))
+                continue;
+            bson_iter_document(&cur->it, &len, &data);
+            if (!bson_init_static(&cur->view, data, len))
+                continue;
+            *view = &cur->view;
+            return 1;
+        }
+        cur->in_batch = false;
+        if (!cur->id)
+            return 0;
+        op = op_get(cur->doc);
+        if (!op)
+            return TERN_ENOBUFS;
+        ok = BSON_APPEND_INT64(&op->cmd, "getMore", cur->id) &&
+             BSON_APPEND_UTF8(&op->cmd, "collection", cur->coll) &&
+             (!cur->batch_size || BSON_APPEND_INT32(&op->cmd, "batchSize", cur->batch_size));
+        rc = cursor_call(cur, op, cur->db, ok);
+        if (rc < 0) {
+            cur->status = rc;
+            return rc;
+        }
+    }
+}
+
+void tern_doc_cursor_close(struct tern_doc_cursor *cur)
+{
+    struct tern_doc *doc;
+    struct doc_op *op;
+
+    if (!cur)
+        return;
+    doc = cur->doc;
+    /* The server's side goes without a wait: with no op free, or the
+     * session gone, it ends with the session or when it sits idle. */
+    if (doc && cur->id && (op = op_begin(doc, "killCursors", cur->coll)) != NULL) {
+        bson_t arr;
+        bool ok = bson_append_array_begin(&op->cmd, "cursors", 7, &arr) &&
+                  BSON_APPEND_INT64(&arr, "0", cur->id) &&
+                  bson_append_array_end(&op->cmd, &arr);
+
+        op_finish(doc, op, cur->db, ok, NULL, NULL);
+    }
+    cursor_free(cur);
+}
+
+/* ---- indexes and collections ---- */
+
+/* MongoDB's default index name: each field and its value joined by '_'. */
+static bool index_name(const bson_t *keys, char *buf, size_t cap)
+{
+    bson_iter_t it;
+    size_t off = 0;
+
+    if (!bson_iter_init(&it, keys))
+        return false;
+    buf[0] = 0;
+    while (bson_iter_next(&it)) {
+        char val[64];
+        int n;
+
+        if (BSON_ITER_HOLDS_UTF8(&it))
+            snprintf(val, sizeof(val), "%s", bson_iter_utf8(&it, NULL));
+        else if (BSON_ITER_HOLDS_NUMBER(&it))
+            snprintf(val, sizeof(val), "%lld", (long long)bson_iter_as_int64(&it));
+        else
+            return false;
+        n = snprintf(buf + off, cap - off, "%s%s_%s", off ? "_" : "", bson_iter_key(&it), val);
+        if (n < 0 || (size_t)n >= cap - off)
+            return false;
+        off += (size_t)n;
+    }
+    return off > 0;
+}
+
+static int simple(struct tern_doc *doc, struct doc_op *op, const char *db, bool ok)
+{
+    struct waiter w = {0};
+
+    return wait_for(doc, &w, op_finish(doc, op, db, ok, wait_cb, &w));
+}
+
+int tern_doc_create_index(struct tern_doc *doc, const char *db, const char *coll,
+                          const bson_t *keys, const char *name, bool unique)
+{
+    char def[1024];
+    struct doc_op *op;
+    bson_t arr, spec;
+    bool ok;
+
+    if (!doc || !names_ok(db, coll) || !keys || bson_empty(keys))
+        return TERN_EINVAL;
+    if (!name) {
+        if (!index_name(keys, def, sizeof(def)))
+            return TERN_EINVAL;
+        name = def;
+    }
+    op = op_begin(doc, "createIndexes", coll);
+    if (!op)
+        return TERN_ENOBUFS;
+    ok = bson_append_array_begin(&op->cmd, "indexes", 7, &arr) &&
+         bson_append_document_begin(&arr, "0", 1, &spec) &&
+         BSON_APPEND_DOCUMENT(&spec, "key", keys) && BSON_APPEND_UTF8(&spec, "name", name) &&
+         (!unique || BSON_APPEND_BOOL(&spec, "unique", true)) &&
+         bson_append_document_end(&arr, &spec) && bson_append_array_end(&op->cmd, &arr);
+    return simple(doc, op, db, ok);
+}
+
+int tern_doc_drop_index(struct tern_doc *doc, const char *db, const char *coll,
+                        const char *name)
+{
+    struct doc_op *op;
+
+    if (!doc || !names_ok(db, coll) || !name)
+        return TERN_EINVAL;
+    op = op_begin(doc, "dropIndexes", coll);
+    if (!op)
+        return TERN_ENOBUFS;
+    return simple(doc, op, db, BSON_APPEND_UTF8(&op->cmd, "index", name));
+}
+
+int tern_doc_drop(struct tern_doc *doc, const char *db, const char *coll)
+{
+    struct doc_op *op;
+
+    if (!doc || !names_ok(db, coll))
+        return TERN_EINVAL;
+    op = op_begin(doc, "drop", coll);
+    if (!op)
+        return TERN_ENOBUFS;
+    return simple(doc, op, db, true);
+}
+
+/* ---- the client ---- */
+
+int tern_doc_set_path(struct tern_doc *doc, enum tern_doc_path path)
+{
+    if (!doc || (path != TERN_DOC_PATH_RPC && path != TERN_DOC_PATH_ONESIDED &&
+                 path != TERN_DOC_PATH_AUTO))
+        return TERN_EINVAL;
+    doc->path = path;
+    return 0;
+}
+
+void tern_doc_get_stats(const struct tern_doc *doc, struct tern_doc_stats *st)
+{
+    *st = doc->st;
+}
+
+void tern_doc_set_timeout(struct tern_doc *doc, uint64_t timeout_ns)
+{
+    doc->timeout = timeout_ns;
+}
+
+int tern_doc_open(struct tern_rpc_ep *ep, const char *const *uris, unsigned n,
+                  uint64_t timeout_ns, struct tern_doc **out)
+{
+    struct tern_doc *doc;
+    int rc = TERN_EINVAL, first = 0;
+
+    if (!ep || !uris || !n || !out)
+        return TERN_EINVAL;
+    doc = calloc(1, sizeof(*doc));
+    if (!doc)
+        return TERN_ENOMEM;
+    doc->ep = ep;
+    doc->timeout = DEFAULT_TIMEOUT;
+    doc->path = TERN_DOC_PATH_AUTO;
+    doc->err.index = -1;
+    for (unsigned i = DOC_OPS; i > 0; i--) {
+        doc->ops[i - 1].doc = doc;
+        bson_init(&doc->ops[i - 1].cmd);
+        op_put(&doc->ops[i - 1]);
+    }
+    for (unsigned i = 0; i < n; i++) {
+        struct doc_wire_stats st;
+        size_t len;
+
+        rc = tern_rpc_connect(ep, uris[i], timeout_ns, &doc->s);
+        /* Is the service there? */
+        if (rc == 0)
+            rc = tern_call_sync(doc->s, TERN_DOC_SERVICE_ID, DOC_M_STATS, NULL, 0, &st,
+                                sizeof(st), &len, timeout_ns);
+        if (rc == 0 && len != sizeof(st))
+            rc = TERN_EPROTO;
+        if (rc == 0)
+            break;
+        tern_log(TERN_LOG_ERROR, "doc", "%s: %s", uris[i] ? uris[i] : "(null)",
+                 tern_strerror(rc));
+        if (doc->s)
+            tern_rpc_disconnect(doc->s);
+        doc->s = NULL;
+        if (!first)
+            first = rc;
+    }
+    if (rc < 0) {
+        tern_doc_close(doc);
+        return first;
+    }
+    *out = doc;
+    return 0;
+}
+
+void tern_doc_close(struct tern_doc *doc)
+{
+    if (!doc)
+        return;
+    /* Calls in flight end here with TERN_ECANCELED, their cursors still
+     * there to hear it; then the cursors are left to be closed. */
+    if (doc->s)
+        tern_rpc_disconnect(doc->s);
+    for (struct tern_doc_cursor *cur = doc->cursors, *next; cur; cur = next) {
+        next = cur->next;
+        cur->doc = NULL;
+        cur->slot = -1;
+        cur->in_batch = false;
+        cur->prev = cur->next = NULL;
+    }
+    if (doc->buf_mr)
+        tern_rpc_mr_dereg(doc->buf_mr);
+    for (unsigned i = 0; i < DOC_OPS; i++)
+        bson_destroy(&doc->ops[i].cmd);
+    free(doc);
+}

@@ -1,0 +1,449 @@
+/* The native document service: each request is a MongoDB command document
+ * that runs through doc_cmd_run, as the wire gateway's do, on the
+ * doc_client of the session it came on (made at the session's first
+ * request, freed when it closes, which ends its cursors). A command that
+ * wrote is made durable (doc_server_sync: one flush for every write since
+ * the last) before its reply is built.
+ *
+ * RMongo's result path: a request may name a buffer of the client's; a
+ * cursor batch that fits goes there by one-sided put from a staging slot
+ * of ours, posted before the reply so that it reaches the client first
+ * (rpc.h), and the reply carries the rest of the command's answer with
+ * the batch left empty. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "doc.h"
+#include "doc_cmd.h"
+#include "doc_service.h"
+#include "doc_wire.h"
+#include "error.h"
+#include "log.h"
+
+#define TICK_NS 1000000000ull   /* how often idle cursors are looked for */
+
+struct sess_ent {
+    struct tern_session *s;      /* NULL: free */
+    struct doc_client *c;
+};
+
+struct stage_slot {
+    bool busy;                   /* a put from it is in flight */
+};
+
+struct tern_doc_service {
+    struct doc_store *store;     /* ours to close; NULL for doc_service_new's */
+    struct doc_server *srv;
+    bool own_srv;
+    struct tern_service def;
+    size_t max_msg;
+    /* Replies are built here and copied once into the send buffer; both
+     * keep their memory between requests. */
+    bson_t reply, slim;
+    /* Sessions' clients: open addressing on the session pointer. */
+    struct sess_ent *tab;
+    size_t cap, n;
+    uint64_t peers;              /* clients made, to name them */
+    /* One-sided batches: staging slots, registered on the endpoint. */
+    struct tern_rpc_mr *stage_mr;
+    struct stage_slot *slots;
+    unsigned n_slots;
+    size_t slot_size;
+    uint64_t last_tick;
+    struct tern_doc_service_stats st;
+};
+
+/* ---- sessions' clients ---- */
+
+static size_t sess_hash(const struct tern_session *s, size_t cap)
+{
+    uint64_t h = (uint64_t)(uintptr_t)s * 0x9e3779b97f4a7c15ull;
+
+    return (size_t)(h >> 32) & (cap - 1);
+}
+
+static struct sess_ent *sess_find(struct tern_doc_service *svc, const struct tern_session *s)
+{
+    if (!svc->cap)
+        return NULL;
+    for (size_t i = sess_hash(s, svc->cap);; i = (i + 1) & (svc->cap - 1)) {
+        if (svc->tab[i].s == s)
+            return &svc->tab[i];
+        if (!svc->tab[i].s)
+            return NULL;
+    }
+}
+
+static void sess_place(struct sess_ent *tab, size_t cap, struct sess_ent e)
+{
+    size_t i = sess_hash(e.s, cap);
+
+    while (tab[i].s)
+        i = (i + 1) & (cap - 1);
+    tab[i] = e;
+}
+
+static int sess_grow(struct tern_doc_service *svc)
+{
+    size_t cap = svc->cap ? svc->cap * 2 : 64;
+    struct sess_ent *tab = calloc(cap, sizeof(*tab));
+
+    if (!tab)
+        return TERN_ENOMEM;
+    for (size_t i = 0; i < svc->cap; i++)
+        if (svc->tab[i].s)
+            sess_place(tab, cap, svc->tab[i]);
+    free(svc->tab);
+    svc->tab = tab;
+    svc->cap = cap;
+    return 0;
+}
+
+/* The client of session `s`, made at its first request. */
+static struct doc_client *client_of(struct tern_doc_service *svc, struct tern_session *s)
+{
+    struct sess_ent *e = sess_find(svc, s);
+    char peer[64];
+    struct doc_client *c;
+
+    if (e)
+        return e->c;
+    if ((svc->n + 1) * 2 > svc->cap && sess_grow(svc) < 0)
+        return NULL;
+    snprintf(peer, sizeof(peer), "tern-%s:%llu", tern_session_fabric(s),
+             (unsigned long long)++svc->peers);
+    c = doc_client_new(svc->srv, peer);
+    if (!c)
+        return NULL;
+    sess_place(svc->tab, svc->cap, (struct sess_ent){.s = s, .c = c});
+    svc->n++;
+    return c;
+}
+
+/* Remove the session's entry, closing the gap so probes still find the
+ * entries placed past it. */
+static void session_closed(struct tern_session *s, void *ctx)
+{
+    struct tern_doc_service *svc = ctx;
+    struct sess_ent *e = sess_find(svc, s);
+    size_t i, j;
+
+    if (!e)
+        return;
+    doc_client_free(e->c);
+    svc->n--;
+    i = (size_t)(e - svc->tab);
+    svc->tab[i] = (struct sess_ent){0};
+    for (j = (i + 1) & (svc->cap - 1); svc->tab[j].s; j = (j + 1) & (svc->cap - 1)) {
+        struct sess_ent moved = svc->tab[j];
+
+        svc->tab[j] = (struct sess_ent){0};
+        sess_place(svc->tab, svc->cap, moved);
+    }
+}
+
+/* ---- one-sided batches ---- */
+
+static void push_done(void *arg, int status)
+{
+    struct stage_slot *slot = arg;
+
+    /* A failed put leaves the client's buffer as it was: the client reads
+     * it only as far as the reply says, and a reply never follows a put
+     * that did not land (the session dies with it). */
+    (void)status;
+    slot->busy = false;
+}
+
+static int slot_get(struct tern_doc_service *svc)
+{
+    for (unsigned i = 0; i < svc->n_slots; i++)
+        if (!svc->slots[i].busy)
+            return (int)i;
+    return -1;
+}
+
+/* The reply's cursor batch: its array's bytes and the field's name. */
+static bool find_batch(const bson_t *reply, const uint8_t **data, uint32_t *len,
+                       const char **key)
+{
+    bson_iter_t it, child;
+
+    if (!bson_iter_init_find(&it, reply, "cursor") || !BSON_ITER_HOLDS_DOCUMENT(&it) ||
+        !bson_iter_recurse(&it, &child))
+        return false;
+    while (bson_iter_next(&child)) {
+        const char *k = bson_iter_key(&child);
+
+        if ((!strcmp(k, "firstBatch") || !strcmp(k, "nextBatch")) &&
+            BSON_ITER_HOLDS_ARRAY(&child)) {
+            bson_iter_array(&child, len, data);
+            *key = k;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* `reply` with its cursor batch left empty, into svc->slim. */
+static bool slim_reply(struct tern_doc_service *svc, const bson_t *reply, const char *batch)
+{
+    bson_iter_t it, ci;
+    bson_t cur, arr;
+    bool ok = true;
+
+    bson_reinit(&svc->slim);
+    if (!bson_iter_init(&it, reply))
+        return false;
+    while (ok && bson_iter_next(&it)) {
+        if (strcmp(bson_iter_key(&it), "cursor") != 0) {
+            ok = bson_append_iter(&svc->slim, NULL, 0, &it);
+            continue;
+        }
+        ok = bson_append_document_begin(&svc->slim, "cursor", 6, &cur) &&
+             bson_iter_recurse(&it, &ci);
+        while (ok && bson_iter_next(&ci)) {
+            if (!strcmp(bson_iter_key(&ci), batch))
+                ok = bson_append_array_begin(&cur, batch, -1, &arr) &&
+                     bson_append_array_end(&cur, &arr);
+            else
+                ok = bson_append_iter(&cur, NULL, 0, &ci);
+        }
+        ok = ok && bson_append_document_end(&svc->slim, &cur);
+    }
+    return ok;
+}
+
+/* Put the reply's batch into the client's buffer if the request asked and
+ * it fits: true with *rep filled and svc->slim the reply to send. */
+static bool push_batch(struct tern_doc_service *svc, struct tern_req *req,
+                       const struct doc_req *q, struct doc_rep *rep)
+{
+    const uint8_t *data;
+    const char *key;
+    uint32_t len;
+    bson_t arr;
+    int i;
+
+    if (!(q->flags & DOC_REQ_PUSH) || !svc->stage_mr ||
+        !find_batch(&svc->reply, &data, &len, &key))
+        return false;
+    if (len < q->min || len > q->cap || len > svc->slot_size || !slim_reply(svc, &svc->reply, key))
+        return false;
+    i = slot_get(svc);
+    if (i < 0)
+        return false;
+    memcpy((uint8_t *)tern_rpc_mr_addr(svc->stage_mr) + (size_t)i * svc->slot_size, data, len);
+    if (tern_session_put(tern_req_session(req), svc->stage_mr, (size_t)i * svc->slot_size, len,
+                         &q->dst, q->off, push_done, &svc->slots[i]) < 0)
+        return false;   /* a bad key, a full queue: the batch goes inline */
+    svc->slots[i].busy = true;
+    rep->flags = DOC_REP_PUSHED;
+    rep->size = len;
+    rep->n = bson_init_static(&arr, data, len) ? bson_count_keys(&arr) : 0;
+    return true;
+}
+
+/* ---- handlers ---- */
+
+static int h_cmd(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    struct tern_doc_service *svc = ctx;
+    struct doc_rep rep = {0};
+    struct doc_client *c;
+    struct doc_req q;
+    const bson_t *body;
+    size_t err_off;
+    uint64_t now;
+    bson_t cmd;
+    uint8_t *out;
+
+    if (len < sizeof(q))
+        return TERN_EPROTO;
+    memcpy(&q, data, sizeof(q));
+    if ((q.flags & ~(uint32_t)DOC_REQ_PUSH) || q.reserved)
+        return TERN_EPROTO;
+    if (!bson_init_static(&cmd, (const uint8_t *)data + sizeof(q), len - sizeof(q)) ||
+        !bson_validate(&cmd, BSON_VALIDATE_NONE, &err_off))
+        return TERN_EPROTO;
+    now = tern_now_ns();
+    if (now - svc->last_tick >= TICK_NS) {
+        svc->last_tick = now;
+        doc_server_tick(svc->srv, now / 1000000u);
+    }
+    c = client_of(svc, tern_req_session(req));
+    if (!c)
+        return TERN_ENOMEM;
+    bson_reinit(&svc->reply);
+    svc->st.commands++;
+    if (doc_cmd_run(c, &cmd, NULL, 0, &svc->reply) & DOC_CMD_WROTE) {
+        struct doc_err e = {0};
+
+        if (doc_server_sync(svc->srv, &e) < 0) {
+            bson_reinit(&svc->reply);
+            doc_cmd_sync_failed(&e, &svc->reply);
+        }
+    }
+    body = &svc->reply;
+    if (push_batch(svc, req, &q, &rep)) {
+        body = &svc->slim;
+        svc->st.batches_pushed++;
+    } else if (q.flags & DOC_REQ_PUSH) {
+        svc->st.batches_inline++;
+    }
+    out = tern_reply_alloc(req, sizeof(rep) + body->len);
+    if (!out)
+        return TERN_EMSGSIZE;
+    memcpy(out, &rep, sizeof(rep));
+    memcpy(out + sizeof(rep), bson_get_data(body), body->len);
+    return 0;
+}
+
+static int h_stats(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    struct tern_doc_service *svc = ctx;
+    struct tern_doc_service_stats st;
+    struct doc_wire_stats *w;
+
+    (void)data;
+    if (len)
+        return TERN_EPROTO;
+    w = tern_reply_alloc(req, sizeof(*w));
+    if (!w)
+        return TERN_EMSGSIZE;
+    tern_doc_service_get_stats(svc, &st);
+    *w = (struct doc_wire_stats){.commands = st.commands, .batches_pushed = st.batches_pushed,
+                                 .batches_inline = st.batches_inline, .sessions = st.sessions,
+                                 .cursors_open = st.cursors_open};
+    return 0;
+}
+
+static const struct tern_method doc_methods[] = {
+    {.id = DOC_M_CMD, .name = "cmd", .handler = h_cmd},
+    {.id = DOC_M_STATS, .name = "stats", .handler = h_stats},
+};
+
+/* ---- the service ---- */
+
+int doc_service_new(struct doc_server *srv, size_t max_msg, struct tern_doc_service **out)
+{
+    struct tern_doc_service *svc;
+
+    if (!srv || !out)
+        return TERN_EINVAL;
+    svc = calloc(1, sizeof(*svc));
+    if (!svc)
+        return TERN_ENOMEM;
+    svc->srv = srv;
+    svc->max_msg = max_msg ? max_msg : 1u << 20;
+    bson_init(&svc->reply);
+    bson_init(&svc->slim);
+    svc->def = (struct tern_service){
+        .name = "doc", .id = TERN_DOC_SERVICE_ID, .methods = doc_methods,
+        .n_methods = sizeof(doc_methods) / sizeof(doc_methods[0]), .ctx = svc,
+        .session_closed = session_closed,
+    };
+    *out = svc;
+    return 0;
+}
+
+int tern_doc_service_open(const struct tern_doc_service_opts *o, struct tern_doc_service **out)
+{
+    struct doc_store_opts so = {0};
+    struct doc_server_opts sv = {0};
+    struct doc_store *store;
+    struct doc_server *srv;
+    struct doc_err e = {0};
+    size_t max_msg;
+    int rc;
+
+    if (!o || !o->pool_path || !out)
+        return TERN_EINVAL;
+    max_msg = o->max_msg ? o->max_msg : 1u << 20;
+    so.pool_size = o->pool_size;
+    so.seg_size = o->seg_size;
+    so.create = true;
+    if (doc_store_open(o->pool_path, &so, &store, &e) < 0) {
+        tern_log(TERN_LOG_ERROR, "doc", "%s: %s (%s)", o->pool_path, e.msg, doc_code_name(e.code));
+        return TERN_EDOC;
+    }
+    /* A batch and the rest of its reply (cursor id, namespace, each
+     * element's index key) must fit in one message. */
+    sv.max_batch_bytes = o->max_batch_bytes ? o->max_batch_bytes : max_msg - max_msg / 8;
+    if (sv.max_batch_bytes > max_msg - max_msg / 8) {
+        doc_store_close(store);
+        return TERN_EINVAL;
+    }
+    rc = doc_server_open(store, &sv, &srv);
+    if (rc < 0) {
+        doc_store_close(store);
+        return rc;
+    }
+    rc = doc_service_new(srv, max_msg, out);
+    if (rc < 0) {
+        doc_server_close(srv);
+        doc_store_close(store);
+        return rc;
+    }
+    (*out)->store = store;
+    (*out)->own_srv = true;
+    return 0;
+}
+
+const struct tern_service *tern_doc_service_def(struct tern_doc_service *svc)
+{
+    return &svc->def;
+}
+
+int tern_doc_service_enable_onesided(struct tern_doc_service *svc, struct tern_rpc_ep *ep,
+                                     unsigned slots)
+{
+    int rc;
+
+    if (!svc || !ep || svc->stage_mr)
+        return TERN_EINVAL;
+    svc->n_slots = slots ? slots : 8;
+    svc->slot_size = svc->max_msg;
+    svc->slots = calloc(svc->n_slots, sizeof(*svc->slots));
+    if (!svc->slots)
+        return TERN_ENOMEM;
+    rc = tern_rpc_mr_alloc(ep, svc->n_slots * svc->slot_size, TERN_TP_ACCESS_LOCAL,
+                           &svc->stage_mr);
+    if (rc < 0) {
+        free(svc->slots);
+        svc->slots = NULL;
+        svc->stage_mr = NULL;
+    }
+    return rc;
+}
+
+void tern_doc_service_get_stats(const struct tern_doc_service *svc,
+                                struct tern_doc_service_stats *st)
+{
+    struct doc_server_stats ss;
+
+    *st = svc->st;
+    doc_server_stats(svc->srv, &ss);
+    st->sessions = svc->n;
+    st->cursors_open = ss.cursors_open;
+}
+
+void tern_doc_service_close(struct tern_doc_service *svc)
+{
+    if (!svc)
+        return;
+    for (size_t i = 0; i < svc->cap; i++)
+        if (svc->tab[i].s)
+            doc_client_free(svc->tab[i].c);
+    free(svc->tab);
+    /* The staging registration went with the endpoint (doc_service.h). */
+    free(svc->slots);
+    bson_destroy(&svc->reply);
+    bson_destroy(&svc->slim);
+    if (svc->own_srv) {
+        doc_server_close(svc->srv);
+        doc_store_close(svc->store);
+    }
+    free(svc);
+}

@@ -186,9 +186,9 @@ run_tests() {
         count ternd-smoke tests/ternd_smoke.sh build
         count installed-library-consumer consumer
         # One CRUD script through three real MongoDB clients against
-        # ternd's gateway; each transcript against the expected one and the
-        # others (tests/mongo/README.md).
-        for c in pymongo mongoc mongosh; do
+        # ternd's gateway and through the native API; each transcript
+        # against the expected one and the others (tests/mongo/README.md).
+        for c in native pymongo mongoc mongosh; do
             count "mongo-$c" tests/mongo/run.sh build "$c"
         done
     else

@@ -144,9 +144,12 @@ consumer() {
         $(PKG_CONFIG_SYSROOT_DIR=$dest PKG_CONFIG_PATH=$pc pkg-config --cflags --libs tern) \
         -o "$dest/hello" || return 1
     # shellcheck disable=SC2046
+    # The sysroot moves tern's own paths into $dest, and so libbson's that
+    # tern.pc requires (doc.h includes it): those come from the system.
     PKG_CONFIG_SYSROOT_DIR=$dest PKG_CONFIG_PATH=$pc \
         c++ -std=c++17 -Wall -Werror -pthread tests/abi/consumer.cc \
         $(PKG_CONFIG_SYSROOT_DIR=$dest PKG_CONFIG_PATH=$pc pkg-config --cflags --libs tern) \
+        $(pkg-config --cflags libbson-1.0 2>/dev/null) \
         -o "$dest/consumer-cxx" || return 1
     local libdir rc=0
     libdir=$(dirname "$(find "$dest" -name 'libtern.so' | head -n 1)")

@@ -45,6 +45,19 @@ static const struct {
     {"resp", suite_resp},
     {"pm", suite_pm},
 #endif
+#if TERN_HAVE_DOC
+    {"doc_bson", suite_doc_bson},
+    {"doc_match", suite_doc_match},
+    {"doc_update", suite_doc_update},
+    {"doc_query", suite_doc_query},
+    {"doc_agg", suite_doc_agg},
+    {"doc_store", suite_doc_store},
+    {"doc_cmd", suite_doc_cmd},
+#endif
+#if TERN_HAVE_DOC_SERVICE
+    {"doc_native", suite_doc_native},
+    {"mongo_wire", suite_mongo_wire},
+#endif
 };
 
 int main(int argc, char **argv)

@@ -24,5 +24,14 @@ Suite *suite_kv_procs(void);
 Suite *suite_kv_onesided(void);
 Suite *suite_resp(void);
 Suite *suite_pm(void);
+Suite *suite_doc_bson(void);     /* the document service: with libbson and PCRE2 */
+Suite *suite_doc_match(void);
+Suite *suite_doc_update(void);
+Suite *suite_doc_query(void);
+Suite *suite_doc_agg(void);
+Suite *suite_doc_store(void);
+Suite *suite_doc_cmd(void);
+Suite *suite_doc_native(void);  /* with the document service */
+Suite *suite_mongo_wire(void);
 
 #endif

@@ -57,7 +57,8 @@ struct doc_server_opts {
     const char *version;         /* buildInfo's version; NULL = "6.0.0" */
 };
 
-/* The store must outlive the server. */
+/* The store must outlive the server. Closing it frees the clients still
+ * open (so free a client before closing, or not at all). */
 int doc_server_open(struct doc_store *store, const struct doc_server_opts *o,
                     struct doc_server **out);
 void doc_server_close(struct doc_server *srv);

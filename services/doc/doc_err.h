@@ -21,9 +21,11 @@ extern "C" {
     X(BadValue, 2)                            \
     X(NoSuchKey, 4)                           \
     X(FailedToParse, 9)                       \
+    X(Unauthorized, 13)                       \
     X(TypeMismatch, 14)                       \
     X(Overflow, 15)                           \
     X(InvalidLength, 16)                      \
+    X(ProtocolError, 17)                      \
     X(IllegalOperation, 20)                   \
     X(InvalidBSON, 22)                        \
     X(NamespaceNotFound, 26)                  \
@@ -45,10 +47,14 @@ extern "C" {
     X(IndexKeySpecsConflict, 86)              \
     X(ExceededMemoryLimit, 146)               \
     X(TooManyFilesOpen, 264)                  \
+    X(IllegalOpMsgFlag, 223)                  \
     X(NotImplemented, 238)                    \
     X(QueryExceededMemoryLimitNoDiskUseAllowed, 292) \
     X(OutOfDiskSpace, 14031)                  \
     X(BSONObjectTooLarge, 10334)              \
+    X(Location31250, 31250) /* projection path collision */ \
+    X(Location31253, 31253) /* inclusion in an exclusion projection */ \
+    X(Location31254, 31254) /* exclusion in an inclusion projection */ \
     X(DuplicateKey, 11000)
 
 enum doc_code {

@@ -4,8 +4,9 @@
  * both except for `_id`, which is included unless excluded; dotted paths
  * reach into sub-documents and arrays of them; {a: {$slice: n}} and
  * {a: {$elemMatch: {...}}} on arrays. A mix of inclusion and exclusion is
- * DOC_Location31254-style BadValue ("Cannot do exclusion on field b in
- * inclusion projection").
+ * MongoDB's DOC_Location31254 ("Cannot do exclusion on field b in inclusion
+ * projection") or DOC_Location31253 (the reverse); {a: 1, "a.b": 1} is
+ * DOC_Location31250 ("Path collision at a.b"); other bad specs BadValue.
  *
  * Sort: {a: 1, b: -1}, keys compared in BSON order; a missing field sorts
  * as null; an array field sorts by its smallest element ascending, by its

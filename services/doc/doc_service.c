@@ -26,10 +26,12 @@
 struct sess_ent {
     struct tern_session *s;      /* NULL: free */
     struct doc_client *c;
+    uint32_t put_max;            /* the largest put its fabric took; 0: untried */
+    uint32_t epoch;              /* of the session, when put_max was learnt */
 };
 
 struct stage_slot {
-    bool busy;                   /* a put from it is in flight */
+    unsigned pending;            /* puts from it in flight */
 };
 
 struct tern_doc_service {
@@ -100,15 +102,15 @@ static int sess_grow(struct tern_doc_service *svc)
     return 0;
 }
 
-/* The client of session `s`, made at its first request. */
-static struct doc_client *client_of(struct tern_doc_service *svc, struct tern_session *s)
+/* The entry of session `s`, its client made at its first request. */
+static struct sess_ent *client_of(struct tern_doc_service *svc, struct tern_session *s)
 {
     struct sess_ent *e = sess_find(svc, s);
     char peer[64];
     struct doc_client *c;
 
     if (e)
-        return e->c;
+        return e;
     if ((svc->n + 1) * 2 > svc->cap && sess_grow(svc) < 0)
         return NULL;
     snprintf(peer, sizeof(peer), "tern-%s:%llu", tern_session_fabric(s),
@@ -118,7 +120,7 @@ static struct doc_client *client_of(struct tern_doc_service *svc, struct tern_se
         return NULL;
     sess_place(svc->tab, svc->cap, (struct sess_ent){.s = s, .c = c});
     svc->n++;
-    return c;
+    return sess_find(svc, s);
 }
 
 /* Remove the session's entry, closing the gap so probes still find the
@@ -153,13 +155,13 @@ static void push_done(void *arg, int status)
      * it only as far as the reply says, and a reply never follows a put
      * that did not land (the session dies with it). */
     (void)status;
-    slot->busy = false;
+    slot->pending--;
 }
 
 static int slot_get(struct tern_doc_service *svc)
 {
     for (unsigned i = 0; i < svc->n_slots; i++)
-        if (!svc->slots[i].busy)
+        if (!svc->slots[i].pending)
             return (int)i;
     return -1;
 }
@@ -215,10 +217,42 @@ static bool slim_reply(struct tern_doc_service *svc, const bson_t *reply, const 
     return ok;
 }
 
+/* Put `len` bytes of slot i at `dst` + `off`, in pieces as large as the
+ * session's fabric takes (on shm and ntb a one-sided operation is one ring
+ * record), learnt by halving from the whole. */
+static int put_pieces(struct tern_doc_service *svc, struct sess_ent *e, int i, uint32_t len,
+                      const struct doc_req *q)
+{
+    uint32_t epoch = tern_session_epoch(e->s), off = 0;
+    size_t base = (size_t)i * svc->slot_size;
+
+    if (e->epoch != epoch || !e->put_max) {
+        e->epoch = epoch;
+        e->put_max = (uint32_t)svc->slot_size;
+    }
+    while (off < len) {
+        uint32_t n = len - off < e->put_max ? len - off : e->put_max;
+        int rc = tern_session_put(e->s, svc->stage_mr, base + off, n, &q->dst, q->off + off,
+                                  push_done, &svc->slots[i]);
+
+        if (rc == TERN_EMSGSIZE && n > 4096) {
+            e->put_max = n / 2;
+            continue;
+        }
+        if (rc < 0)
+            return rc;
+        svc->slots[i].pending++;
+        off += n;
+    }
+    return 0;
+}
+
 /* Put the reply's batch into the client's buffer if the request asked and
- * it fits: true with *rep filled and svc->slim the reply to send. */
-static bool push_batch(struct tern_doc_service *svc, struct tern_req *req,
-                       const struct doc_req *q, struct doc_rep *rep)
+ * it fits: true with *rep filled and svc->slim the reply to send. Any
+ * failure to put sends it inline instead (pieces put already land in the
+ * client's buffer unread: the reply does not say they are there). */
+static bool push_batch(struct tern_doc_service *svc, struct sess_ent *e, const struct doc_req *q,
+                       struct doc_rep *rep)
 {
     const uint8_t *data;
     const char *key;
@@ -235,10 +269,8 @@ static bool push_batch(struct tern_doc_service *svc, struct tern_req *req,
     if (i < 0)
         return false;
     memcpy((uint8_t *)tern_rpc_mr_addr(svc->stage_mr) + (size_t)i * svc->slot_size, data, len);
-    if (tern_session_put(tern_req_session(req), svc->stage_mr, (size_t)i * svc->slot_size, len,
-                         &q->dst, q->off, push_done, &svc->slots[i]) < 0)
+    if (put_pieces(svc, e, i, len, q) < 0)
         return false;   /* a bad key, a full queue: the batch goes inline */
-    svc->slots[i].busy = true;
     rep->flags = DOC_REP_PUSHED;
     rep->size = len;
     rep->n = bson_init_static(&arr, data, len) ? bson_count_keys(&arr) : 0;
@@ -251,7 +283,7 @@ static int h_cmd(struct tern_req *req, const void *data, size_t len, void *ctx)
 {
     struct tern_doc_service *svc = ctx;
     struct doc_rep rep = {0};
-    struct doc_client *c;
+    struct sess_ent *e;
     struct doc_req q;
     const bson_t *body;
     size_t err_off;
@@ -272,21 +304,21 @@ static int h_cmd(struct tern_req *req, const void *data, size_t len, void *ctx)
         svc->last_tick = now;
         doc_server_tick(svc->srv, now / 1000000u);
     }
-    c = client_of(svc, tern_req_session(req));
-    if (!c)
+    e = client_of(svc, tern_req_session(req));
+    if (!e)
         return TERN_ENOMEM;
     bson_reinit(&svc->reply);
     svc->st.commands++;
-    if (doc_cmd_run(c, &cmd, NULL, 0, &svc->reply) & DOC_CMD_WROTE) {
-        struct doc_err e = {0};
+    if (doc_cmd_run(e->c, &cmd, NULL, 0, &svc->reply) & DOC_CMD_WROTE) {
+        struct doc_err se = {0};
 
-        if (doc_server_sync(svc->srv, &e) < 0) {
+        if (doc_server_sync(svc->srv, &se) < 0) {
             bson_reinit(&svc->reply);
-            doc_cmd_sync_failed(&e, &svc->reply);
+            doc_cmd_sync_failed(&se, &svc->reply);
         }
     }
     body = &svc->reply;
-    if (push_batch(svc, req, &q, &rep)) {
+    if (push_batch(svc, e, &q, &rep)) {
         body = &svc->slim;
         svc->st.batches_pushed++;
     } else if (q.flags & DOC_REQ_PUSH) {

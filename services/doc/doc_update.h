@@ -15,7 +15,8 @@
  *     (or DOC_TypeMismatch as MongoDB says);
  * and when applied:
  *   - changing `_id`: DOC_ImmutableField;
- *   - $inc on a non-number, $push on a non-array: DOC_TypeMismatch;
+ *   - $inc on a non-number, $pop on a non-array: DOC_TypeMismatch ($push,
+ *     $addToSet and $pull on a non-array: DOC_BadValue, as MongoDB says);
  *   - a path through a scalar: DOC_PathNotViable.
  *
  * A compiled update is immutable; apply may run on any thread. */

@@ -22,6 +22,24 @@
  * Anything else (another opcode, OP_COMPRESSED included since tern
  * advertises no compressor) gets an error reply where it can be
  * addressed, and the connection goes on.
+ *
+ * Checked before a command runs: every length against what holds it (a
+ * section past the message, a document past its section, a kind-1 size
+ * below 4 + 1), one body, unique identifiers, the flag bits, the CRC-32C
+ * when bit 0 says there is one (verified, then left out of the sections),
+ * each document with bson_validate (UTF-8 included) after a depth walk of
+ * tern's own: libbson's validation recurses once per level, so nesting
+ * past MONGO_MAX_DEPTH is refused (Overflow, as MongoDB's maxBSONDepth)
+ * before it runs. A document over MONGO_MAX_BSON_INTERNAL is
+ * BSONObjectTooLarge; the command layer holds stored documents to
+ * MONGO_MAX_BSON.
+ *
+ * A stream whose header cannot be believed (a length below 16 or past the
+ * limit) cannot be framed any further: mongo_frame says so, and the
+ * connection gets one error reply addressed to that header's requestID
+ * (mongo_error_doc in an OP_MSG, or an OP_REPLY if the header says
+ * OP_QUERY), sent before the connection is closed. MongoDB itself just
+ * closes; a driver that waits for its reply learns why this way.
  */
 #ifndef TERN_MONGO_WIRE_H
 #define TERN_MONGO_WIRE_H
@@ -43,7 +61,11 @@ extern "C" {
 
 #define MONGO_HDR_LEN 16
 #define MONGO_MAX_MESSAGE 48000000      /* maxMessageSizeBytes the server says */
-#define MONGO_MAX_SECTIONS 8
+#define MONGO_MAX_SECTIONS 8            /* kind-1 sections per message */
+#define MONGO_MAX_BSON (16u << 20)      /* maxBsonObjectSize the server says */
+/* A command may wrap a largest document: MongoDB's BSONObjMaxInternalSize. */
+#define MONGO_MAX_BSON_INTERNAL (MONGO_MAX_BSON + (16u << 10))
+#define MONGO_MAX_DEPTH 200             /* MongoDB's maxBSONDepth */
 
 #define MONGO_MSG_CHECKSUM 0x1u
 #define MONGO_MSG_MORE_TO_COME 0x2u
@@ -53,12 +75,14 @@ struct mongo_hdr {
     int32_t len, request_id, response_to, op;
 };
 
-/* How many bytes of `buf` the next message takes: 0 if fewer than a
- * header are there or the message is not complete yet (read more), the
- * length if it is complete, <0 if the header is impossible (a length below
- * 16 or above max: the stream cannot be framed any more, close it after
- * the error reply mongo_frame_error writes). */
-long mongo_frame(const uint8_t *buf, size_t len, size_t max, struct mongo_hdr *h);
+/* How many bytes of `buf` the next message takes: 0 if it is not complete
+ * yet (read more: once 16 bytes are there *h is filled, and h->len says
+ * how many the message needs), the length if it is complete, <0 with *e
+ * and *h filled if the header is impossible (a length below 16 or above
+ * max, which is at most MONGO_MAX_MESSAGE): see the top of the file. It
+ * keeps no state, so a caller may call again after every read. */
+long mongo_frame(const uint8_t *buf, size_t len, size_t max, struct mongo_hdr *h,
+                 struct doc_err *e);
 
 struct mongo_msg {
     struct mongo_hdr h;
@@ -67,13 +91,26 @@ struct mongo_msg {
     struct doc_seq seqs[MONGO_MAX_SECTIONS];
     unsigned nseq;
     bool legacy;                  /* came as OP_QUERY: reply with OP_REPLY */
+    const char *db;               /* OP_QUERY: "<db>" of "<db>.$cmd" (the body has */
+    size_t db_len;                /* no $db); NULL for OP_MSG */
 };
 
 /* Parse one complete message (as framed by mongo_frame). 0 and *m, or
- * <0 with *e saying why (DOC_InvalidBSON, DOC_BadValue, DOC_CommandNotFound
- * for an opcode tern does not serve, ...); m->h is filled either way, so
- * the error can be addressed to the request. */
+ * <0 with *e saying why: DOC_ProtocolError (sections and lengths that do
+ * not add up, a checksum that does not match, an opcode tern does not
+ * serve, OP_QUERY on a collection other than $cmd), DOC_IllegalOpMsgFlag,
+ * DOC_InvalidBSON, DOC_Overflow (nested past MONGO_MAX_DEPTH),
+ * DOC_BSONObjectTooLarge. m->h, m->flags and m->legacy are filled either
+ * way (flags as far as they could be read), so that the error can be
+ * addressed to the request, or left unsent for a moreToCome one. */
 int mongo_parse(const uint8_t *msg, size_t len, struct mongo_msg *m, struct doc_err *e);
+
+/* Append {ok: 0, errmsg, code, codeName} for `e` to `doc` (empty). */
+void mongo_error_doc(const struct doc_err *e, bson_t *doc);
+
+/* CRC-32C (Castagnoli) of n bytes, continuing from `crc` (0 to start):
+ * OP_MSG's checksum. */
+uint32_t mongo_crc32c(uint32_t crc, const void *p, size_t n);
 
 /* The bytes of a reply to request `h` carrying `doc`: an OP_MSG, or an
  * OP_REPLY if `legacy`. Writes at most `cap` bytes of `out`; returns the

@@ -2,6 +2,14 @@
 // must compile as C++ (extern "C"), and the calls must link and run.
 #include <tern/tern.h>
 #include <tern/kv.h>
+// The document client's headers are installed where libbson was found.
+#if __has_include(<tern/doc.h>)
+#include <tern/doc.h>
+#define HAVE_DOC 1
+#endif
+#if __has_include(<tern/doc_service.h>)
+#include <tern/doc_service.h>
+#endif
 
 #include <cstdio>
 #include <cstring>
@@ -55,6 +63,15 @@ int main()
         std::fprintf(stderr, "kv open: %s\n", tern_strerror(rc));
         return 1;
     }
+#ifdef HAVE_DOC
+    // So does the document client, with libbson's flags from tern.pc.
+    struct tern_doc *doc = nullptr;
+    rc = tern_doc_open(client, uris, 1, 500000000ull, &doc);
+    if (rc != TERN_ECONNREFUSED) {
+        std::fprintf(stderr, "doc open: %s\n", tern_strerror(rc));
+        return 1;
+    }
+#endif
     tern_rpc_close(client);
     tern_rpc_close(server);
     std::printf("c++ consumer: ok\n");

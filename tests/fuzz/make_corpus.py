@@ -172,6 +172,121 @@ SEEDS["ring"] = {
 }
 
 
+# fuzz_doc_filter: u16 length of the filter, the filter's BSON, the
+# document's BSON. A small BSON writer of its own: Python dicts keep their
+# order; a tuple is a regex (pattern, options).
+class Regex(tuple): pass
+
+
+def bson_doc(d):
+    body = b""
+    items = enumerate(d) if isinstance(d, list) else d.items()
+    for k, v in items:
+        k = str(k).encode() + b"\0"
+        if v is None:
+            body += b"\x0a" + k
+        elif isinstance(v, bool):
+            body += b"\x08" + k + u8(int(v))
+        elif isinstance(v, int):
+            body += b"\x10" + k + u32(v)
+        elif isinstance(v, float):
+            body += b"\x01" + k + struct.pack("<d", v)
+        elif isinstance(v, str):
+            e = v.encode()
+            body += b"\x02" + k + u32(len(e) + 1) + e + b"\0"
+        elif isinstance(v, Regex):
+            body += b"\x0b" + k + v[0].encode() + b"\0" + v[1].encode() + b"\0"
+        elif isinstance(v, list):
+            body += b"\x04" + k + bson_doc(v)
+        else:
+            body += b"\x03" + k + bson_doc(v)
+    return u32(len(body) + 5) + body + b"\0"
+
+
+def filt(f, d): return u16(len(bson_doc(f))) + bson_doc(f) + bson_doc(d)
+
+
+SEEDS["doc_filter"] = {
+    "eq-array": filt({"a": 5}, {"a": [1, 5]}),
+    "range": filt({"a": {"$gt": 1, "$lt": 10}}, {"a": 3}),
+    "in-null": filt({"a": {"$in": [1, "x", None]}}, {}),
+    "elemmatch-value": filt({"a.b": {"$elemMatch": {"$gte": 2}}}, {"a": [{"b": [1, 2]}]}),
+    "or-regex": filt({"$or": [{"a": Regex(("^ab", ""))}, {"b": {"$exists": False}}]}, {"a": "abc"}),
+    "type-size": filt({"a": {"$type": "number"}, "b": {"$size": 2}}, {"a": 1.5, "b": [1, 2]}),
+    "not-regex": filt({"a": {"$not": {"$regex": "x", "$options": "i"}}}, {"a": "X"}),
+    "all-nor": filt({"a": {"$all": [1, 2]}, "$nor": [{"c": None}]}, {"a": [2, 1], "c": 1}),
+    "elemmatch-doc": filt({"a": {"$elemMatch": {"b": 1, "c": {"$ne": 2}}}}, {"a": [{"b": 1, "c": 3}]}),
+    "positional": filt({"a.0": {"$lte": "z"}, "a.1.b": None}, {"a": ["q", {"c": 1}]}),
+    "and-in-regex": filt({"$and": [{"a": {"$in": [Regex(("^x", "")), 2.5]}}, {"a": {"$nin": [3]}}]}, {"a": ["xy", 4]}),
+    "eq-doc": filt({"a": {"b": 1, "c": [1, {"d": None}]}}, {"a": {"b": 1, "c": [1, {"d": None}]}}),
+}
+
+
+# fuzz_mongo_wire: limit index, count of read sizes, the sizes, the stream
+# of messages. BSON is written by hand here: a few element types suffice.
+def bson(*elems):
+    body = b"".join(elems)
+    return u32(len(body) + 5) + body + b"\0"
+def b_int(k, v): return b"\x10" + k.encode() + b"\0" + u32(v)
+def b_str(k, v): return b"\x02" + k.encode() + b"\0" + u32(len(v) + 1) + v.encode() + b"\0"
+def b_doc(k, d): return b"\x03" + k.encode() + b"\0" + d
+def b_arr(k, d): return b"\x04" + k.encode() + b"\0" + d
+def mongo(req, op, body): return u32(16 + len(body)) + u32(req) + u32(0) + u32(op) + body
+def op_msg(req, flags, *sections): return mongo(req, 2013, u32(flags) + b"".join(sections))
+def kind0(d): return u8(0) + d
+def kind1(ident, *docs):
+    payload = ident.encode() + b"\0" + b"".join(docs)
+    return u8(1) + u32(4 + len(payload)) + payload
+def op_query(req, ns, q): return mongo(req, 2004, u32(0) + ns.encode() + b"\0" + u32(0) + u32(0xffffffff) + q)
+
+
+def crc32c(data):
+    crc = 0xffffffff
+    for b in data:
+        crc ^= b
+        for _ in range(8):
+            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
+    return crc ^ 0xffffffff
+
+
+def with_crc(msg):
+    msg = u32(len(msg) + 4) + msg[4:]
+    return msg + u32(crc32c(msg))
+
+
+hello = op_query(1, "admin.$cmd", bson(b_int("isMaster", 1), b_doc("client", bson(b_str("app", "x")))))
+ping = op_msg(2, 0, kind0(bson(b_int("ping", 1), b_str("$db", "admin"))))
+insert = op_msg(3, 0, kind0(bson(b_str("insert", "c"), b_str("$db", "test"))),
+                kind1("documents", bson(b_int("_id", 1), b_str("v", "one")), bson(b_int("_id", 2))))
+update = op_msg(4, 0x10000, kind1("updates", bson(b_doc("q", bson(b_int("_id", 1))),
+                                                 b_doc("u", bson(b_doc("$set", bson(b_int("a", 2))))))),
+                kind0(bson(b_str("update", "c"), b_str("$db", "test"))))
+deep = bson(b_int("x", 1))
+for _ in range(50):
+    deep = bson(b_doc("a", deep), b_arr("l", bson(b_int("0", 1))))
+SEEDS["mongo_wire"] = {
+    "handshake": u8(0) + u8(0) + hello + ping,
+    "insert": u8(0) + u8(3) + bytes([1, 17, 5]) + insert + update,
+    "checksum": u8(0) + u8(0) + with_crc(op_msg(5, 1, kind0(bson(b_int("ping", 1))))),
+    "more-to-come": u8(0) + u8(0) + op_msg(6, 2, kind0(bson(b_str("insert", "c")))) + ping,
+    "deep": u8(6) + u8(0) + op_msg(7, 0, kind0(bson(b_int("find", 1), b_doc("filter", deep)))),
+    "limit": u8(4) + u8(2) + bytes([9, 30]) + ping + insert,
+    "bad-length": u8(0) + u8(0) + ping + u32(10) + u32(8) + u32(0) + u32(2013),
+}
+
+# fuzz_mongo_gw: flags (bit 0: the group commit fails, bit 1: a small
+# output cap), the client's bytes.
+write = op_msg(8, 0, kind0(bson(b_str("write", "c"), b_str("$db", "test"))),
+               kind1("documents", bson(b_int("_id", 1))))
+SEEDS["mongo_gw"] = {
+    "session": u8(0) + hello + ping + insert + write + update + ping,
+    "sync-fails": u8(1) + ping + write + ping + write,
+    "small-output": u8(2) + ping * 20,
+    "more-to-come": u8(0) + op_msg(6, 2, kind0(bson(b_str("write", "c")))) + ping,
+    "bad": u8(0) + ping + op_msg(9, 4, kind0(bson(b_int("ping", 1)))) + ping + u32(5) + u32(1) + u32(0) + u32(2013),
+}
+
+
 for target, seeds in SEEDS.items():
     d = os.path.join(OUT, target)
     os.makedirs(d, exist_ok=True)

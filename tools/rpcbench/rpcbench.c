@@ -5,6 +5,7 @@
  *   rpcbench client --connect URI [opts] client only
  *   rpcbench get|put [--served]         one-sided latency (transport level)
  *   rpcbench kv     [options]           YCSB workloads on the key-value service (kv.c)
+ *   rpcbench doc    [options]           YCSB-style work on the document service (doc.c)
  *   rpcbench --help | --version
  *
  * The echo service answers every request with its own payload. The client
@@ -25,6 +26,7 @@
 
 #include "floor.h"
 #include "hist.h"
+#include "docbench.h"
 #include "kvbench.h"
 #include "onesided.h"
 #include "opt.h"
@@ -534,6 +536,8 @@ static void usage(FILE *f)
             "       rpcbench probe  --fabric FABRIC [--eal 'EAL ARGS']   is the hardware there?\n"
             "       rpcbench kv     [--fabric FABRIC|all] [--workload A,B,C,D,F,get,put]\n"
             "                       YCSB workloads on the key-value service (rpcbench kv --help)\n"
+            "       rpcbench doc    [--fabric FABRIC|all] [--workload insert,read,find,update,...]\n"
+            "                       YCSB-style work on the document service (rpcbench doc --help)\n"
             "       rpcbench --help | --version\n"
             "FABRIC: one of");
     for (const char *const *n = tern_tp_fabric_names(); *n; n++)
@@ -589,7 +593,7 @@ int main(int argc, char **argv)
         {NULL, 0, NULL, 0},
     };
     static const char *const commands[] = {"echo", "sink", "server", "client", "floor", "get",
-                                           "put", "probe", "kv", NULL};
+                                           "put", "probe", "kv", "doc", NULL};
     static const char *const workloads[] = {"echo", "sink", NULL};
     static const char *const all_auto[] = {"all", "auto", NULL};
     struct opts o = {.workload = "echo", .fabric = "tcp", .sizes = {64}, .n_sizes = 1,
@@ -623,6 +627,15 @@ int main(int argc, char **argv)
         return kv_main(argc, argv);
 #else
         fprintf(stderr, "rpcbench kv: built without the services (libpmem, xxhash)\n");
+        return 2;
+#endif
+    }
+    if (strcmp(cmd, "doc") == 0) {
+#if defined(TERN_HAVE_DOC) && TERN_HAVE_DOC
+        return doc_main(argc, argv);
+#else
+        fprintf(stderr, "rpcbench doc: built without the document service (libbson, "
+                "libpcre2, libpmem)\n");
         return 2;
 #endif
     }

@@ -1,0 +1,123 @@
+/* The document store's insides, shared by doc_store.c (records, catalog,
+ * recovery, cleaning, writes) and doc_index.c (index keys, indexes,
+ * planner and scans). */
+#ifndef TERN_DOC_STORE_INTERNAL_H
+#define TERN_DOC_STORE_INTERNAL_H
+
+#include "doc_bson.h"
+#include "doc_btree.h"
+#include "doc_store.h"
+#include "pm/pm.h"
+
+#define DOC_NS_MAX 300           /* "db.coll" */
+
+struct doc_index {
+    char name[128];
+    bson_t *key;                 /* the key pattern, our copy */
+    unsigned nfields;
+    char *paths[DOC_INDEX_FIELDS_MAX];
+    bool desc[DOC_INDEX_FIELDS_MAX];
+    bool unique;
+    bool is_id;                  /* the _id index: entry key = _id key string */
+    bool multikey;               /* some document gave several entries */
+    struct doc_bt bt;            /* entry key -> slot; secondary entries end with
+                                  * the slot (8 bytes, big-endian) */
+};
+
+/* A document's place: where its record is, and how many older records of
+ * its key the pool still holds (a tombstone of the key must stay while
+ * any does). */
+struct doc_slot {
+    pm_loc loc;                  /* 0: free */
+    uint32_t len;                /* BSON bytes */
+    uint32_t n_old;
+};
+
+struct doc_coll {
+    struct doc_store *s;
+    char db[64];
+    char name[204];
+    char ns[DOC_NS_MAX];
+    uint64_t id;
+    pm_loc cat_loc;              /* its catalog record */
+    uint32_t cat_n_old;
+    struct doc_slot *slots;      /* ref = index + 1 */
+    uint64_t nslots, cap;
+    uint64_t *free_slots;
+    uint64_t nfree, free_cap;
+    struct doc_index *ix[DOC_INDEXES_MAX];   /* ix[0]: _id_ */
+    unsigned nix;
+    uint64_t count, bytes;
+    bool dropped;                /* kept while scans hold it */
+    unsigned scans;
+    uint64_t wgen;               /* changes at every write to the collection */
+};
+
+/* A deleted key whose older records the pool still holds. */
+struct doc_tomb {
+    pm_loc loc;
+    uint32_t n_old;
+};
+
+struct doc_store {
+    struct pm_pool *pool;
+    struct pm_cleaner cleaner;
+    struct doc_bt by_ns;         /* "db.coll" -> struct doc_coll * */
+    struct doc_bt by_id;         /* collection id (8 bytes BE) -> struct doc_coll * */
+    struct doc_bt tombs;         /* record key -> struct doc_tomb * */
+    struct doc_coll **zombies;   /* dropped, still held by scans */
+    unsigned nzombies;
+    uint64_t next_id;
+    size_t max_doc;
+    bool dirty;
+    uint32_t reserve;            /* free segments kept by cleaning */
+    struct doc_buf k1, k2;       /* scratch key buffers */
+    uint64_t recover_ms;
+};
+
+/* Record keys. */
+#define DOC_REC_CATALOG 'C'
+#define DOC_REC_DOC 'D'
+void doc_rec_key_doc(struct doc_buf *b, uint64_t coll_id, const bson_value_t *id);
+
+/* The BSON of a slot's document (a view into the pool). */
+bool doc_slot_view(const struct doc_coll *c, const struct doc_slot *sl, bson_t *view);
+
+/* ---- doc_index.c ---- */
+
+/* A new index from its key pattern (checked: 1..32 fields of 1 or -1). */
+struct doc_index *doc_index_new(const bson_t *key, const char *name, bool unique,
+                                struct doc_err *e);
+void doc_index_free(struct doc_index *ix);
+
+/* The entries a document gives an index (key strings without the slot
+ * suffix), deduplicated, back to back in `out` with their lengths in
+ * lens[]. DOC_BadValue for parallel arrays in a compound key. */
+#define DOC_IX_KEYS_MAX 4096
+#define DOC_INDEX_DEPTH_MAX 100      /* as MongoDB's documents nest at most */
+int doc_index_keys(const struct doc_index *ix, const bson_t *doc, struct doc_buf *out,
+                   uint32_t *lens, unsigned *n, struct doc_err *e);
+
+/* Would storing `doc` as slot `self` (UINT64_MAX: a new document) break a
+ * unique index?
+ * DOC_DuplicateKey with MongoDB's errmsg. */
+int doc_index_check(struct doc_coll *c, const bson_t *doc, uint64_t self, struct doc_err *e);
+
+/* Add or remove a document's entries in every index. Add can fail only
+ * for memory (the caller checked uniqueness). */
+int doc_index_add_doc(struct doc_coll *c, const bson_t *doc, uint64_t slot, struct doc_err *e);
+void doc_index_remove_doc(struct doc_coll *c, const bson_t *doc, uint64_t slot);
+
+/* Build one index over the collection's documents. */
+int doc_index_build(struct doc_coll *c, struct doc_index *ix, struct doc_err *e);
+
+/* The catalog entry's indexes array. */
+void doc_index_append_specs(const struct doc_coll *c, bson_t *arr);
+
+/* Release a dropped collection whose last scan closed. */
+void doc_coll_release(struct doc_coll *c);
+
+/* Persist the collection's catalog entry (indexes changed). */
+int doc_catalog_write(struct doc_coll *c, struct doc_err *e);
+
+#endif

@@ -106,7 +106,8 @@ uri=mongodb://127.0.0.1:$port
 rpc_uri=$(sed -n 's/^ternd ready \(tcp:\/\/[^ ]*\).*/\1/p' "$dir/ternd.out")
 
 # check CLIENT: run it, compare its transcript with expected.jsonl and
-# with those of done_clients; 0 if all match.
+# with those of done_clients (the clients so far that passed); 0 if all
+# match.
 check() {
     local c=$1 out=$dir/$1.jsonl rc start ms ok=0 o
     command_of "$c" "$uri" "crud_$c"
@@ -136,9 +137,11 @@ check() {
             ok=1
         fi
     done
-    [ $ok -eq 0 ] && echo "PASS $c: $(wc -l <"$out") steps as expected.jsonl${done_clients[0]:+ and ${done_clients[*]}} (${ms} ms)"
+    [ $ok -eq 0 ] || return 1
+    echo "PASS $c: $(wc -l <"$out") steps as expected.jsonl${done_clients[0]:+ and ${done_clients[*]}} (${ms} ms)"
+    # Only a client that got the expected answers is a peer for the next
+    # ones: one that did not has said so once.
     done_clients+=("$c")
-    return $ok
 }
 
 failed=0
@@ -151,7 +154,6 @@ if [[ " ${runnable[*]} " != *" native "* ]] && [ -z "$(missing native)" ]; then
     else
         echo "reference: native not used (run.sh BUILD native says why):"
         sed 's/^/    /' "$dir/native.log" | head -n 20
-        done_clients=()
     fi
 fi
 for c in "${runnable[@]}"; do

@@ -51,7 +51,7 @@ def server_ticks(system, pid):
 def doc(i, keys):
     d = {"_id": i}
     for j in range(10):
-        d["f%d" % j] = ("%096d" % (i % keys)) if j == 1 else "%c%095d" % (97 + j, i)
+        d["f%d" % j] = str(i % keys) if j == 1 else chr(97 + (i + j) % 26) * 96
     d["cnt"] = 0
     return d
 
@@ -75,7 +75,7 @@ def main():
             return cur.fetchall()
 
         def find(v):
-            cur.execute("SELECT doc FROM docs WHERE doc->>'f1' = %s", ("%096d" % v,))
+            cur.execute("SELECT doc FROM docs WHERE doc->>'f1' = %s", (str(v),))
             return cur.fetchall()
 
         def update(k):
@@ -95,7 +95,7 @@ def main():
             return coll.find_one({"_id": k})
 
         def find(v):
-            return list(coll.find({"f1": "%096d" % v}))
+            return list(coll.find({"f1": str(v)}))
 
         def update(k):
             coll.update_one({"_id": k}, {"$inc": {"cnt": 1}, "$set": {"f2": F2}})

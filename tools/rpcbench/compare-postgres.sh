@@ -7,8 +7,9 @@
 #       [--records N] [--keys K] [--clients C] [--seconds S] [--rounds R]
 #       [--modes durable,memory] [--py-ops N] [--disk-dir DIR]
 #
-# Documents: _id, ten 96-byte string fields f0..f9 and cnt (about 1 KiB;
-# f1 = id mod K, zero-padded, is the indexed field, N/K hits per find).
+# Documents: rpcbench doc's, about 1 KiB: _id, f1 the text of id mod K
+# (the indexed field, N/K hits per find; K = N/10 + 1 by default), nine
+# more fields of 96 letters, and cnt.
 # PostgreSQL: CREATE TABLE docs (id bigint PRIMARY KEY, doc jsonb) with an
 # expression index on (doc->>'f1'); pgbench -M prepared with one custom
 # script per operation. ternd: --mongo-port, driven through the MongoDB C
@@ -31,8 +32,8 @@
 #            before each reply).
 # Server CPU per operation: the growth of utime+stime over the phase, for
 # PostgreSQL of the postmaster and all its children, those reaped
-# included (the postmaster's cutime+cstime), for ternd of its process;
-# divided by the operations done.
+# included (the postmaster's cutime+cstime, read once pgbench's backends
+# are reaped), for ternd of its process; divided by the operations done.
 #
 # Then the same four operations from Python, one client, --py-ops each:
 # psycopg2 against PostgreSQL, pymongo against ternd (Debian's packages, so
@@ -49,7 +50,7 @@ TERND=${TERND:-$here/../../build/tools/ternd/ternd}
 MONGO_LOAD=${MONGO_LOAD:-$here/../../build/tools/rpcbench/mongo-load}
 PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
 RECORDS=100000
-KEYS=50000
+KEYS=""
 CLIENTS=4
 SECONDS_=10
 ROUNDS=1
@@ -79,6 +80,7 @@ while [ $# -gt 0 ]; do
     esac
     shift 2
 done
+[ -n "$KEYS" ] || KEYS=$((RECORDS / 10 + 1))
 
 skip() { echo "SKIP: $*" >&2; exit 0; }
 [ -x "$PGBIN/postgres" ] && [ -x "$PGBIN/pgbench" ] ||
@@ -139,6 +141,17 @@ pg_ticks() {
     echo "$t"
 }
 
+pg_children() { ps --ppid "$(head -n 1 "$PG_DATA/postmaster.pid")" --no-headers | wc -l; }
+
+# Until the backends of a finished pgbench are reaped (their time is in the
+# postmaster's cutime only then; it takes up to a second), at most 10 s.
+pg_settle() {
+    for _ in $(seq 200); do
+        [ "$(pg_children)" -le "$1" ] && return 0
+        sleep 0.05
+    done
+}
+
 tern_ticks() { ticks "$TPID"; }
 
 # record SYSTEM MODE CLIENT OP OPS SECONDS TICKS
@@ -175,16 +188,16 @@ EOF
     echo "# $mode: PostgreSQL $("$PGBIN/postgres" --version | awk '{print $3}') in $PG_DATA" \
          "($(stat -f -c %T "$PG_DATA"))" >&2
     psql_ -d postgres -c "CREATE DATABASE bench" >/dev/null
-    # The document of mongo-load.c: fj is the letter 'a'+j then the id in 95
-    # digits, f1 the id mod K in 96; cnt 0.
+    # The document of rpcbench doc and mongo-load.c: fj is 96 copies of the
+    # letter 'a' + (id + j) mod 26, f1 the text of id mod K; cnt 0.
     psql_ -d bench >/dev/null <<EOF
+CREATE FUNCTION l(i bigint, j int) RETURNS text IMMUTABLE LANGUAGE sql AS \$\$
+  SELECT repeat(chr(97 + ((i + j) % 26)::int), 96)
+\$\$;
 CREATE FUNCTION mkdoc(i bigint) RETURNS jsonb IMMUTABLE LANGUAGE sql AS \$\$
-  SELECT jsonb_build_object('_id', i,
-    'f0', 'a' || lpad(i::text, 95, '0'), 'f1', lpad((i % $KEYS)::text, 96, '0'),
-    'f2', 'c' || lpad(i::text, 95, '0'), 'f3', 'd' || lpad(i::text, 95, '0'),
-    'f4', 'e' || lpad(i::text, 95, '0'), 'f5', 'f' || lpad(i::text, 95, '0'),
-    'f6', 'g' || lpad(i::text, 95, '0'), 'f7', 'h' || lpad(i::text, 95, '0'),
-    'f8', 'i' || lpad(i::text, 95, '0'), 'f9', 'j' || lpad(i::text, 95, '0'), 'cnt', 0)
+  SELECT jsonb_build_object('_id', i, 'f0', l(i, 0), 'f1', (i % $KEYS)::text,
+    'f2', l(i, 2), 'f3', l(i, 3), 'f4', l(i, 4), 'f5', l(i, 5), 'f6', l(i, 6),
+    'f7', l(i, 7), 'f8', l(i, 8), 'f9', l(i, 9), 'cnt', 0)
 \$\$;
 CREATE TABLE docs (id bigint PRIMARY KEY, doc jsonb NOT NULL);
 CREATE SEQUENCE ins START 1099511627776;
@@ -233,7 +246,7 @@ write_scripts() {
     printf '%s\n' "\\set id random(0, $((RECORDS - 1)))" \
         'SELECT doc FROM docs WHERE id = :id;' >"$DATA/read.sql"
     printf '%s\n' "\\set v random(0, $((KEYS - 1)))" \
-        "SELECT doc FROM docs WHERE doc->>'f1' = lpad(:v::text, 96, '0');" >"$DATA/find.sql"
+        "SELECT doc FROM docs WHERE doc->>'f1' = :v::text;" >"$DATA/find.sql"
     printf '%s\n' "\\set id random(0, $((RECORDS - 1)))" \
         "UPDATE docs SET doc = doc || jsonb_build_object('cnt', (doc->>'cnt')::int + 1, 'f2', repeat('u', 96)) WHERE id = :id;" \
         >"$DATA/update.sql"
@@ -242,12 +255,14 @@ write_scripts() {
 OPS=(insert read find update)
 
 run_pg() {
-    local mode=$1 op before after out n secs
+    local mode=$1 op before after out n secs base
     for op in "${OPS[@]}"; do
+        base=$(pg_children)
         before=$(pg_ticks)
         out=$("${cpu_client[@]}" "$PGBIN/pgbench" -h 127.0.0.1 -p "$PGPORT" -U postgres -n \
               -M prepared -c "$CLIENTS" -j 1 -T "$SECONDS_" -f "$DATA/$op.sql" bench 2>&1) ||
             { echo "pgbench $op: $out" >&2; exit 1; }
+        pg_settle "$base"
         after=$(pg_ticks)
         n=$(echo "$out" | sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p')
         secs=$(echo "$out" | awk -v n="$n" '/^tps = / {print n / $3; exit}')

@@ -7,12 +7,12 @@
  *              [--seconds S] [--records N] [--keys K] [--seed X]
  *
  * OP is one of
- *   load    insert documents 0..N-1 (batches of 1000, one client), then
- *           create the index on f1
+ *   load    create the index on f1, then insert documents 0..N-1 (batches
+ *           of 1000, one client)
  *   insert  insert one new document per call (ids above 2^40, per client)
  *   read    find {_id: k}, limit 1, k uniform in 0..N-1
  *   find    find {f1: v} (the indexed field), v uniform in 0..K-1, every hit
- *           read (N/K documents each)
+ *           read (N/K documents each; K is N/10+1 unless --keys says)
  *   update  update {_id: k} with {$inc: {cnt: 1}, $set: {f2: <96 chars>}}
  * Each of N clients is a thread with its own connection, one call at a
  * time (as pgbench's clients), for S seconds. Prints one line:
@@ -20,10 +20,10 @@
  * where misses counts reads that found nothing and updates that matched
  * nothing (a wrong load). Exit 1 on any error.
  *
- * The document (as compare-postgres.sh's jsonb_build_object): _id (int64),
- * f0..f9 (strings of 96 bytes: f1 is id mod K as 96 decimal digits,
- * zero-padded; fj is the letter 'a'+j then id as 95 digits), cnt (int32
- * 0). About 1 KiB of BSON. */
+ * The document is rpcbench doc's (tools/rpcbench/doc.c), which
+ * compare-postgres.sh's mkdoc() builds as JSONB: _id (int64), f1 the
+ * decimal text of id mod K, f0 and f2..f9 96 copies of the letter
+ * 'a' + (id + j) mod 26, cnt (int32 0). About 1 KiB of BSON. */
 #include <mongoc/mongoc.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -44,7 +44,7 @@ static const char *g_uri = "mongodb://127.0.0.1:27017", *g_db = "bench", *g_coll
 static enum op g_op;
 static unsigned g_clients = 1;
 static double g_seconds = 10;
-static int64_t g_records = 200000, g_keys = 100000;
+static int64_t g_records = 200000, g_keys;
 static uint64_t g_seed = 1;
 static atomic_bool g_stop;
 
@@ -67,7 +67,7 @@ static uint64_t xorshift(uint64_t *s)
 
 static void f1_of(int64_t id, char *out)
 {
-    snprintf(out, FIELD_LEN + 1, "%0*lld", FIELD_LEN, (long long)(id % g_keys));
+    snprintf(out, FIELD_LEN + 1, "%lld", (long long)(id % g_keys));
 }
 
 static bson_t *make_doc(int64_t id)
@@ -78,11 +78,13 @@ static bson_t *make_doc(int64_t id)
     BSON_APPEND_INT64(d, "_id", id);
     for (int j = 0; j < 10; j++) {
         key[1] = (char)('0' + j);
-        if (j == 1)
+        if (j == 1) {
             f1_of(id, val);
-        else
-            snprintf(val, sizeof(val), "%c%0*lld", 'a' + j, FIELD_LEN - 1, (long long)id);
-        bson_append_utf8(d, key, 2, val, FIELD_LEN);
+        } else {
+            memset(val, 'a' + (int)((id + j) % 26), FIELD_LEN);
+            val[FIELD_LEN] = 0;
+        }
+        bson_append_utf8(d, key, 2, val, -1);
     }
     BSON_APPEND_INT32(d, "cnt", 0);
     return d;
@@ -223,6 +225,15 @@ static int load(void)
         fprintf(stderr, "mongo-load: drop: %s\n", e.message);
         rc = 1;
     }
+    cmd = BCON_NEW("createIndexes", BCON_UTF8(g_coll), "indexes", "[",
+                   "{", "key", "{", "f1", BCON_INT32(1), "}", "name", "f1_1", "}", "]");
+    if (rc == 0 && !mongoc_database_write_command_with_opts(db, cmd, NULL, &reply, &e)) {
+        fprintf(stderr, "mongo-load: createIndexes: %s\n", e.message);
+        rc = 1;
+    }
+    if (rc == 0)
+        bson_destroy(&reply);     /* initialised by the call only if it ran */
+    bson_destroy(cmd);
     for (int64_t id = 0; rc == 0 && id < g_records; id += LOAD_BATCH) {
         size_t n = 0;
 
@@ -235,15 +246,6 @@ static int load(void)
         for (size_t i = 0; i < n; i++)
             bson_destroy(batch[i]);
     }
-    cmd = BCON_NEW("createIndexes", BCON_UTF8(g_coll), "indexes", "[",
-                   "{", "key", "{", "f1", BCON_INT32(1), "}", "name", "f1_1", "}", "]");
-    if (rc == 0 && !mongoc_database_write_command_with_opts(db, cmd, NULL, &reply, &e)) {
-        fprintf(stderr, "mongo-load: createIndexes: %s\n", e.message);
-        rc = 1;
-    }
-    if (rc == 0)
-        bson_destroy(&reply);
-    bson_destroy(cmd);
     if (rc == 0)
         printf("op=load records=%lld seconds=%.2f\n", (long long)g_records, now_s() - t0);
     mongoc_collection_destroy(coll);
@@ -309,6 +311,8 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    if (!g_keys)
+        g_keys = g_records / 10 + 1;
     if (!have_op || g_clients < 1 || g_clients > MAX_CLIENTS || g_records < 1 || g_keys < 1 ||
         g_seconds <= 0) {
         usage(stderr);

@@ -54,6 +54,7 @@ struct tern_doc_service {
     unsigned n_slots;
     size_t slot_size;
     uint64_t last_tick;
+    bool group_commit;           /* replies of writes wait for the poll's flush */
     struct tern_doc_service_stats st;
 };
 
@@ -380,6 +381,7 @@ static int h_cmd(struct tern_req *req, const void *data, size_t len, void *ctx)
     const bson_t *body;
     uint64_t now;
     bson_t cmd;
+    bool wrote;
 
     if (len < sizeof(q))
         return TERN_EPROTO;
@@ -405,7 +407,10 @@ static int h_cmd(struct tern_req *req, const void *data, size_t len, void *ctx)
     if (!e)
         return TERN_ENOMEM;
     svc->st.commands++;
-    if (doc_cmd_run(e->c, &cmd, NULL, 0, &svc->reply) & DOC_CMD_WROTE) {
+    wrote = (doc_cmd_run(e->c, &cmd, NULL, 0, &svc->reply) & DOC_CMD_WROTE) != 0;
+    if (wrote && svc->group_commit) {
+        tern_req_hold(req);     /* durable at the end of the poll (group_flush) */
+    } else if (wrote) {
         struct doc_err se = {0};
 
         if (doc_server_sync(svc->srv, &se) < 0) {
@@ -550,6 +555,33 @@ void tern_doc_service_get_stats(const struct tern_doc_service *svc,
     doc_server_stats(svc->srv, &ss);
     st->sessions = svc->n;
     st->cursors_open = ss.cursors_open;
+}
+
+/* The endpoint's hold hook: every write of the poll made durable at once. */
+static int group_flush(void *arg)
+{
+    struct tern_doc_service *svc = arg;
+    struct doc_err e = {0};
+
+    if (doc_server_sync(svc->srv, &e) < 0) {
+        tern_log(TERN_LOG_ERROR, "doc", "group commit: %s", e.msg);
+        return TERN_EIO;
+    }
+    return 0;
+}
+
+int tern_doc_service_group_commit(struct tern_doc_service *svc, struct tern_rpc_ep *ep)
+{
+    int rc;
+
+    if (!svc || !ep)
+        return TERN_EINVAL;
+    if (svc->group_commit)
+        return 0;
+    rc = tern_rpc_add_hold_hook(ep, group_flush, svc);
+    if (rc == 0)
+        svc->group_commit = true;
+    return rc;
 }
 
 void tern_doc_service_close(struct tern_doc_service *svc)

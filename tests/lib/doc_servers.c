@@ -34,7 +34,8 @@ static void setup_doc(struct tern_rpc_ep *ep)
         fprintf(stderr, "doc server: %s: %s\n", next_pool, tern_strerror(rc));
         _exit(7);
     }
-    if (tern_rpc_register(ep, tern_doc_service_def(svc)) < 0)
+    if (tern_rpc_register(ep, tern_doc_service_def(svc)) < 0 ||
+        tern_doc_service_group_commit(svc, ep) < 0)
         _exit(8);
     if (next.onesided && tern_doc_service_enable_onesided(svc, ep, 0) < 0)
         _exit(9);

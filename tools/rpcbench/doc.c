@@ -111,6 +111,8 @@ static int srv_child(void *arg, int fd)
         rc = tern_rpc_listen(ep, a->listen, bound, sizeof(bound));
     if (rc == 0)
         rc = tern_doc_service_enable_onesided(svc, ep, 0);
+    if (rc == 0)
+        rc = tern_doc_service_group_commit(svc, ep);
     if (rc < 0) {
         fprintf(stderr, "rpcbench doc server: %s: %s\n", a->listen, tern_strerror(rc));
         goto fail;

@@ -1335,6 +1335,22 @@ START_TEST(namespace_commands)
     ck_assert_int_eq(num("nindexes"), 1);
     run("{\"collStats\": \"none\", \"$db\": \"test\"}");
     assert_err(DOC_NamespaceNotFound);
+    /* mongosh's db.c1.stats(): $collStats, then the rest of the pipeline */
+    run("{\"aggregate\": \"c1\", \"pipeline\": [{\"$collStats\": {\"storageStats\": {}, \"count\": {}}}], \"cursor\": {}, \"$db\": \"test\"}");
+    assert_ok();
+    ck_assert_int_eq(array_len("cursor.firstBatch"), 1);
+    ck_assert_str_eq(str("cursor.firstBatch.0.ns"), "test.c1");
+    ck_assert_int_eq(num("cursor.firstBatch.0.storageStats.count"), 1);
+    ck_assert_int_eq(num("cursor.firstBatch.0.storageStats.nindexes"), 1);
+    ck_assert_int_eq(num("cursor.firstBatch.0.count.count"), 1);
+    run("{\"aggregate\": \"c1\", \"pipeline\": [{\"$collStats\": {\"storageStats\": {}}}, {\"$project\": {\"n\": \"$storageStats.count\"}}], \"cursor\": {}, \"$db\": \"test\"}");
+    assert_ok();
+    ck_assert_int_eq(num("cursor.firstBatch.0.n"), 1);
+    ck_assert(!has("cursor.firstBatch.0.ns"));
+    run("{\"aggregate\": \"none\", \"pipeline\": [{\"$collStats\": {\"storageStats\": {}}}], \"cursor\": {}, \"$db\": \"test\"}");
+    assert_err(DOC_NamespaceNotFound);
+    run("{\"aggregate\": 1, \"pipeline\": [{\"$collStats\": {}}], \"cursor\": {}, \"$db\": \"test\"}");
+    assert_err(DOC_BadValue);
     run("{\"dbStats\": 1, \"$db\": \"test\"}");
     assert_ok();
     ck_assert_int_eq(num("collections"), 2);

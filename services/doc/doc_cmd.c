@@ -2239,6 +2239,8 @@ out:
 
 /* ---- aggregate ---- */
 
+static void coll_stats(struct doc_coll *c, bson_t *out);
+
 struct agg_src {
     struct doc_scan *sc;
 };
@@ -2265,6 +2267,94 @@ static int agg_sink(void *arg, const bson_t *doc, struct doc_err *e)
         return doc_errf(e, DOC_QueryExceededMemoryLimitNoDiskUseAllowed,
                         "aggregation results exceed %u bytes", BLOCKING_MEM_MAX);
     return 0;
+}
+
+/* A source of one document. */
+struct one_src {
+    const bson_t *doc;
+    bool done;
+};
+
+static int one_source(void *arg, bson_t *doc, struct doc_err *e)
+{
+    struct one_src *s = arg;
+
+    (void)e;
+    if (s->done)
+        return 0;
+    s->done = true;
+    return bson_init_static(doc, bson_get_data(s->doc), s->doc->len) ? 1 : 0;
+}
+
+/* A pipeline that starts with $collStats (mongosh's db.c.stats() and
+ * dataSize()): that stage makes one document, {ns, host, localTime,
+ * [storageStats], [count]}, and the rest of the pipeline runs on it. */
+static int agg_coll_stats(struct ctx *x, const char *cname, const bson_t *stages,
+                          const bson_iter_t *spec_it, int64_t batch)
+{
+    struct doc_pipeline *pipe = NULL;
+    struct doc_agg_run_opts ro = {0};
+    struct doc_cursor *cur;
+    struct one_src src = {0};
+    bson_t spec, rest = BSON_INITIALIZER, out = BSON_INITIALIZER, sub;
+    bson_iter_t it;
+    struct doc_coll *c;
+    char ns[NS_MAX], host[256], kb[16];
+    uint32_t n = 0;
+    int rc = -1;
+
+    if (!cname)
+        return doc_errf(&x->e, DOC_BadValue, "$collStats must be run against a collection");
+    if (!BSON_ITER_HOLDS_DOCUMENT(spec_it))
+        return doc_errf(&x->e, DOC_TypeMismatch, "$collStats takes an object");
+    if (arg_doc(x, spec_it, &spec) < 0 || coll_find(x, cname, &c) < 0)
+        return -1;
+    ns_of(ns, x->db, cname);
+    if (!c)
+        return doc_errf(&x->e, DOC_NamespaceNotFound,
+                        "Unable to retrieve storageStats in $collStats stage :: caused by :: Collection [%s] not found.",
+                        ns);
+    if (gethostname(host, sizeof(host)) != 0)
+        snprintf(host, sizeof(host), "localhost");
+    host[sizeof(host) - 1] = 0;
+    bson_append_utf8(&out, "ns", 2, ns, -1);
+    bson_append_utf8(&out, "host", 4, host, -1);
+    bson_append_date_time(&out, "localTime", -1, wall_ms());
+    if (bson_iter_init_find(&it, &spec, "storageStats")) {
+        bson_append_document_begin(&out, "storageStats", -1, &sub);
+        coll_stats(c, &sub);
+        bson_append_document_end(&out, &sub);
+    }
+    if (bson_iter_init_find(&it, &spec, "count")) {
+        bson_append_document_begin(&out, "count", -1, &sub);
+        bson_append_int64(&sub, "count", -1, (int64_t)doc_coll_count(c));
+        bson_append_document_end(&out, &sub);
+    }
+    bson_iter_init(&it, stages);
+    bson_iter_next(&it);
+    while (bson_iter_next(&it))
+        bson_append_iter(&rest, idx_key(n++, kb, sizeof(kb)), -1, &it);
+    if (doc_agg_compile(&rest, &pipe, &x->e) < 0)
+        goto out;
+    cur = cursor_new(ns);
+    if (!cur) {
+        doc_errf(&x->e, DOC_ExceededMemoryLimit, "out of memory");
+        goto out;
+    }
+    cur->buffered = true;
+    src.doc = &out;
+    if (doc_agg_run(pipe, &ro, one_source, &src, agg_sink, cur, &x->e) < 0) {
+        cursor_destroy(cur);
+        goto out;
+    }
+    if (batch < 0)
+        batch = x->srv->o.default_batch;
+    rc = reply_cursor(x, cur, "firstBatch", batch == 0 ? -1 : batch, false, false);
+out:
+    doc_agg_free(pipe);
+    bson_destroy(&rest);
+    bson_destroy(&out);
+    return rc;
 }
 
 static int cmd_aggregate(struct ctx *x)
@@ -2317,6 +2407,17 @@ static int cmd_aggregate(struct ctx *x)
     if (!has_cursor && !explain)
         return doc_errf(&x->e, DOC_FailedToParse,
                         "The 'cursor' option is required, except for aggregate with the explain argument");
+    {
+        bson_iter_t si, f;
+
+        if (bson_iter_init(&si, &stages) && bson_iter_next(&si) &&
+            BSON_ITER_HOLDS_DOCUMENT(&si) && bson_iter_recurse(&si, &f) && bson_iter_next(&f) &&
+            !strcmp(bson_iter_key(&f), "$collStats")) {
+            if (explain)
+                return doc_errf(&x->e, DOC_NotImplemented, "explain of $collStats");
+            return agg_coll_stats(x, cname, &stages, &f, batch);
+        }
+    }
     if (doc_agg_compile(&stages, &pipe, &x->e) < 0)
         return -1;
     x->srv->st.queries++;
@@ -2844,37 +2945,25 @@ static int cmd_drop_database(struct ctx *x)
     return 0;
 }
 
-static int cmd_coll_stats(struct ctx *x)
+/* collStats' figures (and $collStats' storageStats). */
+static void coll_stats(struct doc_coll *c, bson_t *out)
 {
-    const char *cname;
-    struct doc_coll *c;
-    char ns[NS_MAX];
+    uint64_t count = doc_coll_count(c), size = doc_coll_bytes(c);
     bson_t arr = BSON_INITIALIZER, sizes;
     bson_iter_t it;
-    uint64_t count, size;
 
-    if (arg_coll(x, &cname) < 0)
-        return -1;
-    if (coll_find(x, cname, &c) < 0)
-        return -1;
-    ns_of(ns, x->db, cname);
-    if (!c)
-        return doc_errf(&x->e, DOC_NamespaceNotFound, "Collection [%s] not found.", ns);
-    count = doc_coll_count(c);
-    size = doc_coll_bytes(c);
-    bson_append_utf8(x->reply, "ns", 2, ns, -1);
-    bson_append_int64(x->reply, "size", -1, (int64_t)size);
-    bson_append_int64(x->reply, "count", -1, (int64_t)count);
+    bson_append_int64(out, "size", -1, (int64_t)size);
+    bson_append_int64(out, "count", -1, (int64_t)count);
     if (count)
-        bson_append_int64(x->reply, "avgObjSize", -1, (int64_t)(size / count));
-    bson_append_int64(x->reply, "storageSize", -1, (int64_t)size);
-    bson_append_int64(x->reply, "freeStorageSize", -1, 0);
-    bson_append_bool(x->reply, "capped", -1, false);
+        bson_append_int64(out, "avgObjSize", -1, (int64_t)(size / count));
+    bson_append_int64(out, "storageSize", -1, (int64_t)size);
+    bson_append_int64(out, "freeStorageSize", -1, 0);
+    bson_append_bool(out, "capped", -1, false);
     doc_index_list(c, &arr);
-    bson_append_int32(x->reply, "nindexes", -1, (int32_t)bson_count_keys(&arr));
-    bson_append_int64(x->reply, "totalIndexSize", -1, 0);
-    bson_append_int64(x->reply, "totalSize", -1, (int64_t)size);
-    bson_append_document_begin(x->reply, "indexSizes", -1, &sizes);
+    bson_append_int32(out, "nindexes", -1, (int32_t)bson_count_keys(&arr));
+    bson_append_int64(out, "totalIndexSize", -1, 0);
+    bson_append_int64(out, "totalSize", -1, (int64_t)size);
+    bson_append_document_begin(out, "indexSizes", -1, &sizes);
     if (bson_iter_init(&it, &arr))
         while (bson_iter_next(&it)) {
             bson_iter_t n;
@@ -2883,9 +2972,26 @@ static int cmd_coll_stats(struct ctx *x)
                 bson_iter_find(&n, "name") && BSON_ITER_HOLDS_UTF8(&n))
                 bson_append_int64(&sizes, bson_iter_utf8(&n, NULL), -1, 0);
         }
-    bson_append_document_end(x->reply, &sizes);
-    bson_append_int32(x->reply, "scaleFactor", -1, 1);
+    bson_append_document_end(out, &sizes);
+    bson_append_int32(out, "scaleFactor", -1, 1);
     bson_destroy(&arr);
+}
+
+static int cmd_coll_stats(struct ctx *x)
+{
+    const char *cname;
+    struct doc_coll *c;
+    char ns[NS_MAX];
+
+    if (arg_coll(x, &cname) < 0)
+        return -1;
+    if (coll_find(x, cname, &c) < 0)
+        return -1;
+    ns_of(ns, x->db, cname);
+    if (!c)
+        return doc_errf(&x->e, DOC_NamespaceNotFound, "Collection [%s] not found.", ns);
+    bson_append_utf8(x->reply, "ns", 2, ns, -1);
+    coll_stats(c, x->reply);
     return 0;
 }
 

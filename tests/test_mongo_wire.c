@@ -25,8 +25,11 @@
 
 #include "error.h"
 #include "helpers.h"
+#include "doc_cmd.h"
+#include "doc_store.h"
 #include "mongo_gw.h"
 #include "mongo_wire.h"
+#include "procs.h"
 #include "suites.h"
 
 /* Polls of 10 ms a client waits for at most: a bound, not a timing. */
@@ -1704,14 +1707,183 @@ START_TEST(watched_fd_wakes_poll)
 }
 END_TEST
 
-START_TEST(default_runner_needs_command_layer)
-{
-    struct mongo_gw *g = NULL;
-    int rc = mongo_gw_create(srv, NULL, &g);
+/* ---- the gateway on the real command layer and store ---- */
 
-    /* Without doc_cmd.c in the build the gateway cannot serve a server. */
-    ck_assert_int_eq(rc, TERN_ENOTSUP);
-    ck_assert_ptr_null(g);
+static char real_dir[128], real_path[192];
+static struct doc_store *real_store;
+static struct doc_server *real_srv;
+
+static void real_open(bool create)
+{
+    struct doc_store_opts so = {.pool_size = 256u << 20, .create = create};
+    struct doc_err e = {0};
+    int rc;
+
+    rc = doc_store_open(real_path, &so, &real_store, &e);
+    ck_assert_msg(rc == 0, "store: %s", e.msg);
+    rc = doc_server_open(real_store, NULL, &real_srv);
+    ck_assert_int_eq(rc, 0);
+    rc = mongo_gw_create(real_srv, NULL, &gw);
+    ck_assert_msg(rc == 0, "gateway: %s", tern_strerror(rc));
+}
+
+static void real_close(void)
+{
+    mongo_gw_destroy(gw);
+    gw = NULL;
+    doc_server_close(real_srv);
+    real_srv = NULL;
+    doc_store_close(real_store);
+    real_store = NULL;
+}
+
+static void real_setup(void)
+{
+    test_pool_dir(real_dir, sizeof(real_dir), "mongo");
+    snprintf(real_path, sizeof(real_path), "%s/pool", real_dir);
+    real_open(true);
+}
+
+static void real_teardown(void)
+{
+    if (gw)
+        real_close();
+    unlink(real_path);
+    rmdir(real_dir);
+}
+
+static double doc_num(const bson_t *d, const char *path)
+{
+    bson_iter_t it;
+
+    ck_assert_msg(bson_iter_init(&it, d) && bson_iter_find_descendant(&it, path, &it),
+                  "no %s", path);
+    return bson_iter_as_double(&it);
+}
+
+static int batch_len(const bson_t *d, const char *path)
+{
+    bson_iter_t it, sub;
+    int n = 0;
+
+    ck_assert_msg(bson_iter_init(&it, d) && bson_iter_find_descendant(&it, path, &it) &&
+                      BSON_ITER_HOLDS_ARRAY(&it) && bson_iter_recurse(&it, &sub),
+                  "no array %s", path);
+    while (bson_iter_next(&sub))
+        n++;
+    return n;
+}
+
+/* A command with `$db: test` after the caller's fields. */
+static void run_cmd(struct conn *c, int32_t req, bson_t *body, const char *seq_id,
+                    const bson_t *docs, int ndocs, bson_t *reply)
+{
+    struct mb b = {0};
+
+    BSON_APPEND_UTF8(body, "$db", "test");
+    msg_begin(&b, req, 0);
+    sec0(&b, body);
+    if (seq_id) {
+        mb_u8(&b, 1);
+        {
+            size_t at = b.len;
+
+            mb_u32(&b, 0);
+            mb_put(&b, seq_id, strlen(seq_id) + 1);
+            for (int i = 0; i < ndocs; i++)
+                mb_doc(&b, &docs[i]);
+            put32(b.p + at, (uint32_t)(b.len - at));
+        }
+    }
+    mb_end(&b);
+    conn_send(c, &b);
+    next_reply(c, req, false, reply);
+    free(b.p);
+}
+
+START_TEST(real_stack_crud_and_hostile)
+{
+    struct conn *c = conn_open(), *bad = conn_open();
+    struct mb b = {0};
+    bson_t *q = bson_new(), body, reply, docs[3];
+    struct mongo_gw_stats st;
+    bson_iter_t it;
+
+    /* The handshake, as pymongo sends it. */
+    BSON_APPEND_INT32(q, "ismaster", 1);
+    query_msg(&b, 1, "admin.$cmd", q, NULL);
+    conn_send(c, &b);
+    next_reply(c, 1, true, &reply);
+    ck_assert(doc_num(&reply, "ok") == 1.0);
+    ck_assert(doc_num(&reply, "maxWireVersion") >= 9);
+    ck_assert(doc_num(&reply, "minWireVersion") <= 2);
+    bson_destroy(&reply);
+
+    /* insert_many: a kind-1 "documents" sequence. */
+    for (int i = 0; i < 3; i++) {
+        bson_init(&docs[i]);
+        BSON_APPEND_INT32(&docs[i], "_id", i);
+        BSON_APPEND_UTF8(&docs[i], "v", "value");
+    }
+    bson_init(&body);
+    BSON_APPEND_UTF8(&body, "insert", "c");
+    BSON_APPEND_BOOL(&body, "ordered", true);
+    run_cmd(c, 2, &body, "documents", docs, 3, &reply);
+    ck_assert_msg(doc_num(&reply, "ok") == 1.0 && doc_num(&reply, "n") == 3, "insert failed");
+    bson_destroy(&reply);
+    bson_destroy(&body);
+    mongo_gw_stats(gw, &st);
+    ck_assert_uint_eq(st.syncs, 1);
+
+    /* A hostile client between: its error, and nothing else changes. */
+    nested_msg(&b, 1000);
+    conn_send(bad, &b);
+    expect_reply(bad, 11, false, NULL, DOC_Overflow);
+    /* Its duplicate key: a write error inside an ok:1 reply. */
+    bson_init(&body);
+    BSON_APPEND_UTF8(&body, "insert", "c");
+    run_cmd(bad, 12, &body, "documents", docs, 1, &reply);
+    ck_assert(doc_num(&reply, "ok") == 1.0 && doc_num(&reply, "n") == 0);
+    ck_assert(doc_num(&reply, "writeErrors.0.code") == DOC_DuplicateKey);
+    bson_destroy(&reply);
+    bson_destroy(&body);
+
+    bson_init(&body);
+    BSON_APPEND_UTF8(&body, "find", "c");
+    run_cmd(c, 3, &body, NULL, NULL, 0, &reply);
+    ck_assert(doc_num(&reply, "ok") == 1.0);
+    ck_assert_int_eq(batch_len(&reply, "cursor.firstBatch"), 3);
+    bson_destroy(&reply);
+    bson_destroy(&body);
+
+    /* An unknown command: CommandNotFound with an errmsg, and the
+     * connection goes on. */
+    bson_init(&body);
+    BSON_APPEND_INT32(&body, "frobnicate", 1);
+    run_cmd(c, 4, &body, NULL, NULL, 0, &reply);
+    ck_assert_int_eq(reply_code(&reply), DOC_CommandNotFound);
+    ck_assert(bson_iter_init_find(&it, &reply, "errmsg") &&
+              strstr(bson_iter_utf8(&it, NULL), "frobnicate"));
+    bson_destroy(&reply);
+    bson_destroy(&body);
+    conn_close(c);
+    conn_close(bad);
+
+    /* What was acknowledged is in the pool after a reopen. */
+    real_close();
+    real_open(false);
+    c = conn_open();
+    bson_init(&body);
+    BSON_APPEND_UTF8(&body, "count", "c");
+    run_cmd(c, 5, &body, NULL, NULL, 0, &reply);
+    ck_assert(doc_num(&reply, "ok") == 1.0 && doc_num(&reply, "n") == 3);
+    bson_destroy(&reply);
+    bson_destroy(&body);
+    conn_close(c);
+    for (int i = 0; i < 3; i++)
+        bson_destroy(&docs[i]);
+    bson_destroy(q);
+    free(b.p);
 }
 END_TEST
 
@@ -1720,6 +1892,7 @@ Suite *suite_mongo_wire(void)
     Suite *s = suite_create("mongo_wire");
     TCase *p = tcase_create("parse");
     TCase *g = tcase_create("gateway");
+    TCase *r = tcase_create("real");
 
     tcase_set_timeout(p, 60);
     tcase_add_test(p, crc32c_known_answer);
@@ -1753,7 +1926,11 @@ Suite *suite_mongo_wire(void)
     tcase_add_test(g, clients_freed_and_ticked);
     tcase_add_test(g, max_clients_refused);
     tcase_add_test(g, watched_fd_wakes_poll);
-    tcase_add_test(g, default_runner_needs_command_layer);
     suite_add_tcase(s, g);
+
+    tcase_add_checked_fixture(r, real_setup, real_teardown);
+    tcase_set_timeout(r, 120);
+    tcase_add_test(r, real_stack_crud_and_hostile);
+    suite_add_tcase(s, r);
     return s;
 }

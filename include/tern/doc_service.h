@@ -43,7 +43,8 @@ const struct tern_service *tern_doc_service_def(struct tern_doc_service *svc);
 /* Let the service write result batches into clients' buffers (RMongo's
  * path, tern_doc_set_path) on `ep`, the endpoint it is registered on: it
  * registers `slots` staging buffers of max_msg bytes each (0 = 8) from
- * which batches are put; a batch finding none free goes inline. Until this
+ * which batches are put on fabrics that do not map the client's buffer
+ * here (all but shm); a batch finding none free goes inline. Until this
  * is called every batch goes inline. The registration belongs to `ep`
  * (destroy the endpoint before the service). */
 int tern_doc_service_enable_onesided(struct tern_doc_service *svc, struct tern_rpc_ep *ep,

@@ -51,16 +51,6 @@
 #define BUF_KEEP_MAX (1u << 20)
 #define TICK_NS 1000000000ull
 
-/* The command layer (doc_cmd.c) lands on its own branch: until it is
- * merged, its functions are weak references, and a gateway without a
- * runner of its own is refused (TERN_ENOTSUP) rather than left to crash. */
-#pragma weak doc_client_new
-#pragma weak doc_client_free
-#pragma weak doc_cmd_run
-#pragma weak doc_server_sync
-#pragma weak doc_cmd_sync_failed
-#pragma weak doc_server_tick
-
 static const struct mongo_gw_runner doc_cmd_runner = {
     .client_new = doc_client_new,
     .client_free = doc_client_free,
@@ -708,8 +698,6 @@ int mongo_gw_create(struct doc_server *srv, const struct mongo_gw_config *cfg,
 
     if (!srv || !out)
         return TERN_EINVAL;
-    if (!(cfg && cfg->runner) && !doc_cmd_run)
-        return TERN_ENOTSUP;
     gw = calloc(1, sizeof(*gw));
     if (!gw)
         return TERN_ENOMEM;

@@ -1,16 +1,19 @@
-/* ternd: the tern daemon. It hosts the key-value service on a pool under
- * --data-dir, serves it over tern RPC (TCP, plus shm for clients on this
- * host that come in through auto://), and with --resp-port also speaks the
- * Redis protocol on the same store.
+/* ternd: the tern daemon. It hosts the key-value service (kv.pool) and the
+ * document service (doc.pool) on pools under --data-dir, serves both over
+ * tern RPC (TCP, plus shm for clients on this host that come in through
+ * auto://), with --resp-port also speaks the Redis protocol on the KV
+ * store, and with --mongo-port MongoDB's wire protocol on the document
+ * store.
  *
  *   ternd [--data-dir DIR] [--listen URI]... [--no-shm] [--resp-port PORT]
+ *         [--mongo-port PORT] [--no-doc] [--doc-pool-size SIZE]
  *         [--pool-size SIZE] [--seg-size SIZE] [--range LO:HI]
  *         [--spin-us N] [--resp-coalesce-us N] [--busy] [--flush-helpers N]
  *   ternd --help | --version
  *
- * One thread runs everything: RPC handlers and RESP commands touch the store
- * without locks. When both have been idle for --spin-us it sleeps on one
- * epoll set holding the RPC endpoint's fd and the gateway's. With
+ * One thread runs everything: RPC handlers and gateway commands touch the
+ * stores without locks. When all have been idle for --spin-us it sleeps on
+ * one epoll set holding the RPC endpoint's fd and the gateways'. With
  * --flush-helpers, that many more threads take pieces of the store's large
  * flushes (tern_kv_service_help) and touch nothing else. SIGTERM and
  * SIGINT stop it cleanly: clients are closed, the pool is synced and
@@ -31,6 +34,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tern_config.h"
+#if TERN_HAVE_DOC
+#include "doc.h"
+#include "doc_cmd.h"
+#include "doc_service.h"
+#include "doc_wire.h"
+#include "mongo_gw.h"
+#endif
 #include "kv.h"
 #include "kv_service_internal.h"
 #include "kv_store.h"
@@ -51,6 +62,9 @@ struct opts {
     unsigned n_listen;
     bool shm, busy;
     int resp_port;                   /* -1: no gateway */
+    int mongo_port;                  /* -1: no gateway */
+    bool doc;                        /* host the document service */
+    uint64_t doc_pool_size;
     uint64_t pool_size;
     uint32_t seg_size;
     uint32_t range_lo, range_hi;
@@ -74,6 +88,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: ternd [--data-dir DIR] [--listen URI]... [--no-shm] [--resp-port PORT]\n"
+            "             [--mongo-port PORT] [--no-doc] [--doc-pool-size SIZE]\n"
             "             [--pool-size SIZE] [--seg-size SIZE] [--range LO:HI]\n"
             "             [--spin-us N] [--resp-coalesce-us N] [--busy] [--flush-helpers N]\n"
             "       ternd --help | --version\n"
@@ -82,6 +97,11 @@ static void usage(FILE *f)
             "                    (default tcp://127.0.0.1:7300)\n"
             "  --no-shm          do not offer shared memory to auto:// clients on this host\n"
             "  --resp-port PORT  also serve the Redis protocol on 127.0.0.1:PORT (0: any)\n"
+            "  --mongo-port PORT also serve MongoDB's wire protocol on 127.0.0.1:PORT\n"
+            "                    (0: any), on the document store\n"
+            "  --no-doc          do not host the document service (doc.pool)\n"
+            "  --doc-pool-size SIZE  size of a new document pool, k/m/g/t (default 1g, a\n"
+            "                    sparse file of 32m segments)\n"
             "  --pool-size SIZE  size of a new pool, k/m/g/t, at least four segments and\n"
             "                    4k (default 256m)\n"
             "  --seg-size SIZE   log segment size of a new pool, a power of two in\n"
@@ -162,6 +182,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
         {"resp-coalesce-us", required_argument, NULL, 'C'},
         {"busy", no_argument, NULL, 'b'},           {"help", no_argument, NULL, 'h'},
         {"flush-helpers", required_argument, NULL, 'F'},
+        {"mongo-port", required_argument, NULL, 'm'}, {"no-doc", no_argument, NULL, 'N'},
+        {"doc-pool-size", required_argument, NULL, 'Z'},
         {"version", no_argument, NULL, 'V'},
         {0},
     };
@@ -170,7 +192,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
     int c;
 
     *o = (struct opts){.data_dir = "./tern-data", .shm = true, .resp_port = -1, .spin_us = 20,
-                         .coalesce_us = 50};
+                         .coalesce_us = 50, .mongo_port = -1, .doc = true};
     while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
         bool ok = true;
 
@@ -182,6 +204,16 @@ static int parse_args(int argc, char **argv, struct opts *o)
             o->listen[o->n_listen++] = optarg;
             break;
         case 'n': o->shm = false; break;
+        case 'm':
+            ok = opt_num("ternd", "--mongo-port", optarg, 0, 65535, 0, &v);
+            o->mongo_port = (int)v;
+            break;
+        case 'N': o->doc = false; break;
+        case 'Z':
+            /* 4 KiB of header and four 32 MiB segments at least. */
+            ok = opt_num("ternd", "--doc-pool-size", optarg, 4096 + (128ull << 20), POOL_MAX,
+                         OPT_SIZE, &o->doc_pool_size);
+            break;
         case 'r':
             ok = opt_num("ternd", "--resp-port", optarg, 0, 65535, 0, &v);
             o->resp_port = (int)v;
@@ -219,6 +251,14 @@ static int parse_args(int argc, char **argv, struct opts *o)
         return opt_usage_error("ternd", "unexpected argument '%s'", argv[optind]);
     if (!check_sizes(o, pool_size))
         return OPT_USAGE;
+#if !TERN_HAVE_DOC
+    if (o->mongo_port >= 0)
+        return opt_usage_error("ternd", "--mongo-port: built without the document service "
+                               "(libbson, PCRE2)");
+    o->doc = false;
+#endif
+    if (o->mongo_port >= 0 && !o->doc)
+        return opt_usage_error("ternd", "--mongo-port serves the document store: not with --no-doc");
     if (!o->n_listen)
         o->listen[o->n_listen++] = "tcp://127.0.0.1:7300";
     return 0;
@@ -235,31 +275,65 @@ static int make_sleeper(struct tern_rpc_ep *ep)
     return fd;
 }
 
+/* A gateway (RESP, MongoDB) as the loop sees it. */
+struct gw {
+    void *g;
+    int (*poll)(void *g, int timeout_ms);
+    bool (*ready)(void *g);          /* its watched fd was readable */
+    int (*watch)(void *g, int fd);
+    int (*fd)(void *g);
+};
+
+static int resp_poll_(void *g, int t) { return resp_gw_poll(g, t); }
+static bool resp_ready_(void *g) { return resp_gw_watch_ready(g); }
+static int resp_watch_(void *g, int fd) { return resp_gw_watch_fd(g, fd); }
+static int resp_fd_(void *g) { return resp_gw_fd(g); }
+#if TERN_HAVE_DOC
+static int mongo_poll_(void *g, int t) { return mongo_gw_poll(g, t); }
+static bool mongo_ready_(void *g) { return mongo_gw_watch_ready(g); }
+static int mongo_watch_(void *g, int fd) { return mongo_gw_watch_fd(g, fd); }
+static int mongo_fd_(void *g) { return mongo_gw_fd(g); }
+#endif
+
+/* Poll gateway i and those it watches: true if the RPC endpoint's fd was
+ * found readable at the end of the chain. */
+static bool poll_chain(struct gw *gws, unsigned n, unsigned i, int timeout)
+{
+    gws[i].poll(gws[i].g, timeout);
+    if (!gws[i].ready(gws[i].g))
+        return false;
+    return i + 1 < n ? poll_chain(gws, n, i + 1, 0) : true;
+}
+
 /* The loop. RPC is "hot" for --spin-us after its last event: it is polled
  * every round (its fabrics are polled without system calls where they can
- * be), and the gateway every 16th. Once RPC is quiet the thread blocks in
- * the gateway's epoll, which also watches the endpoint's fd, so a RESP-only
- * load costs one epoll_wait per batch, as in Redis. */
-static void serve(const struct opts *o, struct tern_rpc_ep *ep, struct resp_gw *gw)
+ * be), and the gateways every 16th. Once RPC is quiet the thread blocks in
+ * the first gateway's epoll, which watches the next gateway's epoll fd,
+ * and the last watches the endpoint's fd: a gateway-only load costs one
+ * epoll_wait per batch, as in Redis. */
+static void serve(const struct opts *o, struct tern_rpc_ep *ep, struct gw *gws, unsigned ngw)
 {
     uint64_t spin = (uint64_t)o->spin_us * 1000u, last_rpc = tern_now_ns();
     int sleeper = -1;
     unsigned tick = 0;
 
-    if (gw && !o->busy && tern_rpc_wait_fd(ep) >= 0)
-        resp_gw_watch_fd(gw, tern_rpc_wait_fd(ep));
-    else if (!gw && !o->busy)
+    if (ngw && !o->busy && tern_rpc_wait_fd(ep) >= 0) {
+        for (unsigned i = 0; i + 1 < ngw; i++)
+            gws[i].watch(gws[i].g, gws[i + 1].fd(gws[i + 1].g));
+        gws[ngw - 1].watch(gws[ngw - 1].g, tern_rpc_wait_fd(ep));
+    } else if (!ngw && !o->busy) {
         sleeper = make_sleeper(ep);
+    }
     while (!g_stop) {
         bool hot = o->busy || tern_now_ns() - last_rpc < spin;
         int n = 0;
 
-        if (hot || !gw) {
+        if (hot || !ngw) {
             n = tern_rpc_poll(ep);
             if (n > 0)
                 last_rpc = tern_now_ns();
         }
-        if (gw && (!hot || (++tick & 15) == 0)) {
+        if (ngw && (!hot || (++tick & 15) == 0)) {
             int timeout = 0;
 
             /* Block only when RPC is quiet and armed; if it has work
@@ -270,9 +344,12 @@ static void serve(const struct opts *o, struct tern_rpc_ep *ep, struct resp_gw *
                 else
                     last_rpc = tern_now_ns();
             }
-            resp_gw_poll(gw, timeout);
-            if (resp_gw_watch_ready(gw))
+            if (hot) {
+                for (unsigned i = 0; i < ngw; i++)
+                    gws[i].poll(gws[i].g, 0);
+            } else if (poll_chain(gws, ngw, 0, timeout)) {
                 last_rpc = tern_now_ns();   /* RPC work: poll it hot again */
+            }
             continue;
         }
         if (n > 0 || sleeper < 0 || hot)
@@ -368,9 +445,21 @@ int main(int argc, char **argv)
     struct tern_kv_service_opts ko = {0};
     struct tern_kv_service *svc = NULL;
     struct resp_gw *gw = NULL;
+#if TERN_HAVE_DOC
+    struct mongo_gw *mgw = NULL;
+    struct doc_store *dstore = NULL;
+    struct doc_server *dsrv = NULL;
+    struct tern_doc_service *dsvc = NULL;
+#endif
+    struct gw gws[2];
+    unsigned ngw = 0;
     struct kvs_stats st;
-    char pool[4096], bound[256], line[1024];
+    char pool[4096], bound[256], line[1400];
     bool made_dir, new_pool;
+#if TERN_HAVE_DOC
+    char dpool[4096];
+    bool new_dpool = false;
+#endif
     struct stat pst;
     struct opts o;
     size_t at;
@@ -403,14 +492,53 @@ int main(int argc, char **argv)
             rmdir(o.data_dir);
         return 1;
     }
+#if TERN_HAVE_DOC
+    /* The document store, its commands (shared by RPC and the MongoDB
+     * gateway) and its RPC service. */
+    if (o.doc) {
+        struct doc_store_opts dso = {.pool_size = o.doc_pool_size, .create = true};
+        struct doc_err de = {0};
+
+        snprintf(dpool, sizeof(dpool), "%s/doc.pool", o.data_dir);
+        new_dpool = stat(dpool, &pst) < 0 && errno == ENOENT;
+        rc = doc_store_open(dpool, &dso, &dstore, &de);
+        if (rc < 0)
+            fprintf(stderr, "ternd: document pool %s: %s\n", dpool, de.msg);
+        if (rc == 0 && (rc = doc_server_open(dstore, NULL, &dsrv)) < 0)
+            fprintf(stderr, "ternd: document service: %s\n", tern_strerror(rc));
+        if (rc == 0 && (rc = doc_service_new(dsrv, 0, &dsvc)) < 0)
+            fprintf(stderr, "ternd: document service: %s\n", tern_strerror(rc));
+        if (rc < 0) {
+            doc_server_close(dsrv);
+            doc_store_close(dstore);
+            tern_kv_service_close(svc);
+            if (new_dpool)
+                unlink(dpool);
+            if (new_pool)
+                unlink(pool);
+            if (made_dir)
+                rmdir(o.data_dir);
+            return 1;
+        }
+    }
+#endif
     if (o.busy)
         cfg.mode = TERN_TP_POLL_BUSY;
     rc = tern_rpc_open(&cfg, &g_ep);
     if (rc == 0)
         rc = tern_rpc_register(g_ep, tern_kv_service_def(svc));
+#if TERN_HAVE_DOC
+    if (rc == 0 && dsvc)
+        rc = tern_rpc_register(g_ep, tern_doc_service_def(dsvc));
+#endif
     /* Clients that ask for the one-sided paths (tern_kv_set_path) get them. */
     if (rc == 0 && (rc = tern_kv_service_enable_onesided(svc, g_ep, NULL)) < 0)
         fprintf(stderr, "ternd: one-sided paths: %s\n", tern_strerror(rc));
+#if TERN_HAVE_DOC
+    /* Large document results go one-sided to clients that take them. */
+    if (rc == 0 && dsvc && (rc = tern_doc_service_enable_onesided(dsvc, g_ep, 0)) < 0)
+        fprintf(stderr, "ternd: document one-sided batches: %s\n", tern_strerror(rc));
+#endif
     at = (size_t)snprintf(line, sizeof(line), "ternd ready");
     for (unsigned i = 0; rc == 0 && i < o.n_listen; i++) {
         rc = tern_rpc_listen(g_ep, o.listen[i], bound, sizeof(bound));
@@ -439,12 +567,35 @@ int main(int argc, char **argv)
             at += (size_t)snprintf(line + at, sizeof(line) - at, " resp=127.0.0.1:%u",
                                    resp_gw_port(gw));
     }
+#if TERN_HAVE_DOC
+    if (rc == 0 && o.mongo_port >= 0) {
+        struct mongo_gw_config mc = {.port = (uint16_t)o.mongo_port};
+
+        rc = mongo_gw_create(dsrv, &mc, &mgw);
+        if (rc < 0)
+            fprintf(stderr, "ternd: --mongo-port: 127.0.0.1:%d: %s\n", o.mongo_port,
+                    tern_strerror(rc));
+        else if (at < sizeof(line))
+            at += (size_t)snprintf(line + at, sizeof(line) - at, " mongo=127.0.0.1:%u",
+                                   mongo_gw_port(mgw));
+    }
+#endif
     if (rc == 0 && (rc = start_helpers(svc, o.helpers)) < 0)
         fprintf(stderr, "ternd: flush helpers: %s\n", tern_strerror(rc));
     if (rc < 0) {
         stop_helpers();
+#if TERN_HAVE_DOC
+        mongo_gw_destroy(mgw);
+#endif
         resp_gw_destroy(gw);
         tern_rpc_close(g_ep);
+#if TERN_HAVE_DOC
+        tern_doc_service_close(dsvc);
+        doc_server_close(dsrv);
+        doc_store_close(dstore);
+        if (new_dpool)
+            unlink(dpool);
+#endif
         tern_kv_service_close(svc);
         /* A pool this run created holds nothing yet: a start that failed
          * (an address in use, a typo in --listen) leaves no file behind.
@@ -457,19 +608,43 @@ int main(int argc, char **argv)
     }
     kvs_get_stats(kv_service_store(svc), &st);
     if (at < sizeof(line))
-        snprintf(line + at, sizeof(line) - at, " pool=%.900s keys=%llu persist=%s", pool,
-                 (unsigned long long)st.keys, st.pool.is_pmem ? "flush" : "msync");
+        at += (size_t)snprintf(line + at, sizeof(line) - at, " pool=%.900s keys=%llu persist=%s",
+                               pool, (unsigned long long)st.keys,
+                               st.pool.is_pmem ? "flush" : "msync");
+#if TERN_HAVE_DOC
+    if (dstore && at < sizeof(line)) {
+        struct doc_store_info di;
+
+        doc_store_info(dstore, &di);
+        snprintf(line + at, sizeof(line) - at, " doc=%.300s documents=%llu", dpool,
+                 (unsigned long long)di.documents);
+    }
+#endif
     printf("%s\n", line);
     fflush(stdout);
 
     signal(SIGTERM, on_signal);
     signal(SIGINT, on_signal);
     signal(SIGPIPE, SIG_IGN);
-    serve(&o, g_ep, gw);
+#if TERN_HAVE_DOC
+    if (mgw)
+        gws[ngw++] = (struct gw){mgw, mongo_poll_, mongo_ready_, mongo_watch_, mongo_fd_};
+#endif
+    if (gw)
+        gws[ngw++] = (struct gw){gw, resp_poll_, resp_ready_, resp_watch_, resp_fd_};
+    serve(&o, g_ep, gws, ngw);
 
     stop_helpers();
+#if TERN_HAVE_DOC
+    mongo_gw_destroy(mgw);
+#endif
     resp_gw_destroy(gw);
     tern_rpc_close(g_ep);
+#if TERN_HAVE_DOC
+    tern_doc_service_close(dsvc);
+    doc_server_close(dsrv);
+    doc_store_close(dstore);
+#endif
     tern_kv_service_close(svc);
     fprintf(stderr, "ternd: stopped\n");
     return 0;

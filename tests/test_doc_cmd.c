@@ -1533,6 +1533,44 @@ START_TEST(cursor_after_drop)
 }
 END_TEST
 
+/* Error paths that hold documents too large for libbson's inline buffer
+ * (so a double free or a leak shows under ASan): an unordered update's
+ * duplicate key, findAndModify's failed update, a count whose skip and
+ * limit add past INT64_MAX (UBSan). */
+START_TEST(error_paths_with_documents)
+{
+    char pad[200], cmd[1024];
+
+    memset(pad, 'p', sizeof(pad) - 1);
+    pad[sizeof(pad) - 1] = 0;
+    snprintf(cmd, sizeof(cmd),
+             "[{\"_id\": 1, \"k\": 1, \"s\": \"%s\"}, {\"_id\": 2, \"k\": 2, \"s\": \"%s\"}, {\"_id\": 3, \"n\": \"x\", \"s\": \"%s\"}]",
+             pad, pad, pad);
+    insert_json("c", cmd);
+    run("{\"createIndexes\": \"c\", \"indexes\": [{\"key\": {\"k\": 1}, \"name\": \"k_1\", \"unique\": true}], \"$db\": \"test\"}");
+    assert_ok();
+    run("{\"update\": \"c\", \"ordered\": false, \"updates\": [{\"q\": {\"_id\": 1}, \"u\": {\"$set\": {\"k\": 2}}}, {\"q\": {\"_id\": 2}, \"u\": {\"$set\": {\"k\": 1}}}, {\"q\": {\"_id\": 3}, \"u\": {\"$set\": {\"k\": 3}}}], \"$db\": \"test\"}");
+    assert_ok();
+    ck_assert_int_eq(array_len("writeErrors"), 2);
+    ck_assert_int_eq(num("writeErrors.1.index"), 1);
+    ck_assert_int_eq(num("writeErrors.1.keyValue.k"), 1);
+    ck_assert_int_eq(num("nModified"), 1);
+
+    run("{\"findAndModify\": \"c\", \"query\": {\"_id\": 3}, \"update\": {\"$inc\": {\"n\": 1}}, \"$db\": \"test\"}");
+    assert_err(DOC_TypeMismatch);
+    run("{\"findAndModify\": \"c\", \"query\": {\"_id\": 3}, \"update\": {\"$set\": {\"k\": 1}}, \"$db\": \"test\"}");
+    assert_err(DOC_DuplicateKey);
+    run("{\"findAndModify\": \"c\", \"query\": {\"_id\": 3}, \"update\": {\"$set\": {\"m\": 1}}, \"$db\": \"test\"}");
+    assert_ok();
+    ck_assert(!has("value.m"));
+    ck_assert_int_eq(num("value._id"), 3);
+
+    run("{\"count\": \"c\", \"query\": {\"s\": {\"$exists\": true}}, \"skip\": 1, \"limit\": {\"$numberLong\": \"9223372036854775807\"}, \"$db\": \"test\"}");
+    assert_ok();
+    ck_assert_int_eq(num("n"), 2);
+}
+END_TEST
+
 Suite *suite_doc_cmd(void)
 {
     Suite *s = suite_create("doc_cmd");
@@ -1555,6 +1593,7 @@ Suite *suite_doc_cmd(void)
     tcase_add_test(tc, cursor_limits_and_idle);
     tcase_add_test(tc, update_shapes);
     tcase_add_test(tc, update_errors);
+    tcase_add_test(tc, error_paths_with_documents);
     tcase_add_test(tc, update_multi_one_pass);
     tcase_add_test(tc, delete_shapes);
     tcase_add_test(tc, find_and_modify_shapes);

@@ -1045,6 +1045,21 @@ START_TEST(update_multi_one_pass)
     ck_assert_int_eq(num("n"), 1000);
     run("{\"delete\": \"big\", \"deletes\": [{\"q\": {\"a\": {\"$gte\": 105}}, \"limit\": 0}], \"$db\": \"test\"}");
     ck_assert_int_eq(num("n"), 500);
+
+    /* a multikey index reaches a document once per element: still one
+     * update each */
+    insert_json("m", "[{\"_id\": 1, \"t\": [1, 2, 3]}, {\"_id\": 2, \"t\": [2]}]");
+    run("{\"createIndexes\": \"m\", \"indexes\": [{\"key\": {\"t\": 1}, \"name\": \"t_1\"}], \"$db\": \"test\"}");
+    assert_ok();
+    run("{\"update\": \"m\", \"updates\": [{\"q\": {\"t\": {\"$in\": [1, 2, 3]}}, \"u\": {\"$inc\": {\"n\": 1}}, \"multi\": true}], \"$db\": \"test\"}");
+    assert_ok();
+    ck_assert_int_eq(num("n"), 2);
+    ck_assert_int_eq(num("nModified"), 2);
+    run("{\"find\": \"m\", \"filter\": {\"t\": {\"$gte\": 1}}, \"sort\": {\"_id\": 1}, \"$db\": \"test\"}");
+    ck_assert_int_eq(array_len("cursor.firstBatch"), 2);
+    ck_assert_int_eq(num("cursor.firstBatch.0.n"), 1);
+    run("{\"delete\": \"m\", \"deletes\": [{\"q\": {\"t\": {\"$in\": [1, 2, 3]}}, \"limit\": 0}], \"$db\": \"test\"}");
+    ck_assert_int_eq(num("n"), 2);
 }
 END_TEST
 

@@ -534,6 +534,25 @@ START_TEST(bad_argument_types)
     assert_err(DOC_FailedToParse);
     run("{\"createIndexes\": \"c\", \"indexes\": [{\"key\": 1, \"name\": \"t\"}], \"$db\": \"test\"}");
     assert_err(DOC_TypeMismatch);
+    /* only the simple collation: another would change what matches */
+    run("{\"find\": \"c\", \"collation\": {\"locale\": \"simple\"}, \"$db\": \"test\"}");
+    assert_ok();
+    run("{\"find\": \"c\", \"collation\": {\"locale\": \"fr\", \"strength\": 1}, \"$db\": \"test\"}");
+    assert_err(DOC_NotImplemented);
+    run("{\"count\": \"c\", \"collation\": {\"locale\": \"en\"}, \"$db\": \"test\"}");
+    assert_err(DOC_NotImplemented);
+    run("{\"distinct\": \"c\", \"key\": \"a\", \"collation\": \"en\", \"$db\": \"test\"}");
+    assert_err(DOC_TypeMismatch);
+    run("{\"aggregate\": \"c\", \"pipeline\": [], \"cursor\": {}, \"collation\": {\"locale\": \"en\"}, \"$db\": \"test\"}");
+    assert_err(DOC_NotImplemented);
+    run("{\"findAndModify\": \"c\", \"remove\": true, \"collation\": {\"locale\": \"en\"}, \"$db\": \"test\"}");
+    assert_err(DOC_NotImplemented);
+    run("{\"update\": \"c\", \"updates\": [{\"q\": {}, \"u\": {\"$set\": {\"z\": 1}}, \"collation\": {\"locale\": \"en\"}}], \"$db\": \"test\"}");
+    assert_ok();
+    ck_assert_int_eq(num("writeErrors.0.code"), DOC_NotImplemented);
+    run("{\"delete\": \"c\", \"deletes\": [{\"q\": {}, \"limit\": 0, \"collation\": {\"locale\": \"en\"}}], \"$db\": \"test\"}");
+    assert_ok();
+    ck_assert_int_eq(num("writeErrors.0.code"), DOC_NotImplemented);
     run("{\"explain\": \"find\", \"$db\": \"test\"}");
     assert_err(DOC_TypeMismatch);
     run("{\"explain\": {\"find\": \"c\"}, \"verbosity\": \"loud\", \"$db\": \"test\"}");

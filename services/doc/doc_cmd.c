@@ -248,6 +248,24 @@ static int arg_str(struct ctx *x, const bson_iter_t *it, const char **out)
     return 0;
 }
 
+/* tern compares strings by their bytes: MongoDB's "simple" collation. A
+ * command asking for another one is refused rather than answered by
+ * other rules than it asked for. */
+static int arg_collation(struct ctx *x, const bson_iter_t *it)
+{
+    bson_t c;
+    bson_iter_t li;
+
+    if (!BSON_ITER_HOLDS_DOCUMENT(it))
+        return wrong_type(x, it, "object");
+    if (arg_doc(x, it, &c) < 0)
+        return -1;
+    if (bson_iter_init_find(&li, &c, "locale") && BSON_ITER_HOLDS_UTF8(&li) &&
+        !strcmp(bson_iter_utf8(&li, NULL), "simple") && bson_count_keys(&c) == 1)
+        return 0;
+    return doc_errf(&x->e, DOC_NotImplemented, "only the simple collation is supported");
+}
+
 /* The collection named by the command's first field. */
 static int arg_coll(struct ctx *x, const char **out)
 {
@@ -1138,6 +1156,8 @@ static int cmd_find(struct ctx *x)
             rc = arg_int64(x, &it, &batch);
         else if (!strcmp(k, "singleBatch"))
             rc = arg_bool(x, &it, &single);
+        else if (!strcmp(k, "collation"))
+            rc = arg_collation(x, &it);
         if (rc < 0)
             return -1;
     }
@@ -1424,6 +1444,8 @@ static int parse_update_stmt(struct ctx *x, const bson_t *st, struct upd_stmt *s
             rc = arg_bool(x, &it, &s->upsert);
         } else if (!strcmp(k, "arrayFilters")) {
             return doc_errf(e, DOC_NotImplemented, "arrayFilters are not supported");
+        } else if (!strcmp(k, "collation")) {
+            rc = arg_collation(x, &it);
         }
         if (rc < 0) {
             *e = x->e;
@@ -1595,6 +1617,8 @@ static int delete_stmt(struct ctx *x, struct doc_coll *c, const bson_t *st, int6
         } else if (!strcmp(k, "limit")) {
             has_limit = true;
             r = arg_int64(x, &it, &limit);
+        } else if (!strcmp(k, "collation")) {
+            r = arg_collation(x, &it);
         }
         if (r < 0) {
             *e = x->e;
@@ -1736,6 +1760,8 @@ static int cmd_find_and_modify(struct ctx *x)
             r = BSON_ITER_HOLDS_DOCUMENT(&it) ? arg_doc(x, &it, &upd) : wrong_type(x, &it, "object");
         } else if (!strcmp(k, "arrayFilters"))
             return doc_errf(&x->e, DOC_NotImplemented, "arrayFilters are not supported");
+        else if (!strcmp(k, "collation"))
+            r = arg_collation(x, &it);
         if (r < 0)
             return -1;
     }
@@ -1851,6 +1877,8 @@ static int cmd_count(struct ctx *x)
             r = arg_int64(x, &it, &skip);
         else if (!strcmp(k, "limit"))
             r = arg_int64(x, &it, &limit);
+        else if (!strcmp(k, "collation"))
+            r = arg_collation(x, &it);
         if (r < 0)
             return -1;
     }
@@ -1985,6 +2013,8 @@ static int cmd_distinct(struct ctx *x)
             r = arg_str(x, &it, &key);
         else if (!strcmp(k, "query"))
             r = arg_doc(x, &it, &query);
+        else if (!strcmp(k, "collation"))
+            r = arg_collation(x, &it);
         if (r < 0)
             return -1;
     }
@@ -2397,6 +2427,8 @@ static int cmd_aggregate(struct ctx *x)
             r = cursor_opt(x, &it, &batch);
         } else if (!strcmp(k, "explain")) {
             r = arg_bool(x, &it, &explain);
+        } else if (!strcmp(k, "collation")) {
+            r = arg_collation(x, &it);
         }
         if (r < 0)
             return -1;

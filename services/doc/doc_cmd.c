@@ -71,6 +71,8 @@ struct doc_cursor {
     bson_t pending;                     /* the document that did not fit */
     bool has_pending;
     bool done;
+    bool heap;                          /* a find's lives on the stack until it
+                                         * has to outlive the command */
 };
 
 struct doc_client {
@@ -565,7 +567,8 @@ static void cursor_destroy(struct doc_cursor *cur)
     doc_buf_free(&cur->buf);
     if (cur->has_pending)
         bson_destroy(&cur->pending);
-    free(cur);
+    if (cur->heap)
+        free(cur);
 }
 
 /* Close a registered cursor. */
@@ -601,15 +604,42 @@ static void cursor_register(struct doc_client *cl, struct doc_cursor *cur)
     srv->ncursors++;
 }
 
+static void cursor_init(struct doc_cursor *cur, const char *ns)
+{
+    memset(cur, 0, sizeof(*cur));
+    snprintf(cur->ns, sizeof(cur->ns), "%s", ns);
+    cur->limit = -1;
+}
+
 static struct doc_cursor *cursor_new(const char *ns)
 {
-    struct doc_cursor *cur = calloc(1, sizeof(*cur));
+    struct doc_cursor *cur = malloc(sizeof(*cur));
 
     if (!cur)
         return NULL;
-    snprintf(cur->ns, sizeof(cur->ns), "%s", ns);
-    cur->limit = -1;
+    cursor_init(cur, ns);
+    cur->heap = true;
     return cur;
+}
+
+/* A cursor on the stack moved to the heap, to be registered. */
+static struct doc_cursor *cursor_to_heap(struct doc_cursor *cur)
+{
+    struct doc_cursor *h;
+
+    if (cur->heap)
+        return cur;
+    h = malloc(sizeof(*h));
+    if (!h)
+        return NULL;
+    *h = *cur;
+    h->heap = true;
+    /* a bson_t that outgrew its inline buffer points into itself */
+    if (cur->has_pending) {
+        bson_copy_to(&cur->pending, &h->pending);
+        bson_destroy(&cur->pending);
+    }
+    return h;
 }
 
 /* The next raw document of a cursor: 1, or 0 at its end. */
@@ -734,9 +764,17 @@ static int reply_cursor(struct ctx *x, struct doc_cursor *cur, const char *batch
         else
             cursor_destroy(cur);
     } else {
-        if (!registered)
+        if (!registered) {
+            struct doc_cursor *h = cursor_to_heap(cur);
+
+            if (!h) {
+                bson_append_document_end(x->reply, &cd);
+                cursor_destroy(cur);
+                return doc_errf(&x->e, DOC_ExceededMemoryLimit, "out of memory");
+            }
+            cur = h;
             cursor_register(x->cl, cur);
-        else {
+        } else {
             cursor_unlink(cur);
             cursor_link(cur);
         }
@@ -1130,7 +1168,7 @@ static int cmd_find(struct ctx *x)
     bool single = false;
     const char *cname;
     char ns[NS_MAX];
-    struct doc_cursor *cur;
+    struct doc_cursor stack_cur, *cur;
     struct doc_coll *c;
     bson_iter_t it;
 
@@ -1181,9 +1219,9 @@ static int cmd_find(struct ctx *x)
     if (coll_find(x, cname, &c) < 0)
         return -1;
     ns_of(ns, x->db, cname);
-    cur = cursor_new(ns);
-    if (!cur)
-        return doc_errf(&x->e, DOC_ExceededMemoryLimit, "out of memory");
+    /* on the stack: most finds end in their first batch */
+    cur = &stack_cur;
+    cursor_init(cur, ns);
     if (cursor_compile(x, cur, &filter, &sort, &proj) < 0) {
         cursor_destroy(cur);
         return -1;

@@ -534,6 +534,25 @@ START_TEST(bad_argument_types)
     assert_err(DOC_FailedToParse);
     run("{\"createIndexes\": \"c\", \"indexes\": [{\"key\": 1, \"name\": \"t\"}], \"$db\": \"test\"}");
     assert_err(DOC_TypeMismatch);
+    /* only the simple collation: another would change what matches */
+    run("{\"find\": \"c\", \"collation\": {\"locale\": \"simple\"}, \"$db\": \"test\"}");
+    assert_ok();
+    run("{\"find\": \"c\", \"collation\": {\"locale\": \"fr\", \"strength\": 1}, \"$db\": \"test\"}");
+    assert_err(DOC_NotImplemented);
+    run("{\"count\": \"c\", \"collation\": {\"locale\": \"en\"}, \"$db\": \"test\"}");
+    assert_err(DOC_NotImplemented);
+    run("{\"distinct\": \"c\", \"key\": \"a\", \"collation\": \"en\", \"$db\": \"test\"}");
+    assert_err(DOC_TypeMismatch);
+    run("{\"aggregate\": \"c\", \"pipeline\": [], \"cursor\": {}, \"collation\": {\"locale\": \"en\"}, \"$db\": \"test\"}");
+    assert_err(DOC_NotImplemented);
+    run("{\"findAndModify\": \"c\", \"remove\": true, \"collation\": {\"locale\": \"en\"}, \"$db\": \"test\"}");
+    assert_err(DOC_NotImplemented);
+    run("{\"update\": \"c\", \"updates\": [{\"q\": {}, \"u\": {\"$set\": {\"z\": 1}}, \"collation\": {\"locale\": \"en\"}}], \"$db\": \"test\"}");
+    assert_ok();
+    ck_assert_int_eq(num("writeErrors.0.code"), DOC_NotImplemented);
+    run("{\"delete\": \"c\", \"deletes\": [{\"q\": {}, \"limit\": 0, \"collation\": {\"locale\": \"en\"}}], \"$db\": \"test\"}");
+    assert_ok();
+    ck_assert_int_eq(num("writeErrors.0.code"), DOC_NotImplemented);
     run("{\"explain\": \"find\", \"$db\": \"test\"}");
     assert_err(DOC_TypeMismatch);
     run("{\"explain\": {\"find\": \"c\"}, \"verbosity\": \"loud\", \"$db\": \"test\"}");
@@ -1045,6 +1064,21 @@ START_TEST(update_multi_one_pass)
     ck_assert_int_eq(num("n"), 1000);
     run("{\"delete\": \"big\", \"deletes\": [{\"q\": {\"a\": {\"$gte\": 105}}, \"limit\": 0}], \"$db\": \"test\"}");
     ck_assert_int_eq(num("n"), 500);
+
+    /* a multikey index reaches a document once per element: still one
+     * update each */
+    insert_json("m", "[{\"_id\": 1, \"t\": [1, 2, 3]}, {\"_id\": 2, \"t\": [2]}]");
+    run("{\"createIndexes\": \"m\", \"indexes\": [{\"key\": {\"t\": 1}, \"name\": \"t_1\"}], \"$db\": \"test\"}");
+    assert_ok();
+    run("{\"update\": \"m\", \"updates\": [{\"q\": {\"t\": {\"$in\": [1, 2, 3]}}, \"u\": {\"$inc\": {\"n\": 1}}, \"multi\": true}], \"$db\": \"test\"}");
+    assert_ok();
+    ck_assert_int_eq(num("n"), 2);
+    ck_assert_int_eq(num("nModified"), 2);
+    run("{\"find\": \"m\", \"filter\": {\"t\": {\"$gte\": 1}}, \"sort\": {\"_id\": 1}, \"$db\": \"test\"}");
+    ck_assert_int_eq(array_len("cursor.firstBatch"), 2);
+    ck_assert_int_eq(num("cursor.firstBatch.0.n"), 1);
+    run("{\"delete\": \"m\", \"deletes\": [{\"q\": {\"t\": {\"$in\": [1, 2, 3]}}, \"limit\": 0}], \"$db\": \"test\"}");
+    ck_assert_int_eq(num("n"), 2);
 }
 END_TEST
 
@@ -1335,6 +1369,22 @@ START_TEST(namespace_commands)
     ck_assert_int_eq(num("nindexes"), 1);
     run("{\"collStats\": \"none\", \"$db\": \"test\"}");
     assert_err(DOC_NamespaceNotFound);
+    /* mongosh's db.c1.stats(): $collStats, then the rest of the pipeline */
+    run("{\"aggregate\": \"c1\", \"pipeline\": [{\"$collStats\": {\"storageStats\": {}, \"count\": {}}}], \"cursor\": {}, \"$db\": \"test\"}");
+    assert_ok();
+    ck_assert_int_eq(array_len("cursor.firstBatch"), 1);
+    ck_assert_str_eq(str("cursor.firstBatch.0.ns"), "test.c1");
+    ck_assert_int_eq(num("cursor.firstBatch.0.storageStats.count"), 1);
+    ck_assert_int_eq(num("cursor.firstBatch.0.storageStats.nindexes"), 1);
+    ck_assert_int_eq(num("cursor.firstBatch.0.count.count"), 1);
+    run("{\"aggregate\": \"c1\", \"pipeline\": [{\"$collStats\": {\"storageStats\": {}}}, {\"$project\": {\"n\": \"$storageStats.count\"}}], \"cursor\": {}, \"$db\": \"test\"}");
+    assert_ok();
+    ck_assert_int_eq(num("cursor.firstBatch.0.n"), 1);
+    ck_assert(!has("cursor.firstBatch.0.ns"));
+    run("{\"aggregate\": \"none\", \"pipeline\": [{\"$collStats\": {\"storageStats\": {}}}], \"cursor\": {}, \"$db\": \"test\"}");
+    assert_err(DOC_NamespaceNotFound);
+    run("{\"aggregate\": 1, \"pipeline\": [{\"$collStats\": {}}], \"cursor\": {}, \"$db\": \"test\"}");
+    assert_err(DOC_BadValue);
     run("{\"dbStats\": 1, \"$db\": \"test\"}");
     assert_ok();
     ck_assert_int_eq(num("collections"), 2);
@@ -1517,6 +1567,44 @@ START_TEST(cursor_after_drop)
 }
 END_TEST
 
+/* Error paths that hold documents too large for libbson's inline buffer
+ * (so a double free or a leak shows under ASan): an unordered update's
+ * duplicate key, findAndModify's failed update, a count whose skip and
+ * limit add past INT64_MAX (UBSan). */
+START_TEST(error_paths_with_documents)
+{
+    char pad[200], cmd[1024];
+
+    memset(pad, 'p', sizeof(pad) - 1);
+    pad[sizeof(pad) - 1] = 0;
+    snprintf(cmd, sizeof(cmd),
+             "[{\"_id\": 1, \"k\": 1, \"s\": \"%s\"}, {\"_id\": 2, \"k\": 2, \"s\": \"%s\"}, {\"_id\": 3, \"n\": \"x\", \"s\": \"%s\"}]",
+             pad, pad, pad);
+    insert_json("c", cmd);
+    run("{\"createIndexes\": \"c\", \"indexes\": [{\"key\": {\"k\": 1}, \"name\": \"k_1\", \"unique\": true}], \"$db\": \"test\"}");
+    assert_ok();
+    run("{\"update\": \"c\", \"ordered\": false, \"updates\": [{\"q\": {\"_id\": 1}, \"u\": {\"$set\": {\"k\": 2}}}, {\"q\": {\"_id\": 2}, \"u\": {\"$set\": {\"k\": 1}}}, {\"q\": {\"_id\": 3}, \"u\": {\"$set\": {\"k\": 3}}}], \"$db\": \"test\"}");
+    assert_ok();
+    ck_assert_int_eq(array_len("writeErrors"), 2);
+    ck_assert_int_eq(num("writeErrors.1.index"), 1);
+    ck_assert_int_eq(num("writeErrors.1.keyValue.k"), 1);
+    ck_assert_int_eq(num("nModified"), 1);
+
+    run("{\"findAndModify\": \"c\", \"query\": {\"_id\": 3}, \"update\": {\"$inc\": {\"n\": 1}}, \"$db\": \"test\"}");
+    assert_err(DOC_TypeMismatch);
+    run("{\"findAndModify\": \"c\", \"query\": {\"_id\": 3}, \"update\": {\"$set\": {\"k\": 1}}, \"$db\": \"test\"}");
+    assert_err(DOC_DuplicateKey);
+    run("{\"findAndModify\": \"c\", \"query\": {\"_id\": 3}, \"update\": {\"$set\": {\"m\": 1}}, \"$db\": \"test\"}");
+    assert_ok();
+    ck_assert(!has("value.m"));
+    ck_assert_int_eq(num("value._id"), 3);
+
+    run("{\"count\": \"c\", \"query\": {\"s\": {\"$exists\": true}}, \"skip\": 1, \"limit\": {\"$numberLong\": \"9223372036854775807\"}, \"$db\": \"test\"}");
+    assert_ok();
+    ck_assert_int_eq(num("n"), 2);
+}
+END_TEST
+
 Suite *suite_doc_cmd(void)
 {
     Suite *s = suite_create("doc_cmd");
@@ -1539,6 +1627,7 @@ Suite *suite_doc_cmd(void)
     tcase_add_test(tc, cursor_limits_and_idle);
     tcase_add_test(tc, update_shapes);
     tcase_add_test(tc, update_errors);
+    tcase_add_test(tc, error_paths_with_documents);
     tcase_add_test(tc, update_multi_one_pass);
     tcase_add_test(tc, delete_shapes);
     tcase_add_test(tc, find_and_modify_shapes);

@@ -14,13 +14,10 @@
  * Every row is timed after a warm-up of a tenth of --iters. */
 #include <errno.h>
 #include <getopt.h>
-#include <linux/magic.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <sys/statfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -561,17 +558,10 @@ static int client(struct ctx *c, const char *uri)
     return rc;
 }
 
-static bool on_tmpfs(const char *dir)
-{
-    struct statfs sf;
-
-    return statfs(dir, &sf) == 0 && sf.f_type == TMPFS_MAGIC;
-}
-
 static int run_local(const struct doc_opts *o)
 {
     const char *const *names = tern_tp_fabric_names();
-    bool tmpfs = on_tmpfs(o->pool_dir), header = true;
+    bool tmpfs = bench_on_tmpfs(o->pool_dir), header = true;
     int failed = 0;
 
     for (; *names; names++) {
@@ -716,16 +706,6 @@ static bool parse_paths(const char *arg, struct doc_opts *o)
     return o->n_paths > 0;
 }
 
-static const char *default_pool_dir(void)
-{
-    struct stat st;
-    const char *t = getenv("TMPDIR");
-
-    if (stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode) && access("/dev/shm", W_OK) == 0)
-        return "/dev/shm";
-    return t && *t ? t : "/tmp";
-}
-
 int doc_main(int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -784,6 +764,6 @@ int doc_main(int argc, char **argv)
     if (optind < argc)
         return opt_usage_error(me, "unexpected argument '%s'", argv[optind]);
     if (!o.pool_dir)
-        o.pool_dir = default_pool_dir();
+        o.pool_dir = bench_default_pool_dir();
     return run_local(&o);
 }

@@ -195,6 +195,7 @@ run_tests() {
         count cli-smoke tests/cli_smoke.sh build
         count rpcbench-smoke tests/rpcbench_smoke.sh build/tools/rpcbench/rpcbench
         count rpcbench-kv-smoke tests/rpcbench_kv_smoke.sh build/tools/rpcbench/rpcbench
+        count rpcbench-doc-smoke tests/rpcbench_doc_smoke.sh build/tools/rpcbench/rpcbench
         count ternd-smoke tests/ternd_smoke.sh build
         count installed-library-consumer consumer
         # One CRUD script through three real MongoDB clients against

@@ -360,10 +360,11 @@ static void drive_find(struct run *r)
         bson_reinit(&q);
         BSON_APPEND_UTF8(&q, "f1", v);
         rc = tern_doc_find(r->doc, DB, COLL, &q, NULL, &cur);
-        while (rc == 0 && (rc = tern_doc_cursor_next(cur, &d)) == 1)
-            r->found++;
-        if (rc == 0 || rc == 1)
+        if (rc == 0) {
+            while ((rc = tern_doc_cursor_next(cur, &d)) == 1)
+                r->found++;
             tern_doc_cursor_close(cur);
+        }
         if (rc < 0) {
             run_error(r, rc, "find");
             break;

@@ -117,6 +117,8 @@ void tern_rpc_close(struct tern_rpc_ep *ep)
     free(ep->calls);
     free(ep->free_slots);
     free(ep->doomed);
+    free(ep->held);
+    free(ep->held_buf);
     if (ep->wait_epfd >= 0)
         close(ep->wait_epfd);
     free(ep);
@@ -295,6 +297,7 @@ void rpc_session_free(struct tern_session *s)
 
     if (s->zombie)
         return;
+    rpc_forget_held(s);
     if (s->prev)
         s->prev->next = s->next;
     else
@@ -518,6 +521,9 @@ int tern_rpc_poll(struct tern_rpc_ep *ep)
         }
         for (int i = 0; i < n; i++)
             on_event(ep, &ep->ev[i]);
+        /* Held replies go before the next fabric's batch: its requests
+         * must not wait on this one's. */
+        rpc_release_held(ep);
         if (n > 0) {
             total += n;
             ep->tp_idle[t] = 0;

@@ -157,6 +157,17 @@ struct tern_req {
     size_t reply_len;
     struct spill *spilled;          /* reply went to the heap instead */
     bool reply_taken;
+    bool hold;                      /* tern_req_hold: reply after the hold hook */
+};
+
+#define RPC_HOLD_HOOKS 8
+
+/* A reply held until the end of the poll (tern_req_hold): its header and
+ * where its payload lies in the endpoint's held buffer. */
+struct rpc_held {
+    struct tern_session *s;         /* NULL: the session went meanwhile */
+    struct rpc_hdr h;
+    size_t off, len;
 };
 
 struct tern_rpc_ep {
@@ -195,6 +206,16 @@ struct tern_rpc_ep {
     uint64_t next_rma_scan;         /* ns; one-sided deadlines are checked per ms */
     struct tern_rpc_mr *mrs;        /* regions registered and not deregistered */
     struct tern_tp_event ev[RPC_EVENT_BATCH];
+    /* Replies held for the hold hooks (server.c), reused from poll to poll. */
+    struct {
+        int (*fn)(void *arg);
+        void *arg;
+    } hooks[RPC_HOLD_HOOKS];
+    unsigned n_hooks;
+    struct rpc_held *held;
+    unsigned n_held, cap_held;
+    uint8_t *held_buf;
+    size_t held_len, held_cap;
 };
 
 /* endpoint.c */
@@ -206,6 +227,11 @@ void rpc_session_free(struct tern_session *s);
 const struct rpc_service *rpc_service_find(const struct tern_rpc_ep *ep, uint16_t id);
 void rpc_bad_frame(struct tern_session *s, const char *why);
 void rpc_doom(struct tern_rpc_ep *ep, struct tern_tp_conn *conn);
+
+/* server.c: send the replies held this poll (after running the hook). */
+void rpc_release_held(struct tern_rpc_ep *ep);
+/* A session is going: its held replies go with it. */
+void rpc_forget_held(struct tern_session *s);
 
 /* client.c */
 void rpc_client_recv(struct tern_session *s, const struct rpc_hdr *h, const void *body,

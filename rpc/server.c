@@ -77,6 +77,85 @@ static void spill_push(struct tern_session *s, struct spill *sp, size_t len)
     s->spill_tail = &sp->next;
 }
 
+void tern_req_hold(struct tern_req *r)
+{
+    r->hold = true;
+}
+
+int tern_rpc_add_hold_hook(struct tern_rpc_ep *ep, int (*fn)(void *arg), void *arg)
+{
+    if (!ep || !fn)
+        return TERN_EINVAL;
+    if (ep->n_hooks == RPC_HOLD_HOOKS)
+        return TERN_ENOSPC;
+    ep->hooks[ep->n_hooks].fn = fn;
+    ep->hooks[ep->n_hooks++].arg = arg;
+    return 0;
+}
+
+void tern_rpc_remove_hold_hook(struct tern_rpc_ep *ep, int (*fn)(void *arg), void *arg)
+{
+    for (unsigned i = 0; ep && i < ep->n_hooks; i++)
+        if (ep->hooks[i].fn == fn && ep->hooks[i].arg == arg) {
+            ep->hooks[i] = ep->hooks[--ep->n_hooks];
+            return;
+        }
+}
+
+/* Every hook, once: the first failure is the result (the others still
+ * run: each service makes what it can durable). */
+static int run_hooks(struct tern_rpc_ep *ep)
+{
+    int rc = 0;
+
+    for (unsigned i = 0; i < ep->n_hooks; i++) {
+        int r = ep->hooks[i].fn(ep->hooks[i].arg);
+
+        if (r < 0 && rc == 0)
+            rc = r;
+    }
+    return rc;
+}
+
+/* Put a built reply on hold: header and payload are copied into the
+ * endpoint's held buffer (grown, never shrunk: no allocation per reply once
+ * warm) and sent by rpc_release_held. false if there is no memory for it
+ * (the reply then goes now). */
+static bool hold_reply(struct tern_session *s, const struct rpc_hdr *h, const void *body,
+                       size_t len)
+{
+    struct tern_rpc_ep *ep = s->ep;
+
+    if (ep->n_held == ep->cap_held) {
+        unsigned cap = ep->cap_held ? 2 * ep->cap_held : 64;
+        struct rpc_held *n = realloc(ep->held, cap * sizeof(*n));
+
+        if (!n)
+            return false;
+        ep->held = n;
+        ep->cap_held = cap;
+    }
+    if (ep->held_len + len > ep->held_cap) {
+        size_t cap = ep->held_cap ? ep->held_cap : 64 * 1024;
+        uint8_t *n;
+
+        while (cap < ep->held_len + len)
+            cap *= 2;
+        n = realloc(ep->held_buf, cap);
+        if (!n)
+            return false;
+        ep->held_buf = n;
+        ep->held_cap = cap;
+    }
+    if (len)
+        memcpy(ep->held_buf + ep->held_len, body, len);
+    ep->held[ep->n_held++] = (struct rpc_held){.s = s, .h = *h, .off = ep->held_len, .len = len};
+    ep->held_len += len;
+    return true;
+}
+
+static void emit(struct tern_session *s, struct rpc_hdr *h, const void *body, size_t len);
+
 /* Send the reply of `r` with `status`. */
 static void send_reply(struct tern_session *s, struct tern_req *r, int status)
 {
@@ -105,6 +184,30 @@ static void send_reply(struct tern_session *s, struct tern_req *r, int status)
         }
         body = 0;
     }
+    /* Held: this reply, and every later one of the poll (they may show
+     * what the held ones wrote), wait for the hook. */
+    if (s->ep->n_hooks && (r->hold || s->ep->n_held)) {
+        const void *payload = r->reply ? (const void *)r->reply
+                              : r->spilled ? (const void *)(r->spilled->data + HDR) : NULL;
+
+        if (hold_reply(s, &h, payload, payload ? body : 0)) {
+            if (r->reply)
+                tern_tp_msg_abort(s->conn, r->reply - HDR);
+            free(r->spilled);
+            return;
+        }
+        /* No memory to hold it: the hook runs now instead, for it alone. */
+        if (run_hooks(s->ep) < 0) {
+            if (r->reply)
+                tern_tp_msg_abort(s->conn, r->reply - HDR);
+            free(r->spilled);
+            r->reply = NULL;
+            r->spilled = NULL;
+            h.status = TERN_EIO;
+            emit(s, &h, NULL, 0);
+            return;
+        }
+    }
     if (s->replay)
         rpc_replay_add(s->replay, &h, status,
                        r->reply ? (const void *)r->reply
@@ -125,6 +228,64 @@ static void send_reply(struct tern_session *s, struct tern_req *r, int status)
         memcpy(r->spilled->data, &h, HDR);
         spill_push(s, r->spilled, HDR + body);
     }
+}
+
+/* Send a reply whose payload is not in the send buffer yet. */
+static void emit(struct tern_session *s, struct rpc_hdr *h, const void *body, size_t len)
+{
+    uint8_t *buf;
+
+    if (h->status < 0)
+        len = 0;
+    if (s->replay)
+        rpc_replay_add(s->replay, h, h->status, body, len);
+    if (tern_tp_msg_alloc(s->conn, HDR + len, (void **)&buf) == 0) {
+        memcpy(buf, h, HDR);
+        if (len)
+            memcpy(buf + HDR, body, len);
+        tern_tp_msg_post(s->conn, buf, HDR + len);
+        return;
+    }
+    struct spill *sp = malloc(sizeof(*sp) + HDR + len);
+
+    if (!sp) {
+        tern_log(TERN_LOG_ERROR, "rpc", "out of memory: reply to %s lost",
+                 tern_tp_conn_peer(s->conn));
+        return;
+    }
+    memcpy(sp->data, h, HDR);
+    if (len)
+        memcpy(sp->data + HDR, body, len);
+    spill_push(s, sp, HDR + len);
+}
+
+void rpc_release_held(struct tern_rpc_ep *ep)
+{
+    int rc;
+
+    if (!ep->n_held)
+        return;
+    /* Once for the whole poll: a service's group commit. If it fails,
+     * every held reply says so instead of what it said. */
+    rc = run_hooks(ep);
+    for (unsigned i = 0; i < ep->n_held; i++) {
+        struct rpc_held *e = &ep->held[i];
+
+        if (!e->s)
+            continue;
+        if (rc < 0)
+            e->h.status = TERN_EIO;
+        emit(e->s, &e->h, ep->held_buf + e->off, e->len);
+    }
+    ep->n_held = 0;
+    ep->held_len = 0;
+}
+
+void rpc_forget_held(struct tern_session *s)
+{
+    for (unsigned i = 0; i < s->ep->n_held; i++)
+        if (s->ep->held[i].s == s)
+            s->ep->held[i].s = NULL;
 }
 
 void rpc_test_drop(struct tern_req *req)

@@ -125,6 +125,7 @@ if $services; then
     refused --flush-helpers "65 $in_range""0\.\.64\)" "$ternd" --data-dir "$d" --flush-helpers 65
     refused --range "5:3 is empty" "$ternd" --data-dir "$d" --range 5:3
     refused --range "-1 $in_range" "$ternd" --data-dir "$d" --range -1:3
+    refused --mongo-port "70000 $in_range" "$ternd" --data-dir "$d" --mongo-port 70000
     [ ! -e "$d" ] || fail "ternd created $d while refusing its options"
 fi
 
@@ -159,6 +160,8 @@ if $services; then
     usage_error "$tern" pool info
     usage_error "$tern" pool bogus x
     usage_error "$tern" pool info a b
+    usage_error "$tern" doc
+    usage_error "$tern" doc --bogus x
 fi
 
 # 6. An error said once: on stderr, not on stdout as well.
@@ -242,6 +245,13 @@ wait $pid || rc=$?
 pid=""
 [ $rc -eq 0 ] || fail "ternd exited $rc on SIGTERM after SIGHUP, not 0"
 grep -q 'ternd: stopped' "$dir/ternd.err" || fail "ternd did not stop cleanly: $(cat "$dir/ternd.err")"
+
+# The document pool of a ternd that stopped: tern doc reads it.
+if [ -e "$data/doc.pool" ]; then
+    run "$tern" doc "$data/doc.pool"
+    { [ $rc -eq 0 ] && grep -q "^pool $data/doc.pool: 0 databases" "$out"; } ||
+        fail "tern doc of a stopped ternd's pool (exit $rc): $(cat "$out" "$err")"
+fi
 
 # The pool of a ternd that served is not new: a failed start keeps it.
 cp "$data/kv.pool" "$dir/before"

@@ -73,16 +73,40 @@ static void put_done(void *arg, int status)
     pending[(unsigned *)arg - pending]--;
 }
 
-/* As doc_service.c puts a batch: whole, or in CHUNK pieces where the
- * fabric's one-sided operations are smaller. */
+/* The largest put the fabric took so far. */
 static size_t chunk = MAX_BATCH;
-static uint64_t fell_back;
+
+/* Put the batch in pieces as large as the fabric takes (ntb: one ring
+ * record), halved until one goes, as doc_service.c does. */
+static int put_pieces(struct tern_req *req, const struct push_req *q, int i)
+{
+    size_t soff = (size_t)i * MAX_BATCH;
+    int rc = 0;
+
+    memcpy((uint8_t *)tern_rpc_mr_addr(stage) + soff, batch, q->len);
+    for (size_t off = 0; off < q->len;) {
+        size_t n = q->len - off < chunk ? q->len - off : chunk;
+
+        rc = tern_session_put(tern_req_session(req), stage, soff + off, n, &q->dst,
+                              (uint64_t)q->slot * MAX_BATCH + off, put_done, &pending[i]);
+        if (rc == TERN_EMSGSIZE && n > 4096) {
+            chunk = n / 2;
+            continue;
+        }
+        if (rc < 0)
+            return rc;
+        pending[i]++;
+        off += n;
+    }
+    return 0;
+}
 
 static int h_push(struct tern_req *req, const void *data, size_t len, void *ctx)
 {
+    struct tern_session *s = tern_req_session(req);
     struct push_req q;
     uint8_t *out;
-    size_t soff;
+    void *p;
     int i, rc;
 
     (void)ctx;
@@ -93,34 +117,23 @@ static int h_push(struct tern_req *req, const void *data, size_t len, void *ctx)
         ;
     if (i == SLOTS)
         return TERN_EAGAIN;
-    soff = (size_t)i * MAX_BATCH;
-    memcpy((uint8_t *)tern_rpc_mr_addr(stage) + soff, batch, q.len);
-    /* Pieces as large as the fabric takes (shm and ntb: one ring record):
-     * halved until one goes, as doc_service.c does. */
-    rc = 0;
-    for (size_t off = 0; off < q.len;) {
-        size_t n = q.len - off < chunk ? q.len - off : chunk;
-
-        rc = tern_session_put(tern_req_session(req), stage, soff + off, n, &q.dst,
-                              (uint64_t)q.slot * MAX_BATCH + off, put_done, &pending[i]);
-        if (rc == TERN_EMSGSIZE && n > 4096) {
-            chunk = n / 2;
-            continue;
-        }
-        if (rc < 0)
-            break;
-        pending[i]++;
-        off += n;
+    if (tern_session_caps(s) & TERN_TP_CAP_RKEY_PTR) {
+        /* shm: straight into the client's mapped buffer; inline while it
+         * is being mapped (as doc_service.c) */
+        rc = tern_session_rkey_ptr(s, &q.dst, (uint64_t)q.slot * MAX_BATCH, q.len,
+                                   TERN_TP_ACCESS_REMOTE_WRITE, &p);
+        if (rc == 0)
+            memcpy(p, batch, q.len);
+    } else {
+        rc = put_pieces(req, &q, i);
     }
     if (rc < 0) {
-        /* The fabric's queue is full (a put served while shm maps the
-         * client's buffer): the batch goes inline, as in doc_service.c. */
+        /* Not mapped yet, the fabric's queue full: the batch goes inline. */
         out = tern_reply_alloc(req, 16 + q.len);
         if (!out)
             return TERN_EMSGSIZE;
         memset(out, 1, 16);
         memcpy(out + 16, batch, q.len);
-        fell_back++;
         return 0;
     }
     out = tern_reply_alloc(req, 16);
@@ -233,10 +246,11 @@ static int doc_batch(struct tern_doc *doc, int32_t k)
     const bson_t *view;
     int rc = tern_doc_find(doc, "bench", "b", NULL, opts, &cur), n = 0;
 
-    while (rc == 0 && (rc = tern_doc_cursor_next(cur, &view)) == 1)
-        n++;
-    if (rc == 0)
+    if (rc == 0) {
+        while ((rc = tern_doc_cursor_next(cur, &view)) == 1)
+            n++;
         tern_doc_cursor_close(cur);
+    }
     bson_destroy(opts);
     return rc < 0 ? rc : n;
 }
@@ -334,8 +348,8 @@ int main(int argc, char **argv)
         return doc_bench(secs);
 #endif
 
-    printf("%-6s %8s %14s %14s %10s %10s %7s\n", "fabric", "batch", "inline b/s", "pushed b/s",
-           "inl MB/s", "push MB/s", "push/in");
+    printf("%-6s %8s %14s %14s %10s %10s %7s %8s\n", "fabric", "batch", "inline b/s", "pushed b/s",
+           "inl MB/s", "push MB/s", "push/in", "fell");
     for (int f = 0; names[f]; f++) {
         struct tern_rpc_config cfg = {.size = sizeof(cfg), .max_msg = MAX_MSG, .mode = MODE};
         char listen[128], uri[128];
@@ -350,7 +364,8 @@ int main(int argc, char **argv)
         pid = serve(listen, uri, sizeof(uri));
         if (pid < 0 || tern_rpc_open(&cfg, &ep) < 0 ||
             tern_rpc_connect(ep, uri, 5000000000ull, &s) < 0 ||
-            tern_rpc_mr_alloc(ep, (size_t)SLOTS * MAX_BATCH, TERN_TP_ACCESS_REMOTE_WRITE, &buf) < 0 ||
+            tern_rpc_mr_alloc(ep, (size_t)SLOTS * MAX_BATCH,
+                              TERN_TP_ACCESS_REMOTE_READ | TERN_TP_ACCESS_REMOTE_WRITE, &buf) < 0 ||
             tern_rpc_mr_rkey(buf, s, &rkey) < 0) {
             fprintf(stderr, "%s: no server\n", names[f]);
             if (pid > 0)
@@ -361,7 +376,7 @@ int main(int argc, char **argv)
             uint32_t n = sizes[k];
             double rate[2];
 
-            uint64_t ops_of[2] = {0, 0}, ns_of[2] = {0, 0};
+            uint64_t ops_of[2] = {0, 0}, ns_of[2] = {0, 0}, fell = 0;
 
             /* Rounds of each way in turn, so that the load of a shared
              * machine falls on both alike. */
@@ -386,8 +401,10 @@ int main(int argc, char **argv)
 
                         rc = tern_call_sync(s, SVC, M_PUSH, &q, sizeof(q), reply, sizeof(reply),
                                             &len, 5000000000ull);
-                        if (rc == 0 && len > 16)
+                        if (rc == 0 && len > 16) {
                             memcpy(cursor, reply + 16, n);     /* fell back inline */
+                            fell++;
+                        }
                         sink ^= ((uint8_t *)tern_rpc_mr_addr(buf))[(size_t)q.slot * MAX_BATCH + n - 1];
                     }
                     if (rc < 0) {
@@ -403,8 +420,9 @@ int main(int argc, char **argv)
             }
             for (int way = 0; way < 2; way++)
                 rate[way] = (double)ops_of[way] / ((double)ns_of[way] / 1e9);
-            printf("%-6s %7uK %14.0f %14.0f %10.0f %10.0f %7.2f\n", names[f], n >> 10, rate[0],
-                   rate[1], rate[0] * n / 1e6, rate[1] * n / 1e6, rate[1] / rate[0]);
+            printf("%-6s %7uK %14.0f %14.0f %10.0f %10.0f %7.2f %8.3f\n", names[f], n >> 10, rate[0],
+                   rate[1], rate[0] * n / 1e6, rate[1] * n / 1e6, rate[1] / rate[0],
+                   ops_of[1] ? (double)fell / (double)ops_of[1] : 0.0);
             fflush(stdout);
         }
         tern_rpc_mr_dereg(buf);

@@ -57,6 +57,7 @@ static const struct {
 #if TERN_HAVE_DOC_SERVICE
     {"doc_native", suite_doc_native},
     {"mongo_wire", suite_mongo_wire},
+    {"doc_crash", suite_doc_crash},
 #endif
 };
 

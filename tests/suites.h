@@ -33,5 +33,6 @@ Suite *suite_doc_store(void);
 Suite *suite_doc_cmd(void);
 Suite *suite_doc_native(void);  /* with the document service */
 Suite *suite_mongo_wire(void);
+Suite *suite_doc_crash(void);
 
 #endif

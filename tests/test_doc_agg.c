@@ -983,7 +983,7 @@ static void rnd_value(bson_t *d, const char *k, unsigned depth)
 
         bson_append_array_begin(d, k, -1, &sub);
         for (unsigned i = 0; i < n; i++) {
-            char ik[4];
+            char ik[12];
 
             snprintf(ik, sizeof(ik), "%u", i);
             rnd_value(&sub, ik, depth + 1);

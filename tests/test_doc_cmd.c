@@ -388,6 +388,79 @@ START_TEST(unknown_and_malformed)
     assert_err(DOC_InvalidBSON);
     bson_destroy(&deep);
 
+    /* nesting through code-with-scope documents, which bson_validate
+     * walks recursively too: 100,000 levels, written out directly (level
+     * k is 18 bytes around level k - 1: {c: Code("x", <level k - 1>)}) */
+    {
+        const uint32_t levels = 100000;
+        size_t size = 5 + 18 * (size_t)levels, at = 0;
+        uint8_t *buf = malloc(size);
+        bson_t inner;
+        uint32_t k, v;
+
+        for (k = levels; k > 0; k--) {
+            v = 5 + 18 * k;
+            memcpy(buf + at, &v, 4);
+            memcpy(buf + at + 4, "\x0f" "c", 3);       /* type, key "c" and its NUL */
+            v = 10 + 5 + 18 * (k - 1);
+            memcpy(buf + at + 7, &v, 4);
+            v = 2;
+            memcpy(buf + at + 11, &v, 4);
+            memcpy(buf + at + 15, "x", 2);
+            at += 17;
+        }
+        v = 5;
+        memcpy(buf + at, &v, 4);
+        buf[at + 4] = 0;
+        at += 5;
+        for (k = 0; k < levels; k++)
+            buf[at++] = 0;
+        ck_assert_uint_eq(at, size);
+        ck_assert(bson_init_static(&inner, buf, size));
+        bson_init(&deep);
+        bson_append_utf8(&deep, "find", 4, "c", 1);
+        bson_append_document(&deep, "filter", -1, &inner);
+        bson_append_utf8(&deep, "$db", 3, "test", 4);
+        run_on_seq(cl, &deep, NULL, 0);
+        assert_err(DOC_InvalidBSON);
+        bson_destroy(&deep);
+        free(buf);
+    }
+
+    /* corruption inside an embedded document: a string's length, its
+     * NUL, an element type of 0 or of no type, each refused */
+    {
+        static const int patch[][2] = {{-4, 100}, {3, 'X'}, {-7, 0}, {-7, 0x7e}, {-4, 0}};
+        bson_t good, bad;
+        const uint8_t *gp;
+        uint8_t *buf;
+        size_t at;
+        unsigned p;
+
+        json(&good, "{\"find\": \"c\", \"filter\": {\"a\": \"xyz\"}, \"$db\": \"test\"}");
+        gp = bson_get_data(&good);
+        for (at = 0; memcmp(gp + at, "xyz", 4) != 0; at++)
+            ;
+        buf = malloc(good.len);
+        for (p = 0; p < sizeof(patch) / sizeof(patch[0]); p++) {
+            memcpy(buf, gp, good.len);
+            if (patch[p][0] == -4) {
+                uint32_t l = (uint32_t)patch[p][1];
+
+                memcpy(buf + at - 4, &l, 4);
+            } else {
+                buf[(long)at + patch[p][0]] = (uint8_t)patch[p][1];
+            }
+            ck_assert(bson_init_static(&bad, buf, good.len));
+            run_on_seq(cl, &bad, NULL, 0);
+            assert_err(DOC_InvalidBSON);
+        }
+        free(buf);
+        run_on_seq(cl, &good, NULL, 0);
+        assert_ok();
+        bson_destroy(&good);
+    }
+
     /* a sequence whose document lies about its length */
     json(&cmd, "{\"insert\": \"c\", \"$db\": \"test\"}");
     seq = (struct doc_seq){.id = "documents", .id_len = 9, .docs = junk, .len = sizeof(junk)};
@@ -430,14 +503,17 @@ START_TEST(bad_argument_types)
     assert_err(DOC_TypeMismatch);
     run("{\"insert\": \"c\", \"documents\": [], \"$db\": \"test\"}");
     assert_err(DOC_InvalidLength);
+    /* a required field that is absent: MongoDB's IDL parser's 40414 */
     run("{\"insert\": \"c\", \"$db\": \"test\"}");
-    assert_err(DOC_FailedToParse);
+    assert_err(40414);
+    ck_assert_str_eq(str("codeName"), "Location40414");
+    ck_assert_str_eq(str("errmsg"), "BSON field 'insert.documents' is missing but a required field");
     run("{\"insert\": \"c\", \"ordered\": \"no\", \"documents\": [{}], \"$db\": \"test\"}");
     assert_err(DOC_TypeMismatch);
     run("{\"getMore\": 5, \"collection\": \"c\", \"$db\": \"test\"}");
     assert_err(DOC_TypeMismatch);
     run("{\"getMore\": {\"$numberLong\": \"5\"}, \"$db\": \"test\"}");
-    assert_err(DOC_FailedToParse);
+    assert_err(40414);
     run("{\"killCursors\": \"c\", \"cursors\": [1], \"$db\": \"test\"}");
     assert_err(DOC_TypeMismatch);
     run("{\"count\": \"c\", \"query\": 1, \"$db\": \"test\"}");
@@ -445,7 +521,7 @@ START_TEST(bad_argument_types)
     run("{\"distinct\": \"c\", \"key\": 1, \"$db\": \"test\"}");
     assert_err(DOC_TypeMismatch);
     run("{\"distinct\": \"c\", \"$db\": \"test\"}");
-    assert_err(DOC_FailedToParse);
+    assert_err(40414);
     run("{\"aggregate\": \"c\", \"pipeline\": {}, \"cursor\": {}, \"$db\": \"test\"}");
     assert_err(DOC_TypeMismatch);
     run("{\"aggregate\": \"c\", \"pipeline\": [], \"$db\": \"test\"}");
@@ -458,6 +534,25 @@ START_TEST(bad_argument_types)
     assert_err(DOC_FailedToParse);
     run("{\"createIndexes\": \"c\", \"indexes\": [{\"key\": 1, \"name\": \"t\"}], \"$db\": \"test\"}");
     assert_err(DOC_TypeMismatch);
+    /* only the simple collation: another would change what matches */
+    run("{\"find\": \"c\", \"collation\": {\"locale\": \"simple\"}, \"$db\": \"test\"}");
+    assert_ok();
+    run("{\"find\": \"c\", \"collation\": {\"locale\": \"fr\", \"strength\": 1}, \"$db\": \"test\"}");
+    assert_err(DOC_NotImplemented);
+    run("{\"count\": \"c\", \"collation\": {\"locale\": \"en\"}, \"$db\": \"test\"}");
+    assert_err(DOC_NotImplemented);
+    run("{\"distinct\": \"c\", \"key\": \"a\", \"collation\": \"en\", \"$db\": \"test\"}");
+    assert_err(DOC_TypeMismatch);
+    run("{\"aggregate\": \"c\", \"pipeline\": [], \"cursor\": {}, \"collation\": {\"locale\": \"en\"}, \"$db\": \"test\"}");
+    assert_err(DOC_NotImplemented);
+    run("{\"findAndModify\": \"c\", \"remove\": true, \"collation\": {\"locale\": \"en\"}, \"$db\": \"test\"}");
+    assert_err(DOC_NotImplemented);
+    run("{\"update\": \"c\", \"updates\": [{\"q\": {}, \"u\": {\"$set\": {\"z\": 1}}, \"collation\": {\"locale\": \"en\"}}], \"$db\": \"test\"}");
+    assert_ok();
+    ck_assert_int_eq(num("writeErrors.0.code"), DOC_NotImplemented);
+    run("{\"delete\": \"c\", \"deletes\": [{\"q\": {}, \"limit\": 0, \"collation\": {\"locale\": \"en\"}}], \"$db\": \"test\"}");
+    assert_ok();
+    ck_assert_int_eq(num("writeErrors.0.code"), DOC_NotImplemented);
     run("{\"explain\": \"find\", \"$db\": \"test\"}");
     assert_err(DOC_TypeMismatch);
     run("{\"explain\": {\"find\": \"c\"}, \"verbosity\": \"loud\", \"$db\": \"test\"}");
@@ -590,6 +685,15 @@ START_TEST(find_shapes)
     ck_assert_int_eq(num("cursor.firstBatch.0._id"), 3);
     ck_assert_int_eq(num("cursor.firstBatch.1._id"), 1);
     ck_assert_int_eq(cursor_id(), 0);
+
+    /* {$natural: -1}: the scan's order, backwards */
+    run("{\"find\": \"c\", \"sort\": {\"$natural\": -1}, \"batchSize\": 2, \"$db\": \"test\"}");
+    assert_ok();
+    ck_assert_int_eq(array_len("cursor.firstBatch"), 2);
+    ck_assert_int_eq(num("cursor.firstBatch.0._id"), 4);
+    ck_assert_int_eq(num("cursor.firstBatch.1._id"), 3);
+    run("{\"find\": \"c\", \"sort\": {\"$natural\": 1}, \"limit\": 1, \"$db\": \"test\"}");
+    ck_assert_int_eq(num("cursor.firstBatch.0._id"), 1);
 
     /* find_one: limit 1, singleBatch */
     run("{\"find\": \"c\", \"filter\": {\"b\": \"y\"}, \"limit\": 1, \"singleBatch\": true, \"$db\": \"test\"}");
@@ -929,7 +1033,7 @@ START_TEST(update_errors)
     run("{\"update\": \"c\", \"ordered\": false, \"updates\": [{\"u\": {\"$set\": {\"a\": 1}}}, {\"q\": 1, \"u\": {}}, {\"q\": {}, \"u\": {\"x\": 1}, \"multi\": true}, {\"q\": {}, \"u\": [{\"$set\": {\"a\": 1}}]}], \"$db\": \"test\"}");
     assert_ok();
     ck_assert_int_eq(array_len("writeErrors"), 4);
-    ck_assert_int_eq(num("writeErrors.0.code"), DOC_FailedToParse);
+    ck_assert_int_eq(num("writeErrors.0.code"), 40414);
     ck_assert_int_eq(num("writeErrors.1.code"), DOC_TypeMismatch);
     ck_assert_int_eq(num("writeErrors.2.code"), DOC_FailedToParse);
     ck_assert_int_eq(num("writeErrors.3.code"), DOC_NotImplemented);
@@ -960,6 +1064,21 @@ START_TEST(update_multi_one_pass)
     ck_assert_int_eq(num("n"), 1000);
     run("{\"delete\": \"big\", \"deletes\": [{\"q\": {\"a\": {\"$gte\": 105}}, \"limit\": 0}], \"$db\": \"test\"}");
     ck_assert_int_eq(num("n"), 500);
+
+    /* a multikey index reaches a document once per element: still one
+     * update each */
+    insert_json("m", "[{\"_id\": 1, \"t\": [1, 2, 3]}, {\"_id\": 2, \"t\": [2]}]");
+    run("{\"createIndexes\": \"m\", \"indexes\": [{\"key\": {\"t\": 1}, \"name\": \"t_1\"}], \"$db\": \"test\"}");
+    assert_ok();
+    run("{\"update\": \"m\", \"updates\": [{\"q\": {\"t\": {\"$in\": [1, 2, 3]}}, \"u\": {\"$inc\": {\"n\": 1}}, \"multi\": true}], \"$db\": \"test\"}");
+    assert_ok();
+    ck_assert_int_eq(num("n"), 2);
+    ck_assert_int_eq(num("nModified"), 2);
+    run("{\"find\": \"m\", \"filter\": {\"t\": {\"$gte\": 1}}, \"sort\": {\"_id\": 1}, \"$db\": \"test\"}");
+    ck_assert_int_eq(array_len("cursor.firstBatch"), 2);
+    ck_assert_int_eq(num("cursor.firstBatch.0.n"), 1);
+    run("{\"delete\": \"m\", \"deletes\": [{\"q\": {\"t\": {\"$in\": [1, 2, 3]}}, \"limit\": 0}], \"$db\": \"test\"}");
+    ck_assert_int_eq(num("n"), 2);
 }
 END_TEST
 
@@ -999,7 +1118,7 @@ START_TEST(delete_shapes)
     ck_assert_int_eq(num("n"), 1);
     ck_assert_int_eq(array_len("writeErrors"), 2);
     ck_assert_int_eq(num("writeErrors.0.code"), DOC_BadValue);
-    ck_assert_int_eq(num("writeErrors.1.code"), DOC_FailedToParse);
+    ck_assert_int_eq(num("writeErrors.1.code"), 40414);
     /* a collection that is not there */
     run("{\"delete\": \"none\", \"deletes\": [{\"q\": {}, \"limit\": 0}], \"$db\": \"test\"}");
     assert_ok();
@@ -1250,6 +1369,22 @@ START_TEST(namespace_commands)
     ck_assert_int_eq(num("nindexes"), 1);
     run("{\"collStats\": \"none\", \"$db\": \"test\"}");
     assert_err(DOC_NamespaceNotFound);
+    /* mongosh's db.c1.stats(): $collStats, then the rest of the pipeline */
+    run("{\"aggregate\": \"c1\", \"pipeline\": [{\"$collStats\": {\"storageStats\": {}, \"count\": {}}}], \"cursor\": {}, \"$db\": \"test\"}");
+    assert_ok();
+    ck_assert_int_eq(array_len("cursor.firstBatch"), 1);
+    ck_assert_str_eq(str("cursor.firstBatch.0.ns"), "test.c1");
+    ck_assert_int_eq(num("cursor.firstBatch.0.storageStats.count"), 1);
+    ck_assert_int_eq(num("cursor.firstBatch.0.storageStats.nindexes"), 1);
+    ck_assert_int_eq(num("cursor.firstBatch.0.count.count"), 1);
+    run("{\"aggregate\": \"c1\", \"pipeline\": [{\"$collStats\": {\"storageStats\": {}}}, {\"$project\": {\"n\": \"$storageStats.count\"}}], \"cursor\": {}, \"$db\": \"test\"}");
+    assert_ok();
+    ck_assert_int_eq(num("cursor.firstBatch.0.n"), 1);
+    ck_assert(!has("cursor.firstBatch.0.ns"));
+    run("{\"aggregate\": \"none\", \"pipeline\": [{\"$collStats\": {\"storageStats\": {}}}], \"cursor\": {}, \"$db\": \"test\"}");
+    assert_err(DOC_NamespaceNotFound);
+    run("{\"aggregate\": 1, \"pipeline\": [{\"$collStats\": {}}], \"cursor\": {}, \"$db\": \"test\"}");
+    assert_err(DOC_BadValue);
     run("{\"dbStats\": 1, \"$db\": \"test\"}");
     assert_ok();
     ck_assert_int_eq(num("collections"), 2);
@@ -1398,6 +1533,78 @@ START_TEST(argument_matrix)
 }
 END_TEST
 
+/* A cursor whose collection goes away under it ends; it does not read
+ * what replaced it. */
+START_TEST(cursor_after_drop)
+{
+    char cmd[256];
+    int64_t id, id2;
+
+    insert_many("big", 300, 0);
+    run("{\"find\": \"big\", \"batchSize\": 10, \"$db\": \"test\"}");
+    id = cursor_id();
+    run("{\"find\": \"big\", \"sort\": {\"a\": 1}, \"batchSize\": 10, \"$db\": \"test\"}");
+    id2 = cursor_id();
+    run("{\"drop\": \"big\", \"$db\": \"test\"}");
+    assert_ok();
+    insert_many("big", 5, 0);
+    snprintf(cmd, sizeof(cmd),
+             "{\"getMore\": {\"$numberLong\": \"%lld\"}, \"collection\": \"big\", \"$db\": \"test\"}",
+             (long long)id);
+    run(cmd);
+    assert_ok();
+    ck_assert_int_eq(array_len("cursor.nextBatch"), 0);
+    ck_assert_int_eq(cursor_id(), 0);
+    /* a sorted one had its results already */
+    snprintf(cmd, sizeof(cmd),
+             "{\"getMore\": {\"$numberLong\": \"%lld\"}, \"collection\": \"big\", \"$db\": \"test\"}",
+             (long long)id2);
+    run(cmd);
+    assert_ok();
+    ck_assert_int_eq(array_len("cursor.nextBatch"), 290);
+    run("{\"dropDatabase\": 1, \"$db\": \"test\"}");
+    assert_ok();
+}
+END_TEST
+
+/* Error paths that hold documents too large for libbson's inline buffer
+ * (so a double free or a leak shows under ASan): an unordered update's
+ * duplicate key, findAndModify's failed update, a count whose skip and
+ * limit add past INT64_MAX (UBSan). */
+START_TEST(error_paths_with_documents)
+{
+    char pad[200], cmd[1024];
+
+    memset(pad, 'p', sizeof(pad) - 1);
+    pad[sizeof(pad) - 1] = 0;
+    snprintf(cmd, sizeof(cmd),
+             "[{\"_id\": 1, \"k\": 1, \"s\": \"%s\"}, {\"_id\": 2, \"k\": 2, \"s\": \"%s\"}, {\"_id\": 3, \"n\": \"x\", \"s\": \"%s\"}]",
+             pad, pad, pad);
+    insert_json("c", cmd);
+    run("{\"createIndexes\": \"c\", \"indexes\": [{\"key\": {\"k\": 1}, \"name\": \"k_1\", \"unique\": true}], \"$db\": \"test\"}");
+    assert_ok();
+    run("{\"update\": \"c\", \"ordered\": false, \"updates\": [{\"q\": {\"_id\": 1}, \"u\": {\"$set\": {\"k\": 2}}}, {\"q\": {\"_id\": 2}, \"u\": {\"$set\": {\"k\": 1}}}, {\"q\": {\"_id\": 3}, \"u\": {\"$set\": {\"k\": 3}}}], \"$db\": \"test\"}");
+    assert_ok();
+    ck_assert_int_eq(array_len("writeErrors"), 2);
+    ck_assert_int_eq(num("writeErrors.1.index"), 1);
+    ck_assert_int_eq(num("writeErrors.1.keyValue.k"), 1);
+    ck_assert_int_eq(num("nModified"), 1);
+
+    run("{\"findAndModify\": \"c\", \"query\": {\"_id\": 3}, \"update\": {\"$inc\": {\"n\": 1}}, \"$db\": \"test\"}");
+    assert_err(DOC_TypeMismatch);
+    run("{\"findAndModify\": \"c\", \"query\": {\"_id\": 3}, \"update\": {\"$set\": {\"k\": 1}}, \"$db\": \"test\"}");
+    assert_err(DOC_DuplicateKey);
+    run("{\"findAndModify\": \"c\", \"query\": {\"_id\": 3}, \"update\": {\"$set\": {\"m\": 1}}, \"$db\": \"test\"}");
+    assert_ok();
+    ck_assert(!has("value.m"));
+    ck_assert_int_eq(num("value._id"), 3);
+
+    run("{\"count\": \"c\", \"query\": {\"s\": {\"$exists\": true}}, \"skip\": 1, \"limit\": {\"$numberLong\": \"9223372036854775807\"}, \"$db\": \"test\"}");
+    assert_ok();
+    ck_assert_int_eq(num("n"), 2);
+}
+END_TEST
+
 Suite *suite_doc_cmd(void)
 {
     Suite *s = suite_create("doc_cmd");
@@ -1416,9 +1623,11 @@ Suite *suite_doc_cmd(void)
     tcase_add_test(tc, cursor_10000);
     tcase_add_test(tc, batches_cut_by_bytes);
     tcase_add_test(tc, cursors_of_clients);
+    tcase_add_test(tc, cursor_after_drop);
     tcase_add_test(tc, cursor_limits_and_idle);
     tcase_add_test(tc, update_shapes);
     tcase_add_test(tc, update_errors);
+    tcase_add_test(tc, error_paths_with_documents);
     tcase_add_test(tc, update_multi_one_pass);
     tcase_add_test(tc, delete_shapes);
     tcase_add_test(tc, find_and_modify_shapes);

@@ -287,6 +287,10 @@ static const struct mcase cases[] = {
     {products, "{\"sku\": {\"$in\": [{\"$regularExpression\": {\"pattern\": \"^abc\", \"options\": \"\"}}, \"xyz456\"]}}", "100,101,102"},
     {products, "{\"sku\": {\"$not\": {\"$regularExpression\": {\"pattern\": \"^abc\", \"options\": \"\"}}}}", "102,103,104"},
     {products, "{\"sku\": {\"$eq\": {\"$regularExpression\": {\"pattern\": \"^abc\", \"options\": \"\"}}}}", ""},
+    {products, "{\"sku\": {\"$not\": {\"%regex\": \"^abc\"}}}", "102,103,104"},
+    {products, "{\"sku\": {\"$not\": {\"%regex\": \"^ABC\", \"%options\": \"i\"}}}", "102,103"},
+    {in_inventory, "{\"tags\": {\"$elemMatch\": {\"%regex\": \"^st\"}}}", "3,4"},
+    {in_inventory, "{\"tags\": {\"$elemMatch\": {\"$in\": [\"home\"], \"$ne\": \"x\"}}}", "2,4"},
     /* $size */
     {sized, "{\"field\": {\"$size\": 2}}", "1,3"},
     {sized, "{\"field\": {\"$size\": 1}}", "4,5"},
@@ -773,6 +777,47 @@ START_TEST(bounds_ranges_not_intersected_across_elements)
 }
 END_TEST
 
+/* Without arrays one value meets every predicate: intersected. */
+START_TEST(bounds_scalar_intersects)
+{
+    struct doc_matcher *m = compile("{\"a\": {\"$gt\": 15, \"$lt\": 20}}");
+    struct doc_bounds b;
+    struct doc_buf k = {0};
+
+    ck_assert_int_eq(doc_match_bounds_scalar(m, "a", &b), 1);
+    ck_assert_uint_eq(b.n, 1);
+    key_json(&k, "{\"v\": 15}");
+    ck_assert(buf_is(&b.iv[0].lo, &k) && !b.iv[0].lo_incl);
+    key_json(&k, "{\"v\": 20}");
+    ck_assert(buf_is(&b.iv[0].hi, &k) && !b.iv[0].hi_incl);
+    ck_assert(b.exact && !b.point);
+    doc_bounds_free(&b);
+    doc_match_free(m);
+
+    m = compile("{\"a\": {\"$in\": [1, 2, 3], \"$gt\": 1}}");
+    ck_assert_int_eq(doc_match_bounds_scalar(m, "a", &b), 1);
+    ck_assert(b.n == 2 && b.point && b.exact);
+    key_json(&k, "{\"v\": 2}");
+    ck_assert(buf_is(&b.iv[0].lo, &k));
+    doc_bounds_free(&b);
+    doc_match_free(m);
+
+    m = compile("{\"$and\": [{\"a\": {\"$gt\": 5}}, {\"a\": {\"$lt\": 3}}]}");
+    ck_assert_int_eq(doc_match_bounds_scalar(m, "a", &b), 1);
+    ck_assert_uint_eq(b.n, 0);
+    doc_bounds_free(&b);
+    doc_match_free(m);
+
+    /* $exists gives no interval: what is left is inexact */
+    m = compile("{\"a\": {\"$gt\": 1, \"$exists\": true}}");
+    ck_assert_int_eq(doc_match_bounds_scalar(m, "a", &b), 1);
+    ck_assert(b.n == 1 && !b.exact);
+    doc_bounds_free(&b);
+    doc_match_free(m);
+    doc_buf_free(&k);
+}
+END_TEST
+
 /* Every value of `a` in a mixed table, against every filter: when the
  * document matches, the key of the value (or of one of its elements, or
  * null when it is missing) is inside the bounds. */
@@ -818,16 +863,22 @@ START_TEST(bounds_hold_every_match)
         "{\"a\": {\"b\": 1}}", "{\"a\": {\"$gt\": {}}}", "{\"a\": true}",
         "{\"a\": {\"$eq\": {\"$regularExpression\": {\"pattern\": \"^abc\", \"options\": \"\"}}}}",
         "{\"a\": {\"$gt\": {\"$date\": \"2019-01-01T00:00:00Z\"}}}",
+        "{\"a\": {\"$elemMatch\": {\"$elemMatch\": {\"$gt\": 4}}}}",
+        "{\"a\": {\"$gte\": 1, \"$lt\": 6, \"$ne\": 5}}", "{\"a\": {\"$in\": [1, 5, \"x\"], \"$gt\": 1}}",
+        "{\"a\": {\"$gt\": \"a\", \"%regex\": \"^ab\"}}", "{\"$and\": [{\"a\": {\"$lte\": 6}}, {\"a\": {\"$gt\": 5}}]}",
+        "{\"a\": {\"$elemMatch\": {\"$lt\": 9, \"$elemMatch\": {\"$gt\": 4}}}}",
     };
     struct doc_buf k = {0};
     char json[256];
 
     for (size_t f = 0; f < sizeof(filters) / sizeof(filters[0]); f++) {
         struct doc_matcher *m = compile(filters[f]);
-        struct doc_bounds b;
+        struct doc_bounds b, sb;
         int rc = doc_match_bounds(m, "a", &b);
+        int src = doc_match_bounds_scalar(m, "a", &sb);
 
         ck_assert_int_ge(rc, 0);
+        ck_assert_int_eq(src, rc);
         for (size_t v = 0; rc == 1 && v < sizeof(vals) / sizeof(vals[0]) + 1; v++) {
             bson_t d;
             bson_iter_t it;
@@ -845,10 +896,15 @@ START_TEST(bounds_hold_every_match)
             if (!bson_iter_init_find(&it, &d, "a")) {
                 key_json(&k, "{\"v\": null}");
                 inside = key_inside(&b, &k);
+                ck_assert_msg(key_inside(&sb, &k), "%s matches {} outside the scalar bounds",
+                              filters[f]);
             } else {
                 doc_buf_reset(&k);
                 doc_key_add(&k, bson_iter_value(&it), false);
                 inside = key_inside(&b, &k);
+                if (!BSON_ITER_HOLDS_ARRAY(&it))
+                    ck_assert_msg(key_inside(&sb, &k), "%s matches %s outside the scalar bounds",
+                                  filters[f], json);
                 if (BSON_ITER_HOLDS_ARRAY(&it)) {
                     bson_iter_t el;
 
@@ -863,8 +919,10 @@ START_TEST(bounds_hold_every_match)
             ck_assert_msg(inside, "%s matches %s outside the bounds", filters[f], json);
             bson_destroy(&d);
         }
-        if (rc == 1)
+        if (rc == 1) {
             doc_bounds_free(&b);
+            doc_bounds_free(&sb);
+        }
         doc_match_free(m);
     }
     doc_buf_free(&k);
@@ -932,6 +990,7 @@ Suite *suite_doc_match(void)
     tcase_add_test(bounds, bounds_regex_prefix);
     tcase_add_test(bounds, bounds_null_and_conjunction_only);
     tcase_add_test(bounds, bounds_ranges_not_intersected_across_elements);
+    tcase_add_test(bounds, bounds_scalar_intersects);
     tcase_add_test(bounds, bounds_hold_every_match);
     suite_add_tcase(s, bounds);
     return s;

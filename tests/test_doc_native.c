@@ -368,6 +368,35 @@ START_TEST(errors_every_fabric)
     bson_destroy(&reply);
     bson_destroy(cmd);
 
+    /* 20,000 documents, 1.9 MB, more than one message holds: they go in
+     * several commands, as drivers split them, and a duplicate in the
+     * second is reported at its index in the caller's array. */
+    {
+        enum { BIG = 20000, DUP = 15000 };
+        bson_t **many = calloc(BIG, sizeof(*many));
+
+        ck_assert_ptr_nonnull(many);
+        for (int i = 0; i < BIG; i++)
+            many[i] = BCON_NEW("_id", BCON_INT32(i == DUP ? 3 : i), "pad",
+                               BCON_UTF8("0123456789abcdef0123456789abcdef0123456789abcdef"));
+        rc = tern_doc_insert_many(doc, DB, "big_u", (const bson_t *const *)many, BIG, false, &n);
+        ck_assert_msg(rc == TERN_EEXIST, "unordered: %s", tern_err_name(rc));
+        ck_assert_uint_eq(n, BIG - 1);
+        ck_assert_int_eq(e->index, DUP);
+        ck_assert_int_eq(e->code, 11000);
+        MUST(tern_doc_count(doc, DB, "big_u", NULL, &n));
+        ck_assert_uint_eq(n, BIG - 1);
+        rc = tern_doc_insert_many(doc, DB, "big_o", (const bson_t *const *)many, BIG, true, &n);
+        ck_assert_msg(rc == TERN_EEXIST, "ordered: %s", tern_err_name(rc));
+        ck_assert_uint_eq(n, DUP);
+        ck_assert_int_eq(e->index, DUP);
+        MUST(tern_doc_count(doc, DB, "big_o", NULL, &n));
+        ck_assert_uint_eq(n, DUP);
+        for (int i = 0; i < BIG; i++)
+            bson_destroy(many[i]);
+        free(many);
+    }
+
     /* A call that works clears the last error. */
     MUST(tern_doc_count(doc, DB, "e", NULL, &n));
     ck_assert_int_eq(e->code, 0);
@@ -454,12 +483,13 @@ START_TEST(cursor_10000_every_path_every_fabric)
     ck_assert_uint_eq(st.batches_pushed, st0.batches_pushed);
 
     /* One-sided: where the fabric has puts, the server put the batches
-     * (all but any that found its fabric's queue full), and said so.
-     * Batches of about 9 KiB: one ring record or two where a put is one
-     * (shm before it maps our buffer, ntb). */
+     * (all but any that found its fabric's queue full, or came while shm
+     * was mapping our buffer), and said so. Batches of about 17 KiB: over
+     * what one put may carry on ntb (one record of a 64 KiB ring), so the
+     * server puts them in pieces there. */
     MUST(tern_doc_set_path(doc, TERN_DOC_PATH_ONESIDED));
     st0 = st;
-    batches = read_all(doc, 100);
+    batches = read_all(doc, 200);
     tern_doc_get_stats(doc, &st);
     if (puts) {
         ck_assert_msg(st.batches_pushed - st0.batches_pushed >= batches / 2,
@@ -618,6 +648,40 @@ static int raw_cmd(struct tern_session *s, const void *req, size_t len)
                           10 * SEC);
 }
 
+/* {ping: 1, $db: "admin", x: {a: {a: ... {}}}} with `levels` documents
+ * below x, written by hand (BCON would recurse as deep); its length. */
+static void put32(uint8_t *p, uint32_t v)
+{
+    memcpy(p, &v, 4);
+}
+
+static size_t nested_ping(uint8_t *p, int levels)
+{
+    static const uint8_t head[] = {0x10, 'p', 'i', 'n', 'g', 0, 1, 0, 0, 0,
+                                   0x02, '$', 'd', 'b', 0, 6, 0, 0, 0, 'a', 'd', 'm', 'i', 'n', 0};
+    size_t off = 4;
+
+    memcpy(p + off, head, sizeof(head));
+    off += sizeof(head);
+    p[off++] = 0x03;
+    p[off++] = 'x';
+    p[off++] = 0;
+    /* document i (1..levels) holds "a": document i + 1; the last is empty */
+    for (int i = 1; i <= levels; i++) {
+        put32(p + off, 5u + 8u * (uint32_t)(levels - i));
+        off += 4;
+        if (i < levels) {
+            p[off++] = 0x03;
+            p[off++] = 'a';
+            p[off++] = 0;
+        }
+    }
+    for (int i = 0; i <= levels; i++)
+        p[off++] = 0;           /* each one's end, then the command's */
+    put32(p, (uint32_t)off);
+    return off;
+}
+
 START_TEST(hostile_requests)
 {
     struct tern_rpc_ep *ep;
@@ -676,6 +740,49 @@ START_TEST(hostile_requests)
         }
         bson_destroy(find);
         bson_destroy(one);
+    }
+    /* Nesting: 50 levels is a command like any other; 100,000 (8 bytes a
+     * level, within one message) is MongoDB's Overflow, answered before
+     * anything recurses into it (libbson's validation would overflow the
+     * server's stack), and the session goes on. */
+    {
+        size_t cap = 100000 * 8 + 64, got;
+        uint8_t *deep = malloc(sizeof(q) + cap), *rep = malloc(1 << 16);
+        struct doc_rep r;
+        bson_t body;
+
+        ck_assert_ptr_nonnull(deep);
+        ck_assert_ptr_nonnull(rep);
+        for (int levels = 50; levels <= 100000; levels = levels == 50 ? 100000 : levels + 1) {
+            size_t dl = nested_ping(deep + sizeof(q), levels);
+
+            memset(deep, 0, sizeof(q));
+            ck_assert_int_eq(tern_call_sync(s, TERN_DOC_SERVICE_ID, DOC_M_CMD, deep, sizeof(q) + dl,
+                                            rep, 1 << 16, &got, 30 * SEC), 0);
+            memcpy(&r, rep, sizeof(r));
+            ck_assert(bson_init_static(&body, rep + sizeof(r), got - sizeof(r)));
+            if (levels == 50) {
+                ck_assert_int_eq(field_int(&body, "ok"), 1);
+            } else {
+                ck_assert_int_eq(field_int(&body, "ok"), 0);
+                ck_assert_int_eq(field_int(&body, "code"), 15);     /* Overflow */
+            }
+        }
+        /* An embedded document whose length lies: InvalidBSON, as the
+         * gateway answers it. */
+        {
+            size_t dl = nested_ping(deep + sizeof(q), 2);
+
+            put32(deep + sizeof(q) + 4 + 25 + 3, 200);
+            ck_assert_int_eq(tern_call_sync(s, TERN_DOC_SERVICE_ID, DOC_M_CMD, deep, sizeof(q) + dl,
+                                            rep, 1 << 16, &got, 30 * SEC), 0);
+            memcpy(&r, rep, sizeof(r));
+            ck_assert(bson_init_static(&body, rep + sizeof(r), got - sizeof(r)));
+            ck_assert_int_eq(field_int(&body, "ok"), 0);
+            ck_assert_int_eq(field_int(&body, "code"), 22);     /* InvalidBSON */
+        }
+        free(deep);
+        free(rep);
     }
     /* The server serves on, this session and the client's. */
     ck_assert_int_eq(tern_session_status(s), 0);

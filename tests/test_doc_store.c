@@ -325,9 +325,8 @@ START_TEST(planner_uses_bounds_and_sort)
     } cases[] = {
         {"{\"x\": {\"$gte\": 190}}", NULL, "x_1", 10, 10, false},
         {"{\"x\": {\"$lt\": 20}}", NULL, "x_1", 20, 20, false},
-        /* One side's bounds only (intersecting them would be wrong on a
-         * multikey index, and is not done yet on any). */
-        {"{\"x\": {\"$gte\": 10, \"$lt\": 20}}", NULL, "x_1", 10, 190, false},
+        /* Both sides at once: x is never an array here. */
+        {"{\"x\": {\"$gte\": 10, \"$lt\": 20}}", NULL, "x_1", 10, 10, false},
         {"{\"x\": {\"$in\": [3, 300, 7]}}", NULL, "x_1", 2, 2, false},
         {"{\"x\": 5, \"y\": \"odd\"}", NULL, "x_1", 1, 1, false},
         {"{\"_id\": 42}", NULL, "_id_", 1, 1, false},
@@ -414,6 +413,9 @@ START_TEST(index_keys_as_bounds_assume)
         {"{\"a.b\": 1}", 2},               /* 1, 2 */
         {"{\"a.b\": [1, 2]}", 1},          /* 2: the whole array */
         {"{\"a.b\": {\"$gt\": 1}}", 2},  /* 2, 5 */
+        /* 2's two elements meet one predicate each: a multikey index
+         * must not intersect them into (1, 2). */
+        {"{\"a.b\": {\"$gt\": 1, \"$lt\": 2}}", 1},
     };
     struct doc_store *s = open_small();
     struct doc_err e = {0};

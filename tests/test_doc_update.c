@@ -881,7 +881,7 @@ static void random_value(bson_t *b, const char *key, int depth)
         bson_append_array_begin(b, key, -1, &sub);
         n = rnd(4);
         for (unsigned i = 0; i < n; i++) {
-            char k[4];
+            char k[12];
 
             snprintf(k, sizeof(k), "%u", i);
             random_value(&sub, k, depth - 1);

@@ -355,6 +355,8 @@ void rpc_add_basics(const struct rpc_cases *c)
     tcase_add_test(c->own, request_over_server_max_msg);
 }
 
+TCase *rpc_hold_tcase(void);     /* test_rpc_hold.c */
+
 Suite *suite_rpc(void)
 {
     Suite *s = suite_create("rpc");
@@ -385,5 +387,6 @@ Suite *suite_rpc(void)
     suite_add_tcase(s, c.own);
     suite_add_tcase(s, c.rma);
     suite_add_tcase(s, c.bad);
+    suite_add_tcase(s, rpc_hold_tcase());
     return s;
 }

@@ -2,6 +2,9 @@
  * connections share a few links (sockets and window pairs), so thousands of
  * connections are cheap, and each keeps its own ordered stream. */
 #include <pthread.h>
+#include <stdio.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 #include <stdlib.h>
@@ -20,6 +23,30 @@ static unsigned count_links(struct tern_tp_ep *ep)
     return n;
 }
 
+
+/* An auto name taken by someone else (a child an earlier process of this
+ * pid forked keeps that process's listener open) is skipped. */
+START_TEST(auto_name_taken_is_skipped)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    struct tern_tp_ep *ep = tp_open("shm", 4096);
+    char bound[128], want[64];
+    socklen_t sl;
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+
+    /* The first auto name of a new endpoint of this process. */
+    sl = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 +
+                     (size_t)snprintf(sa.sun_path + 1, sizeof(sa.sun_path) - 1,
+                                      "tern-shm/auto-%d-1", (int)getpid()));
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sl), 0);
+    ck_assert_int_eq(tern_tp_listen(ep, "auto", bound, sizeof(bound)), 0);
+    snprintf(want, sizeof(want), "auto-%d-2", (int)getpid());
+    ck_assert_str_eq(bound, want);
+    close(fd);
+    tern_tp_close(ep);
+}
+END_TEST
 
 START_TEST(thousands_of_connections)
 {
@@ -305,6 +332,7 @@ Suite *suite_shm(void)
     tcase_add_test(tc, drain_ends_with_unanswerable_request);
     tcase_add_test(tc, sender_sleeps_until_credit_returns);
     tcase_add_test(tc, refused_channel_is_closed);
+    tcase_add_test(tc, auto_name_taken_is_skipped);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -105,10 +105,14 @@ int tern_doc_insert_one(struct tern_doc *doc, const char *db, const char *coll,
 int tern_doc_insert_one_async(struct tern_doc *doc, const char *db, const char *coll,
                               const bson_t *document, tern_doc_cb cb, void *arg);
 
-/* Insert n documents in one command. `ordered`: stop at the first error
- * (MongoDB's default); else insert every one that can be. *inserted (may be
- * NULL) is the number stored, also on error; the error is the first
- * write's (tern_doc_last_error's index says which). */
+/* Insert n documents. `ordered`: stop at the first error (MongoDB's
+ * default); else insert every one that can be. *inserted (may be NULL) is
+ * the number stored, also on error; the error is the first write's
+ * (tern_doc_last_error's index says which, in `docs`). As MongoDB's
+ * drivers do, the documents go in as many commands as messages need (each
+ * within both ends' max_msg and 100,000 documents); ordered stops at the
+ * first command with an error. The async form sends one command, which
+ * must fit one message (TERN_EMSGSIZE otherwise). */
 int tern_doc_insert_many(struct tern_doc *doc, const char *db, const char *coll,
                          const bson_t *const *docs, size_t n, bool ordered, uint64_t *inserted);
 int tern_doc_insert_many_async(struct tern_doc *doc, const char *db, const char *coll,
@@ -207,10 +211,12 @@ enum tern_doc_path {
     /* Every batch comes inline in the reply, copied out of it. */
     TERN_DOC_PATH_RPC = 0,
     /* RMongo's path: a cursor names a buffer this client registered, the
-     * server writes each batch's documents into it by one-sided put and
-     * replies with only their count and size; the cursor reads them in
-     * place. Where the session's fabric has no one-sided put, or every
-     * buffer is taken by other cursors, batches come inline. */
+     * server writes each batch's documents into it by one-sided put (on
+     * shm: stores into the buffer, mapped in the server) and replies with
+     * only their count and size; the cursor reads them in place. Batches
+     * come inline where the session's fabric has no one-sided put, while
+     * shm is still mapping the buffer, when the fabric's queue is full, or
+     * when every buffer is taken by other cursors. */
     TERN_DOC_PATH_ONESIDED = 1,
     /* One-sided for batches of at least 64 KiB on fabrics whose puts cost
      * the server's CPU nothing (TERN_TP_CAP_RMA_OFFLOAD: shm, rdma);

@@ -40,10 +40,19 @@ int tern_doc_service_open(const struct tern_doc_service_opts *o, struct tern_doc
 /* The service to tern_rpc_register(); valid until close. */
 const struct tern_service *tern_doc_service_def(struct tern_doc_service *svc);
 
+/* Group commit on `ep`, the endpoint the service is registered on: the
+ * replies of writing commands wait for the end of the poll that read
+ * them, when one flush makes every write of the poll durable, for all
+ * clients at once (tern_req_hold). Without it each writing command is
+ * made durable on its own before its reply. As with the one-sided path,
+ * destroy the endpoint before the service. */
+int tern_doc_service_group_commit(struct tern_doc_service *svc, struct tern_rpc_ep *ep);
+
 /* Let the service write result batches into clients' buffers (RMongo's
  * path, tern_doc_set_path) on `ep`, the endpoint it is registered on: it
  * registers `slots` staging buffers of max_msg bytes each (0 = 8) from
- * which batches are put; a batch finding none free goes inline. Until this
+ * which batches are put on fabrics that do not map the client's buffer
+ * here (all but shm); a batch finding none free goes inline. Until this
  * is called every batch goes inline. The registration belongs to `ep`
  * (destroy the endpoint before the service). */
 int tern_doc_service_enable_onesided(struct tern_doc_service *svc, struct tern_rpc_ep *ep,

@@ -68,6 +68,22 @@ size_t tern_reply_max(const struct tern_req *req);
 /* Shrink the reply reserved by tern_reply_alloc() to `len` bytes. */
 void tern_reply_set_len(struct tern_req *req, size_t len);
 
+/* Hold this request's reply until the endpoint's hold hooks have run:
+ * once per poll, after every request the poll read was handled (a
+ * service's group commit: the writes of the whole batch made durable with
+ * one flush, then every reply of the batch sent). Once a reply is held,
+ * every later reply of the same poll is held too, of any session, since it
+ * may show what the held requests wrote. Without hooks it does nothing. If
+ * a hook fails, each held reply becomes TERN_EIO. Call from the handler. */
+void tern_req_hold(struct tern_req *req);
+
+/* Add a hold hook (tern_req_hold) to the endpoint: fn(arg) runs on the
+ * endpoint's thread inside tern_rpc_poll() whenever replies are held, and
+ * returns 0 or a negative code. Up to 8 per endpoint (TERN_ENOSPC). fn and
+ * arg must stay valid until removed or the endpoint is closed. */
+int tern_rpc_add_hold_hook(struct tern_rpc_ep *ep, int (*fn)(void *arg), void *arg);
+void tern_rpc_remove_hold_hook(struct tern_rpc_ep *ep, int (*fn)(void *arg), void *arg);
+
 /* Absolute CLOCK_MONOTONIC deadline of the request in ns, 0 if none. The
  * client's remaining budget travels with the request. */
 uint64_t tern_req_deadline(const struct tern_req *req);

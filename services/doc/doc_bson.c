@@ -36,49 +36,38 @@ enum {
  * rank byte, so the shorter of two with a common prefix sorts first. */
 #define KEY_END 0x00
 
+/* By type code; 0 (EOD, a missing field) with null; the codes no type
+ * has (0x14..0x7e, 0x80..0xfe) after everything, as MaxKey. */
+static const uint8_t ranks[256] = {
+    [BSON_TYPE_EOD] = RANK_NULL,
+    [BSON_TYPE_DOUBLE] = RANK_NUMBER,
+    [BSON_TYPE_UTF8] = RANK_STRING,
+    [BSON_TYPE_DOCUMENT] = RANK_DOCUMENT,
+    [BSON_TYPE_ARRAY] = RANK_ARRAY,
+    [BSON_TYPE_BINARY] = RANK_BINARY,
+    [BSON_TYPE_UNDEFINED] = RANK_NULL,
+    [BSON_TYPE_OID] = RANK_OID,
+    [BSON_TYPE_BOOL] = RANK_BOOL,
+    [BSON_TYPE_DATE_TIME] = RANK_DATE,
+    [BSON_TYPE_NULL] = RANK_NULL,
+    [BSON_TYPE_REGEX] = RANK_REGEX,
+    [BSON_TYPE_DBPOINTER] = RANK_DBPOINTER,
+    [BSON_TYPE_CODE] = RANK_CODE,
+    [BSON_TYPE_SYMBOL] = RANK_STRING,
+    [BSON_TYPE_CODEWSCOPE] = RANK_CODEWSCOPE,
+    [BSON_TYPE_INT32] = RANK_NUMBER,
+    [BSON_TYPE_TIMESTAMP] = RANK_TIMESTAMP,
+    [BSON_TYPE_INT64] = RANK_NUMBER,
+    [BSON_TYPE_DECIMAL128] = RANK_NUMBER,
+    [BSON_TYPE_MAXKEY] = RANK_MAXKEY,
+    [BSON_TYPE_MINKEY] = RANK_MINKEY,
+};
+
 int doc_type_rank(bson_type_t t)
 {
-    switch (t) {
-    case BSON_TYPE_MINKEY:
-        return RANK_MINKEY;
-    case BSON_TYPE_NULL:
-    case BSON_TYPE_UNDEFINED:
-    case BSON_TYPE_EOD:
-        return RANK_NULL;
-    case BSON_TYPE_DOUBLE:
-    case BSON_TYPE_INT32:
-    case BSON_TYPE_INT64:
-    case BSON_TYPE_DECIMAL128:
-        return RANK_NUMBER;
-    case BSON_TYPE_UTF8:
-    case BSON_TYPE_SYMBOL:
-        return RANK_STRING;
-    case BSON_TYPE_DOCUMENT:
-        return RANK_DOCUMENT;
-    case BSON_TYPE_ARRAY:
-        return RANK_ARRAY;
-    case BSON_TYPE_BINARY:
-        return RANK_BINARY;
-    case BSON_TYPE_OID:
-        return RANK_OID;
-    case BSON_TYPE_BOOL:
-        return RANK_BOOL;
-    case BSON_TYPE_DATE_TIME:
-        return RANK_DATE;
-    case BSON_TYPE_TIMESTAMP:
-        return RANK_TIMESTAMP;
-    case BSON_TYPE_REGEX:
-        return RANK_REGEX;
-    case BSON_TYPE_DBPOINTER:
-        return RANK_DBPOINTER;
-    case BSON_TYPE_CODE:
-        return RANK_CODE;
-    case BSON_TYPE_CODEWSCOPE:
-        return RANK_CODEWSCOPE;
-    case BSON_TYPE_MAXKEY:
-    default:
-        return RANK_MAXKEY;
-    }
+    unsigned r = ranks[(uint8_t)t];
+
+    return r ? (int)r : RANK_MAXKEY;
 }
 
 /* Spaced out so that a range of one type, [b, b + 1), never takes in
@@ -527,6 +516,16 @@ static bool comp_index(const char *c, size_t n, uint32_t *idx)
     return true;
 }
 
+/* bson_iter_find_w_len, without its strncmp per field: names of another
+ * length are skipped unread. */
+static bool find_field(bson_iter_t *it, const char *name, size_t n)
+{
+    while (bson_iter_next(it))
+        if (bson_iter_key_len(it) == n && memcmp(bson_iter_key(it), name, n) == 0)
+            return true;
+    return false;
+}
+
 static int walk_leaf(struct walk *w, const bson_value_t *v, bool in_array)
 {
     bson_iter_t it;
@@ -556,7 +555,7 @@ static int walk_doc(struct walk *w, const uint8_t *data, uint32_t len, const cha
     bson_iter_t it;
 
     if (!bson_iter_init_from_data(&it, data, len) ||
-        !bson_iter_find_w_len(&it, path, (int)n))
+        !find_field(&it, path, n))
         return 0;
     if (!dot)
         return walk_leaf(w, bson_iter_value(&it), in_array);
@@ -621,7 +620,7 @@ bool doc_get(const bson_t *doc, const char *path, bson_value_t *out)
         if (!bson_iter_init_from_data(&it, data, len))
             return false;
         if (!array) {
-            found = bson_iter_find_w_len(&it, path, (int)n);
+            found = find_field(&it, path, n);
         } else if (comp_index(path, n, &idx)) {
             while (!found && bson_iter_next(&it))
                 found = i++ == idx;

@@ -22,12 +22,19 @@
 
 #define DOC_OPS 64
 #define DEFAULT_TIMEOUT (5ull * 1000000000ull)
-/* TERN_DOC_PATH_AUTO's smallest batch to push (doc.h). tests/doc-path-bench
- * (one client, interleaved rounds, 2 shared cores, adaptive polling; put
- * per batch / inline per batch): shm 1.02 at 16 KiB, 1.19 at 64 KiB, 2.00
- * at 256 KiB, 1.66 at 1 MiB; rdma (softverbs) 0.95, 1.28, 1.83, 2.26; tcp
- * 0.63-0.95 and ntb 0.86-1.40 (their puts are served by the client's CPU:
- * no TERN_TP_CAP_RMA_OFFLOAD, so AUTO stays inline there). */
+/* TERN_DOC_PATH_AUTO's smallest batch to push (doc.h). Measured with
+ * tests/doc-path-bench (one client, rounds of each way in turn, adaptive
+ * polling) at cb36ed5 and 4efa26f on a 2-core VM shared with other builds
+ * (load 4-7, so single figures swing 2x): batches/s pushed over inline.
+ * The paths alone, three runs: shm (stores into our mapped buffer)
+ * 0.96-1.03 at 16 KiB, 1.04-2.24 at 64 KiB, 1.36-8.8 at 256 KiB, 1.56-3.4
+ * at 1 MiB; rdma (softverbs) 0.80-1.03, 1.10-2.27, 1.28-1.74, 1.27-1.54;
+ * tcp and ntb 0.39-0.99 from 64 KiB. Through the service (a find whose
+ * first batch has that size, read to its end), two runs: shm 1.06-1.15,
+ * 1.01-1.12, 1.01-1.16, 1.23-1.92; rdma 0.94-1.00, 1.05-1.09, 1.14-1.18,
+ * 0.81-1.28; tcp 0.49-0.78. Pushing pays from 64 KiB where the server's
+ * CPU does not serve the put (TERN_TP_CAP_RMA_OFFLOAD); elsewhere AUTO
+ * stays inline. */
 #define AUTO_PUSH_MIN (64u << 10)
 
 struct tern_doc;
@@ -58,6 +65,7 @@ struct tern_doc {
     uint32_t rkey_epoch;
     bool rkey_ok;
     struct tern_doc_cursor *cursors; /* open ones, to orphan at close */
+    size_t insert_budget;            /* bytes of documents per insert command */
 };
 
 struct tern_doc_cursor {
@@ -271,9 +279,14 @@ static int op_finish(struct tern_doc *doc, struct doc_op *op, const char *db, bo
     return op_send(doc, op);
 }
 
+static bool db_ok(const char *db)
+{
+    return db && *db && strlen(db) < 64;
+}
+
 static bool names_ok(const char *db, const char *coll)
 {
-    return db && *db && strlen(db) < 64 && (!coll || (*coll && strlen(coll) < 256));
+    return db_ok(db) && coll && *coll && strlen(coll) < 256;
 }
 
 /* ---- sync forms: start the async call and poll until it ends ---- */
@@ -336,7 +349,7 @@ int tern_doc_command_async(struct tern_doc *doc, const char *db, const bson_t *c
 {
     struct doc_op *op;
 
-    if (!doc || !names_ok(db, NULL) || !cmd || bson_empty(cmd))
+    if (!doc || !db_ok(db) || !cmd || bson_empty(cmd))
         return TERN_EINVAL;
     op = op_get(doc);
     if (!op)
@@ -395,16 +408,59 @@ int tern_doc_insert_one_async(struct tern_doc *doc, const char *db, const char *
     return tern_doc_insert_many_async(doc, db, coll, &document, 1, true, cb, arg);
 }
 
+/* As MongoDB's drivers split an insert_many by the server's message size
+ * and maxWriteBatchSize: commands of whole documents, each within
+ * doc->insert_budget bytes (halved when one turns out too large for either
+ * end's max_msg) and WRITE_BATCH_MAX documents. Ordered stops at the first
+ * command with an error; unordered goes on and reports the first error,
+ * its index counted in the caller's array. */
+#define WRITE_BATCH_MAX 100000
+#define ELEM_OVERHEAD 16    /* type, index key and NUL of an array element */
+
 int tern_doc_insert_many(struct tern_doc *doc, const char *db, const char *coll,
                          const bson_t *const *docs, size_t n, bool ordered, uint64_t *inserted)
 {
-    struct waiter w = {0};
-    int rc = wait_for(doc, &w,
-                      tern_doc_insert_many_async(doc, db, coll, docs, n, ordered, wait_cb, &w));
+    struct tern_doc_error first = {.index = -1};
+    uint64_t total = 0;
+    int first_rc = 0;
+    size_t i = 0;
 
+    if (!doc || !docs)
+        return TERN_EINVAL;
+    while (i < n) {
+        struct waiter w = {0};
+        size_t j = i, bytes = 0;
+        int rc;
+
+        if (!docs[i])
+            return TERN_EINVAL;
+        while (j < n && docs[j] && j - i < WRITE_BATCH_MAX &&
+               (j == i || bytes + docs[j]->len + ELEM_OVERHEAD <= doc->insert_budget)) {
+            bytes += docs[j]->len + ELEM_OVERHEAD;
+            j++;
+        }
+        rc = wait_for(doc, &w, tern_doc_insert_many_async(doc, db, coll, docs + i, j - i, ordered,
+                                                          wait_cb, &w));
+        if (rc == TERN_EMSGSIZE && j - i > 1 && doc->insert_budget > 4096) {
+            doc->insert_budget /= 2;
+            continue;
+        }
+        if (w.done && w.n > 0)
+            total += (uint64_t)w.n;
+        if (rc < 0 && !first_rc) {
+            first_rc = rc;
+            first = doc->err;
+            if (first.index >= 0)
+                first.index += (int32_t)i;
+        }
+        if (rc < 0 && (ordered || !w.done))
+            break;
+        i = j;
+    }
+    doc->err = first;
     if (inserted)
-        *inserted = w.done && w.n > 0 ? (uint64_t)w.n : 0;
-    return rc;
+        *inserted = total;
+    return first_rc;
 }
 
 int tern_doc_insert_one(struct tern_doc *doc, const char *db, const char *coll,
@@ -586,8 +642,12 @@ static int slot_take(struct tern_doc *doc)
         !(tern_session_caps(doc->s) & TERN_TP_CAP_RMA_OFFLOAD))
         return -1;
     if (!doc->buf_mr) {
+        /* Readable too: shm hands out only regions it can map, and x86 has
+         * no write-only mapping; the server then stores straight into it.
+         * It holds nothing but the batches the server wrote. */
         if (tern_rpc_mr_alloc(doc->ep, (size_t)TERN_DOC_BUF_SLOTS * TERN_DOC_BUF_SLOT,
-                              TERN_TP_ACCESS_REMOTE_WRITE, &doc->buf_mr) < 0) {
+                              TERN_TP_ACCESS_REMOTE_READ | TERN_TP_ACCESS_REMOTE_WRITE,
+                              &doc->buf_mr) < 0) {
             doc->buf_mr = NULL;
             return -1;
         }
@@ -1023,6 +1083,8 @@ int tern_doc_open(struct tern_rpc_ep *ep, const char *const *uris, unsigned n,
     doc->timeout = DEFAULT_TIMEOUT;
     doc->path = TERN_DOC_PATH_AUTO;
     doc->err.index = -1;
+    /* tern's default max_msg, less room for the command around them */
+    doc->insert_budget = (1u << 20) - 4096;
     for (unsigned i = DOC_OPS; i > 0; i--) {
         doc->ops[i - 1].doc = doc;
         bson_init(&doc->ops[i - 1].cmd);

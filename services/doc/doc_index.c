@@ -235,7 +235,7 @@ static void collect(const uint8_t *data, uint32_t len, const char *path, struct 
 }
 
 int doc_index_keys(const struct doc_index *ix, const bson_t *doc, struct doc_buf *out,
-                   uint32_t *lens, unsigned *n, struct doc_err *e)
+                   uint32_t *lens, unsigned *n, bool *arrays, struct doc_err *e)
 {
     static __thread struct vals vs;
     unsigned multi = UINT32_MAX;
@@ -244,6 +244,8 @@ int doc_index_keys(const struct doc_index *ix, const bson_t *doc, struct doc_buf
 
     doc_buf_reset(out);
     *n = 0;
+    if (arrays)
+        *arrays = false;
     /* Every field but (at most) one has one value; that one may have many. */
     for (unsigned f = 0; f < ix->nfields; f++) {
         vs.n = 0;
@@ -257,6 +259,8 @@ int doc_index_keys(const struct doc_index *ix, const bson_t *doc, struct doc_buf
         else
             fixed[f] = vs.v[0];
         if (vs.arrays) {
+            if (arrays)
+                *arrays = true;
             if (multi != UINT32_MAX)
                 return doc_errf(e, DOC_BadValue, "cannot index parallel arrays [%s] [%s]",
                                 ix->paths[f], ix->paths[multi]);
@@ -380,7 +384,7 @@ int doc_index_check(struct doc_coll *c, const bson_t *doc, uint64_t self, struct
         struct doc_index *ix = c->ix[i];
         size_t off = 0;
 
-        if (doc_index_keys(ix, doc, &keys, lens, &n, e) < 0)
+        if (doc_index_keys(ix, doc, &keys, lens, &n, NULL, e) < 0)
             return -1;
         if (!ix->unique)
             continue;
@@ -401,9 +405,13 @@ static int index_add(struct doc_index *ix, const bson_t *doc, uint64_t slot, str
     size_t off = 0;
     unsigned n;
 
-    if (doc_index_keys(ix, doc, &keys, lens, &n, e) < 0)
+    bool arrays;
+
+    if (doc_index_keys(ix, doc, &keys, lens, &n, &arrays, e) < 0)
         return -1;
-    if (n > 1 || (!ix->is_id && ix->nfields == 1 && 0))
+    /* Once any document brought an array, bounds on one field may not be
+     * intersected, nor the index's order taken for a sort's. */
+    if (arrays)
         ix->multikey = true;
     be64(sb, slot);
     for (unsigned j = 0; j < n; off += lens[j], j++) {
@@ -445,7 +453,7 @@ void doc_index_remove_doc(struct doc_coll *c, const bson_t *doc, uint64_t slot)
         struct doc_index *ix = c->ix[i];
         size_t off = 0;
 
-        if (doc_index_keys(ix, doc, &keys, lens, &n, &e) < 0)
+        if (doc_index_keys(ix, doc, &keys, lens, &n, NULL, &e) < 0)
             continue;       /* it could not have been added either */
         for (unsigned j = 0; j < n; off += lens[j], j++) {
             if (ix->is_id) {
@@ -473,7 +481,7 @@ int doc_index_build(struct doc_coll *c, struct doc_index *ix, struct doc_err *e)
             unsigned n;
             size_t off = 0;
 
-            if (doc_index_keys(ix, &d, &keys, lens, &n, e) < 0)
+            if (doc_index_keys(ix, &d, &keys, lens, &n, NULL, e) < 0)
                 return -1;
             for (unsigned j = 0; j < n; off += lens[j], j++)
                 if (clash(ix, keys.p + off, lens[j], i) != UINT64_MAX) {
@@ -682,7 +690,10 @@ int doc_scan_open(struct doc_coll *c, const struct doc_matcher *m, const struct 
         struct doc_index *ix = c->ix[i];
         struct doc_bounds b = {0};
         bool rev = false, sorts = index_sorts(ix, sort, &rev);
-        int bounded = m ? doc_match_bounds(m, ix->paths[0], &b) : 0;
+        /* Predicates on one field narrow each other only where a document
+         * has one value there (MongoDB's rule for multikey indexes). */
+        int bounded = !m ? 0 : ix->multikey ? doc_match_bounds(m, ix->paths[0], &b)
+                                            : doc_match_bounds_scalar(m, ix->paths[0], &b);
         int s;
 
         if (bounded < 0) {

@@ -69,6 +69,12 @@ struct doc_bounds {
 /* 1 and *b filled if the filter constrains `path`; 0 if it does not (a
  * full scan of the index), <0 on out of memory. */
 int doc_match_bounds(const struct doc_matcher *m, const char *path, struct doc_bounds *b);
+
+/* The same for an index with no array on `path` in any document (not
+ * multikey): one value then meets every predicate, so their intervals
+ * are intersected ({a: {$gt: 1, $lt: 5}} is (1, 5), where
+ * doc_match_bounds gives one side). Not for a multikey index. */
+int doc_match_bounds_scalar(const struct doc_matcher *m, const char *path, struct doc_bounds *b);
 void doc_bounds_free(struct doc_bounds *b);
 
 /* The filter's top-level equality on `path` ({path: v} or {path: {$eq: v}},

@@ -20,6 +20,7 @@
 #include "doc_wire.h"
 #include "error.h"
 #include "log.h"
+#include "mongo_wire.h"
 
 #define TICK_NS 1000000000ull   /* how often idle cursors are looked for */
 
@@ -53,6 +54,7 @@ struct tern_doc_service {
     unsigned n_slots;
     size_t slot_size;
     uint64_t last_tick;
+    bool group_commit;           /* replies of writes wait for the poll's flush */
     struct tern_doc_service_stats st;
 };
 
@@ -247,6 +249,24 @@ static int put_pieces(struct tern_doc_service *svc, struct sess_ent *e, int i, u
     return 0;
 }
 
+/* Where the client's buffer can be mapped here (shm), the batch is one
+ * memcpy into it: no staging copy, no completion, and no limit of a ring
+ * record on its size. Visible to the client before the reply, which is
+ * posted after (a post is a release). While the mapping is being set up
+ * (the first ask starts it) the batch goes inline, never by served puts:
+ * those would be in flight at the next request and keep the mapping from
+ * being used (rkey_ptr waits for them), batch after batch. */
+static bool store_direct(struct sess_ent *e, const struct doc_req *q, const uint8_t *data,
+                         uint32_t len)
+{
+    void *p;
+
+    if (tern_session_rkey_ptr(e->s, &q->dst, q->off, len, TERN_TP_ACCESS_REMOTE_WRITE, &p) < 0)
+        return false;
+    memcpy(p, data, len);
+    return true;
+}
+
 /* Put the reply's batch into the client's buffer if the request asked and
  * it fits: true with *rep filled and svc->slim the reply to send. Any
  * failure to put sends it inline instead (pieces put already land in the
@@ -263,14 +283,22 @@ static bool push_batch(struct tern_doc_service *svc, struct sess_ent *e, const s
     if (!(q->flags & DOC_REQ_PUSH) || !svc->stage_mr ||
         !find_batch(&svc->reply, &data, &len, &key))
         return false;
-    if (len < q->min || len > q->cap || len > svc->slot_size || !slim_reply(svc, &svc->reply, key))
+    /* The key's own length too: a put past it is refused only where the
+     * peer serves it (tcp), after this reply would have said "pushed". */
+    if (len < q->min || len > q->cap || len > svc->slot_size || q->dst.len < q->off ||
+        len > q->dst.len - q->off || !slim_reply(svc, &svc->reply, key))
         return false;
-    i = slot_get(svc);
-    if (i < 0)
-        return false;
-    memcpy((uint8_t *)tern_rpc_mr_addr(svc->stage_mr) + (size_t)i * svc->slot_size, data, len);
-    if (put_pieces(svc, e, i, len, q) < 0)
-        return false;   /* a bad key, a full queue: the batch goes inline */
+    if (tern_session_caps(e->s) & TERN_TP_CAP_RKEY_PTR) {
+        if (!store_direct(e, q, data, len))
+            return false;
+    } else {
+        i = slot_get(svc);
+        if (i < 0)
+            return false;
+        memcpy((uint8_t *)tern_rpc_mr_addr(svc->stage_mr) + (size_t)i * svc->slot_size, data, len);
+        if (put_pieces(svc, e, i, len, q) < 0)
+            return false;   /* a bad key, a full queue: the batch goes inline */
+    }
     rep->flags = DOC_REP_PUSHED;
     rep->size = len;
     rep->n = bson_init_static(&arr, data, len) ? bson_count_keys(&arr) : 0;
@@ -279,26 +307,97 @@ static bool push_batch(struct tern_doc_service *svc, struct sess_ent *e, const s
 
 /* ---- handlers ---- */
 
+/* Nesting deeper than MongoDB's maxBSONDepth is refused before anything
+ * recurses into it: libbson's bson_validate recurses once per level (and
+ * per code-with-scope scope), and a request of max_msg bytes nests far
+ * enough to overflow the stack. An explicit stack of iterators, as the
+ * wire gateway's walk (mongo_wire.c), so both ways in refuse alike
+ * (doc_cmd_run's own bound answers InvalidBSON, the gateway Overflow).
+ * Each level goes through bson_init_static, which checks its length and
+ * closing NUL. */
+static int depth_ok(const bson_t *cmd, struct doc_err *e)
+{
+    struct level {
+        bson_iter_t it;          /* a struct: bson_iter_t is aligned past its size */
+    } stack[MONGO_MAX_DEPTH];
+    const uint8_t *data;
+    uint32_t len, code_len;
+    bson_t sub;
+    int top = 0;
+
+    if (!bson_iter_init(&stack[0].it, cmd))
+        return doc_errf(e, DOC_InvalidBSON, "invalid BSON: bad document length");
+    for (;;) {
+        bson_iter_t *it = &stack[top].it;
+
+        if (!bson_iter_next(it)) {
+            if (it->err_off)
+                return doc_errf(e, DOC_InvalidBSON, "invalid BSON at offset %u", it->err_off);
+            if (top == 0)
+                return 0;
+            top--;
+            continue;
+        }
+        switch (bson_iter_type(it)) {
+        case BSON_TYPE_DOCUMENT:
+            bson_iter_document(it, &len, &data);
+            break;
+        case BSON_TYPE_ARRAY:
+            bson_iter_array(it, &len, &data);
+            break;
+        case BSON_TYPE_CODEWSCOPE:
+            bson_iter_codewscope(it, &code_len, &len, &data);
+            break;
+        default:
+            continue;
+        }
+        if (top + 1 == MONGO_MAX_DEPTH)
+            return doc_errf(e, DOC_Overflow, "BSONObj exceeded maximum nested object depth: %d",
+                            MONGO_MAX_DEPTH);
+        if (!data || !bson_init_static(&sub, data, len) || !bson_iter_init(&stack[top + 1].it, &sub))
+            return doc_errf(e, DOC_InvalidBSON, "invalid BSON: bad embedded document");
+        top++;
+    }
+}
+
+static int reply_with(struct tern_req *req, const bson_t *body, const struct doc_rep *rep)
+{
+    uint8_t *out = tern_reply_alloc(req, sizeof(*rep) + body->len);
+
+    if (!out)
+        return TERN_EMSGSIZE;
+    memcpy(out, rep, sizeof(*rep));
+    memcpy(out + sizeof(*rep), bson_get_data(body), body->len);
+    return 0;
+}
+
 static int h_cmd(struct tern_req *req, const void *data, size_t len, void *ctx)
 {
     struct tern_doc_service *svc = ctx;
     struct doc_rep rep = {0};
+    struct doc_err de = {0};
     struct sess_ent *e;
     struct doc_req q;
     const bson_t *body;
-    size_t err_off;
     uint64_t now;
     bson_t cmd;
-    uint8_t *out;
+    bool wrote;
 
     if (len < sizeof(q))
         return TERN_EPROTO;
     memcpy(&q, data, sizeof(q));
     if ((q.flags & ~(uint32_t)DOC_REQ_PUSH) || q.reserved)
         return TERN_EPROTO;
-    if (!bson_init_static(&cmd, (const uint8_t *)data + sizeof(q), len - sizeof(q)) ||
-        !bson_validate(&cmd, BSON_VALIDATE_NONE, &err_off))
+    if (!bson_init_static(&cmd, (const uint8_t *)data + sizeof(q), len - sizeof(q)))
         return TERN_EPROTO;
+    bson_reinit(&svc->reply);
+    /* doc_cmd_run validates the rest (InvalidBSON, as for the gateway). */
+    if (depth_ok(&cmd, &de) < 0) {
+        /* As the gateway answers it: a failed command (Overflow,
+         * InvalidBSON), the session goes on. */
+        doc_cmd_sync_failed(&de, &svc->reply);
+        return reply_with(req, &svc->reply, &rep);
+    }
     now = tern_now_ns();
     if (now - svc->last_tick >= TICK_NS) {
         svc->last_tick = now;
@@ -307,9 +406,11 @@ static int h_cmd(struct tern_req *req, const void *data, size_t len, void *ctx)
     e = client_of(svc, tern_req_session(req));
     if (!e)
         return TERN_ENOMEM;
-    bson_reinit(&svc->reply);
     svc->st.commands++;
-    if (doc_cmd_run(e->c, &cmd, NULL, 0, &svc->reply) & DOC_CMD_WROTE) {
+    wrote = (doc_cmd_run(e->c, &cmd, NULL, 0, &svc->reply) & DOC_CMD_WROTE) != 0;
+    if (wrote && svc->group_commit) {
+        tern_req_hold(req);     /* durable at the end of the poll (group_flush) */
+    } else if (wrote) {
         struct doc_err se = {0};
 
         if (doc_server_sync(svc->srv, &se) < 0) {
@@ -324,12 +425,7 @@ static int h_cmd(struct tern_req *req, const void *data, size_t len, void *ctx)
     } else if (q.flags & DOC_REQ_PUSH) {
         svc->st.batches_inline++;
     }
-    out = tern_reply_alloc(req, sizeof(rep) + body->len);
-    if (!out)
-        return TERN_EMSGSIZE;
-    memcpy(out, &rep, sizeof(rep));
-    memcpy(out + sizeof(rep), bson_get_data(body), body->len);
-    return 0;
+    return reply_with(req, body, &rep);
 }
 
 static int h_stats(struct tern_req *req, const void *data, size_t len, void *ctx)
@@ -459,6 +555,33 @@ void tern_doc_service_get_stats(const struct tern_doc_service *svc,
     doc_server_stats(svc->srv, &ss);
     st->sessions = svc->n;
     st->cursors_open = ss.cursors_open;
+}
+
+/* The endpoint's hold hook: every write of the poll made durable at once. */
+static int group_flush(void *arg)
+{
+    struct tern_doc_service *svc = arg;
+    struct doc_err e = {0};
+
+    if (doc_server_sync(svc->srv, &e) < 0) {
+        tern_log(TERN_LOG_ERROR, "doc", "group commit: %s", e.msg);
+        return TERN_EIO;
+    }
+    return 0;
+}
+
+int tern_doc_service_group_commit(struct tern_doc_service *svc, struct tern_rpc_ep *ep)
+{
+    int rc;
+
+    if (!svc || !ep)
+        return TERN_EINVAL;
+    if (svc->group_commit)
+        return 0;
+    rc = tern_rpc_add_hold_hook(ep, group_flush, svc);
+    if (rc == 0)
+        svc->group_commit = true;
+    return rc;
 }
 
 void tern_doc_service_close(struct tern_doc_service *svc)

@@ -92,11 +92,13 @@ void doc_index_free(struct doc_index *ix);
 
 /* The entries a document gives an index (key strings without the slot
  * suffix), deduplicated, back to back in `out` with their lengths in
- * lens[]. DOC_BadValue for parallel arrays in a compound key. */
+ * lens[]; *arrays (may be NULL) says an array was met (the index is
+ * multikey from then on). DOC_BadValue for parallel arrays in a compound
+ * key. */
 #define DOC_IX_KEYS_MAX 4096
 #define DOC_INDEX_DEPTH_MAX 100      /* as MongoDB's documents nest at most */
 int doc_index_keys(const struct doc_index *ix, const bson_t *doc, struct doc_buf *out,
-                   uint32_t *lens, unsigned *n, struct doc_err *e);
+                   uint32_t *lens, unsigned *n, bool *arrays, struct doc_err *e);
 
 /* Would storing `doc` as slot `self` (UINT64_MAX: a new document) break a
  * unique index?

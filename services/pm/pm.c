@@ -561,6 +561,8 @@ static int open_share_fd(struct pm_pool *p, const char *path, const struct stat 
     return 0;
 }
 
+#define PM_LOCK_WAIT_MS 200
+
 int pm_open(const char *path, const struct pm_opts *o, struct pm_pool **out)
 {
     struct pm_pool *p;
@@ -590,7 +592,16 @@ int pm_open(const char *path, const struct pm_opts *o, struct pm_pool **out)
         rc = errno == EACCES ? TERN_EACCES : TERN_EIO;
         goto fail;
     }
-    if (flock(p->lock_fd, LOCK_EX | LOCK_NB) < 0) {
+    /* A pool whose owner was just killed may stay locked a few
+     * milliseconds past the owner's reaping (seen after a SIGKILL with shm
+     * clients attached: the last reference to the lock's file goes in the
+     * kernel's deferred work): wait up to PM_LOCK_WAIT_MS for it before
+     * calling it in use. */
+    for (int waited = 0; flock(p->lock_fd, LOCK_EX | LOCK_NB) < 0; waited++) {
+        if (errno == EWOULDBLOCK && waited < PM_LOCK_WAIT_MS) {
+            nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
+            continue;
+        }
         tern_log(TERN_LOG_ERROR, "pm", "%s is in use by another process", path);
         rc = TERN_EBUSY;
         goto fail;

@@ -8,7 +8,8 @@
  * path (and "a", "a.b") must be sorted and disjoint, and when the
  * document matches, one of its keys on that path (a value the path
  * reaches, an element of an array at its end, or null where the path
- * finds a field missing, as an index holds them) must lie inside them.
+ * finds a field missing, as an index holds them) must lie inside them;
+ * inside the intersected (scalar) bounds too when no array is on the way.
  * The document's own values also check the key strings: memcmp of two
  * keys has doc_val_cmp's sign. */
 #include "doc_match.h"
@@ -20,6 +21,7 @@ struct keys {
     struct doc_buf k;
     const struct doc_bounds *b;
     bool inside;
+    bool arrays;                /* the path crossed or ended at an array */
 };
 
 static int key_cmp(const uint8_t *a, size_t an, const uint8_t *b, size_t bn)
@@ -53,6 +55,8 @@ static void at_end(struct keys *ks, const bson_value_t *v)
     bson_iter_t it;
 
     offer(ks, v);
+    if (v->value_type == BSON_TYPE_ARRAY)
+        ks->arrays = true;
     if (v->value_type != BSON_TYPE_ARRAY ||
         !bson_iter_init_from_data(&it, v->value.v_doc.data, v->value.v_doc.data_len))
         return;
@@ -92,6 +96,7 @@ static void keys_val(struct keys *ks, const bson_value_t *v, const char *path)
         offer(ks, NULL);
         return;
     }
+    ks->arrays = true;
     for (size_t j = 0; positional && j < n; j++) {
         if (path[j] < '0' || path[j] > '9')
             positional = false;
@@ -116,17 +121,11 @@ static void keys_val(struct keys *ks, const bson_value_t *v, const char *path)
 
 /* ---- checks ---- */
 
-static void check_bounds(const struct doc_matcher *m, const char *path, const bson_t *doc,
-                         bool matched)
+/* Sorted, disjoint, points when it says so. */
+static void check_shape(const struct doc_bounds *b, const char *path)
 {
-    struct doc_bounds b;
-    int rc = doc_match_bounds(m, path, &b);
-
-    FZ_CHECK(rc >= 0, "bounds on %s: out of memory", path);
-    if (rc == 0)
-        return;
-    for (unsigned i = 0; i < b.n; i++) {
-        const struct doc_interval *iv = &b.iv[i];
+    for (unsigned i = 0; i < b->n; i++) {
+        const struct doc_interval *iv = &b->iv[i];
 
         FZ_CHECK(!iv->lo.oom && !iv->hi.oom, "bounds on %s: a short end", path);
         if (iv->lo.len && iv->hi.len) {
@@ -136,7 +135,7 @@ static void check_bounds(const struct doc_matcher *m, const char *path, const bs
                      "bounds on %s: interval %u is empty", path, i);
         }
         if (i > 0) {
-            const struct doc_interval *prev = &b.iv[i - 1];
+            const struct doc_interval *prev = &b->iv[i - 1];
             int c;
 
             FZ_CHECK(prev->hi.len && iv->lo.len, "bounds on %s: %u overlaps %u", path, i - 1, i);
@@ -144,19 +143,44 @@ static void check_bounds(const struct doc_matcher *m, const char *path, const bs
             FZ_CHECK(c < 0 || (c == 0 && !prev->hi_incl && !iv->lo_incl),
                      "bounds on %s: %u and %u out of order or overlapping", path, i - 1, i);
         }
-        if (b.point)
+        if (b->point)
             FZ_CHECK(iv->lo_incl && iv->hi_incl &&
                          key_cmp(iv->lo.p, iv->lo.len, iv->hi.p, iv->hi.len) == 0,
                      "bounds on %s: %u is no point", path, i);
     }
+}
+
+/* doc_match_bounds always; doc_match_bounds_scalar when the document has
+ * no array on the path (as in an index that is not multikey). */
+static void check_bounds(const struct doc_matcher *m, const char *path, const bson_t *doc,
+                         bool matched)
+{
+    struct doc_bounds b, sb;
+    int rc = doc_match_bounds(m, path, &b);
+    int src = doc_match_bounds_scalar(m, path, &sb);
+
+    FZ_CHECK(rc >= 0 && src >= 0, "bounds on %s: out of memory", path);
+    FZ_CHECK(rc == src, "bounds on %s: %d, scalar bounds %d", path, rc, src);
+    if (rc == 0)
+        return;
+    check_shape(&b, path);
+    check_shape(&sb, path);
     if (matched) {
         struct keys ks = {.b = &b};
 
         keys_doc(&ks, bson_get_data(doc), doc->len, path);
         FZ_CHECK(ks.inside, "bounds on %s: a matching document has no key inside them", path);
+        if (!ks.arrays) {
+            ks.b = &sb;
+            ks.inside = false;
+            keys_doc(&ks, bson_get_data(doc), doc->len, path);
+            FZ_CHECK(ks.inside, "scalar bounds on %s: a matching document has no key inside",
+                     path);
+        }
         doc_buf_free(&ks.k);
     }
     doc_bounds_free(&b);
+    doc_bounds_free(&sb);
 }
 
 static int count_eq(void *arg, const char *path, const bson_value_t *v)

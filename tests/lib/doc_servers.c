@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include "doc.h"
+#include "error.h"
 #include "doc_servers.h"
 #include "doc_service.h"
 #include "procs.h"
@@ -21,15 +22,20 @@ static void setup_doc(struct tern_rpc_ep *ep)
 {
     struct tern_doc_service_opts o = {
         .pool_path = next_pool, .pool_size = next.pool_size ? next.pool_size : 256u << 20,
-        .max_msg = next.max_msg,
+        .max_msg = next.max_msg, .seg_size = next.seg_size,
     };
     struct tern_doc_service *svc;
 
     /* The service lives as long as the child, which _exit()s: every write
      * it acknowledged was durable before the reply left. */
-    if (tern_doc_service_open(&o, &svc) < 0)
+    int rc = tern_doc_service_open(&o, &svc);
+
+    if (rc < 0) {
+        fprintf(stderr, "doc server: %s: %s\n", next_pool, tern_strerror(rc));
         _exit(7);
-    if (tern_rpc_register(ep, tern_doc_service_def(svc)) < 0)
+    }
+    if (tern_rpc_register(ep, tern_doc_service_def(svc)) < 0 ||
+        tern_doc_service_group_commit(svc, ep) < 0)
         _exit(8);
     if (next.onesided && tern_doc_service_enable_onesided(svc, ep, 0) < 0)
         _exit(9);
@@ -66,6 +72,11 @@ void test_doc_finish(int i)
 
     pids[i] = 0;
     ck_assert_msg(stop_server(pid) == 0, "doc server %d did not exit cleanly", i);
+}
+
+void test_doc_kill(int i)
+{
+    test_child_kill(&pids[i]);
 }
 
 const char *test_doc_uri(int i)

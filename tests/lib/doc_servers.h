@@ -18,6 +18,7 @@
 struct test_doc_srv {
     const char *listen;              /* NULL: tcp://127.0.0.1:0 */
     uint64_t pool_size;              /* 0: 256 MiB (sparse) */
+    uint32_t seg_size;               /* 0: the service's (32 MiB) */
     size_t max_msg;                  /* the server's endpoint; 0: 1 MiB */
     bool onesided;                   /* serve RMongo's result path */
 };
@@ -27,6 +28,9 @@ void test_doc_start(int i, const struct test_doc_srv *o);
 
 /* SIGTERM server i; it must exit cleanly (asserted). */
 void test_doc_finish(int i);
+
+/* SIGKILL server i, and wait for it. */
+void test_doc_kill(int i);
 
 /* Server i's bound URI. */
 const char *test_doc_uri(int i);

@@ -138,7 +138,10 @@ void test_child_kill(pid_t *pid)
     if (*pid <= 0)
         return;
     kill(*pid, SIGKILL);
-    waitpid(*pid, NULL, 0);
+    /* Only a reaped child is gone with everything it held (a pool's
+     * lock): a signal must not cut the wait short. */
+    while (waitpid(*pid, NULL, 0) < 0 && errno == EINTR)
+        ;
     untrack(*pid);
     *pid = 0;
 }

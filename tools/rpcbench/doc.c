@@ -14,13 +14,10 @@
  * Every row is timed after a warm-up of a tenth of --iters. */
 #include <errno.h>
 #include <getopt.h>
-#include <linux/magic.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <sys/statfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -111,6 +108,8 @@ static int srv_child(void *arg, int fd)
         rc = tern_rpc_listen(ep, a->listen, bound, sizeof(bound));
     if (rc == 0)
         rc = tern_doc_service_enable_onesided(svc, ep, 0);
+    if (rc == 0)
+        rc = tern_doc_service_group_commit(svc, ep);
     if (rc < 0) {
         fprintf(stderr, "rpcbench doc server: %s: %s\n", a->listen, tern_strerror(rc));
         goto fail;
@@ -361,10 +360,11 @@ static void drive_find(struct run *r)
         bson_reinit(&q);
         BSON_APPEND_UTF8(&q, "f1", v);
         rc = tern_doc_find(r->doc, DB, COLL, &q, NULL, &cur);
-        while (rc == 0 && (rc = tern_doc_cursor_next(cur, &d)) == 1)
-            r->found++;
-        if (rc == 0 || rc == 1)
+        if (rc == 0) {
+            while ((rc = tern_doc_cursor_next(cur, &d)) == 1)
+                r->found++;
             tern_doc_cursor_close(cur);
+        }
         if (rc < 0) {
             run_error(r, rc, "find");
             break;
@@ -559,17 +559,10 @@ static int client(struct ctx *c, const char *uri)
     return rc;
 }
 
-static bool on_tmpfs(const char *dir)
-{
-    struct statfs sf;
-
-    return statfs(dir, &sf) == 0 && sf.f_type == TMPFS_MAGIC;
-}
-
 static int run_local(const struct doc_opts *o)
 {
     const char *const *names = tern_tp_fabric_names();
-    bool tmpfs = on_tmpfs(o->pool_dir), header = true;
+    bool tmpfs = bench_on_tmpfs(o->pool_dir), header = true;
     int failed = 0;
 
     for (; *names; names++) {
@@ -714,16 +707,6 @@ static bool parse_paths(const char *arg, struct doc_opts *o)
     return o->n_paths > 0;
 }
 
-static const char *default_pool_dir(void)
-{
-    struct stat st;
-    const char *t = getenv("TMPDIR");
-
-    if (stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode) && access("/dev/shm", W_OK) == 0)
-        return "/dev/shm";
-    return t && *t ? t : "/tmp";
-}
-
 int doc_main(int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -782,6 +765,6 @@ int doc_main(int argc, char **argv)
     if (optind < argc)
         return opt_usage_error(me, "unexpected argument '%s'", argv[optind]);
     if (!o.pool_dir)
-        o.pool_dir = default_pool_dir();
+        o.pool_dir = bench_default_pool_dir();
     return run_local(&o);
 }

@@ -10,13 +10,10 @@
  */
 #include <errno.h>
 #include <getopt.h>
-#include <linux/magic.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <sys/statfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -696,13 +693,6 @@ static int kv_client(struct kv_ctx *c, const char *uri)
     return rc;
 }
 
-static bool on_tmpfs(const char *dir)
-{
-    struct statfs sf;
-
-    return statfs(dir, &sf) == 0 && sf.f_type == TMPFS_MAGIC;
-}
-
 /* The pool's segment size: 0 (the pool's 1 MiB) unless a segment of that
  * size could not hold two records. */
 static uint32_t kv_seg_size(const struct kv_opts *o)
@@ -724,7 +714,7 @@ static int kv_run_local(const struct kv_opts *o)
     const char *printed_persist = NULL;
     uint64_t pool = o->pool_size, per = max_value(o) + o->key_size + 64;
     uint32_t seg = kv_seg_size(o);
-    bool tmpfs = on_tmpfs(o->pool_dir), header = true;
+    bool tmpfs = bench_on_tmpfs(o->pool_dir), header = true;
     int failed = 0;
 
     if (!pool) {
@@ -890,16 +880,6 @@ static bool parse_paths(const char *arg, struct kv_opts *o)
     return o->n_paths > 0;
 }
 
-static const char *default_pool_dir(void)
-{
-    struct stat st;
-    const char *t = getenv("TMPDIR");
-
-    if (stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode) && access("/dev/shm", W_OK) == 0)
-        return "/dev/shm";
-    return t && *t ? t : "/tmp";
-}
-
 int kv_main(int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -998,6 +978,6 @@ int kv_main(int argc, char **argv)
         return OPT_USAGE;
     }
     if (!o.pool_dir)
-        o.pool_dir = default_pool_dir();
+        o.pool_dir = bench_default_pool_dir();
     return kv_run_local(&o);
 }

@@ -1,7 +1,11 @@
 #include <errno.h>
+#include <linux/magic.h>
 #include <sched.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include "spawn.h"
@@ -44,4 +48,21 @@ pid_t bench_spawn(int (*child)(void *arg, int fd), void *arg, char *addr, size_t
     close(fds[0]);
     addr[got > 0 ? got : 0] = 0;
     return pid;
+}
+
+const char *bench_default_pool_dir(void)
+{
+    struct stat st;
+    const char *t = getenv("TMPDIR");
+
+    if (stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode) && access("/dev/shm", W_OK) == 0)
+        return "/dev/shm";
+    return t && *t ? t : "/tmp";
+}
+
+bool bench_on_tmpfs(const char *dir)
+{
+    struct statfs sf;
+
+    return statfs(dir, &sf) == 0 && sf.f_type == TMPFS_MAGIC;
 }

@@ -2,6 +2,8 @@
  *
  *   tern pool info PATH     the header and the segments in use (fast)
  *   tern pool check PATH    also every committed record's bounds and checksum
+ *   tern doc PATH           a document pool's databases, collections, indexes
+ *   tern doc --uri URI      the same, asked of a running ternd
  *   tern --help | --version
  *
  * The report goes to stdout. Exit status: 0 sound, 1 corrupt (the report
@@ -14,12 +16,16 @@
 #include "error.h"
 #include "opt.h"
 #include "pm/pm.h"
+#include "terncli.h"
 
 static void usage(FILE *f)
 {
     fprintf(f,
             "usage: tern pool info PATH    the pool's header and the segments in use\n"
             "       tern pool check PATH   also every committed record's bounds and checksum\n"
+            "       tern doc PATH          a document pool's databases, collections, counts,\n"
+            "                              indexes (the pool is opened: ternd must be down)\n"
+            "       tern doc --uri URI     the same, asked of a running ternd\n"
             "       tern --help | --version\n"
             "Read-only. Exit status: 0 sound, 1 corrupt (the report names the offset),\n"
             "2 usage or another error.\n");
@@ -82,6 +88,8 @@ int main(int argc, char **argv)
     }
     if (argc < 2)
         return opt_usage_error("tern", "a command is needed (tern pool info|check PATH)");
+    if (strcmp(argv[1], "doc") == 0)
+        return tern_doc_cmd(argc - 2, argv + 2);
     if (strcmp(argv[1], "pool") != 0)
         return opt_usage_error("tern", "unknown command '%s'", argv[1]);
     if (argc < 3)

@@ -530,6 +530,9 @@ int main(int argc, char **argv)
 #if TERN_HAVE_DOC
     if (rc == 0 && dsvc)
         rc = tern_rpc_register(g_ep, tern_doc_service_def(dsvc));
+    /* Writers of one poll share a flush. */
+    if (rc == 0 && dsvc)
+        rc = tern_doc_service_group_commit(dsvc, g_ep);
 #endif
     /* Clients that ask for the one-sided paths (tern_kv_set_path) get them. */
     if (rc == 0 && (rc = tern_kv_service_enable_onesided(svc, g_ep, NULL)) < 0)

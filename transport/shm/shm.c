@@ -181,19 +181,27 @@ static int shm_listen(struct ring_ep *ep, const char *addr, char *bound, size_t 
     char name[RING_NAME_MAX + 1];
     int fd, rc;
 
-    if (strcmp(addr, "auto") == 0)
-        snprintf(name, sizeof(name), "auto-%d-%u", (int)getpid(), ++ep->auto_names);
-    else
-        snprintf(name, sizeof(name), "%s", addr);
-    if (!sock_addr(name, &sa, &sl))
-        return TERN_EBADADDR;
-    fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -errno;
-    if (bind(fd, (struct sockaddr *)&sa, sl) < 0 || listen(fd, 1024) < 0) {
+    /* An auto name is this process's: but a child forked by an earlier
+     * process of the same pid may still hold that one's listener (fork
+     * keeps it open), so a name found taken is skipped for the next. */
+    for (int tries = 0;; tries++) {
+        bool automatic = strcmp(addr, "auto") == 0;
+
+        if (automatic)
+            snprintf(name, sizeof(name), "auto-%d-%u", (int)getpid(), ++ep->auto_names);
+        else
+            snprintf(name, sizeof(name), "%s", addr);
+        if (!sock_addr(name, &sa, &sl))
+            return TERN_EBADADDR;
+        fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+            return -errno;
+        if (bind(fd, (struct sockaddr *)&sa, sl) == 0 && listen(fd, 1024) == 0)
+            break;
         rc = errno == EADDRINUSE ? TERN_EADDRINUSE : -errno;
         close(fd);
-        return rc;
+        if (!automatic || rc != TERN_EADDRINUSE || tries == 64)
+            return rc;
     }
     rc = ring_listener_add(ep, fd);
     if (rc < 0) {

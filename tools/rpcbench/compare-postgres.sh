@@ -40,6 +40,12 @@
 # Debian's /usr/bin/python3). This is the latency a Python program sees; the
 # Python client is most of it.
 #
+# Then, apart (its client is not pgbench's kind: one client with C calls in
+# flight, find one cursor at a time, and the server's busy time as rpcbench
+# measures it rather than /proc), tern's native RPC path over tcp on the same
+# documents: rpcbench doc, with a server of its own on a pool in the mode's
+# directory.
+#
 # Prints a row per (mode, client, op, system) with the medians over rounds,
 # then the ratios tern/PostgreSQL. Needs root (runs PostgreSQL as the
 # postgres user) or a user that may run PostgreSQL.
@@ -48,6 +54,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 TERND=${TERND:-$here/../../build/tools/ternd/ternd}
 MONGO_LOAD=${MONGO_LOAD:-$here/../../build/tools/rpcbench/mongo-load}
+RPCBENCH=${RPCBENCH:-$here/../../build/tools/rpcbench/rpcbench}
 PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
 RECORDS=100000
 KEYS=""
@@ -108,6 +115,7 @@ cpu_client=(taskset -c 1)
 HZ=$(getconf CLK_TCK)
 PGPORT=$((20000 + RANDOM % 10000))
 results=$(mktemp)
+native=$(mktemp)
 DATA=""
 PG_DATA=""
 TPID=""
@@ -120,7 +128,7 @@ cleanup() {
         kill "$TPID" 2>/dev/null && wait "$TPID" 2>/dev/null || true
     fi
     [ -n "$DATA" ] && rm -rf "$DATA"
-    rm -f "$results"
+    rm -f "$results" "$native"
 }
 trap cleanup EXIT
 
@@ -300,6 +308,24 @@ run_py() {
              "$PY_OPS" "$RECORDS" "$KEYS")
 }
 
+# rpcbench doc over tcp, same documents and client count: "MODE OP OPS/S BUSY_US".
+run_native() {
+    local mode=$1
+    "$RPCBENCH" doc --help >/dev/null 2>&1 || return 0
+    "$RPCBENCH" doc --fabric tcp --workload insert,read,find,update --records "$RECORDS" \
+        --iters $((PY_OPS * 10)) --window "$CLIENTS" --cpu 1,0 --pool-dir "$DATA" --json 2>&1 |
+        $PY -c '
+import json, sys
+for line in sys.stdin:
+    try:
+        j = json.loads(line)
+    except ValueError:
+        print("# rpcbench doc: " + line.strip(), file=sys.stderr)
+        continue
+    print(sys.argv[1], j["workload"].split("-", 1)[1], j["ops_per_s"], j["server_busy_us_per_op"])
+' "$mode" >>"$native"
+}
+
 echo "# $RECORDS documents, $KEYS values of f1, $CLIENTS clients, ${SECONDS_} s per phase," \
      "$ROUNDS rounds; Python: $PY_OPS calls per op" >&2
 for round in $(seq "$ROUNDS"); do
@@ -319,13 +345,14 @@ for round in $(seq "$ROUNDS"); do
         run_tern "$mode"
         run_py tern "$mode"
         stop_ternd
+        run_native "$mode"
         rm -rf "$DATA"
         DATA=""
     done
     echo "# round $round done" >&2
 done
 
-$PY - "$results" <<'EOF'
+$PY - "$results" "$native" "$CLIENTS" <<'EOF'
 import sys, statistics
 rows = {}
 for line in open(sys.argv[1]):
@@ -346,4 +373,16 @@ for m, c, o in keys:
           f" {pg[1]:>9.1f} {t[1]:>11.1f} {cpu_ratio}")
 print("ratio = tern / PostgreSQL: above 1 is more ops/s for tern, below 1 less server CPU per op;"
       " us/op = server CPU microseconds per operation")
+nat = {}
+for line in open(sys.argv[2]):
+    m, o, ops, busy = line.split()
+    nat.setdefault((m, o), []).append((float(ops), float(busy)))
+if nat:
+    print(f"\ntern native RPC over tcp (rpcbench doc, window {sys.argv[3]}, find one at a time;"
+          " server busy us/op as rpcbench measures it)")
+    print(f"{'mode':8} {'op':7} {'ops/s':>10} {'busy us/op':>11}")
+    for m, o in sorted(nat, key=lambda k: (k[0], order.get(k[1], 9))):
+        v = nat[(m, o)]
+        print(f"{m:8} {o:7} {statistics.median(r for r, _ in v):>10.0f}"
+              f" {statistics.median(b for _, b in v):>11.1f}")
 EOF

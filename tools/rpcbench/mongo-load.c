@@ -9,7 +9,8 @@
  * OP is one of
  *   load    create the index on f1, then insert documents 0..N-1 (batches
  *           of 1000, one client)
- *   insert  insert one new document per call (ids above 2^40, per client)
+ *   insert  insert one new document per call (ids above 2^40, apart per
+ *           client and per --seed)
  *   read    find {_id: k}, limit 1, k uniform in 0..N-1
  *   find    find {f1: v} (the indexed field), v uniform in 0..K-1, every hit
  *           read (N/K documents each; K is N/10+1 unless --keys says)
@@ -136,7 +137,9 @@ static void *work(void *arg)
     mongoc_client_t *cl = connect_client();
     mongoc_collection_t *coll;
     uint64_t rnd = g_seed * 0x9E3779B97F4A7C15ull + w->id + 1;
-    int64_t next_id = INSERT_BASE + (int64_t)w->id * (1ll << 32);
+    /* New ids: above the loaded ones, apart per client and per --seed. */
+    int64_t next_id = INSERT_BASE + (int64_t)(g_seed & 0x3fff) * (1ll << 48) +
+                      (int64_t)w->id * (1ll << 40);
     bson_t *one = BCON_NEW("limit", BCON_INT64(1), "singleBatch", BCON_BOOL(true));
     char f2[FIELD_LEN + 1], v[FIELD_LEN + 1];
     bson_error_t e;

@@ -891,7 +891,8 @@ static int cursor_fill(struct doc_cursor *cur, struct doc_coll *c, struct doc_pl
     }
     doc_scan_close(cur->scan);
     cur->scan = NULL;
-    qsort_r(ents, nents, sizeof(*ents), sort_ent_cmp, keys.p);
+    if (nents)      /* qsort of a NULL array, even empty, is undefined */
+        qsort_r(ents, nents, sizeof(*ents), sort_ent_cmp, keys.p);
     for (i = 0; i < nents; i++)
         doc_buf_add(&cur->buf, data.p + ents[i].doff, ents[i].dlen);
     if (cur->buf.oom)
@@ -2098,7 +2099,8 @@ static int cmd_distinct(struct ctx *x)
             vals[i] = *bson_iter_value(&it);
             i++;
         }
-    qsort_r(refs, d.n, sizeof(*refs), key_ref_cmp, d.keys.p);
+    if (d.n)
+        qsort_r(refs, d.n, sizeof(*refs), key_ref_cmp, d.keys.p);
     bson_append_array_begin(x->reply, "values", 6, &arr);
     for (i = 0; i < d.n; i++) {
         if (i > 0 && refs[i].len == refs[i - 1].len &&

@@ -1,18 +1,22 @@
 /* A client's bytes through the MongoDB gateway (services/doc/mongo_gw.c):
  * framing, error replies, a stream that cannot be framed, moreToCome,
  * replies held to the output cap, group commit and its failure. Input: a
- * flags byte (bit 0: the sync fails; bit 1: a small output cap), then the
- * client's bytes, written into one end of a socketpair the gateway serves
- * as a client; then that end is shut for writing. The gateway must answer
- * what came and hang up. Commands run through a runner of the harness's
- * own that echoes them (a command named "write" writes), so that the
- * gateway is fuzzed apart from the command layer. Every reply must be a
- * well-formed OP_MSG (flags 0, one kind-0 section) or OP_REPLY, and no
- * more replies may come than messages went. */
+ * flags byte (bit 0: the sync fails; bit 1: a small output cap; bit 2: the
+ * real command layer instead), then the client's bytes, written into one
+ * end of a socketpair the gateway serves as a client; then that end is
+ * shut for writing. The gateway must answer what came and hang up. Without
+ * bit 2, commands run through a runner of the harness's own that echoes
+ * them (a command named "write" writes), so that the gateway is fuzzed
+ * apart from the command layer; with it, through doc_cmd on a store in
+ * /dev/shm whose databases are dropped after each input. Every reply must
+ * be a well-formed OP_MSG (flags 0, one kind-0 section) or OP_REPLY, and
+ * no more replies may come than messages went. */
 #include <bson/bson.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "doc/doc_cmd.h"
+#include "doc/doc_store.h"
 #include "doc/mongo_gw.h"
 #include "doc/mongo_wire.h"
 #include "fuzz.h"
@@ -20,7 +24,10 @@
 
 #define POLLS_MAX 100000
 
-static struct mongo_gw *gws[2];
+static struct mongo_gw *gws[3];
+static char pool_path[64];
+static struct doc_store *store;
+static struct doc_server *srv;
 static int srv_token;
 static bool fail_sync;
 static unsigned live;
@@ -68,8 +75,40 @@ static void tick(struct doc_server *s, uint64_t now_ms)
 static const struct mongo_gw_runner runner = {client_new, client_free, run, sync_fn,
                                               sync_failed, tick};
 
+static void remove_pool(void)
+{
+    unlink(pool_path);
+}
+
+static char dbs[64][128];
+static unsigned n_dbs;
+
+static int add_db(void *arg, const char *db, uint64_t bytes)
+{
+    if (n_dbs == 64)
+        return 1;
+    snprintf(dbs[n_dbs++], sizeof(dbs[0]), "%s", db);
+    return 0;
+}
+
+/* Leave the store as it was found: no state from one input to the next. */
+static void drop_all(void)
+{
+    struct doc_err e = {0};
+
+    do {
+        n_dbs = 0;
+        doc_db_each(store, add_db, NULL);
+        for (unsigned i = 0; i < n_dbs; i++)
+            FZ_CHECK(doc_db_drop(store, dbs[i], &e) >= 0, "drop %s: %s", dbs[i], e.msg);
+    } while (n_dbs == 64);
+    FZ_CHECK(doc_store_sync(store, &e) == 0, "sync: %s", e.msg);
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
+    struct doc_store_opts so = {.pool_size = 256u << 20, .create = true};
+    struct doc_err e = {0};
     /* Small limits, so that short inputs reach them. */
     struct mongo_gw_config cfg = {.max_request = 4096, .max_output = 1u << 20,
                                   .runner = &runner};
@@ -80,6 +119,19 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     FZ_CHECK(rc == 0, "gateway: %d", rc);
     cfg.max_output = 256;
     rc = mongo_gw_create((struct doc_server *)&srv_token, &cfg, &gws[1]);
+    FZ_CHECK(rc == 0, "gateway: %d", rc);
+
+    snprintf(pool_path, sizeof(pool_path), "/dev/shm/tern-fuzz-mongo.%d", (int)getpid());
+    unlink(pool_path);
+    atexit(remove_pool);
+    rc = doc_store_open(pool_path, &so, &store, &e);
+    FZ_CHECK(rc == 0, "store: %s", e.msg);
+    rc = doc_server_open(store, NULL, &srv);
+    FZ_CHECK(rc == 0, "server: %d", rc);
+    cfg.runner = NULL;
+    cfg.max_request = 65536;
+    cfg.max_output = 1u << 20;
+    rc = mongo_gw_create(srv, &cfg, &gws[2]);
     FZ_CHECK(rc == 0, "gateway: %d", rc);
     return 0;
 }
@@ -121,7 +173,7 @@ static size_t take_replies(const uint8_t *buf, size_t len, unsigned *n)
 }
 
 /* Complete messages in the input: an upper bound on the replies. */
-static unsigned count_msgs(const uint8_t *p, size_t n)
+static unsigned count_msgs(const uint8_t *p, size_t n, uint8_t flags)
 {
     unsigned k = 0;
 
@@ -130,7 +182,7 @@ static unsigned count_msgs(const uint8_t *p, size_t n)
 
         if (len < 16 || len > n) {
             /* An error reply to an impossible header: one more at most. */
-            return k + (len < 16 || len > 4096);
+            return k + (len < 16 || len > 4096 || (flags & 4) != 0);
         }
         k++;
         p += len;
@@ -143,7 +195,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct fz f = {data, size};
     uint8_t flags = fz_u8(&f);
-    struct mongo_gw *gw = gws[(flags >> 1) & 1];
+    struct mongo_gw *gw = flags & 4 ? gws[2] : gws[(flags >> 1) & 1];
     const uint8_t *in;
     size_t n = fz_take(&f, f.n, &in), sent = 0, have = 0;
     static uint8_t out[1u << 20];
@@ -187,9 +239,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     FZ_CHECK(eof, "the gateway never hung up on a client that had finished");
     FZ_CHECK(have == 0, "%zu bytes of a partial reply at the end", have);
-    FZ_CHECK(replies <= count_msgs(in, n), "%u replies to %u messages", replies,
-             count_msgs(in, n));
+    FZ_CHECK(replies <= count_msgs(in, n, flags), "%u replies to %u messages", replies,
+             count_msgs(in, n, flags));
     FZ_CHECK(live == 0, "%u doc_clients left after the hang-up", live);
     close(sv[1]);
+    if (flags & 4)
+        drop_all();
     return 0;
 }

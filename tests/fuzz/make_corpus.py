@@ -285,6 +285,33 @@ SEEDS["mongo_gw"] = {
     "more-to-come": u8(0) + op_msg(6, 2, kind0(bson(b_str("write", "c")))) + ping,
     "bad": u8(0) + ping + op_msg(9, 4, kind0(bson(b_int("ping", 1)))) + ping + u32(5) + u32(1) + u32(0) + u32(2013),
 }
+# ... and with bit 2, MongoDB's commands through the real command layer.
+def cmd(req, *elems, seq=None):
+    secs = [kind0(bson(*elems, b_str("$db", "test")))]
+    if seq:
+        secs.append(kind1(*seq))
+    return op_msg(req, 0, *secs)
+
+
+def b_array(k, *docs): return b_arr(k, bson(*[b_doc(str(i), d) for i, d in enumerate(docs)]))
+
+
+crud = (hello +
+        cmd(10, b_str("insert", "c"), seq=("documents", bson(b_int("_id", 1), b_int("a", 5)),
+                                            bson(b_int("_id", 2), b_str("s", "x")))) +
+        cmd(11, b_str("find", "c"), b_doc("filter", bson(b_doc("a", bson(b_int("$gt", 1))))),
+            b_doc("sort", bson(b_int("a", -1))), b_int("batchSize", 1)) +
+        cmd(12, b_str("update", "c"), seq=("updates", bson(b_doc("q", bson(b_int("_id", 1))),
+                                                          b_doc("u", bson(b_doc("$inc", bson(b_int("a", 1)))))))) +
+        cmd(13, b_str("aggregate", "c"), b_array("pipeline", bson(b_doc("$match", bson())),
+                                                    bson(b_doc("$group", bson(b_int("_id", 1), b_doc("n", bson(b_int("$sum", 1))))))),
+            b_doc("cursor", bson())) +
+        cmd(14, b_str("createIndexes", "c"), b_array("indexes", bson(b_doc("key", bson(b_int("a", 1))), b_str("name", "a_1")))) +
+        cmd(15, b_str("delete", "c"), seq=("deletes", bson(b_doc("q", bson()), b_int("limit", 0)))) +
+        cmd(16, b_int("listCollections", 1)) + cmd(17, b_str("count", "c")) + cmd(18, b_int("nosuch", 1)))
+SEEDS["mongo_gw"]["real-crud"] = u8(4) + crud
+SEEDS["mongo_gw"]["real-getmore"] = u8(4) + crud[:-len(cmd(18, b_int("nosuch", 1)))] + \
+    cmd(19, b_str("find", "c"), b_int("batchSize", 0))
 
 
 for target, seeds in SEEDS.items():

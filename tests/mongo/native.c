@@ -553,20 +553,7 @@ int main(int argc, char **argv)
         for (int i = 0; i < NBIG; i++)
             docs[i] = BCON_NEW("_id", BCON_INT32(i), "v", BCON_INT32(i % 97), "pad", BCON_UTF8(pad));
     }
-    /* tern_doc_insert_many sends one command, which must fit the
-     * endpoint's max_msg (1 MiB); drivers split a batch by the server's
-     * maxMessageSizeBytes themselves: here it goes in tens. */
-    for (size_t at = 0; at < NBIG; at += NBIG / 10) {
-        uint64_t part = 0;
-
-        rc = insert_docs("big", docs + at, NBIG / 10, true, &part);
-        inserted = at ? inserted + part : part;
-        if (rc < 0) {
-            for (size_t i = at + NBIG / 10; i < NBIG; i++)
-                bson_destroy(docs[i]);
-            break;
-        }
-    }
+    rc = insert_docs("big", docs, NBIG, true, &inserted);
     if (rc < 0)
         emit_error("insert_big", "insert", rc);
     else

@@ -41,6 +41,10 @@
 #define DEFAULT_MAX_CLIENTS 1024u
 #define DEFAULT_MAX_OUTPUT (64u << 20)
 #define MAX_EVENTS 256
+/* Group commit's wait for other writers (coalesce). */
+#define COALESCE_MIN_NS 20000u          /* syncs cheaper than this: no wait */
+#define COALESCE_MAX_NS 1000000u
+#define COALESCE_RECENT_NS 5000000u     /* a writer counts this long after it wrote */
 #define ACCEPT_BURST 64
 
 #define IN_INITIAL (16u * 1024)
@@ -90,6 +94,7 @@ struct client {
     size_t n_marks, marks_cap;
     struct client *prev, *next;         /* every client */
     struct client *next_touched;
+    uint64_t last_write_ns;             /* when a command of this client last wrote */
 };
 
 struct mongo_gw {
@@ -105,6 +110,8 @@ struct mongo_gw {
     struct client *touched;             /* clients with work this poll */
     unsigned batch_msgs;
     bool batch_wrote;                   /* a command of this poll wrote */
+    uint64_t now_ns;                    /* this poll's time */
+    uint64_t sync_ns;                   /* how long the last group commit took */
     bson_t reply;                       /* every command's reply, reused */
     bson_t err;                         /* error replies, reused */
     bson_t cmd;                         /* an OP_QUERY command given its $db */
@@ -258,8 +265,10 @@ static void run_message(struct mongo_gw *gw, struct client *c, const uint8_t *ms
     }
     bson_reinit(&gw->reply);
     rc = gw->run.run(c->dc, body, m.seqs, m.nseq, &gw->reply);
-    if (rc & DOC_CMD_WROTE)
+    if (rc & DOC_CMD_WROTE) {
         gw->batch_wrote = true;
+        c->last_write_ns = gw->now_ns;
+    }
     if (m.flags & MONGO_MSG_MORE_TO_COME)
         return;
     start = out_pending(c);
@@ -604,6 +613,41 @@ static void client_flush(struct mongo_gw *gw, struct client *c)
         client_close(gw, c);
 }
 
+/* Writers that wrote lately and are not in this batch: a group commit
+ * that waits a moment for them takes their writes along (PostgreSQL's
+ * commit_delay with commit_siblings). */
+static unsigned siblings(const struct mongo_gw *gw)
+{
+    unsigned n = 0;
+
+    for (const struct client *c = gw->clients; c && n < 2; c = c->next)
+        if (!c->touched && c->last_write_ns && gw->now_ns - c->last_write_ns < COALESCE_RECENT_NS)
+            n++;
+    return n;
+}
+
+static void serve_events(struct mongo_gw *gw, const struct epoll_event *ev, int n);
+
+/* Before a group commit that costs more than a wake-up, wait up to half
+ * its last duration for the other recent writers' next commands, so that
+ * one flush carries more of them. A lone writer never waits. */
+static void coalesce(struct mongo_gw *gw)
+{
+    struct epoll_event ev[MAX_EVENTS];
+    uint64_t wait_ns = gw->sync_ns / 2;
+    struct timespec ts;
+    int n;
+
+    if (!gw->batch_wrote || gw->sync_ns < COALESCE_MIN_NS || !siblings(gw))
+        return;
+    if (wait_ns > COALESCE_MAX_NS)
+        wait_ns = COALESCE_MAX_NS;
+    ts = (struct timespec){.tv_sec = 0, .tv_nsec = (long)wait_ns};
+    n = epoll_pwait2(gw->epfd, ev, MAX_EVENTS, &ts, NULL);
+    if (n > 0)
+        serve_events(gw, ev, n);
+}
+
 int mongo_gw_poll(struct mongo_gw *gw, int timeout_ms)
 {
     struct epoll_event ev[MAX_EVENTS];
@@ -616,6 +660,33 @@ int mongo_gw_poll(struct mongo_gw *gw, int timeout_ms)
     gw->batch_wrote = false;
     gw->touched = NULL;
     gw->watch_ready = false;
+    gw->now_ns = tern_now_ns();
+    serve_events(gw, ev, n);
+    coalesce(gw);
+    if (gw->batch_wrote) {
+        now = tern_now_ns();
+        commit_batch(gw);
+        gw->sync_ns = tern_now_ns() - now;
+    }
+    while (gw->touched) {
+        struct client *c = gw->touched;
+
+        gw->touched = c->next_touched;
+        c->touched = false;
+        client_flush(gw, c);
+    }
+    gw->st.messages += gw->batch_msgs;
+    /* vDSO clock: no system call. */
+    now = tern_now_ns();
+    if (now >= gw->next_tick_ns) {
+        gw->next_tick_ns = now + TICK_NS;
+        gw->run.tick(gw->srv, now / 1000000);
+    }
+    return gw->batch_msgs > INT_MAX ? INT_MAX : (int)gw->batch_msgs;
+}
+
+static void serve_events(struct mongo_gw *gw, const struct epoll_event *ev, int n)
+{
     for (int i = 0; i < n; i++) {
         struct client *c = ev[i].data.ptr;
 
@@ -635,22 +706,6 @@ int mongo_gw_poll(struct mongo_gw *gw, int timeout_ms)
             client_read(gw, c);
         }
     }
-    commit_batch(gw);
-    while (gw->touched) {
-        struct client *c = gw->touched;
-
-        gw->touched = c->next_touched;
-        c->touched = false;
-        client_flush(gw, c);
-    }
-    gw->st.messages += gw->batch_msgs;
-    /* vDSO clock: no system call. */
-    now = tern_now_ns();
-    if (now >= gw->next_tick_ns) {
-        gw->next_tick_ns = now + TICK_NS;
-        gw->run.tick(gw->srv, now / 1000000);
-    }
-    return gw->batch_msgs > INT_MAX ? INT_MAX : (int)gw->batch_msgs;
 }
 
 /* ---- the gateway ---- */

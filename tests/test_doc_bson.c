@@ -595,6 +595,18 @@ START_TEST(new_oids_differ)
 }
 END_TEST
 
+/* The names MongoDB's messages and $type use, one table for every caller. */
+START_TEST(type_names)
+{
+    ck_assert_str_eq(doc_type_name(BSON_TYPE_INT32), "int");
+    ck_assert_str_eq(doc_type_name(BSON_TYPE_INT64), "long");
+    ck_assert_str_eq(doc_type_name(BSON_TYPE_OID), "objectId");
+    ck_assert_str_eq(doc_type_name(BSON_TYPE_CODEWSCOPE), "javascriptWithScope");
+    ck_assert_str_eq(doc_type_name(BSON_TYPE_MAXKEY), "maxKey");
+    ck_assert_str_eq(doc_type_name(BSON_TYPE_EOD), "missing");
+}
+END_TEST
+
 Suite *suite_doc_bson(void)
 {
     Suite *s = suite_create("doc_bson");
@@ -603,6 +615,7 @@ Suite *suite_doc_bson(void)
 
     tcase_set_timeout(order, 120);
     tcase_add_test(order, order_every_pair);
+    tcase_add_test(order, type_names);
     tcase_add_test(order, rank_bytes_bracket_types);
     tcase_add_test(order, concatenation_is_tuple_order);
     tcase_add_test(order, int64_beyond_double);

@@ -123,31 +123,6 @@ void doc_expr_free(struct doc_expr *x)
     free(x);
 }
 
-static const char *type_name(bson_type_t t)
-{
-    switch (t) {
-    case BSON_TYPE_EOD: return "missing";
-    case BSON_TYPE_DOUBLE: return "double";
-    case BSON_TYPE_UTF8: return "string";
-    case BSON_TYPE_DOCUMENT: return "object";
-    case BSON_TYPE_ARRAY: return "array";
-    case BSON_TYPE_BINARY: return "binData";
-    case BSON_TYPE_UNDEFINED: return "undefined";
-    case BSON_TYPE_OID: return "objectId";
-    case BSON_TYPE_BOOL: return "bool";
-    case BSON_TYPE_DATE_TIME: return "date";
-    case BSON_TYPE_NULL: return "null";
-    case BSON_TYPE_REGEX: return "regex";
-    case BSON_TYPE_INT32: return "int";
-    case BSON_TYPE_TIMESTAMP: return "timestamp";
-    case BSON_TYPE_INT64: return "long";
-    case BSON_TYPE_DECIMAL128: return "decimal";
-    case BSON_TYPE_MINKEY: return "minKey";
-    case BSON_TYPE_MAXKEY: return "maxKey";
-    default: return "other";
-    }
-}
-
 static int ex_new(enum ex_kind k, struct doc_expr **out, struct doc_err *e)
 {
     *out = calloc(1, sizeof(**out));
@@ -715,7 +690,7 @@ static int arith(const struct doc_expr *x, const bson_t *root, struct doc_arena 
             v.value.v_int64 = v.value.v_datetime;
         } else if (!is_num(&v)) {
             return doc_errf(e, DOC_TypeMismatch, "%s only supports numeric%s types, not %s",
-                            x->opname, mul ? "" : " or date", type_name(v.value_type));
+                            x->opname, mul ? "" : " or date", doc_type_name(v.value_type));
         }
         num_op(&n, &v, mul);
     }
@@ -760,7 +735,7 @@ static int subtract(const struct doc_expr *x, const bson_t *root, struct doc_are
     }
     if (!is_num(&l) || !is_num(&r))
         return doc_errf(e, DOC_TypeMismatch, "can't $subtract %s from %s",
-                        type_name(r.value_type), type_name(l.value_type));
+                        doc_type_name(r.value_type), doc_type_name(l.value_type));
     num_start(&n, 0);
     num_op(&n, &l, false);
     if (r.value_type == BSON_TYPE_INT32 || r.value_type == BSON_TYPE_INT64) {
@@ -830,7 +805,7 @@ static int eval_op(const struct doc_expr *x, const bson_t *root, struct doc_aren
         }
         if (!is_num(&l) || !is_num(&r))
             return doc_errf(e, DOC_TypeMismatch, "$divide only supports numeric types, not %s and %s",
-                            type_name(l.value_type), type_name(r.value_type));
+                            doc_type_name(l.value_type), doc_type_name(r.value_type));
         if (num_d(&r) == 0)
             return doc_errf(e, DOC_BadValue, "can't $divide by zero");
         out->value_type = BSON_TYPE_DOUBLE;
@@ -850,7 +825,7 @@ static int eval_op(const struct doc_expr *x, const bson_t *root, struct doc_aren
             }
             if (l.value_type != BSON_TYPE_UTF8)
                 return doc_errf(e, DOC_TypeMismatch, "$concat only supports strings, not %s",
-                                type_name(l.value_type));
+                                doc_type_name(l.value_type));
             total += l.value.v_utf8.len;
         }
         p = doc_arena_alloc(a, total + 1);
@@ -879,7 +854,7 @@ static int eval_op(const struct doc_expr *x, const bson_t *root, struct doc_aren
             return -1;
         if (to_string(&l, tmp, sizeof(tmp), &s, &len) < 0)
             return doc_errf(e, DOC_TypeMismatch, "can't convert from BSON type %s to String",
-                            type_name(l.value_type));
+                            doc_type_name(l.value_type));
         if (str_into(a, s, len, out, e) < 0)
             return -1;
         /* ASCII only, as MongoDB's manual says of both. */
@@ -911,7 +886,7 @@ static int eval_op(const struct doc_expr *x, const bson_t *root, struct doc_aren
         if (l.value_type != BSON_TYPE_ARRAY)
             return doc_errf(e, DOC_BadValue,
                             "The argument to $size must be an array. Type of argument is %s",
-                            type_name(l.value_type));
+                            doc_type_name(l.value_type));
         {
             bson_t d;
             uint32_t n = 0;
@@ -1093,7 +1068,7 @@ static int comp_unwind(struct stage *s, bson_iter_t *arg, struct doc_err *e)
                 if (!BSON_ITER_HOLDS_UTF8(&it))
                     return doc_errf(e, DOC_BadValue,
                                     "expected a string as the path for $unwind stage, got %s",
-                                    type_name(bson_iter_type(&it)));
+                                    doc_type_name(bson_iter_type(&it)));
                 path = bson_iter_utf8(&it, NULL);
             } else if (strcmp(k, "includeArrayIndex") == 0) {
                 const char *f;
@@ -1102,7 +1077,7 @@ static int comp_unwind(struct stage *s, bson_iter_t *arg, struct doc_err *e)
                     return doc_errf(e, DOC_BadValue,
                                     "expected a non-empty string for the includeArrayIndex "
                                     "option to $unwind stage, got %s",
-                                    type_name(bson_iter_type(&it)));
+                                    doc_type_name(bson_iter_type(&it)));
                 f = bson_iter_utf8(&it, NULL);
                 if (f[0] == '\0' || f[0] == '$')
                     return doc_errf(e, DOC_BadValue,
@@ -1119,7 +1094,7 @@ static int comp_unwind(struct stage *s, bson_iter_t *arg, struct doc_err *e)
                 if (!BSON_ITER_HOLDS_BOOL(&it))
                     return doc_errf(e, DOC_BadValue,
                                     "expected a boolean for the preserveNullAndEmptyArrays option "
-                                    "to $unwind stage, got %s", type_name(bson_iter_type(&it)));
+                                    "to $unwind stage, got %s", doc_type_name(bson_iter_type(&it)));
                 s->preserve = bson_iter_bool(&it);
             } else {
                 return doc_errf(e, DOC_BadValue, "unrecognized option to $unwind stage: %s", k);
@@ -1130,7 +1105,7 @@ static int comp_unwind(struct stage *s, bson_iter_t *arg, struct doc_err *e)
     } else {
         return doc_errf(e, DOC_BadValue,
                         "expected either a string or an object as specification for $unwind "
-                        "stage, got %s", type_name(bson_iter_type(arg)));
+                        "stage, got %s", doc_type_name(bson_iter_type(arg)));
     }
     if (path[0] != '$')
         return doc_errf(e, DOC_BadValue,

@@ -34,6 +34,10 @@ extern "C" {
  * value with each other). */
 int doc_type_rank(bson_type_t t);
 
+/* MongoDB's name of a type, as its error messages and $type give it
+ * ("int", "objectId"); "missing" for BSON_TYPE_EOD. Static strings. */
+const char *doc_type_name(bson_type_t t);
+
 /* <0, 0, >0 as a sorts before, equal to, after b. */
 int doc_val_cmp(const bson_value_t *a, const bson_value_t *b);
 

@@ -125,39 +125,11 @@ static int64_t wall_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static const char *type_name(bson_type_t t)
-{
-    switch (t) {
-    case BSON_TYPE_DOUBLE: return "double";
-    case BSON_TYPE_UTF8: return "string";
-    case BSON_TYPE_DOCUMENT: return "object";
-    case BSON_TYPE_ARRAY: return "array";
-    case BSON_TYPE_BINARY: return "binData";
-    case BSON_TYPE_UNDEFINED: return "undefined";
-    case BSON_TYPE_OID: return "objectId";
-    case BSON_TYPE_BOOL: return "bool";
-    case BSON_TYPE_DATE_TIME: return "date";
-    case BSON_TYPE_NULL: return "null";
-    case BSON_TYPE_REGEX: return "regex";
-    case BSON_TYPE_DBPOINTER: return "dbPointer";
-    case BSON_TYPE_CODE: return "javascript";
-    case BSON_TYPE_SYMBOL: return "symbol";
-    case BSON_TYPE_CODEWSCOPE: return "javascriptWithScope";
-    case BSON_TYPE_INT32: return "int";
-    case BSON_TYPE_TIMESTAMP: return "timestamp";
-    case BSON_TYPE_INT64: return "long";
-    case BSON_TYPE_DECIMAL128: return "decimal";
-    case BSON_TYPE_MAXKEY: return "maxKey";
-    case BSON_TYPE_MINKEY: return "minKey";
-    default: return "unknown";
-    }
-}
-
 static int wrong_type(struct ctx *x, const bson_iter_t *it, const char *expected)
 {
     return doc_errf(&x->e, DOC_TypeMismatch,
                     "BSON field '%s.%s' is the wrong type '%s', expected type '%s'", x->name,
-                    bson_iter_key(it), type_name(bson_iter_type(it)), expected);
+                    bson_iter_key(it), doc_type_name(bson_iter_type(it)), expected);
 }
 
 /* A document argument (null counts as absent: *out stays empty). */
@@ -279,7 +251,7 @@ static int arg_coll(struct ctx *x, const char **out)
         return doc_errf(&x->e, DOC_InvalidNamespace, "no collection name");
     if (!BSON_ITER_HOLDS_UTF8(&it))
         return doc_errf(&x->e, DOC_InvalidNamespace, "collection name has invalid type %s",
-                        type_name(bson_iter_type(&it)));
+                        doc_type_name(bson_iter_type(&it)));
     s = bson_iter_utf8(&it, &len);
     if (len == 0 || strlen(s) != len || len > 200)
         return doc_errf(&x->e, DOC_InvalidNamespace, "Invalid namespace specified '%s.%s'", x->db,
@@ -466,7 +438,7 @@ static int docs_next(struct ctx *x, struct docs *d, bson_t *doc)
     if (!BSON_ITER_HOLDS_DOCUMENT(&d->it))
         return doc_errf(&x->e, DOC_TypeMismatch,
                         "BSON field '%s.%s' is the wrong type '%s', expected type 'object'",
-                        x->name, bson_iter_key(&d->it), type_name(bson_iter_type(&d->it)));
+                        x->name, bson_iter_key(&d->it), doc_type_name(bson_iter_type(&d->it)));
     {
         const uint8_t *data;
         uint32_t len;
@@ -1311,7 +1283,7 @@ static int cmd_killcursors(struct ctx *x)
         if (!BSON_ITER_HOLDS_INT64(&ai))
             return doc_errf(&x->e, DOC_TypeMismatch,
                             "BSON field 'killCursors.cursors.%s' is the wrong type '%s', expected type 'long'",
-                            bson_iter_key(&ai), type_name(bson_iter_type(&ai)));
+                            bson_iter_key(&ai), doc_type_name(bson_iter_type(&ai)));
     bson_init(&killed);
     bson_init(&notfound);
     bson_iter_init(&ai, &ids);
@@ -2570,7 +2542,7 @@ static int index_spec(struct ctx *x, const bson_t *spec, bson_t *key, struct doc
             if (!BSON_ITER_HOLDS_DOCUMENT(&it))
                 return doc_errf(&x->e, DOC_TypeMismatch,
                                 "The field 'key' must be an object, but got %s",
-                                type_name(bson_iter_type(&it)));
+                                doc_type_name(bson_iter_type(&it)));
             if (arg_doc(x, &it, key) < 0)
                 return -1;
             has_key = true;
@@ -2578,7 +2550,7 @@ static int index_spec(struct ctx *x, const bson_t *spec, bson_t *key, struct doc
             if (!BSON_ITER_HOLDS_UTF8(&it))
                 return doc_errf(&x->e, DOC_TypeMismatch,
                                 "The field 'name' must be a string, but got %s",
-                                type_name(bson_iter_type(&it)));
+                                doc_type_name(bson_iter_type(&it)));
             if (arg_str(x, &it, &out->name) < 0)
                 return -1;
             if (!out->name[0] || strlen(out->name) >= sizeof(((struct doc_plan *)0)->index))
@@ -2648,7 +2620,7 @@ static int cmd_create_indexes(struct ctx *x)
         if (!BSON_ITER_HOLDS_DOCUMENT(&si))
             return doc_errf(&x->e, DOC_TypeMismatch,
                             "BSON field 'createIndexes.indexes.%s' is the wrong type '%s', expected type 'object'",
-                            bson_iter_key(&si), type_name(bson_iter_type(&si)));
+                            bson_iter_key(&si), doc_type_name(bson_iter_type(&si)));
         if (arg_doc(x, &si, &spec) < 0 || index_spec(x, &spec, &key, &s) < 0)
             return -1;
         n++;

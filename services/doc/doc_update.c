@@ -229,34 +229,6 @@ static bool is_number(bson_type_t t)
            t == BSON_TYPE_DECIMAL128;
 }
 
-static const char *type_name(bson_type_t t)
-{
-    switch (t) {
-    case BSON_TYPE_DOUBLE: return "double";
-    case BSON_TYPE_UTF8: return "string";
-    case BSON_TYPE_DOCUMENT: return "object";
-    case BSON_TYPE_ARRAY: return "array";
-    case BSON_TYPE_BINARY: return "binData";
-    case BSON_TYPE_UNDEFINED: return "undefined";
-    case BSON_TYPE_OID: return "objectId";
-    case BSON_TYPE_BOOL: return "bool";
-    case BSON_TYPE_DATE_TIME: return "date";
-    case BSON_TYPE_NULL: return "null";
-    case BSON_TYPE_REGEX: return "regex";
-    case BSON_TYPE_DBPOINTER: return "dbPointer";
-    case BSON_TYPE_CODE: return "javascript";
-    case BSON_TYPE_SYMBOL: return "symbol";
-    case BSON_TYPE_CODEWSCOPE: return "javascriptWithScope";
-    case BSON_TYPE_INT32: return "int";
-    case BSON_TYPE_TIMESTAMP: return "timestamp";
-    case BSON_TYPE_INT64: return "long";
-    case BSON_TYPE_DECIMAL128: return "decimal";
-    case BSON_TYPE_MINKEY: return "minKey";
-    case BSON_TYPE_MAXKEY: return "maxKey";
-    default: return "unknown";
-    }
-}
-
 /* An integer value of a number (an integral double too). */
 static bool as_int64(const bson_value_t *v, int64_t *out)
 {
@@ -400,7 +372,7 @@ static int values_of(struct mod *m, const bson_iter_t *it, bool each, struct doc
         if (v->value_type != BSON_TYPE_ARRAY)
             return doc_errf(e, DOC_BadValue,
                             "The argument to $each in %s must be an array but it was of type: %s",
-                            m->opname, type_name(v->value_type));
+                            m->opname, doc_type_name(v->value_type));
         m->vals = bson_new_from_data(v->value.v_doc.data, v->value.v_doc.data_len);
     } else {
         m->vals = bson_new();
@@ -441,14 +413,14 @@ static int compile_push(struct mod *m, const bson_iter_t *arg, struct doc_err *e
             if (!as_int64(x, &n))
                 return doc_errf(e, DOC_BadValue,
                                 "The value for $slice must be an integral value but was given type: %s",
-                                type_name(x->value_type));
+                                doc_type_name(x->value_type));
             m->has_slice = true;
             m->slice = n;
         } else if (strcmp(k, "$position") == 0) {
             if (!as_int64(x, &n))
                 return doc_errf(e, DOC_BadValue,
                                 "The value for $position must be an integer value, not of type: %s",
-                                type_name(x->value_type));
+                                doc_type_name(x->value_type));
             m->has_pos = true;
             m->pos = n;
         } else if (strcmp(k, "$sort") == 0) {
@@ -642,7 +614,7 @@ static int compile_one(struct doc_update *u, struct mod *m, enum op op, const ch
         if (v->value_type != BSON_TYPE_ARRAY) {
             value_json(m->path, v, js, sizeof(js));
             return doc_errf(e, DOC_BadValue, "$pullAll requires an array argument but was given a %s",
-                            type_name(v->value_type));
+                            doc_type_name(v->value_type));
         }
         return values_of(m, it, true, e);
     case OP_RENAME_SRC:
@@ -796,7 +768,7 @@ int doc_update_compile(const bson_t *doc, struct doc_update **out, struct doc_er
             doc_errf(e, DOC_FailedToParse,
                      "Modifiers operate on fields but we found type %s instead. For example: "
                      "{$mod: {<field>: ...}} not {%s: ...}",
-                     type_name(bson_iter_type(&it)), opname);
+                     doc_type_name(bson_iter_type(&it)), opname);
             goto fail;
         }
         bson_iter_recurse(&it, &sub);
@@ -939,7 +911,7 @@ static int arith(struct actx *c, const struct mod *m, const bson_value_t *cur, b
         id_json(c->doc, id, sizeof(id));
         return doc_errf(c->e, DOC_TypeMismatch, "Cannot apply %s to a value of non-numeric type. "
                         "%.200s has the field '%.100s' of non-numeric type %s", m->opname, id, key,
-                        type_name(cur->value_type));
+                        doc_type_name(cur->value_type));
     }
     if (cur->value_type == BSON_TYPE_DECIMAL128 || a->value_type == BSON_TYPE_DECIMAL128)
         return doc_errf(c->e, DOC_NotImplemented, "%s on a decimal value is not supported", m->opname);
@@ -1027,13 +999,13 @@ static int array_type_error(struct actx *c, const struct mod *m, const bson_valu
     switch (m->op) {
     case OP_PUSH:
         return doc_errf(c->e, DOC_BadValue, "The field '%.200s' must be an array but is of type %s in "
-                        "document %.200s", m->path, type_name(cur->value_type), id);
+                        "document %.200s", m->path, doc_type_name(cur->value_type), id);
     case OP_ADDTOSET:
         return doc_errf(c->e, DOC_BadValue, "Cannot apply $addToSet to non-array field. Field named "
-                        "'%.200s' has non-array type %s", m->path, type_name(cur->value_type));
+                        "'%.200s' has non-array type %s", m->path, doc_type_name(cur->value_type));
     case OP_POP:
         return doc_errf(c->e, DOC_TypeMismatch, "Path '%.200s' contains an element of non-array type "
-                        "'%s'", m->path, type_name(cur->value_type));
+                        "'%s'", m->path, doc_type_name(cur->value_type));
     default:
         return doc_errf(c->e, DOC_BadValue, "Cannot apply %s to a non-array value", m->opname);
     }

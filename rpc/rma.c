@@ -461,6 +461,17 @@ int tern_session_get(struct tern_session *s, struct tern_rpc_mr *lmr, size_t lof
     return rma_start(s, false, lmr, loff, len, rkey, roff, cb, arg);
 }
 
+size_t tern_session_rma_max(const struct tern_session *s)
+{
+    size_t max;
+
+    if (!s || !s->conn || !(tern_session_caps(s) & (TERN_TP_CAP_PUT | TERN_TP_CAP_GET)))
+        return 0;
+    max = tern_tp_rma_max(s->conn);
+    /* The peer serves or checks the operation against its own limit too. */
+    return s->peer_max_msg && s->peer_max_msg < max ? s->peer_max_msg : max;
+}
+
 int tern_session_rkey_ptr(struct tern_session *s, const struct tern_tp_rkey *rkey,
                           uint64_t roff, size_t len, uint32_t need, void **ptr)
 {

@@ -15,22 +15,26 @@ bool fabric_is_fast(int i)
     return (test_fabric_caps(i) & TERN_TP_CAP_RMA_OFFLOAD) != 0;
 }
 
-bool is_ntb(int i)
-{
-    return i == test_fabric_row("ntb");
-}
-
 bool one_peer_only(int fabric)
 {
     return (test_fabric_caps(fabric) & TERN_TP_CAP_POINT_TO_POINT) != 0;
 }
 
-/* On ntb a one-sided operation is one ring record, at most a quarter of
- * its 64 KiB ring (transport/shm: onesided_max), and the client does not
- * split reads: bigger ones go by RPC. */
-bool fits_onesided(int fabric, size_t vlen)
+size_t server_rma_max(struct tern_rpc_ep *ep, int srv)
 {
-    return !is_ntb(fabric) || vlen <= 8 * KIB;
+    struct tern_session *s = test_rpc_connect(ep, test_kv_uri(srv));
+    size_t max = tern_session_rma_max(s);
+
+    tern_rpc_disconnect(s);
+    return max;
+}
+
+/* A one-sided read or push moves the record (header, key and value) in one
+ * operation, and the client does not split it: a record longer than the
+ * session's limit goes by RPC. 1 KiB covers the header and the test's keys. */
+bool fits_onesided(size_t rma_max, size_t vlen)
+{
+    return vlen + 1 * KIB <= rma_max;
 }
 
 /* ---- servers and clients ---- */

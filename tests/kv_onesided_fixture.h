@@ -38,18 +38,18 @@
  * one-sided. */
 bool fabric_is_fast(int i);
 
-/* Is row i the emulated NTB device? One-sided operations go as ring
- * records there, and it links one peer endpoint at a time. */
-bool is_ntb(int i);
-
 /* Does row i link one peer endpoint at a time? Then a test's writers are
  * clients on the test's own endpoint, driven by its polls (the server
  * still interleaves their PUTs with the reader's served reads); elsewhere
  * they are processes of their own. */
 bool one_peer_only(int fabric);
 
-/* Can a record with this much value go one-sided on the fabric? */
-bool fits_onesided(int fabric, size_t vlen);
+/* The longest one-sided operation a session with server `srv` carries
+ * (tern_session_rma_max): on a ring fabric one ring record. */
+size_t server_rma_max(struct tern_rpc_ep *ep, int srv);
+
+/* Can a record with this much value go one-sided within `rma_max`? */
+bool fits_onesided(size_t rma_max, size_t vlen);
 
 /* ---- servers (tests/lib/kv_servers.h) and clients ---- */
 

@@ -340,6 +340,52 @@ END_TEST
 /* Regions from tern_tp_mr_alloc work like registered ones on every
  * fabric; on shm their operations turn direct partway through, with some
  * in flight, and completions must still come in order. */
+/* tern_tp_rma_max is what the fabric takes: a put and a get of exactly
+ * that many bytes work, one byte more is refused with TERN_EMSGSIZE and
+ * the connection goes on. A fabric without one-sided operations says 0. */
+START_TEST(rma_max_is_the_limit)
+{
+    struct tp_pair p;
+    struct tern_tp_mr *rmr, *lmr;
+    struct tern_tp_rkey rkey;
+    struct tern_tp_event ev;
+    size_t max, len;
+    uint8_t *r, *l;
+
+    tp_pair_open(&p, FC, 0);
+    max = tern_tp_rma_max(p.client);
+    if (!(tern_tp_caps(p.a) & (TERN_TP_CAP_PUT | TERN_TP_CAP_GET))) {
+        ck_assert_uint_eq(max, 0);
+        tp_pair_close(&p);
+        return;
+    }
+    ck_assert_uint_gt(max, 0);
+    ck_assert_uint_le(max, tern_tp_max_msg(p.a));
+    len = max + 1;
+    ck_assert_int_eq(tern_tp_mr_alloc(p.b, len, TERN_TP_ACCESS_REMOTE_READ |
+                                                    TERN_TP_ACCESS_REMOTE_WRITE, &rmr), 0);
+    ck_assert_int_eq(tern_tp_mr_alloc(p.a, len, 0, &lmr), 0);
+    r = tern_tp_mr_addr(rmr);
+    l = tern_tp_mr_addr(lmr);
+    rkey = tern_tp_mr_rkey(rmr);
+    fill_pattern(l, max, 7);
+    ck_assert_int_eq(tern_tp_put(p.client, lmr, 0, max + 1, &rkey, 0, 1), TERN_EMSGSIZE);
+    ck_assert_int_eq(tern_tp_get(p.client, lmr, 0, max + 1, &rkey, 0, 2), TERN_EMSGSIZE);
+    ck_assert_int_eq(tern_tp_put(p.client, lmr, 0, max, &rkey, 0, 3), 0);
+    ck_assert(tp_next2(p.a, p.b, &ev, 5000));
+    ck_assert_int_eq(ev.type, TERN_TP_EV_PUT_DONE);
+    ck_assert_int_eq(ev.status, 0);
+    ck_assert(check_pattern(r, max, 7));
+    memset(l, 0, len);
+    ck_assert_int_eq(tern_tp_get(p.client, lmr, 1, max, &rkey, 0, 4), 0);
+    ck_assert(tp_next2(p.a, p.b, &ev, 5000));
+    ck_assert_int_eq(ev.type, TERN_TP_EV_GET_DONE);
+    ck_assert_int_eq(ev.status, 0);
+    ck_assert(check_pattern(l + 1, max, 7));
+    tp_pair_close(&p);
+}
+END_TEST
+
 START_TEST(allocated_regions)
 {
     struct tp_pair p;
@@ -1271,6 +1317,7 @@ Suite *suite_conformance(void)
     tcase_add_loop_test(tc, put_get_roundtrip, 0, n_fabric_cases);
     tcase_add_loop_test(tc, put_get_many_in_flight, 0, n_fabric_cases);
     tcase_add_loop_test(tc, allocated_regions, 0, n_fabric_cases);
+    tcase_add_loop_test(tc, rma_max_is_the_limit, 0, n_fabric_cases);
     tcase_add_loop_test(tc, ordered_put_then_get_stream, 0, n_fabric_cases);
     tcase_add_loop_test(tc, remote_range_and_rights_errors, 0, n_fabric_cases);
     tcase_add_loop_test(tc, remote_key_errors, 0, n_fabric_cases);

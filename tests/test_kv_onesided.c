@@ -53,6 +53,7 @@ START_TEST(roundtrip_every_fabric)
     struct tern_kv_onesided_stats st0, st1;
     struct tern_rpc_ep *ep;
     struct tern_kv *os, *rpc;
+    size_t rma_max;
     char k[32];
     int kl;
 
@@ -61,6 +62,7 @@ START_TEST(roundtrip_every_fabric)
     test_rpc_assert_fabric(ep, test_kv_uri(0), _i);
     os = kv_open_path(ep, 1, TERN_KV_PATH_ONESIDED);
     rpc = kv_open_path(ep, 1, TERN_KV_PATH_RPC);
+    rma_max = server_rma_max(ep, 0);
 
     /* Set up the lease and the mappings. */
     must_os_put(os, ep, "warm", 4, "up", 2, &v1);
@@ -74,11 +76,11 @@ START_TEST(roundtrip_every_fabric)
         st0 = os_stats(os);
         kv_expect_get(os, k, (size_t)kl, val[s], sizes[s], v_rpc[s]);
         st1 = os_stats(os);
-        CHECK(st1.gets_direct == st0.gets_direct + 1 || !fits_onesided(_i, sizes[s]),
+        CHECK(st1.gets_direct == st0.gets_direct + 1 || !fits_onesided(rma_max, sizes[s]),
               "GET of %zu bytes written by RPC was not one-sided", sizes[s]);
         /* Written one-sidedly, read by RPC and one-sidedly. */
         kl = snprintf(k, sizeof(k), "os2rpc-%zu", sizes[s]);
-        if (fits_onesided(_i, sizes[s]))
+        if (fits_onesided(rma_max, sizes[s]))
             must_os_put(os, ep, k, (size_t)kl, val[s], sizes[s], &v_os[s]);
         else
             kv_must_put(os, k, (size_t)kl, val[s], sizes[s], &v_os[s]);
@@ -87,7 +89,7 @@ START_TEST(roundtrip_every_fabric)
         st0 = os_stats(os);
         kv_expect_get(os, k, (size_t)kl, val[s], sizes[s], v_os[s]);
         st1 = os_stats(os);
-        CHECK(st1.gets_direct == st0.gets_direct + 1 || !fits_onesided(_i, sizes[s]),
+        CHECK(st1.gets_direct == st0.gets_direct + 1 || !fits_onesided(rma_max, sizes[s]),
               "GET of %zu bytes written one-sidedly was not one-sided", sizes[s]);
     }
     /* Everything again, in the other order: still whole, still direct. */
@@ -104,7 +106,7 @@ START_TEST(roundtrip_every_fabric)
         unsigned want = 0;
 
         for (unsigned s = 0; s < NS; s++)
-            want += fits_onesided(_i, sizes[s]) ? 2 : 0;
+            want += fits_onesided(rma_max, sizes[s]) ? 2 : 0;
         CHECK(st1.gets_direct - st0.gets_direct == want, "%llu one-sided GETs of %u",
               (unsigned long long)(st1.gets_direct - st0.gets_direct), want);
     }

@@ -15,18 +15,17 @@
 
 /* ---- GET by server push (TERN_KV_PATH_PUSH) ---- */
 
-/* Does a GET of a value this long come by push on the fabric? The client
- * offers a staging slot of 64 KiB + 256 bytes (kv_client_path.c STAGE_SLOT):
- * a record that does not fit comes inline in the reply. On ntb a one-sided
- * operation is one ring record (~16 KiB, see fits_onesided): the server's
- * put of a bigger record cannot be posted (TERN_EMSGSIZE), so the value
- * comes inline there as well. The sizes tested stay clear of both edges:
- * 8 B and 1 KiB are pushed everywhere, 56 KiB everywhere but on ntb, and
- * 100 KiB nowhere. */
-static bool push_fits(int fabric, size_t vlen)
+/* Does a GET of a value this long come by push? The client offers a
+ * staging slot of 64 KiB + 256 bytes (kv_client_path.c STAGE_SLOT): a
+ * record that does not fit comes inline in the reply. A record longer than
+ * the session's one-sided limit (tern_session_rma_max: on ntb one ring
+ * record, ~16 KiB) cannot be put by the server (TERN_EMSGSIZE), so its value
+ * comes inline as well. The sizes tested stay clear of both edges: 8 B and
+ * 1 KiB are pushed everywhere, 56 KiB where the limit allows, and 100 KiB
+ * nowhere. */
+static bool push_fits(size_t rma_max, size_t vlen)
 {
-    return vlen <= 56 * KIB &&
-           (!is_ntb(fabric) || vlen <= 8 * KIB);
+    return vlen <= 56 * KIB && fits_onesided(rma_max, vlen);
 }
 
 struct push_async {
@@ -60,6 +59,7 @@ START_TEST(push_roundtrip_every_fabric)
     struct tern_rpc_ep *ep;
     struct tern_kv *push, *rpc;
     unsigned want = 0;
+    size_t rma_max;
     char k[32];
     int kl;
 
@@ -69,9 +69,10 @@ START_TEST(push_roundtrip_every_fabric)
     test_rpc_assert_fabric(ep, test_kv_uri(0), _i);
     push = kv_open_path(ep, 1, TERN_KV_PATH_PUSH);
     rpc = kv_open_path(ep, 1, TERN_KV_PATH_RPC);
+    rma_max = server_rma_max(ep, 0);
 
     for (unsigned s = 0; s < NS; s++) {
-        bool fits = push_fits(_i, sizes[s]);
+        bool fits = push_fits(rma_max, sizes[s]);
 
         test_pattern(val[s], sizes[s], (unsigned)s + 1);
         /* Written by RPC, read by push (or inline, if it does not fit). */
@@ -84,7 +85,7 @@ START_TEST(push_roundtrip_every_fabric)
         /* Written by the push client (its PUTs go as TERN_KV_PATH_ONESIDED
          * does: into a lease where they fit one), read by both. */
         kl = snprintf(k, sizeof(k), "push2rpc-%zu", sizes[s]);
-        if (fits && fits_onesided(_i, sizes[s]))
+        if (fits && fits_onesided(rma_max, sizes[s]))
             must_os_put(push, ep, k, (size_t)kl, val[s], sizes[s], &v_push[s]);
         else
             kv_must_put(push, k, (size_t)kl, val[s], sizes[s], &v_push[s]);
@@ -120,7 +121,7 @@ START_TEST(push_roundtrip_every_fabric)
     kl = snprintf(k, sizeof(k), "rpc2push-%zu", sizes[1]);
     kv_expect_get(push, k, (size_t)kl, val[1], sizes[1], v_rpc[1]);
     st1 = os_stats(push);
-    CHECK(st1.gets_pushed - st0.gets_pushed == 1 + (push_fits(_i, sizes[NS - 2]) ? 70 : 0),
+    CHECK(st1.gets_pushed - st0.gets_pushed == 1 + (push_fits(rma_max, sizes[NS - 2]) ? 70 : 0),
           "%llu of 141 GETs pushed", (unsigned long long)(st1.gets_pushed - st0.gets_pushed));
 
     /* More GETs in flight than staging slots (32): the rest go by RPC, all

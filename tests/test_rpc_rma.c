@@ -225,7 +225,8 @@ START_TEST(rma_rkeys_per_fabric)
 
     k_tcp = srv_key(sess, 0);
     for (unsigned i = 0; i < srv->n_tp; i++)
-        ck_assert_msg(!srv_mrs[0]->tp[i] == (strcmp(tern_tp_fabric(srv->tp[i]), "tcp") != 0),
+        ck_assert_msg(!srv_mrs[0]->tp[i] == (tern_tp_fabric_id(srv->tp[i]) !=
+                                            tern_tp_fabric_id(tern_tp_conn_ep(sess->conn))),
                       "after a tcp key: %s registered: %d", tern_tp_fabric(srv->tp[i]),
                       srv_mrs[0]->tp[i] != NULL);
     k_shm = srv_key(s2, 0);

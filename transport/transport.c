@@ -317,6 +317,20 @@ const char *tern_tp_conn_peer(const struct tern_tp_conn *conn)
     return OPS(conn->ep)->conn_peer ? OPS(conn->ep)->conn_peer(conn) : "?";
 }
 
+size_t tern_tp_rma_max(const struct tern_tp_conn *conn)
+{
+    size_t max = conn->ep->cfg.max_msg;
+
+    if (!OPS(conn->ep)->put && !OPS(conn->ep)->get)
+        return 0;
+    if (OPS(conn->ep)->rma_max) {
+        size_t own = OPS(conn->ep)->rma_max(conn);
+
+        max = own < max ? own : max;
+    }
+    return max;
+}
+
 int tern_tp_msg_alloc(struct tern_tp_conn *conn, size_t len, void **buf)
 {
     if (!buf)

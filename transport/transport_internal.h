@@ -27,6 +27,10 @@ struct tern_tp_ops {
                const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token);
     int (*get)(struct tern_tp_conn *conn, struct tern_tp_mr *lmr, void *dst, size_t len,
                const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token);
+    /* The longest single put or get the connection carries, when the fabric
+     * limits it below max_msg (a ring fabric: one ring record). NULL: no
+     * limit of its own. */
+    size_t (*rma_max)(const struct tern_tp_conn *conn);
     /* A region was registered (up) or is being deregistered (!up). Fabrics
      * that let peers map memory publish or withdraw it here; a NIC fabric
      * registers it with the device. A failure (up only) undoes the

@@ -179,6 +179,12 @@ const char *tern_session_fabric(const struct tern_session *s);
  * changes when an auto:// session moves (tern_session_epoch). */
 uint32_t tern_session_caps(const struct tern_session *s);
 
+/* The longest single tern_session_put or tern_session_get the session
+ * carries now (the smaller of its fabric's tern_tp_rma_max and the peer's
+ * max_msg); 0 without one-sided operations. Like the caps, it changes when
+ * an auto:// session moves. */
+size_t tern_session_rma_max(const struct tern_session *s);
+
 /* Calls the server lets this session have in flight at once. */
 unsigned tern_session_credits(const struct tern_session *s);
 

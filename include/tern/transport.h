@@ -215,6 +215,13 @@ struct tern_tp_ep *tern_tp_conn_ep(const struct tern_tp_conn *conn);
 /* Peer address as text ("host:port" on tcp). */
 const char *tern_tp_conn_peer(const struct tern_tp_conn *conn);
 
+/* The longest single tern_tp_put or tern_tp_get this connection takes: the
+ * endpoint's max_msg, or less where the fabric carries one-sided operations
+ * in its own records (shm and ntb: a quarter of the ring). Longer ones fail
+ * with TERN_EMSGSIZE; callers split them or send the data another way.
+ * 0 on a fabric without one-sided operations. Any thread that owns conn. */
+size_t tern_tp_rma_max(const struct tern_tp_conn *conn);
+
 /* Reserve `len` bytes of send space; *buf points at it. One reservation per
  * connection at a time: post or abort it before the next. TERN_EAGAIN when
  * the send path is full (wait for TERN_TP_EV_WRITABLE), TERN_EMSGSIZE if

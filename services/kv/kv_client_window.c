@@ -319,7 +319,10 @@ static void on_block(void *arg, int status)
         kv_op_finish(op, 0, out, ce->vlen, op->bk.version);
         return;
     }
-    if (!rec_readable(info, &op->bk) || op->bk.size > STAGE_SLOT - sizeof(struct kvw_block)) {
+    /* A record longer than one operation of the session (an ntb ring
+     * record) is not split: it comes by RPC without a doomed post. */
+    if (!rec_readable(info, &op->bk) || op->bk.size > STAGE_SLOT - sizeof(struct kvw_block) ||
+        op->bk.size > tern_session_rma_max(op->srv->s)) {
         kv_op_by_rpc_or_end(op, KV_M_GET, TERN_EIO);
         return;
     }

@@ -352,6 +352,11 @@ static int onesided(struct ring_conn *c, uint8_t op, const void *src, uint8_t *d
     return tp_pend_push(&c->ev, op == CTL_PUT, dst, len, token);
 }
 
+size_t ring_tp_rma_max(const struct tern_tp_conn *conn)
+{
+    return ring_conn_onesided_max(RCONN(conn));
+}
+
 int ring_tp_put(struct tern_tp_conn *conn, struct tern_tp_mr *lmr, const void *src, size_t len,
                 const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token)
 {

@@ -194,6 +194,7 @@ int ring_tp_msg_alloc(struct tern_tp_conn *conn, size_t len, void **buf);
 int ring_tp_msg_post(struct tern_tp_conn *conn, void *buf, size_t len);
 void ring_tp_msg_abort(struct tern_tp_conn *conn, void *buf);
 void ring_tp_msg_release(struct tern_tp_conn *conn, const void *view);
+size_t ring_tp_rma_max(const struct tern_tp_conn *conn);
 int ring_tp_put(struct tern_tp_conn *conn, struct tern_tp_mr *lmr, const void *src, size_t len,
                 const struct tern_tp_rkey *rkey, uint64_t roff, uint64_t token);
 int ring_tp_get(struct tern_tp_conn *conn, struct tern_tp_mr *lmr, void *dst, size_t len,
@@ -213,6 +214,7 @@ int ring_tp_wait(struct tern_tp_ep *base, int timeout_ms);
     .msg_post = ring_tp_msg_post, \
     .msg_abort = ring_tp_msg_abort, \
     .msg_release = ring_tp_msg_release, \
+    .rma_max = ring_tp_rma_max, \
     .poll = ring_tp_poll, \
     .flush = ring_tp_flush, \
     .wait_fd = ring_tp_wait_fd, \

@@ -58,10 +58,9 @@ void rma_fill(void *p, size_t len, unsigned seed);
 /* Both services and the two regions on a server endpoint. */
 int rma_setup_ep(struct tern_rpc_ep *ep);
 
-/* The fabrics the loop tests run on, rows of the matrix (fabrics.h): tcp,
- * shm, rdma (softverbs unless the host has a NIC). */
-enum { FAB_TCP, FAB_SHM, FAB_RDMA, N_FABS };
-extern const char *const rma_fabric[N_FABS];
+/* The loop tests run over every row of the fabric matrix (fabrics.h); the
+ * in-process ones (rma_pair_open) on tcp's row. */
+#define FAB_TCP test_fabric_row("tcp")
 
 /* The server in this process (srv), with a listener on `fab` and a client
  * session to it; its regions are registered before the listener. */

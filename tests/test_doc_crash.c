@@ -9,7 +9,8 @@
  * was in flight when the server died may or may not have happened: the
  * check allows both, never anything else. The pool is small (1 MiB
  * segments), so cleaning runs all the time and kills land in it too.
- * Rounds alternate between tcp and shm.
+ * Round r runs on row r of the fabric matrix, modulo its size (tcp, shm,
+ * ntb-emu, rdma-emu).
  *
  * TERN_CRASH_ROUNDS sets the number of kill points (default 100). */
 #include "tern_config.h"
@@ -229,7 +230,6 @@ START_TEST(kill9_loses_no_acknowledged_write)
 {
     const char *e = getenv("TERN_CRASH_ROUNDS");
     unsigned rounds = e && atoi(e) > 0 ? (unsigned)atoi(e) : 100;
-    int tcp = test_fabric_row("tcp"), shm = test_fabric_row("shm");
     struct test_doc_srv o = {.pool_size = 24u << 20, .seg_size = 1u << 20};
     uint64_t total_acked = 0, total_failed = 0;
 
@@ -242,7 +242,8 @@ START_TEST(kill9_loses_no_acknowledged_write)
         uint64_t kill_after = 20 + test_rng() % 400;
         double t0;
 
-        o.listen = test_fabric_listen(round % 2 && shm >= 0 ? shm : tcp);
+        /* Each round on the next fabric of the matrix. */
+        o.listen = test_fabric_listen((int)(round % (unsigned)test_fabric_count()));
         test_doc_start(0, &o);
         ck_assert_int_eq(tern_rpc_open(NULL, &ep), 0);
         uri = test_doc_uri(0);
@@ -284,7 +285,7 @@ START_TEST(kill9_loses_no_acknowledged_write)
         struct tern_doc *doc;
         const char *uri;
 
-        o.listen = test_fabric_listen(tcp);
+        o.listen = test_fabric_listen(test_fabric_row("tcp"));
         test_doc_start(0, &o);
         ck_assert_int_eq(tern_rpc_open(NULL, &ep), 0);
         uri = test_doc_uri(0);

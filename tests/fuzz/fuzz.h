@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerInitialize(int *argc, char ***argv);
@@ -74,5 +75,27 @@ static inline size_t fz_take(struct fz *f, size_t want, const uint8_t **out)
             abort();                                                          \
         }                                                                     \
     } while (0)
+
+/* A pool file in /dev/shm for this process's run, named after `what` and
+ * the pid, removed at exit. One per target. */
+static inline char *fz_pool_buf(void)
+{
+    static char path[64];
+
+    return path;
+}
+
+static inline void fz_remove_pool(void)
+{
+    unlink(fz_pool_buf());
+}
+
+static inline const char *fz_tmp_pool(const char *what)
+{
+    snprintf(fz_pool_buf(), 64, "/dev/shm/tern-fuzz-%s.%d", what, (int)getpid());
+    unlink(fz_pool_buf());
+    atexit(fz_remove_pool);
+    return fz_pool_buf();
+}
 
 #endif

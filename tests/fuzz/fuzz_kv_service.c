@@ -30,7 +30,7 @@
 #define POLLS_MAX 200000
 #define OPS_MAX 64
 
-static char pool_path[64];
+static const char *pool_path;
 static struct tern_kv_service *svc;
 static struct tern_rpc_ep *srv, *cli;
 static struct tern_session *sess;
@@ -48,11 +48,6 @@ struct reply {
 
 static struct kv_lease lease;          /* the last lease granted in this run */
 static bool leased;
-
-static void remove_pool(void)
-{
-    unlink(pool_path);
-}
 
 static void connect_session(void)
 {
@@ -76,9 +71,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     int rc;
 
     tern_log_set_level(TERN_LOG_ERROR);
-    snprintf(pool_path, sizeof(pool_path), "/dev/shm/tern-fuzz-kv.%d", (int)getpid());
-    unlink(pool_path);
-    atexit(remove_pool);
+    pool_path = fz_tmp_pool("kv");
     so.pool_path = pool_path;
     rc = tern_kv_service_open(&so, &svc);
     FZ_CHECK(rc == 0, "service: %d", rc);

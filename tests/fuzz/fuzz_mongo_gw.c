@@ -25,7 +25,7 @@
 #define POLLS_MAX 100000
 
 static struct mongo_gw *gws[3];
-static char pool_path[64];
+static const char *pool_path;
 static struct doc_store *store;
 static struct doc_server *srv;
 static int srv_token;
@@ -75,11 +75,6 @@ static void tick(struct doc_server *s, uint64_t now_ms)
 static const struct mongo_gw_runner runner = {client_new, client_free, run, sync_fn,
                                               sync_failed, tick};
 
-static void remove_pool(void)
-{
-    unlink(pool_path);
-}
-
 static char dbs[64][128];
 static unsigned n_dbs;
 
@@ -121,9 +116,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     rc = mongo_gw_create((struct doc_server *)&srv_token, &cfg, &gws[1]);
     FZ_CHECK(rc == 0, "gateway: %d", rc);
 
-    snprintf(pool_path, sizeof(pool_path), "/dev/shm/tern-fuzz-mongo.%d", (int)getpid());
-    unlink(pool_path);
-    atexit(remove_pool);
+    pool_path = fz_tmp_pool("mongo");
     rc = doc_store_open(pool_path, &so, &store, &e);
     FZ_CHECK(rc == 0, "store: %s", e.msg);
     rc = doc_server_open(store, NULL, &srv);

@@ -17,14 +17,9 @@
 
 #define POLLS_MAX 100000
 
-static char pool_path[64];
+static const char *pool_path;
 static struct kvs *store;
 static struct resp_gw *gw;
-
-static void remove_pool(void)
-{
-    unlink(pool_path);
-}
 
 static int failing_sync(struct kvs *s)
 {
@@ -40,9 +35,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     int rc;
 
     tern_log_set_level(TERN_LOG_ERROR);
-    snprintf(pool_path, sizeof(pool_path), "/dev/shm/tern-fuzz-resp.%d", (int)getpid());
-    unlink(pool_path);
-    atexit(remove_pool);
+    pool_path = fz_tmp_pool("resp");
     o.path = pool_path;
     rc = kvs_open(&o, &store);
     FZ_CHECK(rc == 0, "store: %d", rc);

@@ -39,7 +39,20 @@ int sv_mutex_init(pthread_mutex_t *m)
  * so the lock is simply made usable again. */
 void sv_lock(pthread_mutex_t *m)
 {
-    if (pthread_mutex_lock(m) == EOWNERDEAD)
+    int rc;
+
+    /* These locks are held for a few stores, by processes that busy-poll:
+     * spin a while before sleeping in the kernel, as a NIC's queue never
+     * puts its poller to sleep. */
+    for (unsigned i = 0; i < SV_LOCK_SPINS; i++) {
+        rc = pthread_mutex_trylock(m);
+        if (rc != EBUSY)
+            goto got;
+        sv_relax();
+    }
+    rc = pthread_mutex_lock(m);
+got:
+    if (rc == EOWNERDEAD)
         pthread_mutex_consistent(m);
 }
 
@@ -179,4 +192,22 @@ bool sv_seg_alive(const struct sv_seg *seg)
     if (__atomic_load_n(&seg->magic, __ATOMIC_ACQUIRE) != SV_MAGIC)
         return false;
     return kill(seg->pid, 0) == 0 || errno != ESRCH;
+}
+
+bool sv_peer_alive(struct sv_peer *p, uint64_t now_ns)
+{
+    if (__atomic_load_n(&p->dead, __ATOMIC_RELAXED))
+        return false;
+    if (__atomic_load_n(&p->seg->magic, __ATOMIC_ACQUIRE) != SV_MAGIC) {
+        __atomic_store_n(&p->dead, true, __ATOMIC_RELAXED);
+        return false;
+    }
+    if (now_ns - __atomic_load_n(&p->seen_ns, __ATOMIC_RELAXED) < SV_ALIVE_NS)
+        return true;
+    if (!sv_seg_alive(p->seg)) {
+        __atomic_store_n(&p->dead, true, __ATOMIC_RELAXED);
+        return false;
+    }
+    __atomic_store_n(&p->seen_ns, now_ns, __ATOMIC_RELAXED);
+    return true;
 }

@@ -57,6 +57,32 @@ static const struct sv_mr_ent *mr_find(struct sv_seg *seg, uint32_t key, uint64_
     return e;
 }
 
+/* mr_find on this process's own table without mr_lock. The key is the
+ * entry's sequence word: registration stores it after the other fields,
+ * deregistration clears it before them (verbs.c), so an entry whose key
+ * reads the same before and after the other fields was whole while they
+ * were read. A region deregistered while a work request uses it is the
+ * caller's error, as on a NIC. */
+static bool mr_find_own(struct sv_seg *seg, uint32_t key, uint64_t addr, uint64_t len,
+                        uint32_t need, uint32_t pd)
+{
+    const struct sv_mr_ent *e = &seg->mr[key & (SV_MAX_MR - 1)];
+    struct sv_mr_ent copy;
+
+    if (!key || __atomic_load_n(&e->key, __ATOMIC_ACQUIRE) != key)
+        return false;
+    copy.access = __atomic_load_n(&e->access, __ATOMIC_RELAXED);
+    copy.addr = __atomic_load_n(&e->addr, __ATOMIC_RELAXED);
+    copy.len = __atomic_load_n(&e->len, __ATOMIC_RELAXED);
+    copy.pd = __atomic_load_n(&e->pd, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    if (__atomic_load_n(&e->key, __ATOMIC_RELAXED) != key)
+        return false;
+    if (copy.pd != pd || (copy.access & need) != need)
+        return false;
+    return addr >= copy.addr && len <= copy.len && addr - copy.addr <= copy.len - len;
+}
+
 static void complete(struct sv_qp *q, const struct sv_swr *s, enum ibv_wc_status status)
 {
     static const enum ibv_wc_opcode op[] = {
@@ -104,20 +130,21 @@ static bool local_iov(struct sv_qp *q, struct sv_swr *s, struct iovec *iov, int 
         *n = *total ? 1 : 0;
         return true;
     }
-    sv_lock(&seg->mr_lock);
+    /* Our own table, read without mr_lock: peers hold that lock across
+     * their copies into our memory, and taking it here would make every
+     * post wait for them. Only this process changes the table. */
     for (int i = 0; i < s->wr.num_sge && ok; i++) {
         if (!s->sge[i].length)
             continue;
-        ok = mr_find(seg, s->sge[i].lkey, s->sge[i].addr, s->sge[i].length, need, pd) != NULL;
+        ok = mr_find_own(seg, s->sge[i].lkey, s->sge[i].addr, s->sge[i].length, need, pd);
         iov[(*n)++] = (struct iovec){(void *)(uintptr_t)s->sge[i].addr, s->sge[i].length};
         *total += s->sge[i].length;
     }
-    sv_unlock(&seg->mr_lock);
     return ok;
 }
 
 /* The peer's end of our connection, if it is there and connected to us. */
-static struct sv_qp_ent *peer_qp(struct sv_qp *q)
+static struct sv_qp_ent *peer_qp(struct sv_qp *q, uint64_t now)
 {
     struct sv_seg *own = own_seg(q), *ps = q->peer ? q->peer->seg : NULL;
     uint32_t dest = own->qp[q->idx].dest_qpn;
@@ -125,7 +152,7 @@ static struct sv_qp_ent *peer_qp(struct sv_qp *q)
     union ibv_gid me;
     uint32_t st;
 
-    if (!ps || !sv_seg_alive(ps))
+    if (!ps || !sv_peer_alive(q->peer, now))
         return NULL;
     e = &ps->qp[dest & (SV_MAX_QP - 1)];
     st = __atomic_load_n(&e->state, __ATOMIC_ACQUIRE);
@@ -155,10 +182,10 @@ static bool copy_remote(pid_t pid, bool write, struct iovec *l, int nl, struct i
 }
 
 /* Carry out one send. DONE with *status set, or WAIT (receiver not ready). */
-static int execute(struct sv_qp *q, struct sv_swr *s, enum ibv_wc_status *status)
+static int execute(struct sv_qp *q, struct sv_swr *s, uint64_t now, enum ibv_wc_status *status)
 {
     struct sv_seg *ps;
-    struct sv_qp_ent *e = peer_qp(q);
+    struct sv_qp_ent *e = peer_qp(q, now);
     struct iovec liov[SV_MAX_SGE], riov[SV_MAX_SGE];
     enum ibv_wr_opcode op = s->wr.opcode;
     bool is_read = op == IBV_WR_RDMA_READ, gone;
@@ -178,7 +205,7 @@ static int execute(struct sv_qp *q, struct sv_swr *s, enum ibv_wc_status *status
         /* No answer: a NIC retries retry_cnt times, each after the local
          * ACK timeout. A peer process that is gone will never answer. */
         *status = IBV_WC_RETRY_EXC_ERR;
-        return q->peer && sv_seg_alive(q->peer->seg) ? WAIT_ACK : DONE;
+        return q->peer && sv_peer_alive(q->peer, now) ? WAIT_ACK : DONE;
     }
     ps = q->peer->seg;
     if (total > SV_MAX_MSG) {
@@ -328,7 +355,7 @@ static void progress_qp(struct sv_qp *q, uint64_t now)
 
         if (s->retry_at_ns && now < s->retry_at_ns)
             return;
-        rc = execute(q, s, &status);
+        rc = execute(q, s, now, &status);
         if (rc == WAIT_ACK) {
             /* timeout: 4.096 us << timeout per try (0: for ever), and
              * retry_cnt tries after the first. */
@@ -518,6 +545,12 @@ int sv_poll_cq(struct ibv_cq *ibcq, int n, struct ibv_wc *wc)
     int got = 0;
 
     sv_progress(ctx);
+    /* An empty CQ is a memory read, as on a NIC: peers that push into it
+     * take its lock, and a poller that took it too would fight them for it
+     * on every empty poll. What a push stores is read under the lock. */
+    if (__atomic_load_n(&cq->tail, __ATOMIC_ACQUIRE) == cq->head &&
+        !__atomic_load_n(&cq->overrun, __ATOMIC_RELAXED))
+        return 0;
     sv_lock(&cq->lock);
     while (got < n && cq->head != cq->tail) {
         wc[got++] = cq->wc[cq->head % SV_MAX_CQE];

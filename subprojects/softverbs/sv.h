@@ -99,6 +99,11 @@ struct sv_peer {
     struct sv_peer *next;
     union ibv_gid gid;
     struct sv_seg *seg;
+    /* sv_peer_alive's cache: when the process was last seen alive, and
+     * whether it was found dead (for good). Threads race on them
+     * harmlessly: at worst two look at once. */
+    uint64_t seen_ns;
+    bool dead;
 };
 
 /* ---- node.c ---- */
@@ -113,7 +118,23 @@ void sv_seg_detach(struct sv_seg *seg);
 void sv_seg_gid(const struct sv_seg *seg, union ibv_gid *gid);
 /* True while the process behind `seg` lives. */
 bool sv_seg_alive(const struct sv_seg *seg);
-/* Lock a process-shared mutex, recovering it from a dead owner. */
+/* The same for a peer, asking the kernel at most every SV_ALIVE_NS: a NIC
+ * learns of a dead peer from a timeout, not on every work request. Between
+ * looks a copy into a dead process fails with ESRCH anyway. */
+#define SV_ALIVE_NS 1000000ull
+bool sv_peer_alive(struct sv_peer *p, uint64_t now_ns);
+/* Lock a process-shared mutex, recovering it from a dead owner; it spins
+ * SV_LOCK_SPINS tries before it sleeps. */
+#define SV_LOCK_SPINS 2000u
+
+static inline void sv_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#else
+    __asm__ __volatile__("" ::: "memory");
+#endif
+}
 void sv_lock(pthread_mutex_t *m);
 void sv_unlock(pthread_mutex_t *m);
 int sv_mutex_init(pthread_mutex_t *m);

@@ -211,11 +211,12 @@ struct ibv_mr *sv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int acces
             continue;
         if (++gen >= (1u << (32 - SV_MR_BITS)))
             gen = 1;
-        e->access = (uint32_t)access;
-        e->addr = (uintptr_t)addr;
-        e->len = length;
-        e->pd = pd_id(pd);
-        e->key = gen << SV_MR_BITS | i;
+        __atomic_store_n(&e->access, (uint32_t)access, __ATOMIC_RELAXED);
+        __atomic_store_n(&e->addr, (uint64_t)(uintptr_t)addr, __ATOMIC_RELAXED);
+        __atomic_store_n(&e->len, (uint64_t)length, __ATOMIC_RELAXED);
+        __atomic_store_n(&e->pd, pd_id(pd), __ATOMIC_RELAXED);
+        /* The key last: it is what a lock-free reader checks (post.c). */
+        __atomic_store_n(&e->key, gen << SV_MR_BITS | i, __ATOMIC_RELEASE);
         mr->idx = i;
         mr->ibv = (struct ibv_mr){.context = pd->context, .pd = pd, .addr = addr,
                                   .length = length, .handle = i, .lkey = e->key,
@@ -236,8 +237,16 @@ int sv_dereg_mr(struct ibv_mr *ibmr)
 
     /* Under the lock peers hold across an access: once this returns, no
      * peer reads or writes the memory any more. */
+    struct sv_mr_ent *e = &seg->mr[mr->idx];
+
     sv_lock(&seg->mr_lock);
-    memset(&seg->mr[mr->idx], 0, sizeof(seg->mr[mr->idx]));
+    /* The key first: a lock-free reader (post.c) then sees it change. */
+    __atomic_store_n(&e->key, 0, __ATOMIC_RELEASE);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    __atomic_store_n(&e->access, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->addr, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->len, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->pd, 0, __ATOMIC_RELAXED);
     sv_unlock(&seg->mr_lock);
     free(mr);
     return 0;

@@ -292,6 +292,123 @@ static int execute(struct sv_qp *q, struct sv_swr *s, uint64_t now, enum ibv_wc_
     return DONE;
 }
 
+/* A NIC takes a chain of work requests with one doorbell and moves them
+ * without the CPU; the emulation's cost is a system call per copy. So a
+ * run of RDMA writes at the head of the send queue goes as one copy: each
+ * is checked (local and remote keys) and, for a write with immediate,
+ * given its receive, under one hold of the peer's mr_lock; then one
+ * process_vm_writev moves them all, and their completions follow in order.
+ * A write that does not qualify ends the run; execute() takes it alone.
+ * Returns how many were carried out (0: none, the caller uses execute()). */
+#define SV_BATCH 32
+
+static bool batchable(const struct sv_swr *s)
+{
+    return (s->wr.opcode == IBV_WR_RDMA_WRITE || s->wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) &&
+           !s->retry_at_ns && !s->first_try_ns;
+}
+
+static unsigned execute_batch(struct sv_qp *q, uint64_t now)
+{
+    struct iovec liov[SV_BATCH * SV_MAX_SGE], riov[SV_BATCH];
+    struct sv_wqe wqe[SV_BATCH];
+    size_t len[SV_BATCH], total = 0, sum = 0;
+    struct sv_qp_ent *e;
+    struct sv_seg *ps;
+    struct sv_rq *rq = NULL;
+    unsigned n = 0, imm = 0, ok = 0, used = 0;
+    ssize_t done = 0;
+    bool gone = false;
+    int nl = 0;
+
+    if (q->sq_tail - q->sq_head < 2 || !batchable(&q->sq[q->sq_head % q->max_send_wr]))
+        return 0;
+    e = peer_qp(q, now);
+    if (!e)
+        return 0;
+    ps = q->peer->seg;
+    sv_lock(&ps->mr_lock);      /* a deregistration waits for us */
+    while (n < SV_BATCH && q->sq_head + n != q->sq_tail) {
+        struct sv_swr *s = &q->sq[(q->sq_head + n) % q->max_send_wr];
+        int k;
+
+        if (!batchable(s) || !local_iov(q, s, liov + nl, &k, &len[n], 0) ||
+            len[n] > SV_MAX_MSG ||
+            !mr_find(ps, s->wr.wr.rdma.rkey, s->wr.wr.rdma.remote_addr, len[n],
+                     IBV_ACCESS_REMOTE_WRITE, e->pd))
+            break;
+        if (s->wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
+            if (!rq) {
+                rq = peer_rq(ps, e);
+                if (!rq)
+                    break;
+                sv_lock(&rq->lock);
+            }
+            if (rq->tail - rq->head == imm)
+                break;              /* receiver not ready: execute() waits */
+            wqe[imm] = rq->wqe[(rq->head + imm) % SV_MAX_WR];
+            imm++;
+        }
+        riov[n] = (struct iovec){(void *)(uintptr_t)s->wr.wr.rdma.remote_addr, len[n]};
+        nl += k;
+        total += len[n];
+        n++;
+    }
+    if (rq) {
+        if (n >= 2)
+            rq->head += imm;        /* the receives are this run's now */
+        sv_unlock(&rq->lock);
+    }
+    if (n < 2) {
+        sv_unlock(&ps->mr_lock);
+        return 0;
+    }
+    if (total)
+        done = process_vm_writev(ps->pid, liov, (unsigned long)nl, riov, n, 0);
+    if (done < 0 && errno == ESRCH)
+        gone = true;
+    sv_unlock(&ps->mr_lock);
+    /* A short copy stops at a whole remote iovec: the writes before it
+     * landed, each with its receive's completion, in order. */
+    while (ok < n && done >= 0 && sum + len[ok] <= (size_t)done)
+        sum += len[ok++];
+    for (unsigned i = 0; i < ok; i++) {
+        struct sv_swr *s = &q->sq[q->sq_head % q->max_send_wr];
+
+        if (s->wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
+            struct ibv_wc rwc = {.wr_id = wqe[used++].wr_id, .status = IBV_WC_SUCCESS,
+                                 .qp_num = e->qpn, .src_qp = q->ibv.qp_num,
+                                 .opcode = IBV_WC_RECV_RDMA_WITH_IMM,
+                                 .wc_flags = IBV_WC_WITH_IMM, .imm_data = s->wr.imm_data,
+                                 .byte_len = (uint32_t)len[i]};
+
+            sv_cq_push(ps, e->recv_cq, &rwc);
+        }
+        complete(q, s, IBV_WC_SUCCESS);
+        q->sq_head++;
+    }
+    if (ok < n) {
+        /* The write at `ok` failed, as execute() would report it. As on a
+         * NIC after a remote access error both QPs go to the error state:
+         * the receives the run took and did not use are flushed on the
+         * peer, and our queue behind it is flushed by sv_qp_error. */
+        struct sv_swr *s = &q->sq[q->sq_head % q->max_send_wr];
+
+        s->signaled = true;
+        complete(q, s, gone ? IBV_WC_RETRY_EXC_ERR : IBV_WC_REM_ACCESS_ERR);
+        q->sq_head++;
+        for (; used < imm; used++) {
+            struct ibv_wc rwc = {.wr_id = wqe[used].wr_id, .status = IBV_WC_WR_FLUSH_ERR,
+                                 .qp_num = e->qpn, .opcode = IBV_WC_RECV};
+
+            sv_cq_push(ps, e->recv_cq, &rwc);
+        }
+        __atomic_store_n(&e->state, (uint32_t)IBV_QPS_ERR, __ATOMIC_RELEASE);
+        sv_qp_error(q);
+    }
+    return n;
+}
+
 static void flush_rq(struct sv_qp *q)
 {
     struct sv_seg *seg = own_seg(q);
@@ -355,6 +472,8 @@ static void progress_qp(struct sv_qp *q, uint64_t now)
 
         if (s->retry_at_ns && now < s->retry_at_ns)
             return;
+        if (execute_batch(q, now))
+            continue;
         rc = execute(q, s, now, &status);
         if (rc == WAIT_ACK) {
             /* timeout: 4.096 us << timeout per try (0: for ever), and

@@ -186,5 +186,6 @@ void pm_add_clean(const struct pm_cases *c);       /* test_pm_clean.c */
 void pm_add_lease(const struct pm_cases *c);       /* test_pm_lease.c */
 void pm_add_flush(const struct pm_cases *c);       /* test_pm_flush.c */
 void pm_add_headers(const struct pm_cases *c);     /* test_pm_headers.c */
+void pm_add_tail(const struct pm_cases *c);        /* test_pm_tail.c */
 
 #endif

@@ -151,11 +151,15 @@ START_TEST(survives_reopen)
 }
 END_TEST
 
-/* A write that was appended but never committed (the process died before
- * the commit point moved) is not there after recovery; earlier ones are. */
+/* Writes appended but never committed (the process died before the commit
+ * point moved): on PM they are not there after recovery; through a file,
+ * where the commit word lags (PM_SEG_TAIL), whole records past it may show,
+ * but only as a prefix of what was appended, in order. The committed ones
+ * are there either way. */
 START_TEST(uncommitted_write_is_not_recovered)
 {
     struct kvs *s = open_store(1 << 20);
+    struct pm_info info;
     pid_t pid;
     int st;
 
@@ -176,8 +180,22 @@ START_TEST(uncommitted_write_is_not_recovered)
     ck_assert_int_eq(waitpid(pid, &st, 0), pid);
     ck_assert_int_eq(WEXITSTATUS(st), 0);
     s = open_store(0);
-    ck_assert_int_eq(has(s, "lost", ""), 0);
-    ck_assert_int_eq(has(s, "kept", "yes"), 1);
+    pm_get_info(kvs_pool(s), &info);
+    if (info.is_pmem) {
+        ck_assert_int_eq(has(s, "lost", ""), 0);
+        ck_assert_int_eq(has(s, "kept", "yes"), 1);
+    } else {
+        const void *val;
+        uint32_t len;
+
+        ck_assert_int_eq(kvs_get(s, "kept", 4, &val, &len, NULL), 0);
+        if (len == 11) {    /* the second uncommitted write shows: the first does too */
+            ck_assert_int_eq(memcmp(val, "overwritten", 11), 0);
+            ck_assert_int_eq(has(s, "lost", "no"), 1);
+        } else {
+            ck_assert_int_eq(has(s, "kept", "yes"), 1);
+        }
+    }
     kvs_close(s);
     ck_assert_int_eq(pm_check(path, true, NULL, NULL, NULL), 0);
 }

@@ -271,7 +271,7 @@ static int do_rewrite(void *arg)
  * k's newest committed version (v2, at b) stands, the pool opens, the
  * slot counts as dead, and the check reports it without calling the pool
  * corrupt. */
-static void expect_skipped(const struct rewrite_case *rc)
+static void expect_skipped_with(const struct rewrite_case *rc, unsigned pending)
 {
     struct pm_pool *p;
     struct pm_info info;
@@ -281,9 +281,9 @@ static void expect_skipped(const struct rewrite_case *rc)
     check_pool(&c);
     ck_assert_msg(c.rc == 0, "check: %s\n%s", tern_strerror(c.rc), c.text);
     ck_assert_msg(reported(&c, "rewrite  ", file_off(rc->a)), "not reported:\n%s", c.text);
-    ck_assert_uint_eq(c.info.records, 2);
+    ck_assert_uint_eq(c.info.records, 2 + pending);
     p = open_pool(0, &s);
-    ck_assert_uint_eq(s.n, 2);
+    ck_assert_uint_eq(s.n, 2 + pending);
     ck_assert_ptr_null(seen_loc(&s, rc->a));
     ck_assert_ptr_null(seen_ver(&s, rc->v1));
     ck_assert_ptr_null(seen_ver(&s, rc->v3));
@@ -291,6 +291,11 @@ static void expect_skipped(const struct rewrite_case *rc)
     pm_get_info(p, &info);
     ck_assert_uint_eq(info.bytes_live, info.bytes_committed - rc->slot);
     pm_close(p);
+}
+
+static void expect_skipped(const struct rewrite_case *rc)
+{
+    expect_skipped_with(rc, 0);
 }
 
 /* Crash after step (a): the mark is durable, no byte of the new record is. */
@@ -417,6 +422,7 @@ static int do_rewrite_in_batch(void *arg)
 START_TEST(overwrite_behind_leaves_batch_pending)
 {
     struct rewrite_case rc;
+    struct pm_info info;
     struct pm_pool *p;
     struct pm_rec r;
     struct seen s;
@@ -424,19 +430,27 @@ START_TEST(overwrite_behind_leaves_batch_pending)
     rewrite_setup(&rc, true);
     ck_assert_int_eq(crash_child(do_rewrite_in_batch, &rc, 0), 13);
     p = open_pool(0, &s);
-    ck_assert_ptr_null(seen_ver(&s, rc.v3 + 1));    /* "j" was never committed */
+    pm_get_info(p, &info);
+    /* "j" was never committed. On PM it is gone; through a file its whole
+     * record past the commit word may show (PM_SEG_TAIL), as any write
+     * never acknowledged may: that the rewrite did not flush it is checked
+     * below, by the msync log. */
+    if (info.is_pmem)
+        ck_assert_ptr_null(seen_ver(&s, rc.v3 + 1));
     ck_assert_uint_eq(seen_ver(&s, rc.v2)->loc, rc.b);
     pm_close(p);
     if (pool_is_pmem())
         return;                         /* flushes bypass pmem_msync */
     unlink(path);
     rewrite_setup(&rc, true);
-    /* The first msync is the mark's, on its own: "j" is not flushed. */
+    /* The first msync is the mark's, on its own: "j" is not flushed (it
+     * still shows, whole in the file past the lagging commit word, unless
+     * the pool keeps its commit words exact). */
     ck_assert_int_eq(crash_child(do_rewrite_in_batch, &rc, 1), 0);
     file_read(file_off(rc.a), &r, sizeof(r));
     ck_assert_uint_eq(r.flags, PM_F_REWRITTEN);
     ck_assert_uint_eq(r.version, rc.v1);
-    expect_skipped(&rc);
+    expect_skipped_with(&rc, 1);
 }
 END_TEST
 
@@ -618,6 +632,7 @@ Suite *suite_pm(void)
     pm_add_lease(&c);
     pm_add_flush(&c);
     pm_add_headers(&c);
+    pm_add_tail(&c);
     suite_add_tcase(s, c.pool);
     suite_add_tcase(s, c.flush);
     return s;

@@ -92,8 +92,11 @@ enum { MODE_MSYNC = 0, MODE_PMEM = 1 };
 
 static struct pm_pool *open_big(uint32_t seg, uint32_t split, int mode)
 {
+    /* Exact commit words: these tests follow the records-then-words order
+     * of each commit (the one-flush commit of PM_SEG_TAIL segments has
+     * tests of its own in test_pm_tail.c). */
     struct pm_opts o = {.size = 24ull * seg + 4096, .seg_size = seg, .create = true,
-                             .split_flush = split};
+                             .split_flush = split, .strict_commit = true};
     struct pm_info info;
     struct pm_pool *p;
     int rc;

@@ -38,12 +38,16 @@
 struct seg_state {
     uint64_t seq;                    /* 0 = free */
     uint32_t appended;               /* record bytes written (committed or not) */
-    uint32_t committed;              /* record bytes below the commit point */
+    uint32_t committed;              /* record bytes durable (acknowledged) */
+    uint32_t hdr_commit;             /* what the header's commit word says: committed,
+                                      * or one commit behind it on a PM_SEG_TAIL
+                                      * segment (pm_commit) */
     uint32_t live;                   /* record bytes still live */
     uint32_t dirty_lo, dirty_hi;     /* bytes of the segment written since the last
                                       * drain; dirty_hi 0 = none */
     uint32_t first;                  /* where records start (past a lessee's reach) */
     bool leased;                     /* a lessee writes here; only it appends */
+    bool tail;                       /* PM_SEG_TAIL: records past the commit word count */
     bool queued;                     /* listed in the pool's queue */
     bool damaged;                    /* its lessee left a record that fails its checks:
                                       * never cleaned (recovery cuts it) */
@@ -57,6 +61,7 @@ struct pm_pool {
     bool is_pmem;
     bool recovered;
     bool cleaning;                   /* the cleaner may take the reserve segment */
+    bool strict;                     /* pm_opts.strict_commit */
     uint32_t seg_size, n_segs;
     struct seg_state *segs;
     uint32_t *free_segs;             /* stack of free segment indexes */
@@ -157,6 +162,23 @@ uint32_t pm_rec_torn_rewrite(const uint8_t *seg, uint64_t off, uint64_t used)
     return slot;
 }
 
+uint32_t pm_seg_tail(const uint8_t *seg, uint32_t seg_size, uint32_t used)
+{
+    uint64_t lim = seg_size - PM_SEG_HDR, off = PM_SEG_HDR + (uint64_t)used;
+    const char *why;
+    uint32_t size;
+
+    while (off + sizeof(struct pm_rec) <= seg_size) {
+        if (pm_rec_check(seg, off, lim, &size, &why) < 0) {
+            size = pm_rec_torn_rewrite(seg, off, lim);
+            if (!size)
+                break;
+        }
+        off += size;
+    }
+    return (uint32_t)(off - PM_SEG_HDR);
+}
+
 uint64_t pm_seg_commit_word(uint32_t used, uint64_t opened, uint32_t index)
 {
     uint64_t in = (uint64_t)index << 32 | used;
@@ -202,6 +224,8 @@ static int seg_hdr_check5(const struct pm_seg_hdr *sh, uint32_t s, uint32_t seg_
                        "was opened with");
     if (sh->flags & ~PM_SEG_FLAGS_KNOWN)
         return seg_bad(where, why, SEG_AT(flags), "segment header: unknown flags");
+    if ((sh->flags & PM_SEG_LEASED) && (sh->flags & PM_SEG_TAIL))
+        return seg_bad(where, why, SEG_AT(flags), "segment header: leased and tail flags both");
     if (sh->commit != pm_seg_commit_word(used, sh->opened, s))
         return seg_bad(where, why, SEG_AT(commit),
                        "segment header: commit word fails its check");
@@ -212,6 +236,7 @@ static int seg_hdr_check5(const struct pm_seg_hdr *sh, uint32_t s, uint32_t seg_
         return seg_bad(where, why, SEG_AT(first),
                        "segment header: records start out of range");
     *v = (struct pm_seg_view){.in_use = true, .leased = (sh->flags & PM_SEG_LEASED) != 0,
+                              .tail = (sh->flags & PM_SEG_TAIL) != 0,
                               .seq = sh->seq, .used = used,
                               .first = pm_seg_first(sh->first, used)};
     return 0;
@@ -388,6 +413,30 @@ static int persist_alone(struct pm_pool *p, uint64_t *word, uint64_t v)
     return 0;
 }
 
+/* Clear bytes [from, end) of segment s, durably: a hole punched in the
+ * file (the file system zeroes the partial pages at its edges and frees
+ * the blocks between), made durable by fdatasync; where a hole cannot be
+ * punched, stores and a flush. Used before a PM_SEG_TAIL segment takes
+ * records, where an earlier life's records, or a crash's cut-short
+ * commit, past the commit word would otherwise count at recovery. */
+static int zero_tail(struct pm_pool *p, uint32_t s, uint64_t from)
+{
+    uint64_t at = pm_seg_offset(s, p->seg_size) + from;
+    size_t n = p->seg_size - from;
+
+    if (from >= p->seg_size)
+        return 0;
+    if (fallocate(p->lock_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)at,
+                  (off_t)n) == 0)
+        return fdatasync(p->lock_fd) < 0 ? TERN_EIO : 0;
+    memset(p->base + at, 0, n);
+    if (p->is_pmem) {
+        pmem_persist(p->base + at, n);
+        return 0;
+    }
+    return pmem_msync(p->base + at, n) < 0 ? TERN_EIO : 0;
+}
+
 /* ---- open, create, close ---- */
 
 /* Make a rename in the pool's directory durable. */
@@ -478,7 +527,9 @@ static int persist_now(struct pm_pool *p, void *addr, size_t n)
  *    one persisted 8-byte store. One whose header already passes layout
  *    5's checks was done by an upgrade a crash cut short. Free segments
  *    are left alone: zero where the sum goes, their headers read as free;
- * 4. only then does the file header say layout 5.
+ * 4. only then does the file header say this build's layout (layout 5
+ *    to 6 changes no segment: PM_SEG_TAIL is only set on segments opened
+ *    from then on).
  * A file whose upgrade a crash cut short has segments of both forms under
  * a layout-3 or -4 header: older builds refuse it (as corrupt), this one
  * reads both forms and finishes the upgrade. */
@@ -621,6 +672,7 @@ int pm_open(const char *path, const struct pm_opts *o, struct pm_pool **out)
         goto fail;
     }
     p->is_pmem = is_pmem != 0;
+    p->strict = o && o->strict_commit;
     h = (const struct pm_file_hdr *)p->base;
     rc = pm_hdr_check(h, p->len, &why);
     if (rc < 0) {
@@ -654,6 +706,17 @@ void pm_close(struct pm_pool *p)
 {
     if (!p)
         return;
+    /* Commit words that lag are brought up to what is durable, so that a
+     * pool closed in order has nothing past them. What was appended and
+     * not committed stays uncommitted. */
+    for (uint32_t s = 0; p->recovered && !p->io_failed && s < p->n_segs; s++) {
+        struct seg_state *ss = &p->segs[s];
+
+        if (ss->seq && ss->tail && ss->hdr_commit != ss->committed &&
+            persist_word(p, &seg_hdr(p, s)->commit,
+                         pm_seg_commit_word(ss->committed, ss->seq, s)) < 0)
+            break;
+    }
     if (p->base)
         pmem_unmap(p->base, p->len);
     if (p->share_fd >= 0)
@@ -688,7 +751,7 @@ static int cut_leased(struct pm_pool *p, uint32_t s, uint64_t off, const char *w
     if (rc < 0)
         return rc;
     ss->live -= ss->committed - keep;
-    ss->committed = ss->appended = keep;
+    ss->committed = ss->appended = ss->hdr_commit = keep;
     return 0;
 }
 
@@ -700,6 +763,19 @@ static int recover_seg(struct pm_pool *p, uint32_t s, bool leased, pm_visit_fn f
     struct seg_state *ss = &p->segs[s];
     uint64_t seg_off = pm_seg_offset(s, p->seg_size);
     const uint8_t *seg = seg_base(p, s);
+
+    /* The last commit's records lie past a lagging commit word: they count
+     * up to the first that fails (what the crash cut short, never
+     * acknowledged). Below the word every record must pass, as ever. */
+    if (ss->tail) {
+        uint32_t end = pm_seg_tail(seg, p->seg_size, ss->committed);
+
+        if (end != ss->committed)
+            tern_log(TERN_LOG_INFO, "pm", "segment %u: %u bytes of records past its commit "
+                     "word (the last commit before the stop)", s, end - ss->committed);
+        ss->live += end - ss->committed;
+        ss->committed = ss->appended = end;
+    }
 
     for (uint64_t off = ss->first; off < PM_SEG_HDR + ss->committed;) {
         const struct pm_rec *r = (const void *)(seg + off);
@@ -788,7 +864,8 @@ int pm_recover(struct pm_pool *p, pm_visit_fn fn, void *arg)
         }
         p->segs[s].seq = v.seq;
         p->segs[s].first = v.first;
-        p->segs[s].appended = p->segs[s].committed = v.used;
+        p->segs[s].tail = v.tail;
+        p->segs[s].appended = p->segs[s].committed = p->segs[s].hdr_commit = v.used;
         p->segs[s].live = v.used - (v.first - PM_SEG_HDR);
         if (v.seq > p->seq)
             p->seq = v.seq;
@@ -806,8 +883,15 @@ int pm_recover(struct pm_pool *p, pm_visit_fn fn, void *arg)
     if (rc < 0)
         goto out;
     /* Whatever lies past the head's commit point (a torn append) is
-     * overwritten. No lease survives a restart: its lessee is gone. */
+     * overwritten; on a PM_SEG_TAIL head it is cleared first, so that no
+     * record of the crash's cut-short commit can join the records written
+     * from now on. No lease survives a restart: its lessee is gone. */
     p->head = newest;
+    if (newest != NO_SEG && p->segs[newest].tail) {
+        rc = zero_tail(p, newest, PM_SEG_HDR + p->segs[newest].appended);
+        if (rc < 0)
+            goto out;
+    }
     p->recovered = true;
 out:
     free(order);
@@ -881,17 +965,75 @@ static int commit_seg(struct pm_pool *p, uint32_t s)
     rc = persist_word(p, &seg_hdr(p, s)->commit, pm_seg_commit_word(ss->appended, ss->seq, s));
     if (rc < 0)
         return rc;
-    ss->committed = ss->appended;
+    ss->committed = ss->hdr_commit = ss->appended;
     return 0;
+}
+
+/* pm_commit on PM_SEG_TAIL segments: one drain makes the records durable,
+ * and recovery finds them past the commit word (pm_seg_tail). The word
+ * moves up to what earlier commits made durable once it lags by
+ * PM_TAIL_LAG or more, in the same drain: most commits then write only the
+ * pages of their records. The lag bounds what recovery reads past the word,
+ * where a record that fails its checks ends the segment instead of
+ * refusing the pool (as it must for the last commit before a crash). */
+#define PM_TAIL_LAG (64u * 1024)
+
+static int commit_tail(struct pm_pool *p)
+{
+    int rc;
+
+    for (uint32_t i = 0; i < p->n_queued; i++) {
+        uint32_t s = p->queue[i];
+        struct seg_state *ss = &p->segs[s];
+
+        if (ss->committed - ss->hdr_commit < PM_TAIL_LAG)
+            continue;
+        __atomic_store_n(&seg_hdr(p, s)->commit, pm_seg_commit_word(ss->committed, ss->seq, s),
+                         __ATOMIC_RELEASE);
+        mark_written(p, &seg_hdr(p, s)->commit, sizeof(uint64_t));
+    }
+    rc = drain(p);
+    if (rc < 0)
+        return rc;
+    for (uint32_t i = 0; i < p->n_queued; i++) {
+        struct seg_state *ss = &p->segs[p->queue[i]];
+
+        if (ss->committed - ss->hdr_commit >= PM_TAIL_LAG)
+            ss->hdr_commit = ss->committed;
+        ss->committed = ss->appended;
+        ss->queued = false;
+    }
+    p->n_queued = 0;
+    return 0;
+}
+
+/* Can this commit be one drain? Only if every segment with new records
+ * lets its commit word lag (a leased segment, or one opened by an older
+ * build or on PM, does not). On PM two fences cost little: the order
+ * stays records, then words. */
+static bool tail_commit_ok(const struct pm_pool *p)
+{
+    if (p->is_pmem)
+        return false;
+    for (uint32_t i = 0; i < p->n_queued; i++) {
+        const struct seg_state *ss = &p->segs[p->queue[i]];
+
+        if (ss->committed != ss->appended && !ss->tail)
+            return false;
+    }
+    return true;
 }
 
 int pm_commit(struct pm_pool *p)
 {
+    int rc;
+
+    if (tail_commit_ok(p))
+        return commit_tail(p);
     /* Every record first, then every commit point over them: two fences
      * however many segments were written. A segment queued only for a
      * rewrite moves no point but is drained all the same. */
-    int rc = drain(p);
-
+    rc = drain(p);
     if (rc < 0)
         return rc;
     for (uint32_t i = 0; i < p->n_queued; i++) {
@@ -910,7 +1052,7 @@ int pm_commit(struct pm_pool *p)
     for (uint32_t i = 0; i < p->n_queued; i++) {
         struct seg_state *ss = &p->segs[p->queue[i]];
 
-        ss->committed = ss->appended;
+        ss->committed = ss->hdr_commit = ss->appended;
         ss->queued = false;
     }
     p->n_queued = 0;
@@ -941,6 +1083,19 @@ static int open_seg(struct pm_pool *p, uint32_t flags, uint32_t first, uint32_t 
 
     s = p->free_segs[--p->n_free];
     sh = seg_hdr(p, s);
+    /* Through a file, a segment the pool appends to lets its commit word
+     * lag (PM_SEG_TAIL): its bytes past the header must hold nothing from
+     * an earlier life first. */
+    if (!p->is_pmem && !p->strict && !(flags & PM_SEG_LEASED)) {
+        flags |= PM_SEG_TAIL;
+        if (sh->magic) {
+            rc = zero_tail(p, s, PM_SEG_HDR);
+            if (rc < 0) {
+                p->free_segs[p->n_free++] = s;
+                return rc;
+            }
+        }
+    }
     sh->commit = pm_seg_commit_word(first - PM_SEG_HDR, seq, s);
     sh->magic = PM_SEG_MAGIC;
     sh->index = s;
@@ -958,7 +1113,9 @@ static int open_seg(struct pm_pool *p, uint32_t flags, uint32_t first, uint32_t 
     p->segs[s] = (struct seg_state){.seq = p->seq, .first = first,
                                     .appended = first - PM_SEG_HDR,
                                     .committed = first - PM_SEG_HDR,
+                                    .hdr_commit = first - PM_SEG_HDR,
                                     .leased = (flags & PM_SEG_LEASED) != 0,
+                                    .tail = (flags & PM_SEG_TAIL) != 0,
                                     .queued = p->segs[s].queued};
     *out = s;
     return 0;

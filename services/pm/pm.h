@@ -52,6 +52,10 @@ struct pm_opts {
                             * helpers may take; 0 = 256 KiB on PM and never on
                             * a file (one msync costs a device flush, whatever
                             * its size), UINT32_MAX = never */
+    bool strict_commit;  /* on a file, keep every commit word exact: two
+                          * flushes per commit (the records, then the words)
+                          * instead of one with the words a commit behind
+                          * (PM_SEG_TAIL, pm_layout.h). PM always orders. */
 };
 
 struct pm_info {

@@ -9,7 +9,8 @@
 #include "pm.h"
 
 #define PM_MAGIC "TERNPOOL"
-#define PM_LAYOUT 5                  /* 5: segment headers checked (`opened`, `sum`, the
+#define PM_LAYOUT 6                  /* 6: PM_SEG_TAIL segments (one flush per commit on
+                                      * a file); 5: segment headers checked (`opened`, `sum`, the
                                       * commit word's check); 4: leased segments start a
                                       * page in (`first`); 3: record sums split
                                       * body/version (2: XXH3 of the whole record, 1: CRC32) */
@@ -77,7 +78,16 @@ struct pm_seg_hdr {
  * whose mapping covers whole pages from there on, can never reach the
  * header; the bytes in between hold nothing. */
 #define PM_SEG_LEASED 1u
-#define PM_SEG_FLAGS_KNOWN PM_SEG_LEASED
+
+/* Opened with every byte past the header zero (a pool written through a
+ * file, layout 6): the records written in this life are all that can lie
+ * past its commit point, so the commit word may lag one commit behind the
+ * records, and recovery takes the records past it that pass their checks,
+ * up to the first that does not (pm_seg_tail). On a file a commit is then
+ * one flush (records and the lagging word together) instead of two (the
+ * records, then the word over them). Never together with PM_SEG_LEASED. */
+#define PM_SEG_TAIL 2u
+#define PM_SEG_FLAGS_KNOWN (PM_SEG_LEASED | PM_SEG_TAIL)
 
 _Static_assert(sizeof(struct pm_file_hdr) == 72, "pool header layout");
 _Static_assert(sizeof(struct pm_seg_hdr) == PM_SEG_HDR, "segment header is one cache line");
@@ -101,6 +111,7 @@ static inline uint32_t pm_seg_first(uint32_t first, uint64_t used)
 struct pm_seg_view {
     bool in_use;                     /* false: free, the rest is 0 */
     bool leased;
+    bool tail;                       /* PM_SEG_TAIL: records past `used` count */
     uint64_t seq;
     uint32_t used;                   /* committed record bytes after the header */
     uint32_t first;                  /* where records start */
@@ -136,6 +147,12 @@ static inline uint32_t pm_rec_span(const struct pm_rec *r)
  * TERN_ECORRUPT with a reason. */
 int pm_rec_check(const uint8_t *seg, uint64_t off, uint64_t used, uint32_t *size,
                  const char **why);
+
+/* Where the records of a PM_SEG_TAIL segment end: from its commit point
+ * `used` on, every record that passes pm_rec_check (or is an interrupted
+ * rewrite, pm_rec_torn_rewrite) up to the first that does not, or the
+ * segment's end. Returns that end as bytes after the header (>= used). */
+uint32_t pm_seg_tail(const uint8_t *seg, uint32_t seg_size, uint32_t used);
 
 /* For a record that failed pm_rec_check: if it is an interrupted rewrite
  * (PM_F_REWRITTEN with a slot that lies within the commit point), the

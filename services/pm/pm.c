@@ -1052,7 +1052,10 @@ int pm_commit(struct pm_pool *p)
     for (uint32_t i = 0; i < p->n_queued; i++) {
         struct seg_state *ss = &p->segs[p->queue[i]];
 
-        ss->committed = ss->hdr_commit = ss->appended;
+        /* A word stored above is exact; one that lags (a PM_SEG_TAIL
+         * segment queued for a rewrite only) still lags. */
+        if (ss->committed != ss->appended)
+            ss->committed = ss->hdr_commit = ss->appended;
         ss->queued = false;
     }
     p->n_queued = 0;

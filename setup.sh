@@ -22,6 +22,7 @@ PKGS=(build-essential meson ninja-build pkg-config check libsubunit-dev python3
       libibverbs-dev librdmacm-dev    # rdma-core: the rdma fabric and its tests (softverbs)
       libpmem-dev libxxhash-dev   # the services: pool; checksums and key hash
       libbson-dev libpcre2-dev    # the document service: BSON; $regex
+      libssl-dev                  # the block-sync service: SHA-256 (libcrypto)
       redis-tools                     # redis-cli/redis-benchmark against the RESP gateway
       python3-pymongo libmongoc-dev   # MongoDB clients against the gateway (tests/mongo)
       clang)                          # libFuzzer: the fuzz targets of tests/fuzz

@@ -54,6 +54,9 @@ static const struct {
     {"doc_store", suite_doc_store},
     {"doc_cmd", suite_doc_cmd},
 #endif
+#if TERN_HAVE_BLOCKSYNC
+    {"bs_block", suite_bs_block},
+#endif
 #if TERN_HAVE_DOC_SERVICE
     {"doc_native", suite_doc_native},
     {"mongo_wire", suite_mongo_wire},

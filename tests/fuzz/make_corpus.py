@@ -314,6 +314,38 @@ SEEDS["mongo_gw"]["real-getmore"] = u8(4) + crud[:-len(cmd(18, b_int("nosuch", 1
     cmd(19, b_str("find", "c"), b_int("batchSize", 0))
 
 
+# ---- block: blocks of the block-sync service (services/blocksync/bs_block.h)
+import hashlib
+
+
+def _sha(b): return hashlib.sha256(b).digest()
+
+
+def _merkle(txs):
+    if not txs:
+        return _sha(b"")
+    lvl = [_sha(b"\x00" + t) for t in txs]
+    while len(lvl) > 1:
+        nxt = [_sha(b"\x01" + lvl[i] + lvl[i + 1]) for i in range(0, len(lvl) - 1, 2)]
+        if len(lvl) % 2:
+            nxt.append(lvl[-1])
+        lvl = nxt
+    return lvl[0]
+
+
+def block(height, parent, txs, chain=7):
+    body = b"".join(u32(len(t)) + t for t in txs)
+    return (b"TBLK" + u32(1) + u64(height) + u64(1000 * height) + parent + _merkle(txs) +
+            u32(len(txs)) + u32(len(body)) + u64(chain) + bytes(8) + body)
+
+
+SEEDS["block"] = {
+    "empty": block(0, bytes(32), []),
+    "one": block(1, bytes(range(32)), [b"tx"]),
+    "eos-like": block(2, bytes(32), [bytes([i]) * 170 for i in range(25)]),
+    "odd-five": block(3, bytes(32), [b"a" * i for i in range(5)]),
+}
+
 for target, seeds in SEEDS.items():
     d = os.path.join(OUT, target)
     os.makedirs(d, exist_ok=True)

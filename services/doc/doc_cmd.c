@@ -2328,6 +2328,28 @@ static int one_source(void *arg, bson_t *doc, struct doc_err *e)
     return bson_init_static(doc, bson_get_data(s->doc), s->doc->len) ? 1 : 0;
 }
 
+/* Run a pipeline from `source` into a buffered cursor of `ns` and reply with
+ * its first batch (`batch` < 0: the default size). The reply's code, or -1
+ * with x->e set. */
+static int agg_reply(struct ctx *x, const char *ns, const struct doc_pipeline *pipe,
+                     const struct doc_agg_run_opts *ro, doc_source_fn source, void *src,
+                     int64_t batch)
+{
+    struct doc_cursor *cur = cursor_new(ns);
+
+    if (!cur)
+        return doc_errf(&x->e, DOC_ExceededMemoryLimit, "out of memory");
+    cur->buffered = true;
+    if (doc_agg_run(pipe, ro, source, src, agg_sink, cur, &x->e) < 0) {
+        cursor_destroy(cur);
+        return -1;
+    }
+    if (batch < 0)
+        batch = x->srv->o.default_batch;
+    return reply_cursor(x, cur, "firstBatch", batch == 0 ? -1 : batch, false, false);
+}
+
+
 /* A pipeline that starts with $collStats (mongosh's db.c.stats() and
  * dataSize()): that stage makes one document, {ns, host, localTime,
  * [storageStats], [count]}, and the rest of the pipeline runs on it. */
@@ -2336,7 +2358,6 @@ static int agg_coll_stats(struct ctx *x, const char *cname, const bson_t *stages
 {
     struct doc_pipeline *pipe = NULL;
     struct doc_agg_run_opts ro = {0};
-    struct doc_cursor *cur;
     struct one_src src = {0};
     bson_t spec, rest = BSON_INITIALIZER, out = BSON_INITIALIZER, sub;
     bson_iter_t it;
@@ -2378,20 +2399,8 @@ static int agg_coll_stats(struct ctx *x, const char *cname, const bson_t *stages
         bson_append_iter(&rest, idx_key(n++, kb, sizeof(kb)), -1, &it);
     if (doc_agg_compile(&rest, &pipe, &x->e) < 0)
         goto out;
-    cur = cursor_new(ns);
-    if (!cur) {
-        doc_errf(&x->e, DOC_ExceededMemoryLimit, "out of memory");
-        goto out;
-    }
-    cur->buffered = true;
     src.doc = &out;
-    if (doc_agg_run(pipe, &ro, one_source, &src, agg_sink, cur, &x->e) < 0) {
-        cursor_destroy(cur);
-        goto out;
-    }
-    if (batch < 0)
-        batch = x->srv->o.default_batch;
-    rc = reply_cursor(x, cur, "firstBatch", batch == 0 ? -1 : batch, false, false);
+    rc = agg_reply(x, ns, pipe, &ro, one_source, &src, batch);
 out:
     doc_agg_free(pipe);
     bson_destroy(&rest);
@@ -2403,7 +2412,6 @@ static int cmd_aggregate(struct ctx *x)
 {
     struct doc_pipeline *pipe = NULL;
     struct doc_matcher *all = NULL;
-    struct doc_cursor *cur = NULL;
     struct agg_src src = {0};
     struct doc_agg_run_opts ro = {0};
     const struct doc_matcher *lm;
@@ -2492,19 +2500,7 @@ static int cmd_aggregate(struct ctx *x)
     ro.skip_leading = lm ? 1 : 0;
     if (ls && plan.sorted)
         ro.skip_leading++;
-    cur = cursor_new(ns);
-    if (!cur) {
-        doc_errf(&x->e, DOC_ExceededMemoryLimit, "out of memory");
-        goto out;
-    }
-    cur->buffered = true;
-    if (doc_agg_run(pipe, &ro, agg_source, &src, agg_sink, cur, &x->e) < 0) {
-        cursor_destroy(cur);
-        goto out;
-    }
-    if (batch < 0)
-        batch = x->srv->o.default_batch;
-    rc = reply_cursor(x, cur, "firstBatch", batch == 0 ? -1 : batch, false, false);
+    rc = agg_reply(x, ns, pipe, &ro, agg_source, &src, batch);
 out:
     if (src.sc)
         doc_scan_close(src.sc);

@@ -56,6 +56,7 @@ static const struct {
 #endif
 #if TERN_HAVE_BLOCKSYNC
     {"bs_block", suite_bs_block},
+    {"bs_store", suite_bs_store},
 #endif
 #if TERN_HAVE_DOC_SERVICE
     {"doc_native", suite_doc_native},

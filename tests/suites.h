@@ -35,5 +35,6 @@ Suite *suite_doc_native(void);  /* with the document service */
 Suite *suite_mongo_wire(void);
 Suite *suite_doc_crash(void);
 Suite *suite_bs_block(void);    /* with libcrypto (services/blocksync) */
+Suite *suite_bs_store(void);
 
 #endif

@@ -57,6 +57,7 @@ static const struct {
 #if TERN_HAVE_BLOCKSYNC
     {"bs_block", suite_bs_block},
     {"bs_store", suite_bs_store},
+    {"bs_sync", suite_bs_sync},
 #endif
 #if TERN_HAVE_DOC_SERVICE
     {"doc_native", suite_doc_native},

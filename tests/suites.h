@@ -36,5 +36,6 @@ Suite *suite_mongo_wire(void);
 Suite *suite_doc_crash(void);
 Suite *suite_bs_block(void);    /* with libcrypto (services/blocksync) */
 Suite *suite_bs_store(void);
+Suite *suite_bs_sync(void);
 
 #endif

@@ -421,6 +421,9 @@ int bs_store_id(const struct bs_store *st, uint64_t height, uint8_t id[BS_ID_LEN
     return 0;
 }
 
+const void *bs_store_base(const struct bs_store *st) { return st->base; }
+size_t bs_store_map_len(const struct bs_store *st) { return st->map_len; }
+
 /* ---- reading ---- */
 
 int bs_store_block(const struct bs_store *st, uint64_t height, const uint8_t **block,

@@ -136,6 +136,10 @@ int bs_store_truncate(struct bs_store *st, uint64_t count);
  * rises, and not past the committed blocks (TERN_EINVAL). */
 int bs_store_set_irreversible(struct bs_store *st, uint64_t count);
 
+/* The mapping (for registering it as the source of one-sided puts). */
+const void *bs_store_base(const struct bs_store *st);
+size_t bs_store_map_len(const struct bs_store *st);
+
 /* Check a span (as bs_store_span gives) holding heights [from, to):
  * records framed right, one per height in order, each a block that
  * parses. Points blocks[i]/lens[i] at each (n = to - from). 0, or

@@ -1,0 +1,124 @@
+/* The block-sync service's messages (inside tern RPC payloads).
+ * Little-endian, fixed sizes; every length is checked against the payload
+ * before use, by the decoders below (which the fuzz target drives).
+ *
+ * BS_M_HELLO: bs_hello -> bs_hello_rep. Each side says who it is (chain,
+ *   node, genesis) and what it has (head and irreversible heights, as
+ *   counts of blocks, with the ids of their last blocks). A refusal carries
+ *   its reason (enum bs_refusal) and the server's hello all the same.
+ * BS_M_HEADERS: bs_headers_req -> bs_headers_rep and n headers of
+ *   BS_HDR_SIZE bytes from height `from` on (fewer than asked at the top
+ *   or when the reply is full; none past the top).
+ * BS_M_RANGE: bs_range_req -> bs_range_rep. The log span of heights
+ *   [from, to) (bs_store.h: records of a 32-byte header and the block,
+ *   padded to 64) is `span_len` bytes; the reply carries the `n` bytes of it
+ *   from `off` on: inline after the reply header, or, with BS_RANGE_PUT,
+ *   put by the server at `roff` of `dst` before it replies. A receiver
+ *   knows what span_len must be from the headers, so a span of another
+ *   length is a lie found before a byte is read. */
+#ifndef TERN_BS_WIRE_H
+#define TERN_BS_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bs_block.h"
+#include "transport.h"
+
+#define BS_SERVICE_ID 0x6273         /* "bs" */
+#define BS_WIRE_VERSION 1u
+
+enum bs_method {
+    BS_M_HELLO = 1,
+    BS_M_HEADERS = 2,
+    BS_M_RANGE = 3,
+};
+
+/* Why a handshake was refused, by either side. */
+enum bs_refusal {
+    BS_OK = 0,
+    BS_R_CHAIN,          /* another chain id */
+    BS_R_FORKED,         /* an irreversible block differs */
+    BS_R_UNLINKABLE,     /* another genesis block */
+    BS_R_INVALID,        /* the hello does not add up, or the node lied before */
+    BS_R_SELF,           /* our own node id */
+    BS_R_DUPLICATE,      /* that node is connected already */
+    BS_R_VERSION,        /* another protocol version */
+    BS_R_MAX
+};
+
+const char *bs_refusal_name(unsigned r);
+
+struct bs_hello {
+    uint32_t version;
+    uint32_t flags;                  /* 0 */
+    uint64_t chain;
+    uint64_t node;                   /* random, per process */
+    uint64_t head;                   /* blocks held */
+    uint64_t lib;                    /* of which irreversible */
+    uint8_t head_id[BS_ID_LEN];      /* id of block head-1 (zero if none) */
+    uint8_t lib_id[BS_ID_LEN];       /* id of block lib-1 (zero if none) */
+    uint8_t genesis[BS_ID_LEN];      /* id of block 0 (zero if none) */
+};
+
+struct bs_hello_rep {
+    uint32_t refusal;                /* enum bs_refusal */
+    uint32_t reserved;
+    struct bs_hello hello;           /* the server's */
+};
+
+struct bs_headers_req {
+    uint64_t from;
+    uint32_t max;
+    uint32_t reserved;
+};
+
+struct bs_headers_rep {
+    uint64_t from;
+    uint32_t n;
+    uint32_t reserved;
+    /* n * BS_HDR_SIZE bytes follow */
+};
+
+enum bs_range_flags {
+    BS_RANGE_PUT = 1u << 0,          /* put the bytes at dst + roff */
+};
+
+struct bs_range_req {
+    uint64_t from, to;               /* heights [from, to) */
+    uint64_t off;                    /* first span byte wanted */
+    uint32_t max;                    /* bytes wanted at most */
+    uint32_t flags;
+    uint64_t roff;
+    struct tern_tp_rkey dst;
+};
+
+struct bs_range_rep {
+    uint64_t span_len;               /* the whole span of [from, to) */
+    uint64_t off;
+    uint32_t n;                      /* bytes given from `off` on */
+    uint32_t flags;                  /* BS_RANGE_PUT if they were put */
+    /* inline: n bytes follow */
+};
+
+_Static_assert(sizeof(struct bs_hello) == 136, "bs_hello");
+_Static_assert(sizeof(struct bs_hello_rep) == 144, "bs_hello_rep");
+_Static_assert(sizeof(struct bs_headers_req) == 16, "bs_headers_req");
+_Static_assert(sizeof(struct bs_headers_rep) == 16, "bs_headers_rep");
+_Static_assert(sizeof(struct bs_range_rep) == 24, "bs_range_rep");
+
+/* Decoders: copy the fixed part out of `len` bytes at `p` and check it.
+ * 0, or TERN_EPROTO with a reason in *why. */
+int bs_hello_decode(const void *p, size_t len, struct bs_hello *out, const char **why);
+int bs_hello_rep_decode(const void *p, size_t len, struct bs_hello_rep *out, const char **why);
+int bs_headers_req_decode(const void *p, size_t len, struct bs_headers_req *out,
+                          const char **why);
+/* *hdrs points at the n headers inside `p`. */
+int bs_headers_rep_decode(const void *p, size_t len, struct bs_headers_rep *out,
+                          const uint8_t **hdrs, const char **why);
+int bs_range_req_decode(const void *p, size_t len, struct bs_range_req *out, const char **why);
+/* *bytes points at the inline bytes inside `p` (NULL if put). */
+int bs_range_rep_decode(const void *p, size_t len, struct bs_range_rep *out,
+                        const uint8_t **bytes, const char **why);
+
+#endif

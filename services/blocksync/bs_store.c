@@ -15,52 +15,11 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "bs_layout.h"
 #include "error.h"
 #include "log.h"
 
-#define BS_MAGIC "TERNCHN1"
-#define BS_LAYOUT 1u
-#define BS_HDR_BYTES 4096u
-#define BS_REC_MAGIC 0x31524254u     /* "TBR1" */
 #define BS_LOCK_WAIT_MS 200
-
-struct bs_file_hdr {
-    char magic[8];
-    uint32_t layout;
-    uint32_t hdr_size;
-    uint64_t chain;
-    uint64_t size;
-    uint64_t idx_off, idx_cap;
-    uint64_t data_off, data_cap;
-    uint8_t uuid[16];
-    uint64_t created;
-    uint64_t sum;                    /* XXH3 of everything above */
-    uint8_t pad0[256 - 96];
-    uint64_t committed;              /* the commit point (offset 256) */
-    uint8_t pad1[56];
-    uint64_t irreversible;           /* offset 320 */
-    uint8_t pad2[56];
-};
-_Static_assert(sizeof(struct bs_file_hdr) == 384, "file header");
-
-struct bs_entry {
-    uint64_t off;                    /* record offset in the log */
-    uint32_t len;                    /* block bytes */
-    uint32_t pad;
-    uint8_t id[BS_ID_LEN];
-    uint64_t height;
-    uint64_t sum;                    /* XXH3 of the 56 bytes above */
-};
-_Static_assert(sizeof(struct bs_entry) == 64, "index entry");
-
-struct bs_rec_hdr {
-    uint32_t magic;
-    uint32_t len;
-    uint64_t height;
-    uint64_t sum;                    /* XXH3 of the block's bytes */
-    uint64_t zero;
-};
-_Static_assert(sizeof(struct bs_rec_hdr) == BS_REC_HDR, "record header");
 
 /* id -> height, open addressing on the id's first 8 bytes. Entries are
  * never deleted: one whose height is cut off or whose index entry has
@@ -88,16 +47,6 @@ struct bs_store {
     uint64_t map_mask, map_used;
     char path[256];
 };
-
-static uint64_t entry_sum(const struct bs_entry *e)
-{
-    return XXH3_64bits(e, offsetof(struct bs_entry, sum));
-}
-
-static uint64_t hdr_sum(const struct bs_file_hdr *h)
-{
-    return XXH3_64bits(h, offsetof(struct bs_file_hdr, sum));
-}
 
 static uint64_t id_key(const uint8_t id[BS_ID_LEN])
 {
@@ -218,7 +167,7 @@ static int create_file(const char *path, const struct bs_store_opts *o)
     if (getrandom(h.uuid, sizeof(h.uuid), 0) != sizeof(h.uuid))
         return TERN_EIO;
     h.created = (uint64_t)time(NULL);
-    h.sum = hdr_sum(&h);
+    h.sum = bs_hdr_sum(&h);
 
     /* Made under another name and renamed: a crash while creating leaves
      * no half-made chain at `path`. The file starts as a hole. */
@@ -260,7 +209,7 @@ static int check_hdr(struct bs_store *st, uint64_t file_len)
 
     if (memcmp(h->magic, BS_MAGIC, sizeof(h->magic)))
         return corrupt(st, 0, "not a tern chain file", UINT64_MAX);
-    if (h->sum != hdr_sum(h))
+    if (h->sum != bs_hdr_sum(h))
         return corrupt(st, 0, "file header checksum mismatch", UINT64_MAX);
     if (h->layout != BS_LAYOUT)
         return corrupt(st, 0, "unknown layout", UINT64_MAX);
@@ -291,7 +240,7 @@ static int check_index(struct bs_store *st)
         const struct bs_entry *e = &st->idx[h];
         uint64_t at = st->h->idx_off + h * sizeof(*e);
 
-        if (e->sum != entry_sum(e))
+        if (e->sum != bs_entry_sum(e))
             return corrupt(st, at, "index entry checksum mismatch", h);
         if (e->height != h)
             return corrupt(st, at, "index entry of another height", h);
@@ -558,7 +507,7 @@ int bs_store_append(struct bs_store *st, const uint8_t *block, size_t len,
     e = &st->idx[st->top];
     *e = (struct bs_entry){.off = st->tail, .len = (uint32_t)len, .height = st->top};
     memcpy(e->id, id, BS_ID_LEN);
-    e->sum = entry_sum(e);
+    e->sum = bs_entry_sum(e);
     rc = map_put(st, id, st->top);
     if (rc < 0)
         return rc;

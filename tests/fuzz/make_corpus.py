@@ -346,6 +346,52 @@ SEEDS["block"] = {
     "odd-five": block(3, bytes(32), [b"a" * i for i in range(5)]),
 }
 
+# ---- bs_wire: the block-sync messages and log spans (services/blocksync/bs_wire.h)
+def hello(head=3, lib=2, node=9, chain=7):
+    return (u32(1) + u32(0) + u64(chain) + u64(node) + u64(head) + u64(lib) +
+            bytes([1]) * 32 + bytes([2]) * 32 + bytes([3]) * 32)
+
+
+def record(h, blk):
+    rec = u32(0x31524254) + u32(len(blk)) + u64(h) + u64(0) + u64(0) + blk
+    return rec + bytes(-len(rec) % 64)
+
+
+_b0 = block(0, bytes(32), [b"genesis"])
+_b1 = block(1, _sha(_b0[:112]), [b"a" * 170, b"b" * 120])
+_span = record(0, _b0) + record(1, _b1)
+SEEDS["bs_wire"] = {
+    "hello": u8(0) + hello(),
+    "hello-rep": u8(1) + u32(0) + u32(0) + hello(),
+    "hello-refused": u8(1) + u32(3) + u32(0) + hello(),
+    "headers-req": u8(2) + u64(5) + u32(100) + u32(0),
+    "headers-rep": u8(3) + u64(0) + u32(2) + u32(0) + _b0[:112] + _b1[:112],
+    "range-req": u8(4) + u64(0) + u64(2) + u64(0) + u32(1 << 20) + u32(0) + u64(0) + bytes(24),
+    "range-req-put": u8(4) + u64(0) + u64(2) + u64(0) + u32(4096) + u32(1) + u64(64) +
+                     u64(0x1000) + u64(8192) + u32(5) + u32(2),
+    "range-rep": u8(5) + u64(len(_span)) + u64(0) + u32(len(_span)) + u32(0) + _span,
+    "range-rep-put": u8(5) + u64(4096) + u64(64) + u32(128) + u32(1),
+    "span": u8(6) + u64(0) + u16(2) + _span,
+}
+
+# ---- chain_file: edits of a sound chain file (tests/fuzz/fuzz_chain_file.c)
+def patch(where, at, data, wide=False):
+    return u8(where) + (u32(at) if where % 4 >= 2 else u16(at)) + u8(len(data)) + data
+
+
+SEEDS["chain_file"] = {
+    "as-is": u8(0),
+    "committed-word": u8(1) + patch(0, 256, u64(43)),
+    "committed-past-index": u8(1) + patch(0, 256, u64(1000)),
+    "irreversible-past": u8(1) + patch(0, 320, u64(41)),
+    "entry-offset": u8(2) + patch(1, 64 * 7, u64(12345)),
+    "entry-height": u8(2) + patch(1, 64 * 9 + 48, u64(3)),
+    "record-len": u8(4) + patch(2, 64 + 4, u32(1 << 30)),
+    "record-body": u8(4) + patch(2, 300, b"\xff" * 16),
+    "cut-short": u8(8) + u16(0x10000 - 9000),
+}
+
+
 for target, seeds in SEEDS.items():
     d = os.path.join(OUT, target)
     os.makedirs(d, exist_ok=True)

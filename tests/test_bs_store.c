@@ -386,6 +386,35 @@ START_TEST(spans_walk_and_lies_are_named)
 }
 END_TEST
 
+START_TEST(read_only_openers_share_the_file)
+{
+    struct bs_store *st = open_store(16 << 20, 0), *r1, *r2;
+    struct bs_store_opts ro = {.read_only = true};
+    struct bs_gen g;
+    const uint8_t *p;
+    size_t n;
+    uint8_t id[BS_ID_LEN];
+
+    bs_gen_init(&g, BS_SHAPE_EOS, CHAIN, 1);
+    append_gen(st, &g, 30, 0);
+    ck_assert_int_eq(bs_store_commit(st), 0);
+    ck_assert_int_eq(bs_store_open(path, &ro, &r1), TERN_EBUSY);   /* a writer has it */
+    bs_store_close(st);
+    ck_assert_int_eq(bs_store_open(path, &ro, &r1), 0);
+    ck_assert_int_eq(bs_store_open(path, &ro, &r2), 0);
+    ck_assert_int_eq(bs_store_open(path, NULL, &st), TERN_EBUSY);  /* readers have it */
+    ck_assert_int_eq(bs_store_committed(r2), 30);
+    ck_assert_int_eq(bs_store_block(r2, 29, &p, &n), 0);
+    ck_assert_int_eq(bs_store_find(r1, ids[12]), 12);
+    ck_assert_int_eq(bs_gen_next(&g, hs, blk, blk_cap, &n, id), 0);
+    ck_assert_int_eq(bs_store_append(r1, blk, n, id), TERN_EACCES);
+    ck_assert_int_eq(bs_store_truncate(r1, 10), TERN_EACCES);
+    ck_assert_int_eq(bs_store_set_irreversible(r1, 10), TERN_EACCES);
+    bs_store_close(r1);
+    bs_store_close(r2);
+}
+END_TEST
+
 /* kill -9 while appending: a child appends and commits in batches, telling
  * the parent (through shared memory) each committed count; the parent kills
  * it at a random moment. The reopened store holds at least what was told,
@@ -472,6 +501,7 @@ Suite *suite_bs_store(void)
     tcase_add_test(tc, full_index_and_full_log);
     tcase_add_test(tc, spans_walk_and_lies_are_named);
     tcase_add_test(tc, kill_during_appends_loses_nothing_committed);
+    tcase_add_test(tc, read_only_openers_share_the_file);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -37,6 +37,7 @@ static uint8_t src_ids[NB][BS_ID_LEN];
 static char srv_path[256];
 static enum bs_fault srv_fault;
 static uint64_t srv_node;
+static bool srv_append;
 
 static void make_chain(const char *path, uint64_t chain, uint64_t seed, uint64_t n,
                        uint64_t lib, uint8_t (*ids)[BS_ID_LEN])
@@ -85,6 +86,7 @@ static void setup(void)
     make_chain(src, CHAIN, 1, NB, LIB, src_ids);
     srv_fault = BS_FAULT_NONE;
     srv_node = 0;
+    srv_append = false;
 }
 
 static void teardown(void)
@@ -99,7 +101,8 @@ static struct bs_service *child_svc;
 
 static void serve_setup(struct tern_rpc_ep *ep)
 {
-    struct bs_service_opts so = {.fault = srv_fault, .stall_ms = 20000, .node = srv_node};
+    struct bs_service_opts so = {.fault = srv_fault, .stall_ms = 20000, .node = srv_node,
+                                 .allow_append = srv_append};
 
     if (bs_store_open(srv_path, NULL, &child_store) < 0 ||
         bs_service_new(child_store, &so, &child_svc) < 0 ||
@@ -429,6 +432,92 @@ START_TEST(a_longer_fork_replaces_reversible_blocks)
 }
 END_TEST
 
+/* A producer appends blocks to a running server: each checked against
+ * the tip, durable before the reply; a bad one is refused with what was
+ * wrong and changes nothing; a server that takes no producers says so. */
+static int append_one(struct tern_session *ss, const uint8_t *blk, size_t len, uint64_t lib,
+                      struct bs_append_rep *rep)
+{
+    struct bs_append_req q = {.lib = lib};
+    uint8_t *msg = malloc(sizeof(q) + len);
+    size_t got = 0;
+    int rc;
+
+    memcpy(msg, &q, sizeof(q));
+    memcpy(msg + sizeof(q), blk, len);
+    rc = tern_call_sync(ss, BS_SERVICE_ID, BS_M_APPEND, msg, sizeof(q) + len, rep, sizeof(*rep),
+                        &got, 5000000000ull);
+    free(msg);
+    if (rc == 0)
+        ck_assert_uint_eq(got, sizeof(*rep));
+    return rc;
+}
+
+START_TEST(producers_append_checked_blocks)
+{
+    char u1[128], u2[128];
+    struct tern_rpc_ep *ep = client_ep();
+    struct tern_session *ss;
+    size_t cap = bs_gen_block_max(BS_SHAPE_EOS), len;
+    uint8_t *blk = malloc(cap), id[BS_ID_LEN];
+    struct bs_append_rep rep;
+    struct bs_info info;
+    struct bs_gen g, other;
+    size_t got;
+    pid_t a, b;
+    const char *why;
+
+    srv_append = true;
+    a = serve(0, src, "prod", BS_FAULT_NONE, u1, sizeof(u1));
+    srv_append = false;
+    ck_assert_int_eq(tern_rpc_connect(ep, u1, 5000000000ull, &ss), 0);
+    bs_gen_init(&g, BS_SHAPE_EOS, CHAIN, 1);
+    bs_gen_resume(&g, NB, src_ids[NB - 1]);
+    for (int i = 0; i < 20; i++) {
+        ck_assert_int_eq(bs_gen_next(&g, hs, blk, cap, &len, id), 0);
+        ck_assert_int_eq(append_one(ss, blk, len, NB + i - 5, &rep), 0);
+        ck_assert_uint_eq(rep.verdict, BS_VALID);
+        ck_assert_uint_eq(rep.height, NB + i);
+        ck_assert_mem_eq(rep.id, id, BS_ID_LEN);
+    }
+    /* A block on another parent, one of another chain, a bad root, bytes
+     * that are no block. */
+    bs_gen_init(&other, BS_SHAPE_EOS, CHAIN, 9);
+    bs_gen_resume(&other, NB + 20, src_ids[3]);
+    ck_assert_int_eq(bs_gen_next(&other, hs, blk, cap, &len, id), 0);
+    ck_assert_int_eq(append_one(ss, blk, len, 0, &rep), 0);
+    ck_assert_uint_eq(rep.verdict, BS_BAD_PARENT);
+    ck_assert_int_eq(bs_gen_next(&g, hs, blk, cap, &len, id), 0);
+    blk[BS_HDR_SIZE + 10] ^= 1;
+    ck_assert_int_eq(append_one(ss, blk, len, 0, &rep), 0);
+    ck_assert_uint_eq(rep.verdict, BS_BAD_MERKLE);
+    ck_assert_int_eq(append_one(ss, blk, 50, 0, &rep), 0);
+    ck_assert_uint_eq(rep.verdict, BS_APPEND_MALFORMED);
+    blk[BS_HDR_SIZE + 10] ^= 1;
+    ck_assert_int_eq(append_one(ss, blk, len, 0, &rep), 0);     /* and the good one */
+    ck_assert_uint_eq(rep.height, NB + 20);
+
+    ck_assert_int_eq(tern_call_sync(ss, BS_SERVICE_ID, BS_M_INFO, NULL, 0, &info, sizeof(info),
+                                    &got, 5000000000ull), 0);
+    ck_assert_int_eq(bs_info_decode(&info, got, &info, &why), 0);
+    ck_assert_uint_eq(info.committed, NB + 21);
+    ck_assert_uint_eq(info.irreversible, NB + 14);
+    ck_assert_mem_eq(info.head_id, id, BS_ID_LEN);
+    ck_assert_uint_eq(info.flags & BS_INFO_APPEND, BS_INFO_APPEND);
+    tern_rpc_disconnect(ss);
+
+    /* A server without producers refuses. */
+    b = serve(0, src, "noprod", BS_FAULT_NONE, u2, sizeof(u2));
+    ck_assert_int_eq(tern_rpc_connect(ep, u2, 5000000000ull, &ss), 0);
+    ck_assert_int_eq(append_one(ss, blk, len, 0, &rep), TERN_EACCES);
+    tern_rpc_disconnect(ss);
+    free(blk);
+    tern_rpc_close(ep);
+    stop_server(a);
+    stop_server(b);
+}
+END_TEST
+
 /* kill -9 during catch-up, over and over: every committed block checks,
  * and the last run ends at the peers' head. */
 #define NK 5000                      /* the kill test's chain: about 22 MB */
@@ -515,6 +604,7 @@ Suite *suite_bs_sync(void)
     tcase_add_test(tc, handshake_refusals_say_why);
     tcase_add_test(tc, a_longer_fork_replaces_reversible_blocks);
     tcase_add_test(tc, kill_during_catchup_resumes_from_the_commit_point);
+    tcase_add_test(tc, producers_append_checked_blocks);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -22,6 +22,8 @@ struct bs_service {
     struct peer_ent *peers;          /* sessions that said hello */
     size_t n_peers, cap_peers;
     struct bs_service_stats stats;
+    struct bs_hasher *hs;            /* checks producers' blocks */
+    bool syncing;
 };
 
 static const char *const fault_names[] = {
@@ -311,10 +313,91 @@ static int on_range(struct tern_req *req, const void *data, size_t len, void *ct
     return 0;
 }
 
+static int on_append(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    struct bs_service *svc = ctx;
+    struct bs_append_req q;
+    struct bs_append_rep *rep;
+    const uint8_t *blk;
+    size_t blen;
+    const char *why;
+    struct bs_block b;
+    uint64_t top = bs_store_committed(svc->st);
+    uint8_t parent[BS_ID_LEN];
+    int rc;
+
+    if (bs_append_req_decode(data, len, &q, &blk, &blen, &why) < 0)
+        return TERN_EPROTO;
+    if (!svc->o.allow_append)
+        return TERN_EACCES;
+    if (svc->syncing || bs_store_top(svc->st) != top)
+        return TERN_EBUSY;
+    rep = tern_reply_alloc(req, sizeof(*rep));
+    if (!rep)
+        return TERN_EMSGSIZE;
+    memset(rep, 0, sizeof(*rep));
+    if (bs_block_parse(blk, blen, &b, &why) < 0) {
+        rep->verdict = BS_APPEND_MALFORMED;
+        svc->stats.append_refused++;
+        return 0;
+    }
+    if (top)
+        bs_store_id(svc->st, top - 1, parent);
+    rc = bs_block_check(svc->hs, &b, bs_store_chain(svc->st), top ? parent : NULL,
+                        top - 1, rep->id);
+    if (rc < 0)
+        return rc;
+    rep->verdict = (uint32_t)rc;
+    if (rc != BS_VALID) {
+        svc->stats.append_refused++;
+        return 0;
+    }
+    if ((rc = bs_store_append(svc->st, blk, blen, rep->id)) < 0 ||
+        (rc = bs_store_commit(svc->st)) < 0) {
+        bs_store_truncate(svc->st, top);
+        return rc;
+    }
+    if (q.lib > bs_store_irreversible(svc->st))
+        bs_store_set_irreversible(svc->st, q.lib < top + 1 ? q.lib : top + 1);
+    rep->height = top;
+    svc->stats.appended++;
+    return 0;
+}
+
+static int on_info(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    struct bs_service *svc = ctx;
+    struct bs_store_info si;
+    struct bs_info *out;
+
+    (void)data;
+    if (len)
+        return TERN_EPROTO;
+    out = tern_reply_alloc(req, sizeof(*out));
+    if (!out)
+        return TERN_EMSGSIZE;
+    bs_store_info(svc->st, &si);
+    *out = (struct bs_info){.chain = si.chain, .node = svc->o.node, .committed = si.committed,
+                            .irreversible = si.irreversible, .data_used = si.data_used,
+                            .data_cap = si.data_cap, .idx_cap = si.idx_cap,
+                            .flags = (svc->syncing ? BS_INFO_SYNCING : 0) |
+                                     (svc->o.allow_append ? BS_INFO_APPEND : 0)};
+    if (si.committed)
+        bs_store_id(svc->st, si.committed - 1, out->head_id);
+    return 0;
+}
+
+void bs_service_set_syncing(struct bs_service *svc, bool on)
+{
+    svc->syncing = on;
+}
+
 static const struct tern_method bs_methods[] = {
     {.id = BS_M_HELLO, .name = "hello", .handler = on_hello},
     {.id = BS_M_HEADERS, .name = "headers", .handler = on_headers},
     {.id = BS_M_RANGE, .name = "range", .handler = on_range},
+    {.id = BS_M_APPEND, .name = "append", .handler = on_append},
+    {.id = BS_M_INFO, .name = "info", .handler = on_info},
 };
 
 int bs_service_new(struct bs_store *st, const struct bs_service_opts *o,
@@ -327,6 +410,11 @@ int bs_service_new(struct bs_store *st, const struct bs_service_opts *o,
     svc->st = st;
     if (o)
         svc->o = *o;
+    svc->hs = bs_hasher_new();
+    if (!svc->hs) {
+        free(svc);
+        return TERN_ENOMEM;
+    }
     while (!svc->o.node)
         if (getrandom(&svc->o.node, sizeof(svc->o.node), 0) != sizeof(svc->o.node))
             svc->o.node = (uint64_t)tern_now_ns();
@@ -359,5 +447,6 @@ void bs_service_free(struct bs_service *svc)
     if (!svc)
         return;
     free(svc->peers);
+    bs_hasher_free(svc->hs);
     free(svc);
 }

@@ -11,6 +11,7 @@
 #ifndef TERN_BS_SERVICE_H
 #define TERN_BS_SERVICE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "bs_store.h"
@@ -31,6 +32,7 @@ int bs_fault_parse(const char *s, enum bs_fault *out);
 
 struct bs_service_opts {
     uint64_t node;                   /* this node's id; 0 = random */
+    bool allow_append;               /* take blocks from producers (BS_M_APPEND) */
     enum bs_fault fault;
     uint32_t stall_ms;               /* BS_FAULT_STALL: 0 = 60 s */
 };
@@ -69,8 +71,13 @@ unsigned bs_hello_judge(const struct bs_store *st, const struct bs_hello *self,
                         const struct bs_hello *peer, bool (*connected)(uint64_t, void *),
                         void *arg);
 
+/* While a syncer writes the store (bs_sync_run sets it), producers are
+ * refused (TERN_EBUSY). */
+void bs_service_set_syncing(struct bs_service *svc, bool on);
+
 struct bs_service_stats {
     uint64_t hellos, refused, headers, ranges, bytes_inline, bytes_put;
+    uint64_t appended, append_refused;
 };
 void bs_service_get_stats(const struct bs_service *svc, struct bs_service_stats *st);
 

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -35,7 +36,8 @@ struct bs_store {
     size_t map_len;
     int fd;
     bool is_pmem;
-    bool failed;                     /* a flush failed: no more writes */
+    bool read_only;
+    bool failed;                     /* a flush failed, or read-only: no writes */
     struct bs_file_hdr *h;
     struct bs_entry *idx;
     uint8_t *data;
@@ -263,7 +265,9 @@ static int check_index(struct bs_store *st)
 
 static int lock_file(struct bs_store *st)
 {
-    for (int waited = 0; flock(st->fd, LOCK_EX | LOCK_NB) < 0; waited++) {
+    int how = st->read_only ? LOCK_SH : LOCK_EX;
+
+    for (int waited = 0; flock(st->fd, how | LOCK_NB) < 0; waited++) {
         if (errno == EWOULDBLOCK && waited < BS_LOCK_WAIT_MS) {
             nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
             continue;
@@ -295,7 +299,9 @@ int bs_store_open(const char *path, const struct bs_store_opts *o, struct bs_sto
     if (!st)
         return TERN_ENOMEM;
     snprintf(st->path, sizeof(st->path), "%s", path);
-    st->fd = open(path, O_RDWR | O_CLOEXEC);
+    st->read_only = o->read_only;
+    st->failed = o->read_only;
+    st->fd = open(path, (o->read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC);
     if (st->fd < 0) {
         rc = errno == EACCES ? TERN_EACCES : TERN_EIO;
         goto fail;
@@ -306,7 +312,14 @@ int bs_store_open(const char *path, const struct bs_store_opts *o, struct bs_sto
         rc = corrupt(st, 0, "too short to be a chain file", UINT64_MAX);
         goto fail;
     }
-    st->base = pmem_map_file(path, 0, 0, 0, &st->map_len, &is_pmem);
+    if (st->read_only) {
+        void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_SHARED, st->fd, 0);
+        st->base = m == MAP_FAILED ? NULL : m;
+        st->map_len = (size_t)sb.st_size;
+        is_pmem = 0;
+    } else {
+        st->base = pmem_map_file(path, 0, 0, 0, &st->map_len, &is_pmem);
+    }
     if (!st->base) {
         tern_log(TERN_LOG_ERROR, "chain", "map %s: %s", path, strerror(errno));
         rc = TERN_EIO;
@@ -342,7 +355,7 @@ void bs_store_close(struct bs_store *st)
     if (!st)
         return;
     if (st->base)
-        pmem_unmap(st->base, st->map_len);
+        munmap(st->base, st->map_len);
     if (st->fd >= 0)
         close(st->fd);
     free(st->map);
@@ -361,6 +374,7 @@ void bs_store_info(const struct bs_store *st, struct bs_store_info *info)
 uint64_t bs_store_committed(const struct bs_store *st) { return st->committed; }
 uint64_t bs_store_top(const struct bs_store *st) { return st->top; }
 uint64_t bs_store_irreversible(const struct bs_store *st) { return st->h->irreversible; }
+uint64_t bs_store_chain(const struct bs_store *st) { return st->chain; }
 
 int bs_store_id(const struct bs_store *st, uint64_t height, uint8_t id[BS_ID_LEN])
 {
@@ -481,7 +495,7 @@ int bs_store_append(struct bs_store *st, const uint8_t *block, size_t len,
     int rc;
 
     if (st->failed)
-        return TERN_EIO;
+        return st->read_only ? TERN_EACCES : TERN_EIO;
     if (bs_block_parse(block, len, &b, &why) < 0)
         return TERN_EPROTO;
     if (b.h.height != st->top || b.h.chain != st->chain)
@@ -521,7 +535,7 @@ int bs_store_commit(struct bs_store *st)
     int rc;
 
     if (st->failed)
-        return TERN_EIO;
+        return st->read_only ? TERN_EACCES : TERN_EIO;
     if (st->top == st->committed)
         return 0;
     if (st->is_pmem) {
@@ -552,7 +566,7 @@ int bs_store_truncate(struct bs_store *st, uint64_t count)
     int rc;
 
     if (st->failed)
-        return TERN_EIO;
+        return st->read_only ? TERN_EACCES : TERN_EIO;
     if (count < st->h->irreversible)
         return TERN_ERANGE;
     if (count >= st->top)
@@ -576,7 +590,7 @@ int bs_store_truncate(struct bs_store *st, uint64_t count)
 int bs_store_set_irreversible(struct bs_store *st, uint64_t count)
 {
     if (st->failed)
-        return TERN_EIO;
+        return st->read_only ? TERN_EACCES : TERN_EIO;
     if (count > st->committed)
         return TERN_EINVAL;
     if (count <= st->h->irreversible)

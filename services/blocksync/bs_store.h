@@ -60,6 +60,9 @@ struct bs_store_opts {
     uint64_t max_blocks;    /* create: index entries; 0 = one per 2 KiB of file */
     uint64_t chain;         /* create: the chain id; open: 0 = any, else must match */
     bool create;            /* create the file if it does not exist */
+    bool read_only;         /* map it read-only under a shared lock: several
+                             * readers (servers of one chain) at once, no
+                             * writer; every write is TERN_EACCES */
 };
 
 struct bs_store_info {
@@ -76,7 +79,7 @@ struct bs_store_info {
 struct bs_store;
 
 /* Open (or create) the chain file at `path`, locked against a second
- * opener (TERN_EBUSY). TERN_ECORRUPT with a log line saying what and where
+ * opener (TERN_EBUSY; read-only openers share it among themselves). TERN_ECORRUPT with a log line saying what and where
  * for a file that is not a chain or fails its checks; TERN_EINVAL for
  * another chain id than o->chain. */
 int bs_store_open(const char *path, const struct bs_store_opts *o, struct bs_store **out);
@@ -91,6 +94,7 @@ void bs_store_info(const struct bs_store *st, struct bs_store_info *info);
 uint64_t bs_store_committed(const struct bs_store *st);
 uint64_t bs_store_top(const struct bs_store *st);
 uint64_t bs_store_irreversible(const struct bs_store *st);
+uint64_t bs_store_chain(const struct bs_store *st);
 
 /* The id of the block at `height` (committed or pending): 0 or
  * TERN_ENOENT. */

@@ -1083,8 +1083,12 @@ int bs_sync_run(struct tern_rpc_ep *ep, struct bs_store *st, const struct bs_syn
         sy->peers[i].ps = &out->peer[i];
         snprintf(out->peer[i].uri, sizeof(out->peer[i].uri), "%s", o->peers[i]);
     }
+    if (o->svc)
+        bs_service_set_syncing(o->svc, true);
     if (rc == 0)
         rc = run(sy);
+    if (o->svc)
+        bs_service_set_syncing(o->svc, false);
     fill_stats(sy);
     if (rc == 0 && sy->pending_bytes)
         rc = commit_now(sy);

@@ -121,3 +121,37 @@ int bs_range_rep_decode(const void *p, size_t len, struct bs_range_rep *out,
     }
     return 0;
 }
+
+int bs_append_req_decode(const void *p, size_t len, struct bs_append_req *out,
+                         const uint8_t **block, size_t *block_len, const char **why)
+{
+    if (len < sizeof(*out))
+        return bad(why, "append: too short");
+    memcpy(out, p, sizeof(*out));
+    if (out->flags || out->reserved)
+        return bad(why, "append: unknown flags");
+    *block = (const uint8_t *)p + sizeof(*out);
+    *block_len = len - sizeof(*out);
+    return 0;
+}
+
+int bs_append_rep_decode(const void *p, size_t len, struct bs_append_rep *out,
+                         const char **why)
+{
+    if (len != sizeof(*out))
+        return bad(why, "append reply: wrong length");
+    memcpy(out, p, sizeof(*out));
+    if (out->reserved || (out->verdict > BS_BAD_MERKLE && out->verdict != BS_APPEND_MALFORMED))
+        return bad(why, "append reply: unknown verdict");
+    return 0;
+}
+
+int bs_info_decode(const void *p, size_t len, struct bs_info *out, const char **why)
+{
+    if (len != sizeof(*out))
+        return bad(why, "info: wrong length");
+    memcpy(out, p, sizeof(*out));
+    if (out->irreversible > out->committed || out->data_used > out->data_cap)
+        return bad(why, "info: heights or sizes do not add up");
+    return 0;
+}

@@ -15,7 +15,16 @@
  *   from `off` on: inline after the reply header, or, with BS_RANGE_PUT,
  *   put by the server at `roff` of `dst` before it replies. A receiver
  *   knows what span_len must be from the headers, so a span of another
- *   length is a lie found before a byte is read. */
+ *   length is a lie found before a byte is read.
+ * BS_M_APPEND: bs_append_req and one block -> bs_append_rep. A producer
+ *   adds the next block (checked against the tip: chain, height, parent,
+ *   Merkle root), durable before the reply; `lib`, if more than the
+ *   store's, moves the irreversible height up to it (at most the new
+ *   head). A block that fails its check is refused with the verdict
+ *   (bs_block.h), not an error: the producer learns what was wrong. Only
+ *   where the service allows producers (TERN_EACCES), never while it
+ *   catches up (TERN_EBUSY).
+ * BS_M_INFO: nothing -> bs_info. */
 #ifndef TERN_BS_WIRE_H
 #define TERN_BS_WIRE_H
 
@@ -32,6 +41,8 @@ enum bs_method {
     BS_M_HELLO = 1,
     BS_M_HEADERS = 2,
     BS_M_RANGE = 3,
+    BS_M_APPEND = 4,
+    BS_M_INFO = 5,
 };
 
 /* Why a handshake was refused, by either side. */
@@ -101,7 +112,40 @@ struct bs_range_rep {
     /* inline: n bytes follow */
 };
 
+struct bs_append_req {
+    uint64_t lib;                    /* irreversible blocks after it; 0 = as is */
+    uint32_t flags;                  /* 0 */
+    uint32_t reserved;
+    /* the block follows */
+};
+
+struct bs_append_rep {
+    uint32_t verdict;                /* enum bs_verdict, or BS_APPEND_MALFORMED */
+    uint32_t reserved;
+    uint64_t height;                 /* the block's, when taken */
+    uint8_t id[BS_ID_LEN];
+};
+
+#define BS_APPEND_MALFORMED 100u     /* the bytes are no block */
+
+enum bs_info_flags {
+    BS_INFO_SYNCING = 1u << 0,       /* catching up from peers now */
+    BS_INFO_APPEND = 1u << 1,        /* takes blocks from producers */
+};
+
+struct bs_info {
+    uint64_t chain, node;
+    uint64_t committed, irreversible;
+    uint8_t head_id[BS_ID_LEN];
+    uint64_t data_used, data_cap, idx_cap;
+    uint32_t flags;
+    uint32_t subscribers;            /* of the block feed */
+};
+
 _Static_assert(sizeof(struct bs_hello) == 136, "bs_hello");
+_Static_assert(sizeof(struct bs_append_req) == 16, "bs_append_req");
+_Static_assert(sizeof(struct bs_append_rep) == 48, "bs_append_rep");
+_Static_assert(sizeof(struct bs_info) == 96, "bs_info");
 _Static_assert(sizeof(struct bs_hello_rep) == 144, "bs_hello_rep");
 _Static_assert(sizeof(struct bs_headers_req) == 16, "bs_headers_req");
 _Static_assert(sizeof(struct bs_headers_rep) == 16, "bs_headers_rep");
@@ -117,6 +161,12 @@ int bs_headers_req_decode(const void *p, size_t len, struct bs_headers_req *out,
 int bs_headers_rep_decode(const void *p, size_t len, struct bs_headers_rep *out,
                           const uint8_t **hdrs, const char **why);
 int bs_range_req_decode(const void *p, size_t len, struct bs_range_req *out, const char **why);
+/* block and block_len: the bytes after the request header. */
+int bs_append_req_decode(const void *p, size_t len, struct bs_append_req *out,
+                         const uint8_t **block, size_t *block_len, const char **why);
+int bs_append_rep_decode(const void *p, size_t len, struct bs_append_rep *out,
+                         const char **why);
+int bs_info_decode(const void *p, size_t len, struct bs_info *out, const char **why);
 /* *bytes points at the inline bytes inside `p` (NULL if put). */
 int bs_range_rep_decode(const void *p, size_t len, struct bs_range_rep *out,
                         const uint8_t **bytes, const char **why);

@@ -50,7 +50,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const uint8_t *rest;
     int rc = 0;
 
-    switch (which % 7) {
+    switch (which % 10) {
     case 0: {
         struct bs_hello h;
         rc = bs_hello_decode(f.p, f.n, &h, &why);
@@ -99,6 +99,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             FZ_CHECK(r.off + r.n <= r.span_len, "bytes past the span accepted");
             FZ_CHECK(!rest || rest + r.n == f.p + f.n, "inline bytes past the input");
         }
+        break;
+    }
+    case 6: {
+        struct bs_append_req q;
+        size_t bl = 0;
+        rc = bs_append_req_decode(f.p, f.n, &q, &rest, &bl, &why);
+        FZ_CHECK(rc < 0 || rest + bl == f.p + f.n, "block past the input");
+        break;
+    }
+    case 7: {
+        struct bs_append_rep r;
+        rc = bs_append_rep_decode(f.p, f.n, &r, &why);
+        break;
+    }
+    case 8: {
+        struct bs_info in;
+        rc = bs_info_decode(f.p, f.n, &in, &why);
+        FZ_CHECK(rc < 0 || in.irreversible <= in.committed, "irreversible past the head");
         break;
     }
     default:

@@ -371,7 +371,11 @@ SEEDS["bs_wire"] = {
                      u64(0x1000) + u64(8192) + u32(5) + u32(2),
     "range-rep": u8(5) + u64(len(_span)) + u64(0) + u32(len(_span)) + u32(0) + _span,
     "range-rep-put": u8(5) + u64(4096) + u64(64) + u32(128) + u32(1),
-    "span": u8(6) + u64(0) + u16(2) + _span,
+    "span": u8(9) + u64(0) + u16(2) + _span,
+    "append": u8(6) + u64(0) + u32(0) + u32(0) + _b0,
+    "append-rep": u8(7) + u32(0) + u32(0) + u64(5) + bytes(32),
+    "info": u8(8) + u64(7) + u64(9) + u64(10) + u64(8) + bytes(32) + u64(100) + u64(1000) +
+            u64(64) + u32(2) + u32(0),
 }
 
 # ---- chain_file: edits of a sound chain file (tests/fuzz/fuzz_chain_file.c)

@@ -1,8 +1,10 @@
 /* Synthetic chains (bs_gen.h). */
 #include "bs_gen.h"
 
+#include <stdlib.h>
 #include <string.h>
 
+#include "bs_store.h"
 #include "error.h"
 
 struct shape_def {
@@ -107,4 +109,51 @@ int bs_gen_next(struct bs_gen *g, struct bs_hasher *hs, uint8_t *out, size_t cap
     g->height++;
     *len = at;
     return 0;
+}
+
+int bs_gen_fill(struct bs_gen *g, struct bs_hasher *hs, struct bs_store *st, uint64_t blocks,
+                uint64_t bytes, uint64_t reversible,
+                void (*progress)(void *arg, uint64_t blocks, uint64_t bytes), void *arg)
+{
+    size_t cap = bs_gen_block_max(g->shape);
+    uint8_t *blk = malloc(cap), id[BS_ID_LEN];
+    struct bs_store_info info;
+    uint64_t since = 0, top;
+    int rc = blk ? 0 : TERN_ENOMEM;
+
+    top = bs_store_top(st);
+    if (top && rc == 0) {
+        bs_store_id(st, top - 1, id);
+        bs_gen_resume(g, top, id);
+    }
+    while (rc == 0) {
+        size_t len;
+
+        bs_store_info(st, &info);
+        if ((blocks && bs_store_top(st) >= blocks) ||
+            (bytes && info.data_used + since >= bytes))
+            break;
+        if ((rc = bs_gen_next(g, hs, blk, cap, &len, id)) < 0 ||
+            (rc = bs_store_append(st, blk, len, id)) < 0)
+            break;
+        since += bs_rec_size(len);
+        if (since >= (64u << 20)) {
+            if ((rc = bs_store_commit(st)) < 0)
+                break;
+            since = 0;
+            if (progress) {
+                bs_store_info(st, &info);
+                progress(arg, info.committed, info.data_used);
+            }
+        }
+    }
+    if (rc == TERN_ENOSPC && bs_store_top(st) > top)
+        rc = 0;                      /* the file is full: that is where it ends */
+    if (rc == 0)
+        rc = bs_store_commit(st);
+    top = bs_store_committed(st);
+    if (rc == 0)
+        rc = bs_store_set_irreversible(st, top > reversible ? top - reversible : 0);
+    free(blk);
+    return rc;
 }

@@ -44,6 +44,7 @@ struct bs_store {
     uint64_t chain, idx_cap, data_cap;
     uint64_t committed, top;         /* blocks committed / appended */
     uint64_t tail;                   /* log bytes used by the top blocks */
+    uint64_t populated;              /* log bytes prefaulted ahead of appends */
     uint64_t committed_tail;
     struct id_slot *map;
     uint64_t map_mask, map_used;
@@ -384,6 +385,14 @@ int bs_store_id(const struct bs_store *st, uint64_t height, uint8_t id[BS_ID_LEN
     return 0;
 }
 
+void bs_store_prefault(struct bs_store *st)
+{
+    uint64_t n = (st->committed_tail + 4095) & ~4095ull;
+
+    if (n)
+        madvise(st->data, n, MADV_POPULATE_READ);
+}
+
 const void *bs_store_base(const struct bs_store *st) { return st->base; }
 size_t bs_store_map_len(const struct bs_store *st) { return st->map_len; }
 
@@ -483,6 +492,28 @@ int bs_span_walk(const uint8_t *span, size_t len, uint64_t from, uint64_t to,
 
 /* ---- writing ---- */
 
+#define PREFAULT_STEP (16u << 20)
+
+/* A fresh log takes a page fault per page as it fills (a trap, a page
+ * cleared and mapped, one at a time): asked for 16 MiB at a time ahead of
+ * the appends, the kernel does the same work in one call. Where it cannot
+ * (an old kernel), the faults happen as before. */
+static void prefault(struct bs_store *st, uint64_t need)
+{
+    uint64_t from, n;
+
+    if (need <= st->populated)
+        return;
+    from = st->populated > st->tail ? st->populated : st->tail & ~4095ull;
+    n = (need - from + PREFAULT_STEP + 4095) & ~4095ull;
+    if (from + n > st->data_cap)
+        n = st->data_cap - from;
+    if (madvise(st->data + from, n, MADV_POPULATE_WRITE) < 0)
+        st->populated = UINT64_MAX;  /* not here: stop asking */
+    else
+        st->populated = from + n;
+}
+
 int bs_store_append(struct bs_store *st, const uint8_t *block, size_t len,
                     const uint8_t id[BS_ID_LEN])
 {
@@ -496,7 +527,10 @@ int bs_store_append(struct bs_store *st, const uint8_t *block, size_t len,
 
     if (st->failed)
         return st->read_only ? TERN_EACCES : TERN_EIO;
-    if (bs_block_parse(block, len, &b, &why) < 0)
+    /* The header and the length only: whoever hands a block over parsed
+     * and checked it (the syncer, a producer's handler), and the walk of
+     * its transactions is theirs. */
+    if (bs_header_decode(block, len, &b.h, &why) < 0 || len != BS_HDR_SIZE + b.h.body_len)
         return TERN_EPROTO;
     if (b.h.height != st->top || b.h.chain != st->chain)
         return TERN_EINVAL;
@@ -509,6 +543,7 @@ int bs_store_append(struct bs_store *st, const uint8_t *block, size_t len,
     r.height = st->top;
     r.sum = XXH3_64bits(block, len);
     at = st->data + st->tail;
+    prefault(st, st->tail + size);
     if (st->is_pmem) {
         pmem_memcpy_nodrain(at, &r, sizeof(r));
         pmem_memcpy_nodrain(at + sizeof(r), block, len);
@@ -579,6 +614,8 @@ int bs_store_truncate(struct bs_store *st, uint64_t count)
     }
     st->top = count;
     st->tail = count ? st->idx[count - 1].off + bs_rec_size(st->idx[count - 1].len) : 0;
+    if (st->populated != UINT64_MAX && st->populated > st->tail)
+        st->populated = st->tail;
     st->committed_tail = st->tail;
     /* Cut-off heights stay in the map as stale slots; rebuild it once they
      * are as many as the live ones. */

@@ -140,6 +140,11 @@ int bs_store_truncate(struct bs_store *st, uint64_t count);
  * rises, and not past the committed blocks (TERN_EINVAL). */
 int bs_store_set_irreversible(struct bs_store *st, uint64_t count);
 
+/* Fault the whole committed log into this process's page tables now
+ * (a server about to serve it): the first read of each page otherwise
+ * traps while a peer waits. Best effort. */
+void bs_store_prefault(struct bs_store *st);
+
 /* The mapping (for registering it as the source of one-sided puts). */
 const void *bs_store_base(const struct bs_store *st);
 size_t bs_store_map_len(const struct bs_store *st);

@@ -2,9 +2,16 @@
  * their receive areas, checking and committing in order. */
 #include "bs_sync.h"
 
+#include <pthread.h>
+#include <semaphore.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "error.h"
 #include "log.h"
@@ -47,7 +54,12 @@ struct peer {
     struct bs_sync_peer_stats *ps;
 };
 
-enum rstate { R_FREE, R_WANT, R_FLIGHT, R_RECEIVED, R_VALID, R_BAD };
+/* A range's life: WANT (no peer yet, or given back), FLIGHT (asked of a
+ * peer), RECEIVED (all its bytes in), CHECKING (a checker has it), then
+ * VALID (committed in order, then FREE) or BAD (its peer is dropped, it
+ * is asked again). RECEIVED -> CHECKING is taken by compare-and-swap, by
+ * a worker or by the loop; the checker alone moves it on. */
+enum rstate { R_FREE, R_WANT, R_FLIGHT, R_RECEIVED, R_CHECKING, R_VALID, R_BAD };
 
 struct range {
     uint64_t from, to, span_len;
@@ -57,9 +69,20 @@ struct range {
     uint32_t gen;                    /* bumped on every reassignment */
     uint64_t t_sent, next_off, got;
     unsigned calls;
-    enum rstate state;
-    const char *why;
+    _Atomic int state;               /* enum rstate */
+    const char *why;                 /* BAD: written before the state */
     bool freed;                      /* its area space may be reused */
+};
+
+struct sync;
+
+/* What checking a range needs, one per thread that checks. */
+struct checker {
+    struct sync *sy;
+    struct bs_hasher *hs;
+    const uint8_t **blocks;
+    uint32_t *lens;
+    size_t cap;
 };
 
 enum call_kind { C_HELLO, C_HEADERS, C_RANGE };
@@ -83,7 +106,6 @@ struct sync {
     struct bs_store *st;
     struct bs_sync_opts o;
     struct bs_sync_stats *stats;
-    struct bs_hasher *hs;
     struct bs_hello self;
     struct peer peers[BS_SYNC_MAX_PEERS];
     unsigned n_peers;
@@ -101,14 +123,24 @@ struct sync {
     unsigned r_head, r_n;
     uint64_t next_height, window_used, pending_bytes;
     bool window_full;                /* no new range fits the window now */
-    /* Scratch for checking one range. */
-    const uint8_t **blocks;
-    uint32_t *lens;
-    size_t scratch_cap;
+    struct checker ck;               /* the loop's own */
+    /* Workers: threads that check received ranges (the loop checks too
+     * when it has nothing else to do). */
+    pthread_t threads[16];
+    struct checker wck[16];
+    unsigned n_workers;
+    sem_t work;                      /* posted once per received range */
+    _Atomic bool quit;
+    _Atomic int wfatal;              /* a worker could not check at all */
+    _Atomic uint64_t check_ns;       /* summed over the threads that check */
+    _Atomic bool sleeping;           /* the loop waits: a worker that checked wakes it */
+    int evfd;                        /* ... through this (workers only, else -1) */
+    uint64_t commit_ns;
     struct call calls[NCALLS];
     int call_free;
     uint64_t stall_ns;
     uint64_t t0, t_progress;
+    uint64_t loops;
     int fatal;
 };
 
@@ -170,21 +202,30 @@ static int area_init(struct sync *sy, struct peer *p)
                                    TERN_TP_ACCESS_LOCAL | TERN_TP_ACCESS_REMOTE_WRITE, &a->mr);
         if (rc == 0) {
             a->mem = tern_rpc_mr_addr(a->mr);
+            madvise(a->mem, a->size - BS_BLOCK_MAX, MADV_POPULATE_WRITE);   /* as below */
             return 0;
         }
         tern_log(TERN_LOG_WARN, "sync", "%s: no receive area to register (%s): inline",
                  p->uri, tern_strerror(rc));
     }
-    a->mem = malloc(a->size);
-    return a->mem ? 0 : TERN_ENOMEM;
+    /* The part ranges use all the time populated at once (a fault per
+     * page as ranges first land costs more than the copy into it); the
+     * room kept for an outsize block only if one comes. */
+    a->mem = mmap(NULL, a->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (a->mem == MAP_FAILED) {
+        a->mem = NULL;
+        return TERN_ENOMEM;
+    }
+    madvise(a->mem, a->size - BS_BLOCK_MAX, MADV_POPULATE_WRITE);
+    return 0;
 }
 
 static void area_free(struct area *a)
 {
     if (a->mr)
         tern_rpc_mr_dereg(a->mr);
-    else
-        free(a->mem);
+    else if (a->mem)
+        munmap(a->mem, a->size);
     memset(a, 0, sizeof(*a));
 }
 
@@ -243,6 +284,15 @@ static void range_release_area(struct sync *sy, struct range *r)
     r->buf = NULL;
 }
 
+/* Give a range back to be asked of another peer. */
+static void range_reset(struct sync *sy, struct range *r)
+{
+    atomic_store_explicit(&r->state, R_WANT, memory_order_relaxed);
+    r->gen++;
+    sy->stats->refetched++;
+    range_release_area(sy, r);
+}
+
 /* ---- peers ---- */
 
 static void peer_drop(struct sync *sy, int i, const char *why)
@@ -258,13 +308,10 @@ static void peer_drop(struct sync *sy, int i, const char *why)
     for (unsigned k = 0; k < sy->r_n; k++) {
         struct range *r = slot_at(sy, k);
 
-        if (r->peer == i && (r->state == R_FLIGHT || r->state == R_RECEIVED ||
-                             r->state == R_BAD)) {
-            r->state = R_WANT;
-            r->gen++;
-            sy->stats->refetched++;
-            range_release_area(sy, r);
-        }
+        /* Ranges received whole stay: they are checked as any other, and
+         * a valid one is as good from a peer dropped since. */
+        if (r->peer == i && (r->state == R_FLIGHT || r->state == R_BAD))
+            range_reset(sy, r);
     }
     if (sy->hdr_peer == i) {
         sy->hdr_peer = -1;
@@ -422,7 +469,7 @@ static void fork_found(struct sync *sy, int pi, const struct bs_headers_rep *rep
     for (uint32_t i = rep->n; i-- > 0;) {
         uint8_t id[BS_ID_LEN], mine[BS_ID_LEN];
 
-        if (bs_header_id(sy->hs, hdrs + (size_t)i * BS_HDR_SIZE, id) < 0 ||
+        if (bs_header_id(sy->ck.hs, hdrs + (size_t)i * BS_HDR_SIZE, id) < 0 ||
             bs_store_id(sy->st, rep->from + i, mine) < 0)
             break;
         if (!memcmp(id, mine, BS_ID_LEN)) {
@@ -515,7 +562,7 @@ static void headers_done(void *arg, int status, const void *reply, size_t len)
             return;
         }
         memcpy(sy->hdr[hix(h)], hb, BS_HDR_SIZE);
-        if (bs_header_id(sy->hs, hb, sy->hid[hix(h)]) < 0) {
+        if (bs_header_id(sy->ck.hs, hb, sy->hid[hix(h)]) < 0) {
             sy->fatal = TERN_EIO;
             return;
         }
@@ -625,7 +672,10 @@ static void range_received(struct sync *sy, struct range *r)
     double rate = (double)r->span_len / (double)dt;
     double bdp;
 
-    r->state = R_RECEIVED;
+    atomic_store_explicit(&r->state, R_RECEIVED, memory_order_release);
+    if (sy->n_workers)
+        sem_post(&sy->work);
+    tern_rpc_stop(sy->ep);           /* an idle loop's wait ends: work came */
     p->inflight--;
     p->range_ns = p->range_ns ? (p->range_ns * 3 + dt) / 4 : dt;
     p->rate = p->rate > 0 ? (p->rate * 3 + rate) / 4 : rate;
@@ -694,58 +744,164 @@ static void range_done(void *arg, int status, const void *reply, size_t len)
         pump_range(sy, c->slot);
 }
 
-static int grow_scratch(struct sync *sy, size_t n)
+static int grow_scratch(struct checker *ck, size_t n)
 {
-    if (n <= sy->scratch_cap)
+    if (n <= ck->cap)
         return 0;
-    const uint8_t **b = realloc(sy->blocks, n * sizeof(*b));
+    const uint8_t **b = realloc(ck->blocks, n * sizeof(*b));
     if (b)
-        sy->blocks = b;
-    uint32_t *l = realloc(sy->lens, n * sizeof(*l));
+        ck->blocks = b;
+    uint32_t *l = realloc(ck->lens, n * sizeof(*l));
     if (l)
-        sy->lens = l;
+        ck->lens = l;
     if (!b || !l)
         return TERN_ENOMEM;
-    sy->scratch_cap = n;
+    ck->cap = n;
     return 0;
 }
 
-/* Check a received range: framing, each block's header against the
- * header chain, each body against its header's root. */
-static int check_range(struct sync *sy, struct range *r)
+static void checker_free(struct checker *ck)
+{
+    bs_hasher_free(ck->hs);
+    free(ck->blocks);
+    free(ck->lens);
+}
+
+static void set_bad(struct range *r, const char *why)
+{
+    r->why = why;
+    atomic_store_explicit(&r->state, R_BAD, memory_order_release);
+}
+
+/* Check a range this thread took (CHECKING): framing, each block's header
+ * against the header chain, each body against its header's root. Reads
+ * the range, its buffer and the header ring at its heights, which nobody
+ * changes while it is CHECKING. A failure to check at all (memory,
+ * libcrypto) is the run's: *fatal. */
+static void check_range_body(struct sync *sy, struct checker *ck, struct range *r, int *fatal);
+
+static void check_range(struct sync *sy, struct checker *ck, struct range *r, int *fatal)
+{
+    uint64_t t0 = tern_now_ns();
+
+    check_range_body(sy, ck, r, fatal);
+    atomic_fetch_add_explicit(&sy->check_ns, tern_now_ns() - t0, memory_order_relaxed);
+}
+
+static void check_range_body(struct sync *sy, struct checker *ck, struct range *r, int *fatal)
 {
     uint64_t n = r->to - r->from, bad;
     const char *why;
-    int rc = grow_scratch(sy, n);
+    int rc = grow_scratch(ck, n);
 
     if (rc < 0)
-        return rc;
-    if (bs_span_walk(r->buf, r->span_len, r->from, r->to, sy->blocks, sy->lens, &bad, &why) < 0) {
-        r->why = why;
-        r->state = R_BAD;
-        return 0;
+        goto fail;
+    if (bs_span_walk(r->buf, r->span_len, r->from, r->to, ck->blocks, ck->lens, &bad, &why) < 0) {
+        set_bad(r, why);
+        return;
     }
     for (uint64_t i = 0; i < n; i++) {
         uint8_t root[BS_ID_LEN];
         struct bs_block b;
 
-        if (memcmp(sy->blocks[i], sy->hdr[hix(r->from + i)], BS_HDR_SIZE)) {
-            r->why = "a block that is not its header's (bad hash)";
-            r->state = R_BAD;
-            return 0;
+        if (memcmp(ck->blocks[i], sy->hdr[hix(r->from + i)], BS_HDR_SIZE)) {
+            set_bad(r, "a block that is not its header's (bad hash)");
+            return;
         }
-        if (bs_block_parse(sy->blocks[i], sy->lens[i], &b, &why) < 0)
-            return TERN_EPROTO;      /* the walk parsed it */
-        if ((rc = bs_merkle_root(sy->hs, &b, root)) < 0)
-            return rc;
+        if (bs_block_parse(ck->blocks[i], ck->lens[i], &b, &why) < 0) {
+            rc = TERN_EPROTO;        /* the walk parsed it */
+            goto fail;
+        }
+        if ((rc = bs_merkle_root(ck->hs, &b, root)) < 0)
+            goto fail;
         if (memcmp(root, b.h.merkle, BS_ID_LEN)) {
-            r->why = "bad merkle root";
-            r->state = R_BAD;
-            return 0;
+            set_bad(r, "bad merkle root");
+            return;
         }
     }
-    r->state = R_VALID;
+    atomic_store_explicit(&r->state, R_VALID, memory_order_release);
+    return;
+fail:
+    *fatal = rc;
+    set_bad(r, "could not be checked");
+}
+
+static bool take(struct range *r)
+{
+    int want = R_RECEIVED;
+
+    return atomic_compare_exchange_strong(&r->state, &want, R_CHECKING);
+}
+
+static void *worker(void *arg)
+{
+    struct checker *ck = arg;
+    struct sync *sy = ck->sy;
+
+    for (;;) {
+        int fatal = 0;
+
+        while (sem_wait(&sy->work) < 0)
+            ;                        /* EINTR */
+        if (atomic_load(&sy->quit))
+            return NULL;
+        for (unsigned k = 0; k < NSLOTS; k++) {
+            struct range *r = &sy->slots[k];
+
+            if (atomic_load_explicit(&r->state, memory_order_acquire) == R_RECEIVED && take(r)) {
+                check_range(sy, ck, r, &fatal);
+                if (atomic_load(&sy->sleeping)) {
+                    uint64_t one = 1;
+                    if (write(sy->evfd, &one, sizeof(one)) < 0) {
+                        /* full: the loop is woken already */
+                    }
+                }
+                break;
+            }
+        }
+        if (fatal)
+            atomic_store(&sy->wfatal, fatal);
+    }
+}
+
+static int workers_start(struct sync *sy, unsigned n)
+{
+    if (n > sizeof(sy->threads) / sizeof(sy->threads[0]))
+        n = sizeof(sy->threads) / sizeof(sy->threads[0]);
+    if (sem_init(&sy->work, 0, 0) < 0)
+        return TERN_ENOMEM;
+    sy->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (sy->evfd < 0)
+        return TERN_ENOMEM;
+    for (unsigned i = 0; i < n; i++) {
+        struct checker *ck = &sy->wck[i];
+
+        ck->sy = sy;
+        ck->hs = bs_hasher_new();
+        if (!ck->hs || pthread_create(&sy->threads[i], NULL, worker, ck) != 0) {
+            bs_hasher_free(ck->hs);
+            ck->hs = NULL;
+            return i ? 0 : TERN_ENOMEM;   /* fewer workers: fine; none: the loop checks */
+        }
+        sy->n_workers = i + 1;
+    }
     return 0;
+}
+
+static void workers_stop(struct sync *sy)
+{
+    atomic_store(&sy->quit, true);
+    for (unsigned i = 0; i < sy->n_workers; i++)
+        sem_post(&sy->work);
+    for (unsigned i = 0; i < sy->n_workers; i++) {
+        pthread_join(sy->threads[i], NULL);
+        checker_free(&sy->wck[i]);
+    }
+    sy->n_workers = 0;
+    sem_destroy(&sy->work);
+    if (sy->evfd >= 0)
+        close(sy->evfd);
+    sy->evfd = -1;
 }
 
 static int commit_now(struct sync *sy)
@@ -764,22 +920,42 @@ static int commit_now(struct sync *sy)
 }
 
 /* Append the checked ranges at the front, in order; commit in batches. */
+static int commit_front_body(struct sync *sy);
+
 static int commit_front(struct sync *sy)
+{
+    uint64_t t0;
+    int rc;
+
+    if (!sy->r_n ||
+        atomic_load_explicit(&slot_at(sy, 0)->state, memory_order_acquire) != R_VALID)
+        return 0;
+    t0 = tern_now_ns();
+    rc = commit_front_body(sy);
+    sy->commit_ns += tern_now_ns() - t0;
+    return rc;
+}
+
+static int commit_front_body(struct sync *sy)
 {
     const char *why;
     uint64_t bad;
     int rc;
 
-    while (sy->r_n && slot_at(sy, 0)->state == R_VALID) {
+    while (sy->r_n &&
+           atomic_load_explicit(&slot_at(sy, 0)->state, memory_order_acquire) == R_VALID) {
         struct range *r = slot_at(sy, 0);
         struct peer *p = &sy->peers[r->peer];
         uint64_t n = r->to - r->from;
 
-        if (bs_span_walk(r->buf, r->span_len, r->from, r->to, sy->blocks, sy->lens, &bad,
+        if ((rc = grow_scratch(&sy->ck, n)) < 0)
+            return rc;
+        if (bs_span_walk(r->buf, r->span_len, r->from, r->to, sy->ck.blocks, sy->ck.lens, &bad,
                          &why) < 0)
             return TERN_EPROTO;      /* checked before */
         for (uint64_t i = 0; i < n; i++) {
-            rc = bs_store_append(sy->st, sy->blocks[i], sy->lens[i], sy->hid[hix(r->from + i)]);
+            rc = bs_store_append(sy->st, sy->ck.blocks[i], sy->ck.lens[i],
+                                 sy->hid[hix(r->from + i)]);
             if (rc < 0) {
                 tern_log(TERN_LOG_ERROR, "sync", "append of height %llu: %s",
                          (unsigned long long)(r->from + i), tern_strerror(rc));
@@ -794,7 +970,7 @@ static int commit_front(struct sync *sy)
         sy->pending_bytes += r->span_len;
         sy->window_used -= r->span_len;
         range_release_area(sy, r);
-        r->state = R_FREE;
+        atomic_store_explicit(&r->state, R_FREE, memory_order_relaxed);
         sy->r_head = (sy->r_head + 1) % NSLOTS;
         sy->r_n--;
         if (sy->pending_bytes >= sy->o.commit_bytes && (rc = commit_now(sy)) < 0)
@@ -843,8 +1019,15 @@ static void assign(struct sync *sy)
         }
         k = (int)((sy->r_head + sy->r_n) % NSLOTS);
         r = &sy->slots[k];
-        *r = (struct range){.from = sy->next_height, .to = to, .span_len = span, .peer = -1,
-                            .gen = r->gen + 1, .state = R_WANT};
+        r->from = sy->next_height;
+        r->to = to;
+        r->span_len = span;
+        r->peer = -1;
+        r->buf = NULL;
+        r->gen++;
+        r->calls = 0;
+        r->why = NULL;
+        atomic_store_explicit(&r->state, R_WANT, memory_order_relaxed);
         sy->r_n++;
         sy->window_used += span;
         sy->next_height = to;
@@ -889,6 +1072,8 @@ static void fill_stats(struct sync *sy)
     s->committed = bs_store_committed(sy->st);
     s->target = sy->target;
     s->seconds = (double)(tern_now_ns() - sy->t0) / 1e9;
+    s->check_seconds = (double)atomic_load(&sy->check_ns) / 1e9;
+    s->commit_seconds = (double)sy->commit_ns / 1e9;
     s->state = s->committed < lib ? BS_SYNC_IRREVERSIBLE
              : s->committed < sy->target || !sy->target_set ? BS_SYNC_HEAD : BS_SYNC_IN_SYNC;
     for (unsigned i = 0; i < sy->n_peers; i++)
@@ -957,7 +1142,14 @@ static void reap_peers(struct sync *sy)
         if (p->s)
             tern_rpc_disconnect(p->s);
         p->s = NULL;
-        area_free(&p->area);
+    }
+    /* A gone peer's area goes once no range lies in it (ranges it sent
+     * whole are still checked and committed from there). */
+    for (unsigned i = 0; i < sy->n_peers; i++) {
+        struct peer *p = &sy->peers[i];
+
+        if (p->st == P_GONE && p->area.mem && p->area.f_n == 0)
+            area_free(&p->area);
     }
 }
 
@@ -974,6 +1166,31 @@ static void refresh_keys(struct sync *sy)
     }
 }
 
+/* Wait for the endpoint's fd (a message came) or a worker's word (a range
+ * was checked), at most a millisecond; not at all if a worker finished
+ * while the loop made up its mind. */
+static void idle_wait(struct sync *sy)
+{
+    struct pollfd pf[2] = {{.fd = tern_rpc_wait_fd(sy->ep), .events = POLLIN},
+                           {.fd = sy->evfd, .events = POLLIN}};
+    bool done = false;
+
+    atomic_store(&sy->sleeping, true);
+    for (unsigned k = 0; k < sy->r_n && !done; k++) {
+        int st = atomic_load(&slot_at(sy, k)->state);
+        done = st == R_VALID || st == R_BAD;
+    }
+    if (!done && pf[0].fd >= 0 && tern_rpc_arm(sy->ep) == 0)
+        poll(pf, sy->evfd >= 0 ? 2 : 1, 1);
+    atomic_store(&sy->sleeping, false);
+    if (sy->evfd >= 0) {
+        uint64_t v;
+        if (read(sy->evfd, &v, sizeof(v)) < 0) {
+            /* nothing written: fine */
+        }
+    }
+}
+
 static int run(struct sync *sy)
 {
     bool hellos_pending = true;
@@ -985,8 +1202,11 @@ static int run(struct sync *sy)
     for (;;) {
         uint64_t now, lib;
         unsigned ready = 0;
+        int polled;
+        unsigned backlog;
+        bool busy;
 
-        rc = tern_rpc_poll(sy->ep);
+        rc = polled = tern_rpc_poll(sy->ep);
         if (rc < 0 && rc != TERN_EAGAIN)
             tern_log(TERN_LOG_WARN, "sync", "poll: %s", tern_strerror(rc));
         if (sy->fatal)
@@ -1005,17 +1225,36 @@ static int run(struct sync *sy)
         sy->target_set = true;
         refresh_keys(sy);
 
-        /* Check what arrived (the lowest first), drop liars, commit. */
+        /* Check what arrived (the lowest first: the loop itself when it
+         * has no workers, or nothing else to do), drop liars, commit. */
+        busy = polled > 0;
+        backlog = 0;
         for (unsigned k = 0; k < sy->r_n; k++) {
             struct range *r = slot_at(sy, k);
+            int st = atomic_load_explicit(&r->state, memory_order_acquire);
 
-            if (r->state == R_RECEIVED && (rc = check_range(sy, r)) < 0)
-                return rc;
-            if (r->state == R_BAD)
-                peer_drop(sy, r->peer, r->why);
-            if (r->state == R_RECEIVED || r->state == R_VALID)
+            /* With workers, the loop checks only what they leave waiting
+             * (more ranges than workers), the lowest first. */
+            if (st == R_RECEIVED && sy->n_workers && ++backlog <= sy->n_workers)
                 continue;
+            if (st == R_RECEIVED && take(r)) {
+                int fatal = 0;
+                check_range(sy, &sy->ck, r, &fatal);
+                if (fatal)
+                    return fatal;
+                st = atomic_load_explicit(&r->state, memory_order_acquire);
+                busy = true;
+            }
+            if (st == R_BAD) {
+                peer_drop(sy, r->peer, r->why);
+                if (atomic_load(&r->state) == R_BAD)    /* its peer was gone already */
+                    range_reset(sy, r);
+            }
         }
+        if ((rc = atomic_load(&sy->wfatal)) < 0)
+            return rc;
+        if (sy->r_n && atomic_load(&slot_at(sy, 0)->state) == R_VALID)
+            busy = true;
         if ((rc = commit_front(sy)) < 0)
             return rc;
         if (!ready)
@@ -1024,9 +1263,18 @@ static int run(struct sync *sy)
             return sy->o.target && sy->target < sy->o.target ? TERN_ENOTCONN : 0;
         ask_headers(sy);
         assign(sy);
-        now = tern_now_ns();
-        check_stall(sy, now);
-        progress(sy, now);
+        if ((++sy->loops & 63) == 0 || polled == 0) {
+            now = tern_now_ns();
+            check_stall(sy, now);
+            progress(sy, now);
+        }
+        /* Nothing came and nothing was done: wait on the endpoint (in its
+         * poll mode: an adaptive one sleeps) rather than spin beside the
+         * workers and the peers on this host. A range received ends the
+         * wait; one a worker checked waits for the next turn, at most
+         * half a millisecond. */
+        if (!busy)
+            idle_wait(sy);
     }
 }
 
@@ -1051,7 +1299,7 @@ int bs_sync_run(struct tern_rpc_ep *ep, struct bs_store *st, const struct bs_syn
     sy->o = *o;
     sy->o.depth = (unsigned)dflt(o->depth, 4);
     sy->o.window = dflt(o->window, 64ull << 20);
-    sy->o.range_min = dflt(o->range_min, 1ull << 20);
+    sy->o.range_min = dflt(o->range_min, 4ull << 20);
     sy->o.range_max = dflt(o->range_max, 8ull << 20);
     if (sy->o.range_max < sy->o.range_min)
         sy->o.range_max = sy->o.range_min;
@@ -1070,8 +1318,12 @@ int bs_sync_run(struct tern_rpc_ep *ep, struct bs_store *st, const struct bs_syn
     sy->hdr = malloc((size_t)HCAP * BS_HDR_SIZE);
     sy->hid = malloc((size_t)HCAP * BS_ID_LEN);
     sy->hlen = malloc((size_t)HCAP * sizeof(*sy->hlen));
-    sy->hs = bs_hasher_new();
-    rc = sy->hdr && sy->hid && sy->hlen && sy->hs ? 0 : TERN_ENOMEM;
+    sy->evfd = -1;
+    sy->ck.sy = sy;
+    sy->ck.hs = bs_hasher_new();
+    rc = sy->hdr && sy->hid && sy->hlen && sy->ck.hs ? 0 : TERN_ENOMEM;
+    if (rc == 0 && o->workers)
+        rc = workers_start(sy, o->workers);
     for (int i = 0; i < NCALLS; i++)
         sy->calls[i].next_free = i + 1 < NCALLS ? i + 1 : -1;
     sy->call_free = 0;
@@ -1089,6 +1341,8 @@ int bs_sync_run(struct tern_rpc_ep *ep, struct bs_store *st, const struct bs_syn
         rc = run(sy);
     if (o->svc)
         bs_service_set_syncing(o->svc, false);
+    if (sy->n_workers)
+        workers_stop(sy);            /* before any buffer they may read goes */
     fill_stats(sy);
     if (rc == 0 && sy->pending_bytes)
         rc = commit_now(sy);
@@ -1098,12 +1352,10 @@ int bs_sync_run(struct tern_rpc_ep *ep, struct bs_store *st, const struct bs_syn
         area_free(&sy->peers[i].area);
     }
     out->committed = bs_store_committed(st);
-    bs_hasher_free(sy->hs);
+    checker_free(&sy->ck);
     free(sy->hdr);
     free(sy->hid);
     free(sy->hlen);
-    free(sy->blocks);
-    free(sy->lens);
     free(sy);
     return rc;
 }

@@ -65,7 +65,7 @@ struct bs_sync_opts {
     struct bs_service *svc;          /* this node's service (its node id), or NULL */
     unsigned depth;                  /* ranges in flight per peer; 0 = 4 */
     uint64_t window;                 /* bytes ahead of the committed log; 0 = 64 MiB */
-    uint64_t range_min, range_max;   /* a range's bytes; 0 = 1 MiB, 8 MiB */
+    uint64_t range_min, range_max;   /* a range's bytes; 0 = 4 MiB, 8 MiB */
     uint64_t commit_bytes;           /* commit after this many; 0 = 16 MiB */
     unsigned workers;                /* checking threads; 0 = check on the loop */
     uint64_t stall_ns;               /* first stall timeout; 0 = 2 s */
@@ -103,6 +103,10 @@ struct bs_sync_stats {
     uint64_t ranges, refetched;      /* ranges committed; ranges asked again */
     uint64_t truncated;              /* blocks cut off for a longer fork */
     double seconds;
+    /* Where the time went: checking ranges (all threads), appending and
+     * committing them (the loop). The rest of `seconds` is the loop's
+     * receiving, asking and waiting. */
+    double check_seconds, commit_seconds;
     unsigned n_peers;
     struct bs_sync_peer_stats peer[BS_SYNC_MAX_PEERS];
 };

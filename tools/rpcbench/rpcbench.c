@@ -6,6 +6,7 @@
  *   rpcbench get|put [--served]         one-sided latency (transport level)
  *   rpcbench kv     [options]           YCSB workloads on the key-value service (kv.c)
  *   rpcbench doc    [options]           YCSB-style work on the document service (doc.c)
+ *   rpcbench blocksync [options]        chain catch-up from 1..k peers (blocksync.c)
  *   rpcbench --help | --version
  *
  * The echo service answers every request with its own payload. The client
@@ -26,6 +27,7 @@
 
 #include "floor.h"
 #include "hist.h"
+#include "bsbench.h"
 #include "docbench.h"
 #include "kvbench.h"
 #include "onesided.h"
@@ -538,6 +540,8 @@ static void usage(FILE *f)
             "                       YCSB workloads on the key-value service (rpcbench kv --help)\n"
             "       rpcbench doc    [--fabric FABRIC|all] [--workload insert,read,find,update,...]\n"
             "                       YCSB-style work on the document service (rpcbench doc --help)\n"
+            "       rpcbench blocksync [--fabric FABRIC|all] [--shape eos|btc] [--bytes SIZE]\n"
+            "                       chain catch-up from 1..k peers (rpcbench blocksync --help)\n"
             "       rpcbench --help | --version\n"
             "FABRIC: one of");
     for (const char *const *n = tern_tp_fabric_names(); *n; n++)
@@ -593,7 +597,7 @@ int main(int argc, char **argv)
         {NULL, 0, NULL, 0},
     };
     static const char *const commands[] = {"echo", "sink", "server", "client", "floor", "get",
-                                           "put", "probe", "kv", "doc", NULL};
+                                           "put", "probe", "kv", "doc", "blocksync", NULL};
     static const char *const workloads[] = {"echo", "sink", NULL};
     static const char *const all_auto[] = {"all", "auto", NULL};
     struct opts o = {.workload = "echo", .fabric = "tcp", .sizes = {64}, .n_sizes = 1,
@@ -636,6 +640,15 @@ int main(int argc, char **argv)
 #else
         fprintf(stderr, "rpcbench doc: built without the document service (libbson, "
                 "libpcre2, libpmem)\n");
+        return 2;
+#endif
+    }
+    if (strcmp(cmd, "blocksync") == 0) {
+#if defined(TERN_HAVE_BLOCKSYNC) && TERN_HAVE_BLOCKSYNC
+        return blocksync_main(argc, argv);
+#else
+        fprintf(stderr, "rpcbench blocksync: built without the block-sync service (libcrypto, "
+                "libpmem)\n");
         return 2;
 #endif
     }

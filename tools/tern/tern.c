@@ -1,9 +1,10 @@
-/* tern: the command-line tool for pools.
+/* tern: the command-line tool for pools and chains.
  *
  *   tern pool info PATH     the header and the segments in use (fast)
  *   tern pool check PATH    also every committed record's bounds and checksum
  *   tern doc PATH           a document pool's databases, collections, indexes
  *   tern doc --uri URI      the same, asked of a running ternd
+ *   tern chain gen|append|info|verify ...   a block-sync chain (chain.c)
  *   tern --help | --version
  *
  * The report goes to stdout. Exit status: 0 sound, 1 corrupt (the report
@@ -26,6 +27,7 @@ static void usage(FILE *f)
             "       tern doc PATH          a document pool's databases, collections, counts,\n"
             "                              indexes (the pool is opened: ternd must be down)\n"
             "       tern doc --uri URI     the same, asked of a running ternd\n"
+            "       tern chain gen|append|info|verify ...  a block-sync chain (tern chain --help)\n"
             "       tern --help | --version\n"
             "Read-only. Exit status: 0 sound, 1 corrupt (the report names the offset),\n"
             "2 usage or another error.\n");
@@ -76,6 +78,8 @@ int main(int argc, char **argv)
     const char *path = NULL;
     bool deep, dashes = false;
 
+    if (argc > 1 && strcmp(argv[1], "chain") == 0)
+        return tern_chain_cmd(argc - 2, argv + 2);
     for (int i = 1; i < argc; i++) {
         if (is_help(argv[i])) {
             usage(stdout);

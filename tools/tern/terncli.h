@@ -6,4 +6,8 @@
  * Returns the exit status. */
 int tern_doc_cmd(int argc, char **argv);
 
+/* `tern chain gen|append|info|verify ...`: argv holds what follows
+ * "chain". Returns the exit status. */
+int tern_chain_cmd(int argc, char **argv);
+
 #endif

@@ -1211,6 +1211,8 @@ static int run(struct sync *sy)
             tern_log(TERN_LOG_WARN, "sync", "poll: %s", tern_strerror(rc));
         if (sy->fatal)
             return sy->fatal;
+        if (sy->o.stop && *sy->o.stop)
+            return TERN_ECANCELED;
         reap_peers(sy);
         hellos_pending = false;
         for (unsigned i = 0; i < sy->n_peers; i++) {

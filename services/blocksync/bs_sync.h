@@ -73,6 +73,7 @@ struct bs_sync_opts {
     uint64_t connect_timeout_ns;     /* 0 = 5 s */
     uint64_t target;                 /* stop at this many blocks; 0 = the best head */
     bool one_sided;                  /* ask peers to put ranges (where the fabric can) */
+    const volatile int *stop;        /* set (a signal handler): the run ends, TERN_ECANCELED */
     void (*progress)(void *arg, const struct bs_sync_progress *p);
     void *progress_arg;
     uint64_t progress_ns;            /* between progress calls; 0 = 1 s */
@@ -113,7 +114,8 @@ struct bs_sync_stats {
 
 /* Sync `st` from the peers until it holds the target (or every peer is
  * gone or refused). 0 when the target was reached; TERN_ENOTCONN when no
- * usable peer is left short of it (what was committed stays); TERN_EIO
+ * usable peer is left short of it (what was committed stays);
+ * TERN_ECANCELED when *o->stop was set (likewise); TERN_EIO
  * when the store failed; TERN_EINVAL, TERN_ENOMEM. `out` (may be NULL)
  * says what happened either way. */
 int bs_sync_run(struct tern_rpc_ep *ep, struct bs_store *st, const struct bs_sync_opts *o,

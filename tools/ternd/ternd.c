@@ -1,6 +1,7 @@
-/* ternd: the tern daemon. It hosts the key-value service (kv.pool) and the
- * document service (doc.pool) on pools under --data-dir, serves both over
- * tern RPC (TCP, plus shm for clients on this host that come in through
+/* ternd: the tern daemon. It hosts the key-value service (kv.pool), the
+ * document service (doc.pool) and, with --chain, the block-sync service
+ * (chain.pool: tools/ternd/chain.c) on pools under --data-dir, serves them
+ * over tern RPC (TCP, plus shm for clients on this host that come in through
  * auto://), with --resp-port also speaks the Redis protocol on the KV
  * store, and with --mongo-port MongoDB's wire protocol on the document
  * store.
@@ -9,6 +10,8 @@
  *         [--mongo-port PORT] [--no-doc] [--doc-pool-size SIZE]
  *         [--pool-size SIZE] [--seg-size SIZE] [--range LO:HI]
  *         [--spin-us N] [--resp-coalesce-us N] [--busy] [--flush-helpers N]
+ *         [--chain [--chain-id ID] [--chain-size SIZE] [--chain-peer URI]...
+ *          [--chain-producers] [--chain-workers N]]
  *   ternd --help | --version
  *
  * One thread runs everything: RPC handlers and gateway commands touch the
@@ -48,6 +51,7 @@
 #include "opt.h"
 #include "resp.h"
 #include "rpc.h"
+#include "ternd_chain.h"
 
 #define MAX_LISTEN 8
 #define MAX_HELPERS 64
@@ -71,10 +75,11 @@ struct opts {
     unsigned spin_us;
     unsigned coalesce_us;
     unsigned helpers;                /* --flush-helpers */
+    struct ternd_chain_opts chain;   /* --chain... */
 };
 
 static struct tern_rpc_ep *g_ep;
-static volatile sig_atomic_t g_stop;
+static volatile int g_stop;     /* a sig_atomic_t; the chain's catch-up reads it too */
 
 static void on_signal(int sig)
 {
@@ -91,6 +96,8 @@ static void usage(FILE *f)
             "             [--mongo-port PORT] [--no-doc] [--doc-pool-size SIZE]\n"
             "             [--pool-size SIZE] [--seg-size SIZE] [--range LO:HI]\n"
             "             [--spin-us N] [--resp-coalesce-us N] [--busy] [--flush-helpers N]\n"
+            "             [--chain [--chain-id ID] [--chain-size SIZE] [--chain-peer URI]...\n"
+            "              [--chain-producers] [--chain-workers N]]\n"
             "       ternd --help | --version\n"
             "  --data-dir DIR    pool files live here (default ./tern-data)\n"
             "  --listen URI      tern RPC address, repeatable up to %d times\n"
@@ -114,9 +121,17 @@ static void usage(FILE *f)
             "  --busy            never sleep (lowest latency, one core always busy)\n"
             "  --flush-helpers N start N threads that take pieces of large flushes off\n"
             "                    the serving thread (PM pools only; 0..%u, default 0)\n"
+            "  --chain           host the block-sync service on chain.pool\n"
+            "  --chain-id ID     a new chain file's chain id (default 0x7465726e)\n"
+            "  --chain-size SIZE a new chain file's size, k/m/g/t (default 1g, sparse)\n"
+            "  --chain-peer URI  catch up from this peer once serving; repeatable (%d)\n"
+            "  --chain-producers take new blocks from producers (tern chain append --uri)\n"
+            "  --chain-workers N threads that check ranges while catching up (default 0)\n"
+            "  --chain-fault F   for tests: serve ranges badly (stall, merkle, truncate,\n"
+            "                    order, parent)\n"
             "SIGTERM and SIGINT stop ternd cleanly; SIGHUP is ignored (it logs to\n"
             "stderr and has no configuration file to reload).\n",
-            MAX_LISTEN, SPIN_MAX_US, RESP_COALESCE_MAX_US, MAX_HELPERS);
+            MAX_LISTEN, SPIN_MAX_US, RESP_COALESCE_MAX_US, MAX_HELPERS, TERND_CHAIN_PEERS);
 }
 
 /* "LO:HI", both 32-bit, LO <= HI. */
@@ -185,14 +200,25 @@ static int parse_args(int argc, char **argv, struct opts *o)
         {"mongo-port", required_argument, NULL, 'm'}, {"no-doc", no_argument, NULL, 'N'},
         {"doc-pool-size", required_argument, NULL, 'Z'},
         {"version", no_argument, NULL, 'V'},
+        {"chain", no_argument, NULL, 'c'},          {"chain-id", required_argument, NULL, 'I'},
+        {"chain-size", required_argument, NULL, 'z'},
+        {"chain-peer", required_argument, NULL, 'P'},
+        {"chain-producers", no_argument, NULL, 'A'},
+        {"chain-workers", required_argument, NULL, 'W'},
+        {"chain-fault", required_argument, NULL, 'X'},
         {0},
     };
     const char *pool_size = NULL;
     uint64_t v = 0;
     int c;
 
+    static const char *const faults[] = {"none", "stall", "merkle", "truncate", "order",
+                                         "parent", NULL};
+    int k;
+
     *o = (struct opts){.data_dir = "./tern-data", .shm = true, .resp_port = -1, .spin_us = 20,
-                         .coalesce_us = 50, .mongo_port = -1, .doc = true};
+                         .coalesce_us = 50, .mongo_port = -1, .doc = true,
+                         .chain = {.chain = 0x7465726eull, .size = 1ull << 30}};
     while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
         bool ok = true;
 
@@ -238,6 +264,27 @@ static int parse_args(int argc, char **argv, struct opts *o)
             ok = opt_num("ternd", "--flush-helpers", optarg, 0, MAX_HELPERS, 0, &v);
             o->helpers = (unsigned)v;
             break;
+        case 'c': o->chain.on = true; break;
+        case 'I': ok = opt_num("ternd", "--chain-id", optarg, 1, UINT64_MAX, 0, &o->chain.chain);
+            break;
+        case 'z':
+            ok = opt_num("ternd", "--chain-size", optarg, 8u << 20, POOL_MAX, OPT_SIZE,
+                         &o->chain.size);
+            break;
+        case 'P':
+            if (o->chain.n_peers == TERND_CHAIN_PEERS)
+                return opt_usage_error("ternd", "--chain-peer: at most %d", TERND_CHAIN_PEERS);
+            o->chain.peers[o->chain.n_peers++] = optarg;
+            break;
+        case 'A': o->chain.producers = true; break;
+        case 'W':
+            ok = opt_num("ternd", "--chain-workers", optarg, 0, 16, 0, &v);
+            o->chain.workers = (unsigned)v;
+            break;
+        case 'X':
+            ok = (k = opt_choice("ternd", "--chain-fault", optarg, faults, NULL)) >= 0;
+            o->chain.fault = k;
+            break;
         case 'h': usage(stdout); return -1;
         case 'V': opt_version("ternd"); return -1;
         default:                             /* getopt said what */
@@ -261,6 +308,13 @@ static int parse_args(int argc, char **argv, struct opts *o)
         return opt_usage_error("ternd", "--mongo-port serves the document store: not with --no-doc");
     if (!o->n_listen)
         o->listen[o->n_listen++] = "tcp://127.0.0.1:7300";
+    if (!o->chain.on && (o->chain.n_peers || o->chain.producers || o->chain.fault))
+        return opt_usage_error("ternd", "the --chain-... options need --chain");
+#if !TERN_HAVE_BLOCKSYNC
+    if (o->chain.on)
+        return opt_usage_error("ternd", "--chain: built without the block-sync service "
+                               "(libcrypto, libpmem)");
+#endif
     return 0;
 }
 
@@ -451,6 +505,7 @@ int main(int argc, char **argv)
     struct doc_server *dsrv = NULL;
     struct tern_doc_service *dsvc = NULL;
 #endif
+    struct ternd_chain *chain = NULL;
     struct gw gws[2];
     unsigned ngw = 0;
     struct kvs_stats st;
@@ -522,9 +577,26 @@ int main(int argc, char **argv)
         }
     }
 #endif
+    if (o.chain.on && ternd_chain_open(&o.chain, o.data_dir, &chain) < 0) {
+#if TERN_HAVE_DOC
+        tern_doc_service_close(dsvc);
+        doc_server_close(dsrv);
+        doc_store_close(dstore);
+        if (new_dpool)
+            unlink(dpool);
+#endif
+        tern_kv_service_close(svc);
+        if (new_pool)
+            unlink(pool);
+        if (made_dir)
+            rmdir(o.data_dir);
+        return 1;
+    }
     if (o.busy)
         cfg.mode = TERN_TP_POLL_BUSY;
     rc = tern_rpc_open(&cfg, &g_ep);
+    if (rc == 0 && chain)
+        rc = ternd_chain_register(chain, g_ep);
     if (rc == 0)
         rc = tern_rpc_register(g_ep, tern_kv_service_def(svc));
 #if TERN_HAVE_DOC
@@ -599,6 +671,7 @@ int main(int argc, char **argv)
         if (new_dpool)
             unlink(dpool);
 #endif
+        ternd_chain_close(chain, true);
         tern_kv_service_close(svc);
         /* A pool this run created holds nothing yet: a start that failed
          * (an address in use, a typo in --listen) leaves no file behind.
@@ -619,16 +692,22 @@ int main(int argc, char **argv)
         struct doc_store_info di;
 
         doc_store_info(dstore, &di);
-        snprintf(line + at, sizeof(line) - at, " doc=%.300s documents=%llu", dpool,
-                 (unsigned long long)di.documents);
+        at += (size_t)snprintf(line + at, sizeof(line) - at, " doc=%.300s documents=%llu",
+                               dpool, (unsigned long long)di.documents);
     }
 #endif
+    if (chain && at < sizeof(line))
+        ternd_chain_ready(chain, line + at, sizeof(line) - at);
     printf("%s\n", line);
     fflush(stdout);
 
     signal(SIGTERM, on_signal);
     signal(SIGINT, on_signal);
     signal(SIGPIPE, SIG_IGN);
+    /* Catch up from the chain's peers, serving everyone on RPC meanwhile
+     * (the gateways wait until it is done). */
+    if (chain)
+        ternd_chain_catch_up(chain, g_ep, &g_stop);
 #if TERN_HAVE_DOC
     if (mgw)
         gws[ngw++] = (struct gw){mgw, mongo_poll_, mongo_ready_, mongo_watch_, mongo_fd_};
@@ -648,6 +727,7 @@ int main(int argc, char **argv)
     doc_server_close(dsrv);
     doc_store_close(dstore);
 #endif
+    ternd_chain_close(chain, false);
     tern_kv_service_close(svc);
     fprintf(stderr, "ternd: stopped\n");
     return 0;

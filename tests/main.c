@@ -58,6 +58,7 @@ static const struct {
     {"bs_block", suite_bs_block},
     {"bs_store", suite_bs_store},
     {"bs_sync", suite_bs_sync},
+    {"bs_feed", suite_bs_feed},
 #endif
 #if TERN_HAVE_DOC_SERVICE
     {"doc_native", suite_doc_native},

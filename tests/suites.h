@@ -37,5 +37,6 @@ Suite *suite_doc_crash(void);
 Suite *suite_bs_block(void);    /* with libcrypto (services/blocksync) */
 Suite *suite_bs_store(void);
 Suite *suite_bs_sync(void);
+Suite *suite_bs_feed(void);
 
 #endif

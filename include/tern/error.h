@@ -66,7 +66,9 @@ extern "C" {
     X(ECORRUPT,        -(TERN_EBASE + 8), "pool file corrupt: failed a magic, bounds or checksum test") \
     X(EWRONGNODE,      -(TERN_EBASE + 9), "key outside this server's hash range") \
     X(ENOLEASE,        -(TERN_EBASE + 10), "no such lease (ended or never granted): lease again") \
-    X(EDOC,            -(TERN_EBASE + 11), "the document service refused the command (see tern_doc_last_error)")
+    X(EDOC,            -(TERN_EBASE + 11), "the document service refused the command (see tern_doc_last_error)") \
+    /* services: block sync */                                                 \
+    X(EFORKED,         -(TERN_EBASE + 12), "the chain parted from the one expected (forked)")
 
 enum tern_errno {
 #define TERN_ERR_ENUM(name, value, msg) TERN_##name = (value),

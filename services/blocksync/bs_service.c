@@ -6,6 +6,7 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "bs_feed.h"
 #include "error.h"
 #include "log.h"
 
@@ -23,6 +24,7 @@ struct bs_service {
     size_t n_peers, cap_peers;
     struct bs_service_stats stats;
     struct bs_hasher *hs;            /* checks producers' blocks */
+    struct bs_feed *feed;
     bool syncing;
 };
 
@@ -124,6 +126,7 @@ static void session_closed(struct tern_session *s, void *ctx)
 
     if (p)
         *p = svc->peers[--svc->n_peers];
+    bs_feed_session_closed(svc->feed, s);
 }
 
 /* ---- handlers ---- */
@@ -381,7 +384,8 @@ static int on_info(struct tern_req *req, const void *data, size_t len, void *ctx
                             .irreversible = si.irreversible, .data_used = si.data_used,
                             .data_cap = si.data_cap, .idx_cap = si.idx_cap,
                             .flags = (svc->syncing ? BS_INFO_SYNCING : 0) |
-                                     (svc->o.allow_append ? BS_INFO_APPEND : 0)};
+                                     (svc->o.allow_append ? BS_INFO_APPEND : 0),
+                            .subscribers = bs_feed_count(svc->feed)};
     if (si.committed)
         bs_store_id(svc->st, si.committed - 1, out->head_id);
     return 0;
@@ -392,12 +396,30 @@ void bs_service_set_syncing(struct bs_service *svc, bool on)
     svc->syncing = on;
 }
 
+static int on_subscribe(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    return bs_feed_on_subscribe(((struct bs_service *)ctx)->feed, req, data, len);
+}
+
+static int on_feed(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    return bs_feed_on_feed(((struct bs_service *)ctx)->feed, req, data, len);
+}
+
+static int on_feed_stats(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    return bs_feed_on_stats(((struct bs_service *)ctx)->feed, req, data, len);
+}
+
 static const struct tern_method bs_methods[] = {
     {.id = BS_M_HELLO, .name = "hello", .handler = on_hello},
     {.id = BS_M_HEADERS, .name = "headers", .handler = on_headers},
     {.id = BS_M_RANGE, .name = "range", .handler = on_range},
     {.id = BS_M_APPEND, .name = "append", .handler = on_append},
     {.id = BS_M_INFO, .name = "info", .handler = on_info},
+    {.id = BS_M_SUBSCRIBE, .name = "subscribe", .handler = on_subscribe},
+    {.id = BS_M_FEED, .name = "feed", .handler = on_feed},
+    {.id = BS_M_FEED_STATS, .name = "feed_stats", .handler = on_feed_stats},
 };
 
 int bs_service_new(struct bs_store *st, const struct bs_service_opts *o,
@@ -411,7 +433,10 @@ int bs_service_new(struct bs_store *st, const struct bs_service_opts *o,
     if (o)
         svc->o = *o;
     svc->hs = bs_hasher_new();
-    if (!svc->hs) {
+    svc->feed = bs_feed_new(st);
+    if (!svc->hs || !svc->feed) {
+        bs_hasher_free(svc->hs);
+        bs_feed_free(svc->feed);
         free(svc);
         return TERN_ENOMEM;
     }
@@ -448,5 +473,6 @@ void bs_service_free(struct bs_service *svc)
         return;
     free(svc->peers);
     bs_hasher_free(svc->hs);
+    bs_feed_free(svc->feed);
     free(svc);
 }

@@ -155,3 +155,76 @@ int bs_info_decode(const void *p, size_t len, struct bs_info *out, const char **
         return bad(why, "info: heights or sizes do not add up");
     return 0;
 }
+
+int bs_sub_req_decode(const void *p, size_t len, struct bs_sub_req *out, const char **why)
+{
+    if (len != sizeof(*out))
+        return bad(why, "subscribe: wrong length");
+    memcpy(out, p, sizeof(*out));
+    if (out->from > BS_FROM_LATEST)
+        return bad(why, "subscribe: unknown start");
+    if (out->flags & ~(uint32_t)BS_SUB_HEADERS)
+        return bad(why, "subscribe: unknown flags");
+    return 0;
+}
+
+int bs_sub_rep_decode(const void *p, size_t len, struct bs_sub_rep *out, const char **why)
+{
+    if (len != sizeof(*out))
+        return bad(why, "subscribe reply: wrong length");
+    memcpy(out, p, sizeof(*out));
+    if (out->reserved || (out->refusal != BS_OK && out->refusal != BS_R_FORKED))
+        return bad(why, "subscribe reply: unknown refusal");
+    return 0;
+}
+
+int bs_feed_req_decode(const void *p, size_t len, struct bs_feed_req *out, const char **why)
+{
+    if (len != sizeof(*out))
+        return bad(why, "feed: wrong length");
+    memcpy(out, p, sizeof(*out));
+    if (!out->credits || !out->max_bytes)
+        return bad(why, "feed: no credit");
+    return 0;
+}
+
+int bs_feed_rep_decode(const void *p, size_t len, struct bs_feed_rep *out,
+                       int (*fn)(void *arg, uint64_t height, const uint8_t *rec, size_t rec_len),
+                       void *arg, const char **why)
+{
+    const uint8_t *at = (const uint8_t *)p + sizeof(*out), *end = (const uint8_t *)p + len;
+
+    if (len < sizeof(*out))
+        return bad(why, "feed reply: too short");
+    memcpy(out, p, sizeof(*out));
+    if (out->reserved || (out->refusal != BS_OK && out->refusal != BS_R_FORKED) ||
+        (out->flags & ~(uint32_t)BS_SUB_HEADERS))
+        return bad(why, "feed reply: unknown flags or refusal");
+    if (out->refusal != BS_OK && out->n)
+        return bad(why, "feed reply: refused with blocks");
+    if (out->n && (out->next > out->head || out->n > out->head - out->next))
+        return bad(why, "feed reply: blocks past the head");
+    for (uint32_t i = 0; i < out->n; i++) {
+        size_t n;
+        int rc;
+
+        if (out->flags & BS_SUB_HEADERS) {
+            n = BS_HDR_SIZE;
+        } else {
+            uint32_t l;
+            if ((size_t)(end - at) < 4)
+                return bad(why, "feed reply: cut short");
+            memcpy(&l, at, 4);
+            at += 4;
+            n = l;
+        }
+        if ((size_t)(end - at) < n)
+            return bad(why, "feed reply: cut short");
+        if (fn && (rc = fn(arg, out->next + i, at, n)) < 0)
+            return rc;
+        at += n;
+    }
+    if (at != end)
+        return bad(why, "feed reply: bytes past its blocks");
+    return 0;
+}

@@ -24,7 +24,24 @@
  *   (bs_block.h), not an error: the producer learns what was wrong. Only
  *   where the service allows producers (TERN_EACCES), never while it
  *   catches up (TERN_EBUSY).
- * BS_M_INFO: nothing -> bs_info. */
+ * BS_M_INFO: nothing -> bs_info.
+ *
+ * The block feed is a cursor into the log per subscriber, never a queue:
+ * the server keeps each subscriber's position, filter and lag, and reads
+ * every block it sends from the log, so a subscriber that falls behind
+ * costs no memory and misses nothing; it only reads older blocks.
+ * BS_M_SUBSCRIBE: bs_sub_req -> bs_sub_rep: from a height (with the id of
+ *   the block before it, or zeros: a resume whose id does not match is
+ *   refused "forked"), from the next block to be committed, or from the
+ *   latest; whole blocks or headers only.
+ * BS_M_FEED: bs_feed_req -> bs_feed_rep and n blocks from `next` on, each
+ *   a 4-byte length and the block (or n headers of BS_HDR_SIZE bytes). The
+ *   request acknowledges every block below `next` (with the id of block
+ *   next-1, checked as a resume's) and grants `credits` blocks and
+ *   `max_bytes` bytes; none at the head (the reply says the head, so the
+ *   subscriber knows to wait).
+ * BS_M_FEED_STATS: nothing -> bs_feed_stats_rep and n bs_sub_stat: every
+ *   subscriber's position and lag. */
 #ifndef TERN_BS_WIRE_H
 #define TERN_BS_WIRE_H
 
@@ -43,6 +60,64 @@ enum bs_method {
     BS_M_RANGE = 3,
     BS_M_APPEND = 4,
     BS_M_INFO = 5,
+    BS_M_SUBSCRIBE = 6,
+    BS_M_FEED = 7,
+    BS_M_FEED_STATS = 8,
+};
+
+enum bs_from {
+    BS_FROM_HEIGHT = 0,
+    BS_FROM_NEXT = 1,                /* the next block to be committed */
+    BS_FROM_LATEST = 2,              /* the last block committed */
+};
+
+enum bs_sub_flags {
+    BS_SUB_HEADERS = 1u << 0,        /* headers only */
+};
+
+struct bs_sub_req {
+    uint32_t from;                   /* enum bs_from */
+    uint32_t flags;                  /* enum bs_sub_flags */
+    uint64_t height;                 /* BS_FROM_HEIGHT */
+    uint8_t parent[BS_ID_LEN];       /* id of block height-1, or zeros: no check */
+};
+
+struct bs_sub_rep {
+    uint32_t refusal;                /* BS_OK or BS_R_FORKED */
+    uint32_t reserved;
+    uint64_t sub;                    /* the subscription's id */
+    uint64_t next;                   /* the first height it will be sent */
+    uint64_t head;                   /* blocks committed */
+};
+
+struct bs_feed_req {
+    uint64_t sub;
+    uint64_t next;                   /* every block below is acknowledged */
+    uint32_t credits;                /* blocks it may be sent now */
+    uint32_t max_bytes;
+    uint8_t parent[BS_ID_LEN];       /* id of block next-1 (zeros when next is 0) */
+};
+
+struct bs_feed_rep {
+    uint64_t head;
+    uint64_t next;                   /* height of the first block here */
+    uint32_t n;
+    uint32_t flags;                  /* BS_SUB_HEADERS: n headers */
+    uint32_t refusal;                /* BS_OK or BS_R_FORKED (n is 0) */
+    uint32_t reserved;
+};
+
+struct bs_sub_stat {
+    uint64_t sub;
+    uint64_t next;                   /* acknowledged below this */
+    uint64_t lag;                    /* head - next */
+    uint64_t idle_ns;                /* since its last request */
+};
+
+struct bs_feed_stats_rep {
+    uint64_t head;
+    uint32_t n;
+    uint32_t reserved;
 };
 
 /* Why a handshake was refused, by either side. */
@@ -146,6 +221,11 @@ _Static_assert(sizeof(struct bs_hello) == 136, "bs_hello");
 _Static_assert(sizeof(struct bs_append_req) == 16, "bs_append_req");
 _Static_assert(sizeof(struct bs_append_rep) == 48, "bs_append_rep");
 _Static_assert(sizeof(struct bs_info) == 96, "bs_info");
+_Static_assert(sizeof(struct bs_sub_req) == 48, "bs_sub_req");
+_Static_assert(sizeof(struct bs_sub_rep) == 32, "bs_sub_rep");
+_Static_assert(sizeof(struct bs_feed_req) == 56, "bs_feed_req");
+_Static_assert(sizeof(struct bs_feed_rep) == 32, "bs_feed_rep");
+_Static_assert(sizeof(struct bs_sub_stat) == 32, "bs_sub_stat");
 _Static_assert(sizeof(struct bs_hello_rep) == 144, "bs_hello_rep");
 _Static_assert(sizeof(struct bs_headers_req) == 16, "bs_headers_req");
 _Static_assert(sizeof(struct bs_headers_rep) == 16, "bs_headers_rep");
@@ -167,6 +247,15 @@ int bs_append_req_decode(const void *p, size_t len, struct bs_append_req *out,
 int bs_append_rep_decode(const void *p, size_t len, struct bs_append_rep *out,
                          const char **why);
 int bs_info_decode(const void *p, size_t len, struct bs_info *out, const char **why);
+int bs_sub_req_decode(const void *p, size_t len, struct bs_sub_req *out, const char **why);
+int bs_sub_rep_decode(const void *p, size_t len, struct bs_sub_rep *out, const char **why);
+int bs_feed_req_decode(const void *p, size_t len, struct bs_feed_req *out, const char **why);
+/* The n records after the reply header, walked: fn(arg, height, bytes,
+ * len) for each, in order (stops at a negative return, passed back).
+ * TERN_EPROTO with *why for a reply whose records do not add up. */
+int bs_feed_rep_decode(const void *p, size_t len, struct bs_feed_rep *out,
+                       int (*fn)(void *arg, uint64_t height, const uint8_t *rec, size_t rec_len),
+                       void *arg, const char **why);
 /* *bytes points at the inline bytes inside `p` (NULL if put). */
 int bs_range_rep_decode(const void *p, size_t len, struct bs_range_rep *out,
                         const uint8_t **bytes, const char **why);

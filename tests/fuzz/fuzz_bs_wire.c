@@ -42,6 +42,25 @@ static void span(struct fz *f)
     }
 }
 
+/* The records a feed reply hands out must lie inside it, in order. */
+struct walked {
+    const uint8_t *base;
+    size_t len;
+    uint32_t n;
+    uint64_t last;
+};
+
+static int walk_one(void *arg, uint64_t height, const uint8_t *rec, size_t len)
+{
+    struct walked *w = arg;
+
+    FZ_CHECK(rec >= w->base && rec + len <= w->base + w->len, "record outside the reply");
+    FZ_CHECK(w->n == 0 || height == w->last + 1, "records out of order");
+    w->last = height;
+    w->n++;
+    return 0;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     struct fz f = {data, size};
@@ -50,7 +69,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const uint8_t *rest;
     int rc = 0;
 
-    switch (which % 10) {
+    switch (which % 14) {
     case 0: {
         struct bs_hello h;
         rc = bs_hello_decode(f.p, f.n, &h, &why);
@@ -117,6 +136,30 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         struct bs_info in;
         rc = bs_info_decode(f.p, f.n, &in, &why);
         FZ_CHECK(rc < 0 || in.irreversible <= in.committed, "irreversible past the head");
+        break;
+    }
+    case 9: {
+        struct bs_sub_req q;
+        rc = bs_sub_req_decode(f.p, f.n, &q, &why);
+        FZ_CHECK(rc < 0 || q.from <= BS_FROM_LATEST, "unknown start accepted");
+        break;
+    }
+    case 10: {
+        struct bs_sub_rep r;
+        rc = bs_sub_rep_decode(f.p, f.n, &r, &why);
+        break;
+    }
+    case 11: {
+        struct bs_feed_req q;
+        rc = bs_feed_req_decode(f.p, f.n, &q, &why);
+        FZ_CHECK(rc < 0 || (q.credits && q.max_bytes), "no credit accepted");
+        break;
+    }
+    case 12: {
+        struct bs_feed_rep r;
+        struct walked w = {.base = f.p, .len = f.n};
+        rc = bs_feed_rep_decode(f.p, f.n, &r, walk_one, &w, &why);
+        FZ_CHECK(rc < 0 || w.n == r.n, "walked %u of %u", w.n, r.n);
         break;
     }
     default:

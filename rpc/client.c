@@ -634,10 +634,25 @@ int tern_call_sync(struct tern_session *s, uint16_t svc, uint16_t method, const 
     struct sync_wait w = {.buf = reply, .cap = reply ? reply_cap : 0};
     int rc = tern_call(s, svc, method, req, len, timeout_ns, sync_cont, &w, NULL);
 
+    uint64_t idle_since = 0;
+
     if (rc < 0)
         return rc;
-    while (!w.done)
-        tern_rpc_poll(s->ep);
+    /* In adaptive mode the wait sleeps on the fabrics' fd once it has
+     * spun spin_ns, as tern_rpc_run does: a thread that waits for a slow
+     * reply gives its core to the peer that makes it. */
+    while (!w.done) {
+        struct tern_rpc_ep *ep = s->ep;
+
+        if (tern_rpc_poll(ep) > 0 || ep->cfg.mode != TERN_TP_POLL_ADAPTIVE || !ep->n_tp) {
+            idle_since = 0;
+            continue;
+        }
+        if (!idle_since)
+            idle_since = tern_now_ns();
+        else if (tern_now_ns() - idle_since > ep->cfg.spin_ns && !w.done)
+            rpc_sleep(ep, 1);
+    }
     if (reply_len)
         *reply_len = w.status == 0 ? w.len : 0;
     return w.status;

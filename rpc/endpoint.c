@@ -576,7 +576,7 @@ int tern_rpc_poll(struct tern_rpc_ep *ep)
 /* Sleep until any fabric has work. With one fabric its own wait does it;
  * with several, every fabric is armed (shm tells its peers to ring) and the
  * endpoint sleeps on all their fds at once. */
-static void rpc_sleep(struct tern_rpc_ep *ep, int ms)
+void rpc_sleep(struct tern_rpc_ep *ep, int ms)
 {
     struct epoll_event e;
 

@@ -298,4 +298,9 @@ bool rpc_server_recv(struct tern_session *s, const void *view, size_t len);
 void rpc_server_writable(struct tern_session *s);
 void rpc_server_drop(struct tern_session *s);
 
+/* Sleep on the endpoint's fabrics (their fd) for up to `ms` ms, unless
+ * one has work already; adaptive mode's idle wait (tern_rpc_run,
+ * tern_call_sync). */
+void rpc_sleep(struct tern_rpc_ep *ep, int ms);
+
 #endif

@@ -6,4 +6,8 @@
 /* `rpcbench blocksync ...`: argv[1] is "blocksync". Returns the exit code. */
 int blocksync_main(int argc, char **argv);
 
+/* `rpcbench feed ...`: the block feed under a generator, N subscribers
+ * (feed.c). */
+int feed_main(int argc, char **argv);
+
 #endif

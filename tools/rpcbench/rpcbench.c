@@ -7,6 +7,7 @@
  *   rpcbench kv     [options]           YCSB workloads on the key-value service (kv.c)
  *   rpcbench doc    [options]           YCSB-style work on the document service (doc.c)
  *   rpcbench blocksync [options]        chain catch-up from 1..k peers (blocksync.c)
+ *   rpcbench feed   [options]           the block feed: N subscribers, a generator (feed.c)
  *   rpcbench --help | --version
  *
  * The echo service answers every request with its own payload. The client
@@ -542,6 +543,8 @@ static void usage(FILE *f)
             "                       YCSB-style work on the document service (rpcbench doc --help)\n"
             "       rpcbench blocksync [--fabric FABRIC|all] [--shape eos|btc] [--bytes SIZE]\n"
             "                       chain catch-up from 1..k peers (rpcbench blocksync --help)\n"
+            "       rpcbench feed   [--subscribers N] [--slow N] [--rate R]\n"
+            "                       the block feed under a generator (rpcbench feed --help)\n"
             "       rpcbench --help | --version\n"
             "FABRIC: one of");
     for (const char *const *n = tern_tp_fabric_names(); *n; n++)
@@ -597,7 +600,8 @@ int main(int argc, char **argv)
         {NULL, 0, NULL, 0},
     };
     static const char *const commands[] = {"echo", "sink", "server", "client", "floor", "get",
-                                           "put", "probe", "kv", "doc", "blocksync", NULL};
+                                           "put", "probe", "kv", "doc", "blocksync", "feed",
+                                           NULL};
     static const char *const workloads[] = {"echo", "sink", NULL};
     static const char *const all_auto[] = {"all", "auto", NULL};
     struct opts o = {.workload = "echo", .fabric = "tcp", .sizes = {64}, .n_sizes = 1,
@@ -643,9 +647,9 @@ int main(int argc, char **argv)
         return 2;
 #endif
     }
-    if (strcmp(cmd, "blocksync") == 0) {
+    if (strcmp(cmd, "blocksync") == 0 || strcmp(cmd, "feed") == 0) {
 #if defined(TERN_HAVE_BLOCKSYNC) && TERN_HAVE_BLOCKSYNC
-        return blocksync_main(argc, argv);
+        return cmd[0] == 'f' ? feed_main(argc, argv) : blocksync_main(argc, argv);
 #else
         fprintf(stderr, "rpcbench blocksync: built without the block-sync service (libcrypto, "
                 "libpmem)\n");

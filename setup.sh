@@ -23,6 +23,7 @@ PKGS=(build-essential meson ninja-build pkg-config check libsubunit-dev python3
       libpmem-dev libxxhash-dev   # the services: pool; checksums and key hash
       libbson-dev libpcre2-dev    # the document service: BSON; $regex
       libssl-dev                  # the block-sync service: SHA-256 (libcrypto)
+      iperf3                      # rpcbench blocksync: the tcp ceiling it compares with
       redis-tools                     # redis-cli/redis-benchmark against the RESP gateway
       python3-pymongo libmongoc-dev   # MongoDB clients against the gateway (tests/mongo)
       clang)                          # libFuzzer: the fuzz targets of tests/fuzz
@@ -105,6 +106,20 @@ run_bench() {
         log "rpcbench doc: documents on a file-backed pool, every fabric"
         build/tools/rpcbench/rpcbench doc --fabric all --workload insert,read,find,update,A,B,C,F \
             --records 10000 --iters 5000 --pool-dir tern-data --cpu 0,1 --path rpc,auto
+    fi
+    # Block sync: a fresh node catches up a 256 MB EOS-like chain from one
+    # and two peers over every fabric (the chain is made once, in
+    # tern-data, and kept), against iperf3 (tcp) and a two-process copy
+    # (the others) measured in the same run; then the block feed, 100
+    # subscribers of a node taking 50 blocks a second, one reading ten
+    # times slower.
+    if [ -x build/tools/rpcbench/rpcbench ] && build/tools/rpcbench/rpcbench blocksync --help >/dev/null 2>&1; then
+        log "rpcbench blocksync: catch-up from 1 and 2 peers, every fabric"
+        build/tools/rpcbench/rpcbench blocksync --fabric all --shape eos --bytes 256m \
+            --peers 1,2 --path put --dir tern-data
+        log "rpcbench feed: 100 subscribers, one slow, 50 blocks a second"
+        build/tools/rpcbench/rpcbench feed --fabric all --subscribers 100 --slow 1 --rate 50 \
+            --seconds 5
     fi
 }
 
@@ -197,6 +212,8 @@ run_tests() {
         count rpcbench-smoke tests/rpcbench_smoke.sh build/tools/rpcbench/rpcbench
         count rpcbench-kv-smoke tests/rpcbench_kv_smoke.sh build/tools/rpcbench/rpcbench
         count rpcbench-doc-smoke tests/rpcbench_doc_smoke.sh build/tools/rpcbench/rpcbench
+        count rpcbench-blocksync-smoke tests/rpcbench_bs_smoke.sh build/tools/rpcbench/rpcbench
+        count chain-smoke tests/chain_smoke.sh build
         count ternd-smoke tests/ternd_smoke.sh build
         count installed-library-consumer consumer
         # One CRUD script through three real MongoDB clients against

@@ -162,9 +162,18 @@ static double stop_child(pid_t pid)
 {
     struct rusage ru;
     int status;
+    pid_t got = 0;
 
+    /* A stalling peer is stuck in its handler: it gets two seconds to
+     * stop, then SIGKILL. */
     kill(pid, SIGTERM);
-    if (wait4(pid, &status, 0, &ru) < 0)
+    for (int i = 0; i < 200 && (got = wait4(pid, &status, WNOHANG, &ru)) == 0; i++)
+        usleep(10000);
+    if (got == 0) {
+        kill(pid, SIGKILL);
+        got = wait4(pid, &status, 0, &ru);
+    }
+    if (got < 0)
         return 0;
     return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
            (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
@@ -461,9 +470,11 @@ static int run_all(const struct bs_opts *o)
             kind = "two-process copy";
         }
         if (header) {
-            printf("# blocksync: a fresh node catches up %.2f GB of %s-like chain; ceiling "
-                   "GB/s: %s\n", (double)o->bytes / 1e9, bs_shape_name(o->shape),
-                   "iperf3 loopback (tcp), two-process copy (others)");
+            printf("# blocksync: a fresh node catches up %.2f GB of %s-like chain into %s "
+                   "(%s); ceiling GB/s: iperf3 loopback (tcp), two-process copy (others)\n",
+                   (double)o->bytes / 1e9, bs_shape_name(o->shape), o->dir,
+                   bench_on_tmpfs(o->dir) ? "tmpfs, cache-line flushes as on PM"
+                                          : "a file, msync");
             printf("%-9s %-4s %5s %-6s %9s %8s %7s %9s %9s %8s %6s %7s %7s %6s %6s  %s\n",
                    "fabric", "chain", "peers", "path", "blocks", "GB", "s", "GB/s", "blocks/s",
                    "ceiling", "ratio", "cli_cpu", "srv_cpu", "check", "commit", "status");

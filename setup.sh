@@ -214,6 +214,7 @@ run_tests() {
         count rpcbench-doc-smoke tests/rpcbench_doc_smoke.sh build/tools/rpcbench/rpcbench
         count rpcbench-blocksync-smoke tests/rpcbench_bs_smoke.sh build/tools/rpcbench/rpcbench
         count chain-smoke tests/chain_smoke.sh build
+        count chain-kill-50 tests/kill_chain.sh build 50
         count ternd-smoke tests/ternd_smoke.sh build
         count installed-library-consumer consumer
         # One CRUD script through three real MongoDB clients against

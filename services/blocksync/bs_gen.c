@@ -112,7 +112,7 @@ int bs_gen_next(struct bs_gen *g, struct bs_hasher *hs, uint8_t *out, size_t cap
 }
 
 int bs_gen_fill(struct bs_gen *g, struct bs_hasher *hs, struct bs_store *st, uint64_t blocks,
-                uint64_t bytes, uint64_t reversible,
+                uint64_t bytes, uint64_t reversible, uint64_t commit_bytes,
                 void (*progress)(void *arg, uint64_t blocks, uint64_t bytes), void *arg)
 {
     size_t cap = bs_gen_block_max(g->shape);
@@ -137,7 +137,7 @@ int bs_gen_fill(struct bs_gen *g, struct bs_hasher *hs, struct bs_store *st, uin
             (rc = bs_store_append(st, blk, len, id)) < 0)
             break;
         since += bs_rec_size(len);
-        if (since >= (64u << 20)) {
+        if (since >= (commit_bytes ? commit_bytes : 64u << 20)) {
             if ((rc = bs_store_commit(st)) < 0)
                 break;
             since = 0;

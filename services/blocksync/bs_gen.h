@@ -52,12 +52,12 @@ struct bs_store;
 /* Extend a store with generated blocks, from its top on (a generator made
  * with bs_gen_init, resumed here from the store's top) until it holds
  * `blocks` blocks or its log `bytes` bytes, whichever comes first (0: no
- * limit of that kind), committing every 64 MiB and at the end, then
- * setting the irreversible height `reversible` blocks below the top.
- * progress(arg, blocks, bytes), if set, runs after each commit. 0, or the
- * store's or the hasher's error. */
+ * limit of that kind), committing every `commit_bytes` (0: 64 MiB) and at
+ * the end, then setting the irreversible height `reversible` blocks below
+ * the top. progress(arg, blocks, bytes), if set, runs after each commit.
+ * 0, or the store's or the hasher's error. */
 int bs_gen_fill(struct bs_gen *g, struct bs_hasher *hs, struct bs_store *st, uint64_t blocks,
-                uint64_t bytes, uint64_t reversible,
+                uint64_t bytes, uint64_t reversible, uint64_t commit_bytes,
                 void (*progress)(void *arg, uint64_t blocks, uint64_t bytes), void *arg);
 
 #endif

@@ -89,7 +89,7 @@ static int source_chain(const struct bs_opts *o, char *path, size_t len)
     rc = hs ? bs_store_open(path, &so, &st) : TERN_ENOMEM;
     if (rc == 0) {
         bs_gen_init(&g, o->shape, 0xbe7c4, 1);
-        rc = bs_gen_fill(&g, hs, st, 0, o->bytes, 100, gen_progress, NULL);
+        rc = bs_gen_fill(&g, hs, st, 0, o->bytes, 100, 0, gen_progress, NULL);
         bs_store_close(st);
     }
     bs_hasher_free(hs);

@@ -228,7 +228,7 @@ static int run_fabric(const struct feed_opts *o, const char *fabric)
     if (!subs || !fast || !hs || !msg || bs_store_open(path, &so, &st) < 0)
         return 1;
     bs_gen_init(&g, BS_SHAPE_EOS, CHAIN, 7);
-    bs_gen_fill(&g, hs, st, 10, 0, 0, NULL, NULL);
+    bs_gen_fill(&g, hs, st, 10, 0, 0, 0, NULL, NULL);
     base_height = bs_store_committed(st);
     bs_store_close(st);
     na = (struct node_args){.listen = listen, .path = path};

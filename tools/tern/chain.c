@@ -91,7 +91,7 @@ static int file_gen(const struct copts *o)
     }
     bs_gen_init(&g, o->shape, o->chain, o->seed);
     rc = bs_gen_fill(&g, hs, st, o->blocks, o->bytes, o->have_reversible ? o->reversible : 100,
-                     gen_progress, NULL);
+                     0, gen_progress, NULL);
     bs_store_info(st, &info);
     if (rc == 0)
         printf("chain %" PRIx64 " (%s-like): %" PRIu64 " blocks, %" PRIu64
@@ -131,8 +131,10 @@ static int file_append(const struct copts *o)
         return rc;
     from = bs_store_top(st);
     bs_gen_init(&g, o->shape, bs_store_chain(st), o->seed);
+    /* Committed every 256 KiB, as a producer would commit blocks as they
+     * come, not in the big batches of gen. */
     rc = hs ? bs_gen_fill(&g, hs, st, from + o->blocks, 0,
-                          o->have_reversible ? o->reversible : 100, gen_progress, NULL)
+                          o->have_reversible ? o->reversible : 100, 256u << 10, NULL, NULL)
             : TERN_ENOMEM;
     if (rc == 0)
         printf("appended %" PRIu64 " blocks: %" PRIu64 " in all\n", bs_store_committed(st) - from,

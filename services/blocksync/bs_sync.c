@@ -23,6 +23,7 @@
 #define CALLS_PER_RANGE 4
 #define FORK_LOOKBACK 4096
 #define STALL_MAX_NS (64ull * 1000000000)
+#define STALL_MIN_NS 100000000ull
 
 enum pstate { P_NEW, P_HELLO, P_READY, P_DROP, P_GONE };
 
@@ -138,7 +139,9 @@ struct sync {
     uint64_t commit_ns;
     struct call calls[NCALLS];
     int call_free;
-    uint64_t stall_ns;
+    uint64_t range_ns_all;           /* smoothed time of a range, any peer */
+    unsigned stall_doublings;        /* after stall drops; decays as ranges come */
+    unsigned since_stall;
     uint64_t t0, t_progress;
     uint64_t loops;
     int fatal;
@@ -153,6 +156,13 @@ static const char *const state_names[] = {
 const char *bs_sync_state_name(enum bs_sync_state s)
 {
     return s >= BS_SYNC_IRREVERSIBLE && s <= BS_SYNC_IN_SYNC ? state_names[s] : "?";
+}
+
+unsigned bs_sync_auto_workers(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+
+    return n <= 1 ? 0 : n - 1 > 4 ? 4 : (unsigned)(n - 1);
 }
 
 static uint64_t dflt(uint64_t v, uint64_t d)
@@ -684,10 +694,13 @@ static void range_received(struct sync *sy, struct range *r)
     bdp = p->rate * (double)p->rtt_ns * sy->o.depth;
     p->range_bytes = bdp < (double)sy->o.range_min ? sy->o.range_min
                    : bdp > (double)sy->o.range_max ? sy->o.range_max : (uint64_t)bdp;
-    /* The stall timeout decays back after stall drops. */
-    if (sy->stall_ns > sy->o.stall_ns)
-        sy->stall_ns = sy->stall_ns * 7 / 8 > sy->o.stall_ns ? sy->stall_ns * 7 / 8
-                                                               : sy->o.stall_ns;
+    sy->range_ns_all = sy->range_ns_all ? (sy->range_ns_all * 7 + dt) / 8 : dt;
+    /* The stall timeout, doubled by each stall drop, halves back every
+     * 16 ranges that arrive. */
+    if (sy->stall_doublings && ++sy->since_stall >= 16) {
+        sy->stall_doublings--;
+        sy->since_stall = 0;
+    }
 }
 
 static void range_done(void *arg, int status, const void *reply, size_t len)
@@ -1051,14 +1064,26 @@ static void check_stall(struct sync *sy, uint64_t now)
     if (r->state != R_FLIGHT)
         return;
     p = &sy->peers[r->peer];
-    limit = p->range_ns * 4 > sy->stall_ns ? p->range_ns * 4 : sy->stall_ns;
+    /* Eight times what a range takes here (any peer's), at least 100 ms;
+     * before any range came, the configured start (2 s). A peer that is
+     * slow rather than stalled has its own time, four times over. */
+    limit = sy->range_ns_all ? 8 * sy->range_ns_all : sy->o.stall_ns;
+    if (limit < STALL_MIN_NS)
+        limit = STALL_MIN_NS;
+    if (limit < 4 * p->range_ns)
+        limit = 4 * p->range_ns;
+    limit <<= sy->stall_doublings;
+    if (limit > STALL_MAX_NS)
+        limit = STALL_MAX_NS;
     if (now - r->t_sent < limit)
         return;
     blocked = sy->window_full || sy->next_height >= (sy->hdr_top < sy->target ? sy->hdr_top : sy->target);
     if (!blocked)
         return;
     peer_drop(sy, r->peer, "stalled");
-    sy->stall_ns = sy->stall_ns * 2 < STALL_MAX_NS ? sy->stall_ns * 2 : STALL_MAX_NS;
+    if (sy->stall_doublings < 10)
+        sy->stall_doublings++;
+    sy->since_stall = 0;
 }
 
 /* ---- the run ---- */
@@ -1310,7 +1335,6 @@ int bs_sync_run(struct tern_rpc_ep *ep, struct bs_store *st, const struct bs_syn
     sy->o.call_timeout_ns = dflt(o->call_timeout_ns, 60000000000ull);
     sy->o.connect_timeout_ns = dflt(o->connect_timeout_ns, 5000000000ull);
     sy->o.progress_ns = dflt(o->progress_ns, 1000000000ull);
-    sy->stall_ns = sy->o.stall_ns;
     sy->n_peers = o->n_peers;
     sy->hdr_peer = -1;
     sy->t0 = sy->t_progress = tern_now_ns();

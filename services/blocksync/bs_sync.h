@@ -31,9 +31,10 @@
  *    whose root or header is not the chain's, a header chain that does not
  *    link) is dropped with the reason, and its ranges go to others. The peer
  *    holding the lowest range of a full window past its stall timeout is
- *    dropped as "stalled": the timeout starts at stall_ns or four times
- *    the peer's own range time, doubles after each stall drop (to 64 s)
- *    and decays back as ranges arrive.
+ *    dropped as "stalled": the timeout is eight times what a range takes
+ *    from any peer (at least 100 ms; stall_ns until a range has come), or
+ *    four times the peer's own range time if longer; it doubles after each
+ *    stall drop (to 64 s) and halves back every 16 ranges.
  * 6. Killed at any point, a node starts again from its committed height:
  *    nothing past it was ever believed.
  *
@@ -67,8 +68,10 @@ struct bs_sync_opts {
     uint64_t window;                 /* bytes ahead of the committed log; 0 = 64 MiB */
     uint64_t range_min, range_max;   /* a range's bytes; 0 = 4 MiB, 8 MiB */
     uint64_t commit_bytes;           /* commit after this many; 0 = 16 MiB */
-    unsigned workers;                /* checking threads; 0 = check on the loop */
-    uint64_t stall_ns;               /* first stall timeout; 0 = 2 s */
+    unsigned workers;                /* checking threads; 0 = check on the loop
+                                      * (bs_sync_auto_workers: one per core
+                                      * beside the loop's, at most 4) */
+    uint64_t stall_ns;               /* stall timeout before any range came; 0 = 2 s */
     uint64_t call_timeout_ns;        /* any one call; 0 = 60 s */
     uint64_t connect_timeout_ns;     /* 0 = 5 s */
     uint64_t target;                 /* stop at this many blocks; 0 = the best head */
@@ -86,6 +89,10 @@ enum bs_sync_state {
 };
 
 const char *bs_sync_state_name(enum bs_sync_state s);
+
+/* Checking threads for a node alone on this machine: one per online core
+ * but the loop's, at most 4 (0 on one core). */
+unsigned bs_sync_auto_workers(void);
 
 struct bs_sync_peer_stats {
     char uri[128];

@@ -512,7 +512,8 @@ static void usage(FILE *f)
             "  --peers K[,K...]   honest peers (default 1,2)\n"
             "  --path inline|put|both  ranges in replies or put by the peer (default both)\n"
             "  --staller          add a peer that stalls; --liar: one that lies\n"
-            "  --workers N        checking threads beside the receive loop (default 0)\n"
+            "  --workers N        checking threads beside the receive loop (default: one\n"
+            "                     per core but one, at most 4; 0: the loop checks)\n"
             "  --depth N --window SIZE --range-max SIZE   the syncer's knobs (bs_sync.h)\n"
             "  --max-msg SIZE     RPC message size (default 1m)\n"
             "  --dir DIR          where the chains go (default /dev/shm or $TMPDIR)\n"
@@ -539,7 +540,8 @@ int blocksync_main(int argc, char **argv)
     static const char *const all[] = {"all", NULL};
     struct bs_opts o = {.fabric = "all", .shape = BS_SHAPE_EOS, .bytes = 256ull << 20,
                         .peers = {1, 2}, .n_peers = 2, .one_sided = -1, .max_msg = 1u << 20,
-                        .ceiling_secs = 3, .dir = bench_default_pool_dir()};
+                        .ceiling_secs = 3, .dir = bench_default_pool_dir(),
+                        .workers = bs_sync_auto_workers()};
     uint64_t v;
     int c, k;
 

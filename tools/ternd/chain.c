@@ -91,7 +91,9 @@ int ternd_chain_catch_up(struct ternd_chain *c, struct tern_rpc_ep *ep,
                          const volatile int *stop)
 {
     struct bs_sync_opts so = {.peers = c->o->peers, .n_peers = c->o->n_peers, .svc = c->svc,
-                              .workers = c->o->workers, .one_sided = true, .stop = stop,
+                              .workers = c->o->workers == UINT32_MAX ? bs_sync_auto_workers()
+                                                                     : c->o->workers,
+                              .one_sided = true, .stop = stop,
                               .progress = progress, .progress_ns = 5000000000ull};
     struct bs_sync_stats s;
     int rc;

@@ -126,7 +126,8 @@ static void usage(FILE *f)
             "  --chain-size SIZE a new chain file's size, k/m/g/t (default 1g, sparse)\n"
             "  --chain-peer URI  catch up from this peer once serving; repeatable (%d)\n"
             "  --chain-producers take new blocks from producers (tern chain append --uri)\n"
-            "  --chain-workers N threads that check ranges while catching up (default 0)\n"
+            "  --chain-workers N threads that check ranges while catching up (default:\n"
+            "                    one per core but one, at most 4; 0: the serving thread)\n"
             "  --chain-fault F   for tests: serve ranges badly (stall, merkle, truncate,\n"
             "                    order, parent)\n"
             "SIGTERM and SIGINT stop ternd cleanly; SIGHUP is ignored (it logs to\n"
@@ -218,7 +219,8 @@ static int parse_args(int argc, char **argv, struct opts *o)
 
     *o = (struct opts){.data_dir = "./tern-data", .shm = true, .resp_port = -1, .spin_us = 20,
                          .coalesce_us = 50, .mongo_port = -1, .doc = true,
-                         .chain = {.chain = 0x7465726eull, .size = 1ull << 30}};
+                         .chain = {.chain = 0x7465726eull, .size = 1ull << 30,
+                                   .workers = UINT32_MAX}};
     while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
         bool ok = true;
 

@@ -21,7 +21,7 @@ struct ternd_chain_opts {
     const char *peers[TERND_CHAIN_PEERS];   /* --chain-peer */
     unsigned n_peers;
     bool producers;                  /* --chain-producers */
-    unsigned workers;                /* --chain-workers */
+    unsigned workers;                /* --chain-workers; UINT32_MAX: bs_sync_auto_workers */
     int fault;                       /* --chain-fault (enum bs_fault), for tests */
 };
 

@@ -184,6 +184,9 @@ static double pct(const uint32_t *h, uint64_t n, double q)
 {
     uint64_t want = (uint64_t)((double)n * q), acc = 0;
 
+    if (!n)
+        return 0;
+
     for (unsigned i = 0; i < LAG_BUCKETS; i++) {
         acc += h[i];
         if (acc > want)
@@ -255,6 +258,7 @@ static int run_fabric(const struct feed_opts *o, const char *fabric)
     if (n_blocks > MAX_BLOCKS)
         n_blocks = MAX_BLOCKS;
     t0 = tern_now_ns();
+    uint64_t made = 0;
     for (uint64_t i = 0; rc == 0 && i < n_blocks; i++) {
         struct bs_append_req q = {0};
         struct bs_append_rep rep;
@@ -283,7 +287,13 @@ static int run_fabric(const struct feed_opts *o, const char *fabric)
                             sizeof(rep), &got, 5000000000ull);
         if (rc == 0 && rep.verdict != BS_VALID)
             rc = TERN_EPROTO;
+        if (rc == 0)
+            made++;
     }
+    if (rc < 0)
+        fprintf(stderr, ME ": %s: the producer stopped after %" PRIu64 " blocks: %s\n", fabric,
+                made, tern_strerror(rc));
+    n_blocks = made;
     atomic_store(&final_head, base_height + n_blocks);
     atomic_store(&producing, false);
     for (unsigned i = 0; i < o->subs; i++)

@@ -17,7 +17,7 @@ base=/tmp
 [ -d /dev/shm ] && base=/dev/shm
 dir=$(mktemp -d "$base/tern-chain-XXXXXX")
 pids=()
-trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$dir"' EXIT
+trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$dir"' EXIT
 fail() { echo "chain smoke: $*" >&2; exit 1; }
 
 # A file: made, shown, checked.

@@ -22,7 +22,7 @@ base=/tmp
 [ -d /dev/shm ] && base=/dev/shm
 dir=$(mktemp -d "$base/tern-kill-XXXXXX")
 pids=()
-trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$dir"' EXIT
+trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$dir"' EXIT
 fail() { echo "kill chain: $*" >&2; exit 1; }
 blocks_of() { "$tern" chain info "$1" | sed -n 's/^blocks *\([0-9]*\) .*/\1/p'; }
 rand_ms() { local v=$(( $1 + RANDOM % ($2 - $1) )); printf '%d.%03d' $((v / 1000)) $((v % 1000)); }
@@ -83,7 +83,7 @@ p=$!
 pids+=($p)
 for _ in $(seq 600); do grep -q "ternd chain" "$dir/b.out" && break; sleep 0.05; done
 grep -q "ternd chain in-sync blocks=$head " "$dir/b.out" || fail "last run: $(cat "$dir/b.out")"
-kill -TERM "$p"
-wait "$p" || fail "ternd did not stop cleanly"
+for p in "${pids[@]}"; do kill -TERM "$p"; wait "$p" || fail "a ternd did not stop cleanly"; done
+pids=()
 "$tern" chain verify "$dir/b/chain.pool" | grep -q "^sound: $head blocks" || fail "final file"
 echo "kill chain: catch-up: $rounds kills, $mid mid-way, resumed to the head ($head blocks)"

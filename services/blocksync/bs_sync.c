@@ -69,6 +69,7 @@ struct range {
     uint64_t area_off;
     uint32_t gen;                    /* bumped on every reassignment */
     uint64_t t_sent, next_off, got;
+    uint64_t t_progress;             /* when its peer last gave it bytes */
     unsigned calls;
     _Atomic int state;               /* enum rstate */
     const char *why;                 /* BAD: written before the state */
@@ -652,7 +653,7 @@ static bool send_range(struct sync *sy, int k, int pi)
     r->gen++;
     r->next_off = r->got = 0;
     r->calls = 0;
-    r->t_sent = tern_now_ns();
+    r->t_sent = r->t_progress = tern_now_ns();
     r->state = R_FLIGHT;
     p->inflight++;
     pump_range(sy, k);
@@ -740,6 +741,7 @@ static void range_done(void *arg, int status, const void *reply, size_t len)
     else
         p->ps->bytes_put += rep.n;
     r->got += rep.n;
+    r->t_progress = tern_now_ns();
     if (rep.n < want) {
         /* The peer's replies are shorter than asked: ask the rest, and
          * ask for no more than this from now on. */
@@ -1075,7 +1077,9 @@ static void check_stall(struct sync *sy, uint64_t now)
     limit <<= sy->stall_doublings;
     if (limit > STALL_MAX_NS)
         limit = STALL_MAX_NS;
-    if (now - r->t_sent < limit)
+    /* Silence, not slowness: a peer whose replies keep coming (a link
+     * that carries a range in many small parts) is not stalled. */
+    if (now - r->t_progress < limit)
         return;
     blocked = sy->window_full || sy->next_height >= (sy->hdr_top < sy->target ? sy->hdr_top : sy->target);
     if (!blocked)

@@ -247,6 +247,7 @@ int bs_feed_subscribe(struct bs_feed_sub *sub, struct tern_session *s, enum bs_f
                       size_t max_msg)
 {
     struct bs_sub_req q = {.from = from, .flags = flags, .height = height};
+    int rc;
 
     memset(sub, 0, sizeof(*sub));
     sub->s = s;
@@ -267,7 +268,10 @@ int bs_feed_subscribe(struct bs_feed_sub *sub, struct tern_session *s, enum bs_f
         memcpy(sub->last, parent, BS_ID_LEN);
         sub->have_last = true;
     }
-    return sub_call(sub, &q);
+    rc = sub_call(sub, &q);
+    if (rc < 0)
+        bs_feed_sub_free(sub);       /* a failed subscribe holds nothing */
+    return rc;
 }
 
 int bs_feed_resume(struct bs_feed_sub *sub, struct tern_session *s)

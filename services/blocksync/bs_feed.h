@@ -67,7 +67,8 @@ struct bs_feed_sub {
 /* Subscribe on `s`: from = BS_FROM_HEIGHT with `height` (and the id of
  * block height-1 if known, else NULL), BS_FROM_NEXT or BS_FROM_LATEST.
  * credits: blocks per poll (0 = 64); the reply buffer is max_msg bytes
- * (0 = 1 MiB). 0, TERN_EFORKED, TERN_ENOSPC, or the call's error. */
+ * (0 = 1 MiB). 0, TERN_EFORKED, TERN_ENOSPC, or the call's error; on an
+ * error `sub` holds nothing (no bs_feed_sub_free needed). */
 int bs_feed_subscribe(struct bs_feed_sub *sub, struct tern_session *s, enum bs_from from,
                       uint64_t height, const uint8_t *parent, uint32_t flags, uint32_t credits,
                       size_t max_msg);

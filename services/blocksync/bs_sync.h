@@ -30,11 +30,12 @@
  * 5. A peer that lies (a span of another size, blocks out of order, a body
  *    whose root or header is not the chain's, a header chain that does not
  *    link) is dropped with the reason, and its ranges go to others. The peer
- *    holding the lowest range of a full window past its stall timeout is
- *    dropped as "stalled": the timeout is eight times what a range takes
- *    from any peer (at least 100 ms; stall_ns until a range has come), or
- *    four times the peer's own range time if longer; it doubles after each
- *    stall drop (to 64 s) and halves back every 16 ranges.
+ *    holding the lowest range of a full window, silent (no bytes of it)
+ *    for its stall timeout, is dropped as "stalled": the timeout is eight
+ *    times what a range takes from any peer (at least 100 ms; stall_ns
+ *    until a range has come), or four times the peer's own range time if
+ *    longer; it doubles after each stall drop (to 64 s) and halves back
+ *    every 16 ranges.
  * 6. Killed at any point, a node starts again from its committed height:
  *    nothing past it was ever believed.
  *

@@ -19,6 +19,7 @@
 #include "bs_layout.h"
 #include "error.h"
 #include "log.h"
+#include "pm/pm.h"
 
 #define BS_LOCK_WAIT_MS 200
 
@@ -192,7 +193,8 @@ static int create_file(const char *path, const struct bs_store_opts *o)
         unlink(tmp);
         return TERN_EIO;
     }
-    return 0;
+    /* Blocks committed into the file must not outlive its name. */
+    return pm_sync_dir_of(path);
 }
 
 static int corrupt(const struct bs_store *st, uint64_t off, const char *what, uint64_t height)

@@ -439,8 +439,7 @@ static int zero_tail(struct pm_pool *p, uint32_t s, uint64_t from)
 
 /* ---- open, create, close ---- */
 
-/* Make a rename in the pool's directory durable. */
-static int sync_dir_of(const char *path)
+int pm_sync_dir_of(const char *path)
 {
     char dir[4096];
     const char *slash = strrchr(path, '/');
@@ -502,7 +501,7 @@ static int create_file(const char *path, const struct pm_opts *o)
         unlink(tmp);
         return TERN_EIO;
     }
-    return sync_dir_of(path);
+    return pm_sync_dir_of(path);
 }
 
 /* Persist [addr, addr+n) outside any commit (open time only). */

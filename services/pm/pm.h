@@ -261,6 +261,12 @@ int pm_clean(struct pm_pool *p, const struct pm_cleaner *c,
 /* Sizes and counts of an open pool. */
 void pm_get_info(const struct pm_pool *p, struct pm_info *info);
 
+/* Make a rename into the directory of `path` durable (fsync of the
+ * directory): a file made under another name and renamed into place is
+ * there after a crash only once this returns. 0 or TERN_EIO. Shared by
+ * every file the services create that way (pools, chains). */
+int pm_sync_dir_of(const char *path);
+
 /* Inspect a pool file read-only without opening it for use: the header, and
  * with `deep` every committed record's bounds and checksum. Writes a report
  * to `out` (may be NULL). Returns 0 if the pool is sound, TERN_ECORRUPT with

@@ -25,7 +25,7 @@ pids=()
 trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$dir"' EXIT
 fail() { echo "kill chain: $*" >&2; exit 1; }
 blocks_of() { "$tern" chain info "$1" | sed -n 's/^blocks *\([0-9]*\) .*/\1/p'; }
-rand_ms() { local v=$(( $1 + RANDOM % ($2 - $1) )); printf '%d.%03d' $((v / 1000)) $((v % 1000)); }
+rand_ms() { local v=$(( $1 + RANDOM % ($2 - $1 + 1) )); printf '%d.%03d' $((v / 1000)) $((v % 1000)); }
 
 # ---- appends ----
 "$tern" chain gen "$dir/app.chain" --blocks 10 --size 2g >/dev/null
@@ -48,6 +48,7 @@ done
 echo "kill chain: appends: $rounds kills, $mid mid-way, $prev blocks, every file sound"
 
 # ---- catch-up ----
+rm -f "$dir/app.chain"
 "$tern" chain gen "$dir/src.chain" --blocks 40000 --reversible 50 >/dev/null
 head=$(blocks_of "$dir/src.chain")
 mkdir -p "$dir/a" "$dir/b"
@@ -57,13 +58,25 @@ pids+=($!)
 for _ in $(seq 100); do grep -q "ternd ready" "$dir/a.out" && break; sleep 0.05; done
 uri=$(sed -n 's/^ternd ready \(tcp:[^ ]*\).*/\1/p' "$dir/a.out")
 [ -n "$uri" ] || fail "peer did not start: $(cat "$dir/a.out")"
+start_b() {
+    "$ternd" --data-dir "$dir/b" --listen tcp://127.0.0.1:0 --no-doc --no-shm --chain \
+        --chain-size 256m --chain-peer "$uri" >"$dir/b.out" 2>&1 &
+    p=$!
+    for _ in $(seq 400); do grep -q "ternd ready" "$dir/b.out" && break; sleep 0.005; done
+}
+# How long a whole catch-up takes here: the kills land anywhere in it.
+start_b
+for _ in $(seq 600); do grep -q "ternd chain" "$dir/b.out" && break; sleep 0.05; done
+sync_ms=$(sed -n 's/.*seconds=\([0-9.]*\).*/\1/p' "$dir/b.out" | awk '{printf "%d", $1 * 1000 + 1}')
+kill -9 "$p" 2>/dev/null || true
+wait "$p" 2>/dev/null || true
+[ -n "$sync_ms" ] || fail "the first catch-up did not end: $(cat "$dir/b.out")"
+rm -rf "$dir/b"
 prev=0
 mid=0
 for r in $(seq "$rounds"); do
-    "$ternd" --data-dir "$dir/b" --listen tcp://127.0.0.1:0 --no-doc --no-shm --chain \
-        --chain-peer "$uri" >"$dir/b.out" 2>&1 &
-    p=$!
-    sleep "$(rand_ms 20 250)"
+    start_b
+    sleep "$(rand_ms 0 "$sync_ms")"
     kill -9 "$p" 2>/dev/null || true
     wait "$p" 2>/dev/null || true
     [ -f "$dir/b/chain.pool" ] || continue
@@ -77,9 +90,7 @@ for r in $(seq "$rounds"); do
 done
 [ "$mid" -ge 3 ] || fail "catch-up: only $mid kills landed mid-way"
 # The last run, not killed, ends at the peer's head.
-"$ternd" --data-dir "$dir/b" --listen tcp://127.0.0.1:0 --no-doc --no-shm --chain \
-    --chain-peer "$uri" >"$dir/b.out" 2>&1 &
-p=$!
+start_b
 pids+=($p)
 for _ in $(seq 600); do grep -q "ternd chain" "$dir/b.out" && break; sleep 0.05; done
 grep -q "ternd chain in-sync blocks=$head " "$dir/b.out" || fail "last run: $(cat "$dir/b.out")"

@@ -97,11 +97,12 @@ static void teardown(void)
 /* ---- server children ---- */
 
 static struct bs_store *child_store;
+static uint32_t srv_stall_ms = 20000;   /* BS_FAULT_STALL's hang per range call */
 static struct bs_service *child_svc;
 
 static void serve_setup(struct tern_rpc_ep *ep)
 {
-    struct bs_service_opts so = {.fault = srv_fault, .stall_ms = 20000, .node = srv_node,
+    struct bs_service_opts so = {.fault = srv_fault, .stall_ms = srv_stall_ms, .node = srv_node,
                                  .allow_append = srv_append};
 
     if (bs_store_open(srv_path, NULL, &child_store) < 0 ||
@@ -292,6 +293,39 @@ START_TEST(a_staller_is_dropped_and_its_ranges_reassigned)
     bs_store_close(st);
     tern_rpc_close(ep);
     test_child_kill(&a);
+    stop_server(b);
+}
+END_TEST
+
+/* The last peer left is slow, not dropped: no one else could send its
+ * ranges (the CI case: two honest ntb-emu peers on a loaded machine were
+ * both dropped as stallers and the sync failed). Here the other peer
+ * lies and goes at once, and the one left answers each range call after
+ * 300 ms, three times the 100 ms floor of the stall timeout. */
+START_TEST(the_last_peer_is_not_dropped_as_a_staller)
+{
+    char u1[128], u2[128];
+    const char *peers[2] = {u1, u2};
+    pid_t a = serve(0, src, "liar", BS_FAULT_MERKLE, u1, sizeof(u1));
+    pid_t b;
+    struct tern_rpc_ep *ep = client_ep();
+    struct bs_store *st = fresh_store("c", CHAIN);
+    struct bs_sync_opts o = small_opts(peers, 2);
+    struct bs_sync_stats s;
+
+    srv_stall_ms = 300;
+    b = serve(0, src, "slow", BS_FAULT_STALL, u2, sizeof(u2));
+    srv_stall_ms = 20000;
+    o.stall_ns = 50000000;
+    o.window = 128 << 10;            /* two ranges fill the window ... */
+    o.depth = 4;                     /* ... before the peer is at its depth */
+    ck_assert_int_eq(bs_sync_run(ep, st, &o, &s), 0);
+    assert_synced(st, NB);
+    ck_assert_str_eq(s.peer[0].dropped, "bad merkle root");
+    ck_assert_ptr_null(s.peer[1].dropped);
+    bs_store_close(st);
+    tern_rpc_close(ep);
+    stop_server(a);
     stop_server(b);
 }
 END_TEST
@@ -603,6 +637,7 @@ Suite *suite_bs_sync(void)
     tcase_add_test(tc, sync_over_every_fabric);
     tcase_add_loop_test(tc, liars_are_dropped_with_their_reason, 0, 2);
     tcase_add_test(tc, a_staller_is_dropped_and_its_ranges_reassigned);
+    tcase_add_test(tc, the_last_peer_is_not_dropped_as_a_staller);
     tcase_add_test(tc, handshake_refusals_say_why);
     tcase_add_test(tc, a_longer_fork_replaces_reversible_blocks);
     tcase_add_test(tc, kill_during_catchup_resumes_from_the_commit_point);

@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <semaphore.h>
 #include <stdatomic.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1051,6 +1052,15 @@ static void assign(struct sync *sy)
     }
 }
 
+/* Whether a ready peer other than @pi holds blocks up to @to. */
+static bool other_peer_for(const struct sync *sy, int pi, uint64_t to)
+{
+    for (unsigned i = 0; i < sy->n_peers; i++)
+        if ((int)i != pi && sy->peers[i].st == P_READY && sy->peers[i].hello.head >= to)
+            return true;
+    return false;
+}
+
 /* The peer holding the lowest range of a window that cannot move on past
  * its stall timeout is dropped (Bitcoin Core's staller rule). */
 static void check_stall(struct sync *sy, uint64_t now)
@@ -1084,6 +1094,17 @@ static void check_stall(struct sync *sy, uint64_t now)
     blocked = sy->window_full || sy->next_height >= (sy->hdr_top < sy->target ? sy->hdr_top : sy->target);
     if (!blocked)
         return;
+    /* Dropping the one peer that could send the range again gains
+     * nothing (Bitcoin Core, too, names a staller only when another peer
+     * could take its blocks): wait longer for it instead. */
+    if (!other_peer_for(sy, r->peer, r->to)) {
+        r->t_progress = now;
+        if (sy->stall_doublings < 10)
+            sy->stall_doublings++;
+        return;
+    }
+    tern_log(TERN_LOG_INFO, "sync", "range at %" PRIu64 " silent for %" PRIu64 " ms (limit %" PRIu64 " ms)",
+             r->from, (now - r->t_progress) / 1000000, limit / 1000000);
     peer_drop(sy, r->peer, "stalled");
     if (sy->stall_doublings < 10)
         sy->stall_doublings++;

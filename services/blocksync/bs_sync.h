@@ -35,7 +35,8 @@
  *    times what a range takes from any peer (at least 100 ms; stall_ns
  *    until a range has come), or four times the peer's own range time if
  *    longer; it doubles after each stall drop (to 64 s) and halves back
- *    every 16 ranges.
+ *    every 16 ranges. The last peer that holds the range is not dropped
+ *    (no one else could send it); its timeout doubles instead.
  * 6. Killed at any point, a node starts again from its committed height:
  *    nothing past it was ever believed.
  *

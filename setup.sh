@@ -23,6 +23,8 @@ PKGS=(build-essential meson ninja-build pkg-config check libsubunit-dev python3
       libpmem-dev libxxhash-dev   # the services: pool; checksums and key hash
       libbson-dev libpcre2-dev    # the document service: BSON; $regex
       libssl-dev                  # the block-sync service: SHA-256 (libcrypto)
+      libinih-dev                 # ternd's configuration file (INI)
+      scdoc                       # the man pages, built from docs/man/*.scd
       iperf3                      # rpcbench blocksync: the tcp ceiling it compares with
       redis-tools                     # redis-cli/redis-benchmark against the RESP gateway
       python3-pymongo libmongoc-dev   # MongoDB clients against the gateway (tests/mongo)
@@ -185,6 +187,12 @@ consumer() {
     LD_LIBRARY_PATH=$libdir timeout 20 "$dest/hello" | grep -q '^hello, world$' || rc=1
     LD_LIBRARY_PATH=$libdir timeout 20 "$dest/consumer-cxx" || rc=1
     sh tests/abi/exports.sh "$libdir/libtern.so" "$(dirname "$(find "$dest" -name tern.h | head -n 1)")" || rc=1
+    # ternd's man pages (where scdoc is), unit and example configuration.
+    local f
+    for f in ternd.service ternd.conf.example $(command -v scdoc >/dev/null &&
+                                               echo ternd.8 ternd.conf.5 tern.1 rpcbench.1); do
+        [ -n "$(find "$dest" -name "$f" | head -n 1)" ] || { log "not installed: $f"; rc=1; }
+    done
     rm -rf "$dest"
     return $rc
 }
@@ -220,6 +228,7 @@ run_tests() {
         count chain-smoke tests/chain_smoke.sh build
         count chain-kill-50 tests/kill_chain.sh build 50
         count ternd-smoke tests/ternd_smoke.sh build
+        count ternd-config tests/ternd_config.sh build
         count installed-library-consumer consumer
         # One CRUD script through three real MongoDB clients against
         # ternd's gateway and through the native API; each transcript

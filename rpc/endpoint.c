@@ -447,7 +447,7 @@ static void on_event(struct tern_rpc_ep *ep, const struct tern_tp_event *e)
             if (!rpc_client_failover(s, status))
                 rpc_client_fail(s, status);
         } else {
-            tern_log(TERN_LOG_INFO, "rpc", "client %s left", tern_tp_conn_peer(e->conn));
+            tern_log(TERN_LOG_DEBUG, "rpc", "client %s left", tern_tp_conn_peer(e->conn));
             rpc_session_free(s);
         }
         break;

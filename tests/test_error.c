@@ -1,7 +1,10 @@
 /* The error table: every code has a distinct value, a name and a message. */
+#include <regex.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "error.h"
+#include "log.h"
 #include "suites.h"
 
 static const int codes[] = {
@@ -55,6 +58,61 @@ START_TEST(errno_compatible)
 }
 END_TEST
 
+/* ---- logging: one format, levels by name, an application's handler ---- */
+
+static char got_msg[512], got_who[32];
+static int got_level = -1, got_n;
+
+static void catch_line(enum tern_log_level level, const char *who, const char *msg, void *arg)
+{
+    ck_assert_ptr_eq(arg, got_msg);
+    got_level = (int)level;
+    got_n++;
+    snprintf(got_who, sizeof(got_who), "%s", who);
+    snprintf(got_msg, sizeof(got_msg), "%s", msg);
+}
+
+START_TEST(log_lines_have_one_format)
+{
+    char line[256];
+    regex_t re;
+
+    /* ISO 8601 UTC to the microsecond, the level, the pid, the component. */
+    ck_assert_int_eq(regcomp(&re, "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}"
+                                  "\\.[0-9]{6}Z warn  \\[[0-9]+\\] sync: a peer went$",
+                             REG_EXTENDED | REG_NOSUB), 0);
+    tern_log_format(line, sizeof(line), TERN_LOG_WARN, "sync", "a peer went");
+    ck_assert_msg(regexec(&re, line, 0, NULL, 0) == 0, "line: %s", line);
+    regfree(&re);
+    tern_log_format(line, 24, TERN_LOG_ERROR, "x", "truncated, never overrun");
+    ck_assert_uint_eq(strlen(line), 23);
+}
+END_TEST
+
+START_TEST(log_levels_by_name)
+{
+    ck_assert_int_eq(tern_log_level_parse("debug"), TERN_LOG_DEBUG);
+    ck_assert_int_eq(tern_log_level_parse("WARN"), TERN_LOG_WARN);
+    ck_assert_int_eq(tern_log_level_parse("loud"), -1);
+    ck_assert_int_eq(tern_log_level_parse(NULL), -1);
+    ck_assert_str_eq(tern_log_level_name(TERN_LOG_INFO), "info");
+}
+END_TEST
+
+START_TEST(log_handler_takes_the_lines)
+{
+    tern_log_set_level(TERN_LOG_INFO);
+    tern_log_set_handler(catch_line, got_msg);
+    tern_log(TERN_LOG_INFO, "ternd", "reloaded %d rules", 3);
+    tern_log(TERN_LOG_DEBUG, "ternd", "below the level: not delivered");
+    tern_log_set_handler(NULL, NULL);
+    ck_assert_int_eq(got_n, 1);
+    ck_assert_int_eq(got_level, TERN_LOG_INFO);
+    ck_assert_str_eq(got_who, "ternd");
+    ck_assert_str_eq(got_msg, "reloaded 3 rules");
+}
+END_TEST
+
 Suite *suite_error(void)
 {
     Suite *s = suite_create("error");
@@ -63,6 +121,11 @@ Suite *suite_error(void)
     tcase_add_test(tc, codes_are_negative_and_distinct);
     tcase_add_test(tc, every_code_has_text_and_name);
     tcase_add_test(tc, errno_compatible);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("log");
+    tcase_add_test(tc, log_lines_have_one_format);
+    tcase_add_test(tc, log_levels_by_name);
+    tcase_add_test(tc, log_handler_takes_the_lines);
     suite_add_tcase(s, tc);
     return s;
 }

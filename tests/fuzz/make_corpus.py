@@ -403,6 +403,24 @@ SEEDS["chain_file"] = {
 }
 
 
+# ---- ternd_conf: ternd's configuration file (tests/fuzz/fuzz_ternd_conf.c)
+_example = open(os.path.join(os.path.dirname(__file__), "..", "..", "tools", "ternd",
+                             "ternd.conf"), "rb").read()
+SEEDS["ternd_conf"] = {
+    "example": _example,
+    "every-section": b"[node]\nname = a\nrack = r\nlisten = tcp://127.0.0.1:0\nlisten = shm://x\n"
+                     b"log_file = /tmp/x.log\n[kv]\npool_size = 4m\nseg_size = 64k\n"
+                     b"range = 1:2\nresp_port = off\n[doc]\nenabled = no\n[chain]\n"
+                     b"enabled = yes\npeer = tcp://b:1\nworkers = 2\nfault = stall\n"
+                     b"[policy]\nsame_rack = shm,ntb\nsubnet = 10.0.0.0/8 rdma\n"
+                     b"[peer b]\naddress = tcp://b:1\nrack = r\n",
+    "twice": b"[node]\nname = a\nname = b\n",
+    "unclosed": b"[node\nname = a\n",
+    "continued": b"[node]\nname = a\n  b\n",
+    "inline-comment": b"[node]\nname = a ; b\nlisten =;tcp://x:1\n",
+}
+
+
 for target, seeds in SEEDS.items():
     d = os.path.join(OUT, target)
     os.makedirs(d, exist_ok=True)

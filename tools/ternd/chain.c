@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "ternd_chain.h"
 
 #if TERN_HAVE_BLOCKSYNC
@@ -41,12 +42,12 @@ int ternd_chain_open(const struct ternd_chain_opts *o, const char *data_dir,
     c->created = stat(c->path, &sb) < 0 && errno == ENOENT;
     rc = bs_store_open(c->path, &so, &c->st);
     if (rc < 0) {
-        fprintf(stderr, "ternd: chain %s: %s\n", c->path, tern_strerror(rc));
+        tern_log(TERN_LOG_ERROR, "ternd", "chain %s: %s", c->path, tern_strerror(rc));
         if (rc == TERN_ECORRUPT)
-            fprintf(stderr, "ternd: run `tern chain verify %s` for the height; the file was "
-                    "left as it is\n", c->path);
+            tern_log(TERN_LOG_ERROR, "ternd", "run `tern chain verify %s` for the height; the file was "
+                    "left as it is", c->path);
         if (rc == TERN_EINVAL)
-            fprintf(stderr, "ternd: --chain-id does not match the chain in that file\n");
+            tern_log(TERN_LOG_ERROR, "ternd", "--chain-id does not match the chain in that file");
         free(c);
         return rc;
     }
@@ -67,7 +68,7 @@ int ternd_chain_register(struct ternd_chain *c, struct tern_rpc_ep *ep)
 
     /* Without a put source, ranges go inline: slower, not wrong. */
     if (rc == 0 && bs_service_enable_put(c->svc, ep) < 0)
-        fprintf(stderr, "ternd: chain: no one-sided source: ranges go inline\n");
+        tern_log(TERN_LOG_WARN, "ternd", "chain: no one-sided source: ranges go inline");
     return rc;
 }
 
@@ -82,8 +83,8 @@ int ternd_chain_ready(const struct ternd_chain *c, char *buf, size_t len)
 static void progress(void *arg, const struct bs_sync_progress *p)
 {
     (void)arg;
-    fprintf(stderr, "ternd: chain: catching up: %" PRIu64 "/%" PRIu64 " blocks, %.2f GB, "
-            "%.1f s, %u peers\n", p->committed, p->target, (double)p->bytes / 1e9, p->seconds,
+    tern_log(TERN_LOG_INFO, "ternd", "chain: catching up: %" PRIu64 "/%" PRIu64 " blocks, %.2f GB, "
+            "%.1f s, %u peers", p->committed, p->target, (double)p->bytes / 1e9, p->seconds,
             p->peers);
 }
 
@@ -103,7 +104,7 @@ int ternd_chain_catch_up(struct ternd_chain *c, struct tern_rpc_ep *ep,
     rc = bs_sync_run(ep, c->st, &so, &s);
     for (unsigned i = 0; i < s.n_peers; i++)
         if (s.peer[i].dropped)
-            fprintf(stderr, "ternd: chain: peer %s: %s\n", s.peer[i].uri, s.peer[i].dropped);
+            tern_log(TERN_LOG_WARN, "ternd", "chain: peer %s: %s", s.peer[i].uri, s.peer[i].dropped);
     printf("ternd chain %s blocks=%" PRIu64 " irreversible=%" PRIu64 " fetched=%" PRIu64
            " bytes=%" PRIu64 " seconds=%.2f%s%s\n",
            rc == 0 ? "in-sync" : "behind", s.committed, bs_store_irreversible(c->st), s.blocks,

@@ -1,32 +1,29 @@
 /* ternd: the tern daemon. It hosts the key-value service (kv.pool), the
- * document service (doc.pool) and, with --chain, the block-sync service
- * (chain.pool: tools/ternd/chain.c) on pools under --data-dir, serves them
- * over tern RPC (TCP, plus shm for clients on this host that come in through
- * auto://), with --resp-port also speaks the Redis protocol on the KV
- * store, and with --mongo-port MongoDB's wire protocol on the document
- * store.
+ * document service (doc.pool) and, with [chain] enabled, the block-sync
+ * service (chain.pool: tools/ternd/chain.c) on pools under data_dir,
+ * serves them over tern RPC (TCP, plus shm for clients on this host that
+ * come in through auto://), with resp_port also speaks the Redis protocol
+ * on the KV store, and with mongo_port MongoDB's wire protocol on the
+ * document store. Its settings come from a configuration file and flags
+ * (opts.h; ternd(8) lists them).
  *
- *   ternd [--data-dir DIR] [--listen URI]... [--no-shm] [--resp-port PORT]
- *         [--mongo-port PORT] [--no-doc] [--doc-pool-size SIZE]
- *         [--pool-size SIZE] [--seg-size SIZE] [--range LO:HI]
- *         [--spin-us N] [--resp-coalesce-us N] [--busy] [--flush-helpers N]
- *         [--chain [--chain-id ID] [--chain-size SIZE] [--chain-peer URI]...
- *          [--chain-producers] [--chain-workers N]]
+ *   ternd [--config FILE [--check]] [options]
  *   ternd --help | --version
  *
  * One thread runs everything: RPC handlers and gateway commands touch the
- * stores without locks. When all have been idle for --spin-us it sleeps on
+ * stores without locks. When all have been idle for spin_us it sleeps on
  * one epoll set holding the RPC endpoint's fd and the gateways'. With
- * --flush-helpers, that many more threads take pieces of the store's large
+ * flush_helpers, that many more threads take pieces of the store's large
  * flushes (tern_kv_service_help) and touch nothing else. SIGTERM and
  * SIGINT stop it cleanly: clients are closed, the pool is synced and
- * unlocked. SIGHUP is ignored. Once serving it prints one line,
- * "ternd ready ...", on stdout; errors go to stderr. A start that fails
- * (exit 1) removes the pool file it created, if it created one; usage
- * errors exit 2.
+ * unlocked. SIGHUP reloads [policy] from the file and reopens log_file.
+ * Once serving it prints one line, "ternd ready ...", on stdout; logs go to
+ * stderr (or log_file) in tern's one format (log.h). A start that fails
+ * (exit 1) removes the pool file it created, if it created one; usage and
+ * configuration errors exit 2.
  */
 #include <errno.h>
-#include <getopt.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -47,39 +44,21 @@
 #endif
 #include "kv.h"
 #include "kv_service_internal.h"
+#include "log.h"
 #include "kv_store.h"
 #include "opt.h"
 #include "resp.h"
 #include "rpc.h"
+#include "opts.h"
 #include "ternd_chain.h"
 
-#define MAX_LISTEN 8
-#define MAX_HELPERS 64
-#define SPIN_MAX_US 1000000u         /* a second: past that --busy is meant */
-#define DEFAULT_SEG (1ull << 20)     /* the pool's defaults (pm.h) */
-#define DEFAULT_POOL (256ull << 20)
-#define POOL_MAX (1ull << 44)
-
-struct opts {
-    const char *data_dir;
-    const char *listen[MAX_LISTEN];
-    unsigned n_listen;
-    bool shm, busy;
-    int resp_port;                   /* -1: no gateway */
-    int mongo_port;                  /* -1: no gateway */
-    bool doc;                        /* host the document service */
-    uint64_t doc_pool_size;
-    uint64_t pool_size;
-    uint32_t seg_size;
-    uint32_t range_lo, range_hi;
-    unsigned spin_us;
-    unsigned coalesce_us;
-    unsigned helpers;                /* --flush-helpers */
-    struct ternd_chain_opts chain;   /* --chain... */
-};
+#define MAX_HELPERS TERND_MAX_HELPERS
 
 static struct tern_rpc_ep *g_ep;
 static volatile int g_stop;     /* a sig_atomic_t; the chain's catch-up reads it too */
+
+static volatile sig_atomic_t g_hup;
+static struct ternd_policy g_policy;   /* [policy] as last (re)loaded */
 
 static void on_signal(int sig)
 {
@@ -89,235 +68,57 @@ static void on_signal(int sig)
         tern_rpc_stop(g_ep);
 }
 
-static void usage(FILE *f)
+static void on_hup(int sig)
 {
-    fprintf(f,
-            "usage: ternd [--data-dir DIR] [--listen URI]... [--no-shm] [--resp-port PORT]\n"
-            "             [--mongo-port PORT] [--no-doc] [--doc-pool-size SIZE]\n"
-            "             [--pool-size SIZE] [--seg-size SIZE] [--range LO:HI]\n"
-            "             [--spin-us N] [--resp-coalesce-us N] [--busy] [--flush-helpers N]\n"
-            "             [--chain [--chain-id ID] [--chain-size SIZE] [--chain-peer URI]...\n"
-            "              [--chain-producers] [--chain-workers N]]\n"
-            "       ternd --help | --version\n"
-            "  --data-dir DIR    pool files live here (default ./tern-data)\n"
-            "  --listen URI      tern RPC address, repeatable up to %d times\n"
-            "                    (default tcp://127.0.0.1:7300)\n"
-            "  --no-shm          do not offer shared memory to auto:// clients on this host\n"
-            "  --resp-port PORT  also serve the Redis protocol on 127.0.0.1:PORT (0: any)\n"
-            "  --mongo-port PORT also serve MongoDB's wire protocol on 127.0.0.1:PORT\n"
-            "                    (0: any), on the document store\n"
-            "  --no-doc          do not host the document service (doc.pool)\n"
-            "  --doc-pool-size SIZE  size of a new document pool, k/m/g/t (default 1g, a\n"
-            "                    sparse file of 32m segments)\n"
-            "  --pool-size SIZE  size of a new pool, k/m/g/t, at least four segments and\n"
-            "                    4k (default 256m)\n"
-            "  --seg-size SIZE   log segment size of a new pool, a power of two in\n"
-            "                    64k..1g (default 1m)\n"
-            "  --range LO:HI     the 32-bit key-hash range this server owns (default all)\n"
-            "  --spin-us N       poll this long after the last work before sleeping\n"
-            "                    (0..%u, default 20)\n"
-            "  --resp-coalesce-us N  under load, gather RESP commands this long before\n"
-            "                    sleeping; 0 turns it off (0..%u, default 50)\n"
-            "  --busy            never sleep (lowest latency, one core always busy)\n"
-            "  --flush-helpers N start N threads that take pieces of large flushes off\n"
-            "                    the serving thread (PM pools only; 0..%u, default 0)\n"
-            "  --chain           host the block-sync service on chain.pool\n"
-            "  --chain-id ID     a new chain file's chain id (default 0x7465726e)\n"
-            "  --chain-size SIZE a new chain file's size, k/m/g/t (default 1g, sparse)\n"
-            "  --chain-peer URI  catch up from this peer once serving; repeatable (%d)\n"
-            "  --chain-producers take new blocks from producers (tern chain append --uri)\n"
-            "  --chain-workers N threads that check ranges while catching up (default:\n"
-            "                    one per core but one, at most 4; 0: the serving thread)\n"
-            "  --chain-fault F   for tests: serve ranges badly (stall, merkle, truncate,\n"
-            "                    order, parent)\n"
-            "SIGTERM and SIGINT stop ternd cleanly; SIGHUP is ignored (it logs to\n"
-            "stderr and has no configuration file to reload).\n",
-            MAX_LISTEN, SPIN_MAX_US, RESP_COALESCE_MAX_US, MAX_HELPERS, TERND_CHAIN_PEERS);
+    (void)sig;
+    g_hup = 1;
+    if (g_ep)
+        tern_rpc_stop(g_ep);
 }
 
-/* "LO:HI", both 32-bit, LO <= HI. */
-static bool parse_range(const char *arg, struct opts *o)
+/* stderr to log_file (appended), so the library's lines go there too. */
+static int open_log(const char *path)
 {
-    const char *colon = strchr(arg, ':');
-    uint64_t lo, hi;
-    char los[32];
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
 
-    if (!colon || (size_t)(colon - arg) >= sizeof(los)) {
-        fprintf(stderr, "ternd: --range: %s is not LO:HI\n", arg);
-        return false;
+    if (fd < 0)
+        return -errno;
+    if (dup2(fd, STDERR_FILENO) < 0) {
+        int e = errno;
+
+        close(fd);
+        return -e;
     }
-    snprintf(los, sizeof(los), "%.*s", (int)(colon - arg), arg);
-    if (!opt_num("ternd", "--range", los, 0, UINT32_MAX, 0, &lo) ||
-        !opt_num("ternd", "--range", colon + 1, 0, UINT32_MAX, 0, &hi))
-        return false;
-    if (lo > hi) {
-        fprintf(stderr, "ternd: --range: %s is empty (LO is above HI)\n", arg);
-        return false;
-    }
-    o->range_lo = (uint32_t)lo;
-    o->range_hi = (uint32_t)hi;
-    return true;
-}
-
-/* A new pool's sizes, checked here because the pool would only say
- * "invalid argument". They do not matter to an existing pool, but a
- * command line that could not create one is wrong all the same. */
-static bool check_sizes(struct opts *o, const char *pool_size)
-{
-    uint64_t seg = o->seg_size ? o->seg_size : DEFAULT_SEG, min;
-    char segs[32], mins[32];
-
-    if (seg & (seg - 1)) {
-        opt_format(segs, sizeof(segs), seg, OPT_SIZE);
-        fprintf(stderr, "ternd: --seg-size: %s is not a power of two\n", segs);
-        return false;
-    }
-    /* The pool's smallest: its 4 KiB header and four segments (one to
-     * write to and the reserves). */
-    min = 4096 + 4 * seg;
-    if (pool_size)
-        return opt_num("ternd", "--pool-size", pool_size, min, POOL_MAX, OPT_SIZE,
-                       &o->pool_size);
-    if (DEFAULT_POOL < min) {
-        opt_format(segs, sizeof(segs), seg, OPT_SIZE);
-        opt_format(mins, sizeof(mins), 4 * seg, OPT_SIZE);
-        fprintf(stderr, "ternd: --seg-size: %s segments need a --pool-size of %s + 4k at "
-                "least (four segments and the header; the default is 256m)\n", segs, mins);
-        return false;
-    }
-    return true;
-}
-
-static int parse_args(int argc, char **argv, struct opts *o)
-{
-    static const struct option longs[] = {
-        {"data-dir", required_argument, NULL, 'd'}, {"listen", required_argument, NULL, 'l'},
-        {"no-shm", no_argument, NULL, 'n'},         {"resp-port", required_argument, NULL, 'r'},
-        {"pool-size", required_argument, NULL, 'p'}, {"seg-size", required_argument, NULL, 's'},
-        {"range", required_argument, NULL, 'R'},    {"spin-us", required_argument, NULL, 'S'},
-        {"resp-coalesce-us", required_argument, NULL, 'C'},
-        {"busy", no_argument, NULL, 'b'},           {"help", no_argument, NULL, 'h'},
-        {"flush-helpers", required_argument, NULL, 'F'},
-        {"mongo-port", required_argument, NULL, 'm'}, {"no-doc", no_argument, NULL, 'N'},
-        {"doc-pool-size", required_argument, NULL, 'Z'},
-        {"version", no_argument, NULL, 'V'},
-        {"chain", no_argument, NULL, 'c'},          {"chain-id", required_argument, NULL, 'I'},
-        {"chain-size", required_argument, NULL, 'z'},
-        {"chain-peer", required_argument, NULL, 'P'},
-        {"chain-producers", no_argument, NULL, 'A'},
-        {"chain-workers", required_argument, NULL, 'W'},
-        {"chain-fault", required_argument, NULL, 'X'},
-        {0},
-    };
-    const char *pool_size = NULL;
-    uint64_t v = 0;
-    int c;
-
-    static const char *const faults[] = {"none", "stall", "merkle", "truncate", "order",
-                                         "parent", NULL};
-    int k;
-
-    *o = (struct opts){.data_dir = "./tern-data", .shm = true, .resp_port = -1, .spin_us = 20,
-                         .coalesce_us = 50, .mongo_port = -1, .doc = true,
-                         .chain = {.chain = 0x7465726eull, .size = 1ull << 30,
-                                   .workers = UINT32_MAX}};
-    while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
-        bool ok = true;
-
-        switch (c) {
-        case 'd': o->data_dir = optarg; break;
-        case 'l':
-            if (o->n_listen == MAX_LISTEN)
-                return opt_usage_error("ternd", "--listen: at most %d addresses", MAX_LISTEN);
-            o->listen[o->n_listen++] = optarg;
-            break;
-        case 'n': o->shm = false; break;
-        case 'm':
-            ok = opt_num("ternd", "--mongo-port", optarg, 0, 65535, 0, &v);
-            o->mongo_port = (int)v;
-            break;
-        case 'N': o->doc = false; break;
-        case 'Z':
-            /* 4 KiB of header and four 32 MiB segments at least. */
-            ok = opt_num("ternd", "--doc-pool-size", optarg, 4096 + (128ull << 20), POOL_MAX,
-                         OPT_SIZE, &o->doc_pool_size);
-            break;
-        case 'r':
-            ok = opt_num("ternd", "--resp-port", optarg, 0, 65535, 0, &v);
-            o->resp_port = (int)v;
-            break;
-        case 'p': pool_size = optarg; break;     /* its least depends on --seg-size */
-        case 's':
-            ok = opt_num("ternd", "--seg-size", optarg, 64u << 10, 1u << 30, OPT_SIZE, &v);
-            o->seg_size = (uint32_t)v;
-            break;
-        case 'R': ok = parse_range(optarg, o); break;
-        case 'S':
-            ok = opt_num("ternd", "--spin-us", optarg, 0, SPIN_MAX_US, 0, &v);
-            o->spin_us = (unsigned)v;
-            break;
-        case 'C':
-            ok = opt_num("ternd", "--resp-coalesce-us", optarg, 0, RESP_COALESCE_MAX_US, 0,
-                         &v);
-            o->coalesce_us = (unsigned)v;
-            break;
-        case 'b': o->busy = true; break;
-        case 'F':
-            ok = opt_num("ternd", "--flush-helpers", optarg, 0, MAX_HELPERS, 0, &v);
-            o->helpers = (unsigned)v;
-            break;
-        case 'c': o->chain.on = true; break;
-        case 'I': ok = opt_num("ternd", "--chain-id", optarg, 1, UINT64_MAX, 0, &o->chain.chain);
-            break;
-        case 'z':
-            ok = opt_num("ternd", "--chain-size", optarg, 8u << 20, POOL_MAX, OPT_SIZE,
-                         &o->chain.size);
-            break;
-        case 'P':
-            if (o->chain.n_peers == TERND_CHAIN_PEERS)
-                return opt_usage_error("ternd", "--chain-peer: at most %d", TERND_CHAIN_PEERS);
-            o->chain.peers[o->chain.n_peers++] = optarg;
-            break;
-        case 'A': o->chain.producers = true; break;
-        case 'W':
-            ok = opt_num("ternd", "--chain-workers", optarg, 0, 16, 0, &v);
-            o->chain.workers = (unsigned)v;
-            break;
-        case 'X':
-            ok = (k = opt_choice("ternd", "--chain-fault", optarg, faults, NULL)) >= 0;
-            o->chain.fault = k;
-            break;
-        case 'h': usage(stdout); return -1;
-        case 'V': opt_version("ternd"); return -1;
-        default:                             /* getopt said what */
-            fprintf(stderr, "Try 'ternd --help' for the options.\n");
-            return OPT_USAGE;
-        }
-        if (!ok)
-            return OPT_USAGE;
-    }
-    if (optind != argc)
-        return opt_usage_error("ternd", "unexpected argument '%s'", argv[optind]);
-    if (!check_sizes(o, pool_size))
-        return OPT_USAGE;
-#if !TERN_HAVE_DOC
-    if (o->mongo_port >= 0)
-        return opt_usage_error("ternd", "--mongo-port: built without the document service "
-                               "(libbson, PCRE2)");
-    o->doc = false;
-#endif
-    if (o->mongo_port >= 0 && !o->doc)
-        return opt_usage_error("ternd", "--mongo-port serves the document store: not with --no-doc");
-    if (!o->n_listen)
-        o->listen[o->n_listen++] = "tcp://127.0.0.1:7300";
-    if (!o->chain.on && (o->chain.n_peers || o->chain.producers || o->chain.fault))
-        return opt_usage_error("ternd", "the --chain-... options need --chain");
-#if !TERN_HAVE_BLOCKSYNC
-    if (o->chain.on)
-        return opt_usage_error("ternd", "--chain: built without the block-sync service "
-                               "(libcrypto, libpmem)");
-#endif
+    close(fd);
     return 0;
+}
+
+/* SIGHUP: a log rotated away is let go, and [policy] is read again (a
+ * mistake in the file keeps the policy in force and says why). */
+static void reload(const struct ternd_opts *o)
+{
+    struct ternd_policy p;
+    char a[64], b[64];
+    int rc;
+
+    if (o->log_file && (rc = open_log(o->log_file)) < 0)
+        tern_log(TERN_LOG_ERROR, "ternd", "log_file %s: %s: logging on where it was",
+                 o->log_file, strerror(-rc));
+    if (!o->config) {
+        tern_log(TERN_LOG_INFO, "ternd", "SIGHUP: log reopened; no configuration file to reload");
+        return;
+    }
+    if (ternd_opts_reload_policy(o, &p) < 0) {
+        tern_log(TERN_LOG_ERROR, "ternd", "SIGHUP: %s not reloaded: the policy stays as it was",
+                 o->config);
+        return;
+    }
+    g_policy = p;
+    ternd_fabric_list_text(&p.same_rack, a, sizeof(a));
+    ternd_fabric_list_text(&p.other_rack, b, sizeof(b));
+    tern_log(TERN_LOG_INFO, "ternd", "SIGHUP: policy reloaded from %s: same_rack=%s "
+             "other_rack=%s, %u subnet rule%s", o->config, a, b, p.n_subnets,
+             p.n_subnets == 1 ? "" : "s");
 }
 
 /* Without a gateway: one epoll set over the endpoint's fd, to sleep on. */
@@ -367,7 +168,7 @@ static bool poll_chain(struct gw *gws, unsigned n, unsigned i, int timeout)
  * the first gateway's epoll, which watches the next gateway's epoll fd,
  * and the last watches the endpoint's fd: a gateway-only load costs one
  * epoll_wait per batch, as in Redis. */
-static void serve(const struct opts *o, struct tern_rpc_ep *ep, struct gw *gws, unsigned ngw)
+static void serve(const struct ternd_opts *o, struct tern_rpc_ep *ep, struct gw *gws, unsigned ngw)
 {
     uint64_t spin = (uint64_t)o->spin_us * 1000u, last_rpc = tern_now_ns();
     int sleeper = -1;
@@ -382,6 +183,11 @@ static void serve(const struct opts *o, struct tern_rpc_ep *ep, struct gw *gws, 
     }
     while (!g_stop) {
         bool hot = o->busy || tern_now_ns() - last_rpc < spin;
+
+        if (g_hup) {
+            g_hup = 0;
+            reload(o);
+        }
         int n = 0;
 
         if (hot || !ngw) {
@@ -518,20 +324,36 @@ int main(int argc, char **argv)
     bool new_dpool = false;
 #endif
     struct stat pst;
-    struct opts o;
+    struct ternd_opts o;
     size_t at;
     int rc;
 
-    /* A hang-up of the terminal or of a supervisor that sends SIGHUP for
-     * "reload" must not stop the store: there is nothing to reload (no
-     * configuration file; logs go to stderr). */
+    /* A hang-up before the handler is in must not stop the store. */
     signal(SIGHUP, SIG_IGN);
-    rc = parse_args(argc, argv, &o);
+    rc = ternd_opts_parse(argc, argv, &o);
     if (rc)
         return rc < 0 ? 0 : rc;       /* -1: --help or --version */
+    if (o.check) {
+        ternd_opts_print(stdout, &o);
+        ternd_opts_free(&o);
+        return 0;
+    }
+    if (o.log_level >= 0)
+        tern_log_set_level((enum tern_log_level)o.log_level);
+    else if (!getenv("TERN_LOG"))
+        tern_log_set_level(TERN_LOG_INFO);   /* a daemon says when it starts and stops */
+    else
+        tern_log_enabled(TERN_LOG_INFO);     /* a TERN_LOG that names no level is said now */
+    if (o.log_file && (rc = open_log(o.log_file)) < 0) {
+        fprintf(stderr, "ternd: log_file %s: %s\n", o.log_file, strerror(-rc));
+        return 1;
+    }
+    g_policy = o.policy;
+    tern_log(TERN_LOG_DEBUG, "ternd", "node %s%s%s starting%s%s", o.name, o.rack[0] ? " rack " : "",
+             o.rack, o.config ? " from " : "", o.config ? o.config : "");
     made_dir = mkdir(o.data_dir, 0700) == 0;
     if (!made_dir && errno != EEXIST) {
-        fprintf(stderr, "ternd: %s: %s\n", o.data_dir, strerror(errno));
+        tern_log(TERN_LOG_ERROR, "ternd", "%s: %s", o.data_dir, strerror(errno));
         return 1;
     }
     snprintf(pool, sizeof(pool), "%s/kv.pool", o.data_dir);
@@ -541,10 +363,10 @@ int main(int argc, char **argv)
                                        .range_hi = o.range_hi};
     rc = tern_kv_service_open(&ko, &svc);
     if (rc < 0) {
-        fprintf(stderr, "ternd: pool %s: %s\n", pool, tern_strerror(rc));
+        tern_log(TERN_LOG_ERROR, "ternd", "pool %s: %s", pool, tern_strerror(rc));
         if (rc == TERN_ECORRUPT)
-            fprintf(stderr, "ternd: run `tern pool check %s` for the offset; the file was "
-                    "left as it is\n", pool);
+            tern_log(TERN_LOG_ERROR, "ternd", "run `tern pool check %s` for the offset; the file was "
+                    "left as it is", pool);
         if (made_dir)
             rmdir(o.data_dir);
         return 1;
@@ -560,11 +382,11 @@ int main(int argc, char **argv)
         new_dpool = stat(dpool, &pst) < 0 && errno == ENOENT;
         rc = doc_store_open(dpool, &dso, &dstore, &de);
         if (rc < 0)
-            fprintf(stderr, "ternd: document pool %s: %s\n", dpool, de.msg);
+            tern_log(TERN_LOG_ERROR, "ternd", "document pool %s: %s", dpool, de.msg);
         if (rc == 0 && (rc = doc_server_open(dstore, NULL, &dsrv)) < 0)
-            fprintf(stderr, "ternd: document service: %s\n", tern_strerror(rc));
+            tern_log(TERN_LOG_ERROR, "ternd", "document service: %s", tern_strerror(rc));
         if (rc == 0 && (rc = doc_service_new(dsrv, 0, &dsvc)) < 0)
-            fprintf(stderr, "ternd: document service: %s\n", tern_strerror(rc));
+            tern_log(TERN_LOG_ERROR, "ternd", "document service: %s", tern_strerror(rc));
         if (rc < 0) {
             doc_server_close(dsrv);
             doc_store_close(dstore);
@@ -610,17 +432,17 @@ int main(int argc, char **argv)
 #endif
     /* Clients that ask for the one-sided paths (tern_kv_set_path) get them. */
     if (rc == 0 && (rc = tern_kv_service_enable_onesided(svc, g_ep, NULL)) < 0)
-        fprintf(stderr, "ternd: one-sided paths: %s\n", tern_strerror(rc));
+        tern_log(TERN_LOG_ERROR, "ternd", "one-sided paths: %s", tern_strerror(rc));
 #if TERN_HAVE_DOC
     /* Large document results go one-sided to clients that take them. */
     if (rc == 0 && dsvc && (rc = tern_doc_service_enable_onesided(dsvc, g_ep, 0)) < 0)
-        fprintf(stderr, "ternd: document one-sided batches: %s\n", tern_strerror(rc));
+        tern_log(TERN_LOG_ERROR, "ternd", "document one-sided batches: %s", tern_strerror(rc));
 #endif
     at = (size_t)snprintf(line, sizeof(line), "ternd ready");
     for (unsigned i = 0; rc == 0 && i < o.n_listen; i++) {
         rc = tern_rpc_listen(g_ep, o.listen[i], bound, sizeof(bound));
         if (rc < 0)
-            fprintf(stderr, "ternd: listen %s: %s\n", o.listen[i], tern_strerror(rc));
+            tern_log(TERN_LOG_ERROR, "ternd", "listen %s: %s", o.listen[i], tern_strerror(rc));
         else if (at < sizeof(line))
             at += (size_t)snprintf(line + at, sizeof(line) - at, " %s", bound);
     }
@@ -628,7 +450,7 @@ int main(int argc, char **argv)
     if (rc == 0 && o.shm) {
         rc = tern_rpc_listen(g_ep, "shm://auto", bound, sizeof(bound));
         if (rc < 0)
-            fprintf(stderr, "ternd: listen shm: %s\n", tern_strerror(rc));
+            tern_log(TERN_LOG_ERROR, "ternd", "listen shm: %s", tern_strerror(rc));
         else if (at < sizeof(line))
             at += (size_t)snprintf(line + at, sizeof(line) - at, " %s", bound);
     }
@@ -638,7 +460,7 @@ int main(int argc, char **argv)
 
         rc = resp_gw_create(kv_service_store(svc), &rc_cfg, &gw);
         if (rc < 0)
-            fprintf(stderr, "ternd: --resp-port: 127.0.0.1:%d: %s\n", o.resp_port,
+            tern_log(TERN_LOG_ERROR, "ternd", "--resp-port: 127.0.0.1:%d: %s", o.resp_port,
                     tern_strerror(rc));
         else if (at < sizeof(line))
             at += (size_t)snprintf(line + at, sizeof(line) - at, " resp=127.0.0.1:%u",
@@ -650,7 +472,7 @@ int main(int argc, char **argv)
 
         rc = mongo_gw_create(dsrv, &mc, &mgw);
         if (rc < 0)
-            fprintf(stderr, "ternd: --mongo-port: 127.0.0.1:%d: %s\n", o.mongo_port,
+            tern_log(TERN_LOG_ERROR, "ternd", "--mongo-port: 127.0.0.1:%d: %s", o.mongo_port,
                     tern_strerror(rc));
         else if (at < sizeof(line))
             at += (size_t)snprintf(line + at, sizeof(line) - at, " mongo=127.0.0.1:%u",
@@ -658,7 +480,7 @@ int main(int argc, char **argv)
     }
 #endif
     if (rc == 0 && (rc = start_helpers(svc, o.helpers)) < 0)
-        fprintf(stderr, "ternd: flush helpers: %s\n", tern_strerror(rc));
+        tern_log(TERN_LOG_ERROR, "ternd", "flush helpers: %s", tern_strerror(rc));
     if (rc < 0) {
         stop_helpers();
 #if TERN_HAVE_DOC
@@ -705,6 +527,7 @@ int main(int argc, char **argv)
 
     signal(SIGTERM, on_signal);
     signal(SIGINT, on_signal);
+    signal(SIGHUP, on_hup);
     signal(SIGPIPE, SIG_IGN);
     /* Catch up from the chain's peers, serving everyone on RPC meanwhile
      * (the gateways wait until it is done). */
@@ -731,6 +554,7 @@ int main(int argc, char **argv)
 #endif
     ternd_chain_close(chain, false);
     tern_kv_service_close(svc);
-    fprintf(stderr, "ternd: stopped\n");
+    tern_log(TERN_LOG_INFO, "ternd", "stopped");
+    ternd_opts_free(&o);
     return 0;
 }

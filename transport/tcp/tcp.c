@@ -193,7 +193,7 @@ static void conn_fail(struct tcp_conn *c, int status, const char *why)
         tern_log(TERN_LOG_WARN, LOG_WHO, "connection %s closed: %s (%s)", c->peer, why,
                  tern_strerror(status));
     else
-        tern_log(TERN_LOG_INFO, LOG_WHO, "connection %s closed by peer", c->peer);
+        tern_log(TERN_LOG_DEBUG, LOG_WHO, "connection %s closed by peer", c->peer);
     tp_conn_dead(&c->ev, status, c->state == ST_CONNECTING);
     c->state = ST_DEAD;
     if (c->obj.fd >= 0) {

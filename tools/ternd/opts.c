@@ -1,0 +1,918 @@
+/* ternd's settings from the configuration file and the command line
+ * (opts.h). One table names each setting's section, key and flag and the
+ * function that checks and stores it; the file is read first and the
+ * flags after, so a flag wins. */
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <errno.h>
+#include <getopt.h>
+#include <ini.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "opt.h"
+#include "opts.h"
+#include "resp.h"
+#include "tern_config.h"
+
+#define POOL_MAX (1ull << 44)
+#define DEFAULT_SEG (1ull << 20)     /* the pool's defaults (pm.h) */
+#define DEFAULT_POOL (256ull << 20)
+#define VALUE_MAX (INI_MAX_LINE - 40)   /* a value, with room for its key */
+
+static const char *const fabric_names[] = {"tcp", "shm", "ntb", "rdma", NULL};
+static const char *const level_names[] = {"error", "warn", "info", "debug", NULL};
+static const char *const fault_names[] = {"none", "stall", "merkle", "truncate", "order",
+                                          "parent", NULL};
+
+/* Where a value comes from, for its checks and their messages. */
+struct ctx {
+    struct ternd_opts *o;
+    char prog[512];                  /* "ternd" or "ternd: FILE:LINE" */
+    char name[96];                   /* "--pool-size" or "[kv] pool_size" */
+    bool flags;                      /* from the command line */
+    bool reload;                     /* SIGHUP: messages go to the log */
+    const char *pool_size;           /* checked at the end, against seg_size */
+    char pool_size_prog[512], pool_size_name[96];
+    char seg_size_prog[512], seg_size_name[96];
+};
+
+static void say(const struct ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void say(const struct ctx *c, const char *fmt, ...)
+{
+    char msg[400];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    if (c->reload)
+        tern_log(TERN_LOG_ERROR, "ternd", "%s: %s: %s",
+                 strncmp(c->prog, "ternd: ", 7) == 0 ? c->prog + 7 : c->prog, c->name, msg);
+    else
+        fprintf(stderr, "%s: %s: %s\n", c->prog, c->name, msg);
+}
+
+/* ---- strings the file gave: kept until ternd_opts_free ---- */
+
+static char **owned;
+static unsigned n_owned, cap_owned;
+
+static const char *keep(const char *s)
+{
+    char *d = strdup(s);
+
+    if (!d || (n_owned == cap_owned &&
+               !(owned = realloc(owned, (cap_owned = cap_owned ? 2 * cap_owned : 32) *
+                                            sizeof(*owned))))) {
+        fprintf(stderr, "ternd: out of memory\n");
+        exit(1);
+    }
+    owned[n_owned++] = d;
+    return d;
+}
+
+/* ---- setters: each checks one value and stores it ---- */
+
+static bool num(struct ctx *c, const char *v, uint64_t lo, uint64_t hi, unsigned fl, uint64_t *out)
+{
+    return opt_num(c->prog, c->name, v, lo, hi, fl, out);
+}
+
+static bool boolean(struct ctx *c, const char *v, bool *out)
+{
+    static const char *const yes[] = {"yes", "true", "on", "1", NULL};
+    static const char *const no[] = {"no", "false", "off", "0", NULL};
+
+    for (const char *const *p = yes; *p; p++)
+        if (strcasecmp(v, *p) == 0)
+            return *out = true;
+    for (const char *const *p = no; *p; p++)
+        if (strcasecmp(v, *p) == 0)
+            return !(*out = false);
+    say(c, "%s is not yes or no", v);
+    return false;
+}
+
+static bool name_ok(struct ctx *c, const char *v, char *out)
+{
+    size_t n = strlen(v);
+
+    if (n == 0 || n >= TERND_NAME_MAX) {
+        say(c, "'%s' is not 1..%d characters", v, TERND_NAME_MAX - 1);
+        return false;
+    }
+    for (const char *p = v; *p; p++)
+        if (!isalnum((unsigned char)*p) && !strchr("._-", *p)) {
+            say(c, "'%s' has '%c': names are letters, digits, '.', '_' and '-'", v, *p);
+            return false;
+        }
+    memcpy(out, v, n + 1);
+    return true;
+}
+
+static bool set_name(struct ctx *c, const char *v) { return name_ok(c, v, c->o->name); }
+static bool set_rack(struct ctx *c, const char *v) { return name_ok(c, v, c->o->rack); }
+
+static bool set_data_dir(struct ctx *c, const char *v)
+{
+    if (!*v) {
+        say(c, "empty");
+        return false;
+    }
+    c->o->data_dir = c->flags ? v : keep(v);
+    return true;
+}
+
+/* SCHEME://REST, printable, no blanks. */
+static bool uri_ok(struct ctx *c, const char *v)
+{
+    size_t scheme = strspn(v, "abcdefghijklmnopqrstuvwxyz");
+
+    if (!scheme || strncmp(v + scheme, "://", 3) != 0 || !v[scheme + 3]) {
+        say(c, "'%s' is not a URI (tcp://HOST:PORT, shm://NAME, ntb://DEV, rdma://...)", v);
+        return false;
+    }
+    for (const char *p = v; *p; p++)
+        if (!isgraph((unsigned char)*p)) {
+            say(c, "'%s' has a blank or a control character", v);
+            return false;
+        }
+    return true;
+}
+
+static bool set_listen(struct ctx *c, const char *v)
+{
+    if (!uri_ok(c, v))
+        return false;
+    if (c->o->n_listen == TERND_MAX_LISTEN) {
+        say(c, "at most %d addresses", TERND_MAX_LISTEN);
+        return false;
+    }
+    c->o->listen[c->o->n_listen++] = c->flags ? v : keep(v);
+    return true;
+}
+
+static bool set_shm(struct ctx *c, const char *v) { return boolean(c, v, &c->o->shm); }
+static bool set_busy(struct ctx *c, const char *v) { return boolean(c, v, &c->o->busy); }
+
+static bool set_spin(struct ctx *c, const char *v)
+{
+    uint64_t x;
+
+    if (!num(c, v, 0, TERND_SPIN_MAX_US, 0, &x))
+        return false;
+    c->o->spin_us = (unsigned)x;
+    return true;
+}
+
+static bool set_log_level(struct ctx *c, const char *v)
+{
+    int k = opt_choice(c->prog, c->name, v, level_names, NULL);
+
+    c->o->log_level = k >= 0 ? k : c->o->log_level;
+    return k >= 0;
+}
+
+static bool set_log_file(struct ctx *c, const char *v)
+{
+    if (v[0] != '/') {
+        say(c, "'%s' is not an absolute path (the file is reopened on SIGHUP)", v);
+        return false;
+    }
+    c->o->log_file = c->flags ? v : keep(v);
+    return true;
+}
+
+static bool set_pool_size(struct ctx *c, const char *v)
+{
+    /* Its least depends on seg_size, which may come later. */
+    c->pool_size = c->flags ? v : keep(v);
+    snprintf(c->pool_size_prog, sizeof(c->pool_size_prog), "%s", c->prog);
+    snprintf(c->pool_size_name, sizeof(c->pool_size_name), "%s", c->name);
+    return true;
+}
+
+static bool set_seg_size(struct ctx *c, const char *v)
+{
+    uint64_t x;
+
+    if (!num(c, v, 64u << 10, 1u << 30, OPT_SIZE, &x))
+        return false;
+    c->o->seg_size = (uint32_t)x;
+    snprintf(c->seg_size_prog, sizeof(c->seg_size_prog), "%s", c->prog);
+    snprintf(c->seg_size_name, sizeof(c->seg_size_name), "%s", c->name);
+    return true;
+}
+
+/* "LO:HI", both 32-bit, LO <= HI. */
+static bool set_range(struct ctx *c, const char *v)
+{
+    const char *colon = strchr(v, ':');
+    uint64_t lo, hi;
+    char los[32];
+
+    if (!colon || (size_t)(colon - v) >= sizeof(los)) {
+        say(c, "%s is not LO:HI", v);
+        return false;
+    }
+    snprintf(los, sizeof(los), "%.*s", (int)(colon - v), v);
+    if (!num(c, los, 0, UINT32_MAX, 0, &lo) || !num(c, colon + 1, 0, UINT32_MAX, 0, &hi))
+        return false;
+    if (lo > hi) {
+        say(c, "%s is empty (LO is above HI)", v);
+        return false;
+    }
+    c->o->range_lo = (uint32_t)lo;
+    c->o->range_hi = (uint32_t)hi;
+    return true;
+}
+
+static bool port(struct ctx *c, const char *v, int *out)
+{
+    uint64_t x;
+
+    if (strcasecmp(v, "off") == 0) {
+        *out = -1;
+        return true;
+    }
+    if (!num(c, v, 0, 65535, 0, &x))
+        return false;
+    *out = (int)x;
+    return true;
+}
+
+static bool set_resp_port(struct ctx *c, const char *v) { return port(c, v, &c->o->resp_port); }
+static bool set_mongo_port(struct ctx *c, const char *v) { return port(c, v, &c->o->mongo_port); }
+
+static bool set_coalesce(struct ctx *c, const char *v)
+{
+    uint64_t x;
+
+    if (!num(c, v, 0, RESP_COALESCE_MAX_US, 0, &x))
+        return false;
+    c->o->coalesce_us = (unsigned)x;
+    return true;
+}
+
+static bool set_helpers(struct ctx *c, const char *v)
+{
+    uint64_t x;
+
+    if (!num(c, v, 0, TERND_MAX_HELPERS, 0, &x))
+        return false;
+    c->o->helpers = (unsigned)x;
+    return true;
+}
+
+static bool set_doc(struct ctx *c, const char *v) { return boolean(c, v, &c->o->doc); }
+
+static bool set_doc_pool(struct ctx *c, const char *v)
+{
+    /* 4 KiB of header and four 32 MiB segments at least. */
+    return num(c, v, 4096 + (128ull << 20), POOL_MAX, OPT_SIZE, &c->o->doc_pool_size);
+}
+
+static bool set_chain(struct ctx *c, const char *v) { return boolean(c, v, &c->o->chain.on); }
+
+static bool set_chain_id(struct ctx *c, const char *v)
+{
+    return num(c, v, 1, UINT64_MAX, 0, &c->o->chain.chain);
+}
+
+static bool set_chain_size(struct ctx *c, const char *v)
+{
+    return num(c, v, 8u << 20, POOL_MAX, OPT_SIZE, &c->o->chain.size);
+}
+
+static bool set_chain_peer(struct ctx *c, const char *v)
+{
+    if (!uri_ok(c, v))
+        return false;
+    if (c->o->chain.n_peers == TERND_CHAIN_PEERS) {
+        say(c, "at most %d", TERND_CHAIN_PEERS);
+        return false;
+    }
+    c->o->chain.peers[c->o->chain.n_peers++] = c->flags ? v : keep(v);
+    return true;
+}
+
+static bool set_producers(struct ctx *c, const char *v)
+{
+    return boolean(c, v, &c->o->chain.producers);
+}
+
+static bool set_chain_workers(struct ctx *c, const char *v)
+{
+    uint64_t x;
+
+    if (strcasecmp(v, "auto") == 0) {
+        c->o->chain.workers = UINT32_MAX;
+        return true;
+    }
+    if (!num(c, v, 0, 16, 0, &x))
+        return false;
+    c->o->chain.workers = (unsigned)x;
+    return true;
+}
+
+static bool set_chain_fault(struct ctx *c, const char *v)
+{
+    int k = opt_choice(c->prog, c->name, v, fault_names, NULL);
+
+    c->o->chain.fault = k >= 0 ? k : 0;
+    return k >= 0;
+}
+
+static bool fabric_list(struct ctx *c, const char *v, struct ternd_fabric_list *out)
+{
+    struct ternd_fabric_list l = {0};
+    const char *p = v;
+
+    while (*p) {
+        size_t n = strcspn(p, ",");
+        int k = -1;
+
+        for (int i = 0; fabric_names[i]; i++)
+            if (strlen(fabric_names[i]) == n && strncmp(p, fabric_names[i], n) == 0)
+                k = i;
+        if (k < 0) {
+            say(c, "'%.*s' is not a fabric (tcp, shm, ntb, rdma)", (int)n, p);
+            return false;
+        }
+        for (unsigned i = 0; i < l.n; i++)
+            if (strcmp(l.name[i], fabric_names[k]) == 0) {
+                say(c, "%s is named twice", fabric_names[k]);
+                return false;
+            }
+        snprintf(l.name[l.n++], sizeof(l.name[0]), "%s", fabric_names[k]);
+        p += n;
+        if (*p == ',' && *++p == 0) {
+            say(c, "a list may not end with ','");
+            return false;
+        }
+    }
+    if (!l.n) {
+        say(c, "empty (say which fabrics, best first: ntb,rdma,tcp)");
+        return false;
+    }
+    *out = l;
+    return true;
+}
+
+static bool set_same_rack(struct ctx *c, const char *v)
+{
+    return fabric_list(c, v, &c->o->policy.same_rack);
+}
+
+static bool set_other_rack(struct ctx *c, const char *v)
+{
+    return fabric_list(c, v, &c->o->policy.other_rack);
+}
+
+/* "10.1.0.0/16 tcp": peers in that IPv4 subnet use that fabric. */
+static bool set_subnet(struct ctx *c, const char *v)
+{
+    struct ternd_policy *p = &c->o->policy;
+    char net[32], fab[16], extra;
+    unsigned bits;
+    struct in_addr a;
+    struct ternd_fabric_list l;
+
+    if (sscanf(v, "%31[0-9.]/%u %15s %c", net, &bits, fab, &extra) != 3 || bits > 32 ||
+        inet_pton(AF_INET, net, &a) != 1) {
+        say(c, "'%s' is not 'A.B.C.D/BITS FABRIC'", v);
+        return false;
+    }
+    if (!fabric_list(c, fab, &l))
+        return false;
+    if (p->n_subnets == TERND_MAX_SUBNETS) {
+        say(c, "at most %d subnets", TERND_MAX_SUBNETS);
+        return false;
+    }
+    p->subnet[p->n_subnets].mask = bits ? ~0u << (32 - bits) : 0;
+    p->subnet[p->n_subnets].net = ntohl(a.s_addr) & p->subnet[p->n_subnets].mask;
+    p->subnet[p->n_subnets].bits = (uint8_t)bits;
+    snprintf(p->subnet[p->n_subnets].fabric, sizeof(p->subnet[0].fabric), "%s", l.name[0]);
+    p->n_subnets++;
+    return true;
+}
+
+/* ---- the table ---- */
+
+struct key {
+    const char *section, *key;
+    const char *flag;                /* NULL: file only */
+    int has_arg;                     /* the flag takes a value */
+    const char *implied;             /* no_argument flags: the value they stand for */
+    bool (*set)(struct ctx *c, const char *v);
+    bool repeat;
+    const char *help;
+};
+
+static const struct key keys[] = {
+    {"node", "name", "name", 1, NULL, set_name, false, "this node's name (default: the host name)"},
+    {"node", "rack", "rack", 1, NULL, set_rack, false, "the rack it stands in (peers of the same rack prefer NTB)"},
+    {"node", "data_dir", "data-dir", 1, NULL, set_data_dir, false, "pool files live here (default ./tern-data)"},
+    {"node", "listen", "listen", 1, NULL, set_listen, true, "tern RPC address, up to 8 (default tcp://127.0.0.1:7300)"},
+    {"node", "shm", "no-shm", 0, "no", set_shm, false, "offer shared memory to auto:// clients on this host (default yes)"},
+    {"node", "spin_us", "spin-us", 1, NULL, set_spin, false, "poll this long after the last work before sleeping (0..1000000, default 20)"},
+    {"node", "busy", "busy", 0, "yes", set_busy, false, "never sleep (lowest latency, one core always busy)"},
+    {"node", "log_level", "log-level", 1, NULL, set_log_level, false, "error, warn, info or debug (default: TERN_LOG, else info)"},
+    {"node", "log_file", "log-file", 1, NULL, set_log_file, false, "append logs here, an absolute path (default stderr); SIGHUP reopens it"},
+    {"kv", "pool_size", "pool-size", 1, NULL, set_pool_size, false, "size of a new KV pool, k/m/g/t, at least four segments and 4k (default 256m)"},
+    {"kv", "seg_size", "seg-size", 1, NULL, set_seg_size, false, "log segment size of a new KV pool, a power of two in 64k..1g (default 1m)"},
+    {"kv", "range", "range", 1, NULL, set_range, false, "LO:HI, the 32-bit key-hash range this node owns (default all)"},
+    {"kv", "resp_port", "resp-port", 1, NULL, set_resp_port, false, "serve the Redis protocol on 127.0.0.1:PORT (0: any; default off)"},
+    {"kv", "resp_coalesce_us", "resp-coalesce-us", 1, NULL, set_coalesce, false, "under load, gather RESP commands this long before sleeping (0 off, default 50)"},
+    {"kv", "flush_helpers", "flush-helpers", 1, NULL, set_helpers, false, "threads that take pieces of large flushes (PM pools; 0..64, default 0)"},
+    {"doc", "enabled", "no-doc", 0, "no", set_doc, false, "host the document service on doc.pool (default yes)"},
+    {"doc", "pool_size", "doc-pool-size", 1, NULL, set_doc_pool, false, "size of a new document pool, k/m/g/t (default 1g, sparse, 32m segments)"},
+    {"doc", "mongo_port", "mongo-port", 1, NULL, set_mongo_port, false, "serve MongoDB's wire protocol on 127.0.0.1:PORT (0: any; default off)"},
+    {"chain", "enabled", "chain", 0, "yes", set_chain, false, "host the block-sync service on chain.pool (default no)"},
+    {"chain", "id", "chain-id", 1, NULL, set_chain_id, false, "a new chain file's chain id (default 0x7465726e)"},
+    {"chain", "size", "chain-size", 1, NULL, set_chain_size, false, "a new chain file's size, k/m/g/t (default 1g, sparse)"},
+    {"chain", "peer", "chain-peer", 1, NULL, set_chain_peer, true, "catch up from this peer once serving, up to 16"},
+    {"chain", "producers", "chain-producers", 0, "yes", set_producers, false, "take new blocks from producers (tern chain append --uri)"},
+    {"chain", "workers", "chain-workers", 1, NULL, set_chain_workers, false, "threads that check ranges while catching up (auto: one per core but one, at most 4)"},
+    {"chain", "fault", "chain-fault", 1, NULL, set_chain_fault, false, "for tests: serve ranges badly (stall, merkle, truncate, order, parent)"},
+    {"policy", "same_rack", NULL, 0, NULL, set_same_rack, false, "fabrics for peers of this rack, best first (default ntb,rdma,tcp)"},
+    {"policy", "other_rack", NULL, 0, NULL, set_other_rack, false, "fabrics for peers of other racks (default rdma,tcp)"},
+    {"policy", "subnet", NULL, 0, NULL, set_subnet, true, "'A.B.C.D/BITS FABRIC': peers in that subnet use that fabric, up to 16"},
+};
+
+#define N_KEYS (sizeof(keys) / sizeof(keys[0]))
+/* A key's flag returns its index from getopt_long: below '?' and ':'. */
+_Static_assert(N_KEYS < ':', "too many keys for getopt_long's values");
+
+/* ---- the file ---- */
+
+struct file {
+    struct ctx *c;
+    FILE *f;
+    const char *path;
+    unsigned line;                   /* of the text inih has now */
+    unsigned set_at[N_KEYS];         /* line each key was set on */
+    bool policy_only;                /* SIGHUP */
+    bool failed;
+    char section[64];                /* "peer NAME" sections: their peer */
+    int peer;
+};
+
+/* inih's reader: fgets, counting lines. The lines inih would pass over
+ * or cut are refused here, where their number is known: one longer than
+ * INI_MAX_LINE, a '[' without ']', a line with no '=' (inih's indented
+ * continuation lines included: one value per line). */
+static char *read_line(char *buf, int len, void *arg)
+{
+    struct file *fl = arg;
+    char *s = fgets(buf, len, fl->f);
+    const char *p;
+    size_t n;
+
+    if (!s)
+        return NULL;
+    fl->line++;
+    if (fl->failed)
+        return s;
+    n = strlen(s);
+    snprintf(fl->c->prog, sizeof(fl->c->prog), "ternd: %s:%u", fl->path, fl->line);
+    snprintf(fl->c->name, sizeof(fl->c->name), "syntax");
+    for (p = s; *p && isspace((unsigned char)*p); p++)
+        ;
+    if (n == (size_t)len - 1 && s[n - 1] != '\n' && !feof(fl->f)) {
+        say(fl->c, "line longer than %d characters", len - 2);
+        fl->failed = true;
+    } else if (*p && p != s && *p != ';' && *p != '#') {
+        say(fl->c, "an indented line (inih would join it to the value above): one value "
+            "per line, keys at the start of the line");
+        fl->failed = true;
+    } else if (*p == '[' ? !strchr(p, ']') : *p && *p != ';' && *p != '#' && !strchr(p, '=')) {
+        say(fl->c, "not 'key = value' nor '[section]'");
+        fl->failed = true;
+    }
+    return s;
+}
+
+static struct ternd_peer *peer_section(struct file *fl, const char *section)
+{
+    struct ternd_opts *o = fl->c->o;
+    const char *name = section + 5;
+
+    while (*name == ' ')
+        name++;
+    if (strcmp(fl->section, section) == 0)
+        return &o->peers[fl->peer];
+    snprintf(fl->c->name, sizeof(fl->c->name), "[%s]", section);
+    for (unsigned i = 0; i < o->n_peers; i++)
+        if (strcmp(o->peers[i].name, name) == 0) {
+            say(fl->c, "a second section for peer %s", name);
+            return NULL;
+        }
+    if (o->n_peers == TERND_MAX_PEERS) {
+        say(fl->c, "at most %d peers", TERND_MAX_PEERS);
+        return NULL;
+    }
+    if (!name_ok(fl->c, name, o->peers[o->n_peers].name))
+        return NULL;
+    snprintf(fl->section, sizeof(fl->section), "%s", section);
+    fl->peer = (int)o->n_peers++;
+    return &o->peers[fl->peer];
+}
+
+static bool peer_key(struct file *fl, struct ternd_peer *p, const char *key, const char *v)
+{
+    struct ctx *c = fl->c;
+
+    if (strcmp(key, "rack") == 0)
+        return name_ok(c, v, p->rack);
+    if (strcmp(key, "address") == 0) {
+        if (strncmp(v, "tcp://", 6) != 0 || !strchr(v + 6, ':')) {
+            say(c, "'%s' is not tcp://HOST:PORT (sessions to peers start on TCP)", v);
+            return false;
+        }
+        p->address = keep(v);
+        return true;
+    }
+    say(c, "unknown key (a peer has address and rack)");
+    return false;
+}
+
+static int on_pair(void *arg, const char *section, const char *key, const char *value)
+{
+    struct file *fl = arg;
+    struct ctx *c = fl->c;
+
+    if (fl->failed)
+        return 1;                    /* the first mistake is the one said */
+    snprintf(c->prog, sizeof(c->prog), "ternd: %s:%u", fl->path, fl->line);
+    snprintf(c->name, sizeof(c->name), "[%s] %s", section, key);
+    if (!*section) {
+        snprintf(c->name, sizeof(c->name), "%s", key);
+        say(c, "outside a section ([node], [kv], ...)");
+        goto bad;
+    }
+    /* So that --check's "key = value" fits inih's line too. */
+    if (strlen(value) > VALUE_MAX) {
+        say(c, "longer than %d characters", VALUE_MAX);
+        goto bad;
+    }
+    if (value[0] == ';') {           /* "key =;x": --check would print a comment */
+        say(c, "a value may not start with ';'");
+        goto bad;
+    }
+    if (strncmp(section, "peer ", 5) == 0) {
+        struct ternd_peer *p;
+
+        if (fl->policy_only)
+            return 1;
+        if (!(p = peer_section(fl, section)))
+            goto bad;
+        snprintf(c->name, sizeof(c->name), "[%s] %s", section, key);
+        if (!peer_key(fl, p, key, value))
+            goto bad;
+        return 1;
+    }
+    for (unsigned i = 0; i < N_KEYS; i++) {
+        if (strcmp(keys[i].section, section) != 0 || strcmp(keys[i].key, key) != 0)
+            continue;
+        if (fl->policy_only && strcmp(section, "policy") != 0)
+            return 1;
+        if (fl->set_at[i] && !keys[i].repeat) {
+            say(c, "set twice (first on line %u)", fl->set_at[i]);
+            goto bad;
+        }
+        fl->set_at[i] = fl->line;
+        if (!keys[i].set(c, value))
+            goto bad;
+        return 1;
+    }
+    if (fl->policy_only)
+        return 1;
+    for (unsigned i = 0; i < N_KEYS; i++)
+        if (strcmp(keys[i].section, section) == 0) {
+            say(c, "unknown key (see ternd(8) or docs/TERND.md)");
+            goto bad;
+        }
+    snprintf(c->name, sizeof(c->name), "[%s]", section);
+    say(c, "unknown section (node, kv, doc, chain, policy, peer NAME)");
+bad:
+    fl->failed = true;
+    return 1;
+}
+
+static bool load_stream(struct ctx *c, FILE *f, const char *path, bool policy_only)
+{
+    struct file fl = {.c = c, .f = f, .path = path, .policy_only = policy_only, .peer = -1};
+    int rc;
+
+    rc = ini_parse_stream(read_line, &fl, on_pair, &fl);
+    if (fl.failed)
+        return false;
+    if (rc > 0) {                    /* inih's own: no '=' or an unclosed '[' */
+        snprintf(c->prog, sizeof(c->prog), "ternd: %s:%d", path, rc);
+        snprintf(c->name, sizeof(c->name), "syntax");
+        say(c, "not 'key = value' nor '[section]'");
+        return false;
+    }
+    if (rc < 0) {
+        snprintf(c->prog, sizeof(c->prog), "ternd");
+        snprintf(c->name, sizeof(c->name), "%s", path);
+        say(c, "cannot be read");
+        return false;
+    }
+    for (unsigned i = 0; !policy_only && i < c->o->n_peers; i++)
+        if (!c->o->peers[i].address) {
+            snprintf(c->prog, sizeof(c->prog), "ternd: %s", path);
+            snprintf(c->name, sizeof(c->name), "[peer %s]", c->o->peers[i].name);
+            say(c, "no address");
+            return false;
+        }
+    return true;
+}
+
+static bool load_file(struct ctx *c, const char *path, bool policy_only)
+{
+    FILE *f = fopen(path, "r");
+    bool ok;
+
+    if (!f) {
+        snprintf(c->prog, sizeof(c->prog), "ternd");
+        snprintf(c->name, sizeof(c->name), "%s", path);
+        say(c, "%s", strerror(errno));
+        return false;
+    }
+    ok = load_stream(c, f, path, policy_only);
+    fclose(f);
+    return ok;
+}
+
+/* ---- defaults, checks that need every value, the whole parse ---- */
+
+static void defaults(struct ternd_opts *o)
+{
+    *o = (struct ternd_opts){.data_dir = "./tern-data", .shm = true, .resp_port = -1,
+                             .spin_us = 20, .coalesce_us = 50, .mongo_port = -1, .doc = true,
+                             .log_level = -1,
+                             .chain = {.chain = 0x7465726eull, .size = 1ull << 30,
+                                       .workers = UINT32_MAX}};
+    if (gethostname(o->name, sizeof(o->name)) != 0 || !o->name[0])
+        snprintf(o->name, sizeof(o->name), "ternd");
+    o->name[sizeof(o->name) - 1] = 0;
+    /* Inside a rack, NTB first; across racks, RDMA; TCP reaches all. */
+    o->policy.same_rack = (struct ternd_fabric_list){3, {"ntb", "rdma", "tcp"}};
+    o->policy.other_rack = (struct ternd_fabric_list){2, {"rdma", "tcp"}};
+}
+
+/* A new pool's sizes, checked here because the pool would only say
+ * "invalid argument". */
+static bool check_sizes(struct ctx *c)
+{
+    struct ternd_opts *o = c->o;
+    uint64_t seg = o->seg_size ? o->seg_size : DEFAULT_SEG, min = 4096 + 4 * seg;
+    char segs[32], mins[32];
+
+    if (seg & (seg - 1)) {
+        opt_format(segs, sizeof(segs), seg, OPT_SIZE);
+        fprintf(stderr, "%s: %s: %s is not a power of two\n", c->seg_size_prog,
+                c->seg_size_name, segs);
+        return false;
+    }
+    if (c->pool_size)
+        return opt_num(c->pool_size_prog, c->pool_size_name, c->pool_size, min, POOL_MAX,
+                       OPT_SIZE, &o->pool_size);
+    if (DEFAULT_POOL < min) {
+        opt_format(segs, sizeof(segs), seg, OPT_SIZE);
+        opt_format(mins, sizeof(mins), 4 * seg, OPT_SIZE);
+        fprintf(stderr, "%s: %s: %s segments need a pool_size of %s + 4k at least (four "
+                "segments and the header; the default is 256m)\n", c->seg_size_prog,
+                c->seg_size_name, segs, mins);
+        return false;
+    }
+    return true;
+}
+
+static void usage_flags(FILE *f)
+{
+    fprintf(f, "usage: ternd [--config FILE [--check]] [options]\n"
+               "       ternd --help | --version\n"
+               "Every setting of the file has a flag, which wins over the file:\n");
+    for (unsigned i = 0; i < N_KEYS; i++) {
+        char left[48];
+
+        if (!keys[i].flag)
+            continue;
+        snprintf(left, sizeof(left), "--%s%s", keys[i].flag, keys[i].has_arg ? " V" : "");
+        fprintf(f, "  %-22s [%s] %s%s%s\n  %-22s   %s\n", left, keys[i].section, keys[i].key,
+                keys[i].implied ? " = " : "", keys[i].implied ? keys[i].implied : "", "",
+                keys[i].help);
+    }
+    fprintf(f, "  --config FILE          read the settings from FILE (INI) first\n"
+               "  --check                print the resolved settings and exit (nothing is\n"
+               "                         created; a mistake names the file, line and key)\n"
+               "File only: [policy] same_rack, other_rack, subnet; [peer NAME] address\n"
+               "(tcp://HOST:PORT) and rack: the nodes this one keeps sessions to. ternd(8) and docs/TERND.md say what each does. SIGTERM and SIGINT\n"
+               "stop ternd cleanly; SIGHUP reloads [policy] and reopens the log file.\n");
+}
+
+int ternd_opts_parse(int argc, char **argv, struct ternd_opts *o)
+{
+    struct option longs[N_KEYS + 5];
+    bool cleared[N_KEYS] = {0};
+    struct ctx c = {.o = o};
+    unsigned n = 0;
+    int k;
+
+    defaults(o);
+    for (unsigned i = 0; i < N_KEYS; i++)
+        if (keys[i].flag)
+            longs[n++] = (struct option){keys[i].flag, keys[i].has_arg ? required_argument
+                                                                        : no_argument,
+                                         NULL, (int)i};
+    longs[n++] = (struct option){"config", required_argument, NULL, 1000};
+    longs[n++] = (struct option){"check", no_argument, NULL, 1001};
+    longs[n++] = (struct option){"help", no_argument, NULL, 1002};
+    longs[n++] = (struct option){"version", no_argument, NULL, 1003};
+    longs[n] = (struct option){0};
+
+    /* First the file (and --help, --version), then every other flag. */
+    opterr = 0;
+    while ((k = getopt_long(argc, argv, "", longs, NULL)) != -1) {
+        if (k == 1000)
+            o->config = optarg;
+        else if (k == 1001)
+            o->check = true;
+        else if (k == 1002) {
+            usage_flags(stdout);
+            return -1;
+        } else if (k == 1003) {
+            opt_version("ternd");
+            return -1;
+        }
+    }
+    if (o->config && !load_file(&c, o->config, false))
+        return OPT_USAGE;
+    optind = 1;
+    opterr = 1;
+    c.flags = true;
+    snprintf(c.prog, sizeof(c.prog), "ternd");
+    while ((k = getopt_long(argc, argv, "", longs, NULL)) != -1) {
+        const struct key *key;
+
+        if (k >= 1000)
+            continue;
+        if (k < 0 || k >= (int)N_KEYS) {     /* getopt said what */
+            fprintf(stderr, "Try 'ternd --help' for the options.\n");
+            return OPT_USAGE;
+        }
+        key = &keys[k];
+        snprintf(c.name, sizeof(c.name), "--%s", key->flag);
+        /* A repeatable flag replaces the file's list. */
+        if (key->repeat && !cleared[k]) {
+            cleared[k] = true;
+            if (key->set == set_listen)
+                o->n_listen = 0;
+            else if (key->set == set_chain_peer)
+                o->chain.n_peers = 0;
+        }
+        if (!key->set(&c, key->has_arg ? optarg : key->implied))
+            return OPT_USAGE;
+    }
+    if (optind != argc)
+        return opt_usage_error("ternd", "unexpected argument '%s'", argv[optind]);
+    if (o->check && !o->config)
+        return opt_usage_error("ternd", "--check checks a --config FILE");
+    if (!check_sizes(&c))
+        return OPT_USAGE;
+#if !TERN_HAVE_DOC
+    if (o->mongo_port >= 0)
+        return opt_usage_error("ternd", "--mongo-port: built without the document service "
+                               "(libbson, PCRE2)");
+    o->doc = false;
+#endif
+    if (o->mongo_port >= 0 && !o->doc)
+        return opt_usage_error("ternd", "--mongo-port serves the document store: not with --no-doc");
+    if (!o->n_listen)
+        o->listen[o->n_listen++] = "tcp://127.0.0.1:7300";
+    if (!o->chain.on && (o->chain.n_peers || o->chain.producers || o->chain.fault))
+        return opt_usage_error("ternd", "the --chain-... options need --chain");
+#if !TERN_HAVE_BLOCKSYNC
+    if (o->chain.on)
+        return opt_usage_error("ternd", "--chain: built without the block-sync service "
+                               "(libcrypto, libpmem)");
+#endif
+    for (unsigned i = 0; i < o->n_peers; i++)
+        if (strcmp(o->peers[i].name, o->name) == 0)
+            return opt_usage_error("ternd", "%s: [peer %s] is this node's own name",
+                                   o->config, o->name);
+    return 0;
+}
+
+int ternd_opts_load_stream(FILE *f, const char *name, struct ternd_opts *o)
+{
+    struct ctx c = {.o = o};
+
+    defaults(o);
+    o->config = name;
+    if (!load_stream(&c, f, name, false))
+        return OPT_USAGE;
+    return check_sizes(&c) ? 0 : OPT_USAGE;
+}
+
+int ternd_opts_reload_policy(const struct ternd_opts *o, struct ternd_policy *policy)
+{
+    struct ternd_opts tmp;
+    struct ctx c = {.o = &tmp, .reload = true};
+
+    if (!o->config)
+        return 0;
+    defaults(&tmp);
+    if (!load_file(&c, o->config, true))
+        return -1;
+    *policy = tmp.policy;
+    return 0;
+}
+
+void ternd_fabric_list_text(const struct ternd_fabric_list *l, char *buf, size_t len)
+{
+    size_t at = 0;
+
+    buf[0] = 0;
+    for (unsigned i = 0; i < l->n && at < len; i++)
+        at += (size_t)snprintf(buf + at, len - at, "%s%s", i ? "," : "", l->name[i]);
+}
+
+static const char *yes_no(bool b) { return b ? "yes" : "no"; }
+
+void ternd_opts_print(FILE *f, const struct ternd_opts *o)
+{
+    char a[64], b[64];
+
+    fprintf(f, "# ternd's settings as resolved from %s and the flags\n", o->config);
+    fprintf(f, "[node]\nname = %s\n", o->name);
+    if (o->rack[0])
+        fprintf(f, "rack = %s\n", o->rack);
+    fprintf(f, "data_dir = %s\n", o->data_dir);
+    for (unsigned i = 0; i < o->n_listen; i++)
+        fprintf(f, "listen = %s\n", o->listen[i]);
+    fprintf(f, "shm = %s\nspin_us = %u\nbusy = %s\nlog_level = %s\n", yes_no(o->shm), o->spin_us,
+            yes_no(o->busy), o->log_level >= 0 ? level_names[o->log_level] : "warn");
+    if (o->log_file)
+        fprintf(f, "log_file = %s\n", o->log_file);
+    opt_format(a, sizeof(a), o->pool_size ? o->pool_size : DEFAULT_POOL, OPT_SIZE);
+    opt_format(b, sizeof(b), o->seg_size ? o->seg_size : DEFAULT_SEG, OPT_SIZE);
+    fprintf(f, "\n[kv]\npool_size = %s\nseg_size = %s\nrange = %u:%u\n", a, b, o->range_lo,
+            o->range_hi || o->range_lo ? o->range_hi : UINT32_MAX);
+    if (o->resp_port >= 0)
+        fprintf(f, "resp_port = %d\n", o->resp_port);
+    else
+        fprintf(f, "resp_port = off\n");
+    fprintf(f, "resp_coalesce_us = %u\nflush_helpers = %u\n", o->coalesce_us, o->helpers);
+    opt_format(a, sizeof(a), o->doc_pool_size ? o->doc_pool_size : 1ull << 30, OPT_SIZE);
+    fprintf(f, "\n[doc]\nenabled = %s\npool_size = %s\n", yes_no(o->doc), a);
+    if (o->mongo_port >= 0)
+        fprintf(f, "mongo_port = %d\n", o->mongo_port);
+    else
+        fprintf(f, "mongo_port = off\n");
+    opt_format(a, sizeof(a), o->chain.size, OPT_SIZE);
+    fprintf(f, "\n[chain]\nenabled = %s\nid = 0x%llx\nsize = %s\n", yes_no(o->chain.on),
+            (unsigned long long)o->chain.chain, a);
+    for (unsigned i = 0; i < o->chain.n_peers; i++)
+        fprintf(f, "peer = %s\n", o->chain.peers[i]);
+    fprintf(f, "producers = %s\n", yes_no(o->chain.producers));
+    if (o->chain.workers == UINT32_MAX)
+        fprintf(f, "workers = auto\n");
+    else
+        fprintf(f, "workers = %u\n", o->chain.workers);
+    if (o->chain.fault)
+        fprintf(f, "fault = %s\n", fault_names[o->chain.fault]);
+    ternd_fabric_list_text(&o->policy.same_rack, a, sizeof(a));
+    ternd_fabric_list_text(&o->policy.other_rack, b, sizeof(b));
+    fprintf(f, "\n[policy]\nsame_rack = %s\nother_rack = %s\n", a, b);
+    for (unsigned i = 0; i < o->policy.n_subnets; i++) {
+        struct in_addr in = {.s_addr = htonl(o->policy.subnet[i].net)};
+        char net[INET_ADDRSTRLEN];
+
+        inet_ntop(AF_INET, &in, net, sizeof(net));
+        fprintf(f, "subnet = %s/%u %s\n", net, o->policy.subnet[i].bits,
+                o->policy.subnet[i].fabric);
+    }
+    for (unsigned i = 0; i < o->n_peers; i++) {
+        fprintf(f, "\n[peer %s]\naddress = %s\n", o->peers[i].name, o->peers[i].address);
+        if (o->peers[i].rack[0])
+            fprintf(f, "rack = %s\n", o->peers[i].rack);
+    }
+}
+
+void ternd_opts_free(struct ternd_opts *o)
+{
+    for (unsigned i = 0; i < n_owned; i++)
+        free(owned[i]);
+    free(owned);
+    owned = NULL;
+    n_owned = cap_owned = 0;
+    (void)o;
+}

@@ -97,6 +97,10 @@ static void call_finish(struct tern_rpc_ep *ep, struct rpc_call *c, int status,
     tern_cont_fn cont = c->cont;
     void *arg = c->arg;
 
+    if (c->s) {
+        c->s->n_calls++;
+        c->s->n_errors += status < 0;
+    }
     call_release(ep, c);
     if (cont)
         cont(arg, status, reply, len);
@@ -129,6 +133,7 @@ static int call_send(struct tern_session *s, struct rpc_call *c, uint64_t *now)
     for (size_t i = 0, off = sizeof(h); i < c->niov; off += c->iov[i].iov_len, i++)
         if (c->iov[i].iov_len)      /* an empty piece may have no buffer */
             memcpy(buf + off, c->iov[i].iov_base, c->iov[i].iov_len);
+    s->bytes_out += sizeof(h) + c->len;
     return tern_tp_msg_post(s->conn, buf, sizeof(h) + c->len);
 }
 
@@ -333,6 +338,22 @@ static void list_push_front(struct call_list *l, struct rpc_call *c)
     l->n++;
 }
 
+void rpc_client_requeue_sent(struct tern_session *s)
+{
+    /* Calls sent on the old path go again, first and in their order, with
+     * their request ids: the server answers those it already ran from its
+     * replay cache. */
+    while (s->sent.tail) {
+        struct rpc_call *c = s->sent.tail;
+
+        list_del(&s->sent, c);
+        c->state = CALL_QUEUED;
+        c->resent = true;
+        list_push_front(&s->queued, c);
+    }
+    s->blocked = false;
+}
+
 bool rpc_client_failover(struct tern_session *s, int status)
 {
     struct tern_rpc_ep *ep = s->ep;
@@ -345,21 +366,13 @@ bool rpc_client_failover(struct tern_session *s, int status)
              s->sent.n);
     s->conn = s->standby;
     s->standby = NULL;
+    s->failovers++;
     /* The old connection goes after this poll: later events of the batch
      * may still name it, and find no session. */
     rpc_doom(ep, old);
-    /* Calls sent on the dead path go again, first and in their order, with
-     * their request ids: the server answers those it already ran from its
-     * replay cache. */
-    while (s->sent.tail) {
-        struct rpc_call *c = s->sent.tail;
-
-        list_del(&s->sent, c);
-        c->state = CALL_QUEUED;
-        c->resent = true;
-        list_push_front(&s->queued, c);
-    }
-    s->blocked = false;
+    rpc_client_requeue_sent(s);
+    if (s->paths)
+        rpc_paths_failed_over(s);
     pump(s);
     /* Keys and pointers the user learned on the old path are stale now;
      * its one-sided operations are lost with it (the fabric normally
@@ -428,8 +441,11 @@ void rpc_client_recv(struct tern_session *s, const struct rpc_hdr *h, const void
 
     if (h->type == RPC_HELLO_ACK) {
         on_hello_ack(s, body, len);
+        if (s->parent && s->state == SESS_OPEN)
+            rpc_paths_dial_open(s);
         return;
     }
+    s->bytes_in += sizeof(*h) + len;
     if (h->type != RPC_RESP || s->state != SESS_OPEN) {
         rpc_bad_frame(s, "unexpected message type from server");
         return;
@@ -453,12 +469,11 @@ static int connect_one(struct tern_rpc_ep *ep, const char *uri, uint64_t timeout
 
 /* auto://host:port: bootstrap over TCP, then move to the best fabric the
  * server advertised. Staying on TCP is never an error. */
-static int connect_auto(struct tern_rpc_ep *ep, const char *hostport, uint64_t timeout_ns,
-                        struct tern_session **out)
+static int connect_auto(struct tern_rpc_ep *ep, const char *hostport, const char *policy,
+                        uint64_t timeout_ns, struct tern_session **out)
 {
-    const char *policy = ep->cfg.fabrics ? ep->cfg.fabrics : getenv("TERN_FABRICS");
     struct tern_session *s, *better;
-    char uri[256];
+    char uri[256], boot[RPC_URI_MAX];
     int rc;
 
     uint64_t token = 0;
@@ -468,17 +483,23 @@ static int connect_auto(struct tern_rpc_ep *ep, const char *hostport, uint64_t t
     while (!token)
         if (getrandom(&token, sizeof(token), 0) != sizeof(token))
             token = tern_now_ns() ^ (uint64_t)(uintptr_t)ep;
-    snprintf(uri, sizeof(uri), "tcp://%s", hostport);
-    rc = connect_one(ep, uri, timeout_ns, token, &s);
+    if ((size_t)snprintf(boot, sizeof(boot), "tcp://%s", hostport) >= sizeof(boot))
+        return TERN_EBADADDR;
+    rc = connect_one(ep, boot, timeout_ns, token, &s);
     if (rc < 0)
         return rc;
     *out = s;
     if (!s->peer_ads || tern_tp_select(s->peer_ads, policy, uri, sizeof(uri)) < 0)
-        return 0;
+        return rpc_paths_init(s, boot, policy, boot) < 0 ? 0 : 0;
     rc = connect_one(ep, uri, timeout_ns, token, &better);
     if (rc < 0) {
         tern_log(TERN_LOG_WARN, "rpc", "auto: %s failed (%s); staying on tcp", uri,
                  tern_strerror(rc));
+        /* The paths try the better one again later. */
+        if (rpc_paths_init(s, boot, policy, boot) == 0)
+            for (unsigned i = 0; i + 1 < s->paths->n; i++)
+                if (strcmp(s->paths->cand[i].uri, uri) == 0)
+                    s->paths->cand[i].retry_at = tern_now_ns() + 200000000u;
         return 0;
     }
     tern_log(TERN_LOG_INFO, "rpc", "auto: %s chose %s", hostport, uri);
@@ -486,8 +507,14 @@ static int connect_auto(struct tern_rpc_ep *ep, const char *hostport, uint64_t t
     better->standby = s->conn;
     tern_tp_conn_set_user(s->conn, better);
     s->conn = NULL;
+    free(better->peer_ads);
+    better->peer_ads = s->peer_ads;
+    s->peer_ads = NULL;
     tern_rpc_disconnect(s);
     *out = better;
+    /* Without its paths the session still works: it only cannot move back
+     * after a failover. */
+    rpc_paths_init(better, boot, policy, uri);
     return 0;
 }
 
@@ -508,8 +535,48 @@ int tern_rpc_connect(struct tern_rpc_ep *ep, const char *uri, uint64_t timeout_n
         return TERN_EINVAL;
     *out = NULL;
     if (uri && strncmp(uri, "auto://", 7) == 0)
-        return connect_auto(ep, uri + 7, timeout_ns, out);
+        return connect_auto(ep, uri + 7,
+                            ep->cfg.fabrics ? ep->cfg.fabrics : getenv("TERN_FABRICS"),
+                            timeout_ns, out);
     return connect_one(ep, uri, timeout_ns, 0, out);
+}
+
+int tern_rpc_connect_with(struct tern_rpc_ep *ep, const char *uri, const char *fabrics,
+                          uint64_t timeout_ns, struct tern_session **out)
+{
+    if (!out || !fabrics)
+        return TERN_EINVAL;
+    *out = NULL;
+    if (!uri || strncmp(uri, "auto://", 7) != 0)
+        return TERN_EINVAL;
+    return connect_auto(ep, uri + 7, fabrics, timeout_ns, out);
+}
+
+int tern_session_info(const struct tern_session *s, struct tern_session_info *out)
+{
+    struct tern_session_info i = {.size = sizeof(i)};
+    size_t n;
+
+    if (!s || !out || out->size == 0)
+        return TERN_EINVAL;
+    i.fabric = s->conn ? tern_session_fabric(s) : "none";
+    i.peer = s->conn ? tern_tp_conn_peer(s->conn) : "";
+    i.calls = s->n_calls;
+    i.errors = s->n_errors;
+    i.bytes_out = s->bytes_out;
+    i.bytes_in = s->bytes_in;
+    i.failovers = s->failovers;
+    i.moves = s->moves;
+    i.credits = s->credits;
+    i.in_flight = s->sent.n;
+    i.queued = s->queued.n;
+    i.standby = s->standby != NULL;
+    i.epoch = s->epoch;
+    /* As much as the caller's struct holds (an older caller's is smaller). */
+    n = out->size < sizeof(i) ? out->size : sizeof(i);
+    i.size = (uint32_t)n;
+    memcpy(out, &i, n);
+    return 0;
 }
 
 int rpc_connect_start(struct tern_rpc_ep *ep, const char *uri, uint64_t token,

@@ -174,6 +174,7 @@ static void rpc_housekeeping(struct tern_rpc_ep *ep)
     if (now < ep->next_housekeeping)
         return;
     ep->next_housekeeping = now + 100000000u;   /* 100 ms */
+    rpc_paths_tick(ep, now);
     for (struct tern_session *s = ep->sessions, *next; s; s = next) {
         next = s->next;
         if (s->role == ROLE_SERVER && s->state == SESS_CONNECTING && now - s->created > limit) {
@@ -308,6 +309,7 @@ void rpc_session_free(struct tern_session *s)
     /* Nothing new starts on it from here on, not even from the callbacks
      * of its one-sided operations, which complete now. */
     s->zombie = true;
+    rpc_paths_free(s);
     rpc_rma_fail(s, NULL, s->state == SESS_DEAD && s->status ? s->status : TERN_ECONNRESET);
     /* Services may keep state per client (the KV service's leases). */
     if (s->role == ROLE_SERVER)

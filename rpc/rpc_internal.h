@@ -144,6 +144,12 @@ struct tern_session {
     struct spill *spill_head, **spill_tail;
     struct deferred *deferred;
     unsigned n_deferred, cap_deferred;
+    /* auto:// paths (paths.c): client sessions that may move fabric */
+    struct rpc_paths *paths;        /* NULL: not an auto:// session */
+    struct tern_session *parent;    /* a path being dialed for that session */
+    /* counters (tern_session_info) */
+    uint64_t n_calls, n_errors, bytes_out, bytes_in;
+    unsigned failovers, moves;
     /* one-sided operations (rma.c) */
     uint32_t epoch;                 /* bumped when it moves to another conn */
     struct rpc_rma *rma_head, *rma_tail;    /* operations in flight */
@@ -255,6 +261,44 @@ void rpc_replay_add(struct rpc_replay *rp, const struct rpc_hdr *h, int status,
 /* Tests only: close the request's session right after its reply is
  * remembered, without sending it (a reply lost with its connection). */
 void rpc_test_drop(struct tern_req *req);
+
+/* paths.c: an auto:// session's ways to its server. It knows the
+ * fabrics the server advertised, ordered by the session's policy (the
+ * bootstrap TCP path last), keeps a TCP standby while it runs on another
+ * fabric, moves to a better path when one comes back, and after a failover
+ * dials a new standby, so that a second failure has somewhere to go too. */
+#define RPC_PATHS_MAX 8
+#define RPC_URI_MAX 160
+struct rpc_paths {
+    char policy[64];
+    unsigned n;                     /* candidates; [n - 1] is the TCP bootstrap */
+    struct {
+        char uri[RPC_URI_MAX];
+        uint64_t retry_at;          /* ns: not dialed before */
+        uint32_t backoff_ms;
+    } cand[RPC_PATHS_MAX];
+    unsigned cur;                   /* the candidate s->conn is on */
+    uint64_t since;                 /* when it moved there */
+    struct tern_session *dial;      /* a path being dialed, or NULL */
+    int dial_cand;                  /* its candidate; -1: a standby */
+    uint64_t dial_start;
+};
+
+/* After the session's first connection is open on candidate `uri`: set
+ * its paths up from s->peer_ads and the policy. TERN_ENOMEM. */
+int rpc_paths_init(struct tern_session *s, const char *boot_uri, const char *policy,
+                   const char *uri);
+/* Housekeeping: dial standbys and better paths, reap dials that failed. */
+void rpc_paths_tick(struct tern_rpc_ep *ep, uint64_t now);
+/* A dialed path `d` said HELLO_ACK: its parent takes its connection. */
+void rpc_paths_dial_open(struct tern_session *d);
+/* The session moved to its standby after its path failed. */
+void rpc_paths_failed_over(struct tern_session *s);
+/* The session goes: so does a dial in flight. */
+void rpc_paths_free(struct tern_session *s);
+/* client.c: move the calls sent on the old path back to the queue's front,
+ * to be re-sent (RPC_F_RESENT) on the new one. */
+void rpc_client_requeue_sent(struct tern_session *s);
 
 /* client.c: the primary connection failed; true if the session moved to
  * its standby path. */

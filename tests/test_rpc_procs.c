@@ -900,7 +900,120 @@ START_TEST(failover_loses_no_call_and_runs_none_twice)
     }
     ck_assert_msg(c.bad == 0, "%u calls failed or ran twice (last: %d)", c.bad, c.status);
     ck_assert_int_eq(tern_session_status(s), 0);
-    ck_assert_str_eq(tern_session_fabric(s), "tcp");
+    /* On TCP, or back on shm already (paths_move_back_...). */
+    ck_assert(strcmp(tern_session_fabric(s), "tcp") == 0 ||
+              strcmp(tern_session_fabric(s), "shm") == 0);
+    tern_rpc_close(ep);
+    finish_server();
+}
+END_TEST
+
+/* The session's paths, for the next test: calls go in a window of 16 with
+ * sequence numbers from *next; the one numbered `drop` makes its
+ * connection die with the reply unsent. Runs until `n` more calls are done
+ * and until(s) holds (or 10 s pass: a failure). */
+static uint32_t path_seqs[20000];
+
+static void run_calls(struct tern_rpc_ep *ep, struct tern_session *s, struct counted *c,
+                      unsigned *next, unsigned n, unsigned drop,
+                      bool (*until)(struct tern_session *s), const char *what)
+{
+    unsigned issued = *next, end = *next + n, done0 = c->done;
+    double t0 = now_ms();
+
+    while (c->done - done0 < n || (until && !until(s))) {
+        ck_assert_msg(now_ms() - t0 < 10000, "%s: stuck at %u of %u calls", what,
+                      c->done - done0, n);
+        while (issued - *next - (c->done - done0) < 16 && issued < end + 5000 &&
+               (issued < end || (until && !until(s)))) {
+            uint16_t m = issued == drop ? M_COUNT_DROP : M_COUNT;
+            int rc;
+
+            ck_assert_uint_lt(issued, sizeof(path_seqs) / sizeof(path_seqs[0]));
+            path_seqs[issued] = issued;
+            rc = tern_call(s, SVC, m, &path_seqs[issued], sizeof(uint32_t), 10 * SEC,
+                           count_cont, c, NULL);
+            ck_assert_msg(rc == 0, "%s: call %u: %s", what, issued, tern_strerror(rc));
+            issued++;
+        }
+        tern_rpc_poll(ep);
+    }
+    while (c->done - done0 < issued - *next) {     /* the rest of the window */
+        ck_assert_msg(now_ms() - t0 < 10000, "%s: the window never drained", what);
+        tern_rpc_poll(ep);
+    }
+    *next = issued;
+    ck_assert_msg(c->bad == 0, "%s: %u calls failed or ran twice (last: %d)", what, c->bad,
+                  c->status);
+}
+
+static struct tern_session_info path_info(struct tern_session *s)
+{
+    struct tern_session_info i = {.size = sizeof(i)};
+
+    ck_assert_int_eq(tern_session_info(s, &i), 0);
+    return i;
+}
+
+static bool on_shm_with_standby(struct tern_session *s)
+{
+    struct tern_session_info i = path_info(s);
+
+    return strcmp(i.fabric, "shm") == 0 && i.standby;
+}
+
+static bool on_tcp_with_standby(struct tern_session *s)
+{
+    struct tern_session_info i = path_info(s);
+
+    return strcmp(i.fabric, "tcp") == 0 && i.standby;
+}
+
+/* After a failover the session moves back to shm when shm answers again,
+ * fails over again, and once the TCP standby is used a new one is dialed,
+ * so that a failure of the TCP path itself loses nothing either. No call is
+ * lost or run twice through any of it. */
+START_TEST(paths_move_back_and_fail_over_twice)
+{
+    struct counted c = {0};
+    struct tern_session_info i;
+    struct tern_session *s;
+    struct tern_rpc_ep *ep;
+    char auto_uri[160];
+    unsigned next = 0;
+
+    memset(runs_of, 0, sizeof(runs_of));
+    start_auto_server(auto_uri, sizeof(auto_uri));
+    ck_assert_int_eq(tern_rpc_open(NULL, &ep), 0);
+    ck_assert_int_eq(tern_rpc_connect_with(ep, auto_uri, "shm,tcp", 5 * SEC, &s), 0);
+    i = path_info(s);
+    ck_assert_str_eq(i.fabric, "shm");
+    ck_assert(i.standby);
+
+    /* shm dies: over to TCP; then back to shm (TCP waiting again). */
+    run_calls(ep, s, &c, &next, 500, 100, NULL, "failover");
+    i = path_info(s);
+    ck_assert_uint_eq(i.failovers, 1);
+    run_calls(ep, s, &c, &next, 200, UINT32_MAX, on_shm_with_standby, "back to shm");
+    i = path_info(s);
+    ck_assert_uint_eq(i.moves, 1);
+
+    /* shm dies again: TCP again, and a new standby is dialed before shm's
+     * backoff (400 ms now) is over. */
+    run_calls(ep, s, &c, &next, 100, next + 50, on_tcp_with_standby, "second failover");
+    i = path_info(s);
+    ck_assert_uint_eq(i.failovers, 2);
+    /* The TCP path itself dies: the new standby takes the session. */
+    run_calls(ep, s, &c, &next, 100, next + 50, NULL, "TCP dies");
+    i = path_info(s);
+    ck_assert_uint_eq(i.failovers, 3);
+    ck_assert_int_eq(tern_session_status(s), 0);
+    /* And in time it is back on shm. */
+    run_calls(ep, s, &c, &next, 100, UINT32_MAX, on_shm_with_standby, "back to shm again");
+    i = path_info(s);
+    ck_assert_uint_eq(i.errors, 0);
+    ck_assert_uint_eq(i.calls, c.done);
+    ck_assert_uint_ge(i.bytes_out, (uint64_t)c.done * 28);
     tern_rpc_close(ep);
     finish_server();
 }
@@ -922,6 +1035,7 @@ Suite *suite_rpc_procs(void)
     tcase_add_test(tc, auto_takes_rdma_by_policy);
 #endif
     tcase_add_test(tc, failover_loses_no_call_and_runs_none_twice);
+    tcase_add_test(tc, paths_move_back_and_fail_over_twice);
     tcase_add_test(tc, server_killed_calls_queued);
     tcase_add_test(tc, many_client_processes);
     tcase_add_test(tc, garbage_client_does_not_stop_server);

@@ -63,52 +63,81 @@ static bool reachable(const struct tern_tp_fabric *f, const char *addr, size_t l
     return f->reachable && f->reachable(addr, len, same_node);
 }
 
-int tern_tp_select(const char *ads, const char *policy, char *uri, size_t len)
+int tern_tp_select_list(const char *ads, const char *policy, char *uris, size_t stride,
+                        unsigned max)
 {
-    const char *best = NULL;
-    size_t best_len = 0;
-    long long best_key = -1;
+    struct {
+        const char *p;
+        size_t len;
+        long long key;
+    } found[16];
+    unsigned n = 0;
 
-    if (!ads || !uri || !len)
+    if (!ads || !uris || !stride)
         return TERN_EINVAL;
     for (const char *p = ads; *p;) {
-        size_t n = strcspn(p, ";");
-        const char *sep = memchr(p, ':', n), *at = memchr(p, '@', n);
+        size_t len = strcspn(p, ";");
+        const char *sep = memchr(p, ':', len), *at = memchr(p, '@', len);
         char node[128] = "";
-        long long key;
 
         /* An entry needs an address: "shm://@node" names nothing to
          * connect to (tern_tp_uri_fabric refuses the URI it would make). */
-        if (sep && at && at > sep + 3 && (size_t)(at - p) < n && sep[1] == '/' &&
-            sep[2] == '/') {
-            size_t fl = (size_t)(sep - p), nl = n - (size_t)(at + 1 - p);
+        if (sep && at && at > sep + 3 && (size_t)(at - p) < len && sep[1] == '/' &&
+            sep[2] == '/' && n < sizeof(found) / sizeof(found[0])) {
+            size_t fl = (size_t)(sep - p), nl = len - (size_t)(at + 1 - p);
             const struct tern_tp_fabric *f = tp_fabric_of(p);
 
             if (nl < sizeof(node)) {
                 memcpy(node, at + 1, nl);
                 node[nl] = 0;
             }
-            if (f && reachable(f, sep + 3, (size_t)(at - sep - 3), node)) {
+            if (f && (size_t)(at - p) < stride &&
+                reachable(f, sep + 3, (size_t)(at - sep - 3), node)) {
                 int pos = policy && *policy ? policy_pos(policy, p, fl) : 0;
 
                 /* The policy decides first (its order), the scores next. */
-                key = pos < 0 ? -1 : (long long)pos * (1ll << 40) + rank_of(f);
-                if (key >= 0 && (best_key < 0 || key < best_key)) {
-                    best = p;
-                    best_len = (size_t)(at - p);
-                    best_key = key;
+                if (pos >= 0) {
+                    found[n].p = p;
+                    found[n].len = (size_t)(at - p);
+                    found[n++].key = (long long)pos * (1ll << 40) + rank_of(f);
                 }
             }
         }
-        p += n;
+        p += len;
         if (*p == ';')
             p++;
     }
-    if (!best)
-        return TERN_ENOENT;
-    if (best_len >= len)
+    /* Best first; equal keys keep the server's order. */
+    for (unsigned i = 1; i < n; i++)
+        for (unsigned j = i; j > 0 && found[j].key < found[j - 1].key; j--) {
+            __typeof__(found[0]) t = found[j];
+
+            found[j] = found[j - 1];
+            found[j - 1] = t;
+        }
+    if (n > max)
+        n = max;
+    for (unsigned i = 0; i < n; i++) {
+        memcpy(uris + i * stride, found[i].p, found[i].len);
+        uris[i * stride + found[i].len] = 0;
+    }
+    return (int)n;
+}
+
+int tern_tp_select(const char *ads, const char *policy, char *uri, size_t len)
+{
+    char best[256];
+    int n;
+
+    if (!ads || !uri || !len)
         return TERN_EINVAL;
-    memcpy(uri, best, best_len);
-    uri[best_len] = 0;
+    n = tern_tp_select_list(ads, policy, best, sizeof(best), 1);
+    if (n < 0)
+        return n;
+    if (n == 0)
+        return TERN_ENOENT;
+    if (strlen(best) >= len)
+        return TERN_EINVAL;
+    memcpy(uri, best, strlen(best) + 1);
     return 0;
 }

@@ -17,6 +17,7 @@
 #ifndef TERN_RPC_H
 #define TERN_RPC_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/uio.h>
@@ -162,6 +163,38 @@ void tern_rpc_stop(struct tern_rpc_ep *ep);
  * TERN_ECONNREFUSED, TERN_ETIMEDOUT, TERN_EVERSION, TERN_EBADADDR, ... */
 int tern_rpc_connect(struct tern_rpc_ep *ep, const char *uri, uint64_t timeout_ns,
                      struct tern_session **out);
+
+/* tern_rpc_connect for an auto:// URI with its own fabric policy
+ * ("ntb,rdma,tcp": the fabrics this session may use, best first) in place
+ * of the endpoint's. An auto:// session keeps a TCP standby while it runs
+ * on another fabric, fails over to it without losing a call, moves back to
+ * a better fabric when that one answers again (tried 200 ms after a
+ * failure, backing off to 5 s), and dials a new standby after a failover.
+ * TERN_EINVAL if uri is not auto://. */
+int tern_rpc_connect_with(struct tern_rpc_ep *ep, const char *uri, const char *fabrics,
+                          uint64_t timeout_ns, struct tern_session **out);
+
+/* What a client session has done, for an operator's view. `size` is set by
+ * the caller to sizeof(struct tern_session_info); fields past it are not
+ * written. Strings stay valid until the session moves or closes. */
+struct tern_session_info {
+    uint32_t size;
+    const char *fabric;             /* "shm", "tcp", ... */
+    const char *peer;               /* the peer's address on that fabric */
+    uint64_t calls;                 /* completed calls, errors included */
+    uint64_t errors;                /* completed with a negative status */
+    uint64_t bytes_out, bytes_in;   /* requests and replies, headers included */
+    uint32_t failovers;             /* moves to the standby after a failure */
+    uint32_t moves;                 /* moves to a better path */
+    uint32_t credits;               /* calls the server lets it have in flight */
+    uint32_t in_flight, queued;     /* calls sent and waiting now */
+    uint32_t epoch;                 /* tern_session_epoch */
+    bool standby;                   /* a path to fail over to is ready */
+};
+
+/* Fill *out (out->size set by the caller). Client sessions only count
+ * calls; TERN_EINVAL. Thread: the endpoint's. */
+int tern_session_info(const struct tern_session *s, struct tern_session_info *out);
 
 /* Close a session; calls still in flight complete with TERN_ECANCELED. */
 void tern_rpc_disconnect(struct tern_session *s);

@@ -177,6 +177,12 @@ int tern_tp_node_id(char *out, size_t len);
  * bandwidth). Writes "fabric://addr" to `uri`; TERN_ENOENT if none fits. */
 int tern_tp_select(const char *ads, const char *policy, char *uri, size_t len);
 
+/* Every fabric tern_tp_select would consider, best first: up to `max`
+ * URIs written at uris, uris + stride, ... (each NUL-terminated; an entry
+ * longer than stride - 1 is left out). Returns how many, or TERN_EINVAL. */
+int tern_tp_select_list(const char *ads, const char *policy, char *uris, size_t stride,
+                        unsigned max);
+
 /* Open an endpoint on cfg->fabric. Returns 0 or TERN_ENOFABRIC, TERN_EINVAL,
  * TERN_ENOMEM. */
 int tern_tp_open(const struct tern_tp_config *cfg, struct tern_tp_ep **out);

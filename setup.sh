@@ -24,6 +24,8 @@ PKGS=(build-essential meson ninja-build pkg-config check libsubunit-dev python3
       libbson-dev libpcre2-dev    # the document service: BSON; $regex
       libssl-dev                  # the block-sync service: SHA-256 (libcrypto)
       libinih-dev                 # ternd's configuration file (INI)
+      libmicrohttpd-dev curl      # ternd's Prometheus metrics; the test that reads them
+      libjson-c-dev               # tern status: the node's JSON
       scdoc                       # the man pages, built from docs/man/*.scd
       iperf3                      # rpcbench blocksync: the tcp ceiling it compares with
       redis-tools                     # redis-cli/redis-benchmark against the RESP gateway
@@ -229,6 +231,7 @@ run_tests() {
         count chain-kill-50 tests/kill_chain.sh build 50
         count ternd-smoke tests/ternd_smoke.sh build
         count ternd-config tests/ternd_config.sh build
+        count ternd-peers tests/ternd_peers.sh build
         count installed-library-consumer consumer
         # One CRUD script through three real MongoDB clients against
         # ternd's gateway and through the native API; each transcript

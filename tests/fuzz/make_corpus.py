@@ -421,6 +421,21 @@ SEEDS["ternd_conf"] = {
 }
 
 
+# ---- node_status: a node's STATUS reply (tests/fuzz/fuzz_node_status.c)
+SEEDS["node_status"] = {
+    "two-peers": b'{"node":"a","rack":"r1","uptime_s":12.5,"pid":42,"version":"0.1.0",'
+                 b'"services":["kv","doc"],"listen":["tcp://127.0.0.1:7300"],"peers":['
+                 b'{"node":"b","rack":"r1","address":"tcp://10.0.0.2:7300","state":"up",'
+                 b'"fabric":"ntb","policy":"ntb,tcp","calls":100,"calls_per_s":5.0,'
+                 b'"errors":0,"bytes":6400,"failovers":1,"moves":1,"credits":32,'
+                 b'"rtt_us":12.5,"standby":true,"last_error":null},'
+                 b'{"node":"c","rack":"r2","state":"down","fabric":null,"last_error":"refused"}]}',
+    "wrong-types": b'{"node":1,"services":{"a":1},"peers":[1,"x",{"calls":"many"}]}',
+    "not-object": b'[1,2,3]',
+    "nul-inside": b'{"node":"a\x00b"}',
+}
+
+
 for target, seeds in SEEDS.items():
     d = os.path.join(OUT, target)
     os.makedirs(d, exist_ok=True)

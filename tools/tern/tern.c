@@ -28,6 +28,10 @@ static void usage(FILE *f)
             "                              indexes (the pool is opened: ternd must be down)\n"
             "       tern doc --uri URI     the same, asked of a running ternd\n"
             "       tern chain gen|append|info|verify ...  a block-sync chain (tern chain --help)\n"
+            "       tern ping [-c COUNT] ADDRESS   a running ternd's round trip (HOST:PORT\n"
+            "                              by auto://, or a URI); exit 1 if a ping went unanswered\n"
+            "       tern status [--json] ADDRESS   a running ternd: node, uptime, services, and\n"
+            "                              per peer the fabric, calls, errors, failovers, credits\n"
             "       tern --help | --version\n"
             "Read-only. Exit status: 0 sound, 1 corrupt (the report names the offset),\n"
             "2 usage or another error.\n");
@@ -80,6 +84,9 @@ int main(int argc, char **argv)
 
     if (argc > 1 && strcmp(argv[1], "chain") == 0)
         return tern_chain_cmd(argc - 2, argv + 2);
+    if (argc > 1 && (strcmp(argv[1], "ping") == 0 || strcmp(argv[1], "status") == 0) &&
+        !(argc > 2 && (strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0)))
+        return tern_node_cmd(argv[1], argc - 2, argv + 2);
     for (int i = 1; i < argc; i++) {
         if (is_help(argv[i])) {
             usage(stdout);

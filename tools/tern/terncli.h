@@ -2,6 +2,10 @@
 #ifndef TERN_CLI_H
 #define TERN_CLI_H
 
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
 /* `tern doc PATH` or `tern doc --uri URI`: argv holds what follows "doc".
  * Returns the exit status. */
 int tern_doc_cmd(int argc, char **argv);
@@ -9,5 +13,13 @@ int tern_doc_cmd(int argc, char **argv);
 /* `tern chain gen|append|info|verify ...`: argv holds what follows
  * "chain". Returns the exit status. */
 int tern_chain_cmd(int argc, char **argv);
+
+/* `tern ping ...` and `tern status ...` (cmd: "ping" or "status"); argv
+ * holds what follows the command. Returns the exit status. */
+int tern_node_cmd(const char *cmd, int argc, char **argv);
+
+/* A node's STATUS reply (tools/common/node_proto.h) as a table, or as the
+ * JSON it is (checked first): 0, or -1 if it is not one JSON object. */
+int tern_status_print(FILE *f, const char *reply, size_t len, bool as_json);
 
 #endif

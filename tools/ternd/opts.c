@@ -247,6 +247,10 @@ static bool port(struct ctx *c, const char *v, int *out)
 
 static bool set_resp_port(struct ctx *c, const char *v) { return port(c, v, &c->o->resp_port); }
 static bool set_mongo_port(struct ctx *c, const char *v) { return port(c, v, &c->o->mongo_port); }
+static bool set_metrics_port(struct ctx *c, const char *v)
+{
+    return port(c, v, &c->o->metrics_port);
+}
 
 static bool set_coalesce(struct ctx *c, const char *v)
 {
@@ -422,6 +426,7 @@ static const struct key keys[] = {
     {"node", "spin_us", "spin-us", 1, NULL, set_spin, false, "poll this long after the last work before sleeping (0..1000000, default 20)"},
     {"node", "busy", "busy", 0, "yes", set_busy, false, "never sleep (lowest latency, one core always busy)"},
     {"node", "log_level", "log-level", 1, NULL, set_log_level, false, "error, warn, info or debug (default: TERN_LOG, else info)"},
+    {"node", "metrics_port", "metrics-port", 1, NULL, set_metrics_port, false, "serve Prometheus metrics on http://127.0.0.1:PORT/metrics (0: any; default off)"},
     {"node", "log_file", "log-file", 1, NULL, set_log_file, false, "append logs here, an absolute path (default stderr); SIGHUP reopens it"},
     {"kv", "pool_size", "pool-size", 1, NULL, set_pool_size, false, "size of a new KV pool, k/m/g/t, at least four segments and 4k (default 256m)"},
     {"kv", "seg_size", "seg-size", 1, NULL, set_seg_size, false, "log segment size of a new KV pool, a power of two in 64k..1g (default 1m)"},
@@ -439,7 +444,7 @@ static const struct key keys[] = {
     {"chain", "producers", "chain-producers", 0, "yes", set_producers, false, "take new blocks from producers (tern chain append --uri)"},
     {"chain", "workers", "chain-workers", 1, NULL, set_chain_workers, false, "threads that check ranges while catching up (auto: one per core but one, at most 4)"},
     {"chain", "fault", "chain-fault", 1, NULL, set_chain_fault, false, "for tests: serve ranges badly (stall, merkle, truncate, order, parent)"},
-    {"policy", "same_rack", NULL, 0, NULL, set_same_rack, false, "fabrics for peers of this rack, best first (default ntb,rdma,tcp)"},
+    {"policy", "same_rack", NULL, 0, NULL, set_same_rack, false, "fabrics for peers of this rack, best first (default shm,ntb,rdma,tcp)"},
     {"policy", "other_rack", NULL, 0, NULL, set_other_rack, false, "fabrics for peers of other racks (default rdma,tcp)"},
     {"policy", "subnet", NULL, 0, NULL, set_subnet, true, "'A.B.C.D/BITS FABRIC': peers in that subnet use that fabric, up to 16"},
 };
@@ -656,14 +661,15 @@ static void defaults(struct ternd_opts *o)
 {
     *o = (struct ternd_opts){.data_dir = "./tern-data", .shm = true, .resp_port = -1,
                              .spin_us = 20, .coalesce_us = 50, .mongo_port = -1, .doc = true,
-                             .log_level = -1,
+                             .log_level = -1, .metrics_port = -1,
                              .chain = {.chain = 0x7465726eull, .size = 1ull << 30,
                                        .workers = UINT32_MAX}};
     if (gethostname(o->name, sizeof(o->name)) != 0 || !o->name[0])
         snprintf(o->name, sizeof(o->name), "ternd");
     o->name[sizeof(o->name) - 1] = 0;
-    /* Inside a rack, NTB first; across racks, RDMA; TCP reaches all. */
-    o->policy.same_rack = (struct ternd_fabric_list){3, {"ntb", "rdma", "tcp"}};
+    /* Inside a rack, NTB first (shm when the peer is on this host);
+     * across racks, RDMA; TCP reaches all. */
+    o->policy.same_rack = (struct ternd_fabric_list){4, {"shm", "ntb", "rdma", "tcp"}};
     o->policy.other_rack = (struct ternd_fabric_list){2, {"rdma", "tcp"}};
 }
 
@@ -862,6 +868,8 @@ void ternd_opts_print(FILE *f, const struct ternd_opts *o)
             yes_no(o->busy), o->log_level >= 0 ? level_names[o->log_level] : "warn");
     if (o->log_file)
         fprintf(f, "log_file = %s\n", o->log_file);
+    if (o->metrics_port >= 0)
+        fprintf(f, "metrics_port = %d\n", o->metrics_port);
     opt_format(a, sizeof(a), o->pool_size ? o->pool_size : DEFAULT_POOL, OPT_SIZE);
     opt_format(b, sizeof(b), o->seg_size ? o->seg_size : DEFAULT_SEG, OPT_SIZE);
     fprintf(f, "\n[kv]\npool_size = %s\nseg_size = %s\nrange = %u:%u\n", a, b, o->range_lo,

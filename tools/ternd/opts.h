@@ -3,7 +3,7 @@
  * the same way wherever it comes from and a flag overrides the file.
  *
  *   [node]    name, rack, data_dir, listen (repeatable), shm, spin_us, busy,
- *             log_level, log_file
+ *             log_level, log_file, metrics_port
  *   [kv]      pool_size, seg_size, range, resp_port, resp_coalesce_us,
  *             flush_helpers
  *   [doc]     enabled, pool_size, mongo_port
@@ -67,6 +67,7 @@ struct ternd_opts {
     bool shm, busy;
     unsigned spin_us;
     int log_level;                   /* -1: TERN_LOG or warn */
+    int metrics_port;                /* -1: no metrics server */
     const char *log_file;            /* NULL: stderr */
     /* [kv] */
     uint64_t pool_size;              /* 0: the pool's default */

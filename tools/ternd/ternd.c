@@ -49,6 +49,7 @@
 #include "opt.h"
 #include "resp.h"
 #include "rpc.h"
+#include "node.h"
 #include "opts.h"
 #include "ternd_chain.h"
 
@@ -59,6 +60,7 @@ static volatile int g_stop;     /* a sig_atomic_t; the chain's catch-up reads it
 
 static volatile sig_atomic_t g_hup;
 static struct ternd_policy g_policy;   /* [policy] as last (re)loaded */
+static struct ternd_node *g_node;
 
 static void on_signal(int sig)
 {
@@ -114,6 +116,7 @@ static void reload(const struct ternd_opts *o)
         return;
     }
     g_policy = p;
+    ternd_node_set_policy(g_node, &p);
     ternd_fabric_list_text(&p.same_rack, a, sizeof(a));
     ternd_fabric_list_text(&p.other_rack, b, sizeof(b));
     tern_log(TERN_LOG_INFO, "ternd", "SIGHUP: policy reloaded from %s: same_rack=%s "
@@ -318,6 +321,8 @@ int main(int argc, char **argv)
     unsigned ngw = 0;
     struct kvs_stats st;
     char pool[4096], bound[256], line[1400];
+    char bound_uris[TERND_MAX_LISTEN + 1][256];
+    unsigned n_bound = 0;
     bool made_dir, new_pool;
 #if TERN_HAVE_DOC
     char dpool[4096];
@@ -445,6 +450,8 @@ int main(int argc, char **argv)
             tern_log(TERN_LOG_ERROR, "ternd", "listen %s: %s", o.listen[i], tern_strerror(rc));
         else if (at < sizeof(line))
             at += (size_t)snprintf(line + at, sizeof(line) - at, " %s", bound);
+        if (rc == 0 && n_bound < TERND_MAX_LISTEN + 1)
+            snprintf(bound_uris[n_bound++], sizeof(bound_uris[0]), "%s", bound);
     }
     /* Same-host clients that come in by auto:// move to shared memory. */
     if (rc == 0 && o.shm) {
@@ -453,6 +460,28 @@ int main(int argc, char **argv)
             tern_log(TERN_LOG_ERROR, "ternd", "listen shm: %s", tern_strerror(rc));
         else if (at < sizeof(line))
             at += (size_t)snprintf(line + at, sizeof(line) - at, " %s", bound);
+        if (rc == 0 && n_bound < TERND_MAX_LISTEN + 1)
+            snprintf(bound_uris[n_bound++], sizeof(bound_uris[0]), "%s", bound);
+    }
+    /* The node service, the peer sessions and the metrics. */
+    if (rc == 0) {
+        char svcs[64];
+
+        snprintf(svcs, sizeof(svcs), "kv%s%s",
+#if TERN_HAVE_DOC
+                 dsvc ? ",doc" : "",
+#else
+                 "",
+#endif
+                 chain ? ",blocksync" : "");
+        rc = ternd_node_start(&o, svcs, g_ep, &g_node);
+        if (rc < 0)
+            tern_log(TERN_LOG_ERROR, "ternd", "node service: %s", tern_strerror(rc));
+        for (unsigned i = 0; rc == 0 && i < n_bound; i++)
+            ternd_node_add_listen(g_node, bound_uris[i]);
+        if (rc == 0 && ternd_node_metrics_port(g_node) >= 0 && at < sizeof(line))
+            at += (size_t)snprintf(line + at, sizeof(line) - at, " metrics=127.0.0.1:%d",
+                                   ternd_node_metrics_port(g_node));
     }
     if (rc == 0 && o.resp_port >= 0) {
         struct resp_config rc_cfg = {.port = (uint16_t)o.resp_port,
@@ -483,6 +512,7 @@ int main(int argc, char **argv)
         tern_log(TERN_LOG_ERROR, "ternd", "flush helpers: %s", tern_strerror(rc));
     if (rc < 0) {
         stop_helpers();
+        ternd_node_stop(g_node);
 #if TERN_HAVE_DOC
         mongo_gw_destroy(mgw);
 #endif
@@ -542,6 +572,7 @@ int main(int argc, char **argv)
     serve(&o, g_ep, gws, ngw);
 
     stop_helpers();
+    ternd_node_stop(g_node);
 #if TERN_HAVE_DOC
     mongo_gw_destroy(mgw);
 #endif

@@ -1,0 +1,209 @@
+/* `tern ping ADDRESS` and `tern status [--json] ADDRESS`: a running
+ * ternd's node service (tools/common/node_proto.h) over tern RPC.
+ * ADDRESS is HOST:PORT (reached by auto://, so the best fabric both ends
+ * have) or any tern URI. */
+#include <json-c/json.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "node_proto.h"
+#include "opt.h"
+#include "rpc.h"
+#include "terncli.h"
+
+#define CALL_TIMEOUT_NS 2000000000ull
+
+static int open_session(const char *addr, struct tern_rpc_ep **ep, struct tern_session **s)
+{
+    char uri[256];
+    int rc;
+
+    if (strstr(addr, "://"))
+        snprintf(uri, sizeof(uri), "%s", addr);
+    else
+        snprintf(uri, sizeof(uri), "auto://%s", addr);
+    rc = tern_rpc_open(NULL, ep);
+    if (rc == 0 && (rc = tern_rpc_connect(*ep, uri, CALL_TIMEOUT_NS, s)) < 0) {
+        tern_rpc_close(*ep);
+        *ep = NULL;
+    }
+    if (rc < 0)
+        fprintf(stderr, "tern: %s: %s\n", uri, tern_strerror(rc));
+    return rc;
+}
+
+static int ping_cmd(int argc, char **argv)
+{
+    uint64_t count = 4, seq;
+    const char *addr = NULL;
+    struct tern_rpc_ep *ep;
+    struct tern_session *s;
+    double min = INFINITY, max = 0, sum = 0;
+    unsigned got = 0;
+
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "-c") == 0 && i + 1 < argc) {
+            if (!opt_num("tern ping", "-c", argv[++i], 1, 1000000, 0, &count))
+                return OPT_USAGE;
+        } else if (!addr && argv[i][0] != '-') {
+            addr = argv[i];
+        } else {
+            return opt_usage_error("tern", "ping: [-c COUNT] ADDRESS (HOST:PORT or a URI)");
+        }
+    }
+    if (!addr)
+        return opt_usage_error("tern", "ping: [-c COUNT] ADDRESS (HOST:PORT or a URI)");
+    if (open_session(addr, &ep, &s) < 0)
+        return 2;
+    printf("PING %s over %s\n", addr, tern_session_fabric(s));
+    for (seq = 1; seq <= count; seq++) {
+        uint64_t back = 0, t0 = tern_now_ns();
+        size_t len = 0;
+        int rc = tern_call_sync(s, NODE_SERVICE_ID, NODE_M_PING, &seq, sizeof(seq), &back,
+                                sizeof(back), &len, CALL_TIMEOUT_NS);
+        double us = (double)(tern_now_ns() - t0) / 1e3;
+
+        if (rc == 0 && (len != sizeof(back) || back != seq))
+            rc = TERN_EPROTO;
+        if (rc < 0) {
+            printf("seq=%llu %s\n", (unsigned long long)seq, tern_strerror(rc));
+        } else {
+            printf("seq=%llu fabric=%s time=%.1f us\n", (unsigned long long)seq,
+                   tern_session_fabric(s), us);
+            got++;
+            sum += us;
+            min = us < min ? us : min;
+            max = us > max ? us : max;
+        }
+        if (seq < count)
+            nanosleep(&(struct timespec){.tv_nsec = 200000000}, NULL);
+    }
+    printf("%llu sent, %u answered", (unsigned long long)count, got);
+    if (got)
+        printf(", rtt min/avg/max %.1f/%.1f/%.1f us", min, sum / got, max);
+    printf("\n");
+    tern_rpc_close(ep);
+    return got == count ? 0 : 1;
+}
+
+static const char *str(json_object *o, const char *key)
+{
+    json_object *v;
+
+    return json_object_object_get_ex(o, key, &v) && json_object_is_type(v, json_type_string)
+               ? json_object_get_string(v) : "-";
+}
+
+static double num(json_object *o, const char *key)
+{
+    json_object *v;
+
+    return json_object_object_get_ex(o, key, &v) ? json_object_get_double(v) : 0;
+}
+
+static void print_table(FILE *f, json_object *st)
+{
+    json_object *svcs, *peers;
+
+    fprintf(f, "node %s  rack %s  up %.0f s  pid %.0f  tern %s\n", str(st, "node"),
+           *str(st, "rack") ? str(st, "rack") : "-", num(st, "uptime_s"), num(st, "pid"),
+           str(st, "version"));
+    if (json_object_object_get_ex(st, "services", &svcs) &&
+        json_object_is_type(svcs, json_type_array)) {
+        fprintf(f, "services");
+        for (size_t i = 0; i < json_object_array_length(svcs); i++)
+            fprintf(f, " %s", json_object_get_string(json_object_array_get_idx(svcs, i)));
+        fprintf(f, "\n");
+    }
+    if (!json_object_object_get_ex(st, "peers", &peers) ||
+        !json_object_is_type(peers, json_type_array) || !json_object_array_length(peers)) {
+        fprintf(f, "no peers configured\n");
+        return;
+    }
+    fprintf(f, "%-12s %-8s %-10s %-8s %10s %9s %7s %12s %9s %7s %9s  %s\n", "PEER", "RACK",
+           "STATE", "FABRIC", "CALLS", "CALLS/S", "ERRORS", "BYTES", "FAILOVERS", "CREDITS",
+           "RTT(us)", "LAST ERROR");
+    for (size_t i = 0; i < json_object_array_length(peers); i++) {
+        json_object *p = json_object_array_get_idx(peers, i);
+
+        fprintf(f, "%-12s %-8s %-10s %-8s %10.0f %9.1f %7.0f %12.0f %9.0f %7.0f %9.1f  %s\n",
+               str(p, "node"), *str(p, "rack") ? str(p, "rack") : "-", str(p, "state"),
+               str(p, "fabric"), num(p, "calls"), num(p, "calls_per_s"), num(p, "errors"),
+               num(p, "bytes"), num(p, "failovers"), num(p, "credits"), num(p, "rtt_us"),
+               str(p, "last_error"));
+    }
+}
+
+int tern_status_print(FILE *f, const char *reply, size_t len, bool as_json)
+{
+    json_tokener *tok = json_tokener_new();
+    json_object *st;
+    int rc = 0;
+
+    if (!tok || len > INT32_MAX)
+        return -1;
+    /* Checked before it is printed, even as it is: a peer may lie. */
+    st = json_tokener_parse_ex(tok, reply, (int)len);
+    if (!st || json_tokener_get_error(tok) != json_tokener_success ||
+        !json_object_is_type(st, json_type_object) || memchr(reply, 0, len))
+        rc = -1;
+    else if (as_json)
+        fprintf(f, "%.*s\n", (int)len, reply);
+    else
+        print_table(f, st);
+    json_object_put(st);
+    json_tokener_free(tok);
+    return rc;
+}
+
+static int status_cmd(int argc, char **argv)
+{
+    const char *addr = NULL;
+    bool json = false;
+    struct tern_rpc_ep *ep;
+    struct tern_session *s;
+    size_t cap = 1u << 20, len = 0;
+    char *reply;
+    int rc;
+
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--json") == 0)
+            json = true;
+        else if (!addr && argv[i][0] != '-')
+            addr = argv[i];
+        else
+            return opt_usage_error("tern", "status: [--json] ADDRESS (HOST:PORT or a URI)");
+    }
+    if (!addr)
+        return opt_usage_error("tern", "status: [--json] ADDRESS (HOST:PORT or a URI)");
+    if (open_session(addr, &ep, &s) < 0)
+        return 2;
+    reply = malloc(cap);
+    rc = reply ? tern_call_sync(s, NODE_SERVICE_ID, NODE_M_STATUS, NULL, 0, reply, cap, &len,
+                                CALL_TIMEOUT_NS)
+               : TERN_ENOMEM;
+    tern_rpc_close(ep);
+    if (rc < 0) {
+        fprintf(stderr, "tern: %s: status: %s\n", addr, tern_strerror(rc));
+        free(reply);
+        return 2;
+    }
+    if (tern_status_print(stdout, reply, len, json) < 0) {
+        fprintf(stderr, "tern: %s: status: not a JSON object\n", addr);
+        free(reply);
+        return 2;
+    }
+    free(reply);
+    return 0;
+}
+
+int tern_node_cmd(const char *cmd, int argc, char **argv)
+{
+    if (strcmp(cmd, "ping") == 0)
+        return ping_cmd(argc, argv);
+    return status_cmd(argc, argv);
+}

@@ -5,13 +5,14 @@
 set -eu
 bench=$1
 # What a run may leave in /dev/shm: its pools, its emulated NTB devices, and
-# softverbs segments of processes that are gone (other programs running
-# meanwhile have live ones).
+# softverbs segments and completion-channel sockets (softverbs.PID[.INC.chN])
+# of processes that are gone (other programs running meanwhile have live
+# ones).
 leftovers() {
     for f in $(ls /dev/shm 2>/dev/null); do
         case $f in
         rpcbench-kv-* | tern-ntb.rpcbench-kv-*) echo "$f" ;;
-        softverbs.*) [ -d "/proc/${f#softverbs.}" ] || echo "$f" ;;
+        softverbs.*) p=${f#softverbs.}; [ -d "/proc/${p%%.*}" ] || echo "$f" ;;
         esac
     done
 }

@@ -69,7 +69,7 @@ END_TEST
 #if TERN_HAVE_RDMA
 /* RDMA needs a NIC at both ends: the peer advertises it only if it has
  * one, and this side takes it only if it has one too (probe says). An
- * emulated NIC ("soft:") reaches its own node only. */
+ * emulated NIC ("soft:") reaches its own host only (any namespace). */
 START_TEST(rdma_only_when_both_sides_can)
 {
     char ads[512], uri[128], desc[160];
@@ -81,6 +81,16 @@ START_TEST(rdma_only_when_both_sides_can)
     ck_assert_str_eq(uri, "rdma://soft:127.0.0.1:7000");
     snprintf(ads, sizeof(ads), "rdma://soft:127.0.0.1:7000@other.1");
     ck_assert_int_eq(tern_tp_select(ads, NULL, uri, sizeof(uri)), TERN_ENOENT);
+    /* The same host in another network namespace (same boot id, another
+     * namespace inode): softverbs reaches it, shm does not. */
+    {
+        size_t boot = strcspn(me, ".");
+
+        snprintf(ads, sizeof(ads), "shm://x@%.*s.1;rdma://soft:10.1.0.2:7000@%.*s.1",
+                 (int)boot, me, (int)boot, me);
+        ck_assert_int_eq(tern_tp_select(ads, NULL, uri, sizeof(uri)), 0);
+        ck_assert_str_eq(uri, "rdma://soft:10.1.0.2:7000");
+    }
     /* A NIC's address, from another node: only with a NIC here. */
     snprintf(ads, sizeof(ads), "rdma://10.0.0.7:7000@other.1");
     ck_assert_int_eq(tern_tp_select(ads, NULL, uri, sizeof(uri)), here ? 0 : TERN_ENOENT);

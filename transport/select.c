@@ -58,9 +58,13 @@ static bool reachable(const struct tern_tp_fabric *f, const char *addr, size_t l
                       const char *node)
 {
     char me[128];
-    bool same_node = node && tern_tp_node_id(me, sizeof(me)) == 0 && strcmp(me, node) == 0;
+    bool known = node && tern_tp_node_id(me, sizeof(me)) == 0;
+    bool same_node = known && strcmp(me, node) == 0;
+    /* The same kernel: the boot ids (before the '.') agree. */
+    size_t boot = known ? strcspn(me, ".") : 0;
+    bool same_host = known && boot && strncmp(me, node, boot) == 0 && node[boot] == '.';
 
-    return f->reachable && f->reachable(addr, len, same_node);
+    return f->reachable && f->reachable(addr, len, same_node, same_host);
 }
 
 int tern_tp_select_list(const char *ads, const char *policy, char *uris, size_t stride,

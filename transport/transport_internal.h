@@ -62,9 +62,11 @@ struct tern_tp_fabric {
     /* tern_tp_probe: is the hardware there? NULL: always usable. */
     int (*probe)(const char *args, char *desc, size_t desc_len);
     /* Can this node reach `addr` (what follows "fabric://", `len` bytes),
-     * advertised by a node that is this host (`same_node`) or another?
+     * advertised by a node that is this node (`same_node`: this host and
+     * network namespace), this host in another namespace (`same_host`:
+     * the same kernel, as tools/rack's hosts are), or another?
      * NULL: never taken from an advertisement (tcp: the bootstrap itself). */
-    bool (*reachable)(const char *addr, size_t len, bool same_node);
+    bool (*reachable)(const char *addr, size_t len, bool same_node, bool same_host);
     /* An address to listen on for a server on this host that processes of
      * this host reach, unique per `tag`; tag NULL: one the fabric makes
      * unique when a listener binds it (tests, benchmarks). */

@@ -75,11 +75,16 @@ void sv_sweep_dead(void)
         if (strncmp(e->d_name, "softverbs.", 10) != 0)
             continue;
         pid = strtol(e->d_name + 10, &end, 10);
-        if (*end || pid <= 0)
+        if ((*end && *end != '.') || pid <= 0)
             continue;
         if (kill((pid_t)pid, 0) < 0 && errno == ESRCH) {
-            char name[64];
+            char name[300];
 
+            if (*end) {              /* a completion channel's socket */
+                snprintf(name, sizeof(name), "/dev/shm/%s", e->d_name);
+                unlink(name);
+                continue;
+            }
             seg_name(name, sizeof(name), (pid_t)pid);
             shm_unlink(name);
         }

@@ -254,14 +254,17 @@ int sv_dereg_mr(struct ibv_mr *ibmr)
 
 /* ---- completion channels and CQs ---- */
 
+/* A completion channel's socket: a path in /dev/shm beside the node's
+ * segment, not an abstract name, so that a peer in another network
+ * namespace of this host (tools/rack's hosts) can ring it. Unlinked when
+ * the channel goes; sv_sweep_dead takes those of dead processes. */
 static socklen_t channel_addr(struct sockaddr_un *sa, const struct sv_seg *seg, uint32_t idx)
 {
     memset(sa, 0, sizeof(*sa));
     sa->sun_family = AF_UNIX;
-    /* Abstract names: nothing to clean up, gone with the socket. */
     return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 +
-                       (size_t)snprintf(sa->sun_path + 1, sizeof(sa->sun_path) - 1,
-                                        "softverbs.%d.%llx.ch%u", (int)seg->pid,
+                       (size_t)snprintf(sa->sun_path, sizeof(sa->sun_path),
+                                        "/dev/shm/softverbs.%d.%llx.ch%u", (int)seg->pid,
                                         (unsigned long long)seg->incarnation, idx));
 }
 
@@ -282,6 +285,7 @@ static struct ibv_comp_channel *channel_new(struct ibv_context *context)
         ch->ibv.context = context;
         ch->ibv.fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
         sl = channel_addr(&sa, ctx->seg, i);
+        unlink(sa.sun_path);         /* an earlier holder of our PID */
         if (ch->ibv.fd < 0 || bind(ch->ibv.fd, (struct sockaddr *)&sa, sl) < 0) {
             int err = errno;
 
@@ -317,6 +321,12 @@ static int channel_destroy(struct ibv_comp_channel *channel)
     for (uint32_t i = 0; i < SV_MAX_CQ; i++)
         if (ctx->cqs[i] && ctx->seg->cq[i].channel == (int32_t)ch->idx)
             return EBUSY;
+    {
+        struct sockaddr_un sa;
+
+        channel_addr(&sa, ctx->seg, ch->idx);
+        unlink(sa.sun_path);
+    }
     close(channel->fd);
     ctx->channels[ch->idx] = NULL;
     free(ch);

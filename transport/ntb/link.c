@@ -90,6 +90,7 @@ struct ntb_link {
     off_t mine_off;                 /* emu: file offset of our partition */
     struct ntb_hw_shared *hwdev;      /* hw: the device, shared by partitions */
     struct sockaddr_un bell;        /* emu: the peer's doorbell socket */
+    bool bell_bound;                /* emu: ours is bound (unlinked at release) */
     socklen_t bell_len;
     uint64_t nonce, peer_nonce;
     bool seen_sent, ready_sent, listening, odd;
@@ -447,13 +448,23 @@ static bool name_ok(const char *name)
     return true;
 }
 
+/* The doorbell of one side of a partition: a datagram socket at a path in
+ * /dev/shm beside the device, not an abstract name, so that processes in
+ * other network namespaces of this host (tools/rack's hosts) ring it too.
+ * The side's OFD lock says whose it is: its owner unlinks a stale one
+ * before binding and its own when it leaves; ntb_sweep takes those of the
+ * dead. */
 static socklen_t bell_addr(struct sockaddr_un *sa, const char *name, unsigned part, int side)
 {
+    int n;
+
     memset(sa, 0, sizeof(*sa));
     sa->sun_family = AF_UNIX;
-    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 +
-                       (size_t)snprintf(sa->sun_path + 1, sizeof(sa->sun_path) - 1,
-                                        "tern-ntb/%s/%u/%d", name, part, side));
+    n = snprintf(sa->sun_path, sizeof(sa->sun_path), "/dev/shm/tern-ntb.%s.%u.%d.bell", name,
+                 part, side);
+    if (n < 0 || (size_t)n >= sizeof(sa->sun_path))
+        return 0;                    /* the name is too long for a socket path */
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + (size_t)n + 1);
 }
 
 static bool lock_byte(int fd, off_t at, bool wait)
@@ -551,8 +562,12 @@ static int emu_attach(struct ring_link *l, const char *name)
     zero_rings(l);
     l->obj.fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     sl = bell_addr(&sa, name, nl->part, side);
+    if (!sl)
+        return TERN_EBADADDR;
+    unlink(sa.sun_path);             /* a dead owner's: the side is ours now */
     if (l->obj.fd < 0 || bind(l->obj.fd, (struct sockaddr *)&sa, sl) < 0)
         return -errno;
+    nl->bell_bound = true;
     nl->bell_len = bell_addr(&nl->bell, name, nl->part, 1 - side);
     {
         struct epoll_event e = {.events = EPOLLIN, .data.ptr = &l->obj};
@@ -673,6 +688,12 @@ static void ntb_link_release(struct ring_link *l)
         munmap(nl->mine_map, nl->part_size);
     if (nl->peers_map)
         munmap(nl->peers_map, nl->part_size);
+    if (nl->bell_bound) {
+        struct sockaddr_un sa;
+
+        if (bell_addr(&sa, nl->dev + 4, nl->part, nl->side))
+            unlink(sa.sun_path);
+    }
     if (!nl->hw && nl->dev_fd >= 0) {
         /* The last side out of every partition removes the emulated device
          * (never a file that turned out not to be one). */
@@ -866,8 +887,9 @@ static bool is_emu(const char *addr, size_t len)
 /* An emulated device is a file of this host. A hardware link joins two
  * hosts that only their cabling knows of: it is taken when a policy names
  * it, never guessed from an advertisement. */
-static bool ntb_reachable(const char *addr, size_t len, bool same_node)
+static bool ntb_reachable(const char *addr, size_t len, bool same_node, bool same_host)
 {
+    (void)same_host;
     return same_node && is_emu(addr, len);
 }
 
@@ -883,6 +905,32 @@ static int ntb_local_addr(const char *tag, char *buf, size_t len)
 static bool ntb_emulated(const char *addr)
 {
     return is_emu(addr, strlen(addr));
+}
+
+/* A doorbell "tern-ntb.NAME.P.SIDE.bell" whose side nobody holds (or
+ * whose device is gone): its owner died. */
+static void sweep_bell(const char *file)
+{
+    char name[200], path[300];
+    const char *end = file + strlen(file) - 5, *p = end;
+    unsigned part, side, dots = 0;
+    int fd;
+
+    while (p > file + 9 && dots < 2)
+        if (*--p == '.')
+            dots++;
+    if (dots < 2 || sscanf(p, ".%u.%u.bell", &part, &side) != 2 || part >= NTB_PARTS ||
+        side > 1 || (size_t)(p - file - 9) >= sizeof(name))
+        return;
+    snprintf(name, sizeof(name), "%.*s", (int)(p - file - 9), file + 9);
+    snprintf(path, sizeof(path), "/tern-ntb.%s", name);
+    fd = shm_open(path, O_RDWR | O_CLOEXEC, 0);
+    if (fd < 0 || lock_byte(fd, EMU_LOCK_SIDES + 2 * (off_t)part + side, false)) {
+        snprintf(path, sizeof(path), "/dev/shm/%s", file);
+        unlink(path);
+    }
+    if (fd >= 0)
+        close(fd);                   /* closing gives back a lock just taken */
 }
 
 /* Emulated devices whose every side is unclaimed: their processes died
@@ -902,6 +950,10 @@ static void ntb_sweep(void)
 
         if (strncmp(de->d_name, "tern-ntb.", 9) != 0)
             continue;
+        if (strlen(de->d_name) > 5 && strcmp(de->d_name + strlen(de->d_name) - 5, ".bell") == 0) {
+            sweep_bell(de->d_name);
+            continue;
+        }
         snprintf(path, sizeof(path), "/%s", de->d_name);
         fd = shm_open(path, O_RDWR | O_CLOEXEC, 0);
         if (fd < 0)

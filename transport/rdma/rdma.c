@@ -300,11 +300,13 @@ static bool rdma_emulated(const char *addr)
 
 /* Only when both ends can: the peer advertises rdma only if it has a
  * device, and this node needs one too. An emulated NIC reaches processes
- * of this host only. */
-static bool rdma_reachable(const char *addr, size_t len, bool same_node)
+ * of this host only, in any network namespace (its memory is /dev/shm and
+ * its doorbells are sockets there; its connections go over IP). */
+static bool rdma_reachable(const char *addr, size_t len, bool same_node, bool same_host)
 {
+    (void)same_node;
     if (len >= 5 && strncmp(addr, "soft:", 5) == 0)
-        return same_node;
+        return same_host;
     return rdma_hw_usable(NULL, 0);
 }
 

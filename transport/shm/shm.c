@@ -500,8 +500,9 @@ static const struct tern_tp_ops shm_ops = {
 
 /* Processes of this host (same boot and network namespace: the listener
  * is an abstract socket of the namespace). */
-static bool shm_reachable(const char *addr, size_t len, bool same_node)
+static bool shm_reachable(const char *addr, size_t len, bool same_node, bool same_host)
 {
+    (void)same_host;
     return same_node;
 }
 

@@ -472,9 +472,9 @@ static int connect_one(struct tern_rpc_ep *ep, const char *uri, uint64_t timeout
 static int connect_auto(struct tern_rpc_ep *ep, const char *hostport, const char *policy,
                         uint64_t timeout_ns, struct tern_session **out)
 {
-    struct tern_session *s, *better;
-    char uri[256], boot[RPC_URI_MAX];
-    int rc;
+    struct tern_session *s, *better = NULL;
+    char uri[256], boot[RPC_URI_MAX], cand[RPC_PATHS_MAX - 1][RPC_URI_MAX];
+    int rc, n, k;
 
     uint64_t token = 0;
 
@@ -489,17 +489,18 @@ static int connect_auto(struct tern_rpc_ep *ep, const char *hostport, const char
     if (rc < 0)
         return rc;
     *out = s;
-    if (!s->peer_ads || tern_tp_select(s->peer_ads, policy, uri, sizeof(uri)) < 0)
-        return rpc_paths_init(s, boot, policy, boot) < 0 ? 0 : 0;
-    rc = connect_one(ep, uri, timeout_ns, token, &better);
+    n = rpc_paths_candidates(s->peer_ads, policy, cand, RPC_PATHS_MAX - 1);
+    /* The best path that answers; the others are tried again later. */
+    for (k = 0, rc = -1; k < n && rc < 0; k++) {
+        memcpy(uri, cand[k], RPC_URI_MAX);
+        rc = connect_one(ep, uri, timeout_ns, token, &better);
+        if (rc < 0)
+            tern_log(TERN_LOG_WARN, "rpc", "auto: %s failed (%s)", uri, tern_strerror(rc));
+    }
     if (rc < 0) {
-        tern_log(TERN_LOG_WARN, "rpc", "auto: %s failed (%s); staying on tcp", uri,
-                 tern_strerror(rc));
-        /* The paths try the better one again later. */
         if (rpc_paths_init(s, boot, policy, boot) == 0)
             for (unsigned i = 0; i + 1 < s->paths->n; i++)
-                if (strcmp(s->paths->cand[i].uri, uri) == 0)
-                    s->paths->cand[i].retry_at = tern_now_ns() + 200000000u;
+                s->paths->cand[i].retry_at = tern_now_ns() + 200000000u;
         return 0;
     }
     tern_log(TERN_LOG_INFO, "rpc", "auto: %s chose %s", hostport, uri);

@@ -32,19 +32,50 @@
 #define DIAL_TIMEOUT_NS 2000000000ull
 #define STABLE_NS 10000000000ull     /* a path up this long was not flapping */
 
+int rpc_paths_candidates(const char *ads, const char *policy, char (*out)[RPC_URI_MAX],
+                         unsigned max)
+{
+    unsigned n = 0;
+    int k;
+
+    if (!policy || !*policy) {
+        k = ads ? tern_tp_select_list(ads, NULL, &out[0][0], RPC_URI_MAX, max) : 0;
+        return k < 0 ? 0 : k;
+    }
+    for (const char *p = policy; *p && n < max;) {
+        size_t len = strcspn(p, ",");
+        char item[RPC_URI_MAX];
+
+        if (len < sizeof(item)) {
+            memcpy(item, p, len);
+            item[len] = 0;
+            if (strstr(item, "://")) {
+                /* A path named outright (an NTB cable's partition): the
+                 * configuration knows it reaches the peer. */
+                memcpy(out[n++], item, len + 1);
+            } else if (strcmp(item, "tcp") != 0 && ads) {
+                k = tern_tp_select_list(ads, item, &out[n][0], RPC_URI_MAX, max - n);
+                n += k > 0 ? (unsigned)k : 0;
+            }
+        }
+        p += len;
+        if (*p == ',')
+            p++;
+    }
+    return (int)n;
+}
+
 int rpc_paths_init(struct tern_session *s, const char *boot_uri, const char *policy,
                    const char *uri)
 {
     struct rpc_paths *p = calloc(1, sizeof(*p));
     char list[RPC_PATHS_MAX - 1][RPC_URI_MAX];
-    int n = 0;
+    int n;
 
     if (!p)
         return TERN_ENOMEM;
     snprintf(p->policy, sizeof(p->policy), "%s", policy ? policy : "");
-    if (s->peer_ads)
-        n = tern_tp_select_list(s->peer_ads, p->policy, &list[0][0], RPC_URI_MAX,
-                                RPC_PATHS_MAX - 1);
+    n = rpc_paths_candidates(s->peer_ads, policy, list, RPC_PATHS_MAX - 1);
     for (int i = 0; i < n; i++)
         memcpy(p->cand[p->n++].uri, list[i], RPC_URI_MAX);
     snprintf(p->cand[p->n++].uri, RPC_URI_MAX, "%s", boot_uri);

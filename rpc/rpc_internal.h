@@ -141,6 +141,7 @@ struct tern_session {
     struct call_list queued, sent;
     bool blocked;                   /* transport said EAGAIN */
     /* server */
+    int send_dead;                  /* the send path failed for good (not full) */
     struct spill *spill_head, **spill_tail;
     struct deferred *deferred;
     unsigned n_deferred, cap_deferred;
@@ -270,7 +271,7 @@ void rpc_test_drop(struct tern_req *req);
 #define RPC_PATHS_MAX 8
 #define RPC_URI_MAX 160
 struct rpc_paths {
-    char policy[64];
+    char policy[256];
     unsigned n;                     /* candidates; [n - 1] is the TCP bootstrap */
     struct {
         char uri[RPC_URI_MAX];
@@ -284,6 +285,13 @@ struct rpc_paths {
     uint64_t dial_start;
 };
 
+/* The paths a policy allows, best first, the TCP bootstrap left out:
+ * for each item of `policy` in its order, a fabric name brings the
+ * server's advertisements of that fabric reachable from here (by score),
+ * a URI ("ntb://emu:CABLE/1") comes as it is. An empty policy: every
+ * reachable advertisement. Returns how many (up to max). */
+int rpc_paths_candidates(const char *ads, const char *policy, char (*out)[RPC_URI_MAX],
+                         unsigned max);
 /* After the session's first connection is open on candidate `uri`: set
  * its paths up from s->peer_ads and the policy. TERN_ENOMEM. */
 int rpc_paths_init(struct tern_session *s, const char *boot_uri, const char *policy,

@@ -15,6 +15,20 @@
 
 #define HDR sizeof(struct rpc_hdr)
 
+/* Send space for a reply. A connection that can no longer send (its peer
+ * left: the ring says so, not "full") is marked: its session is dropped
+ * at the next request instead of keeping replies and requests for a
+ * WRITABLE that cannot come (which would also keep the views a closing
+ * connection waits for). */
+static int alloc_out(struct tern_session *s, size_t len, void **buf)
+{
+    int rc = tern_tp_msg_alloc(s->conn, len, buf);
+
+    if (rc < 0 && rc != TERN_EAGAIN && !s->send_dead)
+        s->send_dead = rc;
+    return rc;
+}
+
 void *tern_reply_alloc(struct tern_req *r, size_t len)
 {
     uint8_t *buf;
@@ -25,7 +39,7 @@ void *tern_reply_alloc(struct tern_req *r, size_t len)
         return NULL;
     r->reply_taken = true;
     r->reply_len = len;
-    rc = tern_tp_msg_alloc(r->s->conn, HDR + len, (void **)&buf);
+    rc = alloc_out(r->s, HDR + len, (void **)&buf);
     if (rc == 0) {
         r->reply = buf + HDR;
         return r->reply;
@@ -172,7 +186,7 @@ static void send_reply(struct tern_session *s, struct tern_req *r, int status)
         free(r->spilled);
         r->reply = NULL;
         r->spilled = NULL;
-        if (tern_tp_msg_alloc(s->conn, HDR, (void **)&buf) == 0) {
+        if (alloc_out(s, HDR, (void **)&buf) == 0) {
             r->reply = buf + HDR;
         } else {
             r->spilled = malloc(sizeof(*r->spilled) + HDR);
@@ -239,7 +253,7 @@ static void emit(struct tern_session *s, struct rpc_hdr *h, const void *body, si
         len = 0;
     if (s->replay)
         rpc_replay_add(s->replay, h, h->status, body, len);
-    if (tern_tp_msg_alloc(s->conn, HDR + len, (void **)&buf) == 0) {
+    if (alloc_out(s, HDR + len, (void **)&buf) == 0) {
         memcpy(buf, h, HDR);
         if (len)
             memcpy(buf + HDR, body, len);
@@ -305,7 +319,7 @@ static void send_replayed(struct tern_session *s, const struct rpc_hdr *req,
     size_t len = e && e->status == 0 ? e->len : 0;
     uint8_t *buf;
 
-    if (tern_tp_msg_alloc(s->conn, HDR + len, (void **)&buf) == 0) {
+    if (alloc_out(s, HDR + len, (void **)&buf) == 0) {
         memcpy(buf, &h, HDR);
         if (len)
             memcpy(buf + HDR, e->buf, len);
@@ -435,9 +449,16 @@ bool rpc_server_recv(struct tern_session *s, const void *view, size_t len)
             rpc_bad_frame(s, "request before HELLO");
             return false;
         }
-        if (stalled(s) && defer(s, view, len))
-            return true;
-        serve(s, view, len, 0);
+        if (!s->send_dead) {
+            if (stalled(s) && defer(s, view, len))
+                return true;
+            serve(s, view, len, 0);
+        }
+        if (s->send_dead) {
+            tern_log(TERN_LOG_DEBUG, "rpc", "client %s: replies cannot go (%s); closing",
+                     tern_tp_conn_peer(s->conn), tern_strerror(s->send_dead));
+            rpc_session_free(s);
+        }
         return false;
     default:
         rpc_bad_frame(s, "unexpected message type from client");

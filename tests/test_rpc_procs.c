@@ -1019,6 +1019,60 @@ START_TEST(paths_move_back_and_fail_over_twice)
 }
 END_TEST
 
+static bool on_tcp(struct tern_session *s)
+{
+    return strcmp(path_info(s).fabric, "tcp") == 0;
+}
+
+static bool on_ntb_with_standby(struct tern_session *s)
+{
+    struct tern_session_info i = path_info(s);
+
+    return strcmp(i.fabric, "ntb") == 0 && i.standby;
+}
+
+/* The cable of an emulated NTB link is pulled under load: the session
+ * moves to TCP within a second or so (a heartbeat finds the link down),
+ * no call is lost or run twice, and it is back on NTB once the cable is. */
+START_TEST(pulled_ntb_cable_fails_over_and_comes_back)
+{
+    struct counted c = {0};
+    struct tern_session *s;
+    struct tern_rpc_ep *ep;
+    char auto_uri[160];
+    unsigned next = 0;
+    double t0, moved_ms;
+
+    memset(runs_of, 0, sizeof(runs_of));
+    /* A name of our own: the cable is pulled by its name. */
+    snprintf(ntb_dev, sizeof(ntb_dev), "ntb://emu:pull-%d", (int)getpid());
+    start_auto_server_with(setup_service_and_ntb, auto_uri, sizeof(auto_uri));
+    ck_assert_int_eq(tern_rpc_open(NULL, &ep), 0);
+    ck_assert_int_eq(tern_rpc_connect_with(ep, auto_uri, "ntb,tcp", 5 * SEC, &s), 0);
+    ck_assert_str_eq(tern_session_fabric(s), "ntb");
+    run_calls(ep, s, &c, &next, 300, UINT32_MAX, NULL, "on ntb");
+
+    ck_assert_int_eq(tern_tp_emu_cable(ntb_dev, false), 0);
+    t0 = now_ms();
+    run_calls(ep, s, &c, &next, 100, UINT32_MAX, on_tcp, "cable pulled");
+    moved_ms = now_ms() - t0;
+    ck_assert_msg(moved_ms < 1500, "took %.0f ms to leave the pulled cable", moved_ms);
+    ck_assert_uint_eq(path_info(s).failovers, 1);
+    /* While it is out, the session stays on TCP (the dials fail). */
+    run_calls(ep, s, &c, &next, 2000, UINT32_MAX, NULL, "cable out");
+    ck_assert_str_eq(tern_session_fabric(s), "tcp");
+
+    ck_assert_int_eq(tern_tp_emu_cable(ntb_dev, true), 0);
+    run_calls(ep, s, &c, &next, 100, UINT32_MAX, on_ntb_with_standby, "cable back");
+    ck_assert_uint_eq(path_info(s).moves, 1);
+    ck_assert_uint_eq(path_info(s).errors, 0);
+    ck_assert_int_eq(tern_tp_emu_cable("ntb://emu:no-such-cable", false), TERN_ENOENT);
+    ck_assert_int_eq(tern_tp_emu_cable("tcp://x:1", false), TERN_EBADADDR);
+    tern_rpc_close(ep);
+    finish_server();
+}
+END_TEST
+
 Suite *suite_rpc_procs(void)
 {
     Suite *s = suite_create("rpc_procs");
@@ -1036,6 +1090,7 @@ Suite *suite_rpc_procs(void)
 #endif
     tcase_add_test(tc, failover_loses_no_call_and_runs_none_twice);
     tcase_add_test(tc, paths_move_back_and_fail_over_twice);
+    tcase_add_test(tc, pulled_ntb_cable_fails_over_and_comes_back);
     tcase_add_test(tc, server_killed_calls_queued);
     tcase_add_test(tc, many_client_processes);
     tcase_add_test(tc, garbage_client_does_not_stop_server);

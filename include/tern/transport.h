@@ -166,6 +166,14 @@ const char *tern_tp_uri_label(const char *uri, char *buf, size_t len);
  * while other processes run: only what no live process uses goes. */
 void tern_tp_sweep(void);
 
+/* Pull the cable of an emulated NTB device ("ntb://emu:NAME", every
+ * partition) or plug it back, as a test or a demo pulls a real one: both
+ * ends see the link down within a heartbeat (100 ms) and their
+ * connections fail (auto:// sessions move to their standby); plugged, the
+ * link comes up again. TERN_ENOENT if no process has the device open,
+ * TERN_EBADADDR if uri names no emulated device. */
+int tern_tp_emu_cable(const char *uri, bool plugged);
+
 /* This node's identity for same-host fabrics: boot id and network
  * namespace ("<boot_id>.<netns inode>"). */
 int tern_tp_node_id(char *out, size_t len);

@@ -31,7 +31,7 @@ static const char *const state_names[] = {"down", "connecting", "up"};
 struct peer_view {
     enum peer_state state;
     char fabric[8];
-    char policy[64];
+    char policy[256];
     uint64_t calls, errors, bytes, failovers, moves;   /* over every session */
     double calls_per_s;
     unsigned credits;
@@ -47,7 +47,7 @@ struct peer_run {
     enum peer_state state;
     uint64_t retry_at;
     unsigned backoff_ms;
-    char policy[64];
+    char policy[256];
     bool pinging;
     uint64_t ping_sent, ping_seq;
     double rtt_us;
@@ -142,7 +142,7 @@ static void put_label(struct buf *b, const char *s)
 
 /* Subnet rules first (the peer's IPv4 address), then the rack: the same
  * as ours, or another. TCP is always the last resort. */
-static void policy_for(const struct ternd_policy *pol, const char *my_rack,
+static void policy_for(const struct ternd_policy *pol, const char *me, const char *my_rack,
                        const struct ternd_peer *p, char *out, size_t len)
 {
     const struct ternd_fabric_list *l;
@@ -160,10 +160,18 @@ static void policy_for(const struct ternd_policy *pol, const char *my_rack,
                 return;
             }
     l = my_rack[0] && strcmp(my_rack, p->rack) == 0 ? &pol->same_rack : &pol->other_rack;
-    ternd_fabric_list_text(l, out, len);
-    at = strlen(out);
+    out[0] = 0;
+    at = 0;
+    for (unsigned i = 0; i < l->n && at < len; i++) {
+        /* NTB by its cable: the partition the peer listens on for us. */
+        if (strcmp(l->name[i], "ntb") == 0 && p->ntb[0])
+            at += (size_t)snprintf(out + at, len - at, "%sntb://%s/%u", at ? "," : "", p->ntb,
+                                   ternd_ntb_part(p->name, me, 0));
+        else
+            at += (size_t)snprintf(out + at, len - at, "%s%s", at ? "," : "", l->name[i]);
+    }
     if (!strstr(out, "tcp") && at + 4 < len)
-        snprintf(out + at, len - at, ",tcp");
+        snprintf(out + at, len - at, "%stcp", at ? "," : "");
 }
 
 /* ---- the peers thread ---- */
@@ -318,9 +326,9 @@ static void take_policy(struct ternd_node *n)
     n->seen_gen = gen;
     for (unsigned i = 0; i < n->o->n_peers; i++) {
         struct peer_run *r = &n->run[i];
-        char p[64];
+        char p[256];
 
-        policy_for(&pol, n->o->rack, r->cfg, p, sizeof(p));
+        policy_for(&pol, n->o->name, n->o->rack, r->cfg, p, sizeof(p));
         if (strcmp(p, r->policy) == 0)
             continue;
         if (r->policy[0])

@@ -532,6 +532,11 @@ static bool peer_key(struct file *fl, struct ternd_peer *p, const char *key, con
 {
     struct ctx *c = fl->c;
 
+    if ((strcmp(key, "rack") == 0 && p->rack[0]) || (strcmp(key, "address") == 0 && p->address) ||
+        (strcmp(key, "ntb") == 0 && p->ntb[0])) {
+        say(c, "set twice");
+        return false;
+    }
     if (strcmp(key, "rack") == 0)
         return name_ok(c, v, p->rack);
     if (strcmp(key, "address") == 0) {
@@ -542,7 +547,20 @@ static bool peer_key(struct file *fl, struct ternd_peer *p, const char *key, con
         p->address = keep(v);
         return true;
     }
-    say(c, "unknown key (a peer has address and rack)");
+    if (strcmp(key, "ntb") == 0) {
+        /* The device whose other end is this peer: "hw" or "emu:NAME". */
+        if (strcmp(v, "hw") != 0 && (strncmp(v, "emu:", 4) != 0 || !v[4] ||
+                                     strspn(v + 4, "abcdefghijklmnopqrstuvwxyz"
+                                                   "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") !=
+                                         strlen(v + 4) || strlen(v) > 48)) {
+            say(c, "'%s' is not an NTB device (hw, or emu:NAME of letters, digits, '.', '_', "
+                "'-', at most 44)", v);
+            return false;
+        }
+        snprintf(p->ntb, sizeof(p->ntb), "%s", v);
+        return true;
+    }
+    say(c, "unknown key (a peer has address, rack and ntb)");
     return false;
 }
 
@@ -720,7 +738,8 @@ static void usage_flags(FILE *f)
                "  --check                print the resolved settings and exit (nothing is\n"
                "                         created; a mistake names the file, line and key)\n"
                "File only: [policy] same_rack, other_rack, subnet; [peer NAME] address\n"
-               "(tcp://HOST:PORT) and rack: the nodes this one keeps sessions to. ternd(8) and docs/TERND.md say what each does. SIGTERM and SIGINT\n"
+               "(tcp://HOST:PORT), rack and ntb (the NTB device cabled to it): the nodes\n"
+               "this one keeps sessions to. ternd(8) and docs/TERND.md say what each does. SIGTERM and SIGINT\n"
                "stop ternd cleanly; SIGHUP reloads [policy] and reopens the log file.\n");
 }
 
@@ -912,6 +931,8 @@ void ternd_opts_print(FILE *f, const struct ternd_opts *o)
         fprintf(f, "\n[peer %s]\naddress = %s\n", o->peers[i].name, o->peers[i].address);
         if (o->peers[i].rack[0])
             fprintf(f, "rack = %s\n", o->peers[i].rack);
+        if (o->peers[i].ntb[0])
+            fprintf(f, "ntb = %s\n", o->peers[i].ntb);
     }
 }
 

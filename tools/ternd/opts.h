@@ -10,7 +10,7 @@
  *   [chain]   enabled, id, size, peer (repeatable), producers, workers, fault
  *   [policy]  same_rack, other_rack (fabric lists), subnet (repeatable:
  *             "CIDR FABRIC")
- *   [peer NAME]  address, rack: the nodes this one keeps sessions to
+ *   [peer NAME]  address, rack, ntb: the nodes this one keeps sessions to
  *
  * A mistake is reported as "ternd: FILE:LINE: [section] key: what is
  * wrong" (or "ternd: --flag: what is wrong") and ends the start with
@@ -23,6 +23,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "ternd_chain.h"
 
@@ -55,7 +56,18 @@ struct ternd_peer {
     char name[TERND_NAME_MAX];
     char rack[TERND_NAME_MAX];
     const char *address;             /* tern RPC URI (tcp://host:port) */
+    char ntb[TERND_NAME_MAX];        /* the NTB device cabled to it ("emu:NAME",
+                                      * "hw"), or "" */
 };
+
+/* The NTB partitions of a cable between this node and a peer: each side
+ * listens on two, the node whose name sorts first on 0 and 2, the other on
+ * 1 and 3; the first of each pair takes the other ternd's session, the
+ * second one other client (rpcbench, tern). */
+static inline unsigned ternd_ntb_part(const char *listener, const char *other, unsigned k)
+{
+    return (strcmp(listener, other) < 0 ? 0u : 1u) + 2u * k;
+}
 
 struct ternd_opts {
     /* [node] */

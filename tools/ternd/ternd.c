@@ -321,7 +321,7 @@ int main(int argc, char **argv)
     unsigned ngw = 0;
     struct kvs_stats st;
     char pool[4096], bound[256], line[1400];
-    char bound_uris[TERND_MAX_LISTEN + 1][256];
+    char bound_uris[TERND_MAX_LISTEN + 1 + 2 * TERND_MAX_PEERS][256];
     unsigned n_bound = 0;
     bool made_dir, new_pool;
 #if TERN_HAVE_DOC
@@ -450,9 +450,25 @@ int main(int argc, char **argv)
             tern_log(TERN_LOG_ERROR, "ternd", "listen %s: %s", o.listen[i], tern_strerror(rc));
         else if (at < sizeof(line))
             at += (size_t)snprintf(line + at, sizeof(line) - at, " %s", bound);
-        if (rc == 0 && n_bound < TERND_MAX_LISTEN + 1)
+        if (rc == 0 && n_bound < sizeof(bound_uris) / sizeof(bound_uris[0]))
             snprintf(bound_uris[n_bound++], sizeof(bound_uris[0]), "%s", bound);
     }
+    /* Each NTB cable to a peer: this end's two partitions (opts.h). */
+    for (unsigned i = 0; rc == 0 && i < o.n_peers; i++)
+        for (unsigned k = 0; rc == 0 && o.peers[i].ntb[0] && k < 2; k++) {
+            char uri[128];
+
+            snprintf(uri, sizeof(uri), "ntb://%s/%u", o.peers[i].ntb,
+                     ternd_ntb_part(o.name, o.peers[i].name, k));
+            rc = tern_rpc_listen(g_ep, uri, bound, sizeof(bound));
+            if (rc < 0)
+                tern_log(TERN_LOG_ERROR, "ternd", "listen %s (the cable to %s): %s", uri,
+                         o.peers[i].name, tern_strerror(rc));
+            else if (at < sizeof(line))
+                at += (size_t)snprintf(line + at, sizeof(line) - at, " %s", bound);
+            if (rc == 0 && n_bound < sizeof(bound_uris) / sizeof(bound_uris[0]))
+                snprintf(bound_uris[n_bound++], sizeof(bound_uris[0]), "%s", bound);
+        }
     /* Same-host clients that come in by auto:// move to shared memory. */
     if (rc == 0 && o.shm) {
         rc = tern_rpc_listen(g_ep, "shm://auto", bound, sizeof(bound));
@@ -460,7 +476,7 @@ int main(int argc, char **argv)
             tern_log(TERN_LOG_ERROR, "ternd", "listen shm: %s", tern_strerror(rc));
         else if (at < sizeof(line))
             at += (size_t)snprintf(line + at, sizeof(line) - at, " %s", bound);
-        if (rc == 0 && n_bound < TERND_MAX_LISTEN + 1)
+        if (rc == 0 && n_bound < sizeof(bound_uris) / sizeof(bound_uris[0]))
             snprintf(bound_uris[n_bound++], sizeof(bound_uris[0]), "%s", bound);
     }
     /* The node service, the peer sessions and the metrics. */

@@ -68,6 +68,7 @@
 #define EMU_HDR 4096                /* emulated device: header page, then windows */
 #define EMU_LOCK_SETUP 2            /* lock byte: the first set-up of the file */
 #define EMU_LOCK_SIDES 16           /* lock bytes 16 + 2 * part + side: claims */
+#define EMU_PULLED_OFF 64           /* header word: nonzero while the cable is pulled */
 #define LOG_WHO "ntb"
 #define NL(l) ((struct ntb_link *)(l))
 
@@ -326,6 +327,8 @@ static bool ntb_link_poll(struct ring_link *l, bool tick)
         return true;
     }
     if (!pn)
+        return true;
+    if (!device_link_up(l))          /* a pulled cable: no handshake until it is back */
         return true;
     if (in->magic != NTB_MAGIC || in->version != NTB_VERSION || in->n_chan != l->g.n_chan ||
         in->ring_bytes != l->g.ring_bytes) {
@@ -587,11 +590,17 @@ static bool emu_link_up(struct ring_link *l)
                        .l_start = EMU_LOCK_SIDES + 2 * (off_t)nl->part + (1 - nl->side),
                        .l_len = 1};
 
+    uint32_t pulled = 0;
+
+    /* A cable pulled by tern_tp_emu_cable: down for both ends. */
+    if (pread(nl->dev_fd, &pulled, sizeof(pulled), EMU_PULLED_OFF) == sizeof(pulled) && pulled)
+        return false;
     /* A failed query says nothing: leave it to the heartbeat. */
     if (fcntl(nl->dev_fd, F_OFD_GETLK, &fl) < 0)
         return true;
     return fl.l_type != F_UNLCK;
 }
+
 
 #if TERN_HAVE_DPDK
 /* One hardware device per process, shared by the partitions (endpoints of
@@ -981,3 +990,27 @@ const struct tern_tp_fabric tp_fabric_ntb = {
     .emulated = ntb_emulated,
     .sweep = ntb_sweep,
 };
+
+int tern_tp_emu_cable(const char *uri, bool plugged)
+{
+    const char *name = uri && strncmp(uri, "ntb://", 6) == 0 ? uri + 6 : uri;
+    uint32_t v = plugged ? 0 : 1;
+    char path[96];
+    int fd;
+
+    if (!name || strncmp(name, "emu:", 4) != 0 || strchr(name, '/') ||
+        !is_emu(name, strlen(name)) || strlen(name) > 64)
+        return TERN_EBADADDR;
+    snprintf(path, sizeof(path), "/tern-ntb.%s", name + 4);
+    fd = shm_open(path, O_RDWR | O_CLOEXEC, 0);
+    if (fd < 0)
+        return errno == ENOENT ? TERN_ENOENT : -errno;
+    if (pwrite(fd, &v, sizeof(v), EMU_PULLED_OFF) != sizeof(v)) {
+        int rc = -errno;
+
+        close(fd);
+        return rc ? rc : TERN_EIO;
+    }
+    close(fd);
+    return 0;
+}

@@ -25,6 +25,7 @@ PKGS=(build-essential meson ninja-build pkg-config check libsubunit-dev python3
       libssl-dev                  # the block-sync service: SHA-256 (libcrypto)
       libinih-dev                 # ternd's configuration file (INI)
       libmicrohttpd-dev curl      # ternd's Prometheus metrics; the test that reads them
+      iproute2                    # tools/rack: hosts in network namespaces
       libjson-c-dev               # tern status: the node's JSON
       scdoc                       # the man pages, built from docs/man/*.scd
       iperf3                      # rpcbench blocksync: the tcp ceiling it compares with
@@ -232,6 +233,7 @@ run_tests() {
         count ternd-smoke tests/ternd_smoke.sh build
         count ternd-config tests/ternd_config.sh build
         count ternd-peers tests/ternd_peers.sh build
+        count rack tests/rack.sh build
         count installed-library-consumer consumer
         # One CRUD script through three real MongoDB clients against
         # ternd's gateway and through the native API; each transcript

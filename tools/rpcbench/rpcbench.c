@@ -48,6 +48,8 @@ uint64_t bench_busy_ns;
 
 struct opts {
     const char *fabric, *listen, *connect;
+    const char *also_listen[4];  /* server: further --listen URIs */
+    unsigned n_also;
     const char *workload;        /* "echo" or "sink" */
     const char *eal;             /* probe: DPDK EAL arguments for ntb */
     size_t sizes[MAX_SWEEP];
@@ -211,6 +213,10 @@ static int run_server(const struct opts *o, const char *uri, int report_fd)
     } else if (rc == 0) {
         rc = tern_rpc_listen(server_ep, uri, bound, sizeof(bound));
     }
+    /* More addresses (say an NTB cable's partition beside auto://). */
+    for (unsigned i = 0; rc == 0 && report_fd < 0 && i < o->n_also; i++)
+        if ((rc = tern_rpc_listen(server_ep, o->also_listen[i], NULL, 0)) < 0)
+            uri = o->also_listen[i];
     if (rc < 0) {
         fprintf(stderr, "rpcbench server: %s: %s\n", uri, tern_strerror(rc));
         if (report_fd >= 0 && write(report_fd, "-", 1) < 0)
@@ -530,7 +536,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: rpcbench echo   [--fabric FABRIC|auto|all] [options]\n"
             "       rpcbench sink   [...]     like echo, but one-way: the server reads every byte, replies are empty\n"
-            "       rpcbench server --listen URI [--adaptive]\n"
+            "       rpcbench server --listen URI [--listen URI]... [--adaptive]\n"
             "       rpcbench client --connect URI [options]\n"
             "       rpcbench floor  [--iters N] [--cpu C,S]   cache-line ping-pong floor\n"
             "       rpcbench get|put [--fabric FABRIC] [--size N] [--served]\n"
@@ -686,7 +692,14 @@ int main(int argc, char **argv)
             break;
         case 'j': o.json = true; break;
         case 'a': o.adaptive = true; break;
-        case 'l': o.listen = optarg; break;
+        case 'l':
+            if (!o.listen)
+                o.listen = optarg;
+            else if (o.n_also < 4)
+                o.also_listen[o.n_also++] = optarg;
+            else
+                return opt_usage_error("rpcbench", "--listen: at most 5 addresses");
+            break;
         case 'c': o.connect = optarg; break;
         case 'p': ok = bench_parse_cpu("rpcbench", optarg, &o.cpu_client, &o.cpu_server); break;
         case 'h': usage(stdout); return 0;

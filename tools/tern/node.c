@@ -201,6 +201,22 @@ static int status_cmd(int argc, char **argv)
     return 0;
 }
 
+/* `tern ntb pull|plug ntb://emu:NAME`: an emulated cable out or back in. */
+int tern_ntb_cmd(int argc, char **argv)
+{
+    int rc;
+
+    if (argc != 2 || (strcmp(argv[0], "pull") != 0 && strcmp(argv[0], "plug") != 0))
+        return opt_usage_error("tern", "ntb pull|plug ntb://emu:NAME");
+    rc = tern_tp_emu_cable(argv[1], strcmp(argv[0], "plug") == 0);
+    if (rc < 0) {
+        fprintf(stderr, "tern: ntb %s %s: %s%s\n", argv[0], argv[1], tern_strerror(rc),
+                rc == TERN_ENOENT ? " (no process has that device open)" : "");
+        return 2;
+    }
+    return 0;
+}
+
 int tern_node_cmd(const char *cmd, int argc, char **argv)
 {
     if (strcmp(cmd, "ping") == 0)

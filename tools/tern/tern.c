@@ -32,6 +32,8 @@ static void usage(FILE *f)
             "                              by auto://, or a URI); exit 1 if a ping went unanswered\n"
             "       tern status [--json] ADDRESS   a running ternd: node, uptime, services, and\n"
             "                              per peer the fabric, calls, errors, failovers, credits\n"
+            "       tern ntb pull|plug ntb://emu:NAME   pull an emulated NTB cable or plug it\n"
+            "                              back in (both ends see the link go down or up)\n"
             "       tern --help | --version\n"
             "Read-only. Exit status: 0 sound, 1 corrupt (the report names the offset),\n"
             "2 usage or another error.\n");
@@ -84,6 +86,9 @@ int main(int argc, char **argv)
 
     if (argc > 1 && strcmp(argv[1], "chain") == 0)
         return tern_chain_cmd(argc - 2, argv + 2);
+    if (argc > 1 && strcmp(argv[1], "ntb") == 0 &&
+        !(argc > 2 && (strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0)))
+        return tern_ntb_cmd(argc - 2, argv + 2);
     if (argc > 1 && (strcmp(argv[1], "ping") == 0 || strcmp(argv[1], "status") == 0) &&
         !(argc > 2 && (strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0)))
         return tern_node_cmd(argv[1], argc - 2, argv + 2);

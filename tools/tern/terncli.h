@@ -18,6 +18,9 @@ int tern_chain_cmd(int argc, char **argv);
  * holds what follows the command. Returns the exit status. */
 int tern_node_cmd(const char *cmd, int argc, char **argv);
 
+/* `tern ntb pull|plug ntb://emu:NAME`. */
+int tern_ntb_cmd(int argc, char **argv);
+
 /* A node's STATUS reply (tools/common/node_proto.h) as a table, or as the
  * JSON it is (checked first): 0, or -1 if it is not one JSON object. */
 int tern_status_print(FILE *f, const char *reply, size_t len, bool as_json);

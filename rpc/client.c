@@ -406,31 +406,116 @@ void rpc_client_writable(struct tern_session *s)
     pump(s);
 }
 
+/* The server proved it holds our key (or the session's secret): prove we
+ * do too, and keep the session's secret for its further paths. */
+static int auth_answer(struct tern_session *s, const struct rpc_auth_ack *aa)
+{
+    struct rpc_auth_state *a = s->auth;
+    struct rpc_hdr h = {.type = RPC_AUTH, .version = RPC_VERSION};
+    struct rpc_auth_proof p;
+    uint8_t want[RPC_AUTH_MAC];
+    uint8_t *buf;
+
+    memcpy(a->nonce_s, aa->nonce, RPC_AUTH_NONCE);
+    if (rpc_auth_mac(a->key, a->key_len, "server", s->token, a->nonce_c, a->nonce_s, want) < 0)
+        return TERN_EIO;
+    if (!rpc_auth_equal(want, aa->proof))
+        return TERN_EAUTH;
+    if (rpc_auth_mac(a->key, a->key_len, "client", s->token, a->nonce_c, a->nonce_s,
+                     p.proof) < 0)
+        return TERN_EIO;
+    if (a->first) {
+        if (rpc_auth_mac(a->key, a->key_len, "session", s->token, a->nonce_c, a->nonce_s,
+                         s->secret) < 0)
+            return TERN_EIO;
+    } else {
+        memcpy(s->secret, a->key, RPC_AUTH_MAC);
+    }
+    s->has_secret = true;
+    /* Before any request: the connection keeps the order. */
+    if (tern_tp_msg_alloc(s->conn, sizeof(h) + sizeof(p), (void **)&buf) < 0)
+        return TERN_ENOBUFS;
+    memcpy(buf, &h, sizeof(h));
+    memcpy(buf + sizeof(h), &p, sizeof(p));
+    tern_tp_msg_post(s->conn, buf, sizeof(h) + sizeof(p));
+    explicit_bzero(a, sizeof(*a));
+    free(a);
+    s->auth = NULL;
+    tern_tp_conn_open_rma(s->conn);  /* the server is who it must be */
+    return 0;
+}
+
 static void on_hello_ack(struct tern_session *s, const void *body, size_t len)
 {
     struct rpc_hello ack;
+    struct rpc_auth_ack aa;
+    size_t at = sizeof(ack);
+    int rc;
 
     if (s->state != SESS_CONNECTING || len < sizeof(ack)) {
         rpc_bad_frame(s, "unexpected HELLO_ACK");
         return;
-    }
-    /* After the fixed part: the server's other fabrics, NUL-terminated. */
-    if (len > sizeof(ack)) {
-        const char *ads = (const char *)body + sizeof(ack);
-        size_t n = strnlen(ads, len - sizeof(ack));
-
-        free(s->peer_ads);
-        s->peer_ads = strndup(ads, n);
     }
     memcpy(&ack, body, sizeof(ack));
     if (ack.magic != RPC_MAGIC || ack.credits == 0 || ack.max_msg == 0) {
         rpc_bad_frame(s, "bad HELLO_ACK");
         return;
     }
+    /* Both hold a key, or neither: a server that does not prove one is
+     * not trusted with our calls, and one that asks for a proof we cannot
+     * give has already refused us. */
+    if (s->auth && !(ack.token & RPC_ACK_AUTH)) {
+        tern_log(TERN_LOG_WARN, "rpc", "%s: the server holds no cluster key; not trusted",
+                 tern_tp_conn_peer(s->conn));
+        rpc_client_fail(s, TERN_EAUTH);
+        return;
+    }
+    if (ack.token & RPC_ACK_AUTH) {
+        if (!s->auth || len < at + sizeof(aa)) {
+            rpc_client_fail(s, TERN_EAUTH);
+            return;
+        }
+        memcpy(&aa, (const uint8_t *)body + at, sizeof(aa));
+        at += sizeof(aa);
+        if ((rc = auth_answer(s, &aa)) < 0) {
+            tern_log(TERN_LOG_WARN, "rpc", "%s: %s", tern_tp_conn_peer(s->conn),
+                     rc == TERN_EAUTH ? "the server's proof is wrong: it holds another key"
+                                      : tern_strerror(rc));
+            rpc_client_fail(s, rc);
+            return;
+        }
+    }
+    /* After the fixed part: the server's other fabrics, NUL-terminated. */
+    if (len > at) {
+        const char *ads = (const char *)body + at;
+        size_t n = strnlen(ads, len - at);
+
+        free(s->peer_ads);
+        s->peer_ads = strndup(ads, n);
+    }
     s->peer_max_msg = ack.max_msg < s->ep->cfg.max_msg ? ack.max_msg : s->ep->cfg.max_msg;
     s->credits = ack.credits < s->ep->cfg.credits ? ack.credits : s->ep->cfg.credits;
     s->state = SESS_OPEN;
+    if (!s->ep->key_len)             /* the server we chose to call: no key to prove */
+        tern_tp_conn_open_rma(s->conn);
     pump(s);
+}
+
+/* The server said why it will not serve us, and closes. */
+static void on_refuse(struct tern_session *s, const struct rpc_hdr *h, const void *body,
+                      size_t len)
+{
+    int status = h->status < 0 ? h->status : TERN_ECONNREFUSED;
+    const uint8_t *b = body;
+    char why[201];
+    size_t n = 0;
+
+    /* Its words, printable ones only: a log line is not the peer's to shape. */
+    for (size_t i = 0; i < len && n < sizeof(why) - 1; i++)
+        why[n++] = b[i] >= 0x20 && b[i] < 0x7f ? (char)b[i] : '?';
+    why[n] = 0;
+    tern_log(TERN_LOG_WARN, "rpc", "%s refused us: %s", tern_tp_conn_peer(s->conn), why);
+    rpc_client_fail(s, status);
 }
 
 void rpc_client_recv(struct tern_session *s, const struct rpc_hdr *h, const void *body,
@@ -439,6 +524,10 @@ void rpc_client_recv(struct tern_session *s, const struct rpc_hdr *h, const void
     struct tern_rpc_ep *ep = s->ep;
     struct rpc_call *c;
 
+    if (h->type == RPC_REFUSE) {
+        on_refuse(s, h, body, len);
+        return;
+    }
     if (h->type == RPC_HELLO_ACK) {
         on_hello_ack(s, body, len);
         if (s->parent && s->state == SESS_OPEN)
@@ -465,7 +554,7 @@ void rpc_client_recv(struct tern_session *s, const struct rpc_hdr *h, const void
 /* ---- connect and close ---- */
 
 static int connect_one(struct tern_rpc_ep *ep, const char *uri, uint64_t timeout_ns,
-                       uint64_t token, struct tern_session **out);
+                       uint64_t token, const uint8_t *secret, struct tern_session **out);
 
 /* auto://host:port: bootstrap over TCP, then move to the best fabric the
  * server advertised. Staying on TCP is never an error. */
@@ -485,7 +574,7 @@ static int connect_auto(struct tern_rpc_ep *ep, const char *hostport, const char
             token = tern_now_ns() ^ (uint64_t)(uintptr_t)ep;
     if ((size_t)snprintf(boot, sizeof(boot), "tcp://%s", hostport) >= sizeof(boot))
         return TERN_EBADADDR;
-    rc = connect_one(ep, boot, timeout_ns, token, &s);
+    rc = connect_one(ep, boot, timeout_ns, token, NULL, &s);
     if (rc < 0)
         return rc;
     *out = s;
@@ -493,7 +582,8 @@ static int connect_auto(struct tern_rpc_ep *ep, const char *hostport, const char
     /* The best path that answers; the others are tried again later. */
     for (k = 0, rc = -1; k < n && rc < 0; k++) {
         memcpy(uri, cand[k], RPC_URI_MAX);
-        rc = connect_one(ep, uri, timeout_ns, token, &better);
+        rc = connect_one(ep, uri, timeout_ns, token, s->has_secret ? s->secret : NULL,
+                         &better);
         if (rc < 0)
             tern_log(TERN_LOG_WARN, "rpc", "auto: %s failed (%s)", uri, tern_strerror(rc));
     }
@@ -511,6 +601,10 @@ static int connect_auto(struct tern_rpc_ep *ep, const char *hostport, const char
     free(better->peer_ads);
     better->peer_ads = s->peer_ads;
     s->peer_ads = NULL;
+    if (s->has_secret && !better->has_secret) {
+        memcpy(better->secret, s->secret, sizeof(better->secret));
+        better->has_secret = true;
+    }
     tern_rpc_disconnect(s);
     *out = better;
     /* Without its paths the session still works: it only cannot move back
@@ -539,7 +633,7 @@ int tern_rpc_connect(struct tern_rpc_ep *ep, const char *uri, uint64_t timeout_n
         return connect_auto(ep, uri + 7,
                             ep->cfg.fabrics ? ep->cfg.fabrics : getenv("TERN_FABRICS"),
                             timeout_ns, out);
-    return connect_one(ep, uri, timeout_ns, 0, out);
+    return connect_one(ep, uri, timeout_ns, 0, NULL, out);
 }
 
 int tern_rpc_connect_with(struct tern_rpc_ep *ep, const char *uri, const char *fabrics,
@@ -581,7 +675,7 @@ int tern_session_info(const struct tern_session *s, struct tern_session_info *ou
 }
 
 int rpc_connect_start(struct tern_rpc_ep *ep, const char *uri, uint64_t token,
-                      struct tern_session **out)
+                      const uint8_t *secret, struct tern_session **out)
 {
     struct rpc_hello hello = {.magic = RPC_MAGIC, .credits = ep->cfg.credits,
                               .max_msg = ep->cfg.max_msg, .token = token};
@@ -591,6 +685,7 @@ int rpc_connect_start(struct tern_rpc_ep *ep, const char *uri, uint64_t token,
     struct tern_session *s;
     const char *addr;
     uint8_t *buf;
+    size_t len;
     int rc;
 
     *out = NULL;
@@ -606,11 +701,34 @@ int rpc_connect_start(struct tern_rpc_ep *ep, const char *uri, uint64_t token,
         return TERN_ENOBUFS;
     }
     s->token = token;
-    rc = tern_tp_msg_alloc(conn, sizeof(h) + sizeof(hello), (void **)&buf);
+    /* With a key: a nonce for the server to answer, and the key of this
+     * handshake (the session's secret for a further path of it). */
+    if (ep->key_len) {
+        struct rpc_auth_state *a = calloc(1, sizeof(*a));
+
+        if (!a || rpc_auth_nonce(a->nonce_c) < 0) {
+            free(a);
+            *out = s;
+            return TERN_EIO;
+        }
+        if (secret) {
+            memcpy(a->key, secret, RPC_AUTH_MAC);
+            a->key_len = RPC_AUTH_MAC;
+        } else {
+            memcpy(a->key, ep->key, ep->key_len);
+            a->key_len = ep->key_len;
+            a->first = true;
+        }
+        s->auth = a;
+    }
+    len = sizeof(h) + sizeof(hello) + (s->auth ? sizeof(struct rpc_auth_hello) : 0);
+    rc = tern_tp_msg_alloc(conn, len, (void **)&buf);
     if (rc == 0) {
         memcpy(buf, &h, sizeof(h));
         memcpy(buf + sizeof(h), &hello, sizeof(hello));
-        rc = tern_tp_msg_post(conn, buf, sizeof(h) + sizeof(hello));
+        if (s->auth)
+            memcpy(buf + sizeof(h) + sizeof(hello), s->auth->nonce_c, RPC_AUTH_NONCE);
+        rc = tern_tp_msg_post(conn, buf, len);
     }
     if (rc == 0)
         tern_tp_flush(tp);
@@ -619,7 +737,7 @@ int rpc_connect_start(struct tern_rpc_ep *ep, const char *uri, uint64_t token,
 }
 
 static int connect_one(struct tern_rpc_ep *ep, const char *uri, uint64_t timeout_ns,
-                       uint64_t token, struct tern_session **out)
+                       uint64_t token, const uint8_t *secret, struct tern_session **out)
 {
     struct tern_session *s;
     uint64_t end;
@@ -628,7 +746,7 @@ static int connect_one(struct tern_rpc_ep *ep, const char *uri, uint64_t timeout
     if (!out)
         return TERN_EINVAL;
     *out = NULL;
-    rc = rpc_connect_start(ep, uri, token, &s);
+    rc = rpc_connect_start(ep, uri, token, secret, &s);
     if (!s)
         return rc;
     end = deadline_after(timeout_ns ? timeout_ns : 5000000000ull);

@@ -2,6 +2,7 @@
  * sessions, and the poll loop that turns transport events into handler and
  * continuation runs. */
 #include <stdio.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -14,7 +15,8 @@
 
 /* tern 0.1's struct tern_rpc_config: every field it has today. A field
  * added later makes this offsetof(struct tern_rpc_config, that_field). */
-#define TERN_RPC_CONFIG_V0_1 sizeof(struct tern_rpc_config)
+/* size 0: the fields of tern 0.1, up to `fabrics`. */
+#define TERN_RPC_CONFIG_V0_1 offsetof(struct tern_rpc_config, key)
 
 uint64_t tern_now_ns(void)
 {
@@ -69,6 +71,16 @@ int tern_rpc_open(const struct tern_rpc_config *cfg, struct tern_rpc_ep **out)
         return TERN_ENOMEM;
     ep->wait_epfd = -1;
     tp_cfg_copy(&ep->cfg, sizeof(ep->cfg), cfg, TERN_RPC_CONFIG_V0_1);
+    if (ep->cfg.key) {
+        if (ep->cfg.key_len < 16 || ep->cfg.key_len > sizeof(ep->key)) {
+            free(ep);
+            return TERN_EINVAL;
+        }
+        memcpy(ep->key, ep->cfg.key, ep->cfg.key_len);
+        ep->key_len = ep->cfg.key_len;
+    }
+    ep->cfg.key = NULL;              /* the caller's memory is not kept */
+    ep->cfg.key_len = 0;
     if (!ep->cfg.spin_ns)
         ep->cfg.spin_ns = 50000;
     if (!ep->cfg.max_msg)
@@ -121,6 +133,7 @@ void tern_rpc_close(struct tern_rpc_ep *ep)
     free(ep->held_buf);
     if (ep->wait_epfd >= 0)
         close(ep->wait_epfd);
+    explicit_bzero(ep->key, sizeof(ep->key));
     free(ep);
 }
 
@@ -213,6 +226,10 @@ int rpc_tp_for(struct tern_rpc_ep *ep, const char *uri, const char **addr,
     rc = tern_tp_open(&tc, tp);
     if (rc < 0)
         return rc;
+    /* No window before a peer is known: authenticated (a key), or a
+     * process of this host (protected mode). */
+    if (ep->key_len || ep->cfg.local_only)
+        tern_tp_ep_gate_rma(*tp);
     ep->tp[ep->n_tp++] = *tp;
     /* One fd to sleep on for all fabrics (see rpc_sleep). */
     if (ep->wait_epfd < 0)
@@ -286,6 +303,11 @@ static void session_destroy(struct tern_session *s)
         rpc_server_drop(s);
     if (s->conn)
         rpc_disconnect(s->ep, s->conn);
+    if (s->auth) {
+        explicit_bzero(s->auth, sizeof(*s->auth));
+        free(s->auth);
+    }
+    explicit_bzero(s->secret, sizeof(s->secret));
     free(s);
 }
 

@@ -118,7 +118,7 @@ static void dial(struct tern_session *s, int i, uint64_t now)
     struct rpc_paths *p = s->paths;
     const char *uri = p->cand[i < 0 ? (int)p->n - 1 : i].uri;
     struct tern_session *d;
-    int rc = rpc_connect_start(s->ep, uri, s->token, &d);
+    int rc = rpc_connect_start(s->ep, uri, s->token, s->has_secret ? s->secret : NULL, &d);
 
     if (rc < 0 || !d) {
         if (d)

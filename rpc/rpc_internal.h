@@ -73,6 +73,8 @@ struct rpc_replay {
     uint64_t token;
     unsigned refs, n, next_slot, next_id;
     bool failed_over;               /* a re-sent call came: look up every call */
+    bool has_secret;                /* its session authenticated: paths must prove */
+    uint8_t secret[RPC_AUTH_MAC];   /* ... this (auth.c) */
     uint64_t ids[REPLAY_IDS];
     struct rpc_replay_ent ent[];
 };
@@ -118,7 +120,17 @@ struct tern_rpc_mr {
 };
 
 enum session_role { ROLE_CLIENT, ROLE_SERVER };
-enum session_state { SESS_CONNECTING, SESS_OPEN, SESS_DEAD };
+/* A server session waits in SESS_AUTH between its HELLO_ACK and the
+ * client's proof; nothing but RPC_AUTH is taken there. */
+enum session_state { SESS_CONNECTING, SESS_AUTH, SESS_OPEN, SESS_DEAD };
+
+/* A handshake with the cluster key in progress (auth.c). */
+struct rpc_auth_state {
+    uint8_t nonce_c[RPC_AUTH_NONCE], nonce_s[RPC_AUTH_NONCE];
+    uint8_t key[64];                /* the MAC key of this handshake: the */
+    size_t key_len;                 /* cluster key, or the session's secret */
+    bool first;                     /* the session's first path (keyed by the key) */
+};
 
 struct tern_session {
     struct tern_rpc_ep *ep;
@@ -145,6 +157,10 @@ struct tern_session {
     struct spill *spill_head, **spill_tail;
     struct deferred *deferred;
     unsigned n_deferred, cap_deferred;
+    /* authentication (auth.c) */
+    struct rpc_auth_state *auth;    /* during the handshake */
+    uint8_t secret[RPC_AUTH_MAC];   /* client: the session's, for further paths */
+    bool has_secret;
     /* auto:// paths (paths.c): client sessions that may move fabric */
     struct rpc_paths *paths;        /* NULL: not an auto:// session */
     struct tern_session *parent;    /* a path being dialed for that session */
@@ -179,6 +195,8 @@ struct rpc_held {
 
 struct tern_rpc_ep {
     struct tern_rpc_config cfg;
+    uint8_t key[64];                /* the cluster key (cfg.key, copied) */
+    size_t key_len;                 /* 0: none */
     struct tern_tp_ep *tp[RPC_MAX_FABRICS];
     unsigned tp_idle[RPC_MAX_FABRICS];  /* polls since the fabric had events */
     int tp_failed[RPC_MAX_FABRICS];     /* the fabric's endpoint-wide failure:
@@ -259,6 +277,17 @@ int rpc_replay_find(const struct rpc_replay *rp, const struct rpc_hdr *h,
 void rpc_replay_add(struct rpc_replay *rp, const struct rpc_hdr *h, int status,
                     const void *data, size_t len);
 
+/* auth.c */
+int rpc_auth_mac(const uint8_t *key, size_t key_len, const char *role, uint64_t token,
+                 const uint8_t nc[RPC_AUTH_NONCE], const uint8_t ns[RPC_AUTH_NONCE],
+                 uint8_t out[RPC_AUTH_MAC]);
+bool rpc_auth_equal(const uint8_t a[RPC_AUTH_MAC], const uint8_t b[RPC_AUTH_MAC]);
+int rpc_auth_nonce(uint8_t out[RPC_AUTH_NONCE]);
+/* Log a refused peer, at most a line a second. */
+void rpc_auth_refused(struct tern_session *s, const char *why);
+/* server.c: tell the client why (RPC_REFUSE) and drop its session. */
+void rpc_server_refuse(struct tern_session *s, int status, const char *why);
+
 /* Tests only: close the request's session right after its reply is
  * remembered, without sending it (a reply lost with its connection). */
 void rpc_test_drop(struct tern_req *req);
@@ -318,7 +347,7 @@ bool rpc_client_failover(struct tern_session *s, int status);
  * the session, SESS_CONNECTING, even if the HELLO could not go (the error
  * is returned; tern_rpc_disconnect it), or NULL with nothing to undo. */
 int rpc_connect_start(struct tern_rpc_ep *ep, const char *uri, uint64_t token,
-                      struct tern_session **out);
+                      const uint8_t *secret, struct tern_session **out);
 
 /* endpoint.c: disconnect a connection now; one-sided operations still on
  * it are over (see rpc_rma_conn_gone). */

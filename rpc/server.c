@@ -399,13 +399,95 @@ static bool defer(struct tern_session *s, const void *view, size_t len)
     return true;
 }
 
-static void on_hello(struct tern_session *s, const void *view, size_t len)
+void rpc_server_refuse(struct tern_session *s, int status, const char *why)
 {
-    struct rpc_hdr h = {.type = RPC_HELLO_ACK, .version = RPC_VERSION};
-    struct rpc_hello hello, ack = {.magic = RPC_MAGIC, .max_msg = s->ep->cfg.max_msg};
+    struct rpc_hdr h = {.type = RPC_REFUSE, .version = RPC_VERSION, .status = status};
+    size_t n = strlen(why);
     uint8_t *buf;
 
-    if (s->state != SESS_CONNECTING || len != HDR + sizeof(hello)) {
+    rpc_auth_refused(s, why);
+    if (tern_tp_msg_alloc(s->conn, HDR + n, (void **)&buf) == 0) {
+        memcpy(buf, &h, HDR);
+        memcpy(buf + HDR, why, n);
+        tern_tp_msg_post(s->conn, buf, HDR + n);
+        tern_tp_flush(tern_tp_conn_ep(s->conn));
+    }
+    s->state = SESS_DEAD;
+    rpc_session_free(s);
+}
+
+/* With a cluster key: the key of this handshake (the key, or for a further
+ * path of an authenticated session its secret), a nonce, and the proof of
+ * this side. The client's proof comes in RPC_AUTH. */
+static int auth_begin(struct tern_session *s, uint64_t token, const struct rpc_auth_hello *ah,
+                      struct rpc_auth_ack *out)
+{
+    struct tern_rpc_ep *ep = s->ep;
+    struct rpc_auth_state *a = calloc(1, sizeof(*a));
+
+    if (!a)
+        return TERN_ENOMEM;
+    memcpy(a->nonce_c, ah->nonce, RPC_AUTH_NONCE);
+    if (s->replay && s->replay->has_secret) {
+        memcpy(a->key, s->replay->secret, RPC_AUTH_MAC);
+        a->key_len = RPC_AUTH_MAC;
+    } else {
+        memcpy(a->key, ep->key, ep->key_len);
+        a->key_len = ep->key_len;
+        a->first = true;
+    }
+    if (rpc_auth_nonce(a->nonce_s) < 0 ||
+        rpc_auth_mac(a->key, a->key_len, "server", token, a->nonce_c, a->nonce_s, out->proof) < 0) {
+        explicit_bzero(a, sizeof(*a));
+        free(a);
+        return TERN_EIO;
+    }
+    memcpy(out->nonce, a->nonce_s, RPC_AUTH_NONCE);
+    s->auth = a;
+    return 0;
+}
+
+static void on_auth(struct tern_session *s, const void *view, size_t len)
+{
+    struct rpc_auth_state *a = s->auth;
+    struct rpc_auth_proof p;
+    uint8_t want[RPC_AUTH_MAC];
+
+    if (s->state != SESS_AUTH || !a || len != HDR + sizeof(p)) {
+        rpc_bad_frame(s, "unexpected AUTH");
+        return;
+    }
+    memcpy(&p, (const uint8_t *)view + HDR, sizeof(p));
+    if (rpc_auth_mac(a->key, a->key_len, "client", s->token, a->nonce_c, a->nonce_s, want) < 0 ||
+        !rpc_auth_equal(want, p.proof)) {
+        rpc_server_refuse(s, TERN_EAUTH, a->first ? "wrong cluster key"
+                                                  : "wrong session secret for its token");
+        return;
+    }
+    /* The session's first path: its secret binds the token from now on. */
+    if (a->first && s->replay && !s->replay->has_secret &&
+        rpc_auth_mac(a->key, a->key_len, "session", s->token, a->nonce_c, a->nonce_s,
+                     s->replay->secret) == 0)
+        s->replay->has_secret = true;
+    explicit_bzero(a, sizeof(*a));
+    free(a);
+    s->auth = NULL;
+    s->state = SESS_OPEN;
+    tern_tp_conn_open_rma(s->conn);
+}
+
+static void on_hello(struct tern_session *s, const void *view, size_t len)
+{
+    struct tern_rpc_ep *ep = s->ep;
+    struct rpc_hdr h = {.type = RPC_HELLO_ACK, .version = RPC_VERSION};
+    struct rpc_hello hello, ack = {.magic = RPC_MAGIC, .max_msg = ep->cfg.max_msg};
+    struct rpc_auth_hello ah;
+    struct rpc_auth_ack aa;
+    bool with_auth = len == HDR + sizeof(hello) + sizeof(ah);
+    size_t ads, extra = 0;
+    uint8_t *buf;
+
+    if (s->state != SESS_CONNECTING || (len != HDR + sizeof(hello) && !with_auth)) {
         rpc_bad_frame(s, "malformed or repeated HELLO");
         return;
     }
@@ -414,26 +496,49 @@ static void on_hello(struct tern_session *s, const void *view, size_t len)
         rpc_bad_frame(s, "HELLO with a bad magic, zero credits or zero max_msg");
         return;
     }
+    if (ep->key_len && !with_auth) {
+        rpc_server_refuse(s, TERN_EAUTH, "no cluster key: this node takes only peers that "
+                                         "hold it");
+        return;
+    }
+    if (!ep->key_len && ep->cfg.local_only && !tern_tp_conn_local(s->conn)) {
+        rpc_server_refuse(s, TERN_EACCES, "not a process of this host, and this node has no "
+                                          "cluster key (protected mode)");
+        return;
+    }
     if (hello.max_msg < s->peer_max_msg)
         s->peer_max_msg = hello.max_msg;
-    /* A client that may fail over: share its replay cache across paths. */
+    /* A client that may fail over: share its replay cache across paths
+     * (with a key, only a path that proves the session's secret). */
     if (hello.token && !s->replay) {
         s->token = hello.token;
-        s->replay = rpc_replay_get(s->ep, hello.token);
+        s->replay = rpc_replay_get(ep, hello.token);
     }
-    ack.credits = hello.credits < s->ep->cfg.credits ? hello.credits : s->ep->cfg.credits;
+    if (ep->key_len) {
+        memcpy(&ah, (const uint8_t *)view + HDR + sizeof(hello), sizeof(ah));
+        if (auth_begin(s, hello.token, &ah, &aa) < 0) {
+            rpc_bad_frame(s, "no memory or randomness for the handshake");
+            return;
+        }
+        ack.token = RPC_ACK_AUTH;
+        extra = sizeof(aa);
+    }
+    ack.credits = hello.credits < ep->cfg.credits ? hello.credits : ep->cfg.credits;
     /* The answer carries the other fabrics we listen on, for auto://. */
-    size_t ads = strlen(s->ep->ads) + 1;
-
-    if (tern_tp_msg_alloc(s->conn, HDR + sizeof(ack) + ads, (void **)&buf) < 0) {
+    ads = strlen(ep->ads) + 1;
+    if (tern_tp_msg_alloc(s->conn, HDR + sizeof(ack) + extra + ads, (void **)&buf) < 0) {
         rpc_bad_frame(s, "no room to answer HELLO");
         return;
     }
     memcpy(buf, &h, HDR);
     memcpy(buf + HDR, &ack, sizeof(ack));
-    memcpy(buf + HDR + sizeof(ack), s->ep->ads, ads);
-    tern_tp_msg_post(s->conn, buf, HDR + sizeof(ack) + ads);
-    s->state = SESS_OPEN;
+    if (extra)
+        memcpy(buf + HDR + sizeof(ack), &aa, sizeof(aa));
+    memcpy(buf + HDR + sizeof(ack) + extra, ep->ads, ads);
+    tern_tp_msg_post(s->conn, buf, HDR + sizeof(ack) + extra + ads);
+    s->state = ep->key_len ? SESS_AUTH : SESS_OPEN;
+    if (!ep->key_len)                /* protected mode: a process of this host */
+        tern_tp_conn_open_rma(s->conn);
 }
 
 bool rpc_server_recv(struct tern_session *s, const void *view, size_t len)
@@ -444,9 +549,13 @@ bool rpc_server_recv(struct tern_session *s, const void *view, size_t len)
     case RPC_HELLO:
         on_hello(s, view, len);
         return false;
+    case RPC_AUTH:
+        on_auth(s, view, len);
+        return false;
     case RPC_REQ:
         if (s->state != SESS_OPEN) {
-            rpc_bad_frame(s, "request before HELLO");
+            rpc_bad_frame(s, s->state == SESS_AUTH ? "request before AUTH"
+                                                   : "request before HELLO");
             return false;
         }
         if (!s->send_dead) {

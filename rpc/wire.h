@@ -14,6 +14,9 @@ enum rpc_type {
     RPC_HELLO_ACK = 2,  /* server -> client, body: rpc_hello */
     RPC_REQ = 3,        /* body: request payload */
     RPC_RESP = 4,       /* body: reply payload; status != 0 means no body */
+    RPC_AUTH = 5,       /* client -> server, body: rpc_auth_proof */
+    RPC_REFUSE = 6,     /* server -> client, hdr.status: why; body: the reason as text.
+                         * The server closes the connection after it. */
 };
 
 /* REQ flags. */
@@ -36,6 +39,31 @@ struct rpc_hello {
     uint64_t max_msg;   /* largest payload the sender accepts */
     uint64_t token;     /* HELLO: nonzero if the client may re-send calls on
                          * another connection after a fabric failure */
+};
+
+/* Authentication with the cluster key (rpc/auth.c). A client that holds a
+ * key appends rpc_auth_hello to its HELLO; a server that holds one answers
+ * with RPC_ACK_AUTH in the HELLO_ACK's token field and rpc_auth_ack after
+ * the rpc_hello (before the advertisements), and the client proves itself
+ * with RPC_AUTH before anything else. Proofs are HMAC-SHA-256 over the
+ * role, the token and both nonces, keyed with the cluster key, or for a
+ * further path of a session (failover, a better fabric) with the secret
+ * the session's first handshake derived: a token alone opens nothing. */
+#define RPC_AUTH_NONCE 32
+#define RPC_AUTH_MAC 32
+#define RPC_ACK_AUTH 0x1u   /* HELLO_ACK token field: rpc_auth_ack follows */
+
+struct rpc_auth_hello {
+    uint8_t nonce[RPC_AUTH_NONCE];
+};
+
+struct rpc_auth_ack {
+    uint8_t nonce[RPC_AUTH_NONCE];
+    uint8_t proof[RPC_AUTH_MAC];
+};
+
+struct rpc_auth_proof {
+    uint8_t proof[RPC_AUTH_MAC];
 };
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "tern needs a little-endian host");

@@ -27,6 +27,7 @@ static const struct {
     {"tcp_wire", suite_tcp_wire},
     {"rpc", suite_rpc},
     {"rpc_procs", suite_rpc_procs},
+    {"rpc_auth", suite_rpc_auth},
     {"ring", suite_ring},
     {"ntb", suite_ntb},
     {"ntb_link", suite_ntb_link},

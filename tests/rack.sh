@@ -3,6 +3,7 @@
 #  - `rack up` brings up two racks of two hosts; from every host, `tern
 #    status` shows NTB to its rack neighbour and rdma-emu to the hosts of
 #    the other rack, and each host serves its metrics;
+#  - a process without the rack's cluster key is refused, and logged;
 #  - an NTB cable is pulled while an rpcbench load crosses it (an auto://
 #    session that takes the cable): within a second r1h1's status and
 #    metrics show its session to r1h2 off NTB (on RDMA, the policy's next,
@@ -75,6 +76,15 @@ for line in "${hosts[@]}"; do
     grep -q "^tern_peer_up{peer=\"" "$work/metrics.$h" || fail "$h: metrics without peers"
 done
 echo "rack: 4 hosts, NTB inside each rack, rdma-emu across"
+
+# A process of a rack host without the cluster key is refused, with why.
+rc=0
+ip netns exec tern-r1h2 env -u TERN_KEY_FILE "$tern" status 10.1.0.1:7300 >/dev/null \
+    2>"$work/nokey" || rc=$?
+[ $rc -eq 2 ] && grep -q 'cluster key' "$work/nokey" ||
+    fail "status without the key: exit $rc, $(cat "$work/nokey")"
+grep -q 'refused 10.1.0.2:[0-9]*: no cluster key' "$TERN_RACK_DIR/r1h1/ternd.log" ||
+    fail "r1h1 did not log the refusal"
 
 # An rpcbench load from r1h2 to a server on r1h1 over the cable's second
 # partition of r1h1 (auto://, TCP standby).

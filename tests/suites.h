@@ -10,6 +10,7 @@ Suite *suite_conformance(void);
 Suite *suite_tcp_wire(void);
 Suite *suite_rpc(void);
 Suite *suite_rpc_procs(void);
+Suite *suite_rpc_auth(void);
 Suite *suite_ring(void);
 Suite *suite_ntb(void);
 Suite *suite_ntb_link(void);

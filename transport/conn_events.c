@@ -116,6 +116,7 @@ int tp_emit_dead(struct tp_conn_events *e, struct tern_tp_conn *c, struct tern_t
 void tp_conn_add(struct tern_tp_ep *ep, struct tern_tp_conn *c)
 {
     c->ep = ep;
+    c->rma_shut = ep->rma_gated;
     c->prev = NULL;
     c->next = ep->conns;
     if (ep->conns)

@@ -317,6 +317,26 @@ const char *tern_tp_conn_peer(const struct tern_tp_conn *conn)
     return OPS(conn->ep)->conn_peer ? OPS(conn->ep)->conn_peer(conn) : "?";
 }
 
+void tern_tp_ep_gate_rma(struct tern_tp_ep *ep)
+{
+    ep->rma_gated = true;
+}
+
+void tern_tp_conn_open_rma(struct tern_tp_conn *conn)
+{
+    conn->rma_shut = false;
+}
+
+bool tern_tp_conn_rma_open(const struct tern_tp_conn *conn)
+{
+    return !conn->rma_shut;
+}
+
+bool tern_tp_conn_local(const struct tern_tp_conn *conn)
+{
+    return OPS(conn->ep)->conn_local && OPS(conn->ep)->conn_local(conn);
+}
+
 size_t tern_tp_rma_max(const struct tern_tp_conn *conn)
 {
     size_t max = conn->ep->cfg.max_msg;
@@ -521,11 +541,13 @@ struct tern_tp_rkey tern_tp_mr_rkey(const struct tern_tp_mr *mr)
     };
 }
 
-int tp_mr_check(struct tern_tp_ep *ep, uint32_t key, uint64_t off, uint64_t len,
+int tp_mr_check(struct tern_tp_conn *conn, uint32_t key, uint64_t off, uint64_t len,
                      uint32_t need, uint8_t **where)
 {
-    struct tern_tp_mr *mr = &ep->mrs[key & (TERN_MR_MAX - 1)];
+    struct tern_tp_mr *mr = &conn->ep->mrs[key & (TERN_MR_MAX - 1)];
 
+    if (conn->rma_shut)              /* not authenticated (yet): no window */
+        return TERN_EREMACCESS;
     if (!mr->in_use || mr->key != key || (mr->access & need) != need)
         return TERN_EREMACCESS;
     if (off > mr->len || len > mr->len - off)

@@ -17,6 +17,10 @@ struct tern_tp_ops {
     int (*connect)(struct tern_tp_ep *ep, const char *addr, struct tern_tp_conn **out);
     void (*disconnect)(struct tern_tp_conn *conn);
     const char *(*conn_peer)(const struct tern_tp_conn *conn);
+    /* Is the peer a process of this host and network namespace (shm;
+     * tcp over loopback or an address of its own)? NULL: no, it is
+     * another host (an NTB cable, a NIC, emulated or not). */
+    bool (*conn_local)(const struct tern_tp_conn *conn);
     int (*msg_alloc)(struct tern_tp_conn *conn, size_t len, void **buf);
     int (*msg_post)(struct tern_tp_conn *conn, void *buf, size_t len);
     void (*msg_abort)(struct tern_tp_conn *conn, void *buf);
@@ -107,6 +111,7 @@ struct tern_tp_ep {
     unsigned nconns;
     struct tern_tp_mr mrs[TERN_MR_MAX];
     uint32_t mr_nonce;
+    bool rma_gated;              /* new connections start with rma_shut */
 };
 
 /* Common head of every fabric's connection. */
@@ -116,6 +121,8 @@ struct tern_tp_conn {
     struct tern_tp_conn *prev, *next;   /* the endpoint's connections */
     struct tern_tp_conn *ready_next;    /* its ready list */
     bool on_ready;
+    bool rma_shut;                      /* served one-sided access refused until
+                                         * tern_tp_conn_open_rma (authentication) */
 };
 
 /* The endpoint's list of connections, and its ready list of connections
@@ -131,7 +138,7 @@ struct tern_tp_conn *tp_ready_take(struct tern_tp_ep *ep);
 
 /* Check a peer's one-sided access against this endpoint's regions; on
  * success *where points at the local bytes. TERN_EREMACCESS otherwise. */
-int tp_mr_check(struct tern_tp_ep *ep, uint32_t key, uint64_t off, uint64_t len,
+int tp_mr_check(struct tern_tp_conn *conn, uint32_t key, uint64_t off, uint64_t len,
                      uint32_t need, uint8_t **where);
 
 /* Open an endpoint on a given fabric table (tern_tp_open after the lookup);

@@ -58,6 +58,7 @@ extern "C" {
     X(ENOFABRIC,       -(TERN_EBASE + 5), "no such fabric, or not built in")   \
     X(EHANDLER,        -(TERN_EBASE + 6), "remote handler failed")             \
     X(EVERSION,        -(TERN_EBASE + 7), "peer speaks an incompatible protocol version") \
+    X(EAUTH,           -(TERN_EBASE + 13), "authentication failed: the peer does not hold the cluster key, or this node does not") \
     X(ENODEV,          -ENODEV,          "no such device: the fabric's hardware is absent") \
     /* services: the pool and the key-value store */                          \
     X(ENOSPC,          -ENOSPC,          "no space left in the pool")          \

@@ -109,7 +109,17 @@ struct tern_rpc_config {
     uint64_t rma_timeout_ns;     /* one-sided operations not done this long complete
                                   * with TERN_ETIMEDOUT (the peer may still write
                                   * into a get's buffer later); 0 = 10 s */
-    const char *fabrics;         /* auto:// policy, e.g. "shm,tcp"; NULL: $TERN_FABRICS or any */
+    const char *fabrics;         /* auto:// policy, e.g. "shm,tcp": fabric names, or paths
+                                  * named outright ("ntb://emu:CABLE/1"), best first;
+                                  * NULL: $TERN_FABRICS or any */
+    /* tern 0.2 */
+    const void *key;             /* the cluster key, 16..64 bytes (copied): both ends of
+                                  * every session prove they hold it (HMAC-SHA-256) before
+                                  * any call or one-sided access; a peer without it gets
+                                  * TERN_EAUTH. NULL: none */
+    size_t key_len;
+    int local_only;              /* server without a key: refuse clients that are not
+                                  * processes of this host (tern_tp_conn_local) */
 };
 
 /* Create an endpoint. cfg may be NULL for defaults. */

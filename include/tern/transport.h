@@ -226,6 +226,23 @@ void *tern_tp_conn_user(const struct tern_tp_conn *conn);
 /* The endpoint a connection belongs to. */
 struct tern_tp_ep *tern_tp_conn_ep(const struct tern_tp_conn *conn);
 
+/* Served one-sided access (a peer's put or get that this side carries
+ * out: tcp, shm, ntb) before authentication: after tern_tp_ep_gate_rma,
+ * connections the endpoint makes or accepts refuse it (TERN_EREMACCESS to
+ * the peer) until tern_tp_conn_open_rma; shm hands a region's file only to
+ * a peer with an open connection. The RPC core does this for endpoints
+ * with a cluster key. Not for rdma, whose NIC serves one-sided access
+ * without the CPU. Thread: the endpoint's. */
+void tern_tp_ep_gate_rma(struct tern_tp_ep *ep);
+void tern_tp_conn_open_rma(struct tern_tp_conn *conn);
+bool tern_tp_conn_rma_open(const struct tern_tp_conn *conn);
+
+/* Whether the connection's peer is a process of this host and network
+ * namespace (shm; tcp over loopback or one of this host's addresses).
+ * False for another host, which an NTB cable or a NIC (emulated or not)
+ * stands for. */
+bool tern_tp_conn_local(const struct tern_tp_conn *conn);
+
 /* Peer address as text ("host:port" on tcp). */
 const char *tern_tp_conn_peer(const struct tern_tp_conn *conn);
 

@@ -51,7 +51,7 @@ static bool leased;
 
 static void connect_session(void)
 {
-    int rc = rpc_connect_start(cli, uri, 0, &sess);
+    int rc = rpc_connect_start(cli, uri, 0, NULL, &sess);
 
     FZ_CHECK(rc == 0 && sess, "connect: %d", rc);
     for (int i = 0; i < POLLS_MAX && sess->state == SESS_CONNECTING; i++) {

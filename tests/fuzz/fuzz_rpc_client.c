@@ -23,7 +23,7 @@
 #define IDLE_MAX 64
 #define STREAM_MAX (128u * 1024)
 
-static struct tern_rpc_ep *ep;
+static struct tern_rpc_ep *ep, *plain_ep, *keyed_ep;
 static int lfd;
 static char uri[64];
 static uint8_t stream[STREAM_MAX];
@@ -57,7 +57,13 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     socklen_t sl = sizeof(sa);
 
     tern_log_set_level(TERN_LOG_ERROR);
-    FZ_CHECK(tern_rpc_open(&cfg, &ep) == 0, "client endpoint");
+    FZ_CHECK(tern_rpc_open(&cfg, &plain_ep) == 0, "client endpoint");
+    /* A client with a cluster key: it trusts only a server's HELLO_ACK
+     * that proves the key (none of the input's can). */
+    cfg.size = sizeof(cfg);
+    cfg.key = "a cluster key of 32 bytes, fuzz.";
+    cfg.key_len = 32;
+    FZ_CHECK(tern_rpc_open(&cfg, &keyed_ep) == 0, "keyed client endpoint");
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     FZ_CHECK(lfd >= 0 && bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
@@ -149,7 +155,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int fd, rc;
 
     n_calls = 0;
-    rc = rpc_connect_start(ep, uri, flags & 0x80 ? 0x1234 : 0, &s);
+    ep = flags & 0x40 ? keyed_ep : plain_ep;
+    rc = rpc_connect_start(ep, uri, flags & 0x80 ? 0x1234 : 0, NULL, &s);
     FZ_CHECK(rc == 0 && s, "connect: %d", rc);
     fd = raw_accept(lfd);
     for (unsigned i = 0; i < before && f.n; i++)

@@ -25,8 +25,8 @@
 
 enum { M_ECHO = 1, M_BIG, M_FAIL, M_POSITIVE, M_TWICE, M_SHRINK, M_END = 9 };
 
-static struct tern_rpc_ep *srv;
-static struct sockaddr_in srv_addr;
+static struct tern_rpc_ep *srv, *plain_srv, *keyed_srv;
+static struct sockaddr_in srv_addr, plain_addr, keyed_addr;
 static uint8_t stream[STREAM_MAX];
 static bool ended;
 static unsigned runs;
@@ -111,10 +111,23 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     int rc;
 
     tern_log_set_level(TERN_LOG_ERROR);
-    FZ_CHECK(tern_rpc_open(&cfg, &srv) == 0 && tern_rpc_register(srv, &svc) == 0, "server");
-    rc = tern_rpc_listen(srv, "tcp://127.0.0.1:0", bound, sizeof(bound));
+    FZ_CHECK(tern_rpc_open(&cfg, &plain_srv) == 0 && tern_rpc_register(plain_srv, &svc) == 0,
+             "server");
+    rc = tern_rpc_listen(plain_srv, "tcp://127.0.0.1:0", bound, sizeof(bound));
     FZ_CHECK(rc == 0, "listen: %d", rc);
-    srv_addr = raw_addr_of(bound);
+    plain_addr = raw_addr_of(bound);
+    /* A server with a cluster key: HELLO with a nonce, AUTH before any
+     * request (the input's proofs are wrong, as a stranger's would be). */
+    cfg.size = sizeof(cfg);
+    cfg.key = "a cluster key of 32 bytes, fuzz.";
+    cfg.key_len = 32;
+    FZ_CHECK(tern_rpc_open(&cfg, &keyed_srv) == 0 && tern_rpc_register(keyed_srv, &svc) == 0,
+             "keyed server");
+    rc = tern_rpc_listen(keyed_srv, "tcp://127.0.0.1:0", bound, sizeof(bound));
+    FZ_CHECK(rc == 0, "listen: %d", rc);
+    keyed_addr = raw_addr_of(bound);
+    srv = plain_srv;
+    srv_addr = plain_addr;
     return 0;
 }
 
@@ -233,9 +246,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint8_t flags = fz_u8(&f);
     struct raw_out o = {stream, 0, sizeof(stream)};
 
+    srv = flags & 2 ? keyed_srv : plain_srv;
+    srv_addr = flags & 2 ? keyed_addr : plain_addr;
     build(&f, &o);
     run(&o, flags & 1);
-    if (++runs % 64 == 0)
+    if (!(flags & 2) && ++runs % 64 == 0)
         still_serves();
     return 0;
 }

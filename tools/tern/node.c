@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "key.h"
 #include "node_proto.h"
 #include "opt.h"
 #include "rpc.h"
@@ -17,16 +18,32 @@
 
 #define CALL_TIMEOUT_NS 2000000000ull
 
+/* The cluster key of --key-file, else of $TERN_KEY_FILE, else none. */
+static const char *key_path;
+
 static int open_session(const char *addr, struct tern_rpc_ep **ep, struct tern_session **s)
 {
-    char uri[256];
+    struct tern_rpc_config cfg = {.size = sizeof(cfg)};
+    const char *path = key_path ? key_path : getenv("TERN_KEY_FILE");
+    uint8_t key[KEY_MAX];
+    size_t key_len = 0;
+    char uri[256], why[160];
     int rc;
 
+    if (path && *path) {
+        if (key_load(path, key, &key_len, why, sizeof(why)) < 0) {
+            fprintf(stderr, "tern: key file %s: %s\n", path, why);
+            return TERN_EINVAL;
+        }
+        cfg.key = key;
+        cfg.key_len = key_len;
+    }
     if (strstr(addr, "://"))
         snprintf(uri, sizeof(uri), "%s", addr);
     else
         snprintf(uri, sizeof(uri), "auto://%s", addr);
-    rc = tern_rpc_open(NULL, ep);
+    rc = tern_rpc_open(&cfg, ep);
+    memset(key, 0, sizeof(key));
     if (rc == 0 && (rc = tern_rpc_connect(*ep, uri, CALL_TIMEOUT_NS, s)) < 0) {
         tern_rpc_close(*ep);
         *ep = NULL;
@@ -46,17 +63,19 @@ static int ping_cmd(int argc, char **argv)
     unsigned got = 0;
 
     for (int i = 0; i < argc; i++) {
-        if (strcmp(argv[i], "-c") == 0 && i + 1 < argc) {
+        if (strcmp(argv[i], "--key-file") == 0 && i + 1 < argc) {
+            key_path = argv[++i];
+        } else if (strcmp(argv[i], "-c") == 0 && i + 1 < argc) {
             if (!opt_num("tern ping", "-c", argv[++i], 1, 1000000, 0, &count))
                 return OPT_USAGE;
         } else if (!addr && argv[i][0] != '-') {
             addr = argv[i];
         } else {
-            return opt_usage_error("tern", "ping: [-c COUNT] ADDRESS (HOST:PORT or a URI)");
+            return opt_usage_error("tern", "ping: [-c COUNT] [--key-file F] ADDRESS (HOST:PORT or a URI)");
         }
     }
     if (!addr)
-        return opt_usage_error("tern", "ping: [-c COUNT] ADDRESS (HOST:PORT or a URI)");
+        return opt_usage_error("tern", "ping: [-c COUNT] [--key-file F] ADDRESS (HOST:PORT or a URI)");
     if (open_session(addr, &ep, &s) < 0)
         return 2;
     printf("PING %s over %s\n", addr, tern_session_fabric(s));
@@ -173,13 +192,15 @@ static int status_cmd(int argc, char **argv)
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--json") == 0)
             json = true;
+        else if (strcmp(argv[i], "--key-file") == 0 && i + 1 < argc)
+            key_path = argv[++i];
         else if (!addr && argv[i][0] != '-')
             addr = argv[i];
         else
-            return opt_usage_error("tern", "status: [--json] ADDRESS (HOST:PORT or a URI)");
+            return opt_usage_error("tern", "status: [--json] [--key-file F] ADDRESS (HOST:PORT or a URI)");
     }
     if (!addr)
-        return opt_usage_error("tern", "status: [--json] ADDRESS (HOST:PORT or a URI)");
+        return opt_usage_error("tern", "status: [--json] [--key-file F] ADDRESS (HOST:PORT or a URI)");
     if (open_session(addr, &ep, &s) < 0)
         return 2;
     reply = malloc(cap);

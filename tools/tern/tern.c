@@ -28,15 +28,18 @@ static void usage(FILE *f)
             "                              indexes (the pool is opened: ternd must be down)\n"
             "       tern doc --uri URI     the same, asked of a running ternd\n"
             "       tern chain gen|append|info|verify ...  a block-sync chain (tern chain --help)\n"
-            "       tern ping [-c COUNT] ADDRESS   a running ternd's round trip (HOST:PORT\n"
-            "                              by auto://, or a URI); exit 1 if a ping went unanswered\n"
-            "       tern status [--json] ADDRESS   a running ternd: node, uptime, services, and\n"
-            "                              per peer the fabric, calls, errors, failovers, credits\n"
+            "       tern ping [-c COUNT] [--key-file F] ADDRESS\n"
+            "                              a running ternd's round trip (ADDRESS: HOST:PORT by\n"
+            "                              auto://, or a URI); exit 1 if a ping went unanswered\n"
+            "       tern status [--json] [--key-file F] ADDRESS\n"
+            "                              a running ternd: node, uptime, services, and per\n"
+            "                              peer the fabric, calls, errors, failovers, credits\n"
             "       tern ntb pull|plug ntb://emu:NAME   pull an emulated NTB cable or plug it\n"
             "                              back in (both ends see the link go down or up)\n"
             "       tern --help | --version\n"
-            "Read-only. Exit status: 0 sound, 1 corrupt (the report names the offset),\n"
-            "2 usage or another error.\n");
+            "The cluster key (ping, status): --key-file F, else $TERN_KEY_FILE.\n"
+            "Pools and chains are read-only. Exit status: 0 sound, 1 corrupt (the report\n"
+            "names the offset), 2 usage or another error.\n");
 }
 
 static bool is_help(const char *a)

@@ -586,7 +586,8 @@ static int start_metrics(struct ternd_node *n, int port)
 int ternd_node_start(const struct ternd_opts *o, const char *services, struct tern_rpc_ep *ep,
                      struct ternd_node **out)
 {
-    struct tern_rpc_config cfg = {.size = sizeof(cfg), .mode = TERN_TP_POLL_ADAPTIVE};
+    struct tern_rpc_config cfg = {.size = sizeof(cfg), .mode = TERN_TP_POLL_ADAPTIVE,
+                                  .key = o->key_len ? o->key : NULL, .key_len = o->key_len};
     struct ternd_node *n = calloc(1, sizeof(*n));
     sigset_t block, old;
     int rc;

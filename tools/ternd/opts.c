@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "key.h"
 #include "log.h"
 #include "opt.h"
 #include "opts.h"
@@ -186,6 +187,20 @@ static bool set_log_file(struct ctx *c, const char *v)
     c->o->log_file = c->flags ? v : keep(v);
     return true;
 }
+
+static bool set_key_file(struct ctx *c, const char *v)
+{
+    char why[160];
+
+    if (key_load(v, c->o->key, &c->o->key_len, why, sizeof(why)) < 0) {
+        say(c, "%s: %s", v, why);
+        return false;
+    }
+    c->o->key_file = c->flags ? v : keep(v);
+    return true;
+}
+
+static bool set_protect(struct ctx *c, const char *v) { return boolean(c, v, &c->o->protect); }
 
 static bool set_pool_size(struct ctx *c, const char *v)
 {
@@ -427,6 +442,8 @@ static const struct key keys[] = {
     {"node", "busy", "busy", 0, "yes", set_busy, false, "never sleep (lowest latency, one core always busy)"},
     {"node", "log_level", "log-level", 1, NULL, set_log_level, false, "error, warn, info or debug (default: TERN_LOG, else info)"},
     {"node", "metrics_port", "metrics-port", 1, NULL, set_metrics_port, false, "serve Prometheus metrics on http://127.0.0.1:PORT/metrics (0: any; default off)"},
+    {"node", "key_file", "key-file", 1, NULL, set_key_file, false, "the cluster key (64 hex digits, mode 600): peers and clients must prove they hold it"},
+    {"node", "protected", "no-protected", 0, "no", set_protect, false, "without a key, serve processes of this host only (default yes)"},
     {"node", "log_file", "log-file", 1, NULL, set_log_file, false, "append logs here, an absolute path (default stderr); SIGHUP reopens it"},
     {"kv", "pool_size", "pool-size", 1, NULL, set_pool_size, false, "size of a new KV pool, k/m/g/t, at least four segments and 4k (default 256m)"},
     {"kv", "seg_size", "seg-size", 1, NULL, set_seg_size, false, "log segment size of a new KV pool, a power of two in 64k..1g (default 1m)"},
@@ -679,7 +696,7 @@ static void defaults(struct ternd_opts *o)
 {
     *o = (struct ternd_opts){.data_dir = "./tern-data", .shm = true, .resp_port = -1,
                              .spin_us = 20, .coalesce_us = 50, .mongo_port = -1, .doc = true,
-                             .log_level = -1, .metrics_port = -1,
+                             .log_level = -1, .metrics_port = -1, .protect = true,
                              .chain = {.chain = 0x7465726eull, .size = 1ull << 30,
                                        .workers = UINT32_MAX}};
     if (gethostname(o->name, sizeof(o->name)) != 0 || !o->name[0])
@@ -889,6 +906,9 @@ void ternd_opts_print(FILE *f, const struct ternd_opts *o)
         fprintf(f, "log_file = %s\n", o->log_file);
     if (o->metrics_port >= 0)
         fprintf(f, "metrics_port = %d\n", o->metrics_port);
+    if (o->key_file)
+        fprintf(f, "key_file = %s\n", o->key_file);
+    fprintf(f, "protected = %s\n", yes_no(o->protect));
     opt_format(a, sizeof(a), o->pool_size ? o->pool_size : DEFAULT_POOL, OPT_SIZE);
     opt_format(b, sizeof(b), o->seg_size ? o->seg_size : DEFAULT_SEG, OPT_SIZE);
     fprintf(f, "\n[kv]\npool_size = %s\nseg_size = %s\nrange = %u:%u\n", a, b, o->range_lo,

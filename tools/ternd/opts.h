@@ -3,7 +3,7 @@
  * the same way wherever it comes from and a flag overrides the file.
  *
  *   [node]    name, rack, data_dir, listen (repeatable), shm, spin_us, busy,
- *             log_level, log_file, metrics_port
+ *             log_level, log_file, metrics_port, key_file, protected
  *   [kv]      pool_size, seg_size, range, resp_port, resp_coalesce_us,
  *             flush_helpers
  *   [doc]     enabled, pool_size, mongo_port
@@ -80,6 +80,10 @@ struct ternd_opts {
     unsigned spin_us;
     int log_level;                   /* -1: TERN_LOG or warn */
     int metrics_port;                /* -1: no metrics server */
+    const char *key_file;            /* the cluster key, or NULL */
+    uint8_t key[64];                 /* ... read from it (key.h) */
+    size_t key_len;
+    bool protect;                    /* no key: serve processes of this host only */
     const char *log_file;            /* NULL: stderr */
     /* [kv] */
     uint64_t pool_size;              /* 0: the pool's default */

@@ -423,6 +423,12 @@ int main(int argc, char **argv)
     }
     if (o.busy)
         cfg.mode = TERN_TP_POLL_BUSY;
+    /* Who is served: holders of the cluster key, or without one (the
+     * embedded default) processes of this host, unless protected = no. */
+    cfg.size = sizeof(cfg);
+    cfg.key = o.key_len ? o.key : NULL;
+    cfg.key_len = o.key_len;
+    cfg.local_only = !o.key_len && o.protect;
     rc = tern_rpc_open(&cfg, &g_ep);
     if (rc == 0 && chain)
         rc = ternd_chain_register(chain, g_ep);
@@ -568,6 +574,17 @@ int main(int argc, char **argv)
 #endif
     if (chain && at < sizeof(line))
         ternd_chain_ready(chain, line + at, sizeof(line) - at);
+    /* Once serving (a start that fails says one line, its reason). */
+    if (o.key_len)
+        tern_log(TERN_LOG_INFO, "ternd", "peers and clients prove they hold the cluster key "
+                 "of %s", o.key_file);
+    else if (o.protect)
+        tern_log(TERN_LOG_WARN, "ternd", "no cluster key: only processes of this host are "
+                 "served (protected mode); set [node] key_file, or protected = no to serve "
+                 "any host");
+    else
+        tern_log(TERN_LOG_WARN, "ternd", "no cluster key and protected = no: every host that "
+                 "reaches a listen address is served, unauthenticated");
     printf("%s\n", line);
     fflush(stdout);
 
@@ -602,6 +619,7 @@ int main(int argc, char **argv)
     ternd_chain_close(chain, false);
     tern_kv_service_close(svc);
     tern_log(TERN_LOG_INFO, "ternd", "stopped");
+    explicit_bzero(o.key, sizeof(o.key));
     ternd_opts_free(&o);
     return 0;
 }

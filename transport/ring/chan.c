@@ -395,7 +395,7 @@ static int on_ctl(struct ring_conn *c, const uint8_t *p, uint32_t len, struct te
             return TERN_EPROTO;
         status = ctl.len + sizeof(ctl) > ring_max_record(c->tx.size)
                      ? TERN_EREMACCESS
-                     : tp_mr_check(c->base.ep, ctl.key, ctl.off, ctl.len,
+                     : tp_mr_check(&c->base, ctl.key, ctl.off, ctl.len,
                                         ctl.op == CTL_PUT ? TERN_TP_ACCESS_REMOTE_WRITE
                                                           : TERN_TP_ACCESS_REMOTE_READ,
                                         &where);

@@ -239,6 +239,18 @@ static int send_msg(struct shm_link *l, const struct map_msg *m, const int *fds,
 }
 
 /* The peer asks for one of our regions. */
+/* A file goes only to a peer with a connection whose one-sided access is
+ * open (tern_tp_conn_open_rma: authenticated, where the endpoint gates). */
+static bool trusted(const struct shm_link *l)
+{
+    if (!l->r.ep->base.rma_gated)
+        return true;
+    for (uint32_t i = 1; l->r.chan && i < l->r.g.n_chan; i++)
+        if (l->r.chan[i] && !l->r.chan[i]->base.rma_shut)
+            return true;
+    return false;
+}
+
 static void on_request(struct shm_link *l, const struct map_msg *req)
 {
     struct tern_tp_ep *base = &l->r.ep->base;
@@ -249,7 +261,7 @@ static void on_request(struct shm_link *l, const struct map_msg *req)
 
     if (l->map_refusals >= MAP_REFUSALS_MAX)
         return;     /* a peer that keeps guessing keys gets no more answers */
-    if (!mr->in_use || mr->key != req->key) {
+    if (!trusted(l) || !mr->in_use || mr->key != req->key) {
         l->map_refusals++;
         send_msg(l, &ans, NULL, 0);
         return;

@@ -488,7 +488,15 @@ static void shm_ep_close(struct tern_tp_ep *base)
     shm_direct_ep_close(SHEP(base));
 }
 
+/* Shared memory reaches processes of this node only. */
+static bool shm_conn_local(const struct tern_tp_conn *conn)
+{
+    (void)conn;
+    return true;
+}
+
 static const struct tern_tp_ops shm_ops = {
+    .conn_local = shm_conn_local,
     RING_TP_OPS,
     .ep_open = shm_ep_open,
     .ep_close = shm_ep_close,

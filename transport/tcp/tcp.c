@@ -227,6 +227,30 @@ static const char *tcp_conn_peer(const struct tern_tp_conn *conn)
     return TCONN(conn)->peer;
 }
 
+/* Loopback, or an address of this host's own (the peer dialed itself). */
+static bool tcp_conn_local(const struct tern_tp_conn *conn)
+{
+    struct sockaddr_storage me, peer;
+    socklen_t ml = sizeof(me), pl = sizeof(peer);
+    int fd = TCONN(conn)->obj.fd;
+
+    if (fd < 0 || getsockname(fd, (struct sockaddr *)&me, &ml) < 0 ||
+        getpeername(fd, (struct sockaddr *)&peer, &pl) < 0 || me.ss_family != peer.ss_family)
+        return false;
+    if (peer.ss_family == AF_INET) {
+        const struct sockaddr_in *p = (const void *)&peer, *m = (const void *)&me;
+
+        return (ntohl(p->sin_addr.s_addr) >> 24) == 127 || p->sin_addr.s_addr == m->sin_addr.s_addr;
+    }
+    if (peer.ss_family == AF_INET6) {
+        const struct sockaddr_in6 *p = (const void *)&peer, *m = (const void *)&me;
+
+        return IN6_IS_ADDR_LOOPBACK(&p->sin6_addr) ||
+               memcmp(&p->sin6_addr, &m->sin6_addr, sizeof(p->sin6_addr)) == 0;
+    }
+    return false;
+}
+
 /* ---- send path ---- */
 
 static void tx_flush(struct tcp_conn *c)
@@ -479,7 +503,7 @@ static int serve_onesided(struct tcp_conn *c, uint8_t type, const uint8_t *body,
     if ((type == TCP_PUT && len != blen - sizeof(req)) || len > c->base.ep->cfg.max_msg)
         status = TERN_EREMACCESS;
     else
-        status = tp_mr_check(c->base.ep, le32toh(req.key), le64toh(req.off), len,
+        status = tp_mr_check(&c->base, le32toh(req.key), le64toh(req.off), len,
                                   type == TCP_PUT ? TERN_TP_ACCESS_REMOTE_WRITE
                                                   : TERN_TP_ACCESS_REMOTE_READ,
                                   &where);
@@ -997,6 +1021,7 @@ static const struct tern_tp_ops tcp_ops = {
     .connect = tcp_connect,
     .disconnect = tcp_disconnect,
     .conn_peer = tcp_conn_peer,
+    .conn_local = tcp_conn_local,
     .msg_alloc = tcp_msg_alloc,
     .msg_post = tcp_msg_post,
     .msg_abort = tcp_msg_abort,

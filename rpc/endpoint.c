@@ -190,9 +190,12 @@ static void rpc_housekeeping(struct tern_rpc_ep *ep)
     rpc_paths_tick(ep, now);
     for (struct tern_session *s = ep->sessions, *next; s; s = next) {
         next = s->next;
-        if (s->role == ROLE_SERVER && s->state == SESS_CONNECTING && now - s->created > limit) {
-            tern_log(TERN_LOG_WARN, "rpc", "%s sent no HELLO in %llu ms; closing",
-                     tern_tp_conn_peer(s->conn),
+        /* A client that never says HELLO, or never proves the key after
+         * it, holds a connection for nothing. */
+        if (s->role == ROLE_SERVER &&
+            (s->state == SESS_CONNECTING || s->state == SESS_AUTH) && now - s->created > limit) {
+            tern_log(TERN_LOG_WARN, "rpc", "%s sent no %s in %llu ms; closing",
+                     tern_tp_conn_peer(s->conn), s->state == SESS_AUTH ? "AUTH" : "HELLO",
                      (unsigned long long)(ep->cfg.hello_timeout_ns / 1000000u));
             rpc_session_free(s);
         }

@@ -337,6 +337,41 @@ START_TEST(protected_mode_takes_only_this_host)
 }
 END_TEST
 
+/* A client that says HELLO and never proves the key (here: one with
+ * another key, which finds the server's proof wrong and stops) holds a
+ * connection only until the HELLO timeout. */
+START_TEST(a_client_that_never_proves_is_dropped)
+{
+    struct tern_rpc_config scfg = keyed(key_a), ccfg = keyed(key_b);
+    struct tern_rpc_ep *srv, *cli;
+    struct tern_session *s;
+    char bound[128];
+    uint64_t t0;
+    bool waiting = false;
+
+    scfg.hello_timeout_ns = 200000000;
+    ck_assert_int_eq(tern_rpc_open(&scfg, &srv), 0);
+    ck_assert_int_eq(tern_rpc_register(srv, &service), 0);
+    ck_assert_int_eq(tern_rpc_listen(srv, "tcp://127.0.0.1:0", bound, sizeof(bound)), 0);
+    ck_assert_int_eq(tern_rpc_open(&ccfg, &cli), 0);
+    ck_assert_int_eq(rpc_connect_start(cli, bound, 0, NULL, &s), 0);
+    t0 = tern_now_ns();
+    while (tern_now_ns() - t0 < 150000000ull) {
+        tern_rpc_poll(srv);
+        tern_rpc_poll(cli);
+        for (struct tern_session *x = srv->sessions; x; x = x->next)
+            waiting |= x->state == SESS_AUTH;
+    }
+    ck_assert_msg(waiting, "the server never waited for AUTH");
+    ck_assert_int_eq(tern_session_status(s), TERN_EAUTH);
+    while (tern_now_ns() - t0 < 1000000000ull && srv->n_sessions)
+        tern_rpc_poll(srv);
+    ck_assert_uint_eq(srv->n_sessions, 0);
+    tern_rpc_close(cli);
+    tern_rpc_close(srv);
+}
+END_TEST
+
 Suite *suite_rpc_auth(void)
 {
     Suite *s = suite_create("rpc_auth");
@@ -347,6 +382,7 @@ Suite *suite_rpc_auth(void)
     tcase_add_loop_test(tc, a_peer_without_the_key_is_refused, 0, test_fabric_count());
     tcase_add_loop_test(tc, no_window_before_authentication, 0, test_fabric_count());
     tcase_add_test(tc, a_token_opens_nothing_without_its_session);
+    tcase_add_test(tc, a_client_that_never_proves_is_dropped);
     tcase_add_loop_test(tc, protected_mode_takes_only_this_host, 0, test_fabric_count());
     suite_add_tcase(s, tc);
     return s;

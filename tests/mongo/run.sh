@@ -25,7 +25,10 @@ CLIENT_TIMEOUT=${CLIENT_TIMEOUT:-600}
 skip_all() { echo "SKIP ${clients[*]}: $*"; exit 77; }
 
 [ -x "$ternd" ] || skip_all "$ternd not built (no services in this build)"
-"$ternd" --help 2>&1 | grep -q -- '--mongo-port' || skip_all "ternd has no --mongo-port"
+# The help read whole first: grep -q leaves early, and under pipefail the
+# SIGPIPE ternd then gets would read as "no such option".
+help=$("$ternd" --help 2>&1 || true)
+grep -q -- '--mongo-port' <<<"$help" || skip_all "ternd has no --mongo-port"
 
 base=/tmp
 [ -d /dev/shm ] && base=/dev/shm

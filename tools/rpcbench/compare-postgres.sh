@@ -93,7 +93,8 @@ skip() { echo "SKIP: $*" >&2; exit 0; }
 [ -x "$PGBIN/postgres" ] && [ -x "$PGBIN/pgbench" ] ||
     skip "no PostgreSQL 15 in $PGBIN (apt-get install postgresql-15)"
 [ -x "$TERND" ] || { echo "no ternd at $TERND (build first, or --ternd PATH)" >&2; exit 2; }
-"$TERND" --help 2>&1 | grep -q -- --mongo-port || skip "$TERND has no --mongo-port"
+help=$("$TERND" --help 2>&1 || true)   # whole: grep -q would leave early (SIGPIPE)
+grep -q -- --mongo-port <<<"$help" || skip "$TERND has no --mongo-port"
 [ -x "$MONGO_LOAD" ] ||
     skip "no mongo-load at $MONGO_LOAD (it is built when libmongoc-dev is installed)"
 PY=/usr/bin/python3

@@ -120,6 +120,8 @@ kill -TERM "$pid_b"
 wait "$pid_b" || fail "b exited with $? on SIGTERM"
 is_down() { [ "$(peer_field "127.0.0.1:$port_a" state)" = down ]; }
 wait_for "b shown down" is_down
+[ "$(peer_field "127.0.0.1:$port_a" rtt_us)" = "0.0" ] ||
+    fail "a down peer shows a round trip: $(peer_field "127.0.0.1:$port_a" rtt_us)"
 peer_field "127.0.0.1:$port_a" last_error | grep -q 'refused\|reset\|lost' ||
     fail "no reason for the loss: $(peer_field "127.0.0.1:$port_a" last_error)"
 start b

@@ -229,6 +229,7 @@ static void drop_session(struct peer_run *r, const char *why)
     r->state = PEER_DOWN;
     r->rate_t = 0;
     r->calls_per_s = 0;
+    r->rtt_us = 0;                   /* no round trip to show while it is down */
     snprintf(r->last_error, sizeof(r->last_error), "%s", why);
 }
 

@@ -1501,6 +1501,220 @@ START_TEST(cm_ipv6_loopback)
 }
 END_TEST
 
+/* ---- memory windows ---- */
+
+/* Bind type 2 window `mw` on `qp` over [off, off+len) of `mr` with
+ * `access`; the completion's status. */
+static enum ibv_wc_status mw_bind(struct node *n, struct ibv_qp *qp, struct ibv_mw *mw,
+                                  struct ibv_mr *mr, size_t off, size_t len, int access,
+                                  uint32_t rkey)
+{
+    struct ibv_send_wr wr = {.wr_id = 77, .opcode = IBV_WR_BIND_MW,
+                             .send_flags = IBV_SEND_SIGNALED};
+    struct ibv_send_wr *bad;
+    struct ibv_wc wc;
+
+    wr.bind_mw.mw = mw;
+    wr.bind_mw.rkey = rkey;
+    wr.bind_mw.bind_info = (struct ibv_mw_bind_info){
+        .mr = mr, .addr = (uintptr_t)mr->addr + off, .length = len, .mw_access_flags = access};
+    ck_assert_int_eq(ibv_post_send(qp, &wr, &bad), 0);
+    wc = wait_wc(n->cq);
+    ck_assert_uint_eq(wc.wr_id, 77);
+    if (wc.status == IBV_WC_SUCCESS)
+        ck_assert_int_eq(wc.opcode, IBV_WC_BIND_MW);
+    return wc.status;
+}
+
+/* A QP in RTS that no peer answers: binding is the QP's own work. */
+static struct ibv_qp *lonely_qp(struct node *n)
+{
+    struct ibv_qp *qp = qp_new(n);
+    struct card self = card_of(n, qp);
+
+    qp_connect(qp, &self, 7);
+    return qp;
+}
+
+/* The peer of window_answers_only_its_qp: memory registered for windows
+ * only (no remote rights of its own), four QPs, window 1 bound on the
+ * first, window 2 on the last. It answers 'd' by checking that its region
+ * cannot go while windows are bound, then freeing window 2. */
+#define WQPS 4
+static void window_owner(int fd)
+{
+    struct node n;
+    struct ibv_qp *qp[WQPS];
+    struct card mine[WQPS], theirs[WQPS];
+    struct ibv_mw *mw[2];
+    uint32_t rkey[2];
+    char cmd, ok;
+
+    node_open(&n, false, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+    for (int i = 0; i < WQPS; i++) {
+        qp[i] = qp_new(&n);
+        mine[i] = card_of(&n, qp[i]);
+    }
+    xfer(fd, mine, sizeof(mine), true);
+    xfer(fd, theirs, sizeof(theirs), false);
+    for (int i = 0; i < WQPS; i++)
+        qp_connect(qp[i], &theirs[i], 7);
+    for (int i = 0; i < 2; i++) {
+        mw[i] = ibv_alloc_mw(n.pd, IBV_MW_TYPE_2);
+        ck_assert_ptr_nonnull(mw[i]);
+        rkey[i] = ibv_inc_rkey(mw[i]->rkey);
+        ck_assert_int_eq(mw_bind(&n, qp[i ? WQPS - 1 : 0], mw[i], n.mr, 0, 4096,
+                                 IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ, rkey[i]),
+                         IBV_WC_SUCCESS);
+    }
+    xfer(fd, rkey, sizeof(rkey), true);
+    xfer(fd, &cmd, 1, false);
+    ok = n.buf[0] == 0x5a && sv_dereg_mr(n.mr) == EBUSY && ibv_dealloc_mw(mw[1]) == 0 &&
+         sv_dereg_mr(n.mr) == EBUSY;    /* window 1 is still bound */
+    xfer(fd, &ok, 1, true);
+    xfer(fd, &cmd, 1, false);
+    ck_assert_int_eq(ibv_dealloc_mw(mw[0]), 0);
+    for (int i = 1; i < WQPS; i++)
+        ck_assert_int_eq(sv_destroy_qp(qp[i]), 0);
+    n.qp = qp[0];
+    node_close(&n);
+    _exit(0);
+}
+
+/* A window bound on one QP is reached through that QP only, within its
+ * range; the region's own key reaches nothing (it has no remote rights),
+ * and a freed window's key no longer works. */
+START_TEST(window_answers_only_its_qp)
+{
+    int sv[2];
+    pid_t pid;
+    struct node n;
+    struct ibv_qp *qp[WQPS];
+    struct card peer[WQPS], mine[WQPS];
+    uint32_t rkey[2];
+    char cmd = 'd', ok = 0;
+
+    ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        close(sv[0]);
+        window_owner(sv[1]);
+    }
+    close(sv[1]);
+    node_open(&n, false, IBV_ACCESS_LOCAL_WRITE);
+    for (int i = 0; i < WQPS; i++) {
+        qp[i] = qp_new(&n);
+        mine[i] = card_of(&n, qp[i]);
+    }
+    xfer(sv[0], peer, sizeof(peer), false);
+    xfer(sv[0], mine, sizeof(mine), true);
+    for (int i = 0; i < WQPS; i++)
+        qp_connect(qp[i], &peer[i], 7);
+    xfer(sv[0], rkey, sizeof(rkey), false);
+
+    memset(n.buf, 0x5a, 64);
+    ck_assert_int_eq(post(qp[0], IBV_WR_RDMA_WRITE, &n, 0, 64, &peer[0], 0, rkey[0], 1), 0);
+    ck_assert_int_eq(wait_wc(n.cq).status, IBV_WC_SUCCESS);
+    ck_assert_int_eq(post(qp[0], IBV_WR_RDMA_READ, &n, 8192, 64, &peer[0], 0, rkey[0], 2), 0);
+    ck_assert_int_eq(wait_wc(n.cq).status, IBV_WC_SUCCESS);
+    ck_assert_int_eq(n.buf[8192], 0x5a);
+    /* The same key through another connection of the same peers. */
+    ck_assert_int_eq(post(qp[1], IBV_WR_RDMA_WRITE, &n, 0, 64, &peer[1], 0, rkey[0], 3), 0);
+    ck_assert_int_eq(wait_wc(n.cq).status, IBV_WC_REM_ACCESS_ERR);
+    /* The region's own key: it grants nothing remote. */
+    ck_assert_int_eq(post(qp[2], IBV_WR_RDMA_READ, &n, 0, 64, &peer[2], 0, peer[2].rkey, 4), 0);
+    ck_assert_int_eq(wait_wc(n.cq).status, IBV_WC_REM_ACCESS_ERR);
+    /* Past the window, through its own QP. */
+    ck_assert_int_eq(post(qp[0], IBV_WR_RDMA_WRITE, &n, 0, 64, &peer[0], 4096 - 32, rkey[0], 5),
+                     0);
+    ck_assert_int_eq(wait_wc(n.cq).status, IBV_WC_REM_ACCESS_ERR);
+    /* Window 2 works through its QP until the owner frees it. */
+    ck_assert_int_eq(post(qp[3], IBV_WR_RDMA_READ, &n, 0, 64, &peer[3], 0, rkey[1], 6), 0);
+    ck_assert_int_eq(wait_wc(n.cq).status, IBV_WC_SUCCESS);
+    xfer(sv[0], &cmd, 1, true);
+    xfer(sv[0], &ok, 1, false);
+    ck_assert_int_eq(ok, 1);
+    ck_assert_int_eq(post(qp[3], IBV_WR_RDMA_READ, &n, 0, 64, &peer[3], 0, rkey[1], 7), 0);
+    ck_assert_int_eq(wait_wc(n.cq).status, IBV_WC_REM_ACCESS_ERR);
+
+    xfer(sv[0], &cmd, 1, true);
+    close(sv[0]);
+    waitpid(pid, NULL, 0);
+    for (int i = 1; i < WQPS; i++)
+        ck_assert_int_eq(sv_destroy_qp(qp[i]), 0);
+    n.qp = qp[0];
+    node_close(&n);
+}
+END_TEST
+
+/* What a bind checks, each failure breaking its QP as on a NIC. */
+START_TEST(window_bind_rules)
+{
+    struct node n;
+    struct ibv_mr *plain;
+    struct ibv_mw *mw;
+    struct ibv_qp *qp;
+    uint8_t *mem = calloc(1, 4096);
+    const int rw = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    struct ibv_device_attr da;
+
+    node_open(&n, false, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+    ck_assert_int_eq(sv_query_device(n.ctx, &da), 0);
+    ck_assert(da.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B);
+    ck_assert_int_gt(da.max_mw, 0);
+    errno = 0;
+    ck_assert_ptr_null(ibv_alloc_mw(n.pd, IBV_MW_TYPE_1));
+    ck_assert_int_eq(errno, EOPNOTSUPP);
+    mw = ibv_alloc_mw(n.pd, IBV_MW_TYPE_2);
+    ck_assert_ptr_nonnull(mw);
+    plain = sv_reg_mr(n.pd, mem, 4096, IBV_ACCESS_LOCAL_WRITE);
+    ck_assert_ptr_nonnull(plain);
+
+    /* A region registered without IBV_ACCESS_MW_BIND. */
+    qp = lonely_qp(&n);
+    ck_assert_int_eq(mw_bind(&n, qp, mw, plain, 0, 4096, rw, ibv_inc_rkey(mw->rkey)),
+                     IBV_WC_MW_BIND_ERR);
+    ck_assert_int_eq(sv_destroy_qp(qp), 0);
+    /* A key of another window's slot. */
+    qp = lonely_qp(&n);
+    ck_assert_int_eq(mw_bind(&n, qp, mw, n.mr, 0, 4096, rw, mw->rkey ^ 0x80000000u),
+                     IBV_WC_MW_BIND_ERR);
+    ck_assert_int_eq(sv_destroy_qp(qp), 0);
+    /* A range past the region. */
+    qp = lonely_qp(&n);
+    ck_assert_int_eq(mw_bind(&n, qp, mw, n.mr, BUF - 64, 128, rw, ibv_inc_rkey(mw->rkey)),
+                     IBV_WC_MW_BIND_ERR);
+    ck_assert_int_eq(sv_destroy_qp(qp), 0);
+    /* A good bind; then the region is busy, a second bind is refused, and
+     * the window's key is no local key. */
+    qp = lonely_qp(&n);
+    ck_assert_int_eq(mw_bind(&n, qp, mw, n.mr, 0, 4096, rw, ibv_inc_rkey(mw->rkey)),
+                     IBV_WC_SUCCESS);
+    ck_assert_int_eq(sv_dereg_mr(n.mr), EBUSY);
+    ck_assert_int_eq(mw_bind(&n, qp, mw, n.mr, 0, 4096, rw, ibv_inc_rkey(mw->rkey)),
+                     IBV_WC_MW_BIND_ERR);
+    ck_assert_int_eq(sv_destroy_qp(qp), 0);
+    qp = lonely_qp(&n);
+    {
+        struct ibv_sge sge = {.addr = (uintptr_t)n.buf, .length = 64, .lkey = mw->rkey};
+        struct ibv_send_wr wr = {.wr_id = 9, .sg_list = &sge, .num_sge = 1,
+                                 .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED};
+        struct ibv_send_wr *bad;
+
+        wr.wr.rdma.remote_addr = (uintptr_t)n.buf;
+        wr.wr.rdma.rkey = mw->rkey;
+        ck_assert_int_eq(ibv_post_send(qp, &wr, &bad), 0);
+        ck_assert_int_eq(wait_wc(n.cq).status, IBV_WC_LOC_PROT_ERR);
+    }
+    ck_assert_int_eq(sv_destroy_qp(qp), 0);
+    ck_assert_int_eq(ibv_dealloc_mw(mw), 0);
+    ck_assert_int_eq(sv_dereg_mr(plain), 0);
+    free(mem);
+    node_close(&n);
+}
+END_TEST
+
 Suite *suite_softverbs(void)
 {
     Suite *s = suite_create("softverbs");
@@ -1517,6 +1731,8 @@ Suite *suite_softverbs(void)
     tcase_add_test(tc, dead_peer_is_retry_exceeded);
     tcase_add_test(tc, completion_channel_wakes);
     tcase_add_test(tc, post_before_rts_is_refused);
+    tcase_add_test(tc, window_answers_only_its_qp);
+    tcase_add_test(tc, window_bind_rules);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("cm");

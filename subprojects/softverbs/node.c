@@ -14,7 +14,7 @@
 
 #include "sv.h"
 
-#define SV_VERSION 1
+#define SV_VERSION 2     /* 2: memory windows, keys index-first */
 
 static void seg_name(char *buf, size_t len, pid_t pid)
 {

@@ -43,30 +43,35 @@ static struct sv_seg *own_seg(struct sv_qp *q)
     return sv_ctx(q->ibv.context)->seg;
 }
 
-/* Find the memory region behind `key` in `seg` that covers [addr, addr+len)
- * with `need` access for protection domain `pd`. Caller holds mr_lock. */
+/* Find the region or window behind remote key `key` in `seg` that covers
+ * [addr, addr+len) with `need` access, for an access that arrives at QP
+ * `qpn` (protection domain `pd`): a window answers only to the QP it is
+ * bound to. Caller holds mr_lock. */
 static const struct sv_mr_ent *mr_find(struct sv_seg *seg, uint32_t key, uint64_t addr,
-                                       uint64_t len, uint32_t need, uint32_t pd)
+                                       uint64_t len, uint32_t need, uint32_t pd, uint32_t qpn)
 {
-    const struct sv_mr_ent *e = &seg->mr[key & (SV_MAX_MR - 1)];
+    const struct sv_mr_ent *e = &seg->mr[SV_KEY_IDX(key)];
 
     if (!key || e->key != key || e->pd != pd || (e->access & need) != need)
+        return NULL;
+    if (e->mw && (e->qpn != qpn || !need))
         return NULL;
     if (addr < e->addr || len > e->len || addr - e->addr > e->len - len)
         return NULL;
     return e;
 }
 
-/* mr_find on this process's own table without mr_lock. The key is the
- * entry's sequence word: registration stores it after the other fields,
- * deregistration clears it before them (verbs.c), so an entry whose key
- * reads the same before and after the other fields was whole while they
- * were read. A region deregistered while a work request uses it is the
- * caller's error, as on a NIC. */
+/* mr_find on this process's own table for a local key, without mr_lock.
+ * The key is the entry's sequence word: registration stores it after the
+ * other fields, deregistration clears it before them (verbs.c), so an
+ * entry whose key reads the same before and after the other fields was
+ * whole while they were read. A region deregistered while a work request
+ * uses it is the caller's error, as on a NIC. A window's key is no local
+ * key. */
 static bool mr_find_own(struct sv_seg *seg, uint32_t key, uint64_t addr, uint64_t len,
                         uint32_t need, uint32_t pd)
 {
-    const struct sv_mr_ent *e = &seg->mr[key & (SV_MAX_MR - 1)];
+    const struct sv_mr_ent *e = &seg->mr[SV_KEY_IDX(key)];
     struct sv_mr_ent copy;
 
     if (!key || __atomic_load_n(&e->key, __ATOMIC_ACQUIRE) != key)
@@ -75,12 +80,54 @@ static bool mr_find_own(struct sv_seg *seg, uint32_t key, uint64_t addr, uint64_
     copy.addr = __atomic_load_n(&e->addr, __ATOMIC_RELAXED);
     copy.len = __atomic_load_n(&e->len, __ATOMIC_RELAXED);
     copy.pd = __atomic_load_n(&e->pd, __ATOMIC_RELAXED);
+    copy.mw = __atomic_load_n(&e->mw, __ATOMIC_RELAXED);
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
     if (__atomic_load_n(&e->key, __ATOMIC_RELAXED) != key)
         return false;
-    if (copy.pd != pd || (copy.access & need) != need)
+    if (copy.mw || copy.pd != pd || (copy.access & need) != need)
         return false;
     return addr >= copy.addr && len <= copy.len && addr - copy.addr <= copy.len - len;
+}
+
+/* Bind a type 2 window to QP `q`, as a NIC carries out IBV_WR_BIND_MW in
+ * its turn on the send queue: the window must be of the QP's protection
+ * domain and unbound, the new key must keep the window's index (only the
+ * low 8 bits change), the range must lie in a region registered with
+ * IBV_ACCESS_MW_BIND, and remote write needs the region's local write. */
+static enum ibv_wc_status bind_mw(struct sv_qp *q, const struct ibv_send_wr *wr)
+{
+    struct sv_seg *seg = own_seg(q);
+    const struct ibv_mw_bind_info *b = &wr->bind_mw.bind_info;
+    uint32_t pd = ((struct sv_pd *)(void *)q->ibv.pd)->id;
+    const uint32_t rights = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
+    struct sv_mw *mw = (struct sv_mw *)(void *)wr->bind_mw.mw;
+    uint32_t rkey = wr->bind_mw.rkey, access = (uint32_t)b->mw_access_flags;
+    enum ibv_wc_status st = IBV_WC_MW_BIND_ERR;
+    struct sv_mr_ent *w, *m;
+
+    if (!mw || !b->mr || mw->ibv.type != IBV_MW_TYPE_2 || mw->idx >= SV_MAX_MR ||
+        SV_KEY_IDX(rkey) != mw->idx || (access & ~rights) || !b->length)
+        return st;
+    sv_lock(&seg->mr_lock);
+    w = &seg->mr[mw->idx];
+    m = &seg->mr[SV_KEY_IDX(b->mr->lkey)];
+    if (w->key && w->mw && !w->qpn && w->pd == pd && m->key == b->mr->lkey && !m->mw &&
+        m->pd == pd && (m->access & IBV_ACCESS_MW_BIND) &&
+        (!(access & IBV_ACCESS_REMOTE_WRITE) || (m->access & IBV_ACCESS_LOCAL_WRITE)) &&
+        b->addr >= m->addr && b->length <= m->len && b->addr - m->addr <= m->len - b->length) {
+        /* Peers read the entry under mr_lock: the order of the stores
+         * does not matter to them. */
+        w->addr = b->addr;
+        w->len = b->length;
+        w->access = access;
+        w->qpn = q->ibv.qp_num;
+        w->mr_key = b->mr->lkey;
+        w->key = rkey;
+        mw->ibv.rkey = rkey;
+        st = IBV_WC_SUCCESS;
+    }
+    sv_unlock(&seg->mr_lock);
+    return st;
 }
 
 static void complete(struct sv_qp *q, const struct sv_swr *s, enum ibv_wc_status status)
@@ -91,6 +138,7 @@ static void complete(struct sv_qp *q, const struct sv_swr *s, enum ibv_wc_status
         [IBV_WR_SEND] = IBV_WC_SEND,
         [IBV_WR_SEND_WITH_IMM] = IBV_WC_SEND,
         [IBV_WR_RDMA_READ] = IBV_WC_RDMA_READ,
+        [IBV_WR_BIND_MW] = IBV_WC_BIND_MW,
     };
     struct ibv_wc wc = {.wr_id = s->wr.wr_id, .status = status, .qp_num = q->ibv.qp_num};
 
@@ -185,7 +233,7 @@ static bool copy_remote(pid_t pid, bool write, struct iovec *l, int nl, struct i
 static int execute(struct sv_qp *q, struct sv_swr *s, uint64_t now, enum ibv_wc_status *status)
 {
     struct sv_seg *ps;
-    struct sv_qp_ent *e = peer_qp(q, now);
+    struct sv_qp_ent *e = s->wr.opcode == IBV_WR_BIND_MW ? NULL : peer_qp(q, now);
     struct iovec liov[SV_MAX_SGE], riov[SV_MAX_SGE];
     enum ibv_wr_opcode op = s->wr.opcode;
     bool is_read = op == IBV_WR_RDMA_READ, gone;
@@ -197,6 +245,10 @@ static int execute(struct sv_qp *q, struct sv_swr *s, uint64_t now, enum ibv_wc_
     size_t total;
     int nl, nr = 0;
 
+    if (op == IBV_WR_BIND_MW) {     /* local: no peer takes part */
+        *status = bind_mw(q, &s->wr);
+        return DONE;
+    }
     if (!local_iov(q, s, liov, &nl, &total, is_read ? IBV_ACCESS_LOCAL_WRITE : 0)) {
         *status = IBV_WC_LOC_PROT_ERR;
         return DONE;
@@ -216,7 +268,8 @@ static int execute(struct sv_qp *q, struct sv_swr *s, uint64_t now, enum ibv_wc_
     if (one_sided) {
         uint32_t need = is_read ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
 
-        if (!mr_find(ps, s->wr.wr.rdma.rkey, s->wr.wr.rdma.remote_addr, total, need, e->pd)) {
+        if (!mr_find(ps, s->wr.wr.rdma.rkey, s->wr.wr.rdma.remote_addr, total, need, e->pd,
+                     e->qpn)) {
             sv_unlock(&ps->mr_lock);
             *status = IBV_WC_REM_ACCESS_ERR;
             return DONE;
@@ -247,7 +300,7 @@ static int execute(struct sv_qp *q, struct sv_swr *s, uint64_t now, enum ibv_wc_
 
         for (uint32_t i = 0; i < wqe.num_sge && ok; i++) {
             ok = mr_find(ps, wqe.sge[i].lkey, wqe.sge[i].addr, wqe.sge[i].length,
-                         IBV_ACCESS_LOCAL_WRITE, e->pd) != NULL;
+                         IBV_ACCESS_LOCAL_WRITE, e->pd, e->qpn) != NULL;
             riov[nr++] = (struct iovec){(void *)(uintptr_t)wqe.sge[i].addr, wqe.sge[i].length};
             room += wqe.sge[i].length;
         }
@@ -335,7 +388,7 @@ static unsigned execute_batch(struct sv_qp *q, uint64_t now)
         if (!batchable(s) || !local_iov(q, s, liov + nl, &k, &len[n], 0) ||
             len[n] > SV_MAX_MSG ||
             !mr_find(ps, s->wr.wr.rdma.rkey, s->wr.wr.rdma.remote_addr, len[n],
-                     IBV_ACCESS_REMOTE_WRITE, e->pd))
+                     IBV_ACCESS_REMOTE_WRITE, e->pd, e->qpn))
             break;
         if (s->wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
             if (!rq) {
@@ -550,7 +603,8 @@ static int post_send(struct sv_qp *q, struct ibv_send_wr *wr, struct ibv_send_wr
         if (wr->num_sge < 0 || wr->num_sge > SV_MAX_SGE ||
             (wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM &&
              wr->opcode != IBV_WR_RDMA_WRITE && wr->opcode != IBV_WR_RDMA_WRITE_WITH_IMM &&
-             wr->opcode != IBV_WR_RDMA_READ)) {
+             wr->opcode != IBV_WR_RDMA_READ && wr->opcode != IBV_WR_BIND_MW) ||
+            (wr->opcode == IBV_WR_BIND_MW && (wr->num_sge || (wr->send_flags & IBV_SEND_INLINE)))) {
             *bad = wr;
             return EINVAL;
         }

@@ -57,7 +57,13 @@ int sv_query_gid(struct ibv_context *context, uint8_t port_num, int index, union
 struct ibv_pd *sv_alloc_pd(struct ibv_context *context);
 int sv_dealloc_pd(struct ibv_pd *pd);
 struct ibv_mr *sv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access);
+/* EBUSY while a memory window is bound to the region. */
 int sv_dereg_mr(struct ibv_mr *mr);
+/* Type 2 windows only (bound by an IBV_WR_BIND_MW work request, reached
+ * only through the QP that bound them); also in the context's ops, for
+ * rdma-core's ibv_alloc_mw and ibv_dealloc_mw. */
+struct ibv_mw *sv_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type);
+int sv_dealloc_mw(struct ibv_mw *mw);
 
 struct ibv_comp_channel *sv_create_comp_channel(struct ibv_context *context);
 int sv_destroy_comp_channel(struct ibv_comp_channel *channel);

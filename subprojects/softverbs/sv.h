@@ -22,10 +22,14 @@
 #define SV_MAX_INLINE 256
 #define SV_MAX_MSG (1u << 30)       /* what the port reports as max_msg_sz */
 
-/* Keys and QP numbers: the table index in the low bits, a generation above
- * it, so that a stale key or QP number never reaches a reused slot. */
+/* QP numbers: the table index in the low bits, a generation above it, so
+ * that a stale QP number never reaches a reused slot. Keys the other way
+ * round, as on a NIC: the index in the top SV_MR_BITS and a generation
+ * below, whose low 8 bits a memory window's owner picks at each bind
+ * (ibv_inc_rkey). */
 #define SV_MR_BITS 12
 #define SV_QP_BITS 10
+#define SV_KEY_IDX(key) ((key) >> (32 - SV_MR_BITS))
 
 /* A receive work request, as a peer reads it to deliver a SEND. */
 struct sv_wqe {
@@ -55,11 +59,18 @@ struct sv_cq {
     struct ibv_wc wc[SV_MAX_CQE];
 };
 
+/* A memory region, or a memory window (type 2: bound to one QP, and
+ * reached only through that QP; its bind states the range and the rights
+ * within a region registered with IBV_ACCESS_MW_BIND). */
 struct sv_mr_ent {
     uint32_t key;                   /* 0: free */
-    uint32_t access;
+    uint32_t access;                /* a window: remote rights only, none
+                                     * while unbound */
     uint64_t addr, len;
     uint32_t pd;
+    uint32_t mw;                    /* 1: a window */
+    uint32_t qpn;                   /* a bound window: its QP */
+    uint32_t mr_key;                /* a bound window: its region's key */
 };
 
 /* What a peer needs to know of one of our QPs. */
@@ -162,6 +173,11 @@ struct sv_pd {
 
 struct sv_mr {
     struct ibv_mr ibv;
+    uint32_t idx;
+};
+
+struct sv_mw {
+    struct ibv_mw ibv;
     uint32_t idx;
 };
 

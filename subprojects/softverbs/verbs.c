@@ -66,6 +66,8 @@ struct ibv_context *sv_open_device(struct ibv_device *device)
     ctx->ibv.ops.post_send = sv_post_send;
     ctx->ibv.ops.post_recv = sv_post_recv;
     ctx->ibv.ops.post_srq_recv = sv_post_srq_recv;
+    ctx->ibv.ops.alloc_mw = sv_alloc_mw;
+    ctx->ibv.ops.dealloc_mw = sv_dealloc_mw;
     return &ctx->ibv;
 }
 
@@ -99,6 +101,8 @@ int sv_query_device(struct ibv_context *context, struct ibv_device_attr *attr)
     attr->max_cq = SV_MAX_CQ;
     attr->max_cqe = SV_MAX_CQE;
     attr->max_mr = SV_MAX_MR;
+    attr->max_mw = SV_MAX_MR;
+    attr->device_cap_flags = IBV_DEVICE_MEM_WINDOW_TYPE_2B;
     attr->max_pd = 1 << 16;
     attr->max_srq = SV_MAX_SRQ;
     attr->max_srq_wr = SV_MAX_WR;
@@ -184,15 +188,64 @@ static uint32_t pd_id(struct ibv_pd *pd)
     return ((struct sv_pd *)(void *)pd)->id;
 }
 
+/* Take a free slot of the key table for a region or a window, with its
+ * fields set and the key stored last (what a lock-free reader checks,
+ * post.c). Caller holds mr_lock. The slot index, or -1 if the table is
+ * full. */
+static int ent_take(struct sv_seg *seg, const struct sv_mr_ent *tmpl)
+{
+    static uint32_t gen;
+
+    for (uint32_t i = 0; i < SV_MAX_MR; i++) {
+        struct sv_mr_ent *e = &seg->mr[i];
+
+        if (e->key)
+            continue;
+        if (++gen >= (1u << (32 - SV_MR_BITS)))
+            gen = 1;
+        __atomic_store_n(&e->access, tmpl->access, __ATOMIC_RELAXED);
+        __atomic_store_n(&e->addr, tmpl->addr, __ATOMIC_RELAXED);
+        __atomic_store_n(&e->len, tmpl->len, __ATOMIC_RELAXED);
+        __atomic_store_n(&e->pd, tmpl->pd, __ATOMIC_RELAXED);
+        __atomic_store_n(&e->mw, tmpl->mw, __ATOMIC_RELAXED);
+        __atomic_store_n(&e->qpn, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&e->mr_key, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&e->key, i << (32 - SV_MR_BITS) | gen, __ATOMIC_RELEASE);
+        return (int)i;
+    }
+    return -1;
+}
+
+/* Free slot `idx`. The key first: a lock-free reader then sees it change.
+ * Caller holds mr_lock, which peers hold across an access: once it is
+ * released, no peer reads or writes through the slot any more. */
+static void ent_clear(struct sv_seg *seg, uint32_t idx)
+{
+    struct sv_mr_ent *e = &seg->mr[idx];
+
+    __atomic_store_n(&e->key, 0, __ATOMIC_RELEASE);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    __atomic_store_n(&e->access, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->addr, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->len, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->pd, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->mw, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->qpn, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->mr_key, 0, __ATOMIC_RELAXED);
+}
+
 struct ibv_mr *sv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access)
 {
     struct sv_seg *seg = sv_ctx(pd->context)->seg;
-    static uint32_t gen;
+    const int known = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                      IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND;
     struct sv_mr *mr;
+    int idx;
 
     /* Remote write or atomic access needs local write, as on a NIC. */
-    if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
-        !(access & IBV_ACCESS_LOCAL_WRITE)) {
+    if ((access & ~known) ||
+        ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
+         !(access & IBV_ACCESS_LOCAL_WRITE))) {
         errno = EINVAL;
         return NULL;
     }
@@ -204,30 +257,21 @@ struct ibv_mr *sv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int acces
     if (!mr)
         return NULL;
     sv_lock(&seg->mr_lock);
-    for (uint32_t i = 0; i < SV_MAX_MR; i++) {
-        struct sv_mr_ent *e = &seg->mr[i];
-
-        if (e->key)
-            continue;
-        if (++gen >= (1u << (32 - SV_MR_BITS)))
-            gen = 1;
-        __atomic_store_n(&e->access, (uint32_t)access, __ATOMIC_RELAXED);
-        __atomic_store_n(&e->addr, (uint64_t)(uintptr_t)addr, __ATOMIC_RELAXED);
-        __atomic_store_n(&e->len, (uint64_t)length, __ATOMIC_RELAXED);
-        __atomic_store_n(&e->pd, pd_id(pd), __ATOMIC_RELAXED);
-        /* The key last: it is what a lock-free reader checks (post.c). */
-        __atomic_store_n(&e->key, gen << SV_MR_BITS | i, __ATOMIC_RELEASE);
-        mr->idx = i;
-        mr->ibv = (struct ibv_mr){.context = pd->context, .pd = pd, .addr = addr,
-                                  .length = length, .handle = i, .lkey = e->key,
-                                  .rkey = e->key};
+    idx = ent_take(seg, &(struct sv_mr_ent){.access = (uint32_t)access,
+                                            .addr = (uint64_t)(uintptr_t)addr,
+                                            .len = (uint64_t)length, .pd = pd_id(pd)});
+    if (idx < 0) {
         sv_unlock(&seg->mr_lock);
-        return &mr->ibv;
+        free(mr);
+        errno = ENOMEM;
+        return NULL;
     }
+    mr->idx = (uint32_t)idx;
+    mr->ibv = (struct ibv_mr){.context = pd->context, .pd = pd, .addr = addr, .length = length,
+                              .handle = (uint32_t)idx, .lkey = seg->mr[idx].key,
+                              .rkey = seg->mr[idx].key};
     sv_unlock(&seg->mr_lock);
-    free(mr);
-    errno = ENOMEM;
-    return NULL;
+    return &mr->ibv;
 }
 
 int sv_dereg_mr(struct ibv_mr *ibmr)
@@ -235,20 +279,59 @@ int sv_dereg_mr(struct ibv_mr *ibmr)
     struct sv_mr *mr = (struct sv_mr *)(void *)ibmr;
     struct sv_seg *seg = sv_ctx(ibmr->context)->seg;
 
-    /* Under the lock peers hold across an access: once this returns, no
-     * peer reads or writes the memory any more. */
-    struct sv_mr_ent *e = &seg->mr[mr->idx];
-
     sv_lock(&seg->mr_lock);
-    /* The key first: a lock-free reader (post.c) then sees it change. */
-    __atomic_store_n(&e->key, 0, __ATOMIC_RELEASE);
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
-    __atomic_store_n(&e->access, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&e->addr, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&e->len, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&e->pd, 0, __ATOMIC_RELAXED);
+    /* A region with windows bound to it stays, as on a NIC: the windows'
+     * owner invalidates or frees them first. */
+    for (uint32_t i = 0; i < SV_MAX_MR; i++)
+        if (seg->mr[i].key && seg->mr[i].mw && seg->mr[i].mr_key == ibmr->lkey) {
+            sv_unlock(&seg->mr_lock);
+            return EBUSY;
+        }
+    ent_clear(seg, mr->idx);
     sv_unlock(&seg->mr_lock);
     free(mr);
+    return 0;
+}
+
+/* ---- memory windows (type 2 only: bound by a work request, post.c) ---- */
+
+struct ibv_mw *sv_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type)
+{
+    struct sv_seg *seg = sv_ctx(pd->context)->seg;
+    struct sv_mw *mw;
+    int idx;
+
+    if (type != IBV_MW_TYPE_2) {
+        errno = EOPNOTSUPP;     /* the device says so: no IBV_DEVICE_MEM_WINDOW */
+        return NULL;
+    }
+    mw = calloc(1, sizeof(*mw));
+    if (!mw)
+        return NULL;
+    sv_lock(&seg->mr_lock);
+    idx = ent_take(seg, &(struct sv_mr_ent){.pd = pd_id(pd), .mw = 1});
+    if (idx < 0) {
+        sv_unlock(&seg->mr_lock);
+        free(mw);
+        errno = ENOMEM;
+        return NULL;
+    }
+    mw->idx = (uint32_t)idx;
+    mw->ibv = (struct ibv_mw){.context = pd->context, .pd = pd, .rkey = seg->mr[idx].key,
+                              .handle = (uint32_t)idx, .type = type};
+    sv_unlock(&seg->mr_lock);
+    return &mw->ibv;
+}
+
+int sv_dealloc_mw(struct ibv_mw *ibmw)
+{
+    struct sv_mw *mw = (struct sv_mw *)(void *)ibmw;
+    struct sv_seg *seg = sv_ctx(ibmw->context)->seg;
+
+    sv_lock(&seg->mr_lock);
+    ent_clear(seg, mw->idx);
+    sv_unlock(&seg->mr_lock);
+    free(mw);
     return 0;
 }
 

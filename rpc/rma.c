@@ -372,8 +372,7 @@ int tern_rpc_mr_rkey(struct tern_rpc_mr *mr, const struct tern_session *s,
     rc = mr_on(mr, tern_tp_conn_ep(s->conn), &tmr);
     if (rc < 0)
         return rc;
-    *out = tern_tp_mr_rkey(tmr);
-    return 0;
+    return tern_tp_conn_mr_rkey(s->conn, tmr, out);
 }
 
 void rpc_rma_destroy(struct tern_rpc_ep *ep)

@@ -265,7 +265,7 @@ static void onesided_open(struct onesided *o, const struct fabric_case *fc, uint
                                     &o->rmr), 0);
     ck_assert_int_eq(tern_tp_mr_reg(o->p.a, o->local_mem, sizeof(o->local_mem),
                                     TERN_TP_ACCESS_LOCAL, &o->lmr), 0);
-    o->rkey = tern_tp_mr_rkey(o->rmr);
+    o->rkey = tp_pair_rkey(&o->p, o->rmr);
     ck_assert_uint_eq(o->rkey.len, sizeof(o->remote_mem));
 }
 
@@ -367,7 +367,7 @@ START_TEST(rma_max_is_the_limit)
     ck_assert_int_eq(tern_tp_mr_alloc(p.a, len, 0, &lmr), 0);
     r = tern_tp_mr_addr(rmr);
     l = tern_tp_mr_addr(lmr);
-    rkey = tern_tp_mr_rkey(rmr);
+    rkey = tp_pair_rkey(&p, rmr);
     fill_pattern(l, max, 7);
     ck_assert_int_eq(tern_tp_put(p.client, lmr, 0, max + 1, &rkey, 0, 1), TERN_EMSGSIZE);
     ck_assert_int_eq(tern_tp_get(p.client, lmr, 0, max + 1, &rkey, 0, 2), TERN_EMSGSIZE);
@@ -403,7 +403,7 @@ START_TEST(allocated_regions)
     r = tern_tp_mr_addr(rmr);
     l = tern_tp_mr_addr(lmr);
     ck_assert_uint_eq(r[LEN - 1], 0);   /* zeroed */
-    rkey = tern_tp_mr_rkey(rmr);
+    rkey = tp_pair_rkey(&p, rmr);
     for (unsigned round = 0; round < ROUNDS; round++) {
         /* Put BATCH slots, then get them back into the other half. */
         for (unsigned i = 0; i < BATCH; i++) {
@@ -452,7 +452,7 @@ START_TEST(ordered_put_then_get_stream)
                                                      TERN_TP_ACCESS_REMOTE_WRITE, &rmr), 0);
     ck_assert_int_eq(tern_tp_mr_alloc(p.a, (2 * N + 1) * sizeof(uint64_t), 0, &lmr), 0);
     l = tern_tp_mr_addr(lmr);
-    rkey = tern_tp_mr_rkey(rmr);
+    rkey = tp_pair_rkey(&p, rmr);
     while (completed < 2 * N) {
         /* Keep the window full: even ops put i, odd ops get it back. */
         while (issued < 2 * N && issued - completed < WINDOW) {
@@ -506,7 +506,7 @@ START_TEST(remote_range_and_rights_errors)
     /* Permissions: a read-only region refuses puts, allows gets. */
     ck_assert_int_eq(tern_tp_mr_reg(o.p.b, ro_mem, sizeof(ro_mem), TERN_TP_ACCESS_REMOTE_READ,
                                     &ro_mr), 0);
-    ro = tern_tp_mr_rkey(ro_mr);
+    ro = tp_pair_rkey(&o.p, ro_mr);
     ck_assert_int_eq(onesided_op(&o, true, 0, 16, &ro, 0, 6), TERN_EREMACCESS);
     ck_assert_uint_eq(ro_mem[0], 0);
     ck_assert_int_eq(onesided_op(&o, false, 4096, 16, &ro, 0, 7), 0);
@@ -560,7 +560,7 @@ START_TEST(remote_key_errors)
     /* A deregistered region is gone for good. */
     ck_assert_int_eq(tern_tp_mr_reg(o.p.b, gone_mem, sizeof(gone_mem),
                                     TERN_TP_ACCESS_REMOTE_READ, &gone_mr), 0);
-    gone = tern_tp_mr_rkey(gone_mr);
+    gone = tp_pair_rkey(&o.p, gone_mr);
     ck_assert_int_eq(onesided_op(&o, false, 4096, 16, &gone, 0, 7), 0);
     ck_assert_int_eq(tern_tp_mr_dereg(gone_mr), 0);
     ck_assert_int_eq(onesided_op(&o, false, 4096, 16, &gone, 0, 8), TERN_EREMACCESS);
@@ -688,7 +688,7 @@ START_TEST(file_regions)
         close(tmp);     /* the endpoint has its own */
         ck_assert_uint_eq(test_open_fds(), fds + 1);
         ck_assert_ptr_eq(tern_tp_mr_addr(rmr), f.mem);
-        rk = tern_tp_mr_rkey(rmr);
+        rk = tp_pair_rkey(&p, rmr);
         ck_assert_uint_eq(rk.len, FD_LEN);
         file_region_rounds(&p, &f, lmr, &rk);
 
@@ -706,7 +706,7 @@ START_TEST(file_regions)
         ck_assert(first != MAP_FAILED);
         ck_assert_int_eq(tern_tp_mr_reg_fd(p.b, first, PG, f.fd, 0,
                                            TERN_TP_ACCESS_REMOTE_READ, &ro_mr), 0);
-        ro = tern_tp_mr_rkey(ro_mr);
+        ro = tp_pair_rkey(&p, ro_mr);
         fill_pattern(first, PG, 5);
         for (int i = 0; i < 3; i++) {
             ck_assert_int_eq(pair_op(&p, lmr, true, 0, 64, &ro, 0, 200 + i), TERN_EREMACCESS);
@@ -784,8 +784,8 @@ START_TEST(rkey_ptr_by_capability)
     ck_assert_int_eq(tern_tp_mr_reg_fd(p.b, f.mem, FD_LEN, f.fd, FD_OFF,
                                        TERN_TP_ACCESS_REMOTE_READ, &fmr), 0);
     ck_assert_int_eq(tern_tp_mr_reg(p.b, mem, sizeof(mem), TERN_TP_ACCESS_REMOTE_READ, &plain), 0);
-    fk = tern_tp_mr_rkey(fmr);
-    pk = tern_tp_mr_rkey(plain);
+    fk = tp_pair_rkey(&p, fmr);
+    pk = tp_pair_rkey(&p, plain);
     fill_pattern(f.mem, 64, 3);
     if (!(tern_tp_caps(p.a) & TERN_TP_CAP_RKEY_PTR)) {
         ck_assert_int_eq(tern_tp_rkey_ptr(p.client, &fk, 0, 8, TERN_TP_ACCESS_REMOTE_READ, &ptr),

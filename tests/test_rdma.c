@@ -18,6 +18,7 @@
 
 #include <softverbs.h>
 
+#include "../transport/rdma/rdma_internal.h"   /* the attacker's knowledge: a ring's address and key */
 #include "helpers.h"
 #include "suites.h"
 
@@ -129,21 +130,29 @@ START_TEST(killed_peer_closes_the_connection)
         if (tern_tp_listen(b, rdma_case()->listen, bound, sizeof(bound)) < 0 ||
             tern_tp_mr_alloc(b, 4096, TERN_TP_ACCESS_REMOTE_READ, &rmr) < 0)
             _exit(2);
-        rkey = tern_tp_mr_rkey(rmr);
-        if (write(fds[1], bound, sizeof(bound)) < 0 || write(fds[1], &rkey, sizeof(rkey)) < 0)
+        if (write(fds[1], bound, sizeof(bound)) < 0)
             _exit(3);
+        /* Each connection gets the region's key in its first message. */
         for (;;)
             while (tern_tp_poll(b, &ev, 1) > 0)
                 if (ev.type == TERN_TP_EV_RECV)
                     tern_tp_msg_release(ev.conn, ev.data);
+                else if (ev.type == TERN_TP_EV_ACCEPTED &&
+                         (tern_tp_conn_mr_rkey(ev.conn, rmr, &rkey) < 0 ||
+                          tern_tp_msg_send(ev.conn, &rkey, sizeof(rkey)) < 0))
+                    _exit(4);
     }
     ck_assert_int_eq(read(fds[0], bound, sizeof(bound)), (ssize_t)sizeof(bound));
-    ck_assert_int_eq(read(fds[0], &rkey, sizeof(rkey)), (ssize_t)sizeof(rkey));
     ck_assert_int_eq(tern_tp_mr_alloc(a, 4096, 0, &lmr), 0);
     ck_assert_int_eq(tern_tp_connect(a, bound, &c), 0);
     ck_assert(tp_next(a, &ev, 5000));
     ck_assert_int_eq(ev.type, TERN_TP_EV_CONNECTED);
     ck_assert_int_eq(ev.status, 0);
+    ck_assert(tp_next(a, &ev, 5000));
+    ck_assert_int_eq(ev.type, TERN_TP_EV_RECV);
+    ck_assert_uint_eq(ev.len, sizeof(rkey));
+    memcpy(&rkey, ev.data, sizeof(rkey));
+    tern_tp_msg_release(ev.conn, ev.data);
     send_seq(c, 1, 64);
     ck_assert_int_eq(tern_tp_get(c, lmr, 0, 64, &rkey, 0, 5), 0);
     ck_assert(tp_next(a, &ev, 5000));
@@ -238,6 +247,13 @@ static enum rdma_cm_event_type raw_connect(struct raw *r, struct tern_tp_ep *b,
             ck_assert(r->pd && r->cq && r->mr);
             qa.send_cq = qa.recv_cq = r->cq;
             ck_assert_int_eq(sv_rdma_create_qp(r->id, r->pd, &qa), 0);
+            /* Zero-length receives, for what the server sends first (its
+             * ring's key, when it comes in band). */
+            for (int i = 0; i < 4; i++) {
+                struct ibv_recv_wr rw = {.wr_id = (uint64_t)i}, *rbad;
+
+                ck_assert_int_eq(ibv_post_recv(r->id->qp, &rw, &rbad), 0);
+            }
             ck_assert_int_eq(sv_rdma_connect(r->id, &param), 0);
             want = RDMA_CM_EVENT_ESTABLISHED;
         }
@@ -258,10 +274,35 @@ static void raw_close(struct raw *r)
 struct wire_hello {
     uint32_t magic;
     uint16_t version;
-    uint8_t ring_log2, pad;
+    uint8_t ring_log2, flags;
     uint64_t ring_addr;
     uint32_t ring_rkey, max_msg;
 };
+#define WIRE_VERSION 2
+#define WIRE_KEY_IN_BAND 1
+
+/* The server's ring key, as the raw client learns it: in band (the first
+ * receive on its QP) if the server's hello says so, else in the hello.
+ * Polls b meanwhile. */
+static uint32_t raw_server_key(struct raw *r, struct tern_tp_ep *b, const struct wire_hello *th)
+{
+    struct tern_tp_event ev;
+    struct ibv_wc wc;
+
+    if (!(th->flags & WIRE_KEY_IN_BAND))
+        return le32toh(th->ring_rkey);
+    for (double end = now_ms() + 5000;;) {
+        ck_assert_msg(now_ms() < end, "no ring key from the server");
+        if (tern_tp_poll(b, &ev, 1) == 1 && ev.type == TERN_TP_EV_RECV)
+            tern_tp_msg_release(ev.conn, ev.data);
+        if (ibv_poll_cq(r->cq, 1, &wc) == 1) {
+            ck_assert_int_eq(wc.status, IBV_WC_SUCCESS);
+            ck_assert_int_eq(wc.opcode, IBV_WC_RECV);
+            ck_assert(wc.wc_flags & IBV_WC_WITH_IMM);
+            return be32toh(wc.imm_data);
+        }
+    }
+}
 
 /* A connect request whose private data is not our hello (another
  * program on the port, or a bad version) is rejected, and the listener
@@ -282,7 +323,7 @@ START_TEST(foreign_connect_request_is_rejected)
     ck_assert_int_eq(raw_connect(&r, b, bound, junk, sizeof(junk)), RDMA_CM_EVENT_REJECTED);
     raw_close(&r);
     /* A proper hello asking us to mirror a 1 GiB ring: refused too. */
-    h = (struct wire_hello){.magic = htole32(0x4d445274u), .version = htole16(1),
+    h = (struct wire_hello){.magic = htole32(0x4d445274u), .version = htole16(WIRE_VERSION),
                             .ring_log2 = 30, .ring_addr = htole64(4096),
                             .max_msg = htole32(4096)};
     ck_assert_int_eq(raw_connect(&r, b, bound, &h, sizeof(h)), RDMA_CM_EVENT_REJECTED);
@@ -318,14 +359,16 @@ START_TEST(malformed_record_closes_only_its_connection)
     setenv("TERN_RDMA_PROVIDER", "softverbs", 1);
     b = tp_open("rdma", 0);
     ck_assert_int_eq(tern_tp_listen(b, "127.0.0.1:0", bound, sizeof(bound)), 0);
-    h = (struct wire_hello){.magic = htole32(0x4d445274u), .version = htole16(1),
+    h = (struct wire_hello){.magic = htole32(0x4d445274u), .version = htole16(WIRE_VERSION),
                             .ring_log2 = 16, .ring_addr = htole64((uintptr_t)r.buf),
                             .max_msg = htole32(4096)};
-    /* The server never writes back here: the ring's key can stay 0. */
+    /* The server never writes records back here: the ring's key can stay
+     * 0 (and in the hello). */
     ck_assert_int_eq(raw_connect(&r, b, bound, &h, sizeof(h)), RDMA_CM_EVENT_ESTABLISHED);
     ck_assert_uint_ge(r.reply_len, sizeof(theirs));
     memcpy(&theirs, r.reply, sizeof(theirs));
     ck_assert_uint_eq(le32toh(theirs.magic), 0x4d445274u);
+    theirs.ring_rkey = htole32(raw_server_key(&r, b, &theirs));
     /* Header says 100 bytes; 58 land. */
     ((uint32_t *)(void *)r.buf)[0] = 100;
     ((uint32_t *)(void *)r.buf)[1] = 0x4d;
@@ -540,7 +583,9 @@ START_TEST(writable_survives_a_full_pending_list)
 }
 END_TEST
 
-/* The acceptor sends at once; the connector does not poll for 2 s. */
+/* The acceptor sends at once; the connector does not poll for 2 s. Then
+ * both poll: the connector's CONNECTED needs the acceptor's ring key,
+ * which the acceptor sends once it sees the connector up. */
 START_TEST(acceptor_sends_before_the_connector_polls)
 {
     struct tern_tp_ep *a = tp_open("rdma", 4096), *b = tp_open("rdma", 4096);
@@ -559,7 +604,7 @@ START_TEST(acceptor_sends_before_the_connector_polls)
     while (now_ms() - t0 < 2000)
         if (tp_next(b, &ev, 10))
             ck_abort_msg("server event %d status %d (client slow to poll)", ev.type, ev.status);
-    ck_assert(tp_next(a, &ev, 5000));
+    ck_assert(tp_next2(a, b, &ev, 5000));
     ck_assert_int_eq(ev.type, TERN_TP_EV_CONNECTED);
     expect_seq(a, b, 42, 64);
     tern_tp_close(a);
@@ -880,6 +925,164 @@ START_TEST(rpc_sessions_fail_with_their_fabric)
 }
 END_TEST
 
+/* ---- isolation between connections ---- */
+
+/* A peer that knows another connection's receive ring exactly (its
+ * address and its key, as if guessed) writes a well-formed record into it
+ * through its own queue pair. With memory windows (row 0) the NIC refuses
+ * it: the ring answers only to its connection's QP. Without (row 1,
+ * TERN_RDMA_MW=0, as on a device that has none) the write lands: what the
+ * windows are for, shown. */
+START_TEST(another_connections_ring_is_out_of_reach)
+{
+    static struct raw r;
+    struct tp_pair p;
+    struct rdma_conn *victim;
+    struct wire_hello h;
+    struct ibv_sge sge;
+    struct ibv_send_wr wr = {.sg_list = &sge, .num_sge = 1,
+                             .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
+                             .send_flags = IBV_SEND_SIGNALED}, *bad;
+    struct ibv_wc wc;
+    bool windows = _i == 0;
+    uint32_t key;
+
+    setenv("TERN_RDMA_PROVIDER", "softverbs", 1);
+    if (!windows)
+        setenv("TERN_RDMA_MW", "0", 1);
+    tp_pair_open(&p, rdma_case(), 4096);
+    unsetenv("TERN_RDMA_MW");
+    victim = RCONN(p.server);
+    ck_assert_int_eq(victim->wins != NULL, windows);
+    key = windows ? victim->wins->rkey : victim->rx_mr->rkey;
+    ck_assert_ptr_null(windows ? victim->wins->mr : NULL);     /* the ring's window */
+
+    h = (struct wire_hello){.magic = htole32(0x4d445274u), .version = htole16(WIRE_VERSION),
+                            .ring_log2 = 16, .ring_addr = htole64((uintptr_t)r.buf),
+                            .max_msg = htole32(4096)};
+    ck_assert_int_eq(raw_connect(&r, p.b, p.bound, &h, sizeof(h)), RDMA_CM_EVENT_ESTABLISHED);
+    /* A record the victim's server would take: header and 56 bytes. */
+    memset(r.buf, 0, 64);
+    ((uint32_t *)(void *)r.buf)[0] = 56;
+    ((uint32_t *)(void *)r.buf)[1] = 0x4d;
+    memcpy(r.buf + 8, "forged", 6);
+    sge = (struct ibv_sge){.addr = (uintptr_t)r.buf, .length = 64, .lkey = r.mr->lkey};
+    wr.wr.rdma.remote_addr = (uintptr_t)victim->rx;
+    wr.wr.rdma.rkey = key;
+    ck_assert_int_eq(ibv_post_send(r.id->qp, &wr, &bad), 0);
+    for (double end = now_ms() + 5000; ibv_poll_cq(r.cq, 1, &wc) != 1;)
+        ck_assert_msg(now_ms() < end, "the forged write never completed");
+    if (windows) {
+        ck_assert_int_eq(wc.status, IBV_WC_REM_ACCESS_ERR);
+        for (int i = 0; i < 64; i++)
+            ck_assert_uint_eq(victim->rx[i], 0);
+        /* The victim's connection carries on. */
+        send_seq(p.client, 5, 64);
+        expect_seq(p.b, p.a, 5, 64);
+    } else {
+        ck_assert_int_eq(wc.status, IBV_WC_SUCCESS);
+        ck_assert(memcmp(victim->rx + 8, "forged", 6) == 0);
+    }
+    raw_close(&r);
+    tp_pair_close(&p);
+}
+END_TEST
+
+static int get_status(struct tern_tp_ep *ep, struct tern_tp_ep *other, struct tern_tp_conn *c,
+                      struct tern_tp_mr *lmr, const struct tern_tp_rkey *rk, uint64_t token)
+{
+    struct tern_tp_event ev;
+    int rc = tern_tp_get(c, lmr, 0, 64, rk, 0, token);
+
+    if (rc < 0)
+        return rc;
+    for (;;) {
+        ck_assert_msg(tp_next2(ep, other, &ev, 5000), "get %llu never completed",
+                      (unsigned long long)token);
+        if (ev.type == TERN_TP_EV_GET_DONE && ev.token == token)
+            return ev.status;
+        if (ev.type == TERN_TP_EV_CLOSED && ev.conn == c)
+            return ev.status ? ev.status : TERN_ECONNRESET;
+    }
+}
+
+/* The key a region's owner gives one connection is refused on another
+ * connection of the same two endpoints, and after the region is gone;
+ * the connection it was given to keeps its access. */
+START_TEST(a_window_key_is_good_on_its_own_connection_only)
+{
+    struct tp_pair p;
+    struct tern_tp_conn *c2, *s2 = NULL;
+    struct tern_tp_mr *rmr, *lmr;
+    struct tern_tp_rkey rk, rk2;
+    struct tern_tp_event ev;
+    uint8_t *l;
+    int st;
+
+    tp_pair_open(&p, rdma_case(), 4096);
+    ck_assert_int_eq(tern_tp_connect(p.a, p.bound, &c2), 0);
+    while (!s2) {
+        ck_assert(tp_next2(p.b, p.a, &ev, 5000));
+        if (ev.type == TERN_TP_EV_ACCEPTED)
+            s2 = ev.conn;
+    }
+    ck_assert(tp_next2(p.a, p.b, &ev, 5000));
+    ck_assert_int_eq(ev.type, TERN_TP_EV_CONNECTED);
+    ck_assert_int_eq(tern_tp_mr_alloc(p.b, 4096, TERN_TP_ACCESS_REMOTE_READ |
+                                                     TERN_TP_ACCESS_REMOTE_WRITE, &rmr), 0);
+    ck_assert_int_eq(tern_tp_mr_alloc(p.a, 4096, 0, &lmr), 0);
+    memset(tern_tp_mr_addr(rmr), 0x33, 4096);
+    l = tern_tp_mr_addr(lmr);
+    rk = tp_pair_rkey(&p, rmr);
+    ck_assert_int_eq(get_status(p.a, p.b, p.client, lmr, &rk, 1), 0);
+    ck_assert_uint_eq(l[63], 0x33);
+    /* Asked again, the same key: one window per region and connection. */
+    ck_assert_int_eq(tern_tp_conn_mr_rkey(p.server, rmr, &rk2), 0);
+    ck_assert_uint_eq(rk2.key, rk.key);
+    /* The second connection's own key differs, and the first one's is
+     * refused there (a NIC breaks that queue pair). */
+    ck_assert_int_eq(tern_tp_conn_mr_rkey(s2, rmr, &rk2), 0);
+    ck_assert_uint_ne(rk2.key, rk.key);
+    st = get_status(p.a, p.b, c2, lmr, &rk, 2);
+    ck_assert_msg(st == TERN_EREMACCESS, "another connection's key: %s", tern_strerror(st));
+    ck_assert_int_eq(get_status(p.a, p.b, p.client, lmr, &rk, 3), 0);
+    /* The region goes: its windows go with it. */
+    ck_assert_int_eq(tern_tp_mr_dereg(rmr), 0);
+    st = get_status(p.a, p.b, p.client, lmr, &rk, 4);
+    ck_assert_msg(st == TERN_EREMACCESS, "a key of a gone region: %s", tern_strerror(st));
+    tp_pair_close(&p);
+}
+END_TEST
+
+/* One side without windows (its hello carries its ring's key, its
+ * regions' keys are the registrations'), the other with: they talk and
+ * reach each other's regions both ways. */
+START_TEST(a_peer_without_windows_talks_to_one_with)
+{
+    struct tp_pair p, q;
+    struct tern_tp_mr *rmr, *lmr;
+    struct tern_tp_rkey rk;
+
+    for (int side = 0; side < 2; side++) {
+        struct tp_pair *x = side ? &q : &p;
+
+        setenv("TERN_RDMA_PROVIDER", "softverbs", 1);
+        tp_pair_open_with(x, rdma_case(), 4096, side ? "" : "0", side ? "0" : "");
+        send_seq(x->client, 1, 64);
+        expect_seq(x->b, x->a, 1, 64);
+        send_seq(x->server, 2, 64);
+        expect_seq(x->a, x->b, 2, 64);
+        ck_assert_int_eq(tern_tp_mr_alloc(x->b, 4096, TERN_TP_ACCESS_REMOTE_READ, &rmr), 0);
+        ck_assert_int_eq(tern_tp_mr_alloc(x->a, 4096, 0, &lmr), 0);
+        memset(tern_tp_mr_addr(rmr), 0x44, 4096);
+        rk = tp_pair_rkey(x, rmr);
+        ck_assert_int_eq(get_status(x->a, x->b, x->client, lmr, &rk, 1), 0);
+        ck_assert_uint_eq(((uint8_t *)tern_tp_mr_addr(lmr))[10], 0x44);
+        tp_pair_close(x);
+    }
+}
+END_TEST
+
 Suite *suite_rdma(void)
 {
     Suite *s = suite_create("rdma");
@@ -899,6 +1102,9 @@ Suite *suite_rdma(void)
     tcase_add_test(tc, cq_overrun_hands_out_what_was_taken);
     tcase_add_test(tc, rpc_sessions_fail_with_their_fabric);
     tcase_add_test(tc, two_endpoints_on_two_threads);
+    tcase_add_loop_test(tc, another_connections_ring_is_out_of_reach, 0, 2);
+    tcase_add_test(tc, a_window_key_is_good_on_its_own_connection_only);
+    tcase_add_test(tc, a_peer_without_windows_talks_to_one_with);
     suite_add_tcase(s, tc);
     return s;
 }

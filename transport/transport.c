@@ -541,6 +541,20 @@ struct tern_tp_rkey tern_tp_mr_rkey(const struct tern_tp_mr *mr)
     };
 }
 
+int tern_tp_conn_mr_rkey(struct tern_tp_conn *conn, struct tern_tp_mr *mr,
+                         struct tern_tp_rkey *out)
+{
+    if (!conn || !mr || !out || !mr->in_use || mr->ep != conn->ep)
+        return TERN_EINVAL;
+    if (conn->rma_shut)
+        return TERN_EAUTH;
+    if (!OPS(conn->ep)->conn_rkey) {
+        *out = tern_tp_mr_rkey(mr);
+        return 0;
+    }
+    return OPS(conn->ep)->conn_rkey(conn, mr, out);
+}
+
 int tp_mr_check(struct tern_tp_conn *conn, uint32_t key, uint64_t off, uint64_t len,
                      uint32_t need, uint8_t **where)
 {

@@ -40,6 +40,12 @@ struct tern_tp_ops {
      * registers it with the device. A failure (up only) undoes the
      * registration and is returned to the caller. */
     int (*mr_publish)(struct tern_tp_ep *ep, struct tern_tp_mr *mr, bool up);
+    /* The key the peer of `conn` presents for `mr` (the core has checked
+     * that the region is the endpoint's and that one-sided access is open
+     * on the connection). NULL: the region's own key, the same for every
+     * connection. A NIC fabric with memory windows binds one to the
+     * connection here. */
+    int (*conn_rkey)(struct tern_tp_conn *conn, struct tern_tp_mr *mr, struct tern_tp_rkey *out);
     /* A local pointer into the peer's region (the core has checked the
      * arguments); see tern_tp_rkey_ptr. */
     int (*rkey_ptr)(struct tern_tp_conn *conn, const struct tern_tp_rkey *rkey, uint64_t roff,

@@ -293,8 +293,11 @@ size_t tern_rpc_mr_len(const struct tern_rpc_mr *mr);
 void tern_rpc_mr_dereg(struct tern_rpc_mr *mr);
 
 /* The key with which the peer of session `s` reaches `mr` (registering it
- * on the session's fabric if needed). Keys are per fabric: a session that
- * fails over to another fabric needs the new one. */
+ * on the session's fabric if needed; tern_tp_conn_mr_rkey on its current
+ * connection). Keys belong to the connection (rdma binds a memory window
+ * to it) or to the fabric: a session that moves to another connection
+ * (tern_session_epoch changes) needs a new one. Send it in a reply or a
+ * call on `s`. */
 int tern_rpc_mr_rkey(struct tern_rpc_mr *mr, const struct tern_session *s,
                      struct tern_tp_rkey *out);
 

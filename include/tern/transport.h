@@ -226,13 +226,16 @@ void *tern_tp_conn_user(const struct tern_tp_conn *conn);
 /* The endpoint a connection belongs to. */
 struct tern_tp_ep *tern_tp_conn_ep(const struct tern_tp_conn *conn);
 
-/* Served one-sided access (a peer's put or get that this side carries
- * out: tcp, shm, ntb) before authentication: after tern_tp_ep_gate_rma,
- * connections the endpoint makes or accepts refuse it (TERN_EREMACCESS to
- * the peer) until tern_tp_conn_open_rma; shm hands a region's file only to
- * a peer with an open connection. The RPC core does this for endpoints
- * with a cluster key. Not for rdma, whose NIC serves one-sided access
- * without the CPU. Thread: the endpoint's. */
+/* One-sided access before authentication: after tern_tp_ep_gate_rma,
+ * connections the endpoint makes or accepts refuse a peer's put or get
+ * that this side serves (tcp, shm, ntb: TERN_EREMACCESS to the peer) and
+ * give out no key (tern_tp_conn_mr_rkey: TERN_EAUTH) until
+ * tern_tp_conn_open_rma; shm hands a region's file only to a peer with an
+ * open connection. On rdma the NIC serves one-sided access without the
+ * CPU: there no key reaches a region but one bound to the connection
+ * (memory windows), and none is bound before the connection is open. The
+ * RPC core does this for endpoints with a cluster key. Thread: the
+ * endpoint's. */
 void tern_tp_ep_gate_rma(struct tern_tp_ep *ep);
 void tern_tp_conn_open_rma(struct tern_tp_conn *conn);
 bool tern_tp_conn_rma_open(const struct tern_tp_conn *conn);
@@ -309,8 +312,29 @@ void *tern_tp_mr_addr(const struct tern_tp_mr *mr);
  * call never lands in memory the process uses afterwards. */
 int tern_tp_mr_dereg(struct tern_tp_mr *mr);
 
-/* The remote key peers use to reach `mr`. */
+/* The region as a remote key: its address, length and rights, and the
+ * key every connection of the endpoint presents where keys are per
+ * endpoint (tcp, shm, ntb, and rdma on a device without memory windows).
+ * Peers reach the region with what tern_tp_conn_mr_rkey gives: on rdma
+ * with memory windows this one's key reaches nothing. */
 struct tern_tp_rkey tern_tp_mr_rkey(const struct tern_tp_mr *mr);
+
+/* The key with which the peer of `conn`, and only it, reaches `mr`. On
+ * rdma a device with type 2 memory windows binds one to the connection's
+ * queue pair (once per region and connection; later calls give the same
+ * key), so a key learned or guessed by another connection is refused by
+ * the NIC, and so is this one after the connection or the region is gone;
+ * elsewhere the region's own key (tern_tp_mr_rkey), which the fabric
+ * checks in software for every connection. Send it to the peer in a
+ * message on `conn` posted after this call: the window's bind is a work
+ * request on the connection and goes out before that message; a key
+ * passed another way may arrive before the bind is done. TERN_EAUTH while
+ * one-sided access is shut on the connection (tern_tp_ep_gate_rma, not
+ * yet authenticated), TERN_ENOTCONN on a closed connection, TERN_ENOMEM
+ * when the device has no window left, TERN_EINVAL for a region of another
+ * endpoint. Thread: the endpoint's. */
+int tern_tp_conn_mr_rkey(struct tern_tp_conn *conn, struct tern_tp_mr *mr,
+                         struct tern_tp_rkey *out);
 
 /* Write `len` bytes from local region `lmr` at `loff` to the peer's region
  * `rkey` at `roff`. Completion: TERN_TP_EV_PUT_DONE with `token`.

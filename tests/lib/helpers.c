@@ -137,14 +137,26 @@ bool tp_next(struct tern_tp_ep *ep, struct tern_tp_event *out, int ms)
     return tp_next2(ep, NULL, out, ms);
 }
 
-void tp_pair_open(struct tp_pair *p, const struct fabric_case *fc, size_t max_msg)
+static void env_for(const char *name, const char *value)
+{
+    if (value && *value)
+        setenv(name, value, 1);
+    else
+        unsetenv(name);
+}
+
+void tp_pair_open_with(struct tp_pair *p, const struct fabric_case *fc, size_t max_msg,
+                       const char *mw_a, const char *mw_b)
 {
     struct tern_tp_event ev;
     int rc;
 
     memset(queues, 0, sizeof(queues));
+    env_for("TERN_RDMA_MW", mw_a);
     p->a = tp_open(fc->fabric, max_msg);
+    env_for("TERN_RDMA_MW", mw_b);
     p->b = tp_open(fc->fabric, max_msg);
+    unsetenv("TERN_RDMA_MW");
     rc = tern_tp_listen(p->b, fc->listen, p->bound, sizeof(p->bound));
     ck_assert_msg(rc == 0, "listen: %s", tern_strerror(rc));
     rc = tern_tp_connect(p->a, p->bound, &p->client);
@@ -156,6 +168,33 @@ void tp_pair_open(struct tp_pair *p, const struct fabric_case *fc, size_t max_ms
     ck_assert_int_eq(ev.type, TERN_TP_EV_CONNECTED);
     ck_assert_int_eq(ev.status, 0);
     ck_assert_ptr_eq(ev.conn, p->client);
+}
+
+void tp_pair_open(struct tp_pair *p, const struct fabric_case *fc, size_t max_msg)
+{
+    const char *mw = getenv("TERN_RDMA_MW");
+    char keep[8] = "";
+
+    if (mw)
+        snprintf(keep, sizeof(keep), "%s", mw);
+    tp_pair_open_with(p, fc, max_msg, keep, keep);
+}
+
+struct tern_tp_rkey tp_pair_rkey(struct tp_pair *p, struct tern_tp_mr *rmr)
+{
+    struct tern_tp_rkey rk;
+    struct tern_tp_event ev;
+    int rc = tern_tp_conn_mr_rkey(p->server, rmr, &rk);
+
+    ck_assert_msg(rc == 0, "rkey: %s", tern_strerror(rc));
+    ck_assert_int_eq(tern_tp_msg_send(p->server, &rk, sizeof(rk)), 0);
+    ck_assert_int_eq(tern_tp_flush(p->b), 0);
+    ck_assert(tp_next2(p->a, p->b, &ev, 5000));
+    ck_assert_int_eq(ev.type, TERN_TP_EV_RECV);
+    ck_assert_uint_eq(ev.len, sizeof(rk));
+    memcpy(&rk, ev.data, sizeof(rk));
+    tern_tp_msg_release(ev.conn, ev.data);
+    return rk;
 }
 
 void tp_pair_close(struct tp_pair *p)

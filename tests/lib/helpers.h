@@ -47,7 +47,15 @@ struct tp_pair {
 
 /* Listen on b, connect from a, wait for CONNECTED and ACCEPTED. */
 void tp_pair_open(struct tp_pair *p, const struct fabric_case *fc, size_t max_msg);
+/* The same with TERN_RDMA_MW set to mw_a for a's opening and mw_b for b's
+ * ("" or NULL: unset), and unset afterwards. */
+void tp_pair_open_with(struct tp_pair *p, const struct fabric_case *fc, size_t max_msg,
+                       const char *mw_a, const char *mw_b);
 void tp_pair_close(struct tp_pair *p);
+/* The key with which the client reaches b's region `rmr`, asked on the
+ * server's connection and carried to the client in a message on it, as
+ * tern_tp_conn_mr_rkey says a key must travel. */
+struct tern_tp_rkey tp_pair_rkey(struct tp_pair *p, struct tern_tp_mr *rmr);
 
 /* Milliseconds since an arbitrary start. */
 double now_ms(void);

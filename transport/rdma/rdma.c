@@ -90,6 +90,15 @@ static int rdma_ep_open(struct tern_tp_ep *base)
     ep->srq_depth = (uint32_t)da.max_srq_wr < RDMA_SRQ_MAX ? (uint32_t)da.max_srq_wr
                                                            : RDMA_SRQ_MAX;
     ep->rd_atomic = (uint8_t)(da.max_qp_rd_atom < 16 ? da.max_qp_rd_atom : 16);
+    /* Type 2 windows keep one peer out of another's memory; without them
+     * a key is good on every connection of the endpoint (docs/RDMA.md).
+     * TERN_RDMA_MW=0 turns them off (to measure, or to test the peer that
+     * has none). */
+    ep->mw = (da.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B) && da.max_mw > 0 &&
+             !(getenv("TERN_RDMA_MW") && strcmp(getenv("TERN_RDMA_MW"), "0") == 0);
+    if (!ep->mw)
+        tern_log(TERN_LOG_INFO, "rdma", "%s: no type 2 memory windows: a region's key is good "
+                 "on every connection of the endpoint", ep->dev.desc);
     /* A smaller SRQ saves NIC memory at the price of receiver-not-ready
      * retries under bursts (and lets the tests run it dry). */
     if (getenv("TERN_RDMA_SRQ_DEPTH")) {
@@ -145,22 +154,30 @@ static int rdma_mr_publish(struct tern_tp_ep *base, struct tern_tp_mr *mr, bool 
     struct ibv_mr *m;
 
     if (!up) {
-        if (mr->fab)
-            ep->api->dereg_mr(mr->fab);
+        trdma_windows_drop(ep, mr);    /* a region with windows cannot go */
+        if (mr->fab && ep->api->dereg_mr(mr->fab) != 0)
+            tern_log(TERN_LOG_ERROR, "rdma", "%s: a region would not deregister: %s",
+                     ep->dev.desc, strerror(errno));
         mr->fab = NULL;
         return 0;
     }
     if (!mr->len)
         return 0;   /* nothing to reach */
-    if (mr->access & TERN_TP_ACCESS_REMOTE_READ)
-        access |= IBV_ACCESS_REMOTE_READ;
-    if (mr->access & TERN_TP_ACCESS_REMOTE_WRITE)
-        access |= IBV_ACCESS_REMOTE_WRITE;
+    /* With windows a region grants nothing remote itself: each peer gets
+     * a window bound to its connection (trdma_conn_rkey). */
+    if (ep->mw && (mr->access & (TERN_TP_ACCESS_REMOTE_READ | TERN_TP_ACCESS_REMOTE_WRITE))) {
+        access |= IBV_ACCESS_MW_BIND;
+    } else {
+        if (mr->access & TERN_TP_ACCESS_REMOTE_READ)
+            access |= IBV_ACCESS_REMOTE_READ;
+        if (mr->access & TERN_TP_ACCESS_REMOTE_WRITE)
+            access |= IBV_ACCESS_REMOTE_WRITE;
+    }
     m = ep->api->reg_mr(ep->pd, mr->addr, mr->len, access);
     if (!m)
         return TERN_ENOMEM;
     mr->fab = m;
-    mr->key = m->rkey;      /* what peers present; the NIC checks it */
+    mr->key = m->rkey;      /* the NIC checks it (with windows: grants nothing) */
     return 0;
 }
 
@@ -276,6 +293,7 @@ static const struct tern_tp_ops rdma_ops = {
     .put = trdma_put,
     .get = trdma_get,
     .mr_publish = rdma_mr_publish,
+    .conn_rkey = trdma_conn_rkey,
     .poll = rdma_poll,
     .flush = trdma_flush,
     .wait_fd = rdma_wait_fd,

@@ -97,6 +97,93 @@ static int ring_alloc(struct rdma_ep *ep, uint64_t size, int access, uint8_t **p
     return 0;
 }
 
+/* ---- memory windows ---- */
+
+/* A window over [addr, addr+len) of registration `over` for the peer of
+ * `c`, bound by the next flush (before any message posted after this). */
+static struct rdma_win *win_new(struct rdma_conn *c, const struct tern_tp_mr *mr,
+                                struct ibv_mr *over, uint64_t addr, uint64_t len,
+                                uint32_t access)
+{
+    struct rdma_win *w = calloc(1, sizeof(*w)), **tail = &c->wins;
+
+    if (!w)
+        return NULL;
+    w->mw = ibv_alloc_mw(REP(c->base.ep)->pd, IBV_MW_TYPE_2);
+    if (!w->mw) {
+        free(w);
+        return NULL;
+    }
+    w->mr = mr;
+    w->over = over;
+    w->addr = addr;
+    w->len = len;
+    w->access = access;
+    w->rkey = ibv_inc_rkey(w->mw->rkey);
+    while (*tail)       /* binds go in the order asked: the ring's first */
+        tail = &(*tail)->next;
+    *tail = w;
+    c->wins_unposted++;
+    trdma_mark_dirty(c);
+    return w;
+}
+
+static void win_free(struct rdma_conn *c, struct rdma_win *w)
+{
+    if (!w->posted)
+        c->wins_unposted--;
+    ibv_dealloc_mw(w->mw);
+    free(w);
+}
+
+int trdma_conn_rkey(struct tern_tp_conn *conn, struct tern_tp_mr *mr, struct tern_tp_rkey *out)
+{
+    struct rdma_conn *c = RCONN(conn);
+    struct rdma_win *w;
+    uint32_t access = 0;
+
+    *out = tern_tp_mr_rkey(mr);
+    if (mr->access & TERN_TP_ACCESS_REMOTE_READ)
+        access |= IBV_ACCESS_REMOTE_READ;
+    if (mr->access & TERN_TP_ACCESS_REMOTE_WRITE)
+        access |= IBV_ACCESS_REMOTE_WRITE;
+    /* Without windows the region's key is every connection's; a region
+     * without remote rights or bytes has nothing to bind. */
+    if (!REP(conn->ep)->mw || !access || !mr->fab)
+        return 0;
+    if (c->state == RC_CLOSING || c->state == RC_DEAD)
+        return TERN_ENOTCONN;
+    for (w = c->wins; w; w = w->next)
+        if (w->mr == mr)
+            break;
+    if (!w)
+        w = win_new(c, mr, mr->fab, (uintptr_t)mr->addr, mr->len, access);
+    if (!w)
+        return TERN_ENOMEM;
+    out->key = w->rkey;
+    return 0;
+}
+
+void trdma_windows_drop(struct rdma_ep *ep, const struct tern_tp_mr *mr)
+{
+    for (struct tern_tp_conn *b = ep->base.conns; b; b = b->next) {
+        struct rdma_conn *c = RCONN(b);
+
+        for (struct rdma_win **pp = &c->wins; *pp;) {
+            struct rdma_win *w = *pp;
+
+            if (w->mr != mr) {
+                pp = &w->next;
+                continue;
+            }
+            *pp = w->next;
+            win_free(c, w);
+        }
+    }
+}
+
+/* ---- rings ---- */
+
 static uint8_t ring_log2(const struct rdma_ep *ep)
 {
     uint8_t l = RDMA_RING_MIN_LOG2;
@@ -113,8 +200,9 @@ static struct rdma_hello hello_of(const struct rdma_conn *c)
 
     return (struct rdma_hello){
         .magic = htole32(RDMA_HELLO_MAGIC), .version = htole16(RDMA_HELLO_VERSION),
-        .ring_log2 = ring_log2(ep), .ring_addr = htole64((uintptr_t)c->rx),
-        .ring_rkey = htole32(c->rx_mr->rkey),
+        .ring_log2 = ring_log2(ep), .flags = ep->mw ? RDMA_HELLO_KEY_IN_BAND : 0,
+        .ring_addr = htole64((uintptr_t)c->rx),
+        .ring_rkey = htole32(ep->mw ? 0 : c->rx_mr->rkey),
         .max_msg = htole32((uint32_t)ep->base.cfg.max_msg)};
 }
 
@@ -130,6 +218,7 @@ static bool hello_parse(const void *data, size_t len, struct rdma_hello *h)
     h->ring_rkey = le32toh(h->ring_rkey);
     h->max_msg = le32toh(h->max_msg);
     return h->magic == RDMA_HELLO_MAGIC && h->version == RDMA_HELLO_VERSION &&
+           !(h->flags & ~RDMA_HELLO_KEY_IN_BAND) &&
            h->ring_log2 >= RDMA_RING_MIN_LOG2 && h->ring_log2 <= RDMA_RING_MAX_LOG2 &&
            2 * rec_size(h->max_msg) <= ((uint64_t)1 << h->ring_log2) && h->ring_addr;
 }
@@ -138,6 +227,7 @@ static void peer_ring_set(struct rdma_conn *c, const struct rdma_hello *h)
 {
     c->peer_ring_addr = h->ring_addr;
     c->peer_rkey = h->ring_rkey;
+    c->peer_keyed = !(h->flags & RDMA_HELLO_KEY_IN_BAND);
     c->peer_max_msg = h->max_msg;
 }
 
@@ -180,7 +270,8 @@ void trdma_conn_relayout(struct rdma_conn *c)
     c->tx_mr = mr;
     c->tx_size = size;
     c->tx_head = pos;
-    if (c->want_writable) {
+    /* Not before CONNECTED: opened() says WRITABLE then. */
+    if (c->want_writable && c->opened) {
         c->want_writable = false;
         c->ev.writable = true;
         tp_ready_push(&c->base);
@@ -200,10 +291,19 @@ static int conn_resources(struct rdma_conn *c)
     int rc;
 
     c->rx_size = (uint64_t)1 << ring_log2(ep);
-    rc = ring_alloc(ep, c->rx_size, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE, &c->rx,
-                    &c->rx_mr);
+    /* With windows the ring itself grants nothing remote: the peer writes
+     * through the window bound to this connection's QP. */
+    rc = ring_alloc(ep, c->rx_size,
+                    IBV_ACCESS_LOCAL_WRITE |
+                        (ep->mw ? IBV_ACCESS_MW_BIND : IBV_ACCESS_REMOTE_WRITE),
+                    &c->rx, &c->rx_mr);
     if (rc < 0)
         return rc;
+    if (ep->mw) {
+        if (!win_new(c, NULL, c->rx_mr, (uintptr_t)c->rx, c->rx_size, IBV_ACCESS_REMOTE_WRITE))
+            return TERN_ENOMEM;
+        c->key_owed = true;
+    }
     /* Some devices inline less than we ask: ask again for none. */
     if (ep->api->create_qp(c->id, ep->pd, &qa) != 0) {
         qa.cap.max_inline_data = 0;
@@ -258,6 +358,12 @@ void trdma_conn_free(struct rdma_conn *c)
     }
     if (c->qp)
         qpn_del(c);
+    while (c->wins) {
+        struct rdma_win *w = c->wins;
+
+        c->wins = w->next;
+        win_free(c, w);
+    }
     /* Completions of its work requests may still sit in the CQ: their
      * entries come back once it is seen empty. */
     ep->cq_deferred += (long)(c->sq_posted - c->sq_done) + !c->marker_posted;
@@ -319,6 +425,14 @@ static void opened(struct rdma_conn *c)
     }
     tp_ready_push(&c->base);
     trdma_mark_dirty(c);
+}
+
+void trdma_conn_usable(struct rdma_conn *c)
+{
+    if (!c->active || c->opened)
+        return;
+    c->ev.connected = true;
+    opened(c);
 }
 
 void trdma_conn_established(struct rdma_conn *c)
@@ -469,8 +583,13 @@ static void on_established(struct rdma_conn *c, const void *data, size_t len)
         return;
     }
     peer_ring_set(c, &h);
-    c->ev.connected = true;
-    opened(c);
+    /* Up, and our window's bind and key can go; the user hears CONNECTED
+     * once the peer's key is here too (at once if its hello had it), so
+     * that what it posts then leaves at the next flush. */
+    set_state(c, RC_OPEN);
+    trdma_mark_dirty(c);
+    if (c->peer_keyed)
+        trdma_conn_usable(c);
     if (((uint64_t)1 << h.ring_log2) != c->tx_size || h.max_msg < REP(c->base.ep)->base.cfg.max_msg) {
         c->relayout_log2 = h.ring_log2;
         if (!c->resv)

@@ -268,7 +268,34 @@ static bool next_wr(struct rdma_conn *c, struct ibv_send_wr *wr,
 
         memset(wr, 0, sizeof(*wr));
         wr->sg_list = sge;
-        if (c->tx_sent != c->tx_head && (!os || c->tx_sent < os->after)) {
+        /* Window binds first: a key given out goes in a message posted
+         * after it was asked for, and must find its window bound. */
+        if (c->wins_unposted) {
+            struct rdma_win *w = c->wins;
+
+            while (w->posted)
+                w = w->next;
+            w->posted = true;
+            c->wins_unposted--;
+            wr->opcode = IBV_WR_BIND_MW;
+            wr->bind_mw.mw = w->mw;
+            wr->bind_mw.rkey = w->rkey;
+            wr->bind_mw.bind_info = (struct ibv_mw_bind_info){
+                .mr = w->over, .addr = w->addr, .length = w->len,
+                .mw_access_flags = w->access};
+            wr->wr_id = WR_BIND;
+            return true;
+        }
+        /* Then our ring's key, the first thing the peer receives. */
+        if (c->key_owed) {
+            c->key_owed = false;
+            wr->opcode = IBV_WR_SEND_WITH_IMM;
+            wr->send_flags = c->max_inline ? IBV_SEND_INLINE : 0;
+            wr->imm_data = htobe32(c->wins->rkey);
+            wr->wr_id = WR_KEY;
+            return true;
+        }
+        if (c->tx_sent != c->tx_head && c->peer_keyed && (!os || c->tx_sent < os->after)) {
             uint64_t off = c->tx_sent & (c->tx_size - 1);
             const struct rdma_rec *rec = (const struct rdma_rec *)(const void *)(c->tx + off);
             uint64_t free_after;
@@ -336,7 +363,9 @@ static bool conn_post(struct rdma_ep *ep, struct rdma_conn *c)
     while (n < RDMA_FLUSH_BATCH && (uint32_t)n < room && ep->cq_free - n > 0 &&
            next_wr(c, &wr[n], &sge[n]))
         n++;
-    left = c->tx_sent != c->tx_head || c->os_posted != c->ev.pend_tail || c->credit_owed;
+    /* Records wait for the peer's ring key (its arrival marks us dirty). */
+    left = (c->tx_sent != c->tx_head && c->peer_keyed) || c->os_posted != c->ev.pend_tail ||
+           c->credit_owed || c->wins_unposted || c->key_owed;
     if (!n)
         return left;
     for (int i = 0; i < n; i++) {
@@ -468,6 +497,18 @@ static int recv_done(struct rdma_conn *c, const struct ibv_wc *wc, struct tern_t
     if (wc->status != IBV_WC_SUCCESS || !(wc->wc_flags & IBV_WC_WITH_IMM)) {
         if (c->state == RC_OPEN)
             trdma_conn_fail(c, TERN_EPROTO);
+        return 0;
+    }
+    if (!c->peer_keyed) {
+        /* The peer's first word: the key of the window over its ring. */
+        if (wc->opcode != IBV_WC_RECV) {
+            trdma_conn_fail(c, TERN_EPROTO);
+            return 0;
+        }
+        c->peer_rkey = be32toh(wc->imm_data);
+        c->peer_keyed = true;
+        trdma_mark_dirty(c);
+        trdma_conn_usable(c);
         return 0;
     }
     credit_in(c, be32toh(wc->imm_data));

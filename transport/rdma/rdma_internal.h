@@ -11,7 +11,18 @@
  * receive progress (credit for the reverse direction); the completion on
  * the receiver, taken from a shared receive queue of zero-length receives,
  * says a record landed. Credit goes back piggybacked on records, or alone
- * as a zero-length SEND_WITH_IMM when the sender is running short. */
+ * as a zero-length SEND_WITH_IMM when the sender is running short.
+ *
+ * Isolation (docs/RDMA.md): on a device with type 2 memory windows no
+ * memory is registered with remote rights of its own. Each connection's
+ * receive ring, and each region a peer is given a key for
+ * (tern_tp_conn_mr_rkey), is reached through a window bound to that
+ * connection's queue pair, so a key seen or guessed by another peer is
+ * refused by the NIC. The ring's window key cannot ride in the CM hello
+ * (the QP can bind it only once it is up): the hello says KEY_IN_BAND, and
+ * the first work request that reaches the peer's receive queue is a
+ * zero-length SEND_WITH_IMM carrying the key, after the bind on the same
+ * send queue. Until the peer's key arrives, records stay staged. */
 #ifndef TERN_RDMA_INTERNAL_H
 #define TERN_RDMA_INTERNAL_H
 
@@ -39,7 +50,8 @@
                                  * (the smallest ring a peer may have) */
 
 #define RDMA_HELLO_MAGIC 0x4d445274u    /* "tRDM" */
-#define RDMA_HELLO_VERSION 1u
+#define RDMA_HELLO_VERSION 2u           /* 2: the ring key may come in band */
+#define RDMA_HELLO_KEY_IN_BAND 1u       /* flags: ring_rkey follows, see above */
 
 /* What each side tells the other in the CM private data (little endian;
  * fits the 56 bytes a connect request carries). */
@@ -47,7 +59,7 @@ struct rdma_hello {
     uint32_t magic;
     uint16_t version;
     uint8_t ring_log2;
-    uint8_t pad;
+    uint8_t flags;              /* RDMA_HELLO_KEY_IN_BAND */
     uint64_t ring_addr;
     uint32_t ring_rkey;
     uint32_t max_msg;
@@ -66,7 +78,7 @@ struct rdma_rec {
 
 /* Send work request ids: the kind in the top bits, the connection's
  * send sequence number below. */
-enum { WR_MSG = 1, WR_CREDIT = 2, WR_ONESIDED = 3, WR_MARKER = 4 };
+enum { WR_MSG = 1, WR_CREDIT = 2, WR_ONESIDED = 3, WR_MARKER = 4, WR_BIND = 5, WR_KEY = 6 };
 #define WR_ID(kind, seq) ((uint64_t)(kind) << 32 | (uint32_t)(seq))
 #define WR_KIND(id) ((unsigned)((id) >> 32))
 #define WR_SEQ(id) ((uint32_t)(id))
@@ -97,6 +109,19 @@ struct rdma_os {
     uint64_t after;             /* goes out after the records before this */
     uint64_t laddr, raddr;
     uint32_t len, lkey, rkey;
+};
+
+/* A memory window bound to one connection's queue pair: over its receive
+ * ring (mr NULL), or over a region a key was asked for. */
+struct rdma_win {
+    struct rdma_win *next;
+    const struct tern_tp_mr *mr;
+    struct ibv_mw *mw;
+    struct ibv_mr *over;        /* the registration it lies in */
+    uint64_t addr, len;
+    uint32_t rkey;              /* what the bind gives it */
+    uint32_t access;            /* IBV_ACCESS_REMOTE_* */
+    bool posted;                /* its bind is on the send queue */
 };
 
 struct rdma_conn {
@@ -145,6 +170,12 @@ struct rdma_conn {
                                  * staged into: re-lay once no reservation
                                  * is open (rdma_conn.c) */
 
+    /* Windows bound (or to be bound) to the QP; the ring's is first. */
+    struct rdma_win *wins;
+    unsigned wins_unposted;
+    bool key_owed;              /* our ring's key, in band, not yet posted */
+    bool peer_keyed;            /* the peer's ring key is known */
+
     /* Send queue: sequence numbers of work requests posted and known done. */
     uint32_t sq_posted, sq_done, sq_last_signal;
     bool marker_posted;
@@ -165,6 +196,7 @@ struct rdma_ep {
     int epfd;                   /* the wait fd: completion and CM channels */
     uint32_t cq_depth, srq_depth;
     uint8_t rd_atomic;          /* RDMA READs in flight per QP, each way */
+    bool mw;                    /* type 2 memory windows isolate connections */
     long cq_free;               /* CQ entries no work request can claim */
     long cq_deferred;           /* freed once the CQ is next seen empty */
     uint32_t srq_missing;       /* receives taken, not yet put back */
@@ -206,7 +238,14 @@ struct rdma_conn *trdma_conn_by_qpn(struct rdma_ep *ep, uint32_t qpn);
 void trdma_conn_relayout(struct rdma_conn *c);
 /* The passive side is up: its ESTABLISHED, or data only an up peer sends. */
 void trdma_conn_established(struct rdma_conn *c);
+/* The active side has the peer's ring key: CONNECTED. */
+void trdma_conn_usable(struct rdma_conn *c);
 void trdma_listeners_close(struct rdma_ep *ep);
+/* tern_tp_conn_mr_rkey: a window over `mr` bound to the connection. */
+int trdma_conn_rkey(struct tern_tp_conn *conn, struct tern_tp_mr *mr, struct tern_tp_rkey *out);
+/* Free the windows of every connection over `mr` (it is being
+ * deregistered). */
+void trdma_windows_drop(struct rdma_ep *ep, const struct tern_tp_mr *mr);
 
 /* ---- rdma_data.c ---- */
 int trdma_msg_alloc(struct tern_tp_conn *conn, size_t len, void **buf);

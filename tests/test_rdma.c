@@ -612,6 +612,37 @@ START_TEST(acceptor_sends_before_the_connector_polls)
 }
 END_TEST
 
+/* The acceptor's key and its first record reach the connector in one
+ * batch of completions: CONNECTED still comes first. Each side is polled
+ * alone in turn so that the batch forms: the connector takes ESTABLISHED
+ * and sends its key, the acceptor takes that key and then sends its own
+ * with the record behind it. */
+START_TEST(connected_comes_before_the_first_record)
+{
+    struct tern_tp_ep *a = tp_open("rdma", 4096), *b = tp_open("rdma", 4096);
+    struct tern_tp_conn *c;
+    struct tern_tp_event ev;
+    char bound[128];
+    double t0;
+
+    ck_assert_int_eq(tern_tp_listen(b, rdma_case()->listen, bound, sizeof(bound)), 0);
+    ck_assert_int_eq(tern_tp_connect(a, bound, &c), 0);
+    ck_assert(tp_next(b, &ev, 5000));
+    ck_assert_int_eq(ev.type, TERN_TP_EV_ACCEPTED);
+    send_seq(ev.conn, 43, 64);
+    for (t0 = now_ms(); now_ms() - t0 < 200;)
+        ck_assert_msg(!tp_next(a, &ev, 10), "connector event %d before the acceptor's key",
+                      ev.type);
+    for (t0 = now_ms(); now_ms() - t0 < 200;)
+        ck_assert_msg(!tp_next(b, &ev, 10), "acceptor event %d", ev.type);
+    ck_assert(tp_next(a, &ev, 5000));
+    ck_assert_int_eq(ev.type, TERN_TP_EV_CONNECTED);
+    expect_seq(a, b, 43, 64);
+    tern_tp_close(a);
+    tern_tp_close(b);
+}
+END_TEST
+
 /* Two endpoints in one process, each on its own thread, over one
  * softverbs context (rdma_cm gives the process one): they open at once and
  * exchange messages both ways. Any thread's poll carried out the pending
@@ -1099,6 +1130,7 @@ Suite *suite_rdma(void)
     tcase_add_test(tc, arm_sees_a_refused_put);
     tcase_add_test(tc, writable_survives_a_full_pending_list);
     tcase_add_test(tc, acceptor_sends_before_the_connector_polls);
+    tcase_add_test(tc, connected_comes_before_the_first_record);
     tcase_add_test(tc, cq_overrun_hands_out_what_was_taken);
     tcase_add_test(tc, rpc_sessions_fail_with_their_fabric);
     tcase_add_test(tc, two_endpoints_on_two_threads);

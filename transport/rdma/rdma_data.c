@@ -577,8 +577,13 @@ int trdma_wc_handle(struct rdma_ep *ep, struct tern_tp_event *ev, int max)
             trdma_conn_established(c);
         ep->wc_head++;
         ep->srq_missing++;
-        if (c && (c->state == RC_OPEN || c->state == RC_CLOSING))
+        if (c && (c->state == RC_OPEN || c->state == RC_CLOSING)) {
             n += recv_done(c, wc, ev + n);
+            /* The peer's key made it CONNECTED: that goes out before
+             * the records behind the key (the next poll). */
+            if (c->ev.connected)
+                break;
+        }
     }
     return n;
 }

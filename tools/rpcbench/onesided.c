@@ -64,9 +64,10 @@ static int owner(void *arg, int pipe_fd)
             /* --served: memory of our own, reached through this poll. */
             rc = o->served ? tern_tp_mr_reg(ep, calloc(1, len), len, access, &mr)
                            : tern_tp_mr_alloc(ep, len, access, &mr);
-            if (rc < 0)
+            /* The key for this connection (rdma: a window bound to it),
+             * sent on it, after the bind. */
+            if (rc < 0 || tern_tp_conn_mr_rkey(ev[i].conn, mr, &rk) < 0)
                 return 1;
-            rk = tern_tp_mr_rkey(mr);
             tern_tp_msg_send(ev[i].conn, &rk, sizeof(rk));
         }
         tern_tp_flush(ep);
@@ -143,14 +144,14 @@ int run_onesided(const struct onesided_opts *o)
     /* The warm-up also gives the shm fabric time to map the region. */
     for (uint64_t i = 0; i < warm; i++)
         if (!one_op(ep, c, o, lmr, &rk))
-            goto out;
+            goto failed;
     hist_reset(&h);
     t0 = tern_now_ns();
     for (uint64_t i = 0; i < o->iters; i++) {
         uint64_t t = tern_now_ns();
 
         if (!one_op(ep, c, o, lmr, &rk))
-            goto out;
+            goto failed;
         hist_add(&h, tern_now_ns() - t);
     }
     secs_ns = tern_now_ns() - t0;
@@ -168,6 +169,10 @@ int run_onesided(const struct onesided_opts *o)
                o->size, hist_quantile(&h, 0.5) / 1e3, hist_quantile(&h, 0.99) / 1e3,
                (double)o->iters * 1e9 / (double)secs_ns);
     rc = 0;
+    goto out;
+failed:
+    fprintf(stderr, "rpcbench: a %s over %s failed (refused, or the owner went)\n",
+            o->put ? "put" : "get", o->fabric);
 out:
     /* The owner goes first: the last side out of an emulated NTB device
      * removes its file. */

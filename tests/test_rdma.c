@@ -339,8 +339,10 @@ START_TEST(foreign_connect_request_is_rejected)
 END_TEST
 
 /* A peer that says hello properly, then writes a record whose header
- * disagrees with the length that landed: that connection closes with
- * TERN_EPROTO; another one is served meanwhile. */
+ * disagrees with the length that landed (row 0), or a sound record longer
+ * than the largest message the server takes, though its ring would hold
+ * it (row 1): that connection closes with TERN_EPROTO; another one is
+ * served meanwhile. */
 START_TEST(malformed_record_closes_only_its_connection)
 {
     static struct raw r;
@@ -357,7 +359,7 @@ START_TEST(malformed_record_closes_only_its_connection)
     bool closed = false;
 
     setenv("TERN_RDMA_PROVIDER", "softverbs", 1);
-    b = tp_open("rdma", 0);
+    b = tp_open("rdma", _i ? 4096 : 0);
     ck_assert_int_eq(tern_tp_listen(b, "127.0.0.1:0", bound, sizeof(bound)), 0);
     h = (struct wire_hello){.magic = htole32(0x4d445274u), .version = htole16(WIRE_VERSION),
                             .ring_log2 = 16, .ring_addr = htole64((uintptr_t)r.buf),
@@ -369,10 +371,12 @@ START_TEST(malformed_record_closes_only_its_connection)
     memcpy(&theirs, r.reply, sizeof(theirs));
     ck_assert_uint_eq(le32toh(theirs.magic), 0x4d445274u);
     theirs.ring_rkey = htole32(raw_server_key(&r, b, &theirs));
-    /* Header says 100 bytes; 58 land. */
-    ((uint32_t *)(void *)r.buf)[0] = 100;
+    /* Row 0: the header says 100 bytes; 58 land. Row 1: 5000 say and
+     * land, in a 16 KiB ring of a server whose largest message is 4096. */
+    ((uint32_t *)(void *)r.buf)[0] = _i ? 5000 : 100;
     ((uint32_t *)(void *)r.buf)[1] = 0x4d;
-    sge = (struct ibv_sge){.addr = (uintptr_t)r.buf, .length = 58, .lkey = r.mr->lkey};
+    sge = (struct ibv_sge){.addr = (uintptr_t)r.buf, .length = _i ? 5008 : 58,
+                           .lkey = r.mr->lkey};
     wr.wr.rdma.remote_addr = le64toh(theirs.ring_addr);
     wr.wr.rdma.rkey = le32toh(theirs.ring_rkey);
     ck_assert_int_eq(ibv_post_send(r.id->qp, &wr, &bad), 0);
@@ -1123,7 +1127,7 @@ Suite *suite_rdma(void)
     tcase_add_test(tc, srq_exhaustion_is_waited_out);
     tcase_add_test(tc, killed_peer_closes_the_connection);
     tcase_add_test(tc, foreign_connect_request_is_rejected);
-    tcase_add_test(tc, malformed_record_closes_only_its_connection);
+    tcase_add_loop_test(tc, malformed_record_closes_only_its_connection, 0, 2);
     tcase_add_test(tc, peers_with_different_rings);
     tcase_add_test(tc, staged_message_too_large_for_peer);
     tcase_add_test(tc, short_post_after_a_skipped_tail);

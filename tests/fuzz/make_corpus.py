@@ -102,6 +102,26 @@ SEEDS["tcp_wire"] = {
 }
 
 
+# fuzz_rdma_wire: flags (bit 0: the hello from the input), operations.
+def rd_write(off, data, imm=0): return u8(0) + u16(len(data)) + u32(imm) + u16(off) + data
+def rd_record(data, imm=0): return u8(1) + u16(len(data)) + u32(imm) + data
+def rd_send_imm(imm): return u8(2) + u32(imm)
+def rd_send(n): return u8(3) + u8(n)
+def rd_win(write, n, off, xor=None):
+    return u8(4 if write else 5) + (u8(1) + u32(xor) if xor is not None else u8(0)) + u16(n) + u16(off)
+
+
+SEEDS["rdma_wire"] = {
+    "records": u8(0) + rd_record(b"hello") + rd_record(b"x" * 300) + rd_record(b"") +
+               rd_send_imm(0),
+    "window": u8(0) + rd_win(True, 64, 0) + rd_win(False, 64, 8) + rd_win(False, 16, 0, 0x100),
+    "too-long": u8(0) + rd_record(b"y" * 4200),
+    "misplaced": u8(0) + rd_write(100, b"\x10\0\0\0\x4d\0\0\0" + b"z" * 16) + rd_send(8),
+    "crossed-keys": u8(0) + u8(6) + u8(0) + u8(6) + u8(1),
+    "hello": u8(1) + u32(0x4d445274) + u16(2) + u8(12) + u8(1) + u64(4096) + u32(0) + u32(4096),
+}
+
+
 # fuzz_rpc_server: flags (bit 0: a small receive window), records.
 def hello(credits=4, max_msg=4096): return u8(0) + u8(credits) + u16(max_msg)
 def hello_token(token): return u8(0x10) + u8(4) + u16(4096) + u8(token)

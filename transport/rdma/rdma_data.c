@@ -148,7 +148,9 @@ static int record_in(struct rdma_conn *c, uint32_t byte_len, struct tern_tp_even
     uint64_t pos = c->rx_seen, off = pos & (c->rx_size - 1);
     const struct rdma_rec *rec;
 
-    if (byte_len < RDMA_HDR || size > c->rx_size / 2)
+    /* No record longer than the largest message we said we take. */
+    if (byte_len < RDMA_HDR || byte_len - RDMA_HDR > c->base.ep->cfg.max_msg ||
+        size > c->rx_size / 2)
         return TERN_EPROTO;
     if (c->rx_size - off < size) {
         pos += c->rx_size - off;

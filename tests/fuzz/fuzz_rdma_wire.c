@@ -38,6 +38,7 @@ static struct tern_tp_conn *cli_conn, *cli_peer;  /* the client's, and its serve
 static struct tern_tp_mr *region;
 static char bound[128];
 static unsigned seq;
+static unsigned raw_views;              /* views the raw peer's records gave */
 
 /* The raw client of one input. */
 static struct raw {
@@ -92,6 +93,7 @@ static void serve(void)
             FZ_CHECK(ev[i].len <= MAX_MSG, "a view of %zu bytes", ev[i].len);
             FZ_CHECK(v >= c->rx && v + ev[i].len <= c->rx + c->rx_size,
                      "a view outside the ring");
+            raw_views += ev[i].conn == r.peer;
             tern_tp_msg_release(ev[i].conn, ev[i].data);
             break;
         }
@@ -382,6 +384,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     bool up;
 
     memset(&r, 0, offsetof(struct raw, buf));
+    raw_views = 0;
     if (flags & 1) {
         const uint8_t *b;
         size_t n = fz_take(&f, sizeof(h), &b);
@@ -421,6 +424,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         for (int i = 0; up && i < OPS_MAX && f.n; i++)
             up = run_op(&f);
     }
+    if (getenv("FUZZ_RDMA_VERBOSE"))
+        fprintf(stderr, "rdma_wire: hello %s, up %d, views %u, ops left %zu bytes\n",
+                flags & 1 ? "from the input" : "sound", up, raw_views, f.n);
     raw_free();
     /* The server sees the raw peer go, and still serves the good client. */
     for (uint64_t t0 = now_ns(); r.peer && !r.peer_closed;) {

@@ -26,7 +26,9 @@ PKGS=(build-essential meson ninja-build pkg-config check libsubunit-dev python3
       libinih-dev                 # ternd's configuration file (INI)
       libmicrohttpd-dev curl      # ternd's Prometheus metrics; the test that reads them
       iproute2                    # tools/rack: hosts in network namespaces
-      libjson-c-dev               # tern status: the node's JSON
+      libjson-c-dev               # tern status: the node's JSON; etcd's answers
+      libcurl4-openssl-dev        # ternd's [cluster]: etcd's v3 JSON gateway
+      etcd-server                 # the cluster suite starts etcd processes of its own
       scdoc                       # the man pages, built from docs/man/*.scd
       iperf3                      # rpcbench blocksync: the tcp ceiling it compares with
       redis-tools                     # redis-cli/redis-benchmark against the RESP gateway
@@ -233,6 +235,7 @@ run_tests() {
         count ternd-smoke tests/ternd_smoke.sh build
         count ternd-config tests/ternd_config.sh build
         count ternd-peers tests/ternd_peers.sh build
+        count ternd-cluster tests/ternd_cluster.sh build
         count rack tests/rack.sh build
         count installed-library-consumer consumer
         # One CRUD script through three real MongoDB clients against

@@ -61,6 +61,9 @@ static const struct {
     {"bs_sync", suite_bs_sync},
     {"bs_feed", suite_bs_feed},
 #endif
+#if TERN_HAVE_CLUSTER
+    {"cluster", suite_cluster},
+#endif
 #if TERN_HAVE_DOC_SERVICE
     {"doc_native", suite_doc_native},
     {"mongo_wire", suite_mongo_wire},

@@ -39,5 +39,6 @@ Suite *suite_bs_block(void);    /* with libcrypto (services/blocksync) */
 Suite *suite_bs_store(void);
 Suite *suite_bs_sync(void);
 Suite *suite_bs_feed(void);
+Suite *suite_cluster(void);     /* with libcurl and json-c (services/cluster) */
 
 #endif

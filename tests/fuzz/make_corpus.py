@@ -122,6 +122,28 @@ SEEDS["rdma_wire"] = {
 }
 
 
+# fuzz_etcd_answer: a reader (0 range, 1 txn, 2 lease, 3 delete, 4 header,
+# 5 error), then etcd's answer as its JSON gateway writes it.
+SEEDS["etcd_answer"] = {
+    "range": u8(0) + b'{"header":{"cluster_id":"14841639068965178418","member_id":"10276657743932975437",'
+                     b'"revision":"7","raft_term":"2"},"kvs":[{"key":"L3QvYQ==","create_revision":"5",'
+                     b'"mod_revision":"6","version":"2","value":"b25l","lease":"7587861564383592459"},'
+                     b'{"key":"L3QvYw==","create_revision":"7","mod_revision":"7","version":"1"}],"count":"2"}',
+    "range-empty": u8(0) + b'{"header":{"revision":"3"}}',
+    "txn-lost": u8(1) + b'{"header":{"revision":"9"},"responses":[{"response_range":{"header":{"revision":"9"},'
+                        b'"kvs":[{"key":"L2UvcHJpbWFyeQ==","create_revision":"8","mod_revision":"8",'
+                        b'"version":"1","value":"bm9kZS1h","lease":"1"}],"count":"1"}}]}',
+    "txn-won": u8(1) + b'{"header":{"revision":"10"},"succeeded":true,"responses":[{"response_put":{"header":{"revision":"10"}}}]}',
+    "grant": u8(2) + b'{"header":{"revision":"4"},"ID":"7587861564383592459","TTL":"5"}',
+    "keepalive": u8(2) + b'{"result":{"header":{"revision":"4"},"ID":"7587861564383592459","TTL":"5"}}',
+    "keepalive-gone": u8(2) + b'{"result":{"header":{"revision":"4"},"ID":"7587861564383592459"}}',
+    "delete": u8(3) + b'{"header":{"revision":"12"},"deleted":"3"}',
+    "put": u8(4) + b'{"header":{"cluster_id":"1","member_id":"2","revision":"13","raft_term":"2"}}',
+    "error": u8(5) + b'{"error":"etcdserver: requested lease not found","message":"etcdserver: requested lease not found","code":5}',
+    "stream-error": u8(5) + b'{"error":{"grpc_code":5,"http_code":404,"message":"etcdserver: requested lease not found","http_status":"Not Found"}}',
+}
+
+
 # fuzz_rpc_server: flags (bit 0: a small receive window), records.
 def hello(credits=4, max_msg=4096): return u8(0) + u8(credits) + u16(max_msg)
 def hello_token(token): return u8(0x10) + u8(4) + u16(4096) + u8(token)

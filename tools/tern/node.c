@@ -126,7 +126,7 @@ static double num(json_object *o, const char *key)
 
 static void print_table(FILE *f, json_object *st)
 {
-    json_object *svcs, *peers;
+    json_object *svcs, *peers, *cl;
 
     fprintf(f, "node %s  rack %s  up %.0f s  pid %.0f  tern %s\n", str(st, "node"),
            *str(st, "rack") ? str(st, "rack") : "-", num(st, "uptime_s"), num(st, "pid"),
@@ -137,6 +137,19 @@ static void print_table(FILE *f, json_object *st)
         for (size_t i = 0; i < json_object_array_length(svcs); i++)
             fprintf(f, " %s", json_object_get_string(json_object_array_get_idx(svcs, i)));
         fprintf(f, "\n");
+    }
+    if (json_object_object_get_ex(st, "cluster", &cl) && json_object_is_type(cl, json_type_object)) {
+        json_object *reg;
+        bool on = json_object_object_get_ex(cl, "registered", &reg) &&
+                  json_object_is_type(reg, json_type_boolean) && json_object_get_boolean(reg);
+
+        if (on)
+            fprintf(f, "cluster %s/nodes/%s in etcd %s  lease %s  registrations %.0f\n",
+                    str(cl, "prefix"), str(st, "node"), str(cl, "etcd"), str(cl, "lease"),
+                    num(cl, "registrations"));
+        else
+            fprintf(f, "cluster %s in etcd %s  NOT REGISTERED: %s\n", str(cl, "prefix"),
+                    str(cl, "etcd"), str(cl, "error"));
     }
     if (!json_object_object_get_ex(st, "peers", &peers) ||
         !json_object_is_type(peers, json_type_array) || !json_object_array_length(peers)) {

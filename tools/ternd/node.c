@@ -16,6 +16,9 @@
 #include "node.h"
 #include "node_proto.h"
 #include "tern_config.h"
+#if TERN_HAVE_CLUSTER
+#include "member.h"
+#endif
 
 #define PING_EVERY_NS 200000000ull
 #define PING_TIMEOUT_NS 1000000000ull
@@ -80,6 +83,9 @@ struct ternd_node {
     /* metrics */
     struct MHD_Daemon *mhd;
     int metrics_port;
+#if TERN_HAVE_CLUSTER
+    struct cl_member *member;        /* [cluster]: registration in etcd */
+#endif
 };
 
 /* ---- text building ---- */
@@ -381,6 +387,34 @@ static int on_ping(struct tern_req *req, const void *data, size_t len, void *ctx
     return 0;
 }
 
+/* [cluster]: where the node is registered, or null when it runs alone. */
+static void cluster_json(struct ternd_node *n, struct buf *b)
+{
+#if TERN_HAVE_CLUSTER
+    struct cl_member_state st;
+
+    if (!n->member) {
+        put(b, "null");
+        return;
+    }
+    cl_member_state(n->member, &st);
+    put(b, "{\"etcd\":");
+    put_json_str(b, n->o->etcd);
+    put(b, ",\"prefix\":");
+    put_json_str(b, n->o->prefix);
+    put(b, ",\"registered\":%s,\"lease\":\"%llx\",\"registrations\":%" PRIu64 ",\"error\":",
+        st.registered ? "true" : "false", (unsigned long long)st.lease, st.registrations);
+    if (st.error[0])
+        put_json_str(b, st.error);
+    else
+        put(b, "null");
+    put(b, "}");
+#else
+    (void)n;
+    put(b, "null");
+#endif
+}
+
 static void status_json(struct ternd_node *n, struct buf *b)
 {
     const struct ternd_opts *o = n->o;
@@ -403,7 +437,9 @@ static void status_json(struct ternd_node *n, struct buf *b)
         put(b, i ? "," : "");
         put_json_str(b, n->listen[i]);
     }
-    put(b, "],\"peers\":[");
+    put(b, "],\"cluster\":");
+    cluster_json(n, b);
+    put(b, ",\"peers\":[");
     pthread_mutex_lock(&n->lock);
     for (unsigned i = 0; i < o->n_peers; i++) {
         const struct peer_view *v = &n->view[i];
@@ -485,6 +521,19 @@ static void metrics_text(struct ternd_node *n, struct buf *b)
         {"tern_peer_credits", "gauge", "Calls the peer lets this node have in flight."},
         {"tern_peer_rtt_seconds", "gauge", "Smoothed ping round trip to the peer."},
     };
+#if TERN_HAVE_CLUSTER
+    if (n->member) {
+        struct cl_member_state st;
+
+        cl_member_state(n->member, &st);
+        put(b, "# HELP tern_cluster_registered 1 while the node is registered in etcd.\n"
+               "# TYPE tern_cluster_registered gauge\ntern_cluster_registered %d\n"
+               "# HELP tern_cluster_registrations_total Times the node registered in etcd.\n"
+               "# TYPE tern_cluster_registrations_total counter\n"
+               "tern_cluster_registrations_total %" PRIu64 "\n",
+            st.registered, st.registrations);
+    }
+#endif
     pthread_mutex_lock(&n->lock);
     for (unsigned k = 0; k < sizeof(m) / sizeof(m[0]); k++) {
         put(b, "# HELP %s %s\n# TYPE %s %s\n", m[k].name, m[k].help, m[k].name, m[k].type);
@@ -669,11 +718,57 @@ void ternd_node_add_listen(struct ternd_node *n, const char *uri)
         n->n_listen++;
 }
 
+int ternd_node_join(struct ternd_node *n)
+{
+#if TERN_HAVE_CLUSTER
+    const struct ternd_opts *o = n->o;
+    struct buf b = {.cap = 4096};
+    int rc;
+
+    if (!o->etcd)
+        return 0;
+    b.p = malloc(b.cap);
+    /* What the node says of itself: how to reach it and what it hosts. */
+    put(&b, "{\"node\":");
+    put_json_str(&b, o->name);
+    put(&b, ",\"rack\":");
+    put_json_str(&b, o->rack);
+    put(&b, ",\"pid\":%d,\"version\":\"%s\",\"services\":[", (int)getpid(), TERN_VERSION);
+    for (const char *s = n->services; *s;) {
+        size_t k = strcspn(s, ",");
+
+        put(&b, "%s\"%.*s\"", s == n->services ? "" : ",", (int)k, s);
+        s += k + (s[k] == ',');
+    }
+    put(&b, "],\"listen\":[");
+    for (unsigned i = 0; i < n->n_listen; i++) {
+        put(&b, i ? "," : "");
+        put_json_str(&b, n->listen[i]);
+    }
+    put(&b, "]}");
+    if (b.full || !b.p) {
+        free(b.p);
+        return TERN_ENOMEM;
+    }
+    rc = cl_member_start(&(struct cl_member_config){.endpoints = o->etcd, .prefix = o->prefix,
+                                                     .name = o->name, .value = b.p,
+                                                     .ttl_s = o->lease_ttl},
+                         &n->member);
+    free(b.p);
+    return rc;
+#else
+    return n->o->etcd ? TERN_ENOTSUP : 0;
+#endif
+}
+
 void ternd_node_stop(struct ternd_node *n)
 {
     if (!n)
         return;
     n->stop = 1;
+#if TERN_HAVE_CLUSTER
+    cl_member_stop(n->member);      /* the key goes with the lease */
+#endif
     if (n->thread_on) {
         tern_rpc_stop(n->pep);
         pthread_join(n->thread, NULL);

@@ -38,6 +38,12 @@ void ternd_node_set_policy(struct ternd_node *n, const struct ternd_policy *p);
 void ternd_node_add_listen(struct ternd_node *n, const char *uri);
 
 /* Stop the threads, close the peer sessions. NULL is a no-op. */
+/* [cluster]: register in etcd (o->etcd) with what the node hosts and
+ * its listen addresses (add them first); a thread keeps the registration
+ * alive. 0 also without o->etcd; TERN_ENOTSUP if ternd was built without
+ * libcurl. */
+int ternd_node_join(struct ternd_node *n);
+
 void ternd_node_stop(struct ternd_node *n);
 
 #endif

@@ -188,6 +188,59 @@ static bool set_log_file(struct ctx *c, const char *v)
     return true;
 }
 
+/* http://HOST:PORT, comma-separated: etcd's client URLs. */
+static bool set_etcd(struct ctx *c, const char *v)
+{
+    for (const char *p = v; *p;) {
+        size_t n = strcspn(p, ",");
+
+        if (n <= 7 || strncmp(p, "http://", 7) != 0) {
+            say(c, "'%.*s' is not an http://HOST:PORT URL", (int)n, p);
+            return false;
+        }
+        for (size_t i = 0; i < n; i++)
+            if (!isgraph((unsigned char)p[i])) {
+                say(c, "'%s' has a blank or a control character", v);
+                return false;
+            }
+        p += n + (p[n] == ',');
+    }
+    if (!*v) {
+        say(c, "empty");
+        return false;
+    }
+    c->o->etcd = c->flags ? v : keep(v);
+    return true;
+}
+
+/* A key prefix: /NAME[/NAME...], names as a node's. */
+static bool set_prefix(struct ctx *c, const char *v)
+{
+    size_t n = strlen(v);
+
+    if (v[0] != '/' || n < 2 || n >= TERND_NAME_MAX || v[n - 1] == '/' || strstr(v, "//")) {
+        say(c, "'%s' is not /NAME[/NAME...] under %d characters", v, TERND_NAME_MAX);
+        return false;
+    }
+    for (const char *p = v; *p; p++)
+        if (!isalnum((unsigned char)*p) && !strchr("._-/", *p)) {
+            say(c, "'%s' has '%c'", v, *p);
+            return false;
+        }
+    memcpy(c->o->prefix, v, n + 1);
+    return true;
+}
+
+static bool set_lease_ttl(struct ctx *c, const char *v)
+{
+    uint64_t x;
+
+    if (!num(c, v, TERND_LEASE_MIN, TERND_LEASE_MAX, 0, &x))
+        return false;
+    c->o->lease_ttl = (unsigned)x;
+    return true;
+}
+
 static bool set_key_file(struct ctx *c, const char *v)
 {
     char why[160];
@@ -461,6 +514,9 @@ static const struct key keys[] = {
     {"chain", "producers", "chain-producers", 0, "yes", set_producers, false, "take new blocks from producers (tern chain append --uri)"},
     {"chain", "workers", "chain-workers", 1, NULL, set_chain_workers, false, "threads that check ranges while catching up (auto: one per core but one, at most 4)"},
     {"chain", "fault", "chain-fault", 1, NULL, set_chain_fault, false, "for tests: serve ranges badly (stall, merkle, truncate, order, parent)"},
+    {"cluster", "etcd", "etcd", 1, NULL, set_etcd, false, "etcd's client URLs, http://HOST:PORT[,...]: register there under a lease (default: none, alone)"},
+    {"cluster", "prefix", "etcd-prefix", 1, NULL, set_prefix, false, "the cluster's keys in etcd live under it (default /tern)"},
+    {"cluster", "lease_ttl", "lease-ttl", 1, NULL, set_lease_ttl, false, "seconds a silent node stays registered (2..60, default 5)"},
     {"policy", "same_rack", NULL, 0, NULL, set_same_rack, false, "fabrics for peers of this rack, best first (default shm,ntb,rdma,tcp)"},
     {"policy", "other_rack", NULL, 0, NULL, set_other_rack, false, "fabrics for peers of other racks (default rdma,tcp)"},
     {"policy", "subnet", NULL, 0, NULL, set_subnet, true, "'A.B.C.D/BITS FABRIC': peers in that subnet use that fabric, up to 16"},
@@ -638,7 +694,7 @@ static int on_pair(void *arg, const char *section, const char *key, const char *
             goto bad;
         }
     snprintf(c->name, sizeof(c->name), "[%s]", section);
-    say(c, "unknown section (node, kv, doc, chain, policy, peer NAME)");
+    say(c, "unknown section (node, kv, doc, chain, cluster, policy, peer NAME)");
 bad:
     fl->failed = true;
     return 1;
@@ -706,6 +762,8 @@ static void defaults(struct ternd_opts *o)
      * across racks, RDMA; TCP reaches all. */
     o->policy.same_rack = (struct ternd_fabric_list){4, {"shm", "ntb", "rdma", "tcp"}};
     o->policy.other_rack = (struct ternd_fabric_list){2, {"rdma", "tcp"}};
+    snprintf(o->prefix, sizeof(o->prefix), "/tern");
+    o->lease_ttl = 5;
 }
 
 /* A new pool's sizes, checked here because the pool would only say
@@ -936,6 +994,9 @@ void ternd_opts_print(FILE *f, const struct ternd_opts *o)
         fprintf(f, "workers = %u\n", o->chain.workers);
     if (o->chain.fault)
         fprintf(f, "fault = %s\n", fault_names[o->chain.fault]);
+    if (o->etcd)
+        fprintf(f, "\n[cluster]\netcd = %s\nprefix = %s\nlease_ttl = %u\n", o->etcd, o->prefix,
+                o->lease_ttl);
     ternd_fabric_list_text(&o->policy.same_rack, a, sizeof(a));
     ternd_fabric_list_text(&o->policy.other_rack, b, sizeof(b));
     fprintf(f, "\n[policy]\nsame_rack = %s\nother_rack = %s\n", a, b);

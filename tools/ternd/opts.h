@@ -33,6 +33,8 @@
 #define TERND_MAX_SUBNETS 16
 #define TERND_SPIN_MAX_US 1000000u   /* a second: past that --busy is meant */
 #define TERND_NAME_MAX 64
+#define TERND_LEASE_MIN 2            /* [cluster] lease_ttl, seconds */
+#define TERND_LEASE_MAX 60
 
 /* A fabric preference list ("ntb,rdma,tcp"): fabric names in order. */
 #define TERND_FABRICS 4
@@ -98,6 +100,10 @@ struct ternd_opts {
     int mongo_port;                  /* -1: no gateway */
     /* [chain] */
     struct ternd_chain_opts chain;
+    /* [cluster]: membership through etcd (none: alone, the default) */
+    const char *etcd;                /* "http://HOST:PORT[,...]", or NULL */
+    char prefix[TERND_NAME_MAX];     /* every key under it (default /tern) */
+    unsigned lease_ttl;              /* seconds */
     /* [policy], [peer NAME] */
     struct ternd_policy policy;
     struct ternd_peer peers[TERND_MAX_PEERS];

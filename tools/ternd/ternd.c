@@ -501,6 +501,10 @@ int main(int argc, char **argv)
             tern_log(TERN_LOG_ERROR, "ternd", "node service: %s", tern_strerror(rc));
         for (unsigned i = 0; rc == 0 && i < n_bound; i++)
             ternd_node_add_listen(g_node, bound_uris[i]);
+        if (rc == 0 && (rc = ternd_node_join(g_node)) < 0)
+            tern_log(TERN_LOG_ERROR, "ternd", "[cluster] etcd: %s", tern_strerror(rc));
+        else if (rc == 0 && o.etcd && at < sizeof(line))
+            at += (size_t)snprintf(line + at, sizeof(line) - at, " etcd=%s%s", o.etcd, o.prefix);
         if (rc == 0 && ternd_node_metrics_port(g_node) >= 0 && at < sizeof(line))
             at += (size_t)snprintf(line + at, sizeof(line) - at, " metrics=127.0.0.1:%d",
                                    ternd_node_metrics_port(g_node));

@@ -1,0 +1,257 @@
+/* A node's registration in etcd, kept alive by a thread (member.h). */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "error.h"
+#include "log.h"
+#include "member.h"
+
+struct cl_member {
+    struct cl_member_config cfg;
+    char *key;
+    pthread_t thread;
+    pthread_mutex_t lock;       /* guards state and stop */
+    pthread_cond_t wake;
+    bool stop;
+    struct cl_member_state state;
+    struct tern_log_limit said;
+};
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Sleep up to `ns` or until stopped; true if stopped. */
+static bool nap(struct cl_member *m, uint64_t ns)
+{
+    struct timespec ts;
+    bool stop;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += (time_t)(ns / 1000000000u);
+    ts.tv_nsec += (long)(ns % 1000000000u);
+    if (ts.tv_nsec >= 1000000000) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000;
+    }
+    pthread_mutex_lock(&m->lock);
+    if (!m->stop)
+        pthread_cond_timedwait(&m->wake, &m->lock, &ts);
+    stop = m->stop;
+    pthread_mutex_unlock(&m->lock);
+    return stop;
+}
+
+static void set_state(struct cl_member *m, bool registered, int64_t lease, bool put,
+                      const char *why)
+{
+    bool was;
+
+    pthread_mutex_lock(&m->lock);
+    was = m->state.registered;
+    m->state.registered = registered;
+    m->state.lease = lease;
+    m->state.registrations += put;
+    snprintf(m->state.error, sizeof(m->state.error), "%s", registered ? "" : why);
+    pthread_mutex_unlock(&m->lock);
+    if (registered && !was)
+        tern_log(TERN_LOG_INFO, "cluster", "registered as %s (lease %llx, %u s)", m->key,
+                 (unsigned long long)lease, m->cfg.ttl_s);
+    else if (!registered && tern_log_allow(&m->said))
+        tern_log(TERN_LOG_WARN, "cluster", "%s: not registered: %s", m->key, why);
+}
+
+/* Who holds our name, when it is not us. */
+static int holder(void *arg, const struct cl_kv *kv)
+{
+    *(int64_t *)arg = kv->lease;
+    return 0;
+}
+
+/* Grant a lease and take the key under it. 0, or why not (in `why`).
+ * `prev`: the lease this node held before it lost touch with etcd, which
+ * may still hold the key (etcd keeps leases across its restarts): ours
+ * to end. */
+static int enroll(struct cl_member *m, struct cl_etcd *e, int64_t *lease, int64_t *prev,
+                  char *why, size_t len)
+{
+    int64_t other = 0;
+    bool created = false;
+    int rc = cl_etcd_lease_grant(e, m->cfg.ttl_s, lease);
+
+    for (int tries = 0; rc == 0 && tries < 2; tries++) {
+        rc = cl_etcd_create(e, m->key, m->cfg.value, strlen(m->cfg.value), *lease, &created,
+                            holder, &other);
+        if (rc < 0 || created || !*prev || other != *prev)
+            break;
+        cl_etcd_lease_revoke(e, *prev);
+        *prev = 0;
+    }
+    if (rc == 0 && created)
+        *prev = 0;
+    if (rc == 0 && !created) {
+        /* Another node of this name is alive (its lease holds the key):
+         * never take it over. */
+        snprintf(why, len, "another node holds the name (lease %llx)", (unsigned long long)other);
+        cl_etcd_lease_revoke(e, *lease);
+        *lease = 0;
+        return TERN_EEXIST;
+    }
+    if (rc < 0) {
+        snprintf(why, len, "%s: %s", tern_strerror(rc), cl_etcd_error(e));
+        if (*lease)
+            cl_etcd_lease_revoke(e, *lease);
+        *lease = 0;
+    }
+    return rc;
+}
+
+static void *run(void *arg)
+{
+    struct cl_member *m = arg;
+    uint64_t period = (uint64_t)m->cfg.ttl_s * 1000000000u / 3, renewed = 0;
+    int64_t lease = 0, prev = 0;
+    struct cl_etcd *e = NULL;
+    char why[300];
+
+    /* Each request is bounded by a third of the lease, so that a slow etcd
+     * cannot hold a renewal past the lease's end unnoticed. */
+    if (cl_etcd_open(m->cfg.endpoints, (unsigned)(period / 1000000u), &e) < 0) {
+        set_state(m, false, 0, false, "cannot open the etcd client");
+        return NULL;
+    }
+    while (!nap(m, lease ? period : 0)) {
+        int64_t ttl = 0;
+        int rc;
+
+        if (!lease) {
+            rc = enroll(m, e, &lease, &prev, why, sizeof(why));
+            if (rc == 0) {
+                renewed = mono_ns();
+                set_state(m, true, lease, true, "");
+            } else {
+                set_state(m, false, 0, false, why);
+                if (nap(m, period))
+                    break;
+            }
+            continue;
+        }
+        rc = cl_etcd_lease_keepalive(e, lease, &ttl);
+        if (rc == 0) {
+            renewed = mono_ns();
+            continue;
+        }
+        if (rc == TERN_ENOLEASE) {
+            set_state(m, false, 0, false, "the lease ran out: registering again");
+            lease = 0;
+            continue;
+        }
+        /* etcd away: the lease runs out unless it answers in time. */
+        snprintf(why, sizeof(why), "renewing: %s: %s", tern_strerror(rc), cl_etcd_error(e));
+        if (mono_ns() - renewed >= (uint64_t)m->cfg.ttl_s * 1000000000u) {
+            set_state(m, false, 0, false, why);
+            prev = lease;
+            lease = 0;
+        } else if (tern_log_allow(&m->said)) {
+            tern_log(TERN_LOG_WARN, "cluster", "%s: %s", m->key, why);
+        }
+    }
+    if (lease)
+        cl_etcd_lease_revoke(e, lease);
+    cl_etcd_close(e);
+    return NULL;
+}
+
+static void member_free(struct cl_member *m)
+{
+    free((void *)m->cfg.endpoints);
+    free((void *)m->cfg.prefix);
+    free((void *)m->cfg.name);
+    free((void *)m->cfg.value);
+    free(m->key);
+    free(m);
+}
+
+int cl_member_start(const struct cl_member_config *cfg, struct cl_member **out)
+{
+    struct cl_member *m;
+    pthread_condattr_t ca;
+    size_t klen;
+    int rc;
+
+    if (!cfg || !cfg->endpoints || !cfg->prefix || cfg->prefix[0] != '/' || !cfg->name ||
+        !*cfg->name || strchr(cfg->name, '/') || !cfg->value || cfg->ttl_s < 2 || !out)
+        return TERN_EINVAL;
+    klen = strlen(cfg->prefix) + strlen("/nodes/") + strlen(cfg->name) + 1;
+    if (klen > CL_KEY_MAX || strlen(cfg->value) > CL_VALUE_MAX)
+        return TERN_E2BIG;
+    m = calloc(1, sizeof(*m));
+    if (!m)
+        return TERN_ENOMEM;
+    m->cfg = *cfg;
+    m->cfg.endpoints = strdup(cfg->endpoints);
+    m->cfg.prefix = strdup(cfg->prefix);
+    m->cfg.name = strdup(cfg->name);
+    m->cfg.value = strdup(cfg->value);
+    m->key = malloc(klen);
+    if (!m->cfg.endpoints || !m->cfg.prefix || !m->cfg.name || !m->cfg.value || !m->key) {
+        rc = TERN_ENOMEM;
+        goto fail;
+    }
+    snprintf(m->key, klen, "%s/nodes/%s", cfg->prefix, cfg->name);
+    m->said = (struct tern_log_limit){0};
+    snprintf(m->state.error, sizeof(m->state.error), "not yet registered");
+    pthread_mutex_init(&m->lock, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&m->wake, &ca);
+    pthread_condattr_destroy(&ca);
+    if (pthread_create(&m->thread, NULL, run, m) != 0) {
+        pthread_cond_destroy(&m->wake);
+        pthread_mutex_destroy(&m->lock);
+        rc = TERN_ENOMEM;
+        goto fail;
+    }
+    *out = m;
+    return 0;
+fail:
+    member_free(m);
+    return rc;
+}
+
+void cl_member_state(struct cl_member *m, struct cl_member_state *out)
+{
+    pthread_mutex_lock(&m->lock);
+    *out = m->state;
+    pthread_mutex_unlock(&m->lock);
+}
+
+void cl_member_stop(struct cl_member *m)
+{
+    if (!m)
+        return;
+    pthread_mutex_lock(&m->lock);
+    m->stop = true;
+    pthread_cond_signal(&m->wake);
+    pthread_mutex_unlock(&m->lock);
+    pthread_join(m->thread, NULL);
+    pthread_cond_destroy(&m->wake);
+    pthread_mutex_destroy(&m->lock);
+    member_free(m);
+}
+
+int cl_members(struct cl_etcd *e, const char *prefix, cl_kv_fn fn, void *arg)
+{
+    char key[CL_KEY_MAX + 1];
+
+    if (snprintf(key, sizeof(key), "%s/nodes/", prefix) >= (int)sizeof(key))
+        return TERN_E2BIG;
+    return cl_etcd_get(e, key, true, fn, arg, NULL);
+}

@@ -1,0 +1,49 @@
+/* A node's membership: its key PREFIX/nodes/NAME in etcd, attached to a
+ * lease that a thread of its own renews every third of the lease's time.
+ * A node that dies or is cut off stops renewing, and etcd drops the key
+ * when the lease runs out; one that is stopped revokes the lease, and the
+ * key goes at once. While etcd is away the node keeps running (etcd is
+ * never on a data path) and the thread registers it again once etcd
+ * answers. Two live nodes of one name: the second is refused (the key is
+ * taken with a create-if-absent transaction) and keeps trying, saying so. */
+#ifndef TERN_CLUSTER_MEMBER_H
+#define TERN_CLUSTER_MEMBER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "etcd.h"
+
+struct cl_member_config {
+    const char *endpoints;      /* etcd's URLs (cl_etcd_open) */
+    const char *prefix;         /* "/tern" */
+    const char *name;           /* the node's name: letters, digits, . _ - */
+    const char *value;          /* what the key holds (the node's JSON) */
+    unsigned ttl_s;             /* the lease, >= 2 */
+};
+
+struct cl_member_state {
+    bool registered;            /* the key is ours and the lease alive, as last seen */
+    int64_t lease;              /* its id (0: none) */
+    uint64_t registrations;     /* times the key was put (1 + re-registrations) */
+    char error[256];            /* why it is not registered ("" when it is) */
+};
+
+struct cl_member;
+
+/* Copy the configuration and start the thread. TERN_EINVAL for a bad
+ * configuration, TERN_ENOMEM. The first registration happens on the
+ * thread: cl_member_state says when. */
+int cl_member_start(const struct cl_member_config *cfg, struct cl_member **out);
+
+/* A consistent copy of the state. Any thread. */
+void cl_member_state(struct cl_member *m, struct cl_member_state *out);
+
+/* Stop the thread and revoke the lease (the key goes with it; if etcd is
+ * away, it goes when the lease runs out). */
+void cl_member_stop(struct cl_member *m);
+
+/* The node keys under `prefix` (PREFIX/nodes/...), to fn. */
+int cl_members(struct cl_etcd *e, const char *prefix, cl_kv_fn fn, void *arg);
+
+#endif

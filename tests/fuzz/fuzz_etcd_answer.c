@@ -1,0 +1,73 @@
+/* etcd's answers as services/cluster reads them (etcd_json.c): a lying
+ * or broken etcd, or something else on its port, writes any bytes. The
+ * first input byte picks the reader (range, transaction, lease, delete,
+ * header, error), the rest is the body. A reader may only refuse
+ * (TERN_EPROTO); what it hands out must be what it says: every key 1 to
+ * CL_KEY_MAX bytes, every value readable to its length, revisions not
+ * negative, the error message NUL-terminated in its buffer. */
+#include "error.h"
+#include "etcd.h"
+#include "fuzz.h"
+
+static volatile uint8_t sink;
+
+static int touch(void *arg, const struct cl_kv *kv)
+{
+    unsigned *n = arg;
+
+    FZ_CHECK(kv->key && kv->key_len >= 1 && kv->key_len <= CL_KEY_MAX, "key of %zu bytes",
+             kv->key_len);
+    FZ_CHECK(kv->value || !kv->value_len, "a value with no bytes");
+    for (size_t i = 0; i < kv->key_len; i++)
+        sink ^= (uint8_t)kv->key[i];
+    for (size_t i = 0; i < kv->value_len; i++)
+        sink ^= kv->value[i];
+    (*n)++;
+    /* Stop the walk now and then: the code must come back as it is. */
+    return *n == 3 ? 7 : 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    struct fz f = {data, size};
+    uint8_t pick = fz_u8(&f);
+    const char *body = (const char *)f.p;
+    size_t len = f.n;
+    int64_t rev = -1, a = 0, b = 0;
+    unsigned n = 0;
+    bool ok = false;
+    char msg[64];
+    int rc;
+
+    switch (pick % 6) {
+    case 0:
+        rc = cl_answer_range(body, len, touch, &n, &rev);
+        FZ_CHECK(rc == 0 || rc == TERN_EPROTO || rc == TERN_ENOMEM || rc == 7, "range: %d", rc);
+        FZ_CHECK(rc != 0 || rev >= 0, "a negative revision");
+        break;
+    case 1:
+        rc = cl_answer_txn(body, len, &ok, touch, &n);
+        FZ_CHECK(rc == 0 || rc == TERN_EPROTO || rc == TERN_ENOMEM || rc == 7, "txn: %d", rc);
+        break;
+    case 2:
+        rc = cl_answer_lease(body, len, &a, &b);
+        FZ_CHECK(rc == 0 || rc == TERN_EPROTO, "lease: %d", rc);
+        FZ_CHECK(rc != 0 || b >= 0, "a negative ttl");
+        break;
+    case 3:
+        rc = cl_answer_delete(body, len, &a);
+        FZ_CHECK(rc == 0 || rc == TERN_EPROTO, "delete: %d", rc);
+        FZ_CHECK(rc != 0 || a >= 0, "a negative count");
+        break;
+    case 4:
+        rc = cl_answer_header(body, len, &rev);
+        FZ_CHECK(rc == 0 || rc == TERN_EPROTO, "header: %d", rc);
+        break;
+    default:
+        rc = cl_answer_error(body, len, msg, sizeof(msg));
+        FZ_CHECK(rc == 0 || rc == TERN_EPROTO, "error: %d", rc);
+        FZ_CHECK(memchr(msg, 0, sizeof(msg)) != NULL, "an unterminated message");
+        break;
+    }
+    return 0;
+}

@@ -1,0 +1,469 @@
+/* The etcd client and a node's membership (services/cluster) against a
+ * real etcd (Debian's etcd-server), which each test starts on ports of
+ * its own in a directory of its own and kills at the end. Without
+ * /usr/bin/etcd the tests say SKIP. */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <netinet/in.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "etcd.h"
+#include "helpers.h"
+#include "member.h"
+#include "suites.h"
+#include "tern.h"
+
+#define ETCD_BIN "/usr/bin/etcd"
+
+struct etcd_proc {
+    pid_t pid;
+    char dir[64];
+    int client_port, peer_port;
+    char url[64];
+};
+
+static int free_port(void)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(a);
+    int fd = socket(AF_INET, SOCK_STREAM, 0), port;
+
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    port = ntohs(a.sin_port);
+    close(fd);
+    return port;
+}
+
+static bool have_etcd(void)
+{
+    if (access(ETCD_BIN, X_OK) == 0)
+        return true;
+    printf("SKIP: %s is not installed (Debian's etcd-server)\n", ETCD_BIN);
+    return false;
+}
+
+/* Start (or restart, same directory and ports) and wait until it takes a
+ * put. */
+static void etcd_run(struct etcd_proc *p)
+{
+    struct cl_etcd *e;
+    double end;
+    int rc = -1;
+
+    if (!p->dir[0]) {
+        snprintf(p->dir, sizeof(p->dir), "/tmp/tern-etcd.XXXXXX");
+        ck_assert_ptr_nonnull(mkdtemp(p->dir));
+        p->client_port = free_port();
+        p->peer_port = free_port();
+        snprintf(p->url, sizeof(p->url), "http://127.0.0.1:%d", p->client_port);
+    }
+    p->pid = fork();
+    ck_assert_int_ge(p->pid, 0);
+    if (p->pid == 0) {
+        char data[96], client[64], peer[64], cluster[96];
+        int devnull = open("/dev/null", O_WRONLY);
+
+        snprintf(data, sizeof(data), "%s/data", p->dir);
+        snprintf(client, sizeof(client), "http://127.0.0.1:%d", p->client_port);
+        snprintf(peer, sizeof(peer), "http://127.0.0.1:%d", p->peer_port);
+        snprintf(cluster, sizeof(cluster), "t=%s", peer);
+        dup2(devnull, 1);
+        dup2(devnull, 2);
+        execl(ETCD_BIN, "etcd", "--name", "t", "--data-dir", data, "--listen-client-urls",
+              client, "--advertise-client-urls", client, "--listen-peer-urls", peer,
+              "--initial-advertise-peer-urls", peer, "--initial-cluster", cluster,
+              "--log-level", "error", (char *)NULL);
+        _exit(127);
+    }
+    ck_assert_int_eq(cl_etcd_open(p->url, 500, &e), 0);
+    for (end = now_ms() + 20000; now_ms() < end; usleep(50000))
+        if ((rc = cl_etcd_put(e, "/up", "1", 1, 0, NULL)) == 0)
+            break;
+    cl_etcd_close(e);
+    ck_assert_msg(rc == 0, "etcd never came up: %s", tern_strerror(rc));
+}
+
+static void etcd_kill(struct etcd_proc *p)
+{
+    if (p->pid > 0) {
+        kill(p->pid, SIGKILL);
+        waitpid(p->pid, NULL, 0);
+        p->pid = 0;
+    }
+}
+
+static void etcd_stop(struct etcd_proc *p)
+{
+    char cmd[96];
+
+    etcd_kill(p);
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", p->dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+struct seen {
+    unsigned n;
+    char keys[8][64];
+    char vals[8][64];
+    int64_t lease[8];
+};
+
+static int collect(void *arg, const struct cl_kv *kv)
+{
+    struct seen *s = arg;
+
+    if (s->n < 8) {
+        snprintf(s->keys[s->n], 64, "%.*s", (int)kv->key_len, kv->key);
+        snprintf(s->vals[s->n], 64, "%.*s", (int)kv->value_len, (const char *)kv->value);
+        s->lease[s->n] = kv->lease;
+    }
+    s->n++;
+    return 0;
+}
+
+START_TEST(keys_put_get_and_delete)
+{
+    struct etcd_proc p = {0};
+    struct cl_etcd *e;
+    struct seen s = {0};
+    int64_t rev = 0, rev2 = 0, n = 0;
+    char big[CL_KEY_MAX + 2];
+
+    if (!have_etcd())
+        return;
+    etcd_run(&p);
+    ck_assert_int_eq(cl_etcd_open(p.url, 0, &e), 0);
+    ck_assert_int_eq(cl_etcd_put(e, "/t/b", "two", 3, 0, &rev), 0);
+    ck_assert_int_eq(cl_etcd_put(e, "/t/a", "one", 3, 0, &rev2), 0);
+    ck_assert_int_gt(rev2, rev);
+    ck_assert_int_eq(cl_etcd_put(e, "/t/c", "", 0, 0, NULL), 0);       /* empty value */
+    ck_assert_int_eq(cl_etcd_put(e, "/u", "x", 1, 0, NULL), 0);
+    ck_assert_int_eq(cl_etcd_get(e, "/t/", true, collect, &s, NULL), 0);
+    ck_assert_uint_eq(s.n, 3);      /* in key order, /u left out */
+    ck_assert_str_eq(s.keys[0], "/t/a");
+    ck_assert_str_eq(s.vals[0], "one");
+    ck_assert_str_eq(s.keys[1], "/t/b");
+    ck_assert_str_eq(s.keys[2], "/t/c");
+    ck_assert_str_eq(s.vals[2], "");
+    memset(&s, 0, sizeof(s));
+    ck_assert_int_eq(cl_etcd_get(e, "/t/b", false, collect, &s, NULL), 0);
+    ck_assert_uint_eq(s.n, 1);
+    memset(&s, 0, sizeof(s));
+    ck_assert_int_eq(cl_etcd_get(e, "/none", false, collect, &s, NULL), 0);
+    ck_assert_uint_eq(s.n, 0);
+    ck_assert_int_eq(cl_etcd_delete(e, "/t/", true, &n), 0);
+    ck_assert_int_eq(n, 3);
+    ck_assert_int_eq(cl_etcd_get(e, "/t/", true, collect, &s, NULL), 0);
+    ck_assert_uint_eq(s.n, 0);
+    /* What is refused before anything is sent. */
+    memset(big, 'k', sizeof(big) - 1);
+    big[0] = '/';
+    big[sizeof(big) - 1] = 0;
+    ck_assert_int_eq(cl_etcd_put(e, big, "x", 1, 0, NULL), TERN_E2BIG);
+    ck_assert_int_eq(cl_etcd_put(e, "", "x", 1, 0, NULL), TERN_EINVAL);
+    ck_assert_int_eq(cl_etcd_put(e, "/v", "x", CL_VALUE_MAX + 1, 0, NULL), TERN_E2BIG);
+    cl_etcd_close(e);
+    etcd_stop(&p);
+}
+END_TEST
+
+START_TEST(leases_hold_keys_until_they_end)
+{
+    struct etcd_proc p = {0};
+    struct cl_etcd *e;
+    struct seen s = {0};
+    int64_t id = 0, id2 = 0, ttl = 0;
+
+    if (!have_etcd())
+        return;
+    etcd_run(&p);
+    ck_assert_int_eq(cl_etcd_open(p.url, 0, &e), 0);
+    ck_assert_int_eq(cl_etcd_lease_grant(e, 30, &id), 0);
+    ck_assert_int_ne(id, 0);
+    ck_assert_int_eq(cl_etcd_put(e, "/l/a", "x", 1, id, NULL), 0);
+    ck_assert_int_eq(cl_etcd_get(e, "/l/a", false, collect, &s, NULL), 0);
+    ck_assert_uint_eq(s.n, 1);
+    ck_assert_int_eq(s.lease[0], id);
+    ck_assert_int_eq(cl_etcd_lease_keepalive(e, id, &ttl), 0);
+    ck_assert_int_gt(ttl, 20);
+    ck_assert_int_eq(cl_etcd_lease_revoke(e, id), 0);
+    memset(&s, 0, sizeof(s));
+    ck_assert_int_eq(cl_etcd_get(e, "/l/a", false, collect, &s, NULL), 0);
+    ck_assert_uint_eq(s.n, 0);
+    ck_assert_int_eq(cl_etcd_lease_keepalive(e, id, &ttl), TERN_ENOLEASE);
+    ck_assert_int_eq(cl_etcd_lease_revoke(e, id), TERN_ENOLEASE);
+    /* A lease nobody renews runs out, and its key with it. */
+    ck_assert_int_eq(cl_etcd_lease_grant(e, 2, &id2), 0);
+    ck_assert_int_eq(cl_etcd_put(e, "/l/b", "y", 1, id2, NULL), 0);
+    for (double end = now_ms() + 10000;; usleep(100000)) {
+        memset(&s, 0, sizeof(s));
+        ck_assert_int_eq(cl_etcd_get(e, "/l/b", false, collect, &s, NULL), 0);
+        if (!s.n)
+            break;
+        ck_assert_msg(now_ms() < end, "the key outlived its lease");
+    }
+    ck_assert_int_eq(cl_etcd_lease_keepalive(e, id2, &ttl), TERN_ENOLEASE);
+    /* A put under a lease that is gone: etcd refuses it, and says why. */
+    ck_assert_int_eq(cl_etcd_put(e, "/l/c", "z", 1, id2, NULL), TERN_EIO);
+    ck_assert_ptr_nonnull(strstr(cl_etcd_error(e), "lease not found"));
+    cl_etcd_close(e);
+    etcd_stop(&p);
+}
+END_TEST
+
+START_TEST(create_elects_one_and_cas_loses_no_write)
+{
+    struct etcd_proc p = {0};
+    struct cl_etcd *a, *b;
+    struct seen s = {0};
+    int64_t la = 0, lb = 0;
+    bool won_a = false, won_b = true, swapped = true;
+
+    if (!have_etcd())
+        return;
+    etcd_run(&p);
+    ck_assert_int_eq(cl_etcd_open(p.url, 0, &a), 0);
+    ck_assert_int_eq(cl_etcd_open(p.url, 0, &b), 0);
+    ck_assert_int_eq(cl_etcd_lease_grant(a, 30, &la), 0);
+    ck_assert_int_eq(cl_etcd_lease_grant(b, 30, &lb), 0);
+    ck_assert_int_eq(cl_etcd_create(a, "/e/primary", "node-a", 6, la, &won_a, NULL, NULL), 0);
+    ck_assert_int_eq(cl_etcd_create(b, "/e/primary", "node-b", 6, lb, &won_b, collect, &s), 0);
+    ck_assert(won_a);
+    ck_assert(!won_b);
+    ck_assert_uint_eq(s.n, 1);      /* the loser learns who holds it */
+    ck_assert_str_eq(s.vals[0], "node-a");
+    ck_assert_int_eq(s.lease[0], la);
+    /* The holder's term ends: the office is free again. */
+    ck_assert_int_eq(cl_etcd_lease_revoke(a, la), 0);
+    ck_assert_int_eq(cl_etcd_create(b, "/e/primary", "node-b", 6, lb, &won_b, NULL, NULL), 0);
+    ck_assert(won_b);
+    /* Compare-and-swap on the mod revision (a put's revision is the
+     * key's mod revision). */
+    memset(&s, 0, sizeof(s));
+    {
+        int64_t mod1 = 0, mod2 = 0;
+
+        ck_assert_int_eq(cl_etcd_put(a, "/e/map", "v1", 2, 0, &mod1), 0);
+        ck_assert_int_eq(cl_etcd_put(b, "/e/map", "v2", 2, 0, &mod2), 0);
+        /* a changes what it read at mod1: b wrote since, a is refused. */
+        ck_assert_int_eq(cl_etcd_cas(a, "/e/map", mod1, "v3", 2, 0, &swapped), 0);
+        ck_assert(!swapped);
+        ck_assert_int_eq(cl_etcd_cas(a, "/e/map", mod2, "v3", 2, 0, &swapped), 0);
+        ck_assert(swapped);
+        /* mod 0: only if absent. */
+        ck_assert_int_eq(cl_etcd_cas(a, "/e/map", 0, "v4", 2, 0, &swapped), 0);
+        ck_assert(!swapped);
+    }
+    ck_assert_int_eq(cl_etcd_get(a, "/e/map", false, collect, &s, NULL), 0);
+    ck_assert_str_eq(s.vals[0], "v3");
+    cl_etcd_close(a);
+    cl_etcd_close(b);
+    etcd_stop(&p);
+}
+END_TEST
+
+START_TEST(endpoints_down_and_wrong)
+{
+    struct etcd_proc p = {0};
+    struct cl_etcd *e;
+    int dead = free_port();
+    char list[160];
+
+    ck_assert_int_eq(cl_etcd_open("", 0, &e), TERN_EINVAL);
+    ck_assert_int_eq(cl_etcd_open("https://x:1", 0, &e), TERN_EINVAL);
+    ck_assert_int_eq(cl_etcd_open("http://a:1,ftp://b:2", 0, &e), TERN_EINVAL);
+    snprintf(list, sizeof(list), "http://127.0.0.1:%d", dead);
+    ck_assert_int_eq(cl_etcd_open(list, 300, &e), 0);
+    ck_assert_int_eq(cl_etcd_put(e, "/k", "v", 1, 0, NULL), TERN_ECONNREFUSED);
+    ck_assert_ptr_nonnull(strstr(cl_etcd_error(e), list));
+    cl_etcd_close(e);
+    if (!have_etcd())
+        return;
+    /* A dead endpoint first, then a live one: the call gets through, and
+     * the next one goes to the live one first. */
+    etcd_run(&p);
+    snprintf(list, sizeof(list), "http://127.0.0.1:%d,%s", dead, p.url);
+    ck_assert_int_eq(cl_etcd_open(list, 300, &e), 0);
+    ck_assert_int_eq(cl_etcd_put(e, "/k", "v", 1, 0, NULL), 0);
+    ck_assert_int_eq(cl_etcd_put(e, "/k", "w", 1, 0, NULL), 0);
+    ck_assert_str_eq(cl_etcd_error(e), "");
+    cl_etcd_close(e);
+    etcd_stop(&p);
+}
+END_TEST
+
+static void wait_state(struct cl_member *m, bool registered, uint64_t min_regs, int ms,
+                       struct cl_member_state *st)
+{
+    for (double end = now_ms() + ms;; usleep(20000)) {
+        cl_member_state(m, st);
+        if (st->registered == registered && st->registrations >= min_regs)
+            return;
+        ck_assert_msg(now_ms() < end, "membership: registered %d, %llu registrations, '%s'",
+                      st->registered, (unsigned long long)st->registrations, st->error);
+    }
+}
+
+START_TEST(a_member_registers_renews_and_leaves)
+{
+    struct etcd_proc p = {0};
+    struct cl_member *m;
+    struct cl_member_state st;
+    struct cl_etcd *e;
+    struct seen s = {0};
+    struct cl_member_config cfg = {.prefix = "/c1", .name = "n1", .value = "{\"name\":\"n1\"}",
+                                   .ttl_s = 2};
+
+    if (!have_etcd())
+        return;
+    etcd_run(&p);
+    cfg.endpoints = p.url;
+    ck_assert_int_eq(cl_etcd_open(p.url, 0, &e), 0);
+    ck_assert_int_eq(cl_member_start(&cfg, &m), 0);
+    wait_state(m, true, 1, 5000, &st);
+    ck_assert_int_eq(cl_members(e, "/c1", collect, &s), 0);
+    ck_assert_uint_eq(s.n, 1);
+    ck_assert_str_eq(s.keys[0], "/c1/nodes/n1");
+    ck_assert_str_eq(s.vals[0], "{\"name\":\"n1\"}");
+    ck_assert_int_eq(s.lease[0], st.lease);
+    /* Twice the lease's time later it is still there: renewed. */
+    usleep(4000000);
+    cl_member_state(m, &st);
+    ck_assert(st.registered);
+    ck_assert_uint_eq(st.registrations, 1);
+    memset(&s, 0, sizeof(s));
+    ck_assert_int_eq(cl_members(e, "/c1", collect, &s), 0);
+    ck_assert_uint_eq(s.n, 1);
+    /* Stopped: the key goes at once. */
+    cl_member_stop(m);
+    memset(&s, 0, sizeof(s));
+    ck_assert_int_eq(cl_members(e, "/c1", collect, &s), 0);
+    ck_assert_uint_eq(s.n, 0);
+    cl_etcd_close(e);
+    etcd_stop(&p);
+}
+END_TEST
+
+START_TEST(a_member_outlives_an_etcd_restart)
+{
+    struct etcd_proc p = {0};
+    struct cl_member *m;
+    struct cl_member_state st;
+    struct cl_etcd *e;
+    struct seen s = {0};
+    struct cl_member_config cfg = {.prefix = "/c2", .name = "n2", .value = "{}", .ttl_s = 2};
+
+    if (!have_etcd())
+        return;
+    etcd_run(&p);
+    cfg.endpoints = p.url;
+    ck_assert_int_eq(cl_member_start(&cfg, &m), 0);
+    wait_state(m, true, 1, 5000, &st);
+    /* etcd away for longer than the lease: the node says it is not
+     * registered (the lease has surely run out) ... */
+    etcd_kill(&p);
+    wait_state(m, false, 1, 6000, &st);
+    ck_assert(strlen(st.error) > 0);
+    /* ... and registers again once etcd is back. */
+    etcd_run(&p);
+    wait_state(m, true, 2, 10000, &st);
+    ck_assert_int_eq(cl_etcd_open(p.url, 0, &e), 0);
+    ck_assert_int_eq(cl_members(e, "/c2", collect, &s), 0);
+    ck_assert_uint_eq(s.n, 1);
+    ck_assert_int_eq(s.lease[0], st.lease);
+    cl_member_stop(m);
+    cl_etcd_close(e);
+    etcd_stop(&p);
+}
+END_TEST
+
+START_TEST(two_members_of_one_name)
+{
+    struct etcd_proc p = {0};
+    struct cl_member *a, *b;
+    struct cl_member_state st;
+    struct cl_member_config cfg = {.prefix = "/c3", .name = "same", .value = "{\"who\":1}",
+                                   .ttl_s = 2};
+
+    if (!have_etcd())
+        return;
+    etcd_run(&p);
+    cfg.endpoints = p.url;
+    ck_assert_int_eq(cl_member_start(&cfg, &a), 0);
+    wait_state(a, true, 1, 5000, &st);
+    cfg.value = "{\"who\":2}";
+    ck_assert_int_eq(cl_member_start(&cfg, &b), 0);
+    usleep(1500000);
+    cl_member_state(b, &st);
+    ck_assert(!st.registered);
+    ck_assert_msg(strstr(st.error, "another node holds the name"), "%s", st.error);
+    cl_member_state(a, &st);
+    ck_assert(st.registered);
+    /* The first one leaves: the second takes the name. */
+    cl_member_stop(a);
+    wait_state(b, true, 1, 5000, &st);
+    cl_member_stop(b);
+    etcd_stop(&p);
+}
+END_TEST
+
+START_TEST(bad_member_configurations)
+{
+    struct cl_member *m;
+    struct cl_member_config ok = {.endpoints = "http://127.0.0.1:1", .prefix = "/p",
+                                  .name = "n", .value = "{}", .ttl_s = 2};
+    struct cl_member_config c;
+
+    c = ok;
+    c.ttl_s = 1;
+    ck_assert_int_eq(cl_member_start(&c, &m), TERN_EINVAL);
+    c = ok;
+    c.prefix = "p";
+    ck_assert_int_eq(cl_member_start(&c, &m), TERN_EINVAL);
+    c = ok;
+    c.name = "a/b";
+    ck_assert_int_eq(cl_member_start(&c, &m), TERN_EINVAL);
+    c = ok;
+    c.name = "";
+    ck_assert_int_eq(cl_member_start(&c, &m), TERN_EINVAL);
+    /* Nothing answers: it keeps trying, says why, and stops cleanly. */
+    ck_assert_int_eq(cl_member_start(&ok, &m), 0);
+    {
+        struct cl_member_state st;
+
+        usleep(300000);
+        cl_member_state(m, &st);
+        ck_assert(!st.registered);
+        ck_assert(strlen(st.error) > 0);
+    }
+    cl_member_stop(m);
+}
+END_TEST
+
+Suite *suite_cluster(void)
+{
+    Suite *s = suite_create("cluster");
+    TCase *tc = tcase_create("etcd");
+
+    tcase_set_timeout(tc, 90);
+    tcase_add_test(tc, keys_put_get_and_delete);
+    tcase_add_test(tc, leases_hold_keys_until_they_end);
+    tcase_add_test(tc, create_elects_one_and_cas_loses_no_write);
+    tcase_add_test(tc, endpoints_down_and_wrong);
+    tcase_add_test(tc, a_member_registers_renews_and_leaves);
+    tcase_add_test(tc, a_member_outlives_an_etcd_restart);
+    tcase_add_test(tc, two_members_of_one_name);
+    tcase_add_test(tc, bad_member_configurations);
+    suite_add_tcase(s, tc);
+    return s;
+}

@@ -4,7 +4,10 @@
 # status` and the metrics say so; a node killed with SIGKILL is gone from
 # etcd once its lease runs out, one stopped with SIGTERM at once; a third
 # of the same name as a live one is refused and says why; a node whose
-# etcd is away keeps serving and registers again once etcd is back.
+# etcd is away keeps serving and registers again once etcd is back. Shard
+# s1 (replicas a and b, defined with `tern shard define`): one primary,
+# the other a backup naming it; when the primary dies the other takes over
+# at a higher epoch, within twice the lease.
 #
 #   tests/ternd_cluster.sh BUILD_DIR
 set -euo pipefail
@@ -74,6 +77,7 @@ enabled = no
 etcd = http://127.0.0.1:1,$etcd_url
 prefix = /tc
 lease_ttl = 2
+shard = s1
 EOF
 }
 port_a=$(free_port)
@@ -108,6 +112,13 @@ cluster_field() {    # PORT FIELD
     "$tern" status --json "127.0.0.1:$1" |
         python3 -c "import json,sys; c=json.load(sys.stdin)['cluster']; print(c['$2'] if c else None)"
 }
+"$tern" shard define --etcd "$etcd_url" --prefix /tc s1 a b >/dev/null || fail "shard define"
+rc=0
+"$tern" shard define --etcd "$etcd_url" --prefix /tc s1 a b 2>"$dir/err" || rc=$?
+[ $rc -eq 2 ] && grep -q 'already exists' "$dir/err" || fail "defined twice: $rc $(cat "$dir/err")"
+rc=0
+"$tern" shard define --etcd "$etcd_url" --prefix /tc s2 a a 2>"$dir/err" || rc=$?
+[ $rc -eq 2 ] || fail "a shard with a replica twice: $rc"
 start a
 start b
 grep -q " etcd=http://127.0.0.1:1,$etcd_url/tc" "$dir/a.out" || fail "ready line: $(cat "$dir/a.out")"
@@ -125,6 +136,38 @@ assert 'tcp://127.0.0.1:$port_a' in v['listen'], v
 mport=$(sed -n 's/.* metrics=127.0.0.1:\([0-9]*\).*/\1/p' "$dir/a.out")
 curl -sf "http://127.0.0.1:$mport/metrics" | grep -q '^tern_cluster_registered 1$' ||
     fail "metrics: $(curl -s "http://127.0.0.1:$mport/metrics" | grep cluster)"
+
+# Shard s1: one primary, one backup naming it, epoch 1.
+shard_field() {    # PORT FIELD
+    "$tern" status --json "127.0.0.1:$1" |
+        python3 -c "import json,sys; c=json.load(sys.stdin)['cluster']; print(c['shards'][0]['$2'])"
+}
+settled() {
+    local ra rb
+    ra=$(shard_field "$port_a" role) && rb=$(shard_field "$port_b" role) || return 1
+    [ "$ra/$rb" = primary/backup ] || [ "$ra/$rb" = backup/primary ] || return 1
+    [ "$(shard_field "$port_a" primary)" = "$(shard_field "$port_b" primary)" ]
+}
+wait_for 8 "s1 settled on one primary" settled
+first=$(shard_field "$port_a" primary)
+[ "$(shard_field "$port_a" epoch)" = 1 ] || fail "epoch $(shard_field "$port_a" epoch), not 1"
+"$tern" shard list --etcd "$etcd_url" --prefix /tc | grep -Eq "^s1 +epoch 1 +primary $first +replicas a b$" ||
+    fail "shard list: $("$tern" shard list --etcd "$etcd_url" --prefix /tc)"
+"$tern" status "127.0.0.1:$port_a" | grep -Eq "^shard s1 +(primary|backup) +epoch 1 +primary $first$" ||
+    fail "status table: $("$tern" status "127.0.0.1:$port_a")"
+curl -sf "http://127.0.0.1:$mport/metrics" | grep -q '^tern_shard_epoch{shard="s1"} 1$' ||
+    fail "metrics: $(curl -s "http://127.0.0.1:$mport/metrics" | grep shard)"
+# The primary dies: the other takes the office at epoch 2.
+if [ "$first" = a ]; then victim=$pid_a other=$port_b; else victim=$pid_b other=$port_a; fi
+kill -9 "$victim"
+t0=$(date +%s%N)
+took_over() { [ "$(shard_field "$other" role)" = primary ] && [ "$(shard_field "$other" epoch)" = 2 ]; }
+wait_for 6 "the backup took s1 over" took_over
+echo "ternd cluster: s1's primary killed; the backup was primary at epoch 2 after $(( ($(date +%s%N) - t0) / 1000000 )) ms (lease 2 s)"
+# Bring the dead one back under its name: it rejoins as a backup.
+if [ "$first" = a ]; then start a; else start b; fi
+rejoined() { settled && [ "$(shard_field "$port_a" epoch)" = 2 ]; }
+wait_for 8 "the old primary back as a backup" rejoined
 
 # A second node named a: refused while a lives, and says why.
 start c

@@ -18,6 +18,7 @@
 #include "etcd.h"
 #include "helpers.h"
 #include "member.h"
+#include "shard.h"
 #include "suites.h"
 #include "tern.h"
 
@@ -450,6 +451,142 @@ START_TEST(bad_member_configurations)
 }
 END_TEST
 
+START_TEST(shard_maps_parse_strictly)
+{
+    struct cl_shard_map m = {.id = "kv-0", .epoch = 3, .primary = "b", .n_replicas = 3,
+                             .replicas = {"a", "b", "c"}}, back;
+    char json[512];
+    static const char *const bad[] = {
+        "{\"id\":\"s\",\"epoch\":1,\"primary\":\"x\",\"replicas\":[\"a\"]}",   /* not a replica */
+        "{\"id\":\"s\",\"epoch\":1,\"primary\":\"\",\"replicas\":[\"a\"]}",    /* an epoch, no primary */
+        "{\"id\":\"s\",\"epoch\":0,\"primary\":\"a\",\"replicas\":[\"a\"]}",   /* a primary, no epoch */
+        "{\"id\":\"s\",\"epoch\":0,\"primary\":\"\",\"replicas\":[\"a\",\"a\"]}",
+        "{\"id\":\"s\",\"epoch\":0,\"primary\":\"\",\"replicas\":[]}",
+        "{\"id\":\"s/x\",\"epoch\":0,\"primary\":\"\",\"replicas\":[\"a\"]}",
+        "{\"id\":\"s\",\"epoch\":-1,\"primary\":\"\",\"replicas\":[\"a\"]}",
+        "{\"id\":\"s\",\"epoch\":\"1\",\"primary\":\"a\",\"replicas\":[\"a\"]}",
+        "{\"id\":\"s\",\"epoch\":0,\"primary\":\"\",\"replicas\":[\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\",\"h\"]}",
+        "{\"id\":\"s\",\"epoch\":0,\"primary\":\"\",\"replicas\":[\"a\"]} x",
+        "[1]",
+    };
+    int n = cl_shard_map_json(&m, json, sizeof(json));
+
+    ck_assert_int_gt(n, 0);
+    ck_assert_int_eq(cl_shard_map_parse((const uint8_t *)json, (size_t)n, &back), 0);
+    ck_assert_str_eq(back.id, "kv-0");
+    ck_assert_uint_eq(back.epoch, 3);
+    ck_assert_str_eq(back.primary, "b");
+    ck_assert_uint_eq(back.n_replicas, 3);
+    ck_assert_str_eq(back.replicas[2], "c");
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        ck_assert_msg(cl_shard_map_parse((const uint8_t *)bad[i], strlen(bad[i]), &back) ==
+                          TERN_EPROTO, "taken: %s", bad[i]);
+    ck_assert_int_eq(cl_shard_map_json(&m, json, 20), TERN_E2BIG);
+}
+END_TEST
+
+/* Count the roles of three members of shard s1. */
+static unsigned roles_of(struct cl_member **ms, unsigned n, enum cl_role want, uint64_t *epoch,
+                         char *primary)
+{
+    unsigned k = 0;
+
+    for (unsigned i = 0; i < n; i++) {
+        struct cl_shard_role r;
+
+        if (!ms[i])
+            continue;
+        ck_assert_int_eq(cl_member_role(ms[i], "s1", &r), 0);
+        if (r.role != want)
+            continue;
+        k++;
+        if (epoch)
+            *epoch = r.epoch;
+        if (primary)
+            snprintf(primary, CL_NAME_MAX, "%s", r.primary);
+    }
+    return k;
+}
+
+/* One primary and the rest backups naming it; its index. */
+static int settled(struct cl_member **ms, const char *const *names, unsigned n, unsigned live,
+                   uint64_t *epoch, int ms_max)
+{
+    for (double end = now_ms() + ms_max;; usleep(50000)) {
+        char p[CL_NAME_MAX] = "", b[CL_NAME_MAX] = "";
+        uint64_t ep = 0, eb = 0;
+
+        if (roles_of(ms, n, CL_ROLE_PRIMARY, &ep, p) == 1 &&
+            roles_of(ms, n, CL_ROLE_BACKUP, &eb, b) == live - 1 && strcmp(p, b) == 0 &&
+            ep == eb) {
+            for (unsigned i = 0; i < n; i++)
+                if (ms[i] && strcmp(names[i], p) == 0) {
+                    *epoch = ep;
+                    return (int)i;
+                }
+        }
+        ck_assert_msg(now_ms() < end, "no single primary: %u primaries, %u backups",
+                      roles_of(ms, n, CL_ROLE_PRIMARY, NULL, NULL),
+                      roles_of(ms, n, CL_ROLE_BACKUP, NULL, NULL));
+    }
+}
+
+START_TEST(one_primary_per_shard_and_epochs_that_grow)
+{
+    static const char *const names[3] = {"a", "b", "c"};
+    struct etcd_proc p = {0};
+    struct cl_member *ms[3];
+    struct cl_etcd *e;
+    struct cl_shard_map map = {.id = "s1", .n_replicas = 3, .replicas = {"a", "b", "c"}}, got;
+    struct cl_shard_role r;
+    uint64_t e1 = 0, e2 = 0, e3 = 0;
+    int first, second;
+
+    if (!have_etcd())
+        return;
+    etcd_run(&p);
+    ck_assert_int_eq(cl_etcd_open(p.url, 0, &e), 0);
+    ck_assert_int_eq(cl_shard_define(e, "/s", &map), 0);
+    ck_assert_int_eq(cl_shard_define(e, "/s", &map), TERN_EEXIST);
+    for (int i = 0; i < 3; i++) {
+        struct cl_member_config cfg = {.endpoints = p.url, .prefix = "/s", .name = names[i],
+                                       .value = "{}", .ttl_s = 2, .shards = {"s1"},
+                                       .n_shards = 1};
+
+        ck_assert_int_eq(cl_member_start(&cfg, &ms[i]), 0);
+    }
+    first = settled(ms, names, 3, 3, &e1, 8000);
+    ck_assert_uint_eq(e1, 1);
+    ck_assert_int_eq(cl_shard_get(e, "/s", "s1", &got, NULL), 0);
+    ck_assert_str_eq(got.primary, names[first]);
+    ck_assert_int_eq(cl_member_role(ms[first], "nope", &r), TERN_ENOENT);
+
+    /* The primary leaves: another takes the office at a higher epoch. */
+    cl_member_stop(ms[first]);
+    ms[first] = NULL;
+    second = settled(ms, names, 3, 2, &e2, 8000);
+    ck_assert_int_ne(second, first);
+    ck_assert_uint_gt(e2, e1);
+
+    /* etcd goes away: within three quarters of the lease no node acts as
+     * primary any more (it cannot know its term still holds). */
+    etcd_kill(&p);
+    for (double end = now_ms() + 2500;; usleep(50000)) {
+        if (!roles_of(ms, 3, CL_ROLE_PRIMARY, NULL, NULL))
+            break;
+        ck_assert_msg(now_ms() < end, "a primary went on without its lease");
+    }
+    /* etcd back: a primary again, at a higher epoch still. */
+    etcd_run(&p);
+    settled(ms, names, 3, 2, &e3, 15000);
+    ck_assert_uint_gt(e3, e2);
+    for (int i = 0; i < 3; i++)
+        cl_member_stop(ms[i]);
+    cl_etcd_close(e);
+    etcd_stop(&p);
+}
+END_TEST
+
 Suite *suite_cluster(void)
 {
     Suite *s = suite_create("cluster");
@@ -464,6 +601,8 @@ Suite *suite_cluster(void)
     tcase_add_test(tc, a_member_outlives_an_etcd_restart);
     tcase_add_test(tc, two_members_of_one_name);
     tcase_add_test(tc, bad_member_configurations);
+    tcase_add_test(tc, shard_maps_parse_strictly);
+    tcase_add_test(tc, one_primary_per_shard_and_epochs_that_grow);
     suite_add_tcase(s, tc);
     return s;
 }

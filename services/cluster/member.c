@@ -12,6 +12,8 @@
 struct cl_member {
     struct cl_member_config cfg;
     char *key;
+    struct cl_shard_role roles[CL_SHARDS_MAX];  /* under lock */
+    uint64_t valid_until;       /* mono ns: the lease surely alive till then */
     pthread_t thread;
     pthread_mutex_t lock;       /* guards state and stop */
     pthread_cond_t wake;
@@ -60,6 +62,10 @@ static void set_state(struct cl_member *m, bool registered, int64_t lease, bool 
     m->state.lease = lease;
     m->state.registrations += put;
     snprintf(m->state.error, sizeof(m->state.error), "%s", registered ? "" : why);
+    if (!registered) {
+        memset(m->roles, 0, sizeof(m->roles));
+        m->valid_until = 0;
+    }
     pthread_mutex_unlock(&m->lock);
     if (registered && !was)
         tern_log(TERN_LOG_INFO, "cluster", "registered as %s (lease %llx, %u s)", m->key,
@@ -113,6 +119,41 @@ static int enroll(struct cl_member *m, struct cl_etcd *e, int64_t *lease, int64_
     return rc;
 }
 
+/* The lease was renewed by a request sent at `sent`: etcd's term for it
+ * runs at least a lease from then; ours, to be sure, three quarters. */
+static void renewed_at(struct cl_member *m, uint64_t sent)
+{
+    pthread_mutex_lock(&m->lock);
+    m->valid_until = sent + (uint64_t)m->cfg.ttl_s * 750000000u;
+    pthread_mutex_unlock(&m->lock);
+}
+
+/* One election step for each shard. */
+static void campaign(struct cl_member *m, struct cl_etcd *e, int64_t lease)
+{
+    for (unsigned i = 0; i < m->cfg.n_shards; i++) {
+        struct cl_shard_map map;
+        enum cl_role role;
+        int rc = cl_shard_campaign(e, m->cfg.prefix, m->cfg.shards[i], m->cfg.name, lease,
+                                   &map, &role);
+
+        if (rc < 0) {
+            if (tern_log_allow(&m->said))
+                tern_log(TERN_LOG_WARN, "cluster", "shard %s: %s: %s", m->cfg.shards[i],
+                         tern_strerror(rc), cl_etcd_error(e));
+            continue;
+        }
+        pthread_mutex_lock(&m->lock);
+        if (role == CL_ROLE_PRIMARY && m->roles[i].role != CL_ROLE_PRIMARY)
+            tern_log(TERN_LOG_INFO, "cluster", "shard %s: primary at epoch %llu",
+                     m->cfg.shards[i], (unsigned long long)map.epoch);
+        m->roles[i].role = role;
+        m->roles[i].epoch = map.epoch;
+        snprintf(m->roles[i].primary, sizeof(m->roles[i].primary), "%s", map.primary);
+        pthread_mutex_unlock(&m->lock);
+    }
+}
+
 static void *run(void *arg)
 {
     struct cl_member *m = arg;
@@ -132,10 +173,14 @@ static void *run(void *arg)
         int rc;
 
         if (!lease) {
+            uint64_t sent = mono_ns();
+
             rc = enroll(m, e, &lease, &prev, why, sizeof(why));
             if (rc == 0) {
-                renewed = mono_ns();
+                renewed = sent;
+                renewed_at(m, sent);
                 set_state(m, true, lease, true, "");
+                campaign(m, e, lease);
             } else {
                 set_state(m, false, 0, false, why);
                 if (nap(m, period))
@@ -143,10 +188,16 @@ static void *run(void *arg)
             }
             continue;
         }
-        rc = cl_etcd_lease_keepalive(e, lease, &ttl);
-        if (rc == 0) {
-            renewed = mono_ns();
-            continue;
+        {
+            uint64_t sent = mono_ns();
+
+            rc = cl_etcd_lease_keepalive(e, lease, &ttl);
+            if (rc == 0) {
+                renewed = sent;
+                renewed_at(m, sent);
+                campaign(m, e, lease);
+                continue;
+            }
         }
         if (rc == TERN_ENOLEASE) {
             set_state(m, false, 0, false, "the lease ran out: registering again");
@@ -171,6 +222,8 @@ static void *run(void *arg)
 
 static void member_free(struct cl_member *m)
 {
+    for (unsigned i = 0; i < m->cfg.n_shards; i++)
+        free((void *)m->cfg.shards[i]);
     free((void *)m->cfg.endpoints);
     free((void *)m->cfg.prefix);
     free((void *)m->cfg.name);
@@ -179,16 +232,37 @@ static void member_free(struct cl_member *m)
     free(m);
 }
 
+int cl_member_role(struct cl_member *m, const char *id, struct cl_shard_role *out)
+{
+    unsigned i = 0;
+
+    while (i < m->cfg.n_shards && strcmp(m->cfg.shards[i], id) != 0)
+        i++;
+    if (i == m->cfg.n_shards)
+        return TERN_ENOENT;
+    pthread_mutex_lock(&m->lock);
+    *out = m->roles[i];
+    if (out->role == CL_ROLE_PRIMARY && mono_ns() >= m->valid_until)
+        out->role = CL_ROLE_NONE;   /* our term may be over: act as none */
+    pthread_mutex_unlock(&m->lock);
+    return 0;
+}
+
 int cl_member_start(const struct cl_member_config *cfg, struct cl_member **out)
 {
     struct cl_member *m;
     pthread_condattr_t ca;
+    bool shards_ok = true;
     size_t klen;
     int rc;
 
     if (!cfg || !cfg->endpoints || !cfg->prefix || cfg->prefix[0] != '/' || !cfg->name ||
-        !*cfg->name || strchr(cfg->name, '/') || !cfg->value || cfg->ttl_s < 2 || !out)
+        !*cfg->name || strchr(cfg->name, '/') || !cfg->value || cfg->ttl_s < 2 || !out ||
+        cfg->n_shards > CL_SHARDS_MAX || strlen(cfg->name) >= CL_NAME_MAX)
         return TERN_EINVAL;
+    for (unsigned i = 0; i < cfg->n_shards; i++)
+        if (!cfg->shards[i] || !*cfg->shards[i] || strchr(cfg->shards[i], '/'))
+            return TERN_EINVAL;
     klen = strlen(cfg->prefix) + strlen("/nodes/") + strlen(cfg->name) + 1;
     if (klen > CL_KEY_MAX || strlen(cfg->value) > CL_VALUE_MAX)
         return TERN_E2BIG;
@@ -201,7 +275,11 @@ int cl_member_start(const struct cl_member_config *cfg, struct cl_member **out)
     m->cfg.name = strdup(cfg->name);
     m->cfg.value = strdup(cfg->value);
     m->key = malloc(klen);
-    if (!m->cfg.endpoints || !m->cfg.prefix || !m->cfg.name || !m->cfg.value || !m->key) {
+    memset(m->cfg.shards, 0, sizeof(m->cfg.shards));
+    for (unsigned i = 0; i < cfg->n_shards; i++)
+        shards_ok &= (m->cfg.shards[i] = strdup(cfg->shards[i])) != NULL;
+    if (!m->cfg.endpoints || !m->cfg.prefix || !m->cfg.name || !m->cfg.value || !m->key ||
+        !shards_ok) {
         rc = TERN_ENOMEM;
         goto fail;
     }

@@ -5,7 +5,8 @@
  * key goes at once. While etcd is away the node keeps running (etcd is
  * never on a data path) and the thread registers it again once etcd
  * answers. Two live nodes of one name: the second is refused (the key is
- * taken with a create-if-absent transaction) and keeps trying, saying so. */
+ * taken with a create-if-absent transaction) and keeps trying, saying so.
+ * The same thread runs the elections of the node's shards (shard.h). */
 #ifndef TERN_CLUSTER_MEMBER_H
 #define TERN_CLUSTER_MEMBER_H
 
@@ -13,6 +14,9 @@
 #include <stdint.h>
 
 #include "etcd.h"
+#include "shard.h"
+
+#define CL_SHARDS_MAX 16
 
 struct cl_member_config {
     const char *endpoints;      /* etcd's URLs (cl_etcd_open) */
@@ -20,6 +24,17 @@ struct cl_member_config {
     const char *name;           /* the node's name: letters, digits, . _ - */
     const char *value;          /* what the key holds (the node's JSON) */
     unsigned ttl_s;             /* the lease, >= 2 */
+    /* Shards this node replicates (their maps defined in etcd): the
+     * thread campaigns for each one's office under the node's lease. */
+    const char *shards[CL_SHARDS_MAX];
+    unsigned n_shards;
+};
+
+/* This node's part in a shard, as the thread last learned it. */
+struct cl_shard_role {
+    enum cl_role role;
+    uint64_t epoch;
+    char primary[CL_NAME_MAX];
 };
 
 struct cl_member_state {
@@ -38,6 +53,13 @@ int cl_member_start(const struct cl_member_config *cfg, struct cl_member **out);
 
 /* A consistent copy of the state. Any thread. */
 void cl_member_state(struct cl_member *m, struct cl_member_state *out);
+
+/* This node's role in shard `id` now: PRIMARY only while its lease is
+ * surely alive by this node's own clock (renewed less than three quarters
+ * of the lease ago), so that a primary cut off from etcd stops acting as
+ * one before etcd lets another replica take the office. TERN_ENOENT for a
+ * shard not in the configuration. Any thread. */
+int cl_member_role(struct cl_member *m, const char *id, struct cl_shard_role *out);
 
 /* Stop the thread and revoke the lease (the key goes with it; if etcd is
  * away, it goes when the lease runs out). */

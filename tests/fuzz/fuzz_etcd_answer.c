@@ -1,13 +1,14 @@
 /* etcd's answers as services/cluster reads them (etcd_json.c): a lying
  * or broken etcd, or something else on its port, writes any bytes. The
  * first input byte picks the reader (range, transaction, lease, delete,
- * header, error), the rest is the body. A reader may only refuse
+ * header, error, a shard's map), the rest is the body. A reader may only refuse
  * (TERN_EPROTO); what it hands out must be what it says: every key 1 to
  * CL_KEY_MAX bytes, every value readable to its length, revisions not
  * negative, the error message NUL-terminated in its buffer. */
 #include "error.h"
 #include "etcd.h"
 #include "fuzz.h"
+#include "shard.h"
 
 static volatile uint8_t sink;
 
@@ -39,7 +40,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char msg[64];
     int rc;
 
-    switch (pick % 6) {
+    switch (pick % 7) {
     case 0:
         rc = cl_answer_range(body, len, touch, &n, &rev);
         FZ_CHECK(rc == 0 || rc == TERN_EPROTO || rc == TERN_ENOMEM || rc == 7, "range: %d", rc);
@@ -63,6 +64,31 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         rc = cl_answer_header(body, len, &rev);
         FZ_CHECK(rc == 0 || rc == TERN_EPROTO, "header: %d", rc);
         break;
+    case 6: {
+        struct cl_shard_map m;
+        char back[1024];
+        bool in = false;
+
+        rc = cl_shard_map_parse((const uint8_t *)body, len, &m);
+        FZ_CHECK(rc == 0 || rc == TERN_EPROTO, "map: %d", rc);
+        if (rc)
+            break;
+        /* A map taken is sound, and reads back the same. */
+        FZ_CHECK(m.n_replicas >= 1 && m.n_replicas <= CL_REPLICAS_MAX, "%u replicas",
+                 m.n_replicas);
+        for (unsigned i = 0; i < m.n_replicas; i++)
+            in |= strcmp(m.replicas[i], m.primary) == 0;
+        FZ_CHECK(m.primary[0] ? in : m.epoch == 0, "a primary that is not a replica");
+        {
+            struct cl_shard_map again;
+            int n = cl_shard_map_json(&m, back, sizeof(back));
+
+            FZ_CHECK(n > 0, "the map does not print: %d", n);
+            FZ_CHECK(cl_shard_map_parse((const uint8_t *)back, (size_t)n, &again) == 0 &&
+                         memcmp(&again, &m, sizeof(m)) == 0, "the map does not read back");
+        }
+        break;
+    }
     default:
         rc = cl_answer_error(body, len, msg, sizeof(msg));
         FZ_CHECK(rc == 0 || rc == TERN_EPROTO, "error: %d", rc);

@@ -140,6 +140,8 @@ SEEDS["etcd_answer"] = {
     "delete": u8(3) + b'{"header":{"revision":"12"},"deleted":"3"}',
     "put": u8(4) + b'{"header":{"cluster_id":"1","member_id":"2","revision":"13","raft_term":"2"}}',
     "error": u8(5) + b'{"error":"etcdserver: requested lease not found","message":"etcdserver: requested lease not found","code":5}',
+    "map": u8(6) + b'{"id":"kv-0","epoch":3,"primary":"b","replicas":["a","b","c"]}',
+    "map-new": u8(6) + b'{"id":"doc-main","epoch":0,"primary":"","replicas":["r1h1"]}',
     "stream-error": u8(5) + b'{"error":{"grpc_code":5,"http_code":404,"message":"etcdserver: requested lease not found","http_status":"Not Found"}}',
 }
 

@@ -126,7 +126,7 @@ static double num(json_object *o, const char *key)
 
 static void print_table(FILE *f, json_object *st)
 {
-    json_object *svcs, *peers, *cl;
+    json_object *svcs, *peers, *cl, *sh;
 
     fprintf(f, "node %s  rack %s  up %.0f s  pid %.0f  tern %s\n", str(st, "node"),
            *str(st, "rack") ? str(st, "rack") : "-", num(st, "uptime_s"), num(st, "pid"),
@@ -150,6 +150,13 @@ static void print_table(FILE *f, json_object *st)
         else
             fprintf(f, "cluster %s in etcd %s  NOT REGISTERED: %s\n", str(cl, "prefix"),
                     str(cl, "etcd"), str(cl, "error"));
+        if (json_object_object_get_ex(cl, "shards", &sh) && json_object_is_type(sh, json_type_array))
+            for (size_t i = 0; i < json_object_array_length(sh); i++) {
+                json_object *x = json_object_array_get_idx(sh, i);
+
+                fprintf(f, "shard %-16s %-8s epoch %-6.0f primary %s\n", str(x, "id"),
+                        str(x, "role"), num(x, "epoch"), str(x, "primary"));
+            }
     }
     if (!json_object_object_get_ex(st, "peers", &peers) ||
         !json_object_is_type(peers, json_type_array) || !json_object_array_length(peers)) {

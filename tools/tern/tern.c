@@ -17,6 +17,7 @@
 #include "error.h"
 #include "opt.h"
 #include "pm/pm.h"
+#include "tern_config.h"
 #include "terncli.h"
 
 static void usage(FILE *f)
@@ -36,6 +37,10 @@ static void usage(FILE *f)
             "                              peer the fabric, calls, errors, failovers, credits\n"
             "       tern ntb pull|plug ntb://emu:NAME   pull an emulated NTB cable or plug it\n"
             "                              back in (both ends see the link go down or up)\n"
+            "       tern shard define --etcd URLS [--prefix P] ID NODE...\n"
+            "                              a shard's map in etcd: the nodes that replicate it\n"
+            "       tern shard list --etcd URLS [--prefix P]\n"
+            "                              every shard: epoch, primary, replicas\n"
             "       tern --help | --version\n"
             "The cluster key (ping, status): --key-file F, else $TERN_KEY_FILE.\n"
             "Pools and chains are read-only. Exit status: 0 sound, 1 corrupt (the report\n"
@@ -92,6 +97,11 @@ int main(int argc, char **argv)
     if (argc > 1 && strcmp(argv[1], "ntb") == 0 &&
         !(argc > 2 && (strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0)))
         return tern_ntb_cmd(argc - 2, argv + 2);
+#if TERN_HAVE_CLUSTER
+    if (argc > 1 && strcmp(argv[1], "shard") == 0 &&
+        !(argc > 2 && (strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0)))
+        return tern_shard_cmd(argc - 2, argv + 2);
+#endif
     if (argc > 1 && (strcmp(argv[1], "ping") == 0 || strcmp(argv[1], "status") == 0) &&
         !(argc > 2 && (strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0)))
         return tern_node_cmd(argv[1], argc - 2, argv + 2);

@@ -18,6 +18,9 @@ int tern_chain_cmd(int argc, char **argv);
  * holds what follows the command. Returns the exit status. */
 int tern_node_cmd(const char *cmd, int argc, char **argv);
 
+/* `tern shard define|list ...` (built with services/cluster). */
+int tern_shard_cmd(int argc, char **argv);
+
 /* `tern ntb pull|plug ntb://emu:NAME`. */
 int tern_ntb_cmd(int argc, char **argv);
 

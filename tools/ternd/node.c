@@ -408,7 +408,23 @@ static void cluster_json(struct ternd_node *n, struct buf *b)
         put_json_str(b, st.error);
     else
         put(b, "null");
-    put(b, "}");
+    put(b, ",\"shards\":[");
+    for (unsigned i = 0; i < n->o->n_shards; i++) {
+        static const char *const roles[] = {"none", "primary", "backup"};
+        struct cl_shard_role r;
+
+        if (cl_member_role(n->member, n->o->shards[i], &r) < 0)
+            continue;
+        put(b, "%s{\"id\":", i ? "," : "");
+        put_json_str(b, n->o->shards[i]);
+        put(b, ",\"role\":\"%s\",\"epoch\":%" PRIu64 ",\"primary\":", roles[r.role], r.epoch);
+        if (r.primary[0])
+            put_json_str(b, r.primary);
+        else
+            put(b, "null");
+        put(b, "}");
+    }
+    put(b, "]}");
 #else
     (void)n;
     put(b, "null");
@@ -532,6 +548,21 @@ static void metrics_text(struct ternd_node *n, struct buf *b)
                "# TYPE tern_cluster_registrations_total counter\n"
                "tern_cluster_registrations_total %" PRIu64 "\n",
             st.registered, st.registrations);
+        put(b, "# HELP tern_shard_primary 1 while this node is the shard's primary.\n"
+               "# TYPE tern_shard_primary gauge\n"
+               "# HELP tern_shard_epoch The shard's epoch as this node knows it.\n"
+               "# TYPE tern_shard_epoch gauge\n");
+        for (unsigned i = 0; i < o->n_shards; i++) {
+            struct cl_shard_role r;
+
+            if (cl_member_role(n->member, o->shards[i], &r) < 0)
+                continue;
+            put(b, "tern_shard_primary{shard=\"");
+            put_label(b, o->shards[i]);
+            put(b, "\"} %d\ntern_shard_epoch{shard=\"", r.role == CL_ROLE_PRIMARY);
+            put_label(b, o->shards[i]);
+            put(b, "\"} %" PRIu64 "\n", r.epoch);
+        }
     }
 #endif
     pthread_mutex_lock(&n->lock);
@@ -750,10 +781,15 @@ int ternd_node_join(struct ternd_node *n)
         free(b.p);
         return TERN_ENOMEM;
     }
-    rc = cl_member_start(&(struct cl_member_config){.endpoints = o->etcd, .prefix = o->prefix,
-                                                     .name = o->name, .value = b.p,
-                                                     .ttl_s = o->lease_ttl},
-                         &n->member);
+    {
+        struct cl_member_config mc = {.endpoints = o->etcd, .prefix = o->prefix,
+                                      .name = o->name, .value = b.p, .ttl_s = o->lease_ttl,
+                                      .n_shards = o->n_shards};
+
+        for (unsigned i = 0; i < o->n_shards; i++)
+            mc.shards[i] = o->shards[i];
+        rc = cl_member_start(&mc, &n->member);
+    }
     free(b.p);
     return rc;
 #else

@@ -241,6 +241,23 @@ static bool set_lease_ttl(struct ctx *c, const char *v)
     return true;
 }
 
+static bool set_shard(struct ctx *c, const char *v)
+{
+    if (c->o->n_shards == TERND_MAX_SHARDS) {
+        say(c, "at most %d shards", TERND_MAX_SHARDS);
+        return false;
+    }
+    for (unsigned i = 0; i < c->o->n_shards; i++)
+        if (strcmp(c->o->shards[i], v) == 0) {
+            say(c, "shard %s named twice", v);
+            return false;
+        }
+    if (!name_ok(c, v, c->o->shards[c->o->n_shards]))
+        return false;
+    c->o->n_shards++;
+    return true;
+}
+
 static bool set_key_file(struct ctx *c, const char *v)
 {
     char why[160];
@@ -517,6 +534,7 @@ static const struct key keys[] = {
     {"cluster", "etcd", "etcd", 1, NULL, set_etcd, false, "etcd's client URLs, http://HOST:PORT[,...]: register there under a lease (default: none, alone)"},
     {"cluster", "prefix", "etcd-prefix", 1, NULL, set_prefix, false, "the cluster's keys in etcd live under it (default /tern)"},
     {"cluster", "lease_ttl", "lease-ttl", 1, NULL, set_lease_ttl, false, "seconds a silent node stays registered (2..60, default 5)"},
+    {"cluster", "shard", "shard", 1, NULL, set_shard, true, "a shard this node replicates (its map defined in etcd: tern shard define); up to 16"},
     {"policy", "same_rack", NULL, 0, NULL, set_same_rack, false, "fabrics for peers of this rack, best first (default shm,ntb,rdma,tcp)"},
     {"policy", "other_rack", NULL, 0, NULL, set_other_rack, false, "fabrics for peers of other racks (default rdma,tcp)"},
     {"policy", "subnet", NULL, 0, NULL, set_subnet, true, "'A.B.C.D/BITS FABRIC': peers in that subnet use that fabric, up to 16"},
@@ -877,6 +895,8 @@ int ternd_opts_parse(int argc, char **argv, struct ternd_opts *o)
                 o->n_listen = 0;
             else if (key->set == set_chain_peer)
                 o->chain.n_peers = 0;
+            else if (key->set == set_shard)
+                o->n_shards = 0;
         }
         if (!key->set(&c, key->has_arg ? optarg : key->implied))
             return OPT_USAGE;
@@ -994,9 +1014,12 @@ void ternd_opts_print(FILE *f, const struct ternd_opts *o)
         fprintf(f, "workers = %u\n", o->chain.workers);
     if (o->chain.fault)
         fprintf(f, "fault = %s\n", fault_names[o->chain.fault]);
-    if (o->etcd)
+    if (o->etcd) {
         fprintf(f, "\n[cluster]\netcd = %s\nprefix = %s\nlease_ttl = %u\n", o->etcd, o->prefix,
                 o->lease_ttl);
+        for (unsigned i = 0; i < o->n_shards; i++)
+            fprintf(f, "shard = %s\n", o->shards[i]);
+    }
     ternd_fabric_list_text(&o->policy.same_rack, a, sizeof(a));
     ternd_fabric_list_text(&o->policy.other_rack, b, sizeof(b));
     fprintf(f, "\n[policy]\nsame_rack = %s\nother_rack = %s\n", a, b);

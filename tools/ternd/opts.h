@@ -35,6 +35,7 @@
 #define TERND_NAME_MAX 64
 #define TERND_LEASE_MIN 2            /* [cluster] lease_ttl, seconds */
 #define TERND_LEASE_MAX 60
+#define TERND_MAX_SHARDS 16          /* [cluster] shard (CL_SHARDS_MAX) */
 
 /* A fabric preference list ("ntb,rdma,tcp"): fabric names in order. */
 #define TERND_FABRICS 4
@@ -104,6 +105,8 @@ struct ternd_opts {
     const char *etcd;                /* "http://HOST:PORT[,...]", or NULL */
     char prefix[TERND_NAME_MAX];     /* every key under it (default /tern) */
     unsigned lease_ttl;              /* seconds */
+    char shards[TERND_MAX_SHARDS][TERND_NAME_MAX];  /* shards it replicates */
+    unsigned n_shards;
     /* [policy], [peer NAME] */
     struct ternd_policy policy;
     struct ternd_peer peers[TERND_MAX_PEERS];

@@ -1,0 +1,252 @@
+/* Shard maps and the election of primaries (shard.h). */
+#include <ctype.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <json-c/json.h>
+
+#include "error.h"
+#include "shard.h"
+
+#define CAS_TRIES 8
+
+static bool name_ok(const char *s, size_t n)
+{
+    if (n == 0 || n >= CL_NAME_MAX)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)s[i]) && !strchr("._-", s[i]))
+            return false;
+    return true;
+}
+
+int cl_shard_map_json(const struct cl_shard_map *m, char *buf, size_t len)
+{
+    size_t at = 0;
+    int n = snprintf(buf, len, "{\"id\":\"%s\",\"epoch\":%llu,\"primary\":\"%s\",\"replicas\":[",
+                     m->id, (unsigned long long)m->epoch, m->primary);
+
+    if (n < 0 || (size_t)n >= len)
+        return TERN_E2BIG;
+    at = (size_t)n;
+    for (unsigned i = 0; i < m->n_replicas; i++) {
+        n = snprintf(buf + at, len - at, "%s\"%s\"", i ? "," : "", m->replicas[i]);
+        if (n < 0 || (size_t)n >= len - at)
+            return TERN_E2BIG;
+        at += (size_t)n;
+    }
+    n = snprintf(buf + at, len - at, "]}");
+    if (n < 0 || (size_t)n >= len - at)
+        return TERN_E2BIG;
+    return (int)(at + (size_t)n);
+}
+
+static bool copy_name(json_object *v, char *out, bool empty_ok)
+{
+    const char *s;
+    size_t n;
+
+    if (!v || !json_object_is_type(v, json_type_string))
+        return false;
+    s = json_object_get_string(v);
+    n = (size_t)json_object_get_string_len(v);
+    if (!(n == 0 && empty_ok) && !name_ok(s, n))
+        return false;
+    memcpy(out, s, n);
+    out[n] = 0;
+    return true;
+}
+
+int cl_shard_map_parse(const uint8_t *json, size_t len, struct cl_shard_map *out)
+{
+    struct json_tokener *t = json_tokener_new_ex(4);
+    json_object *o = NULL, *v, *reps;
+    bool ok = false, primary_in = false;
+
+    memset(out, 0, sizeof(*out));
+    if (!t || len > 65536)
+        goto done;
+    o = json_tokener_parse_ex(t, (const char *)json, (int)len);
+    if (!o || json_tokener_get_error(t) != json_tokener_success ||
+        json_tokener_get_parse_end(t) != len || !json_object_is_type(o, json_type_object))
+        goto done;
+    if (!json_object_object_get_ex(o, "id", &v) || !copy_name(v, out->id, false))
+        goto done;
+    if (!json_object_object_get_ex(o, "primary", &v) || !copy_name(v, out->primary, true))
+        goto done;
+    if (!json_object_object_get_ex(o, "epoch", &v) || !json_object_is_type(v, json_type_int) ||
+        json_object_get_int64(v) < 0)
+        goto done;
+    out->epoch = (uint64_t)json_object_get_int64(v);
+    if (!json_object_object_get_ex(o, "replicas", &reps) ||
+        !json_object_is_type(reps, json_type_array) || json_object_array_length(reps) == 0 ||
+        json_object_array_length(reps) > CL_REPLICAS_MAX)
+        goto done;
+    for (size_t i = 0; i < json_object_array_length(reps); i++) {
+        if (!copy_name(json_object_array_get_idx(reps, i), out->replicas[i], false))
+            goto done;
+        for (size_t k = 0; k < i; k++)
+            if (strcmp(out->replicas[k], out->replicas[i]) == 0)
+                goto done;
+        primary_in |= strcmp(out->replicas[i], out->primary) == 0;
+    }
+    out->n_replicas = (unsigned)json_object_array_length(reps);
+    /* A primary is one of the replicas, and there is one once there was
+     * an election. */
+    ok = (out->primary[0] ? primary_in : true) && (out->epoch == 0) == (out->primary[0] == 0);
+done:
+    json_object_put(o);
+    if (t)
+        json_tokener_free(t);
+    if (!ok)
+        memset(out, 0, sizeof(*out));
+    return ok ? 0 : TERN_EPROTO;
+}
+
+static int key_of(char *buf, const char *prefix, const char *id, const char *what)
+{
+    int n = snprintf(buf, CL_KEY_MAX + 1, "%s/shards/%s/%s", prefix, id, what);
+
+    return n < 0 || n > CL_KEY_MAX ? TERN_E2BIG : 0;
+}
+
+int cl_shard_define(struct cl_etcd *e, const char *prefix, const struct cl_shard_map *m)
+{
+    char key[CL_KEY_MAX + 1], json[1024];
+    bool created = false;
+    int n, rc;
+
+    if (!name_ok(m->id, strlen(m->id)) || !m->n_replicas || m->n_replicas > CL_REPLICAS_MAX ||
+        m->epoch || m->primary[0])
+        return TERN_EINVAL;
+    for (unsigned i = 0; i < m->n_replicas; i++) {
+        if (!name_ok(m->replicas[i], strlen(m->replicas[i])))
+            return TERN_EINVAL;
+        for (unsigned k = 0; k < i; k++)
+            if (strcmp(m->replicas[k], m->replicas[i]) == 0)
+                return TERN_EINVAL;
+    }
+    if ((rc = key_of(key, prefix, m->id, "map")) < 0 ||
+        (n = cl_shard_map_json(m, json, sizeof(json))) < 0)
+        return rc < 0 ? rc : n;
+    rc = cl_etcd_create(e, key, json, (size_t)n, 0, &created, NULL, NULL);
+    return rc < 0 ? rc : created ? 0 : TERN_EEXIST;
+}
+
+struct got_map {
+    struct cl_shard_map *m;
+    int64_t mod_rev;
+    int rc;
+    bool found;
+};
+
+static int take_map(void *arg, const struct cl_kv *kv)
+{
+    struct got_map *g = arg;
+
+    g->found = true;
+    g->mod_rev = kv->mod_rev;
+    g->rc = cl_shard_map_parse(kv->value, kv->value_len, g->m);
+    return 0;
+}
+
+int cl_shard_get(struct cl_etcd *e, const char *prefix, const char *id, struct cl_shard_map *out,
+                 int64_t *mod_rev)
+{
+    char key[CL_KEY_MAX + 1];
+    struct got_map g = {.m = out};
+    int rc = key_of(key, prefix, id, "map");
+
+    if (rc == 0)
+        rc = cl_etcd_get(e, key, false, take_map, &g, NULL);
+    if (rc == 0)
+        rc = !g.found ? TERN_ENOENT : g.rc;
+    if (rc == 0 && strcmp(out->id, id) != 0)
+        rc = TERN_EPROTO;       /* a map under another shard's key */
+    if (rc == 0 && mod_rev)
+        *mod_rev = g.mod_rev;
+    return rc;
+}
+
+struct holder {
+    char name[CL_NAME_MAX];
+    int64_t lease;
+};
+
+static int take_holder(void *arg, const struct cl_kv *kv)
+{
+    struct holder *h = arg;
+
+    h->lease = kv->lease;
+    if (name_ok((const char *)kv->value, kv->value_len)) {
+        memcpy(h->name, kv->value, kv->value_len);
+        h->name[kv->value_len] = 0;
+    }
+    return 0;
+}
+
+/* The office is ours: make the map say so, with an epoch above every one
+ * before. `fresh`: just taken, a new term even if the map named this node
+ * already (an earlier term of it, under an earlier lease); else a step
+ * repeated in the same term, which raises nothing once the map names us. */
+static int take_term(struct cl_etcd *e, const char *prefix, const char *id, const char *me,
+                     bool fresh, struct cl_shard_map *m)
+{
+    char key[CL_KEY_MAX + 1], json[1024];
+    int rc = key_of(key, prefix, id, "map");
+
+    for (int i = 0; rc == 0 && i < CAS_TRIES; i++) {
+        int64_t mod = 0;
+        bool swapped = false;
+        int n;
+
+        if ((rc = cl_shard_get(e, prefix, id, m, &mod)) < 0)
+            return rc;
+        if (!fresh && strcmp(m->primary, me) == 0 && m->epoch)
+            return 0;
+        m->epoch++;
+        snprintf(m->primary, sizeof(m->primary), "%s", me);
+        if ((n = cl_shard_map_json(m, json, sizeof(json))) < 0)
+            return n;
+        rc = cl_etcd_cas(e, key, mod, json, (size_t)n, 0, &swapped);
+        if (rc == 0 && swapped)
+            return 0;
+        fresh = false;      /* someone moved the map: read it again */
+    }
+    return rc < 0 ? rc : TERN_EAGAIN;
+}
+
+int cl_shard_campaign(struct cl_etcd *e, const char *prefix, const char *id, const char *me,
+                      int64_t lease, struct cl_shard_map *out, enum cl_role *role)
+{
+    char office[CL_KEY_MAX + 1];
+    struct holder h = {{0}, 0};
+    bool mine = false, created = false;
+    int rc;
+
+    *role = CL_ROLE_NONE;
+    if (!lease || !name_ok(me, strlen(me)))
+        return TERN_EINVAL;
+    if ((rc = cl_shard_get(e, prefix, id, out, NULL)) < 0)
+        return rc;
+    for (unsigned i = 0; i < out->n_replicas; i++)
+        mine |= strcmp(out->replicas[i], me) == 0;
+    if (!mine)
+        return 0;
+    if ((rc = key_of(office, prefix, id, "primary")) < 0)
+        return rc;
+    rc = cl_etcd_create(e, office, me, strlen(me), lease, &created, take_holder, &h);
+    if (rc < 0)
+        return rc;
+    if (created || h.lease == lease) {
+        if ((rc = take_term(e, prefix, id, me, created, out)) < 0)
+            return rc;
+        *role = CL_ROLE_PRIMARY;
+        return 0;
+    }
+    /* Another holds it. Until it has written its term into the map, the
+     * map names the one before: ask again. */
+    if (h.name[0] && strcmp(out->primary, h.name) == 0)
+        *role = CL_ROLE_BACKUP;
+    return 0;
+}

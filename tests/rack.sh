@@ -44,7 +44,11 @@ fail() {
 }
 on() { "$rack" exec "$@"; }
 
-"$rack" up --build "$build" >"$work/up" 2>&1 || fail "rack up: $(cat "$work/up")"
+# With etcd (Debian's etcd-server), one member on r1h1: every ternd
+# registers there (docs/CLUSTER.md).
+etcd_opt=()
+[ -x /usr/bin/etcd ] && etcd_opt=(--etcd 1 --lease 2)
+"$rack" up --build "$build" "${etcd_opt[@]}" >"$work/up" 2>&1 || fail "rack up: $(cat "$work/up")"
 mapfile -t hosts < <("$rack" hosts)
 [ ${#hosts[@]} -eq 4 ] || fail "rack hosts: ${hosts[*]}"
 
@@ -78,6 +82,22 @@ for line in "${hosts[@]}"; do
     grep -q "^tern_peer_up{peer=\"" "$work/metrics.$h" || fail "$h: metrics without peers"
 done
 echo "rack: 4 hosts, NTB inside each rack, rdma-emu across"
+if [ ${#etcd_opt[@]} -gt 0 ]; then
+    for line in "${hosts[@]}"; do
+        read -r h _ a <<<"$line"
+        reg=""
+        for _ in $(seq 50); do
+            reg=$(on "$h" "$tern" status --json "$a:7300" 2>/dev/null |
+                python3 -c "import json,sys; print(json.load(sys.stdin)['cluster']['registered'])" || true)
+            [ "$reg" = True ] && break
+            sleep 0.1
+        done
+        [ "$reg" = True ] || fail "$h not registered in etcd ($(cat "$TERN_RACK_DIR/etcd"))"
+    done
+    echo "rack: every host registered in etcd ($("$rack" etcd))"
+else
+    echo "rack: SKIP the etcd part: /usr/bin/etcd not installed (etcd-server)"
+fi
 
 # A process of a rack host without the cluster key is refused, with why.
 rc=0

@@ -406,8 +406,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         r.ring_addr = (uintptr_t)c->rx;
         r.ring_size = c->rx_size;
         r.ring_key = c->rx_mr->rkey;
-        if (c->wins) {
-            uint32_t want = c->wins->rkey;  /* c may go while we wait */
+        if (c->ring_win) {
+            uint32_t want = c->ring_win->rkey;  /* c may go while we wait */
 
             up = raw_recv(&wc) && (wc.wc_flags & IBV_WC_WITH_IMM) && wc.opcode == IBV_WC_RECV;
             FZ_CHECK(!up || be32toh(wc.imm_data) == want,

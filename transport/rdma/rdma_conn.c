@@ -120,7 +120,7 @@ static struct rdma_win *win_new(struct rdma_conn *c, const struct tern_tp_mr *mr
     w->len = len;
     w->access = access;
     w->rkey = ibv_inc_rkey(w->mw->rkey);
-    while (*tail)       /* binds go in the order asked: the ring's first */
+    while (*tail)       /* binds go in the order asked */
         tail = &(*tail)->next;
     *tail = w;
     c->wins_unposted++;
@@ -300,7 +300,9 @@ static int conn_resources(struct rdma_conn *c)
     if (rc < 0)
         return rc;
     if (ep->mw) {
-        if (!win_new(c, NULL, c->rx_mr, (uintptr_t)c->rx, c->rx_size, IBV_ACCESS_REMOTE_WRITE))
+        c->ring_win = win_new(c, NULL, c->rx_mr, (uintptr_t)c->rx, c->rx_size,
+                              IBV_ACCESS_REMOTE_WRITE);
+        if (!c->ring_win)
             return TERN_ENOMEM;
         c->key_owed = true;
     }
@@ -364,6 +366,7 @@ void trdma_conn_free(struct rdma_conn *c)
         c->wins = w->next;
         win_free(c, w);
     }
+    c->ring_win = NULL;
     /* Completions of its work requests may still sit in the CQ: their
      * entries come back once it is seen empty. */
     ep->cq_deferred += (long)(c->sq_posted - c->sq_done) + !c->marker_posted;

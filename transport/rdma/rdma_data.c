@@ -293,7 +293,7 @@ static bool next_wr(struct rdma_conn *c, struct ibv_send_wr *wr,
             c->key_owed = false;
             wr->opcode = IBV_WR_SEND_WITH_IMM;
             wr->send_flags = c->max_inline ? IBV_SEND_INLINE : 0;
-            wr->imm_data = htobe32(c->wins->rkey);
+            wr->imm_data = htobe32(c->ring_win->rkey);
             wr->wr_id = WR_KEY;
             return true;
         }

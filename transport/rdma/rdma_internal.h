@@ -170,8 +170,9 @@ struct rdma_conn {
                                  * staged into: re-lay once no reservation
                                  * is open (rdma_conn.c) */
 
-    /* Windows bound (or to be bound) to the QP; the ring's is first. */
+    /* Windows bound (or to be bound) to the QP, bound in list order. */
     struct rdma_win *wins;
+    struct rdma_win *ring_win;  /* the one over rx (with windows), also on the list */
     unsigned wins_unposted;
     bool key_owed;              /* our ring's key, in band, not yet posted */
     bool peer_keyed;            /* the peer's ring key is known */

@@ -18,7 +18,10 @@ tern=$build/tools/tern/tern
 [ -x /usr/bin/etcd ] || { echo "SKIP: /usr/bin/etcd not installed (Debian's etcd-server)"; exit 77; }
 [ -x /usr/bin/etcdctl ] || { echo "SKIP: /usr/bin/etcdctl not installed (etcd-client)"; exit 77; }
 command -v curl >/dev/null || { echo "SKIP: curl not installed"; exit 77; }
-"$ternd" --help 2>&1 | grep -q -- '--etcd' || { echo "SKIP: ternd built without [cluster]"; exit 77; }
+# The help read whole first: grep -q leaves at its first match, and under
+# pipefail ternd's SIGPIPE would read as "no --etcd".
+help=$("$ternd" --help 2>&1 || true)
+grep -q -- '--etcd' <<<"$help" || { echo "SKIP: ternd built without [cluster]"; exit 77; }
 base=/tmp
 [ -d /dev/shm ] && base=/dev/shm
 dir=$(mktemp -d "$base/tern-cluster-XXXXXX")

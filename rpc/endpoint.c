@@ -131,6 +131,7 @@ void tern_rpc_close(struct tern_rpc_ep *ep)
     free(ep->doomed);
     free(ep->held);
     free(ep->held_buf);
+    rpc_gates_detach(ep);
     if (ep->wait_epfd >= 0)
         close(ep->wait_epfd);
     explicit_bzero(ep->key, sizeof(ep->key));

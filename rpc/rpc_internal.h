@@ -181,6 +181,8 @@ struct tern_req {
     struct spill *spilled;          /* reply went to the heap instead */
     bool reply_taken;
     bool hold;                      /* tern_req_hold: reply after the hold hook */
+    struct tern_rpc_gate *gate;     /* tern_req_gate: reply when it passes ticket */
+    uint64_t ticket;
 };
 
 #define RPC_HOLD_HOOKS 8
@@ -239,6 +241,7 @@ struct tern_rpc_ep {
     unsigned n_hooks;
     struct rpc_held *held;
     unsigned n_held, cap_held;
+    struct tern_rpc_gate *gates;    /* gate.c */
     uint8_t *held_buf;
     size_t held_len, held_cap;
 };
@@ -257,6 +260,15 @@ void rpc_doom(struct tern_rpc_ep *ep, struct tern_tp_conn *conn);
 void rpc_release_held(struct tern_rpc_ep *ep);
 /* A session is going: its held replies go with it. */
 void rpc_forget_held(struct tern_session *s);
+/* Send a reply whose payload is not in the send buffer yet. */
+void rpc_emit(struct tern_session *s, struct rpc_hdr *h, const void *body, size_t len);
+
+/* gate.c: hold a built reply behind a gate (false: no memory); a session
+ * is going; the endpoint is closing (its gates outlive it, empty). */
+bool rpc_gate_hold(struct tern_rpc_gate *g, struct tern_session *s, const struct rpc_hdr *h,
+                   const void *body, size_t len, uint64_t ticket);
+void rpc_gate_forget(struct tern_session *s);
+void rpc_gates_detach(struct tern_rpc_ep *ep);
 
 /* client.c */
 void rpc_client_recv(struct tern_session *s, const struct rpc_hdr *h, const void *body,

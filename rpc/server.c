@@ -168,8 +168,6 @@ static bool hold_reply(struct tern_session *s, const struct rpc_hdr *h, const vo
     return true;
 }
 
-static void emit(struct tern_session *s, struct rpc_hdr *h, const void *body, size_t len);
-
 /* Send the reply of `r` with `status`. */
 static void send_reply(struct tern_session *s, struct tern_req *r, int status)
 {
@@ -198,6 +196,22 @@ static void send_reply(struct tern_session *s, struct tern_req *r, int status)
         }
         body = 0;
     }
+    /* Gated: it waits for its ticket, however many polls that takes. */
+    if (r->gate) {
+        const void *payload = r->reply ? (const void *)r->reply
+                              : r->spilled ? (const void *)(r->spilled->data + HDR) : NULL;
+        bool kept = rpc_gate_hold(r->gate, s, &h, payload, payload ? body : 0, r->ticket);
+
+        if (r->reply)
+            tern_tp_msg_abort(s->conn, r->reply - HDR);
+        free(r->spilled);
+        if (!kept) {
+            /* Never early: a gated reply may promise what is not yet true. */
+            h.status = TERN_ENOMEM;
+            rpc_emit(s, &h, NULL, 0);
+        }
+        return;
+    }
     /* Held: this reply, and every later one of the poll (they may show
      * what the held ones wrote), wait for the hook. */
     if (s->ep->n_hooks && (r->hold || s->ep->n_held)) {
@@ -218,7 +232,7 @@ static void send_reply(struct tern_session *s, struct tern_req *r, int status)
             r->reply = NULL;
             r->spilled = NULL;
             h.status = TERN_EIO;
-            emit(s, &h, NULL, 0);
+            rpc_emit(s, &h, NULL, 0);
             return;
         }
     }
@@ -244,8 +258,7 @@ static void send_reply(struct tern_session *s, struct tern_req *r, int status)
     }
 }
 
-/* Send a reply whose payload is not in the send buffer yet. */
-static void emit(struct tern_session *s, struct rpc_hdr *h, const void *body, size_t len)
+void rpc_emit(struct tern_session *s, struct rpc_hdr *h, const void *body, size_t len)
 {
     uint8_t *buf;
 
@@ -289,7 +302,7 @@ void rpc_release_held(struct tern_rpc_ep *ep)
             continue;
         if (rc < 0)
             e->h.status = TERN_EIO;
-        emit(e->s, &e->h, ep->held_buf + e->off, e->len);
+        rpc_emit(e->s, &e->h, ep->held_buf + e->off, e->len);
     }
     ep->n_held = 0;
     ep->held_len = 0;
@@ -297,6 +310,7 @@ void rpc_release_held(struct tern_rpc_ep *ep)
 
 void rpc_forget_held(struct tern_session *s)
 {
+    rpc_gate_forget(s);
     for (unsigned i = 0; i < s->ep->n_held; i++)
         if (s->ep->held[i].s == s)
             s->ep->held[i].s = NULL;

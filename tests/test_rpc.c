@@ -356,6 +356,7 @@ void rpc_add_basics(const struct rpc_cases *c)
 }
 
 TCase *rpc_hold_tcase(void);     /* test_rpc_hold.c */
+TCase *rpc_gate_tcase(void);     /* test_rpc_hold.c */
 
 Suite *suite_rpc(void)
 {
@@ -388,5 +389,6 @@ Suite *suite_rpc(void)
     suite_add_tcase(s, c.rma);
     suite_add_tcase(s, c.bad);
     suite_add_tcase(s, rpc_hold_tcase());
+    suite_add_tcase(s, rpc_gate_tcase());
     return s;
 }

@@ -16,6 +16,10 @@
  *               log says what and where; the file is left as it was);
  *   EWRONGNODE  the key hashes outside this server's range (re-route);
  *   ENOLEASE    a one-sided PUT named a lease that ended (lease again);
+ *   ENOTPRIMARY a write (or read) reached a replica that is not the shard's
+ *               primary now (or not yet: it is catching up); ask the map;
+ *   ESTALE      a replication message from an epoch older than the one the
+ *               replica has seen: its sender was deposed (fencing);
  *   EDOC        the document service refused a command with a MongoDB error
  *               that has no closer code here (tern_doc_last_error says which:
  *               code, codeName, errmsg). A duplicate key is TERN_EEXIST.
@@ -69,7 +73,11 @@ extern "C" {
     X(ENOLEASE,        -(TERN_EBASE + 10), "no such lease (ended or never granted): lease again") \
     X(EDOC,            -(TERN_EBASE + 11), "the document service refused the command (see tern_doc_last_error)") \
     /* services: block sync */                                                 \
-    X(EFORKED,         -(TERN_EBASE + 12), "the chain parted from the one expected (forked)")
+    X(EFORKED,         -(TERN_EBASE + 12), "the chain parted from the one expected (forked)") \
+    /* services: replication */                                                \
+    X(ENOTPRIMARY,     -(TERN_EBASE + 14), "this node is not the shard's primary now: ask the map again") \
+    X(ESTALE,          -ESTALE,          "stale epoch: a newer primary was elected (fenced)") \
+    X(ESHUTDOWN,       -ESHUTDOWN,       "shut down before the answer could be given")
 
 enum tern_errno {
 #define TERN_ERR_ENUM(name, value, msg) TERN_##name = (value),

@@ -85,6 +85,43 @@ void tern_req_hold(struct tern_req *req);
 int tern_rpc_add_hold_hook(struct tern_rpc_ep *ep, int (*fn)(void *arg), void *arg);
 void tern_rpc_remove_hold_hook(struct tern_rpc_ep *ep, int (*fn)(void *arg), void *arg);
 
+/* ---- gates: replies that wait for something after the poll ----
+ *
+ * A hold (above) ends with its poll. A gate holds replies for as long as a
+ * service needs, say until enough backups acknowledged a write
+ * (services/repl): the handler gives its reply a ticket, a number that never
+ * goes down from one gated reply to the next (a log position), and the
+ * service later passes the gate up to some ticket, which sends every reply
+ * held with that ticket or a lower one, in the order they were gated. The
+ * reply's header and payload are copied into the gate's buffer, which grows
+ * and is then reused: no allocation per reply once warm. A gate belongs to
+ * its endpoint's thread. A session that goes drops its gated replies. */
+struct tern_rpc_gate;
+
+/* A gate on `ep`; TERN_ENOMEM. */
+int tern_rpc_gate_open(struct tern_rpc_ep *ep, struct tern_rpc_gate **out);
+
+/* Fail every reply still held with TERN_ESHUTDOWN, then free the gate.
+ * Close gates before their endpoint. NULL is ignored. */
+void tern_rpc_gate_close(struct tern_rpc_gate *g);
+
+/* Hold this request's reply (or its error) until the gate passes `ticket`.
+ * A ticket lower than one gated before is raised to it (replies leave in
+ * order). If the gate cannot hold it (no memory) the reply fails with
+ * TERN_ENOMEM instead of going out early. Call from the handler. */
+void tern_req_gate(struct tern_req *req, struct tern_rpc_gate *g, uint64_t ticket);
+
+/* Send every held reply whose ticket is <= upto. */
+void tern_rpc_gate_pass(struct tern_rpc_gate *g, uint64_t upto);
+
+/* Replace the status of every held reply with `code` (negative) and send
+ * them all: what a service does when it can no longer keep its promise
+ * (it lost its office). */
+void tern_rpc_gate_fail(struct tern_rpc_gate *g, int code);
+
+/* Replies held now, and the lowest ticket among them (0 if none). */
+unsigned tern_rpc_gate_waiting(const struct tern_rpc_gate *g, uint64_t *lowest);
+
 /* Absolute CLOCK_MONOTONIC deadline of the request in ns, 0 if none. The
  * client's remaining budget travels with the request. */
 uint64_t tern_req_deadline(const struct tern_req *req);

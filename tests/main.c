@@ -45,6 +45,7 @@ static const struct {
     {"kv_onesided", suite_kv_onesided},
     {"resp", suite_resp},
     {"pm", suite_pm},
+    {"repl", suite_repl},
 #endif
 #if TERN_HAVE_DOC
     {"doc_bson", suite_doc_bson},

@@ -25,6 +25,7 @@ Suite *suite_kv_procs(void);
 Suite *suite_kv_onesided(void);
 Suite *suite_resp(void);
 Suite *suite_pm(void);
+Suite *suite_repl(void);       /* services/repl */
 Suite *suite_doc_bson(void);     /* the document service: with libbson and PCRE2 */
 Suite *suite_doc_match(void);
 Suite *suite_doc_update(void);

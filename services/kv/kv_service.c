@@ -12,6 +12,7 @@
 #include "kv_service_internal.h"
 #include "kv_store.h"
 #include "kv_wire.h"
+#include "repl.h"
 
 
 /* Parse a kv_key request; `with_val` for PUT. */
@@ -25,7 +26,8 @@ static int parse_key(const void *data, size_t len, bool with_val, const uint8_t 
     if (len < sizeof(k))
         return TERN_EPROTO;
     memcpy(&k, data, sizeof(k));
-    if (k.flags || (!with_val && k.vlen) || len != sizeof(k) + (size_t)k.klen + k.vlen)
+    if ((k.flags & ~(unsigned)(KV_F_W_ONE | KV_F_W_ALL)) || (!with_val && k.vlen) ||
+        len != sizeof(k) + (size_t)k.klen + k.vlen)
         return TERN_EPROTO;
     if (!k.klen)
         return TERN_EINVAL;
@@ -43,6 +45,73 @@ bool kv_owns(const struct tern_kv_service *svc, const void *key, size_t klen)
     uint32_t top = (uint32_t)(kv_hash(key, klen) >> 32);
 
     return top >= svc->lo && top <= svc->hi;
+}
+
+/* ---- replication ---- */
+
+static void kv_tap(void *arg, enum pm_rec_type type, const void *key, uint16_t klen,
+                   const void *val, uint32_t len, uint64_t version)
+{
+    struct tern_kv_service *svc = arg;
+
+    repl_written(svc->repl, type == PM_TOMBSTONE ? REPL_DEL : REPL_SET, key, klen, val, len,
+                 version);
+}
+
+void kv_service_replicate(struct tern_kv_service *svc, struct repl *r)
+{
+    svc->repl = r;
+    kvs_set_tap(svc->store, r ? kv_tap : NULL, svc);
+}
+
+static int op_apply(void *ctx, uint8_t type, const void *key, uint16_t klen, const void *val,
+                    uint32_t vlen, uint64_t version)
+{
+    struct tern_kv_service *svc = ctx;
+
+    return kvs_apply(svc->store, type == REPL_DEL ? PM_TOMBSTONE : PM_VALUE, key, klen, val,
+                     vlen, version, 0);
+}
+
+static int op_sync(void *ctx)
+{
+    return kvs_sync(((struct tern_kv_service *)ctx)->store);
+}
+
+static uint64_t op_position(void *ctx)
+{
+    return kvs_version(((struct tern_kv_service *)ctx)->store);
+}
+
+static void op_raise(void *ctx, uint64_t v)
+{
+    kvs_raise_version(((struct tern_kv_service *)ctx)->store, v);
+}
+
+const struct repl_store_ops kv_repl_ops = {
+    .apply = op_apply,
+    .sync = op_sync,
+    .position = op_position,
+    .raise = op_raise,
+};
+
+/* A write's reply waits for the concern its request names. */
+void kv_hold_write(struct tern_kv_service *svc, struct tern_req *req, const void *data)
+{
+    struct kv_key k;
+
+    if (!svc->repl)
+        return;
+    memcpy(&k, data, sizeof(k));
+    repl_hold(svc->repl, req, (k.flags & KV_F_W_ONE) ? REPL_W_ONE
+                              : (k.flags & KV_F_W_ALL) ? REPL_W_ALL : REPL_W_MAJORITY);
+}
+
+/* A read on a replicated shard: only the primary answers (it alone knows
+ * what is committed), and a value not yet on a majority waits until it is. */
+int kv_read_check(struct tern_kv_service *svc)
+{
+    return svc->repl ? repl_writable(svc->repl) : 0;
 }
 
 int kv_reply_version(struct tern_req *req, uint64_t version)
@@ -70,9 +139,13 @@ static int h_get(struct tern_req *req, const void *data, size_t len, void *ctx)
         return rc;
     if (!kv_owns(svc, key, klen))
         return TERN_EWRONGNODE;
+    if ((rc = kv_read_check(svc)) < 0)
+        return rc;
     rc = kvs_get(svc->store, key, klen, &val, &vlen, &version);
     if (rc < 0)
         return rc;
+    if (svc->repl)
+        repl_hold_read(svc->repl, req, version);
     out = tern_reply_alloc(req, sizeof(struct kv_val) + vlen);
     if (!out)
         return TERN_EMSGSIZE;
@@ -94,7 +167,11 @@ static int h_put(struct tern_req *req, const void *data, size_t len, void *ctx)
         return rc;
     if (!kv_owns(svc, key, klen))
         return TERN_EWRONGNODE;
+    if (svc->repl && (rc = repl_writable(svc->repl)) < 0)
+        return rc;
     rc = kvs_put(svc->store, key, klen, val, vlen, TERN_KV_SYNC, &version);
+    if (rc == 0)
+        kv_hold_write(svc, req, data);
     return rc < 0 ? rc : kv_reply_version(req, version);
 }
 
@@ -110,7 +187,11 @@ static int h_del(struct tern_req *req, const void *data, size_t len, void *ctx)
         return rc;
     if (!kv_owns(svc, key, klen))
         return TERN_EWRONGNODE;
+    if (svc->repl && (rc = repl_writable(svc->repl)) < 0)
+        return rc;
     rc = kvs_del(svc->store, key, klen, TERN_KV_SYNC, &version);
+    if (rc == 0)
+        kv_hold_write(svc, req, data);
     return rc < 0 ? rc : kv_reply_version(req, version);
 }
 
@@ -150,6 +231,8 @@ static int h_mget(struct tern_req *req, const void *data, size_t len, void *ctx)
     uint16_t n_done = 0;
     uint8_t *out;
 
+    if (kv_read_check(svc) < 0)
+        return TERN_ENOTPRIMARY;
     if (len < sizeof(m))
         return TERN_EPROTO;
     memcpy(&m, data, sizeof(m));
@@ -260,6 +343,8 @@ static int h_scan(struct tern_req *req, const void *data, size_t len, void *ctx)
     struct kv_scan q;
     bool done;
 
+    if (kv_read_check(svc) < 0)
+        return TERN_ENOTPRIMARY;
     if (len != sizeof(q))
         return TERN_EPROTO;
     memcpy(&q, data, sizeof(q));

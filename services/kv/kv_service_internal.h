@@ -15,12 +15,32 @@ struct kv_os;
  * RESP gateway, rpcbench's space counters). */
 struct kvs *kv_service_store(struct tern_kv_service *svc);
 
+struct repl;
+
 struct tern_kv_service {
     struct kvs *store;
     uint32_t lo, hi;
     struct tern_service def;
     struct kv_os *os;                /* one-sided paths; NULL until enabled */
+    struct repl *repl;               /* replicated shard; NULL: alone */
 };
+
+/* Replicate the store as a shard of group `r` (services/repl): writes are
+ * shipped and their replies wait for their write concern; a node that is
+ * not the shard's primary answers TERN_ENOTPRIMARY. Call before serving. */
+void kv_service_replicate(struct tern_kv_service *svc, struct repl *r);
+
+/* Hold a PUT's or DELETE's reply (its request at data) for its write
+ * concern; nothing on a shard that is not replicated. */
+void kv_hold_write(struct tern_kv_service *svc, struct tern_req *req, const void *data);
+
+/* 0 if this node may answer reads of the store; TERN_ENOTPRIMARY on a
+ * replica that is not the primary. */
+int kv_read_check(struct tern_kv_service *svc);
+
+/* The store's side of a replication group (repl_store_ops), ctx = the
+ * service. */
+extern const struct repl_store_ops kv_repl_ops;
 
 /* Does this server own the key's hash? */
 bool kv_owns(const struct tern_kv_service *svc, const void *key, size_t klen);

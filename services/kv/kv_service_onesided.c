@@ -276,6 +276,10 @@ int kv_h_os_info(struct tern_req *req, const void *data, size_t len, void *ctx)
     (void)data;
     if (!svc->os)
         return TERN_ENOTSUP;
+    /* One-sided reads see what is not yet on a majority: the primary of a
+     * replicated shard does not hand them out. */
+    if (svc->repl)
+        return TERN_ENOTSUP;
     if (len)
         return TERN_EPROTO;
     out = tern_reply_alloc(req, sizeof(*out));
@@ -449,6 +453,8 @@ int kv_h_lease(struct tern_req *req, const void *data, size_t len, void *ctx)
 
     if (!os)
         return TERN_ENOTSUP;
+    if (svc->repl)
+        return TERN_ENOTSUP;
     if (len != sizeof(q))
         return TERN_EPROTO;
     memcpy(&q, data, sizeof(q));
@@ -611,6 +617,8 @@ int kv_h_pget(struct tern_req *req, const void *data, size_t len, void *ctx)
 
     if (!svc->os)
         return TERN_ENOTSUP;
+    if ((rc = kv_read_check(svc)) < 0)
+        return rc;
     if (len < sizeof(q))
         return TERN_EPROTO;
     memcpy(&q, data, sizeof(q));

@@ -38,7 +38,24 @@ struct kvs {
     unsigned n_pins;                 /* entries in use */
     void (*on_short)(void *arg);     /* kvs_on_short() */
     void *on_short_arg;
+    kvs_tap_fn tap;                  /* kvs_set_tap() */
+    void *tap_arg;
+    uint64_t forced;                 /* kvs_apply: the version to write, 0 = a new one */
 };
+
+/* The version a write takes: the next of the pool's counter, or the one a
+ * replica was told to write (kvs_apply). */
+static uint64_t next_version(struct kvs *s)
+{
+    return s->forced ? s->forced : pm_next_version(s->pool);
+}
+
+static void tap(struct kvs *s, enum pm_rec_type type, const void *key, uint16_t klen,
+                const void *val, uint32_t len, uint64_t ver)
+{
+    if (s->tap && !s->forced)
+        s->tap(s->tap_arg, type, key, klen, val, len, ver);
+}
 
 static inline pm_loc ent_loc(const struct kv_ent *e)
 {
@@ -331,7 +348,7 @@ static int append(struct kvs *s, enum pm_rec_type type, const void *key,
         if (rc > 0)
             s->st.segs_cleaned += (unsigned)rc;
     }
-    *version = pm_next_version(s->pool);
+    *version = next_version(s);
     rc = pm_append(s->pool, type, *version, key, klen, val, len, loc);
     if (rc != TERN_ENOSPC)
         return rc;
@@ -386,7 +403,7 @@ static int put_again(struct kvs *s, struct kv_ent *e, const void *key,
     if (ent_is_tomb(e) || pinned(s, ent_loc(e)) ||
         pm_slot_size(s->pool, ent_loc(e)) < pm_rec_size(klen, len))
         return 0;
-    *ver = pm_next_version(s->pool);
+    *ver = next_version(s);
     if (pm_rewrite_pending(s->pool, ent_loc(e), PM_VALUE, *ver, key, klen, val,
                                 len) < 0)
         return 0;
@@ -422,7 +439,7 @@ static int put_in_place(struct kvs *s, uint64_t h, const void *key, uint16_t kle
     if (!e->old_loc || pinned(s, e->old_loc) ||
         pm_slot_size(s->pool, e->old_loc) < pm_rec_size(klen, len))
         return 0;
-    *ver = pm_next_version(s->pool);
+    *ver = next_version(s);
     /* Nothing pending is committed first: the newer version is durable. */
     rc = pm_overwrite_behind(s->pool, e->old_loc, PM_VALUE, *ver, key, klen, val,
                                   len);
@@ -459,6 +476,7 @@ int kvs_put(struct kvs *s, const void *key, size_t klen,
     if (rc < 0)
         return rc;
     if (put_in_place(s, h, key, (uint16_t)klen, val, (uint32_t)len, &ver)) {
+        tap(s, PM_VALUE, key, (uint16_t)klen, val, (uint32_t)len, ver);
         s->st.puts++;
         if (version)
             *version = ver;
@@ -469,6 +487,7 @@ int kvs_put(struct kvs *s, const void *key, size_t klen,
         return rc;
     /* Looked up after the append: cleaning may have moved records. */
     point_at(s, h, key, (uint16_t)klen, loc, ver);
+    tap(s, PM_VALUE, key, (uint16_t)klen, val, (uint32_t)len, ver);
     s->st.puts++;
     if (version)
         *version = ver;
@@ -501,6 +520,7 @@ int kvs_del(struct kvs *s, const void *key, size_t klen, unsigned flags,
     e->loc = loc | KV_TOMB;
     e->gen = s->gen;
     mirror(s, e);
+    tap(s, PM_TOMBSTONE, key, (uint16_t)klen, NULL, 0, ver);
     s->keys--;
     s->st.dels++;
     if (version)
@@ -698,7 +718,7 @@ int kvs_lease_put(struct kvs *s, uint32_t seg, uint32_t off,
     rc = kv_index_reserve(&s->ix);
     if (rc < 0)
         return rc;
-    ver = pm_next_version(s->pool);
+    ver = next_version(s);
     rc = pm_lease_append(s->pool, seg, off, ver, &loc);
     if (rc < 0)
         return rc;
@@ -723,8 +743,61 @@ int kvs_lease_put(struct kvs *s, uint32_t seg, uint32_t off,
         return TERN_EWRONGNODE;
     }
     point_at(s, h, pm_rec_key(r), hdr.key_len, loc, ver);
+    /* From the pool's copy, once: the lessee can still write its segment. */
+    r = pm_rec_at(s->pool, loc);
+    tap(s, PM_VALUE, pm_rec_key(r), hdr.key_len, pm_rec_val(r), hdr.val_len, ver);
     s->st.puts++;
     if (version)
         *version = ver;
     return finish_write(s, flags);
+}
+
+/* ---- replication ---- */
+
+void kvs_set_tap(struct kvs *s, kvs_tap_fn fn, void *arg)
+{
+    s->tap = fn;
+    s->tap_arg = arg;
+}
+
+uint64_t kvs_version(const struct kvs *s)
+{
+    return pm_version(s->pool);
+}
+
+void kvs_raise_version(struct kvs *s, uint64_t v)
+{
+    pm_raise_version(s->pool, v);
+}
+
+int kvs_apply(struct kvs *s, enum pm_rec_type type, const void *key, size_t klen,
+              const void *val, size_t len, uint64_t version, unsigned flags)
+{
+    struct kv_ent *e;
+    pm_loc loc;
+    uint64_t ver;
+    int rc;
+
+    if (!version || !klen || klen > KV_KEY_MAX || (type != PM_VALUE && type != PM_TOMBSTONE))
+        return TERN_EINVAL;
+    e = kv_index_find(&s->ix, s->pool, kv_hash(key, klen), key, (uint16_t)klen);
+    /* Again, or older than what the key has: done already. */
+    if (e && pm_rec_at(s->pool, ent_loc(e))->version >= version)
+        return 0;
+    s->forced = version;
+    if (type == PM_VALUE) {
+        rc = kvs_put(s, key, klen, val, len, flags, NULL);
+    } else if (e && !ent_is_tomb(e)) {
+        rc = kvs_del(s, key, klen, flags, NULL);
+    } else {
+        /* Nothing to delete here, but the version is the replica's
+         * position: a record that is dead at once carries it. */
+        rc = append(s, PM_TOMBSTONE, key, (uint16_t)klen, NULL, 0, &loc, &ver);
+        if (rc == 0) {
+            pm_dead(s->pool, loc);
+            rc = finish_write(s, flags);
+        }
+    }
+    s->forced = 0;
+    return rc;
 }

@@ -155,6 +155,35 @@ int kvs_lease_put(struct kvs *s, uint32_t seg, uint32_t off,
                             uint64_t intent, uint32_t range_lo, uint32_t range_hi,
                             unsigned flags, uint64_t *version, bool *ended);
 
+/* ---- replication (services/repl) ----
+ *
+ * A replicated store's versions are its log positions: the shard's epoch in
+ * bits 40..62, a count below (the primary raises the counter to epoch << 40
+ * when it takes office). Every write of a new version is reported to the
+ * tap, so that the primary can ship it; a backup writes what it is shipped
+ * with kvs_apply, under the shipped version. */
+
+/* Called for every write of a new version (put, delete, one-sided put),
+ * after the index points at it and before it is synced. The key and value
+ * are valid only during the call (copy them). Not called for kvs_apply. */
+typedef void (*kvs_tap_fn)(void *arg, enum pm_rec_type type, const void *key, uint16_t klen,
+                           const void *val, uint32_t len, uint64_t version);
+void kvs_set_tap(struct kvs *s, kvs_tap_fn fn, void *arg);
+
+/* The highest version written to the pool (recovered at open). */
+uint64_t kvs_version(const struct kvs *s);
+
+/* Let the next new version be above v (an epoch's first). */
+void kvs_raise_version(struct kvs *s, uint64_t v);
+
+/* Write a shipped record under its own version: a value (PM_VALUE) or a
+ * delete (PM_TOMBSTONE). A key that has this version or a newer one already
+ * is left alone (0: shipping a record twice is harmless). A delete of a key
+ * that is absent writes a dead tombstone, so that the version is still
+ * the pool's highest. Errors: those of kvs_put. */
+int kvs_apply(struct kvs *s, enum pm_rec_type type, const void *key, size_t klen,
+              const void *val, size_t len, uint64_t version, unsigned flags);
+
 #ifdef __cplusplus
 }
 #endif

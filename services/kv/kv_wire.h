@@ -87,8 +87,15 @@ struct kv_pget_rep {
 
 struct kv_key {
     uint16_t klen;
-    uint16_t flags;  /* 0 */
+    uint16_t flags;  /* PUT, DEL: enum kv_key_flags; else 0 */
     uint32_t vlen;   /* PUT: value bytes after the key; else 0 */
+};
+
+/* A write's concern on a replicated shard (services/repl): by default the
+ * reply waits until a majority of replicas hold the write. */
+enum kv_key_flags {
+    KV_F_W_ONE = 1u << 0,   /* the primary alone */
+    KV_F_W_ALL = 1u << 1,   /* every replica */
 };
 
 struct kv_val {

@@ -937,6 +937,17 @@ uint64_t pm_next_version(struct pm_pool *p)
     return ++p->version;
 }
 
+uint64_t pm_version(const struct pm_pool *p)
+{
+    return p->version;
+}
+
+void pm_raise_version(struct pm_pool *p, uint64_t v)
+{
+    if (v > p->version)
+        p->version = v;
+}
+
 uint32_t pm_free_segs(const struct pm_pool *p)
 {
     return p->n_free;

@@ -115,6 +115,12 @@ uint32_t pm_val_max(const struct pm_pool *p, uint32_t key_len);
 /* The next version number (one counter per pool, strictly increasing). */
 uint64_t pm_next_version(struct pm_pool *p);
 
+/* The highest version handed out or found in the pool. */
+uint64_t pm_version(const struct pm_pool *p);
+
+/* Raise the version counter to at least v (the next version is above it). */
+void pm_raise_version(struct pm_pool *p, uint64_t v);
+
 /* Append a record: the key and value are copied into the pool once, but the
  * record is neither flushed, durable nor visible to recovery until
  * pm_commit(). TERN_E2BIG for a key over PM_KEY_MAX or a record

@@ -1,0 +1,540 @@
+/* Replication groups (repl.h): the primary's shipping and takeover; the
+ * backup's side is in repl_backup.c, the state file in repl_state.c.
+ *
+ * A primary keeps, per other replica, a session, where that replica is
+ * (`position`, acknowledged) and how far it was shipped (`sent`, in flight
+ * included). Each tick ships the records after `sent` from the DRAM log in
+ * batches, at most REPL_INFLIGHT at once. Replies held for a write concern
+ * wait behind one gate per concern, ticketed with the write's version; the
+ * gates pass as positions come in.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "repl_internal.h"
+
+static const char *const st_names[] = {
+    [R_DOWN] = "down", [R_ASKED] = "asked", [R_STREAM] = "streaming",
+    [R_NEED_COPY] = "needs copy",
+};
+
+/* ---- sessions and calls ---- */
+
+/* A call slot of a replica, or NULL if all are busy. */
+static struct repl_call *call_slot(struct replica *p)
+{
+    for (unsigned i = 0; i < REPL_INFLIGHT; i++)
+        if (!p->calls[i].busy) {
+            if (!p->calls[i].buf) {
+                p->calls[i].buf = malloc(REPL_BATCH_MAX);
+                if (!p->calls[i].buf)
+                    return NULL;
+            }
+            return &p->calls[i];
+        }
+    return NULL;
+}
+
+static unsigned busy_calls(const struct replica *p)
+{
+    unsigned n = 0;
+
+    for (unsigned i = 0; i < REPL_INFLIGHT; i++)
+        n += p->calls[i].busy;
+    return n;
+}
+
+/* Forget a replica's session: its calls end (their continuations see the
+ * generation moved on and do nothing). */
+static void drop_session(struct replica *p, uint64_t retry_in_ns)
+{
+    struct tern_session *s = p->s;
+
+    p->gen++;
+    p->s = NULL;
+    p->state = R_DOWN;
+    p->answered = false;
+    p->retry_at = tern_now_ns() + retry_in_ns;
+    if (s)
+        tern_rpc_disconnect(s);
+    for (unsigned i = 0; i < REPL_INFLIGHT; i++)
+        p->calls[i].busy = false;
+}
+
+static void fill_ask(const struct repl *r, struct repl_ask *a, uint64_t from, uint32_t max)
+{
+    memset(a, 0, sizeof(*a));
+    memcpy(a->shard, r->shard, sizeof(a->shard));
+    a->epoch = r->epoch;
+    a->from = from;
+    a->max = max;
+}
+
+/* ---- commit points and gates ---- */
+
+static int cmp_desc(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* The highest version that `k` replicas (this one included) hold. */
+static uint64_t held_by(const struct repl *r, unsigned k)
+{
+    uint64_t pos[REPL_PEERS_MAX + 1];
+    unsigned n = 0;
+
+    pos[n++] = r->position;
+    for (unsigned i = 0; i < r->n_peers; i++)
+        pos[n++] = r->peers[i].answered ? r->peers[i].position : 0;
+    if (k == 0 || k > n)
+        return 0;
+    qsort(pos, n, sizeof(pos[0]), cmp_desc);
+    return pos[k - 1];
+}
+
+static unsigned majority(const struct repl *r)
+{
+    return (r->n_peers + 1) / 2 + 1;
+}
+
+void repl_advance(struct repl *r)
+{
+    if (r->st != S_PRIMARY)
+        return;
+    r->committed = held_by(r, majority(r));
+    tern_rpc_gate_pass(r->gate[REPL_W_ONE], r->position);
+    tern_rpc_gate_pass(r->gate[REPL_W_MAJORITY], r->committed);
+    tern_rpc_gate_pass(r->gate[REPL_W_ALL], held_by(r, r->n_peers + 1));
+}
+
+void repl_fail_held(struct repl *r, int code)
+{
+    for (unsigned i = 0; i < 3; i++)
+        tern_rpc_gate_fail(r->gate[i], code);
+}
+
+/* ---- the primary's shipping ---- */
+
+static void on_append(void *arg, int status, const void *reply, size_t len)
+{
+    struct repl_call *c = arg;
+    struct replica *p = c->peer;
+    struct repl *r = p->r;
+    struct repl_pos pos;
+
+    if (c->gen != p->gen)
+        return;                 /* from a session dropped since */
+    c->busy = false;
+    if (status == TERN_ESTALE) {
+        tern_log(TERN_LOG_WARN, "repl", "%s: %s refused epoch %llu: a newer primary exists",
+                 r->shard, p->name, (unsigned long long)r->epoch);
+        repl_step_down(r, TERN_ENOTPRIMARY);
+        return;
+    }
+    if (status < 0 || len != sizeof(pos)) {
+        tern_log(TERN_LOG_WARN, "repl", "%s: append to %s: %s", r->shard, p->name,
+                 status < 0 ? tern_strerror(status) : "malformed answer");
+        drop_session(p, 100000000u);
+        return;
+    }
+    memcpy(&pos, reply, sizeof(pos));
+    if (pos.flags & REPL_GAP) {
+        /* It is elsewhere than we thought: ship from where it is, once the
+         * batches in flight (which it refuses too) are back. */
+        p->gen++;
+        for (unsigned i = 0; i < REPL_INFLIGHT; i++)
+            p->calls[i].busy = false;
+        p->position = pos.position;
+        p->sent = pos.position;
+        if (!repl_log_has(&r->log, pos.position)) {
+            p->state = R_NEED_COPY;
+            tern_log(TERN_LOG_WARN, "repl", "%s: %s is at %llx, which the log does not "
+                     "hold: it needs a full copy", r->shard, p->name,
+                     (unsigned long long)pos.position);
+        }
+        return;
+    }
+    if (pos.position > p->position)
+        p->position = pos.position;
+    repl_advance(r);
+}
+
+/* Ship what the replica lacks, up to REPL_INFLIGHT batches at once. */
+static void ship(struct repl *r, struct replica *p)
+{
+    while (p->state == R_STREAM && p->sent < r->log.last) {
+        struct repl_call *c = call_slot(p);
+        struct repl_batch b = {.epoch = r->epoch, .prev = p->sent, .commit = r->committed};
+        uint64_t last;
+        long n;
+        int rc;
+
+        if (!c)
+            return;
+        n = repl_log_read(&r->log, p->sent, c->buf + sizeof(b), REPL_BATCH_MAX - sizeof(b),
+                          &b.n, &last);
+        if (n < 0) {
+            p->state = R_NEED_COPY;
+            tern_log(TERN_LOG_WARN, "repl", "%s: %s is at %llx, past what the log holds "
+                     "(from %llx): it needs a full copy", r->shard, p->name,
+                     (unsigned long long)p->sent, (unsigned long long)r->log.base);
+            return;
+        }
+        if (!b.n)
+            return;             /* a record larger than a batch: cannot be */
+        memcpy(b.shard, r->shard, sizeof(b.shard));
+        b.bytes = (uint32_t)n;
+        memcpy(c->buf, &b, sizeof(b));
+        c->peer = p;
+        c->gen = p->gen;
+        rc = tern_call(p->s, TERN_REPL_SERVICE_ID, REPL_M_APPEND, c->buf, sizeof(b) + (size_t)n,
+                       r->timeout_ns, on_append, c, NULL);
+        if (rc < 0) {
+            drop_session(p, 100000000u);
+            return;
+        }
+        c->busy = true;
+        p->sent = last;
+        r->st_shipped++;
+    }
+}
+
+/* ---- POSITION: fencing, and where each replica is ---- */
+
+static void on_position(void *arg, int status, const void *reply, size_t len)
+{
+    struct repl_call *c = arg;
+    struct replica *p = c->peer;
+    struct repl *r = p->r;
+    struct repl_pos pos;
+
+    if (c->gen != p->gen)
+        return;
+    c->busy = false;
+    if (status == TERN_ESTALE) {
+        repl_step_down(r, TERN_ENOTPRIMARY);
+        return;
+    }
+    if (status < 0 || len != sizeof(pos)) {
+        drop_session(p, 200000000u);
+        return;
+    }
+    memcpy(&pos, reply, sizeof(pos));
+    p->position = pos.position;
+    p->sent = pos.position;
+    p->answered = true;
+    if (r->st == S_TAKEOVER) {
+        p->state = R_ASKED;     /* streaming starts once the takeover is done */
+        return;
+    }
+    p->state = repl_log_has(&r->log, pos.position) && pos.position <= r->log.last
+                   ? R_STREAM : R_NEED_COPY;
+    if (p->state == R_NEED_COPY)
+        tern_log(TERN_LOG_WARN, "repl", "%s: %s is at %llx, which the log (%llx..%llx) does "
+                 "not hold: it needs a full copy", r->shard, p->name,
+                 (unsigned long long)pos.position, (unsigned long long)r->log.base,
+                 (unsigned long long)r->log.last);
+    repl_advance(r);
+}
+
+static void ask_position(struct repl *r, struct replica *p)
+{
+    struct repl_call *c = call_slot(p);
+    struct repl_ask *a;
+
+    if (!c)
+        return;
+    a = (struct repl_ask *)c->buf;
+    fill_ask(r, a, 0, 0);
+    c->peer = p;
+    c->gen = p->gen;
+    if (tern_call(p->s, TERN_REPL_SERVICE_ID, REPL_M_POSITION, a, sizeof(*a), r->timeout_ns,
+                  on_position, c, NULL) < 0) {
+        drop_session(p, 200000000u);
+        return;
+    }
+    c->busy = true;
+    p->state = R_ASKED;
+}
+
+/* Open a session to a replica that has none (at most one try per
+ * retry interval: a dead node's connect costs up to the timeout). */
+static void reach(struct repl *r, struct replica *p)
+{
+    int rc;
+
+    if (p->s || !p->uri[0] || tern_now_ns() < p->retry_at)
+        return;
+    rc = tern_rpc_connect(r->h->ep, p->uri, r->timeout_ns / 2, &p->s);
+    if (rc < 0) {
+        p->s = NULL;
+        p->retry_at = tern_now_ns() + 500000000u;
+        if (tern_log_allow(&p->said))
+            tern_log(TERN_LOG_WARN, "repl", "%s: cannot reach %s at %s: %s", r->shard,
+                     p->name, p->uri, tern_strerror(rc));
+        return;
+    }
+    p->gen++;
+    p->state = R_DOWN;
+    p->answered = false;
+}
+
+/* ---- takeover ---- */
+
+static void on_fetch(void *arg, int status, const void *reply, size_t len)
+{
+    struct repl_call *c = arg;
+    struct replica *p = c->peer;
+    struct repl *r = p->r;
+    struct repl_pos pos;
+    int rc;
+
+    if (c->gen != p->gen)
+        return;
+    c->busy = false;
+    r->fetching = false;
+    if (status == TERN_ERANGE) {
+        tern_log(TERN_LOG_ERROR, "repl", "%s: %s no longer holds the records after %llx: "
+                 "this node needs a full copy before it can serve", r->shard, p->name,
+                 (unsigned long long)r->position);
+        r->need_copy = true;
+        return;
+    }
+    if (status < 0) {
+        drop_session(p, 200000000u);
+        return;
+    }
+    rc = repl_apply_batch(r, reply, len, &pos);
+    if (rc < 0 || (pos.flags & REPL_GAP)) {
+        tern_log(TERN_LOG_ERROR, "repl", "%s: records fetched from %s: %s", r->shard, p->name,
+                 rc < 0 ? tern_strerror(rc) : "do not follow this node's position");
+        drop_session(p, 200000000u);
+    }
+}
+
+static void fetch_from(struct repl *r, struct replica *p)
+{
+    struct repl_call *c = call_slot(p);
+    struct repl_ask *a;
+
+    if (!c)
+        return;
+    a = (struct repl_ask *)c->buf;
+    fill_ask(r, a, r->position, REPL_BATCH_MAX);
+    c->peer = p;
+    c->gen = p->gen;
+    if (tern_call(p->s, TERN_REPL_SERVICE_ID, REPL_M_FETCH, a, sizeof(*a), r->timeout_ns,
+                  on_fetch, c, NULL) < 0) {
+        drop_session(p, 200000000u);
+        return;
+    }
+    c->busy = true;
+    r->fetching = true;
+}
+
+/* A majority (this node included) answered POSITION at our epoch, so no
+ * older primary can have a write acknowledged any more; take what the most
+ * advanced of them holds, then serve. */
+static void take_over(struct repl *r)
+{
+    unsigned heard = 1;
+    struct replica *best = NULL;
+
+    for (unsigned i = 0; i < r->n_peers; i++) {
+        struct replica *p = &r->peers[i];
+
+        if (!p->answered)
+            continue;
+        heard++;
+        if (p->position > r->position && (!best || p->position > best->position))
+            best = p;
+    }
+    if (heard < majority(r) || r->fetching || r->need_copy)
+        return;
+    if (best) {
+        if (best->s && !busy_calls(best))
+            fetch_from(r, best);
+        return;
+    }
+    /* Ours is the newest log of a majority. */
+    r->ops->raise(r->ctx, repl_epoch_base(r->epoch));
+    r->st = S_PRIMARY;
+    tern_log(TERN_LOG_INFO, "repl", "%s: primary at epoch %llu from %llx (%u of %u replicas "
+             "heard)", r->shard, (unsigned long long)r->epoch,
+             (unsigned long long)r->position, heard, r->n_peers + 1);
+    for (unsigned i = 0; i < r->n_peers; i++) {
+        struct replica *p = &r->peers[i];
+
+        if (p->answered)
+            p->state = repl_log_has(&r->log, p->position) && p->position <= r->log.last
+                           ? R_STREAM : R_NEED_COPY;
+    }
+    repl_advance(r);
+}
+
+void repl_tick(struct repl *r)
+{
+    if (r->st != S_PRIMARY && r->st != S_TAKEOVER)
+        return;
+    for (unsigned i = 0; i < r->n_peers; i++) {
+        struct replica *p = &r->peers[i];
+
+        reach(r, p);
+        if (!p->s)
+            continue;
+        if (tern_session_status(p->s) < 0) {
+            drop_session(p, 200000000u);
+            continue;
+        }
+        if (p->state == R_DOWN && !p->answered && !busy_calls(p))
+            ask_position(r, p);
+        if (r->st == S_PRIMARY)
+            ship(r, p);
+    }
+    if (r->st == S_TAKEOVER)
+        take_over(r);
+    else
+        repl_advance(r);    /* a shard of one commits on its own */
+}
+
+/* ---- views ---- */
+
+void repl_step_down(struct repl *r, int code)
+{
+    if (r->st == S_PRIMARY || r->st == S_TAKEOVER)
+        tern_log(TERN_LOG_WARN, "repl", "%s: no longer primary (epoch %llu)", r->shard,
+                 (unsigned long long)r->epoch);
+    repl_fail_held(r, code);
+    for (unsigned i = 0; i < r->n_peers; i++)
+        drop_session(&r->peers[i], 0);
+    r->st = S_BACKUP;
+    r->fetching = false;
+}
+
+void repl_set_view(struct repl *r, enum repl_role role, uint64_t epoch, const char *primary,
+                   const struct repl_peer *replicas, unsigned n)
+{
+    bool same = role == r->role && epoch == r->epoch;
+    unsigned k = 0;
+
+    snprintf(r->primary, sizeof(r->primary), "%s", primary ? primary : "");
+    /* The replicas' addresses may come later than the view: keep them
+     * current without disturbing the sessions of those unchanged. */
+    for (unsigned i = 0; i < n && k < REPL_PEERS_MAX; i++) {
+        struct replica *p;
+
+        if (!strcmp(replicas[i].name, r->me))
+            continue;
+        p = &r->peers[k++];
+        if (strcmp(p->name, replicas[i].name) || strcmp(p->uri, replicas[i].uri)) {
+            drop_session(p, 0);
+            snprintf(p->name, sizeof(p->name), "%s", replicas[i].name);
+            snprintf(p->uri, sizeof(p->uri), "%s", replicas[i].uri);
+            p->position = p->sent = 0;
+            p->r = r;
+        }
+    }
+    for (unsigned i = k; i < r->n_peers; i++) {
+        drop_session(&r->peers[i], 0);
+        r->peers[i].name[0] = 0;
+    }
+    r->n_peers = k;
+    if (same)
+        return;
+    if (r->st == S_PRIMARY || r->st == S_TAKEOVER)
+        repl_step_down(r, TERN_ENOTPRIMARY);
+    r->role = role;
+    r->epoch = epoch;
+    r->need_copy = false;
+    if (role == REPL_PRIMARY) {
+        if (epoch < r->seen || epoch > REPL_EPOCH_MAX) {
+            tern_log(TERN_LOG_ERROR, "repl", "%s: elected at epoch %llu, but epoch %llu was "
+                     "seen here: not serving", r->shard, (unsigned long long)epoch,
+                     (unsigned long long)r->seen);
+            r->st = S_NONE;
+            return;
+        }
+        if (epoch > r->seen && repl_see_epoch(r, epoch) < 0) {
+            r->st = S_NONE;
+            return;
+        }
+        r->st = S_TAKEOVER;
+        for (unsigned i = 0; i < r->n_peers; i++)
+            drop_session(&r->peers[i], 0);
+        tern_log(TERN_LOG_INFO, "repl", "%s: taking over at epoch %llu from %llx", r->shard,
+                 (unsigned long long)epoch, (unsigned long long)r->position);
+    } else {
+        r->st = role == REPL_BACKUP ? S_BACKUP : S_NONE;
+    }
+}
+
+/* ---- what the service calls ---- */
+
+int repl_writable(const struct repl *r)
+{
+    return r->st == S_PRIMARY ? 0 : TERN_ENOTPRIMARY;
+}
+
+void repl_written(struct repl *r, uint8_t type, const void *key, uint16_t key_len,
+                  const void *val, uint32_t val_len, uint64_t version)
+{
+    int rc = repl_log_add(&r->log, type, version, key, key_len, val, val_len);
+
+    if (rc < 0) {
+        /* Cannot be shipped: every backup will need a full copy. */
+        tern_log(TERN_LOG_ERROR, "repl", "%s: record %llx left out of the log: %s", r->shard,
+                 (unsigned long long)version, tern_strerror(rc));
+        repl_log_reset(&r->log, version);
+    }
+    if (version > r->position)
+        r->position = version;      /* the service syncs before it replies */
+}
+
+void repl_hold(struct repl *r, struct tern_req *req, enum repl_w w)
+{
+    if (w > REPL_W_ALL)
+        w = REPL_W_MAJORITY;
+    if (w == REPL_W_ONE)
+        return;             /* the service synced before it replies */
+    tern_req_gate(req, r->gate[w], r->log.last);
+}
+
+void repl_hold_read(struct repl *r, struct tern_req *req, uint64_t version)
+{
+    if (r->st == S_PRIMARY && version > r->committed)
+        tern_req_gate(req, r->gate[REPL_W_MAJORITY], version);
+}
+
+void repl_status(const struct repl *r, struct repl_status *out)
+{
+    static const char *const names[] = {[S_NONE] = "none", [S_BACKUP] = "backup",
+                                        [S_TAKEOVER] = "taking over", [S_PRIMARY] = "primary"};
+
+    memset(out, 0, sizeof(*out));
+    out->role = r->role;
+    out->state = r->need_copy ? "needs copy" : names[r->st];
+    out->epoch = r->epoch;
+    out->epoch_seen = r->seen;
+    out->position = r->position;
+    out->committed = r->committed;
+    out->log_base = r->log.base;
+    out->shipped_batches = r->st_shipped;
+    out->applied_records = r->st_applied;
+    out->refused_stale = r->st_stale;
+    for (unsigned i = 0; i < 3; i++)
+        out->held += tern_rpc_gate_waiting(r->gate[i], NULL);
+    for (unsigned i = 0; i < r->n_peers && out->n < REPL_PEERS_MAX; i++) {
+        const struct replica *p = &r->peers[i];
+        struct repl_replica_status *s = &out->replicas[out->n++];
+
+        snprintf(s->name, sizeof(s->name), "%s", p->name);
+        s->state = r->st == S_PRIMARY || r->st == S_TAKEOVER ? st_names[p->state] : "-";
+        s->position = p->position;
+        s->lag = r->log.last > p->position && repl_epoch_of(r->log.last) ==
+                 repl_epoch_of(p->position) ? r->log.last - p->position : 0;
+    }
+}

@@ -1,0 +1,141 @@
+/* Replication groups: a shard's store kept on a primary and its backups.
+ *
+ * The service whose store is replicated (services/kv) reports every write
+ * it makes to the group (repl_written), holds each write's reply until the
+ * write concern is met (repl_hold), and lets the group write shipped
+ * records into the store (struct repl_store_ops). The cluster
+ * (services/cluster, through ternd) tells the group who is primary at
+ * which epoch and who the replicas are (repl_set_view); the group does the
+ * rest over tern RPC on the endpoint it was opened on:
+ *
+ * - a primary ships its log to every backup (APPEND batches, repl_wire.h),
+ *   and a write is acknowledged once `w` replicas, itself included, hold
+ *   it durably: w=1 (the primary alone), majority, or all;
+ * - a backup applies batches that follow its position, durably, and
+ *   answers its new position; it refuses any epoch older than the newest it
+ *   has seen (kept in a small state file: fencing survives a restart);
+ * - a node that becomes primary first fences the others with its epoch
+ *   and learns their positions (POSITION); with a majority heard from, it
+ *   takes the records it lacks from the most advanced one (FETCH), and
+ *   only then accepts writes. Any write acknowledged with w=majority is on
+ *   a majority, so on one of those it heard from: none is lost.
+ *
+ * A replica whose log parted from the primary's (it held records no
+ * majority acknowledged), or that fell behind what the primary's DRAM log
+ * reaches back to, needs a full copy of the shard: it is reported as
+ * such and takes no part until it gets one.
+ *
+ * Threads: everything runs on the endpoint's thread; repl_tick() is called
+ * from that thread's loop, outside tern_rpc_poll, often (each pass).
+ */
+#ifndef TERN_REPL_H
+#define TERN_REPL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "repl_wire.h"
+#include "rpc.h"
+
+#define REPL_PEERS_MAX 7
+#define REPL_URI_MAX 256
+
+/* What the group needs of the replicated store. */
+struct repl_store_ops {
+    /* Write a shipped record under its version (kvs_apply): idempotent. */
+    int (*apply)(void *ctx, uint8_t type, const void *key, uint16_t key_len,
+                 const void *val, uint32_t val_len, uint64_t version);
+    /* Make what was applied durable. */
+    int (*sync)(void *ctx);
+    /* The highest version the store holds (durable after a restart). */
+    uint64_t (*position)(void *ctx);
+    /* New versions from now on above v (a new epoch's base). */
+    void (*raise)(void *ctx, uint64_t v);
+};
+
+enum repl_role { REPL_NONE = 0, REPL_PRIMARY, REPL_BACKUP };
+
+/* Write concerns: how many replicas must hold a write before its reply. */
+enum repl_w { REPL_W_MAJORITY = 0, REPL_W_ONE = 1, REPL_W_ALL = 2 };
+
+struct repl_peer {
+    char name[64];
+    char uri[REPL_URI_MAX];         /* "auto://host:port"; "" if unknown */
+};
+
+struct repl_config {
+    const char *shard;              /* its name, < REPL_SHARD_MAX bytes */
+    const char *me;                 /* this node's name (as in the map) */
+    const char *state_path;         /* the state file (epoch seen) */
+    size_t log_bytes;               /* the DRAM log; 0 = 32 MiB */
+    uint64_t timeout_ns;            /* a call to a replica; 0 = 1 s */
+    const struct repl_store_ops *ops;
+    void *ctx;
+};
+
+struct repl_host;
+struct repl;
+
+/* The replication service on `ep` (one per endpoint, shared by its
+ * groups). TERN_EEXIST if `ep` has one. */
+int repl_host_open(struct tern_rpc_ep *ep, struct repl_host **out);
+void repl_host_close(struct repl_host *h);
+
+/* A group for one shard. The store's position is read now. Errors:
+ * TERN_EINVAL, TERN_EEXIST (the host has the shard), TERN_ENOMEM, the
+ * state file's (TERN_ECORRUPT, TERN_EIO). */
+int repl_open(struct repl_host *h, const struct repl_config *c, struct repl **out);
+
+/* Fail the held replies (TERN_ESHUTDOWN), close sessions, free. */
+void repl_close(struct repl *r);
+
+/* The cluster's view: this node's role at `epoch`, the primary's name, and
+ * the shard's replicas (this node among them, by name). A new epoch with
+ * PRIMARY starts the takeover; losing PRIMARY fails the held replies with
+ * TERN_ENOTPRIMARY. Cheap when nothing changed: call it every pass. */
+void repl_set_view(struct repl *r, enum repl_role role, uint64_t epoch, const char *primary,
+                   const struct repl_peer *replicas, unsigned n);
+
+/* 0 if this node takes writes now; TERN_ENOTPRIMARY otherwise (a backup,
+ * or a primary still taking over). */
+int repl_writable(const struct repl *r);
+
+/* The store made a write (its tap): into the log, to be shipped. */
+void repl_written(struct repl *r, uint8_t type, const void *key, uint16_t key_len,
+                  const void *val, uint32_t val_len, uint64_t version);
+
+/* Hold req's reply until the newest write is held by `w` replicas. */
+void repl_hold(struct repl *r, struct tern_req *req, enum repl_w w);
+
+/* Hold a read's reply until `version` is on a majority (a read must not
+ * show a write that could still be lost); nothing if it is already. */
+void repl_hold_read(struct repl *r, struct tern_req *req, uint64_t version);
+
+/* Connect to replicas, ship, take over. Outside tern_rpc_poll. */
+void repl_tick(struct repl *r);
+
+struct repl_replica_status {
+    char name[64];
+    const char *state;              /* "self", "streaming", "connecting", "needs copy", ... */
+    uint64_t position;              /* as last acknowledged */
+    uint64_t lag;                   /* records behind the primary's last (primary) */
+};
+
+struct repl_status {
+    enum repl_role role;
+    const char *state;              /* "primary", "taking over", "backup", "none" */
+    uint64_t epoch;                 /* the view's */
+    uint64_t epoch_seen;            /* the newest this replica accepted */
+    uint64_t position;              /* this replica's last durable version */
+    uint64_t committed;             /* primary: on a majority */
+    uint64_t log_base;              /* the DRAM log reaches back to here */
+    uint64_t shipped_batches, applied_records, refused_stale;
+    unsigned held;                  /* replies waiting */
+    unsigned n;
+    struct repl_replica_status replicas[REPL_PEERS_MAX];
+};
+
+void repl_status(const struct repl *r, struct repl_status *out);
+
+#endif

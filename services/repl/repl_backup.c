@@ -1,0 +1,300 @@
+/* The replication service on an endpoint (repl_host) and what a replica
+ * does with the messages it gets: APPEND, POSITION, FETCH (repl_wire.h).
+ * Each checks the request whole before acting on any of it, refuses an
+ * epoch older than the newest it has seen (TERN_ESTALE), and records a
+ * newer one durably before it answers. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "repl_internal.h"
+
+static struct repl *find(struct repl_host *h, const char *shard)
+{
+    for (struct repl *r = h->groups; r; r = r->next)
+        if (!strcmp(r->shard, shard))
+            return r;
+    return NULL;
+}
+
+/* Admit a request at `epoch`: 0, or TERN_ESTALE. A newer epoch is made
+ * durable first, and deposes this node if it thought itself primary. */
+static int admit(struct repl *r, uint64_t epoch)
+{
+    int rc;
+
+    if (epoch < r->seen || epoch > REPL_EPOCH_MAX) {
+        r->st_stale++;
+        return TERN_ESTALE;
+    }
+    if ((r->st == S_PRIMARY || r->st == S_TAKEOVER) && epoch >= r->epoch) {
+        /* Two primaries of one epoch cannot be: etcd gave each epoch once. */
+        if (epoch == r->epoch)
+            return TERN_EPROTO;
+        repl_step_down(r, TERN_ENOTPRIMARY);
+    }
+    if (epoch > r->seen) {
+        rc = repl_see_epoch(r, epoch);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+struct apply_ctx {
+    struct repl *r;
+    int rc;
+};
+
+static int apply_one(void *arg, const struct repl_rec *h, const void *key, const void *val)
+{
+    struct apply_ctx *a = arg;
+    struct repl *r = a->r;
+    int rc = r->ops->apply(r->ctx, h->type, key, h->key_len, val, h->val_len, h->version);
+
+    if (rc < 0) {
+        a->rc = rc;
+        return 1;
+    }
+    /* Kept for a primary-to-be that may need to hand it on. */
+    if (repl_log_add(&r->log, h->type, h->version, key, h->key_len, val, h->val_len) < 0)
+        repl_log_reset(&r->log, h->version);
+    r->position = h->version;
+    r->st_applied++;
+    return 0;
+}
+
+int repl_apply_batch(struct repl *r, const void *data, size_t len, struct repl_pos *pos)
+{
+    struct repl_batch b;
+    struct apply_ctx a = {.r = r};
+    int rc = repl_batch_walk(data, len, &b, NULL, NULL);
+
+    memset(pos, 0, sizeof(*pos));
+    if (rc < 0)
+        return rc;
+    if (b.prev != r->position) {
+        pos->flags = REPL_GAP;
+    } else if (b.n) {
+        rc = repl_batch_walk(data, len, NULL, apply_one, &a);
+        /* What was applied is made durable even if a record failed: the
+         * position says how far it got. */
+        int src = r->ops->sync(r->ctx);
+
+        if (a.rc < 0)
+            rc = a.rc;
+        else if (src < 0)
+            rc = src;
+        if (src < 0)
+            r->position = r->ops->position(r->ctx);
+    }
+    pos->epoch = r->seen;
+    pos->position = r->position;
+    return rc < 0 ? rc : 0;
+}
+
+static int reply_pos(struct tern_req *req, const struct repl *r, uint32_t flags)
+{
+    struct repl_pos *out = tern_reply_alloc(req, sizeof(*out));
+
+    if (!out)
+        return TERN_EMSGSIZE;
+    *out = (struct repl_pos){.epoch = r->seen, .position = r->position, .flags = flags};
+    return 0;
+}
+
+static int h_append(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    struct repl_host *h = ctx;
+    struct repl_batch b;
+    struct repl_pos pos;
+    struct repl *r;
+    int rc = repl_batch_walk(data, len, &b, NULL, NULL);
+
+    if (rc < 0)
+        return rc;
+    r = find(h, b.shard);
+    if (!r)
+        return TERN_ENOENT;
+    rc = admit(r, b.epoch);
+    if (rc < 0)
+        return rc;
+    rc = repl_apply_batch(r, data, len, &pos);
+    if (rc < 0)
+        return rc;
+    return reply_pos(req, r, pos.flags);
+}
+
+static int parse_ask(const void *data, size_t len, struct repl_ask *a)
+{
+    if (len != sizeof(*a))
+        return TERN_EPROTO;
+    memcpy(a, data, sizeof(*a));
+    if (repl_shard_ok(a->shard) < 0 || a->flags)
+        return TERN_EPROTO;
+    return 0;
+}
+
+static int h_position(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    struct repl_host *h = ctx;
+    struct repl_ask a;
+    struct repl *r;
+    int rc = parse_ask(data, len, &a);
+
+    if (rc < 0)
+        return rc;
+    r = find(h, a.shard);
+    if (!r)
+        return TERN_ENOENT;
+    rc = admit(r, a.epoch);
+    if (rc < 0)
+        return rc;
+    return reply_pos(req, r, r->need_copy ? REPL_NEED_COPY : 0);
+}
+
+static int h_fetch(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    struct repl_host *h = ctx;
+    struct repl_batch b = {0};
+    struct repl_ask a;
+    struct repl *r;
+    size_t cap;
+    uint8_t *out;
+    uint64_t last;
+    long n;
+    int rc = parse_ask(data, len, &a);
+
+    if (rc < 0)
+        return rc;
+    r = find(h, a.shard);
+    if (!r)
+        return TERN_ENOENT;
+    rc = admit(r, a.epoch);
+    if (rc < 0)
+        return rc;
+    if (!repl_log_has(&r->log, a.from))
+        return TERN_ERANGE;
+    cap = tern_reply_max(req);
+    if (a.max && a.max < cap)
+        cap = a.max;
+    if (cap < sizeof(b) + 32)
+        return TERN_EINVAL;
+    out = tern_reply_alloc(req, cap);
+    if (!out)
+        return TERN_EMSGSIZE;
+    n = repl_log_read(&r->log, a.from, out + sizeof(b), cap - sizeof(b), &b.n, &last);
+    if (n < 0)
+        return (int)n;
+    memcpy(b.shard, r->shard, sizeof(b.shard));
+    b.epoch = r->seen;
+    b.prev = a.from;
+    b.bytes = (uint32_t)n;
+    memcpy(out, &b, sizeof(b));
+    tern_reply_set_len(req, sizeof(b) + (size_t)n);
+    return 0;
+}
+
+static const struct tern_method methods[] = {
+    {REPL_M_APPEND, "append", h_append, 0},
+    {REPL_M_POSITION, "position", h_position, 0},
+    {REPL_M_FETCH, "fetch", h_fetch, 0},
+};
+
+int repl_host_open(struct tern_rpc_ep *ep, struct repl_host **out)
+{
+    struct repl_host *h = calloc(1, sizeof(*h));
+    int rc;
+
+    if (!h)
+        return TERN_ENOMEM;
+    h->ep = ep;
+    h->svc = (struct tern_service){.name = "repl", .id = TERN_REPL_SERVICE_ID,
+                                   .methods = methods,
+                                   .n_methods = sizeof(methods) / sizeof(methods[0]),
+                                   .ctx = h};
+    rc = tern_rpc_register(ep, &h->svc);
+    if (rc < 0) {
+        free(h);
+        return rc;
+    }
+    *out = h;
+    return 0;
+}
+
+void repl_host_close(struct repl_host *h)
+{
+    if (!h)
+        return;
+    while (h->groups)
+        repl_close(h->groups);
+    /* The service stays registered on the endpoint (there is no
+     * unregister): close the host after the endpoint, or not at all. */
+    free(h);
+}
+
+int repl_open(struct repl_host *h, const struct repl_config *c, struct repl **out)
+{
+    struct repl *r;
+    int rc;
+
+    if (!h || !c || !c->shard || !c->me || !c->state_path || !c->ops ||
+        strlen(c->shard) >= REPL_SHARD_MAX || !c->shard[0] || strlen(c->me) >= 64)
+        return TERN_EINVAL;
+    if (find(h, c->shard))
+        return TERN_EEXIST;
+    r = calloc(1, sizeof(*r));
+    if (!r)
+        return TERN_ENOMEM;
+    r->h = h;
+    strncpy(r->shard, c->shard, sizeof(r->shard) - 1);
+    strncpy(r->me, c->me, sizeof(r->me) - 1);
+    r->ops = c->ops;
+    r->ctx = c->ctx;
+    r->timeout_ns = c->timeout_ns ? c->timeout_ns : 1000000000ull;
+    r->state_path = strdup(c->state_path);
+    rc = r->state_path ? repl_log_init(&r->log, c->log_bytes ? c->log_bytes : 32u << 20)
+                       : TERN_ENOMEM;
+    for (unsigned i = 0; rc == 0 && i < 3; i++)
+        rc = tern_rpc_gate_open(h->ep, &r->gate[i]);
+    if (rc == 0)
+        rc = repl_state_load(r->state_path, r->shard, &r->seen);
+    if (rc < 0) {
+        for (unsigned i = 0; i < 3; i++)
+            tern_rpc_gate_close(r->gate[i]);
+        repl_log_free(&r->log);
+        free(r->state_path);
+        free(r);
+        return rc;
+    }
+    r->position = c->ops->position(c->ctx);
+    repl_log_reset(&r->log, r->position);
+    r->next = h->groups;
+    h->groups = r;
+    *out = r;
+    return 0;
+}
+
+void repl_close(struct repl *r)
+{
+    if (!r)
+        return;
+    for (struct repl **p = &r->h->groups; *p; p = &(*p)->next)
+        if (*p == r) {
+            *p = r->next;
+            break;
+        }
+    for (unsigned i = 0; i < REPL_PEERS_MAX; i++) {
+        struct replica *p = &r->peers[i];
+
+        p->gen++;
+        if (p->s)
+            tern_rpc_disconnect(p->s);
+        for (unsigned k = 0; k < REPL_INFLIGHT; k++)
+            free(p->calls[k].buf);
+    }
+    for (unsigned i = 0; i < 3; i++)
+        tern_rpc_gate_close(r->gate[i]);
+    repl_log_free(&r->log);
+    free(r->state_path);
+    free(r);
+}

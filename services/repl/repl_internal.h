@@ -1,0 +1,93 @@
+/* What the files of services/repl share. */
+#ifndef TERN_REPL_INTERNAL_H
+#define TERN_REPL_INTERNAL_H
+
+#include "log.h"
+#include "repl.h"
+#include "repl_log.h"
+
+#define REPL_INFLIGHT 2                 /* batches in flight per replica */
+#define REPL_BATCH_MAX (1088u * 1024)   /* a batch's bytes, header included: a
+                                         * 1 MiB value and its headers fit */
+
+struct replica;
+
+/* A call to a replica, with the buffer its request lies in (tern_call
+ * wants it until the continuation). `gen` is the replica's when it was
+ * made: a continuation of an older generation does nothing. */
+struct repl_call {
+    struct replica *peer;
+    uint32_t gen;
+    bool busy;
+    uint8_t *buf;                       /* REPL_BATCH_MAX bytes, made once */
+};
+
+enum replica_state { R_DOWN = 0, R_ASKED, R_STREAM, R_NEED_COPY };
+
+/* Another replica of the shard, as the primary sees it. */
+struct replica {
+    struct repl *r;
+    char name[64];
+    char uri[REPL_URI_MAX];
+    struct tern_session *s;
+    enum replica_state state;
+    bool answered;                      /* its position is known this epoch */
+    uint64_t position;                  /* durable there, as it said */
+    uint64_t sent;                      /* shipped up to (in flight included) */
+    uint32_t gen;
+    uint64_t retry_at;
+    struct tern_log_limit said;
+    struct repl_call calls[REPL_INFLIGHT];
+};
+
+enum repl_state { S_NONE = 0, S_BACKUP, S_TAKEOVER, S_PRIMARY };
+
+struct repl {
+    struct repl_host *h;
+    struct repl *next;                  /* the host's groups */
+    char shard[REPL_SHARD_MAX];
+    char me[64];
+    char primary[64];
+    char *state_path;
+    const struct repl_store_ops *ops;
+    void *ctx;
+    uint64_t timeout_ns;
+    struct repl_log log;
+    enum repl_role role;                /* the cluster's word */
+    enum repl_state st;                 /* where this node is in it */
+    uint64_t epoch;                     /* the view's */
+    uint64_t seen;                      /* newest epoch accepted (state file) */
+    uint64_t position;                  /* last durable version here */
+    uint64_t committed;                 /* primary: held by a majority */
+    bool fetching, need_copy;
+    struct replica peers[REPL_PEERS_MAX];
+    unsigned n_peers;
+    struct tern_rpc_gate *gate[3];      /* by enum repl_w */
+    uint64_t st_shipped, st_applied, st_stale;
+};
+
+struct repl_host {
+    struct tern_rpc_ep *ep;
+    struct repl *groups;
+    struct tern_service svc;
+};
+
+/* repl.c */
+void repl_advance(struct repl *r);
+void repl_fail_held(struct repl *r, int code);
+void repl_step_down(struct repl *r, int code);
+
+/* repl_backup.c: apply a batch that must follow this replica's position
+ * (APPEND, or a FETCH answer): 0 with *pos set (REPL_GAP in its flags if it
+ * did not follow), or an error (TERN_EPROTO, the store's). */
+int repl_apply_batch(struct repl *r, const void *data, size_t len, struct repl_pos *pos);
+
+/* repl_state.c: the state file. Read it (absent: epoch 0); raise the
+ * epoch seen, durably, before anything is answered at it. */
+int repl_state_load(const char *path, const char *shard, uint64_t *seen);
+int repl_see_epoch(struct repl *r, uint64_t epoch);
+
+/* Parse a state file's bytes (the fuzz target's entry too). */
+int repl_state_parse(const char *buf, size_t len, const char *shard, uint64_t *seen);
+
+#endif

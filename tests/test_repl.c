@@ -1,0 +1,589 @@
+/* Replication (services/repl) of the KV store between replicas in one
+ * process, each on a thread of its own with its own endpoint, as ternd
+ * runs one; the test plays the cluster (who is primary at which epoch).
+ *
+ * - the wire: batches that are malformed in any field are refused whole;
+ *   the DRAM log keeps the newest records and says what it no longer has;
+ *   the state file takes only what it writes;
+ * - a write's reply waits for its concern: majority with one backup down,
+ *   never `all` with one down;
+ * - a backup that comes back catches up from the primary's log;
+ * - a new primary takes the records it lacks from the most advanced
+ *   replica it hears from, so a write acknowledged on a majority survives
+ *   the old primary and a lagging backup;
+ * - a deposed primary is fenced: its backups refuse its epoch, and it
+ *   acknowledges nothing after that.
+ */
+#include <check.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "helpers.h"
+#include "kv.h"
+#include "kv_service_internal.h"
+#include "kv_store.h"
+#include "kv_wire.h"
+#include "procs.h"
+#include "repl.h"
+#include "repl_internal.h"
+#include "repl_log.h"
+#include "rpc.h"
+#include "suites.h"
+
+/* ---- the wire, the log, the state file ---- */
+
+static size_t make_batch(uint8_t *buf, uint64_t prev, unsigned n, uint64_t first)
+{
+    struct repl_batch b = {.epoch = 1, .prev = prev, .n = n};
+    size_t off = sizeof(b);
+
+    strcpy(b.shard, "s1");
+    for (unsigned i = 0; i < n; i++) {
+        char key[16], val[40];
+        int kl = snprintf(key, sizeof(key), "k%u", i);
+        int vl = snprintf(val, sizeof(val), "value number %u", i);
+
+        repl_rec_write(buf + off, REPL_SET, first + i, key, (uint16_t)kl, val, (uint32_t)vl);
+        off += repl_rec_size((size_t)kl, (size_t)vl);
+    }
+    b.bytes = (uint32_t)(off - sizeof(b));
+    memcpy(buf, &b, sizeof(b));
+    return off;
+}
+
+static int count_rec(void *arg, const struct repl_rec *r, const void *key, const void *val)
+{
+    (void)r;
+    (void)key;
+    (void)val;
+    (*(int *)arg)++;
+    return 0;
+}
+
+START_TEST(batch_walk_refuses_any_fault)
+{
+    static uint8_t buf[4096], bad[4096];
+    size_t len = make_batch(buf, 10, 5, 11);
+    struct repl_batch h;
+    int n = 0;
+
+    _Static_assert(sizeof(struct repl_batch) == 96, "batch header");
+    ck_assert_int_eq(repl_batch_walk(buf, len, &h, count_rec, &n), 0);
+    ck_assert_int_eq(n, 5);
+    ck_assert_uint_eq(h.prev, 10);
+    /* Every single byte flipped: refused, but for the fields the walk
+     * leaves to the handler (the shard's name, the epoch) or to nobody
+     * (the commit point, for lag only). Every length cut: refused. */
+    for (size_t i = 0; i < len; i++) {
+        bool free_field = i < 3 || (i >= offsetof(struct repl_batch, epoch) &&
+                                    i < offsetof(struct repl_batch, epoch) + 8) ||
+                          (i >= offsetof(struct repl_batch, commit) &&
+                           i < offsetof(struct repl_batch, commit) + 8);
+        int rc;
+
+        memcpy(bad, buf, len);
+        bad[i] ^= 0x40;
+        rc = repl_batch_walk(bad, len, NULL, NULL, NULL);
+        ck_assert_msg(rc == (free_field ? 0 : TERN_EPROTO), "byte %zu flipped: %d", i, rc);
+    }
+    for (size_t cut = 0; cut < len; cut++)
+        ck_assert_int_eq(repl_batch_walk(buf, cut, NULL, NULL, NULL), TERN_EPROTO);
+    /* Versions must rise above prev. */
+    len = make_batch(buf, 11, 5, 11);
+    ck_assert_int_eq(repl_batch_walk(buf, len, NULL, NULL, NULL), TERN_EPROTO);
+}
+END_TEST
+
+START_TEST(log_keeps_the_newest_and_says_what_it_lost)
+{
+    struct repl_log l;
+    static uint8_t out[1 << 20];
+    static char val[3000];
+    uint32_t n;
+    uint64_t last;
+    long got;
+
+    ck_assert_int_eq(repl_log_init(&l, 64 * 1024), 0);
+    repl_log_reset(&l, 100);
+    memset(val, 'v', sizeof(val));
+    for (uint64_t v = 101; v <= 400; v++) {
+        char key[16];
+        int kl = snprintf(key, sizeof(key), "key%llu", (unsigned long long)v);
+
+        ck_assert_int_eq(repl_log_add(&l, REPL_SET, v, key, (uint16_t)kl, val,
+                                      (uint32_t)(v % 7 == 0 ? 2900 : 40 + v % 100)), 0);
+    }
+    ck_assert_int_eq(repl_log_add(&l, REPL_SET, 400, "k", 1, "", 0), TERN_EINVAL);
+    ck_assert_uint_gt(l.base, 100);         /* the oldest went */
+    ck_assert_uint_eq(l.last, 400);
+    ck_assert_int_eq(repl_log_read(&l, 100, out, sizeof(out), &n, &last), TERN_ERANGE);
+    ck_assert(!repl_log_has(&l, l.base - 1));
+    /* From the base: every record kept, in order, each sound. */
+    got = repl_log_read(&l, l.base, out + sizeof(struct repl_batch),
+                        sizeof(out) - sizeof(struct repl_batch), &n, &last);
+    ck_assert_int_gt(got, 0);
+    ck_assert_uint_eq(last, 400);
+    ck_assert_uint_eq(n, 400 - l.base);
+    {
+        struct repl_batch b = {.prev = l.base, .n = n, .bytes = (uint32_t)got};
+        int seen = 0;
+
+        strcpy(b.shard, "s1");
+        memcpy(out, &b, sizeof(b));
+        ck_assert_int_eq(repl_batch_walk(out, sizeof(b) + (size_t)got, NULL, count_rec, &seen),
+                         0);
+        ck_assert_int_eq(seen, (int)n);
+    }
+    /* From the middle, a little at a time. */
+    got = repl_log_read(&l, 350, out, 200, &n, &last);
+    ck_assert_int_ge(got, 0);
+    ck_assert_uint_eq(last, 350 + n);
+    ck_assert_int_eq(repl_log_read(&l, 401, out, sizeof(out), &n, &last), TERN_ERANGE);
+    ck_assert_int_eq(repl_log_read(&l, 400, out, sizeof(out), &n, &last), 0);
+    repl_log_free(&l);
+}
+END_TEST
+
+START_TEST(state_file_takes_only_its_own_form)
+{
+    static const char *const bad[] = {
+        "", "tern-repl 1\nshard s1\nepoch 5", "tern-repl 1\nshard s1\nepoch 05\n",
+        "tern-repl 1\nshard s1\nepoch -5\n", "tern-repl 1\nshard s1\nepoch  5\n",
+        "tern-repl 2\nshard s1\nepoch 5\n", "tern-repl 1\nshards1\nepoch 5\n",
+        "tern-repl 1\nshard s/1\nepoch 5\n", "tern-repl 1\nshard s1\nepoch 5\n\n",
+        "tern-repl 1\nshard s1\nepoch 99999999999999999999999\n",
+        "tern-repl 1\nshard s1\nepoch 8388608\n",
+    };
+    uint64_t seen = 7;
+
+    ck_assert_int_eq(repl_state_parse("tern-repl 1\nshard s1\nepoch 5\n", 29, "s1", &seen), 0);
+    ck_assert_uint_eq(seen, 5);
+    ck_assert_int_eq(repl_state_parse("tern-repl 1\nshard s1\nepoch 0\n", 29, "s1", &seen), 0);
+    ck_assert_uint_eq(seen, 0);
+    ck_assert_int_eq(repl_state_parse("tern-repl 1\nshard s2\nepoch 5\n", 29, "s1", &seen),
+                     TERN_EINVAL);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        ck_assert_msg(repl_state_parse(bad[i], strlen(bad[i]), "s1", &seen) == TERN_ECORRUPT,
+                      "taken: %s", bad[i]);
+}
+END_TEST
+
+/* ---- replicas on threads ---- */
+
+#define NODES 3
+
+struct view {
+    enum repl_role role;
+    uint64_t epoch;
+    char primary[16];
+    int cut;                    /* a node this one cannot reach (-1: none) */
+};
+
+struct node {
+    char name[16];
+    char dir[128], pool[192], state[192];
+    char uri[128];
+    struct tern_rpc_ep *ep;
+    struct tern_kv_service *kv;
+    struct repl_host *host;
+    struct repl *r;
+    pthread_t th;
+    int stop;
+    bool up;
+    pthread_mutex_t mu;
+    bool view_pending;
+    struct view v;
+    struct repl_status st;      /* the thread's last look, under mu */
+};
+
+static struct node nodes[NODES];
+static struct tern_rpc_ep *cep;     /* the test's client endpoint */
+
+static void *node_loop(void *arg)
+{
+    struct node *n = arg;
+
+    while (!__atomic_load_n(&n->stop, __ATOMIC_ACQUIRE)) {
+        tern_rpc_poll(n->ep);
+        pthread_mutex_lock(&n->mu);
+        if (n->view_pending) {
+            struct repl_peer peers[NODES];
+
+            for (unsigned i = 0; i < NODES; i++) {
+                snprintf(peers[i].name, sizeof(peers[i].name), "%.15s", nodes[i].name);
+                snprintf(peers[i].uri, sizeof(peers[i].uri), "%.127s",
+                         (int)i == n->v.cut ? "tcp://127.0.0.1:1" : nodes[i].uri);
+            }
+            repl_set_view(n->r, n->v.role, n->v.epoch, n->v.primary, peers, NODES);
+            n->view_pending = false;
+        }
+        pthread_mutex_unlock(&n->mu);
+        repl_tick(n->r);
+        pthread_mutex_lock(&n->mu);
+        repl_status(n->r, &n->st);
+        pthread_mutex_unlock(&n->mu);
+    }
+    return NULL;
+}
+
+/* Start node i on its pool and state (kept from an earlier life). */
+static void node_start(unsigned i)
+{
+    struct node *n = &nodes[i];
+    struct tern_kv_service_opts ko = {.pool_path = n->pool, .pool_size = 32u << 20,
+                                      .seg_size = 256u << 10};
+    struct repl_config rc = {.shard = "kv0", .me = n->name, .state_path = n->state,
+                             .log_bytes = 4u << 20, .timeout_ns = 500000000u,
+                             .ops = &kv_repl_ops};
+    char listen[128];
+
+    ck_assert_int_eq(tern_rpc_open(NULL, &n->ep), 0);
+    ck_assert_int_eq(tern_kv_service_open(&ko, &n->kv), 0);
+    ck_assert_int_eq(tern_rpc_register(n->ep, tern_kv_service_def(n->kv)), 0);
+    /* The same port across lives: the others know it. */
+    snprintf(listen, sizeof(listen), "%s", n->uri[0] ? n->uri : "tcp://127.0.0.1:0");
+    ck_assert_int_eq(tern_rpc_listen(n->ep, listen, n->uri, sizeof(n->uri)), 0);
+    ck_assert_int_eq(repl_host_open(n->ep, &n->host), 0);
+    rc.ctx = n->kv;
+    ck_assert_int_eq(repl_open(n->host, &rc, &n->r), 0);
+    kv_service_replicate(n->kv, n->r);
+    n->stop = 0;
+    n->view_pending = false;
+    n->up = true;
+    ck_assert_int_eq(pthread_create(&n->th, NULL, node_loop, n), 0);
+}
+
+/* Stop node i as a crash would, as far as the others can tell: its
+ * sessions break, it answers nothing more. What it synced stays. */
+static void node_kill(unsigned i)
+{
+    struct node *n = &nodes[i];
+
+    if (!n->up)
+        return;
+    __atomic_store_n(&n->stop, 1, __ATOMIC_RELEASE);
+    pthread_join(n->th, NULL);
+    repl_close(n->r);
+    tern_rpc_close(n->ep);
+    repl_host_close(n->host);
+    tern_kv_service_close(n->kv);
+    n->up = false;
+}
+
+static void set_view(unsigned i, enum repl_role role, uint64_t epoch, unsigned primary)
+{
+    struct node *n = &nodes[i];
+
+    pthread_mutex_lock(&n->mu);
+    n->v.role = role;
+    n->v.epoch = epoch;
+    memcpy(n->v.primary, nodes[primary].name, sizeof(n->v.primary));
+    n->v.cut = -1;
+    n->view_pending = true;
+    pthread_mutex_unlock(&n->mu);
+}
+
+/* Everyone up learns: `primary` leads at `epoch`. */
+static void elect(unsigned primary, uint64_t epoch)
+{
+    for (unsigned i = 0; i < NODES; i++)
+        if (nodes[i].up)
+            set_view(i, i == primary ? REPL_PRIMARY : REPL_BACKUP, epoch, primary);
+}
+
+static struct repl_status status_of(unsigned i)
+{
+    struct repl_status st;
+
+    pthread_mutex_lock(&nodes[i].mu);
+    st = nodes[i].st;
+    pthread_mutex_unlock(&nodes[i].mu);
+    return st;
+}
+
+static bool wait_state(unsigned i, const char *state, int ms)
+{
+    for (int t = 0; t < ms; t += 5) {
+        struct repl_status st = status_of(i);
+
+        if (st.state && !strcmp(st.state, state))
+            return true;
+        usleep(5000);
+    }
+    return false;
+}
+
+static bool wait_position(unsigned i, uint64_t pos, int ms)
+{
+    for (int t = 0; t < ms; t += 5) {
+        if (status_of(i).position >= pos)
+            return true;
+        usleep(5000);
+    }
+    return false;
+}
+
+static void repl_setup(void)
+{
+    char base[96];
+
+    tern_log_set_level(TERN_LOG_ERROR);
+    test_tmpdir(base, sizeof(base), "repl");
+    for (unsigned i = 0; i < NODES; i++) {
+        struct node *n = &nodes[i];
+
+        memset(n, 0, sizeof(*n));
+        pthread_mutex_init(&n->mu, NULL);
+        snprintf(n->name, sizeof(n->name), "n%u", i);
+        snprintf(n->pool, sizeof(n->pool), "%.96s/n%u.pool", base, i);
+        snprintf(n->state, sizeof(n->state), "%.96s/n%u.repl", base, i);
+        node_start(i);
+    }
+    ck_assert_int_eq(tern_rpc_open(NULL, &cep), 0);
+}
+
+static void repl_teardown(void)
+{
+    for (unsigned i = 0; i < NODES; i++)
+        node_kill(i);
+    tern_rpc_close(cep);
+    cep = NULL;
+}
+
+/* ---- a client of raw KV calls (to name the write concern) ---- */
+
+static int kv_put(struct tern_session *s, const char *key, const char *val, uint16_t flags,
+                  uint64_t timeout_ns, uint64_t *version)
+{
+    uint8_t req[256];
+    struct kv_key k = {.klen = (uint16_t)strlen(key), .flags = flags,
+                       .vlen = (uint32_t)strlen(val)};
+    struct kv_val out;
+    size_t got = 0;
+    int rc;
+
+    memcpy(req, &k, sizeof(k));
+    memcpy(req + sizeof(k), key, k.klen);
+    memcpy(req + sizeof(k) + k.klen, val, k.vlen);
+    rc = tern_call_sync(s, TERN_KV_SERVICE_ID, KV_M_PUT, req, sizeof(k) + k.klen + k.vlen, &out,
+                        sizeof(out), &got, timeout_ns);
+    if (rc == 0 && version)
+        *version = out.version;
+    return rc;
+}
+
+static struct tern_session *connect_to(unsigned i)
+{
+    struct tern_session *s;
+
+    ck_assert_int_eq(tern_rpc_connect(cep, nodes[i].uri, 2000000000u, &s), 0);
+    return s;
+}
+
+/* A write until the node is primary (it takes over first). */
+static int put_retrying(struct tern_session *s, const char *key, const char *val,
+                        uint64_t *version)
+{
+    int rc = TERN_ENOTPRIMARY;
+
+    for (int t = 0; t < 400 && rc == TERN_ENOTPRIMARY; t++) {
+        rc = kv_put(s, key, val, 0, 2000000000u, version);
+        if (rc == TERN_ENOTPRIMARY)
+            usleep(5000);
+    }
+    return rc;
+}
+
+/* What a stopped node's pool holds for key. */
+static int pool_get(unsigned i, const char *key, char *buf, size_t cap, uint64_t *version)
+{
+    struct kvs_opts o = {.path = nodes[i].pool};
+    struct kvs *s;
+    const void *val;
+    uint32_t len;
+    int rc;
+
+    ck_assert(!nodes[i].up);
+    ck_assert_int_eq(kvs_open(&o, &s), 0);
+    rc = kvs_get(s, key, strlen(key), &val, &len, version);
+    if (rc == 0) {
+        ck_assert_uint_lt(len, cap);
+        memcpy(buf, val, len);
+        buf[len] = 0;
+    }
+    kvs_close(s);
+    return rc;
+}
+
+START_TEST(writes_wait_for_their_concern)
+{
+    struct tern_session *s;
+    uint64_t ver = 0, first = 0;
+    char key[32], val[64], got[64];
+
+    elect(0, 1);
+    ck_assert(wait_state(0, "primary", 5000));
+    s = connect_to(0);
+    for (int i = 0; i < 100; i++) {
+        snprintf(key, sizeof(key), "key%d", i);
+        snprintf(val, sizeof(val), "value %d", i);
+        ck_assert_int_eq(kv_put(s, key, val, 0, 2000000000u, &ver), 0);
+        if (!first)
+            first = ver;
+    }
+    ck_assert_uint_eq(repl_epoch_of(ver), 1);
+    /* Majority: by the time the reply came, a backup held it. */
+    ck_assert(status_of(1).position >= ver || status_of(2).position >= ver);
+    ck_assert_int_eq(kv_put(s, "all", "of them", KV_F_W_ALL, 2000000000u, &ver), 0);
+    ck_assert_uint_ge(status_of(1).position, ver);
+    ck_assert_uint_ge(status_of(2).position, ver);
+    /* One backup down: majority still answers, `all` cannot. */
+    node_kill(2);
+    ck_assert_int_eq(kv_put(s, "after", "one down", 0, 2000000000u, &ver), 0);
+    ck_assert_int_eq(kv_put(s, "all2", "never", KV_F_W_ALL, 300000000u, NULL),
+                     TERN_ETIMEDOUT);
+    ck_assert_int_eq(kv_put(s, "one", "primary only", KV_F_W_ONE, 2000000000u, NULL), 0);
+    /* A backup refuses writes and reads: it is not the primary. */
+    {
+        struct tern_session *b = connect_to(1);
+
+        ck_assert_int_eq(kv_put(b, "x", "y", 0, 2000000000u, NULL), TERN_ENOTPRIMARY);
+        tern_rpc_disconnect(b);
+    }
+    tern_rpc_disconnect(s);
+    ck_assert(wait_position(1, ver, 5000));
+    node_kill(1);
+    ck_assert_int_eq(pool_get(1, "key57", got, sizeof(got), &ver), 0);
+    ck_assert_str_eq(got, "value 57");
+    ck_assert_int_eq(pool_get(1, "after", got, sizeof(got), NULL), 0);
+    ck_assert_str_eq(got, "one down");
+}
+END_TEST
+
+/* A backup away for a while catches up from the primary's log when it
+ * comes back, from the position its pool recovered. */
+START_TEST(returning_backup_catches_up)
+{
+    struct tern_session *s;
+    char key[32], val[64], got[64];
+    uint64_t ver = 0, v2;
+
+    elect(0, 1);
+    ck_assert(wait_state(0, "primary", 5000));
+    s = connect_to(0);
+    ck_assert_int_eq(kv_put(s, "early", "1", KV_F_W_ALL, 2000000000u, NULL), 0);
+    node_kill(1);
+    for (int i = 0; i < 300; i++) {
+        snprintf(key, sizeof(key), "k%d", i);
+        snprintf(val, sizeof(val), "v%d", i);
+        ck_assert_int_eq(kv_put(s, key, val, 0, 2000000000u, &ver), 0);
+    }
+    node_start(1);
+    set_view(1, REPL_BACKUP, 1, 0);
+    ck_assert_msg(wait_position(1, ver, 10000), "backup at %llx, primary at %llx",
+                  (unsigned long long)status_of(1).position, (unsigned long long)ver);
+    tern_rpc_disconnect(s);
+    node_kill(1);
+    ck_assert_int_eq(pool_get(1, "k299", got, sizeof(got), &v2), 0);
+    ck_assert_str_eq(got, "v299");
+    ck_assert_uint_eq(v2, ver);     /* the primary's version, not one of its own */
+}
+END_TEST
+
+/* The primary dies with writes acknowledged on it and one backup only;
+ * the other backup, behind, is elected: it takes them from the one that
+ * has them before it serves. */
+START_TEST(new_primary_takes_the_newest_log)
+{
+    struct tern_session *s;
+    char key[32], val[64], got[64];
+    uint64_t ver = 0, v2 = 0;
+
+    elect(0, 1);
+    ck_assert(wait_state(0, "primary", 5000));
+    s = connect_to(0);
+    ck_assert_int_eq(kv_put(s, "base", "all", KV_F_W_ALL, 2000000000u, NULL), 0);
+    node_kill(2);                   /* n2 falls behind */
+    for (int i = 0; i < 200; i++) {
+        snprintf(key, sizeof(key), "acked%d", i);
+        snprintf(val, sizeof(val), "on a majority %d", i);
+        ck_assert_int_eq(kv_put(s, key, val, 0, 2000000000u, &ver), 0);
+    }
+    tern_rpc_disconnect(s);
+    node_kill(0);                   /* the primary dies */
+    node_start(2);
+    elect(2, 2);                    /* the laggard wins the office */
+    ck_assert_msg(wait_state(2, "primary", 10000), "n2 is %s", status_of(2).state);
+    ck_assert_uint_ge(status_of(2).position, ver);
+    s = connect_to(2);
+    ck_assert_int_eq(put_retrying(s, "new", "epoch 2", &v2), 0);
+    ck_assert_uint_eq(repl_epoch_of(v2), 2);
+    tern_rpc_disconnect(s);
+    ck_assert(wait_position(1, v2, 5000));
+    node_kill(2);
+    for (int i = 0; i < 200; i += 37) {
+        snprintf(key, sizeof(key), "acked%d", i);
+        snprintf(val, sizeof(val), "on a majority %d", i);
+        ck_assert_int_eq(pool_get(2, key, got, sizeof(got), NULL), 0);
+        ck_assert_str_eq(got, val);
+    }
+    ck_assert_int_eq(pool_get(2, "acked199", got, sizeof(got), NULL), 0);
+}
+END_TEST
+
+/* Two replicas move to epoch 2 while the old primary, cut off, still
+ * thinks it leads: its next write is refused by the backups it ships to,
+ * it steps down, and the client is told (never "stored"). */
+START_TEST(deposed_primary_is_fenced)
+{
+    struct tern_session *s;
+    uint64_t ver;
+    int rc;
+
+    elect(0, 1);
+    ck_assert(wait_state(0, "primary", 5000));
+    s = connect_to(0);
+    ck_assert_int_eq(kv_put(s, "before", "1", KV_F_W_ALL, 2000000000u, NULL), 0);
+    /* n1 takes over at epoch 2 with n2; n0 is cut off from n1, and not
+     * told. */
+    set_view(1, REPL_PRIMARY, 2, 1);
+    pthread_mutex_lock(&nodes[1].mu);
+    nodes[1].v.cut = 0;
+    pthread_mutex_unlock(&nodes[1].mu);
+    set_view(2, REPL_BACKUP, 2, 1);
+    ck_assert(wait_state(1, "primary", 10000));
+    rc = kv_put(s, "late", "from the old primary", 0, 2000000000u, &ver);
+    ck_assert_msg(rc == TERN_ENOTPRIMARY, "the deposed primary answered %s",
+                  tern_err_name(rc));
+    ck_assert(wait_state(0, "backup", 5000));
+    ck_assert_uint_ge(status_of(1).refused_stale + status_of(2).refused_stale, 1);
+    tern_rpc_disconnect(s);
+    s = connect_to(1);
+    ck_assert_int_eq(put_retrying(s, "new", "2", &ver), 0);
+    ck_assert_uint_eq(repl_epoch_of(ver), 2);
+    tern_rpc_disconnect(s);
+}
+END_TEST
+
+Suite *suite_repl(void)
+{
+    Suite *s = suite_create("repl");
+    TCase *wire = tcase_create("wire");
+    TCase *group = tcase_create("group");
+
+    tcase_add_test(wire, batch_walk_refuses_any_fault);
+    tcase_add_test(wire, log_keeps_the_newest_and_says_what_it_lost);
+    tcase_add_test(wire, state_file_takes_only_its_own_form);
+    suite_add_tcase(s, wire);
+    tcase_add_checked_fixture(group, repl_setup, repl_teardown);
+    tcase_set_timeout(group, 60);
+    tcase_add_test(group, writes_wait_for_their_concern);
+    tcase_add_test(group, returning_backup_catches_up);
+    tcase_add_test(group, new_primary_takes_the_newest_log);
+    tcase_add_test(group, deposed_primary_is_fenced);
+    suite_add_tcase(s, group);
+    return s;
+}

@@ -266,6 +266,7 @@ static void node_kill(unsigned i)
         return;
     __atomic_store_n(&n->stop, 1, __ATOMIC_RELEASE);
     pthread_join(n->th, NULL);
+    kv_service_replicate(n->kv, NULL);
     repl_close(n->r);
     tern_rpc_close(n->ep);
     repl_host_close(n->host);

@@ -81,10 +81,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FZ_CHECK(m.primary[0] ? in : m.epoch == 0, "a primary that is not a replica");
         {
             struct cl_shard_map again;
-            int n = cl_shard_map_json(&m, back, sizeof(back));
+            int jn = cl_shard_map_json(&m, back, sizeof(back));
 
-            FZ_CHECK(n > 0, "the map does not print: %d", n);
-            FZ_CHECK(cl_shard_map_parse((const uint8_t *)back, (size_t)n, &again) == 0 &&
+            FZ_CHECK(jn > 0, "the map does not print: %d", jn);
+            FZ_CHECK(cl_shard_map_parse((const uint8_t *)back, (size_t)jn, &again) == 0 &&
                          memcmp(&again, &m, sizeof(m)) == 0, "the map does not read back");
         }
         break;

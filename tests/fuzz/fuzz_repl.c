@@ -1,0 +1,238 @@
+/* A backup replica's handling of replication messages (services/repl:
+ * repl_wire.c, repl_backup.c) and its state file (repl_state.c), called
+ * through an RPC session of this process over tcp, with a KV store on a
+ * small pool in /dev/shm behind it.
+ *
+ * The input's first byte feeds the state file parser the rest of the
+ * input when it is 0xff. Otherwise the input is a run of messages: raw
+ * bytes to any of the service's methods, or messages built from fields of
+ * the input: APPEND batches of records with sound sums (keys from a small
+ * alphabet, values, deletes), following the replica's position or not, at
+ * epochs around the one it has seen; POSITION and FETCH at any epoch and
+ * from any version. What must hold whatever comes: every call is answered;
+ * the replica's position only moves forward and is what the store holds;
+ * an epoch older than one it took is refused; and a FETCH answer is a
+ * batch its own walker takes. Between runs the group is closed and its
+ * state file removed, the store emptied. */
+#include <unistd.h>
+
+#include "fuzz.h"
+#include "kv.h"
+#include "kv/kv_service_internal.h"
+#include "kv/kv_store.h"
+#include "log.h"
+#include "repl/repl_internal.h"
+#include "rpc_internal.h"
+
+#define POOL_SIZE (4u << 20)
+#define SEG_SIZE (64u * 1024)
+#define MAX_MSG (64u * 1024)
+#define POLLS_MAX 200000
+#define OPS_MAX 48
+
+static struct tern_kv_service *svc;
+static struct tern_rpc_ep *srv, *cli;
+static struct tern_session *sess;
+static struct repl_host *host;
+static struct repl *grp;
+static char uri[128], state_path[96];
+static uint8_t req[MAX_MSG];
+static volatile uint8_t sink;
+
+struct reply {
+    bool done;
+    int status;
+    size_t len;
+    uint8_t data[MAX_MSG];
+};
+static struct reply rep;
+
+static void on_reply(void *arg, int status, const void *data, size_t len)
+{
+    struct reply *r = arg;
+
+    FZ_CHECK(!r->done, "a continuation ran twice");
+    FZ_CHECK(status <= 0 && (status == 0 || !len), "status %d with %zu bytes", status, len);
+    FZ_CHECK(len <= sizeof(r->data), "a reply of %zu bytes", len);
+    r->done = true;
+    r->status = status;
+    r->len = len;
+    if (len)
+        memcpy(r->data, data, len);
+}
+
+static int call(uint16_t method, const void *p, size_t len)
+{
+    int rc;
+
+    rep.done = false;
+    rc = tern_call(sess, TERN_REPL_SERVICE_ID, method, p, len, 0, on_reply, &rep, NULL);
+    if (rc < 0)
+        return rc;
+    for (int i = 0; i < POLLS_MAX && !rep.done; i++) {
+        tern_rpc_poll(srv);
+        tern_rpc_poll(cli);
+    }
+    FZ_CHECK(rep.done, "no answer");
+    return rep.status;
+}
+
+static void open_group(void)
+{
+    struct repl_config c = {.shard = "s1", .me = "b", .state_path = state_path,
+                            .log_bytes = 64 * 1024, .ops = &kv_repl_ops, .ctx = svc};
+    int rc = repl_open(host, &c, &grp);
+
+    FZ_CHECK(rc == 0, "repl_open: %d", rc);
+    kv_service_replicate(svc, grp);
+    repl_set_view(grp, REPL_BACKUP, 1, "p", NULL, 0);
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    struct tern_rpc_config cfg = {.max_msg = MAX_MSG, .credits = 8, .max_calls = 64};
+    struct tern_kv_service_opts so = {.pool_size = POOL_SIZE, .seg_size = SEG_SIZE};
+    int rc;
+
+    (void)argc;
+    (void)argv;
+    tern_log_set_level(TERN_LOG_ERROR);
+    so.pool_path = fz_tmp_pool("repl");
+    snprintf(state_path, sizeof(state_path), "/dev/shm/tern-fuzz-repl-state.%d", (int)getpid());
+    unlink(state_path);
+    rc = tern_kv_service_open(&so, &svc);
+    FZ_CHECK(rc == 0, "service: %d", rc);
+    FZ_CHECK(tern_rpc_open(&cfg, &srv) == 0 && tern_rpc_open(&cfg, &cli) == 0, "endpoints");
+    FZ_CHECK(tern_rpc_register(srv, tern_kv_service_def(svc)) == 0, "register");
+    FZ_CHECK(repl_host_open(srv, &host) == 0, "repl host");
+    rc = tern_rpc_listen(srv, "tcp://127.0.0.1:0", uri, sizeof(uri));
+    FZ_CHECK(rc == 0, "listen: %d", rc);
+    rc = rpc_connect_start(cli, uri, 0, NULL, &sess);
+    FZ_CHECK(rc == 0 && sess, "connect: %d", rc);
+    for (int i = 0; i < POLLS_MAX && sess->state == SESS_CONNECTING; i++) {
+        tern_rpc_poll(srv);
+        tern_rpc_poll(cli);
+    }
+    FZ_CHECK(sess->state == SESS_OPEN, "the session did not open");
+    open_group();
+    return 0;
+}
+
+/* A batch of sound records from the input, after `prev`. */
+static size_t build_append(struct fz *f, uint64_t epoch, uint64_t prev)
+{
+    struct repl_batch b = {.epoch = epoch, .prev = prev};
+    size_t off = sizeof(b);
+    unsigned n = fz_u8(f) % 8;
+    uint64_t v = prev;
+
+    strcpy(b.shard, fz_u8(f) % 16 ? "s1" : "s2");
+    for (unsigned i = 0; i < n; i++) {
+        uint8_t kb = fz_u8(f), type = fz_u8(f) % 4 ? REPL_SET : REPL_DEL;
+        char key[4] = {'a' + (kb & 3), 'a' + ((kb >> 2) & 3), 0, 0};
+        const uint8_t *val;
+        size_t vlen = type == REPL_SET ? fz_take(f, fz_u8(f) % 200, &val) : 0;
+
+        v += 1 + fz_u8(f) % 3;
+        if (off + repl_rec_size(2, vlen) > sizeof(req))
+            break;
+        repl_rec_write(req + off, type, v, key, 2, vlen ? val : NULL, (uint32_t)vlen);
+        off += repl_rec_size(2, vlen);
+        b.n++;
+    }
+    b.bytes = (uint32_t)(off - sizeof(b));
+    memcpy(req, &b, sizeof(b));
+    return off;
+}
+
+static size_t build_ask(struct fz *f, uint64_t epoch, uint64_t from)
+{
+    struct repl_ask a = {.epoch = epoch, .from = from, .max = fz_u16(f)};
+
+    strcpy(a.shard, "s1");
+    memcpy(req, &a, sizeof(a));
+    return sizeof(a);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    struct fz f = {data, size};
+    uint64_t seen = 0;
+
+    if (size && data[0] == 0xff) {
+        char name[] = "s1";
+        int rc = repl_state_parse((const char *)data + 1, size - 1, name, &seen);
+
+        FZ_CHECK(rc == 0 || rc == TERN_ECORRUPT || rc == TERN_EINVAL, "state parse: %d", rc);
+        FZ_CHECK(rc < 0 || seen <= REPL_EPOCH_MAX, "epoch %llu", (unsigned long long)seen);
+        return 0;
+    }
+    for (int op = 0; op < OPS_MAX && f.n; op++) {
+        struct repl_status before, after;
+        uint8_t kind = fz_u8(&f);
+        uint64_t epoch;
+        uint16_t method = REPL_M_APPEND;
+        size_t len;
+        int rc;
+
+        repl_status(grp, &before);
+        /* Epochs around the one seen: older, the same, newer, any. */
+        switch (fz_u8(&f) % 4) {
+        case 0: epoch = before.epoch_seen ? before.epoch_seen - 1 : 0; break;
+        case 1: epoch = before.epoch_seen; break;
+        case 2: epoch = before.epoch_seen + 1; break;
+        default: epoch = fz_u64(&f); break;
+        }
+        switch (kind % 6) {
+        case 0:         /* raw bytes to any method */
+            method = (uint16_t)(fz_u8(&f) % 5);
+            len = fz_take(&f, fz_u16(&f) % sizeof(req), (const uint8_t **)&data);
+            memcpy(req, data, len);
+            break;
+        case 1:
+        case 2:         /* an APPEND that follows */
+            len = build_append(&f, epoch, before.position);
+            break;
+        case 3:         /* an APPEND from anywhere */
+            len = build_append(&f, epoch, fz_u64(&f) % (before.position + 4));
+            break;
+        case 4:
+            method = REPL_M_POSITION;
+            len = build_ask(&f, epoch, 0);
+            break;
+        default:
+            method = REPL_M_FETCH;
+            len = build_ask(&f, epoch, fz_u8(&f) % 2 ? before.position : fz_u64(&f));
+            break;
+        }
+        bool built = kind % 6 != 0 && !(kind & 0x80);
+
+        if (!built && kind % 6 != 0 && len)
+            req[fz_u16(&f) % len] ^= (uint8_t)(1u << (fz_u8(&f) % 8));
+        rc = call(method, req, len);
+        repl_status(grp, &after);
+        FZ_CHECK(after.position >= before.position, "position went back");
+        FZ_CHECK(after.epoch_seen >= before.epoch_seen, "epoch seen went back");
+        FZ_CHECK(after.position == kvs_version(kv_service_store(svc)) ||
+                     after.position == before.position,
+                 "position %llx, the store %llx", (unsigned long long)after.position,
+                 (unsigned long long)kvs_version(kv_service_store(svc)));
+        if (rc == 0 && built)
+            FZ_CHECK(epoch >= before.epoch_seen, "epoch %llu taken after %llu",
+                     (unsigned long long)epoch, (unsigned long long)before.epoch_seen);
+        if (rc == 0 && method == REPL_M_FETCH)
+            FZ_CHECK(repl_batch_walk(rep.data, rep.len, NULL, NULL, NULL) == 0,
+                     "a FETCH answer its own walker refuses");
+        for (size_t i = 0; i < rep.len; i++)
+            sink ^= rep.data[i];
+    }
+    /* Still serving. */
+    FZ_CHECK(call(REPL_M_POSITION, req, build_ask(&f, REPL_EPOCH_MAX, 0)) == 0,
+             "no POSITION after the run");
+    kv_service_replicate(svc, NULL);
+    repl_close(grp);
+    unlink(state_path);
+    kvs_clear(kv_service_store(svc), TERN_KV_SYNC);
+    open_group();
+    return 0;
+}

@@ -128,6 +128,29 @@ static void renewed_at(struct cl_member *m, uint64_t sent)
     pthread_mutex_unlock(&m->lock);
 }
 
+/* Where a registered node listens (cl_node_tcp_addr), for the replicas
+ * of this node's shards. */
+static int learn_addr(void *arg, const struct cl_kv *kv)
+{
+    struct cl_member *m = arg;
+    size_t plen = strlen(m->cfg.prefix) + strlen("/nodes/");
+    char name[CL_NAME_MAX], addr[CL_ADDR_MAX];
+
+    if (kv->key_len <= plen || kv->key_len - plen >= sizeof(name))
+        return 0;
+    memcpy(name, kv->key + plen, kv->key_len - plen);
+    name[kv->key_len - plen] = 0;
+    if (cl_node_tcp_addr(kv->value, kv->value_len, addr, sizeof(addr)) < 0)
+        addr[0] = 0;
+    pthread_mutex_lock(&m->lock);
+    for (unsigned i = 0; i < m->cfg.n_shards; i++)
+        for (unsigned k = 0; k < m->roles[i].n_replicas; k++)
+            if (!strcmp(m->roles[i].replicas[k], name))
+                snprintf(m->roles[i].addrs[k], CL_ADDR_MAX, "%s", addr);
+    pthread_mutex_unlock(&m->lock);
+    return 0;
+}
+
 /* One election step for each shard. */
 static void campaign(struct cl_member *m, struct cl_etcd *e, int64_t lease)
 {
@@ -150,8 +173,18 @@ static void campaign(struct cl_member *m, struct cl_etcd *e, int64_t lease)
         m->roles[i].role = role;
         m->roles[i].epoch = map.epoch;
         snprintf(m->roles[i].primary, sizeof(m->roles[i].primary), "%s", map.primary);
+        if (m->roles[i].n_replicas != map.n_replicas ||
+            memcmp(m->roles[i].replicas, map.replicas, sizeof(map.replicas))) {
+            m->roles[i].n_replicas = map.n_replicas;
+            memcpy(m->roles[i].replicas, map.replicas, sizeof(map.replicas));
+            memset(m->roles[i].addrs, 0, sizeof(m->roles[i].addrs));
+        }
         pthread_mutex_unlock(&m->lock);
     }
+    /* The replicas' addresses: a restarted node may listen elsewhere. */
+    if (m->cfg.n_shards && cl_members(e, m->cfg.prefix, learn_addr, m) < 0 &&
+        tern_log_allow(&m->said))
+        tern_log(TERN_LOG_WARN, "cluster", "reading the nodes: %s", cl_etcd_error(e));
 }
 
 static void *run(void *arg)

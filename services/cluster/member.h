@@ -30,11 +30,18 @@ struct cl_member_config {
     unsigned n_shards;
 };
 
-/* This node's part in a shard, as the thread last learned it. */
+#define CL_ADDR_MAX 128
+
+/* This node's part in a shard, as the thread last learned it, with the
+ * shard's replicas and where each listens (its first tcp:// address,
+ * "HOST:PORT", from its registration; "" while it is not registered). */
 struct cl_shard_role {
     enum cl_role role;
     uint64_t epoch;
     char primary[CL_NAME_MAX];
+    unsigned n_replicas;
+    char replicas[CL_REPLICAS_MAX][CL_NAME_MAX];
+    char addrs[CL_REPLICAS_MAX][CL_ADDR_MAX];
 };
 
 struct cl_member_state {

@@ -250,3 +250,49 @@ int cl_shard_campaign(struct cl_etcd *e, const char *prefix, const char *id, con
         *role = CL_ROLE_BACKUP;
     return 0;
 }
+
+int cl_node_tcp_addr(const uint8_t *json, size_t len, char *out, size_t cap)
+{
+    struct json_tokener *t;
+    json_object *o = NULL, *listen;
+    int rc = TERN_EPROTO;
+
+    if (len > 65536)
+        return TERN_EPROTO;
+    t = json_tokener_new_ex(4);
+    if (!t)
+        return TERN_ENOMEM;
+    o = json_tokener_parse_ex(t, (const char *)json, (int)len);
+    if (!o || json_tokener_get_error(t) != json_tokener_success ||
+        json_tokener_get_parse_end(t) != len || !json_object_is_type(o, json_type_object) ||
+        !json_object_object_get_ex(o, "listen", &listen) ||
+        !json_object_is_type(listen, json_type_array))
+        goto out;
+    rc = TERN_ENOENT;
+    for (size_t i = 0; i < json_object_array_length(listen); i++) {
+        json_object *u = json_object_array_get_idx(listen, i);
+        const char *s;
+        size_t n;
+
+        if (!json_object_is_type(u, json_type_string)) {
+            rc = TERN_EPROTO;
+            goto out;
+        }
+        s = json_object_get_string(u);
+        n = (size_t)json_object_get_string_len(u);
+        if (n <= 6 || strncmp(s, "tcp://", 6) || memchr(s, 0, n))
+            continue;
+        if (n - 6 >= cap) {
+            rc = TERN_E2BIG;
+            goto out;
+        }
+        memcpy(out, s + 6, n - 6);
+        out[n - 6] = 0;
+        rc = 0;
+        break;
+    }
+out:
+    json_object_put(o);
+    json_tokener_free(t);
+    return rc;
+}

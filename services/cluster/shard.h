@@ -42,6 +42,12 @@ int cl_shard_map_json(const struct cl_shard_map *m, char *buf, size_t len);
  * replicas, a primary that is one of them or "". */
 int cl_shard_map_parse(const uint8_t *json, size_t len, struct cl_shard_map *out);
 
+/* A node's registration (PREFIX/nodes/NAME, what ternd puts there: a JSON
+ * object whose "listen" is an array of URIs): its first tcp:// URI, as
+ * "HOST:PORT" in out (NUL-terminated). TERN_ENOENT if it lists none,
+ * TERN_EPROTO for anything that is not such an object, TERN_E2BIG. */
+int cl_node_tcp_addr(const uint8_t *json, size_t len, char *out, size_t cap);
+
 /* Define a shard (epoch 0, no primary) if it is not there: an operator's
  * or a tool's step. TERN_EEXIST if it is. */
 int cl_shard_define(struct cl_etcd *e, const char *prefix, const struct cl_shard_map *m);

@@ -1,13 +1,14 @@
 /* etcd's answers as services/cluster reads them (etcd_json.c): a lying
  * or broken etcd, or something else on its port, writes any bytes. The
  * first input byte picks the reader (range, transaction, lease, delete,
- * header, error, a shard's map), the rest is the body. A reader may only refuse
+ * header, error, a shard's map, a node's address), the rest is the body. A reader may only refuse
  * (TERN_EPROTO); what it hands out must be what it says: every key 1 to
  * CL_KEY_MAX bytes, every value readable to its length, revisions not
  * negative, the error message NUL-terminated in its buffer. */
 #include "error.h"
 #include "etcd.h"
 #include "fuzz.h"
+#include "member.h"
 #include "shard.h"
 
 static volatile uint8_t sink;
@@ -40,7 +41,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char msg[64];
     int rc;
 
-    switch (pick % 7) {
+    switch (pick % 8) {
     case 0:
         rc = cl_answer_range(body, len, touch, &n, &rev);
         FZ_CHECK(rc == 0 || rc == TERN_EPROTO || rc == TERN_ENOMEM || rc == 7, "range: %d", rc);
@@ -87,6 +88,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             FZ_CHECK(cl_shard_map_parse((const uint8_t *)back, (size_t)jn, &again) == 0 &&
                          memcmp(&again, &m, sizeof(m)) == 0, "the map does not read back");
         }
+        break;
+    }
+    case 7: {
+        char addr[CL_ADDR_MAX];
+
+        rc = cl_node_tcp_addr((const uint8_t *)body, len, addr, sizeof(addr));
+        FZ_CHECK(rc == 0 || rc == TERN_EPROTO || rc == TERN_ENOENT || rc == TERN_E2BIG ||
+                     rc == TERN_ENOMEM, "node address: %d", rc);
+        FZ_CHECK(rc != 0 || (memchr(addr, 0, sizeof(addr)) && addr[0]), "an address unsound");
         break;
     }
     default:

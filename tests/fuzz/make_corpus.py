@@ -142,6 +142,7 @@ SEEDS["etcd_answer"] = {
     "error": u8(5) + b'{"error":"etcdserver: requested lease not found","message":"etcdserver: requested lease not found","code":5}',
     "map": u8(6) + b'{"id":"kv-0","epoch":3,"primary":"b","replicas":["a","b","c"]}',
     "map-new": u8(6) + b'{"id":"doc-main","epoch":0,"primary":"","replicas":["r1h1"]}',
+    "node": u8(7) + b'{"node":"a","rack":"r1","pid":1,"services":["kv"],"listen":["shm://x","tcp://10.0.0.1:7300"]}',
     "stream-error": u8(5) + b'{"error":{"grpc_code":5,"http_code":404,"message":"etcdserver: requested lease not found","http_status":"Not Found"}}',
 }
 

@@ -14,6 +14,7 @@
 
 #include "log.h"
 #include "node.h"
+#include "replica.h"
 #include "node_proto.h"
 #include "tern_config.h"
 #if TERN_HAVE_CLUSTER
@@ -86,6 +87,7 @@ struct ternd_node {
 #if TERN_HAVE_CLUSTER
     struct cl_member *member;        /* [cluster]: registration in etcd */
 #endif
+    struct ternd_replica *replica;   /* [cluster] kv_shard */
 };
 
 /* ---- text building ---- */
@@ -431,6 +433,32 @@ static void cluster_json(struct ternd_node *n, struct buf *b)
 #endif
 }
 
+/* [cluster] kv_shard: the replicated store's group, or null. */
+static void repl_json(struct ternd_node *n, struct buf *b)
+{
+    struct repl_status st;
+
+    if (!ternd_replica_status(n->replica, &st)) {
+        put(b, "null");
+        return;
+    }
+    put(b, "{\"shard\":");
+    put_json_str(b, n->o->kv_shard);
+    put(b, ",\"state\":\"%s\",\"epoch\":%" PRIu64 ",\"epoch_seen\":%" PRIu64
+           ",\"position\":\"%" PRIx64 "\",\"committed\":\"%" PRIx64 "\",\"log_from\":\"%"
+           PRIx64 "\",\"held\":%u,\"shipped_batches\":%" PRIu64 ",\"applied_records\":%"
+           PRIu64 ",\"refused_stale\":%" PRIu64 ",\"replicas\":[",
+        st.state, st.epoch, st.epoch_seen, st.position, st.committed, st.log_base, st.held,
+        st.shipped_batches, st.applied_records, st.refused_stale);
+    for (unsigned i = 0; i < st.n; i++) {
+        put(b, "%s{\"node\":", i ? "," : "");
+        put_json_str(b, st.replicas[i].name);
+        put(b, ",\"state\":\"%s\",\"position\":\"%" PRIx64 "\",\"lag\":%" PRIu64 "}",
+            st.replicas[i].state, st.replicas[i].position, st.replicas[i].lag);
+    }
+    put(b, "]}");
+}
+
 static void status_json(struct ternd_node *n, struct buf *b)
 {
     const struct ternd_opts *o = n->o;
@@ -455,6 +483,8 @@ static void status_json(struct ternd_node *n, struct buf *b)
     }
     put(b, "],\"cluster\":");
     cluster_json(n, b);
+    put(b, ",\"replication\":");
+    repl_json(n, b);
     put(b, ",\"peers\":[");
     pthread_mutex_lock(&n->lock);
     for (unsigned i = 0; i < o->n_peers; i++) {
@@ -795,6 +825,21 @@ int ternd_node_join(struct ternd_node *n)
 #else
     return n->o->etcd ? TERN_ENOTSUP : 0;
 #endif
+}
+
+struct cl_member *ternd_node_member(struct ternd_node *n)
+{
+#if TERN_HAVE_CLUSTER
+    return n ? n->member : NULL;
+#else
+    (void)n;
+    return NULL;
+#endif
+}
+
+void ternd_node_set_replica(struct ternd_node *n, struct ternd_replica *r)
+{
+    n->replica = r;
 }
 
 void ternd_node_stop(struct ternd_node *n)

@@ -46,4 +46,12 @@ int ternd_node_join(struct ternd_node *n);
 
 void ternd_node_stop(struct ternd_node *n);
 
+/* The membership (NULL without [cluster] etcd or the cluster code). */
+struct cl_member;
+struct cl_member *ternd_node_member(struct ternd_node *n);
+
+/* The replicated KV store, for STATUS and the metrics (replica.h). */
+struct ternd_replica;
+void ternd_node_set_replica(struct ternd_node *n, struct ternd_replica *r);
+
 #endif

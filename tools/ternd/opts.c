@@ -258,6 +258,21 @@ static bool set_shard(struct ctx *c, const char *v)
     return true;
 }
 
+static bool set_kv_shard(struct ctx *c, const char *v)
+{
+    return name_ok(c, v, c->o->kv_shard);
+}
+
+static bool set_repl_log_mb(struct ctx *c, const char *v)
+{
+    uint64_t x;
+
+    if (!num(c, v, 1, 4096, 0, &x))
+        return false;
+    c->o->repl_log_mb = (unsigned)x;
+    return true;
+}
+
 static bool set_key_file(struct ctx *c, const char *v)
 {
     char why[160];
@@ -535,6 +550,8 @@ static const struct key keys[] = {
     {"cluster", "prefix", "etcd-prefix", 1, NULL, set_prefix, false, "the cluster's keys in etcd live under it (default /tern)"},
     {"cluster", "lease_ttl", "lease-ttl", 1, NULL, set_lease_ttl, false, "seconds a silent node stays registered (2..60, default 5)"},
     {"cluster", "shard", "shard", 1, NULL, set_shard, true, "a shard this node replicates (its map defined in etcd: tern shard define); up to 16"},
+    {"cluster", "kv_shard", "kv-shard", 1, NULL, set_kv_shard, false, "the KV store is this shard (one of `shard`): writes go to its primary and are shipped to its other replicas (default: none, the store stands alone)"},
+    {"cluster", "repl_log_mb", "repl-log-mb", 1, NULL, set_repl_log_mb, false, "MiB of recent writes kept in memory for replicas that fall behind (1..4096, default 32)"},
     {"policy", "same_rack", NULL, 0, NULL, set_same_rack, false, "fabrics for peers of this rack, best first (default shm,ntb,rdma,tcp)"},
     {"policy", "other_rack", NULL, 0, NULL, set_other_rack, false, "fabrics for peers of other racks (default rdma,tcp)"},
     {"policy", "subnet", NULL, 0, NULL, set_subnet, true, "'A.B.C.D/BITS FABRIC': peers in that subnet use that fabric, up to 16"},
@@ -782,6 +799,7 @@ static void defaults(struct ternd_opts *o)
     o->policy.other_rack = (struct ternd_fabric_list){2, {"rdma", "tcp"}};
     snprintf(o->prefix, sizeof(o->prefix), "/tern");
     o->lease_ttl = 5;
+    o->repl_log_mb = 32;
 }
 
 /* A new pool's sizes, checked here because the pool would only say
@@ -1019,6 +1037,8 @@ void ternd_opts_print(FILE *f, const struct ternd_opts *o)
                 o->lease_ttl);
         for (unsigned i = 0; i < o->n_shards; i++)
             fprintf(f, "shard = %s\n", o->shards[i]);
+        if (o->kv_shard[0])
+            fprintf(f, "kv_shard = %s\nrepl_log_mb = %u\n", o->kv_shard, o->repl_log_mb);
     }
     ternd_fabric_list_text(&o->policy.same_rack, a, sizeof(a));
     ternd_fabric_list_text(&o->policy.other_rack, b, sizeof(b));

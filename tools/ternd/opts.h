@@ -107,6 +107,8 @@ struct ternd_opts {
     unsigned lease_ttl;              /* seconds */
     char shards[TERND_MAX_SHARDS][TERND_NAME_MAX];  /* shards it replicates */
     unsigned n_shards;
+    char kv_shard[TERND_NAME_MAX];   /* the KV store is this shard ("" : alone) */
+    unsigned repl_log_mb;            /* the replication log in DRAM */
     /* [policy], [peer NAME] */
     struct ternd_policy policy;
     struct ternd_peer peers[TERND_MAX_PEERS];

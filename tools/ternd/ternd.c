@@ -44,6 +44,7 @@
 #endif
 #include "kv.h"
 #include "kv_service_internal.h"
+#include "replica.h"
 #include "log.h"
 #include "kv_store.h"
 #include "opt.h"
@@ -61,6 +62,7 @@ static volatile int g_stop;     /* a sig_atomic_t; the chain's catch-up reads it
 static volatile sig_atomic_t g_hup;
 static struct ternd_policy g_policy;   /* [policy] as last (re)loaded */
 static struct ternd_node *g_node;
+static struct ternd_replica *g_replica;    /* [cluster] kv_shard */
 
 static void on_signal(int sig)
 {
@@ -198,6 +200,7 @@ static void serve(const struct ternd_opts *o, struct tern_rpc_ep *ep, struct gw 
             if (n > 0)
                 last_rpc = tern_now_ns();
         }
+        ternd_replica_tick(g_replica);
         if (ngw && (!hot || (++tick & 15) == 0)) {
             int timeout = 0;
 
@@ -505,9 +508,35 @@ int main(int argc, char **argv)
             tern_log(TERN_LOG_ERROR, "ternd", "[cluster] etcd: %s", tern_strerror(rc));
         else if (rc == 0 && o.etcd && at < sizeof(line))
             at += (size_t)snprintf(line + at, sizeof(line) - at, " etcd=%s%s", o.etcd, o.prefix);
+        if (rc == 0 && o.kv_shard[0]) {
+            bool listed = false;
+
+            for (unsigned i = 0; i < o.n_shards; i++)
+                listed |= strcmp(o.shards[i], o.kv_shard) == 0;
+            if (!o.etcd || !listed) {
+                tern_log(TERN_LOG_ERROR, "ternd", "[cluster] kv_shard = %s needs etcd and the "
+                         "shard among [cluster] shard", o.kv_shard);
+                rc = TERN_EINVAL;
+            } else if ((rc = ternd_replica_open(&o, g_node, g_ep, svc, &g_replica)) < 0) {
+                tern_log(TERN_LOG_ERROR, "ternd", "[cluster] kv_shard = %s: %s", o.kv_shard,
+                         tern_strerror(rc));
+            } else {
+                ternd_node_set_replica(g_node, g_replica);
+                if (at < sizeof(line))
+                    at += (size_t)snprintf(line + at, sizeof(line) - at, " kv_shard=%s",
+                                           o.kv_shard);
+            }
+        }
         if (rc == 0 && ternd_node_metrics_port(g_node) >= 0 && at < sizeof(line))
             at += (size_t)snprintf(line + at, sizeof(line) - at, " metrics=127.0.0.1:%d",
                                    ternd_node_metrics_port(g_node));
+    }
+    /* The RESP gateway writes the store directly, with no write concern
+     * and on any replica: not on a replicated store. */
+    if (rc == 0 && o.resp_port >= 0 && g_replica) {
+        tern_log(TERN_LOG_WARN, "ternd", "[kv] resp_port: no RESP gateway on a replicated "
+                 "store (kv_shard = %s); use the KV protocol", o.kv_shard);
+        o.resp_port = -1;
     }
     if (rc == 0 && o.resp_port >= 0) {
         struct resp_config rc_cfg = {.port = (uint16_t)o.resp_port,
@@ -538,12 +567,14 @@ int main(int argc, char **argv)
         tern_log(TERN_LOG_ERROR, "ternd", "flush helpers: %s", tern_strerror(rc));
     if (rc < 0) {
         stop_helpers();
+        ternd_replica_close(g_replica);
         ternd_node_stop(g_node);
 #if TERN_HAVE_DOC
         mongo_gw_destroy(mgw);
 #endif
         resp_gw_destroy(gw);
         tern_rpc_close(g_ep);
+        ternd_replica_free(g_replica);
 #if TERN_HAVE_DOC
         tern_doc_service_close(dsvc);
         doc_server_close(dsrv);
@@ -609,12 +640,14 @@ int main(int argc, char **argv)
     serve(&o, g_ep, gws, ngw);
 
     stop_helpers();
+    ternd_replica_close(g_replica);
     ternd_node_stop(g_node);
 #if TERN_HAVE_DOC
     mongo_gw_destroy(mgw);
 #endif
     resp_gw_destroy(gw);
     tern_rpc_close(g_ep);
+    ternd_replica_free(g_replica);
 #if TERN_HAVE_DOC
     tern_doc_service_close(dsvc);
     doc_server_close(dsrv);

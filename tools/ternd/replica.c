@@ -1,0 +1,152 @@
+/* ternd's replicated KV store (replica.h). */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv_service_internal.h"
+#include "log.h"
+#include "replica.h"
+#include "tern_config.h"
+#if TERN_HAVE_CLUSTER
+#include "member.h"
+#endif
+
+struct ternd_replica {
+    const struct ternd_opts *o;
+    struct ternd_node *node;
+    struct tern_kv_service *svc;
+    struct repl_host *host;
+    struct repl *r;
+    uint64_t next_view, next_publish;
+    pthread_mutex_t lock;           /* guards st */
+    struct repl_status st;
+    bool have_st;
+};
+
+int ternd_replica_open(const struct ternd_opts *o, struct ternd_node *n,
+                       struct tern_rpc_ep *ep, struct tern_kv_service *svc,
+                       struct ternd_replica **out)
+{
+#if TERN_HAVE_CLUSTER
+    struct ternd_replica *t = calloc(1, sizeof(*t));
+    char state[4200];
+    struct repl_config c = {.shard = o->kv_shard, .me = o->name, .state_path = state,
+                            .log_bytes = (size_t)o->repl_log_mb << 20, .ops = &kv_repl_ops,
+                            .ctx = svc};
+    int rc;
+
+    if (!t)
+        return TERN_ENOMEM;
+    snprintf(state, sizeof(state), "%s/kv.repl", o->data_dir);
+    t->o = o;
+    t->node = n;
+    t->svc = svc;
+    pthread_mutex_init(&t->lock, NULL);
+    rc = repl_host_open(ep, &t->host);
+    if (rc == 0)
+        rc = repl_open(t->host, &c, &t->r);
+    if (rc < 0) {
+        free(t->host);      /* its service stays registered: ternd is exiting */
+        pthread_mutex_destroy(&t->lock);
+        free(t);
+        return rc;
+    }
+    kv_service_replicate(svc, t->r);
+    *out = t;
+    return 0;
+#else
+    (void)o;
+    (void)n;
+    (void)ep;
+    (void)svc;
+    *out = NULL;
+    return TERN_ENOTSUP;
+#endif
+}
+
+#if TERN_HAVE_CLUSTER
+/* The membership's word on the shard, as the group takes it. */
+static void refresh_view(struct ternd_replica *t)
+{
+    struct cl_member *m = ternd_node_member(t->node);
+    struct repl_peer peers[REPL_PEERS_MAX];
+    struct cl_shard_role role;
+    static const enum repl_role roles[] = {[CL_ROLE_NONE] = REPL_NONE,
+                                           [CL_ROLE_PRIMARY] = REPL_PRIMARY,
+                                           [CL_ROLE_BACKUP] = REPL_BACKUP};
+    unsigned n = 0;
+
+    if (!m || cl_member_role(m, t->o->kv_shard, &role) < 0) {
+        repl_set_view(t->r, REPL_NONE, 0, "", NULL, 0);
+        return;
+    }
+    for (unsigned i = 0; i < role.n_replicas && n < REPL_PEERS_MAX; i++, n++) {
+        snprintf(peers[n].name, sizeof(peers[n].name), "%s", role.replicas[i]);
+        /* auto://: the session moves to the best fabric both ends have. */
+        if (role.addrs[i][0])
+            snprintf(peers[n].uri, sizeof(peers[n].uri), "auto://%s", role.addrs[i]);
+        else
+            peers[n].uri[0] = 0;
+    }
+    repl_set_view(t->r, roles[role.role], role.epoch, role.primary, peers, n);
+}
+#endif
+
+void ternd_replica_tick(struct ternd_replica *t)
+{
+    uint64_t now;
+
+    if (!t || !t->r)
+        return;
+    now = tern_now_ns();
+#if TERN_HAVE_CLUSTER
+    if (now >= t->next_view) {
+        refresh_view(t);
+        t->next_view = now + 20000000u;
+    }
+#endif
+    repl_tick(t->r);
+    if (now >= t->next_publish) {
+        struct repl_status st;
+
+        repl_status(t->r, &st);
+        pthread_mutex_lock(&t->lock);
+        t->st = st;
+        t->have_st = true;
+        pthread_mutex_unlock(&t->lock);
+        t->next_publish = now + 100000000u;
+    }
+}
+
+bool ternd_replica_status(struct ternd_replica *t, struct repl_status *out)
+{
+    bool have;
+
+    if (!t)
+        return false;
+    pthread_mutex_lock(&t->lock);
+    have = t->have_st;
+    *out = t->st;
+    pthread_mutex_unlock(&t->lock);
+    return have;
+}
+
+void ternd_replica_close(struct ternd_replica *t)
+{
+    if (!t || !t->r)
+        return;
+    kv_service_replicate(t->svc, NULL);
+    repl_close(t->r);
+    t->r = NULL;
+}
+
+void ternd_replica_free(struct ternd_replica *t)
+{
+    if (!t)
+        return;
+    ternd_replica_close(t);
+    free(t->host);
+    pthread_mutex_destroy(&t->lock);
+    free(t);
+}

@@ -569,6 +569,49 @@ START_TEST(deposed_primary_is_fenced)
 }
 END_TEST
 
+/* tern_kv_open_replicas: the client finds the primary, and follows a new
+ * one after the old dies; what it was told is stored is there. */
+START_TEST(client_follows_the_primary)
+{
+    const char *uris[NODES];
+    struct tern_kv *kv;
+    char key[32], val[64], got[64];
+    size_t len;
+    uint64_t ver = 0;
+
+    elect(1, 1);
+    ck_assert(wait_state(1, "primary", 5000));
+    for (unsigned i = 0; i < NODES; i++)
+        uris[i] = nodes[i].uri;
+    ck_assert_int_eq(tern_kv_open_replicas(cep, uris, NODES, 2000000000u, &kv), 0);
+    ck_assert_int_eq(tern_kv_set_write_concern(kv, TERN_KV_W_MAJORITY), 0);
+    for (int i = 0; i < 50; i++) {
+        snprintf(key, sizeof(key), "c%d", i);
+        snprintf(val, sizeof(val), "first %d", i);
+        ck_assert_int_eq(tern_kv_put(kv, key, strlen(key), val, strlen(val), &ver), 0);
+    }
+    ck_assert_uint_eq(repl_epoch_of(ver), 1);
+    node_kill(1);
+    elect(2, 2);
+    for (int i = 0; i < 50; i++) {
+        snprintf(key, sizeof(key), "c%d", i);
+        ck_assert_int_eq(tern_kv_get(kv, key, strlen(key), got, sizeof(got) - 1, &len, NULL), 0);
+        got[len] = 0;
+        snprintf(val, sizeof(val), "first %d", i);
+        ck_assert_str_eq(got, val);
+    }
+    ck_assert_int_eq(tern_kv_put(kv, "c0", 2, "second", 6, &ver), 0);
+    ck_assert_uint_eq(repl_epoch_of(ver), 2);
+    /* The old primary back: a backup now; the client stays with n2. */
+    node_start(1);
+    elect(2, 2);
+    ck_assert_int_eq(tern_kv_put(kv, "c1", 2, "third", 5, &ver), 0);
+    ck_assert_uint_eq(repl_epoch_of(ver), 2);
+    ck_assert(wait_position(1, ver, 5000));
+    tern_kv_close(kv);
+}
+END_TEST
+
 Suite *suite_repl(void)
 {
     Suite *s = suite_create("repl");
@@ -585,6 +628,7 @@ Suite *suite_repl(void)
     tcase_add_test(group, returning_backup_catches_up);
     tcase_add_test(group, new_primary_takes_the_newest_log);
     tcase_add_test(group, deposed_primary_is_fenced);
+    tcase_add_test(group, client_follows_the_primary);
     suite_add_tcase(s, group);
     return s;
 }

@@ -97,6 +97,29 @@ struct tern_kv;
 int tern_kv_open(struct tern_rpc_ep *ep, const char *const *uris, unsigned n,
                  uint64_t timeout_ns, struct tern_kv **out);
 
+/* Connect to the `n` replicas of one replicated shard (ternd's [cluster]
+ * kv_shard; up to 7 URIs, those that do not answer now are dialled again
+ * later). Calls go to the primary, found by asking: a replica that is not
+ * the primary refuses (TERN_ENOTPRIMARY) and the call goes on to the next;
+ * a replica that is lost, likewise. The sync forms wait out an election
+ * (up to the timeout); an async call that found no primary ends with
+ * TERN_ENOTPRIMARY, to be tried again. A PUT or DEL re-sent after its
+ * replica was lost may have been done there too: writes are "at least
+ * once". TERN_ECONNREFUSED if no replica answers. Not with the one-sided
+ * paths (a replicated store refuses them). */
+int tern_kv_open_replicas(struct tern_rpc_ep *ep, const char *const *uris, unsigned n,
+                          uint64_t timeout_ns, struct tern_kv **out);
+
+/* How many replicas of a replicated shard hold a PUT or DELETE before its
+ * callback says so: the primary alone, a majority (the default), or all
+ * of them. No effect on a store that is not replicated. */
+enum tern_kv_write_concern {
+    TERN_KV_W_MAJORITY = 0,
+    TERN_KV_W_ONE = 1,
+    TERN_KV_W_ALL = 2,
+};
+int tern_kv_set_write_concern(struct tern_kv *kv, enum tern_kv_write_concern w);
+
 /* Close every session; async calls in flight complete with TERN_ECANCELED. */
 void tern_kv_close(struct tern_kv *kv);
 

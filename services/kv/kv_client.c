@@ -4,6 +4,7 @@
  * Per-call state lives in a fixed slab: nothing is allocated per call. */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "error.h"
 #include "kv.h"
@@ -51,13 +52,15 @@ void kv_op_put(struct tern_kv *kv, struct kv_op *op)
 
 /* Reply of GET/PUT/DEL: a version, then (GET) the value. The slot goes back
  * before the callback runs, so the callback may start the next call. */
-static void op_done(void *arg, int status, const void *reply, size_t len)
+void kv_op_done(void *arg, int status, const void *reply, size_t len)
 {
     struct kv_op *op = arg;
     tern_kv_cb cb = op->cb;
     void *cb_arg = op->arg;
     uint64_t version = 0;
 
+    if (status < 0 && op->kv->rep && kv_replica_retry(op, status))
+        return;
     kv_op_put(op->kv, op);
     if (status == 0) {
         if (len < sizeof(struct kv_val)) {
@@ -80,11 +83,19 @@ int kv_op_call(struct kv_op *op, uint16_t method, const void *key, size_t klen,
     int rc;
 
     op->hdr = (struct kv_key){.klen = (uint16_t)klen, .vlen = (uint32_t)len};
+    if (method == KV_M_PUT || method == KV_M_DEL)
+        op->hdr.flags = kv->w_flags;
+    /* Kept to send it again to another replica (tern_kv_open_replicas). */
+    op->method = method;
+    op->key = key;
+    op->val = val;
+    op->klen = (uint16_t)klen;
+    op->vlen = (uint32_t)len;
     iov[0] = (struct iovec){.iov_base = &op->hdr, .iov_len = sizeof(op->hdr)};
     iov[1] = (struct iovec){.iov_base = (void *)key, .iov_len = klen};
     iov[2] = (struct iovec){.iov_base = (void *)val, .iov_len = len};
     rc = tern_callv(kv_route(kv, key, klen)->s, TERN_KV_SERVICE_ID, method, iov, len ? 3 : 2,
-                    kv->timeout, op_done, op, NULL);
+                    kv->timeout, kv_op_done, op, NULL);
     if (rc < 0)
         kv_op_put(kv, op);
     return rc;
@@ -99,6 +110,8 @@ static int key_call(struct tern_kv *kv, uint16_t method, const void *key, size_t
         return TERN_EINVAL;
     if (klen > KV_KEY_MAX || len > UINT32_MAX)
         return TERN_E2BIG;
+    if (kv->rep)
+        kv_replicas_mend(kv);
     if (kv->path != TERN_KV_PATH_RPC && method == KV_M_GET)
         return kv_path_get(kv, key, klen, cb, arg);
     if (kv->path != TERN_KV_PATH_RPC && method == KV_M_PUT)
@@ -163,12 +176,30 @@ static int wait_for(struct tern_kv *kv, struct waiter *w, int rc)
     return rc < 0 ? rc : w->status;
 }
 
+/* A replicated shard mid-election answers TERN_ENOTPRIMARY everywhere for
+ * a moment: the sync forms try again until their deadline. */
+static bool again(struct tern_kv *kv, int rc, uint64_t start)
+{
+    if (!kv->rep || (rc != TERN_ENOTPRIMARY && rc != TERN_ENOTCONN &&
+                     rc != TERN_ECONNRESET && rc != TERN_ECONNREFUSED))
+        return false;
+    if (kv->timeout && tern_now_ns() - start > kv->timeout)
+        return false;
+    usleep(10000);
+    return true;
+}
+
 int tern_kv_get(struct tern_kv *kv, const void *key, size_t klen, void *buf, size_t cap,
                 size_t *len, uint64_t *version)
 {
     struct waiter w = {.buf = buf, .cap = cap};
+    uint64_t start = tern_now_ns();
     int rc = wait_for(kv, &w, tern_kv_get_async(kv, key, klen, wait_cb, &w));
 
+    while (again(kv, rc, start)) {
+        w = (struct waiter){.buf = buf, .cap = cap};
+        rc = wait_for(kv, &w, tern_kv_get_async(kv, key, klen, wait_cb, &w));
+    }
     if (len && (rc == 0 || rc == TERN_EMSGSIZE))
         *len = w.len;
     if (version && rc == 0)
@@ -180,8 +211,13 @@ int tern_kv_put(struct tern_kv *kv, const void *key, size_t klen, const void *va
                 size_t len, uint64_t *version)
 {
     struct waiter w = {0};
+    uint64_t start = tern_now_ns();
     int rc = wait_for(kv, &w, tern_kv_put_async(kv, key, klen, val, len, wait_cb, &w));
 
+    while (again(kv, rc, start)) {
+        w = (struct waiter){0};
+        rc = wait_for(kv, &w, tern_kv_put_async(kv, key, klen, val, len, wait_cb, &w));
+    }
     if (version && rc == 0)
         *version = w.version;
     return rc;
@@ -190,8 +226,14 @@ int tern_kv_put(struct tern_kv *kv, const void *key, size_t klen, const void *va
 int tern_kv_del(struct tern_kv *kv, const void *key, size_t klen)
 {
     struct waiter w = {0};
+    uint64_t start = tern_now_ns();
+    int rc = wait_for(kv, &w, tern_kv_del_async(kv, key, klen, wait_cb, &w));
 
-    return wait_for(kv, &w, tern_kv_del_async(kv, key, klen, wait_cb, &w));
+    while (again(kv, rc, start)) {
+        w = (struct waiter){0};
+        rc = wait_for(kv, &w, tern_kv_del_async(kv, key, klen, wait_cb, &w));
+    }
+    return rc;
 }
 
 /* ---- multi-get ---- */
@@ -548,8 +590,11 @@ void tern_kv_close(struct tern_kv *kv)
 {
     if (!kv)
         return;
-    for (unsigned i = 0; i < kv->n; i++)
-        tern_rpc_disconnect(kv->srv[i].s);
+    if (kv->rep)
+        kv_replicas_free(kv);
+    else
+        for (unsigned i = 0; i < kv->n; i++)
+            tern_rpc_disconnect(kv->srv[i].s);
     kv_onesided_free(kv);
     free(kv->srv);
     free(kv);

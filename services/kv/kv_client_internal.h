@@ -50,10 +50,23 @@ struct kv_op {
     unsigned tries;
     struct kvw_bucket bk;            /* the key's bucket as read */
     struct kv_lput lput;             /* the LPUT request while in flight */
+    uint16_t method;                 /* RPC: to send again to another replica */
     struct kv_pget pget;             /* the PGET request while in flight */
 };
 
 struct kv_onesided;
+
+/* The replicas of one replicated shard (tern_kv_open_replicas): a session
+ * to each that answers, and which one is taken for the primary now. */
+#define KV_REPLICAS_MAX 7
+struct kv_replicas {
+    unsigned n, cur;
+    char uris[KV_REPLICAS_MAX][256];
+    struct tern_session *s[KV_REPLICAS_MAX];    /* NULL: not connected */
+    uint64_t retry_at[KV_REPLICAS_MAX];
+    uint64_t connect_ns;
+    bool closing;                               /* calls cancelled now end */
+};
 
 struct tern_kv {
     struct tern_rpc_ep *ep;
@@ -64,6 +77,8 @@ struct tern_kv {
     struct kv_onesided *os;          /* NULL until a one-sided path is chosen */
     struct kv_op ops[KV_OPS];
     uint32_t free_head;
+    struct kv_replicas *rep;         /* NULL: partitioned servers (tern_kv_open) */
+    uint16_t w_flags;                /* write concern of PUT and DEL (KV_F_W_*) */
 };
 
 /* ---- the one-sided paths' state (kv_client_path.c) ---- */
@@ -121,6 +136,18 @@ void kv_op_put(struct tern_kv *kv, struct kv_op *op);
 /* Send op (filled by the caller: kv, cb, arg) as an RPC. Frees op on failure. */
 int kv_op_call(struct kv_op *op, uint16_t method, const void *key, size_t klen,
                const void *val, size_t len);
+
+/* The continuation of GET, PUT and DEL by RPC. */
+void kv_op_done(void *arg, int status, const void *reply, size_t len);
+
+/* kv_client_replicas.c: a call that failed on a replica because it is not
+ * (or no longer) the primary, or is gone: true if it was sent on to
+ * another replica (the op lives on), false to end it with its status. */
+bool kv_replica_retry(struct kv_op *op, int status);
+/* Before a call: sessions lost to replicas that may be back are opened
+ * again (outside tern_rpc_poll: it waits for the handshake). */
+void kv_replicas_mend(struct tern_kv *kv);
+void kv_replicas_free(struct tern_kv *kv);
 
 /* kv_client_path.c: the one place that chooses how a GET or PUT goes */
 int kv_path_get(struct tern_kv *kv, const void *key, size_t klen, tern_kv_cb cb, void *arg);

@@ -15,9 +15,10 @@
 #include "repl.h"
 
 
-/* Parse a kv_key request; `with_val` for PUT. */
-static int parse_key(const void *data, size_t len, bool with_val, const uint8_t **key,
-                     uint16_t *klen, const uint8_t **val, uint32_t *vlen)
+/* Parse a kv_key request; `with_val` for PUT; `write` (PUT, DEL) may carry
+ * a write concern in its flags. */
+static int parse_key(const void *data, size_t len, bool with_val, bool write,
+                     const uint8_t **key, uint16_t *klen, const uint8_t **val, uint32_t *vlen)
 {
     struct kv_key k;
 
@@ -26,7 +27,8 @@ static int parse_key(const void *data, size_t len, bool with_val, const uint8_t 
     if (len < sizeof(k))
         return TERN_EPROTO;
     memcpy(&k, data, sizeof(k));
-    if ((k.flags & ~(unsigned)(KV_F_W_ONE | KV_F_W_ALL)) || (!with_val && k.vlen) ||
+    if ((k.flags & ~(write ? (unsigned)(KV_F_W_ONE | KV_F_W_ALL) : 0u)) ||
+        (!with_val && k.vlen) ||
         len != sizeof(k) + (size_t)k.klen + k.vlen)
         return TERN_EPROTO;
     if (!k.klen)
@@ -133,7 +135,7 @@ static int h_get(struct tern_req *req, const void *data, size_t len, void *ctx)
     uint32_t vlen;
     uint64_t version;
     uint8_t *out;
-    int rc = parse_key(data, len, false, &key, &klen, NULL, NULL);
+    int rc = parse_key(data, len, false, false, &key, &klen, NULL, NULL);
 
     if (rc < 0)
         return rc;
@@ -161,7 +163,7 @@ static int h_put(struct tern_req *req, const void *data, size_t len, void *ctx)
     uint16_t klen;
     uint32_t vlen;
     uint64_t version;
-    int rc = parse_key(data, len, true, &key, &klen, &val, &vlen);
+    int rc = parse_key(data, len, true, true, &key, &klen, &val, &vlen);
 
     if (rc < 0)
         return rc;
@@ -181,7 +183,7 @@ static int h_del(struct tern_req *req, const void *data, size_t len, void *ctx)
     const uint8_t *key;
     uint16_t klen;
     uint64_t version;
-    int rc = parse_key(data, len, false, &key, &klen, NULL, NULL);
+    int rc = parse_key(data, len, false, true, &key, &klen, NULL, NULL);
 
     if (rc < 0)
         return rc;

@@ -150,24 +150,34 @@ END_TEST
 START_TEST(state_file_takes_only_its_own_form)
 {
     static const char *const bad[] = {
-        "", "tern-repl 1\nshard s1\nepoch 5", "tern-repl 1\nshard s1\nepoch 05\n",
-        "tern-repl 1\nshard s1\nepoch -5\n", "tern-repl 1\nshard s1\nepoch  5\n",
-        "tern-repl 2\nshard s1\nepoch 5\n", "tern-repl 1\nshards1\nepoch 5\n",
-        "tern-repl 1\nshard s/1\nepoch 5\n", "tern-repl 1\nshard s1\nepoch 5\n\n",
-        "tern-repl 1\nshard s1\nepoch 99999999999999999999999\n",
-        "tern-repl 1\nshard s1\nepoch 8388608\n",
+        "", "tern-repl 1\nshard s1\nepoch 5\ncopying 0", "tern-repl 1\nshard s1\nepoch 5\n",
+        "tern-repl 1\nshard s1\nepoch 05\ncopying 0\n",
+        "tern-repl 1\nshard s1\nepoch -5\ncopying 0\n",
+        "tern-repl 1\nshard s1\nepoch  5\ncopying 0\n",
+        "tern-repl 2\nshard s1\nepoch 5\ncopying 0\n",
+        "tern-repl 1\nshards1\nepoch 5\ncopying 0\n",
+        "tern-repl 1\nshard s/1\nepoch 5\ncopying 0\n",
+        "tern-repl 1\nshard s1\nepoch 5\ncopying 2\n",
+        "tern-repl 1\nshard s1\nepoch 5\ncopying 0\n\n",
+        "tern-repl 1\nshard s1\nepoch 99999999999999999999999\ncopying 0\n",
+        "tern-repl 1\nshard s1\nepoch 8388608\ncopying 0\n",
+        "tern-repl 1\nshard s1\nepoch \ncopying 0\n",
     };
+    static const char good[] = "tern-repl 1\nshard s1\nepoch 5\ncopying 1\n";
     uint64_t seen = 7;
+    bool copying = false;
 
-    ck_assert_int_eq(repl_state_parse("tern-repl 1\nshard s1\nepoch 5\n", 29, "s1", &seen), 0);
+    ck_assert_int_eq(repl_state_parse(good, strlen(good), "s1", &seen, &copying), 0);
     ck_assert_uint_eq(seen, 5);
-    ck_assert_int_eq(repl_state_parse("tern-repl 1\nshard s1\nepoch 0\n", 29, "s1", &seen), 0);
+    ck_assert(copying);
+    ck_assert_int_eq(repl_state_parse("tern-repl 1\nshard s1\nepoch 0\ncopying 0\n", 39, "s1",
+                                      &seen, &copying), 0);
     ck_assert_uint_eq(seen, 0);
-    ck_assert_int_eq(repl_state_parse("tern-repl 1\nshard s2\nepoch 5\n", 29, "s1", &seen),
-                     TERN_EINVAL);
+    ck_assert(!copying);
+    ck_assert_int_eq(repl_state_parse(good, strlen(good), "s2", &seen, &copying), TERN_EINVAL);
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
-        ck_assert_msg(repl_state_parse(bad[i], strlen(bad[i]), "s1", &seen) == TERN_ECORRUPT,
-                      "taken: %s", bad[i]);
+        ck_assert_msg(repl_state_parse(bad[i], strlen(bad[i]), "s1", &seen, &copying) ==
+                          TERN_ECORRUPT, "taken: %s", bad[i]);
 }
 END_TEST
 
@@ -179,7 +189,7 @@ struct view {
     enum repl_role role;
     uint64_t epoch;
     char primary[16];
-    int cut;                    /* a node this one cannot reach (-1: none) */
+    unsigned cut;               /* bit i: this node cannot reach node i */
 };
 
 struct node {
@@ -215,7 +225,7 @@ static void *node_loop(void *arg)
             for (unsigned i = 0; i < NODES; i++) {
                 snprintf(peers[i].name, sizeof(peers[i].name), "%.15s", nodes[i].name);
                 snprintf(peers[i].uri, sizeof(peers[i].uri), "%.127s",
-                         (int)i == n->v.cut ? "tcp://127.0.0.1:1" : nodes[i].uri);
+                         (n->v.cut >> i) & 1 ? "tcp://127.0.0.1:1" : nodes[i].uri);
             }
             repl_set_view(n->r, n->v.role, n->v.epoch, n->v.primary, peers, NODES);
             n->view_pending = false;
@@ -282,7 +292,7 @@ static void set_view(unsigned i, enum repl_role role, uint64_t epoch, unsigned p
     n->v.role = role;
     n->v.epoch = epoch;
     memcpy(n->v.primary, nodes[primary].name, sizeof(n->v.primary));
-    n->v.cut = -1;
+    n->v.cut = 0;
     n->view_pending = true;
     pthread_mutex_unlock(&n->mu);
 }
@@ -327,11 +337,23 @@ static bool wait_position(unsigned i, uint64_t pos, int ms)
     return false;
 }
 
+/* Until node i has sent a full copy (its count is published each pass). */
+static bool wait_copies_sent(unsigned i, int ms)
+{
+    for (int t = 0; t < ms; t += 5) {
+        if (status_of(i).copies_sent >= 1)
+            return true;
+        usleep(5000);
+    }
+    return false;
+}
+
 static void repl_setup(void)
 {
     char base[96];
 
-    tern_log_set_level(TERN_LOG_ERROR);
+    if (!getenv("TERN_LOG"))
+        tern_log_set_level(TERN_LOG_ERROR);
     test_tmpdir(base, sizeof(base), "repl");
     for (unsigned i = 0; i < NODES; i++) {
         struct node *n = &nodes[i];
@@ -359,7 +381,7 @@ static void repl_teardown(void)
 static int kv_put(struct tern_session *s, const char *key, const char *val, uint16_t flags,
                   uint64_t timeout_ns, uint64_t *version)
 {
-    uint8_t req[256];
+    uint8_t req[4096];
     struct kv_key k = {.klen = (uint16_t)strlen(key), .flags = flags,
                        .vlen = (uint32_t)strlen(val)};
     struct kv_val out;
@@ -552,7 +574,7 @@ START_TEST(deposed_primary_is_fenced)
      * told. */
     set_view(1, REPL_PRIMARY, 2, 1);
     pthread_mutex_lock(&nodes[1].mu);
-    nodes[1].v.cut = 0;
+    nodes[1].v.cut = 1u << 0;
     pthread_mutex_unlock(&nodes[1].mu);
     set_view(2, REPL_BACKUP, 2, 1);
     ck_assert(wait_state(1, "primary", 10000));
@@ -612,6 +634,103 @@ START_TEST(client_follows_the_primary)
 }
 END_TEST
 
+/* A backup away for longer than the primary's log reaches back gets a full
+ * copy while the primary keeps taking writes, deletes included. */
+START_TEST(far_behind_backup_gets_a_full_copy)
+{
+    struct tern_session *s;
+    static char big[2048];
+    char key[32], got[64];
+    uint64_t ver = 0;
+
+    memset(big, 'x', sizeof(big) - 1);
+    elect(0, 1);
+    ck_assert(wait_state(0, "primary", 5000));
+    s = connect_to(0);
+    ck_assert_int_eq(kv_put(s, "gone", "soon deleted", KV_F_W_ALL, 2000000000u, NULL), 0);
+    node_kill(2);
+    /* 6 MiB of writes through a 4 MiB log. */
+    for (int i = 0; i < 3000; i++) {
+        snprintf(key, sizeof(key), "big%d", i % 1000);
+        big[0] = (char)('a' + i / 1000);
+        ck_assert_int_eq(kv_put(s, key, big, 0, 2000000000u, &ver), 0);
+    }
+    {
+        uint8_t req[64];
+        struct kv_key k = {.klen = 4};
+        struct kv_val out;
+        size_t got_len;
+
+        memcpy(req, &k, sizeof(k));
+        memcpy(req + sizeof(k), "gone", 4);
+        ck_assert_int_eq(tern_call_sync(s, TERN_KV_SERVICE_ID, KV_M_DEL, req, sizeof(k) + 4, &out,
+                                        sizeof(out), &got_len, 2000000000u), 0);
+    }
+    ck_assert_uint_gt(status_of(0).log_base, 0);
+    node_start(2);
+    set_view(2, REPL_BACKUP, 1, 0);
+    /* Writes go on while it copies. */
+    for (int i = 0; i < 200; i++) {
+        snprintf(key, sizeof(key), "during%d", i);
+        ck_assert_int_eq(kv_put(s, key, "copying", 0, 2000000000u, &ver), 0);
+    }
+    ck_assert_msg(wait_position(2, ver, 20000), "n2 at %llx, primary at %llx",
+                  (unsigned long long)status_of(2).position, (unsigned long long)ver);
+    ck_assert(wait_copies_sent(0, 5000));
+    ck_assert(!status_of(2).copying);
+    tern_rpc_disconnect(s);
+    node_kill(2);
+    {
+        static char gbig[4096];
+
+        ck_assert_int_eq(pool_get(2, "big999", gbig, sizeof(gbig), NULL), 0);
+        ck_assert_int_eq(gbig[0], 'c');     /* the last of its three writes */
+        ck_assert_uint_eq(strlen(gbig), sizeof(big) - 1);
+    }
+    ck_assert_int_eq(pool_get(2, "during199", got, sizeof(got), NULL), 0);
+    ck_assert_str_eq(got, "copying");
+    ck_assert_int_eq(pool_get(2, "gone", got, sizeof(got), NULL), TERN_ENOENT);
+}
+END_TEST
+
+/* A primary that acknowledged w=1 writes no backup got, then died, comes
+ * back as a backup with a log that parted from the new primary's: it gets
+ * a full copy, and those writes (never on a majority) are gone. */
+START_TEST(parted_replica_is_copied_over)
+{
+    struct tern_session *s;
+    char got[64];
+    uint64_t ver;
+
+    elect(0, 1);
+    ck_assert(wait_state(0, "primary", 5000));
+    s = connect_to(0);
+    ck_assert_int_eq(kv_put(s, "shared", "by all", KV_F_W_ALL, 2000000000u, NULL), 0);
+    /* n0 cut off from both backups, still primary by its own view. */
+    set_view(0, REPL_PRIMARY, 1, 0);
+    pthread_mutex_lock(&nodes[0].mu);
+    nodes[0].v.cut = (1u << 1) | (1u << 2);
+    pthread_mutex_unlock(&nodes[0].mu);
+    usleep(100000);
+    ck_assert_int_eq(kv_put(s, "lonely", "w=1 on n0 alone", KV_F_W_ONE, 2000000000u, NULL), 0);
+    tern_rpc_disconnect(s);
+    node_kill(0);
+    elect(1, 2);
+    ck_assert(wait_state(1, "primary", 10000));
+    s = connect_to(1);
+    ck_assert_int_eq(put_retrying(s, "after", "epoch 2", &ver), 0);
+    node_start(0);
+    set_view(0, REPL_BACKUP, 2, 1);
+    ck_assert_msg(wait_position(0, ver, 20000), "n0 at %llx", (unsigned long long)status_of(0).position);
+    ck_assert(wait_copies_sent(1, 5000));
+    tern_rpc_disconnect(s);
+    node_kill(0);
+    ck_assert_int_eq(pool_get(0, "lonely", got, sizeof(got), NULL), TERN_ENOENT);
+    ck_assert_int_eq(pool_get(0, "shared", got, sizeof(got), NULL), 0);
+    ck_assert_int_eq(pool_get(0, "after", got, sizeof(got), NULL), 0);
+}
+END_TEST
+
 Suite *suite_repl(void)
 {
     Suite *s = suite_create("repl");
@@ -629,6 +748,8 @@ Suite *suite_repl(void)
     tcase_add_test(group, new_primary_takes_the_newest_log);
     tcase_add_test(group, deposed_primary_is_fenced);
     tcase_add_test(group, client_follows_the_primary);
+    tcase_add_test(group, far_behind_backup_gets_a_full_copy);
+    tcase_add_test(group, parted_replica_is_copied_over);
     suite_add_tcase(s, group);
     return s;
 }

@@ -90,11 +90,74 @@ static void op_raise(void *ctx, uint64_t v)
     kvs_raise_version(((struct tern_kv_service *)ctx)->store, v);
 }
 
+static int op_wipe(void *ctx)
+{
+    return kvs_wipe(((struct tern_kv_service *)ctx)->store);
+}
+
+/* A snapshot's piece: whole buckets of the scan, as records. A bucket that
+ * does not fit whole is left for the next piece (the scan is resumed at
+ * it): the records before it are the piece. */
+struct snap_ctx {
+    uint8_t *dst;
+    size_t cap, used;
+    uint32_t n;
+    bool full;
+};
+
+static int snap_one(void *arg, const void *key, size_t klen, const void *val, uint32_t len,
+                    uint64_t version)
+{
+    struct snap_ctx *c = arg;
+    size_t size = repl_rec_size(klen, len);
+
+    if (c->full || size > c->cap - c->used) {
+        c->full = true;
+        return 1;
+    }
+    repl_rec_write(c->dst + c->used, REPL_SET, version, key, (uint16_t)klen, val, len);
+    c->used += size;
+    c->n++;
+    return 0;
+}
+
+static long op_snapshot(void *ctx, uint64_t cursor, void *dst, size_t cap, uint32_t *n,
+                        uint64_t *next)
+{
+    struct tern_kv_service *svc = ctx;
+    struct snap_ctx c = {.dst = dst, .cap = cap};
+
+    *n = 0;
+    *next = cursor;
+    do {
+        size_t used = c.used;
+        uint32_t count = c.n;
+        uint64_t after;
+        int rc = kvs_scan(svc->store, *next, 1, snap_one, &c, &after);
+
+        if (rc < 0)
+            return rc;
+        if (c.full) {
+            /* This bucket again next time, whole. */
+            c.used = used;
+            c.n = count;
+            if (!c.used)
+                return TERN_E2BIG;
+            break;
+        }
+        *next = after;
+    } while (*next && c.used < c.cap / 2);
+    *n = c.n;
+    return (long)c.used;
+}
+
 const struct repl_store_ops kv_repl_ops = {
     .apply = op_apply,
     .sync = op_sync,
     .position = op_position,
     .raise = op_raise,
+    .wipe = op_wipe,
+    .snapshot = op_snapshot,
 };
 
 /* A write's reply waits for the concern its request names. */

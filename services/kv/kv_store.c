@@ -9,6 +9,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include "error.h"
@@ -38,6 +39,7 @@ struct kvs {
     unsigned n_pins;                 /* entries in use */
     void (*on_short)(void *arg);     /* kvs_on_short() */
     void *on_short_arg;
+    struct kvs_opts opts;            /* as opened (path copied): kvs_wipe */
     kvs_tap_fn tap;                  /* kvs_set_tap() */
     void *tap_arg;
     uint64_t forced;                 /* kvs_apply: the version to write, 0 = a new one */
@@ -200,6 +202,12 @@ int kvs_open(const struct kvs_opts *o, struct kvs **out)
                                           .dropped = clean_dropped, .arg = s};
     s->append_only = o->append_only;
     s->gen = 1;                      /* recovered entries have 0: durable */
+    s->opts = *o;
+    s->opts.path = strdup(o->path);
+    if (!s->opts.path) {
+        free(s);
+        return TERN_ENOMEM;
+    }
     rc = pm_open(o->path, &po, &s->pool);
     if (rc < 0)
         goto fail;
@@ -221,6 +229,7 @@ int kvs_open(const struct kvs_opts *o, struct kvs **out)
 fail:
     kv_index_free(&s->ix);
     pm_close(s->pool);
+    free((void *)s->opts.path);
     free(s);
     return rc;
 }
@@ -232,7 +241,44 @@ void kvs_close(struct kvs *s)
     kvs_sync(s);
     kv_index_free(&s->ix);
     pm_close(s->pool);
+    free((void *)s->opts.path);
     free(s);
+}
+
+int kvs_wipe(struct kvs *s)
+{
+    struct pm_opts po = {.create = true, .size = s->opts.pool_size,
+                         .seg_size = s->opts.seg_size, .split_flush = s->opts.split_flush};
+    struct pm_pool *fresh;
+    struct kv_index ix;
+    int rc;
+
+    if (s->win.hdr || s->n_pins)
+        return TERN_EBUSY;
+    rc = kv_index_init(&ix, 1024);
+    if (rc < 0)
+        return rc;
+    /* The file goes first (its lock with it), then a new one is made; a
+     * crash in between leaves no pool, which opens empty. */
+    pm_close(s->pool);
+    s->pool = NULL;
+    if (unlink(s->opts.path) < 0 || pm_sync_dir_of(s->opts.path) < 0)
+        tern_log(TERN_LOG_WARN, "kv", "%s: removing the pool to wipe it failed", s->opts.path);
+    rc = pm_open(s->opts.path, &po, &fresh);
+    if (rc < 0) {
+        kv_index_free(&ix);
+        return rc;      /* the store is unusable now: its owner stops */
+    }
+    kv_index_free(&s->ix);
+    s->ix = ix;
+    s->pool = fresh;
+    s->keys = 0;
+    s->dirty = false;
+    s->gen = 1;
+    memset(&s->st, 0, sizeof(s->st));
+    /* Nothing to recover in a new pool, but the pool takes writes only
+     * once it has been through recovery (its free segments are counted). */
+    return pm_recover(s->pool, recover_rec, s);
 }
 
 /* ---- reads ---- */

@@ -184,6 +184,12 @@ void kvs_raise_version(struct kvs *s, uint64_t v);
 int kvs_apply(struct kvs *s, enum pm_rec_type type, const void *key, size_t klen,
               const void *val, size_t len, uint64_t version, unsigned flags);
 
+/* Empty the store at once, by making a new pool file in place of the old
+ * (a replica about to take a full copy: no tombstones, no versions). 0, or
+ * TERN_EBUSY with the index window attached or records pinned; any other
+ * error leaves the store unusable (close it). */
+int kvs_wipe(struct kvs *s);
+
 #ifdef __cplusplus
 }
 #endif

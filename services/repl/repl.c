@@ -53,6 +53,7 @@ static void drop_session(struct replica *p, uint64_t retry_in_ns)
     struct tern_session *s = p->s;
 
     p->gen++;
+    p->copy_phase = 0;
     p->s = NULL;
     p->state = R_DOWN;
     p->answered = false;
@@ -392,7 +393,9 @@ void repl_tick(struct repl *r)
         }
         if (p->state == R_DOWN && !p->answered && !busy_calls(p))
             ask_position(r, p);
-        if (r->st == S_PRIMARY)
+        if (r->st == S_PRIMARY && p->state == R_NEED_COPY)
+            repl_copy_step(r, p);
+        else if (r->st == S_PRIMARY)
             ship(r, p);
     }
     if (r->st == S_TAKEOVER)
@@ -516,7 +519,7 @@ void repl_status(const struct repl *r, struct repl_status *out)
 
     memset(out, 0, sizeof(*out));
     out->role = r->role;
-    out->state = r->need_copy ? "needs copy" : names[r->st];
+    out->state = r->need_copy ? "needs copy" : r->copying ? "copying" : names[r->st];
     out->epoch = r->epoch;
     out->epoch_seen = r->seen;
     out->position = r->position;
@@ -525,6 +528,9 @@ void repl_status(const struct repl *r, struct repl_status *out)
     out->shipped_batches = r->st_shipped;
     out->applied_records = r->st_applied;
     out->refused_stale = r->st_stale;
+    out->copies_sent = r->st_copies_sent;
+    out->copies_taken = r->st_copies_taken;
+    out->copying = r->copying;
     for (unsigned i = 0; i < 3; i++)
         out->held += tern_rpc_gate_waiting(r->gate[i], NULL);
     for (unsigned i = 0; i < r->n_peers && out->n < REPL_PEERS_MAX; i++) {

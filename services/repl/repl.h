@@ -22,8 +22,9 @@
  *
  * A replica whose log parted from the primary's (it held records no
  * majority acknowledged), or that fell behind what the primary's DRAM log
- * reaches back to, needs a full copy of the shard: it is reported as
- * such and takes no part until it gets one.
+ * reaches back to, or a new one, gets a full copy of the shard from the
+ * primary (COPY, repl_wire.h) while the shard keeps serving, then the
+ * records written meanwhile.
  *
  * Threads: everything runs on the endpoint's thread; repl_tick() is called
  * from that thread's loop, outside tern_rpc_poll, often (each pass).
@@ -52,6 +53,14 @@ struct repl_store_ops {
     uint64_t (*position)(void *ctx);
     /* New versions from now on above v (a new epoch's base). */
     void (*raise)(void *ctx, uint64_t v);
+    /* Empty the store (a full copy comes). */
+    int (*wipe)(void *ctx);
+    /* A full copy's next piece: live records from `cursor` on (0 at the
+     * start), written to dst in wire form (repl_rec_write) up to cap
+     * bytes; their bytes, with *n and *next (0: the scan is done) set.
+     * Never a record cut short; TERN_E2BIG if one cannot fit at all. */
+    long (*snapshot)(void *ctx, uint64_t cursor, void *dst, size_t cap, uint32_t *n,
+                     uint64_t *next);
 };
 
 enum repl_role { REPL_NONE = 0, REPL_PRIMARY, REPL_BACKUP };
@@ -131,6 +140,8 @@ struct repl_status {
     uint64_t committed;             /* primary: on a majority */
     uint64_t log_base;              /* the DRAM log reaches back to here */
     uint64_t shipped_batches, applied_records, refused_stale;
+    uint64_t copies_sent, copies_taken;     /* full copies made from / to here */
+    bool copying;                   /* a full copy is coming in */
     unsigned held;                  /* replies waiting */
     unsigned n;
     struct repl_replica_status replicas[REPL_PEERS_MAX];

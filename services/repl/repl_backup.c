@@ -87,6 +87,9 @@ int repl_apply_batch(struct repl *r, const void *data, size_t len, struct repl_p
         if (src < 0)
             r->position = r->ops->position(r->ctx);
     }
+    /* A full copy is whole once the stream passed every version it brought. */
+    if (r->copying && r->copy_ended && r->position >= r->copy_high && rc == 0)
+        repl_state_save(r, r->seen, false);
     pos->epoch = r->seen;
     pos->position = r->position;
     return rc < 0 ? rc : 0;
@@ -149,7 +152,98 @@ static int h_position(struct tern_req *req, const void *data, size_t len, void *
     rc = admit(r, a.epoch);
     if (rc < 0)
         return rc;
+    /* A copy coming in is no position to build on: another primary
+     * starts its own. */
+    if (r->copying) {
+        struct repl_pos *out = tern_reply_alloc(req, sizeof(*out));
+
+        if (!out)
+            return TERN_EMSGSIZE;
+        *out = (struct repl_pos){.epoch = r->seen, .flags = REPL_NEED_COPY};
+        return 0;
+    }
     return reply_pos(req, r, r->need_copy ? REPL_NEED_COPY : 0);
+}
+
+/* A record of a full copy: written under its own version, whatever the
+ * order (the newer one of a key wins). */
+static int copy_one(void *arg, const struct repl_rec *h, const void *key, const void *val)
+{
+    struct apply_ctx *a = arg;
+    struct repl *r = a->r;
+    int rc = r->ops->apply(r->ctx, h->type, key, h->key_len, val, h->val_len, h->version);
+
+    if (rc < 0) {
+        a->rc = rc;
+        return 1;
+    }
+    if (h->version > r->copy_high)
+        r->copy_high = h->version;
+    r->st_applied++;
+    return 0;
+}
+
+static int h_copy(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    struct repl_host *h = ctx;
+    struct apply_ctx a;
+    struct repl_copy c;
+    struct repl *r;
+    int rc = repl_copy_walk(data, len, &c, NULL, NULL);
+
+    if (rc < 0)
+        return rc;
+    r = find(h, c.shard);
+    if (!r)
+        return TERN_ENOENT;
+    rc = admit(r, c.epoch);
+    if (rc < 0)
+        return rc;
+    if (r->st == S_PRIMARY || r->st == S_TAKEOVER)
+        return TERN_EPROTO;     /* a primary of the same epoch: cannot be */
+    switch (c.phase) {
+    case REPL_COPY_BEGIN:
+        /* Said durably first: a crash from here on wipes it again. */
+        rc = repl_state_save(r, r->seen, true);
+        if (rc == 0)
+            rc = r->ops->wipe(r->ctx);
+        if (rc < 0)
+            return rc;
+        r->copy_epoch = c.epoch;
+        r->copy_high = 0;
+        r->copy_ended = false;
+        r->position = 0;
+        repl_log_reset(&r->log, 0);
+        r->st_copies_taken++;
+        break;
+    case REPL_COPY_CHUNK:
+        if (!r->copying || r->copy_ended || r->copy_epoch != c.epoch)
+            return TERN_EINVAL;
+        a = (struct apply_ctx){.r = r};
+        rc = repl_copy_walk(data, len, NULL, copy_one, &a);
+        if (a.rc < 0)
+            rc = a.rc;
+        if (rc == 0)
+            rc = r->ops->sync(r->ctx);
+        if (rc < 0)
+            return rc;
+        break;
+    default:
+        if (!r->copying || r->copy_ended || r->copy_epoch != c.epoch)
+            return TERN_EINVAL;
+        rc = r->ops->sync(r->ctx);
+        if (rc < 0)
+            return rc;
+        r->copy_ended = true;
+        r->position = c.snap;
+        repl_log_reset(&r->log, c.snap);
+        if (r->copy_high <= c.snap)
+            repl_state_save(r, r->seen, false);
+        tern_log(TERN_LOG_INFO, "repl", "%s: full copy taken, at %llx", r->shard,
+                 (unsigned long long)c.snap);
+        break;
+    }
+    return reply_pos(req, r, 0);
 }
 
 static int h_fetch(struct tern_req *req, const void *data, size_t len, void *ctx)
@@ -198,6 +292,7 @@ static const struct tern_method methods[] = {
     {REPL_M_APPEND, "append", h_append, 0},
     {REPL_M_POSITION, "position", h_position, 0},
     {REPL_M_FETCH, "fetch", h_fetch, 0},
+    {REPL_M_COPY, "copy", h_copy, 0},
 };
 
 int repl_host_open(struct tern_rpc_ep *ep, struct repl_host **out)
@@ -257,7 +352,15 @@ int repl_open(struct repl_host *h, const struct repl_config *c, struct repl **ou
     for (unsigned i = 0; rc == 0 && i < 3; i++)
         rc = tern_rpc_gate_open(h->ep, &r->gate[i]);
     if (rc == 0)
-        rc = repl_state_load(r->state_path, r->shard, &r->seen);
+        rc = repl_state_load(r->state_path, r->shard, &r->seen, &r->copying);
+    /* A full copy cut short (a crash): what it left is no state at all. */
+    if (rc == 0 && r->copying) {
+        tern_log(TERN_LOG_WARN, "repl", "%s: a full copy was cut short here: wiping the store "
+                 "to take a new one", r->shard);
+        rc = c->ops->wipe(c->ctx);
+        if (rc == 0)
+            rc = repl_state_save(r, r->seen, false);
+    }
     if (rc < 0) {
         for (unsigned i = 0; i < 3; i++)
             tern_rpc_gate_close(r->gate[i]);

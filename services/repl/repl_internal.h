@@ -38,6 +38,10 @@ struct replica {
     uint64_t retry_at;
     struct tern_log_limit said;
     struct repl_call calls[REPL_INFLIGHT];
+    /* a full copy to it (R_NEED_COPY): the phase sent next, where the
+     * scan is, and the primary's position when it began */
+    uint32_t copy_phase;
+    uint64_t copy_cursor, copy_snap;
 };
 
 enum repl_state { S_NONE = 0, S_BACKUP, S_TAKEOVER, S_PRIMARY };
@@ -60,10 +64,14 @@ struct repl {
     uint64_t position;                  /* last durable version here */
     uint64_t committed;                 /* primary: held by a majority */
     bool fetching, need_copy;
+    /* a full copy coming in: since BEGIN (at copy_epoch), and until the
+     * position passes copy_high, the highest version it brought */
+    bool copying, copy_ended;
+    uint64_t copy_epoch, copy_high;
     struct replica peers[REPL_PEERS_MAX];
     unsigned n_peers;
     struct tern_rpc_gate *gate[3];      /* by enum repl_w */
-    uint64_t st_shipped, st_applied, st_stale;
+    uint64_t st_shipped, st_applied, st_stale, st_copies_sent, st_copies_taken;
 };
 
 struct repl_host {
@@ -82,12 +90,18 @@ void repl_step_down(struct repl *r, int code);
  * did not follow), or an error (TERN_EPROTO, the store's). */
 int repl_apply_batch(struct repl *r, const void *data, size_t len, struct repl_pos *pos);
 
-/* repl_state.c: the state file. Read it (absent: epoch 0); raise the
- * epoch seen, durably, before anything is answered at it. */
-int repl_state_load(const char *path, const char *shard, uint64_t *seen);
+/* repl_state.c: the state file: the newest epoch seen, and whether a full
+ * copy is coming in. Read it (absent: epoch 0, no copy); write it, durably,
+ * before anything is answered that depends on it. */
+int repl_state_load(const char *path, const char *shard, uint64_t *seen, bool *copying);
+int repl_state_save(struct repl *r, uint64_t seen, bool copying);
 int repl_see_epoch(struct repl *r, uint64_t epoch);
 
 /* Parse a state file's bytes (the fuzz target's entry too). */
-int repl_state_parse(const char *buf, size_t len, const char *shard, uint64_t *seen);
+int repl_state_parse(const char *buf, size_t len, const char *shard, uint64_t *seen,
+                     bool *copying);
+
+/* repl_copy.c: the primary's side of a full copy, one step per tick. */
+void repl_copy_step(struct repl *r, struct replica *p);
 
 #endif

@@ -6,6 +6,7 @@
  *   tern-repl 1
  *   shard NAME
  *   epoch N
+ *   copying 0|1
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -26,7 +27,8 @@ static bool name_char(char c)
            c == '.' || c == '_' || c == '-';
 }
 
-int repl_state_parse(const char *buf, size_t len, const char *shard, uint64_t *seen)
+int repl_state_parse(const char *buf, size_t len, const char *shard, uint64_t *seen,
+                     bool *copying)
 {
     static const char head[] = "tern-repl 1\nshard ";
     const char *p = buf, *end = buf + len, *name;
@@ -43,22 +45,24 @@ int repl_state_parse(const char *buf, size_t len, const char *shard, uint64_t *s
         return TERN_ECORRUPT;
     p += 7;
     /* Digits, no sign, no leading zero, then the last newline. */
-    if (*p < '0' || *p > '9' || (*p == '0' && p + 1 < end && p[1] != '\n'))
+    if (p >= end || *p < '0' || *p > '9' || (*p == '0' && p + 1 < end && p[1] != '\n'))
         return TERN_ECORRUPT;
     for (; p < end && *p >= '0' && *p <= '9'; p++) {
         epoch = epoch * 10 + (uint64_t)(*p - '0');
         if (epoch > REPL_EPOCH_MAX)
             return TERN_ECORRUPT;
     }
-    if (p + 1 != end || *p != '\n')
+    if (end - p != 11 || memcmp(p, "\ncopying ", 9) || (p[9] != '0' && p[9] != '1') ||
+        p[10] != '\n')
         return TERN_ECORRUPT;
     if (strlen(shard) != name_len || memcmp(name, shard, name_len))
         return TERN_EINVAL;
     *seen = epoch;
+    *copying = p[9] == '1';
     return 0;
 }
 
-int repl_state_load(const char *path, const char *shard, uint64_t *seen)
+int repl_state_load(const char *path, const char *shard, uint64_t *seen, bool *copying)
 {
     char buf[STATE_MAX + 1];
     ssize_t n;
@@ -66,13 +70,14 @@ int repl_state_load(const char *path, const char *shard, uint64_t *seen)
     int rc;
 
     *seen = 0;
+    *copying = false;
     if (fd < 0)
         return errno == ENOENT ? 0 : TERN_EIO;
     n = read(fd, buf, sizeof(buf));
     close(fd);
     if (n < 0)
         return TERN_EIO;
-    rc = repl_state_parse(buf, (size_t)n, shard, seen);
+    rc = repl_state_parse(buf, (size_t)n, shard, seen, copying);
     if (rc == TERN_ECORRUPT)
         tern_log(TERN_LOG_ERROR, "repl", "%s: not a replication state file (remove it only if "
                  "this replica's pool is wiped too)", path);
@@ -83,9 +88,14 @@ int repl_state_load(const char *path, const char *shard, uint64_t *seen)
 
 int repl_see_epoch(struct repl *r, uint64_t epoch)
 {
+    return repl_state_save(r, epoch, r->copying);
+}
+
+int repl_state_save(struct repl *r, uint64_t epoch, bool copying)
+{
     char tmp[4096], text[STATE_MAX];
-    int len = snprintf(text, sizeof(text), "tern-repl 1\nshard %s\nepoch %llu\n", r->shard,
-                       (unsigned long long)epoch);
+    int len = snprintf(text, sizeof(text), "tern-repl 1\nshard %s\nepoch %llu\ncopying %d\n",
+                       r->shard, (unsigned long long)epoch, copying ? 1 : 0);
     int fd, rc = 0;
 
     if ((size_t)snprintf(tmp, sizeof(tmp), "%s.tmp", r->state_path) >= sizeof(tmp))
@@ -108,5 +118,6 @@ int repl_see_epoch(struct repl *r, uint64_t epoch)
         return rc;
     }
     r->seen = epoch;
+    r->copying = copying;
     return 0;
 }

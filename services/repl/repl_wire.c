@@ -1,5 +1,6 @@
 /* Encoding and checking of replication records (repl_wire.h). Nothing here
  * trusts a length before it was compared with the bytes that hold it. */
+#include <stdbool.h>
 #include <string.h>
 #include <xxhash.h>
 
@@ -45,25 +46,14 @@ int repl_shard_ok(const char shard[REPL_SHARD_MAX])
     return 0;
 }
 
-int repl_batch_walk(const void *data, size_t len, struct repl_batch *hdr,
-                    repl_rec_fn fn, void *arg)
+/* The records of a message from `off` on: n of them exactly filling it,
+ * each sound; with `ordered`, versions rising above `prev`. */
+static int walk_records(const uint8_t *p, size_t len, size_t off, uint32_t n, uint64_t prev,
+                        bool ordered, repl_rec_fn fn, void *arg)
 {
-    const uint8_t *p = data;
-    struct repl_batch b;
-    uint64_t last;
-    size_t off;
+    uint64_t last = prev;
 
-    if (len < sizeof(b))
-        return TERN_EPROTO;
-    memcpy(&b, p, sizeof(b));
-    if (repl_shard_ok(b.shard) < 0 || b.bytes != len - sizeof(b) || (b.bytes & 7) ||
-        b.n > b.bytes / sizeof(struct repl_rec))
-        return TERN_EPROTO;
-    if (hdr)
-        *hdr = b;
-    last = b.prev;
-    off = sizeof(b);
-    for (uint32_t i = 0; i < b.n; i++) {
+    for (uint32_t i = 0; i < n; i++) {
         struct repl_rec r;
         size_t size, pad;
         const uint8_t *body;
@@ -73,7 +63,7 @@ int repl_batch_walk(const void *data, size_t len, struct repl_batch *hdr,
         memcpy(&r, p + off, sizeof(r));
         if ((r.type != REPL_SET && r.type != REPL_DEL) || r.flags || r.reserved ||
             !r.key_len || r.key_len > REPL_KEY_MAX || (r.type == REPL_DEL && r.val_len) ||
-            r.version <= last)
+            !r.version || (ordered && r.version <= last))
             return TERN_EPROTO;
         if (r.key_len > len - off - sizeof(r) ||
             r.val_len > len - off - sizeof(r) - r.key_len)
@@ -98,4 +88,37 @@ int repl_batch_walk(const void *data, size_t len, struct repl_batch *hdr,
         off += size;
     }
     return off == len ? 0 : TERN_EPROTO;
+}
+
+int repl_batch_walk(const void *data, size_t len, struct repl_batch *hdr,
+                    repl_rec_fn fn, void *arg)
+{
+    struct repl_batch b;
+
+    if (len < sizeof(b))
+        return TERN_EPROTO;
+    memcpy(&b, data, sizeof(b));
+    if (repl_shard_ok(b.shard) < 0 || b.bytes != len - sizeof(b) || (b.bytes & 7) ||
+        b.n > b.bytes / sizeof(struct repl_rec))
+        return TERN_EPROTO;
+    if (hdr)
+        *hdr = b;
+    return walk_records(data, len, sizeof(b), b.n, b.prev, true, fn, arg);
+}
+
+int repl_copy_walk(const void *data, size_t len, struct repl_copy *hdr, repl_rec_fn fn,
+                   void *arg)
+{
+    struct repl_copy c;
+
+    if (len < sizeof(c))
+        return TERN_EPROTO;
+    memcpy(&c, data, sizeof(c));
+    if (repl_shard_ok(c.shard) < 0 || c.bytes != len - sizeof(c) || (c.bytes & 7) ||
+        c.reserved || c.phase < REPL_COPY_BEGIN || c.phase > REPL_COPY_END ||
+        (c.phase != REPL_COPY_CHUNK && c.n) || c.n > c.bytes / sizeof(struct repl_rec))
+        return TERN_EPROTO;
+    if (hdr)
+        *hdr = c;
+    return walk_records(data, len, sizeof(c), c.n, 0, false, fn, arg);
 }

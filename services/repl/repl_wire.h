@@ -21,6 +21,14 @@
  * FETCH    new primary -> the most advanced replica: the records after
  *          `from`, up to `max` bytes (as an APPEND batch, so that one
  *          decoder checks both).
+ * COPY     primary -> a replica that needs a full copy: BEGIN (the
+ *          replica wipes its store), CHUNKs of the primary's live records
+ *          in any order (a scan of its store, taken while writes go on:
+ *          each record carries its own version and the newer one of a key
+ *          wins), END with `snap`, the primary's position when the copy
+ *          began. The replica is then at `snap` and the primary streams the
+ *          records after it; until it has caught up past every version the
+ *          copy brought, a restart wipes it again (its state file says so).
  *
  * Every request carries the sender's epoch; one older than the replica has
  * seen fails with TERN_ESTALE and changes nothing.
@@ -41,6 +49,19 @@ enum repl_method {
     REPL_M_APPEND = 1,      /* repl_batch, records  -> repl_pos */
     REPL_M_POSITION = 2,    /* repl_ask             -> repl_pos */
     REPL_M_FETCH = 3,       /* repl_ask             -> repl_batch, records */
+    REPL_M_COPY = 4,        /* repl_copy, records   -> repl_pos */
+};
+
+enum repl_copy_phase { REPL_COPY_BEGIN = 1, REPL_COPY_CHUNK = 2, REPL_COPY_END = 3 };
+
+struct repl_copy {
+    char shard[REPL_SHARD_MAX];
+    uint64_t epoch;
+    uint64_t snap;                  /* the primary's position at BEGIN */
+    uint32_t phase;                 /* enum repl_copy_phase */
+    uint32_t n;                     /* records that follow (CHUNK only) */
+    uint32_t bytes;
+    uint32_t reserved;              /* 0 */
 };
 
 static inline uint64_t repl_epoch_of(uint64_t version)
@@ -122,6 +143,12 @@ typedef int (*repl_rec_fn)(void *arg, const struct repl_rec *r, const void *key,
                            const void *val);
 int repl_batch_walk(const void *data, size_t len, struct repl_batch *hdr,
                     repl_rec_fn fn, void *arg);
+
+/* Walk a COPY message as repl_batch_walk does a batch, but for the order
+ * of versions (a scan's order) and the phase: BEGIN and END carry no
+ * records. */
+int repl_copy_walk(const void *data, size_t len, struct repl_copy *hdr, repl_rec_fn fn,
+                   void *arg);
 
 /* A request's shard name: checked to be terminated within the field. */
 int repl_shard_ok(const char shard[REPL_SHARD_MAX]);

@@ -9,11 +9,12 @@
  * the input: APPEND batches of records with sound sums (keys from a small
  * alphabet, values, deletes), following the replica's position or not, at
  * epochs around the one it has seen; POSITION and FETCH at any epoch and
- * from any version. What must hold whatever comes: every call is answered;
- * the replica's position only moves forward and is what the store holds;
+ * from any version; a full COPY's BEGIN, CHUNKs and END. What must hold whatever comes: every call is answered;
+ * the replica's position only moves forward (but for a full copy, which
+ * starts it over) and is what the store holds outside a copy;
  * an epoch older than one it took is refused; and a FETCH answer is a
  * batch its own walker takes. Between runs the group is closed and its
- * state file removed, the store emptied. */
+ * state file removed, the store wiped. */
 #include <unistd.h>
 
 #include "fuzz.h"
@@ -145,6 +146,32 @@ static size_t build_append(struct fz *f, uint64_t epoch, uint64_t prev)
     return off;
 }
 
+/* A COPY message: BEGIN, a CHUNK of sound records in any order, or END. */
+static size_t build_copy(struct fz *f, uint64_t epoch)
+{
+    struct repl_copy c = {.epoch = epoch, .phase = 1 + fz_u8(f) % 3, .snap = fz_u8(f)};
+    size_t off = sizeof(c);
+
+    strcpy(c.shard, "s1");
+    if (c.phase == REPL_COPY_CHUNK) {
+        unsigned n = fz_u8(f) % 6;
+
+        for (unsigned i = 0; i < n; i++) {
+            char key[3] = {'a' + (fz_u8(f) & 3), 'a', 0};
+            const uint8_t *val;
+            size_t vlen = fz_take(f, fz_u8(f) % 64, &val);
+
+            repl_rec_write(req + off, REPL_SET, 1 + fz_u8(f), key, 2, vlen ? val : NULL,
+                           (uint32_t)vlen);
+            off += repl_rec_size(2, vlen);
+            c.n++;
+        }
+    }
+    c.bytes = (uint32_t)(off - sizeof(c));
+    memcpy(req, &c, sizeof(c));
+    return off;
+}
+
 static size_t build_ask(struct fz *f, uint64_t epoch, uint64_t from)
 {
     struct repl_ask a = {.epoch = epoch, .from = from, .max = fz_u16(f)};
@@ -161,12 +188,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     if (size && data[0] == 0xff) {
         char name[] = "s1";
-        int rc = repl_state_parse((const char *)data + 1, size - 1, name, &seen);
+        bool copying;
+        int rc = repl_state_parse((const char *)data + 1, size - 1, name, &seen, &copying);
 
         FZ_CHECK(rc == 0 || rc == TERN_ECORRUPT || rc == TERN_EINVAL, "state parse: %d", rc);
         FZ_CHECK(rc < 0 || seen <= REPL_EPOCH_MAX, "epoch %llu", (unsigned long long)seen);
         return 0;
     }
+    /* After a full copy ends the position is where the copy began, which
+     * may be above the newest record it brought (the store's version). */
+    bool copied = false;
+
     for (int op = 0; op < OPS_MAX && f.n; op++) {
         struct repl_status before, after;
         uint8_t kind = fz_u8(&f);
@@ -183,7 +215,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         case 2: epoch = before.epoch_seen + 1; break;
         default: epoch = fz_u64(&f); break;
         }
-        switch (kind % 6) {
+        switch (kind % 7) {
         case 0:         /* raw bytes to any method */
             method = (uint16_t)(fz_u8(&f) % 5);
             len = fz_take(&f, fz_u16(&f) % sizeof(req), (const uint8_t **)&data);
@@ -200,20 +232,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             method = REPL_M_POSITION;
             len = build_ask(&f, epoch, 0);
             break;
-        default:
+        case 5:
             method = REPL_M_FETCH;
             len = build_ask(&f, epoch, fz_u8(&f) % 2 ? before.position : fz_u64(&f));
             break;
+        default:
+            method = REPL_M_COPY;
+            len = build_copy(&f, epoch);
+            break;
         }
-        bool built = kind % 6 != 0 && !(kind & 0x80);
+        bool built = kind % 7 != 0 && !(kind & 0x80);
 
-        if (!built && kind % 6 != 0 && len)
+        if (!built && kind % 7 != 0 && len)
             req[fz_u16(&f) % len] ^= (uint8_t)(1u << (fz_u8(&f) % 8));
         rc = call(method, req, len);
         repl_status(grp, &after);
-        FZ_CHECK(after.position >= before.position, "position went back");
+        FZ_CHECK(after.position >= before.position || method == REPL_M_COPY,
+                 "position went back");
         FZ_CHECK(after.epoch_seen >= before.epoch_seen, "epoch seen went back");
-        FZ_CHECK(after.position == kvs_version(kv_service_store(svc)) ||
+        if (rc == 0 && method == REPL_M_COPY && req[offsetof(struct repl_copy, phase)] == 3)
+            copied = true;
+        FZ_CHECK(after.copying || copied ||
+                     after.position == kvs_version(kv_service_store(svc)) ||
                      after.position == before.position,
                  "position %llx, the store %llx", (unsigned long long)after.position,
                  (unsigned long long)kvs_version(kv_service_store(svc)));
@@ -232,7 +272,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     kv_service_replicate(svc, NULL);
     repl_close(grp);
     unlink(state_path);
-    kvs_clear(kv_service_store(svc), TERN_KV_SYNC);
+    FZ_CHECK(kvs_wipe(kv_service_store(svc)) == 0, "wipe");
     open_group();
     return 0;
 }

@@ -489,7 +489,7 @@ SEEDS["node_status"] = {
 def rec(key, typ, val, step): return u8(key) + u8(typ) + u8(len(val)) + val + u8(step)
 def append(epoch_pick, recs): return u8(1) + u8(epoch_pick) + u8(len(recs)) + u8(1) + b"".join(recs)
 SEEDS["repl"] = {
-    "state": b"\xff" + b"tern-repl 1\nshard s1\nepoch 5\n",
+    "state": b"\xff" + b"tern-repl 1\nshard s1\nepoch 5\ncopying 0\n",
     "appends": append(1, [rec(1, 1, b"one", 0), rec(2, 1, b"two", 1), rec(1, 2, b"", 0)]) +
                append(2, [rec(3, 1, b"three", 0)]) + append(0, [rec(4, 1, b"stale", 0)]),
     "ask": u8(4) + u8(2) + u8(5) + u8(1) + u8(0) + u16(4096) + u8(1),

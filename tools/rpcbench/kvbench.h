@@ -20,6 +20,10 @@
 /* `rpcbench kv ...`: argv[1] is "kv". Returns the exit code. */
 int kv_main(int argc, char **argv);
 
+/* rpcbench failover (failover.c): YCSB-A on a replicated shard whose
+ * primary a script kills, checking that no acknowledged write is lost. */
+int failover_main(int argc, char **argv);
+
 /* ---- shared by rpcbench.c ---- */
 
 /* One row of output: the table columns or JSON keys of every benchmark. */

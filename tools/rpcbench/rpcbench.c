@@ -607,7 +607,7 @@ int main(int argc, char **argv)
     };
     static const char *const commands[] = {"echo", "sink", "server", "client", "floor", "get",
                                            "put", "probe", "kv", "doc", "blocksync", "feed",
-                                           NULL};
+                                           "failover", NULL};
     static const char *const workloads[] = {"echo", "sink", NULL};
     static const char *const all_auto[] = {"all", "auto", NULL};
     struct opts o = {.workload = "echo", .fabric = "tcp", .sizes = {64}, .n_sizes = 1,
@@ -641,6 +641,14 @@ int main(int argc, char **argv)
         return kv_main(argc, argv);
 #else
         fprintf(stderr, "rpcbench kv: built without the services (libpmem, xxhash)\n");
+        return 2;
+#endif
+    }
+    if (strcmp(cmd, "failover") == 0) {
+#if defined(TERN_HAVE_SERVICES) && TERN_HAVE_SERVICES
+        return failover_main(argc, argv);
+#else
+        fprintf(stderr, "rpcbench failover: built without the services (libpmem, xxhash)\n");
         return 2;
 #endif
     }

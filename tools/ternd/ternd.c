@@ -445,7 +445,8 @@ int main(int argc, char **argv)
         rc = tern_doc_service_group_commit(dsvc, g_ep);
 #endif
     /* Clients that ask for the one-sided paths (tern_kv_set_path) get them. */
-    if (rc == 0 && (rc = tern_kv_service_enable_onesided(svc, g_ep, NULL)) < 0)
+    if (rc == 0 && !o.kv_shard[0] &&
+        (rc = tern_kv_service_enable_onesided(svc, g_ep, NULL)) < 0)
         tern_log(TERN_LOG_ERROR, "ternd", "one-sided paths: %s", tern_strerror(rc));
 #if TERN_HAVE_DOC
     /* Large document results go one-sided to clients that take them. */
@@ -563,6 +564,12 @@ int main(int argc, char **argv)
                                    mongo_gw_port(mgw));
     }
 #endif
+    /* A replica's store may be wiped for a full copy (its pool made anew):
+     * no thread may hold on to the pool then. */
+    if (rc == 0 && g_replica && o.helpers) {
+        tern_log(TERN_LOG_WARN, "ternd", "[kv] flush_helpers: none on a replicated store");
+        o.helpers = 0;
+    }
     if (rc == 0 && (rc = start_helpers(svc, o.helpers)) < 0)
         tern_log(TERN_LOG_ERROR, "ternd", "flush helpers: %s", tern_strerror(rc));
     if (rc < 0) {

@@ -236,6 +236,7 @@ run_tests() {
         count ternd-config tests/ternd_config.sh build
         count ternd-peers tests/ternd_peers.sh build
         count ternd-cluster tests/ternd_cluster.sh build
+        count ternd-failover tests/ternd_failover.sh build
         count rack tests/rack.sh build
         count installed-library-consumer consumer
         # One CRUD script through three real MongoDB clients against

@@ -299,10 +299,11 @@ static void on_fetch(void *arg, int status, const void *reply, size_t len)
     c->busy = false;
     r->fetching = false;
     if (status == TERN_ERANGE) {
-        tern_log(TERN_LOG_ERROR, "repl", "%s: %s no longer holds the records after %llx: "
-                 "this node needs a full copy before it can serve", r->shard, p->name,
-                 (unsigned long long)r->position);
-        r->need_copy = true;
+        /* Its ring starts after our position (it restarted, say): another
+         * replica far enough along may do. */
+        tern_log(TERN_LOG_WARN, "repl", "%s: %s no longer holds the records after %llx",
+                 r->shard, p->name, (unsigned long long)r->position);
+        p->no_fetch = true;
         return;
     }
     if (status < 0) {
@@ -337,31 +338,64 @@ static void fetch_from(struct repl *r, struct replica *p)
     r->fetching = true;
 }
 
+/* How far the new primary must get before it serves. Of the replicas it
+ * heard from (H, itself included) at least |H| + m - n hold any write
+ * acknowledged on a majority (m of n), so the (|H| + m - n)-th highest
+ * position among them covers every such write; anything past it was held
+ * by too few to have been acknowledged. (With three replicas all heard
+ * from, that is the second highest: the old primary back from a crash may
+ * be ahead with records nobody else has, and need not be waited for.) */
+static uint64_t takeover_target(const struct repl *r, unsigned *heard)
+{
+    uint64_t pos[REPL_PEERS_MAX + 1];
+    unsigned n = 0, k;
+
+    pos[n++] = r->position;
+    for (unsigned i = 0; i < r->n_peers; i++)
+        if (r->peers[i].answered)
+            pos[n++] = r->peers[i].position;
+    *heard = n;
+    k = n + majority(r) - (r->n_peers + 1);
+    qsort(pos, n, sizeof(pos[0]), cmp_desc);
+    return pos[k - 1];
+}
+
 /* A majority (this node included) answered POSITION at our epoch, so no
- * older primary can have a write acknowledged any more; take what the most
- * advanced of them holds, then serve. */
+ * older primary can have a write acknowledged any more; take what we lack
+ * of the acknowledged writes, then serve. */
 static void take_over(struct repl *r)
 {
     unsigned heard = 1;
-    struct replica *best = NULL;
+    uint64_t target;
 
-    for (unsigned i = 0; i < r->n_peers; i++) {
-        struct replica *p = &r->peers[i];
-
-        if (!p->answered)
-            continue;
-        heard++;
-        if (p->position > r->position && (!best || p->position > best->position))
-            best = p;
-    }
+    for (unsigned i = 0; i < r->n_peers; i++)
+        heard += r->peers[i].answered;
     if (heard < majority(r) || r->fetching || r->need_copy)
         return;
-    if (best) {
-        if (best->s && !busy_calls(best))
-            fetch_from(r, best);
+    target = takeover_target(r, &heard);
+    if (r->position < target) {
+        struct replica *from = NULL;
+
+        for (unsigned i = 0; i < r->n_peers; i++) {
+            struct replica *p = &r->peers[i];
+
+            if (p->answered && !p->no_fetch && p->s && p->position >= target &&
+                (!from || p->position < from->position))
+                from = p;
+        }
+        if (!from) {
+            if (!r->need_copy)
+                tern_log(TERN_LOG_ERROR, "repl", "%s: no replica at %llx or past it can hand "
+                         "this node the records after %llx: it cannot serve", r->shard,
+                         (unsigned long long)target, (unsigned long long)r->position);
+            r->need_copy = true;
+            return;
+        }
+        if (!busy_calls(from))
+            fetch_from(r, from);
         return;
     }
-    /* Ours is the newest log of a majority. */
+    /* Ours holds every write a majority acknowledged. */
     r->ops->raise(r->ctx, repl_epoch_base(r->epoch));
     r->st = S_PRIMARY;
     tern_log(TERN_LOG_INFO, "repl", "%s: primary at epoch %llu from %llx (%u of %u replicas "
@@ -466,8 +500,10 @@ void repl_set_view(struct repl *r, enum repl_role role, uint64_t epoch, const ch
             return;
         }
         r->st = S_TAKEOVER;
-        for (unsigned i = 0; i < r->n_peers; i++)
+        for (unsigned i = 0; i < r->n_peers; i++) {
             drop_session(&r->peers[i], 0);
+            r->peers[i].no_fetch = false;
+        }
         tern_log(TERN_LOG_INFO, "repl", "%s: taking over at epoch %llu from %llx", r->shard,
                  (unsigned long long)epoch, (unsigned long long)r->position);
     } else {

@@ -32,6 +32,7 @@ struct replica {
     struct tern_session *s;
     enum replica_state state;
     bool answered;                      /* its position is known this epoch */
+    bool no_fetch;                      /* takeover: its ring lacks our position */
     uint64_t position;                  /* durable there, as it said */
     uint64_t sent;                      /* shipped up to (in flight included) */
     uint32_t gen;

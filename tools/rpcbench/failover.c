@@ -3,7 +3,11 @@
  * lost and timing how long writes stop.
  *
  *   rpcbench failover --replicas URI,URI,URI [--records N] [--seconds S]
- *                     [--window W] [--w majority|one|all] [--json]
+ *                     [--window W] [--w majority|one|all] [--mix a|put] [--json]
+ *
+ * With --mix put (updates only) and --window 1 it measures what a write
+ * costs: the median and 99th percentile of acknowledged PUTs. Give it one
+ * plain ternd's URI for the same figure without replication.
  *
  * Each value names its key and a sequence number, counted per key; one
  * call per key is in flight at a time, so the order of acknowledgements is
@@ -24,6 +28,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "hist.h"
 #include "kv.h"
 #include "kvbench.h"
 #include "opt.h"
@@ -44,6 +49,7 @@ struct key_state {
 struct slot {
     struct fo *fo;
     bool busy, is_put;
+    uint64_t sent_ns;
     uint64_t key, seq, acked_then;
     char kbuf[24], vbuf[64];
 };
@@ -61,6 +67,7 @@ struct fo {
     unsigned n_outages;
     uint64_t outage_start[MAX_OUTAGES];
     bool loading;
+    struct hist put_lat;            /* ns, acknowledged PUTs of the run */
 };
 
 static uint64_t parse_seq(const char *v, size_t len, uint64_t key, bool *ok)
@@ -96,6 +103,7 @@ static void done(void *arg, int status, const void *val, size_t len, uint64_t ve
             return;
         }
         fo->puts_ok++;
+        hist_add(&fo->put_lat, now - sl->sent_ns);
         if (sl->seq > ks->acked)
             ks->acked = sl->seq;
         if (fo->last_put_ok && now - fo->last_put_ok > OUTAGE_NS && fo->n_outages < MAX_OUTAGES) {
@@ -156,6 +164,7 @@ static int start(struct fo *fo, struct slot *sl, uint64_t key, bool put)
     sl->key = key;
     sl->is_put = put;
     sl->acked_then = ks->acked;
+    sl->sent_ns = tern_now_ns();
     if (put) {
         sl->seq = ks->issued + 1;
         int vl = snprintf(sl->vbuf, sizeof(sl->vbuf), "k%" PRIu64 "#%" PRIu64, key, sl->seq);
@@ -189,7 +198,8 @@ static void drain(struct fo *fo)
 static void usage(FILE *f)
 {
     fprintf(f, "usage: rpcbench failover --replicas URI,URI,... [--records N] [--seconds S]\n"
-               "                          [--window W] [--w majority|one|all] [--json]\n");
+               "                          [--window W] [--w majority|one|all] [--mix a|put]\n"
+               "                          [--json]\n");
 }
 
 int failover_main(int argc, char **argv)
@@ -198,9 +208,12 @@ int failover_main(int argc, char **argv)
         {"replicas", required_argument, NULL, 'r'}, {"records", required_argument, NULL, 'n'},
         {"seconds", required_argument, NULL, 's'},  {"window", required_argument, NULL, 'w'},
         {"w", required_argument, NULL, 'c'},        {"json", no_argument, NULL, 'j'},
+        {"mix", required_argument, NULL, 'm'},
         {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0},
     };
     static const char *const concerns[] = {"majority", "one", "all", NULL};
+    static const char *const mixes[] = {"a", "put", NULL};
+    int mix = 0;
     static struct fo fo;
     const char *uris[MAX_REPLICAS];
     char *list = NULL;
@@ -243,6 +256,11 @@ int failover_main(int argc, char **argv)
             break;
         case 'j':
             json = true;
+            break;
+        case 'm':
+            mix = opt_choice("rpcbench failover", "--mix", optarg, mixes, NULL);
+            if (mix < 0)
+                return OPT_USAGE;
             break;
         case 'h':
             usage(stdout);
@@ -294,6 +312,7 @@ int failover_main(int argc, char **argv)
     drain(&fo);
     fo.puts_ok = fo.puts_failed = 0;
     fo.n_outages = 0;
+    hist_reset(&fo.put_lat);
     /* Run: YCSB-A, half reads, half updates. */
     t0 = tern_now_ns();
     fo.last_put_ok = t0;
@@ -304,7 +323,8 @@ int failover_main(int argc, char **argv)
         if (sl) {
             uint64_t key = ycsb_scrambled_next(&zipf, &rng);
 
-            if (!fo.keys[key].busy && start(&fo, sl, key, ycsb_rng_below(&rng, 2) == 0) < 0)
+            if (!fo.keys[key].busy &&
+                start(&fo, sl, key, mix == 1 || ycsb_rng_below(&rng, 2) == 0) < 0)
                 usleep(200);
         }
         tern_rpc_poll(ep);
@@ -338,7 +358,9 @@ int failover_main(int argc, char **argv)
         for (unsigned i = 0; i < fo.n_outages; i++)
             printf("%s{\"at_s\":%.3f,\"ms\":%.1f}", i ? "," : "",
                    (double)(fo.outage_start[i] - t0) / 1e9, (double)fo.outage[i] / 1e6);
-        printf("],\"worst_outage_ms\":%.1f}\n", (double)worst / 1e6);
+        printf("],\"worst_outage_ms\":%.1f,\"put_p50_us\":%.2f,\"put_p99_us\":%.2f}\n",
+               (double)worst / 1e6, (double)hist_quantile(&fo.put_lat, 0.5) / 1e3,
+               (double)hist_quantile(&fo.put_lat, 0.99) / 1e3);
     } else {
         printf("failover: %" PRIu64 " s, %" PRIu64 " records, w=%s: %" PRIu64 " puts acknowledged, "
                "%" PRIu64 " failed; %" PRIu64 " gets checked, %" PRIu64 " failed; lost %" PRIu64
@@ -349,6 +371,9 @@ int failover_main(int argc, char **argv)
                    (double)(fo.outage_start[i] - t0) / 1e9, (double)fo.outage[i] / 1e6);
         printf("worst outage %.1f ms, %u outages, %.1f ms in all\n", (double)worst / 1e6,
                fo.n_outages, (double)total / 1e6);
+        printf("acknowledged PUTs: median %.2f us, p99 %.2f us\n",
+               (double)hist_quantile(&fo.put_lat, 0.5) / 1e3,
+               (double)hist_quantile(&fo.put_lat, 0.99) / 1e3);
     }
     tern_kv_close(fo.kv);
     tern_rpc_close(ep);

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# A replicated KV shard of three ternds and an etcd on this host, YCSB-A
+# with w=majority against it, its primary killed with SIGKILL three times:
+# no acknowledged write lost, writes back within twice the lease. The
+# benchmark script does the work (tools/rpcbench/failover-kv.sh, 50 rounds
+# there); this is its short form for the test run.
+#
+#   tests/ternd_failover.sh BUILD_DIR
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+exec "$here/../tools/rpcbench/failover-kv.sh" "${1:?usage: ternd_failover.sh BUILD_DIR}" 3 2 5

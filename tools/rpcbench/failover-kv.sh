@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Kill the primary of a replicated KV shard again and again under load:
+# etcd and three ternds on this host ([cluster] kv_shard, lease LEASE s),
+# `rpcbench failover` running YCSB-A with w=majority against them, and
+# every PERIOD s the primary (as `tern status` names it) killed with
+# SIGKILL and started again half a second later. It passes if no
+# acknowledged write was lost and writes never stopped for more than twice
+# the lease.
+#
+#   tools/rpcbench/failover-kv.sh BUILD_DIR [ROUNDS] [LEASE] [PERIOD]
+#
+# (defaults 50 rounds, a 2 s lease, 6 s between kills)
+set -euo pipefail
+
+build=$(cd "${1:?usage: failover-kv.sh BUILD_DIR [ROUNDS] [LEASE] [PERIOD]}" && pwd)
+rounds=${2:-50}
+lease=${3:-2}
+period=${4:-6}
+ternd=$build/tools/ternd/ternd
+tern=$build/tools/tern/tern
+bench=$build/tools/rpcbench/rpcbench
+[ -x /usr/bin/etcd ] || { echo "SKIP: /usr/bin/etcd not installed (Debian's etcd-server)"; exit 77; }
+help=$("$ternd" --help 2>&1 || true)
+grep -q -- '--kv-shard' <<<"$help" || { echo "SKIP: ternd built without [cluster]"; exit 77; }
+base=/tmp
+[ -d /dev/shm ] && base=/dev/shm
+dir=$(mktemp -d "$base/tern-failover-XXXXXX")
+declare -A pid port
+etcd_pid=
+load_pid=
+cleanup() {
+    for p in "${pid[@]}" $etcd_pid $load_pid; do kill -9 "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$dir" || true
+}
+trap cleanup EXIT
+fail() {
+    echo "failover-kv: $*" >&2
+    for n in a b c; do [ -f "$dir/$n.log" ] && grep -h "repl\|error" "$dir/$n.log" | tail -6 | sed "s/^/  $n: /" >&2; done
+    exit 1
+}
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+ec=$(free_port)
+ep=$(free_port)
+etcd_url=http://127.0.0.1:$ec
+/usr/bin/etcd --name t --data-dir "$dir/etcd" --listen-client-urls "$etcd_url" \
+    --advertise-client-urls "$etcd_url" --listen-peer-urls "http://127.0.0.1:$ep" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$ep" \
+    --initial-cluster "t=http://127.0.0.1:$ep" --log-level error >"$dir/etcd.log" 2>&1 &
+etcd_pid=$!
+for _ in $(seq 200); do
+    curl -sf "$etcd_url/health" >/dev/null 2>&1 && break
+    sleep 0.1
+done
+uris=
+for n in a b c; do
+    port[$n]=$(free_port)
+    uris=$uris${uris:+,}tcp://127.0.0.1:${port[$n]}
+    cat >"$dir/$n.conf" <<EOC
+[node]
+name = $n
+data_dir = $dir/$n
+listen = tcp://127.0.0.1:${port[$n]}
+log_file = $dir/$n.log
+log_level = info
+[kv]
+pool_size = 64m
+[doc]
+enabled = no
+[cluster]
+etcd = $etcd_url
+prefix = /fo
+lease_ttl = $lease
+shard = kv0
+kv_shard = kv0
+EOC
+done
+"$tern" shard define --etcd "$etcd_url" --prefix /fo kv0 a b c >/dev/null || fail "shard define"
+start() {
+    "$ternd" --config "$dir/$1.conf" >>"$dir/$1.out" 2>&1 &
+    pid[$1]=$!
+}
+for n in a b c; do start $n; done
+state_of() {
+    "$tern" status --json "127.0.0.1:${port[$1]}" 2>/dev/null |
+        python3 -c "import json,sys; r=json.load(sys.stdin)['replication']; print(r['state'] if r else 'none')" 2>/dev/null ||
+        echo down
+}
+primary() {
+    for n in a b c; do [ "$(state_of $n)" = primary ] && { echo $n; return 0; }; done
+    return 1
+}
+for _ in $(seq 100); do primary >/dev/null && break; sleep 0.1; done
+primary >/dev/null || fail "no primary after 10 s"
+
+secs=$(( rounds * period + period ))
+"$bench" failover --replicas "$uris" --records 5000 --seconds "$secs" --window 16 --json \
+    >"$dir/load.json" 2>"$dir/load.err" &
+load_pid=$!
+sleep "$period"
+killed=0
+for r in $(seq "$rounds"); do
+    victim=
+    for _ in $(seq 50); do victim=$(primary) && break; sleep 0.1; done
+    [ -n "$victim" ] || fail "round $r: no primary to kill"
+    kill -9 "${pid[$victim]}"
+    { wait "${pid[$victim]}"; } 2>/dev/null || true
+    killed=$((killed + 1))
+    sleep 0.5
+    start "$victim"
+    sleep "$(( period ))"
+    kill -0 "$load_pid" 2>/dev/null || break
+done
+wait "$load_pid" || true
+load_pid=
+python3 - "$dir/load.json" "$killed" "$lease" <<'PYEOF' || fail "$(tail -5 "$dir/load.err")"
+import json, sys
+r = json.load(open(sys.argv[1]))
+killed, lease = int(sys.argv[2]), float(sys.argv[3])
+outs = sorted(o["ms"] for o in r["outages"])
+worst = r["worst_outage_ms"]
+med = outs[len(outs) // 2] if outs else 0
+print(f"failover-kv: {killed} primaries killed (lease {lease:g} s): {r['puts_ok']} writes "
+      f"acknowledged with w=majority, {r['puts_failed']} not; {r['gets_ok']} reads checked; "
+      f"lost {r['lost']}; {len(outs)} outages, median {med:.0f} ms, worst {worst:.0f} ms "
+      f"(bar: {2 * lease * 1000:.0f} ms)")
+sys.exit(0 if r["lost"] == 0 and worst <= 2 * lease * 1000 else 1)
+PYEOF

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# What a backup costs a PUT, in one run: the median and 99th percentile of
+# a PUT (window 1, updates only, 64-byte values) against a plain ternd, and
+# against the primary of a two-replica shard ([cluster] kv_shard, w=majority:
+# the backup holds it before the reply), over each fabric given: the client
+# and the primary's sessions to its backup both move to that fabric
+# (auto://, TERN_FABRICS). Prints the ratio per fabric.
+#
+#   tools/rpcbench/repl-cost.sh BUILD_DIR [FABRIC...]     (default: shm rdma)
+set -euo pipefail
+
+build=$(cd "${1:?usage: repl-cost.sh BUILD_DIR [FABRIC...]}" && pwd)
+shift
+fabrics=("$@")
+[ ${#fabrics[@]} -gt 0 ] || fabrics=(shm rdma)
+secs=${SECONDS_EACH:-5}
+ternd=$build/tools/ternd/ternd
+tern=$build/tools/tern/tern
+bench=$build/tools/rpcbench/rpcbench
+[ -x /usr/bin/etcd ] || { echo "SKIP: /usr/bin/etcd not installed (Debian's etcd-server)"; exit 77; }
+base=/tmp
+[ -d /dev/shm ] && base=/dev/shm
+dir=$(mktemp -d "$base/tern-replcost-XXXXXX")
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$dir" || true
+}
+trap cleanup EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+ec=$(free_port)
+ep=$(free_port)
+etcd_url=http://127.0.0.1:$ec
+/usr/bin/etcd --name t --data-dir "$dir/etcd" --listen-client-urls "$etcd_url" \
+    --advertise-client-urls "$etcd_url" --listen-peer-urls "http://127.0.0.1:$ep" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$ep" \
+    --initial-cluster "t=http://127.0.0.1:$ep" --log-level error >"$dir/etcd.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 200); do curl -sf "$etcd_url/health" >/dev/null 2>&1 && break; sleep 0.1; done
+
+# conf NAME FABRIC CLUSTER(yes|no): a ternd on tcp, and rdma for rdma.
+conf() {
+    local p r
+    p=$(free_port)
+    r=$(free_port)
+    echo "$p" >"$dir/$1.port"
+    {
+        echo "[node]"
+        echo "name = $1"
+        echo "data_dir = $dir/$1"
+        echo "listen = tcp://127.0.0.1:$p"
+        [ "$2" = rdma ] && echo "listen = rdma://127.0.0.1:$r"
+        echo "log_file = $dir/$1.log"
+        echo "[kv]"
+        echo "pool_size = 64m"
+        echo "[doc]"
+        echo "enabled = no"
+        if [ "$3" = yes ]; then
+            echo "[cluster]"
+            echo "etcd = $etcd_url"
+            echo "prefix = /$4"
+            echo "lease_ttl = 2"
+            echo "shard = kv"
+            echo "kv_shard = kv"
+        fi
+    } >"$dir/$1.conf"
+}
+start() {    # NAME FABRIC
+    TERN_FABRICS=$2,tcp "$ternd" --config "$dir/$1.conf" >"$dir/$1.out" 2>&1 &
+    pids+=($!)
+    for _ in $(seq 100); do grep -q '^ternd ready' "$dir/$1.out" && return 0; sleep 0.05; done
+    echo "repl-cost: $1 not ready: $(cat "$dir/$1.out")" >&2
+    exit 1
+}
+run() {    # FABRIC URIS -> "p50 p99"
+    TERN_FABRICS=$1,tcp "$bench" failover --replicas "$2" --mix put --window 1 --records 1000 \
+        --seconds "$secs" --json 2>"$dir/bench.err" |
+        python3 -c "import json,sys; r=json.load(sys.stdin); assert r['lost']==0; print(r['put_p50_us'], r['put_p99_us'])"
+}
+printf "%-6s %22s %22s %8s\n" fabric "alone p50/p99 us" "one backup p50/p99 us" "ratio"
+for f in "${fabrics[@]}"; do
+    conf "p$f" "$f" no
+    start "p$f" "$f"
+    read -r a50 a99 < <(run "$f" "auto://127.0.0.1:$(cat "$dir/p$f.port")")
+    conf "a$f" "$f" yes "c$f"
+    conf "b$f" "$f" yes "c$f"
+    "$tern" shard define --etcd "$etcd_url" --prefix "/c$f" kv "a$f" "b$f" >/dev/null 2>&1 || true
+    # The map names the nodes by name: a and b of this fabric.
+    sed -i "s/^name = a$f/name = a$f/" "$dir/a$f.conf"
+    start "a$f" "$f"
+    start "b$f" "$f"
+    read -r r50 r99 < <(run "$f" "auto://127.0.0.1:$(cat "$dir/a$f.port"),auto://127.0.0.1:$(cat "$dir/b$f.port")")
+    printf "%-6s %10s / %-9s %10s / %-9s %8s\n" "$f" "$a50" "$a99" "$r50" "$r99" \
+        "$(python3 -c "print(f'{$r50/$a50:.2f}x')")"
+done

@@ -475,6 +475,10 @@ SEEDS["node_status"] = {
                  b'"errors":0,"bytes":6400,"failovers":1,"moves":1,"credits":32,'
                  b'"rtt_us":12.5,"standby":true,"last_error":null},'
                  b'{"node":"c","rack":"r2","state":"down","fabric":null,"last_error":"refused"}]}',
+    "replicated": b'{"node":"a","services":["kv"],"replication":{"shard":"kv0","state":"primary",'
+                  b'"epoch":3,"position":"30000000010","committed":"3000000000f","held":2,'
+                  b'"replicas":[{"node":"b","state":"streaming","position":"3000000000f","lag":1},'
+                  b'{"node":"c","state":"needs copy","position":"0","lag":0}]},"peers":[]}',
     "wrong-types": b'{"node":1,"services":{"a":1},"peers":[1,"x",{"calls":"many"}]}',
     "not-object": b'[1,2,3]',
     "nul-inside": b'{"node":"a\x00b"}',

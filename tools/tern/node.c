@@ -158,6 +158,22 @@ static void print_table(FILE *f, json_object *st)
                         str(x, "role"), num(x, "epoch"), str(x, "primary"));
             }
     }
+    if (json_object_object_get_ex(st, "replication", &cl) &&
+        json_object_is_type(cl, json_type_object)) {
+        json_object *reps;
+
+        fprintf(f, "replicated kv shard %s  %s  epoch %.0f  position %s  committed %s  "
+                   "held %.0f\n", str(cl, "shard"), str(cl, "state"), num(cl, "epoch"),
+                str(cl, "position"), str(cl, "committed"), num(cl, "held"));
+        if (json_object_object_get_ex(cl, "replicas", &reps) &&
+            json_object_is_type(reps, json_type_array))
+            for (size_t i = 0; i < json_object_array_length(reps); i++) {
+                json_object *x = json_object_array_get_idx(reps, i);
+
+                fprintf(f, "  replica %-12s %-11s position %-14s lag %.0f\n", str(x, "node"),
+                        str(x, "state"), str(x, "position"), num(x, "lag"));
+            }
+    }
     if (!json_object_object_get_ex(st, "peers", &peers) ||
         !json_object_is_type(peers, json_type_array) || !json_object_array_length(peers)) {
         fprintf(f, "no peers configured\n");

@@ -94,7 +94,8 @@ primary() {
 for _ in $(seq 100); do primary >/dev/null && break; sleep 0.1; done
 primary >/dev/null || fail "no primary after 10 s"
 
-secs=$(( rounds * period + period ))
+# Long enough for every round; told to stop (SIGUSR1) after the last.
+secs=$(( rounds * (period + 5) + period ))
 "$bench" failover --replicas "$uris" --records 5000 --seconds "$secs" --window 16 --json \
     >"$dir/load.json" 2>"$dir/load.err" &
 load_pid=$!
@@ -109,9 +110,10 @@ for r in $(seq "$rounds"); do
     killed=$((killed + 1))
     sleep 0.5
     start "$victim"
-    sleep "$(( period ))"
-    kill -0 "$load_pid" 2>/dev/null || break
+    sleep "$period"
+    kill -0 "$load_pid" 2>/dev/null || fail "the load ended early: $(tail -3 "$dir/load.err")"
 done
+kill -USR1 "$load_pid"
 wait "$load_pid" || true
 load_pid=
 python3 - "$dir/load.json" "$killed" "$lease" <<'PYEOF' || fail "$(tail -5 "$dir/load.err")"

@@ -18,11 +18,13 @@
  *   stop), so a write acknowledged and then lost in a failover shows;
  * - a write that failed (no primary to be found in its time) is only
  *   counted: it was never acknowledged, so it may or may not be there.
+ * SIGUSR1 ends the run early (the checks still follow).
  * Writes stop while the shard elects a new primary: every pause between
  * two acknowledged writes longer than 100 ms is reported as an outage.
  */
 #include <getopt.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,6 +71,15 @@ struct fo {
     bool loading;
     struct hist put_lat;            /* ns, acknowledged PUTs of the run */
 };
+
+/* SIGUSR1: end the run now (then verify), for a script that decides when. */
+static volatile sig_atomic_t g_enough;
+
+static void on_usr1(int sig)
+{
+    (void)sig;
+    g_enough = 1;
+}
 
 static uint64_t parse_seq(const char *v, size_t len, uint64_t key, bool *ok)
 {
@@ -317,7 +328,8 @@ int failover_main(int argc, char **argv)
     t0 = tern_now_ns();
     fo.last_put_ok = t0;
     end = t0 + seconds * 1000000000ull;
-    while (tern_now_ns() < end) {
+    signal(SIGUSR1, on_usr1);
+    while (tern_now_ns() < end && !g_enough) {
         struct slot *sl = free_slot(&fo);
 
         if (sl) {

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # What a backup costs a PUT, in one run: the median and 99th percentile of
-# a PUT (window 1, updates only, 64-byte values) against a plain ternd, and
+# a PUT (window 1, updates only, small values), and PUTs a second with 16 in
+# flight (the second ratio: how many times fewer), against a plain ternd, and
 # against the primary of a two-replica shard ([cluster] kv_shard, w=majority:
 # the backup holds it before the reply), over each fabric given: the client
 # and the primary's sessions to its backup both move to that fabric
 # (auto://, TERN_FABRICS). Prints the ratio per fabric.
 #
 #   tools/rpcbench/repl-cost.sh BUILD_DIR [FABRIC...]     (default: shm rdma)
+#
+# NODE_CONF adds lines to every ternd's [node] section (say "busy = yes");
+# SECONDS_EACH is each measurement's length (default 5).
 set -euo pipefail
 
 build=$(cd "${1:?usage: repl-cost.sh BUILD_DIR [FABRIC...]}" && pwd)
@@ -53,6 +57,7 @@ conf() {
         echo "listen = tcp://127.0.0.1:$p"
         [ "$2" = rdma ] && echo "listen = rdma://127.0.0.1:$r"
         echo "log_file = $dir/$1.log"
+        [ -n "${NODE_CONF:-}" ] && printf '%b\n' "$NODE_CONF"
         echo "[kv]"
         echo "pool_size = 64m"
         echo "[doc]"
@@ -74,16 +79,22 @@ start() {    # NAME FABRIC
     echo "repl-cost: $1 not ready: $(cat "$dir/$1.out")" >&2
     exit 1
 }
-run() {    # FABRIC URIS -> "p50 p99"
-    TERN_FABRICS=$1,tcp "$bench" failover --replicas "$2" --mix put --window 1 --records 1000 \
+run() {    # FABRIC URIS -> "p50 p99 puts/s(window 1) puts/s(window 16)"
+    local a b
+    a=$(TERN_FABRICS=$1,tcp "$bench" failover --replicas "$2" --mix put --window 1 --records 1000 \
         --seconds "$secs" --json 2>"$dir/bench.err" |
-        python3 -c "import json,sys; r=json.load(sys.stdin); assert r['lost']==0; print(r['put_p50_us'], r['put_p99_us'])"
+        python3 -c "import json,sys; r=json.load(sys.stdin); assert r['lost']==0; print(r['put_p50_us'], r['put_p99_us'])")
+    b=$(TERN_FABRICS=$1,tcp "$bench" failover --replicas "$2" --mix put --window 16 --records 1000 \
+        --seconds "$secs" --json 2>"$dir/bench.err" |
+        python3 -c "import json,sys; r=json.load(sys.stdin); assert r['lost']==0; print(int(r['puts_ok'] / r['seconds']))")
+    echo "$a $b"
 }
-printf "%-6s %22s %22s %8s\n" fabric "alone p50/p99 us" "one backup p50/p99 us" "ratio"
+printf "%-6s %22s %22s %8s %12s %12s %8s\n" fabric "alone p50/p99 us" "one backup p50/p99 us" \
+    "ratio" "alone put/s" "backup put/s" "ratio"
 for f in "${fabrics[@]}"; do
     conf "p$f" "$f" no
     start "p$f" "$f"
-    read -r a50 a99 < <(run "$f" "auto://127.0.0.1:$(cat "$dir/p$f.port")")
+    read -r a50 a99 at < <(run "$f" "auto://127.0.0.1:$(cat "$dir/p$f.port")")
     conf "a$f" "$f" yes "c$f"
     conf "b$f" "$f" yes "c$f"
     "$tern" shard define --etcd "$etcd_url" --prefix "/c$f" kv "a$f" "b$f" >/dev/null 2>&1 || true
@@ -91,7 +102,8 @@ for f in "${fabrics[@]}"; do
     sed -i "s/^name = a$f/name = a$f/" "$dir/a$f.conf"
     start "a$f" "$f"
     start "b$f" "$f"
-    read -r r50 r99 < <(run "$f" "auto://127.0.0.1:$(cat "$dir/a$f.port"),auto://127.0.0.1:$(cat "$dir/b$f.port")")
-    printf "%-6s %10s / %-9s %10s / %-9s %8s\n" "$f" "$a50" "$a99" "$r50" "$r99" \
-        "$(python3 -c "print(f'{$r50/$a50:.2f}x')")"
+    read -r r50 r99 rt < <(run "$f" "auto://127.0.0.1:$(cat "$dir/a$f.port"),auto://127.0.0.1:$(cat "$dir/b$f.port")")
+    printf "%-6s %10s / %-9s %10s / %-9s %8s %12s %12s %8s\n" "$f" "$a50" "$a99" "$r50" "$r99" \
+        "$(python3 -c "print(f'{$r50/$a50:.2f}x')")" "$at" "$rt" \
+        "$(python3 -c "print(f'{$at/$rt:.2f}x')")"
 done

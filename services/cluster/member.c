@@ -13,6 +13,7 @@ struct cl_member {
     struct cl_member_config cfg;
     char *key;
     struct cl_shard_role roles[CL_SHARDS_MAX];  /* under lock */
+    bool standing_back[CL_SHARDS_MAX];          /* under lock: not a candidate */
     uint64_t valid_until;       /* mono ns: the lease surely alive till then */
     pthread_t thread;
     pthread_mutex_t lock;       /* guards state and stop */
@@ -157,8 +158,14 @@ static void campaign(struct cl_member *m, struct cl_etcd *e, int64_t lease)
     for (unsigned i = 0; i < m->cfg.n_shards; i++) {
         struct cl_shard_map map;
         enum cl_role role;
-        int rc = cl_shard_campaign(e, m->cfg.prefix, m->cfg.shards[i], m->cfg.name, lease,
-                                   &map, &role);
+        bool candidate;
+        int rc;
+
+        pthread_mutex_lock(&m->lock);
+        candidate = !m->standing_back[i];
+        pthread_mutex_unlock(&m->lock);
+        rc = cl_shard_campaign(e, m->cfg.prefix, m->cfg.shards[i], m->cfg.name, lease,
+                               candidate, &map, &role);
 
         if (rc < 0) {
             if (tern_log_allow(&m->said))
@@ -263,6 +270,18 @@ static void member_free(struct cl_member *m)
     free((void *)m->cfg.value);
     free(m->key);
     free(m);
+}
+
+int cl_member_set_candidate(struct cl_member *m, const char *id, bool candidate)
+{
+    for (unsigned i = 0; i < m->cfg.n_shards; i++)
+        if (strcmp(m->cfg.shards[i], id) == 0) {
+            pthread_mutex_lock(&m->lock);
+            m->standing_back[i] = !candidate;
+            pthread_mutex_unlock(&m->lock);
+            return 0;
+        }
+    return TERN_ENOENT;
 }
 
 int cl_member_role(struct cl_member *m, const char *id, struct cl_shard_role *out)

@@ -68,6 +68,13 @@ void cl_member_state(struct cl_member *m, struct cl_member_state *out);
  * shard not in the configuration. Any thread. */
 int cl_member_role(struct cl_member *m, const char *id, struct cl_shard_role *out);
 
+/* Whether this node stands for the office of shard `id` (by default it
+ * does): a replica far behind the others stands back until it has caught
+ * up, so that the election does not make it primary. TERN_ENOENT for a
+ * shard not in the configuration. Any thread; the next campaign step
+ * takes it. */
+int cl_member_set_candidate(struct cl_member *m, const char *id, bool candidate);
+
 /* Stop the thread and revoke the lease (the key goes with it; if etcd is
  * away, it goes when the lease runs out). */
 void cl_member_stop(struct cl_member *m);

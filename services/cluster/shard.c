@@ -217,7 +217,8 @@ static int take_term(struct cl_etcd *e, const char *prefix, const char *id, cons
 }
 
 int cl_shard_campaign(struct cl_etcd *e, const char *prefix, const char *id, const char *me,
-                      int64_t lease, struct cl_shard_map *out, enum cl_role *role)
+                      int64_t lease, bool candidate, struct cl_shard_map *out,
+                      enum cl_role *role)
 {
     char office[CL_KEY_MAX + 1];
     struct holder h = {{0}, 0};
@@ -235,7 +236,12 @@ int cl_shard_campaign(struct cl_etcd *e, const char *prefix, const char *id, con
         return 0;
     if ((rc = key_of(office, prefix, id, "primary")) < 0)
         return rc;
-    rc = cl_etcd_create(e, office, me, strlen(me), lease, &created, take_holder, &h);
+    /* Not standing: only learn who holds the office (it may be us still,
+     * from before). */
+    if (!candidate)
+        rc = cl_etcd_get(e, office, false, take_holder, &h, NULL);
+    else
+        rc = cl_etcd_create(e, office, me, strlen(me), lease, &created, take_holder, &h);
     if (rc < 0)
         return rc;
     if (created || h.lease == lease) {

@@ -57,11 +57,13 @@ int cl_shard_get(struct cl_etcd *e, const char *prefix, const char *id, struct c
                  int64_t *mod_rev);
 
 /* One step of the election for replica `me` holding `lease`: take the
- * office if it is free (then raise the epoch), or learn who holds it.
+ * office if it is free and `candidate` (then raise the epoch), or learn who
+ * holds it (a replica that is not a candidate keeps an office it holds).
  * *role: PRIMARY (this node, at out->epoch), BACKUP (out->primary holds
  * it), NONE (not a replica of the shard, or the holder has not yet written
  * its epoch: ask again). */
 int cl_shard_campaign(struct cl_etcd *e, const char *prefix, const char *id, const char *me,
-                      int64_t lease, struct cl_shard_map *out, enum cl_role *role);
+                      int64_t lease, bool candidate, struct cl_shard_map *out,
+                      enum cl_role *role);
 
 #endif

@@ -513,6 +513,23 @@ void repl_set_view(struct repl *r, enum repl_role role, uint64_t epoch, const ch
 
 /* ---- what the service calls ---- */
 
+bool repl_candidate(struct repl *r, uint64_t quiet_ns)
+{
+    uint64_t now = tern_now_ns();
+
+    if (r->st == S_PRIMARY || r->st == S_TAKEOVER)
+        return true;
+    if (r->synced && !r->copying)
+        return true;
+    if (r->role != REPL_NONE && r->primary[0]) {
+        r->no_primary_since = 0;
+        return false;
+    }
+    if (!r->no_primary_since)
+        r->no_primary_since = now;
+    return now - r->no_primary_since >= quiet_ns;
+}
+
 int repl_writable(const struct repl *r)
 {
     return r->st == S_PRIMARY ? 0 : TERN_ENOTPRIMARY;

@@ -121,6 +121,16 @@ void repl_hold(struct repl *r, struct tern_req *req, enum repl_w w);
  * show a write that could still be lost); nothing if it is already. */
 void repl_hold_read(struct repl *r, struct tern_req *req, uint64_t version);
 
+/* Should this replica stand for primary now (cl_member_set_candidate)?
+ * Yes while it is primary, and once it has caught up with a primary's
+ * stream (applied a batch at the current epoch reaching the commit point
+ * that batch named); a replica just started, or taking a full copy, stands
+ * back, so that the election prefers one that holds the newest log. Yes
+ * also once the view has had no primary for `quiet_ns`: replicas that all
+ * restarted must still elect one (the takeover then fetches what the
+ * winner lacks). */
+bool repl_candidate(struct repl *r, uint64_t quiet_ns);
+
 /* Connect to replicas, ship, take over. Outside tern_rpc_poll. */
 void repl_tick(struct repl *r);
 

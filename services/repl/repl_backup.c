@@ -124,6 +124,10 @@ static int h_append(struct tern_req *req, const void *data, size_t len, void *ct
     rc = repl_apply_batch(r, data, len, &pos);
     if (rc < 0)
         return rc;
+    /* Caught up with the primary's stream: this replica may stand. */
+    if (!(pos.flags & REPL_GAP) && b.epoch == r->seen && r->position >= b.commit &&
+        !r->copying)
+        r->synced = true;
     return reply_pos(req, r, pos.flags);
 }
 
@@ -210,6 +214,7 @@ static int h_copy(struct tern_req *req, const void *data, size_t len, void *ctx)
         if (rc < 0)
             return rc;
         r->copy_epoch = c.epoch;
+        r->synced = false;
         r->copy_high = 0;
         r->copy_ended = false;
         r->position = 0;

@@ -68,6 +68,10 @@ struct repl {
     /* a full copy coming in: since BEGIN (at copy_epoch), and until the
      * position passes copy_high, the highest version it brought */
     bool copying, copy_ended;
+    /* candidacy (repl_candidate): caught up with a primary's stream since
+     * this process started; when the view last had a primary */
+    bool synced;
+    uint64_t no_primary_since;
     uint64_t copy_epoch, copy_high;
     struct replica peers[REPL_PEERS_MAX];
     unsigned n_peers;

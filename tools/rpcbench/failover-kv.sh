@@ -9,7 +9,10 @@
 #
 #   tools/rpcbench/failover-kv.sh BUILD_DIR [ROUNDS] [LEASE] [PERIOD]
 #
-# (defaults 50 rounds, a 2 s lease, 6 s between kills)
+# (defaults 50 rounds, a 2 s lease, 6 s between kills). With VICTIM=etcd
+# each round kills etcd instead and starts it again after ETCD_DOWN
+# seconds (default 5) on the same data: the load must lose nothing and the
+# shard must have a primary again once etcd is back.
 set -euo pipefail
 
 build=$(cd "${1:?usage: failover-kv.sh BUILD_DIR [ROUNDS] [LEASE] [PERIOD]}" && pwd)
@@ -36,7 +39,12 @@ cleanup() {
 trap cleanup EXIT
 fail() {
     echo "failover-kv: $*" >&2
-    for n in a b c; do [ -f "$dir/$n.log" ] && grep -h "repl\|error" "$dir/$n.log" | tail -6 | sed "s/^/  $n: /" >&2; done
+    for n in a b c; do
+        echo "  $n: $(state_of "$n" 2>/dev/null || echo '?')" >&2
+        [ -f "$dir/$n.log" ] && grep -h "repl\|cluster\|error" "$dir/$n.log" | tail -12 |
+            sed "s/^/  $n: /" >&2
+        [ -f "$dir/$n.out" ] && grep -v "^ternd ready" "$dir/$n.out" | tail -3 | sed "s/^/  $n out: /" >&2
+    done
     exit 1
 }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -44,15 +52,19 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 ec=$(free_port)
 ep=$(free_port)
 etcd_url=http://127.0.0.1:$ec
-/usr/bin/etcd --name t --data-dir "$dir/etcd" --listen-client-urls "$etcd_url" \
-    --advertise-client-urls "$etcd_url" --listen-peer-urls "http://127.0.0.1:$ep" \
-    --initial-advertise-peer-urls "http://127.0.0.1:$ep" \
-    --initial-cluster "t=http://127.0.0.1:$ep" --log-level error >"$dir/etcd.log" 2>&1 &
-etcd_pid=$!
-for _ in $(seq 200); do
-    curl -sf "$etcd_url/health" >/dev/null 2>&1 && break
-    sleep 0.1
-done
+start_etcd() {
+    /usr/bin/etcd --name t --data-dir "$dir/etcd" --listen-client-urls "$etcd_url" \
+        --advertise-client-urls "$etcd_url" --listen-peer-urls "http://127.0.0.1:$ep" \
+        --initial-advertise-peer-urls "http://127.0.0.1:$ep" \
+        --initial-cluster "t=http://127.0.0.1:$ep" --log-level error >>"$dir/etcd.log" 2>&1 &
+    etcd_pid=$!
+    for _ in $(seq 200); do
+        curl -sf "$etcd_url/health" >/dev/null 2>&1 && return 0
+        sleep 0.1
+    done
+    fail "etcd did not come up: $(tail -3 "$dir/etcd.log")"
+}
+start_etcd
 uris=
 for n in a b c; do
     port[$n]=$(free_port)
@@ -95,15 +107,27 @@ for _ in $(seq 100); do primary >/dev/null && break; sleep 0.1; done
 primary >/dev/null || fail "no primary after 10 s"
 
 # Long enough for every round; told to stop (SIGUSR1) after the last.
-secs=$(( rounds * (period + 5) + period ))
+secs=$(( rounds * (period + 5 + ${ETCD_DOWN:-5}) + period ))
 "$bench" failover --replicas "$uris" --records 5000 --seconds "$secs" --window 16 --json \
     >"$dir/load.json" 2>"$dir/load.err" &
 load_pid=$!
 sleep "$period"
 killed=0
 for r in $(seq "$rounds"); do
+    if [ "${VICTIM:-primary}" = etcd ]; then
+        kill -9 "$etcd_pid"
+        { wait "$etcd_pid"; } 2>/dev/null || true
+        killed=$((killed + 1))
+        sleep "${ETCD_DOWN:-5}"
+        start_etcd
+        for _ in $(seq 100); do primary >/dev/null && break; sleep 0.1; done
+        primary >/dev/null || fail "round $r: no primary 10 s after etcd came back"
+        sleep "$period"
+        kill -0 "$load_pid" 2>/dev/null || fail "the load ended early: $(tail -3 "$dir/load.err")"
+        continue
+    fi
     victim=
-    for _ in $(seq 50); do victim=$(primary) && break; sleep 0.1; done
+    for _ in $(seq 100); do victim=$(primary) && break; sleep 0.1; done
     [ -n "$victim" ] || fail "round $r: no primary to kill"
     kill -9 "${pid[$victim]}"
     { wait "${pid[$victim]}"; } 2>/dev/null || true
@@ -116,16 +140,18 @@ done
 kill -USR1 "$load_pid"
 wait "$load_pid" || true
 load_pid=
-python3 - "$dir/load.json" "$killed" "$lease" <<'PYEOF' || fail "$(tail -5 "$dir/load.err")"
+python3 - "$dir/load.json" "$killed" "$lease" "${VICTIM:-primary}" <<'PYEOF' || fail "$(tail -5 "$dir/load.err")"
 import json, sys
 r = json.load(open(sys.argv[1]))
 killed, lease = int(sys.argv[2]), float(sys.argv[3])
+what = sys.argv[4]
 outs = sorted(o["ms"] for o in r["outages"])
 worst = r["worst_outage_ms"]
 med = outs[len(outs) // 2] if outs else 0
-print(f"failover-kv: {killed} primaries killed (lease {lease:g} s): {r['puts_ok']} writes "
+noun = "etcd restarts" if what == "etcd" else "primaries killed"
+print(f"failover-kv: {killed} {noun} (lease {lease:g} s): {r['puts_ok']} writes "
       f"acknowledged with w=majority, {r['puts_failed']} not; {r['gets_ok']} reads checked; "
       f"lost {r['lost']}; {len(outs)} outages, median {med:.0f} ms, worst {worst:.0f} ms "
       f"(bar: {2 * lease * 1000:.0f} ms)")
-sys.exit(0 if r["lost"] == 0 and worst <= 2 * lease * 1000 else 1)
+sys.exit(0 if r["lost"] == 0 and (what == "etcd" or worst <= 2 * lease * 1000) else 1)
 PYEOF

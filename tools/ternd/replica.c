@@ -90,6 +90,10 @@ static void refresh_view(struct ternd_replica *t)
             peers[n].uri[0] = 0;
     }
     repl_set_view(t->r, roles[role.role], role.epoch, role.primary, peers, n);
+    /* A replica behind the others stands back from the election; with no
+     * primary for three leases everyone stands. */
+    cl_member_set_candidate(m, t->o->kv_shard,
+                            repl_candidate(t->r, 3ull * t->o->lease_ttl * 1000000000u));
 }
 #endif
 

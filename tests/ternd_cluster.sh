@@ -190,7 +190,9 @@ c_took_it() { [ "$(node_value a | python3 -c 'import json,sys; print(json.load(s
 wait_for 5 "c registered as a after a left" c_took_it
 
 # etcd away for longer than the lease: c keeps serving, says it is not
-# registered, and registers again once etcd is back.
+# registered, and once etcd is back renews the lease it held (etcd kept it).
+lease_c=$(cluster_field "$port_c" lease)
+regs_c=$(cluster_field "$port_c" registrations)
 kill -9 "$etcd_pid"
 wait "$etcd_pid" 2>/dev/null || true
 is_out() { [ "$(cluster_field "$port_c" registered)" = False ]; }
@@ -199,7 +201,8 @@ wait_for 6 "c saw etcd gone" is_out
 start_etcd
 is_in() { [ "$(cluster_field "$port_c" registered)" = True ]; }
 wait_for 10 "c registered again" is_in
-[ "$(cluster_field "$port_c" registrations)" -ge 2 ] || fail "registrations: $(cluster_field "$port_c" registrations)"
+[ "$(cluster_field "$port_c" lease)" = "$lease_c" ] || fail "lease $(cluster_field "$port_c" lease), was $lease_c"
+[ "$(cluster_field "$port_c" registrations)" = "$regs_c" ] || fail "registrations: $(cluster_field "$port_c" registrations), was $regs_c"
 kill -TERM "$pid_c"
 wait "$pid_c" || fail "c exited with $? on SIGTERM"
 has_nodes "" || fail "keys left: $(nodes)"

@@ -370,15 +370,30 @@ START_TEST(a_member_outlives_an_etcd_restart)
     cfg.endpoints = p.url;
     ck_assert_int_eq(cl_member_start(&cfg, &m), 0);
     wait_state(m, true, 1, 5000, &st);
+    int64_t first;
+
     /* etcd away for longer than the lease: the node says it is not
-     * registered (the lease has surely run out) ... */
+     * registered (it cannot know whether its lease ran out) ... */
+    first = st.lease;
     etcd_kill(&p);
     wait_state(m, false, 1, 6000, &st);
     ck_assert(strlen(st.error) > 0);
-    /* ... and registers again once etcd is back. */
+    /* ... and once etcd is back, renews the lease it held: etcd kept it
+     * across the restart, and the key with it. */
     etcd_run(&p);
-    wait_state(m, true, 2, 10000, &st);
+    wait_state(m, true, 1, 10000, &st);
+    ck_assert_uint_eq(st.registrations, 1);
+    ck_assert_int_eq(st.lease, first);
     ck_assert_int_eq(cl_etcd_open(p.url, 0, &e), 0);
+    ck_assert_int_eq(cl_members(e, "/c2", collect, &s), 0);
+    ck_assert_uint_eq(s.n, 1);
+    ck_assert_int_eq(s.lease[0], first);
+    /* The lease gone (ended by someone else here): registered again, under
+     * a new one. */
+    ck_assert_int_eq(cl_etcd_lease_revoke(e, first), 0);
+    wait_state(m, true, 2, 10000, &st);
+    ck_assert_int_ne(st.lease, first);
+    s.n = 0;
     ck_assert_int_eq(cl_members(e, "/c2", collect, &s), 0);
     ck_assert_uint_eq(s.n, 1);
     ck_assert_int_eq(s.lease[0], st.lease);
@@ -568,23 +583,35 @@ START_TEST(one_primary_per_shard_and_epochs_that_grow)
     ck_assert_int_ne(second, first);
     ck_assert_uint_gt(e2, e1);
 
-    /* etcd goes away: within three quarters of the lease no node acts as
-     * primary any more (it cannot know its term still holds). */
+    /* etcd goes away: within three quarters of the lease the primary is
+     * no longer sure of its term (lease_alive false), but keeps the role:
+     * nobody can be elected while etcd is away. */
     etcd_kill(&p);
     for (double end = now_ms() + 2500;; usleep(50000)) {
-        if (!roles_of(ms, 3, CL_ROLE_PRIMARY, NULL, NULL))
+        ck_assert_int_eq(cl_member_role(ms[second], "s1", &r), 0);
+        ck_assert_int_eq(r.role, CL_ROLE_PRIMARY);
+        ck_assert_uint_eq(r.epoch, e2);
+        if (!r.lease_alive)
             break;
-        ck_assert_msg(now_ms() < end, "a primary went on without its lease");
+        ck_assert_msg(now_ms() < end, "the lease stayed sure with etcd away");
     }
-    /* etcd back: a primary again. A new term (a higher epoch), or, when
-     * etcd was back before the primary's lease could have run out (etcd
-     * keeps leases across a restart), the same term of the same node:
-     * nobody else could take the office meanwhile. */
+    /* Away for longer than the lease: still the role, still in doubt. */
+    usleep(2500000);
+    ck_assert_int_eq(cl_member_role(ms[second], "s1", &r), 0);
+    ck_assert_int_eq(r.role, CL_ROLE_PRIMARY);
+    ck_assert(!r.lease_alive);
+    /* etcd back: it kept the lease (and extended it), so the same node
+     * holds the same term, sure of it again; nobody else took it. */
     etcd_run(&p);
     third = settled(ms, names, 3, 2, &e3, 15000);
-    ck_assert_uint_ge(e3, e2);
-    if (e3 == e2)
-        ck_assert_int_eq(third, second);
+    ck_assert_uint_eq(e3, e2);
+    ck_assert_int_eq(third, second);
+    for (double end = now_ms() + 5000;; usleep(50000)) {
+        ck_assert_int_eq(cl_member_role(ms[second], "s1", &r), 0);
+        if (r.lease_alive)
+            break;
+        ck_assert_msg(now_ms() < end, "the lease never held again");
+    }
     for (int i = 0; i < 3; i++)
         cl_member_stop(ms[i]);
     cl_etcd_close(e);

@@ -190,6 +190,7 @@ struct view {
     uint64_t epoch;
     char primary[16];
     unsigned cut;               /* bit i: this node cannot reach node i */
+    bool doubt;                 /* the lease is in doubt (etcd away) */
 };
 
 struct node {
@@ -212,6 +213,8 @@ struct node {
 static struct node nodes[NODES];
 static struct tern_rpc_ep *cep;     /* the test's client endpoint */
 
+static struct repl_status status_of(unsigned i);
+
 static void *node_loop(void *arg)
 {
     struct node *n = arg;
@@ -228,6 +231,7 @@ static void *node_loop(void *arg)
                          (n->v.cut >> i) & 1 ? "tcp://127.0.0.1:1" : nodes[i].uri);
             }
             repl_set_view(n->r, n->v.role, n->v.epoch, n->v.primary, peers, NODES);
+            repl_set_lease(n->r, !n->v.doubt);
             n->view_pending = false;
         }
         pthread_mutex_unlock(&n->mu);
@@ -284,7 +288,10 @@ static void node_kill(unsigned i)
     n->up = false;
 }
 
-static void set_view(unsigned i, enum repl_role role, uint64_t epoch, unsigned primary)
+/* Node i's view, taken whole by its thread; `cut`: the nodes it cannot
+ * reach (bit i). */
+static void set_view_cut(unsigned i, enum repl_role role, uint64_t epoch, unsigned primary,
+                         unsigned cut)
 {
     struct node *n = &nodes[i];
 
@@ -292,9 +299,32 @@ static void set_view(unsigned i, enum repl_role role, uint64_t epoch, unsigned p
     n->v.role = role;
     n->v.epoch = epoch;
     memcpy(n->v.primary, nodes[primary].name, sizeof(n->v.primary));
-    n->v.cut = 0;
+    n->v.cut = cut;
+    n->v.doubt = false;
     n->view_pending = true;
     pthread_mutex_unlock(&n->mu);
+}
+
+static void set_view(unsigned i, enum repl_role role, uint64_t epoch, unsigned primary)
+{
+    set_view_cut(i, role, epoch, primary, 0);
+}
+
+/* Node i's lease in doubt, or sure again; true once its thread took it. */
+static bool set_doubt(unsigned i, bool doubt)
+{
+    struct node *n = &nodes[i];
+
+    pthread_mutex_lock(&n->mu);
+    n->v.doubt = doubt;
+    n->view_pending = true;
+    pthread_mutex_unlock(&n->mu);
+    for (int t = 0; t < 2000; t += 5) {
+        if (status_of(i).lease_doubt == doubt)
+            return true;
+        usleep(5000);
+    }
+    return false;
 }
 
 /* Everyone up learns: `primary` leads at `epoch`. */
@@ -395,6 +425,29 @@ static int kv_put(struct tern_session *s, const char *key, const char *val, uint
                         sizeof(out), &got, timeout_ns);
     if (rc == 0 && version)
         *version = out.version;
+    return rc;
+}
+
+static int kv_get(struct tern_session *s, const char *key, char *buf, size_t cap,
+                  uint64_t timeout_ns)
+{
+    uint8_t req[512], rep[4096];
+    struct kv_key k = {.klen = (uint16_t)strlen(key)};
+    size_t got = 0;
+    int rc;
+
+    memcpy(req, &k, sizeof(k));
+    memcpy(req + sizeof(k), key, k.klen);
+    rc = tern_call_sync(s, TERN_KV_SERVICE_ID, KV_M_GET, req, sizeof(k) + k.klen, rep,
+                        sizeof(rep), &got, timeout_ns);
+    if (rc == 0) {
+        size_t n = got - sizeof(struct kv_val);
+
+        ck_assert_uint_ge(got, sizeof(struct kv_val));
+        ck_assert_uint_lt(n, cap);
+        memcpy(buf, rep + sizeof(struct kv_val), n);
+        buf[n] = 0;
+    }
     return rc;
 }
 
@@ -572,10 +625,7 @@ START_TEST(deposed_primary_is_fenced)
     ck_assert_int_eq(kv_put(s, "before", "1", KV_F_W_ALL, 2000000000u, NULL), 0);
     /* n1 takes over at epoch 2 with n2; n0 is cut off from n1, and not
      * told. */
-    set_view(1, REPL_PRIMARY, 2, 1);
-    pthread_mutex_lock(&nodes[1].mu);
-    nodes[1].v.cut = 1u << 0;
-    pthread_mutex_unlock(&nodes[1].mu);
+    set_view_cut(1, REPL_PRIMARY, 2, 1, 1u << 0);
     set_view(2, REPL_BACKUP, 2, 1);
     ck_assert(wait_state(1, "primary", 10000));
     rc = kv_put(s, "late", "from the old primary", 0, 2000000000u, &ver);
@@ -587,6 +637,72 @@ START_TEST(deposed_primary_is_fenced)
     s = connect_to(1);
     ck_assert_int_eq(put_retrying(s, "new", "2", &ver), 0);
     ck_assert_uint_eq(repl_epoch_of(ver), 2);
+    tern_rpc_disconnect(s);
+}
+END_TEST
+
+/* etcd away: the primary keeps serving, but only what a backup confirms
+ * at its epoch. With no backup to confirm, even a w=1 write or a read
+ * waits; sure of its lease again, it answers them alone. */
+START_TEST(primary_in_doubt_serves_what_a_majority_confirms)
+{
+    struct tern_session *s;
+    uint64_t ver = 0;
+    char got[64];
+    int rc;
+
+    elect(0, 1);
+    ck_assert(wait_state(0, "primary", 5000));
+    s = connect_to(0);
+    ck_assert_int_eq(kv_put(s, "k", "old", KV_F_W_ALL, 2000000000u, NULL), 0);
+    ck_assert(set_doubt(0, true));
+    ck_assert_int_eq(kv_put(s, "w1", "one", KV_F_W_ONE, 2000000000u, &ver), 0);
+    ck_assert(status_of(1).position >= ver || status_of(2).position >= ver);
+    ck_assert_int_eq(kv_get(s, "k", got, sizeof(got), 2000000000u), 0);
+    ck_assert_str_eq(got, "old");
+    ck_assert_int_eq(kv_get(s, "none", got, sizeof(got), 2000000000u), TERN_ENOENT);
+    node_kill(1);
+    node_kill(2);
+    ck_assert_int_eq(kv_put(s, "lone", "x", KV_F_W_ONE, 300000000u, NULL), TERN_ETIMEDOUT);
+    ck_assert_int_eq(kv_get(s, "k", got, sizeof(got), 300000000u), TERN_ETIMEDOUT);
+    ck_assert_int_eq(kv_get(s, "none", got, sizeof(got), 300000000u), TERN_ETIMEDOUT);
+    ck_assert(set_doubt(0, false));
+    rc = kv_put(s, "lone2", "y", KV_F_W_ONE, 2000000000u, NULL);
+    ck_assert_msg(rc == 0, "w=1 with the lease sure: %s", tern_err_name(rc));
+    ck_assert_int_eq(kv_get(s, "k", got, sizeof(got), 2000000000u), 0);
+    ck_assert_str_eq(got, "old");
+    tern_rpc_disconnect(s);
+}
+END_TEST
+
+/* The primary's lease in doubt while the others elect a successor: once
+ * the successor wrote, the old primary never shows the old value; its
+ * read waits for a confirmation the fenced backups refuse, and it steps
+ * down. (With its lease sure it would have answered at once: the lease is
+ * what makes that safe.) */
+START_TEST(primary_in_doubt_reads_nothing_stale)
+{
+    struct tern_session *s, *s1;
+    char got[64];
+    int rc;
+
+    elect(0, 1);
+    ck_assert(wait_state(0, "primary", 5000));
+    s = connect_to(0);
+    ck_assert_int_eq(kv_put(s, "k", "old", KV_F_W_ALL, 2000000000u, NULL), 0);
+    ck_assert(set_doubt(0, true));
+    set_view_cut(1, REPL_PRIMARY, 2, 1, 1u << 0);
+    set_view(2, REPL_BACKUP, 2, 1);
+    ck_assert(wait_state(1, "primary", 10000));
+    s1 = connect_to(1);
+    ck_assert_int_eq(put_retrying(s1, "k", "new", NULL), 0);
+    rc = kv_get(s, "k", got, sizeof(got), 2000000000u);
+    ck_assert_msg(rc == TERN_ENOTPRIMARY, "the old primary answered %s%s%s", tern_err_name(rc),
+                  rc == 0 ? ": " : "", rc == 0 ? got : "");
+    ck_assert(wait_state(0, "backup", 5000));
+    ck_assert_int_eq(kv_get(s1, "k", got, sizeof(got), 2000000000u), 0);
+    ck_assert_str_eq(got, "new");
+    tern_rpc_disconnect(s1);
     tern_rpc_disconnect(s);
 }
 END_TEST
@@ -747,6 +863,8 @@ Suite *suite_repl(void)
     tcase_add_test(group, returning_backup_catches_up);
     tcase_add_test(group, new_primary_takes_the_newest_log);
     tcase_add_test(group, deposed_primary_is_fenced);
+    tcase_add_test(group, primary_in_doubt_serves_what_a_majority_confirms);
+    tcase_add_test(group, primary_in_doubt_reads_nothing_stale);
     tcase_add_test(group, client_follows_the_primary);
     tcase_add_test(group, far_behind_backup_gets_a_full_copy);
     tcase_add_test(group, parted_replica_is_copied_over);

@@ -52,8 +52,11 @@ static bool nap(struct cl_member *m, uint64_t ns)
     return stop;
 }
 
+/* `registered` false with `keep_roles`: etcd is away, the lease may still
+ * hold (the roles stay, their lease no longer sure); without: the lease is
+ * gone, and the roles with it. */
 static void set_state(struct cl_member *m, bool registered, int64_t lease, bool put,
-                      const char *why)
+                      bool keep_roles, const char *why)
 {
     bool was;
 
@@ -63,7 +66,7 @@ static void set_state(struct cl_member *m, bool registered, int64_t lease, bool 
     m->state.lease = lease;
     m->state.registrations += put;
     snprintf(m->state.error, sizeof(m->state.error), "%s", registered ? "" : why);
-    if (!registered) {
+    if (!registered && !keep_roles) {
         memset(m->roles, 0, sizeof(m->roles));
         m->valid_until = 0;
     }
@@ -82,27 +85,17 @@ static int holder(void *arg, const struct cl_kv *kv)
     return 0;
 }
 
-/* Grant a lease and take the key under it. 0, or why not (in `why`).
- * `prev`: the lease this node held before it lost touch with etcd, which
- * may still hold the key (etcd keeps leases across its restarts): ours
- * to end. */
-static int enroll(struct cl_member *m, struct cl_etcd *e, int64_t *lease, int64_t *prev,
-                  char *why, size_t len)
+/* Grant a lease and take the key under it. 0, or why not (in `why`). */
+static int enroll(struct cl_member *m, struct cl_etcd *e, int64_t *lease, char *why,
+                  size_t len)
 {
     int64_t other = 0;
     bool created = false;
     int rc = cl_etcd_lease_grant(e, m->cfg.ttl_s, lease);
 
-    for (int tries = 0; rc == 0 && tries < 2; tries++) {
+    if (rc == 0)
         rc = cl_etcd_create(e, m->key, m->cfg.value, strlen(m->cfg.value), *lease, &created,
                             holder, &other);
-        if (rc < 0 || created || !*prev || other != *prev)
-            break;
-        cl_etcd_lease_revoke(e, *prev);
-        *prev = 0;
-    }
-    if (rc == 0 && created)
-        *prev = 0;
     if (rc == 0 && !created) {
         /* Another node of this name is alive (its lease holds the key):
          * never take it over. */
@@ -198,61 +191,56 @@ static void *run(void *arg)
 {
     struct cl_member *m = arg;
     uint64_t period = (uint64_t)m->cfg.ttl_s * 1000000000u / 3, renewed = 0;
-    int64_t lease = 0, prev = 0;
+    int64_t lease = 0;
     struct cl_etcd *e = NULL;
     char why[300];
 
     /* Each request is bounded by a third of the lease, so that a slow etcd
      * cannot hold a renewal past the lease's end unnoticed. */
     if (cl_etcd_open(m->cfg.endpoints, (unsigned)(period / 1000000u), &e) < 0) {
-        set_state(m, false, 0, false, "cannot open the etcd client");
+        set_state(m, false, 0, false, false, "cannot open the etcd client");
         return NULL;
     }
     while (!nap(m, lease ? period : 0)) {
+        uint64_t sent = mono_ns();
         int64_t ttl = 0;
         int rc;
 
         if (!lease) {
-            uint64_t sent = mono_ns();
-
-            rc = enroll(m, e, &lease, &prev, why, sizeof(why));
+            rc = enroll(m, e, &lease, why, sizeof(why));
             if (rc == 0) {
                 renewed = sent;
                 renewed_at(m, sent);
-                set_state(m, true, lease, true, "");
+                set_state(m, true, lease, true, false, "");
                 campaign(m, e, lease);
             } else {
-                set_state(m, false, 0, false, why);
+                set_state(m, false, 0, false, false, why);
                 if (nap(m, period))
                     break;
             }
             continue;
         }
-        {
-            uint64_t sent = mono_ns();
-
-            rc = cl_etcd_lease_keepalive(e, lease, &ttl);
-            if (rc == 0) {
-                renewed = sent;
-                renewed_at(m, sent);
-                campaign(m, e, lease);
-                continue;
-            }
+        rc = cl_etcd_lease_keepalive(e, lease, &ttl);
+        if (rc == 0) {
+            renewed = sent;
+            renewed_at(m, sent);
+            set_state(m, true, lease, false, false, "");
+            campaign(m, e, lease);
+            continue;
         }
         if (rc == TERN_ENOLEASE) {
-            set_state(m, false, 0, false, "the lease ran out: registering again");
+            set_state(m, false, 0, false, false, "the lease ran out: registering again");
             lease = 0;
             continue;
         }
-        /* etcd away: the lease runs out unless it answers in time. */
+        /* etcd away: keep renewing the same lease. etcd keeps it across a
+         * restart, so our key and offices are ours again when it answers,
+         * unless it says the lease ran out meanwhile. */
         snprintf(why, sizeof(why), "renewing: %s: %s", tern_strerror(rc), cl_etcd_error(e));
-        if (mono_ns() - renewed >= (uint64_t)m->cfg.ttl_s * 1000000000u) {
-            set_state(m, false, 0, false, why);
-            prev = lease;
-            lease = 0;
-        } else if (tern_log_allow(&m->said)) {
+        if (mono_ns() - renewed >= (uint64_t)m->cfg.ttl_s * 1000000000u)
+            set_state(m, false, lease, false, true, why);
+        else if (tern_log_allow(&m->said))
             tern_log(TERN_LOG_WARN, "cluster", "%s: %s", m->key, why);
-        }
     }
     if (lease)
         cl_etcd_lease_revoke(e, lease);
@@ -294,8 +282,7 @@ int cl_member_role(struct cl_member *m, const char *id, struct cl_shard_role *ou
         return TERN_ENOENT;
     pthread_mutex_lock(&m->lock);
     *out = m->roles[i];
-    if (out->role == CL_ROLE_PRIMARY && mono_ns() >= m->valid_until)
-        out->role = CL_ROLE_NONE;   /* our term may be over: act as none */
+    out->lease_alive = mono_ns() < m->valid_until;
     pthread_mutex_unlock(&m->lock);
     return 0;
 }

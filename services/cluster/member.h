@@ -3,8 +3,10 @@
  * A node that dies or is cut off stops renewing, and etcd drops the key
  * when the lease runs out; one that is stopped revokes the lease, and the
  * key goes at once. While etcd is away the node keeps running (etcd is
- * never on a data path) and the thread registers it again once etcd
- * answers. Two live nodes of one name: the second is refused (the key is
+ * never on a data path) and keeps renewing the lease it holds: etcd keeps
+ * leases across its restarts (and extends them when it comes back), so the
+ * key and the node's offices are usually still its own; only when etcd
+ * says the lease is gone does the thread register the node again. Two live nodes of one name: the second is refused (the key is
  * taken with a create-if-absent transaction) and keeps trying, saying so.
  * The same thread runs the elections of the node's shards (shard.h). */
 #ifndef TERN_CLUSTER_MEMBER_H
@@ -42,6 +44,12 @@ struct cl_shard_role {
     unsigned n_replicas;
     char replicas[CL_REPLICAS_MAX][CL_NAME_MAX];
     char addrs[CL_REPLICAS_MAX][CL_ADDR_MAX];
+    /* The lease was renewed less than three quarters of it ago, by this
+     * node's clock: its term surely holds. False while etcd does not
+     * answer: a PRIMARY then keeps its role (nobody can be elected without
+     * etcd) but may act only on what a majority of its replicas confirms
+     * at its epoch (repl_set_lease). */
+    bool lease_alive;
 };
 
 struct cl_member_state {
@@ -61,11 +69,10 @@ int cl_member_start(const struct cl_member_config *cfg, struct cl_member **out);
 /* A consistent copy of the state. Any thread. */
 void cl_member_state(struct cl_member *m, struct cl_member_state *out);
 
-/* This node's role in shard `id` now: PRIMARY only while its lease is
- * surely alive by this node's own clock (renewed less than three quarters
- * of the lease ago), so that a primary cut off from etcd stops acting as
- * one before etcd lets another replica take the office. TERN_ENOENT for a
- * shard not in the configuration. Any thread. */
+/* This node's role in shard `id` as last learned, with lease_alive saying
+ * whether its term surely holds now. The role stays while etcd does not
+ * answer, and goes (NONE) once etcd says the lease ran out. TERN_ENOENT
+ * for a shard not in the configuration. Any thread. */
 int cl_member_role(struct cl_member *m, const char *id, struct cl_shard_role *out);
 
 /* Whether this node stands for the office of shard `id` (by default it

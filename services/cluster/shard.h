@@ -8,10 +8,11 @@
  * membership lease, so that a node's death ends its term); the winner then
  * raises the epoch in the map by compare-and-swap. Epochs only grow: every
  * replication message carries one, and a replica refuses an older epoch
- * than it has seen, which fences a deposed primary. A primary also fences
- * itself: it acts as one only while its lease is surely alive by its own
- * clock (cl_member_role), so it stops acknowledging writes before etcd can
- * let another replica take the office. */
+ * than it has seen, which fences a deposed primary. A primary also knows
+ * when its lease is surely alive by its own clock (cl_member_role's
+ * lease_alive); when it is not sure (etcd does not answer), it acts only
+ * on what a majority of its replicas confirms at its epoch, which no
+ * successor can have fenced yet. */
 #ifndef TERN_CLUSTER_SHARD_H
 #define TERN_CLUSTER_SHARD_H
 

@@ -207,10 +207,11 @@ static int h_get(struct tern_req *req, const void *data, size_t len, void *ctx)
     if ((rc = kv_read_check(svc)) < 0)
         return rc;
     rc = kvs_get(svc->store, key, klen, &val, &vlen, &version);
+    /* "Not found" too must not be told before it is certain. */
+    if (svc->repl)
+        repl_hold_read(svc->repl, req, rc == 0 ? version : 0);
     if (rc < 0)
         return rc;
-    if (svc->repl)
-        repl_hold_read(svc->repl, req, version);
     out = tern_reply_alloc(req, sizeof(struct kv_val) + vlen);
     if (!out)
         return TERN_EMSGSIZE;
@@ -344,6 +345,9 @@ static int h_mget(struct tern_req *req, const void *data, size_t len, void *ctx)
             memcpy(out + total + sizeof(it), val, it.vlen);
         total += kv_item_size(0, it.vlen);
     }
+    /* Any value shown may be the newest write: it waits for that one. */
+    if (svc->repl)
+        repl_hold_read(svc->repl, req, kvs_version(svc->store));
     return 0;
 }
 
@@ -428,6 +432,8 @@ static int h_scan(struct tern_req *req, const void *data, size_t len, void *ctx)
         return TERN_EMSGSIZE;
     memcpy(f.out, &rep, sizeof(rep));
     fill_buckets(svc->store, q.cursor, q.max, &f, &done);
+    if (svc->repl)
+        repl_hold_read(svc->repl, req, kvs_version(svc->store));
     return 0;
 }
 

@@ -102,19 +102,41 @@ static unsigned majority(const struct repl *r)
     return (r->n_peers + 1) / 2 + 1;
 }
 
+/* The latest time as of which a majority (this node, now, included)
+ * acknowledged this primary's epoch and held every record it had logged. */
+static uint64_t confirmed_by_majority(const struct repl *r)
+{
+    uint64_t t[REPL_PEERS_MAX + 1];
+    unsigned n = 0;
+
+    t[n++] = tern_now_ns();
+    for (unsigned i = 0; i < r->n_peers; i++)
+        t[n++] = r->peers[i].confirmed_at;
+    qsort(t, n, sizeof(t[0]), cmp_desc);
+    return t[majority(r) - 1];
+}
+
 void repl_advance(struct repl *r)
 {
+    uint64_t c;
+
     if (r->st != S_PRIMARY)
         return;
-    r->committed = held_by(r, majority(r));
+    /* Once on a majority, always committed: a replica gone since does not
+     * take it back. */
+    c = held_by(r, majority(r));
+    if (c > r->committed)
+        r->committed = c;
     tern_rpc_gate_pass(r->gate[REPL_W_ONE], r->position);
     tern_rpc_gate_pass(r->gate[REPL_W_MAJORITY], r->committed);
     tern_rpc_gate_pass(r->gate[REPL_W_ALL], held_by(r, r->n_peers + 1));
+    if (tern_rpc_gate_waiting(r->gate[REPL_GATE_CONFIRM], NULL))
+        tern_rpc_gate_pass(r->gate[REPL_GATE_CONFIRM], confirmed_by_majority(r));
 }
 
 void repl_fail_held(struct repl *r, int code)
 {
-    for (unsigned i = 0; i < 3; i++)
+    for (unsigned i = 0; i < REPL_GATES; i++)
         tern_rpc_gate_fail(r->gate[i], code);
 }
 
@@ -161,13 +183,25 @@ static void on_append(void *arg, int status, const void *reply, size_t len)
     }
     if (pos.position > p->position)
         p->position = pos.position;
+    if (c->sent_at > p->confirmed_at)
+        p->confirmed_at = c->sent_at;
     repl_advance(r);
+}
+
+/* Reads wait for a confirmation the replica has not given yet: send it
+ * an empty APPEND (a heartbeat) once nothing else is in flight to it. */
+static bool beat_due(const struct repl *r, const struct replica *p)
+{
+    uint64_t oldest;
+
+    return tern_rpc_gate_waiting(r->gate[REPL_GATE_CONFIRM], &oldest) &&
+           p->confirmed_at < oldest && !busy_calls(p);
 }
 
 /* Ship what the replica lacks, up to REPL_INFLIGHT batches at once. */
 static void ship(struct repl *r, struct replica *p)
 {
-    while (p->state == R_STREAM && p->sent < r->log.last) {
+    while (p->state == R_STREAM && (p->sent < r->log.last || beat_due(r, p))) {
         struct repl_call *c = call_slot(p);
         struct repl_batch b = {.epoch = r->epoch, .prev = p->sent, .commit = r->committed};
         uint64_t last;
@@ -185,13 +219,14 @@ static void ship(struct repl *r, struct replica *p)
                      (unsigned long long)p->sent, (unsigned long long)r->log.base);
             return;
         }
-        if (!b.n)
+        if (!b.n && p->sent < r->log.last)
             return;             /* a record larger than a batch: cannot be */
         memcpy(b.shard, r->shard, sizeof(b.shard));
         b.bytes = (uint32_t)n;
         memcpy(c->buf, &b, sizeof(b));
         c->peer = p;
         c->gen = p->gen;
+        c->sent_at = last >= r->log.last ? tern_now_ns() : 0;
         rc = tern_call(p->s, TERN_REPL_SERVICE_ID, REPL_M_APPEND, c->buf, sizeof(b) + (size_t)n,
                        r->timeout_ns, on_append, c, NULL);
         if (rc < 0) {
@@ -201,6 +236,8 @@ static void ship(struct repl *r, struct replica *p)
         c->busy = true;
         p->sent = last;
         r->st_shipped++;
+        if (!b.n)
+            return;             /* the heartbeat */
     }
 }
 
@@ -503,6 +540,7 @@ void repl_set_view(struct repl *r, enum repl_role role, uint64_t epoch, const ch
         for (unsigned i = 0; i < r->n_peers; i++) {
             drop_session(&r->peers[i], 0);
             r->peers[i].no_fetch = false;
+            r->peers[i].confirmed_at = 0;   /* acknowledgments of older epochs */
         }
         tern_log(TERN_LOG_INFO, "repl", "%s: taking over at epoch %llu from %llx", r->shard,
                  (unsigned long long)epoch, (unsigned long long)r->position);
@@ -550,10 +588,23 @@ void repl_written(struct repl *r, uint8_t type, const void *key, uint16_t key_le
         r->position = version;      /* the service syncs before it replies */
 }
 
+void repl_set_lease(struct repl *r, bool alive)
+{
+    if (r->lease_doubt == !alive)
+        return;
+    r->lease_doubt = !alive;
+    if (r->st == S_PRIMARY || r->st == S_TAKEOVER)
+        tern_log(TERN_LOG_WARN, "repl", alive ? "%s: the lease holds again (epoch %llu)"
+                 : "%s: the lease is in doubt (etcd does not answer): serving what a "
+                   "majority confirms at epoch %llu", r->shard, (unsigned long long)r->epoch);
+}
+
 void repl_hold(struct repl *r, struct tern_req *req, enum repl_w w)
 {
     if (w > REPL_W_ALL)
         w = REPL_W_MAJORITY;
+    if (w == REPL_W_ONE && r->lease_doubt)
+        w = REPL_W_MAJORITY;    /* a successor might never see it */
     if (w == REPL_W_ONE)
         return;             /* the service synced before it replies */
     tern_req_gate(req, r->gate[w], r->log.last);
@@ -561,7 +612,11 @@ void repl_hold(struct repl *r, struct tern_req *req, enum repl_w w)
 
 void repl_hold_read(struct repl *r, struct tern_req *req, uint64_t version)
 {
-    if (r->st == S_PRIMARY && version > r->committed)
+    if (r->st != S_PRIMARY)
+        return;
+    if (r->lease_doubt)
+        tern_req_gate(req, r->gate[REPL_GATE_CONFIRM], tern_now_ns());
+    else if (version > r->committed)
         tern_req_gate(req, r->gate[REPL_W_MAJORITY], version);
 }
 
@@ -584,8 +639,9 @@ void repl_status(const struct repl *r, struct repl_status *out)
     out->copies_sent = r->st_copies_sent;
     out->copies_taken = r->st_copies_taken;
     out->copying = r->copying;
-    for (unsigned i = 0; i < 3; i++)
+    for (unsigned i = 0; i < REPL_GATES; i++)
         out->held += tern_rpc_gate_waiting(r->gate[i], NULL);
+    out->lease_doubt = r->lease_doubt;
     for (unsigned i = 0; i < r->n_peers && out->n < REPL_PEERS_MAX; i++) {
         const struct replica *p = &r->peers[i];
         struct repl_replica_status *s = &out->replicas[out->n++];

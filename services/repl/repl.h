@@ -106,6 +106,16 @@ void repl_close(struct repl *r);
 void repl_set_view(struct repl *r, enum repl_role role, uint64_t epoch, const char *primary,
                    const struct repl_peer *replicas, unsigned n);
 
+/* Whether the cluster's lease on this node's office is surely alive (by
+ * default it is). A primary whose lease is in doubt (etcd does not answer:
+ * it may be down, or this node cut off from it, and then a successor may
+ * be elected) keeps serving, but only what a majority of replicas
+ * confirms at its epoch: every write waits for a majority whatever its
+ * concern, and every read for a round of acknowledgments sent after it
+ * came (a successor must fence a majority before it serves, so a read
+ * confirmed so cannot miss one of its writes). Call it with the view. */
+void repl_set_lease(struct repl *r, bool alive);
+
 /* 0 if this node takes writes now; TERN_ENOTPRIMARY otherwise (a backup,
  * or a primary still taking over). */
 int repl_writable(const struct repl *r);
@@ -153,6 +163,7 @@ struct repl_status {
     uint64_t copies_sent, copies_taken;     /* full copies made from / to here */
     bool copying;                   /* a full copy is coming in */
     unsigned held;                  /* replies waiting */
+    bool lease_doubt;               /* repl_set_lease(false) */
     unsigned n;
     struct repl_replica_status replicas[REPL_PEERS_MAX];
 };

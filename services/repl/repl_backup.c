@@ -354,7 +354,7 @@ int repl_open(struct repl_host *h, const struct repl_config *c, struct repl **ou
     r->state_path = strdup(c->state_path);
     rc = r->state_path ? repl_log_init(&r->log, c->log_bytes ? c->log_bytes : 32u << 20)
                        : TERN_ENOMEM;
-    for (unsigned i = 0; rc == 0 && i < 3; i++)
+    for (unsigned i = 0; rc == 0 && i < REPL_GATES; i++)
         rc = tern_rpc_gate_open(h->ep, &r->gate[i]);
     if (rc == 0)
         rc = repl_state_load(r->state_path, r->shard, &r->seen, &r->copying);
@@ -367,7 +367,7 @@ int repl_open(struct repl_host *h, const struct repl_config *c, struct repl **ou
             rc = repl_state_save(r, r->seen, false);
     }
     if (rc < 0) {
-        for (unsigned i = 0; i < 3; i++)
+        for (unsigned i = 0; i < REPL_GATES; i++)
             tern_rpc_gate_close(r->gate[i]);
         repl_log_free(&r->log);
         free(r->state_path);
@@ -400,7 +400,7 @@ void repl_close(struct repl *r)
         for (unsigned k = 0; k < REPL_INFLIGHT; k++)
             free(p->calls[k].buf);
     }
-    for (unsigned i = 0; i < 3; i++)
+    for (unsigned i = 0; i < REPL_GATES; i++)
         tern_rpc_gate_close(r->gate[i]);
     repl_log_free(&r->log);
     free(r->state_path);

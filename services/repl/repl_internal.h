@@ -10,6 +10,12 @@
 #define REPL_BATCH_MAX (1088u * 1024)   /* a batch's bytes, header included: a
                                          * 1 MiB value and its headers fit */
 
+/* Held replies wait behind gates: one per write concern (enum repl_w,
+ * ticket: the write's version), and one for reads that need a majority to
+ * confirm this primary after they came (ticket: the time they came). */
+#define REPL_GATE_CONFIRM 3
+#define REPL_GATES 4
+
 struct replica;
 
 /* A call to a replica, with the buffer its request lies in (tern_call
@@ -19,6 +25,8 @@ struct repl_call {
     struct replica *peer;
     uint32_t gen;
     bool busy;
+    uint64_t sent_at;                   /* an APPEND that took the replica to the
+                                         * log's end: when it was sent; else 0 */
     uint8_t *buf;                       /* REPL_BATCH_MAX bytes, made once */
 };
 
@@ -35,6 +43,8 @@ struct replica {
     bool no_fetch;                      /* takeover: its ring lacks our position */
     uint64_t position;                  /* durable there, as it said */
     uint64_t sent;                      /* shipped up to (in flight included) */
+    uint64_t confirmed_at;              /* it acknowledged this epoch, and every
+                                         * record logged, as of this time */
     uint32_t gen;
     uint64_t retry_at;
     struct tern_log_limit said;
@@ -75,7 +85,8 @@ struct repl {
     uint64_t copy_epoch, copy_high;
     struct replica peers[REPL_PEERS_MAX];
     unsigned n_peers;
-    struct tern_rpc_gate *gate[3];      /* by enum repl_w */
+    bool lease_doubt;                   /* repl_set_lease(false) */
+    struct tern_rpc_gate *gate[REPL_GATES];     /* by enum repl_w, and REPL_GATE_CONFIRM */
     uint64_t st_shipped, st_applied, st_stale, st_copies_sent, st_copies_taken;
 };
 

@@ -419,7 +419,8 @@ static void cluster_json(struct ternd_node *n, struct buf *b)
             continue;
         put(b, "%s{\"id\":", i ? "," : "");
         put_json_str(b, n->o->shards[i]);
-        put(b, ",\"role\":\"%s\",\"epoch\":%" PRIu64 ",\"primary\":", roles[r.role], r.epoch);
+        put(b, ",\"role\":\"%s\",\"epoch\":%" PRIu64 ",\"lease_alive\":%s,\"primary\":",
+            roles[r.role], r.epoch, r.lease_alive ? "true" : "false");
         if (r.primary[0])
             put_json_str(b, r.primary);
         else
@@ -447,9 +448,10 @@ static void repl_json(struct ternd_node *n, struct buf *b)
     put(b, ",\"state\":\"%s\",\"epoch\":%" PRIu64 ",\"epoch_seen\":%" PRIu64
            ",\"position\":\"%" PRIx64 "\",\"committed\":\"%" PRIx64 "\",\"log_from\":\"%"
            PRIx64 "\",\"held\":%u,\"shipped_batches\":%" PRIu64 ",\"applied_records\":%"
-           PRIu64 ",\"refused_stale\":%" PRIu64 ",\"replicas\":[",
+           PRIu64 ",\"refused_stale\":%" PRIu64 ",\"lease_in_doubt\":%s,\"replicas\":[",
         st.state, st.epoch, st.epoch_seen, st.position, st.committed, st.log_base, st.held,
-        st.shipped_batches, st.applied_records, st.refused_stale);
+        st.shipped_batches, st.applied_records, st.refused_stale,
+        st.lease_doubt ? "true" : "false");
     for (unsigned i = 0; i < st.n; i++) {
         put(b, "%s{\"node\":", i ? "," : "");
         put_json_str(b, st.replicas[i].name);

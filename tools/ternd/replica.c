@@ -90,6 +90,8 @@ static void refresh_view(struct ternd_replica *t)
             peers[n].uri[0] = 0;
     }
     repl_set_view(t->r, roles[role.role], role.epoch, role.primary, peers, n);
+    /* etcd away: the primary keeps its office on what a majority confirms. */
+    repl_set_lease(t->r, role.lease_alive);
     /* A replica behind the others stands back from the election; with no
      * primary for three leases everyone stands. */
     cl_member_set_candidate(m, t->o->kv_shard,

@@ -14,7 +14,8 @@
 # seconds (default 5) on the same data: the load must lose nothing, writes
 # must go on while etcd is away (the primary keeps its office on what a
 # majority of replicas confirms), and the shard must have a primary once
-# etcd is back.
+# etcd is back. VICTIM=mixed takes turns: etcd first, then the primary
+# (so an election follows an etcd restart).
 set -euo pipefail
 
 build=$(cd "${1:?usage: failover-kv.sh BUILD_DIR [ROUNDS] [LEASE] [PERIOD]}" && pwd)
@@ -96,11 +97,12 @@ start() {
     pid[$1]=$!
 }
 for n in a b c; do start $n; done
-state_of() {
+repl_field() {
     "$tern" status --json "127.0.0.1:${port[$1]}" 2>/dev/null |
-        python3 -c "import json,sys; r=json.load(sys.stdin)['replication']; print(r['state'] if r else 'none')" 2>/dev/null ||
+        python3 -c "import json,sys; r=json.load(sys.stdin)['replication']; print(r['$2'] if r else 'none')" 2>/dev/null ||
         echo down
 }
+state_of() { repl_field "$1" state; }
 primary() {
     for n in a b c; do [ "$(state_of $n)" = primary ] && { echo $n; return 0; }; done
     return 1
@@ -115,15 +117,23 @@ secs=$(( rounds * (period + 5 + ${ETCD_DOWN:-5}) + period ))
 load_pid=$!
 sleep "$period"
 killed=0
+etcd_restarts=0
+elections=0
 for r in $(seq "$rounds"); do
-    if [ "${VICTIM:-primary}" = etcd ]; then
+    what=${VICTIM:-primary}
+    [ "$what" = mixed ] && { [ $((r % 2)) = 1 ] && what=etcd || what=primary; }
+    if [ "$what" = etcd ]; then
+        before=$(primary) || fail "round $r: no primary before etcd goes"
+        epoch=$(repl_field "$before" epoch)
         kill -9 "$etcd_pid"
         { wait "$etcd_pid"; } 2>/dev/null || true
-        killed=$((killed + 1))
+        etcd_restarts=$((etcd_restarts + 1))
         sleep "${ETCD_DOWN:-5}"
         start_etcd
         for _ in $(seq 100); do primary >/dev/null && break; sleep 0.1; done
-        primary >/dev/null || fail "round $r: no primary 10 s after etcd came back"
+        after=$(primary) || fail "round $r: no primary 10 s after etcd came back"
+        [ "$after" = "$before" ] && [ "$(repl_field "$after" epoch)" = "$epoch" ] ||
+            elections=$((elections + 1))
         sleep "$period"
         kill -0 "$load_pid" 2>/dev/null || fail "the load ended early: $(tail -3 "$dir/load.err")"
         continue
@@ -142,16 +152,20 @@ done
 kill -USR1 "$load_pid"
 wait "$load_pid" || true
 load_pid=
-python3 - "$dir/load.json" "$killed" "$lease" "${VICTIM:-primary}" <<'PYEOF' || fail "$(tail -5 "$dir/load.err")"
+python3 - "$dir/load.json" "$killed" "$lease" "$etcd_restarts" "$elections" <<'PYEOF' || fail "$(tail -5 "$dir/load.err")"
 import json, sys
 r = json.load(open(sys.argv[1]))
 killed, lease = int(sys.argv[2]), float(sys.argv[3])
-what = sys.argv[4]
+restarts, elections = int(sys.argv[4]), int(sys.argv[5])
 outs = sorted(o["ms"] for o in r["outages"])
 worst = r["worst_outage_ms"]
 med = outs[len(outs) // 2] if outs else 0
-noun = "etcd restarts" if what == "etcd" else "primaries killed"
-print(f"failover-kv: {killed} {noun} (lease {lease:g} s): {r['puts_ok']} writes "
+what = []
+if killed:
+    what.append(f"{killed} primaries killed")
+if restarts:
+    what.append(f"{restarts} etcd restarts ({elections} followed by a new primary or epoch)")
+print(f"failover-kv: {', '.join(what)} (lease {lease:g} s): {r['puts_ok']} writes "
       f"acknowledged with w=majority, {r['puts_failed']} not; {r['gets_ok']} reads checked; "
       f"lost {r['lost']}; {len(outs)} outages, median {med:.0f} ms, worst {worst:.0f} ms "
       f"(bar: {2 * lease * 1000:.0f} ms)")

@@ -496,8 +496,19 @@ static void on_hello_ack(struct tern_session *s, const void *body, size_t len)
     s->peer_max_msg = ack.max_msg < s->ep->cfg.max_msg ? ack.max_msg : s->ep->cfg.max_msg;
     s->credits = ack.credits < s->ep->cfg.credits ? ack.credits : s->ep->cfg.credits;
     s->state = SESS_OPEN;
+    s->connect_by = 0;
     if (!s->ep->key_len)             /* the server we chose to call: no key to prove */
         tern_tp_conn_open_rma(s->conn);
+    /* Opened without waiting from an auto:// URI: now that the server's
+     * fabrics are known, the housekeeping tick dials the best of them. */
+    if (s->auto_start) {
+        if (rpc_paths_init(s, s->auto_start->boot, s->auto_start->policy,
+                           s->auto_start->boot) < 0)
+            tern_log(TERN_LOG_WARN, "rpc", "%s: stays on TCP (no memory for its paths)",
+                     s->auto_start->boot);
+        free(s->auto_start);
+        s->auto_start = NULL;
+    }
     pump(s);
 }
 
@@ -634,6 +645,46 @@ int tern_rpc_connect(struct tern_rpc_ep *ep, const char *uri, uint64_t timeout_n
                             ep->cfg.fabrics ? ep->cfg.fabrics : getenv("TERN_FABRICS"),
                             timeout_ns, out);
     return connect_one(ep, uri, timeout_ns, 0, NULL, out);
+}
+
+int tern_rpc_connect_start(struct tern_rpc_ep *ep, const char *uri, uint64_t timeout_ns,
+                           struct tern_session **out)
+{
+    struct rpc_auto_start *a = NULL;
+    struct tern_session *s;
+    const char *policy;
+    uint64_t token = 0;
+    int rc;
+
+    if (!ep || !uri || !out)
+        return TERN_EINVAL;
+    *out = NULL;
+    if (strncmp(uri, "auto://", 7) == 0) {
+        policy = ep->cfg.fabrics ? ep->cfg.fabrics : getenv("TERN_FABRICS");
+        a = calloc(1, sizeof(*a));
+        if (!a)
+            return TERN_ENOMEM;
+        if ((size_t)snprintf(a->boot, sizeof(a->boot), "tcp://%s", uri + 7) >= sizeof(a->boot)) {
+            free(a);
+            return TERN_EBADADDR;
+        }
+        snprintf(a->policy, sizeof(a->policy), "%s", policy ? policy : "");
+        /* The token names the session on every path it will take. */
+        while (!token)
+            if (getrandom(&token, sizeof(token), 0) != sizeof(token))
+                token = tern_now_ns() ^ (uint64_t)(uintptr_t)ep;
+    }
+    rc = rpc_connect_start(ep, a ? a->boot : uri, token, NULL, &s);
+    if (rc < 0 || !s) {
+        if (s)
+            tern_rpc_disconnect(s);
+        free(a);
+        return rc < 0 ? rc : TERN_ENOMEM;
+    }
+    s->auto_start = a;
+    s->connect_by = deadline_after(timeout_ns ? timeout_ns : 5000000000ull);
+    *out = s;
+    return 0;
 }
 
 int tern_rpc_connect_with(struct tern_rpc_ep *ep, const char *uri, const char *fabrics,
@@ -783,7 +834,9 @@ void tern_rpc_disconnect(struct tern_session *s)
 
 int tern_session_status(const struct tern_session *s)
 {
-    return s->state == SESS_DEAD ? (s->status ? s->status : TERN_ENOTCONN) : 0;
+    if (s->state == SESS_DEAD)
+        return s->status ? s->status : TERN_ENOTCONN;
+    return s->state == SESS_OPEN ? 0 : TERN_EINPROGRESS;
 }
 
 unsigned tern_session_credits(const struct tern_session *s)

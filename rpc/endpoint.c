@@ -193,6 +193,12 @@ static void rpc_housekeeping(struct tern_rpc_ep *ep)
         next = s->next;
         /* A client that never says HELLO, or never proves the key after
          * it, holds a connection for nothing. */
+        /* A handshake started without waiting, past its deadline. */
+        if (s->role == ROLE_CLIENT && s->connect_by && s->state != SESS_OPEN &&
+            s->state != SESS_DEAD && now > s->connect_by) {
+            rpc_client_fail(s, TERN_ETIMEDOUT);
+            continue;
+        }
         if (s->role == ROLE_SERVER &&
             (s->state == SESS_CONNECTING || s->state == SESS_AUTH) && now - s->created > limit) {
             tern_log(TERN_LOG_WARN, "rpc", "%s sent no %s in %llu ms; closing",
@@ -336,6 +342,8 @@ void rpc_session_free(struct tern_session *s)
      * of its one-sided operations, which complete now. */
     s->zombie = true;
     rpc_paths_free(s);
+    free(s->auto_start);
+    s->auto_start = NULL;
     rpc_rma_fail(s, NULL, s->state == SESS_DEAD && s->status ? s->status : TERN_ECONNRESET);
     /* Services may keep state per client (the KV service's leases). */
     if (s->role == ROLE_SERVER)

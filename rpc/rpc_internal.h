@@ -141,6 +141,10 @@ struct tern_session {
     bool zombie;                    /* closed during a poll, freed after it */
     bool closing;                   /* tern_rpc_disconnect is running */
     uint64_t created;               /* server: when accepted (HELLO timeout) */
+    uint64_t connect_by;            /* client, tern_rpc_connect_start: the
+                                     * handshake's deadline (0: none) */
+    struct rpc_auto_start *auto_start;  /* ... of an auto:// URI: its paths,
+                                         * set up once it opens */
     struct tern_session *prev, *next;
     size_t peer_max_msg;            /* largest payload the peer accepts */
     char *peer_ads;                 /* client: fabrics the server listens on */
@@ -311,6 +315,13 @@ void rpc_test_drop(struct tern_req *req);
  * dials a new standby, so that a second failure has somewhere to go too. */
 #define RPC_PATHS_MAX 8
 #define RPC_URI_MAX 160
+/* An auto:// session opened by tern_rpc_connect_start: where it started,
+ * and the fabric policy to move by once it is open. */
+struct rpc_auto_start {
+    char boot[RPC_URI_MAX];
+    char policy[256];
+};
+
 struct rpc_paths {
     char policy[256];
     unsigned n;                     /* candidates; [n - 1] is the TCP bootstrap */

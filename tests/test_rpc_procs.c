@@ -755,6 +755,76 @@ END_TEST
 
 /* auto:// starts on TCP and moves to shm when the server has it, unless the
  * policy says otherwise; calls work on whatever was chosen. */
+/* Poll until the session's handshake is done: its status then. */
+static int until_open(struct tern_rpc_ep *ep, struct tern_session *s, int ms)
+{
+    double end = now_ms() + ms;
+    int st;
+
+    while ((st = tern_session_status(s)) == TERN_EINPROGRESS && now_ms() < end)
+        tern_rpc_poll(ep);
+    return st;
+}
+
+/* tern_rpc_connect_start returns at once; the handshake finishes in the
+ * polls, a call made before it waits for it, and an auto:// session then
+ * moves to shm. A listener that never answers (a stopped server, as the
+ * kernel still accepts for it) costs the caller nothing and ends in
+ * TERN_ETIMEDOUT; a refused one ends in its error. */
+START_TEST(connect_start_does_not_wait)
+{
+    struct tern_session *s;
+    struct tern_rpc_ep *ep;
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof(sa);
+    char auto_uri[160], mute[64];
+    uint8_t rep[16];
+    size_t got = 0;
+    double t0;
+    int lfd, rc;
+
+    start_auto_server(auto_uri, sizeof(auto_uri));
+    ck_assert_int_eq(tern_rpc_open(NULL, &ep), 0);
+    ck_assert_int_eq(tern_rpc_connect_start(ep, auto_uri, 5 * SEC, &s), 0);
+    ck_assert_int_eq(tern_session_status(s), TERN_EINPROGRESS);
+    rc = tern_call_sync(s, SVC, M_ECHO, "early", 5, rep, sizeof(rep), &got, 5 * SEC);
+    ck_assert_msg(rc == 0, "a call made during the handshake: %s", tern_err_name(rc));
+    ck_assert_int_eq(got, 5);
+    ck_assert_int_eq(memcmp(rep, "early", 5), 0);
+    ck_assert_int_eq(until_open(ep, s, 5000), 0);
+    for (double end = now_ms() + 5000; strcmp(tern_session_fabric(s), "shm") != 0;) {
+        tern_rpc_poll(ep);
+        ck_assert_msg(now_ms() < end, "still on %s", tern_session_fabric(s));
+    }
+    assert_echo(s, 1000);
+    tern_rpc_disconnect(s);
+
+    /* A listener nobody serves: the handshake never completes. */
+    lfd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(lfd, 0);
+    ck_assert_int_eq(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    ck_assert_int_eq(listen(lfd, 4), 0);
+    ck_assert_int_eq(getsockname(lfd, (struct sockaddr *)&sa, &sl), 0);
+    snprintf(mute, sizeof(mute), "auto://127.0.0.1:%d", ntohs(sa.sin_port));
+    t0 = now_ms();
+    ck_assert_int_eq(tern_rpc_connect_start(ep, mute, SEC / 2, &s), 0);
+    ck_assert_msg(now_ms() - t0 < 250, "connect_start waited %.0f ms", now_ms() - t0);
+    ck_assert_int_eq(until_open(ep, s, 5000), TERN_ETIMEDOUT);
+    tern_rpc_disconnect(s);
+    close(lfd);
+
+    /* Refused: the error, once the poll sees it. */
+    ck_assert_int_eq(tern_rpc_connect_start(ep, "tcp://127.0.0.1:1", SEC, &s), 0);
+    rc = until_open(ep, s, 5000);
+    ck_assert_msg(rc == TERN_ECONNREFUSED, "refused: %s", tern_err_name(rc));
+    tern_rpc_disconnect(s);
+    ck_assert_int_eq(tern_rpc_connect_start(ep, "nope://x", SEC, &s), TERN_ENOFABRIC);
+    ck_assert_ptr_null(s);
+    tern_rpc_close(ep);
+    finish_server();
+}
+END_TEST
+
 START_TEST(auto_picks_shm_on_same_host)
 {
     struct tern_rpc_config tcp_only = {.fabrics = "tcp"};
@@ -1084,6 +1154,7 @@ Suite *suite_rpc_procs(void)
     tcase_add_test(tc, slow_call_within_deadline);
     tcase_add_loop_test(tc, server_killed_mid_call, 0, test_fabric_count());
     tcase_add_test(tc, auto_picks_shm_on_same_host);
+    tcase_add_test(tc, connect_start_does_not_wait);
     tcase_add_test(tc, auto_takes_ntb_by_policy);
 #if TERN_HAVE_RDMA
     tcase_add_test(tc, auto_takes_rdma_by_policy);

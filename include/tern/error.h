@@ -41,6 +41,7 @@ extern "C" {
     X(ENOMEM,          -ENOMEM,          "out of memory")                      \
     X(ENOTSUP,         -ENOTSUP,         "operation not supported by this fabric") \
     X(EAGAIN,          -EAGAIN,          "resource temporarily unavailable, retry after polling") \
+    X(EINPROGRESS,     -EINPROGRESS,     "in progress: poll, then look again") \
     X(ENOBUFS,         -ENOBUFS,         "no buffer space or call slots left") \
     X(EMSGSIZE,        -EMSGSIZE,        "message larger than the configured maximum") \
     X(ETIMEDOUT,       -ETIMEDOUT,       "deadline expired")                   \

@@ -211,6 +211,20 @@ void tern_rpc_stop(struct tern_rpc_ep *ep);
 int tern_rpc_connect(struct tern_rpc_ep *ep, const char *uri, uint64_t timeout_ns,
                      struct tern_session **out);
 
+/* tern_rpc_connect without waiting: the session is returned at once with
+ * its handshake under way in tern_rpc_poll (a peer that is stopped, or
+ * whose packets are dropped, costs the caller nothing while it waits).
+ * tern_session_status() says TERN_EINPROGRESS until the handshake is
+ * done, then 0, or the error that ended it (TERN_ETIMEDOUT after
+ * timeout_ns; 0 = 5 s). Calls made meanwhile wait in the session and go
+ * when it opens. An auto:// session starts on TCP and moves to the best
+ * fabric both ends can use once it is open (as a failed-over session moves
+ * back). The caller owns the session (tern_rpc_disconnect). Errors known
+ * at once: TERN_EBADADDR, TERN_ENOFABRIC, TERN_ENOMEM, the fabric's
+ * connect errors. Thread: the endpoint's. */
+int tern_rpc_connect_start(struct tern_rpc_ep *ep, const char *uri, uint64_t timeout_ns,
+                           struct tern_session **out);
+
 /* tern_rpc_connect for an auto:// URI with its own fabric policy
  * ("ntb,rdma,tcp": the fabrics this session may use, best first) in place
  * of the endpoint's. An auto:// session keeps a TCP standby while it runs
@@ -246,7 +260,8 @@ int tern_session_info(const struct tern_session *s, struct tern_session_info *ou
 /* Close a session; calls still in flight complete with TERN_ECANCELED. */
 void tern_rpc_disconnect(struct tern_session *s);
 
-/* 0 while the session is usable, else the error that ended it. */
+/* 0 while the session is open, TERN_EINPROGRESS while its handshake is
+ * under way (tern_rpc_connect_start), else the error that ended it. */
 int tern_session_status(const struct tern_session *s);
 
 /* The fabric a session runs on ("tcp", "shm", ...). */

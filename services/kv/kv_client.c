@@ -94,8 +94,9 @@ int kv_op_call(struct kv_op *op, uint16_t method, const void *key, size_t klen,
     iov[0] = (struct iovec){.iov_base = &op->hdr, .iov_len = sizeof(op->hdr)};
     iov[1] = (struct iovec){.iov_base = (void *)key, .iov_len = klen};
     iov[2] = (struct iovec){.iov_base = (void *)val, .iov_len = len};
-    rc = tern_callv(kv_route(kv, key, klen)->s, TERN_KV_SERVICE_ID, method, iov, len ? 3 : 2,
-                    kv->timeout, kv_op_done, op, NULL);
+    op->to = kv_route(kv, key, klen)->s;
+    rc = tern_callv(op->to, TERN_KV_SERVICE_ID, method, iov, len ? 3 : 2, kv->timeout,
+                    kv_op_done, op, NULL);
     if (rc < 0)
         kv_op_put(kv, op);
     return rc;

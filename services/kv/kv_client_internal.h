@@ -51,6 +51,7 @@ struct kv_op {
     struct kvw_bucket bk;            /* the key's bucket as read */
     struct kv_lput lput;             /* the LPUT request while in flight */
     uint16_t method;                 /* RPC: to send again to another replica */
+    struct tern_session *to;         /* RPC: where it was sent */
     struct kv_pget pget;             /* the PGET request while in flight */
 };
 
@@ -64,6 +65,9 @@ struct kv_replicas {
     char uris[KV_REPLICAS_MAX][256];
     struct tern_session *s[KV_REPLICAS_MAX];    /* NULL: not connected */
     uint64_t retry_at[KV_REPLICAS_MAX];
+    /* A replica a call timed out on (stopped, or cut off with its sessions
+     * still open) is passed over until then, while others answer. */
+    uint64_t suspect_until[KV_REPLICAS_MAX];
     uint64_t connect_ns;
     bool closing;                               /* calls cancelled now end */
 };

@@ -7,7 +7,11 @@
  * after a failover the first call that meets the new primary settles it
  * for the rest. A call is sent on at most twice round the replicas; past
  * that (an election under way) it ends with the last refusal, which the
- * sync forms wait out.
+ * sync forms wait out. A replica a call timed out on is passed over for a
+ * call's timeout while another answers: a primary stopped or cut off keeps
+ * its sessions open, and would otherwise take every call until it came
+ * back (a slow primary that was only late costs its clients refusals from
+ * the others for that long).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,20 +28,23 @@ static bool live(const struct kv_replicas *r, unsigned i)
     return r->s[i] && tern_session_status(r->s[i]) == 0;
 }
 
-/* Take the next live replica after `from` for the primary; false if none. */
+/* Take the next live replica after `from` for the primary, passing over
+ * suspects if another will do; false if none. */
 static bool move_on(struct tern_kv *kv, unsigned from)
 {
     struct kv_replicas *r = kv->rep;
+    uint64_t now = tern_now_ns();
 
-    for (unsigned k = 1; k <= r->n; k++) {
-        unsigned i = (from + k) % r->n;
+    for (int pass = 0; pass < 2; pass++)
+        for (unsigned k = 1; k <= r->n; k++) {
+            unsigned i = (from + k) % r->n;
 
-        if (live(r, i)) {
-            r->cur = i;
-            kv->srv[0].s = r->s[i];
-            return true;
+            if (live(r, i) && (pass == 1 || now >= r->suspect_until[i])) {
+                r->cur = i;
+                kv->srv[0].s = r->s[i];
+                return true;
+            }
         }
-    }
     return false;
 }
 
@@ -54,16 +61,24 @@ bool kv_replica_retry(struct kv_op *op, int status)
     if (op->tries >= 2 * r->n || r->closing)
         return false;
     op->tries++;
+    if (status == TERN_ETIMEDOUT)
+        for (unsigned i = 0; i < r->n; i++)
+            if (r->s[i] && r->s[i] == op->to) {
+                r->suspect_until[i] = tern_now_ns() + kv->timeout;
+                if (i == at)
+                    kv->srv[0].s = NULL;        /* move on from it */
+            }
     /* Someone else may have moved on already (an earlier call's refusal):
      * take the replica in use now unless it is the one that refused. */
     if (kv->srv[0].s == NULL || status == TERN_ENOTPRIMARY || !live(r, at)) {
         if (!move_on(kv, at))
             return false;
     }
+    op->to = kv->srv[0].s;
     iov[0] = (struct iovec){.iov_base = &op->hdr, .iov_len = sizeof(op->hdr)};
     iov[1] = (struct iovec){.iov_base = (void *)op->key, .iov_len = op->klen};
     iov[2] = (struct iovec){.iov_base = (void *)op->val, .iov_len = op->vlen};
-    return tern_callv(kv->srv[0].s, TERN_KV_SERVICE_ID, op->method, iov, op->vlen ? 3 : 2,
+    return tern_callv(op->to, TERN_KV_SERVICE_ID, op->method, iov, op->vlen ? 3 : 2,
                       kv->timeout, kv_op_done, op, NULL) == 0;
 }
 
@@ -73,7 +88,8 @@ void kv_replicas_mend(struct tern_kv *kv)
     uint64_t now = tern_now_ns();
 
     for (unsigned i = 0; i < r->n; i++) {
-        if (live(r, i) || now < r->retry_at[i])
+        if (live(r, i) || now < r->retry_at[i] ||
+            (r->s[i] && tern_session_status(r->s[i]) == TERN_EINPROGRESS))
             continue;
         if (r->s[i]) {
             if (kv->srv[0].s == r->s[i])
@@ -81,10 +97,11 @@ void kv_replicas_mend(struct tern_kv *kv)
             tern_rpc_disconnect(r->s[i]);
             r->s[i] = NULL;
         }
-        if (tern_rpc_connect(kv->ep, r->uris[i], r->connect_ns, &r->s[i]) < 0) {
+        /* Never waits: a replica that is stopped or cut off must not hold
+         * up the calls to the others; it counts once its handshake is done. */
+        if (tern_rpc_connect_start(kv->ep, r->uris[i], r->connect_ns, &r->s[i]) < 0)
             r->s[i] = NULL;
-            r->retry_at[i] = tern_now_ns() + RETRY_NS;
-        }
+        r->retry_at[i] = tern_now_ns() + RETRY_NS;
     }
     if (!kv->srv[0].s || !live(r, r->cur))
         move_on(kv, r->cur + r->n - 1);

@@ -299,26 +299,34 @@ static void ask_position(struct repl *r, struct replica *p)
     p->state = R_ASKED;
 }
 
-/* Open a session to a replica that has none (at most one try per
- * retry interval: a dead node's connect costs up to the timeout). */
+static void cannot_reach(struct repl *r, struct replica *p, int rc)
+{
+    if (tern_log_allow(&p->said))
+        tern_log(TERN_LOG_WARN, "repl", "%s: cannot reach %s at %s: %s", r->shard, p->name,
+                 p->uri, tern_strerror(rc));
+}
+
+/* Start opening a session to a replica that has none, at most once per
+ * retry interval. Never waits: the handshake goes on in the endpoint's
+ * poll, so a replica that is stopped or cut off (its packets dropped)
+ * does not hold up the shipping to the others. */
 static void reach(struct repl *r, struct replica *p)
 {
     int rc;
 
     if (p->s || !p->uri[0] || tern_now_ns() < p->retry_at)
         return;
-    rc = tern_rpc_connect(r->h->ep, p->uri, r->timeout_ns / 2, &p->s);
+    rc = tern_rpc_connect_start(r->h->ep, p->uri, r->timeout_ns, &p->s);
     if (rc < 0) {
         p->s = NULL;
         p->retry_at = tern_now_ns() + 500000000u;
-        if (tern_log_allow(&p->said))
-            tern_log(TERN_LOG_WARN, "repl", "%s: cannot reach %s at %s: %s", r->shard,
-                     p->name, p->uri, tern_strerror(rc));
+        cannot_reach(r, p, rc);
         return;
     }
     p->gen++;
     p->state = R_DOWN;
     p->answered = false;
+    p->connecting = true;
 }
 
 /* ---- takeover ---- */
@@ -455,13 +463,18 @@ void repl_tick(struct repl *r)
     for (unsigned i = 0; i < r->n_peers; i++) {
         struct replica *p = &r->peers[i];
 
+        int st;
+
         reach(r, p);
-        if (!p->s)
+        if (!p->s || (st = tern_session_status(p->s)) == TERN_EINPROGRESS)
             continue;
-        if (tern_session_status(p->s) < 0) {
-            drop_session(p, 200000000u);
+        if (st < 0) {
+            if (p->connecting)
+                cannot_reach(r, p, st);
+            drop_session(p, p->connecting ? 500000000u : 200000000u);
             continue;
         }
+        p->connecting = false;
         if (p->state == R_DOWN && !p->answered && !busy_calls(p))
             ask_position(r, p);
         if (r->st == S_PRIMARY && p->state == R_NEED_COPY)

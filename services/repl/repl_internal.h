@@ -41,6 +41,7 @@ struct replica {
     enum replica_state state;
     bool answered;                      /* its position is known this epoch */
     bool no_fetch;                      /* takeover: its ring lacks our position */
+    bool connecting;                    /* its session's handshake is under way */
     uint64_t position;                  /* durable there, as it said */
     uint64_t sent;                      /* shipped up to (in flight included) */
     uint64_t confirmed_at;              /* it acknowledged this epoch, and every

@@ -14,8 +14,12 @@
 # seconds (default 5) on the same data: the load must lose nothing, writes
 # must go on while etcd is away (the primary keeps its office on what a
 # majority of replicas confirms), and the shard must have a primary once
-# etcd is back. VICTIM=mixed takes turns: etcd first, then the primary
-# (so an election follows an etcd restart).
+# etcd is back. VICTIM=pause stops the primary (SIGSTOP) for PAUSE seconds
+# (default 2 leases + 1 s) instead, while its clients' sessions stay open:
+# the others elect a successor, and the old primary, resumed, still thinks
+# it leads and is sent calls; it must acknowledge nothing (it is fenced)
+# and catch up as a backup. VICTIM=mixed takes turns: etcd, then a kill
+# (an election right after etcd came back), then a pause.
 set -euo pipefail
 
 build=$(cd "${1:?usage: failover-kv.sh BUILD_DIR [ROUNDS] [LEASE] [PERIOD]}" && pwd)
@@ -37,7 +41,7 @@ load_pid=
 cleanup() {
     for p in "${pid[@]}" $etcd_pid $load_pid; do kill -9 "$p" 2>/dev/null || true; done
     wait 2>/dev/null || true
-    rm -rf "$dir" || true
+    if [ -n "${KEEP:-}" ]; then echo "failover-kv: kept $dir" >&2; else rm -rf "$dir" || true; fi
 }
 trap cleanup EXIT
 fail() {
@@ -103,6 +107,14 @@ repl_field() {
         echo down
 }
 state_of() { repl_field "$1" state; }
+# Every ternd alive (a crash is a failure, not one more outage).
+all_alive() {
+    local n
+    for n in a b c; do
+        kill -0 "${pid[$n]}" 2>/dev/null ||
+            fail "round $1: $n's ternd exited on its own: $(tail -3 "$dir/$n.out" 2>/dev/null)"
+    done
+}
 primary() {
     for n in a b c; do [ "$(state_of $n)" = primary ] && { echo $n; return 0; }; done
     return 1
@@ -115,13 +127,30 @@ secs=$(( rounds * (period + 5 + ${ETCD_DOWN:-5}) + period ))
 "$bench" failover --replicas "$uris" --records 5000 --seconds "$secs" --window 16 --json \
     >"$dir/load.json" 2>"$dir/load.err" &
 load_pid=$!
+load_t0=$(date +%s%N)
 sleep "$period"
 killed=0
 etcd_restarts=0
 elections=0
+paused=0
 for r in $(seq "$rounds"); do
     what=${VICTIM:-primary}
-    [ "$what" = mixed ] && { [ $((r % 2)) = 1 ] && what=etcd || what=primary; }
+    if [ "$what" = mixed ]; then
+        what=(pause etcd primary)
+        what=${what[$((r % 3))]}
+    fi
+    if [ "$what" = pause ]; then
+        victim=$(primary) || fail "round $r: no primary to stop"
+        kill -STOP "${pid[$victim]}"
+        echo "failover-kv: round $r: $victim stopped at $(( ($(date +%s%N) - load_t0) / 1000000 )) ms" >&2
+        paused=$((paused + 1))
+        sleep "${PAUSE:-$((2 * lease + 1))}"
+        kill -CONT "${pid[$victim]}"
+        sleep "$period"
+        kill -0 "$load_pid" 2>/dev/null || fail "the load ended early: $(tail -3 "$dir/load.err")"
+        all_alive "$r"
+        continue
+    fi
     if [ "$what" = etcd ]; then
         before=$(primary) || fail "round $r: no primary before etcd goes"
         epoch=$(repl_field "$before" epoch)
@@ -136,6 +165,7 @@ for r in $(seq "$rounds"); do
             elections=$((elections + 1))
         sleep "$period"
         kill -0 "$load_pid" 2>/dev/null || fail "the load ended early: $(tail -3 "$dir/load.err")"
+        all_alive "$r"
         continue
     fi
     victim=
@@ -148,26 +178,32 @@ for r in $(seq "$rounds"); do
     start "$victim"
     sleep "$period"
     kill -0 "$load_pid" 2>/dev/null || fail "the load ended early: $(tail -3 "$dir/load.err")"
+    all_alive "$r"
 done
 kill -USR1 "$load_pid"
 wait "$load_pid" || true
 load_pid=
-python3 - "$dir/load.json" "$killed" "$lease" "$etcd_restarts" "$elections" <<'PYEOF' || fail "$(tail -5 "$dir/load.err")"
+python3 - "$dir/load.json" "$killed" "$lease" "$etcd_restarts" "$elections" "$paused" <<'PYEOF' || fail "$(tail -5 "$dir/load.err")"
 import json, sys
 r = json.load(open(sys.argv[1]))
 killed, lease = int(sys.argv[2]), float(sys.argv[3])
-restarts, elections = int(sys.argv[4]), int(sys.argv[5])
+restarts, elections, paused = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
 outs = sorted(o["ms"] for o in r["outages"])
 worst = r["worst_outage_ms"]
 med = outs[len(outs) // 2] if outs else 0
 what = []
 if killed:
     what.append(f"{killed} primaries killed")
+if paused:
+    what.append(f"{paused} primaries paused")
 if restarts:
     what.append(f"{restarts} etcd restarts ({elections} followed by a new primary or epoch)")
 print(f"failover-kv: {', '.join(what)} (lease {lease:g} s): {r['puts_ok']} writes "
       f"acknowledged with w=majority, {r['puts_failed']} not; {r['gets_ok']} reads checked; "
       f"lost {r['lost']}; {len(outs)} outages, median {med:.0f} ms, worst {worst:.0f} ms "
       f"(bar: {2 * lease * 1000:.0f} ms)")
+if outs:
+    print("failover-kv: outages (s into the load: ms): " +
+          ", ".join(f"{o['at_s']:.1f}: {o['ms']:.0f}" for o in r["outages"]))
 sys.exit(0 if r["lost"] == 0 and worst <= 2 * lease * 1000 else 1)
 PYEOF

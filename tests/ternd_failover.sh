@@ -5,11 +5,12 @@
 # benchmark script does the work (tools/rpcbench/failover-kv.sh, 50 rounds
 # there); this is its short form for the test run. Then etcd is killed and
 # started again 5 s later (writes must go on meanwhile), and then the
-# primary killed (an election right after etcd came back).
+# primary killed (an election right after etcd came back), and then the new
+# primary stopped for 5 s with its clients connected (SIGSTOP).
 #
 #   tests/ternd_failover.sh BUILD_DIR
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:?usage: ternd_failover.sh BUILD_DIR}
 "$here/../tools/rpcbench/failover-kv.sh" "$build" 3 2 5
-VICTIM=mixed ETCD_DOWN=5 exec "$here/../tools/rpcbench/failover-kv.sh" "$build" 2 2 4
+VICTIM=mixed ETCD_DOWN=5 exec "$here/../tools/rpcbench/failover-kv.sh" "$build" 3 2 4

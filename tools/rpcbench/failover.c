@@ -19,6 +19,10 @@
  * - a write that failed (no primary to be found in its time) is only
  *   counted: it was never acknowledged, so it may or may not be there.
  * SIGUSR1 ends the run early (the checks still follow).
+ * The cluster key, if the shard's nodes want one: $TERN_KEY_FILE.
+ * --no-load skips the load and the final reads (with --mix put: a probe
+ * that only counts which writes were acknowledged, as a partition test
+ * asks of a client left with a cut-off primary).
  * Writes stop while the shard elects a new primary: every pause between
  * two acknowledged writes longer than 100 ms is reported as an outage.
  */
@@ -31,6 +35,7 @@
 #include <unistd.h>
 
 #include "hist.h"
+#include "key.h"
 #include "kv.h"
 #include "kvbench.h"
 #include "opt.h"
@@ -210,7 +215,7 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: rpcbench failover --replicas URI,URI,... [--records N] [--seconds S]\n"
                "                          [--window W] [--w majority|one|all] [--mix a|put]\n"
-               "                          [--json]\n");
+               "                          [--no-load] [--json]\n");
 }
 
 int failover_main(int argc, char **argv)
@@ -219,7 +224,7 @@ int failover_main(int argc, char **argv)
         {"replicas", required_argument, NULL, 'r'}, {"records", required_argument, NULL, 'n'},
         {"seconds", required_argument, NULL, 's'},  {"window", required_argument, NULL, 'w'},
         {"w", required_argument, NULL, 'c'},        {"json", no_argument, NULL, 'j'},
-        {"mix", required_argument, NULL, 'm'},
+        {"mix", required_argument, NULL, 'm'},      {"no-load", no_argument, NULL, 'L'},
         {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0},
     };
     static const char *const concerns[] = {"majority", "one", "all", NULL};
@@ -233,7 +238,7 @@ int failover_main(int argc, char **argv)
     struct tern_rpc_ep *ep;
     struct ycsb_scrambled zipf;
     struct ycsb_rng rng;
-    bool json = false;
+    bool json = false, no_load = false;
     int w = 0, c, rc;
 
     fo.records = 10000;
@@ -268,6 +273,9 @@ int failover_main(int argc, char **argv)
         case 'j':
             json = true;
             break;
+        case 'L':
+            no_load = true;
+            break;
         case 'm':
             mix = opt_choice("rpcbench failover", "--mix", optarg, mixes, NULL);
             if (mix < 0)
@@ -291,7 +299,25 @@ int failover_main(int argc, char **argv)
     fo.keys = calloc(fo.records, sizeof(*fo.keys));
     if (!fo.keys)
         return 1;
-    rc = tern_rpc_open(NULL, &ep);
+    {
+        /* The rack's nodes take only clients that hold its key. */
+        struct tern_rpc_config cfg = {.size = sizeof(cfg)};
+        const char *path = getenv("TERN_KEY_FILE");
+        uint8_t key[KEY_MAX];
+        size_t key_len = 0;
+        char why[160];
+
+        if (path && *path) {
+            if (key_load(path, key, &key_len, why, sizeof(why)) < 0) {
+                fprintf(stderr, "rpcbench failover: key file %s: %s\n", path, why);
+                return 1;
+            }
+            cfg.key = key;
+            cfg.key_len = key_len;
+        }
+        rc = tern_rpc_open(&cfg, &ep);
+        explicit_bzero(key, sizeof(key));
+    }
     fo.ep = ep;
     if (rc == 0)
         rc = tern_kv_open_replicas(ep, uris, n_uris, 1000000000u, &fo.kv);
@@ -306,7 +332,7 @@ int failover_main(int argc, char **argv)
     ycsb_rng_seed(&rng, (uint64_t)getpid() * 7919u + 1);
     ycsb_scrambled_init(&zipf, 0, fo.records - 1);
     /* Load: every key once, until each is acknowledged. */
-    for (uint64_t k = 0; k < fo.records;) {
+    for (uint64_t k = 0; k < fo.records && !no_load;) {
         struct slot *sl = free_slot(&fo);
 
         if (sl && fo.keys[k].acked == 0 && !fo.keys[k].busy) {
@@ -347,7 +373,7 @@ int failover_main(int argc, char **argv)
         fo.outage[fo.n_outages++] = tern_now_ns() - fo.last_put_ok;
     }
     /* Verify: every key read once more, after the last write. */
-    for (uint64_t k = 0; k < fo.records; k++) {
+    for (uint64_t k = 0; k < fo.records && !no_load; k++) {
         struct slot *sl;
 
         while (!(sl = free_slot(&fo)))

@@ -238,6 +238,7 @@ run_tests() {
         count ternd-cluster tests/ternd_cluster.sh build
         count ternd-failover tests/ternd_failover.sh build
         count rack tests/rack.sh build
+        count ternd-partition tests/ternd_partition.sh build
         count installed-library-consumer consumer
         # One CRUD script through three real MongoDB clients against
         # ternd's gateway and through the native API; each transcript

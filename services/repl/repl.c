@@ -219,8 +219,16 @@ static void ship(struct repl *r, struct replica *p)
                      (unsigned long long)p->sent, (unsigned long long)r->log.base);
             return;
         }
-        if (!b.n && p->sent < r->log.last)
-            return;             /* a record larger than a batch: cannot be */
+        if (!b.n && p->sent < r->log.last) {
+            /* The next record is larger than a batch: the store wrote what
+             * its group cannot ship. Said, not hidden: the replica stays
+             * here until a full copy or a new view. */
+            if (tern_log_allow(&p->said))
+                tern_log(TERN_LOG_ERROR, "repl", "%s: the record after %llx is larger than "
+                         "a batch (%u bytes): it cannot be shipped to %s", r->shard,
+                         (unsigned long long)p->sent, REPL_BATCH_MAX, p->name);
+            return;
+        }
         memcpy(b.shard, r->shard, sizeof(b.shard));
         b.bytes = (uint32_t)n;
         memcpy(c->buf, &b, sizeof(b));
@@ -415,7 +423,7 @@ static void take_over(struct repl *r)
 
     for (unsigned i = 0; i < r->n_peers; i++)
         heard += r->peers[i].answered;
-    if (heard < majority(r) || r->fetching || r->need_copy)
+    if (heard < majority(r) || r->fetching)
         return;
     target = takeover_target(r, &heard);
     if (r->position < target) {
@@ -429,18 +437,23 @@ static void take_over(struct repl *r)
                 from = p;
         }
         if (!from) {
+            /* Not yet: a replica that answers later may lower the target
+             * (more heard, a lower rank) or hold the records. */
             if (!r->need_copy)
                 tern_log(TERN_LOG_ERROR, "repl", "%s: no replica at %llx or past it can hand "
-                         "this node the records after %llx: it cannot serve", r->shard,
-                         (unsigned long long)target, (unsigned long long)r->position);
+                         "this node the records after %llx: it cannot serve until one "
+                         "does", r->shard, (unsigned long long)target,
+                         (unsigned long long)r->position);
             r->need_copy = true;
             return;
         }
+        r->need_copy = false;
         if (!busy_calls(from))
             fetch_from(r, from);
         return;
     }
     /* Ours holds every write a majority acknowledged. */
+    r->need_copy = false;
     r->ops->raise(r->ctx, repl_epoch_base(r->epoch));
     r->st = S_PRIMARY;
     tern_log(TERN_LOG_INFO, "repl", "%s: primary at epoch %llu from %llx (%u of %u replicas "

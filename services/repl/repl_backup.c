@@ -40,6 +40,14 @@ static int admit(struct repl *r, uint64_t epoch)
     return 0;
 }
 
+/* The group a request names, once its epoch is admitted: 0, TERN_ENOENT
+ * (no such shard here), or admit's refusal. */
+static int group_of(struct repl_host *h, const char *shard, uint64_t epoch, struct repl **out)
+{
+    *out = find(h, shard);
+    return *out ? admit(*out, epoch) : TERN_ENOENT;
+}
+
 struct apply_ctx {
     struct repl *r;
     int rc;
@@ -113,12 +121,8 @@ static int h_append(struct tern_req *req, const void *data, size_t len, void *ct
     struct repl *r;
     int rc = repl_batch_walk(data, len, &b, NULL, NULL);
 
-    if (rc < 0)
-        return rc;
-    r = find(h, b.shard);
-    if (!r)
-        return TERN_ENOENT;
-    rc = admit(r, b.epoch);
+    if (rc == 0)
+        rc = group_of(h, b.shard, b.epoch, &r);
     if (rc < 0)
         return rc;
     rc = repl_apply_batch(r, data, len, &pos);
@@ -148,12 +152,8 @@ static int h_position(struct tern_req *req, const void *data, size_t len, void *
     struct repl *r;
     int rc = parse_ask(data, len, &a);
 
-    if (rc < 0)
-        return rc;
-    r = find(h, a.shard);
-    if (!r)
-        return TERN_ENOENT;
-    rc = admit(r, a.epoch);
+    if (rc == 0)
+        rc = group_of(h, a.shard, a.epoch, &r);
     if (rc < 0)
         return rc;
     /* A copy coming in is no position to build on: another primary
@@ -195,12 +195,8 @@ static int h_copy(struct tern_req *req, const void *data, size_t len, void *ctx)
     struct repl *r;
     int rc = repl_copy_walk(data, len, &c, NULL, NULL);
 
-    if (rc < 0)
-        return rc;
-    r = find(h, c.shard);
-    if (!r)
-        return TERN_ENOENT;
-    rc = admit(r, c.epoch);
+    if (rc == 0)
+        rc = group_of(h, c.shard, c.epoch, &r);
     if (rc < 0)
         return rc;
     if (r->st == S_PRIMARY || r->st == S_TAKEOVER)
@@ -263,12 +259,8 @@ static int h_fetch(struct tern_req *req, const void *data, size_t len, void *ctx
     long n;
     int rc = parse_ask(data, len, &a);
 
-    if (rc < 0)
-        return rc;
-    r = find(h, a.shard);
-    if (!r)
-        return TERN_ENOENT;
-    rc = admit(r, a.epoch);
+    if (rc == 0)
+        rc = group_of(h, a.shard, a.epoch, &r);
     if (rc < 0)
         return rc;
     if (!repl_log_has(&r->log, a.from))

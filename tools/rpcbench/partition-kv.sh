@@ -18,6 +18,9 @@
 #   - the shard converged after every heal.
 # The emulated RDMA NIC is shared memory, which a namespace does not cut,
 # so the ternds and clients here run on TCP (TERN_FABRICS=tcp).
+# MODE=kill kills the primary's ternd with SIGKILL instead (and starts it
+# again half a second later), waits for convergence, then CUT s more: the
+# kill test of tools/rpcbench/failover-kv.sh on rack hosts.
 #
 #   tools/rpcbench/partition-kv.sh BUILD_DIR [ROUNDS] [CUT] [LEASE]
 #
@@ -57,8 +60,13 @@ trap cleanup EXIT
 fail() {
     echo "partition-kv: $*" >&2
     for h in r2h1 r2h2 r2h3; do
+        echo "  $h: $(view "$h" 2>/dev/null)" >&2
+        on "$h" "$tern" status --json "$(addr "$h"):7300" 2>/dev/null | python3 -c "
+import json, sys
+r = json.load(sys.stdin)['replication']
+print('  replicas: ' + ', '.join(x['node'] + ' ' + x['state'] for x in r['replicas']))" >&2 || true
         [ -f "$TERN_RACK_DIR/$h/ternd.log" ] &&
-            grep -h "repl\|cluster" "$TERN_RACK_DIR/$h/ternd.log" | tail -8 | sed "s/^/  $h: /" >&2
+            grep -h "repl\|cluster" "$TERN_RACK_DIR/$h/ternd.log" | tail -12 | sed "s/^/  $h: /" >&2
     done
     exit 1
 }
@@ -113,6 +121,21 @@ stray=0
 heal_ms=()
 for r in $(seq "$rounds"); do
     victim=$(primary) || fail "round $r: no primary to cut off"
+    if [ "${MODE:-cut}" = kill ]; then
+        kill -9 "$(cat "$TERN_RACK_DIR/$victim/pid")"
+        sleep 0.5
+        ip netns exec "tern-$victim" "$build/tools/ternd/ternd" \
+            --config "$TERN_RACK_DIR/$victim/ternd.conf" >>"$TERN_RACK_DIR/$victim/out" \
+            2>>"$TERN_RACK_DIR/$victim/err" &
+        echo $! >"$TERN_RACK_DIR/$victim/pid"
+        t0=$(date +%s%N)
+        for _ in $(seq 300); do converged && break; sleep 0.1; done
+        converged || fail "round $r: no convergence 30 s after restarting $victim"
+        heal_ms+=($(( ($(date +%s%N) - t0) / 1000000 )))
+        kill -0 "$load_pid" 2>/dev/null || fail "the load ended early: $(tail -3 "$work/load.err")"
+        sleep "$cut"
+        continue
+    fi
     "$rack" cut "$victim"
     # The client left with it: writes to it alone, for as long as it is cut.
     on "$victim" "$bench" failover --replicas "tcp://$(addr "$victim"):7300" --no-load \
@@ -135,7 +158,7 @@ done
 kill -USR1 "$load_pid" 2>/dev/null || true
 wait "$load_pid" || true
 load_pid=
-python3 - "$work/load.json" "$rounds" "$lease" "$stray" "${heal_ms[*]}" <<'PYEOF' ||
+python3 - "$work/load.json" "$rounds" "$lease" "$stray" "${heal_ms[*]}" "${MODE:-cut}" <<'PYEOF' ||
 import json, sys
 r = json.load(open(sys.argv[1]))
 rounds, lease, stray = int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
@@ -143,11 +166,14 @@ heal = sorted(int(x) for x in sys.argv[5].split())
 outs = sorted(o["ms"] for o in r["outages"])
 worst = r["worst_outage_ms"]
 med = outs[len(outs) // 2] if outs else 0
-print(f"partition-kv: {rounds} primaries cut off (lease {lease:g} s): {r['puts_ok']} writes "
+how = "killed and restarted" if sys.argv[6] == "kill" else "cut off"
+print(f"partition-kv: {rounds} primaries {how} (lease {lease:g} s): {r['puts_ok']} writes "
       f"acknowledged with w=majority, {r['puts_failed']} not; {r['gets_ok']} reads checked; "
       f"lost {r['lost']}; outages median {med:.0f} ms, worst {worst:.0f} ms "
-      f"(bar: {2 * lease * 1000:.0f} ms); writes acknowledged to the cut-off clients: {stray}; "
-      f"converged after healing in {heal[len(heal) // 2]} ms (median), {heal[-1]} ms (worst)")
+      f"(bar: {2 * lease * 1000:.0f} ms); " +
+      (f"writes acknowledged to the cut-off clients: {stray}; " if sys.argv[6] != "kill" else "") +
+      f"converged in {heal[len(heal) // 2]} ms (median), {heal[-1]} ms (worst) after each "
+      f"{'restart' if sys.argv[6] == 'kill' else 'heal'}")
 sys.exit(0 if r["lost"] == 0 and stray == 0 and worst <= 2 * lease * 1000 else 1)
 PYEOF
     fail "$(tail -5 "$work/load.err")"

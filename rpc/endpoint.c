@@ -191,14 +191,14 @@ static void rpc_housekeeping(struct tern_rpc_ep *ep)
     rpc_paths_tick(ep, now);
     for (struct tern_session *s = ep->sessions, *next; s; s = next) {
         next = s->next;
-        /* A client that never says HELLO, or never proves the key after
-         * it, holds a connection for nothing. */
         /* A handshake started without waiting, past its deadline. */
         if (s->role == ROLE_CLIENT && s->connect_by && s->state != SESS_OPEN &&
             s->state != SESS_DEAD && now > s->connect_by) {
             rpc_client_fail(s, TERN_ETIMEDOUT);
             continue;
         }
+        /* A client that never says HELLO, or never proves the key after
+         * it, holds a connection for nothing. */
         if (s->role == ROLE_SERVER &&
             (s->state == SESS_CONNECTING || s->state == SESS_AUTH) && now - s->created > limit) {
             tern_log(TERN_LOG_WARN, "rpc", "%s sent no %s in %llu ms; closing",

@@ -641,6 +641,20 @@ START_TEST(deposed_primary_is_fenced)
 }
 END_TEST
 
+/* n0 primary at epoch 1 with "k" = "old" on every replica, then its lease
+ * in doubt; a session to it. */
+static struct tern_session *primary_in_doubt(void)
+{
+    struct tern_session *s;
+
+    elect(0, 1);
+    ck_assert(wait_state(0, "primary", 5000));
+    s = connect_to(0);
+    ck_assert_int_eq(kv_put(s, "k", "old", KV_F_W_ALL, 2000000000u, NULL), 0);
+    ck_assert(set_doubt(0, true));
+    return s;
+}
+
 /* etcd away: the primary keeps serving, but only what a backup confirms
  * at its epoch. With no backup to confirm, even a w=1 write or a read
  * waits; sure of its lease again, it answers them alone. */
@@ -651,11 +665,7 @@ START_TEST(primary_in_doubt_serves_what_a_majority_confirms)
     char got[64];
     int rc;
 
-    elect(0, 1);
-    ck_assert(wait_state(0, "primary", 5000));
-    s = connect_to(0);
-    ck_assert_int_eq(kv_put(s, "k", "old", KV_F_W_ALL, 2000000000u, NULL), 0);
-    ck_assert(set_doubt(0, true));
+    s = primary_in_doubt();
     ck_assert_int_eq(kv_put(s, "w1", "one", KV_F_W_ONE, 2000000000u, &ver), 0);
     ck_assert(status_of(1).position >= ver || status_of(2).position >= ver);
     ck_assert_int_eq(kv_get(s, "k", got, sizeof(got), 2000000000u), 0);
@@ -686,11 +696,7 @@ START_TEST(primary_in_doubt_reads_nothing_stale)
     char got[64];
     int rc;
 
-    elect(0, 1);
-    ck_assert(wait_state(0, "primary", 5000));
-    s = connect_to(0);
-    ck_assert_int_eq(kv_put(s, "k", "old", KV_F_W_ALL, 2000000000u, NULL), 0);
-    ck_assert(set_doubt(0, true));
+    s = primary_in_doubt();
     set_view_cut(1, REPL_PRIMARY, 2, 1, 1u << 0);
     set_view(2, REPL_BACKUP, 2, 1);
     ck_assert(wait_state(1, "primary", 10000));

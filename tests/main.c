@@ -54,6 +54,7 @@ static const struct {
     {"doc_query", suite_doc_query},
     {"doc_agg", suite_doc_agg},
     {"doc_store", suite_doc_store},
+    {"doc_repl", suite_doc_repl},
     {"doc_cmd", suite_doc_cmd},
 #endif
 #if TERN_HAVE_BLOCKSYNC

@@ -32,6 +32,7 @@ Suite *suite_doc_update(void);
 Suite *suite_doc_query(void);
 Suite *suite_doc_agg(void);
 Suite *suite_doc_store(void);
+Suite *suite_doc_repl(void);
 Suite *suite_doc_cmd(void);
 Suite *suite_doc_native(void);  /* with the document service */
 Suite *suite_mongo_wire(void);

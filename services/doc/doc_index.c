@@ -374,7 +374,8 @@ static void dup_error(struct doc_coll *c, const struct doc_index *ix, const bson
     bson_destroy(&kv);
 }
 
-int doc_index_check(struct doc_coll *c, const bson_t *doc, uint64_t self, struct doc_err *e)
+int doc_index_check(struct doc_coll *c, const bson_t *doc, uint64_t self, bool unique,
+                    struct doc_err *e)
 {
     static __thread struct doc_buf keys;
     static __thread uint32_t lens[DOC_IX_KEYS_MAX];
@@ -386,7 +387,7 @@ int doc_index_check(struct doc_coll *c, const bson_t *doc, uint64_t self, struct
 
         if (doc_index_keys(ix, doc, &keys, lens, &n, NULL, e) < 0)
             return -1;
-        if (!ix->unique)
+        if (!ix->unique || !unique)
             continue;
         for (unsigned j = 0; j < n; off += lens[j], j++)
             if (clash(ix, keys.p + off, lens[j], self) != UINT64_MAX) {
@@ -468,14 +469,14 @@ void doc_index_remove_doc(struct doc_coll *c, const bson_t *doc, uint64_t slot)
     }
 }
 
-int doc_index_build(struct doc_coll *c, struct doc_index *ix, struct doc_err *e)
+int doc_index_build(struct doc_coll *c, struct doc_index *ix, bool check, struct doc_err *e)
 {
     for (uint64_t i = 0; i < c->nslots; i++) {
         bson_t d;
 
         if (!doc_slot_view(c, &c->slots[i], &d))
             continue;
-        if (ix->unique) {
+        if (ix->unique && check) {
             static __thread struct doc_buf keys;
             static __thread uint32_t lens[DOC_IX_KEYS_MAX];
             unsigned n;
@@ -527,7 +528,7 @@ int doc_index_create(struct doc_coll *c, const struct doc_index_spec *spec, stru
         return doc_errf(e, DOC_CannotCreateIndex, "add index fails, too many indexes for %s (max %d)",
                         c->ns, DOC_INDEXES_MAX);
     }
-    if (doc_index_build(c, ix, e) < 0) {
+    if (doc_index_build(c, ix, true, e) < 0) {
         doc_index_free(ix);
         return -1;
     }

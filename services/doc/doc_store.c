@@ -46,7 +46,7 @@ void doc_rec_key_doc(struct doc_buf *b, uint64_t coll_id, const bson_value_t *id
     doc_key_add(b, id, false);
 }
 
-static void rec_key_catalog(struct doc_buf *b, const char *ns)
+void doc_rec_key_catalog(struct doc_buf *b, const char *ns)
 {
     uint8_t c = DOC_REC_CATALOG;
 
@@ -67,7 +67,7 @@ bool doc_slot_view(const struct doc_coll *c, const struct doc_slot *sl, bson_t *
 
 /* ---- names ---- */
 
-static int check_names(const char *db, const char *coll, struct doc_err *e)
+int doc_check_names(const char *db, const char *coll, struct doc_err *e)
 {
     size_t dl = db ? strlen(db) : 0, cl = coll ? strlen(coll) : 0;
 
@@ -80,9 +80,10 @@ static int check_names(const char *db, const char *coll, struct doc_err *e)
 
 /* ---- appends, with room made by cleaning ---- */
 
-static int append(struct doc_store *s, enum pm_rec_type type, const struct doc_buf *key,
+int doc_rec_append(struct doc_store *s, enum pm_rec_type type, const struct doc_buf *key,
                   const void *val, uint32_t len, pm_loc *loc, struct doc_err *e)
 {
+    uint64_t version;
     int rc;
 
     if (key->oom)
@@ -93,8 +94,8 @@ static int append(struct doc_store *s, enum pm_rec_type type, const struct doc_b
     for (int tries = 0;; tries++) {
         if (pm_free_segs(s->pool) < s->reserve && type == PM_VALUE)
             pm_clean(s->pool, &s->cleaner, 2, 90);
-        rc = pm_append(s->pool, type, pm_next_version(s->pool), key->p, (uint16_t)key->len, val,
-                       len, loc);
+        version = s->forced ? s->forced : pm_next_version(s->pool);
+        rc = pm_append(s->pool, type, version, key->p, (uint16_t)key->len, val, len, loc);
         if (rc != TERN_ENOSPC || tries == 2)
             break;
         if (pm_clean(s->pool, &s->cleaner, 4, 100) <= 0)
@@ -107,12 +108,16 @@ static int append(struct doc_store *s, enum pm_rec_type type, const struct doc_b
     if (rc < 0)
         return doc_errf(e, DOC_InternalError, "pool append: %s", tern_strerror(rc));
     s->dirty = true;
+    /* The replication tap sees what this store decided to write, not what
+     * a primary shipped to it (doc_store_apply). */
+    if (s->tap && !s->forced)
+        s->tap(s->tap_arg, type == PM_TOMBSTONE, key->p, (uint16_t)key->len, val, len, version);
     return 0;
 }
 
 /* A key's new record supersedes a tombstone: the tombstone is an older
  * record now, and its own older ones count too. */
-static uint32_t take_tomb(struct doc_store *s, const struct doc_buf *key)
+uint32_t doc_tomb_take(struct doc_store *s, const struct doc_buf *key)
 {
     uint64_t v;
     struct doc_tomb *t;
@@ -128,7 +133,7 @@ static uint32_t take_tomb(struct doc_store *s, const struct doc_buf *key)
 }
 
 /* A deleted key: its tombstone stays while older records of it remain. */
-static int put_tomb(struct doc_store *s, const struct doc_buf *key, pm_loc loc, uint32_t n_old)
+int doc_tomb_put(struct doc_store *s, const struct doc_buf *key, pm_loc loc, uint32_t n_old)
 {
     struct doc_tomb *t;
 
@@ -150,14 +155,14 @@ static int put_tomb(struct doc_store *s, const struct doc_buf *key, pm_loc loc, 
 
 /* ---- collections ---- */
 
-static struct doc_coll *coll_by_ns(struct doc_store *s, const char *ns)
+struct doc_coll *doc_coll_by_ns(struct doc_store *s, const char *ns)
 {
     uint64_t v;
 
     return doc_bt_find(&s->by_ns, ns, strlen(ns), &v) ? (struct doc_coll *)(uintptr_t)v : NULL;
 }
 
-static struct doc_coll *coll_by_id(struct doc_store *s, uint64_t id)
+struct doc_coll *doc_coll_by_id(struct doc_store *s, uint64_t id)
 {
     uint8_t k[8];
     uint64_t v;
@@ -166,7 +171,7 @@ static struct doc_coll *coll_by_id(struct doc_store *s, uint64_t id)
     return doc_bt_find(&s->by_id, k, 8, &v) ? (struct doc_coll *)(uintptr_t)v : NULL;
 }
 
-static struct doc_coll *coll_new(struct doc_store *s, const char *db, const char *name,
+struct doc_coll *doc_coll_new(struct doc_store *s, const char *db, const char *name,
                                  uint64_t id, struct doc_err *e)
 {
     struct doc_coll *c = calloc(1, sizeof(*c));
@@ -225,8 +230,8 @@ int doc_catalog_write(struct doc_coll *c, struct doc_err *e)
     BSON_APPEND_ARRAY_BEGIN(&v, "indexes", &arr);
     doc_index_append_specs(c, &arr);
     bson_append_array_end(&v, &arr);
-    rec_key_catalog(&s->k1, c->ns);
-    rc = append(s, PM_VALUE, &s->k1, bson_get_data(&v), v.len, &loc, e);
+    doc_rec_key_catalog(&s->k1, c->ns);
+    rc = doc_rec_append(s, PM_VALUE, &s->k1, bson_get_data(&v), v.len, &loc, e);
     bson_destroy(&v);
     if (rc < 0)
         return rc;
@@ -234,7 +239,7 @@ int doc_catalog_write(struct doc_coll *c, struct doc_err *e)
         pm_dead(s->pool, c->cat_loc);
         c->cat_n_old++;
     } else {
-        c->cat_n_old = take_tomb(s, &s->k1);
+        c->cat_n_old = doc_tomb_take(s, &s->k1);
     }
     c->cat_loc = loc;
     return 0;
@@ -246,16 +251,16 @@ struct doc_coll *doc_coll_get(struct doc_store *s, const char *db, const char *c
     char ns[DOC_NS_MAX];
     struct doc_coll *c;
 
-    if (check_names(db, coll, e) < 0)
+    if (doc_check_names(db, coll, e) < 0)
         return NULL;
     snprintf(ns, sizeof(ns), "%s.%s", db, coll);
-    c = coll_by_ns(s, ns);
+    c = doc_coll_by_ns(s, ns);
     if (c || !create) {
         if (!c)
             doc_errf(e, DOC_NamespaceNotFound, "ns does not exist: %s", ns);
         return c;
     }
-    c = coll_new(s, db, coll, s->next_id, e);
+    c = doc_coll_new(s, db, coll, s->next_id, e);
     if (!c)
         return NULL;
     s->next_id++;
@@ -275,31 +280,39 @@ int doc_coll_create(struct doc_store *s, const char *db, const char *coll, struc
 {
     char ns[DOC_NS_MAX];
 
-    if (check_names(db, coll, e) < 0)
+    if (doc_check_names(db, coll, e) < 0)
         return -1;
     snprintf(ns, sizeof(ns), "%s.%s", db, coll);
-    if (coll_by_ns(s, ns))
+    if (doc_coll_by_ns(s, ns))
         return doc_errf(e, DOC_NamespaceExists, "Collection %s already exists.", ns);
     return doc_coll_get(s, db, coll, true, e) ? 0 : -1;
 }
 
-/* Forget a collection: one tombstone for its catalog entry; its documents'
+/* Drop a collection: one tombstone for its catalog entry; its documents'
  * records are dead (their collection id is never reused while one
  * remains: ids only grow, and recovery starts past every id it saw). */
-static int coll_drop(struct doc_coll *c, struct doc_err *e)
+int doc_coll_remove(struct doc_coll *c, struct doc_err *e)
 {
     struct doc_store *s = c->s;
     pm_loc loc;
-    uint8_t k[8];
-    uint64_t v;
     int rc;
 
-    rec_key_catalog(&s->k1, c->ns);
-    rc = append(s, PM_TOMBSTONE, &s->k1, NULL, 0, &loc, e);
+    doc_rec_key_catalog(&s->k1, c->ns);
+    rc = doc_rec_append(s, PM_TOMBSTONE, &s->k1, NULL, 0, &loc, e);
     if (rc < 0)
         return rc;
     pm_dead(s->pool, c->cat_loc);
-    put_tomb(s, &s->k1, loc, c->cat_n_old + 1);
+    doc_tomb_put(s, &s->k1, loc, c->cat_n_old + 1);
+    doc_coll_forget(c);
+    return 1;
+}
+
+void doc_coll_forget(struct doc_coll *c)
+{
+    struct doc_store *s = c->s;
+    uint8_t k[8];
+    uint64_t v;
+
     for (uint64_t i = 0; i < c->nslots; i++)
         if (c->slots[i].loc)
             pm_dead(s->pool, c->slots[i].loc);
@@ -341,7 +354,6 @@ static int coll_drop(struct doc_coll *c, struct doc_err *e)
     } else {
         coll_free(c);
     }
-    return 1;
 }
 
 void doc_coll_release(struct doc_coll *c)
@@ -363,10 +375,10 @@ int doc_coll_drop(struct doc_store *s, const char *db, const char *coll, struct 
     struct doc_coll *c;
     struct doc_err ignore;
 
-    if (check_names(db, coll, e) < 0)
+    if (doc_check_names(db, coll, e) < 0)
         return -1;
     c = doc_coll_get(s, db, coll, false, &ignore);
-    return c ? coll_drop(c, e) : 0;
+    return c ? doc_coll_remove(c, e) : 0;
 }
 
 int doc_db_drop(struct doc_store *s, const char *db, struct doc_err *e)
@@ -375,7 +387,7 @@ int doc_db_drop(struct doc_store *s, const char *db, struct doc_err *e)
     size_t pl;
     int dropped = 0;
 
-    if (check_names(db, NULL, e) < 0)
+    if (doc_check_names(db, NULL, e) < 0)
         return -1;
     pl = (size_t)snprintf(prefix, sizeof(prefix), "%s.", db);
     for (;;) {
@@ -388,7 +400,7 @@ int doc_db_drop(struct doc_store *s, const char *db, struct doc_err *e)
         k = doc_bt_key(&p, &len);
         if (len < pl || memcmp(k, prefix, pl) != 0)
             break;
-        if (coll_drop((struct doc_coll *)(uintptr_t)doc_bt_val(&p), e) < 0)
+        if (doc_coll_remove((struct doc_coll *)(uintptr_t)doc_bt_val(&p), e) < 0)
             return -1;
         dropped = 1;
     }
@@ -541,6 +553,11 @@ static int check_doc(const struct doc_store *s, const bson_t *doc, struct doc_er
 
 int doc_insert(struct doc_coll *c, const bson_t *doc, struct doc_err *e)
 {
+    return doc_insert_doc(c, doc, true, e);
+}
+
+int doc_insert_doc(struct doc_coll *c, const bson_t *doc, bool unique, struct doc_err *e)
+{
     struct doc_store *s = c->s;
     bson_value_t id;
     uint64_t idx;
@@ -548,18 +565,18 @@ int doc_insert(struct doc_coll *c, const bson_t *doc, struct doc_err *e)
     int rc;
 
     if (check_doc(s, doc, e) < 0 || check_id(doc, &id, e) < 0 ||
-        doc_index_check(c, doc, UINT64_MAX, e) < 0)
+        doc_index_check(c, doc, UINT64_MAX, unique, e) < 0)
         return -1;
     if (slot_alloc(c, &idx) < 0)
         return doc_errf(e, DOC_ExceededMemoryLimit, "out of memory");
     doc_rec_key_doc(&s->k1, c->id, &id);
-    rc = append(s, PM_VALUE, &s->k1, bson_get_data(doc), doc->len, &loc, e);
+    rc = doc_rec_append(s, PM_VALUE, &s->k1, bson_get_data(doc), doc->len, &loc, e);
     if (rc < 0) {
         slot_free(c, idx);
         return rc;
     }
     c->slots[idx] = (struct doc_slot){.loc = loc, .len = doc->len,
-                                      .n_old = take_tomb(s, &s->k1)};
+                                      .n_old = doc_tomb_take(s, &s->k1)};
     c->count++;
     c->bytes += doc->len;
     c->wgen++;
@@ -572,6 +589,12 @@ int doc_insert(struct doc_coll *c, const bson_t *doc, struct doc_err *e)
 }
 
 int doc_replace(struct doc_coll *c, doc_ref ref, const bson_t *doc, struct doc_err *e)
+{
+    return doc_replace_doc(c, ref, doc, true, e);
+}
+
+int doc_replace_doc(struct doc_coll *c, doc_ref ref, const bson_t *doc, bool unique,
+                    struct doc_err *e)
 {
     struct doc_store *s = c->s;
     struct doc_slot *sl;
@@ -591,10 +614,10 @@ int doc_replace(struct doc_coll *c, doc_ref ref, const bson_t *doc, struct doc_e
     if (!doc_val_eq(&id, &old_id) || id.value_type != old_id.value_type)
         return doc_errf(e, DOC_ImmutableField,
                         "After applying the update, the (immutable) field '_id' was found to have been altered");
-    if (doc_index_check(c, doc, ref - 1, e) < 0)
+    if (doc_index_check(c, doc, ref - 1, unique, e) < 0)
         return -1;
     doc_rec_key_doc(&s->k1, c->id, &id);
-    rc = append(s, PM_VALUE, &s->k1, bson_get_data(doc), doc->len, &loc, e);
+    rc = doc_rec_append(s, PM_VALUE, &s->k1, bson_get_data(doc), doc->len, &loc, e);
     if (rc < 0)
         return rc;
     sl = &c->slots[ref - 1];          /* a clean may have moved the old record */
@@ -625,14 +648,14 @@ int doc_delete(struct doc_coll *c, doc_ref ref, struct doc_err *e)
     if (check_id(&old, &id, e) < 0)
         return -1;
     doc_rec_key_doc(&s->k1, c->id, &id);
-    rc = append(s, PM_TOMBSTONE, &s->k1, NULL, 0, &loc, e);
+    rc = doc_rec_append(s, PM_TOMBSTONE, &s->k1, NULL, 0, &loc, e);
     if (rc < 0)
         return rc;
     sl = &c->slots[ref - 1];
     doc_slot_view(c, sl, &old);
     doc_index_remove_doc(c, &old, ref - 1);
     pm_dead(s->pool, sl->loc);
-    put_tomb(s, &s->k1, loc, sl->n_old + 1);
+    doc_tomb_put(s, &s->k1, loc, sl->n_old + 1);
     c->count--;
     c->bytes -= sl->len;
     c->wgen++;
@@ -706,7 +729,7 @@ static bool owner_of(struct doc_store *s, const struct pm_rec *r, struct owner *
             return false;
         memcpy(ns, k + 1, r->key_len - 1u);
         ns[r->key_len - 1] = 0;
-        c = coll_by_ns(s, ns);
+        c = doc_coll_by_ns(s, ns);
         if (!c)
             return false;
         o->loc = &c->cat_loc;
@@ -714,7 +737,7 @@ static bool owner_of(struct doc_store *s, const struct pm_rec *r, struct owner *
         return true;
     }
     if (r->key_len > 9 && k[0] == DOC_REC_DOC) {
-        struct doc_coll *c = coll_by_id(s, rd_be64(k + 1));
+        struct doc_coll *c = doc_coll_by_id(s, rd_be64(k + 1));
 
         if (!c || !doc_bt_find(&c->ix[0]->bt, k + 9, r->key_len - 9u, &v))
             return false;
@@ -815,62 +838,81 @@ static int recover_rec(void *arg, pm_loc loc, const struct pm_rec *r)
     return 0;
 }
 
+int doc_catalog_parse(const void *val, uint32_t len, struct doc_cat *out, struct doc_err *e)
+{
+    bson_t v;
+    bson_iter_t it, ai, si;
+
+    memset(out, 0, sizeof(*out));
+    out->id = -1;
+    if (!bson_init_static(&v, val, len) || !bson_validate(&v, 0, NULL))
+        return doc_errf(e, DOC_InvalidBSON, "catalog record is not BSON");
+    if (bson_iter_init_find(&it, &v, "id") && BSON_ITER_HOLDS_INT64(&it))
+        out->id = bson_iter_int64(&it);
+    if (bson_iter_init_find(&it, &v, "db") && BSON_ITER_HOLDS_UTF8(&it))
+        out->db = bson_iter_utf8(&it, NULL);
+    if (bson_iter_init_find(&it, &v, "coll") && BSON_ITER_HOLDS_UTF8(&it))
+        out->name = bson_iter_utf8(&it, NULL);
+    if (out->id <= 0 || !out->db || !out->name || doc_check_names(out->db, out->name, e) < 0)
+        return doc_errf(e, DOC_InvalidBSON, "catalog record is malformed");
+    if (!bson_iter_init_find(&it, &v, "indexes") || !BSON_ITER_HOLDS_ARRAY(&it) ||
+        !bson_iter_recurse(&it, &ai))
+        return 0;
+    while (bson_iter_next(&ai)) {
+        struct doc_cat_index *x = &out->ix[out->nix];
+        const uint8_t *d;
+        uint32_t dl;
+        bson_t spec;
+
+        if (!BSON_ITER_HOLDS_DOCUMENT(&ai))
+            continue;
+        bson_iter_document(&ai, &dl, &d);
+        if (!bson_init_static(&spec, d, dl))
+            continue;
+        x->name = NULL;
+        x->unique = false;
+        if (bson_iter_init_find(&si, &spec, "name") && BSON_ITER_HOLDS_UTF8(&si))
+            x->name = bson_iter_utf8(&si, NULL);
+        if (bson_iter_init_find(&si, &spec, "unique"))
+            x->unique = bson_iter_as_bool(&si);
+        if (!x->name || !bson_iter_init_find(&si, &spec, "key") ||
+            !BSON_ITER_HOLDS_DOCUMENT(&si) || strcmp(x->name, "_id_") == 0)
+            continue;
+        bson_iter_document(&si, &dl, &d);
+        if (!bson_init_static(&x->key, d, dl))
+            continue;
+        if (out->nix == DOC_INDEXES_MAX - 1)
+            break;      /* _id_ is the first */
+        out->nix++;
+    }
+    return 0;
+}
+
 /* A catalog record's collection, with its index specs (built later). */
 static int recover_catalog(struct doc_store *s, const struct rec_ent *ent, struct doc_err *e)
 {
     const struct pm_rec *r = pm_rec_at(s->pool, ent->loc);
-    bson_t v;
-    bson_iter_t it, ai, si;
-    const char *db = NULL, *name = NULL;
-    int64_t id = -1;
+    struct doc_cat cat;
     struct doc_coll *c;
 
-    if (!bson_init_static(&v, pm_rec_val(r), r->val_len) || !bson_validate(&v, 0, NULL))
-        return doc_errf(e, DOC_InvalidBSON, "catalog record at %#" PRIx64 " is not BSON", ent->loc);
-    if (bson_iter_init_find(&it, &v, "id") && BSON_ITER_HOLDS_INT64(&it))
-        id = bson_iter_int64(&it);
-    if (bson_iter_init_find(&it, &v, "db") && BSON_ITER_HOLDS_UTF8(&it))
-        db = bson_iter_utf8(&it, NULL);
-    if (bson_iter_init_find(&it, &v, "coll") && BSON_ITER_HOLDS_UTF8(&it))
-        name = bson_iter_utf8(&it, NULL);
-    if (id < 0 || !db || !name || check_names(db, name, e) < 0)
-        return doc_errf(e, DOC_InvalidBSON, "catalog record at %#" PRIx64 " is malformed", ent->loc);
-    c = coll_new(s, db, name, (uint64_t)id, e);
+    if (doc_catalog_parse(pm_rec_val(r), r->val_len, &cat, e) < 0) {
+        char why[sizeof(e->msg)];
+
+        snprintf(why, sizeof(why), "%s", e->msg);
+        return doc_errf(e, DOC_InvalidBSON, "catalog record at %#" PRIx64 ": %s", ent->loc, why);
+    }
+    c = doc_coll_new(s, cat.db, cat.name, (uint64_t)cat.id, e);
     if (!c)
         return -1;
     c->cat_loc = ent->loc;
     c->cat_n_old = ent->n_old;
-    if ((uint64_t)id >= s->next_id)
-        s->next_id = (uint64_t)id + 1;
-    if (bson_iter_init_find(&it, &v, "indexes") && BSON_ITER_HOLDS_ARRAY(&it) &&
-        bson_iter_recurse(&it, &ai)) {
-        while (bson_iter_next(&ai)) {
-            const uint8_t *d;
-            uint32_t dl;
-            bson_t spec, key;
-            const char *iname = NULL;
-            bool unique = false;
-
-            if (!BSON_ITER_HOLDS_DOCUMENT(&ai))
-                continue;
-            bson_iter_document(&ai, &dl, &d);
-            if (!bson_init_static(&spec, d, dl))
-                continue;
-            if (bson_iter_init_find(&si, &spec, "name") && BSON_ITER_HOLDS_UTF8(&si))
-                iname = bson_iter_utf8(&si, NULL);
-            if (bson_iter_init_find(&si, &spec, "unique"))
-                unique = bson_iter_as_bool(&si);
-            if (!iname || !bson_iter_init_find(&si, &spec, "key") ||
-                !BSON_ITER_HOLDS_DOCUMENT(&si) || strcmp(iname, "_id_") == 0)
-                continue;
-            bson_iter_document(&si, &dl, &d);
-            if (!bson_init_static(&key, d, dl) || c->nix == DOC_INDEXES_MAX)
-                continue;
-            c->ix[c->nix] = doc_index_new(&key, iname, unique, e);
-            if (!c->ix[c->nix])
-                return -1;
-            c->nix++;
-        }
+    if ((uint64_t)cat.id >= s->next_id)
+        s->next_id = (uint64_t)cat.id + 1;
+    for (unsigned i = 0; i < cat.nix; i++) {
+        c->ix[c->nix] = doc_index_new(&cat.ix[i].key, cat.ix[i].name, cat.ix[i].unique, e);
+        if (!c->ix[c->nix])
+            return -1;
+        c->nix++;
     }
     return 0;
 }
@@ -878,7 +920,7 @@ static int recover_catalog(struct doc_store *s, const struct rec_ent *ent, struc
 static int recover_doc(struct doc_store *s, const uint8_t *k, size_t klen, struct rec_ent *ent,
                        struct doc_err *e)
 {
-    struct doc_coll *c = coll_by_id(s, rd_be64(k + 1));
+    struct doc_coll *c = doc_coll_by_id(s, rd_be64(k + 1));
     struct doc_buf kb = {0};
     uint64_t idx;
 
@@ -888,7 +930,7 @@ static int recover_doc(struct doc_store *s, const uint8_t *k, size_t klen, struc
             return 0;
         }
         doc_buf_add(&kb, k, klen);
-        put_tomb(s, &kb, ent->loc, ent->n_old);
+        doc_tomb_put(s, &kb, ent->loc, ent->n_old);
         doc_buf_free(&kb);
         return 0;
     }
@@ -935,7 +977,7 @@ static int recover(struct doc_store *s, struct doc_err *e)
             struct doc_buf kb = {0};
 
             doc_buf_add(&kb, k, len);
-            put_tomb(s, &kb, ent->loc, ent->n_old);
+            doc_tomb_put(s, &kb, ent->loc, ent->n_old);
             doc_buf_free(&kb);
         } else if (k[0] == DOC_REC_DOC && len > 9) {
             rc = recover_doc(s, k, len, ent, e);
@@ -945,12 +987,16 @@ static int recover(struct doc_store *s, struct doc_err *e)
     }
     if (rv.max_id >= s->next_id)
         s->next_id = rv.max_id + 1;
-    /* Secondary indexes, from the documents now in place. */
+    /* Secondary indexes, from the documents now in place. Unique ones are
+     * not checked: a primary never stores a clash, but a replica that
+     * stopped in the middle of a full copy may hold one for a while (a
+     * document copied before its change and another after it), and the
+     * records still to come resolve it. */
     for (bool m = doc_bt_seek(&s->by_ns, NULL, 0, false, &p); m && rc == 0; m = doc_bt_next(&p)) {
         struct doc_coll *c = (struct doc_coll *)(uintptr_t)doc_bt_val(&p);
 
         for (unsigned i = 1; i < c->nix && rc == 0; i++)
-            rc = doc_index_build(c, c->ix[i], e);
+            rc = doc_index_build(c, c->ix[i], false, e);
     }
 out:
     for (bool m = doc_bt_seek(&rv.keys, NULL, 0, false, &p); m; m = doc_bt_next(&p))
@@ -982,8 +1028,11 @@ int doc_store_open(const char *path, const struct doc_store_opts *o, struct doc_
     doc_bt_init(&s->tombs);
     s->cleaner = (struct pm_cleaner){.is_live = clean_is_live, .moved = clean_moved,
                                      .dropped = clean_dropped, .arg = s};
-    rc = pm_open(path, &po, &s->pool);
+    s->popts = po;
+    s->path = strdup(path);
+    rc = s->path ? pm_open(path, &po, &s->pool) : TERN_ENOMEM;
     if (rc < 0) {
+        free(s->path);
         free(s);
         return doc_errf(e, rc == TERN_EBUSY ? DOC_IllegalOperation : DOC_InternalError,
                         "pool %s: %s", path, tern_strerror(rc));
@@ -1019,6 +1068,8 @@ void doc_store_close(struct doc_store *s)
     doc_bt_free(&s->tombs);
     doc_buf_free(&s->k1);
     doc_buf_free(&s->k2);
+    doc_buf_free(&s->ka);
+    free(s->path);
     if (s->pool)
         pm_close(s->pool);
     free(s);

@@ -6,6 +6,7 @@
 
 #include "doc_bson.h"
 #include "doc_btree.h"
+#include "doc_repl.h"
 #include "doc_store.h"
 #include "pm/pm.h"
 
@@ -72,13 +73,71 @@ struct doc_store {
     bool dirty;
     uint32_t reserve;            /* free segments kept by cleaning */
     struct doc_buf k1, k2;       /* scratch key buffers */
+    struct doc_buf ka;           /* doc_store_apply's record key */
     uint64_t recover_ms;
+    char *path;                  /* the pool's file, and how it was made: */
+    struct pm_opts popts;        /* a replica's wipe makes it anew */
+    doc_tap_fn tap;              /* doc_store_set_tap() */
+    void *tap_arg;
+    uint64_t forced;             /* doc_store_apply: the version to write */
 };
 
 /* Record keys. */
 #define DOC_REC_CATALOG 'C'
 #define DOC_REC_DOC 'D'
 void doc_rec_key_doc(struct doc_buf *b, uint64_t coll_id, const bson_value_t *id);
+
+void doc_rec_key_catalog(struct doc_buf *b, const char *ns);
+
+/* Append a record under the next version (the forced one while applying
+ * a shipped record), cleaning for room; DOC_OutOfDiskSpace when full. The
+ * tap sees it. */
+int doc_rec_append(struct doc_store *s, enum pm_rec_type type, const struct doc_buf *key,
+                   const void *val, uint32_t len, pm_loc *loc, struct doc_err *e);
+
+/* A key's tombstone: taken when a new record of the key supersedes it
+ * (the count of its older records, itself included), put when the key is
+ * deleted (dead at once if no older record remains). */
+uint32_t doc_tomb_take(struct doc_store *s, const struct doc_buf *key);
+int doc_tomb_put(struct doc_store *s, const struct doc_buf *key, pm_loc loc, uint32_t n_old);
+
+int doc_check_names(const char *db, const char *coll, struct doc_err *e);
+struct doc_coll *doc_coll_by_ns(struct doc_store *s, const char *ns);
+struct doc_coll *doc_coll_by_id(struct doc_store *s, uint64_t id);
+
+/* A collection in DRAM only (its catalog record is the caller's). */
+struct doc_coll *doc_coll_new(struct doc_store *s, const char *db, const char *name,
+                              uint64_t id, struct doc_err *e);
+
+/* Drop a collection: a tombstone for its catalog record, then forget it.
+ * 1, or -1 with *e. */
+int doc_coll_remove(struct doc_coll *c, struct doc_err *e);
+
+/* Forget a collection whose catalog record is gone or superseded: its
+ * documents' records are dead, it leaves the maps, and scans still on it
+ * end. */
+void doc_coll_forget(struct doc_coll *c);
+
+/* doc_insert and doc_replace, with the unique indexes checked or not (a
+ * replica applies what its primary checked). */
+int doc_insert_doc(struct doc_coll *c, const bson_t *doc, bool unique, struct doc_err *e);
+int doc_replace_doc(struct doc_coll *c, doc_ref ref, const bson_t *doc, bool unique,
+                    struct doc_err *e);
+
+/* A catalog record's value: {id, db, coll, indexes: [{key, name, unique}]}
+ * as views into it (_id_ left out). DOC_InvalidBSON if malformed. */
+struct doc_cat_index {
+    bson_t key;
+    const char *name;
+    bool unique;
+};
+struct doc_cat {
+    int64_t id;
+    const char *db, *name;
+    unsigned nix;
+    struct doc_cat_index ix[DOC_INDEXES_MAX - 1];
+};
+int doc_catalog_parse(const void *val, uint32_t len, struct doc_cat *out, struct doc_err *e);
 
 /* The BSON of a slot's document (a view into the pool). */
 bool doc_slot_view(const struct doc_coll *c, const struct doc_slot *sl, bson_t *view);
@@ -100,18 +159,21 @@ void doc_index_free(struct doc_index *ix);
 int doc_index_keys(const struct doc_index *ix, const bson_t *doc, struct doc_buf *out,
                    uint32_t *lens, unsigned *n, bool *arrays, struct doc_err *e);
 
-/* Would storing `doc` as slot `self` (UINT64_MAX: a new document) break a
- * unique index?
- * DOC_DuplicateKey with MongoDB's errmsg. */
-int doc_index_check(struct doc_coll *c, const bson_t *doc, uint64_t self, struct doc_err *e);
+/* Can `doc` be stored as slot `self` (UINT64_MAX: a new document)? Its
+ * entries must be computable (DOC_BadValue for parallel arrays in a
+ * compound key), and with `unique` no unique index may hold one of them
+ * for another document (DOC_DuplicateKey with MongoDB's errmsg). */
+int doc_index_check(struct doc_coll *c, const bson_t *doc, uint64_t self, bool unique,
+                    struct doc_err *e);
 
 /* Add or remove a document's entries in every index. Add can fail only
  * for memory (the caller checked uniqueness). */
 int doc_index_add_doc(struct doc_coll *c, const bson_t *doc, uint64_t slot, struct doc_err *e);
 void doc_index_remove_doc(struct doc_coll *c, const bson_t *doc, uint64_t slot);
 
-/* Build one index over the collection's documents. */
-int doc_index_build(struct doc_coll *c, struct doc_index *ix, struct doc_err *e);
+/* Build one index over the collection's documents; `check`: refuse a
+ * unique index's clash (DOC_DuplicateKey), else let it be. */
+int doc_index_build(struct doc_coll *c, struct doc_index *ix, bool check, struct doc_err *e);
 
 /* The catalog entry's indexes array. */
 void doc_index_append_specs(const struct doc_coll *c, bson_t *arr);

@@ -935,7 +935,7 @@ static void fake_tick(struct doc_server *s, uint64_t now_ms)
 }
 
 static const struct mongo_gw_runner fake = {fake_client_new, fake_client_free, fake_run,
-                                            fake_sync, fake_sync_failed, fake_tick};
+                                            fake_sync, fake_sync_failed, fake_tick, NULL, NULL};
 
 static unsigned max_clients;
 

@@ -39,8 +39,10 @@
 #include "doc_cmd.h"
 #include "doc_match.h"
 #include "doc_query.h"
+#include "doc_repl.h"
 #include "doc_store.h"
 #include "doc_update.h"
+#include "repl.h"
 
 #define CMD_DEPTH_MAX 200           /* MongoDB's BSONDepth::kDefaultMaxAllowableDepth */
 #define WRITE_BATCH_MAX 100000      /* maxWriteBatchSize the server says */
@@ -100,6 +102,10 @@ struct doc_server {
     int32_t next_conn;
     struct timespec started;
     struct doc_server_stats st;
+    /* doc_server_replicate: the group, and hello's replica-set fields */
+    struct repl *repl;
+    doc_hello_fn hello;
+    void *hello_arg;
 };
 
 /* One command being run. */
@@ -3084,9 +3090,19 @@ static int cmd_hello(struct ctx *x)
         return -1;
     if (hello_ok)
         bson_append_bool(x->reply, "helloOk", -1, true);
-    bson_append_bool(x->reply, "ismaster", -1, true);
-    if (!strcmp(x->name, "hello"))
-        bson_append_bool(x->reply, "isWritablePrimary", -1, true);
+    if (x->srv->repl && x->srv->hello) {
+        /* A replica set's member: its role and the set, as drivers read them. */
+        bool primary = repl_writable(x->srv->repl) == 0;
+
+        bson_append_bool(x->reply, !strcmp(x->name, "hello") ? "isWritablePrimary" : "ismaster",
+                         -1, primary);
+        bson_append_bool(x->reply, "secondary", -1, !primary && repl_consistent(x->srv->repl));
+        x->srv->hello(x->srv->hello_arg, x->reply, primary);
+    } else {
+        bson_append_bool(x->reply, "ismaster", -1, true);
+        if (!strcmp(x->name, "hello"))
+            bson_append_bool(x->reply, "isWritablePrimary", -1, true);
+    }
     bson_append_int32(x->reply, "maxBsonObjectSize", -1,
                       (int32_t)doc_store_max_doc(x->srv->store));
     bson_append_int32(x->reply, "maxMessageSizeBytes", -1, MESSAGE_MAX);
@@ -3304,6 +3320,9 @@ static int cmd_end_sessions(struct ctx *x)
 enum cmd_flags {
     C_WRITE = 1,                /* may write: the reply waits for the sync */
     C_NODB = 2,                 /* needs no $db */
+    C_READ = 4,                 /* reads the store: on a replica, its primary's
+                                 * (or a secondary's if the client allows) */
+    C_CURSOR = 8,               /* goes on with a cursor: wherever it was opened */
 };
 
 static const struct cmd {
@@ -3311,8 +3330,8 @@ static const struct cmd {
     int (*fn)(struct ctx *x);
     unsigned flags;
 } cmds[] = {
-    {"find", cmd_find, 0},
-    {"getMore", cmd_getmore, 0},
+    {"find", cmd_find, C_READ},
+    {"getMore", cmd_getmore, C_READ | C_CURSOR},
     {"insert", cmd_insert, C_WRITE},
     {"update", cmd_update, C_WRITE},
     {"delete", cmd_delete, C_WRITE},
@@ -3323,20 +3342,20 @@ static const struct cmd {
     {"killCursors", cmd_killcursors, 0},
     {"findAndModify", cmd_find_and_modify, C_WRITE},
     {"findandmodify", cmd_find_and_modify, C_WRITE},
-    {"count", cmd_count, 0},
-    {"distinct", cmd_distinct, 0},
-    {"aggregate", cmd_aggregate, 0},
+    {"count", cmd_count, C_READ},
+    {"distinct", cmd_distinct, C_READ},
+    {"aggregate", cmd_aggregate, C_READ},
     {"createIndexes", cmd_create_indexes, C_WRITE},
-    {"listIndexes", cmd_list_indexes, 0},
+    {"listIndexes", cmd_list_indexes, C_READ},
     {"dropIndexes", cmd_drop_indexes, C_WRITE},
     {"deleteIndexes", cmd_drop_indexes, C_WRITE},
-    {"listCollections", cmd_list_collections, 0},
-    {"listDatabases", cmd_list_databases, 0},
+    {"listCollections", cmd_list_collections, C_READ},
+    {"listDatabases", cmd_list_databases, C_READ},
     {"create", cmd_create, C_WRITE},
     {"drop", cmd_drop, C_WRITE},
     {"dropDatabase", cmd_drop_database, C_WRITE},
-    {"collStats", cmd_coll_stats, 0},
-    {"dbStats", cmd_db_stats, 0},
+    {"collStats", cmd_coll_stats, C_READ},
+    {"dbStats", cmd_db_stats, C_READ},
     {"endSessions", cmd_end_sessions, C_NODB},
     {"buildInfo", cmd_build_info, C_NODB},
     {"buildinfo", cmd_build_info, C_NODB},
@@ -3347,8 +3366,117 @@ static const struct cmd {
     {"getLog", cmd_get_log, C_NODB},
     {"getCmdLineOpts", cmd_get_cmd_line_opts, C_NODB},
     {"connectionStatus", cmd_connection_status, C_NODB},
-    {"explain", cmd_explain, 0},
+    {"explain", cmd_explain, C_READ},
 };
+
+/* ---- replication ---- */
+
+/* The client takes data a secondary may have a little behind:
+ * $readPreference's mode is not primary (drivers send it so). */
+static bool secondary_ok(const struct ctx *x)
+{
+    bson_iter_t it, m;
+
+    if (!bson_iter_init_find(&it, x->cmd, "$readPreference") || !BSON_ITER_HOLDS_DOCUMENT(&it) ||
+        !bson_iter_recurse(&it, &m) || !bson_iter_find(&m, "mode") || !BSON_ITER_HOLDS_UTF8(&m))
+        return false;
+    return strcmp(bson_iter_utf8(&m, NULL), "primary") != 0;
+}
+
+/* On a replicated server, only the primary writes, and reads go to it
+ * unless the client allows a secondary (which must hold the whole shard:
+ * not in a full copy). MongoDB's codes, which drivers act on: they look
+ * for the primary again and retry. */
+static int replica_refuses(struct ctx *x, unsigned flags)
+{
+    if (repl_writable(x->srv->repl) == 0)
+        return 0;
+    if (flags & C_WRITE)
+        return doc_errf(&x->e, DOC_NotWritablePrimary, "not primary");
+    if ((flags & C_CURSOR) || ((flags & C_READ) && secondary_ok(x) &&
+                               repl_consistent(x->srv->repl)))
+        return 0;
+    if (flags & C_READ)
+        return doc_errf(&x->e, DOC_NotPrimaryNoSecondaryOk, "not primary and secondaryOk=false");
+    return 0;
+}
+
+/* writeConcern.w as DOC_CMD_W flags: absent or "majority" is the
+ * default (majority, as MongoDB's since 5.0). */
+static int write_concern(const bson_t *cmd)
+{
+    bson_iter_t it, w;
+    int64_t n;
+
+    if (!bson_iter_init_find(&it, cmd, "writeConcern") || !BSON_ITER_HOLDS_DOCUMENT(&it) ||
+        !bson_iter_recurse(&it, &w) || !bson_iter_find(&w, "w") ||
+        !(BSON_ITER_HOLDS_NUMBER(&w)))
+        return 0;
+    n = bson_iter_as_int64(&w);
+    if (n <= 1)
+        return DOC_CMD_W_ONE;
+    return (int)(n > 255 ? 255 : n) << DOC_CMD_W_SHIFT;
+}
+
+void doc_server_replicate(struct doc_server *srv, struct repl *r, doc_hello_fn hello, void *arg)
+{
+    srv->repl = r;
+    srv->hello = hello;
+    srv->hello_arg = arg;
+}
+
+bool doc_server_replicated(const struct doc_server *srv)
+{
+    return srv->repl != NULL;
+}
+
+static enum repl_w concern_of(const struct doc_server *srv, int flags)
+{
+    unsigned n = doc_cmd_w(flags), replicas;
+    struct repl_status st;
+
+    if (flags & DOC_CMD_W_ONE)
+        return REPL_W_ONE;
+    if (!n)
+        return REPL_W_MAJORITY;
+    repl_status(srv->repl, &st);
+    replicas = st.n ? st.n : 1;
+    return n > replicas / 2 + 1 ? REPL_W_ALL : REPL_W_MAJORITY;
+}
+
+bool doc_server_wait(struct doc_server *srv, int flags, struct repl_wait *w)
+{
+    if (!srv->repl)
+        return false;
+    if (flags & DOC_CMD_WROTE)
+        return repl_wait_write(srv->repl, concern_of(srv, flags), w);
+    if (flags & DOC_CMD_READ)
+        return repl_wait_read(srv->repl, doc_store_version(srv->store), w);
+    return false;
+}
+
+int doc_server_waited(struct doc_server *srv, const struct repl_wait *w, struct doc_err *e)
+{
+    int rc = srv->repl ? repl_wait_check(srv->repl, w) : 1;
+
+    if (rc >= 0)
+        return rc;
+    if (rc == TERN_ESHUTDOWN)
+        return doc_errf(e, DOC_ShutdownInProgress, "the server is shutting down");
+    return doc_errf(e, DOC_PrimarySteppedDown,
+                    "this node stopped being primary before enough replicas held the "
+                    "reply's data (%s)", tern_strerror(rc));
+}
+
+void doc_server_hold(struct doc_server *srv, struct tern_req *req, int flags)
+{
+    if (!srv->repl)
+        return;
+    if (flags & DOC_CMD_WROTE)
+        repl_hold(srv->repl, req, concern_of(srv, flags));
+    else if (flags & DOC_CMD_READ)
+        repl_hold_read(srv->repl, req, doc_store_version(srv->store));
+}
 
 static int run(struct ctx *x, const struct cmd **which)
 {
@@ -3384,6 +3512,8 @@ static int run(struct ctx *x, const struct cmd **which)
     } else {
         snprintf(x->db, sizeof(x->db), "admin");
     }
+    if (x->srv->repl && replica_refuses(x, cmd->flags) < 0)
+        return -1;
     return cmd->fn(x);
 }
 
@@ -3402,7 +3532,15 @@ int doc_cmd_run(struct doc_client *c, const bson_t *cmd, const struct doc_seq *s
         append_ok(reply);
     }
     c->srv->st.cursors_open = c->srv->ncursors;
-    return which && (which->flags & C_WRITE) ? DOC_CMD_WROTE : 0;
+    if (!which)
+        return 0;
+    if (which->flags & C_WRITE)
+        return DOC_CMD_WROTE | write_concern(cmd);
+    /* A read on the primary: what it saw must be on a majority before the
+     * client sees it (a secondary's reads are behind by nature). */
+    if ((which->flags & C_READ) && c->srv->repl && repl_writable(c->srv->repl) == 0)
+        return DOC_CMD_READ;
+    return 0;
 }
 
 int doc_server_sync(struct doc_server *srv, struct doc_err *e)

@@ -84,7 +84,17 @@ struct doc_seq {
 enum doc_cmd_flags {
     DOC_CMD_WROTE = 1,          /* the command wrote: send its reply only after
                                  * doc_server_sync() */
+    DOC_CMD_READ = 2,           /* it read a replicated primary's store */
+    DOC_CMD_W_ONE = 4,          /* a write's concern: w 0 or 1 */
+    DOC_CMD_W_SHIFT = 8,        /* a write's w when a number over 1 (bits 8..15);
+                                 * 0 there: majority */
 };
+
+/* A write's w as a number (0: majority). */
+static inline unsigned doc_cmd_w(int flags)
+{
+    return ((unsigned)flags >> DOC_CMD_W_SHIFT) & 0xffu;
+}
 
 /* Run one command and build its reply into `reply` (an initialised,
  * empty bson_t of the caller's). Returns enum doc_cmd_flags. */
@@ -97,6 +107,39 @@ int doc_cmd_run(struct doc_client *c, const bson_t *cmd, const struct doc_seq *s
  * them with doc_cmd_sync_failed). */
 int doc_server_sync(struct doc_server *srv, struct doc_err *e);
 void doc_cmd_sync_failed(const struct doc_err *e, bson_t *reply);
+
+/* ---- replication ----
+ *
+ * A server whose store is one replica of a shard (doc_repl.h) is told its
+ * group. Then only the primary writes (others answer NotWritablePrimary)
+ * and serves reads, but for reads whose $readPreference allows a
+ * secondary, which a backup holding the whole shard serves; hello says
+ * the member's role and, through `hello`, the set (setName, hosts,
+ * primary, me, setVersion, electionId). A reply must wait before it goes
+ * out: a write's until its concern (writeConcern.w, majority by default)
+ * is met, a primary's read's until what it read is on a majority. The
+ * caller does that wait: doc_server_hold gates an RPC request's reply;
+ * doc_server_wait gives a ticket that doc_server_waited checks. */
+struct repl;
+struct repl_wait;
+struct tern_req;
+
+/* Appends the set's fields to a hello reply; `primary`: this member is. */
+typedef void (*doc_hello_fn)(void *arg, bson_t *reply, bool primary);
+
+/* r NULL: alone again. The group must outlive the server or be unset. */
+void doc_server_replicate(struct doc_server *srv, struct repl *r, doc_hello_fn hello, void *arg);
+
+bool doc_server_replicated(const struct doc_server *srv);
+
+/* For the reply of a command that returned `flags`: gate it (RPC). */
+void doc_server_hold(struct doc_server *srv, struct tern_req *req, int flags);
+
+/* Must it wait? true with *w to check: 1 it may go, 0 not yet, -1 never
+ * (*e says why: the reply becomes that error, PrimarySteppedDown when this
+ * node lost its office, which drivers retry elsewhere). */
+bool doc_server_wait(struct doc_server *srv, int flags, struct repl_wait *w);
+int doc_server_waited(struct doc_server *srv, const struct repl_wait *w, struct doc_err *e);
 
 /* Close cursors idle past cursor_idle_ms; call now and then. */
 void doc_server_tick(struct doc_server *srv, uint64_t now_ms);

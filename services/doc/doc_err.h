@@ -34,6 +34,11 @@ extern "C" {
     X(ConflictingUpdateOperators, 40)         \
     X(CursorNotFound, 43)                     \
     X(NamespaceExists, 48)                    \
+    X(WriteConcernFailed, 64)                 \
+    X(ShutdownInProgress, 91)                 \
+    X(PrimarySteppedDown, 189)                \
+    X(NotWritablePrimary, 10107)              \
+    X(NotPrimaryNoSecondaryOk, 13435)         \
     X(DollarPrefixedFieldName, 52)            \
     X(InvalidIdField, 53)                     \
     X(NotSingleValueField, 54)                \

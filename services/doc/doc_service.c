@@ -381,7 +381,8 @@ static int h_cmd(struct tern_req *req, const void *data, size_t len, void *ctx)
     const bson_t *body;
     uint64_t now;
     bson_t cmd;
-    bool wrote;
+    bool wrote, gated;
+    int flags;
 
     if (len < sizeof(q))
         return TERN_EPROTO;
@@ -407,8 +408,12 @@ static int h_cmd(struct tern_req *req, const void *data, size_t len, void *ctx)
     if (!e)
         return TERN_ENOMEM;
     svc->st.commands++;
-    wrote = (doc_cmd_run(e->c, &cmd, NULL, 0, &svc->reply) & DOC_CMD_WROTE) != 0;
-    if (wrote && svc->group_commit) {
+    flags = doc_cmd_run(e->c, &cmd, NULL, 0, &svc->reply);
+    wrote = (flags & DOC_CMD_WROTE) != 0;
+    /* A replicated store's replies wait at the group's gates; a write's
+     * is durable here first (a gated reply skips the poll's hold). */
+    gated = doc_server_replicated(svc->srv) && (flags & (DOC_CMD_WROTE | DOC_CMD_READ));
+    if (wrote && svc->group_commit && !gated) {
         tern_req_hold(req);     /* durable at the end of the poll (group_flush) */
     } else if (wrote) {
         struct doc_err se = {0};
@@ -418,6 +423,8 @@ static int h_cmd(struct tern_req *req, const void *data, size_t len, void *ctx)
             doc_cmd_sync_failed(&se, &svc->reply);
         }
     }
+    if (gated)
+        doc_server_hold(svc->srv, req, flags);
     body = &svc->reply;
     if (push_batch(svc, e, &q, &rep)) {
         body = &svc->slim;

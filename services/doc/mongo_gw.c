@@ -34,6 +34,7 @@
 #include "log.h"
 #include "mongo_gw.h"
 #include "mongo_wire.h"
+#include "repl.h"
 #include "rpc.h"
 
 #define LOG_WHO "mongo"
@@ -62,6 +63,8 @@ static const struct mongo_gw_runner doc_cmd_runner = {
     .sync = doc_server_sync,
     .sync_failed = doc_cmd_sync_failed,
     .tick = doc_server_tick,
+    .wait = doc_server_wait,
+    .waited = doc_server_waited,
 };
 
 struct buf {
@@ -95,6 +98,11 @@ struct client {
     struct client *prev, *next;         /* every client */
     struct client *next_touched;
     uint64_t last_write_ns;             /* when a command of this client last wrote */
+    /* the last reply in the output waits for the replicas (mongo_gw.h) */
+    bool held, held_write, held_legacy;
+    size_t held_len;
+    int32_t held_to;
+    struct repl_wait wait;
 };
 
 struct mongo_gw {
@@ -106,6 +114,7 @@ struct mongo_gw {
     int epfd, lfd;
     uint16_t port;
     unsigned n_clients;
+    unsigned n_held;                    /* clients with a reply waiting */
     struct client *clients;
     struct client *touched;             /* clients with work this poll */
     unsigned batch_msgs;
@@ -275,6 +284,14 @@ static void run_message(struct mongo_gw *gw, struct client *c, const uint8_t *ms
     out_reply(gw, c, &m.h, m.legacy, &gw->reply);
     if ((rc & DOC_CMD_WROTE) && !c->dead)
         mark_write(c, start, &m);
+    if (!c->dead && gw->run.wait && gw->run.wait(gw->srv, rc, &c->wait)) {
+        c->held = true;
+        c->held_write = (rc & DOC_CMD_WROTE) != 0;
+        c->held_legacy = m.legacy;
+        c->held_to = m.h.request_id;
+        c->held_len = out_pending(c) - start;
+        gw->n_held++;
+    }
 }
 
 /* Run every complete message in the input buffer, while the client's
@@ -283,7 +300,8 @@ static void run_input(struct mongo_gw *gw, struct client *c)
 {
     struct buf *b = &c->in;
 
-    while (!c->closing && !c->dead && b->off < b->len && out_pending(c) <= gw->max_output) {
+    while (!c->closing && !c->dead && !c->held && b->off < b->len &&
+           out_pending(c) <= gw->max_output) {
         struct mongo_hdr h;
         struct doc_err e = {0};
         long n = mongo_frame(b->p + b->off, b->len - b->off, gw->max_request, &h, &e);
@@ -358,6 +376,8 @@ static void client_close(struct mongo_gw *gw, struct client *c)
     if (c->next)
         c->next->prev = c->prev;
     gw->n_clients--;
+    if (c->held)
+        gw->n_held--;
     gw->run.client_free(c->dc);
     free(c->in.p);
     free(c->out.p);
@@ -523,6 +543,12 @@ static void fail_writes(struct mongo_gw *gw, struct client *c, const struct doc_
 
     if (c->dead || (!c->n_marks && !c->marks_lost))
         return;
+    if (c->held && c->held_write) {
+        /* It is the batch's last write: the failure replaces it below. */
+        c->held = false;
+        c->held_len = 0;
+        gw->n_held--;
+    }
     if (c->marks_lost) {
         c->dead = true;     /* cannot tell which replies to take back */
         return;
@@ -585,8 +611,9 @@ static void client_flush(struct mongo_gw *gw, struct client *c)
         client_close(gw, c);
         return;
     }
-    if (b->len > b->off) {
-        ssize_t n = send(c->fd, b->p + b->off, b->len - b->off, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (b->len - c->held_len > b->off) {
+        ssize_t n = send(c->fd, b->p + b->off, b->len - c->held_len - b->off,
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
 
         if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
             client_close(gw, c);
@@ -599,8 +626,8 @@ static void client_flush(struct mongo_gw *gw, struct client *c)
             buf_shrink(b, OUT_INITIAL);
         }
     }
-    backlog = b->len - b->off;
-    if (c->closing && !backlog) {
+    backlog = b->len - b->off - c->held_len;
+    if (c->closing && !backlog && !c->held) {
         client_close(gw, c);
         return;
     }
@@ -627,6 +654,34 @@ static unsigned siblings(const struct mongo_gw *gw)
 }
 
 static void serve_events(struct mongo_gw *gw, const struct epoll_event *ev, int n);
+
+/* Replies waiting for the replicas: those that may go now are let go (and
+ * their clients' next messages run); those that never may become the
+ * error the server gives. */
+static void release_held(struct mongo_gw *gw)
+{
+    for (struct client *c = gw->clients; c && gw->n_held; c = c->next) {
+        struct doc_err e = {0};
+        int rc;
+
+        if (!c->held || c->dead)
+            continue;
+        rc = gw->run.waited(gw->srv, &c->wait, &e);
+        if (rc == 0)
+            continue;
+        if (rc < 0) {
+            struct mongo_hdr h = {.request_id = c->held_to};
+
+            c->out.len -= c->held_len;
+            out_error(gw, c, &h, c->held_legacy, &e);
+        }
+        c->held = false;
+        c->held_len = 0;
+        gw->n_held--;
+        touch(gw, c);
+        run_input(gw, c);
+    }
+}
 
 /* Before a group commit that costs more than a wake-up, wait up to half
  * its last duration for the other recent writers' next commands, so that
@@ -662,6 +717,8 @@ int mongo_gw_poll(struct mongo_gw *gw, int timeout_ms)
     gw->watch_ready = false;
     gw->now_ns = tern_now_ns();
     serve_events(gw, ev, n);
+    if (gw->n_held)
+        release_held(gw);
     coalesce(gw);
     if (gw->batch_wrote) {
         now = tern_now_ns();

@@ -18,6 +18,14 @@
  * A client's unsent replies are held to max_output: its messages wait
  * unread while more than that is queued, so a client that never reads
  * cannot make the gateway's memory grow; everyone else is served on.
+ *
+ * On a replicated server a reply may have to wait for the replicas (a
+ * write's concern, a primary's read: doc_cmd.h). Then it stays in the
+ * client's output, unsent, and the client's next messages wait unrun
+ * until each poll finds it may go, or must become an error instead
+ * (PrimarySteppedDown). A driver sends one command at a time on a
+ * connection, so this costs it nothing, and a client has at most one
+ * reply waiting.
  */
 #ifndef TERN_MONGO_GW_H
 #define TERN_MONGO_GW_H
@@ -45,6 +53,10 @@ struct mongo_gw_runner {
     int (*sync)(struct doc_server *srv, struct doc_err *e);
     void (*sync_failed)(const struct doc_err *e, bson_t *reply);
     void (*tick)(struct doc_server *srv, uint64_t now_ms);
+    /* A replicated server's replies that must wait (doc_server_wait,
+     * doc_server_waited); NULL: none ever does. */
+    bool (*wait)(struct doc_server *srv, int flags, struct repl_wait *w);
+    int (*waited)(struct doc_server *srv, const struct repl_wait *w, struct doc_err *e);
 };
 
 struct mongo_gw_config {

@@ -132,10 +132,15 @@ void repl_advance(struct repl *r)
     tern_rpc_gate_pass(r->gate[REPL_W_ALL], held_by(r, r->n_peers + 1));
     if (tern_rpc_gate_waiting(r->gate[REPL_GATE_CONFIRM], NULL))
         tern_rpc_gate_pass(r->gate[REPL_GATE_CONFIRM], confirmed_by_majority(r));
+    if (r->ext_confirm && confirmed_by_majority(r) >= r->ext_confirm)
+        r->ext_confirm = 0;
 }
 
 void repl_fail_held(struct repl *r, int code)
 {
+    r->fail_gen++;
+    r->fail_code = code;
+    r->ext_confirm = 0;
     for (unsigned i = 0; i < REPL_GATES; i++)
         tern_rpc_gate_fail(r->gate[i], code);
 }
@@ -194,8 +199,11 @@ static bool beat_due(const struct repl *r, const struct replica *p)
 {
     uint64_t oldest;
 
-    return tern_rpc_gate_waiting(r->gate[REPL_GATE_CONFIRM], &oldest) &&
-           p->confirmed_at < oldest && !busy_calls(p);
+    if (busy_calls(p))
+        return false;
+    return (tern_rpc_gate_waiting(r->gate[REPL_GATE_CONFIRM], &oldest) &&
+            p->confirmed_at < oldest) ||
+           (r->ext_confirm && p->confirmed_at < r->ext_confirm);
 }
 
 /* Ship what the replica lacks, up to REPL_INFLIGHT batches at once. */
@@ -644,6 +652,67 @@ void repl_hold_read(struct repl *r, struct tern_req *req, uint64_t version)
         tern_req_gate(req, r->gate[REPL_GATE_CONFIRM], tern_now_ns());
     else if (version > r->committed)
         tern_req_gate(req, r->gate[REPL_W_MAJORITY], version);
+}
+
+/* ---- waits outside RPC ---- */
+
+bool repl_wait_write(struct repl *r, enum repl_w w, struct repl_wait *out)
+{
+    if (w > REPL_W_ALL)
+        w = REPL_W_MAJORITY;
+    if (w == REPL_W_ONE && r->lease_doubt)
+        w = REPL_W_MAJORITY;
+    if (w == REPL_W_ONE)
+        return false;
+    *out = (struct repl_wait){.kind = (uint8_t)w, .target = r->log.last, .gen = r->fail_gen};
+    return true;
+}
+
+bool repl_wait_read(struct repl *r, uint64_t version, struct repl_wait *out)
+{
+    if (r->st != S_PRIMARY)
+        return false;
+    if (r->lease_doubt) {
+        *out = (struct repl_wait){.kind = REPL_GATE_CONFIRM, .target = tern_now_ns(),
+                                  .gen = r->fail_gen};
+        if (out->target > r->ext_confirm)
+            r->ext_confirm = out->target;
+        return true;
+    }
+    if (version <= r->committed)
+        return false;
+    *out = (struct repl_wait){.kind = REPL_W_MAJORITY, .target = version, .gen = r->fail_gen};
+    return true;
+}
+
+int repl_wait_check(struct repl *r, const struct repl_wait *w)
+{
+    uint64_t reached;
+
+    if (w->gen != r->fail_gen)
+        return r->fail_code < 0 ? r->fail_code : TERN_ENOTPRIMARY;
+    if (r->st != S_PRIMARY)
+        return 0;
+    switch (w->kind) {
+    case REPL_W_ONE:
+        reached = r->position;
+        break;
+    case REPL_W_MAJORITY:
+        reached = r->committed;
+        break;
+    case REPL_W_ALL:
+        reached = held_by(r, r->n_peers + 1);
+        break;
+    default:
+        reached = confirmed_by_majority(r);
+        break;
+    }
+    return reached >= w->target ? 1 : 0;
+}
+
+bool repl_consistent(const struct repl *r)
+{
+    return r->st == S_BACKUP && !r->copying && !r->need_copy;
 }
 
 void repl_status(const struct repl *r, struct repl_status *out)

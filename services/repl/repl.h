@@ -131,6 +131,26 @@ void repl_hold(struct repl *r, struct tern_req *req, enum repl_w w);
  * show a write that could still be lost); nothing if it is already. */
 void repl_hold_read(struct repl *r, struct tern_req *req, uint64_t version);
 
+/* Waits outside RPC, for a service that answers by other means (the
+ * MongoDB gateway): what repl_hold and repl_hold_read do with a gate, as a
+ * ticket the caller checks each pass. A wait that is not needed gives
+ * false (send the reply now). */
+struct repl_wait {
+    uint8_t kind;
+    uint64_t target;
+    uint64_t gen;
+};
+bool repl_wait_write(struct repl *r, enum repl_w w, struct repl_wait *out);
+bool repl_wait_read(struct repl *r, uint64_t version, struct repl_wait *out);
+
+/* 1: the reply may go; 0: not yet; <0: never (the code the gates failed
+ * with: TERN_ENOTPRIMARY when this node lost its office). */
+int repl_wait_check(struct repl *r, const struct repl_wait *w);
+
+/* A backup whose store is whole (not in a full copy, not waiting for
+ * one): it may answer reads that accept data a little behind. */
+bool repl_consistent(const struct repl *r);
+
 /* Should this replica stand for primary now (cl_member_set_candidate)?
  * Yes while it is primary, and once it has caught up with a primary's
  * stream (applied a batch at the current epoch reaching the commit point

@@ -88,6 +88,11 @@ struct repl {
     unsigned n_peers;
     bool lease_doubt;                   /* repl_set_lease(false) */
     struct tern_rpc_gate *gate[REPL_GATES];     /* by enum repl_w, and REPL_GATE_CONFIRM */
+    /* waits outside RPC (repl_wait_*): failures so far, the last one's
+     * code, and the newest confirmation asked for (0: none owed) */
+    uint64_t fail_gen;
+    int fail_code;
+    uint64_t ext_confirm;
     uint64_t st_shipped, st_applied, st_stale, st_copies_sent, st_copies_taken;
 };
 

@@ -128,7 +128,7 @@ static int learn_addr(void *arg, const struct cl_kv *kv)
 {
     struct cl_member *m = arg;
     size_t plen = strlen(m->cfg.prefix) + strlen("/nodes/");
-    char name[CL_NAME_MAX], addr[CL_ADDR_MAX];
+    char name[CL_NAME_MAX], addr[CL_ADDR_MAX], mongo[CL_ADDR_MAX];
 
     if (kv->key_len <= plen || kv->key_len - plen >= sizeof(name))
         return 0;
@@ -136,11 +136,15 @@ static int learn_addr(void *arg, const struct cl_kv *kv)
     name[kv->key_len - plen] = 0;
     if (cl_node_tcp_addr(kv->value, kv->value_len, addr, sizeof(addr)) < 0)
         addr[0] = 0;
+    if (cl_node_mongo_addr(kv->value, kv->value_len, mongo, sizeof(mongo)) < 0)
+        mongo[0] = 0;
     pthread_mutex_lock(&m->lock);
     for (unsigned i = 0; i < m->cfg.n_shards; i++)
         for (unsigned k = 0; k < m->roles[i].n_replicas; k++)
-            if (!strcmp(m->roles[i].replicas[k], name))
+            if (!strcmp(m->roles[i].replicas[k], name)) {
                 snprintf(m->roles[i].addrs[k], CL_ADDR_MAX, "%s", addr);
+                snprintf(m->roles[i].mongo[k], CL_ADDR_MAX, "%s", mongo);
+            }
     pthread_mutex_unlock(&m->lock);
     return 0;
 }
@@ -178,6 +182,7 @@ static void campaign(struct cl_member *m, struct cl_etcd *e, int64_t lease)
             m->roles[i].n_replicas = map.n_replicas;
             memcpy(m->roles[i].replicas, map.replicas, sizeof(map.replicas));
             memset(m->roles[i].addrs, 0, sizeof(m->roles[i].addrs));
+            memset(m->roles[i].mongo, 0, sizeof(m->roles[i].mongo));
         }
         pthread_mutex_unlock(&m->lock);
     }

@@ -44,6 +44,7 @@ struct cl_shard_role {
     unsigned n_replicas;
     char replicas[CL_REPLICAS_MAX][CL_NAME_MAX];
     char addrs[CL_REPLICAS_MAX][CL_ADDR_MAX];
+    char mongo[CL_REPLICAS_MAX][CL_ADDR_MAX];   /* its MongoDB gateway, or "" */
     /* The lease was renewed less than three quarters of it ago, by this
      * node's clock: its term surely holds. False while etcd does not
      * answer: a PRIMARY then keeps its role (nobody can be elected without

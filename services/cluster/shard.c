@@ -302,3 +302,40 @@ out:
     json_tokener_free(t);
     return rc;
 }
+
+int cl_node_mongo_addr(const uint8_t *json, size_t len, char *out, size_t cap)
+{
+    struct json_tokener *t;
+    json_object *o = NULL, *m;
+    int rc = TERN_EPROTO;
+    size_t n;
+
+    if (len > 65536)
+        return TERN_EPROTO;
+    t = json_tokener_new_ex(4);
+    if (!t)
+        return TERN_ENOMEM;
+    o = json_tokener_parse_ex(t, (const char *)json, (int)len);
+    if (!o || json_tokener_get_error(t) != json_tokener_success ||
+        json_tokener_get_parse_end(t) != len || !json_object_is_type(o, json_type_object))
+        goto out;
+    rc = TERN_ENOENT;
+    if (!json_object_object_get_ex(o, "mongo", &m))
+        goto out;
+    rc = TERN_EPROTO;
+    if (!json_object_is_type(m, json_type_string))
+        goto out;
+    n = (size_t)json_object_get_string_len(m);
+    if (!n || memchr(json_object_get_string(m), 0, n))
+        goto out;
+    rc = TERN_E2BIG;
+    if (n >= cap)
+        goto out;
+    memcpy(out, json_object_get_string(m), n);
+    out[n] = 0;
+    rc = 0;
+out:
+    json_object_put(o);
+    json_tokener_free(t);
+    return rc;
+}

@@ -49,6 +49,10 @@ int cl_shard_map_parse(const uint8_t *json, size_t len, struct cl_shard_map *out
  * TERN_EPROTO for anything that is not such an object, TERN_E2BIG. */
 int cl_node_tcp_addr(const uint8_t *json, size_t len, char *out, size_t cap);
 
+/* The same registration's MongoDB gateway ("mongo": "HOST:PORT"), in out.
+ * TERN_ENOENT if it has none, TERN_EPROTO, TERN_E2BIG as above. */
+int cl_node_mongo_addr(const uint8_t *json, size_t len, char *out, size_t cap);
+
 /* Define a shard (epoch 0, no primary) if it is not there: an operator's
  * or a tool's step. TERN_EEXIST if it is. */
 int cl_shard_define(struct cl_etcd *e, const char *prefix, const struct cl_shard_map *m);

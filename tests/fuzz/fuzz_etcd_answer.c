@@ -97,6 +97,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FZ_CHECK(rc == 0 || rc == TERN_EPROTO || rc == TERN_ENOENT || rc == TERN_E2BIG ||
                      rc == TERN_ENOMEM, "node address: %d", rc);
         FZ_CHECK(rc != 0 || (memchr(addr, 0, sizeof(addr)) && addr[0]), "an address unsound");
+        rc = cl_node_mongo_addr((const uint8_t *)body, len, addr, sizeof(addr));
+        FZ_CHECK(rc == 0 || rc == TERN_EPROTO || rc == TERN_ENOENT || rc == TERN_E2BIG ||
+                     rc == TERN_ENOMEM, "node mongo address: %d", rc);
+        FZ_CHECK(rc != 0 || (memchr(addr, 0, sizeof(addr)) && addr[0]), "a mongo address unsound");
         break;
     }
     default:

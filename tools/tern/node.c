@@ -158,13 +158,15 @@ static void print_table(FILE *f, json_object *st)
                         str(x, "role"), num(x, "epoch"), str(x, "primary"));
             }
     }
-    if (json_object_object_get_ex(st, "replication", &cl) &&
-        json_object_is_type(cl, json_type_object)) {
+    for (int k = 0; k < 2; k++) {
         json_object *reps;
 
-        fprintf(f, "replicated kv shard %s  %s  epoch %.0f  position %s  committed %s  "
-                   "held %.0f\n", str(cl, "shard"), str(cl, "state"), num(cl, "epoch"),
-                str(cl, "position"), str(cl, "committed"), num(cl, "held"));
+        if (!json_object_object_get_ex(st, k ? "doc_replication" : "replication", &cl) ||
+            !json_object_is_type(cl, json_type_object))
+            continue;
+        fprintf(f, "replicated %s shard %s  %s  epoch %.0f  position %s  committed %s  "
+                   "held %.0f\n", k ? "doc" : "kv", str(cl, "shard"), str(cl, "state"),
+                num(cl, "epoch"), str(cl, "position"), str(cl, "committed"), num(cl, "held"));
         if (json_object_object_get_ex(cl, "replicas", &reps) &&
             json_object_is_type(reps, json_type_array))
             for (size_t i = 0; i < json_object_array_length(reps); i++) {

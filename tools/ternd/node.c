@@ -88,6 +88,8 @@ struct ternd_node {
     struct cl_member *member;        /* [cluster]: registration in etcd */
 #endif
     struct ternd_replica *replica;   /* [cluster] kv_shard */
+    struct ternd_replica *doc_replica;   /* [cluster] doc_shard */
+    char mongo[96];                  /* the MongoDB gateway, "HOST:PORT" or "" */
 };
 
 /* ---- text building ---- */
@@ -434,17 +436,17 @@ static void cluster_json(struct ternd_node *n, struct buf *b)
 #endif
 }
 
-/* [cluster] kv_shard: the replicated store's group, or null. */
-static void repl_json(struct ternd_node *n, struct buf *b)
+/* [cluster] kv_shard or doc_shard: the replicated store's group, or null. */
+static void repl_json(struct ternd_replica *r, struct buf *b)
 {
     struct repl_status st;
 
-    if (!ternd_replica_status(n->replica, &st)) {
+    if (!ternd_replica_status(r, &st)) {
         put(b, "null");
         return;
     }
     put(b, "{\"shard\":");
-    put_json_str(b, n->o->kv_shard);
+    put_json_str(b, ternd_replica_shard(r));
     put(b, ",\"state\":\"%s\",\"epoch\":%" PRIu64 ",\"epoch_seen\":%" PRIu64
            ",\"position\":\"%" PRIx64 "\",\"committed\":\"%" PRIx64 "\",\"log_from\":\"%"
            PRIx64 "\",\"held\":%u,\"shipped_batches\":%" PRIu64 ",\"applied_records\":%"
@@ -486,7 +488,9 @@ static void status_json(struct ternd_node *n, struct buf *b)
     put(b, "],\"cluster\":");
     cluster_json(n, b);
     put(b, ",\"replication\":");
-    repl_json(n, b);
+    repl_json(n->replica, b);
+    put(b, ",\"doc_replication\":");
+    repl_json(n->doc_replica, b);
     put(b, ",\"peers\":[");
     pthread_mutex_lock(&n->lock);
     for (unsigned i = 0; i < o->n_peers; i++) {
@@ -808,7 +812,12 @@ int ternd_node_join(struct ternd_node *n)
         put(&b, i ? "," : "");
         put_json_str(&b, n->listen[i]);
     }
-    put(&b, "]}");
+    put(&b, "]");
+    if (n->mongo[0]) {
+        put(&b, ",\"mongo\":");
+        put_json_str(&b, n->mongo);
+    }
+    put(&b, "}");
     if (b.full || !b.p) {
         free(b.p);
         return TERN_ENOMEM;
@@ -842,6 +851,16 @@ struct cl_member *ternd_node_member(struct ternd_node *n)
 void ternd_node_set_replica(struct ternd_node *n, struct ternd_replica *r)
 {
     n->replica = r;
+}
+
+void ternd_node_set_doc_replica(struct ternd_node *n, struct ternd_replica *r)
+{
+    n->doc_replica = r;
+}
+
+void ternd_node_set_mongo(struct ternd_node *n, const char *addr)
+{
+    snprintf(n->mongo, sizeof(n->mongo), "%s", addr);
 }
 
 void ternd_node_stop(struct ternd_node *n)

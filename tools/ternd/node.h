@@ -50,8 +50,14 @@ void ternd_node_stop(struct ternd_node *n);
 struct cl_member;
 struct cl_member *ternd_node_member(struct ternd_node *n);
 
-/* The replicated KV store, for STATUS and the metrics (replica.h). */
+/* The replicated KV and document stores, for STATUS and the metrics
+ * (replica.h). */
 struct ternd_replica;
 void ternd_node_set_replica(struct ternd_node *n, struct ternd_replica *r);
+void ternd_node_set_doc_replica(struct ternd_node *n, struct ternd_replica *r);
+
+/* Where the MongoDB gateway listens ("HOST:PORT"): in the registration
+ * (ternd_node_join reads it), for the replica set's hosts. */
+void ternd_node_set_mongo(struct ternd_node *n, const char *addr);
 
 #endif

@@ -263,6 +263,11 @@ static bool set_kv_shard(struct ctx *c, const char *v)
     return name_ok(c, v, c->o->kv_shard);
 }
 
+static bool set_doc_shard(struct ctx *c, const char *v)
+{
+    return name_ok(c, v, c->o->doc_shard);
+}
+
 static bool set_repl_log_mb(struct ctx *c, const char *v)
 {
     uint64_t x;
@@ -551,6 +556,7 @@ static const struct key keys[] = {
     {"cluster", "lease_ttl", "lease-ttl", 1, NULL, set_lease_ttl, false, "seconds a silent node stays registered (2..60, default 5)"},
     {"cluster", "shard", "shard", 1, NULL, set_shard, true, "a shard this node replicates (its map defined in etcd: tern shard define); up to 16"},
     {"cluster", "kv_shard", "kv-shard", 1, NULL, set_kv_shard, false, "the KV store is this shard (one of `shard`): writes go to its primary and are shipped to its other replicas (default: none, the store stands alone)"},
+    {"cluster", "doc_shard", "doc-shard", 1, NULL, set_doc_shard, false, "the document store is this shard (one of `shard`), a MongoDB replica set of that name to drivers (default: none, the store stands alone)"},
     {"cluster", "repl_log_mb", "repl-log-mb", 1, NULL, set_repl_log_mb, false, "MiB of recent writes kept in memory for replicas that fall behind (1..4096, default 32)"},
     {"policy", "same_rack", NULL, 0, NULL, set_same_rack, false, "fabrics for peers of this rack, best first (default shm,ntb,rdma,tcp)"},
     {"policy", "other_rack", NULL, 0, NULL, set_other_rack, false, "fabrics for peers of other racks (default rdma,tcp)"},
@@ -933,6 +939,12 @@ int ternd_opts_parse(int argc, char **argv, struct ternd_opts *o)
 #endif
     if (o->mongo_port >= 0 && !o->doc)
         return opt_usage_error("ternd", "--mongo-port serves the document store: not with --no-doc");
+    if (o->doc_shard[0] && !o->doc)
+        return opt_usage_error("ternd", "--doc-shard replicates the document store: not with "
+                               "--no-doc");
+    if (o->doc_shard[0] && o->kv_shard[0] && strcmp(o->doc_shard, o->kv_shard) == 0)
+        return opt_usage_error("ternd", "--doc-shard and --kv-shard name one shard: each store "
+                               "is a shard of its own");
     if (!o->n_listen)
         o->listen[o->n_listen++] = "tcp://127.0.0.1:7300";
     if (!o->chain.on && (o->chain.n_peers || o->chain.producers || o->chain.fault))
@@ -1038,7 +1050,11 @@ void ternd_opts_print(FILE *f, const struct ternd_opts *o)
         for (unsigned i = 0; i < o->n_shards; i++)
             fprintf(f, "shard = %s\n", o->shards[i]);
         if (o->kv_shard[0])
-            fprintf(f, "kv_shard = %s\nrepl_log_mb = %u\n", o->kv_shard, o->repl_log_mb);
+            fprintf(f, "kv_shard = %s\n", o->kv_shard);
+        if (o->doc_shard[0])
+            fprintf(f, "doc_shard = %s\n", o->doc_shard);
+        if (o->kv_shard[0] || o->doc_shard[0])
+            fprintf(f, "repl_log_mb = %u\n", o->repl_log_mb);
     }
     ternd_fabric_list_text(&o->policy.same_rack, a, sizeof(a));
     ternd_fabric_list_text(&o->policy.other_rack, b, sizeof(b));

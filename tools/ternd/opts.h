@@ -108,6 +108,7 @@ struct ternd_opts {
     char shards[TERND_MAX_SHARDS][TERND_NAME_MAX];  /* shards it replicates */
     unsigned n_shards;
     char kv_shard[TERND_NAME_MAX];   /* the KV store is this shard ("" : alone) */
+    char doc_shard[TERND_NAME_MAX];  /* the document store is this shard ("" : alone) */
     unsigned repl_log_mb;            /* the replication log in DRAM */
     /* [policy], [peer NAME] */
     struct ternd_policy policy;

@@ -1,10 +1,9 @@
-/* ternd's replicated KV store (replica.h). */
+/* ternd's replicated stores (replica.h). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kv_service_internal.h"
 #include "log.h"
 #include "replica.h"
 #include "tern_config.h"
@@ -12,11 +11,15 @@
 #include "member.h"
 #endif
 
+/* The endpoint's replication service, shared by the groups on it. */
+static struct repl_host *g_host;
+static unsigned g_host_users;
+
 struct ternd_replica {
     const struct ternd_opts *o;
     struct ternd_node *node;
-    struct tern_kv_service *svc;
-    struct repl_host *host;
+    struct ternd_replica_def def;
+    char shard[TERND_NAME_MAX];
     struct repl *r;
     uint64_t next_view, next_publish;
     pthread_mutex_t lock;           /* guards st */
@@ -25,43 +28,64 @@ struct ternd_replica {
 };
 
 int ternd_replica_open(const struct ternd_opts *o, struct ternd_node *n,
-                       struct tern_rpc_ep *ep, struct tern_kv_service *svc,
+                       struct tern_rpc_ep *ep, const struct ternd_replica_def *def,
                        struct ternd_replica **out)
 {
 #if TERN_HAVE_CLUSTER
     struct ternd_replica *t = calloc(1, sizeof(*t));
     char state[4200];
-    struct repl_config c = {.shard = o->kv_shard, .me = o->name, .state_path = state,
-                            .log_bytes = (size_t)o->repl_log_mb << 20, .ops = &kv_repl_ops,
-                            .ctx = svc};
-    int rc;
+    struct repl_config c = {.shard = def->shard, .me = o->name, .state_path = state,
+                            .log_bytes = (size_t)o->repl_log_mb << 20, .ops = def->ops,
+                            .ctx = def->ctx};
+    int rc = 0;
 
     if (!t)
         return TERN_ENOMEM;
-    snprintf(state, sizeof(state), "%s/kv.repl", o->data_dir);
+    snprintf(state, sizeof(state), "%s/%s", o->data_dir, def->state_file);
+    snprintf(t->shard, sizeof(t->shard), "%s", def->shard);
     t->o = o;
     t->node = n;
-    t->svc = svc;
+    t->def = *def;
+    t->def.shard = t->shard;
     pthread_mutex_init(&t->lock, NULL);
-    rc = repl_host_open(ep, &t->host);
+    if (!g_host)
+        rc = repl_host_open(ep, &g_host);
     if (rc == 0)
-        rc = repl_open(t->host, &c, &t->r);
+        rc = repl_open(g_host, &c, &t->r);
     if (rc < 0) {
-        free(t->host);      /* its service stays registered: ternd is exiting */
         pthread_mutex_destroy(&t->lock);
         free(t);
-        return rc;
+        return rc;      /* the host's service stays registered: ternd is exiting */
     }
-    kv_service_replicate(svc, t->r);
+    g_host_users++;
+    def->attach(def->attach_arg, t->r);
     *out = t;
     return 0;
 #else
     (void)o;
     (void)n;
     (void)ep;
-    (void)svc;
+    (void)def;
     *out = NULL;
     return TERN_ENOTSUP;
+#endif
+}
+
+const char *ternd_replica_shard(const struct ternd_replica *t)
+{
+    return t ? t->shard : "";
+}
+
+bool ternd_replica_role(struct ternd_replica *t, struct cl_shard_role *out)
+{
+#if TERN_HAVE_CLUSTER
+    struct cl_member *m = t ? ternd_node_member(t->node) : NULL;
+
+    return m && cl_member_role(m, t->shard, out) == 0;
+#else
+    (void)t;
+    (void)out;
+    return false;
 #endif
 }
 
@@ -77,7 +101,7 @@ static void refresh_view(struct ternd_replica *t)
                                            [CL_ROLE_BACKUP] = REPL_BACKUP};
     unsigned n = 0;
 
-    if (!m || cl_member_role(m, t->o->kv_shard, &role) < 0) {
+    if (!m || cl_member_role(m, t->shard, &role) < 0) {
         repl_set_view(t->r, REPL_NONE, 0, "", NULL, 0);
         return;
     }
@@ -94,7 +118,7 @@ static void refresh_view(struct ternd_replica *t)
     repl_set_lease(t->r, role.lease_alive);
     /* A replica behind the others stands back from the election; with no
      * primary for three leases everyone stands. */
-    cl_member_set_candidate(m, t->o->kv_shard,
+    cl_member_set_candidate(m, t->shard,
                             repl_candidate(t->r, 3ull * t->o->lease_ttl * 1000000000u));
 }
 #endif
@@ -142,7 +166,7 @@ void ternd_replica_close(struct ternd_replica *t)
 {
     if (!t || !t->r)
         return;
-    kv_service_replicate(t->svc, NULL);
+    t->def.attach(t->def.attach_arg, NULL);
     repl_close(t->r);
     t->r = NULL;
 }
@@ -152,7 +176,10 @@ void ternd_replica_free(struct ternd_replica *t)
     if (!t)
         return;
     ternd_replica_close(t);
-    free(t->host);
+    if (--g_host_users == 0) {
+        free(g_host);   /* its service went with the endpoint */
+        g_host = NULL;
+    }
     pthread_mutex_destroy(&t->lock);
     free(t);
 }

@@ -38,6 +38,7 @@
 #if TERN_HAVE_DOC
 #include "doc.h"
 #include "doc_cmd.h"
+#include "doc_repl.h"
 #include "doc_service.h"
 #include "doc_wire.h"
 #include "mongo_gw.h"
@@ -45,6 +46,9 @@
 #include "kv.h"
 #include "kv_service_internal.h"
 #include "replica.h"
+#if TERN_HAVE_CLUSTER
+#include "member.h"
+#endif
 #include "log.h"
 #include "kv_store.h"
 #include "opt.h"
@@ -63,6 +67,7 @@ static volatile sig_atomic_t g_hup;
 static struct ternd_policy g_policy;   /* [policy] as last (re)loaded */
 static struct ternd_node *g_node;
 static struct ternd_replica *g_replica;    /* [cluster] kv_shard */
+static struct ternd_replica *g_doc_replica; /* [cluster] doc_shard */
 
 static void on_signal(int sig)
 {
@@ -167,6 +172,94 @@ static bool poll_chain(struct gw *gws, unsigned n, unsigned i, int timeout)
     return i + 1 < n ? poll_chain(gws, n, i + 1, 0) : true;
 }
 
+/* ---- replicated stores ---- */
+
+static void kv_attach(void *arg, struct repl *r)
+{
+    kv_service_replicate(arg, r);
+}
+
+#if TERN_HAVE_DOC
+/* The document store's records go to its group's log. */
+static void doc_tap(void *arg, bool tomb, const void *key, uint16_t klen, const void *val,
+                    uint32_t len, uint64_t version)
+{
+    repl_written(arg, tomb ? REPL_DEL : REPL_SET, key, klen, val, len, version);
+}
+
+/* What a replica-set member's hello says of the set: drivers find the
+ * members (hosts: their MongoDB gateways, from their registrations), the
+ * primary, and which of two primaries is newer (electionId: the epoch,
+ * as MongoDB's term). */
+static void doc_hello(void *arg, bson_t *reply, bool primary)
+{
+    const struct ternd_opts *o = arg;
+    struct cl_shard_role role;
+    bson_t hosts;
+    const char *me = "", *prim = "";
+    char idx[16];
+    unsigned k = 0;
+
+    bson_append_utf8(reply, "setName", -1, o->doc_shard, -1);
+    bson_append_int32(reply, "setVersion", -1, 1);
+    if (!ternd_replica_role(g_doc_replica, &role))
+        return;
+    bson_append_array_begin(reply, "hosts", -1, &hosts);
+    for (unsigned i = 0; i < role.n_replicas; i++) {
+        if (!role.mongo[i][0])
+            continue;
+        snprintf(idx, sizeof(idx), "%u", k++);
+        bson_append_utf8(&hosts, idx, -1, role.mongo[i], -1);
+        if (!strcmp(role.replicas[i], o->name))
+            me = role.mongo[i];
+        if (!strcmp(role.replicas[i], role.primary))
+            prim = role.mongo[i];
+    }
+    bson_append_array_end(reply, &hosts);
+    if (me[0])
+        bson_append_utf8(reply, "me", -1, me, -1);
+    if (prim[0])
+        bson_append_utf8(reply, "primary", -1, prim, -1);
+    if (primary) {
+        bson_oid_t oid;
+        uint8_t b[12] = {0x7f, 0xff, 0xff, 0xff};
+
+        for (int i = 0; i < 8; i++)
+            b[4 + i] = (uint8_t)(role.epoch >> (56 - 8 * i));
+        bson_oid_init_from_data(&oid, b);
+        bson_append_oid(reply, "electionId", -1, &oid);
+    }
+}
+
+struct doc_link {
+    const struct ternd_opts *o;
+    struct doc_store *store;
+    struct doc_server *srv;
+};
+
+static void doc_attach(void *arg, struct repl *r)
+{
+    struct doc_link *d = arg;
+
+    doc_store_set_tap(d->store, r ? doc_tap : NULL, r);
+    doc_server_replicate(d->srv, r, r ? doc_hello : NULL, (void *)d->o);
+}
+#endif
+
+/* A store named as a shard: etcd and the shard among [cluster] shard. */
+static int shard_ok(const struct ternd_opts *o, const char *what, const char *shard)
+{
+    bool listed = false;
+
+    for (unsigned i = 0; i < o->n_shards; i++)
+        listed |= strcmp(o->shards[i], shard) == 0;
+    if (o->etcd && listed)
+        return 0;
+    tern_log(TERN_LOG_ERROR, "ternd", "[cluster] %s = %s needs etcd and the shard among "
+             "[cluster] shard", what, shard);
+    return TERN_EINVAL;
+}
+
 /* The loop. RPC is "hot" for --spin-us after its last event: it is polled
  * every round (its fabrics are polled without system calls where they can
  * be), and the gateways every 16th. Once RPC is quiet the thread blocks in
@@ -201,6 +294,7 @@ static void serve(const struct ternd_opts *o, struct tern_rpc_ep *ep, struct gw 
                 last_rpc = tern_now_ns();
         }
         ternd_replica_tick(g_replica);
+        ternd_replica_tick(g_doc_replica);
         if (ngw && (!hot || (++tick & 15) == 0)) {
             int timeout = 0;
 
@@ -317,6 +411,7 @@ int main(int argc, char **argv)
     struct mongo_gw *mgw = NULL;
     struct doc_store *dstore = NULL;
     struct doc_server *dsrv = NULL;
+    struct doc_link dlink;
     struct tern_doc_service *dsvc = NULL;
 #endif
     struct ternd_chain *chain = NULL;
@@ -395,6 +490,7 @@ int main(int argc, char **argv)
             tern_log(TERN_LOG_ERROR, "ternd", "document service: %s", tern_strerror(rc));
         if (rc == 0 && (rc = doc_service_new(dsrv, 0, &dsvc)) < 0)
             tern_log(TERN_LOG_ERROR, "ternd", "document service: %s", tern_strerror(rc));
+        dlink = (struct doc_link){.o = &o, .store = dstore, .srv = dsrv};
         if (rc < 0) {
             doc_server_close(dsrv);
             doc_store_close(dstore);
@@ -489,6 +585,21 @@ int main(int argc, char **argv)
         if (rc == 0 && n_bound < sizeof(bound_uris) / sizeof(bound_uris[0]))
             snprintf(bound_uris[n_bound++], sizeof(bound_uris[0]), "%s", bound);
     }
+#if TERN_HAVE_DOC
+    /* The MongoDB gateway listens now (its address goes into the node's
+     * registration) and serves once the loop runs. */
+    if (rc == 0 && o.mongo_port >= 0) {
+        struct mongo_gw_config mc = {.port = (uint16_t)o.mongo_port};
+
+        rc = mongo_gw_create(dsrv, &mc, &mgw);
+        if (rc < 0)
+            tern_log(TERN_LOG_ERROR, "ternd", "--mongo-port: 127.0.0.1:%d: %s", o.mongo_port,
+                    tern_strerror(rc));
+        else if (at < sizeof(line))
+            at += (size_t)snprintf(line + at, sizeof(line) - at, " mongo=127.0.0.1:%u",
+                                   mongo_gw_port(mgw));
+    }
+#endif
     /* The node service, the peer sessions and the metrics. */
     if (rc == 0) {
         char svcs[64];
@@ -505,20 +616,26 @@ int main(int argc, char **argv)
             tern_log(TERN_LOG_ERROR, "ternd", "node service: %s", tern_strerror(rc));
         for (unsigned i = 0; rc == 0 && i < n_bound; i++)
             ternd_node_add_listen(g_node, bound_uris[i]);
+#if TERN_HAVE_DOC
+        if (rc == 0 && mgw) {
+            char maddr[32];
+
+            snprintf(maddr, sizeof(maddr), "127.0.0.1:%u", mongo_gw_port(mgw));
+            ternd_node_set_mongo(g_node, maddr);
+        }
+#endif
         if (rc == 0 && (rc = ternd_node_join(g_node)) < 0)
             tern_log(TERN_LOG_ERROR, "ternd", "[cluster] etcd: %s", tern_strerror(rc));
         else if (rc == 0 && o.etcd && at < sizeof(line))
             at += (size_t)snprintf(line + at, sizeof(line) - at, " etcd=%s%s", o.etcd, o.prefix);
         if (rc == 0 && o.kv_shard[0]) {
-            bool listed = false;
+            struct ternd_replica_def def = {.shard = o.kv_shard, .state_file = "kv.repl",
+                                            .ops = &kv_repl_ops, .ctx = svc,
+                                            .attach = kv_attach, .attach_arg = svc};
 
-            for (unsigned i = 0; i < o.n_shards; i++)
-                listed |= strcmp(o.shards[i], o.kv_shard) == 0;
-            if (!o.etcd || !listed) {
-                tern_log(TERN_LOG_ERROR, "ternd", "[cluster] kv_shard = %s needs etcd and the "
-                         "shard among [cluster] shard", o.kv_shard);
-                rc = TERN_EINVAL;
-            } else if ((rc = ternd_replica_open(&o, g_node, g_ep, svc, &g_replica)) < 0) {
+            if ((rc = shard_ok(&o, "kv_shard", o.kv_shard)) < 0) {
+                /* said */
+            } else if ((rc = ternd_replica_open(&o, g_node, g_ep, &def, &g_replica)) < 0) {
                 tern_log(TERN_LOG_ERROR, "ternd", "[cluster] kv_shard = %s: %s", o.kv_shard,
                          tern_strerror(rc));
             } else {
@@ -528,6 +645,25 @@ int main(int argc, char **argv)
                                            o.kv_shard);
             }
         }
+#if TERN_HAVE_DOC
+        if (rc == 0 && o.doc_shard[0]) {
+            struct ternd_replica_def def = {.shard = o.doc_shard, .state_file = "doc.repl",
+                                            .ops = &doc_repl_ops, .ctx = dstore,
+                                            .attach = doc_attach, .attach_arg = &dlink};
+
+            if ((rc = shard_ok(&o, "doc_shard", o.doc_shard)) < 0) {
+                /* said */
+            } else if ((rc = ternd_replica_open(&o, g_node, g_ep, &def, &g_doc_replica)) < 0) {
+                tern_log(TERN_LOG_ERROR, "ternd", "[cluster] doc_shard = %s: %s", o.doc_shard,
+                         tern_strerror(rc));
+            } else {
+                ternd_node_set_doc_replica(g_node, g_doc_replica);
+                if (at < sizeof(line))
+                    at += (size_t)snprintf(line + at, sizeof(line) - at, " doc_shard=%s",
+                                           o.doc_shard);
+            }
+        }
+#endif
         if (rc == 0 && ternd_node_metrics_port(g_node) >= 0 && at < sizeof(line))
             at += (size_t)snprintf(line + at, sizeof(line) - at, " metrics=127.0.0.1:%d",
                                    ternd_node_metrics_port(g_node));
@@ -551,19 +687,6 @@ int main(int argc, char **argv)
             at += (size_t)snprintf(line + at, sizeof(line) - at, " resp=127.0.0.1:%u",
                                    resp_gw_port(gw));
     }
-#if TERN_HAVE_DOC
-    if (rc == 0 && o.mongo_port >= 0) {
-        struct mongo_gw_config mc = {.port = (uint16_t)o.mongo_port};
-
-        rc = mongo_gw_create(dsrv, &mc, &mgw);
-        if (rc < 0)
-            tern_log(TERN_LOG_ERROR, "ternd", "--mongo-port: 127.0.0.1:%d: %s", o.mongo_port,
-                    tern_strerror(rc));
-        else if (at < sizeof(line))
-            at += (size_t)snprintf(line + at, sizeof(line) - at, " mongo=127.0.0.1:%u",
-                                   mongo_gw_port(mgw));
-    }
-#endif
     /* A replica's store may be wiped for a full copy (its pool made anew):
      * no thread may hold on to the pool then. */
     if (rc == 0 && g_replica && o.helpers) {
@@ -575,6 +698,7 @@ int main(int argc, char **argv)
     if (rc < 0) {
         stop_helpers();
         ternd_replica_close(g_replica);
+        ternd_replica_close(g_doc_replica);
         ternd_node_stop(g_node);
 #if TERN_HAVE_DOC
         mongo_gw_destroy(mgw);
@@ -582,6 +706,7 @@ int main(int argc, char **argv)
         resp_gw_destroy(gw);
         tern_rpc_close(g_ep);
         ternd_replica_free(g_replica);
+        ternd_replica_free(g_doc_replica);
 #if TERN_HAVE_DOC
         tern_doc_service_close(dsvc);
         doc_server_close(dsrv);
@@ -648,6 +773,7 @@ int main(int argc, char **argv)
 
     stop_helpers();
     ternd_replica_close(g_replica);
+    ternd_replica_close(g_doc_replica);
     ternd_node_stop(g_node);
 #if TERN_HAVE_DOC
     mongo_gw_destroy(mgw);
@@ -655,6 +781,7 @@ int main(int argc, char **argv)
     resp_gw_destroy(gw);
     tern_rpc_close(g_ep);
     ternd_replica_free(g_replica);
+    ternd_replica_free(g_doc_replica);
 #if TERN_HAVE_DOC
     tern_doc_service_close(dsvc);
     doc_server_close(dsrv);

@@ -268,7 +268,7 @@ static int shard_ok(const struct ternd_opts *o, const char *what, const char *sh
  * epoll_wait per batch, as in Redis. */
 static void serve(const struct ternd_opts *o, struct tern_rpc_ep *ep, struct gw *gws, unsigned ngw)
 {
-    uint64_t spin = (uint64_t)o->spin_us * 1000u, last_rpc = tern_now_ns();
+    uint64_t spin = (uint64_t)o->spin_us * 1000u, last_rpc = tern_now_ns(), next_rpc = 0;
     int sleeper = -1;
     unsigned tick = 0;
 
@@ -288,8 +288,12 @@ static void serve(const struct ternd_opts *o, struct tern_rpc_ep *ep, struct gw 
         }
         int n = 0;
 
-        if (hot || !ngw) {
+        /* Quiet RPC is still polled every 10 ms: its housekeeping (a
+         * handshake's deadline, a path to mend) and the sessions a
+         * replication group opens need the poll, not only its fd. */
+        if (hot || !ngw || tern_now_ns() >= next_rpc) {
             n = tern_rpc_poll(ep);
+            next_rpc = tern_now_ns() + 10000000u;
             if (n > 0)
                 last_rpc = tern_now_ns();
         }

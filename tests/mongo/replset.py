@@ -1,0 +1,115 @@
+#!/usr/bin/python3
+"""A pymongo application on a tern document shard seen as a replica set.
+
+    replset.py write HOSTS SET SECONDS OUT.json
+        Writes for SECONDS with the driver's defaults for a replica set
+        (w: majority, retryable writes): inserts of new documents, updates
+        of documents written before, and now and then a read of one from
+        the primary and a read from a secondary. Whatever the driver does
+        not hide from the application (an exception) is recorded. OUT gets
+        {acked: [_id...], updated: {_id: n}, errors: [...], ...}.
+
+    replset.py check HOSTS SET OUT.json
+        Every acknowledged insert and update of OUT is on the primary.
+
+    replset.py count HOST
+        The collection's documents on one member (a direct connection,
+        reading as a secondary may), printed.
+
+HOSTS is "h:p,h:p,..."; the test around it (tests/ternd_replset.sh) kills
+the primary while `write` runs.
+"""
+import json
+import sys
+import time
+
+import pymongo
+from pymongo import ReadPreference
+from pymongo.errors import PyMongoError
+
+
+def client(hosts, rs, **kw):
+    return pymongo.MongoClient("mongodb://%s/?replicaSet=%s" % (hosts, rs),
+                               serverSelectionTimeoutMS=30000, **kw)
+
+
+def write(hosts, rs, seconds, out):
+    c = client(hosts, rs)
+    coll = c.test.replset
+    sec = coll.with_options(read_preference=ReadPreference.SECONDARY_PREFERRED)
+    acked, updated, errors = [], {}, []
+    primaries, reads, sec_reads, worst = set(), 0, 0, 0.0
+    end = time.monotonic() + seconds
+    i = 0
+    while time.monotonic() < end:
+        t0 = time.monotonic()
+        try:
+            if i % 4 == 3 and acked:
+                k = acked[(i * 7919) % len(acked)]
+                coll.update_one({"_id": k}, {"$inc": {"n": 1}})
+                updated[k] = updated.get(k, 0) + 1
+            else:
+                coll.insert_one({"_id": i, "v": "x" * 64, "n": 0})
+                acked.append(i)
+            if i % 50 == 0 and acked:
+                d = coll.find_one({"_id": acked[-1]})
+                if d is None:
+                    errors.append("read of %d on the primary found nothing" % acked[-1])
+                reads += 1
+                sec.find_one({"_id": acked[0]})
+                sec_reads += 1
+            if c.primary:
+                primaries.add("%s:%d" % c.primary)
+        except PyMongoError as e:
+            errors.append("%d: %s: %s" % (i, type(e).__name__, e))
+        worst = max(worst, time.monotonic() - t0)
+        i += 1
+    json.dump({"acked": acked, "updated": {str(k): v for k, v in updated.items()},
+               "errors": errors, "reads": reads, "secondary_reads": sec_reads,
+               "primaries": sorted(primaries), "worst_op_s": round(worst, 3)},
+              open(out, "w"))
+    print("wrote %d, updated %d, errors %d, primaries %s, slowest operation %.2f s"
+          % (len(acked), sum(updated.values()), len(errors), sorted(primaries), worst))
+    for e in errors[:10]:
+        print("  error:", e)
+    return 0 if not errors else 1
+
+
+def check(hosts, rs, out):
+    r = json.load(open(out))
+    coll = client(hosts, rs).test.replset
+    have = {d["_id"]: d.get("n", 0) for d in coll.find({}, {"n": 1})}
+    lost = [k for k in r["acked"] if k not in have]
+    # An update acknowledged to the application is there; one the driver
+    # retried after an error it hid may be there twice (at-least-once).
+    short = [k for k, n in r["updated"].items() if have.get(int(k), 0) < n]
+    print("acknowledged %d, on the primary %d, lost %d, updates short %d"
+          % (len(r["acked"]), len(have), len(lost), len(short)))
+    if lost:
+        print("  lost:", lost[:20])
+    if short:
+        print("  short:", short[:20])
+    return 0 if not lost and not short else 1
+
+
+def count(host):
+    c = pymongo.MongoClient("mongodb://%s/?directConnection=true" % host,
+                            read_preference=ReadPreference.SECONDARY_PREFERRED,
+                            serverSelectionTimeoutMS=10000)
+    print(c.test.replset.count_documents({}))
+    return 0
+
+
+def main(argv):
+    if len(argv) == 6 and argv[1] == "write":
+        return write(argv[2], argv[3], float(argv[4]), argv[5])
+    if len(argv) == 5 and argv[1] == "check":
+        return check(argv[2], argv[3], argv[4])
+    if len(argv) == 3 and argv[1] == "count":
+        return count(argv[2])
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -896,3 +896,8 @@ int tern_call_sync(struct tern_session *s, uint16_t svc, uint16_t method, const 
         *reply_len = w.status == 0 ? w.len : 0;
     return w.status;
 }
+
+size_t tern_session_msg_max(const struct tern_session *s)
+{
+    return s ? s->peer_max_msg : 0;
+}

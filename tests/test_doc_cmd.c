@@ -1605,6 +1605,45 @@ START_TEST(error_paths_with_documents)
 }
 END_TEST
 
+/* Retryable writes: a write sent again with its session's lsid and
+ * txnNumber gets its first reply and runs once; an older txnNumber is
+ * refused. (The record on a replica and after a restart: doc_repl.) */
+#define LSID "\"lsid\": {\"id\": {\"$binary\": {\"base64\": \"q83vEjRWeJCrze8SNFZ4kA==\", " \
+             "\"subType\": \"04\"}}}"
+
+START_TEST(retryable_writes_run_once)
+{
+    const char *ins = "{\"insert\": \"r\", \"documents\": [{\"_id\": 1}], " LSID ", "
+                      "\"txnNumber\": {\"$numberLong\": \"5\"}, \"$db\": \"test\"}";
+    const char *upd = "{\"update\": \"r\", \"updates\": [{\"q\": {\"_id\": 1}, "
+                      "\"u\": {\"$inc\": {\"n\": 1}}}], " LSID ", "
+                      "\"txnNumber\": {\"$numberLong\": \"6\"}, \"$db\": \"test\"}";
+
+    run(ins);
+    assert_ok();
+    ck_assert_int_eq(num("n"), 1);
+    /* Again: the first answer, not a duplicate key. */
+    run(ins);
+    assert_ok();
+    ck_assert_int_eq(num("n"), 1);
+    ck_assert(!has("writeErrors"));
+    run(upd);
+    assert_ok();
+    run(upd);
+    assert_ok();
+    ck_assert_int_eq(num("nModified"), 1);
+    run("{\"find\": \"r\", \"filter\": {\"_id\": 1}, \"$db\": \"test\"}");
+    ck_assert_int_eq(num("cursor.firstBatch.0.n"), 1);
+    /* An older one of the session: refused. */
+    run(ins);
+    assert_err(DOC_TransactionTooOld);
+    /* Without a session, or in a transaction: it runs as it comes. */
+    run("{\"insert\": \"r\", \"documents\": [{\"_id\": 1}], \"txnNumber\": "
+        "{\"$numberLong\": \"6\"}, \"$db\": \"test\"}");
+    ck_assert(has("writeErrors"));
+}
+END_TEST
+
 Suite *suite_doc_cmd(void)
 {
     Suite *s = suite_create("doc_cmd");
@@ -1638,6 +1677,7 @@ Suite *suite_doc_cmd(void)
     tcase_add_test(tc, explain_shapes);
     tcase_add_test(tc, sync_and_flags);
     tcase_add_test(tc, argument_matrix);
+    tcase_add_test(tc, retryable_writes_run_once);
     suite_add_tcase(s, tc);
     return s;
 }

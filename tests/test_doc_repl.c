@@ -1,8 +1,9 @@
 /* doc_repl: the document store as a replica (services/doc/doc_repl.h). A
  * primary's store reports its records through the tap; a replica's store
  * applies them, or a full copy of them, and must come out the same: the
- * same collections, indexes, documents and version, before and after it
- * reopens. Records a primary could not have written are refused. */
+ * same collections, indexes, documents, retryable-write records and
+ * version, before and after it reopens. Records a primary could not have
+ * written are refused. */
 #include "tern_config.h"
 
 #if TERN_HAVE_DOC
@@ -231,6 +232,21 @@ static void index_on(struct doc_coll *c, const char *field, bool unique)
     bson_destroy(&key);
 }
 
+static const uint8_t lsid[16] = {0xab, 0xcd, 0xef, 0x12, 0x34, 0x56, 0x78, 0x90,
+                                  0xab, 0xcd, 0xef, 0x12, 0x34, 0x56, 0x78, 0x90};
+
+/* The session's record: its txnNumber, and the reply {n: 1}. */
+static void session_is(struct doc_store *s, int64_t want)
+{
+    int64_t txn = 0;
+    bson_t reply;
+    bson_iter_t it;
+
+    ck_assert_int_eq(doc_txn_get(s, lsid, &txn, &reply), 1);
+    ck_assert_int_eq(txn, want);
+    ck_assert(bson_iter_init_find(&it, &reply, "n") && bson_iter_as_int64(&it) == 1);
+}
+
 START_TEST(replica_follows_every_kind_of_record)
 {
     struct doc_store *p = open_at(ppath), *r = open_at(rpath);
@@ -256,6 +272,15 @@ START_TEST(replica_follows_every_kind_of_record)
     ins(b, 7, 70);
     coll(p, "gone");
     ck_assert_int_eq(doc_coll_drop(p, "test", "gone", &e), 1);
+    /* A session's retryable write, recorded twice (the second wins). */
+    {
+        bson_t reply = BSON_INITIALIZER;
+
+        BSON_APPEND_INT32(&reply, "n", 1);
+        ck_assert_int_eq(doc_txn_put(p, lsid, 4, &reply, &e), 0);
+        ck_assert_int_eq(doc_txn_put(p, lsid, 5, &reply, &e), 0);
+        bson_destroy(&reply);
+    }
     ck_assert_int_eq(doc_store_sync(p, &e), 0);
 
     apply_from(r, 0);
@@ -266,10 +291,12 @@ START_TEST(replica_follows_every_kind_of_record)
     same(p, r);
     apply_range(r, nrecs / 2, nrecs);
     same(p, r);
+    session_is(r, 5);
     /* As recovery rebuilds it. */
     doc_store_close(r);
     r = open_at(rpath);
     same(p, r);
+    session_is(r, 5);
     /* A replica that becomes primary writes past what it applied: new
      * versions and a new collection id. */
     {
@@ -377,6 +404,14 @@ START_TEST(wipe_then_copy_makes_the_same_store)
     index_on(c, "x", false);
     for (int i = 0; i < 300; i++)
         ins(c, i, i % 11);
+    {
+        bson_t reply = BSON_INITIALIZER;
+        struct doc_err e2 = {0};
+
+        BSON_APPEND_INT32(&reply, "n", 1);
+        ck_assert_int_eq(doc_txn_put(p, lsid, 9, &reply, &e2), 0);
+        bson_destroy(&reply);
+    }
     for (int i = 0; i < 5; i++)
         ins(mine, i, i);
     ck_assert_int_eq(doc_scan_open(mine, NULL, NULL, &sc, &plan, &e), 0);
@@ -385,8 +420,9 @@ START_TEST(wipe_then_copy_makes_the_same_store)
     ck_assert_int_eq(doc_scan_next(sc, &v, &ref), 0);
     doc_scan_close(sc);
     ck_assert_uint_eq(doc_store_version(r), 0);
-    ck_assert_uint_eq(copy_by_ones(p, r, 0, NULL, NULL), 301);
+    ck_assert_uint_eq(copy_by_ones(p, r, 0, NULL, NULL), 302);
     same(p, r);
+    session_is(r, 9);
     doc_store_close(r);
     r = open_at(rpath);
     same(p, r);

@@ -299,6 +299,11 @@ int tern_call(struct tern_session *s, uint16_t svc, uint16_t method, const void 
               size_t len, uint64_t timeout_ns, tern_cont_fn cont, void *arg,
               uint64_t *call_id);
 
+/* The largest request (and reply) payload the session carries: the
+ * smaller of both ends' max_msg once the handshake is done, this end's
+ * before. 0 for NULL. */
+size_t tern_session_msg_max(const struct tern_session *s);
+
 /* tern_call with the request gathered from up to TERN_CALL_IOV_MAX pieces
  * (say a small header, a key and a value), copied straight into the send
  * buffer. Every piece must stay valid until the continuation runs. */

@@ -42,10 +42,12 @@
 #include "doc_repl.h"
 #include "doc_store.h"
 #include "doc_update.h"
+#include "log.h"
 #include "repl.h"
 
 #define CMD_DEPTH_MAX 200           /* MongoDB's BSONDepth::kDefaultMaxAllowableDepth */
 #define WRITE_BATCH_MAX 100000      /* maxWriteBatchSize the server says */
+#define SESSION_TIMEOUT_MS (30 * 60 * 1000ll)   /* logicalSessionTimeoutMinutes: 30 */
 #define MESSAGE_MAX 48000000        /* maxMessageSizeBytes */
 #define BLOCKING_MEM_MAX (100u << 20) /* a blocking sort or buffered result, as
                                        * MongoDB's per-stage limit */
@@ -3323,6 +3325,7 @@ enum cmd_flags {
     C_READ = 4,                 /* reads the store: on a replica, its primary's
                                  * (or a secondary's if the client allows) */
     C_CURSOR = 8,               /* goes on with a cursor: wherever it was opened */
+    C_RETRY = 16,               /* a retryable write (lsid, txnNumber) */
 };
 
 static const struct cmd {
@@ -3332,16 +3335,16 @@ static const struct cmd {
 } cmds[] = {
     {"find", cmd_find, C_READ},
     {"getMore", cmd_getmore, C_READ | C_CURSOR},
-    {"insert", cmd_insert, C_WRITE},
-    {"update", cmd_update, C_WRITE},
-    {"delete", cmd_delete, C_WRITE},
+    {"insert", cmd_insert, C_WRITE | C_RETRY},
+    {"update", cmd_update, C_WRITE | C_RETRY},
+    {"delete", cmd_delete, C_WRITE | C_RETRY},
     {"hello", cmd_hello, C_NODB},
     {"isMaster", cmd_hello, C_NODB},
     {"ismaster", cmd_hello, C_NODB},
     {"ping", cmd_ping, C_NODB},
     {"killCursors", cmd_killcursors, 0},
-    {"findAndModify", cmd_find_and_modify, C_WRITE},
-    {"findandmodify", cmd_find_and_modify, C_WRITE},
+    {"findAndModify", cmd_find_and_modify, C_WRITE | C_RETRY},
+    {"findandmodify", cmd_find_and_modify, C_WRITE | C_RETRY},
     {"count", cmd_count, C_READ},
     {"distinct", cmd_distinct, C_READ},
     {"aggregate", cmd_aggregate, C_READ},
@@ -3478,6 +3481,65 @@ void doc_server_hold(struct doc_server *srv, struct tern_req *req, int flags)
         repl_hold_read(srv->repl, req, doc_store_version(srv->store));
 }
 
+/* A retryable write's session: lsid.id (a 16-byte UUID) and txnNumber,
+ * outside a transaction (autocommit absent: tern has none). */
+static bool session_of(const struct ctx *x, uint8_t lsid[16], int64_t *txn)
+{
+    bson_iter_t it, l;
+    const uint8_t *b;
+    uint32_t bl;
+    bson_subtype_t st;
+
+    if (!bson_iter_init_find(&it, x->cmd, "txnNumber") || !BSON_ITER_HOLDS_INT64(&it))
+        return false;
+    *txn = bson_iter_int64(&it);
+    if (bson_iter_init_find(&it, x->cmd, "autocommit") ||
+        !bson_iter_init_find(&it, x->cmd, "lsid") || !BSON_ITER_HOLDS_DOCUMENT(&it) ||
+        !bson_iter_recurse(&it, &l) || !bson_iter_find(&l, "id") || !BSON_ITER_HOLDS_BINARY(&l))
+        return false;
+    bson_iter_binary(&l, &st, &bl, &b);
+    if (bl != 16)
+        return false;
+    memcpy(lsid, b, 16);
+    return true;
+}
+
+/* A write a driver may send again (after a network error or a primary's
+ * fall, perhaps to the next primary): the session's record says whether
+ * it ran already, and if so its first reply is the answer. */
+static int run_retryable(struct ctx *x, const struct cmd *cmd)
+{
+    struct doc_store *store = x->srv->store;
+    uint8_t lsid[16];
+    int64_t txn, had;
+    bson_t prev;
+    struct doc_err e = {0};
+    int rc;
+
+    if (!session_of(x, lsid, &txn))
+        return cmd->fn(x);
+    if (doc_txn_get(store, lsid, &had, &prev) == 1) {
+        if (had == txn) {
+            bson_concat(x->reply, &prev);
+            x->srv->st.retried++;
+            return 0;
+        }
+        if (had > txn)
+            return doc_errf(&x->e, DOC_TransactionTooOld,
+                            "Retryable write with txnNumber %lld is prohibited on session "
+                            "because a newer retryable write with txnNumber %lld has already "
+                            "started on this session.", (long long)txn, (long long)had);
+    } else if (doc_txn_full(store)) {
+        return doc_errf(&x->e, DOC_TooManyLogicalSessions,
+                        "cannot record a retryable write: too many sessions");
+    }
+    rc = cmd->fn(x);
+    if (rc == 0 && doc_txn_put(store, lsid, txn, x->reply, &e) < 0)
+        tern_log(TERN_LOG_WARN, "doc", "a retryable write ran but could not be recorded "
+                 "(a retry of it would run again): %s", e.msg);
+    return rc;
+}
+
 static int run(struct ctx *x, const struct cmd **which)
 {
     const struct cmd *cmd = NULL;
@@ -3514,6 +3576,8 @@ static int run(struct ctx *x, const struct cmd **which)
     }
     if (x->srv->repl && replica_refuses(x, cmd->flags) < 0)
         return -1;
+    if (cmd->flags & C_RETRY)
+        return run_retryable(x, cmd);
     return cmd->fn(x);
 }
 
@@ -3559,6 +3623,10 @@ void doc_server_tick(struct doc_server *srv, uint64_t now_ms)
     struct doc_cursor *cur;
 
     srv->now_ms = now_ms;
+    /* Retryable writes' records unused for longer than a session lives
+     * (logicalSessionTimeoutMinutes): written away by whoever writes. */
+    if (!srv->repl || repl_writable(srv->repl) == 0)
+        doc_txn_expire(srv->store, wall_ms() - SESSION_TIMEOUT_MS, 256);
     if (!srv->ticked) {
         /* cursors made before the first tick start their idle time now */
         srv->ticked = true;

@@ -147,6 +147,7 @@ void doc_server_tick(struct doc_server *srv, uint64_t now_ms);
 struct doc_server_stats {
     uint64_t commands, inserts, queries, updates, deletes, getmores;
     uint64_t cursors_open, cursors_timed_out;
+    uint64_t retried;            /* retryable writes answered from their record */
 };
 void doc_server_stats(const struct doc_server *srv, struct doc_server_stats *st);
 

@@ -53,7 +53,9 @@ extern "C" {
     X(ExceededMemoryLimit, 146)               \
     X(TooManyFilesOpen, 264)                  \
     X(IllegalOpMsgFlag, 223)                  \
+    X(TransactionTooOld, 225)                 \
     X(NotImplemented, 238)                    \
+    X(TooManyLogicalSessions, 261)            \
     X(QueryExceededMemoryLimitNoDiskUseAllowed, 292) \
     X(OutOfDiskSpace, 14031)                  \
     X(BSONObjectTooLarge, 10334)              \

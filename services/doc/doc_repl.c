@@ -229,6 +229,26 @@ static int apply_catalog(struct doc_store *s, bool tomb, const void *val, size_t
     return 0;
 }
 
+/* A session's retryable-write record, kept as the primary wrote it. */
+static int apply_session(struct doc_store *s, bool tomb, const void *val, size_t len,
+                         struct doc_err *e)
+{
+    uint8_t lsid[16];
+    uint64_t v;
+    int64_t txn, at;
+    bson_t reply;
+
+    memcpy(lsid, s->ka.p + 1, 16);
+    if (doc_bt_find(&s->sessions, lsid, 16, &v) &&
+        version_at(s, ((struct doc_sess *)(uintptr_t)v)->loc) >= s->forced)
+        return 0;
+    if (tomb)
+        return doc_txn_drop(s, lsid, e);
+    if (len > UINT32_MAX || !doc_txn_parse(val, (uint32_t)len, &txn, &at, &reply))
+        return doc_errf(e, DOC_InvalidBSON, "a session record is malformed");
+    return doc_txn_write(s, lsid, val, (uint32_t)len, at, e);
+}
+
 int doc_store_apply(struct doc_store *s, bool tomb, const void *key, size_t klen,
                     const void *val, size_t len, uint64_t version)
 {
@@ -237,7 +257,8 @@ int doc_store_apply(struct doc_store *s, bool tomb, const void *key, size_t klen
     int rc;
 
     if (!version || klen < 2 || klen > PM_KEY_MAX ||
-        (k[0] != DOC_REC_CATALOG && (k[0] != DOC_REC_DOC || klen < 10)))
+        (k[0] != DOC_REC_CATALOG && (k[0] != DOC_REC_DOC || klen < 10) &&
+         (k[0] != DOC_REC_SESSION || klen != 17)))
         return TERN_EPROTO;
     doc_buf_reset(&s->ka);
     doc_buf_add(&s->ka, key, klen);
@@ -245,7 +266,8 @@ int doc_store_apply(struct doc_store *s, bool tomb, const void *key, size_t klen
         return TERN_ENOMEM;
     s->forced = version;
     rc = k[0] == DOC_REC_CATALOG ? apply_catalog(s, tomb, val, len, &e)
-                                 : apply_doc(s, tomb, val, len, &e);
+         : k[0] == DOC_REC_DOC       ? apply_doc(s, tomb, val, len, &e)
+                                     : apply_session(s, tomb, val, len, &e);
     s->forced = 0;
     if (rc < 0) {
         tern_log(TERN_LOG_WARN, "doc", "record %llx not applied: %s",
@@ -277,6 +299,11 @@ int doc_store_wipe(struct doc_store *s)
         free((void *)(uintptr_t)doc_bt_val(&p));
     doc_bt_free(&s->tombs);
     doc_bt_init(&s->tombs);
+    for (bool m = doc_bt_seek(&s->sessions, NULL, 0, false, &p); m; m = doc_bt_next(&p))
+        free((void *)(uintptr_t)doc_bt_val(&p));
+    doc_bt_free(&s->sessions);
+    doc_bt_init(&s->sessions);
+    s->n_sessions = 0;
     /* The file goes first (its lock with it), then a new one is made; a
      * crash in between leaves no pool, which opens empty. */
     pm_close(s->pool);
@@ -295,22 +322,53 @@ int doc_store_wipe(struct doc_store *s)
 
 /* ---- the snapshot ---- */
 
+#define SNAP_SESSIONS (1ull << 63)
+
+/* The sessions' records, from the first whose id's first 7 bytes are at
+ * least those in `from` (a few may come twice: applying is idempotent). */
+static int snapshot_sessions(struct doc_store *s, uint64_t from, doc_snap_fn fn, void *arg,
+                             uint64_t *next)
+{
+    uint8_t k[16] = {0};
+    struct doc_bt_pos p;
+
+    for (int i = 0; i < 7; i++)
+        k[i] = (uint8_t)(from >> (48 - 8 * i));
+    for (bool m = doc_bt_seek(&s->sessions, k, 16, false, &p); m; m = doc_bt_next(&p)) {
+        const struct doc_sess *x = (const struct doc_sess *)(uintptr_t)doc_bt_val(&p);
+        const struct pm_rec *r = pm_rec_at(s->pool, x->loc);
+        size_t len;
+        const uint8_t *id = doc_bt_key(&p, &len);
+
+        if (fn(arg, pm_rec_key(r), r->key_len, pm_rec_val(r), r->val_len, r->version)) {
+            *next = SNAP_SESSIONS;
+            for (int i = 0; i < 7; i++)
+                *next |= (uint64_t)id[i] << (48 - 8 * i);
+            return 0;
+        }
+    }
+    return 0;
+}
+
 /* cursor: the collection id in the high 32 bits, then 0 for its catalog
- * record or slot + 1 for a document. */
+ * record or slot + 1 for a document; past the collections, SNAP_SESSIONS
+ * with the first 7 bytes of a session id. */
 int doc_store_snapshot(struct doc_store *s, uint64_t cursor, doc_snap_fn fn, void *arg,
                        uint64_t *next)
 {
     uint8_t k[8];
     struct doc_bt_pos p;
 
+    *next = 0;
+    if (cursor & SNAP_SESSIONS)
+        return snapshot_sessions(s, cursor & ~SNAP_SESSIONS, fn, arg, next);
     for (int i = 7; i >= 0; i--)
         k[i] = (uint8_t)(cursor >> 32 >> (8 * (7 - i)));
-    *next = 0;
     for (bool m = doc_bt_seek(&s->by_id, k, 8, false, &p); m; m = doc_bt_next(&p)) {
         struct doc_coll *c = (struct doc_coll *)(uintptr_t)doc_bt_val(&p);
         uint64_t pos = c->id == cursor >> 32 ? (uint32_t)cursor : 0;
 
-        if (c->id > UINT32_MAX || c->nslots >= UINT32_MAX)
+        if (c->id > INT32_MAX || c->nslots >= UINT32_MAX)
             return TERN_ERANGE;
         for (; pos <= c->nslots; pos++) {
             pm_loc loc = pos ? c->slots[pos - 1].loc : c->cat_loc;
@@ -325,7 +383,7 @@ int doc_store_snapshot(struct doc_store *s, uint64_t cursor, doc_snap_fn fn, voi
             }
         }
     }
-    return 0;
+    return snapshot_sessions(s, 0, fn, arg, next);
 }
 
 /* ---- the group's ops ---- */

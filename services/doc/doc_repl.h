@@ -20,7 +20,8 @@
  *   primary writes may hold a clash for a while, which the records after
  *   it resolve;
  * - doc_store_snapshot walks the live records for a full copy, each
- *   collection's catalog record before its documents.
+ *   collection's catalog record before its documents, then the sessions'
+ *   retryable-write records.
  *
  * Threads: the store's owner makes every call. */
 #ifndef TERN_DOC_REPL_H
@@ -64,7 +65,7 @@ int doc_store_wipe(struct doc_store *s);
 /* Visit the live records from `cursor` (0: the start) in the order a
  * replica can apply them: fn returns 0 to go on, nonzero to stop before
  * that record (it was not taken). *next is where to resume, 0 once every
- * record was visited. TERN_ERANGE past 2^32 collections or slots. */
+ * record was visited. TERN_ERANGE past 2^31 collections or 2^32 slots. */
 typedef int (*doc_snap_fn)(void *arg, const void *key, size_t klen, const void *val,
                            uint32_t len, uint64_t version);
 int doc_store_snapshot(struct doc_store *s, uint64_t cursor, doc_snap_fn fn, void *arg,

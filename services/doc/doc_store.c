@@ -736,6 +736,16 @@ static bool owner_of(struct doc_store *s, const struct pm_rec *r, struct owner *
         o->n_old = &c->cat_n_old;
         return true;
     }
+    if (r->key_len == 17 && k[0] == DOC_REC_SESSION) {
+        struct doc_sess *x;
+
+        if (!doc_bt_find(&s->sessions, k + 1, 16, &v))
+            return false;
+        x = (struct doc_sess *)(uintptr_t)v;
+        o->loc = &x->loc;
+        o->n_old = &x->n_old;
+        return true;
+    }
     if (r->key_len > 9 && k[0] == DOC_REC_DOC) {
         struct doc_coll *c = doc_coll_by_id(s, rd_be64(k + 1));
 
@@ -950,6 +960,33 @@ static int recover_doc(struct doc_store *s, const uint8_t *k, size_t klen, struc
     return 0;
 }
 
+static int recover_session(struct doc_store *s, const uint8_t *k, struct rec_ent *ent,
+                           struct doc_err *e)
+{
+    const struct pm_rec *r = pm_rec_at(s->pool, ent->loc);
+    struct doc_buf kb = {0};
+    struct doc_sess *x;
+    int64_t txn, at;
+    bson_t reply;
+
+    if (ent->type == PM_TOMBSTONE ||
+        !doc_txn_parse(pm_rec_val(r), r->val_len, &txn, &at, &reply)) {
+        /* Gone, or not one we wrote: a retry of it runs again. */
+        doc_buf_add(&kb, k, 17);
+        doc_tomb_put(s, &kb, ent->loc, ent->n_old);
+        doc_buf_free(&kb);
+        return 0;
+    }
+    x = malloc(sizeof(*x));
+    if (!x || doc_bt_insert(&s->sessions, k + 1, 16, (uint64_t)(uintptr_t)x, NULL) != 1) {
+        free(x);
+        return doc_errf(e, DOC_ExceededMemoryLimit, "out of memory");
+    }
+    *x = (struct doc_sess){.loc = ent->loc, .n_old = ent->n_old, .at = at};
+    s->n_sessions++;
+    return 0;
+}
+
 static int recover(struct doc_store *s, struct doc_err *e)
 {
     struct recover rv = {.s = s};
@@ -981,6 +1018,8 @@ static int recover(struct doc_store *s, struct doc_err *e)
             doc_buf_free(&kb);
         } else if (k[0] == DOC_REC_DOC && len > 9) {
             rc = recover_doc(s, k, len, ent, e);
+        } else if (k[0] == DOC_REC_SESSION && len == 17) {
+            rc = recover_session(s, k, ent, e);
         } else {
             pm_dead(s->pool, ent->loc);     /* not ours: left alone, dead */
         }
@@ -1026,6 +1065,7 @@ int doc_store_open(const char *path, const struct doc_store_opts *o, struct doc_
     doc_bt_init(&s->by_ns);
     doc_bt_init(&s->by_id);
     doc_bt_init(&s->tombs);
+    doc_bt_init(&s->sessions);
     s->cleaner = (struct pm_cleaner){.is_live = clean_is_live, .moved = clean_moved,
                                      .dropped = clean_dropped, .arg = s};
     s->popts = po;
@@ -1063,6 +1103,9 @@ void doc_store_close(struct doc_store *s)
     free(s->zombies);
     for (bool m = doc_bt_seek(&s->tombs, NULL, 0, false, &p); m; m = doc_bt_next(&p))
         free((void *)(uintptr_t)doc_bt_val(&p));
+    for (bool m = doc_bt_seek(&s->sessions, NULL, 0, false, &p); m; m = doc_bt_next(&p))
+        free((void *)(uintptr_t)doc_bt_val(&p));
+    doc_bt_free(&s->sessions);
     doc_bt_free(&s->by_ns);
     doc_bt_free(&s->by_id);
     doc_bt_free(&s->tombs);

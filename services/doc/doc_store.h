@@ -189,6 +189,30 @@ void doc_scan_stats(const struct doc_scan *sc, struct doc_scan_stats *st);
 /* The collection a scan reads (NULL once it was dropped: the scan ends). */
 struct doc_coll *doc_scan_coll(const struct doc_scan *sc);
 
+/* ---- retryable writes ----
+ *
+ * A session's last write (a driver's lsid, 16 bytes, and txnNumber) with
+ * its reply, in a record the shard's replicas have too, so that a driver
+ * retrying the write here or on the next primary gets the first answer
+ * instead of running it twice. At most DOC_SESSIONS_MAX (100000) sessions;
+ * those unused for a while go (doc_txn_expire). */
+
+/* 1 with *txn and *reply (a view, valid until the next write) if the
+ * session has a record, else 0. */
+int doc_txn_get(struct doc_store *s, const uint8_t lsid[16], int64_t *txn, bson_t *reply);
+
+/* No room for another session's record. */
+bool doc_txn_full(const struct doc_store *s);
+
+/* Record the session's write (durable at the next sync). */
+int doc_txn_put(struct doc_store *s, const uint8_t lsid[16], int64_t txn, const bson_t *reply,
+                struct doc_err *e);
+
+/* Drop the records last used before `older_than_ms` (wall clock), looking
+ * at up to `budget` of them from where the last call stopped. How many
+ * went. */
+unsigned doc_txn_expire(struct doc_store *s, int64_t older_than_ms, unsigned budget);
+
 /* ---- the store as a whole ---- */
 
 struct doc_store_info {

@@ -80,11 +80,23 @@ struct doc_store {
     doc_tap_fn tap;              /* doc_store_set_tap() */
     void *tap_arg;
     uint64_t forced;             /* doc_store_apply: the version to write */
+    struct doc_bt sessions;      /* session id (16 bytes) -> struct doc_sess * */
+    unsigned n_sessions;
+    uint8_t expire_at[16];       /* doc_txn_expire's walk */
 };
+
+/* A session's retryable-write record (doc_txn.c). */
+struct doc_sess {
+    pm_loc loc;
+    uint32_t n_old;
+    int64_t at;                  /* its last write, wall clock ms */
+};
+#define DOC_SESSIONS_MAX 100000
 
 /* Record keys. */
 #define DOC_REC_CATALOG 'C'
 #define DOC_REC_DOC 'D'
+#define DOC_REC_SESSION 'S'         /* + a session id (16 bytes): doc_txn.c */
 void doc_rec_key_doc(struct doc_buf *b, uint64_t coll_id, const bson_value_t *id);
 
 void doc_rec_key_catalog(struct doc_buf *b, const char *ns);
@@ -138,6 +150,18 @@ struct doc_cat {
     struct doc_cat_index ix[DOC_INDEXES_MAX - 1];
 };
 int doc_catalog_parse(const void *val, uint32_t len, struct doc_cat *out, struct doc_err *e);
+
+/* ---- doc_txn.c: retryable writes' records (doc_store.h) ---- */
+
+int doc_txn_drop(struct doc_store *s, const uint8_t lsid[16], struct doc_err *e);
+
+/* A record's value as written (a replica's apply): no parsing here. */
+int doc_txn_write(struct doc_store *s, const uint8_t lsid[16], const void *val, uint32_t len,
+                  int64_t at, struct doc_err *e);
+
+/* A record's value: false if it is not {t: int64, at, r: document}. */
+bool doc_txn_parse(const void *val, uint32_t len, int64_t *txn, int64_t *at, bson_t *reply);
+
 
 /* The BSON of a slot's document (a view into the pool). */
 bool doc_slot_view(const struct doc_coll *c, const struct doc_slot *sl, bson_t *view);

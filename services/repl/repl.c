@@ -218,7 +218,7 @@ static void ship(struct repl *r, struct replica *p)
 
         if (!c)
             return;
-        n = repl_log_read(&r->log, p->sent, c->buf + sizeof(b), REPL_BATCH_MAX - sizeof(b),
+        n = repl_log_read(&r->log, p->sent, c->buf + sizeof(b), repl_batch_max(p->s) - sizeof(b),
                           &b.n, &last);
         if (n < 0) {
             p->state = R_NEED_COPY;
@@ -234,7 +234,7 @@ static void ship(struct repl *r, struct replica *p)
             if (tern_log_allow(&p->said))
                 tern_log(TERN_LOG_ERROR, "repl", "%s: the record after %llx is larger than "
                          "a batch (%u bytes): it cannot be shipped to %s", r->shard,
-                         (unsigned long long)p->sent, REPL_BATCH_MAX, p->name);
+                         (unsigned long long)p->sent, (unsigned)repl_batch_max(p->s), p->name);
             return;
         }
         memcpy(b.shard, r->shard, sizeof(b.shard));
@@ -246,6 +246,9 @@ static void ship(struct repl *r, struct replica *p)
         rc = tern_call(p->s, TERN_REPL_SERVICE_ID, REPL_M_APPEND, c->buf, sizeof(b) + (size_t)n,
                        r->timeout_ns, on_append, c, NULL);
         if (rc < 0) {
+            if (tern_log_allow(&p->said))
+                tern_log(TERN_LOG_WARN, "repl", "%s: shipping %zu bytes to %s: %s", r->shard,
+                         sizeof(b) + (size_t)n, p->name, tern_strerror(rc));
             drop_session(p, 100000000u);
             return;
         }
@@ -274,6 +277,9 @@ static void on_position(void *arg, int status, const void *reply, size_t len)
         return;
     }
     if (status < 0 || len != sizeof(pos)) {
+        if (tern_log_allow(&p->said))
+            tern_log(TERN_LOG_WARN, "repl", "%s: %s did not say its position: %s", r->shard,
+                     p->name, status < 0 ? tern_strerror(status) : "malformed answer");
         drop_session(p, 200000000u);
         return;
     }
@@ -387,7 +393,7 @@ static void fetch_from(struct repl *r, struct replica *p)
     if (!c)
         return;
     a = (struct repl_ask *)c->buf;
-    fill_ask(r, a, r->position, REPL_BATCH_MAX);
+    fill_ask(r, a, r->position, (uint32_t)repl_batch_max(p->s));
     c->peer = p;
     c->gen = p->gen;
     if (tern_call(p->s, TERN_REPL_SERVICE_ID, REPL_M_FETCH, a, sizeof(*a), r->timeout_ns,

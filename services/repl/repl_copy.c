@@ -83,7 +83,7 @@ void repl_copy_step(struct repl *r, struct replica *p)
         uint64_t next = 0;
 
         n = r->ops->snapshot(r->ctx, p->copy_cursor, c->buf + sizeof(h),
-                             REPL_BATCH_MAX - sizeof(h), &h.n, &next);
+                             repl_batch_max(p->s) - sizeof(h), &h.n, &next);
         if (n < 0) {
             tern_log(TERN_LOG_ERROR, "repl", "%s: full copy to %s: the scan: %s", r->shard,
                      p->name, tern_strerror((int)n));
@@ -99,6 +99,9 @@ void repl_copy_step(struct repl *r, struct replica *p)
     rc = tern_call(p->s, TERN_REPL_SERVICE_ID, REPL_M_COPY, c->buf, sizeof(h) + (size_t)n,
                    r->timeout_ns * 4, on_copy, c, NULL);
     if (rc < 0) {
+        if (tern_log_allow(&p->said))
+            tern_log(TERN_LOG_WARN, "repl", "%s: full copy to %s (step %u, %zu bytes): %s",
+                     r->shard, p->name, h.phase, sizeof(h) + (size_t)n, tern_strerror(rc));
         p->copy_phase = 0;
         return;
     }

@@ -102,6 +102,14 @@ struct repl_host {
     struct tern_service svc;
 };
 
+/* The largest batch (header included) a replica's session carries. */
+static inline size_t repl_batch_max(const struct tern_session *s)
+{
+    size_t m = tern_session_msg_max(s);
+
+    return m && m < REPL_BATCH_MAX ? m : REPL_BATCH_MAX;
+}
+
 /* repl.c */
 void repl_advance(struct repl *r);
 void repl_fail_held(struct repl *r, int code);

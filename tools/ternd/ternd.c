@@ -482,7 +482,10 @@ int main(int argc, char **argv)
     /* The document store, its commands (shared by RPC and the MongoDB
      * gateway) and its RPC service. */
     if (o.doc) {
-        struct doc_store_opts dso = {.pool_size = o.doc_pool_size, .create = true};
+        /* A replicated store's documents must each fit a replication
+         * batch, which is at most a message (1 MiB with its headers). */
+        struct doc_store_opts dso = {.pool_size = o.doc_pool_size, .create = true,
+                                     .max_doc = o.doc_shard[0] ? 1000u << 10 : 0};
         struct doc_err de = {0};
 
         snprintf(dpool, sizeof(dpool), "%s/doc.pool", o.data_dir);

@@ -9,11 +9,18 @@
 # killed node comes back as a backup and catches up: each member then
 # holds every document.
 #
-#   tests/ternd_replset.sh BUILD_DIR [SECONDS]
+# With ROUNDS > 1, the primary is killed ROUNDS times, every PERIOD
+# seconds (8), each killed node restarted 3 s after its death (POOL: the
+# document pools' size, 256m); the
+# application's slowest operation is how long writes stopped at worst.
+#
+#   tests/ternd_replset.sh BUILD_DIR [ROUNDS]     (KEEP=1 keeps the files)
 set -euo pipefail
 
 build=$1
-secs=${2:-14}
+rounds=${2:-1}
+period=${PERIOD:-8}
+secs=$(( rounds * period + 4 ))
 here=$(cd "$(dirname "$0")" && pwd)
 ternd=$build/tools/ternd/ternd
 tern=$build/tools/tern/tern
@@ -74,7 +81,7 @@ pool_size = 4m
 seg_size = 64k
 
 [doc]
-pool_size = 256m
+pool_size = ${POOL:-256m}
 mongo_port = ${mongo[$h]}
 
 [cluster]
@@ -86,10 +93,12 @@ doc_shard = docs
 EOF
 done
 start() {    # NAME
+    local was
+    was=$(grep -c '^ternd ready' "$dir/$1.out" 2>/dev/null || true)
     "$ternd" --config "$dir/$1.conf" >>"$dir/$1.out" 2>>"$dir/$1.err" &
     pid[$1]=$!
     for _ in $(seq 200); do
-        grep -q '^ternd ready' "$dir/$1.out" && return 0
+        [ "$(grep -c '^ternd ready' "$dir/$1.out")" -gt "${was:-0}" ] && return 0
         sleep 0.05
     done
     fail "$1 not ready: $(cat "$dir/$1.out" "$dir/$1.err")"
@@ -108,14 +117,23 @@ primary() {
     return 1
 }
 for _ in $(seq 200); do primary >/dev/null && break; sleep 0.1; done
-first=$(primary) || fail "no primary after 20 s"
+primary >/dev/null || fail "no primary after 20 s"
 
 "$py" "$here/mongo/replset.py" write "$hosts" docs "$secs" "$dir/run.json" >"$dir/app.out" 2>&1 &
 app=$!
-sleep $(( secs / 3 ))
-kill -9 "${pid[$first]}"
-unset "pid[$first]"
-echo "killed the primary, $first"
+killed=
+for r in $(seq "$rounds"); do
+    sleep $(( period - 3 ))
+    [ -n "$killed" ] && start "$killed"
+    sleep 3
+    victim=
+    for _ in $(seq 100); do victim=$(primary) && break; sleep 0.1; done
+    [ -n "$victim" ] || fail "round $r: no primary"
+    kill -9 "${pid[$victim]}"
+    unset "pid[$victim]"
+    killed=$victim
+    echo "round $r: killed the primary, $victim"
+done
 rc=0
 wait "$app" || rc=$?
 sed 's/^/  /' "$dir/app.out"
@@ -126,7 +144,7 @@ sed 's/^/  /' "$dir/app.out"
 [ "${PIPESTATUS[0]}" -eq 0 ] || fail "acknowledged writes are missing"
 
 # The killed node comes back, catches up, and every member holds it all.
-start "$first"
+start "$killed"
 want=$("$py" -c "import json; r=json.load(open('$dir/run.json')); print(len(r['acked']))")
 same=0
 for _ in $(seq 60); do
@@ -144,4 +162,4 @@ if [ $same = 0 ]; then
     done
     fail "the members never converged on $want documents"
 fi
-echo "ternd replset: ok (primary $first killed; every member holds the $want documents)"
+echo "ternd replset: ok ($rounds primaries killed; every member holds the $want documents)"

@@ -38,8 +38,9 @@ def write(hosts, rs, seconds, out):
     coll = c.test.replset
     sec = coll.with_options(read_preference=ReadPreference.SECONDARY_PREFERRED)
     acked, updated, errors = [], {}, []
-    primaries, reads, sec_reads, worst = set(), 0, 0, 0.0
-    end = time.monotonic() + seconds
+    primaries, reads, sec_reads, worst, stalls = set(), 0, 0, 0.0, []
+    start = time.monotonic()
+    end = start + seconds
     i = 0
     while time.monotonic() < end:
         t0 = time.monotonic()
@@ -62,14 +63,20 @@ def write(hosts, rs, seconds, out):
                 primaries.add("%s:%d" % c.primary)
         except PyMongoError as e:
             errors.append("%d: %s: %s" % (i, type(e).__name__, e))
-        worst = max(worst, time.monotonic() - t0)
+        took = time.monotonic() - t0
+        worst = max(worst, took)
+        if took > 0.5:
+            stalls.append((round(t0 - start, 1), round(took, 2)))
         i += 1
     json.dump({"acked": acked, "updated": {str(k): v for k, v in updated.items()},
                "errors": errors, "reads": reads, "secondary_reads": sec_reads,
-               "primaries": sorted(primaries), "worst_op_s": round(worst, 3)},
+               "primaries": sorted(primaries), "worst_op_s": round(worst, 3),
+               "stalls": stalls},
               open(out, "w"))
     print("wrote %d, updated %d, errors %d, primaries %s, slowest operation %.2f s"
           % (len(acked), sum(updated.values()), len(errors), sorted(primaries), worst))
+    print("operations over 0.5 s (s into the run: s): %s"
+          % ", ".join("%.1f: %.2f" % x for x in stalls))
     for e in errors[:10]:
         print("  error:", e)
     return 0 if not errors else 1

@@ -9,18 +9,19 @@
 # killed node comes back as a backup and catches up: each member then
 # holds every document.
 #
-# With ROUNDS > 1, the primary is killed ROUNDS times, every PERIOD
-# seconds (8), each killed node restarted 3 s after its death (POOL: the
-# document pools' size, 256m); the
-# application's slowest operation is how long writes stopped at worst.
+# With ROUNDS > 1, the primary is killed ROUNDS times: each killed node
+# is started again 3 s after its death, and the next primary is killed
+# PERIOD seconds (5) after every replica streams again (a shard that has
+# one replica down and another still copying has no majority to write
+# to). The application's slowest operation is how long writes stopped at
+# worst. POOL: the document pools' size (256m).
 #
 #   tests/ternd_replset.sh BUILD_DIR [ROUNDS]     (KEEP=1 keeps the files)
 set -euo pipefail
 
 build=$1
 rounds=${2:-1}
-period=${PERIOD:-8}
-secs=$(( rounds * period + 4 ))
+period=${PERIOD:-5}
 here=$(cd "$(dirname "$0")" && pwd)
 ternd=$build/tools/ternd/ternd
 tern=$build/tools/tern/tern
@@ -116,16 +117,32 @@ primary() {
     done
     return 1
 }
+# Every replica streams from the primary.
+streaming() {
+    local p
+    p=$(primary) || return 1
+    "$tern" status --json "127.0.0.1:${rpc[$p]}" 2>/dev/null | "$py" -c "
+import json, sys
+r = json.load(sys.stdin)['doc_replication']
+sys.exit(0 if r and all(x['state'] == 'streaming' for x in r['replicas']) else 1)"
+}
 for _ in $(seq 200); do primary >/dev/null && break; sleep 0.1; done
 primary >/dev/null || fail "no primary after 20 s"
 
-"$py" "$here/mongo/replset.py" write "$hosts" docs "$secs" "$dir/run.json" >"$dir/app.out" 2>&1 &
+STOP_FILE=$dir/stop "$py" "$here/mongo/replset.py" write "$hosts" docs 3600 "$dir/run.json" \
+    >"$dir/app.out" 2>&1 &
 app=$!
 killed=
 for r in $(seq "$rounds"); do
-    sleep $(( period - 3 ))
-    [ -n "$killed" ] && start "$killed"
-    sleep 3
+    if [ -n "$killed" ]; then
+        sleep 3
+        t0=$(date +%s%N)
+        start "$killed"
+        for _ in $(seq 600); do streaming && break; sleep 0.1; done
+        streaming || fail "round $r: the shard never streamed to every replica again"
+        echo "round $r: $killed back, every replica streaming $(( ($(date +%s%N) - t0) / 1000000 )) ms after its start"
+    fi
+    sleep "$period"
     victim=
     for _ in $(seq 100); do victim=$(primary) && break; sleep 0.1; done
     [ -n "$victim" ] || fail "round $r: no primary"
@@ -134,6 +151,8 @@ for r in $(seq "$rounds"); do
     killed=$victim
     echo "round $r: killed the primary, $victim"
 done
+sleep 4
+touch "$dir/stop"
 rc=0
 wait "$app" || rc=$?
 sed 's/^/  /' "$dir/app.out"

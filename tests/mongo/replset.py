@@ -2,7 +2,7 @@
 """A pymongo application on a tern document shard seen as a replica set.
 
     replset.py write HOSTS SET SECONDS OUT.json
-        Writes for SECONDS with the driver's defaults for a replica set
+        Writes for SECONDS (or until the file $STOP_FILE exists) with the driver's defaults for a replica set
         (w: majority, retryable writes): inserts of new documents, updates
         of documents written before, and now and then a read of one from
         the primary and a read from a secondary. Whatever the driver does
@@ -20,6 +20,7 @@ HOSTS is "h:p,h:p,..."; the test around it (tests/ternd_replset.sh) kills
 the primary while `write` runs.
 """
 import json
+import os
 import sys
 import time
 
@@ -42,7 +43,8 @@ def write(hosts, rs, seconds, out):
     start = time.monotonic()
     end = start + seconds
     i = 0
-    while time.monotonic() < end:
+    stop = os.environ.get("STOP_FILE")
+    while time.monotonic() < end and not (stop and os.path.exists(stop)):
         t0 = time.monotonic()
         try:
             if i % 4 == 3 and acked:

@@ -28,6 +28,7 @@
 #include "doc_cmd.h"
 #include "doc_store.h"
 #include "mongo_gw.h"
+#include "repl.h"
 #include "mongo_wire.h"
 #include "procs.h"
 #include "suites.h"
@@ -937,11 +938,36 @@ static void fake_tick(struct doc_server *s, uint64_t now_ms)
 static const struct mongo_gw_runner fake = {fake_client_new, fake_client_free, fake_run,
                                             fake_sync, fake_sync_failed, fake_tick, NULL, NULL};
 
+/* A replicated server's waits: each write's reply waits for ticket n
+ * (the n-th write), until the test passes up to it or fails them all. */
+static uint64_t hold_seq, pass_upto;
+static bool holds_fail;
+
+static bool fake_wait(struct doc_server *s, int flags, struct repl_wait *w)
+{
+    if (!(flags & DOC_CMD_WROTE))
+        return false;
+    *w = (struct repl_wait){.target = ++hold_seq};
+    return true;
+}
+
+static int fake_waited(struct doc_server *s, const struct repl_wait *w, struct doc_err *e)
+{
+    if (holds_fail)
+        return doc_errf(e, DOC_PrimarySteppedDown, "no longer primary");
+    return w->target <= pass_upto;
+}
+
+static const struct mongo_gw_runner fake_held = {fake_client_new, fake_client_free, fake_run,
+                                                 fake_sync, fake_sync_failed, fake_tick,
+                                                 fake_wait, fake_waited};
+static const struct mongo_gw_runner *runner = &fake;
+
 static unsigned max_clients;
 
 static void gw_open(size_t max_request, size_t max_output)
 {
-    struct mongo_gw_config cfg = {.runner = &fake, .max_request = max_request,
+    struct mongo_gw_config cfg = {.runner = runner, .max_request = max_request,
                                   .max_output = max_output, .max_clients = max_clients};
     int rc;
 
@@ -967,6 +993,7 @@ static void gw_teardown(void)
 {
     mongo_gw_destroy(gw);
     gw = NULL;
+    runner = &fake;
     ck_assert_uint_eq(clients_live, 0);
 }
 
@@ -1330,6 +1357,70 @@ START_TEST(sync_failure_fails_writes_only)
     conn_close(c);
     bson_destroy(w);
     bson_destroy(q);
+    free(b.p);
+    free(all.p);
+}
+END_TEST
+
+/* Nothing has come on c after a few polls. */
+static void nothing_yet(struct conn *c)
+{
+    for (int i = 0; i < 5; i++)
+        pump();
+    conn_drain(c);
+    ck_assert_uint_eq(c->len, 0);
+    ck_assert(!c->eof);
+}
+
+/* On a replicated server a write's reply waits for the replicas: it and
+ * the client's next messages, however many, wait while other clients are
+ * served; then all go in order, or the held reply becomes the error the
+ * server gives. */
+START_TEST(held_replies_wait_for_the_replicas)
+{
+    struct conn *c, *good;
+    struct mb b = {0}, all = {0};
+    bson_t *w = cmd("write", "test");
+    bson_t d;
+
+    runner = &fake_held;
+    hold_seq = pass_upto = 0;
+    holds_fail = false;
+    gw_open(4096, 0);
+    c = conn_open();
+    good = conn_open();
+    msg_begin(&b, 1, 0);
+    sec0(&b, w);
+    mb_end(&b);
+    mb_put(&all, b.p, b.len);
+    /* More behind it than the gateway's input buffer holds. */
+    for (int i = 0; i < 1000; i++) {
+        simple_msg(&b, 100 + i, "ping");
+        mb_put(&all, b.p, b.len);
+    }
+    ck_assert_uint_gt(all.len, 48 * 1024);
+    conn_send_r(c, all.p, all.len, false);
+    nothing_yet(c);
+    served(good, 10);
+    nothing_yet(c);
+    pass_upto = 1;
+    expect_reply(c, 1, false, "write", 0);
+    for (int i = 0; i < 1000; i++)
+        expect_reply(c, 100 + i, false, "ping", 0);
+    /* Held, then the node loses its office. */
+    msg_begin(&b, 2, 0);
+    sec0(&b, w);
+    mb_end(&b);
+    conn_send(c, &b);
+    nothing_yet(c);
+    holds_fail = true;
+    next_reply(c, 2, false, &d);
+    ck_assert_int_eq(reply_code(&d), DOC_PrimarySteppedDown);
+    bson_destroy(&d);
+    served(c, 3);
+    conn_close(c);
+    conn_close(good);
+    bson_destroy(w);
     free(b.p);
     free(all.p);
 }
@@ -1962,6 +2053,7 @@ Suite *suite_mongo_wire(void)
     tcase_add_test(g, more_to_come_gets_no_reply);
     tcase_add_test(g, group_commit_before_replies);
     tcase_add_test(g, sync_failure_fails_writes_only);
+    tcase_add_test(g, held_replies_wait_for_the_replicas);
     tcase_add_test(g, hostile_messages_answered);
     tcase_add_test(g, document_of_17_mib);
     tcase_add_test(g, unframeable_stream_closed);

@@ -632,9 +632,12 @@ static void client_flush(struct mongo_gw *gw, struct client *c)
         return;
     }
     /* A stalled client waits for EPOLLOUT even with nothing to send: the
-     * event is what brings it back to run the rest of its input. */
+     * event is what brings it back to run the rest of its input. A held
+     * one is not read (its input would fill up behind the held reply):
+     * release_held runs the rest when the reply may go. */
     set_interest(gw, c,
-                 (c->closing || c->stalled || backlog > gw->max_output ? 0 : EPOLLIN) |
+                 (c->closing || c->stalled || c->held || backlog > gw->max_output ? 0
+                                                                                   : EPOLLIN) |
                  (backlog || c->stalled ? EPOLLOUT : 0));
     if (c->dead)
         client_close(gw, c);

@@ -654,6 +654,10 @@ void repl_hold_read(struct repl *r, struct tern_req *req, uint64_t version)
 {
     if (r->st != S_PRIMARY)
         return;
+    /* A store's version may be a new epoch's base, which no record has
+     * yet: what a read can show is at most the last record. */
+    if (version > r->position)
+        version = r->position;
     if (r->lease_doubt)
         tern_req_gate(req, r->gate[REPL_GATE_CONFIRM], tern_now_ns());
     else if (version > r->committed)
@@ -678,6 +682,8 @@ bool repl_wait_read(struct repl *r, uint64_t version, struct repl_wait *out)
 {
     if (r->st != S_PRIMARY)
         return false;
+    if (version > r->position)
+        version = r->position;      /* as in repl_hold_read */
     if (r->lease_doubt) {
         *out = (struct repl_wait){.kind = REPL_GATE_CONFIRM, .target = tern_now_ns(),
                                   .gen = r->fail_gen};

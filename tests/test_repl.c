@@ -15,6 +15,7 @@
  *   acknowledges nothing after that.
  */
 #include <check.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -183,6 +184,59 @@ END_TEST
 
 /* ---- replicas on threads ---- */
 
+/* The ring's frames (repl_ring.h): one counts only when it is whole, of
+ * the grant, at the place expected, and sound; a WRAP ends the lap. */
+START_TEST(ring_frames_count_only_whole)
+{
+    enum { SIZE = 64u << 10 };
+    static uint8_t ring[SIZE];
+    const uint8_t *batch;
+    uint32_t len;
+    uint64_t next, head = 3u * SIZE + 1024;     /* the fourth lap */
+    uint8_t *at = ring + head % SIZE;
+    size_t n;
+
+    memset(ring, 0, sizeof(ring));
+    n = make_batch(at + sizeof(struct repl_frame), 0, 3, 1);
+    /* Nothing there yet, then the frame. */
+    ck_assert_int_eq(repl_frame_next(ring, SIZE, 7, head, &batch, &len, &next), 0);
+    repl_frame_seal(at, 7, head, REPL_FRAME_BATCH, (uint32_t)n);
+    ck_assert_int_eq(repl_frame_next(ring, SIZE, 7, head, &batch, &len, &next), 1);
+    ck_assert_ptr_eq(batch, at + sizeof(struct repl_frame));
+    ck_assert_uint_eq(len, n);
+    ck_assert_uint_eq(next, head + repl_frame_span((uint32_t)n));
+    ck_assert_int_eq(repl_batch_walk(batch, len, NULL, NULL, NULL), 0);
+    /* Another grant's, an older lap's, a misaligned place: not for us. */
+    ck_assert_int_eq(repl_frame_next(ring, SIZE, 8, head, &batch, &len, &next), 0);
+    ck_assert_int_eq(repl_frame_next(ring, SIZE, 7, head - SIZE, &batch, &len, &next), 0);
+    ck_assert_int_eq(repl_frame_next(ring, SIZE, 7, head + 8, &batch, &len, &next), 0);
+    /* Any byte of it changed (a torn or half-landed frame): not yet. */
+    for (size_t i = 0; i < sizeof(struct repl_frame) + n; i += 13) {
+        at[i] ^= 0x20;
+        ck_assert_msg(repl_frame_next(ring, SIZE, 7, head, &batch, &len, &next) == 0,
+                      "byte %zu", i);
+        at[i] ^= 0x20;
+    }
+    /* A length past the lap's end, or an unknown kind, even if summed. */
+    repl_frame_seal(at, 7, head, REPL_FRAME_BATCH, SIZE);
+    ck_assert_int_eq(repl_frame_next(ring, SIZE, 7, head, &batch, &len, &next), 0);
+    repl_frame_seal(at, 7, head, 9, (uint32_t)n);
+    ck_assert_int_eq(repl_frame_next(ring, SIZE, 7, head, &batch, &len, &next), 0);
+    repl_frame_seal(at, 7, head, REPL_FRAME_BATCH, 8);     /* shorter than a batch header */
+    ck_assert_int_eq(repl_frame_next(ring, SIZE, 7, head, &batch, &len, &next), 0);
+    /* A WRAP: the rest of the lap is skipped. */
+    repl_frame_seal(at, 7, head, REPL_FRAME_WRAP, 0);
+    ck_assert_int_eq(repl_frame_next(ring, SIZE, 7, head, &batch, &len, &next), 1);
+    ck_assert_uint_eq(len, 0);
+    ck_assert_uint_eq(next, 4u * SIZE);
+    /* The last 64 bytes of a lap still hold a frame header. */
+    head = 4u * SIZE - 64;
+    repl_frame_seal(ring + SIZE - 64, 7, head, REPL_FRAME_WRAP, 0);
+    ck_assert_int_eq(repl_frame_next(ring, SIZE, 7, head, &batch, &len, &next), 1);
+    ck_assert_uint_eq(next, 4u * SIZE);
+}
+END_TEST
+
 #define NODES 3
 
 struct view {
@@ -212,6 +266,18 @@ struct node {
 
 static struct node nodes[NODES];
 static struct tern_rpc_ep *cep;     /* the test's client endpoint */
+/* The replicas also listen on shm and reach each other by auto://, so that
+ * records are shipped by direct stores into each other's rings. */
+static bool over_shm;
+
+/* The URI by which the replicas reach node i. */
+static void peer_uri(unsigned i, char *out, size_t cap)
+{
+    if (over_shm)
+        snprintf(out, cap, "auto://%.120s", nodes[i].uri + strlen("tcp://"));
+    else
+        snprintf(out, cap, "%.127s", nodes[i].uri);
+}
 
 static struct repl_status status_of(unsigned i);
 
@@ -227,8 +293,10 @@ static void *node_loop(void *arg)
 
             for (unsigned i = 0; i < NODES; i++) {
                 snprintf(peers[i].name, sizeof(peers[i].name), "%.15s", nodes[i].name);
-                snprintf(peers[i].uri, sizeof(peers[i].uri), "%.127s",
-                         (n->v.cut >> i) & 1 ? "tcp://127.0.0.1:1" : nodes[i].uri);
+                if ((n->v.cut >> i) & 1)
+                    snprintf(peers[i].uri, sizeof(peers[i].uri), "tcp://127.0.0.1:1");
+                else
+                    peer_uri(i, peers[i].uri, sizeof(peers[i].uri));
             }
             repl_set_view(n->r, n->v.role, n->v.epoch, n->v.primary, peers, NODES);
             repl_set_lease(n->r, !n->v.doubt);
@@ -260,6 +328,8 @@ static void node_start(unsigned i)
     /* The same port across lives: the others know it. */
     snprintf(listen, sizeof(listen), "%s", n->uri[0] ? n->uri : "tcp://127.0.0.1:0");
     ck_assert_int_eq(tern_rpc_listen(n->ep, listen, n->uri, sizeof(n->uri)), 0);
+    if (over_shm)
+        ck_assert_int_eq(tern_rpc_listen(n->ep, "shm://auto", NULL, 0), 0);
     ck_assert_int_eq(repl_host_open(n->ep, &n->host), 0);
     rc.ctx = n->kv;
     ck_assert_int_eq(repl_open(n->host, &rc, &n->r), 0);
@@ -398,12 +468,19 @@ static void repl_setup(void)
     ck_assert_int_eq(tern_rpc_open(NULL, &cep), 0);
 }
 
+static void repl_setup_shm(void)
+{
+    over_shm = true;
+    repl_setup();
+}
+
 static void repl_teardown(void)
 {
     for (unsigned i = 0; i < NODES; i++)
         node_kill(i);
     tern_rpc_close(cep);
     cep = NULL;
+    over_shm = false;
 }
 
 /* ---- a client of raw KV calls (to name the write concern) ---- */
@@ -511,11 +588,12 @@ START_TEST(writes_wait_for_their_concern)
             first = ver;
     }
     ck_assert_uint_eq(repl_epoch_of(ver), 1);
-    /* Majority: by the time the reply came, a backup held it. */
-    ck_assert(status_of(1).position >= ver || status_of(2).position >= ver);
+    /* Majority: by the time the reply came, a backup held it (in its
+     * ring, one-sided: it takes it into its store on its next pass). */
+    ck_assert(wait_position(1, ver, 2000) || wait_position(2, ver, 2000));
     ck_assert_int_eq(kv_put(s, "all", "of them", KV_F_W_ALL, 2000000000u, &ver), 0);
-    ck_assert_uint_ge(status_of(1).position, ver);
-    ck_assert_uint_ge(status_of(2).position, ver);
+    ck_assert(wait_position(1, ver, 2000));
+    ck_assert(wait_position(2, ver, 2000));
     /* One backup down: majority still answers, `all` cannot. */
     node_kill(2);
     ck_assert_int_eq(kv_put(s, "after", "one down", 0, 2000000000u, &ver), 0);
@@ -864,15 +942,113 @@ START_TEST(parted_replica_is_copied_over)
 }
 END_TEST
 
+/* Frames a primary put into a backup's ring count there even if the
+ * backup dies before it takes them into its store: it takes them when it
+ * opens again. A frame of another grant is not taken. (The test plays the
+ * primary: it asks for the grant, then writes the ring's file itself.) */
+START_TEST(ring_frames_outlive_the_backup)
+{
+    struct repl_ask a = {.epoch = 1};
+    struct repl_ring_grant g;
+    struct tern_session *s;
+    static uint8_t frame[8192];
+    char path[256], got[64];
+    uint64_t v = repl_epoch_base(1) + 1, span, at;
+    size_t len = 0;
+    int fd;
+
+    node_kill(0);
+    set_view(1, REPL_BACKUP, 1, 0);
+    ck_assert(wait_state(1, "backup", 5000));
+    s = connect_to(1);
+    strcpy(a.shard, "kv0");
+    ck_assert_int_eq(tern_call_sync(s, TERN_REPL_SERVICE_ID, REPL_M_RING, &a, sizeof(a), &g,
+                                    sizeof(g), &len, 2000000000u), 0);
+    ck_assert_uint_eq(len, sizeof(g));
+    ck_assert_uint_eq(g.position, 0);
+    tern_rpc_disconnect(s);
+    node_kill(1);
+    /* Two frames: one of the grant (two records), one of another. */
+    snprintf(path, sizeof(path), "%s.ring", nodes[1].state);
+    fd = open(path, O_RDWR);
+    ck_assert_int_ge(fd, 0);
+    at = g.head;
+    for (unsigned f = 0; f < 2; f++) {
+        struct repl_batch b = {.epoch = 1, .prev = g.position + (f ? v + 1 : 0), .n = 2};
+        size_t off = sizeof(struct repl_frame) + sizeof(b);
+
+        strcpy(b.shard, "kv0");
+        for (unsigned i = 0; i < 2; i++) {
+            char key[16];
+            int kl = snprintf(key, sizeof(key), "ring%u", 2 * f + i);
+
+            repl_rec_write(frame + off, REPL_SET, v + 2 * f + i, key, (uint16_t)kl, "landed", 6);
+            off += repl_rec_size((size_t)kl, 6);
+        }
+        b.bytes = (uint32_t)(off - sizeof(struct repl_frame) - sizeof(b));
+        memcpy(frame + sizeof(struct repl_frame), &b, sizeof(b));
+        repl_frame_seal(frame, f ? g.gen + 1 : g.gen, at, REPL_FRAME_BATCH,
+                        (uint32_t)(off - sizeof(struct repl_frame)));
+        span = repl_frame_span((uint32_t)(off - sizeof(struct repl_frame)));
+        ck_assert_int_eq(pwrite(fd, frame, span, (off_t)(REPL_RING_HDR + at % g.size)),
+                         (ssize_t)span);
+        at += span;
+    }
+    close(fd);
+    node_start(1);
+    ck_assert(wait_position(1, v + 1, 5000));
+    node_kill(1);
+    ck_assert_uint_eq(status_of(1).position, v + 1);
+    ck_assert_int_eq(pool_get(1, "ring0", got, sizeof(got), NULL), 0);
+    ck_assert_str_eq(got, "landed");
+    ck_assert_int_eq(pool_get(1, "ring1", got, sizeof(got), NULL), 0);
+    ck_assert_int_eq(pool_get(1, "ring2", got, sizeof(got), NULL), TERN_ENOENT);
+}
+END_TEST
+
+/* Over shm the primary stores into its backups' rings directly and
+ * flushes them itself: the status says so, and the backups take every
+ * record. */
+START_TEST(shm_ships_one_sided)
+{
+    struct tern_session *s;
+    struct repl_status st;
+    char key[32], val[64], got[64];
+    uint64_t ver = 0;
+
+    elect(0, 1);
+    ck_assert(wait_state(0, "primary", 5000));
+    s = connect_to(0);
+    for (int i = 0; i < 300; i++) {
+        snprintf(key, sizeof(key), "os%d", i);
+        snprintf(val, sizeof(val), "one-sided %d", i);
+        ck_assert_int_eq(kv_put(s, key, val, i % 3 ? 0 : KV_F_W_ALL, 2000000000u, &ver), 0);
+    }
+    tern_rpc_disconnect(s);
+    st = status_of(0);
+    ck_assert_uint_eq(st.n, 2);
+    for (unsigned i = 0; i < st.n; i++)
+        ck_assert_msg(st.replicas[i].path && !strcmp(st.replicas[i].path, "one-sided"),
+                      "%s ships by %s", st.replicas[i].name, st.replicas[i].path);
+    ck_assert(wait_position(1, ver, 5000));
+    ck_assert(wait_position(2, ver, 5000));
+    node_kill(2);
+    ck_assert_int_eq(pool_get(2, "os299", got, sizeof(got), NULL), 0);
+    ck_assert_str_eq(got, "one-sided 299");
+}
+END_TEST
+
 Suite *suite_repl(void)
 {
     Suite *s = suite_create("repl");
     TCase *wire = tcase_create("wire");
     TCase *group = tcase_create("group");
+    TCase *shm = tcase_create("shm");
 
     tcase_add_test(wire, batch_walk_refuses_any_fault);
     tcase_add_test(wire, log_keeps_the_newest_and_says_what_it_lost);
     tcase_add_test(wire, state_file_takes_only_its_own_form);
+    tcase_add_test(wire, ring_frames_count_only_whole);
     suite_add_tcase(s, wire);
     tcase_add_checked_fixture(group, repl_setup, repl_teardown);
     tcase_set_timeout(group, 60);
@@ -885,6 +1061,17 @@ Suite *suite_repl(void)
     tcase_add_test(group, client_follows_the_primary);
     tcase_add_test(group, far_behind_backup_gets_a_full_copy);
     tcase_add_test(group, parted_replica_is_copied_over);
+    tcase_add_test(group, ring_frames_outlive_the_backup);
     suite_add_tcase(s, group);
+    /* The same over shm, where records go by direct stores. */
+    tcase_add_checked_fixture(shm, repl_setup_shm, repl_teardown);
+    tcase_set_timeout(shm, 60);
+    tcase_add_test(shm, shm_ships_one_sided);
+    tcase_add_test(shm, writes_wait_for_their_concern);
+    tcase_add_test(shm, returning_backup_catches_up);
+    tcase_add_test(shm, new_primary_takes_the_newest_log);
+    tcase_add_test(shm, deposed_primary_is_fenced);
+    tcase_add_test(shm, far_behind_backup_gets_a_full_copy);
+    suite_add_tcase(s, shm);
     return s;
 }

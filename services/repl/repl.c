@@ -23,7 +23,7 @@ static const char *const st_names[] = {
 /* ---- sessions and calls ---- */
 
 /* A call slot of a replica, or NULL if all are busy. */
-static struct repl_call *call_slot(struct replica *p)
+struct repl_call *repl_call_slot(struct replica *p)
 {
     for (unsigned i = 0; i < REPL_INFLIGHT; i++)
         if (!p->calls[i].busy) {
@@ -37,7 +37,7 @@ static struct repl_call *call_slot(struct replica *p)
     return NULL;
 }
 
-static unsigned busy_calls(const struct replica *p)
+unsigned repl_busy_calls(const struct replica *p)
 {
     unsigned n = 0;
 
@@ -53,6 +53,7 @@ static void drop_session(struct replica *p, uint64_t retry_in_ns)
     struct tern_session *s = p->s;
 
     p->gen++;
+    repl_ring_forget(p);
     p->copy_phase = 0;
     p->s = NULL;
     p->state = R_DOWN;
@@ -75,26 +76,31 @@ static void fill_ask(const struct repl *r, struct repl_ask *a, uint64_t from, ui
 
 /* ---- commit points and gates ---- */
 
-static int cmp_desc(const void *a, const void *b)
+/* Sort a few values, highest first (at most REPL_PEERS_MAX + 1 of them,
+ * on every pass of a primary: no qsort). */
+static void sort_desc(uint64_t *v, unsigned n)
 {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    for (unsigned i = 1; i < n; i++) {
+        uint64_t x = v[i];
+        unsigned j = i;
 
-    return x < y ? 1 : x > y ? -1 : 0;
+        for (; j > 0 && v[j - 1] < x; j--)
+            v[j] = v[j - 1];
+        v[j] = x;
+    }
 }
 
-/* The highest version that `k` replicas (this one included) hold. */
-static uint64_t held_by(const struct repl *r, unsigned k)
+/* Every replica's position (this one's included), highest first: the
+ * k-th is the highest version that k replicas hold. */
+static unsigned positions(const struct repl *r, uint64_t *pos)
 {
-    uint64_t pos[REPL_PEERS_MAX + 1];
     unsigned n = 0;
 
     pos[n++] = r->position;
     for (unsigned i = 0; i < r->n_peers; i++)
         pos[n++] = r->peers[i].answered ? r->peers[i].position : 0;
-    if (k == 0 || k > n)
-        return 0;
-    qsort(pos, n, sizeof(pos[0]), cmp_desc);
-    return pos[k - 1];
+    sort_desc(pos, n);
+    return n;
 }
 
 static unsigned majority(const struct repl *r)
@@ -112,24 +118,25 @@ static uint64_t confirmed_by_majority(const struct repl *r)
     t[n++] = tern_now_ns();
     for (unsigned i = 0; i < r->n_peers; i++)
         t[n++] = r->peers[i].confirmed_at;
-    qsort(t, n, sizeof(t[0]), cmp_desc);
+    sort_desc(t, n);
     return t[majority(r) - 1];
 }
 
 void repl_advance(struct repl *r)
 {
-    uint64_t c;
+    uint64_t pos[REPL_PEERS_MAX + 1];
+    unsigned n;
 
     if (r->st != S_PRIMARY)
         return;
+    n = positions(r, pos);
     /* Once on a majority, always committed: a replica gone since does not
      * take it back. */
-    c = held_by(r, majority(r));
-    if (c > r->committed)
-        r->committed = c;
+    if (pos[majority(r) - 1] > r->committed)
+        r->committed = pos[majority(r) - 1];
     tern_rpc_gate_pass(r->gate[REPL_W_ONE], r->position);
     tern_rpc_gate_pass(r->gate[REPL_W_MAJORITY], r->committed);
-    tern_rpc_gate_pass(r->gate[REPL_W_ALL], held_by(r, r->n_peers + 1));
+    tern_rpc_gate_pass(r->gate[REPL_W_ALL], pos[n - 1]);
     if (tern_rpc_gate_waiting(r->gate[REPL_GATE_CONFIRM], NULL))
         tern_rpc_gate_pass(r->gate[REPL_GATE_CONFIRM], confirmed_by_majority(r));
     if (r->ext_confirm && confirmed_by_majority(r) >= r->ext_confirm)
@@ -174,6 +181,7 @@ static void on_append(void *arg, int status, const void *reply, size_t len)
         /* It is elsewhere than we thought: ship from where it is, once the
          * batches in flight (which it refuses too) are back. */
         p->gen++;
+        repl_ring_forget(p);
         for (unsigned i = 0; i < REPL_INFLIGHT; i++)
             p->calls[i].busy = false;
         p->position = pos.position;
@@ -199,18 +207,22 @@ static bool beat_due(const struct repl *r, const struct replica *p)
 {
     uint64_t oldest;
 
-    if (busy_calls(p))
+    if (repl_busy_calls(p))
         return false;
     return (tern_rpc_gate_waiting(r->gate[REPL_GATE_CONFIRM], &oldest) &&
             p->confirmed_at < oldest) ||
            (r->ext_confirm && p->confirmed_at < r->ext_confirm);
 }
 
-/* Ship what the replica lacks, up to REPL_INFLIGHT batches at once. */
+/* Ship what the replica lacks: through its ring where it can
+ * (repl_ring_ship), else up to REPL_INFLIGHT batches at once by APPEND.
+ * Heartbeats go by APPEND either way. */
 static void ship(struct repl *r, struct replica *p)
 {
-    while (p->state == R_STREAM && (p->sent < r->log.last || beat_due(r, p))) {
-        struct repl_call *c = call_slot(p);
+    bool ring = repl_ring_ship(r, p);
+
+    while (p->state == R_STREAM && ((!ring && p->sent < r->log.last) || beat_due(r, p))) {
+        struct repl_call *c = repl_call_slot(p);
         struct repl_batch b = {.epoch = r->epoch, .prev = p->sent, .commit = r->committed};
         uint64_t last;
         long n;
@@ -218,8 +230,13 @@ static void ship(struct repl *r, struct replica *p)
 
         if (!c)
             return;
-        n = repl_log_read(&r->log, p->sent, c->buf + sizeof(b), repl_batch_max(p->s) - sizeof(b),
-                          &b.n, &last);
+        if (ring) {
+            n = 0;                  /* the ring carries the records */
+            last = p->sent;
+        } else {
+            n = repl_log_read(&r->log, p->sent, c->buf + sizeof(b),
+                              repl_batch_max(p->s) - sizeof(b), &b.n, &last);
+        }
         if (n < 0) {
             p->state = R_NEED_COPY;
             tern_log(TERN_LOG_WARN, "repl", "%s: %s is at %llx, past what the log holds "
@@ -303,7 +320,7 @@ static void on_position(void *arg, int status, const void *reply, size_t len)
 
 static void ask_position(struct repl *r, struct replica *p)
 {
-    struct repl_call *c = call_slot(p);
+    struct repl_call *c = repl_call_slot(p);
     struct repl_ask *a;
 
     if (!c)
@@ -346,6 +363,7 @@ static void reach(struct repl *r, struct replica *p)
         return;
     }
     p->gen++;
+    repl_ring_forget(p);
     p->state = R_DOWN;
     p->answered = false;
     p->connecting = true;
@@ -387,7 +405,7 @@ static void on_fetch(void *arg, int status, const void *reply, size_t len)
 
 static void fetch_from(struct repl *r, struct replica *p)
 {
-    struct repl_call *c = call_slot(p);
+    struct repl_call *c = repl_call_slot(p);
     struct repl_ask *a;
 
     if (!c)
@@ -423,7 +441,7 @@ static uint64_t takeover_target(const struct repl *r, unsigned *heard)
             pos[n++] = r->peers[i].position;
     *heard = n;
     k = n + majority(r) - (r->n_peers + 1);
-    qsort(pos, n, sizeof(pos[0]), cmp_desc);
+    sort_desc(pos, n);
     return pos[k - 1];
 }
 
@@ -462,7 +480,7 @@ static void take_over(struct repl *r)
             return;
         }
         r->need_copy = false;
-        if (!busy_calls(from))
+        if (!repl_busy_calls(from))
             fetch_from(r, from);
         return;
     }
@@ -485,8 +503,10 @@ static void take_over(struct repl *r)
 
 void repl_tick(struct repl *r)
 {
-    if (r->st != S_PRIMARY && r->st != S_TAKEOVER)
+    if (r->st != S_PRIMARY && r->st != S_TAKEOVER) {
+        repl_ring_drain(r);     /* frames a primary put here */
         return;
+    }
     for (unsigned i = 0; i < r->n_peers; i++) {
         struct replica *p = &r->peers[i];
 
@@ -502,7 +522,7 @@ void repl_tick(struct repl *r)
             continue;
         }
         p->connecting = false;
-        if (p->state == R_DOWN && !p->answered && !busy_calls(p))
+        if (p->state == R_DOWN && !p->answered && !repl_busy_calls(p))
             ask_position(r, p);
         if (r->st == S_PRIMARY && p->state == R_NEED_COPY)
             repl_copy_step(r, p);
@@ -576,6 +596,7 @@ void repl_set_view(struct repl *r, enum repl_role role, uint64_t epoch, const ch
             r->st = S_NONE;
             return;
         }
+        repl_ring_retire(r);    /* what the old primary put here counts first */
         r->st = S_TAKEOVER;
         for (unsigned i = 0; i < r->n_peers; i++) {
             drop_session(&r->peers[i], 0);
@@ -712,9 +733,12 @@ int repl_wait_check(struct repl *r, const struct repl_wait *w)
     case REPL_W_MAJORITY:
         reached = r->committed;
         break;
-    case REPL_W_ALL:
-        reached = held_by(r, r->n_peers + 1);
+    case REPL_W_ALL: {
+        uint64_t pos[REPL_PEERS_MAX + 1];
+
+        reached = pos[positions(r, pos) - 1];
         break;
+    }
     default:
         reached = confirmed_by_majority(r);
         break;
@@ -758,5 +782,6 @@ void repl_status(const struct repl *r, struct repl_status *out)
         s->position = p->position;
         s->lag = r->log.last > p->position && repl_epoch_of(r->log.last) ==
                  repl_epoch_of(p->position) ? r->log.last - p->position : 0;
+        s->path = p->state != R_STREAM ? "-" : repl_ring_path(p) ? repl_ring_path(p) : "call";
     }
 }

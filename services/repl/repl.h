@@ -81,6 +81,12 @@ struct repl_config {
     uint64_t timeout_ns;            /* a call to a replica; 0 = 1 s */
     const struct repl_store_ops *ops;
     void *ctx;
+    /* One-sided shipping (repl_ring.h): this replica's ring of ring_bytes
+     * (0 = 8 MiB) beside the state file, and whether this node, as
+     * primary, ships through its backups' rings where the fabric can
+     * (false) or always by call (true). */
+    uint32_t ring_bytes;
+    bool ship_rpc;
 };
 
 struct repl_host;
@@ -169,6 +175,7 @@ struct repl_replica_status {
     const char *state;              /* "self", "streaming", "connecting", "needs copy", ... */
     uint64_t position;              /* as last acknowledged */
     uint64_t lag;                   /* records behind the primary's last (primary) */
+    const char *path;               /* "one-sided", "one-sided, synced by call", "call" */
 };
 
 struct repl_status {

@@ -3,6 +3,7 @@
  * Each checks the request whole before acting on any of it, refuses an
  * epoch older than the newest it has seen (TERN_ESTALE), and records a
  * newer one durably before it answers. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,7 +46,12 @@ static int admit(struct repl *r, uint64_t epoch)
 static int group_of(struct repl_host *h, const char *shard, uint64_t epoch, struct repl **out)
 {
     *out = find(h, shard);
-    return *out ? admit(*out, epoch) : TERN_ENOENT;
+    if (!*out)
+        return TERN_ENOENT;
+    /* Frames a primary put into the ring came before this request: they
+     * count first (its position, a gap, a fence all depend on them). */
+    repl_ring_drain(*out);
+    return admit(*out, epoch);
 }
 
 struct apply_ctx {
@@ -203,6 +209,7 @@ static int h_copy(struct tern_req *req, const void *data, size_t len, void *ctx)
         return TERN_EPROTO;     /* a primary of the same epoch: cannot be */
     switch (c.phase) {
     case REPL_COPY_BEGIN:
+        repl_ring_retire(r);    /* no frame may land on the copy */
         /* Said durably first: a crash from here on wipes it again. */
         rc = repl_state_save(r, r->seen, true);
         if (rc == 0)
@@ -285,11 +292,56 @@ static int h_fetch(struct tern_req *req, const void *data, size_t len, void *ctx
     return 0;
 }
 
+static int h_ring(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    struct repl_host *h = ctx;
+    struct repl_ring_grant *out, g;
+    struct repl_ask a;
+    struct repl *r;
+    int rc = parse_ask(data, len, &a);
+
+    if (rc == 0 && a.from)
+        rc = TERN_EPROTO;
+    if (rc == 0)
+        rc = group_of(h, a.shard, a.epoch, &r);
+    if (rc < 0)
+        return rc;
+    if (r->st == S_PRIMARY || r->st == S_TAKEOVER)
+        return TERN_EPROTO;     /* a primary of the same epoch: cannot be */
+    if (r->copying && !r->copy_ended)
+        return TERN_EAGAIN;     /* a copy is coming in: by call until it ends */
+    rc = repl_ring_grant(r, tern_req_session(req), a.epoch, &g);
+    if (rc < 0)
+        return rc;
+    out = tern_reply_alloc(req, sizeof(*out));
+    if (!out)
+        return TERN_EMSGSIZE;
+    *out = g;
+    return 0;
+}
+
+/* The frames were put before this call: group_of took them. */
+static int h_ring_sync(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    struct repl_host *h = ctx;
+    struct repl_ask a;
+    struct repl *r;
+    int rc = parse_ask(data, len, &a);
+
+    if (rc == 0)
+        rc = group_of(h, a.shard, a.epoch, &r);
+    if (rc < 0)
+        return rc;
+    return reply_pos(req, r, 0);
+}
+
 static const struct tern_method methods[] = {
     {REPL_M_APPEND, "append", h_append, 0},
     {REPL_M_POSITION, "position", h_position, 0},
     {REPL_M_FETCH, "fetch", h_fetch, 0},
     {REPL_M_COPY, "copy", h_copy, 0},
+    {REPL_M_RING, "ring", h_ring, 0},
+    {REPL_M_RING_SYNC, "ring_sync", h_ring_sync, 0},
 };
 
 int repl_host_open(struct tern_rpc_ep *ep, struct repl_host **out)
@@ -324,8 +376,14 @@ void repl_host_close(struct repl_host *h)
     free(h);
 }
 
+static int ring_path(const struct repl *r, char *out, size_t cap)
+{
+    return (size_t)snprintf(out, cap, "%s.ring", r->state_path) < cap ? 0 : TERN_EINVAL;
+}
+
 int repl_open(struct repl_host *h, const struct repl_config *c, struct repl **out)
 {
+    char path[4096];
     struct repl *r;
     int rc;
 
@@ -368,6 +426,12 @@ int repl_open(struct repl_host *h, const struct repl_config *c, struct repl **ou
     }
     r->position = c->ops->position(c->ctx);
     repl_log_reset(&r->log, r->position);
+    r->ship_rpc = c->ship_rpc;
+    /* Frames acknowledged before a crash are taken now. Without a ring
+     * this replica is shipped to by call. */
+    if (ring_path(r, path, sizeof(path)) < 0 || repl_ring_open(r, path, c->ring_bytes) < 0)
+        tern_log(TERN_LOG_WARN, "repl", "%s: no ring: backups' records come by call",
+                 r->shard);
     r->next = h->groups;
     h->groups = r;
     *out = r;
@@ -394,6 +458,10 @@ void repl_close(struct repl *r)
     }
     for (unsigned i = 0; i < REPL_GATES; i++)
         tern_rpc_gate_close(r->gate[i]);
+    for (unsigned i = 0; i < REPL_PEERS_MAX; i++)
+        if (r->peers[i].ring.stage)
+            tern_rpc_mr_dereg(r->peers[i].ring.stage);
+    repl_ring_close(r);
     repl_log_free(&r->log);
     free(r->state_path);
     free(r);

@@ -5,6 +5,7 @@
 #include "log.h"
 #include "repl.h"
 #include "repl_log.h"
+#include "repl_ring.h"
 
 #define REPL_INFLIGHT 2                 /* batches in flight per replica */
 #define REPL_BATCH_MAX (1088u * 1024)   /* a batch's bytes, header included: a
@@ -54,6 +55,7 @@ struct replica {
      * scan is, and the primary's position when it began */
     uint32_t copy_phase;
     uint64_t copy_cursor, copy_snap;
+    struct repl_ring_peer ring;         /* one-sided shipping to it */
 };
 
 enum repl_state { S_NONE = 0, S_BACKUP, S_TAKEOVER, S_PRIMARY };
@@ -93,7 +95,10 @@ struct repl {
     uint64_t fail_gen;
     int fail_code;
     uint64_t ext_confirm;
+    struct repl_ring *ring;             /* this replica's ring (repl_ring.c), or NULL */
+    bool ship_rpc;                      /* never one-sided (repl_config) */
     uint64_t st_shipped, st_applied, st_stale, st_copies_sent, st_copies_taken;
+    uint64_t st_ring_refused;
 };
 
 struct repl_host {
@@ -111,6 +116,8 @@ static inline size_t repl_batch_max(const struct tern_session *s)
 }
 
 /* repl.c */
+struct repl_call *repl_call_slot(struct replica *p);
+unsigned repl_busy_calls(const struct replica *p);
 void repl_advance(struct repl *r);
 void repl_fail_held(struct repl *r, int code);
 void repl_step_down(struct repl *r, int code);

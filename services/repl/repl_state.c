@@ -88,6 +88,9 @@ int repl_state_load(const char *path, const char *shard, uint64_t *seen, bool *c
 
 int repl_see_epoch(struct repl *r, uint64_t epoch)
 {
+    /* The ring's frames were put under the older epoch: taken now, and
+     * none after (repl_ring.h, fencing). */
+    repl_ring_retire(r);
     return repl_state_save(r, epoch, r->copying);
 }
 

@@ -29,6 +29,11 @@
  *          began. The replica is then at `snap` and the primary streams the
  *          records after it; until it has caught up past every version the
  *          copy brought, a restart wipes it again (its state file says so).
+ * RING     primary -> backup: grant me your ring (repl_ring.h) at my
+ *          epoch; the answer is a struct repl_ring_grant.
+ * RING_SYNC primary -> backup, after frames put into its ring where a put
+ *          alone does not make them durable: take your ring's frames into
+ *          your store; the answer is its position (repl_pos).
  *
  * Every request carries the sender's epoch; one older than the replica has
  * seen fails with TERN_ESTALE and changes nothing.
@@ -50,6 +55,8 @@ enum repl_method {
     REPL_M_POSITION = 2,    /* repl_ask             -> repl_pos */
     REPL_M_FETCH = 3,       /* repl_ask             -> repl_batch, records */
     REPL_M_COPY = 4,        /* repl_copy, records   -> repl_pos */
+    REPL_M_RING = 5,        /* repl_ask             -> repl_ring_grant */
+    REPL_M_RING_SYNC = 6,   /* repl_ask (from: the tail) -> repl_pos */
 };
 
 enum repl_copy_phase { REPL_COPY_BEGIN = 1, REPL_COPY_CHUNK = 2, REPL_COPY_END = 3 };

@@ -3,9 +3,10 @@
 # a PUT (window 1, updates only, small values), and PUTs a second with 16 in
 # flight (the second ratio: how many times fewer), against a plain ternd, and
 # against the primary of a two-replica shard ([cluster] kv_shard, w=majority:
-# the backup holds it before the reply), over each fabric given: the client
-# and the primary's sessions to its backup both move to that fabric
-# (auto://, TERN_FABRICS). Prints the ratio per fabric.
+# the backup holds it before the reply) shipping one-sided (into the
+# backup's ring) and by call (repl_ship = call), over each fabric given: the
+# client and the primary's sessions to its backup both move to that fabric
+# (auto://, TERN_FABRICS). Prints the ratios per fabric.
 #
 #   tools/rpcbench/repl-cost.sh BUILD_DIR [FABRIC...]     (default: shm rdma)
 #
@@ -69,6 +70,7 @@ conf() {
             echo "lease_ttl = 2"
             echo "shard = kv"
             echo "kv_shard = kv"
+            echo "repl_ship = $5"
         fi
     } >"$dir/$1.conf"
 }
@@ -89,21 +91,35 @@ run() {    # FABRIC URIS -> "p50 p99 puts/s(window 1) puts/s(window 16)"
         python3 -c "import json,sys; r=json.load(sys.stdin); assert r['lost']==0; print(int(r['puts_ok'] / r['seconds']))")
     echo "$a $b"
 }
-printf "%-6s %22s %22s %8s %12s %12s %8s\n" fabric "alone p50/p99 us" "one backup p50/p99 us" \
-    "ratio" "alone put/s" "backup put/s" "ratio"
+printf "%-6s %20s %20s %20s %7s %7s %11s %11s %11s %7s %7s\n" fabric "alone p50/p99" \
+    "one-sided p50/p99" "by call p50/p99" "1s/alone" "call/1s" "alone/s" "one-sided/s" "by call/s" \
+    "alone/1s" "1s/call"
+ratio() { python3 -c "print(f'{$1/$2:.2f}x')"; }
+# Each measurement alone on the machine: the nodes of the one before stop.
+stop_nodes() {
+    for p in "${pids[@]:1}"; do kill "$p" 2>/dev/null || true; done
+    wait "${pids[@]:1}" 2>/dev/null || true
+    pids=("${pids[0]}")
+}
 for f in "${fabrics[@]}"; do
     conf "p$f" "$f" no
     start "p$f" "$f"
     read -r a50 a99 at < <(run "$f" "auto://127.0.0.1:$(cat "$dir/p$f.port")")
-    conf "a$f" "$f" yes "c$f"
-    conf "b$f" "$f" yes "c$f"
-    "$tern" shard define --etcd "$etcd_url" --prefix "/c$f" kv "a$f" "b$f" >/dev/null 2>&1 || true
-    # The map names the nodes by name: a and b of this fabric.
-    sed -i "s/^name = a$f/name = a$f/" "$dir/a$f.conf"
-    start "a$f" "$f"
-    start "b$f" "$f"
-    read -r r50 r99 rt < <(run "$f" "auto://127.0.0.1:$(cat "$dir/a$f.port"),auto://127.0.0.1:$(cat "$dir/b$f.port")")
-    printf "%-6s %10s / %-9s %10s / %-9s %8s %12s %12s %8s\n" "$f" "$a50" "$a99" "$r50" "$r99" \
-        "$(python3 -c "print(f'{$r50/$a50:.2f}x')")" "$at" "$rt" \
-        "$(python3 -c "print(f'{$at/$rt:.2f}x')")"
+    stop_nodes
+    for ship in one-sided call; do
+        a=a$f$ship b=b$f$ship
+        conf "$a" "$f" yes "c$f$ship" "$ship"
+        conf "$b" "$f" yes "c$f$ship" "$ship"
+        "$tern" shard define --etcd "$etcd_url" --prefix "/c$f$ship" kv "$a" "$b" >/dev/null 2>&1 || true
+        start "$a" "$f"
+        start "$b" "$f"
+        read -r r50 r99 rt < <(run "$f" "auto://127.0.0.1:$(cat "$dir/$a.port"),auto://127.0.0.1:$(cat "$dir/$b.port")")
+        stop_nodes
+        eval "${ship//-/}=(\"$r50\" \"$r99\" \"$rt\")"
+    done
+    printf "%-6s %9s / %-8s %9s / %-8s %9s / %-8s %7s %7s %11s %11s %11s %7s %7s\n" "$f" \
+        "$a50" "$a99" "${onesided[0]}" "${onesided[1]}" "${call[0]}" "${call[1]}" \
+        "$(ratio "${onesided[0]}" "$a50")" "$(ratio "${call[0]}" "${onesided[0]}")" \
+        "$at" "${onesided[2]}" "${call[2]}" "$(ratio "$at" "${onesided[2]}")" \
+        "$(ratio "${onesided[2]}" "${call[2]}")"
 done

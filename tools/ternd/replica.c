@@ -36,7 +36,7 @@ int ternd_replica_open(const struct ternd_opts *o, struct ternd_node *n,
     char state[4200];
     struct repl_config c = {.shard = def->shard, .me = o->name, .state_path = state,
                             .log_bytes = (size_t)o->repl_log_mb << 20, .ops = def->ops,
-                            .ctx = def->ctx};
+                            .ctx = def->ctx, .ship_rpc = o->repl_ship_call};
     int rc = 0;
 
     if (!t)

@@ -319,7 +319,7 @@ static void node_start(unsigned i)
                                       .seg_size = 256u << 10};
     struct repl_config rc = {.shard = "kv0", .me = n->name, .state_path = n->state,
                              .log_bytes = 4u << 20, .timeout_ns = 500000000u,
-                             .ops = &kv_repl_ops};
+                             .ops = &kv_repl_ops, .ring_bytes = REPL_RING_MIN};
     char listen[128];
 
     ck_assert_int_eq(tern_rpc_open(NULL, &n->ep), 0);

@@ -201,15 +201,18 @@ static void on_append(void *arg, int status, const void *reply, size_t len)
     repl_advance(r);
 }
 
-/* Reads wait for a confirmation the replica has not given yet: send it
- * an empty APPEND (a heartbeat) once nothing else is in flight to it. */
+/* Reads wait for a confirmation the replica has not given yet, or its
+ * ring is full and it may be asleep: send it an empty APPEND (a heartbeat,
+ * which also makes it take its ring's frames) once nothing else is in
+ * flight to it. */
 static bool beat_due(const struct repl *r, const struct replica *p)
 {
     uint64_t oldest;
 
     if (repl_busy_calls(p))
         return false;
-    return (tern_rpc_gate_waiting(r->gate[REPL_GATE_CONFIRM], &oldest) &&
+    return p->ring.nudge ||
+           (tern_rpc_gate_waiting(r->gate[REPL_GATE_CONFIRM], &oldest) &&
             p->confirmed_at < oldest) ||
            (r->ext_confirm && p->confirmed_at < r->ext_confirm);
 }
@@ -271,6 +274,7 @@ static void ship(struct repl *r, struct replica *p)
         }
         c->busy = true;
         p->sent = last;
+        p->ring.nudge = false;
         r->st_shipped++;
         if (!b.n)
             return;             /* the heartbeat */
@@ -501,7 +505,8 @@ static void take_over(struct repl *r)
     repl_advance(r);
 }
 
-void repl_tick(struct repl *r)
+/* One pass: what the group owes, on the endpoint's thread. */
+static void tick(struct repl *r)
 {
     if (r->st != S_PRIMARY && r->st != S_TAKEOVER) {
         repl_ring_drain(r);     /* frames a primary put here */
@@ -533,6 +538,14 @@ void repl_tick(struct repl *r)
         take_over(r);
     else
         repl_advance(r);    /* a shard of one commits on its own */
+}
+
+bool repl_tick(struct repl *r)
+{
+    uint64_t before = r->st_shipped + r->st_applied + r->committed;
+
+    tick(r);
+    return r->st_shipped + r->st_applied + r->committed != before;
 }
 
 /* ---- views ---- */

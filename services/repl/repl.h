@@ -82,12 +82,18 @@ struct repl_config {
     const struct repl_store_ops *ops;
     void *ctx;
     /* One-sided shipping (repl_ring.h): this replica's ring of ring_bytes
-     * (0 = 8 MiB) beside the state file, and whether this node, as
-     * primary, ships through its backups' rings where the fabric can
-     * (false) or always by call (true). */
+     * (0 = 8 MiB) beside the state file, and how this node, as primary,
+     * ships to its backups (enum repl_ship). */
     uint32_t ring_bytes;
-    bool ship_rpc;
+    uint8_t ship;
 };
+
+/* How a primary ships: into a backup's ring where that makes the records
+ * durable without the backup's CPU (its ring mapped here, or on PM and
+ * read back), by call elsewhere (AUTO); into the ring wherever the fabric
+ * can put, with a RING_SYNC call where the put alone is not durable
+ * (ONESIDED); always by call (CALL). */
+enum repl_ship { REPL_SHIP_AUTO = 0, REPL_SHIP_ONESIDED = 1, REPL_SHIP_CALL = 2 };
 
 struct repl_host;
 struct repl;
@@ -167,8 +173,12 @@ bool repl_consistent(const struct repl *r);
  * winner lacks). */
 bool repl_candidate(struct repl *r, uint64_t quiet_ns);
 
-/* Connect to replicas, ship, take over. Outside tern_rpc_poll. */
-void repl_tick(struct repl *r);
+/* Connect to replicas, ship, take over; on a backup, take the frames its
+ * ring holds. Outside tern_rpc_poll. True if it shipped, took or committed
+ * anything: replies may be free to go (records shipped one-sided make no
+ * event a loop could sleep on, so a loop that would block should poll
+ * again at once). */
+bool repl_tick(struct repl *r);
 
 struct repl_replica_status {
     char name[64];

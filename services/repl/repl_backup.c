@@ -426,7 +426,7 @@ int repl_open(struct repl_host *h, const struct repl_config *c, struct repl **ou
     }
     r->position = c->ops->position(c->ctx);
     repl_log_reset(&r->log, r->position);
-    r->ship_rpc = c->ship_rpc;
+    r->ship = c->ship <= REPL_SHIP_CALL ? c->ship : REPL_SHIP_AUTO;
     /* Frames acknowledged before a crash are taken now. Without a ring
      * this replica is shipped to by call. */
     if (ring_path(r, path, sizeof(path)) < 0 || repl_ring_open(r, path, c->ring_bytes) < 0)

@@ -96,7 +96,7 @@ struct repl {
     int fail_code;
     uint64_t ext_confirm;
     struct repl_ring *ring;             /* this replica's ring (repl_ring.c), or NULL */
-    bool ship_rpc;                      /* never one-sided (repl_config) */
+    uint8_t ship;                       /* enum repl_ship (repl_config) */
     uint64_t st_shipped, st_applied, st_stale, st_copies_sent, st_copies_taken;
     uint64_t st_ring_refused;
 };

@@ -149,6 +149,8 @@ struct repl_ring_peer {
     const volatile uint64_t *headp; /* the header's head mapped here, or NULL */
     struct tern_rpc_mr *stage;      /* frames for put, and the head read back */
     bool flushing;                  /* a put and its flush are out */
+    bool nudge;                     /* full: an empty APPEND wakes the replica */
+    bool by_sync;                   /* frames made durable by RING_SYNC calls */
     uint64_t flush_last;            /* durable there once the flush is back */
     uint32_t gen;                   /* the replica's, for late completions */
     uint64_t frames, direct, puts;  /* counters */

@@ -25,9 +25,7 @@ const char *repl_ring_path(const struct replica *p)
 
     if (q->st != RG_ON)
         return NULL;
-    if (q->data)
-        return "one-sided";
-    return q->g.flags & REPL_RING_PMEM ? "one-sided" : "one-sided, synced by call";
+    return q->by_sync ? "one-sided, synced by call" : "one-sided";
 }
 
 void repl_ring_forget(struct replica *p)
@@ -35,17 +33,24 @@ void repl_ring_forget(struct replica *p)
     struct repl_ring_peer *q = &p->ring;
 
     q->st = RG_NONE;
+    q->nudge = false;
     q->flushing = false;
     q->data = NULL;
     q->headp = NULL;
 }
 
-/* Back to APPEND from what the replica surely holds. */
+/* Back to APPEND (or to asking for a grant again). */
 static void fall_back(struct replica *p, enum repl_ring_state st)
 {
+    bool was_on = p->ring.st == RG_ON;
+
     repl_ring_forget(p);
     p->ring.st = st;
-    p->sent = p->position;
+    p->ring.sess_epoch = p->s ? tern_session_epoch(p->s) : 0;
+    /* Frames out and not confirmed go again, by whatever comes next (the
+     * replica answers a gap with where it is). */
+    if (was_on)
+        p->sent = p->position;
 }
 
 static void on_grant(void *arg, int status, const void *reply, size_t len)
@@ -81,6 +86,21 @@ static void on_grant(void *arg, int status, const void *reply, size_t len)
         fall_back(p, RG_OFF);
         return;
     }
+    /* Where the ring is not mapped here and a put and a read cannot make
+     * a frame durable without the backup's CPU (a ring on a file; a fabric
+     * whose one-sided operations the peer's poll serves), that CPU is on
+     * the path anyway: a call does the same work in one message, so AUTO
+     * takes that. */
+    uint32_t caps = tern_session_caps(p->s);
+    uint32_t offload = TERN_TP_CAP_GET | TERN_TP_CAP_RMA_OFFLOAD;
+
+    if (r->ship == REPL_SHIP_AUTO && !(caps & TERN_TP_CAP_RKEY_PTR) &&
+        !((g.flags & REPL_RING_PMEM) && (caps & offload) == offload)) {
+        fall_back(p, RG_OFF);
+        return;
+    }
+    q->by_sync = !(caps & TERN_TP_CAP_RKEY_PTR) &&
+                 !((g.flags & REPL_RING_PMEM) && (caps & TERN_TP_CAP_GET));
     q->g = g;
     q->tail = q->head = g.head;
     q->sess_epoch = tern_session_epoch(p->s);
@@ -340,7 +360,12 @@ bool repl_ring_ship(struct repl *r, struct replica *p)
 {
     struct repl_ring_peer *q = &p->ring;
 
-    if (r->ship_rpc || q->st == RG_OFF)
+    if (r->ship == REPL_SHIP_CALL)
+        return false;
+    /* An auto:// session that moved has other caps and keys: judge anew. */
+    if (q->st != RG_NONE && !q->flushing && q->sess_epoch != tern_session_epoch(p->s))
+        fall_back(p, RG_NONE);
+    if (q->st == RG_OFF)
         return false;
     if (p->state != R_STREAM) {
         /* A copy ends any grant there: ask again once it streams. */
@@ -350,16 +375,13 @@ bool repl_ring_ship(struct repl *r, struct replica *p)
     }
     if (r->lease_doubt)
         return q->flushing;
-    if (q->st == RG_ON && q->sess_epoch != tern_session_epoch(p->s)) {
-        if (q->flushing)
-            return true;            /* its completion comes first */
-        fall_back(p, RG_NONE);      /* the keys were the old connection's */
-    }
+    if (q->st == RG_ON && q->sess_epoch != tern_session_epoch(p->s))
+        return true;                /* a flush is out: its completion comes first */
     if (q->st == RG_NONE) {
         uint32_t caps = tern_session_caps(p->s);
 
         if (!(caps & TERN_TP_CAP_PUT)) {
-            q->st = RG_OFF;
+            fall_back(p, RG_OFF);
             return false;
         }
         if (repl_busy_calls(p))
@@ -379,7 +401,10 @@ bool repl_ring_ship(struct repl *r, struct replica *p)
         if (!fits(q, REPL_FRAME_ALIGN)) {
             if (!q->headp)
                 goto read_head;
-            return true;            /* full: the replica takes frames on its next pass */
+            /* Full: the replica takes frames on its next pass, which may
+             * be a sleep away (stores wake nobody); a call wakes it. */
+            q->nudge = true;
+            return true;
         }
         if (q->head + q->g.size - q->tail < room)
             room = q->head + q->g.size - q->tail;
@@ -405,8 +430,10 @@ bool repl_ring_ship(struct repl *r, struct replica *p)
                 fall_back(p, RG_OFF);   /* larger than the ring: by call */
                 return false;
             }
-            if (room < lap)
+            if (room < lap) {
+                q->nudge = q->headp != NULL;
                 goto read_head;         /* behind the head: wait for room */
+            }
             if (at) {
                 repl_frame_seal(at, q->g.gen, q->tail, REPL_FRAME_WRAP, 0);
                 flush_direct(q, at, sizeof(struct repl_frame));

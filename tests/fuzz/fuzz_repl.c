@@ -9,12 +9,16 @@
  * the input: APPEND batches of records with sound sums (keys from a small
  * alphabet, values, deletes), following the replica's position or not, at
  * epochs around the one it has seen; POSITION and FETCH at any epoch and
- * from any version; a full COPY's BEGIN, CHUNKs and END. What must hold whatever comes: every call is answered;
+ * from any version; a full COPY's BEGIN, CHUNKs and END; a ring's GRANT,
+ * then frames written into the ring's file as a primary's stores would
+ * land (batches built or raw, of the grant or not, in place or not, WRAPs)
+ * and taken by a RING_SYNC. What must hold whatever comes: every call is answered;
  * the replica's position only moves forward (but for a full copy, which
  * starts it over) and is what the store holds outside a copy;
  * an epoch older than one it took is refused; and a FETCH answer is a
  * batch its own walker takes. Between runs the group is closed and its
  * state file removed, the store wiped. */
+#include <fcntl.h>
 #include <unistd.h>
 
 #include "fuzz.h"
@@ -36,7 +40,8 @@ static struct tern_rpc_ep *srv, *cli;
 static struct tern_session *sess;
 static struct repl_host *host;
 static struct repl *grp;
-static char uri[128], state_path[96];
+static char uri[128], state_path[96], ring_path[112];
+static uint8_t frame[MAX_MSG + 2 * REPL_FRAME_ALIGN];
 static uint8_t req[MAX_MSG];
 static volatile uint8_t sink;
 
@@ -81,7 +86,8 @@ static int call(uint16_t method, const void *p, size_t len)
 static void open_group(void)
 {
     struct repl_config c = {.shard = "s1", .me = "b", .state_path = state_path,
-                            .log_bytes = 64 * 1024, .ops = &kv_repl_ops, .ctx = svc};
+                            .log_bytes = 64 * 1024, .ops = &kv_repl_ops, .ctx = svc,
+                            .ring_bytes = REPL_RING_MIN};
     int rc = repl_open(host, &c, &grp);
 
     FZ_CHECK(rc == 0, "repl_open: %d", rc);
@@ -101,6 +107,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     so.pool_path = fz_tmp_pool("repl");
     snprintf(state_path, sizeof(state_path), "/dev/shm/tern-fuzz-repl-state.%d", (int)getpid());
     unlink(state_path);
+    snprintf(ring_path, sizeof(ring_path), "%s.ring", state_path);
+    unlink(ring_path);
     rc = tern_kv_service_open(&so, &svc);
     FZ_CHECK(rc == 0, "service: %d", rc);
     FZ_CHECK(tern_rpc_open(&cfg, &srv) == 0 && tern_rpc_open(&cfg, &cli) == 0, "endpoints");
@@ -172,6 +180,37 @@ static size_t build_copy(struct fz *f, uint64_t epoch)
     return off;
 }
 
+/* Frames into the granted ring's file at *at, as a primary's stores land:
+ * the batch in req (len bytes), sealed for the grant or for another, at
+ * the place expected or elsewhere, a WRAP first if the lap is short. */
+static void land_frame(struct fz *f, const struct repl_ring_grant *g, uint64_t *at, size_t len)
+{
+    int fd = open(ring_path, O_RDWR);
+    uint64_t span = repl_frame_span((uint32_t)len), room = g->size - *at % g->size;
+    uint64_t gen = fz_u8(f) % 8 ? g->gen : g->gen + 1 + fz_u8(f);
+    uint64_t place = fz_u8(f) % 8 ? *at : *at + REPL_FRAME_ALIGN * (fz_u8(f) % 4);
+
+    FZ_CHECK(fd >= 0, "the ring's file");
+    if (span > room) {
+        repl_frame_seal(frame, gen, place, REPL_FRAME_WRAP, 0);
+        FZ_CHECK(pwrite(fd, frame, sizeof(struct repl_frame),
+                        (off_t)(REPL_RING_HDR + place % g->size)) > 0, "pwrite");
+        *at += room;
+        place = *at;
+    }
+    if (span <= g->size) {
+        memcpy(frame + sizeof(struct repl_frame), req, len);
+        repl_frame_seal(frame, gen, place, REPL_FRAME_BATCH, (uint32_t)len);
+        if (fz_u8(f) % 16 == 0)
+            frame[fz_u16(f) % (sizeof(struct repl_frame) + len)] ^= 1;     /* torn */
+        if (place % g->size + span <= g->size)
+            FZ_CHECK(pwrite(fd, frame, span, (off_t)(REPL_RING_HDR + place % g->size)) > 0,
+                     "pwrite");
+        *at += span;
+    }
+    close(fd);
+}
+
 static size_t build_ask(struct fz *f, uint64_t epoch, uint64_t from)
 {
     struct repl_ask a = {.epoch = epoch, .from = from, .max = fz_u16(f)};
@@ -198,6 +237,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* After a full copy ends the position is where the copy began, which
      * may be above the newest record it brought (the store's version). */
     bool copied = false;
+    struct repl_ring_grant grant = {0};
+    bool granted = false;
+    uint64_t ring_at = 0;
 
     for (int op = 0; op < OPS_MAX && f.n; op++) {
         struct repl_status before, after;
@@ -215,9 +257,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         case 2: epoch = before.epoch_seen + 1; break;
         default: epoch = fz_u64(&f); break;
         }
-        switch (kind % 7) {
+        switch (kind % 9) {
         case 0:         /* raw bytes to any method */
-            method = (uint16_t)(fz_u8(&f) % 5);
+            method = (uint16_t)(fz_u8(&f) % 7);
             len = fz_take(&f, fz_u16(&f) % sizeof(req), (const uint8_t **)&data);
             memcpy(req, data, len);
             break;
@@ -236,14 +278,32 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             method = REPL_M_FETCH;
             len = build_ask(&f, epoch, fz_u8(&f) % 2 ? before.position : fz_u64(&f));
             break;
-        default:
+        case 6:
             method = REPL_M_COPY;
             len = build_copy(&f, epoch);
             break;
+        case 7:
+            method = REPL_M_RING;
+            len = build_ask(&f, epoch, 0);
+            break;
+        default:        /* frames into the ring, then RING_SYNC takes them */
+            if (granted) {
+                if (fz_u8(&f) % 4) {
+                    len = build_append(&f, grant.epoch, fz_u8(&f) % 8 ? before.position
+                                                                        : fz_u64(&f));
+                } else {
+                    len = fz_take(&f, fz_u16(&f) % 2048, (const uint8_t **)&data);
+                    memcpy(req, data, len);
+                }
+                land_frame(&f, &grant, &ring_at, len);
+            }
+            method = REPL_M_RING_SYNC;
+            len = build_ask(&f, epoch, ring_at);
+            break;
         }
-        bool built = kind % 7 != 0 && !(kind & 0x80);
+        bool built = kind % 9 != 0 && !(kind & 0x80);
 
-        if (!built && kind % 7 != 0 && len)
+        if (!built && kind % 9 != 0 && len)
             req[fz_u16(&f) % len] ^= (uint8_t)(1u << (fz_u8(&f) % 8));
         rc = call(method, req, len);
         repl_status(grp, &after);
@@ -260,6 +320,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (rc == 0 && built)
             FZ_CHECK(epoch >= before.epoch_seen, "epoch %llu taken after %llu",
                      (unsigned long long)epoch, (unsigned long long)before.epoch_seen);
+        if (rc == 0 && method == REPL_M_RING && built) {
+            FZ_CHECK(rep.len == sizeof(grant), "a grant of %zu bytes", rep.len);
+            memcpy(&grant, rep.data, sizeof(grant));
+            FZ_CHECK(grant.size >= REPL_RING_MIN && !(grant.head % REPL_FRAME_ALIGN) &&
+                         grant.position == after.position,
+                     "a grant that cannot be");
+            granted = true;
+            ring_at = grant.head;
+        }
         if (rc == 0 && method == REPL_M_FETCH)
             FZ_CHECK(repl_batch_walk(rep.data, rep.len, NULL, NULL, NULL) == 0,
                      "a FETCH answer its own walker refuses");
@@ -272,6 +341,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     kv_service_replicate(svc, NULL);
     repl_close(grp);
     unlink(state_path);
+    unlink(ring_path);
     FZ_CHECK(kvs_wipe(kv_service_store(svc)) == 0, "wipe");
     open_group();
     return 0;

@@ -3,10 +3,16 @@
 # a PUT (window 1, updates only, small values), and PUTs a second with 16 in
 # flight (the second ratio: how many times fewer), against a plain ternd, and
 # against the primary of a two-replica shard ([cluster] kv_shard, w=majority:
-# the backup holds it before the reply) shipping one-sided (into the
-# backup's ring) and by call (repl_ship = call), over each fabric given: the
-# client and the primary's sessions to its backup both move to that fabric
+# the backup holds it before the reply) shipping as repl_ship = $SHIP says
+# (default auto: into the backup's ring where that needs no help from its
+# CPU) and by call (repl_ship = call), over each fabric given: the client
+# and the primary's sessions to its backup both move to that fabric
 # (auto://, TERN_FABRICS). Prints the ratios per fabric.
+#
+# PM=1 runs every ternd with PMEM_IS_PMEM_FORCE=1: libpmem takes their
+# pools and rings for persistent memory (cache-line flushes instead of
+# msync), as on a host with PM; a ring on PM is what lets a put followed by
+# a read be durable without the backup's CPU (rdma).
 #
 #   tools/rpcbench/repl-cost.sh BUILD_DIR [FABRIC...]     (default: shm rdma)
 #
@@ -58,6 +64,7 @@ conf() {
         echo "listen = tcp://127.0.0.1:$p"
         [ "$2" = rdma ] && echo "listen = rdma://127.0.0.1:$r"
         echo "log_file = $dir/$1.log"
+        echo "key_file = $dir/key"
         [ -n "${NODE_CONF:-}" ] && printf '%b\n' "$NODE_CONF"
         echo "[kv]"
         echo "pool_size = 64m"
@@ -74,10 +81,17 @@ conf() {
         fi
     } >"$dir/$1.conf"
 }
+# A cluster key: without one, ternd serves only processes it can name on
+# this host, which rdma connections cannot show (they would fall back to tcp).
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$dir/key"
+chmod 600 "$dir/key"
+export TERN_KEY_FILE=$dir/key
+pm_env=()
+[ "${PM:-0}" = 1 ] && pm_env=(PMEM_IS_PMEM_FORCE=1)
 start() {    # NAME FABRIC
-    TERN_FABRICS=$2,tcp "$ternd" --config "$dir/$1.conf" >"$dir/$1.out" 2>&1 &
+    env "${pm_env[@]}" TERN_FABRICS=$2,tcp "$ternd" --config "$dir/$1.conf" >"$dir/$1.out" 2>&1 &
     pids+=($!)
-    for _ in $(seq 100); do grep -q '^ternd ready' "$dir/$1.out" && return 0; sleep 0.05; done
+    for _ in $(seq 100); do grep -qs '^ternd ready' "$dir/$1.out" && return 0; sleep 0.05; done
     echo "repl-cost: $1 not ready: $(cat "$dir/$1.out")" >&2
     exit 1
 }
@@ -92,8 +106,8 @@ run() {    # FABRIC URIS -> "p50 p99 puts/s(window 1) puts/s(window 16)"
     echo "$a $b"
 }
 printf "%-6s %20s %20s %20s %7s %7s %11s %11s %11s %7s %7s\n" fabric "alone p50/p99" \
-    "one-sided p50/p99" "by call p50/p99" "1s/alone" "call/1s" "alone/s" "one-sided/s" "by call/s" \
-    "alone/1s" "1s/call"
+    "${SHIP:-auto} p50/p99" "by call p50/p99" "it/alone" "call/it" "alone/s" "${SHIP:-auto}/s" \
+    "by call/s" "alone/it" "it/call"
 ratio() { python3 -c "print(f'{$1/$2:.2f}x')"; }
 # Each measurement alone on the machine: the nodes of the one before stop.
 stop_nodes() {
@@ -106,7 +120,7 @@ for f in "${fabrics[@]}"; do
     start "p$f" "$f"
     read -r a50 a99 at < <(run "$f" "auto://127.0.0.1:$(cat "$dir/p$f.port")")
     stop_nodes
-    for ship in one-sided call; do
+    for ship in "${SHIP:-auto}" call; do
         a=a$f$ship b=b$f$ship
         conf "$a" "$f" yes "c$f$ship" "$ship"
         conf "$b" "$f" yes "c$f$ship" "$ship"
@@ -115,7 +129,7 @@ for f in "${fabrics[@]}"; do
         start "$b" "$f"
         read -r r50 r99 rt < <(run "$f" "auto://127.0.0.1:$(cat "$dir/$a.port"),auto://127.0.0.1:$(cat "$dir/$b.port")")
         stop_nodes
-        eval "${ship//-/}=(\"$r50\" \"$r99\" \"$rt\")"
+        if [ "$ship" = call ]; then call=("$r50" "$r99" "$rt"); else onesided=("$r50" "$r99" "$rt"); fi
     done
     printf "%-6s %9s / %-8s %9s / %-8s %9s / %-8s %7s %7s %11s %11s %11s %7s %7s\n" "$f" \
         "$a50" "$a99" "${onesided[0]}" "${onesided[1]}" "${call[0]}" "${call[1]}" \

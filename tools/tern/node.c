@@ -172,8 +172,9 @@ static void print_table(FILE *f, json_object *st)
             for (size_t i = 0; i < json_object_array_length(reps); i++) {
                 json_object *x = json_object_array_get_idx(reps, i);
 
-                fprintf(f, "  replica %-12s %-11s position %-14s lag %.0f\n", str(x, "node"),
-                        str(x, "state"), str(x, "position"), num(x, "lag"));
+                fprintf(f, "  replica %-12s %-11s position %-14s lag %-6.0f %s\n",
+                        str(x, "node"), str(x, "state"), str(x, "position"), num(x, "lag"),
+                        str(x, "shipping"));
             }
     }
     if (!json_object_object_get_ex(st, "peers", &peers) ||

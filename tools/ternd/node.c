@@ -457,8 +457,10 @@ static void repl_json(struct ternd_replica *r, struct buf *b)
     for (unsigned i = 0; i < st.n; i++) {
         put(b, "%s{\"node\":", i ? "," : "");
         put_json_str(b, st.replicas[i].name);
-        put(b, ",\"state\":\"%s\",\"position\":\"%" PRIx64 "\",\"lag\":%" PRIu64 "}",
-            st.replicas[i].state, st.replicas[i].position, st.replicas[i].lag);
+        put(b, ",\"state\":\"%s\",\"position\":\"%" PRIx64 "\",\"lag\":%" PRIu64
+               ",\"shipping\":\"%s\"}",
+            st.replicas[i].state, st.replicas[i].position, st.replicas[i].lag,
+            st.replicas[i].path ? st.replicas[i].path : "-");
     }
     put(b, "]}");
 }

@@ -280,12 +280,15 @@ static bool set_repl_log_mb(struct ctx *c, const char *v)
 
 static bool set_repl_ship(struct ctx *c, const char *v)
 {
-    if (strcmp(v, "one-sided") && strcmp(v, "call")) {
-        say(c, "'%s' is not one-sided or call", v);
-        return false;
-    }
-    c->o->repl_ship_call = !strcmp(v, "call");
-    return true;
+    static const char *const names[] = {"auto", "one-sided", "call"};
+
+    for (unsigned i = 0; i < 3; i++)
+        if (!strcmp(v, names[i])) {
+            c->o->repl_ship = (uint8_t)i;
+            return true;
+        }
+    say(c, "'%s' is not auto, one-sided or call", v);
+    return false;
 }
 
 static bool set_key_file(struct ctx *c, const char *v)
@@ -567,7 +570,7 @@ static const struct key keys[] = {
     {"cluster", "shard", "shard", 1, NULL, set_shard, true, "a shard this node replicates (its map defined in etcd: tern shard define); up to 16"},
     {"cluster", "kv_shard", "kv-shard", 1, NULL, set_kv_shard, false, "the KV store is this shard (one of `shard`): writes go to its primary and are shipped to its other replicas (default: none, the store stands alone)"},
     {"cluster", "doc_shard", "doc-shard", 1, NULL, set_doc_shard, false, "the document store is this shard (one of `shard`), a MongoDB replica set of that name to drivers (default: none, the store stands alone)"},
-    {"cluster", "repl_ship", "repl-ship", 1, NULL, set_repl_ship, false, "how a primary ships records to its backups: one-sided (into their rings, where the fabric can put) or call (default one-sided)"},
+    {"cluster", "repl_ship", "repl-ship", 1, NULL, set_repl_ship, false, "how a primary ships records to its backups: auto (into their rings where that needs no help from their CPU, else by call), one-sided (into their rings wherever the fabric can put) or call (default auto)"},
     {"cluster", "repl_log_mb", "repl-log-mb", 1, NULL, set_repl_log_mb, false, "MiB of recent writes kept in memory for replicas that fall behind (1..4096, default 32)"},
     {"policy", "same_rack", NULL, 0, NULL, set_same_rack, false, "fabrics for peers of this rack, best first (default shm,ntb,rdma,tcp)"},
     {"policy", "other_rack", NULL, 0, NULL, set_other_rack, false, "fabrics for peers of other racks (default rdma,tcp)"},
@@ -1066,7 +1069,7 @@ void ternd_opts_print(FILE *f, const struct ternd_opts *o)
             fprintf(f, "doc_shard = %s\n", o->doc_shard);
         if (o->kv_shard[0] || o->doc_shard[0])
             fprintf(f, "repl_log_mb = %u\nrepl_ship = %s\n", o->repl_log_mb,
-                    o->repl_ship_call ? "call" : "one-sided");
+                    o->repl_ship == 1 ? "one-sided" : o->repl_ship == 2 ? "call" : "auto");
     }
     ternd_fabric_list_text(&o->policy.same_rack, a, sizeof(a));
     ternd_fabric_list_text(&o->policy.other_rack, b, sizeof(b));

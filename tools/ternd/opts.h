@@ -110,7 +110,7 @@ struct ternd_opts {
     char kv_shard[TERND_NAME_MAX];   /* the KV store is this shard ("" : alone) */
     char doc_shard[TERND_NAME_MAX];  /* the document store is this shard ("" : alone) */
     unsigned repl_log_mb;            /* the replication log in DRAM */
-    bool repl_ship_call;             /* never one-sided (repl_ship = call) */
+    uint8_t repl_ship;               /* enum repl_ship: auto, one-sided, call */
     /* [policy], [peer NAME] */
     struct ternd_policy policy;
     struct ternd_peer peers[TERND_MAX_PEERS];

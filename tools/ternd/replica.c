@@ -36,7 +36,7 @@ int ternd_replica_open(const struct ternd_opts *o, struct ternd_node *n,
     char state[4200];
     struct repl_config c = {.shard = def->shard, .me = o->name, .state_path = state,
                             .log_bytes = (size_t)o->repl_log_mb << 20, .ops = def->ops,
-                            .ctx = def->ctx, .ship_rpc = o->repl_ship_call};
+                            .ctx = def->ctx, .ship = o->repl_ship};
     int rc = 0;
 
     if (!t)
@@ -123,12 +123,13 @@ static void refresh_view(struct ternd_replica *t)
 }
 #endif
 
-void ternd_replica_tick(struct ternd_replica *t)
+bool ternd_replica_tick(struct ternd_replica *t)
 {
     uint64_t now;
+    bool busy;
 
     if (!t || !t->r)
-        return;
+        return false;
     now = tern_now_ns();
 #if TERN_HAVE_CLUSTER
     if (now >= t->next_view) {
@@ -136,7 +137,7 @@ void ternd_replica_tick(struct ternd_replica *t)
         t->next_view = now + 20000000u;
     }
 #endif
-    repl_tick(t->r);
+    busy = repl_tick(t->r);
     if (now >= t->next_publish) {
         struct repl_status st;
 
@@ -147,6 +148,7 @@ void ternd_replica_tick(struct ternd_replica *t)
         pthread_mutex_unlock(&t->lock);
         t->next_publish = now + 100000000u;
     }
+    return busy;
 }
 
 bool ternd_replica_status(struct ternd_replica *t, struct repl_status *out)

@@ -34,8 +34,9 @@ int ternd_replica_open(const struct ternd_opts *o, struct ternd_node *n,
                        struct tern_rpc_ep *ep, const struct ternd_replica_def *def,
                        struct ternd_replica **out);
 
-/* Each pass of the serving loop: the view (every 20 ms), then repl_tick. */
-void ternd_replica_tick(struct ternd_replica *r);
+/* Each pass of the serving loop: the view (every 20 ms), then repl_tick;
+ * its answer (true: replies may be free to go, poll again at once). */
+bool ternd_replica_tick(struct ternd_replica *r);
 
 /* The last status published (every 100 ms), for STATUS and the metrics:
  * false if there is none. Any thread. */

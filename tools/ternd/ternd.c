@@ -297,8 +297,15 @@ static void serve(const struct ternd_opts *o, struct tern_rpc_ep *ep, struct gw 
             if (n > 0)
                 last_rpc = tern_now_ns();
         }
-        ternd_replica_tick(g_replica);
-        ternd_replica_tick(g_doc_replica);
+        /* Records shipped one-sided raise no event: whatever they freed
+         * (a gateway's held reply) is seen by polling hot, not by a wait. */
+        bool freed = ternd_replica_tick(g_replica);
+
+        freed = ternd_replica_tick(g_doc_replica) || freed;
+        if (freed) {
+            last_rpc = tern_now_ns();
+            hot = true;
+        }
         if (ngw && (!hot || (++tick & 15) == 0)) {
             int timeout = 0;
 

@@ -2297,6 +2297,83 @@ START_TEST(real_stack_crud_and_hostile)
 }
 END_TEST
 
+/* The command layer's awaitable hello through the gateway, as pymongo
+ * 3.11's monitor streams it: the version from a plain hello, then
+ * {ismaster, topologyVersion, maxAwaitTimeMS} with exhaustAllowed. A
+ * server alone never changes, so each answer comes after maxAwaitTimeMS,
+ * with moreToCome; a malformed one is an error, answered at once. */
+START_TEST(real_stack_awaitable_hello)
+{
+    struct conn *c = conn_open();
+    struct mb b = {0};
+    bson_t body, reply, tv, *h;
+    bson_iter_t it;
+    uint64_t t0;
+    uint32_t len;
+
+    bson_init(&body);
+    BSON_APPEND_INT32(&body, "ismaster", 1);
+    run_cmd(c, 1, &body, NULL, NULL, 0, &reply);
+    ck_assert(bson_iter_init(&it, &reply) &&
+              bson_iter_find_descendant(&it, "topologyVersion", &it) &&
+              BSON_ITER_HOLDS_DOCUMENT(&it));
+    ck_assert_int_eq(doc_num(&reply, "topologyVersion.counter"), 0);
+    h = cmd("ismaster", "admin");
+    {
+        const uint8_t *data;
+        uint32_t n;
+
+        bson_iter_document(&it, &n, &data);
+        ck_assert(bson_init_static(&tv, data, n));
+        BSON_APPEND_DOCUMENT(h, "topologyVersion", &tv);
+    }
+    BSON_APPEND_INT32(h, "maxAwaitTimeMS", 300);
+    t0 = tern_now_ns();
+    msg_begin(&b, 2, MONGO_MSG_EXHAUST);
+    sec0(&b, h);
+    mb_end(&b);
+    conn_send(c, &b);
+    for (int k = 0; k < 2; k++) {
+        bson_t view;
+
+        ck_assert(conn_wait_reply(c));
+        len = get32(c->buf);
+        ck_assert_uint_eq(get32(c->buf + 16), MONGO_MSG_MORE_TO_COME);
+        ck_assert(bson_init_static(&view, c->buf + 21, len - 21));
+        ck_assert(doc_num(&view, "ok") == 1.0);
+        ck_assert(doc_num(&view, "ismaster") == 1.0);
+        ck_assert_int_eq(doc_num(&view, "topologyVersion.counter"), 0);
+        memmove(c->buf, c->buf + len, c->len - len);
+        c->len -= len;
+    }
+    ck_assert_uint_ge(tern_now_ns() - t0, 2 * 300 * 1000000ull);
+    conn_close(c);
+
+    /* maxAwaitTimeMS without topologyVersion: MongoDB's 31368, at once,
+     * and no stream. */
+    c = conn_open();
+    bson_reinit(h);
+    BSON_APPEND_INT32(h, "hello", 1);
+    BSON_APPEND_INT32(h, "maxAwaitTimeMS", 300);
+    BSON_APPEND_UTF8(h, "$db", "admin");
+    msg_begin(&b, 3, MONGO_MSG_EXHAUST);
+    sec0(&b, h);
+    mb_end(&b);
+    conn_send(c, &b);
+    expect_reply(c, 3, false, NULL, 31368);
+    bson_destroy(&reply);
+    bson_reinit(&body);
+    BSON_APPEND_INT32(&body, "ping", 1);
+    run_cmd(c, 4, &body, NULL, NULL, 0, &reply);
+    ck_assert(doc_num(&reply, "ok") == 1.0);
+    conn_close(c);
+    bson_destroy(h);
+    bson_destroy(&body);
+    bson_destroy(&reply);
+    free(b.p);
+}
+END_TEST
+
 Suite *suite_mongo_wire(void)
 {
     Suite *s = suite_create("mongo_wire");
@@ -2347,6 +2424,7 @@ Suite *suite_mongo_wire(void)
     tcase_add_checked_fixture(r, real_setup, real_teardown);
     tcase_set_timeout(r, 120);
     tcase_add_test(r, real_stack_crud_and_hostile);
+    tcase_add_test(r, real_stack_awaitable_hello);
     suite_add_tcase(s, r);
     return s;
 }

@@ -135,7 +135,10 @@ struct mongo_gw {
     unsigned n_held;                    /* clients with a reply waiting */
     unsigned n_await;                   /* clients with a hello waiting */
     int64_t topo;                       /* the topology counter last seen */
+    int64_t topo_scanned;               /* ...when the waiting hellos were last
+                                         * gone through */
     uint64_t next_topo_ns;              /* when to look at it again */
+    uint64_t await_next_ns;             /* when a waiting hello is due next */
     struct client *clients;
     struct client *touched;             /* clients with work this poll */
     unsigned batch_msgs;
@@ -291,6 +294,8 @@ static void await_begin(struct mongo_gw *gw, struct client *c, const bson_t *bod
     c->await_counter = a->counter;
     c->await_ms = a->max_ms;
     c->await_until_ns = gw->now_ns + a->max_ms * 1000000u;
+    if (!gw->n_await || c->await_until_ns < gw->await_next_ns)
+        gw->await_next_ns = c->await_until_ns;
     /* the freshest look at the counter there is */
     if (a->counter > gw->topo)
         gw->topo = a->counter;
@@ -792,6 +797,8 @@ static void await_answer(struct mongo_gw *gw, struct client *c)
         c->await_to = id;
         c->await_counter = a.counter;
         c->await_until_ns = gw->now_ns + c->await_ms * 1000000u;
+        if (c->await_until_ns < gw->await_next_ns)
+            gw->await_next_ns = c->await_until_ns;
         if (a.counter > gw->topo)
             gw->topo = a.counter;
         return;
@@ -802,10 +809,14 @@ static void await_answer(struct mongo_gw *gw, struct client *c)
     run_input(gw, c);
 }
 
-/* Waiting hellos whose topology moved on or whose time is up. */
+/* Waiting hellos whose topology moved on or whose time is up. The
+ * clients are gone through only when the counter moved or one is due. A
+ * stream whose last answer is still unsent gets no next one until it is
+ * (a client that does not read makes it wait, not the output grow). */
 static void release_awaits(struct mongo_gw *gw)
 {
     unsigned seen = 0, n = gw->n_await;
+    uint64_t next = UINT64_MAX;
 
     if (gw->now_ns >= gw->next_topo_ns) {
         int64_t t = gw->run.topology(gw->srv);
@@ -816,14 +827,32 @@ static void release_awaits(struct mongo_gw *gw)
             gw->topo = t;
         gw->next_topo_ns = gw->now_ns + TOPO_CHECK_NS;
     }
+    if (gw->topo == gw->topo_scanned && gw->now_ns < gw->await_next_ns)
+        return;
+    gw->topo_scanned = gw->topo;
     for (struct client *c = gw->clients; c && seen < n; c = c->next) {
         if (!c->awaiting)
             continue;
         seen++;
-        if (c->dead || (c->await_counter >= gw->topo && gw->now_ns < c->await_until_ns))
+        if (c->dead)
             continue;
+        if (c->await_counter >= gw->topo && gw->now_ns < c->await_until_ns) {
+            if (c->await_until_ns < next)
+                next = c->await_until_ns;
+            continue;
+        }
+        if (c->await_exhaust && out_pending(c)) {
+            /* Due, but its last answer is still going out: look again
+             * once the poll has sent what it can. */
+            if (gw->now_ns + TOPO_CHECK_NS < next)
+                next = gw->now_ns + TOPO_CHECK_NS;
+            continue;
+        }
         await_answer(gw, c);
+        if (c->awaiting && c->await_until_ns < next)
+            next = c->await_until_ns;
     }
+    gw->await_next_ns = next;
 }
 
 /* Before a group commit that costs more than a wake-up, wait up to half

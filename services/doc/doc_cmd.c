@@ -115,7 +115,7 @@ struct doc_server {
     bson_oid_t process_id;
     int64_t topo_counter;
     bool topo_primary, topo_secondary;
-    bson_t topo, topo_last;
+    bson_t *topo, *topo_last;           /* bson_new's: aligned as bson_t wants */
 };
 
 /* One command being run. */
@@ -3098,20 +3098,20 @@ static void topology_now(struct doc_server *srv)
 {
     bool primary = true, secondary = false;
 
-    bson_reinit(&srv->topo);
+    bson_reinit(srv->topo);
     if (srv->repl && srv->hello) {
         primary = repl_writable(srv->repl) == 0;
         secondary = !primary && repl_consistent(srv->repl);
-        srv->hello(srv->hello_arg, &srv->topo, primary);
+        srv->hello(srv->hello_arg, srv->topo, primary);
     }
     if (primary == srv->topo_primary && secondary == srv->topo_secondary &&
-        srv->topo.len == srv->topo_last.len &&
-        !memcmp(bson_get_data(&srv->topo), bson_get_data(&srv->topo_last), srv->topo.len))
+        srv->topo->len == srv->topo_last->len &&
+        !memcmp(bson_get_data(srv->topo), bson_get_data(srv->topo_last), srv->topo->len))
         return;
     srv->topo_primary = primary;
     srv->topo_secondary = secondary;
-    bson_reinit(&srv->topo_last);
-    bson_concat(&srv->topo_last, &srv->topo);
+    bson_reinit(srv->topo_last);
+    bson_concat(srv->topo_last, srv->topo);
     srv->topo_counter++;
 }
 
@@ -3227,7 +3227,7 @@ static int cmd_hello(struct ctx *x)
         bson_append_bool(x->reply, !strcmp(x->name, "hello") ? "isWritablePrimary" : "ismaster",
                          -1, srv->topo_primary);
         bson_append_bool(x->reply, "secondary", -1, srv->topo_secondary);
-        bson_concat(x->reply, &srv->topo);
+        bson_concat(x->reply, srv->topo);
     } else {
         bson_append_bool(x->reply, "ismaster", -1, true);
         if (!strcmp(x->name, "hello"))
@@ -3831,8 +3831,12 @@ int doc_server_open(struct doc_store *store, const struct doc_server_opts *o,
     clock_gettime(CLOCK_MONOTONIC, &srv->started);
     srv->next_conn = 1;
     bson_oid_init(&srv->process_id, NULL);
-    bson_init(&srv->topo);
-    bson_init(&srv->topo_last);
+    srv->topo = bson_new();
+    srv->topo_last = bson_new();
+    if (!srv->topo || !srv->topo_last) {
+        doc_server_close(srv);
+        return -1;
+    }
     srv->topo_primary = true;   /* what a server alone says */
     *out = srv;
     return 0;
@@ -3844,8 +3848,10 @@ void doc_server_close(struct doc_server *srv)
         return;
     while (srv->clients)
         doc_client_free(srv->clients);
-    bson_destroy(&srv->topo);
-    bson_destroy(&srv->topo_last);
+    if (srv->topo)
+        bson_destroy(srv->topo);
+    if (srv->topo_last)
+        bson_destroy(srv->topo_last);
     free(srv);
 }
 

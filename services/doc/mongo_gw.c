@@ -120,7 +120,10 @@ struct client {
     int32_t await_to;           /* its request, or streaming, the last reply */
     int64_t await_counter;
     uint64_t await_ms, await_until_ns;
-    bson_t await_cmd;           /* the hello less topologyVersion, maxAwaitTimeMS */
+    /* the hello less topologyVersion and maxAwaitTimeMS; made at the
+     * client's first wait (a bson_t held in a struct wants 128-byte
+     * alignment, which calloc does not give: bson_new's does) */
+    bson_t *await_cmd;
 };
 
 struct mongo_gw {
@@ -280,12 +283,15 @@ static void mark_write(struct client *c, size_t start, const struct mongo_msg *m
 /* ---- messages ---- */
 
 /* An awaitable hello of `c`'s waits from now on: for the topology counter
- * to pass a->counter, or a->max_ms. */
-static void await_begin(struct mongo_gw *gw, struct client *c, const bson_t *body,
+ * to pass a->counter, or a->max_ms. False if there was no memory for it
+ * (then it is answered at once). */
+static bool await_begin(struct mongo_gw *gw, struct client *c, const bson_t *body,
                         const struct mongo_msg *m, const struct doc_await *a, bool exhaust)
 {
-    bson_reinit(&c->await_cmd);
-    bson_copy_to_excluding_noinit(body, &c->await_cmd, "topologyVersion", "maxAwaitTimeMS",
+    if (!c->await_cmd && !(c->await_cmd = bson_new()))
+        return false;
+    bson_reinit(c->await_cmd);
+    bson_copy_to_excluding_noinit(body, c->await_cmd, "topologyVersion", "maxAwaitTimeMS",
                                   NULL);
     c->awaiting = true;
     c->await_exhaust = exhaust;
@@ -301,6 +307,7 @@ static void await_begin(struct mongo_gw *gw, struct client *c, const bson_t *bod
         gw->topo = a->counter;
     gw->n_await++;
     gw->st.awaited++;
+    return true;
 }
 
 static void run_message(struct mongo_gw *gw, struct client *c, const uint8_t *msg, size_t len)
@@ -352,18 +359,15 @@ static void run_message(struct mongo_gw *gw, struct client *c, const uint8_t *ms
         gw->run.await(c->dc, &a);
         if (a.current) {
             /* The client knows this topology: the reply waits for news. */
-            await_begin(gw, c, body, &m, &a, exhaust);
-            return;
-        }
-        if (exhaust) {
+            if (await_begin(gw, c, body, &m, &a, exhaust))
+                return;
+        } else if (exhaust && (c->await_cmd || (c->await_cmd = bson_new()))) {
             /* Answered now, and streamed from here on. */
             int32_t id = out_reply_flags(gw, c, &m.h, false, &gw->reply,
                                          MONGO_MSG_MORE_TO_COME);
 
-            if (!c->dead) {
-                await_begin(gw, c, body, &m, &a, true);
+            if (!c->dead && await_begin(gw, c, body, &m, &a, true))
                 c->await_to = id;
-            }
             return;
         }
     }
@@ -467,7 +471,8 @@ static void client_close(struct mongo_gw *gw, struct client *c)
         gw->n_held--;
     if (c->awaiting)
         gw->n_await--;
-    bson_destroy(&c->await_cmd);
+    if (c->await_cmd)
+        bson_destroy(c->await_cmd);
     gw->run.client_free(c->dc);
     free(c->in.p);
     free(c->out.p);
@@ -499,7 +504,6 @@ static struct client *client_new(struct mongo_gw *gw, int fd)
         return NULL;
     }
     c->in.cap = IN_INITIAL;
-    bson_init(&c->await_cmd);
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     e.data.ptr = c;
     if (epoll_ctl(gw->epfd, EPOLL_CTL_ADD, fd, &e) < 0) {
@@ -789,7 +793,7 @@ static void await_answer(struct mongo_gw *gw, struct client *c)
 
     touch(gw, c);
     bson_reinit(&gw->reply);
-    gw->run.run(c->dc, &c->await_cmd, NULL, 0, &gw->reply);
+    gw->run.run(c->dc, c->await_cmd, NULL, 0, &gw->reply);
     gw->run.await(c->dc, &a);
     if (c->await_exhaust && !c->closing) {
         int32_t id = out_reply_flags(gw, c, &h, false, &gw->reply, MONGO_MSG_MORE_TO_COME);

@@ -10,8 +10,12 @@
 #include <unistd.h>
 
 #include "doc_cmd.h"
+#include "doc_repl.h"
 #include "doc_store.h"
+#include "error.h"
 #include "procs.h"
+#include "repl.h"
+#include "rpc.h"
 #include "suites.h"
 
 static char dir[64];
@@ -231,7 +235,7 @@ static void insert_many(const char *coll, int n, int pad)
 
 START_TEST(hello_shape)
 {
-    static const char *absent[] = {"setName", "topologyVersion", "compression", "hosts", "msg"};
+    static const char *absent[] = {"setName", "compression", "hosts", "msg"};
     unsigned i;
 
     run("{\"isMaster\": 1, \"client\": {\"driver\": {\"name\": \"PyMongo\"}}, \"compression\": []}");
@@ -256,6 +260,10 @@ START_TEST(hello_shape)
     ck_assert(!num("readOnly"));
     for (i = 0; i < sizeof(absent) / sizeof(absent[0]); i++)
         ck_assert_msg(!has(absent[i]), "%s in the hello reply", absent[i]);
+    /* topologyVersion, as MongoDB 4.4 and later (a server alone too) */
+    ck_assert_int_eq(type_of("topologyVersion.processId"), BSON_TYPE_OID);
+    ck_assert_int_eq(type_of("topologyVersion.counter"), BSON_TYPE_INT64);
+    ck_assert_int_eq(num("topologyVersion.counter"), 0);
 
     /* mongosh: hello over OP_MSG after helloOk */
     run("{\"hello\": 1, \"helloOk\": true, \"$db\": \"admin\"}");
@@ -274,6 +282,191 @@ START_TEST(hello_shape)
         run_as(other, "{\"hello\": 1}");
         ck_assert_int_ne(a, num("connectionId"));
     }
+}
+END_TEST
+
+/* ---- awaitable hello ---- */
+
+static char pid_hex[25];
+static int64_t counter_now;
+
+/* The topologyVersion of a plain hello now. */
+static void topology_of(struct doc_client *c)
+{
+    bson_iter_t it;
+
+    ck_assert_int_eq(run_as(c, "{\"hello\": 1}"), 0);
+    assert_ok();
+    ck_assert(find_path(&rep, "topologyVersion.processId", &it) && BSON_ITER_HOLDS_OID(&it));
+    bson_oid_to_string(bson_iter_oid(&it), pid_hex);
+    ck_assert_int_eq(type_of("topologyVersion.counter"), BSON_TYPE_INT64);
+    counter_now = num("topologyVersion.counter");
+}
+
+/* A hello with topologyVersion {processId: pid, counter} and maxAwaitTimeMS `ms` (JSON). */
+static int await_as(struct doc_client *c, const char *pid, int64_t counter, const char *ms)
+{
+    char js[512];
+
+    snprintf(js, sizeof(js),
+             "{\"hello\": 1, \"topologyVersion\": {\"processId\": {\"$oid\": \"%s\"}, "
+             "\"counter\": {\"$numberLong\": \"%lld\"}}, \"maxAwaitTimeMS\": %s}",
+             pid, (long long)counter, ms);
+    return run_as(c, js);
+}
+
+/* The fields of an awaitable hello, refused as MongoDB refuses them
+ * (jstests/core/awaitable_hello.js's cases), and what doc_client_await
+ * says of a good one. */
+START_TEST(awaitable_hello_args)
+{
+    static const struct {
+        const char *js;
+        int code;
+    } bad[] = {
+        {"{\"hello\": 1, \"topologyVersion\": \"s\", \"maxAwaitTimeMS\": 0}", 10065},
+        {"{\"hello\": 1, \"topologyVersion\": {\"processId\": \"pid1\", \"counter\": "
+         "{\"$numberLong\": \"0\"}}, \"maxAwaitTimeMS\": 0}", DOC_TypeMismatch},
+        {"{\"hello\": 1, \"topologyVersion\": {\"processId\": {\"$oid\": "
+         "\"0123456789abcdef01234567\"}, \"counter\": 0}, \"maxAwaitTimeMS\": 0}",
+         DOC_TypeMismatch},
+        {"{\"hello\": 1, \"topologyVersion\": {\"processId\": {\"$oid\": "
+         "\"0123456789abcdef01234567\"}}, \"maxAwaitTimeMS\": 0}", 40414},
+        {"{\"hello\": 1, \"topologyVersion\": {\"counter\": {\"$numberLong\": \"0\"}}, "
+         "\"maxAwaitTimeMS\": 0}", 40414},
+        {"{\"hello\": 1, \"topologyVersion\": {\"processId\": {\"$oid\": "
+         "\"0123456789abcdef01234567\"}, \"counter\": {\"$numberLong\": \"0\"}, \"x\": 1}, "
+         "\"maxAwaitTimeMS\": 0}", 40415},
+        {"{\"hello\": 1, \"topologyVersion\": {\"counter\": {\"$numberLong\": \"0\"}, "
+         "\"counter\": {\"$numberLong\": \"0\"}}, \"maxAwaitTimeMS\": 0}", 40413},
+        {"{\"hello\": 1, \"topologyVersion\": {\"processId\": {\"$oid\": "
+         "\"0123456789abcdef01234567\"}, \"counter\": {\"$numberLong\": \"-1\"}}, "
+         "\"maxAwaitTimeMS\": 0}", 51758},
+        {"{\"hello\": 1, \"topologyVersion\": {\"processId\": {\"$oid\": "
+         "\"0123456789abcdef01234567\"}, \"counter\": {\"$numberLong\": \"0\"}}}", 31368},
+        {"{\"isMaster\": 1, \"maxAwaitTimeMS\": 0}", 31368},
+    };
+    struct doc_await a;
+    char other_pid[25];
+    bson_oid_t o;
+
+    for (unsigned i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        ck_assert_int_eq(run(bad[i].js), 0);
+        assert_err(bad[i].code);
+    }
+    topology_of(cl);
+    ck_assert_int_eq(counter_now, 0);
+    /* maxAwaitTimeMS: an integer, not below 0 */
+    ck_assert_int_eq(await_as(cl, pid_hex, 0, "\"x\""), 0);
+    assert_err(DOC_TypeMismatch);
+    ck_assert_int_eq(await_as(cl, pid_hex, 0, "1.5"), 0);
+    assert_err(DOC_BadValue);
+    ck_assert_int_eq(await_as(cl, pid_hex, 0, "-1"), 0);
+    assert_err(31373);
+    /* This process's counter, but one it has not given out yet. */
+    ck_assert_int_eq(await_as(cl, pid_hex, 1, "0"), 0);
+    assert_err(31382);
+
+    /* The current version: it may wait, as long as the client says, up
+     * to the cap; the reply says the same version. */
+    ck_assert_int_eq(await_as(cl, pid_hex, 0, "2500"), DOC_CMD_AWAIT);
+    assert_ok();
+    ck_assert(has("isWritablePrimary"));
+    ck_assert_int_eq(num("topologyVersion.counter"), 0);
+    doc_client_await(cl, &a);
+    ck_assert(a.current);
+    ck_assert_int_eq(a.counter, 0);
+    ck_assert_uint_eq(a.max_ms, 2500);
+    ck_assert_int_eq(await_as(cl, pid_hex, 0, "{\"$numberLong\": \"9000000000000\"}"),
+                     DOC_CMD_AWAIT);
+    doc_client_await(cl, &a);
+    ck_assert_uint_eq(a.max_ms, DOC_AWAIT_MAX_MS);
+    /* Another process's: not current, whatever its counter. */
+    bson_oid_init(&o, NULL);
+    bson_oid_to_string(&o, other_pid);
+    ck_assert_int_eq(await_as(cl, other_pid, 0, "10000"), DOC_CMD_AWAIT);
+    doc_client_await(cl, &a);
+    ck_assert(!a.current);
+    ck_assert_int_eq(await_as(other, other_pid, 42, "10000"), DOC_CMD_AWAIT);
+    assert_ok();
+    doc_client_await(other, &a);
+    ck_assert(!a.current);
+    /* A plain hello after: nothing to wait for. */
+    ck_assert_int_eq(run("{\"ismaster\": 1}"), 0);
+}
+END_TEST
+
+/* What a replica-set member's hello says of the set, as the test sets it. */
+static char set_primary[64] = "a:1";
+
+static void test_hello(void *arg, bson_t *reply, bool primary)
+{
+    bson_append_utf8(reply, "setName", -1, "d0", -1);
+    bson_append_utf8(reply, "primary", -1, set_primary, -1);
+}
+
+/* The counter goes up when what hello says of the member or its set
+ * changes, and only then; a hello that knew the old version is no longer
+ * current, and a stale one (an older counter) never is. */
+START_TEST(topology_counter_follows_the_set)
+{
+    struct tern_rpc_ep *ep;
+    struct repl_host *host;
+    struct repl *r;
+    struct repl_config rc = {.shard = "d0", .me = "n0", .log_bytes = 1u << 20,
+                             .ops = &doc_repl_ops, .ctx = store};
+    struct repl_peer peers[2] = {{.name = "n0"}, {.name = "n1"}};
+    char state[128];
+    struct doc_await a;
+    int64_t c0, c1;
+
+    snprintf(state, sizeof(state), "%s/d0.repl", dir);
+    rc.state_path = state;
+    ck_assert_int_eq(tern_rpc_open(NULL, &ep), 0);
+    ck_assert_int_eq(repl_host_open(ep, &host), 0);
+    ck_assert_int_eq(repl_open(host, &rc, &r), 0);
+    repl_set_view(r, REPL_BACKUP, 1, "n1", peers, 2);
+    doc_server_replicate(srv, r, test_hello, NULL);
+    topology_of(cl);
+    c0 = counter_now;
+    ck_assert(!num("isWritablePrimary"));
+    ck_assert_str_eq(str("primary"), "a:1");
+    /* Nothing changed: the same version, however often it is asked. */
+    topology_of(other);
+    ck_assert_int_eq(counter_now, c0);
+    ck_assert_int_eq(doc_server_topology(srv), c0);
+    ck_assert_int_eq(await_as(cl, pid_hex, c0, "10000"), DOC_CMD_AWAIT);
+    doc_client_await(cl, &a);
+    ck_assert(a.current);
+    /* Another primary: news. */
+    snprintf(set_primary, sizeof(set_primary), "b:2");
+    c1 = doc_server_topology(srv);
+    ck_assert_int_eq(c1, c0 + 1);
+    ck_assert_int_eq(doc_server_topology(srv), c1);
+    ck_assert_int_eq(await_as(cl, pid_hex, c0, "10000"), DOC_CMD_AWAIT);
+    assert_ok();
+    ck_assert_str_eq(str("primary"), "b:2");
+    ck_assert_int_eq(num("topologyVersion.counter"), c1);
+    doc_client_await(cl, &a);
+    ck_assert(!a.current);
+    ck_assert_int_eq(a.counter, c1);
+    /* This node takes office: its role is news too. */
+    repl_set_view(r, REPL_PRIMARY, 2, "n0", peers, 1);
+    for (int i = 0; i < 2000 && repl_writable(r) != 0; i++) {
+        tern_rpc_poll(ep);
+        repl_set_view(r, REPL_PRIMARY, 2, "n0", peers, 1);
+        repl_tick(r);
+        usleep(1000);
+    }
+    ck_assert_int_eq(repl_writable(r), 0);
+    topology_of(cl);
+    ck_assert(num("isWritablePrimary"));
+    ck_assert_int_gt(counter_now, c1);
+    doc_server_replicate(srv, NULL, NULL, NULL);
+    repl_close(r);
+    repl_host_close(host);
+    tern_rpc_close(ep);
+    snprintf(set_primary, sizeof(set_primary), "a:1");
 }
 END_TEST
 
@@ -1484,7 +1677,7 @@ START_TEST(argument_matrix)
         {"dbStats", {"scale"}},
         {"killCursors", {"cursors"}},
         {"explain", {"explain", "verbosity"}},
-        {"hello", {"helloOk"}},
+        {"hello", {"helloOk", "topologyVersion", "maxAwaitTimeMS"}},
         {"getParameter", {"getParameter", "featureCompatibilityVersion"}},
         {"getLog", {"getLog"}},
         {"dropDatabase", {"dropDatabase"}},
@@ -1652,6 +1845,8 @@ Suite *suite_doc_cmd(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, hello_shape);
+    tcase_add_test(tc, awaitable_hello_args);
+    tcase_add_test(tc, topology_counter_follows_the_set);
     tcase_add_test(tc, server_commands);
     tcase_add_test(tc, unknown_and_malformed);
     tcase_add_test(tc, bad_argument_types);

@@ -936,7 +936,8 @@ static void fake_tick(struct doc_server *s, uint64_t now_ms)
 }
 
 static const struct mongo_gw_runner fake = {fake_client_new, fake_client_free, fake_run,
-                                            fake_sync, fake_sync_failed, fake_tick, NULL, NULL};
+                                            fake_sync, fake_sync_failed, fake_tick,
+                                            NULL, NULL, NULL, NULL};
 
 /* A replicated server's waits: each write's reply waits for ticket n
  * (the n-th write), until the test passes up to it or fails them all. */
@@ -960,7 +961,70 @@ static int fake_waited(struct doc_server *s, const struct repl_wait *w, struct d
 
 static const struct mongo_gw_runner fake_held = {fake_client_new, fake_client_free, fake_run,
                                                  fake_sync, fake_sync_failed, fake_tick,
-                                                 fake_wait, fake_waited};
+                                                 fake_wait, fake_waited, NULL, NULL};
+
+/* Awaitable hello, as the command layer reports it: a "hello" with
+ * topologyVersion {processId, counter} and maxAwaitTimeMS returns
+ * DOC_CMD_AWAIT, and is current when its processId is "p" and its
+ * counter is the test's topology counter (topo); every hello's reply
+ * says that counter, and how many hellos the client has run. */
+static int64_t topo;
+static unsigned topo_looks;
+
+struct fake_await_client {
+    struct fake_client f;
+    struct doc_await aw;
+    unsigned hellos;
+};
+
+static struct doc_client *fake_aw_client_new(struct doc_server *s, const char *peer)
+{
+    ck_assert_ptr_eq(s, srv);
+    clients_live++;
+    return (struct doc_client *)calloc(1, sizeof(struct fake_await_client));
+}
+
+static int fake_aw_run(struct doc_client *dc, const bson_t *cmdoc, const struct doc_seq *seqs,
+                       unsigned nseq, bson_t *reply)
+{
+    struct fake_await_client *c = (struct fake_await_client *)dc;
+    bson_iter_t it, tv;
+    int rc = fake_run(dc, cmdoc, seqs, nseq, reply);
+
+    if (!bson_iter_init(&it, cmdoc) || !bson_iter_next(&it) ||
+        strcmp(bson_iter_key(&it), "hello") != 0)
+        return rc;
+    c->hellos++;
+    c->aw = (struct doc_await){.counter = topo};
+    BSON_APPEND_INT64(reply, "counter", topo);
+    BSON_APPEND_INT32(reply, "hellos", (int32_t)c->hellos);
+    if (!bson_iter_init_find(&it, cmdoc, "maxAwaitTimeMS"))
+        return rc;
+    c->aw.max_ms = (uint64_t)bson_iter_as_int64(&it);
+    ck_assert(bson_iter_init(&it, cmdoc) &&
+              bson_iter_find_descendant(&it, "topologyVersion.processId", &tv));
+    c->aw.current = !strcmp(bson_iter_utf8(&tv, NULL), "p");
+    ck_assert(bson_iter_init(&it, cmdoc) &&
+              bson_iter_find_descendant(&it, "topologyVersion.counter", &tv));
+    c->aw.current &= bson_iter_as_int64(&tv) == topo;
+    return rc | DOC_CMD_AWAIT;
+}
+
+static void fake_await(const struct doc_client *dc, struct doc_await *a)
+{
+    *a = ((const struct fake_await_client *)dc)->aw;
+}
+
+static int64_t fake_topology(struct doc_server *s)
+{
+    ck_assert_ptr_eq(s, srv);
+    topo_looks++;
+    return topo;
+}
+
+static const struct mongo_gw_runner fake_aw = {fake_aw_client_new, fake_client_free, fake_aw_run,
+                                               fake_sync, fake_sync_failed, fake_tick,
+                                               NULL, NULL, fake_await, fake_topology};
 static const struct mongo_gw_runner *runner = &fake;
 
 static unsigned max_clients;
@@ -1423,6 +1487,216 @@ START_TEST(held_replies_wait_for_the_replicas)
     bson_destroy(w);
     free(b.p);
     free(all.p);
+}
+END_TEST
+
+/* ---- awaitable hello ---- */
+
+/* {hello: 1, topologyVersion: {processId: pid, counter}, maxAwaitTimeMS} */
+static void await_msg(struct mb *b, int32_t req, uint32_t flags, const char *pid,
+                      int64_t counter, int64_t ms)
+{
+    bson_t *d = cmd("hello", "admin"), tv;
+
+    BSON_APPEND_DOCUMENT_BEGIN(d, "topologyVersion", &tv);
+    BSON_APPEND_UTF8(&tv, "processId", pid);
+    BSON_APPEND_INT64(&tv, "counter", counter);
+    bson_append_document_end(d, &tv);
+    BSON_APPEND_INT64(d, "maxAwaitTimeMS", ms);
+    msg_begin(b, req, flags);
+    sec0(b, d);
+    mb_end(b);
+    bson_destroy(d);
+}
+
+/* The next reply answers `to` with flagBits `flags` and says topology
+ * counter `counter`; returns its requestID (what a streamed reply after
+ * it answers). */
+static int32_t next_hello(struct conn *c, int32_t to, uint32_t flags, int64_t counter)
+{
+    uint32_t len;
+    int32_t id;
+    bson_t view;
+    bson_iter_t it;
+
+    ck_assert_msg(conn_wait_reply(c), "connection closed, no reply to %d", to);
+    len = get32(c->buf);
+    id = (int32_t)get32(c->buf + 4);
+    ck_assert_int_eq((int32_t)get32(c->buf + 8), to);
+    ck_assert_uint_eq(get32(c->buf + 12), MONGO_OP_MSG);
+    ck_assert_uint_eq(get32(c->buf + 16), flags);
+    ck_assert(bson_init_static(&view, c->buf + 21, len - 21));
+    ck_assert(bson_iter_init_find(&it, &view, "echo") && BSON_ITER_HOLDS_DOCUMENT(&it));
+    /* the reply is built from the hello less its awaiting fields... */
+    ck_assert(bson_iter_init(&it, &view) &&
+              bson_iter_find_descendant(&it, "echo.hello", &it));
+    /* ...when it goes: it says the counter of then */
+    ck_assert(bson_iter_init_find(&it, &view, "counter"));
+    ck_assert_int_eq(bson_iter_int64(&it), counter);
+    memmove(c->buf, c->buf + len, c->len - len);
+    c->len -= len;
+    return id;
+}
+
+static unsigned awaiting(void)
+{
+    struct mongo_gw_stats st;
+
+    mongo_gw_stats(gw, &st);
+    return st.awaiting;
+}
+
+/* A hello that knows the topology waits for it to change, other clients
+ * served meanwhile, and its connection's next message waits behind it. */
+START_TEST(awaitable_hello_waits_for_the_topology)
+{
+    struct conn *c, *good;
+    struct mb b = {0}, all = {0};
+
+    runner = &fake_aw;
+    topo = 7;
+    gw_open(0, 0);
+    c = conn_open();
+    good = conn_open();
+    await_msg(&b, 1, 0, "p", 7, 60000);
+    mb_put(&all, b.p, b.len);
+    simple_msg(&b, 2, "ping");
+    mb_put(&all, b.p, b.len);
+    conn_send(c, &all);
+    nothing_yet(c);
+    ck_assert_uint_eq(awaiting(), 1);
+    served(good, 10);
+    nothing_yet(c);
+    topo_looks = 0;
+    topo = 8;
+    next_hello(c, 1, 0, 8);
+    ck_assert_uint_gt(topo_looks, 0);
+    expect_reply(c, 2, false, "ping", 0);
+    ck_assert_uint_eq(awaiting(), 0);
+    served(c, 3);
+    conn_close(c);
+    conn_close(good);
+    free(b.p);
+    free(all.p);
+}
+END_TEST
+
+/* Not current (another process's, an older counter): answered at once,
+ * whatever maxAwaitTimeMS; a wait of 0 goes at once too. A hello of the
+ * current version goes after maxAwaitTimeMS with no change. */
+START_TEST(awaitable_hello_answered_at_once_or_in_time)
+{
+    struct conn *c;
+    struct mb b = {0};
+    uint64_t t0;
+
+    runner = &fake_aw;
+    topo = 3;
+    gw_open(0, 0);
+    c = conn_open();
+    /* Were it held, it would wait past MAX_PUMPS: next_hello fails. */
+    await_msg(&b, 1, 0, "q", 3, 60000);
+    conn_send(c, &b);
+    next_hello(c, 1, 0, 3);
+    await_msg(&b, 2, 0, "p", 2, 60000);
+    conn_send(c, &b);
+    next_hello(c, 2, 0, 3);
+    await_msg(&b, 3, 0, "p", 3, 0);
+    conn_send(c, &b);
+    next_hello(c, 3, 0, 3);
+    ck_assert_uint_eq(awaiting(), 0);
+    t0 = tern_now_ns();
+    await_msg(&b, 4, 0, "p", 3, 1500);
+    conn_send(c, &b);
+    nothing_yet(c);
+    next_hello(c, 4, 0, 3);
+    /* not before its time (a lower bound: the machine's speed cannot
+     * make it early) */
+    ck_assert_uint_ge(tern_now_ns() - t0, 1500 * 1000000ull);
+    served(c, 5);
+    conn_close(c);
+    free(b.p);
+}
+END_TEST
+
+/* exhaustAllowed: answers with moreToCome, each addressed to the one
+ * before, one per topology change, or per maxAwaitTimeMS; the client's
+ * closing ends it. */
+START_TEST(awaitable_hello_streams_with_exhaust)
+{
+    struct conn *c, *d;
+    struct mb b = {0};
+    int32_t id;
+    uint64_t t0;
+
+    runner = &fake_aw;
+    topo = 1;
+    gw_open(0, 0);
+    c = conn_open();
+    await_msg(&b, 1, MONGO_MSG_EXHAUST, "p", 1, 60000);
+    conn_send(c, &b);
+    nothing_yet(c);
+    topo = 2;
+    id = next_hello(c, 1, MONGO_MSG_MORE_TO_COME, 2);
+    /* It waits again on its own, on the version it just sent. */
+    nothing_yet(c);
+    ck_assert_uint_eq(awaiting(), 1);
+    topo = 3;
+    id = next_hello(c, id, MONGO_MSG_MORE_TO_COME, 3);
+    topo = 4;
+    next_hello(c, id, MONGO_MSG_MORE_TO_COME, 4);
+    conn_close(c);
+    for (int i = 0; i < MAX_PUMPS && (awaiting() || clients_live); i++)
+        pump();
+    ck_assert_uint_eq(awaiting(), 0);
+    ck_assert_uint_eq(clients_live, 0);
+
+    /* A stale one with exhaust: answered at once, then streamed; with a
+     * short maxAwaitTimeMS the stream goes on without changes. */
+    d = conn_open();
+    t0 = tern_now_ns();
+    await_msg(&b, 9, MONGO_MSG_EXHAUST, "q", 0, 300);
+    conn_send(d, &b);
+    id = next_hello(d, 9, MONGO_MSG_MORE_TO_COME, 4);
+    id = next_hello(d, id, MONGO_MSG_MORE_TO_COME, 4);
+    id = next_hello(d, id, MONGO_MSG_MORE_TO_COME, 4);
+    ck_assert_uint_ge(tern_now_ns() - t0, 2 * 300 * 1000000ull);
+    /* Done sending (a half close): the last answer without moreToCome. */
+    ck_assert_int_eq(shutdown(d->fd, SHUT_WR), 0);
+    ck_assert(conn_closed(d));
+    while (d->len && get32(d->buf + 16) == MONGO_MSG_MORE_TO_COME && d->len >= get32(d->buf))
+        id = next_hello(d, id, MONGO_MSG_MORE_TO_COME, 4);
+    next_hello(d, id, 0, 4);
+    ck_assert_uint_eq(awaiting(), 0);
+    conn_close(d);
+    free(b.p);
+}
+END_TEST
+
+/* A client gone while its hello waits: freed, nothing held. */
+START_TEST(awaitable_hello_of_a_client_gone)
+{
+    struct conn *c[3];
+    struct mb b = {0};
+
+    runner = &fake_aw;
+    topo = 5;
+    gw_open(0, 0);
+    for (int i = 0; i < 3; i++) {
+        c[i] = conn_open();
+        await_msg(&b, 1, i == 1 ? MONGO_MSG_EXHAUST : 0, "p", 5, 60000);
+        conn_send(c[i], &b);
+    }
+    for (int i = 0; i < 5; i++)
+        pump();
+    ck_assert_uint_eq(awaiting(), 3);
+    for (int i = 0; i < 3; i++)
+        conn_close(c[i]);
+    for (int i = 0; i < MAX_PUMPS && clients_live; i++)
+        pump();
+    ck_assert_uint_eq(clients_live, 0);
+    ck_assert_uint_eq(awaiting(), 0);
+    free(b.p);
 }
 END_TEST
 
@@ -2023,6 +2297,83 @@ START_TEST(real_stack_crud_and_hostile)
 }
 END_TEST
 
+/* The command layer's awaitable hello through the gateway, as pymongo
+ * 3.11's monitor streams it: the version from a plain hello, then
+ * {ismaster, topologyVersion, maxAwaitTimeMS} with exhaustAllowed. A
+ * server alone never changes, so each answer comes after maxAwaitTimeMS,
+ * with moreToCome; a malformed one is an error, answered at once. */
+START_TEST(real_stack_awaitable_hello)
+{
+    struct conn *c = conn_open();
+    struct mb b = {0};
+    bson_t body, reply, tv, *h;
+    bson_iter_t it;
+    uint64_t t0;
+    uint32_t len;
+
+    bson_init(&body);
+    BSON_APPEND_INT32(&body, "ismaster", 1);
+    run_cmd(c, 1, &body, NULL, NULL, 0, &reply);
+    ck_assert(bson_iter_init(&it, &reply) &&
+              bson_iter_find_descendant(&it, "topologyVersion", &it) &&
+              BSON_ITER_HOLDS_DOCUMENT(&it));
+    ck_assert_int_eq(doc_num(&reply, "topologyVersion.counter"), 0);
+    h = cmd("ismaster", "admin");
+    {
+        const uint8_t *data;
+        uint32_t n;
+
+        bson_iter_document(&it, &n, &data);
+        ck_assert(bson_init_static(&tv, data, n));
+        BSON_APPEND_DOCUMENT(h, "topologyVersion", &tv);
+    }
+    BSON_APPEND_INT32(h, "maxAwaitTimeMS", 300);
+    t0 = tern_now_ns();
+    msg_begin(&b, 2, MONGO_MSG_EXHAUST);
+    sec0(&b, h);
+    mb_end(&b);
+    conn_send(c, &b);
+    for (int k = 0; k < 2; k++) {
+        bson_t view;
+
+        ck_assert(conn_wait_reply(c));
+        len = get32(c->buf);
+        ck_assert_uint_eq(get32(c->buf + 16), MONGO_MSG_MORE_TO_COME);
+        ck_assert(bson_init_static(&view, c->buf + 21, len - 21));
+        ck_assert(doc_num(&view, "ok") == 1.0);
+        ck_assert(doc_num(&view, "ismaster") == 1.0);
+        ck_assert_int_eq(doc_num(&view, "topologyVersion.counter"), 0);
+        memmove(c->buf, c->buf + len, c->len - len);
+        c->len -= len;
+    }
+    ck_assert_uint_ge(tern_now_ns() - t0, 2 * 300 * 1000000ull);
+    conn_close(c);
+
+    /* maxAwaitTimeMS without topologyVersion: MongoDB's 31368, at once,
+     * and no stream. */
+    c = conn_open();
+    bson_reinit(h);
+    BSON_APPEND_INT32(h, "hello", 1);
+    BSON_APPEND_INT32(h, "maxAwaitTimeMS", 300);
+    BSON_APPEND_UTF8(h, "$db", "admin");
+    msg_begin(&b, 3, MONGO_MSG_EXHAUST);
+    sec0(&b, h);
+    mb_end(&b);
+    conn_send(c, &b);
+    expect_reply(c, 3, false, NULL, 31368);
+    bson_destroy(&reply);
+    bson_reinit(&body);
+    BSON_APPEND_INT32(&body, "ping", 1);
+    run_cmd(c, 4, &body, NULL, NULL, 0, &reply);
+    ck_assert(doc_num(&reply, "ok") == 1.0);
+    conn_close(c);
+    bson_destroy(h);
+    bson_destroy(&body);
+    bson_destroy(&reply);
+    free(b.p);
+}
+END_TEST
+
 Suite *suite_mongo_wire(void)
 {
     Suite *s = suite_create("mongo_wire");
@@ -2064,11 +2415,16 @@ Suite *suite_mongo_wire(void)
     tcase_add_test(g, clients_freed_and_ticked);
     tcase_add_test(g, max_clients_refused);
     tcase_add_test(g, watched_fd_wakes_poll);
+    tcase_add_test(g, awaitable_hello_waits_for_the_topology);
+    tcase_add_test(g, awaitable_hello_answered_at_once_or_in_time);
+    tcase_add_test(g, awaitable_hello_streams_with_exhaust);
+    tcase_add_test(g, awaitable_hello_of_a_client_gone);
     suite_add_tcase(s, g);
 
     tcase_add_checked_fixture(r, real_setup, real_teardown);
     tcase_set_timeout(r, 120);
     tcase_add_test(r, real_stack_crud_and_hostile);
+    tcase_add_test(r, real_stack_awaitable_hello);
     suite_add_tcase(s, r);
     return s;
 }

@@ -86,6 +86,8 @@ struct doc_client {
     unsigned ncursors;
     int32_t conn_id;
     char peer[PEER_MAX];
+    struct doc_await aw;                /* of its last hello */
+    bool awaitable;                     /* the command being run is an awaitable hello */
 };
 
 struct doc_server {
@@ -108,6 +110,12 @@ struct doc_server {
     struct repl *repl;
     doc_hello_fn hello;
     void *hello_arg;
+    /* hello's topologyVersion: what it said of the member and its set
+     * last (topo_last, the roles), and its counter */
+    bson_oid_t process_id;
+    int64_t topo_counter;
+    bool topo_primary, topo_secondary;
+    bson_t *topo, *topo_last;           /* bson_new's: aligned as bson_t wants */
 };
 
 /* One command being run. */
@@ -3083,28 +3091,152 @@ static int cmd_db_stats(struct ctx *x)
 
 /* ---- the server as a whole ---- */
 
+/* What hello says of this member and its set: the roles, and the set's
+ * fields into srv->topo. The counter goes up when that is not what it was
+ * the last time (doc_cmd.h). */
+static void topology_now(struct doc_server *srv)
+{
+    bool primary = true, secondary = false;
+
+    bson_reinit(srv->topo);
+    if (srv->repl && srv->hello) {
+        primary = repl_writable(srv->repl) == 0;
+        secondary = !primary && repl_consistent(srv->repl);
+        srv->hello(srv->hello_arg, srv->topo, primary);
+    }
+    if (primary == srv->topo_primary && secondary == srv->topo_secondary &&
+        srv->topo->len == srv->topo_last->len &&
+        !memcmp(bson_get_data(srv->topo), bson_get_data(srv->topo_last), srv->topo->len))
+        return;
+    srv->topo_primary = primary;
+    srv->topo_secondary = secondary;
+    bson_reinit(srv->topo_last);
+    bson_concat(srv->topo_last, srv->topo);
+    srv->topo_counter++;
+}
+
+int64_t doc_server_topology(struct doc_server *srv)
+{
+    topology_now(srv);
+    return srv->topo_counter;
+}
+
+void doc_client_await(const struct doc_client *c, struct doc_await *a)
+{
+    *a = c->aw;
+}
+
+/* An awaitable hello's topologyVersion {processId, counter}, checked as
+ * MongoDB's IDL parser checks it (its codes: 10065 not an object, 40413
+ * a field twice, 40414 one missing, 40415 one unknown). */
+static int topology_arg(struct ctx *x, const bson_iter_t *tv, bson_oid_t *pid, int64_t *counter)
+{
+    bson_iter_t f;
+    bool has_pid = false, has_counter = false;
+
+    if (!BSON_ITER_HOLDS_DOCUMENT(tv) || !bson_iter_recurse(tv, &f))
+        return doc_errf(&x->e, 10065, "invalid parameter: expected an object (topologyVersion)");
+    while (bson_iter_next(&f)) {
+        const char *k = bson_iter_key(&f);
+        bool is_pid = !strcmp(k, "processId");
+
+        if (!is_pid && strcmp(k, "counter"))
+            return doc_errf(&x->e, 40415, "BSON field 'TopologyVersion.%s' is an unknown field.",
+                            k);
+        if (is_pid ? has_pid : has_counter)
+            return doc_errf(&x->e, 40413, "BSON field 'TopologyVersion.%s' is a duplicate field",
+                            k);
+        if (is_pid ? !BSON_ITER_HOLDS_OID(&f) : !BSON_ITER_HOLDS_INT64(&f))
+            return doc_errf(&x->e, DOC_TypeMismatch,
+                            "BSON field 'TopologyVersion.%s' is the wrong type '%s', expected "
+                            "type '%s'", k, doc_type_name(bson_iter_type(&f)),
+                            is_pid ? "objectId" : "long");
+        if (is_pid) {
+            bson_oid_copy(bson_iter_oid(&f), pid);
+            has_pid = true;
+        } else {
+            *counter = bson_iter_int64(&f);
+            has_counter = true;
+        }
+    }
+    if (!has_pid || !has_counter)
+        return doc_errf(&x->e, IDL_MISSING,
+                        "BSON field 'TopologyVersion.%s' is missing but a required field",
+                        has_pid ? "counter" : "processId");
+    if (*counter < 0)
+        return doc_errf(&x->e, 51758, "topologyVersion must have a non-negative counter");
+    return 0;
+}
+
+/* The awaitable hello's fields: topologyVersion and maxAwaitTimeMS, both
+ * or neither (MongoDB's codes), against the topology as topology_now
+ * just saw it. Fills x->cl->aw. */
+static int await_args(struct ctx *x)
+{
+    bson_iter_t tv, ma;
+    bool has_tv = bson_iter_init_find(&tv, x->cmd, "topologyVersion");
+    bool has_ma = bson_iter_init_find(&ma, x->cmd, "maxAwaitTimeMS");
+    bson_oid_t pid;
+    int64_t counter = 0, ms;
+
+    x->cl->aw.current = false;
+    x->cl->aw.max_ms = 0;
+    if (!has_tv && !has_ma)
+        return 0;
+    if (!has_tv || !has_ma)
+        return doc_errf(&x->e, 31368,
+                        has_tv ? "A request with a 'topologyVersion' must include 'maxAwaitTimeMS'"
+                               : "A request with 'maxAwaitTimeMS' must include a "
+                                 "'topologyVersion'");
+    if (topology_arg(x, &tv, &pid, &counter) < 0 || arg_int64(x, &ma, &ms) < 0)
+        return -1;
+    if (ms < 0)
+        return doc_errf(&x->e, 31373, "maxAwaitTimeMS must be a non-negative integer");
+    if (bson_oid_equal(&pid, &x->srv->process_id)) {
+        /* Only this process has given out its counters. */
+        if (counter > x->srv->topo_counter)
+            return doc_errf(&x->e, 31382,
+                            "Received a topology version with the same process ID and a higher "
+                            "counter. Client counter: %lld, server counter: %lld",
+                            (long long)counter, (long long)x->srv->topo_counter);
+        x->cl->aw.current = counter == x->srv->topo_counter;
+    }
+    x->cl->aw.max_ms = ms > DOC_AWAIT_MAX_MS ? DOC_AWAIT_MAX_MS : (uint64_t)ms;
+    x->cl->awaitable = true;
+    return 0;
+}
+
 static int cmd_hello(struct ctx *x)
 {
+    struct doc_server *srv = x->srv;
     bson_iter_t it;
+    bson_t tv;
     bool hello_ok = false;
 
     if (bson_iter_init_find(&it, x->cmd, "helloOk") && arg_bool(x, &it, &hello_ok) < 0)
         return -1;
+    /* One look at the topology: the reply says what its counter counts. */
+    topology_now(srv);
+    if (await_args(x) < 0)
+        return -1;
+    x->cl->aw.counter = srv->topo_counter;
     if (hello_ok)
         bson_append_bool(x->reply, "helloOk", -1, true);
-    if (x->srv->repl && x->srv->hello) {
+    if (srv->repl && srv->hello) {
         /* A replica set's member: its role and the set, as drivers read them. */
-        bool primary = repl_writable(x->srv->repl) == 0;
-
         bson_append_bool(x->reply, !strcmp(x->name, "hello") ? "isWritablePrimary" : "ismaster",
-                         -1, primary);
-        bson_append_bool(x->reply, "secondary", -1, !primary && repl_consistent(x->srv->repl));
-        x->srv->hello(x->srv->hello_arg, x->reply, primary);
+                         -1, srv->topo_primary);
+        bson_append_bool(x->reply, "secondary", -1, srv->topo_secondary);
+        bson_concat(x->reply, srv->topo);
     } else {
         bson_append_bool(x->reply, "ismaster", -1, true);
         if (!strcmp(x->name, "hello"))
             bson_append_bool(x->reply, "isWritablePrimary", -1, true);
     }
+    bson_append_document_begin(x->reply, "topologyVersion", -1, &tv);
+    bson_append_oid(&tv, "processId", -1, &srv->process_id);
+    bson_append_int64(&tv, "counter", -1, srv->topo_counter);
+    bson_append_document_end(x->reply, &tv);
     bson_append_int32(x->reply, "maxBsonObjectSize", -1,
                       (int32_t)doc_store_max_doc(x->srv->store));
     bson_append_int32(x->reply, "maxMessageSizeBytes", -1, MESSAGE_MAX);
@@ -3589,15 +3721,19 @@ int doc_cmd_run(struct doc_client *c, const bson_t *cmd, const struct doc_seq *s
     const struct cmd *which;
 
     c->srv->st.commands++;
+    c->awaitable = false;
     if (run(&x, &which) < 0) {
         bson_reinit(reply);
         append_error(reply, &x.e);
+        c->awaitable = false;
     } else {
         append_ok(reply);
     }
     c->srv->st.cursors_open = c->srv->ncursors;
     if (!which)
         return 0;
+    if (c->awaitable)
+        return DOC_CMD_AWAIT;
     if (which->flags & C_WRITE)
         return DOC_CMD_WROTE | write_concern(cmd);
     /* A read on the primary: what it saw must be on a majority before the
@@ -3694,6 +3830,14 @@ int doc_server_open(struct doc_store *store, const struct doc_server_opts *o,
         srv->rng = 0x9E3779B97F4A7C15ULL;
     clock_gettime(CLOCK_MONOTONIC, &srv->started);
     srv->next_conn = 1;
+    bson_oid_init(&srv->process_id, NULL);
+    srv->topo = bson_new();
+    srv->topo_last = bson_new();
+    if (!srv->topo || !srv->topo_last) {
+        doc_server_close(srv);
+        return -1;
+    }
+    srv->topo_primary = true;   /* what a server alone says */
     *out = srv;
     return 0;
 }
@@ -3704,6 +3848,10 @@ void doc_server_close(struct doc_server *srv)
         return;
     while (srv->clients)
         doc_client_free(srv->clients);
+    if (srv->topo)
+        bson_destroy(srv->topo);
+    if (srv->topo_last)
+        bson_destroy(srv->topo_last);
     free(srv);
 }
 

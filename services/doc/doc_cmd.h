@@ -88,6 +88,8 @@ enum doc_cmd_flags {
     DOC_CMD_W_ONE = 4,          /* a write's concern: w 0 or 1 */
     DOC_CMD_W_SHIFT = 8,        /* a write's w when a number over 1 (bits 8..15);
                                  * 0 there: majority */
+    DOC_CMD_AWAIT = 1 << 16,    /* an awaitable hello: its reply may wait for
+                                 * the topology to change (doc_client_await) */
 };
 
 /* A write's w as a number (0: majority). */
@@ -140,6 +142,41 @@ void doc_server_hold(struct doc_server *srv, struct tern_req *req, int flags);
  * node lost its office, which drivers retry elsewhere). */
 bool doc_server_wait(struct doc_server *srv, int flags, struct repl_wait *w);
 int doc_server_waited(struct doc_server *srv, const struct repl_wait *w, struct doc_err *e);
+
+/* ---- the topology and awaitable hello ----
+ *
+ * Every hello reply carries topologyVersion {processId, counter}: an
+ * ObjectId made when the server opens, and a counter that goes up each
+ * time what hello says of this member and its set changes (its role, the
+ * primary, the hosts, setVersion, electionId). A driver that streams its
+ * monitoring (MongoDB 4.4's awaitable hello: the server-monitoring spec)
+ * sends hello with the topologyVersion it has and maxAwaitTimeMS; MongoDB
+ * answers it when the counter moves past that, or after maxAwaitTimeMS.
+ * The command layer answers every command at once, so the caller does
+ * the waiting: doc_cmd_run returns DOC_CMD_AWAIT for such a hello (its
+ * reply already built from the state now), and doc_client_await says
+ * whether the client's version is the current one (then the reply may
+ * wait) and for how long. A caller that does not wait just sends the
+ * reply: the driver asks again. */
+
+/* maxAwaitTimeMS is held to this: the reply goes by then at the latest. */
+#define DOC_AWAIT_MAX_MS 60000u
+
+struct doc_await {
+    int64_t counter;        /* the topologyVersion counter the client's last
+                             * hello reply reported */
+    uint64_t max_ms;        /* its maxAwaitTimeMS, at most DOC_AWAIT_MAX_MS */
+    bool current;           /* it came with the version that reply reports:
+                             * it may wait for the counter to pass `counter` */
+};
+
+/* Of the client's last hello (an awaitable one for max_ms and current). */
+void doc_client_await(const struct doc_client *c, struct doc_await *a);
+
+/* The topology counter now: what hello would say is looked at, and the
+ * counter goes up if that differs from what it said last. Cheap enough
+ * for a gateway to call every millisecond or so while a hello waits. */
+int64_t doc_server_topology(struct doc_server *srv);
 
 /* Close cursors idle past cursor_idle_ms; call now and then. */
 void doc_server_tick(struct doc_server *srv, uint64_t now_ms);

@@ -17,6 +17,12 @@
  * run. Every reply is built in one bson_t the gateway keeps (its buffer is
  * reused, so a steady load allocates nothing) and copied once, framed,
  * into the client's output.
+ *
+ * An awaitable hello that waits (mongo_gw.h) leaves nothing in the output:
+ * its reply is built when it goes, each poll finding whether the topology
+ * counter moved or its time is up (release_awaits). Its connection is
+ * watched for EPOLLRDHUP only, so that a client gone is seen while its
+ * pipelined input, if any, stays unread.
  */
 #include <errno.h>
 #include <limits.h>
@@ -55,6 +61,10 @@
  * goes back to its initial size so that idle clients stay small. */
 #define BUF_KEEP_MAX (1u << 20)
 #define TICK_NS 1000000000ull
+/* While a hello waits: how often the topology is looked at, and the
+ * longest a poll sleeps (the topology changes without waking it). */
+#define TOPO_CHECK_NS 1000000ull
+#define AWAIT_POLL_MS 100
 
 static const struct mongo_gw_runner doc_cmd_runner = {
     .client_new = doc_client_new,
@@ -65,6 +75,8 @@ static const struct mongo_gw_runner doc_cmd_runner = {
     .tick = doc_server_tick,
     .wait = doc_server_wait,
     .waited = doc_server_waited,
+    .await = doc_client_await,
+    .topology = doc_server_topology,
 };
 
 struct buf {
@@ -103,6 +115,15 @@ struct client {
     size_t held_len;
     int32_t held_to;
     struct repl_wait wait;
+    /* an awaitable hello waits for the topology to pass await_counter */
+    bool awaiting, await_exhaust, await_legacy;
+    int32_t await_to;           /* its request, or streaming, the last reply */
+    int64_t await_counter;
+    uint64_t await_ms, await_until_ns;
+    /* the hello less topologyVersion and maxAwaitTimeMS; made at the
+     * client's first wait (a bson_t held in a struct wants 128-byte
+     * alignment, which calloc does not give: bson_new's does) */
+    bson_t *await_cmd;
 };
 
 struct mongo_gw {
@@ -115,6 +136,12 @@ struct mongo_gw {
     uint16_t port;
     unsigned n_clients;
     unsigned n_held;                    /* clients with a reply waiting */
+    unsigned n_await;                   /* clients with a hello waiting */
+    int64_t topo;                       /* the topology counter last seen */
+    int64_t topo_scanned;               /* ...when the waiting hellos were last
+                                         * gone through */
+    uint64_t next_topo_ns;              /* when to look at it again */
+    uint64_t await_next_ns;             /* when a waiting hello is due next */
     struct client *clients;
     struct client *touched;             /* clients with work this poll */
     unsigned batch_msgs;
@@ -184,10 +211,12 @@ static void error_doc(struct mongo_gw *gw, const struct doc_err *e)
     mongo_error_doc(e, &gw->err);
 }
 
-/* `doc` framed as the reply to `h`. */
-static void out_reply(struct mongo_gw *gw, struct client *c, const struct mongo_hdr *h,
-                      bool legacy, const bson_t *doc)
+/* `doc` framed as the reply to `h`, an OP_MSG with flagBits `flags` unless
+ * legacy; the reply's requestID (0 if there was no memory for it). */
+static int32_t out_reply_flags(struct mongo_gw *gw, struct client *c, const struct mongo_hdr *h,
+                               bool legacy, const bson_t *doc, uint32_t flags)
 {
+    int32_t id;
     size_t n = mongo_reply(h, legacy, 0, doc, NULL, 0);
     uint8_t *p;
 
@@ -204,9 +233,24 @@ static void out_reply(struct mongo_gw *gw, struct client *c, const struct mongo_
     }
     p = out_reserve(gw, c, n);
     if (!p)
-        return;
-    mongo_reply(h, legacy, (int32_t)(++gw->next_request_id & INT32_MAX), doc, p, n);
+        return 0;
+    id = (int32_t)(++gw->next_request_id & INT32_MAX);
+    mongo_reply(h, legacy, id, doc, p, n);
+    if (flags && !legacy) {
+        /* flagBits follow the header (mongo_reply writes 0 there) */
+        p[MONGO_HDR_LEN] = (uint8_t)flags;
+        p[MONGO_HDR_LEN + 1] = (uint8_t)(flags >> 8);
+        p[MONGO_HDR_LEN + 2] = (uint8_t)(flags >> 16);
+        p[MONGO_HDR_LEN + 3] = (uint8_t)(flags >> 24);
+    }
     c->out.len += n;
+    return id;
+}
+
+static void out_reply(struct mongo_gw *gw, struct client *c, const struct mongo_hdr *h,
+                      bool legacy, const bson_t *doc)
+{
+    out_reply_flags(gw, c, h, legacy, doc, 0);
 }
 
 static void out_error(struct mongo_gw *gw, struct client *c, const struct mongo_hdr *h,
@@ -237,6 +281,34 @@ static void mark_write(struct client *c, size_t start, const struct mongo_msg *m
 }
 
 /* ---- messages ---- */
+
+/* An awaitable hello of `c`'s waits from now on: for the topology counter
+ * to pass a->counter, or a->max_ms. False if there was no memory for it
+ * (then it is answered at once). */
+static bool await_begin(struct mongo_gw *gw, struct client *c, const bson_t *body,
+                        const struct mongo_msg *m, const struct doc_await *a, bool exhaust)
+{
+    if (!c->await_cmd && !(c->await_cmd = bson_new()))
+        return false;
+    bson_reinit(c->await_cmd);
+    bson_copy_to_excluding_noinit(body, c->await_cmd, "topologyVersion", "maxAwaitTimeMS",
+                                  NULL);
+    c->awaiting = true;
+    c->await_exhaust = exhaust;
+    c->await_legacy = m->legacy;
+    c->await_to = m->h.request_id;
+    c->await_counter = a->counter;
+    c->await_ms = a->max_ms;
+    c->await_until_ns = gw->now_ns + a->max_ms * 1000000u;
+    if (!gw->n_await || c->await_until_ns < gw->await_next_ns)
+        gw->await_next_ns = c->await_until_ns;
+    /* the freshest look at the counter there is */
+    if (a->counter > gw->topo)
+        gw->topo = a->counter;
+    gw->n_await++;
+    gw->st.awaited++;
+    return true;
+}
 
 static void run_message(struct mongo_gw *gw, struct client *c, const uint8_t *msg, size_t len)
 {
@@ -280,6 +352,25 @@ static void run_message(struct mongo_gw *gw, struct client *c, const uint8_t *ms
     }
     if (m.flags & MONGO_MSG_MORE_TO_COME)
         return;
+    if ((rc & DOC_CMD_AWAIT) && gw->run.await && gw->run.topology && !c->dead) {
+        bool exhaust = !m.legacy && (m.flags & MONGO_MSG_EXHAUST);
+        struct doc_await a;
+
+        gw->run.await(c->dc, &a);
+        if (a.current) {
+            /* The client knows this topology: the reply waits for news. */
+            if (await_begin(gw, c, body, &m, &a, exhaust))
+                return;
+        } else if (exhaust && (c->await_cmd || (c->await_cmd = bson_new()))) {
+            /* Answered now, and streamed from here on. */
+            int32_t id = out_reply_flags(gw, c, &m.h, false, &gw->reply,
+                                         MONGO_MSG_MORE_TO_COME);
+
+            if (!c->dead && await_begin(gw, c, body, &m, &a, true))
+                c->await_to = id;
+            return;
+        }
+    }
     start = out_pending(c);
     out_reply(gw, c, &m.h, m.legacy, &gw->reply);
     if ((rc & DOC_CMD_WROTE) && !c->dead)
@@ -300,7 +391,7 @@ static void run_input(struct mongo_gw *gw, struct client *c)
 {
     struct buf *b = &c->in;
 
-    while (!c->closing && !c->dead && !c->held && b->off < b->len &&
+    while (!c->closing && !c->dead && !c->held && !c->awaiting && b->off < b->len &&
            out_pending(c) <= gw->max_output) {
         struct mongo_hdr h;
         struct doc_err e = {0};
@@ -378,6 +469,10 @@ static void client_close(struct mongo_gw *gw, struct client *c)
     gw->n_clients--;
     if (c->held)
         gw->n_held--;
+    if (c->awaiting)
+        gw->n_await--;
+    if (c->await_cmd)
+        bson_destroy(c->await_cmd);
     gw->run.client_free(c->dc);
     free(c->in.p);
     free(c->out.p);
@@ -627,17 +722,19 @@ static void client_flush(struct mongo_gw *gw, struct client *c)
         }
     }
     backlog = b->len - b->off - c->held_len;
-    if (c->closing && !backlog && !c->held) {
+    if (c->closing && !backlog && !c->held && !c->awaiting) {
         client_close(gw, c);
         return;
     }
     /* A stalled client waits for EPOLLOUT even with nothing to send: the
      * event is what brings it back to run the rest of its input. A held
      * one is not read (its input would fill up behind the held reply):
-     * release_held runs the rest when the reply may go. */
+     * release_held runs the rest when the reply may go. One whose hello
+     * waits is not read either, but its peer's closing is watched for. */
     set_interest(gw, c,
                  (c->closing || c->stalled || c->held || backlog > gw->max_output ? 0
-                                                                                   : EPOLLIN) |
+                  : c->awaiting                                                   ? EPOLLRDHUP
+                                                                                  : EPOLLIN) |
                  (backlog || c->stalled ? EPOLLOUT : 0));
     if (c->dead)
         client_close(gw, c);
@@ -686,6 +783,82 @@ static void release_held(struct mongo_gw *gw)
     }
 }
 
+/* Answer c's waiting hello with the topology as it is now. Streaming, it
+ * waits again, on what this answer says; else the client's next messages
+ * run. */
+static void await_answer(struct mongo_gw *gw, struct client *c)
+{
+    struct mongo_hdr h = {.request_id = c->await_to};
+    struct doc_await a;
+
+    touch(gw, c);
+    bson_reinit(&gw->reply);
+    gw->run.run(c->dc, c->await_cmd, NULL, 0, &gw->reply);
+    gw->run.await(c->dc, &a);
+    if (c->await_exhaust && !c->closing) {
+        int32_t id = out_reply_flags(gw, c, &h, false, &gw->reply, MONGO_MSG_MORE_TO_COME);
+
+        c->await_to = id;
+        c->await_counter = a.counter;
+        c->await_until_ns = gw->now_ns + c->await_ms * 1000000u;
+        if (c->await_until_ns < gw->await_next_ns)
+            gw->await_next_ns = c->await_until_ns;
+        if (a.counter > gw->topo)
+            gw->topo = a.counter;
+        return;
+    }
+    out_reply(gw, c, &h, c->await_legacy, &gw->reply);
+    c->awaiting = false;
+    gw->n_await--;
+    run_input(gw, c);
+}
+
+/* Waiting hellos whose topology moved on or whose time is up. The
+ * clients are gone through only when the counter moved or one is due. A
+ * stream whose last answer is still unsent gets no next one until it is
+ * (a client that does not read makes it wait, not the output grow). */
+static void release_awaits(struct mongo_gw *gw)
+{
+    unsigned seen = 0, n = gw->n_await;
+    uint64_t next = UINT64_MAX;
+
+    if (gw->now_ns >= gw->next_topo_ns) {
+        int64_t t = gw->run.topology(gw->srv);
+
+        /* A client's counter may be newer than the last look: only
+         * a counter past it is news to the client. */
+        if (t > gw->topo)
+            gw->topo = t;
+        gw->next_topo_ns = gw->now_ns + TOPO_CHECK_NS;
+    }
+    if (gw->topo == gw->topo_scanned && gw->now_ns < gw->await_next_ns)
+        return;
+    gw->topo_scanned = gw->topo;
+    for (struct client *c = gw->clients; c && seen < n; c = c->next) {
+        if (!c->awaiting)
+            continue;
+        seen++;
+        if (c->dead)
+            continue;
+        if (c->await_counter >= gw->topo && gw->now_ns < c->await_until_ns) {
+            if (c->await_until_ns < next)
+                next = c->await_until_ns;
+            continue;
+        }
+        if (c->await_exhaust && out_pending(c)) {
+            /* Due, but its last answer is still going out: look again
+             * once the poll has sent what it can. */
+            if (gw->now_ns + TOPO_CHECK_NS < next)
+                next = gw->now_ns + TOPO_CHECK_NS;
+            continue;
+        }
+        await_answer(gw, c);
+        if (c->awaiting && c->await_until_ns < next)
+            next = c->await_until_ns;
+    }
+    gw->await_next_ns = next;
+}
+
 /* Before a group commit that costs more than a wake-up, wait up to half
  * its last duration for the other recent writers' next commands, so that
  * one flush carries more of them. A lone writer never waits. */
@@ -710,7 +883,11 @@ int mongo_gw_poll(struct mongo_gw *gw, int timeout_ms)
 {
     struct epoll_event ev[MAX_EVENTS];
     uint64_t now;
-    int n = epoll_wait(gw->epfd, ev, MAX_EVENTS, timeout_ms);
+    int n;
+
+    if (gw->n_await && (timeout_ms < 0 || timeout_ms > AWAIT_POLL_MS))
+        timeout_ms = AWAIT_POLL_MS;
+    n = epoll_wait(gw->epfd, ev, MAX_EVENTS, timeout_ms);
 
     if (n < 0)
         return errno == EINTR ? 0 : -errno;
@@ -722,6 +899,8 @@ int mongo_gw_poll(struct mongo_gw *gw, int timeout_ms)
     serve_events(gw, ev, n);
     if (gw->n_held)
         release_held(gw);
+    if (gw->n_await)
+        release_awaits(gw);
     coalesce(gw);
     if (gw->batch_wrote) {
         now = tern_now_ns();
@@ -759,6 +938,16 @@ static void serve_events(struct mongo_gw *gw, const struct epoll_event *ev, int 
             continue;
         }
         touch(gw, c);
+        if (c->awaiting && (ev[i].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))) {
+            /* Gone, or done sending: the hello is answered now if the
+             * client can still read it, and the connection closed. */
+            c->closing = true;
+            if (ev[i].events & (EPOLLHUP | EPOLLERR))
+                c->dead = true;
+            else
+                await_answer(gw, c);
+            continue;
+        }
         if (c->stalled) {
             if (out_pending(c) <= gw->max_output)
                 run_input(gw, c);
@@ -894,6 +1083,7 @@ void mongo_gw_stats(const struct mongo_gw *gw, struct mongo_gw_stats *st)
 {
     *st = gw->st;
     st->clients = gw->n_clients;
+    st->awaiting = gw->n_await;
 }
 
 void mongo_gw_destroy(struct mongo_gw *gw)

@@ -26,6 +26,20 @@
  * (PrimarySteppedDown). A driver sends one command at a time on a
  * connection, so this costs it nothing, and a client has at most one
  * reply waiting.
+ *
+ * An awaitable hello (doc_cmd.h: topologyVersion and maxAwaitTimeMS) whose
+ * client knows the topology as it is now is answered when the topology
+ * counter moves, or after maxAwaitTimeMS (at most DOC_AWAIT_MAX_MS). The
+ * gateway looks at the counter about once a millisecond of polling while
+ * any hello waits, and its poll then sleeps at most 100 ms. The client's
+ * connection is not read meanwhile (one waiting hello per connection, and
+ * nothing else of it run), but its closing is noticed. If the request
+ * allowed exhaust (OP_MSG exhaustAllowed), the answer has moreToCome set
+ * and the gateway streams: it waits again on the version just sent, with
+ * the same maxAwaitTimeMS, and sends each next answer addressed to its
+ * previous one (responseTo, as MongoDB does), until the client closes.
+ * The reply is built when it goes, from the hello as it came less its
+ * awaiting fields (a copy kept per connection, its buffer reused).
  */
 #ifndef TERN_MONGO_GW_H
 #define TERN_MONGO_GW_H
@@ -57,6 +71,10 @@ struct mongo_gw_runner {
      * doc_server_waited); NULL: none ever does. */
     bool (*wait)(struct doc_server *srv, int flags, struct repl_wait *w);
     int (*waited)(struct doc_server *srv, const struct repl_wait *w, struct doc_err *e);
+    /* Awaitable hello (doc_client_await, doc_server_topology); NULL: every
+     * hello is answered at once. */
+    void (*await)(const struct doc_client *c, struct doc_await *a);
+    int64_t (*topology)(struct doc_server *srv);
 };
 
 struct mongo_gw_config {
@@ -103,7 +121,8 @@ struct mongo_gw_stats {
     uint64_t connections, messages, errors;  /* errors: messages refused by the wire
                                                 layer, and framing failures */
     uint64_t syncs, sync_failures;
-    unsigned clients;
+    uint64_t awaited;            /* awaitable hellos that waited */
+    unsigned clients, awaiting;  /* awaiting: hellos waiting now */
 };
 void mongo_gw_stats(const struct mongo_gw *gw, struct mongo_gw_stats *st);
 

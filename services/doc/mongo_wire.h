@@ -17,8 +17,9 @@
  *     section is kind 0 (one BSON document: the command) or kind 1 (int32
  *     size including itself, cstring identifier, BSON documents filling
  *     the rest). Exactly one kind 0; identifiers unique. A moreToCome
- *     request gets no reply. Replies carry flags 0 and one kind-0 section,
- *     never a checksum.
+ *     request gets no reply. Replies carry flags 0 (but the gateway's
+ *     streamed hello answers, which carry moreToCome: mongo_gw.h) and one
+ *     kind-0 section, never a checksum.
  * Anything else (another opcode, OP_COMPRESSED included since tern
  * advertises no compressor) gets an error reply where it can be
  * addressed, and the connection goes on.

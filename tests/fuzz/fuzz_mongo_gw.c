@@ -8,9 +8,14 @@
  * bit 2, commands run through a runner of the harness's own that echoes
  * them (a command named "write" writes), so that the gateway is fuzzed
  * apart from the command layer; with it, through doc_cmd on a store in
- * /dev/shm whose databases are dropped after each input. Every reply must
- * be a well-formed OP_MSG (flags 0, one kind-0 section) or OP_REPLY, and
- * no more replies may come than messages went. */
+ * /dev/shm whose databases are dropped after each input. The echoing
+ * runner makes a "hello" with maxAwaitTimeMS (mod 64) awaitable, current
+ * if it has a field "current", and its topology counter moves now and
+ * then, so that waiting hellos and exhaust streams are fuzzed too. Every
+ * reply must be a well-formed OP_MSG (flags 0, or moreToCome in a stream,
+ * one kind-0 section) or OP_REPLY, no more replies but streamed ones may
+ * come than messages went, and a stream must end with a reply without
+ * moreToCome before the hang-up. */
 #include <bson/bson.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -32,10 +37,12 @@ static int srv_token;
 static bool fail_sync;
 static unsigned live;
 
+static int64_t topo_looks;
+
 static struct doc_client *client_new(struct doc_server *s, const char *peer)
 {
     live++;
-    return (struct doc_client *)malloc(1);
+    return (struct doc_client *)calloc(1, sizeof(struct doc_await));
 }
 
 static void client_free(struct doc_client *c)
@@ -52,10 +59,31 @@ static int run(struct doc_client *c, const bson_t *cmd, const struct doc_seq *se
     BSON_APPEND_DOUBLE(reply, "ok", 1.0);
     BSON_APPEND_DOCUMENT(reply, "echo", cmd);
     BSON_APPEND_INT32(reply, "nseq", (int32_t)nseq);
+    if (bson_iter_init(&it, cmd) && bson_iter_next(&it) && !strcmp(bson_iter_key(&it), "hello")) {
+        struct doc_await *a = (struct doc_await *)c;
+
+        *a = (struct doc_await){.counter = topo_looks / 8};
+        if (!bson_iter_init_find(&it, cmd, "maxAwaitTimeMS"))
+            return 0;
+        a->max_ms = (uint64_t)bson_iter_as_int64(&it) % 64;
+        a->current = bson_has_field(cmd, "current");
+        return DOC_CMD_AWAIT;
+    }
     return bson_iter_init(&it, cmd) && bson_iter_next(&it) &&
                    strcmp(bson_iter_key(&it), "write") == 0
                ? DOC_CMD_WROTE
                : 0;
+}
+
+static void await_of(const struct doc_client *c, struct doc_await *a)
+{
+    *a = *(const struct doc_await *)c;
+}
+
+/* The counter moves every 8th look. */
+static int64_t topology(struct doc_server *s)
+{
+    return ++topo_looks / 8;
 }
 
 static int sync_fn(struct doc_server *s, struct doc_err *e)
@@ -72,8 +100,9 @@ static void tick(struct doc_server *s, uint64_t now_ms)
 {
 }
 
-static const struct mongo_gw_runner runner = {client_new, client_free, run, sync_fn,
-                                              sync_failed, tick};
+static const struct mongo_gw_runner runner = {client_new, client_free, run,    sync_fn,
+                                              sync_failed, tick,        NULL,   NULL,
+                                              await_of,    topology};
 
 static char dbs[64][128];
 static unsigned n_dbs;
@@ -134,8 +163,9 @@ static uint32_t rd32(const uint8_t *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-/* Check and drop the whole replies at the front of buf. */
-static size_t take_replies(const uint8_t *buf, size_t len, unsigned *n)
+/* Check and drop the whole replies at the front of buf; *n counts those
+ * without moreToCome, *more says whether the last one had it. */
+static size_t take_replies(const uint8_t *buf, size_t len, unsigned *n, bool *more)
 {
     size_t used = 0;
 
@@ -148,9 +178,14 @@ static size_t take_replies(const uint8_t *buf, size_t len, unsigned *n)
         op = rd32(r + 12);
         FZ_CHECK(op == MONGO_OP_MSG || op == MONGO_OP_REPLY, "a reply with opcode %u", op);
         if (op == MONGO_OP_MSG) {
-            FZ_CHECK(rd32(r + 16) == 0 && r[20] == 0, "OP_MSG reply: flags or kind");
+            uint32_t fl = rd32(r + 16);
+
+            FZ_CHECK((fl == 0 || fl == MONGO_MSG_MORE_TO_COME) && r[20] == 0,
+                     "OP_MSG reply: flags or kind");
+            *more = fl == MONGO_MSG_MORE_TO_COME;
             off = 21;
         } else {
+            *more = false;
             FZ_CHECK(rlen >= 36 + 5 && rd32(r + 32) == 1, "OP_REPLY: numberReturned");
             off = 36;
         }
@@ -159,7 +194,7 @@ static size_t take_replies(const uint8_t *buf, size_t len, unsigned *n)
                      bson_validate(&doc, BSON_VALIDATE_UTF8 | BSON_VALIDATE_UTF8_ALLOW_NULL,
                                    NULL),
                  "a reply's document is not the rest of it, or not valid (%u bytes)", rlen);
-        (*n)++;
+        *n += !*more;
         used += rlen;
     }
     return used;
@@ -192,7 +227,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const uint8_t *in;
     size_t n = fz_take(&f, f.n, &in), sent = 0, have = 0;
     static uint8_t out[1u << 20];
-    bool eof = false, shut = false;
+    bool eof = false, shut = false, more = false;
     unsigned replies = 0;
     int sv[2], rc;
 
@@ -220,7 +255,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
             if (r > 0) {
                 have += (size_t)r;
-                used = take_replies(out, have, &replies);
+                used = take_replies(out, have, &replies, &more);
                 memmove(out, out + used, have - used);
                 have -= used;
                 FZ_CHECK(have < sizeof(out), "a reply larger than %zu", sizeof(out));
@@ -232,6 +267,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     FZ_CHECK(eof, "the gateway never hung up on a client that had finished");
     FZ_CHECK(have == 0, "%zu bytes of a partial reply at the end", have);
+    FZ_CHECK(!more, "a stream of hello replies ended on moreToCome");
     FZ_CHECK(replies <= count_msgs(in, n, flags), "%u replies to %u messages", replies,
              count_msgs(in, n, flags));
     FZ_CHECK(live == 0, "%u doc_clients left after the hang-up", live);

@@ -355,6 +355,18 @@ crud = (hello +
         cmd(15, b_str("delete", "c"), seq=("deletes", bson(b_doc("q", bson()), b_int("limit", 0)))) +
         cmd(16, b_int("listCollections", 1)) + cmd(17, b_str("count", "c")) + cmd(18, b_int("nosuch", 1)))
 SEEDS["mongo_gw"]["real-crud"] = u8(4) + crud
+# Awaitable hellos: waiting, streamed with exhaustAllowed (0x10000), and
+# through the command layer (another process's topologyVersion: answered
+# at once, then streamed).
+def aw_hello(req, flags, *elems): return op_msg(req, flags, kind0(bson(b_int("hello", 1), *elems)))
+def b_i64(k, v): return b"\x12" + k.encode() + b"\0" + u64(v)
+def b_oid(k, v): return b"\x07" + k.encode() + b"\0" + v
+SEEDS["mongo_gw"]["await"] = u8(0) + aw_hello(20, 0, b_int("maxAwaitTimeMS", 30), b_int("current", 1)) + ping
+SEEDS["mongo_gw"]["stream"] = u8(0) + aw_hello(21, 0x10000, b_int("maxAwaitTimeMS", 5), b_int("current", 1)) + ping
+SEEDS["mongo_gw"]["stream-stale"] = u8(2) + aw_hello(22, 0x10000, b_int("maxAwaitTimeMS", 0))
+SEEDS["mongo_gw"]["real-stream"] = u8(4) + op_msg(23, 0x10000, kind0(bson(
+    b_int("ismaster", 1), b_doc("topologyVersion", bson(b_oid("processId", bytes(range(12))), b_i64("counter", 0))),
+    b_int("maxAwaitTimeMS", 20), b_str("$db", "admin"))))
 SEEDS["mongo_gw"]["real-getmore"] = u8(4) + crud[:-len(cmd(18, b_int("nosuch", 1)))] + \
     cmd(19, b_str("find", "c"), b_int("batchSize", 0))
 

@@ -30,6 +30,10 @@ from pymongo.errors import PyMongoError
 
 
 def client(hosts, rs, **kw):
+    # HEARTBEAT_MS: the driver's heartbeatFrequencyMS (its own default,
+    # 10 s, unless set), to compare monitoring at other rates.
+    if os.environ.get("HEARTBEAT_MS"):
+        kw["heartbeatFrequencyMS"] = int(os.environ["HEARTBEAT_MS"])
     return pymongo.MongoClient("mongodb://%s/?replicaSet=%s" % (hosts, rs),
                                serverSelectionTimeoutMS=30000, **kw)
 

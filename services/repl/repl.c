@@ -129,6 +129,7 @@ void repl_advance(struct repl *r)
 
     if (r->st != S_PRIMARY)
         return;
+    r->advanced = r->position;
     n = positions(r, pos);
     /* Once on a majority, always committed: a replica gone since does not
      * take it back. */
@@ -536,8 +537,10 @@ static void tick(struct repl *r)
     }
     if (r->st == S_TAKEOVER)
         take_over(r);
-    else
-        repl_advance(r);    /* a shard of one commits on its own */
+    else if (r->position != r->advanced || r->ext_confirm ||
+             tern_rpc_gate_waiting(r->gate[REPL_GATE_CONFIRM], NULL))
+        repl_advance(r);    /* its own writes (a shard of one commits on its own),
+                             * and confirmations, which time moves */
 }
 
 bool repl_tick(struct repl *r)

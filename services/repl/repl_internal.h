@@ -77,6 +77,7 @@ struct repl {
     uint64_t seen;                      /* newest epoch accepted (state file) */
     uint64_t position;                  /* last durable version here */
     uint64_t committed;                 /* primary: held by a majority */
+    uint64_t advanced;                  /* position at the last repl_advance */
     bool fetching, need_copy;
     /* a full copy coming in: since BEGIN (at copy_epoch), and until the
      * position passes copy_high, the highest version it brought */

@@ -93,6 +93,10 @@ static long first_after(const struct repl_log *l, uint64_t from)
         return 0;
     if (!l->n || from < ent(l, 0)->version || from > l->last)
         return -1;
+    /* A replica streaming is one or two records behind: no search. */
+    for (uint32_t k = 1; k <= 2 && k <= l->n; k++)
+        if (ent(l, l->n - k)->version == from)
+            return (long)(l->n - k + 1);
     while (lo < hi) {
         uint32_t mid = lo + (hi - lo) / 2;
 

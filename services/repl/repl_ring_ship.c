@@ -391,6 +391,8 @@ bool repl_ring_ship(struct repl *r, struct replica *p)
     }
     if (q->st == RG_ASKED || q->flushing)
         return true;
+    bool shipped = false;
+
     while (p->sent < r->log.last && q->st == RG_ON && !q->flushing) {
         uint64_t off = q->tail % q->g.size, lap = q->g.size - off, room;
         uint64_t last = 0;
@@ -446,12 +448,14 @@ bool repl_ring_ship(struct repl *r, struct replica *p)
         }
         if (at) {
             ship_direct(r, p, at, (uint32_t)n, last);
+            shipped = true;
         } else if (ship_put(r, p, (uint32_t)n, last, false) < 0) {
             fall_back(p, RG_NONE);
             return false;
         }
     }
-    repl_advance(r);
+    if (shipped)
+        repl_advance(r);
     return true;
 read_head:
     if (q->headp || q->flushing)

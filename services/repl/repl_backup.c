@@ -54,17 +54,18 @@ static int group_of(struct repl_host *h, const char *shard, uint64_t epoch, stru
     return admit(*out, epoch);
 }
 
-struct apply_ctx {
-    struct repl *r;
-    int rc;
-};
-
-static int apply_one(void *arg, const struct repl_rec *h, const void *key, const void *val)
+/* A record that follows (repl_internal.h). */
+int repl_take_rec(void *arg, const struct repl_rec *h, const void *key, const void *val)
 {
-    struct apply_ctx *a = arg;
+    struct repl_apply_ctx *a = arg;
     struct repl *r = a->r;
-    int rc = r->ops->apply(r->ctx, h->type, key, h->key_len, val, h->val_len, h->version);
+    int rc;
 
+    /* Held already: a ring's frame taken again after a crash between the
+     * store's sync and the head's move (an APPEND never holds one). */
+    if (h->version <= r->position)
+        return 0;
+    rc = r->ops->apply(r->ctx, h->type, key, h->key_len, val, h->val_len, h->version);
     if (rc < 0) {
         a->rc = rc;
         return 1;
@@ -80,7 +81,7 @@ static int apply_one(void *arg, const struct repl_rec *h, const void *key, const
 int repl_apply_batch(struct repl *r, const void *data, size_t len, struct repl_pos *pos)
 {
     struct repl_batch b;
-    struct apply_ctx a = {.r = r};
+    struct repl_apply_ctx a = {.r = r};
     int rc = repl_batch_walk(data, len, &b, NULL, NULL);
 
     memset(pos, 0, sizeof(*pos));
@@ -89,7 +90,7 @@ int repl_apply_batch(struct repl *r, const void *data, size_t len, struct repl_p
     if (b.prev != r->position) {
         pos->flags = REPL_GAP;
     } else if (b.n) {
-        rc = repl_batch_walk(data, len, NULL, apply_one, &a);
+        rc = repl_batch_walk(data, len, NULL, repl_take_rec, &a);
         /* What was applied is made durable even if a record failed: the
          * position says how far it got. */
         int src = r->ops->sync(r->ctx);
@@ -179,7 +180,7 @@ static int h_position(struct tern_req *req, const void *data, size_t len, void *
  * order (the newer one of a key wins). */
 static int copy_one(void *arg, const struct repl_rec *h, const void *key, const void *val)
 {
-    struct apply_ctx *a = arg;
+    struct repl_apply_ctx *a = arg;
     struct repl *r = a->r;
     int rc = r->ops->apply(r->ctx, h->type, key, h->key_len, val, h->val_len, h->version);
 
@@ -196,7 +197,7 @@ static int copy_one(void *arg, const struct repl_rec *h, const void *key, const 
 static int h_copy(struct tern_req *req, const void *data, size_t len, void *ctx)
 {
     struct repl_host *h = ctx;
-    struct apply_ctx a;
+    struct repl_apply_ctx a;
     struct repl_copy c;
     struct repl *r;
     int rc = repl_copy_walk(data, len, &c, NULL, NULL);
@@ -227,7 +228,7 @@ static int h_copy(struct tern_req *req, const void *data, size_t len, void *ctx)
     case REPL_COPY_CHUNK:
         if (!r->copying || r->copy_ended || r->copy_epoch != c.epoch)
             return TERN_EINVAL;
-        a = (struct apply_ctx){.r = r};
+        a = (struct repl_apply_ctx){.r = r};
         rc = repl_copy_walk(data, len, NULL, copy_one, &a);
         if (a.rc < 0)
             rc = a.rc;

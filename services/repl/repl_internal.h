@@ -128,6 +128,15 @@ void repl_step_down(struct repl *r, int code);
  * did not follow), or an error (TERN_EPROTO, the store's). */
 int repl_apply_batch(struct repl *r, const void *data, size_t len, struct repl_pos *pos);
 
+/* A walker (repl_rec_fn) that writes a shipped record into the store and
+ * the DRAM log and moves the position, unless the replica holds it
+ * already; a store error stops the walk with ctx->rc set. */
+struct repl_apply_ctx {
+    struct repl *r;
+    int rc;
+};
+int repl_take_rec(void *arg, const struct repl_rec *h, const void *key, const void *val);
+
 /* repl_state.c: the state file: the newest epoch seen, and whether a full
  * copy is coming in. Read it (absent: epoch 0, no copy); write it, durably,
  * before anything is answered that depends on it. */

@@ -222,33 +222,6 @@ void repl_ring_close(struct repl *r)
 
 /* ---- taking frames ---- */
 
-struct take_ctx {
-    struct repl *r;
-    int rc;
-};
-
-/* A record of a frame: applied unless the store has it already (a crash
- * after the store's sync and before the head moved). */
-static int take_one(void *arg, const struct repl_rec *h, const void *key, const void *val)
-{
-    struct take_ctx *t = arg;
-    struct repl *r = t->r;
-    int rc;
-
-    if (h->version <= r->position)
-        return 0;
-    rc = r->ops->apply(r->ctx, h->type, key, h->key_len, val, h->val_len, h->version);
-    if (rc < 0) {
-        t->rc = rc;
-        return 1;
-    }
-    if (repl_log_add(&r->log, h->type, h->version, key, h->key_len, val, h->val_len) < 0)
-        repl_log_reset(&r->log, h->version);
-    r->position = h->version;
-    r->st_applied++;
-    return 0;
-}
-
 /* A frame whose batch no honest primary writes: said, and the grant
  * ended (the primary falls back to APPEND, which says what is wrong). */
 static void lying(struct repl *r, const char *why)
@@ -277,7 +250,7 @@ int repl_ring_drain(struct repl *r)
         uint32_t len;
         uint64_t next;
         struct repl_batch b;
-        struct take_ctx t = {.r = r};
+        struct repl_apply_ctx t = {.r = r};
 
         if (repl_frame_next(data, g->size, g->gen, g->head, &batch, &len, &next) != 1)
             break;
@@ -293,7 +266,7 @@ int repl_ring_drain(struct repl *r)
             /* An APPEND still on its way fills the gap: wait for it. */
             if (b.prev > r->position)
                 break;
-            rc = repl_batch_walk(batch, len, NULL, take_one, &t);
+            rc = repl_batch_walk(batch, len, NULL, repl_take_rec, &t);
             if (t.rc < 0 || rc < 0) {
                 rc = t.rc < 0 ? t.rc : rc;
                 break;

@@ -29,6 +29,7 @@ PKGS=(build-essential meson ninja-build pkg-config check libsubunit-dev python3
       libjson-c-dev               # tern status: the node's JSON; etcd's answers
       libcurl4-openssl-dev        # ternd's [cluster]: etcd's v3 JSON gateway
       etcd-server                 # the cluster suite starts etcd processes of its own
+      etcd-client                 # etcdctl: tools/rack and the cluster script ask etcd's health
       scdoc                       # the man pages, built from docs/man/*.scd
       iperf3                      # rpcbench blocksync: the tcp ceiling it compares with
       redis-tools                     # redis-cli/redis-benchmark against the RESP gateway

@@ -95,6 +95,13 @@ static void open_group(void)
     repl_set_view(grp, REPL_BACKUP, 1, "p", NULL, 0);
 }
 
+/* The state and ring files of the last run, whichever way the fuzzer ends. */
+static void remove_files(void)
+{
+    unlink(state_path);
+    unlink(ring_path);
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     struct tern_rpc_config cfg = {.max_msg = MAX_MSG, .credits = 8, .max_calls = 64};
@@ -109,6 +116,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     unlink(state_path);
     snprintf(ring_path, sizeof(ring_path), "%s.ring", state_path);
     unlink(ring_path);
+    atexit(remove_files);
     rc = tern_kv_service_open(&so, &svc);
     FZ_CHECK(rc == 0, "service: %d", rc);
     FZ_CHECK(tern_rpc_open(&cfg, &srv) == 0 && tern_rpc_open(&cfg, &cli) == 0, "endpoints");

@@ -483,7 +483,24 @@ START_TEST(shard_maps_parse_strictly)
         "{\"id\":\"s\",\"epoch\":0,\"primary\":\"\",\"replicas\":[\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\",\"h\"]}",
         "{\"id\":\"s\",\"epoch\":0,\"primary\":\"\",\"replicas\":[\"a\"]} x",
         "[1]",
+        /* members changing: a learner that is a voter too, a learner as
+         * primary, two changes at once, a leaving node that is no voter,
+         * the only voter leaving, learners that are not a list, too many */
+        "{\"id\":\"s\",\"epoch\":0,\"primary\":\"\",\"replicas\":[\"a\"],\"learners\":[\"a\"]}",
+        "{\"id\":\"s\",\"epoch\":1,\"primary\":\"b\",\"replicas\":[\"a\"],\"learners\":[\"b\"]}",
+        "{\"id\":\"s\",\"epoch\":0,\"primary\":\"\",\"replicas\":[\"a\"],\"learners\":[\"b\",\"c\"]}",
+        "{\"id\":\"s\",\"epoch\":0,\"primary\":\"\",\"replicas\":[\"a\",\"b\"],\"learners\":[\"c\"],"
+        "\"leaving\":\"a\"}",
+        "{\"id\":\"s\",\"epoch\":0,\"primary\":\"\",\"replicas\":[\"a\",\"b\"],\"learners\":[\"c\"],"
+        "\"leaving\":\"c\"}",
+        "{\"id\":\"s\",\"epoch\":0,\"primary\":\"\",\"replicas\":[\"a\"],\"leaving\":\"a\"}",
+        "{\"id\":\"s\",\"epoch\":0,\"primary\":\"\",\"replicas\":[\"a\"],\"learners\":\"b\"}",
+        "{\"id\":\"s\",\"epoch\":0,\"primary\":\"\",\"replicas\":[\"a\",\"b\"],\"leaving\":7}",
+        "{\"id\":\"s\",\"epoch\":0,\"primary\":\"\",\"replicas\":[\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\"],"
+        "\"learners\":[\"h\"]}",
     };
+    struct cl_shard_map ch = {.id = "s", .epoch = 2, .primary = "a", .n_replicas = 3,
+                              .replicas = {"a", "b", "c"}, .vote = {CL_VOTER, CL_LEAVING}};
     int n = cl_shard_map_json(&m, json, sizeof(json));
 
     ck_assert_int_gt(n, 0);
@@ -497,8 +514,27 @@ START_TEST(shard_maps_parse_strictly)
         ck_assert_msg(cl_shard_map_parse((const uint8_t *)bad[i], strlen(bad[i]), &back) ==
                           TERN_EPROTO, "taken: %s", bad[i]);
     ck_assert_int_eq(cl_shard_map_json(&m, json, 20), TERN_E2BIG);
+    /* A voter leaving, then a learner: each prints and reads back. */
+    for (int k = 0; k < 2; k++) {
+        n = cl_shard_map_json(&ch, json, sizeof(json));
+        ck_assert_int_gt(n, 0);
+        ck_assert_ptr_nonnull(strstr(json, k ? "\"learners\":[\"c\"]" : "\"leaving\":\"b\""));
+        ck_assert_int_eq(cl_shard_map_parse((const uint8_t *)json, (size_t)n, &back), 0);
+        ck_assert_uint_eq(back.n_replicas, 3);
+        ck_assert_int_eq(memcmp(back.vote, ch.vote, sizeof(ch.vote)), 0);
+        ch.vote[1] = CL_VOTER;
+        ch.vote[2] = CL_LEARNER;
+    }
 }
 END_TEST
+
+static int vote_of(const struct cl_shard_map *m, const char *name)
+{
+    for (unsigned i = 0; i < m->n_replicas; i++)
+        if (!strcmp(m->replicas[i], name))
+            return m->vote[i];
+    return -1;
+}
 
 /* Count the roles of three members of shard s1. */
 static unsigned roles_of(struct cl_member **ms, unsigned n, enum cl_role want, uint64_t *epoch,
@@ -619,6 +655,130 @@ START_TEST(one_primary_per_shard_and_epochs_that_grow)
 }
 END_TEST
 
+/* Adding and removing members (shard.h): one change at a time, learners
+ * and leaving voters never stand, the primary's steps only at its epoch,
+ * and a leaving primary's office goes to another. */
+START_TEST(members_change_one_at_a_time)
+{
+    static const char *const names[4] = {"a", "b", "c", "d"};
+    struct etcd_proc p = {0};
+    struct cl_member *ms[4] = {0};
+    struct cl_etcd *e;
+    struct cl_shard_map map = {.id = "s1", .n_replicas = 3, .replicas = {"a", "b", "c"}}, got;
+    struct cl_shard_role r;
+    uint64_t e1 = 0, e2 = 0;
+    int first, second;
+
+    if (!have_etcd())
+        return;
+    etcd_run(&p);
+    ck_assert_int_eq(cl_etcd_open(p.url, 0, &e), 0);
+    ck_assert_int_eq(cl_shard_define(e, "/s", &map), 0);
+    for (int i = 0; i < 4; i++) {
+        struct cl_member_config cfg = {.endpoints = p.url, .prefix = "/s", .name = names[i],
+                                       .value = "{}", .ttl_s = 2, .shards = {"s1"},
+                                       .n_shards = 1};
+
+        ck_assert_int_eq(cl_member_start(&cfg, &ms[i]), 0);
+    }
+    first = settled(ms, names, 3, 3, &e1, 8000);
+    /* d is no replica: no role */
+    ck_assert_int_eq(cl_member_role(ms[3], "s1", &r), 0);
+    ck_assert_int_eq(r.role, CL_ROLE_NONE);
+
+    /* Operators' errors. */
+    ck_assert_int_eq(cl_shard_change(e, "/s", "s1", CL_OP_ADD, "a", 0, NULL, NULL), TERN_EEXIST);
+    ck_assert_int_eq(cl_shard_change(e, "/s", "s1", CL_OP_REMOVE, "x", 0, NULL, NULL), TERN_ENOENT);
+    ck_assert_int_eq(cl_shard_change(e, "/s", "nope", CL_OP_ADD, "x", 0, NULL, NULL), TERN_ENOENT);
+    ck_assert_int_eq(cl_shard_change(e, "/s", "s1", CL_OP_ADD, "x/y", 0, NULL, NULL), TERN_EINVAL);
+
+    /* d joins as a learner: a backup of the primary, never a candidate
+     * (it stands, and still never takes the office). */
+    ck_assert_int_eq(cl_shard_change(e, "/s", "s1", CL_OP_ADD, "d", 0, NULL, &got), 0);
+    ck_assert_int_eq(vote_of(&got, "d"), CL_LEARNER);
+    ck_assert_int_eq(cl_shard_change(e, "/s", "s1", CL_OP_ADD, "x", 0, NULL, NULL), TERN_EBUSY);
+    ck_assert_int_eq(cl_shard_change(e, "/s", "s1", CL_OP_REMOVE, "b", 0, NULL, NULL), TERN_EBUSY);
+    for (double end = now_ms() + 4000;; usleep(50000)) {
+        ck_assert_int_eq(cl_member_role(ms[3], "s1", &r), 0);
+        if (r.role == CL_ROLE_BACKUP)
+            break;
+        ck_assert_msg(now_ms() < end, "the learner never learned its primary");
+    }
+    ck_assert_str_eq(r.primary, names[first]);
+    ck_assert_uint_eq(r.n_replicas, 4);
+    /* Only the primary at its epoch promotes it. */
+    ck_assert_int_eq(cl_shard_change(e, "/s", "s1", CL_OP_PROMOTE, "d", e1 + 1, names[first], NULL),
+                     TERN_ESTALE);
+    ck_assert_int_eq(cl_shard_change(e, "/s", "s1", CL_OP_PROMOTE, "d", e1,
+                                     names[(first + 1) % 3], NULL), TERN_ESTALE);
+    ck_assert_int_eq(cl_shard_change(e, "/s", "s1", CL_OP_DROP, "d", e1, names[first], NULL),
+                     TERN_ESTALE);
+    ck_assert_int_eq(cl_member_step(ms[first], "s1", e1, CL_STEP_PROMOTE, "d"), 0);
+    for (double end = now_ms() + 4000;; usleep(50000)) {
+        ck_assert_int_eq(cl_shard_get(e, "/s", "s1", &got, NULL), 0);
+        if (vote_of(&got, "d") == CL_VOTER)
+            break;
+        ck_assert_msg(now_ms() < end, "the primary's step was never made");
+    }
+    ck_assert_uint_eq(got.epoch, e1);
+
+    /* The primary leaves: it keeps its office (no candidate, but the
+     * holder) until it resigns; then another voter takes it, never it. */
+    ck_assert_int_eq(cl_shard_change(e, "/s", "s1", CL_OP_REMOVE, names[first], 0, NULL, &got),
+                     0);
+    ck_assert_int_eq(vote_of(&got, names[first]), CL_LEAVING);
+    usleep(1500000);
+    ck_assert_int_eq(cl_member_role(ms[first], "s1", &r), 0);
+    ck_assert_int_eq(r.role, CL_ROLE_PRIMARY);
+    ck_assert_uint_eq(r.epoch, e1);
+    ck_assert_int_eq(cl_member_step(ms[first], "s1", e1, CL_STEP_RESIGN, NULL), 0);
+    for (double end = now_ms() + 8000;; usleep(50000)) {
+        second = settled(ms, names, 4, 4, &e2, 8000);
+        if (e2 > e1)
+            break;
+        ck_assert_msg(now_ms() < end, "nobody took the office the primary gave up");
+    }
+    ck_assert_int_ne(second, first);
+    ck_assert_uint_gt(e2, e1);
+    /* The new primary drops it; a step of the old epoch is refused. */
+    ck_assert_int_eq(cl_shard_change(e, "/s", "s1", CL_OP_DROP, names[first], e1, names[first],
+                                     NULL), TERN_ESTALE);
+    ck_assert_int_eq(cl_member_step(ms[second], "s1", e2, CL_STEP_DROP, names[first]), 0);
+    for (double end = now_ms() + 4000;; usleep(50000)) {
+        ck_assert_int_eq(cl_shard_get(e, "/s", "s1", &got, NULL), 0);
+        if (vote_of(&got, names[first]) < 0)
+            break;
+        ck_assert_msg(now_ms() < end, "the leaving voter was never dropped");
+    }
+    ck_assert_uint_eq(got.n_replicas, 3);
+    for (double end = now_ms() + 4000;; usleep(50000)) {
+        ck_assert_int_eq(cl_member_role(ms[first], "s1", &r), 0);
+        if (r.role == CL_ROLE_NONE)
+            break;
+        ck_assert_msg(now_ms() < end, "the removed node still has a role");
+    }
+
+    /* A removal called off; a learner removed at once. */
+    ck_assert_int_eq(cl_shard_change(e, "/s", "s1", CL_OP_REMOVE, "d", 0, NULL, &got), 0);
+    ck_assert_int_eq(vote_of(&got, "d"), CL_LEAVING);
+    ck_assert_int_eq(cl_shard_change(e, "/s", "s1", CL_OP_REMOVE, "d", 0, NULL, NULL), 0);
+    ck_assert_int_eq(cl_shard_change(e, "/s", "s1", CL_OP_ADD, "d", 0, NULL, &got), 0);
+    ck_assert_int_eq(vote_of(&got, "d"), CL_VOTER);
+    ck_assert_int_eq(cl_shard_change(e, "/s", "s1", CL_OP_ADD, names[first], 0, NULL, &got), 0);
+    ck_assert_int_eq(cl_shard_change(e, "/s", "s1", CL_OP_REMOVE, names[first], 0, NULL, &got), 0);
+    ck_assert_int_eq(vote_of(&got, names[first]), -1);
+
+    /* The only voter never leaves. */
+    map = (struct cl_shard_map){.id = "one", .n_replicas = 1, .replicas = {"a"}};
+    ck_assert_int_eq(cl_shard_define(e, "/s", &map), 0);
+    ck_assert_int_eq(cl_shard_change(e, "/s", "one", CL_OP_REMOVE, "a", 0, NULL, NULL), TERN_EINVAL);
+    for (int i = 0; i < 4; i++)
+        cl_member_stop(ms[i]);
+    cl_etcd_close(e);
+    etcd_stop(&p);
+}
+END_TEST
+
 Suite *suite_cluster(void)
 {
     Suite *s = suite_create("cluster");
@@ -635,6 +795,7 @@ Suite *suite_cluster(void)
     tcase_add_test(tc, bad_member_configurations);
     tcase_add_test(tc, shard_maps_parse_strictly);
     tcase_add_test(tc, one_primary_per_shard_and_epochs_that_grow);
+    tcase_add_test(tc, members_change_one_at_a_time);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -245,7 +245,9 @@ struct view {
     char primary[16];
     unsigned cut;               /* bit i: this node cannot reach node i */
     bool doubt;                 /* the lease is in doubt (etcd away) */
+    uint8_t vote[NODES];        /* enum repl_vote of each node; NOT_IN: out of the map */
 };
+#define NOT_IN 0xff
 
 struct node {
     char name[16];
@@ -262,6 +264,8 @@ struct node {
     bool view_pending;
     struct view v;
     struct repl_status st;      /* the thread's last look, under mu */
+    enum repl_step step;        /* and the members' step it found due */
+    char step_name[64];
 };
 
 static struct node nodes[NODES];
@@ -290,15 +294,19 @@ static void *node_loop(void *arg)
         pthread_mutex_lock(&n->mu);
         if (n->view_pending) {
             struct repl_peer peers[NODES];
+            unsigned k = 0;
 
             for (unsigned i = 0; i < NODES; i++) {
-                snprintf(peers[i].name, sizeof(peers[i].name), "%.15s", nodes[i].name);
+                if (n->v.vote[i] == NOT_IN)
+                    continue;
+                snprintf(peers[k].name, sizeof(peers[k].name), "%.15s", nodes[i].name);
                 if ((n->v.cut >> i) & 1)
-                    snprintf(peers[i].uri, sizeof(peers[i].uri), "tcp://127.0.0.1:1");
+                    snprintf(peers[k].uri, sizeof(peers[k].uri), "tcp://127.0.0.1:1");
                 else
-                    peer_uri(i, peers[i].uri, sizeof(peers[i].uri));
+                    peer_uri(i, peers[k].uri, sizeof(peers[k].uri));
+                peers[k++].vote = n->v.vote[i];
             }
-            repl_set_view(n->r, n->v.role, n->v.epoch, n->v.primary, peers, NODES);
+            repl_set_view(n->r, n->v.role, n->v.epoch, n->v.primary, peers, k);
             repl_set_lease(n->r, !n->v.doubt);
             n->view_pending = false;
         }
@@ -306,6 +314,7 @@ static void *node_loop(void *arg)
         repl_tick(n->r);
         pthread_mutex_lock(&n->mu);
         repl_status(n->r, &n->st);
+        n->step = repl_members_step(n->r, n->step_name);
         pthread_mutex_unlock(&n->mu);
     }
     return NULL;
@@ -391,6 +400,37 @@ static bool set_doubt(unsigned i, bool doubt)
     pthread_mutex_unlock(&n->mu);
     for (int t = 0; t < 2000; t += 5) {
         if (status_of(i).lease_doubt == doubt)
+            return true;
+        usleep(5000);
+    }
+    return false;
+}
+
+/* What every node's map says each one counts for (NOT_IN: out of it). */
+static void set_votes(uint8_t v0, uint8_t v1, uint8_t v2)
+{
+    for (unsigned i = 0; i < NODES; i++) {
+        struct node *n = &nodes[i];
+
+        pthread_mutex_lock(&n->mu);
+        n->v.vote[0] = v0;
+        n->v.vote[1] = v1;
+        n->v.vote[2] = v2;
+        n->view_pending = true;
+        pthread_mutex_unlock(&n->mu);
+    }
+}
+
+/* Until node i finds `step` due (on `name`, if not NULL). */
+static bool wait_step(unsigned i, enum repl_step step, const char *name, int ms)
+{
+    for (int t = 0; t < ms; t += 5) {
+        bool ok;
+
+        pthread_mutex_lock(&nodes[i].mu);
+        ok = nodes[i].step == step && (!name || !strcmp(nodes[i].step_name, name));
+        pthread_mutex_unlock(&nodes[i].mu);
+        if (ok)
             return true;
         usleep(5000);
     }
@@ -1038,6 +1078,120 @@ START_TEST(shm_ships_one_sided)
 }
 END_TEST
 
+/* A learner takes the stream but is no majority; once it holds every
+ * acknowledged write the primary counts it in and finds it due to be a
+ * voter, and as one it is a majority with the primary. */
+START_TEST(a_learner_counts_once_promoted)
+{
+    struct tern_session *s;
+    struct repl_status st;
+    uint64_t ver = 0;
+    char key[32];
+
+    /* n2 joins as a learner, down at first: nothing to count in. */
+    node_kill(2);
+    set_votes(REPL_VOTER, REPL_VOTER, REPL_LEARNER);
+    elect(0, 1);
+    ck_assert(wait_state(0, "primary", 5000));
+    s = connect_to(0);
+    for (int i = 0; i < 50; i++) {
+        snprintf(key, sizeof(key), "l%d", i);
+        ck_assert_int_eq(kv_put(s, key, "v", 0, 2000000000u, &ver), 0);
+    }
+    ck_assert(!wait_step(0, REPL_STEP_PROMOTE, NULL, 300));
+    /* Up, it catches up; holding every acknowledged write, it is counted
+     * in and due to be a voter. */
+    node_start(2);
+    set_view(2, REPL_BACKUP, 1, 0);
+    set_votes(REPL_VOTER, REPL_VOTER, REPL_LEARNER);
+    ck_assert(wait_position(2, ver, 5000));
+    ck_assert(wait_step(0, REPL_STEP_PROMOTE, "n2", 5000));
+    st = status_of(0);
+    ck_assert_str_eq(st.replicas[1].name, "n2");
+    ck_assert_str_eq(st.replicas[1].vote, "joining");
+    /* Until the map makes it a voter a write needs a majority of the
+     * voters as they were (n0, n1) as well: with n1 down, none, though
+     * n0 and n2 hold it. */
+    node_kill(1);
+    ck_assert_int_eq(kv_put(s, "lone", "v", 0, 400000000u, &ver), TERN_ETIMEDOUT);
+    ck_assert(wait_position(2, ver, 5000));
+    /* A voter: n0 and n2 are a majority of three. */
+    set_votes(REPL_VOTER, REPL_VOTER, REPL_VOTER);
+    ck_assert(wait_step(0, REPL_STEP_NONE, NULL, 2000));
+    ck_assert_int_eq(kv_put(s, "pair", "v", 0, 2000000000u, &ver), 0);
+    ck_assert_str_eq(status_of(0).replicas[1].vote, "voter");
+    tern_rpc_disconnect(s);
+}
+END_TEST
+
+/* A backup leaving still counts, and no longer suffices: a write needs a
+ * majority with it and one without it. Once a majority without it holds
+ * every acknowledged write, the primary finds it due to be dropped. */
+START_TEST(a_leaving_backup_is_dropped_when_safe)
+{
+    struct tern_session *s;
+    uint64_t ver = 0;
+
+    elect(0, 1);
+    ck_assert(wait_state(0, "primary", 5000));
+    s = connect_to(0);
+    node_kill(1);
+    /* With n1 down, n0 and n2 are a majority of three... */
+    ck_assert_int_eq(kv_put(s, "before", "v", 0, 2000000000u, &ver), 0);
+    ck_assert(!wait_step(0, REPL_STEP_DROP, NULL, 200));
+    /* ...but n2 leaving, a majority of (n0, n1) is needed too. */
+    set_votes(REPL_VOTER, REPL_VOTER, REPL_LEAVING);
+    ck_assert(wait_step(0, REPL_STEP_NONE, NULL, 2000));
+    ck_assert_int_eq(kv_put(s, "joint", "v", 0, 400000000u, &ver), TERN_ETIMEDOUT);
+    ck_assert(!wait_step(0, REPL_STEP_DROP, NULL, 300));
+    node_start(1);
+    set_view(1, REPL_BACKUP, 1, 0);
+    ck_assert(wait_position(1, ver, 5000));
+    ck_assert(wait_step(0, REPL_STEP_DROP, "n2", 5000));
+    /* Dropped: two voters, both needed. */
+    set_view(2, REPL_NONE, 1, 0);
+    set_votes(REPL_VOTER, REPL_VOTER, NOT_IN);
+    ck_assert(wait_step(0, REPL_STEP_NONE, NULL, 2000));
+    ck_assert_int_eq(kv_put(s, "two", "v", 0, 2000000000u, &ver), 0);
+    ck_assert_uint_eq(status_of(0).n, 1);
+    tern_rpc_disconnect(s);
+}
+END_TEST
+
+/* A leaving primary takes no more writes and resigns once a voter that
+ * stays holds all it wrote; the next primary takes over (the leaving node
+ * is heard as a voter) and drops it. */
+START_TEST(a_leaving_primary_hands_over)
+{
+    struct tern_session *s;
+    uint64_t ver = 0;
+    char key[32], got[64];
+
+    elect(0, 1);
+    ck_assert(wait_state(0, "primary", 5000));
+    s = connect_to(0);
+    for (int i = 0; i < 100; i++) {
+        snprintf(key, sizeof(key), "h%d", i);
+        ck_assert_int_eq(kv_put(s, key, "before", 0, 2000000000u, &ver), 0);
+    }
+    set_votes(REPL_LEAVING, REPL_VOTER, REPL_VOTER);
+    ck_assert(wait_step(0, REPL_STEP_RESIGN, NULL, 5000));
+    ck_assert(status_of(0).handing_over);
+    ck_assert_int_eq(kv_put(s, "late", "v", 0, 2000000000u, NULL), TERN_ENOTPRIMARY);
+    tern_rpc_disconnect(s);
+    /* The office goes to n1 at epoch 2; n0 still in the map, leaving. */
+    elect(1, 2);
+    ck_assert(wait_state(1, "primary", 5000));
+    ck_assert(wait_step(1, REPL_STEP_DROP, "n0", 5000));
+    s = connect_to(1);
+    ck_assert_int_eq(kv_get(s, "h99", got, sizeof(got), 2000000000u), 0);
+    ck_assert_str_eq(got, "before");
+    ck_assert_int_eq(put_retrying(s, "after", "v", &ver), 0);
+    ck_assert_uint_eq(repl_epoch_of(ver), 2);
+    tern_rpc_disconnect(s);
+}
+END_TEST
+
 Suite *suite_repl(void)
 {
     Suite *s = suite_create("repl");
@@ -1062,6 +1216,9 @@ Suite *suite_repl(void)
     tcase_add_test(group, far_behind_backup_gets_a_full_copy);
     tcase_add_test(group, parted_replica_is_copied_over);
     tcase_add_test(group, ring_frames_outlive_the_backup);
+    tcase_add_test(group, a_learner_counts_once_promoted);
+    tcase_add_test(group, a_leaving_backup_is_dropped_when_safe);
+    tcase_add_test(group, a_leaving_primary_hands_over);
     suite_add_tcase(s, group);
     /* The same over shm, where records go by direct stores. */
     tcase_add_checked_fixture(shm, repl_setup_shm, repl_teardown);
@@ -1072,6 +1229,8 @@ Suite *suite_repl(void)
     tcase_add_test(shm, new_primary_takes_the_newest_log);
     tcase_add_test(shm, deposed_primary_is_fenced);
     tcase_add_test(shm, far_behind_backup_gets_a_full_copy);
+    tcase_add_test(shm, a_learner_counts_once_promoted);
+    tcase_add_test(shm, a_leaving_primary_hands_over);
     suite_add_tcase(s, shm);
     return s;
 }

@@ -14,6 +14,11 @@ struct cl_member {
     char *key;
     struct cl_shard_role roles[CL_SHARDS_MAX];  /* under lock */
     bool standing_back[CL_SHARDS_MAX];          /* under lock: not a candidate */
+    struct step {
+        enum cl_step step;
+        uint64_t epoch;
+        char name[CL_NAME_MAX];
+    } want[CL_SHARDS_MAX], made[CL_SHARDS_MAX];  /* under lock (cl_member_step) */
     uint64_t valid_until;       /* mono ns: the lease surely alive till then */
     pthread_t thread;
     pthread_mutex_t lock;       /* guards state and stop */
@@ -176,6 +181,7 @@ static void campaign(struct cl_member *m, struct cl_etcd *e, int64_t lease)
                      m->cfg.shards[i], (unsigned long long)map.epoch);
         m->roles[i].role = role;
         m->roles[i].epoch = map.epoch;
+        memcpy(m->roles[i].vote, map.vote, sizeof(map.vote));
         snprintf(m->roles[i].primary, sizeof(m->roles[i].primary), "%s", map.primary);
         if (m->roles[i].n_replicas != map.n_replicas ||
             memcmp(m->roles[i].replicas, map.replicas, sizeof(map.replicas))) {
@@ -190,6 +196,48 @@ static void campaign(struct cl_member *m, struct cl_etcd *e, int64_t lease)
     if (m->cfg.n_shards && cl_members(e, m->cfg.prefix, learn_addr, m) < 0 &&
         tern_log_allow(&m->said))
         tern_log(TERN_LOG_WARN, "cluster", "reading the nodes: %s", cl_etcd_error(e));
+}
+
+/* The steps this node's groups asked for as primaries (cl_member_step). */
+static void take_steps(struct cl_member *m, struct cl_etcd *e, int64_t lease)
+{
+    static const enum cl_shard_op ops[] = {[CL_STEP_PROMOTE] = CL_OP_PROMOTE,
+                                           [CL_STEP_DROP] = CL_OP_DROP};
+
+    for (unsigned i = 0; i < m->cfg.n_shards; i++) {
+        struct step s;
+        int rc;
+
+        pthread_mutex_lock(&m->lock);
+        s = m->want[i];
+        pthread_mutex_unlock(&m->lock);
+        if (s.step == CL_STEP_NONE)
+            continue;
+        if (s.step == CL_STEP_RESIGN)
+            rc = cl_shard_resign(e, m->cfg.prefix, m->cfg.shards[i], lease);
+        else
+            rc = cl_shard_change(e, m->cfg.prefix, m->cfg.shards[i], ops[s.step], s.name,
+                                 s.epoch, m->cfg.name, NULL);
+        if (rc == 0)
+            tern_log(TERN_LOG_INFO, "cluster", "shard %s: %s%s%s at epoch %llu",
+                     m->cfg.shards[i], s.step == CL_STEP_RESIGN ? "resigned the office"
+                     : s.step == CL_STEP_PROMOTE ? "made a voter of " : "removed ",
+                     s.step == CL_STEP_RESIGN ? "" : s.name,
+                     s.step == CL_STEP_DROP ? " from the map" : "",
+                     (unsigned long long)s.epoch);
+        else if (rc != TERN_ESTALE && tern_log_allow(&m->said))
+            tern_log(TERN_LOG_WARN, "cluster", "shard %s: a step on its members: %s: %s",
+                     m->cfg.shards[i], tern_strerror(rc), cl_etcd_error(e));
+        /* Made, or no longer due (the map moved on): done. Otherwise (etcd
+         * away) the next step tries again. */
+        pthread_mutex_lock(&m->lock);
+        if (rc == 0 || rc == TERN_ESTALE) {
+            if (!memcmp(&m->want[i], &s, sizeof(s)))
+                m->want[i].step = CL_STEP_NONE;
+            m->made[i] = s;
+        }
+        pthread_mutex_unlock(&m->lock);
+    }
 }
 
 static void *run(void *arg)
@@ -217,6 +265,7 @@ static void *run(void *arg)
                 renewed = sent;
                 renewed_at(m, sent);
                 set_state(m, true, lease, true, false, "");
+                take_steps(m, e, lease);
                 campaign(m, e, lease);
             } else {
                 set_state(m, false, 0, false, false, why);
@@ -230,6 +279,7 @@ static void *run(void *arg)
             renewed = sent;
             renewed_at(m, sent);
             set_state(m, true, lease, false, false, "");
+            take_steps(m, e, lease);
             campaign(m, e, lease);
             continue;
         }
@@ -274,6 +324,30 @@ int cl_member_set_candidate(struct cl_member *m, const char *id, bool candidate)
             pthread_mutex_unlock(&m->lock);
             return 0;
         }
+    return TERN_ENOENT;
+}
+
+int cl_member_step(struct cl_member *m, const char *id, uint64_t epoch, enum cl_step step,
+                   const char *name)
+{
+    struct step s;
+
+    memset(&s, 0, sizeof(s));       /* compared whole, padding included */
+    s.step = step;
+    s.epoch = epoch;
+    for (unsigned i = 0; i < m->cfg.n_shards; i++) {
+        if (strcmp(m->cfg.shards[i], id) != 0)
+            continue;
+        snprintf(s.name, sizeof(s.name), "%s", name ? name : "");
+        pthread_mutex_lock(&m->lock);
+        if (step != CL_STEP_NONE && memcmp(&m->want[i], &s, sizeof(s)) != 0 &&
+            memcmp(&m->made[i], &s, sizeof(s)) != 0) {
+            m->want[i] = s;
+            pthread_cond_signal(&m->wake);
+        }
+        pthread_mutex_unlock(&m->lock);
+        return 0;
+    }
     return TERN_ENOENT;
 }
 

@@ -43,6 +43,7 @@ struct cl_shard_role {
     char primary[CL_NAME_MAX];
     unsigned n_replicas;
     char replicas[CL_REPLICAS_MAX][CL_NAME_MAX];
+    uint8_t vote[CL_REPLICAS_MAX];                /* enum cl_vote */
     char addrs[CL_REPLICAS_MAX][CL_ADDR_MAX];
     char mongo[CL_REPLICAS_MAX][CL_ADDR_MAX];   /* its MongoDB gateway, or "" */
     /* The lease was renewed less than three quarters of it ago, by this
@@ -82,6 +83,18 @@ int cl_member_role(struct cl_member *m, const char *id, struct cl_shard_role *ou
  * shard not in the configuration. Any thread; the next campaign step
  * takes it. */
 int cl_member_set_candidate(struct cl_member *m, const char *id, bool candidate);
+
+/* A primary's step on its shard's members (shard.h), as its replication
+ * group finds it due: PROMOTE the learner `name` (it holds every
+ * acknowledged write), DROP the leaving voter `name` (a majority without
+ * it holds them), or RESIGN (this primary is leaving and a voter holds all
+ * it wrote; `name` unused). Taken at `epoch` only: the thread makes it at
+ * its next step, woken now, and the next campaign brings the new map.
+ * Repeating a step asked for or made is free. TERN_ENOENT for a shard not
+ * in the configuration. Any thread. */
+enum cl_step { CL_STEP_NONE = 0, CL_STEP_PROMOTE, CL_STEP_DROP, CL_STEP_RESIGN };
+int cl_member_step(struct cl_member *m, const char *id, uint64_t epoch, enum cl_step step,
+                   const char *name);
 
 /* Stop the thread and revoke the lease (the key goes with it; if etcd is
  * away, it goes when the lease runs out). */

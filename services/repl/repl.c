@@ -90,54 +90,106 @@ static void sort_desc(uint64_t *v, unsigned n)
     }
 }
 
-/* Every replica's position (this one's included), highest first: the
- * k-th is the highest version that k replicas hold. */
-static unsigned positions(const struct repl *r, uint64_t *pos)
-{
-    unsigned n = 0;
+/* Who votes. The map's voters are the old configuration; while a member
+ * changes, the new one is what it will be once the map is changed: the
+ * leaving voter out, the learner being promoted in. */
+enum { CFG_OLD, CFG_NEW };
 
-    pos[n++] = r->position;
+static bool changing(const struct repl *r)
+{
+    if (r->promoting[0] || r->vote == REPL_LEAVING)
+        return true;
     for (unsigned i = 0; i < r->n_peers; i++)
-        pos[n++] = r->peers[i].answered ? r->peers[i].position : 0;
-    sort_desc(pos, n);
-    return n;
+        if (r->peers[i].vote == REPL_LEAVING)
+            return true;
+    return false;
 }
 
-static unsigned majority(const struct repl *r)
+/* Whether replica p (NULL: this node) votes in configuration cfg. */
+static bool votes(const struct repl *r, const struct replica *p, int cfg)
 {
-    return (r->n_peers + 1) / 2 + 1;
+    uint8_t v = p ? p->vote : r->vote;
+
+    if (v == REPL_VOTER)
+        return true;
+    if (v == REPL_LEAVING)
+        return cfg == CFG_OLD;
+    return cfg == CFG_NEW && p && r->promoting[0] && !strcmp(p->name, r->promoting);
+}
+
+/* The highest version (times: the latest acknowledgment time, this node's
+ * being now) that a majority of configuration cfg holds. */
+static uint64_t held_by_majority_of(const struct repl *r, int cfg, bool times)
+{
+    uint64_t v[REPL_PEERS_MAX + 1];
+    unsigned n = 0;
+
+    if (votes(r, NULL, cfg))
+        v[n++] = times ? tern_now_ns() : r->position;
+    for (unsigned i = 0; i < r->n_peers; i++) {
+        const struct replica *p = &r->peers[i];
+
+        if (votes(r, p, cfg))
+            v[n++] = times ? p->confirmed_at : p->answered ? p->position : 0;
+    }
+    if (!n)
+        return 0;
+    sort_desc(v, n);
+    return v[n / 2];
+}
+
+/* A majority of the voters, and while a member changes a majority of the
+ * voters to come as well (repl_vote). */
+static uint64_t held_by_majority(const struct repl *r, bool times)
+{
+    uint64_t v = held_by_majority_of(r, CFG_OLD, times);
+
+    if (changing(r)) {
+        uint64_t w = held_by_majority_of(r, CFG_NEW, times);
+
+        if (w < v)
+            v = w;
+    }
+    return v;
+}
+
+/* The highest version every voter (of either configuration) holds. */
+static uint64_t held_by_all(const struct repl *r)
+{
+    uint64_t v = r->position;
+
+    for (unsigned i = 0; i < r->n_peers; i++) {
+        const struct replica *p = &r->peers[i];
+        uint64_t at = p->answered ? p->position : 0;
+
+        if ((votes(r, p, CFG_OLD) || votes(r, p, CFG_NEW)) && at < v)
+            v = at;
+    }
+    return v;
 }
 
 /* The latest time as of which a majority (this node, now, included)
  * acknowledged this primary's epoch and held every record it had logged. */
 static uint64_t confirmed_by_majority(const struct repl *r)
 {
-    uint64_t t[REPL_PEERS_MAX + 1];
-    unsigned n = 0;
-
-    t[n++] = tern_now_ns();
-    for (unsigned i = 0; i < r->n_peers; i++)
-        t[n++] = r->peers[i].confirmed_at;
-    sort_desc(t, n);
-    return t[majority(r) - 1];
+    return held_by_majority(r, true);
 }
 
 void repl_advance(struct repl *r)
 {
-    uint64_t pos[REPL_PEERS_MAX + 1];
-    unsigned n;
+    uint64_t held;
 
     if (r->st != S_PRIMARY)
         return;
     r->advanced = r->position;
-    n = positions(r, pos);
     /* Once on a majority, always committed: a replica gone since does not
      * take it back. */
-    if (pos[majority(r) - 1] > r->committed)
-        r->committed = pos[majority(r) - 1];
+    held = held_by_majority(r, false);
+    if (held > r->committed)
+        r->committed = held;
     tern_rpc_gate_pass(r->gate[REPL_W_ONE], r->position);
     tern_rpc_gate_pass(r->gate[REPL_W_MAJORITY], r->committed);
-    tern_rpc_gate_pass(r->gate[REPL_W_ALL], pos[n - 1]);
+    tern_rpc_gate_pass(r->gate[REPL_W_ALL], held_by_all(r));
     if (tern_rpc_gate_waiting(r->gate[REPL_GATE_CONFIRM], NULL))
         tern_rpc_gate_pass(r->gate[REPL_GATE_CONFIRM], confirmed_by_majority(r));
     if (r->ext_confirm && confirmed_by_majority(r) >= r->ext_confirm)
@@ -428,26 +480,25 @@ static void fetch_from(struct repl *r, struct replica *p)
     r->fetching = true;
 }
 
-/* How far the new primary must get before it serves. Of the replicas it
+/* How far the new primary must get before it serves. Of the voters it
  * heard from (H, itself included) at least |H| + m - n hold any write
- * acknowledged on a majority (m of n), so the (|H| + m - n)-th highest
+ * acknowledged on a majority (m of the n voters; while a member changes,
+ * writes are on a majority of these and of the voters to come, repl_vote), so the (|H| + m - n)-th highest
  * position among them covers every such write; anything past it was held
  * by too few to have been acknowledged. (With three replicas all heard
  * from, that is the second highest: the old primary back from a crash may
  * be ahead with records nobody else has, and need not be waited for.) */
-static uint64_t takeover_target(const struct repl *r, unsigned *heard)
+static uint64_t takeover_target(const struct repl *r, unsigned voters, unsigned heard)
 {
     uint64_t pos[REPL_PEERS_MAX + 1];
-    unsigned n = 0, k;
+    unsigned n = 0;
 
     pos[n++] = r->position;
     for (unsigned i = 0; i < r->n_peers; i++)
-        if (r->peers[i].answered)
+        if (r->peers[i].answered && votes(r, &r->peers[i], CFG_OLD))
             pos[n++] = r->peers[i].position;
-    *heard = n;
-    k = n + majority(r) - (r->n_peers + 1);
     sort_desc(pos, n);
-    return pos[k - 1];
+    return pos[heard + voters / 2 + 1 - voters - 1];
 }
 
 /* A majority (this node included) answered POSITION at our epoch, so no
@@ -455,14 +506,17 @@ static uint64_t takeover_target(const struct repl *r, unsigned *heard)
  * of the acknowledged writes, then serve. */
 static void take_over(struct repl *r)
 {
-    unsigned heard = 1;
+    unsigned heard = 1, voters = 1;
     uint64_t target;
 
     for (unsigned i = 0; i < r->n_peers; i++)
-        heard += r->peers[i].answered;
-    if (heard < majority(r) || r->fetching)
+        if (votes(r, &r->peers[i], CFG_OLD)) {
+            voters++;
+            heard += r->peers[i].answered;
+        }
+    if (heard < voters / 2 + 1 || r->fetching)
         return;
-    target = takeover_target(r, &heard);
+    target = takeover_target(r, voters, heard);
     if (r->position < target) {
         struct replica *from = NULL;
 
@@ -493,9 +547,9 @@ static void take_over(struct repl *r)
     r->need_copy = false;
     r->ops->raise(r->ctx, repl_epoch_base(r->epoch));
     r->st = S_PRIMARY;
-    tern_log(TERN_LOG_INFO, "repl", "%s: primary at epoch %llu from %llx (%u of %u replicas "
+    tern_log(TERN_LOG_INFO, "repl", "%s: primary at epoch %llu from %llx (%u of %u voters "
              "heard)", r->shard, (unsigned long long)r->epoch,
-             (unsigned long long)r->position, heard, r->n_peers + 1);
+             (unsigned long long)r->position, heard, voters);
     for (unsigned i = 0; i < r->n_peers; i++) {
         struct replica *p = &r->peers[i];
 
@@ -504,6 +558,77 @@ static void take_over(struct repl *r)
                            ? R_STREAM : R_NEED_COPY;
     }
     repl_advance(r);
+}
+
+/* ---- members changing (repl_vote) ---- */
+
+static struct replica *peer_named(struct repl *r, const char *name)
+{
+    for (unsigned i = 0; i < r->n_peers; i++)
+        if (!strcmp(r->peers[i].name, name))
+            return &r->peers[i];
+    return NULL;
+}
+
+/* A learner that streams and holds every acknowledged write is counted in
+ * from now on (writes need it in a majority too), before the map makes it
+ * a voter: a successor that reads the map as changed hears from a
+ * majority that includes it or one that holds what it holds. One change
+ * at a time. */
+static void count_in_learner(struct repl *r)
+{
+    if (r->st != S_PRIMARY || changing(r))
+        return;
+    for (unsigned i = 0; i < r->n_peers; i++) {
+        struct replica *p = &r->peers[i];
+
+        if (p->vote == REPL_LEARNER && p->state == R_STREAM && p->answered &&
+            p->position >= r->committed) {
+            snprintf(r->promoting, sizeof(r->promoting), "%s", p->name);
+            tern_log(TERN_LOG_INFO, "repl", "%s: %s holds every acknowledged write (%llx): "
+                     "counted in, to be made a voter", r->shard, p->name,
+                     (unsigned long long)p->position);
+            return;
+        }
+    }
+}
+
+/* This primary is leaving: a voter that stays, streaming, holds all it
+ * wrote. */
+static const struct replica *successor(const struct repl *r)
+{
+    for (unsigned i = 0; i < r->n_peers; i++) {
+        const struct replica *p = &r->peers[i];
+
+        if (votes(r, p, CFG_NEW) && p->state == R_STREAM && p->answered &&
+            p->position >= r->position)
+            return p;
+    }
+    return NULL;
+}
+
+enum repl_step repl_members_step(const struct repl *r, char name[64])
+{
+    name[0] = 0;
+    if (r->st != S_PRIMARY)
+        return REPL_STEP_NONE;
+    if (r->vote == REPL_LEAVING)
+        return successor(r) ? REPL_STEP_RESIGN : REPL_STEP_NONE;
+    for (unsigned i = 0; i < r->n_peers; i++) {
+        const struct replica *p = &r->peers[i];
+
+        if (p->vote == REPL_LEARNER && r->promoting[0] && !strcmp(p->name, r->promoting)) {
+            snprintf(name, 64, "%s", p->name);
+            return REPL_STEP_PROMOTE;
+        }
+        /* Every acknowledged write is on a majority without it: writes
+         * since it was marked need one anyway, older ones may not be. */
+        if (p->vote == REPL_LEAVING && held_by_majority_of(r, CFG_NEW, false) >= r->committed) {
+            snprintf(name, 64, "%s", p->name);
+            return REPL_STEP_DROP;
+        }
+    }
+    return REPL_STEP_NONE;
 }
 
 /* One pass: what the group owes, on the endpoint's thread. */
@@ -535,10 +660,13 @@ static void tick(struct repl *r)
         else if (r->st == S_PRIMARY)
             ship(r, p);
     }
-    if (r->st == S_TAKEOVER)
+    if (r->st == S_TAKEOVER) {
         take_over(r);
-    else if (r->position != r->advanced || r->ext_confirm ||
-             tern_rpc_gate_waiting(r->gate[REPL_GATE_CONFIRM], NULL))
+        return;
+    }
+    count_in_learner(r);
+    if (r->position != r->advanced || r->ext_confirm ||
+        tern_rpc_gate_waiting(r->gate[REPL_GATE_CONFIRM], NULL))
         repl_advance(r);    /* its own writes (a shard of one commits on its own),
                              * and confirmations, which time moves */
 }
@@ -568,7 +696,7 @@ void repl_step_down(struct repl *r, int code)
 void repl_set_view(struct repl *r, enum repl_role role, uint64_t epoch, const char *primary,
                    const struct repl_peer *replicas, unsigned n)
 {
-    bool same = role == r->role && epoch == r->epoch;
+    bool same = role == r->role && epoch == r->epoch, moved = false;
     unsigned k = 0;
 
     snprintf(r->primary, sizeof(r->primary), "%s", primary ? primary : "");
@@ -577,8 +705,11 @@ void repl_set_view(struct repl *r, enum repl_role role, uint64_t epoch, const ch
     for (unsigned i = 0; i < n && k < REPL_PEERS_MAX; i++) {
         struct replica *p;
 
-        if (!strcmp(replicas[i].name, r->me))
+        if (!strcmp(replicas[i].name, r->me)) {
+            moved |= r->vote != replicas[i].vote;
+            r->vote = replicas[i].vote;
             continue;
+        }
         p = &r->peers[k++];
         if (strcmp(p->name, replicas[i].name) || strcmp(p->uri, replicas[i].uri)) {
             drop_session(p, 0);
@@ -586,13 +717,25 @@ void repl_set_view(struct repl *r, enum repl_role role, uint64_t epoch, const ch
             snprintf(p->uri, sizeof(p->uri), "%s", replicas[i].uri);
             p->position = p->sent = 0;
             p->r = r;
+            moved = true;
         }
+        moved |= p->vote != replicas[i].vote;
+        p->vote = replicas[i].vote;
     }
     for (unsigned i = k; i < r->n_peers; i++) {
         drop_session(&r->peers[i], 0);
         r->peers[i].name[0] = 0;
+        moved = true;
     }
     r->n_peers = k;
+    if (moved && r->promoting[0]) {
+        struct replica *p = peer_named(r, r->promoting);
+
+        if (!p || p->vote != REPL_LEARNER)
+            r->promoting[0] = 0;        /* a voter now, or gone */
+    }
+    if (moved && same)
+        repl_advance(r);    /* the majorities changed */
     if (same)
         return;
     if (r->st == S_PRIMARY || r->st == S_TAKEOVER)
@@ -600,6 +743,7 @@ void repl_set_view(struct repl *r, enum repl_role role, uint64_t epoch, const ch
     r->role = role;
     r->epoch = epoch;
     r->need_copy = false;
+    r->promoting[0] = 0;    /* a new term counts in afresh */
     if (role == REPL_PRIMARY) {
         if (epoch < r->seen || epoch > REPL_EPOCH_MAX) {
             tern_log(TERN_LOG_ERROR, "repl", "%s: elected at epoch %llu, but epoch %llu was "
@@ -632,6 +776,8 @@ bool repl_candidate(struct repl *r, uint64_t quiet_ns)
 {
     uint64_t now = tern_now_ns();
 
+    if (r->vote != REPL_VOTER)
+        return false;       /* learners and leaving voters never stand */
     if (r->st == S_PRIMARY || r->st == S_TAKEOVER)
         return true;
     if (r->synced && !r->copying)
@@ -647,7 +793,9 @@ bool repl_candidate(struct repl *r, uint64_t quiet_ns)
 
 int repl_writable(const struct repl *r)
 {
-    return r->st == S_PRIMARY ? 0 : TERN_ENOTPRIMARY;
+    /* A leaving primary takes no more writes: its successor is to hold all
+     * it wrote before it resigns. */
+    return r->st == S_PRIMARY && r->vote != REPL_LEAVING ? 0 : TERN_ENOTPRIMARY;
 }
 
 void repl_written(struct repl *r, uint8_t type, const void *key, uint16_t key_len,
@@ -749,12 +897,9 @@ int repl_wait_check(struct repl *r, const struct repl_wait *w)
     case REPL_W_MAJORITY:
         reached = r->committed;
         break;
-    case REPL_W_ALL: {
-        uint64_t pos[REPL_PEERS_MAX + 1];
-
-        reached = pos[positions(r, pos) - 1];
+    case REPL_W_ALL:
+        reached = held_by_all(r);
         break;
-    }
     default:
         reached = confirmed_by_majority(r);
         break;
@@ -765,6 +910,18 @@ int repl_wait_check(struct repl *r, const struct repl_wait *w)
 bool repl_consistent(const struct repl *r)
 {
     return r->st == S_BACKUP && !r->copying && !r->need_copy;
+}
+
+static const char *vote_name(const struct repl *r, const struct replica *p)
+{
+    switch (p ? p->vote : r->vote) {
+    case REPL_LEARNER:
+        return p && votes(r, p, CFG_NEW) ? "joining" : "learner";
+    case REPL_LEAVING:
+        return "leaving";
+    default:
+        return "voter";
+    }
 }
 
 void repl_status(const struct repl *r, struct repl_status *out)
@@ -789,6 +946,8 @@ void repl_status(const struct repl *r, struct repl_status *out)
     for (unsigned i = 0; i < REPL_GATES; i++)
         out->held += tern_rpc_gate_waiting(r->gate[i], NULL);
     out->lease_doubt = r->lease_doubt;
+    out->vote = vote_name(r, NULL);
+    out->handing_over = r->st == S_PRIMARY && r->vote == REPL_LEAVING;
     for (unsigned i = 0; i < r->n_peers && out->n < REPL_PEERS_MAX; i++) {
         const struct replica *p = &r->peers[i];
         struct repl_replica_status *s = &out->replicas[out->n++];
@@ -798,6 +957,7 @@ void repl_status(const struct repl *r, struct repl_status *out)
         s->position = p->position;
         s->lag = r->log.last > p->position && repl_epoch_of(r->log.last) ==
                  repl_epoch_of(p->position) ? r->log.last - p->position : 0;
+        s->vote = vote_name(r, p);
         s->path = p->state != R_STREAM ? "-" : repl_ring_path(p) ? repl_ring_path(p) : "call";
     }
 }

@@ -68,9 +68,19 @@ enum repl_role { REPL_NONE = 0, REPL_PRIMARY, REPL_BACKUP };
 /* Write concerns: how many replicas must hold a write before its reply. */
 enum repl_w { REPL_W_MAJORITY = 0, REPL_W_ONE = 1, REPL_W_ALL = 2 };
 
+/* What a replica counts for, as the shard's map says (cl_vote, shard.h):
+ * a voter; a learner being added (shipped to, counted in no majority,
+ * never primary); a voter leaving (counted until it is dropped, never
+ * primary again). While a member changes, a write needs a majority of
+ * the voters with the change and one without it, so that whichever map a
+ * successor read, the majority it hears from holds every acknowledged
+ * write. */
+enum repl_vote { REPL_VOTER = 0, REPL_LEARNER, REPL_LEAVING };
+
 struct repl_peer {
     char name[64];
     char uri[REPL_URI_MAX];         /* "auto://host:port"; "" if unknown */
+    uint8_t vote;                   /* enum repl_vote */
 };
 
 struct repl_config {
@@ -173,6 +183,18 @@ bool repl_consistent(const struct repl *r);
  * winner lacks). */
 bool repl_candidate(struct repl *r, uint64_t quiet_ns);
 
+/* The step on the shard's members this primary finds due (the cluster
+ * makes it in etcd: cl_member_step), with the replica's name in name:
+ * - PROMOTE: the learner holds every acknowledged write; from now on
+ *   writes need it in a majority too, and the map may make it a voter;
+ * - DROP: a majority without the leaving voter holds every acknowledged
+ *   write: the map may drop it;
+ * - RESIGN: this primary is leaving, takes no more writes, and a voter
+ *   that stays holds all it wrote: it may give up its office.
+ * NONE otherwise. The view brings the map as changed. */
+enum repl_step { REPL_STEP_NONE = 0, REPL_STEP_PROMOTE, REPL_STEP_DROP, REPL_STEP_RESIGN };
+enum repl_step repl_members_step(const struct repl *r, char name[64]);
+
 /* Connect to replicas, ship, take over; on a backup, take the frames its
  * ring holds. Outside tern_rpc_poll. True if it shipped, took or committed
  * anything: replies may be free to go (records shipped one-sided make no
@@ -186,6 +208,8 @@ struct repl_replica_status {
     uint64_t position;              /* as last acknowledged */
     uint64_t lag;                   /* records behind the primary's last (primary) */
     const char *path;               /* "one-sided", "one-sided, synced by call", "call" */
+    const char *vote;               /* "voter", "learner", "joining" (a learner counted
+                                     * in), "leaving" */
 };
 
 struct repl_status {
@@ -201,6 +225,8 @@ struct repl_status {
     bool copying;                   /* a full copy is coming in */
     unsigned held;                  /* replies waiting */
     bool lease_doubt;               /* repl_set_lease(false) */
+    const char *vote;               /* this replica's, as for the others */
+    bool handing_over;              /* leaving primary: no more writes */
     unsigned n;
     struct repl_replica_status replicas[REPL_PEERS_MAX];
 };

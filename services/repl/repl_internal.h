@@ -38,6 +38,7 @@ struct replica {
     struct repl *r;
     char name[64];
     char uri[REPL_URI_MAX];
+    uint8_t vote;                       /* enum repl_vote */
     struct tern_session *s;
     enum replica_state state;
     bool answered;                      /* its position is known this epoch */
@@ -89,6 +90,10 @@ struct repl {
     uint64_t copy_epoch, copy_high;
     struct replica peers[REPL_PEERS_MAX];
     unsigned n_peers;
+    /* members changing (repl_vote): this node's vote, the learner a
+     * primary counts in before the map makes it a voter ("" if none) */
+    uint8_t vote;
+    char promoting[64];
     bool lease_doubt;                   /* repl_set_lease(false) */
     struct tern_rpc_gate *gate[REPL_GATES];     /* by enum repl_w, and REPL_GATE_CONFIRM */
     /* waits outside RPC (repl_wait_*): failures so far, the last one's

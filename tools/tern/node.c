@@ -124,6 +124,22 @@ static double num(json_object *o, const char *key)
     return json_object_object_get_ex(o, key, &v) ? json_object_get_double(v) : 0;
 }
 
+static bool is_true(json_object *o, const char *key)
+{
+    json_object *v;
+
+    return json_object_object_get_ex(o, key, &v) && json_object_is_type(v, json_type_boolean) &&
+           json_object_get_boolean(v);
+}
+
+/* A replica's vote, worth showing only while its membership changes. */
+static const char *vote_of(json_object *o)
+{
+    const char *v = str(o, "vote");
+
+    return strcmp(v, "voter") == 0 || strcmp(v, "-") == 0 ? "" : v;
+}
+
 static void print_table(FILE *f, json_object *st)
 {
     json_object *svcs, *peers, *cl, *sh;
@@ -164,17 +180,19 @@ static void print_table(FILE *f, json_object *st)
         if (!json_object_object_get_ex(st, k ? "doc_replication" : "replication", &cl) ||
             !json_object_is_type(cl, json_type_object))
             continue;
-        fprintf(f, "replicated %s shard %s  %s  epoch %.0f  position %s  committed %s  "
-                   "held %.0f\n", k ? "doc" : "kv", str(cl, "shard"), str(cl, "state"),
-                num(cl, "epoch"), str(cl, "position"), str(cl, "committed"), num(cl, "held"));
+        fprintf(f, "replicated %s shard %s  %s%s  epoch %.0f  position %s  committed %s  "
+                   "held %.0f%s%s\n", k ? "doc" : "kv", str(cl, "shard"), str(cl, "state"),
+                is_true(cl, "handing_over") ? " (handing over: no writes)" : "",
+                num(cl, "epoch"), str(cl, "position"), str(cl, "committed"), num(cl, "held"),
+                *vote_of(cl) ? "  " : "", vote_of(cl));
         if (json_object_object_get_ex(cl, "replicas", &reps) &&
             json_object_is_type(reps, json_type_array))
             for (size_t i = 0; i < json_object_array_length(reps); i++) {
                 json_object *x = json_object_array_get_idx(reps, i);
 
-                fprintf(f, "  replica %-12s %-11s position %-14s lag %-6.0f %s\n",
+                fprintf(f, "  replica %-12s %-11s position %-14s lag %-6.0f %s%s%s\n",
                         str(x, "node"), str(x, "state"), str(x, "position"), num(x, "lag"),
-                        str(x, "shipping"));
+                        str(x, "shipping"), *vote_of(x) ? "  " : "", vote_of(x));
             }
     }
     if (!json_object_object_get_ex(st, "peers", &peers) ||

@@ -450,17 +450,20 @@ static void repl_json(struct ternd_replica *r, struct buf *b)
     put(b, ",\"state\":\"%s\",\"epoch\":%" PRIu64 ",\"epoch_seen\":%" PRIu64
            ",\"position\":\"%" PRIx64 "\",\"committed\":\"%" PRIx64 "\",\"log_from\":\"%"
            PRIx64 "\",\"held\":%u,\"shipped_batches\":%" PRIu64 ",\"applied_records\":%"
-           PRIu64 ",\"refused_stale\":%" PRIu64 ",\"lease_in_doubt\":%s,\"replicas\":[",
+           PRIu64 ",\"refused_stale\":%" PRIu64 ",\"lease_in_doubt\":%s,\"vote\":\"%s\","
+           "\"handing_over\":%s,\"replicas\":[",
         st.state, st.epoch, st.epoch_seen, st.position, st.committed, st.log_base, st.held,
         st.shipped_batches, st.applied_records, st.refused_stale,
-        st.lease_doubt ? "true" : "false");
+        st.lease_doubt ? "true" : "false", st.vote ? st.vote : "voter",
+        st.handing_over ? "true" : "false");
     for (unsigned i = 0; i < st.n; i++) {
         put(b, "%s{\"node\":", i ? "," : "");
         put_json_str(b, st.replicas[i].name);
         put(b, ",\"state\":\"%s\",\"position\":\"%" PRIx64 "\",\"lag\":%" PRIu64
-               ",\"shipping\":\"%s\"}",
+               ",\"shipping\":\"%s\",\"vote\":\"%s\"}",
             st.replicas[i].state, st.replicas[i].position, st.replicas[i].lag,
-            st.replicas[i].path ? st.replicas[i].path : "-");
+            st.replicas[i].path ? st.replicas[i].path : "-",
+            st.replicas[i].vote ? st.replicas[i].vote : "voter");
     }
     put(b, "]}");
 }

@@ -99,6 +99,11 @@ static void refresh_view(struct ternd_replica *t)
     static const enum repl_role roles[] = {[CL_ROLE_NONE] = REPL_NONE,
                                            [CL_ROLE_PRIMARY] = REPL_PRIMARY,
                                            [CL_ROLE_BACKUP] = REPL_BACKUP};
+    static const enum cl_step steps[] = {[REPL_STEP_PROMOTE] = CL_STEP_PROMOTE,
+                                         [REPL_STEP_DROP] = CL_STEP_DROP,
+                                         [REPL_STEP_RESIGN] = CL_STEP_RESIGN};
+    enum repl_step step;
+    char name[64];
     unsigned n = 0;
 
     if (!m || cl_member_role(m, t->shard, &role) < 0) {
@@ -106,7 +111,11 @@ static void refresh_view(struct ternd_replica *t)
         return;
     }
     for (unsigned i = 0; i < role.n_replicas && n < REPL_PEERS_MAX; i++, n++) {
+        static const uint8_t votes[] = {[CL_VOTER] = REPL_VOTER, [CL_LEARNER] = REPL_LEARNER,
+                                        [CL_LEAVING] = REPL_LEAVING};
+
         snprintf(peers[n].name, sizeof(peers[n].name), "%s", role.replicas[i]);
+        peers[n].vote = role.vote[i] < 3 ? votes[role.vote[i]] : REPL_LEARNER;
         /* auto://: the session moves to the best fabric both ends have. */
         if (role.addrs[i][0])
             snprintf(peers[n].uri, sizeof(peers[n].uri), "auto://%s", role.addrs[i]);
@@ -120,6 +129,11 @@ static void refresh_view(struct ternd_replica *t)
      * primary for three leases everyone stands. */
     cl_member_set_candidate(m, t->shard,
                             repl_candidate(t->r, 3ull * t->o->lease_ttl * 1000000000u));
+    /* Members changing: the primary's steps go to etcd by the membership
+     * thread. */
+    step = repl_members_step(t->r, name);
+    if (step != REPL_STEP_NONE)
+        cl_member_step(m, t->shard, role.epoch, steps[step], name);
 }
 #endif
 

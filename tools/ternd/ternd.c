@@ -198,24 +198,34 @@ static void doc_hello(void *arg, bson_t *reply, bool primary)
     bson_t hosts;
     const char *me = "", *prim = "";
     char idx[16];
-    unsigned k = 0;
 
     bson_append_utf8(reply, "setName", -1, o->doc_shard, -1);
     bson_append_int32(reply, "setVersion", -1, 1);
     if (!ternd_replica_role(g_doc_replica, &role))
         return;
-    bson_append_array_begin(reply, "hosts", -1, &hosts);
-    for (unsigned i = 0; i < role.n_replicas; i++) {
-        if (!role.mongo[i][0])
-            continue;
-        snprintf(idx, sizeof(idx), "%u", k++);
-        bson_append_utf8(&hosts, idx, -1, role.mongo[i], -1);
-        if (!strcmp(role.replicas[i], o->name))
-            me = role.mongo[i];
-        if (!strcmp(role.replicas[i], role.primary))
-            prim = role.mongo[i];
+    /* Learners are MongoDB's passives (members that never stand); drivers
+     * read from one only once its hello says secondary (it holds a whole
+     * copy). */
+    for (int passive = 0; passive < 2; passive++) {
+        unsigned k = 0;
+
+        if (!passive)
+            bson_append_array_begin(reply, "hosts", -1, &hosts);
+        for (unsigned i = 0; i < role.n_replicas; i++) {
+            if (!role.mongo[i][0] || (role.vote[i] == CL_LEARNER) != passive)
+                continue;
+            if (k == 0 && passive)
+                bson_append_array_begin(reply, passive ? "passives" : "hosts", -1, &hosts);
+            snprintf(idx, sizeof(idx), "%u", k++);
+            bson_append_utf8(&hosts, idx, -1, role.mongo[i], -1);
+            if (!strcmp(role.replicas[i], o->name))
+                me = role.mongo[i];
+            if (!strcmp(role.replicas[i], role.primary))
+                prim = role.mongo[i];
+        }
+        if (k || !passive)
+            bson_append_array_end(reply, &hosts);
     }
-    bson_append_array_end(reply, &hosts);
     if (me[0])
         bson_append_utf8(reply, "me", -1, me, -1);
     if (prim[0])

@@ -238,6 +238,7 @@ run_tests() {
         count ternd-peers tests/ternd_peers.sh build
         count ternd-cluster tests/ternd_cluster.sh build
         count ternd-failover tests/ternd_failover.sh build
+        count ternd-members tests/ternd_members.sh build
         count rack tests/rack.sh build
         count ternd-partition tests/ternd_partition.sh build
         count ternd-replset tests/ternd_replset.sh build

@@ -727,6 +727,9 @@ START_TEST(members_change_one_at_a_time)
     ck_assert_int_eq(cl_shard_change(e, "/s", "s1", CL_OP_REMOVE, names[first], 0, NULL, &got),
                      0);
     ck_assert_int_eq(vote_of(&got, names[first]), CL_LEAVING);
+    /* nobody drops a primary: it resigns first */
+    ck_assert_int_eq(cl_shard_change(e, "/s", "s1", CL_OP_DROP, names[first], e1, names[first],
+                                     NULL), TERN_ESTALE);
     usleep(1500000);
     ck_assert_int_eq(cl_member_role(ms[first], "s1", &r), 0);
     ck_assert_int_eq(r.role, CL_ROLE_PRIMARY);

@@ -301,14 +301,14 @@ static void drop_at(struct cl_shard_map *m, unsigned at)
     m->vote[m->n_replicas] = CL_VOTER;
 }
 
-/* The change on the map as read: 0 (changed), 1 (nothing to change), or
- * why not (cl_shard_change). */
-static int apply_op(struct cl_shard_map *m, enum cl_shard_op op, const char *name,
+int cl_shard_map_change(struct cl_shard_map *m, enum cl_shard_op op, const char *name,
                     uint64_t epoch, const char *primary)
 {
-    int at = find(m, name);
+    int at = name && name_ok(name, strlen(name)) ? find(m, name) : -2;
     unsigned changing = 0, voters = 0;
 
+    if (at == -2)
+        return TERN_EINVAL;
     for (unsigned i = 0; i < m->n_replicas; i++) {
         changing += m->vote[i] != CL_VOTER;
         voters += m->vote[i] != CL_LEARNER;
@@ -346,8 +346,9 @@ static int apply_op(struct cl_shard_map *m, enum cl_shard_op op, const char *nam
     case CL_OP_PROMOTE:
     case CL_OP_DROP:
         if (m->epoch != epoch || !primary || strcmp(m->primary, primary) != 0 || at < 0 ||
-            m->vote[at] != (op == CL_OP_PROMOTE ? CL_LEARNER : CL_LEAVING))
-            return TERN_ESTALE;
+            m->vote[at] != (op == CL_OP_PROMOTE ? CL_LEARNER : CL_LEAVING) ||
+            (op == CL_OP_DROP && strcmp(name, m->primary) == 0))
+            return TERN_ESTALE;     /* a leaving primary hands over first */
         if (op == CL_OP_PROMOTE)
             m->vote[at] = CL_VOTER;
         else
@@ -375,7 +376,7 @@ int cl_shard_change(struct cl_etcd *e, const char *prefix, const char *id, enum 
 
         if ((rc = cl_shard_get(e, prefix, id, &m, &mod)) < 0)
             return rc;
-        if ((rc = apply_op(&m, op, name, epoch, primary)) < 0)
+        if ((rc = cl_shard_map_change(&m, op, name, epoch, primary)) < 0)
             return rc;
         if (rc == 0) {
             if ((n = cl_shard_map_json(&m, json, sizeof(json))) < 0)

@@ -96,12 +96,18 @@ int cl_shard_get(struct cl_etcd *e, const char *prefix, const char *id, struct c
  * ADD and REMOVE are an operator's: TERN_EBUSY while another change is
  * under way (REMOVE of the learner being added excepted), TERN_E2BIG past
  * CL_REPLICAS_MAX. PROMOTE and DROP are made only while the map is at
- * `epoch` with `primary` its primary, and `name` still in that step:
- * TERN_ESTALE otherwise. TERN_ENOENT for an undefined shard. */
+ * `epoch` with `primary` its primary, and `name` still in that step (and
+ * not the primary: a leaving primary resigns first): TERN_ESTALE otherwise. TERN_ENOENT for an undefined shard. */
 enum cl_shard_op { CL_OP_ADD, CL_OP_REMOVE, CL_OP_PROMOTE, CL_OP_DROP };
 int cl_shard_change(struct cl_etcd *e, const char *prefix, const char *id, enum cl_shard_op op,
                     const char *name, uint64_t epoch, const char *primary,
                     struct cl_shard_map *out);
+
+/* The same change on a map in memory (no etcd): 0 (changed), 1 (nothing
+ * to change: the voter is leaving already), or the errors above. A map
+ * that was sound stays sound. */
+int cl_shard_map_change(struct cl_shard_map *m, enum cl_shard_op op, const char *name,
+                        uint64_t epoch, const char *primary);
 
 /* A leaving primary gives up its office (held under `lease`), so that a
  * voter that holds all it wrote is elected. 0 also if it no longer holds

@@ -88,6 +88,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             FZ_CHECK(cl_shard_map_parse((const uint8_t *)back, (size_t)jn, &again) == 0 &&
                          memcmp(&again, &m, sizeof(m)) == 0, "the map does not read back");
         }
+        /* Every change of its members, on each of its names and one more,
+         * leaves a sound map (it prints and reads back). */
+        for (unsigned i = 0; i <= m.n_replicas; i++)
+            for (int op = CL_OP_ADD; op <= CL_OP_DROP; op++) {
+                struct cl_shard_map c = m, again;
+                const char *name = i < m.n_replicas ? m.replicas[i] : "fuzz-new";
+                int jn;
+
+                rc = cl_shard_map_change(&c, (enum cl_shard_op)op, name, m.epoch, m.primary);
+                FZ_CHECK(rc == 0 || rc == 1 || rc == TERN_EEXIST || rc == TERN_ENOENT ||
+                             rc == TERN_EINVAL || rc == TERN_EBUSY || rc == TERN_E2BIG ||
+                             rc == TERN_ESTALE, "change %d: %d", op, rc);
+                if (rc != 0)
+                    continue;
+                jn = cl_shard_map_json(&c, back, sizeof(back));
+                FZ_CHECK(jn > 0 && cl_shard_map_parse((const uint8_t *)back, (size_t)jn,
+                                                      &again) == 0,
+                         "change %d of %s leaves a map that does not read: %.*s", op, name,
+                         jn > 0 ? jn : 0, back);
+            }
         break;
     }
     case 7: {

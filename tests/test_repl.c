@@ -1078,6 +1078,32 @@ START_TEST(shm_ships_one_sided)
 }
 END_TEST
 
+/* A client told of one backup learns the others from it (the shard's map,
+ * as the view has it) and reaches the primary. */
+START_TEST(client_learns_the_members)
+{
+    const char *uris[1] = {nodes[0].uri};
+    struct tern_kv *kv;
+    uint64_t ver = 0;
+    char got[16];
+    size_t len;
+
+    elect(1, 1);
+    ck_assert(wait_state(1, "primary", 5000));
+    ck_assert_int_eq(tern_kv_open_replicas(cep, uris, 1, 2000000000u, &kv), 0);
+    ck_assert_int_eq(tern_kv_put(kv, "learned", 7, "yes", 3, &ver), 0);
+    ck_assert_uint_eq(repl_epoch_of(ver), 1);
+    ck_assert_int_eq(tern_kv_get(kv, "learned", 7, got, sizeof(got), &len, NULL), 0);
+    ck_assert_uint_eq(len, 3);
+    /* And follows a failover to the third, never named either. */
+    node_kill(1);
+    elect(2, 2);
+    ck_assert_int_eq(tern_kv_put(kv, "again", 5, "yes", 3, &ver), 0);
+    ck_assert_uint_eq(repl_epoch_of(ver), 2);
+    tern_kv_close(kv);
+}
+END_TEST
+
 /* A learner takes the stream but is no majority; once it holds every
  * acknowledged write the primary counts it in and finds it due to be a
  * voter, and as one it is a majority with the primary. */
@@ -1216,6 +1242,7 @@ Suite *suite_repl(void)
     tcase_add_test(group, far_behind_backup_gets_a_full_copy);
     tcase_add_test(group, parted_replica_is_copied_over);
     tcase_add_test(group, ring_frames_outlive_the_backup);
+    tcase_add_test(group, client_learns_the_members);
     tcase_add_test(group, a_learner_counts_once_promoted);
     tcase_add_test(group, a_leaving_backup_is_dropped_when_safe);
     tcase_add_test(group, a_leaving_primary_hands_over);

@@ -70,6 +70,10 @@ struct kv_replicas {
     uint64_t suspect_until[KV_REPLICAS_MAX];
     uint64_t connect_ns;
     bool closing;                               /* calls cancelled now end */
+    /* the shard's members, asked of a replica every MEMBERS_NS: ones the
+     * application did not name (added since) are dialled too */
+    uint64_t members_at;
+    bool members_asked;
 };
 
 struct tern_kv {

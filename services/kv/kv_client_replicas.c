@@ -12,6 +12,11 @@
  * its sessions open, and would otherwise take every call until it came
  * back (a slow primary that was only late costs its clients refusals from
  * the others for that long).
+ *
+ * The replicas named at open need not stay the shard's: every second the
+ * client asks a replica for the others (KV_M_MEMBERS, from the shard's
+ * map) and dials those it does not know yet, so it follows a primary on a
+ * node added since (tern shard add).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +27,7 @@
 #include "log.h"
 
 #define RETRY_NS 200000000ull           /* a lost replica is dialled again after */
+#define MEMBERS_NS 1000000000ull        /* the shard's members asked again after */
 
 static bool live(const struct kv_replicas *r, unsigned i)
 {
@@ -82,6 +88,53 @@ bool kv_replica_retry(struct kv_op *op, int status)
                       kv->timeout, kv_op_done, op, NULL) == 0;
 }
 
+/* "host:port" of a URI ("tcp://host:port" or a bare address). */
+static const char *addr_of(const char *uri)
+{
+    const char *sep = strstr(uri, "://");
+
+    return sep ? sep + 3 : uri;
+}
+
+/* A replica's word on the shard's members: dial those not known. */
+static void on_members(void *arg, int status, const void *reply, size_t len)
+{
+    struct tern_kv *kv = arg;
+    struct kv_replicas *r = kv->rep;
+    const char *p = reply, *end = p + len;
+
+    if (!r || r->closing)
+        return;
+    r->members_asked = false;
+    if (status < 0)
+        return;
+    while (p < end) {
+        const char *z = memchr(p, 0, (size_t)(end - p));
+        size_t n = z ? (size_t)(z - p) : 0;
+        char uri[256];
+        bool known = false;
+        int w;
+
+        if (!z)
+            return;                     /* not NUL-terminated: not a member list */
+        for (unsigned i = 0; i < r->n && n; i++)
+            known |= strcmp(addr_of(r->uris[i]), p) == 0;
+        /* The scheme of the replicas the application named. */
+        w = snprintf(uri, sizeof(uri), "%.*s%s", (int)(addr_of(r->uris[0]) - r->uris[0]),
+                     r->uris[0], p);
+        if (!known && n && !memchr(p, '/', n) && w > 0 && (size_t)w < sizeof(uri) &&
+            r->n < KV_REPLICAS_MAX) {
+            snprintf(r->uris[r->n], sizeof(r->uris[0]), "%s", uri);
+            r->s[r->n] = NULL;
+            r->retry_at[r->n] = 0;
+            r->suspect_until[r->n] = 0;
+            r->n++;
+            tern_log(TERN_LOG_INFO, "kv", "replica %s: learned from the shard's map", uri);
+        }
+        p = z + 1;
+    }
+}
+
 void kv_replicas_mend(struct tern_kv *kv)
 {
     struct kv_replicas *r = kv->rep;
@@ -105,6 +158,12 @@ void kv_replicas_mend(struct tern_kv *kv)
     }
     if (!kv->srv[0].s || !live(r, r->cur))
         move_on(kv, r->cur + r->n - 1);
+    if (!r->members_asked && now >= r->members_at && live(r, r->cur)) {
+        r->members_at = now + MEMBERS_NS;
+        if (tern_call(r->s[r->cur], TERN_KV_SERVICE_ID, KV_M_MEMBERS, NULL, 0, kv->timeout,
+                      on_members, kv, NULL) == 0)
+            r->members_asked = true;
+    }
 }
 
 void kv_replicas_free(struct tern_kv *kv)

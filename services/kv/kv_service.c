@@ -460,6 +460,28 @@ static int h_info(struct tern_req *req, const void *data, size_t len, void *ctx)
     return 0;
 }
 
+/* Clients of a replicated shard learn its members from any replica. */
+static int h_members(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    struct tern_kv_service *svc = ctx;
+    char buf[REPL_PEERS_MAX * REPL_URI_MAX];
+    size_t n = 0;
+    void *out;
+
+    (void)data;
+    if (len)
+        return TERN_EPROTO;
+    if (svc->repl)
+        n = repl_member_addrs(svc->repl, buf, sizeof(buf));
+    if (!n)
+        return 0;
+    out = tern_reply_alloc(req, n);
+    if (!out)
+        return TERN_EMSGSIZE;
+    memcpy(out, buf, n);
+    return 0;
+}
+
 static const struct tern_method kv_methods[] = {
     {.id = KV_M_GET, .name = "get", .handler = h_get},
     {.id = KV_M_PUT, .name = "put", .handler = h_put},
@@ -471,6 +493,7 @@ static const struct tern_method kv_methods[] = {
     {.id = KV_M_LEASE, .name = "lease", .handler = kv_h_lease},
     {.id = KV_M_LPUT, .name = "lput", .handler = kv_h_lput},
     {.id = KV_M_PGET, .name = "pget", .handler = kv_h_pget},
+    {.id = KV_M_MEMBERS, .name = "members", .handler = h_members},
 };
 
 int tern_kv_service_open(const struct tern_kv_service_opts *o, struct tern_kv_service **out)

@@ -24,6 +24,9 @@ enum kv_method {
     KV_M_LEASE = 8,    /* kv_lease_req         -> kv_lease */
     KV_M_LPUT = 9,     /* kv_lput              -> kv_val (version; durable) */
     KV_M_PGET = 10,    /* kv_pget, key         -> kv_pget_rep [, value] */
+    /* A replicated shard's other replicas, as the shard's map names them:
+     * "host:port" strings, each NUL-terminated (none for a store alone). */
+    KV_M_MEMBERS = 11, /* empty                -> n x "host:port\0" */
 };
 
 /* Where a client reads the index window and the pool, on the fabric of the

@@ -912,6 +912,25 @@ bool repl_consistent(const struct repl *r)
     return r->st == S_BACKUP && !r->copying && !r->need_copy;
 }
 
+size_t repl_member_addrs(const struct repl *r, char *buf, size_t cap)
+{
+    size_t at = 0;
+
+    for (unsigned i = 0; i < r->n_peers; i++) {
+        const char *u = r->peers[i].uri, *sep = strstr(u, "://");
+        size_t n;
+
+        if (sep)
+            u = sep + 3;
+        n = strlen(u);
+        if (!n || n + 1 > cap - at)
+            continue;
+        memcpy(buf + at, u, n + 1);
+        at += n + 1;
+    }
+    return at;
+}
+
 static const char *vote_name(const struct repl *r, const struct replica *p)
 {
     switch (p ? p->vote : r->vote) {

@@ -195,6 +195,12 @@ bool repl_candidate(struct repl *r, uint64_t quiet_ns);
 enum repl_step { REPL_STEP_NONE = 0, REPL_STEP_PROMOTE, REPL_STEP_DROP, REPL_STEP_RESIGN };
 enum repl_step repl_members_step(const struct repl *r, char name[64]);
 
+/* The other replicas' addresses as the view names them ("host:port",
+ * the scheme left off), each NUL-terminated, one after the other, into
+ * buf: the bytes written (an address that does not fit is left out). For
+ * clients that learn the shard's members from any replica. */
+size_t repl_member_addrs(const struct repl *r, char *buf, size_t cap);
+
 /* Connect to replicas, ship, take over; on a backup, take the frames its
  * ring holds. Outside tern_rpc_poll. True if it shipped, took or committed
  * anything: replies may be free to go (records shipped one-sided make no

@@ -3,7 +3,7 @@
  * process over tcp, on a small pool in /dev/shm with the one-sided paths
  * on; the server owns half the hash space.
  *
- * The input is a run of requests. Each names a method (the ten the service
+ * The input is a run of requests. Each names a method (the eleven the service
  * has, or none) and carries either bytes from the input or a request built
  * by the harness from fields of the input: keys from a small alphabet so
  * that they meet again, PUT values, MGET key lists, SCAN cursors, LPUT

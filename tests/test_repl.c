@@ -545,11 +545,11 @@ static int kv_put(struct tern_session *s, const char *key, const char *val, uint
     return rc;
 }
 
-static int kv_get(struct tern_session *s, const char *key, char *buf, size_t cap,
-                  uint64_t timeout_ns)
+static int kv_get_flags(struct tern_session *s, const char *key, uint16_t flags, char *buf,
+                        size_t cap, uint64_t timeout_ns)
 {
     uint8_t req[512], rep[4096];
-    struct kv_key k = {.klen = (uint16_t)strlen(key)};
+    struct kv_key k = {.klen = (uint16_t)strlen(key), .flags = flags};
     size_t got = 0;
     int rc;
 
@@ -566,6 +566,12 @@ static int kv_get(struct tern_session *s, const char *key, char *buf, size_t cap
         buf[n] = 0;
     }
     return rc;
+}
+
+static int kv_get(struct tern_session *s, const char *key, char *buf, size_t cap,
+                  uint64_t timeout_ns)
+{
+    return kv_get_flags(s, key, 0, buf, cap, timeout_ns);
 }
 
 static struct tern_session *connect_to(unsigned i)
@@ -1104,6 +1110,59 @@ START_TEST(client_learns_the_members)
 }
 END_TEST
 
+/* A GET that takes any replica is answered by a backup whose store is
+ * whole, also with the primary gone; one without it, only by the primary.
+ * A client reading from any replica spreads its GETs over them. */
+START_TEST(reads_from_backups_when_asked)
+{
+    const char *uris[NODES];
+    struct tern_session *b;
+    struct tern_kv *kv;
+    char key[32], val[32], got[64];
+    uint64_t ver = 0;
+    size_t len;
+
+    elect(0, 1);
+    ck_assert(wait_state(0, "primary", 5000));
+    for (unsigned i = 0; i < NODES; i++)
+        uris[i] = nodes[i].uri;
+    ck_assert_int_eq(tern_kv_open_replicas(cep, uris, NODES, 2000000000u, &kv), 0);
+    ck_assert_int_eq(tern_kv_set_read_from(kv, (enum tern_kv_read_from)7), TERN_EINVAL);
+    ck_assert_int_eq(tern_kv_set_write_concern(kv, TERN_KV_W_ALL), 0);
+    for (int i = 0; i < 20; i++) {
+        snprintf(key, sizeof(key), "r%d", i);
+        snprintf(val, sizeof(val), "v%d", i);
+        ck_assert_int_eq(tern_kv_put(kv, key, strlen(key), val, strlen(val), &ver), 0);
+    }
+    ck_assert(wait_position(1, ver, 5000));
+    b = connect_to(1);
+    ck_assert_int_eq(kv_get(b, "r3", got, sizeof(got), 2000000000u), TERN_ENOTPRIMARY);
+    ck_assert_int_eq(kv_get_flags(b, "r3", KV_F_READ_ANY, got, sizeof(got), 2000000000u), 0);
+    ck_assert_str_eq(got, "v3");
+    ck_assert_int_eq(kv_get_flags(b, "r3", KV_F_W_ONE, got, sizeof(got), 2000000000u),
+                     TERN_EPROTO);
+    /* The client's GETs go round the replicas; every one answers. */
+    ck_assert_int_eq(tern_kv_set_read_from(kv, TERN_KV_READ_ANY), 0);
+    for (int i = 0; i < 30; i++) {
+        snprintf(key, sizeof(key), "r%d", i % 20);
+        snprintf(val, sizeof(val), "v%d", i % 20);
+        ck_assert_int_eq(tern_kv_get(kv, key, strlen(key), got, sizeof(got) - 1, &len, NULL), 0);
+        got[len] = 0;
+        ck_assert_str_eq(got, val);
+    }
+    /* The primary gone and nobody elected: the backups still answer. */
+    node_kill(0);
+    for (int i = 0; i < 10; i++) {
+        ck_assert_int_eq(tern_kv_get(kv, "r7", 2, got, sizeof(got) - 1, &len, NULL), 0);
+        ck_assert_uint_eq(len, 2);
+    }
+    ck_assert_int_eq(kv_get_flags(b, "r9", KV_F_READ_ANY, got, sizeof(got), 2000000000u), 0);
+    ck_assert_str_eq(got, "v9");
+    tern_rpc_disconnect(b);
+    tern_kv_close(kv);
+}
+END_TEST
+
 /* A learner takes the stream but is no majority; once it holds every
  * acknowledged write the primary counts it in and finds it due to be a
  * voter, and as one it is a majority with the primary. */
@@ -1243,6 +1302,7 @@ Suite *suite_repl(void)
     tcase_add_test(group, parted_replica_is_copied_over);
     tcase_add_test(group, ring_frames_outlive_the_backup);
     tcase_add_test(group, client_learns_the_members);
+    tcase_add_test(group, reads_from_backups_when_asked);
     tcase_add_test(group, a_learner_counts_once_promoted);
     tcase_add_test(group, a_leaving_backup_is_dropped_when_safe);
     tcase_add_test(group, a_leaving_primary_hands_over);

@@ -120,6 +120,20 @@ enum tern_kv_write_concern {
 };
 int tern_kv_set_write_concern(struct tern_kv *kv, enum tern_kv_write_concern w);
 
+/* Where a replicated shard's GETs go: to the primary (the default: a GET
+ * shows only writes a majority holds, and the newest of those), or to any
+ * replica in turn (READ_ANY: backups share the reads, and a backup answers
+ * what it holds, which may be a little behind the primary, or a write that
+ * no majority holds yet and a failover takes back). A backup that cannot
+ * answer (it is being copied) sends the GET on to the primary. MGET, SCAN
+ * and the one-sided paths always read at the primary. No effect on a store
+ * that is not replicated. TERN_EINVAL for another value. */
+enum tern_kv_read_from {
+    TERN_KV_READ_PRIMARY = 0,
+    TERN_KV_READ_ANY = 1,
+};
+int tern_kv_set_read_from(struct tern_kv *kv, enum tern_kv_read_from from);
+
 /* Close every session; async calls in flight complete with TERN_ECANCELED. */
 void tern_kv_close(struct tern_kv *kv);
 

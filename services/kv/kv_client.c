@@ -85,6 +85,15 @@ int kv_op_call(struct kv_op *op, uint16_t method, const void *key, size_t klen,
     op->hdr = (struct kv_key){.klen = (uint16_t)klen, .vlen = (uint32_t)len};
     if (method == KV_M_PUT || method == KV_M_DEL)
         op->hdr.flags = kv->w_flags;
+    op->to = kv_route(kv, key, klen)->s;
+    if (method == KV_M_GET && kv->rep && kv->read_any) {
+        struct tern_session *s = kv_replica_reader(kv);
+
+        if (s) {
+            op->hdr.flags = KV_F_READ_ANY;
+            op->to = s;
+        }
+    }
     /* Kept to send it again to another replica (tern_kv_open_replicas). */
     op->method = method;
     op->key = key;
@@ -94,7 +103,6 @@ int kv_op_call(struct kv_op *op, uint16_t method, const void *key, size_t klen,
     iov[0] = (struct iovec){.iov_base = &op->hdr, .iov_len = sizeof(op->hdr)};
     iov[1] = (struct iovec){.iov_base = (void *)key, .iov_len = klen};
     iov[2] = (struct iovec){.iov_base = (void *)val, .iov_len = len};
-    op->to = kv_route(kv, key, klen)->s;
     rc = tern_callv(op->to, TERN_KV_SERVICE_ID, method, iov, len ? 3 : 2, kv->timeout,
                     kv_op_done, op, NULL);
     if (rc < 0)

@@ -62,6 +62,7 @@ struct kv_onesided;
 #define KV_REPLICAS_MAX 7
 struct kv_replicas {
     unsigned n, cur;
+    unsigned reader;                            /* the last replica a READ_ANY GET went to */
     char uris[KV_REPLICAS_MAX][256];
     struct tern_session *s[KV_REPLICAS_MAX];    /* NULL: not connected */
     uint64_t retry_at[KV_REPLICAS_MAX];
@@ -87,6 +88,7 @@ struct tern_kv {
     uint32_t free_head;
     struct kv_replicas *rep;         /* NULL: partitioned servers (tern_kv_open) */
     uint16_t w_flags;                /* write concern of PUT and DEL (KV_F_W_*) */
+    bool read_any;                   /* GETs to any replica (tern_kv_set_read_from) */
 };
 
 /* ---- the one-sided paths' state (kv_client_path.c) ---- */
@@ -156,6 +158,8 @@ bool kv_replica_retry(struct kv_op *op, int status);
  * again (outside tern_rpc_poll: it waits for the handshake). */
 void kv_replicas_mend(struct tern_kv *kv);
 void kv_replicas_free(struct tern_kv *kv);
+/* A READ_ANY GET's replica: the next live one in turn (NULL: none). */
+struct tern_session *kv_replica_reader(struct tern_kv *kv);
 
 /* kv_client_path.c: the one place that chooses how a GET or PUT goes */
 int kv_path_get(struct tern_kv *kv, const void *key, size_t klen, tern_kv_cb cb, void *arg);

@@ -67,6 +67,17 @@ bool kv_replica_retry(struct kv_op *op, int status)
     if (op->tries >= 2 * r->n || r->closing)
         return false;
     op->tries++;
+    if (op->hdr.flags & KV_F_READ_ANY) {
+        /* A GET any replica could answer: this one could not (it is being
+         * copied, or gone). The primary can; its own refusal then moves
+         * the client on as for any call. */
+        op->hdr.flags &= (uint16_t)~KV_F_READ_ANY;
+        if (status != TERN_ETIMEDOUT && op->to != kv->srv[0].s && kv->srv[0].s &&
+            live(r, at)) {
+            op->to = kv->srv[0].s;
+            goto send;
+        }
+    }
     if (status == TERN_ETIMEDOUT)
         for (unsigned i = 0; i < r->n; i++)
             if (r->s[i] && r->s[i] == op->to) {
@@ -81,6 +92,7 @@ bool kv_replica_retry(struct kv_op *op, int status)
             return false;
     }
     op->to = kv->srv[0].s;
+send:
     iov[0] = (struct iovec){.iov_base = &op->hdr, .iov_len = sizeof(op->hdr)};
     iov[1] = (struct iovec){.iov_base = (void *)op->key, .iov_len = op->klen};
     iov[2] = (struct iovec){.iov_base = (void *)op->val, .iov_len = op->vlen};
@@ -166,6 +178,22 @@ void kv_replicas_mend(struct tern_kv *kv)
     }
 }
 
+struct tern_session *kv_replica_reader(struct tern_kv *kv)
+{
+    struct kv_replicas *r = kv->rep;
+    uint64_t now = tern_now_ns();
+
+    for (unsigned k = 1; k <= r->n; k++) {
+        unsigned i = (r->reader + k) % r->n;
+
+        if (live(r, i) && now >= r->suspect_until[i]) {
+            r->reader = i;
+            return r->s[i];
+        }
+    }
+    return NULL;
+}
+
 void kv_replicas_free(struct tern_kv *kv)
 {
     kv->rep->closing = true;
@@ -225,6 +253,14 @@ int tern_kv_open_replicas(struct tern_rpc_ep *ep, const char *const *uris, unsig
     }
     move_on(kv, n - 1);
     *out = kv;
+    return 0;
+}
+
+int tern_kv_set_read_from(struct tern_kv *kv, enum tern_kv_read_from from)
+{
+    if (!kv || (from != TERN_KV_READ_PRIMARY && from != TERN_KV_READ_ANY))
+        return TERN_EINVAL;
+    kv->read_any = from == TERN_KV_READ_ANY;
     return 0;
 }
 

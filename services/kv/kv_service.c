@@ -17,7 +17,8 @@
 
 /* Parse a kv_key request; `with_val` for PUT; `write` (PUT, DEL) may carry
  * a write concern in its flags. */
-static int parse_key(const void *data, size_t len, bool with_val, bool write,
+/* `flags`: the kv_key flags the method takes. */
+static int parse_key(const void *data, size_t len, bool with_val, unsigned flags,
                      const uint8_t **key, uint16_t *klen, const uint8_t **val, uint32_t *vlen)
 {
     struct kv_key k;
@@ -27,7 +28,7 @@ static int parse_key(const void *data, size_t len, bool with_val, bool write,
     if (len < sizeof(k))
         return TERN_EPROTO;
     memcpy(&k, data, sizeof(k));
-    if ((k.flags & ~(write ? (unsigned)(KV_F_W_ONE | KV_F_W_ALL) : 0u)) ||
+    if ((k.flags & ~flags) ||
         (!with_val && k.vlen) ||
         len != sizeof(k) + (size_t)k.klen + k.vlen)
         return TERN_EPROTO;
@@ -173,10 +174,16 @@ void kv_hold_write(struct tern_kv_service *svc, struct tern_req *req, const void
 }
 
 /* A read on a replicated shard: only the primary answers (it alone knows
- * what is committed), and a value not yet on a majority waits until it is. */
-int kv_read_check(struct tern_kv_service *svc)
+ * what is committed), and a value not yet on a majority waits until it is;
+ * unless the client takes what any replica holds (`any`, KV_F_READ_ANY)
+ * and this one is a backup whose store is whole. */
+int kv_read_check(struct tern_kv_service *svc, bool any)
 {
-    return svc->repl ? repl_writable(svc->repl) : 0;
+    if (!svc->repl)
+        return 0;
+    if (any && repl_consistent(svc->repl))
+        return 0;
+    return repl_writable(svc->repl);
 }
 
 int kv_reply_version(struct tern_req *req, uint64_t version)
@@ -192,19 +199,21 @@ int kv_reply_version(struct tern_req *req, uint64_t version)
 static int h_get(struct tern_req *req, const void *data, size_t len, void *ctx)
 {
     struct tern_kv_service *svc = ctx;
+    struct kv_key k;
     const uint8_t *key;
     const void *val;
     uint16_t klen;
     uint32_t vlen;
     uint64_t version;
     uint8_t *out;
-    int rc = parse_key(data, len, false, false, &key, &klen, NULL, NULL);
+    int rc = parse_key(data, len, false, KV_F_READ_ANY, &key, &klen, NULL, NULL);
 
     if (rc < 0)
         return rc;
     if (!kv_owns(svc, key, klen))
         return TERN_EWRONGNODE;
-    if ((rc = kv_read_check(svc)) < 0)
+    memcpy(&k, data, sizeof(k));
+    if ((rc = kv_read_check(svc, k.flags & KV_F_READ_ANY)) < 0)
         return rc;
     rc = kvs_get(svc->store, key, klen, &val, &vlen, &version);
     /* "Not found" too must not be told before it is certain. */
@@ -227,7 +236,7 @@ static int h_put(struct tern_req *req, const void *data, size_t len, void *ctx)
     uint16_t klen;
     uint32_t vlen;
     uint64_t version;
-    int rc = parse_key(data, len, true, true, &key, &klen, &val, &vlen);
+    int rc = parse_key(data, len, true, KV_F_W_ONE | KV_F_W_ALL, &key, &klen, &val, &vlen);
 
     if (rc < 0)
         return rc;
@@ -247,7 +256,7 @@ static int h_del(struct tern_req *req, const void *data, size_t len, void *ctx)
     const uint8_t *key;
     uint16_t klen;
     uint64_t version;
-    int rc = parse_key(data, len, false, true, &key, &klen, NULL, NULL);
+    int rc = parse_key(data, len, false, KV_F_W_ONE | KV_F_W_ALL, &key, &klen, NULL, NULL);
 
     if (rc < 0)
         return rc;
@@ -297,7 +306,7 @@ static int h_mget(struct tern_req *req, const void *data, size_t len, void *ctx)
     uint16_t n_done = 0;
     uint8_t *out;
 
-    if (kv_read_check(svc) < 0)
+    if (kv_read_check(svc, false) < 0)
         return TERN_ENOTPRIMARY;
     if (len < sizeof(m))
         return TERN_EPROTO;
@@ -412,7 +421,7 @@ static int h_scan(struct tern_req *req, const void *data, size_t len, void *ctx)
     struct kv_scan q;
     bool done;
 
-    if (kv_read_check(svc) < 0)
+    if (kv_read_check(svc, false) < 0)
         return TERN_ENOTPRIMARY;
     if (len != sizeof(q))
         return TERN_EPROTO;

@@ -36,7 +36,7 @@ void kv_hold_write(struct tern_kv_service *svc, struct tern_req *req, const void
 
 /* 0 if this node may answer reads of the store; TERN_ENOTPRIMARY on a
  * replica that is not the primary. */
-int kv_read_check(struct tern_kv_service *svc);
+int kv_read_check(struct tern_kv_service *svc, bool any);
 
 /* The store's side of a replication group (repl_store_ops), ctx = the
  * service. */

@@ -617,7 +617,7 @@ int kv_h_pget(struct tern_req *req, const void *data, size_t len, void *ctx)
 
     if (!svc->os)
         return TERN_ENOTSUP;
-    if ((rc = kv_read_check(svc)) < 0)
+    if ((rc = kv_read_check(svc, false)) < 0)
         return rc;
     if (len < sizeof(q))
         return TERN_EPROTO;

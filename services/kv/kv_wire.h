@@ -95,10 +95,14 @@ struct kv_key {
 };
 
 /* A write's concern on a replicated shard (services/repl): by default the
- * reply waits until a majority of replicas hold the write. */
+ * reply waits until a majority of replicas hold the write. A GET may ask
+ * any replica whose store is whole (a backup not in a full copy), which
+ * then answers what it holds: possibly a little behind the primary, and
+ * possibly a write no majority holds yet. */
 enum kv_key_flags {
     KV_F_W_ONE = 1u << 0,   /* the primary alone */
     KV_F_W_ALL = 1u << 1,   /* every replica */
+    KV_F_READ_ANY = 1u << 2,    /* GET: a backup may answer */
 };
 
 struct kv_val {

@@ -21,6 +21,9 @@
  *                 FailedToParse, TypeMismatch, InvalidBSON, ...);
  *   TERN_ENOENT   a missing namespace, index or cursor;
  *   TERN_E2BIG    a document over 16 MiB; TERN_ENOSPC the pool is full;
+ *   TERN_ENOTPRIMARY  a replica that is not (or no longer) the primary
+ *                 (NotWritablePrimary, NotPrimaryNoSecondaryOk,
+ *                 PrimarySteppedDown, ShutdownInProgress, ...);
  *   TERN_EDOC     any other MongoDB error;
  * and tern_doc_last_error() gives MongoDB's code, codeName and errmsg of
  * the last call that failed that way. Failures of the transport (a
@@ -50,10 +53,18 @@ struct tern_doc_cursor;
 
 /* ---- clients ---- */
 
-/* Connect to the first of `n` servers (tern_rpc_connect URIs) that
- * answers; the others are alternatives for that server, tried in order.
- * Returns the first one's error if none answers. The endpoint must
- * outlive the client. */
+/* Connect to `n` servers (tern_rpc_connect URIs, up to 7): one server and
+ * its alternatives, or the replicas of a replicated document store
+ * (ternd's [cluster] doc_shard). Calls go to the first that answers; a
+ * call that one refuses because it is not the primary (MongoDB's
+ * NotWritablePrimary and kin, TERN_ENOTPRIMARY), or that is lost with its
+ * session, is sent on to the next live one, which calls go to from then
+ * on, at most twice round them: during an election the call ends with
+ * TERN_ENOTPRIMARY, to be tried again. A write lost with its session may
+ * have been done (at least once). A cursor stays on the server that
+ * opened it. Lost sessions are dialled again before later calls, without
+ * waiting. Returns the first one's error if none answers; TERN_EINVAL
+ * past 7. The endpoint must outlive the client. */
 int tern_doc_open(struct tern_rpc_ep *ep, const char *const *uris, unsigned n,
                   uint64_t timeout_ns, struct tern_doc **out);
 

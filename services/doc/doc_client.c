@@ -47,11 +47,28 @@ struct doc_op {
     tern_doc_cb cb;
     void *arg;
     struct tern_doc_cursor *cur;     /* a cursor's find/aggregate/getMore */
+    struct tern_session *to;         /* where it was sent */
+    bool pinned;                     /* getMore, killCursors: its cursor's server only */
+    unsigned tries;                  /* sent on to another replica so often */
 };
+
+/* tern_doc_open's URIs: one server and its alternatives, or the replicas
+ * of a replicated document store. */
+#define DOC_REPLICAS_MAX 7
+#define REDIAL_NS 200000000ull
 
 struct tern_doc {
     struct tern_rpc_ep *ep;
-    struct tern_session *s;
+    struct tern_session *s;          /* the one calls go to: the primary, as far as known */
+    /* Every URI given, a session to each that answered (NULL: none now);
+     * a call refused because its replica is not primary, or lost with
+     * it, is sent on to the next (doc_follow). */
+    unsigned n_rep, cur_rep;
+    char uris[DOC_REPLICAS_MAX][256];
+    struct tern_session *rs[DOC_REPLICAS_MAX];
+    uint64_t redial_at[DOC_REPLICAS_MAX];
+    uint64_t connect_ns;
+    bool closing;
     uint64_t timeout;
     enum tern_doc_path path;
     struct doc_op ops[DOC_OPS];
@@ -63,6 +80,7 @@ struct tern_doc {
     uint32_t slot_free;              /* bit i: slot i is free */
     struct tern_tp_rkey rkey;
     uint32_t rkey_epoch;
+    struct tern_session *rkey_s;     /* the session rkey is for */
     bool rkey_ok;
     struct tern_doc_cursor *cursors; /* open ones, to orphan at close */
     size_t insert_budget;            /* bytes of documents per insert command */
@@ -83,6 +101,7 @@ struct tern_doc_cursor {
     bool in_batch;
     bson_t view;
     int status;                      /* of the last request */
+    struct tern_session *s;          /* the server that holds it */
 };
 
 _Static_assert(TERN_DOC_BUF_SLOTS <= 32, "slot_free is a 32-bit mask");
@@ -104,6 +123,8 @@ static int map_code(int32_t code)
         return TERN_E2BIG;
     case 14031:                                 /* OutOfDiskSpace */
         return TERN_ENOSPC;
+    case 91: case 189: case 10107: case 11602: case 13435:
+        return TERN_ENOTPRIMARY;                /* not (or no longer) the primary */
     default:
         return TERN_EDOC;
     }
@@ -171,10 +192,15 @@ const struct tern_doc_error *tern_doc_last_error(const struct tern_doc *doc)
 
 /* ---- ops ---- */
 
+static void doc_mend(struct tern_doc *doc);
+
 static struct doc_op *op_get(struct tern_doc *doc)
 {
-    struct doc_op *op = doc->free_ops;
+    struct doc_op *op;
 
+    if (doc->n_rep > 1)
+        doc_mend(doc);
+    op = doc->free_ops;
     if (!op)
         return NULL;
     doc->free_ops = op->next_free;
@@ -183,6 +209,9 @@ static struct doc_op *op_get(struct tern_doc *doc)
     op->cb = NULL;
     op->arg = NULL;
     op->cur = NULL;
+    op->to = NULL;
+    op->pinned = false;
+    op->tries = 0;
     return op;
 }
 
@@ -194,6 +223,63 @@ static void op_put(struct doc_op *op)
 
 static void cursor_took(struct tern_doc_cursor *cur, const struct doc_rep *rep, const bson_t *r,
                         int status);
+
+static void op_done(void *arg, int status, const void *reply, size_t len);
+
+static bool live(const struct tern_doc *doc, unsigned i)
+{
+    return doc->rs[i] && tern_session_status(doc->rs[i]) == 0;
+}
+
+static int op_call(struct tern_doc *doc, struct doc_op *op)
+{
+    struct iovec iov[2] = {
+        {.iov_base = &op->hdr, .iov_len = sizeof(op->hdr)},
+        {.iov_base = (void *)bson_get_data(&op->cmd), .iov_len = op->cmd.len},
+    };
+
+    return tern_callv(op->to, TERN_DOC_SERVICE_ID, DOC_M_CMD, iov, 2, doc->timeout, op_done,
+                      op, NULL);
+}
+
+/* A call refused because its replica is not the primary (or lost with
+ * it): send it on to the next live replica, which becomes the one calls go
+ * to; at most twice round them (an election takes longer: the caller
+ * sees TERN_ENOTPRIMARY and tries again). Not a cursor's getMore or
+ * killCursors: the cursor lives on its server. A call lost with its
+ * replica may have been done there (writes are at least once). Runs in
+ * the continuation: it never dials (doc_mend does, outside the poll). */
+static bool doc_follow(struct doc_op *op, int status, const bson_t *r)
+{
+    struct tern_doc *doc = op->doc;
+    unsigned from = doc->cur_rep;
+    bool refused = status == TERN_ENOTPRIMARY || status == TERN_ECONNRESET ||
+                   status == TERN_ENOTCONN;
+
+    if (status == 0 && r)
+        refused = map_code((int32_t)get_int(r, "code")) == TERN_ENOTPRIMARY;
+    if (!refused || op->pinned || doc->closing || doc->n_rep < 2 ||
+        op->tries >= 2 * doc->n_rep)
+        return false;
+    for (unsigned k = 0; k < doc->n_rep; k++)
+        if (doc->rs[k] == op->to)
+            from = k;
+    for (unsigned k = 1; k <= doc->n_rep; k++) {
+        unsigned i = (from + k) % doc->n_rep;
+
+        if (!live(doc, i) || doc->rs[i] == op->to)
+            continue;
+        if (doc->s == op->to || !doc->s || tern_session_status(doc->s) != 0) {
+            doc->s = doc->rs[i];
+            doc->cur_rep = i;
+        }
+        op->tries++;
+        op->to = doc->s;
+        op->hdr = (struct doc_req){0};  /* batches inline: the buffers' key is the old session's */
+        return op_call(doc, op) == 0;
+    }
+    return false;
+}
 
 static void op_done(void *arg, int status, const void *reply, size_t len)
 {
@@ -212,6 +298,10 @@ static void op_done(void *arg, int status, const void *reply, size_t len)
         status = TERN_EPROTO;
     if (status == 0)
         memcpy(&rep, reply, sizeof(rep));
+    if (doc_follow(op, status, status == 0 ? &r : NULL))
+        return;         /* sent on to another replica */
+    if (cur && status == 0 && !op->pinned)
+        cur->s = op->to;    /* a new cursor lives where it was opened */
     op_put(op);
     if (status < 0) {
         doc->err = (struct tern_doc_error){.index = -1};
@@ -238,13 +328,11 @@ static void op_done(void *arg, int status, const void *reply, size_t len)
 
 static int op_send(struct tern_doc *doc, struct doc_op *op)
 {
-    struct iovec iov[2] = {
-        {.iov_base = &op->hdr, .iov_len = sizeof(op->hdr)},
-        {.iov_base = (void *)bson_get_data(&op->cmd), .iov_len = op->cmd.len},
-    };
-    int rc = tern_callv(doc->s, TERN_DOC_SERVICE_ID, DOC_M_CMD, iov, 2, doc->timeout, op_done,
-                        op, NULL);
+    int rc;
 
+    if (!op->to)
+        op->to = doc->s;
+    rc = op->to ? op_call(doc, op) : TERN_ENOTCONN;
     if (rc < 0)
         op_put(op);
     return rc;
@@ -331,6 +419,44 @@ static void wait_cb(void *arg, int status, const bson_t *reply)
             w->found = true;
         }
     }
+}
+
+/* Before a call: sessions lost to replicas are dialled again, never
+ * waiting (their handshakes go on in the poll); calls go to a live one. */
+static void doc_mend(struct tern_doc *doc)
+{
+    uint64_t now = tern_now_ns();
+
+    for (unsigned i = 0; i < doc->n_rep; i++) {
+        if (live(doc, i) || now < doc->redial_at[i] ||
+            (doc->rs[i] && tern_session_status(doc->rs[i]) == TERN_EINPROGRESS))
+            continue;
+        if (doc->rs[i]) {
+            /* Its cursors are gone with it. */
+            for (struct tern_doc_cursor *c = doc->cursors; c; c = c->next)
+                if (c->s == doc->rs[i])
+                    c->s = NULL;
+            if (doc->s == doc->rs[i])
+                doc->s = NULL;
+            if (doc->rkey_s == doc->rs[i])
+                doc->rkey_s = NULL;
+            tern_rpc_disconnect(doc->rs[i]);
+            doc->rs[i] = NULL;
+        }
+        if (tern_rpc_connect_start(doc->ep, doc->uris[i], doc->connect_ns, &doc->rs[i]) < 0)
+            doc->rs[i] = NULL;
+        doc->redial_at[i] = now + REDIAL_NS;
+    }
+    if (!doc->s || tern_session_status(doc->s) != 0)
+        for (unsigned k = 1; k <= doc->n_rep; k++) {
+            unsigned i = (doc->cur_rep + k) % doc->n_rep;
+
+            if (live(doc, i)) {
+                doc->s = doc->rs[i];
+                doc->cur_rep = i;
+                break;
+            }
+        }
 }
 
 static int wait_for(struct tern_doc *doc, struct waiter *w, int rc)
@@ -636,7 +762,8 @@ static int slot_take(struct tern_doc *doc)
 {
     int i;
 
-    if (doc->path == TERN_DOC_PATH_RPC || !(tern_session_caps(doc->s) & TERN_TP_CAP_PUT))
+    if (!doc->s || doc->path == TERN_DOC_PATH_RPC ||
+        !(tern_session_caps(doc->s) & TERN_TP_CAP_PUT))
         return -1;
     if (doc->path == TERN_DOC_PATH_AUTO &&
         !(tern_session_caps(doc->s) & TERN_TP_CAP_RMA_OFFLOAD))
@@ -663,19 +790,20 @@ static int slot_take(struct tern_doc *doc)
 
 /* Ask for a push into the cursor's slot, if the path still says so for
  * the fabric the session is on now (an auto:// session may have moved). */
-static void cursor_hdr(struct tern_doc_cursor *cur, struct doc_req *hdr)
+static void cursor_hdr(struct tern_doc_cursor *cur, struct doc_req *hdr, struct tern_session *s)
 {
     struct tern_doc *doc = cur->doc;
-    uint32_t caps = tern_session_caps(doc->s), epoch = tern_session_epoch(doc->s);
+    uint32_t caps = tern_session_caps(s), epoch = tern_session_epoch(s);
 
     *hdr = (struct doc_req){0};
     if (cur->slot < 0 || !(caps & TERN_TP_CAP_PUT))
         return;
     if (doc->path == TERN_DOC_PATH_AUTO && !(caps & TERN_TP_CAP_RMA_OFFLOAD))
         return;
-    if (!doc->rkey_ok || doc->rkey_epoch != epoch) {
-        doc->rkey_ok = tern_rpc_mr_rkey(doc->buf_mr, doc->s, &doc->rkey) == 0;
+    if (!doc->rkey_ok || doc->rkey_epoch != epoch || doc->rkey_s != s) {
+        doc->rkey_ok = tern_rpc_mr_rkey(doc->buf_mr, s, &doc->rkey) == 0;
         doc->rkey_epoch = epoch;
+        doc->rkey_s = s;
     }
     if (!doc->rkey_ok)
         return;
@@ -804,7 +932,15 @@ static int cursor_call(struct tern_doc_cursor *cur, struct doc_op *op, const cha
     int rc;
 
     op->cur = cur;
-    cursor_hdr(cur, &op->hdr);
+    if (op->pinned)
+        op->to = cur->s;
+    else
+        op->to = cur->doc->s;
+    if (!op->to) {
+        op_put(op);
+        return TERN_ENOTCONN;       /* its server's session is gone */
+    }
+    cursor_hdr(cur, &op->hdr, op->to);
     rc = wait_for(cur->doc, &w, op_finish(cur->doc, op, db, ok, wait_cb, &w));
     if (rc == 0 && cur->status < 0)
         rc = cur->status;
@@ -931,6 +1067,7 @@ int tern_doc_cursor_next(struct tern_doc_cursor *cur, const bson_t **view)
         ok = BSON_APPEND_INT64(&op->cmd, "getMore", cur->id) &&
              BSON_APPEND_UTF8(&op->cmd, "collection", cur->coll) &&
              (!cur->batch_size || BSON_APPEND_INT32(&op->cmd, "batchSize", cur->batch_size));
+        op->pinned = true;
         rc = cursor_call(cur, op, cur->db, ok);
         if (rc < 0) {
             cur->status = rc;
@@ -949,12 +1086,14 @@ void tern_doc_cursor_close(struct tern_doc_cursor *cur)
     doc = cur->doc;
     /* The server's side goes without a wait: with no op free, or the
      * session gone, it ends with the session or when it sits idle. */
-    if (doc && cur->id && (op = op_begin(doc, "killCursors", cur->coll)) != NULL) {
+    if (doc && cur->id && cur->s && (op = op_begin(doc, "killCursors", cur->coll)) != NULL) {
         bson_t arr;
         bool ok = bson_append_array_begin(&op->cmd, "cursors", 7, &arr) &&
                   BSON_APPEND_INT64(&arr, "0", cur->id) &&
                   bson_append_array_end(&op->cmd, &arr);
 
+        op->pinned = true;
+        op->to = cur->s;
         op_finish(doc, op, cur->db, ok, NULL, NULL);
     }
     cursor_free(cur);
@@ -1090,26 +1229,49 @@ int tern_doc_open(struct tern_rpc_ep *ep, const char *const *uris, unsigned n,
         bson_init(&doc->ops[i - 1].cmd);
         op_put(&doc->ops[i - 1]);
     }
+    if (n > DOC_REPLICAS_MAX) {
+        tern_doc_close(doc);
+        return TERN_EINVAL;
+    }
+    doc->n_rep = n;
+    doc->connect_ns = timeout_ns ? timeout_ns : 2000000000ull;
+    for (unsigned i = 0; i < n; i++)
+        if (!uris[i] || snprintf(doc->uris[i], sizeof(doc->uris[i]), "%s", uris[i]) >=
+                            (int)sizeof(doc->uris[i])) {
+            tern_doc_close(doc);
+            return TERN_EINVAL;
+        }
+    /* Every one now (a call refused by one goes on to the next at once);
+     * calls go to the first that answers. */
     for (unsigned i = 0; i < n; i++) {
         struct doc_wire_stats st;
         size_t len;
+        int r1 = tern_rpc_connect(ep, uris[i], timeout_ns, &doc->rs[i]);
 
-        rc = tern_rpc_connect(ep, uris[i], timeout_ns, &doc->s);
         /* Is the service there? */
-        if (rc == 0)
-            rc = tern_call_sync(doc->s, TERN_DOC_SERVICE_ID, DOC_M_STATS, NULL, 0, &st,
+        if (r1 == 0)
+            r1 = tern_call_sync(doc->rs[i], TERN_DOC_SERVICE_ID, DOC_M_STATS, NULL, 0, &st,
                                 sizeof(st), &len, timeout_ns);
-        if (rc == 0 && len != sizeof(st))
-            rc = TERN_EPROTO;
-        if (rc == 0)
-            break;
-        tern_log(TERN_LOG_ERROR, "doc", "%s: %s", uris[i] ? uris[i] : "(null)",
-                 tern_strerror(rc));
-        if (doc->s)
-            tern_rpc_disconnect(doc->s);
-        doc->s = NULL;
+        if (r1 == 0 && len != sizeof(st))
+            r1 = TERN_EPROTO;
+        if (r1 == 0) {
+            if (!doc->s) {
+                doc->s = doc->rs[i];
+                doc->cur_rep = i;
+            }
+            rc = 0;
+            continue;
+        }
+        tern_log(n > 1 ? TERN_LOG_WARN : TERN_LOG_ERROR, "doc", "%s: %s", uris[i],
+                 tern_strerror(r1));
+        if (doc->rs[i])
+            tern_rpc_disconnect(doc->rs[i]);
+        doc->rs[i] = NULL;
+        doc->redial_at[i] = tern_now_ns() + REDIAL_NS;
         if (!first)
-            first = rc;
+            first = r1;
+        if (!doc->s)
+            rc = r1;
     }
     if (rc < 0) {
         tern_doc_close(doc);
@@ -1125,8 +1287,10 @@ void tern_doc_close(struct tern_doc *doc)
         return;
     /* Calls in flight end here with TERN_ECANCELED, their cursors still
      * there to hear it; then the cursors are left to be closed. */
-    if (doc->s)
-        tern_rpc_disconnect(doc->s);
+    doc->closing = true;
+    for (unsigned i = 0; i < doc->n_rep; i++)
+        if (doc->rs[i])
+            tern_rpc_disconnect(doc->rs[i]);
     for (struct tern_doc_cursor *cur = doc->cursors, *next; cur; cur = next) {
         next = cur->next;
         cur->doc = NULL;

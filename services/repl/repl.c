@@ -826,13 +826,24 @@ void repl_set_lease(struct repl *r, bool alive)
 
 void repl_hold(struct repl *r, struct tern_req *req, enum repl_w w)
 {
+    uint64_t target = r->log.last;
+
     if (w > REPL_W_ALL)
         w = REPL_W_MAJORITY;
     if (w == REPL_W_ONE && r->lease_doubt)
         w = REPL_W_MAJORITY;    /* a successor might never see it */
-    if (w == REPL_W_ONE)
+    /* Not primary: the service refused the write (it asks repl_writable
+     * first, in the same handler), and a refusal goes at once. */
+    if (w == REPL_W_ONE || r->st != S_PRIMARY)
         return;             /* the service synced before it replies */
-    tern_req_gate(req, r->gate[w], r->log.last);
+    /* A write that made no record (a delete of nothing, a drop of what
+     * was not there) may already be where its concern wants it: gates are
+     * passed only when positions move, so it would wait for the next
+     * write. */
+    if ((w == REPL_W_MAJORITY && r->committed >= target) ||
+        (w == REPL_W_ALL && held_by_all(r) >= target))
+        return;
+    tern_req_gate(req, r->gate[w], target);
 }
 
 void repl_hold_read(struct repl *r, struct tern_req *req, uint64_t version)

@@ -475,21 +475,30 @@ static void aggregate_steps(void)
 int main(int argc, char **argv)
 {
     static bson_t *docs[NBIG];
-    const char *uri;
+    const char *uri, *uris[7];
+    unsigned n_uris = 0;
     bson_t *cmd, reply, *keys;
     uint64_t inserted = 0;
     int64_t n;
     int rc;
 
     if (argc != 3) {
-        fprintf(stderr, "usage: %s URI DB\n", argv[0]);
+        fprintf(stderr, "usage: %s URI[,URI...] DB\n", argv[0]);
         return 2;
     }
+    /* Several: the replicas of a replicated store, the primary found and
+     * followed by the client. */
     uri = argv[1];
+    for (char *at = argv[1], *comma; at && n_uris < 7; at = comma ? comma + 1 : NULL) {
+        comma = strchr(at, ',');
+        if (comma)
+            *comma = 0;
+        uris[n_uris++] = at;
+    }
     g_db = argv[2];
     rc = tern_rpc_open(NULL, &g_ep);
     if (rc == 0)
-        rc = tern_doc_open(g_ep, &uri, 1, 20 * SEC, &g_doc);
+        rc = tern_doc_open(g_ep, uris, n_uris, 20 * SEC, &g_doc);
     if (rc < 0) {
         fprintf(stderr, "native: %s: %s\n", uri, tern_strerror(rc));
         return 1;

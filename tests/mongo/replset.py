@@ -8,8 +8,9 @@
         the primary and a read from a secondary. Whatever the driver does
         not hide from the application (an exception) is recorded. OUT gets
         {acked: [_id...], updated: {_id: n}, errors: [...], outages:
-        [[s into the run, ms]...], ...}: an outage is a gap of over 100 ms
-        between two acknowledged writes (as rpcbench failover counts them).
+        [[s into the run, ms, the operation that ended it]...], ...}: an
+        outage is a gap of over 100 ms between two acknowledged writes (as
+        rpcbench failover counts them).
 
     replset.py check HOSTS SET OUT.json
         Every acknowledged insert and update of OUT is on the primary.
@@ -88,7 +89,7 @@ def write(hosts, rs, seconds, out):
                 acked.append(i)
             now = time.monotonic()
             if last_ack is not None and now - last_ack > OUTAGE_S:
-                outages.append((round(last_ack - start, 3), round((now - last_ack) * 1000, 1)))
+                outages.append((round(last_ack - start, 3), round((now - last_ack) * 1000, 1), i))
             last_ack = now
             if i % 50 == 0 and acked:
                 d = coll.find_one({"_id": acked[-1]})
@@ -108,7 +109,7 @@ def write(hosts, rs, seconds, out):
         i += 1
     if last_ack is not None and time.monotonic() - last_ack > OUTAGE_S:
         outages.append((round(last_ack - start, 3),
-                        round((time.monotonic() - last_ack) * 1000, 1)))
+                        round((time.monotonic() - last_ack) * 1000, 1), i))
     json.dump({"acked": acked, "updated": {str(k): v for k, v in updated.items()},
                "errors": errors, "reads": reads, "secondary_reads": sec_reads,
                "primaries": sorted(primaries), "worst_op_s": round(worst, 3),

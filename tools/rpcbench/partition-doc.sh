@@ -66,9 +66,16 @@ TERN_RACK_DIR=$(mktemp -d /tmp/tern-part-XXXXXX)
 rmdir "$TERN_RACK_DIR"
 work=$(mktemp -d /tmp/tern-part-work-XXXXXX)
 load_pid=
+killed=()
 cleanup() {
+    local pid
     [ -z "$load_pid" ] || kill -9 "$load_pid" 2>/dev/null || true
     "$rack" down >/dev/null 2>&1 || true
+    # What the ternds killed with SIGKILL left (rack down knows the live
+    # ones only): their emulated NICs' segments.
+    for pid in "${killed[@]}"; do
+        kill -0 "$pid" 2>/dev/null || rm -f "/dev/shm/softverbs.$pid" /dev/shm/softverbs."$pid".*
+    done
     rm -rf "$work" || true
 }
 trap cleanup EXIT
@@ -140,7 +147,8 @@ heal_ms=()
 for r in $(seq "$rounds"); do
     victim=$(primary) || fail "round $r: no primary to cut off"
     if [ "${MODE:-cut}" = kill ]; then
-        kill -9 "$(cat "$TERN_RACK_DIR/$victim/pid")"
+        killed+=("$(cat "$TERN_RACK_DIR/$victim/pid")")
+        kill -9 "${killed[-1]}"
         sleep 0.5
         ip netns exec "tern-$victim" "$build/tools/ternd/ternd" \
             --config "$TERN_RACK_DIR/$victim/ternd.conf" >>"$TERN_RACK_DIR/$victim/out" \

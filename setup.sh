@@ -241,6 +241,7 @@ run_tests() {
         count ternd-members tests/ternd_members.sh build
         count rack tests/rack.sh build
         count ternd-partition tests/ternd_partition.sh build
+        count ternd-partition-doc tests/ternd_partition_doc.sh build
         count ternd-replset tests/ternd_replset.sh build
         count installed-library-consumer consumer
         # One CRUD script through three real MongoDB clients against

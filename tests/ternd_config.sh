@@ -5,7 +5,8 @@
 # and exits 2; a ternd started from a file serves where the file says,
 # writes its log to log_file in the one log format, reloads [policy] on
 # SIGHUP (and keeps the old one when the new file is wrong), reopens a log
-# rotated away, and says when TERN_LOG names no level.
+# rotated away, says when TERN_LOG names no level, and with the MongoDB
+# gateway on 0.0.0.0 names the node's own address for it (and warns).
 #
 #   tests/ternd_config.sh BUILD_DIR
 set -euo pipefail
@@ -89,6 +90,16 @@ refused '[peer h2]\nrack = r1\n' "^ternd: $f: \[peer h2\]: no address"
 refused '[node]\nlog_level = loud\n' "^ternd: $f:2: \[node\] log_level: loud is not one of error, warn"
 refused "[node]\nlisten = tcp://$(head -c 300 /dev/zero | tr '\0' a):1\n" "^ternd: $f:2: syntax: line longer than"
 refused '[node]\nname = h1\n[peer h1]\naddress = tcp://a:1\n' "this node's own name"
+refused '[doc]\nmongo_port = 0\nmongo_host = 10.1.2\n' "^ternd: $f:3: \[doc\] mongo_host: '10.1.2' is not an IPv4 address"
+refused '[doc]\nmongo_host = bad_host\n' "^ternd: $f:2: \[doc\] mongo_host: 'bad_host' is not an IPv4 or IPv6 address nor a host name"
+refused '[doc]\nmongo_host = [::1]\n' "^ternd: $f:2: \[doc\] mongo_host: '\[::1\]': write an IPv6 address without brackets"
+refused '[doc]\nmongo_host = nosuch.invalid\n' "^ternd: $f:2: \[doc\] mongo_host: host name 'nosuch.invalid' does not resolve"
+refused '[doc]\nmongo_host = 0.0.0.0\n' "^ternd: --mongo-host is where the MongoDB gateway listens: it needs --mongo-port"
+# The gateway's address, from the file and from a flag, as --check prints it.
+printf '[doc]\nmongo_port = 27017\nmongo_host = ::1\n' >"$dir/m.conf"
+"$ternd" --config "$dir/m.conf" --check | grep -qx 'mongo_host = ::1' || fail "mongo_host not printed"
+"$ternd" --config "$dir/m.conf" --check --mongo-host 0.0.0.0 | grep -qx 'mongo_host = 0.0.0.0' ||
+    fail "--mongo-host did not win over the file"
 "$ternd" --config "$dir/none.conf" --check 2>"$dir/err" && fail "a missing file was taken"
 grep -q "none.conf: No such file" "$dir/err" || fail "a missing file: $(cat "$dir/err")"
 
@@ -135,6 +146,27 @@ grep -q 'ternd: stopped$' "$dir/ternd.log" || fail "no 'stopped' line in the new
 grep -Evq "$iso" "$dir/ternd.log" "$dir/ternd.log.1" &&
     fail "a line in another format: $(grep -Ev "$iso" "$dir/ternd.log" "$dir/ternd.log.1" | head -3)"
 [ ! -s "$dir/stderr" ] || fail "with log_file, stderr got: $(cat "$dir/stderr")"
+
+# A gateway on every address says (and would register) the node's own
+# listen address: no driver can dial 0.0.0.0.
+if "$ternd" --help | grep -q -- '--mongo-port'; then
+    "$ternd" --data-dir "$dir/data4" --listen tcp://127.0.0.1:0 --no-shm --pool-size 4m \
+        --seg-size 64k --doc-pool-size 256m --mongo-port 0 --mongo-host 0.0.0.0 \
+        >"$dir/any.out" 2>"$dir/any.err" &
+    pid=$!
+    for _ in $(seq 100); do
+        grep -q '^ternd ready' "$dir/any.out" && break
+        kill -0 $pid 2>/dev/null || fail "ternd with --mongo-host 0.0.0.0 exited: $(cat "$dir/any.err")"
+        sleep 0.05
+    done
+    grep -q '^ternd ready .* mongo=127\.0\.0\.1:[1-9][0-9]* ' "$dir/any.out" ||
+        fail "--mongo-host 0.0.0.0: $(cat "$dir/any.out")"
+    grep -q 'mongo_host = 0.0.0.0: the MongoDB gateway has no authentication' "$dir/any.err" ||
+        fail "no warning for a gateway beyond the loopback: $(cat "$dir/any.err")"
+    kill -TERM $pid
+    wait $pid || fail "ternd exited with $? on SIGTERM"
+    pid=""
+fi
 
 # TERN_LOG that names no level is said, not ignored.
 TERN_LOG=loud "$ternd" --data-dir "$dir/data3" --listen tcp://127.0.0.1:0 --no-doc \

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "error.h"
@@ -1490,6 +1491,41 @@ START_TEST(held_replies_wait_for_the_replicas)
 }
 END_TEST
 
+/* A held reply freed between two polls (the replicas confirmed while
+ * the RPC side ran) goes at the next poll at once: nothing on the socket
+ * wakes the gateway for it, and it must not sit out the poll's timeout. */
+START_TEST(a_freed_held_reply_does_not_wait_out_the_poll)
+{
+    struct conn *c;
+    struct mb b = {0};
+    bson_t *w = cmd("write", "test");
+    struct timespec t0, t1;
+    long ms;
+
+    runner = &fake_held;
+    hold_seq = pass_upto = 0;
+    holds_fail = false;
+    gw_open(0, 0);
+    c = conn_open();
+    msg_begin(&b, 1, 0);
+    sec0(&b, w);
+    mb_end(&b);
+    conn_send(c, &b);
+    nothing_yet(c);
+    pass_upto = 1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    ck_assert_int_ge(mongo_gw_poll(gw, 5000), 0);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    ms = (t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000;
+    /* Well under the timeout, with room for a loaded machine. */
+    ck_assert_msg(ms < 2500, "the poll waited %ld ms", ms);
+    expect_reply(c, 1, false, "write", 0);
+    conn_close(c);
+    bson_destroy(w);
+    free(b.p);
+}
+END_TEST
+
 /* ---- awaitable hello ---- */
 
 /* {hello: 1, topologyVersion: {processId: pid, counter}, maxAwaitTimeMS} */
@@ -2405,6 +2441,7 @@ Suite *suite_mongo_wire(void)
     tcase_add_test(g, group_commit_before_replies);
     tcase_add_test(g, sync_failure_fails_writes_only);
     tcase_add_test(g, held_replies_wait_for_the_replicas);
+    tcase_add_test(g, a_freed_held_reply_does_not_wait_out_the_poll);
     tcase_add_test(g, hostile_messages_answered);
     tcase_add_test(g, document_of_17_mib);
     tcase_add_test(g, unframeable_stream_closed);

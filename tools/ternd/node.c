@@ -89,7 +89,7 @@ struct ternd_node {
 #endif
     struct ternd_replica *replica;   /* [cluster] kv_shard */
     struct ternd_replica *doc_replica;   /* [cluster] doc_shard */
-    char mongo[96];                  /* the MongoDB gateway, "HOST:PORT" or "" */
+    char mongo[128];                 /* the MongoDB gateway, "HOST:PORT" or "" */
 };
 
 /* ---- text building ---- */

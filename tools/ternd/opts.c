@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <ini.h>
+#include <netdb.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -365,6 +366,78 @@ static bool port(struct ctx *c, const char *v, int *out)
 
 static bool set_resp_port(struct ctx *c, const char *v) { return port(c, v, &c->o->resp_port); }
 static bool set_mongo_port(struct ctx *c, const char *v) { return port(c, v, &c->o->mongo_port); }
+
+/* A host name: labels of 1..63 letters, digits and '-', not starting or
+ * ending with '-', joined by '.' (RFC 1123); *last gets its last label. */
+static bool host_name_ok(const char *v, const char **last)
+{
+    const char *p = v;
+
+    if (!*v)
+        return false;
+    for (;;) {
+        size_t k = strcspn(p, ".");
+
+        if (k < 1 || k > 63 || p[0] == '-' || p[k - 1] == '-')
+            return false;
+        for (size_t i = 0; i < k; i++)
+            if (!isalnum((unsigned char)p[i]) && p[i] != '-')
+                return false;
+        *last = p;
+        if (!p[k])
+            return true;
+        p += k + 1;
+    }
+}
+
+/* Where the MongoDB gateway listens: an IPv4 or IPv6 address, or a host
+ * name that resolves. Checked here, so that a typo is said with its file
+ * and line before any pool is opened, not as a failed bind after. */
+static bool set_mongo_host(struct ctx *c, const char *v)
+{
+    unsigned char a[sizeof(struct in6_addr)];
+    const char *last = v;
+
+    if (strlen(v) > TERND_MONGO_HOST_MAX) {
+        say(c, "longer than %d characters (it is registered in etcd as HOST:PORT)",
+            TERND_MONGO_HOST_MAX);
+        return false;
+    }
+    if (inet_pton(AF_INET, v, a) == 1 || inet_pton(AF_INET6, v, a) == 1) {
+        c->o->mongo_host = c->flags ? v : keep(v);
+        return true;
+    }
+    if (v[0] == '[') {
+        say(c, "'%s': write an IPv6 address without brackets", v);
+        return false;
+    }
+    if (!host_name_ok(v, &last)) {
+        say(c, "'%s' is not an IPv4 or IPv6 address nor a host name", v);
+        return false;
+    }
+    /* All digits and dots is an IPv4 address that inet_pton refused
+     * ("10.1.2", "010.0.0.1"): the resolver would read it its own way. */
+    if (strspn(last, "0123456789") == strlen(last)) {
+        say(c, "'%s' is not an IPv4 address (A.B.C.D, each 0..255)", v);
+        return false;
+    }
+#ifndef TERND_OPTS_NO_RESOLVE
+    /* (The fuzz target checks the syntax only: no resolver per input.) */
+    {
+        struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
+        int rc = getaddrinfo(v, NULL, &hints, &ai);
+
+        if (rc != 0) {
+            say(c, "host name '%s' does not resolve: %s", v,
+                rc == EAI_SYSTEM ? strerror(errno) : gai_strerror(rc));
+            return false;
+        }
+        freeaddrinfo(ai);
+    }
+#endif
+    c->o->mongo_host = c->flags ? v : keep(v);
+    return true;
+}
 static bool set_metrics_port(struct ctx *c, const char *v)
 {
     return port(c, v, &c->o->metrics_port);
@@ -556,7 +629,8 @@ static const struct key keys[] = {
     {"kv", "flush_helpers", "flush-helpers", 1, NULL, set_helpers, false, "threads that take pieces of large flushes (PM pools; 0..64, default 0)"},
     {"doc", "enabled", "no-doc", 0, "no", set_doc, false, "host the document service on doc.pool (default yes)"},
     {"doc", "pool_size", "doc-pool-size", 1, NULL, set_doc_pool, false, "size of a new document pool, k/m/g/t (default 1g, sparse, 32m segments)"},
-    {"doc", "mongo_port", "mongo-port", 1, NULL, set_mongo_port, false, "serve MongoDB's wire protocol on 127.0.0.1:PORT (0: any; default off)"},
+    {"doc", "mongo_port", "mongo-port", 1, NULL, set_mongo_port, false, "serve MongoDB's wire protocol on mongo_host:PORT (0: any; default off)"},
+    {"doc", "mongo_host", "mongo-host", 1, NULL, set_mongo_host, false, "the gateway's listen address, IPv4, IPv6 or a host name (default 127.0.0.1; 0.0.0.0: every address)"},
     {"chain", "enabled", "chain", 0, "yes", set_chain, false, "host the block-sync service on chain.pool (default no)"},
     {"chain", "id", "chain-id", 1, NULL, set_chain_id, false, "a new chain file's chain id (default 0x7465726e)"},
     {"chain", "size", "chain-size", 1, NULL, set_chain_size, false, "a new chain file's size, k/m/g/t (default 1g, sparse)"},
@@ -953,6 +1027,9 @@ int ternd_opts_parse(int argc, char **argv, struct ternd_opts *o)
 #endif
     if (o->mongo_port >= 0 && !o->doc)
         return opt_usage_error("ternd", "--mongo-port serves the document store: not with --no-doc");
+    if (o->mongo_host && o->mongo_port < 0)
+        return opt_usage_error("ternd", "--mongo-host is where the MongoDB gateway listens: it "
+                               "needs --mongo-port");
     if (o->doc_shard[0] && !o->doc)
         return opt_usage_error("ternd", "--doc-shard replicates the document store: not with "
                                "--no-doc");
@@ -1043,7 +1120,8 @@ void ternd_opts_print(FILE *f, const struct ternd_opts *o)
     opt_format(a, sizeof(a), o->doc_pool_size ? o->doc_pool_size : 1ull << 30, OPT_SIZE);
     fprintf(f, "\n[doc]\nenabled = %s\npool_size = %s\n", yes_no(o->doc), a);
     if (o->mongo_port >= 0)
-        fprintf(f, "mongo_port = %d\n", o->mongo_port);
+        fprintf(f, "mongo_port = %d\nmongo_host = %s\n", o->mongo_port,
+                o->mongo_host ? o->mongo_host : "127.0.0.1");
     else
         fprintf(f, "mongo_port = off\n");
     opt_format(a, sizeof(a), o->chain.size, OPT_SIZE);

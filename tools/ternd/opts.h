@@ -6,7 +6,7 @@
  *             log_level, log_file, metrics_port, key_file, protected
  *   [kv]      pool_size, seg_size, range, resp_port, resp_coalesce_us,
  *             flush_helpers
- *   [doc]     enabled, pool_size, mongo_port
+ *   [doc]     enabled, pool_size, mongo_port, mongo_host
  *   [chain]   enabled, id, size, peer (repeatable), producers, workers, fault
  *   [policy]  same_rack, other_rack (fabric lists), subnet (repeatable:
  *             "CIDR FABRIC")
@@ -36,6 +36,9 @@
 #define TERND_LEASE_MIN 2            /* [cluster] lease_ttl, seconds */
 #define TERND_LEASE_MAX 60
 #define TERND_MAX_SHARDS 16          /* [cluster] shard (CL_SHARDS_MAX) */
+#define TERND_MONGO_HOST_MAX 119     /* [doc] mongo_host: "[HOST]:PORT" fits the
+                                      * 128 bytes of a registered address
+                                      * (CL_ADDR_MAX) */
 
 /* A fabric preference list ("ntb,rdma,tcp"): fabric names in order. */
 #define TERND_FABRICS 4
@@ -99,6 +102,7 @@ struct ternd_opts {
     bool doc;
     uint64_t doc_pool_size;
     int mongo_port;                  /* -1: no gateway */
+    const char *mongo_host;          /* its listen address; NULL: 127.0.0.1 */
     /* [chain] */
     struct ternd_chain_opts chain;
     /* [cluster]: membership through etcd (none: alone, the default) */

@@ -4,8 +4,8 @@
  * serves them over tern RPC (TCP, plus shm for clients on this host that
  * come in through auto://), with resp_port also speaks the Redis protocol
  * on the KV store, and with mongo_port MongoDB's wire protocol on the
- * document store. Its settings come from a configuration file and flags
- * (opts.h; ternd(8) lists them).
+ * document store (on 127.0.0.1, or mongo_host). Its settings come from a
+ * configuration file and flags (opts.h; ternd(8) lists them).
  *
  *   ternd [--config FILE [--check]] [options]
  *   ternd --help | --version
@@ -22,6 +22,7 @@
  * (exit 1) removes the pool file it created, if it created one; usage and
  * configuration errors exit 2.
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -241,6 +242,41 @@ static void doc_hello(void *arg, bson_t *reply, bool primary)
     }
 }
 
+/* The address the MongoDB gateway is reached at, "HOST:PORT", for the
+ * node's registration and so for every member's hello (hosts, primary,
+ * me): drivers on other hosts connect to what it says. mongo_host as
+ * given, unless it is a wildcard (0.0.0.0, ::), which no driver can
+ * dial: then this node's own address, from its first tcp:// listen
+ * address that names one, else its host name. */
+static void mongo_advertise(const struct ternd_opts *o, char (*bound)[256], unsigned n_bound,
+                            uint16_t port, char *out, size_t cap)
+{
+    const char *host = o->mongo_host ? o->mongo_host : "127.0.0.1";
+    unsigned char a[sizeof(struct in6_addr)];
+    char name[256];
+
+    if ((inet_pton(AF_INET, host, a) == 1 && !memcmp(a, "\0\0\0", 4)) ||
+        (inet_pton(AF_INET6, host, a) == 1 && !memcmp(a, &in6addr_any, sizeof(in6addr_any)))) {
+        for (unsigned i = 0; i < n_bound; i++) {
+            const char *h = bound[i] + 6, *colon = strrchr(bound[i], ':');
+
+            if (strncmp(bound[i], "tcp://", 6) != 0 || !colon || colon <= h ||
+                !strncmp(h, "0.0.0.0:", 8) || !strncmp(h, "[::]:", 5))
+                continue;
+            snprintf(out, cap, "%.*s:%u", (int)(colon - h), h, port);
+            return;
+        }
+        if (gethostname(name, sizeof(name)) != 0 || !name[0])
+            snprintf(name, sizeof(name), "%s", o->name);
+        name[sizeof(name) - 1] = 0;
+        tern_log(TERN_LOG_WARN, "ternd", "[doc] mongo_host = %s: no tcp:// listen address "
+                 "names this host, so the gateway is registered as %s:%u (the host name)",
+                 host, name, port);
+        host = name;
+    }
+    snprintf(out, cap, strchr(host, ':') ? "[%s]:%u" : "%s:%u", host, port);
+}
+
 struct doc_link {
     const struct ternd_opts *o;
     struct doc_store *store;
@@ -444,7 +480,7 @@ int main(int argc, char **argv)
     unsigned n_bound = 0;
     bool made_dir, new_pool;
 #if TERN_HAVE_DOC
-    char dpool[4096];
+    char dpool[4096], maddr[128] = "";
     bool new_dpool = false;
 #endif
     struct stat pst;
@@ -613,15 +649,26 @@ int main(int argc, char **argv)
     /* The MongoDB gateway listens now (its address goes into the node's
      * registration) and serves once the loop runs. */
     if (rc == 0 && o.mongo_port >= 0) {
-        struct mongo_gw_config mc = {.port = (uint16_t)o.mongo_port};
+        struct mongo_gw_config mc = {.host = o.mongo_host, .port = (uint16_t)o.mongo_port};
 
         rc = mongo_gw_create(dsrv, &mc, &mgw);
-        if (rc < 0)
-            tern_log(TERN_LOG_ERROR, "ternd", "--mongo-port: 127.0.0.1:%d: %s", o.mongo_port,
-                    tern_strerror(rc));
-        else if (at < sizeof(line))
-            at += (size_t)snprintf(line + at, sizeof(line) - at, " mongo=127.0.0.1:%u",
-                                   mongo_gw_port(mgw));
+        if (rc < 0) {
+            tern_log(TERN_LOG_ERROR, "ternd", "--mongo-port: %s:%d: %s",
+                     o.mongo_host ? o.mongo_host : "127.0.0.1", o.mongo_port, tern_strerror(rc));
+        } else {
+            const char *mh = o.mongo_host ? o.mongo_host : "127.0.0.1";
+
+            /* The cluster key covers tern RPC only: say what is exposed. */
+            if (strncmp(mh, "127.", 4) != 0 && strcmp(mh, "::1") != 0 &&
+                strcmp(mh, "localhost") != 0)
+                tern_log(TERN_LOG_WARN, "ternd", "[doc] mongo_host = %s: the MongoDB gateway "
+                         "has no authentication (the cluster key covers tern RPC only): "
+                         "whoever reaches port %u there reads and writes every document", mh,
+                         mongo_gw_port(mgw));
+            mongo_advertise(&o, bound_uris, n_bound, mongo_gw_port(mgw), maddr, sizeof(maddr));
+            if (at < sizeof(line))
+                at += (size_t)snprintf(line + at, sizeof(line) - at, " mongo=%s", maddr);
+        }
     }
 #endif
     /* The node service, the peer sessions and the metrics. */
@@ -641,12 +688,8 @@ int main(int argc, char **argv)
         for (unsigned i = 0; rc == 0 && i < n_bound; i++)
             ternd_node_add_listen(g_node, bound_uris[i]);
 #if TERN_HAVE_DOC
-        if (rc == 0 && mgw) {
-            char maddr[32];
-
-            snprintf(maddr, sizeof(maddr), "127.0.0.1:%u", mongo_gw_port(mgw));
+        if (rc == 0 && mgw)
             ternd_node_set_mongo(g_node, maddr);
-        }
 #endif
         if (rc == 0 && (rc = ternd_node_join(g_node)) < 0)
             tern_log(TERN_LOG_ERROR, "ternd", "[cluster] etcd: %s", tern_strerror(rc));

@@ -181,17 +181,16 @@ if [ $same = 0 ]; then
     done
     fail "the members never converged on $want documents"
 fi
-# The native client told of the backups first finds the primary and
-# follows it: the CRUD script's transcript is the one a server alone gives.
+# The native client told of one backup only learns the set's members from
+# it and follows the primary: the CRUD script's transcript is the one a
+# server alone gives.
 if [ -x "$build/tests/mongo/native" ]; then
     p=$(primary) || fail "no primary for the native client"
-    list=
-    for h in a b c; do [ "$h" = "$p" ] || list=${list:+$list,}tcp://127.0.0.1:${rpc[$h]}; done
-    list=$list,tcp://127.0.0.1:${rpc[$p]}
-    "$build/tests/mongo/native" "$list" crud_native >"$dir/native.jsonl" 2>"$dir/native.err" ||
-        fail "the native client on $list: $(tail -5 "$dir/native.err")"
+    for h in a b c; do [ "$h" = "$p" ] || { one=tcp://127.0.0.1:${rpc[$h]}; break; }; done
+    "$build/tests/mongo/native" "$one" crud_native >"$dir/native.jsonl" 2>"$dir/native.err" ||
+        fail "the native client on $one: $(tail -5 "$dir/native.err")"
     diff -u "$here/mongo/expected.jsonl" "$dir/native.jsonl" >"$dir/native.diff" ||
-        fail "the native client's transcript through the replicas differs: $(head -30 "$dir/native.diff")"
-    echo "ternd replset: the native client, told of the backups first, ran the CRUD script on the primary ($p)"
+        fail "the native client's transcript through a backup differs: $(head -30 "$dir/native.diff")"
+    echo "ternd replset: the native client, told of a backup only, ran the CRUD script on the primary ($p)"
 fi
 echo "ternd replset: ok ($rounds primaries killed; every member holds the $want documents)"

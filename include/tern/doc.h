@@ -63,7 +63,10 @@ struct tern_doc_cursor;
  * TERN_ENOTPRIMARY, to be tried again. A write lost with its session may
  * have been done (at least once). A cursor stays on the server that
  * opened it. Lost sessions are dialled again before later calls, without
- * waiting. Returns the first one's error if none answers; TERN_EINVAL
+ * waiting. At open, and after a refusal, the client also asks the server
+ * it uses for the set's members (hello's ternMembers, from the shard's
+ * map) and dials those it was not given: told of one member, it finds the
+ * others, and it follows a primary onto a node added since. Returns the first one's error if none answers; TERN_EINVAL
  * past 7. The endpoint must outlive the client. */
 int tern_doc_open(struct tern_rpc_ep *ep, const char *const *uris, unsigned n,
                   uint64_t timeout_ns, struct tern_doc **out);

@@ -56,6 +56,7 @@ struct doc_op {
  * of a replicated document store. */
 #define DOC_REPLICAS_MAX 7
 #define REDIAL_NS 200000000ull
+#define MEMBERS_NS 1000000000ull
 
 struct tern_doc {
     struct tern_rpc_ep *ep;
@@ -69,6 +70,11 @@ struct tern_doc {
     uint64_t redial_at[DOC_REPLICAS_MAX];
     uint64_t connect_ns;
     bool closing;
+    /* the set's members, asked of the server (hello's ternMembers, from
+     * the shard's map) after a refusal, at most every MEMBERS_NS: ones not
+     * given at open are dialled too */
+    uint64_t members_at;
+    bool members_asked, members_due;
     uint64_t timeout;
     enum tern_doc_path path;
     struct doc_op ops[DOC_OPS];
@@ -194,12 +200,15 @@ const struct tern_doc_error *tern_doc_last_error(const struct tern_doc *doc)
 
 static void doc_mend(struct tern_doc *doc);
 
+static void doc_learn(struct tern_doc *doc);
+
 static struct doc_op *op_get(struct tern_doc *doc)
 {
     struct doc_op *op;
 
     if (doc->n_rep > 1)
         doc_mend(doc);
+    doc_learn(doc);
     op = doc->free_ops;
     if (!op)
         return NULL;
@@ -258,6 +267,8 @@ static bool doc_follow(struct doc_op *op, int status, const bson_t *r)
 
     if (status == 0 && r)
         refused = map_code((int32_t)get_int(r, "code")) == TERN_ENOTPRIMARY;
+    if (refused)
+        doc->members_due = true;    /* the set may have moved on: ask it */
     if (!refused || op->pinned || doc->closing || doc->n_rep < 2 ||
         op->tries >= 2 * doc->n_rep)
         return false;
@@ -457,6 +468,78 @@ static void doc_mend(struct tern_doc *doc)
                 break;
             }
         }
+}
+
+/* "host:port" of a URI. */
+static const char *addr_of(const char *uri)
+{
+    const char *sep = strstr(uri, "://");
+
+    return sep ? sep + 3 : uri;
+}
+
+/* hello's answer: members not known yet join the list (doc_mend dials
+ * them). A server alone says none. */
+static void on_members(void *arg, int status, const bson_t *reply)
+{
+    struct tern_doc *doc = arg;
+    bson_iter_t it, m;
+
+    doc->members_asked = false;
+    if (status < 0 || !reply || doc->closing || !bson_iter_init_find(&it, reply, "ternMembers") ||
+        !BSON_ITER_HOLDS_ARRAY(&it) || !bson_iter_recurse(&it, &m))
+        return;
+    while (bson_iter_next(&m) && doc->n_rep < DOC_REPLICAS_MAX) {
+        const char *a;
+        uint32_t len;
+        bool known = false;
+        int w;
+
+        if (!BSON_ITER_HOLDS_UTF8(&m))
+            continue;
+        a = bson_iter_utf8(&m, &len);
+        if (!len || memchr(a, '/', len) || strlen(a) != len)
+            continue;
+        for (unsigned i = 0; i < doc->n_rep; i++)
+            known |= strcmp(addr_of(doc->uris[i]), a) == 0;
+        if (known)
+            continue;
+        /* The scheme of the first URI given. */
+        w = snprintf(doc->uris[doc->n_rep], sizeof(doc->uris[0]), "%.*s%s",
+                     (int)(addr_of(doc->uris[0]) - doc->uris[0]), doc->uris[0], a);
+        if (w <= 0 || (size_t)w >= sizeof(doc->uris[0]))
+            continue;
+        doc->rs[doc->n_rep] = NULL;
+        doc->redial_at[doc->n_rep] = 0;
+        tern_log(TERN_LOG_INFO, "doc", "replica %s: learned from the set",
+                 doc->uris[doc->n_rep]);
+        doc->n_rep++;
+    }
+}
+
+/* After a refusal (at most every MEMBERS_NS), ask the server in use who
+ * the set's members are. */
+static void doc_learn(struct tern_doc *doc)
+{
+    uint64_t now = tern_now_ns();
+    struct doc_op *op;
+
+    if (!doc->members_due || doc->members_asked || now < doc->members_at || !doc->s ||
+        doc->closing || tern_session_status(doc->s) != 0)
+        return;
+    doc->members_due = false;
+    doc->members_at = now + MEMBERS_NS;
+    doc->members_asked = true;      /* before op_get, which calls here */
+    op = op_get(doc);
+    if (!op || !BSON_APPEND_INT32(&op->cmd, "hello", 1)) {
+        if (op)
+            op_put(op);
+        doc->members_asked = false;
+        return;
+    }
+    op->pinned = true;              /* a member's word: not sent on */
+    if (op_finish(doc, op, "admin", true, on_members, doc) < 0)
+        doc->members_asked = false;
 }
 
 static int wait_for(struct tern_doc *doc, struct waiter *w, int rc)
@@ -1277,6 +1360,17 @@ int tern_doc_open(struct tern_rpc_ep *ep, const char *const *uris, unsigned n,
         tern_doc_close(doc);
         return first;
     }
+    /* The set's members, if it is one: those not given are dialled now
+     * too, so that the first refusal finds them. */
+    doc->members_due = true;
+    doc_learn(doc);
+    while (doc->members_asked && tern_rpc_poll(ep) >= 0)
+        ;
+    for (unsigned i = n; i < doc->n_rep; i++)
+        if (tern_rpc_connect(ep, doc->uris[i], timeout_ns, &doc->rs[i]) < 0) {
+            doc->rs[i] = NULL;
+            doc->redial_at[i] = tern_now_ns() + REDIAL_NS;
+        }
     *out = doc;
     return 0;
 }

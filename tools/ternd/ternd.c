@@ -227,6 +227,20 @@ static void doc_hello(void *arg, bson_t *reply, bool primary)
         if (k || !passive)
             bson_append_array_end(reply, &hosts);
     }
+    /* Not MongoDB's (drivers pass over it): where the members serve tern
+     * RPC, for native clients (tern_doc) to learn the set from any of them. */
+    {
+        unsigned k = 0;
+
+        bson_append_array_begin(reply, "ternMembers", -1, &hosts);
+        for (unsigned i = 0; i < role.n_replicas; i++) {
+            if (!role.addrs[i][0])
+                continue;
+            snprintf(idx, sizeof(idx), "%u", k++);
+            bson_append_utf8(&hosts, idx, -1, role.addrs[i], -1);
+        }
+        bson_append_array_end(reply, &hosts);
+    }
     if (me[0])
         bson_append_utf8(reply, "me", -1, me, -1);
     if (prim[0])

@@ -675,6 +675,7 @@ bool repl_tick(struct repl *r)
 {
     uint64_t before = r->st_shipped + r->st_applied + r->committed;
 
+    r->written_in_pass = 0;
     tick(r);
     return r->st_shipped + r->st_applied + r->committed != before;
 }
@@ -811,6 +812,7 @@ void repl_written(struct repl *r, uint8_t type, const void *key, uint16_t key_le
     }
     if (version > r->position)
         r->position = version;      /* the service syncs before it replies */
+    r->written_in_pass++;
 }
 
 void repl_set_lease(struct repl *r, bool alive)
@@ -836,7 +838,14 @@ void repl_hold(struct repl *r, struct tern_req *req, enum repl_w w)
      * first, in the same handler), and a refusal goes at once. */
     if (w == REPL_W_ONE || r->st != S_PRIMARY)
         return;             /* the service synced before it replies */
-    /* A write that made no record (a delete of nothing, a drop of what
+    /* The first write since the last pass ships into the rings mapped here
+     * now: a lone write then needs no gate. More in the same poll mean
+     * writes come faster than one at a time; the pass ships them
+     * together, one frame, one flush and one apply at the backup for
+     * many. */
+    if (r->written_in_pass == 1)
+        repl_ring_ship_mapped(r);
+    /* Shipped into mapped rings just now, or a write that made no record (a delete of nothing, a drop of what
      * was not there) may already be where its concern wants it: gates are
      * passed only when positions move, so it would wait for the next
      * write. */

@@ -94,6 +94,7 @@ struct repl {
      * primary counts in before the map makes it a voter ("" if none) */
     uint8_t vote;
     char promoting[64];
+    unsigned written_in_pass;           /* records written since the last repl_tick */
     bool lease_doubt;                   /* repl_set_lease(false) */
     struct tern_rpc_gate *gate[REPL_GATES];     /* by enum repl_w, and REPL_GATE_CONFIRM */
     /* waits outside RPC (repl_wait_*): failures so far, the last one's

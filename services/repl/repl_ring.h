@@ -162,6 +162,12 @@ struct repl_ring_peer {
  * they go by APPEND. */
 bool repl_ring_ship(struct repl *r, struct replica *p);
 
+/* The same, now, for every replica whose ring is mapped here (shm): a
+ * handler that wrote records may ship them itself, so that its reply
+ * finds them durable there instead of waiting at a gate for the next
+ * pass. Never sends anything (what needs a call waits for the pass). */
+void repl_ring_ship_mapped(struct repl *r);
+
 /* Forget the replica's ring (its session ended, it needs a copy, ...). */
 void repl_ring_forget(struct replica *p);
 

@@ -817,7 +817,8 @@ START_TEST(bad_input_keeps_serving)
             memset(req, 0, 8);
             BAD("info with a payload", KV_M_INFO, 8, TERN_EPROTO);
             BAD("method 0", 0, 8, TERN_ENOMETHOD);
-            BAD("method 11", KV_M_PGET + 1, 8, TERN_ENOMETHOD);
+            BAD("method 12", KV_M_MEMBERS + 1, 8, TERN_ENOMETHOD);
+            BAD("members, with a payload", KV_M_MEMBERS, 8, TERN_EPROTO);
             BAD("method 0xffff", 0xffff, 0, TERN_ENOMETHOD);
             break;
         case 17: /* a key of the other server's half */

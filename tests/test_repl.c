@@ -988,6 +988,72 @@ START_TEST(parted_replica_is_copied_over)
 }
 END_TEST
 
+/* Every key, k0..k{n-1}, written with round `round` as its value; the
+ * last version written. */
+static uint64_t write_round(struct tern_session *s, unsigned n, unsigned round)
+{
+    char key[32], val[32];
+    uint64_t ver = 0;
+
+    for (unsigned i = 0; i < n; i++) {
+        snprintf(key, sizeof(key), "k%u", i);
+        snprintf(val, sizeof(val), "round %u of k%u", round, i);
+        ck_assert_int_eq(put_retrying(s, key, val, &ver), 0);
+    }
+    return ver;
+}
+
+/* The partition of the rack test, replayed: the primary is cut off and
+ * deposed with a record nobody else has, comes back, is copied over while
+ * writes go on, streams, and is elected when its successor dies in turn.
+ * Every acknowledged write must be what it serves then. */
+START_TEST(copied_replica_serves_every_write)
+{
+    enum { KEYS = 1500 };
+    struct tern_session *s;
+    char key[32], want[32], got[64];
+    uint64_t ver;
+
+    elect(0, 1);
+    ck_assert(wait_state(0, "primary", 5000));
+    s = connect_to(0);
+    write_round(s, KEYS, 1);
+    set_view_cut(0, REPL_PRIMARY, 1, 0, (1u << 1) | (1u << 2));
+    usleep(100000);
+    ck_assert_int_eq(kv_put(s, "lonely", "w=1 on n0 alone", KV_F_W_ONE, 2000000000u, NULL), 0);
+    tern_rpc_disconnect(s);
+    node_kill(0);
+    elect(1, 2);
+    ck_assert(wait_state(1, "primary", 10000));
+    s = connect_to(1);
+    write_round(s, KEYS, 2);
+    node_start(0);
+    set_view(0, REPL_BACKUP, 2, 1);
+    /* Copied while writes go on. */
+    for (unsigned r = 3; r < 6; r++)
+        ver = write_round(s, KEYS, r);
+    ck_assert_msg(wait_position(0, ver, 20000), "n0 at %llx",
+                  (unsigned long long)status_of(0).position);
+    ck_assert(wait_copies_sent(1, 5000));
+    ver = write_round(s, KEYS, 6);
+    ck_assert(wait_position(0, ver, 5000));
+    tern_rpc_disconnect(s);
+    node_kill(1);
+    set_view(0, REPL_PRIMARY, 3, 0);
+    set_view(2, REPL_BACKUP, 3, 0);
+    ck_assert(wait_state(0, "primary", 10000));
+    s = connect_to(0);
+    for (unsigned i = 0; i < KEYS; i++) {
+        snprintf(key, sizeof(key), "k%u", i);
+        snprintf(want, sizeof(want), "round 6 of k%u", i);
+        ck_assert_int_eq(kv_get(s, key, got, sizeof(got), 2000000000u), 0);
+        ck_assert_str_eq(got, want);
+    }
+    ck_assert_int_eq(kv_get(s, "lonely", got, sizeof(got), 2000000000u), TERN_ENOENT);
+    tern_rpc_disconnect(s);
+}
+END_TEST
+
 /* Frames a primary put into a backup's ring count there even if the
  * backup dies before it takes them into its store: it takes them when it
  * opens again. A frame of another grant is not taken. (The test plays the
@@ -1300,6 +1366,7 @@ Suite *suite_repl(void)
     tcase_add_test(group, client_follows_the_primary);
     tcase_add_test(group, far_behind_backup_gets_a_full_copy);
     tcase_add_test(group, parted_replica_is_copied_over);
+    tcase_add_test(group, copied_replica_serves_every_write);
     tcase_add_test(group, ring_frames_outlive_the_backup);
     tcase_add_test(group, client_learns_the_members);
     tcase_add_test(group, reads_from_backups_when_asked);
@@ -1316,6 +1383,7 @@ Suite *suite_repl(void)
     tcase_add_test(shm, new_primary_takes_the_newest_log);
     tcase_add_test(shm, deposed_primary_is_fenced);
     tcase_add_test(shm, far_behind_backup_gets_a_full_copy);
+    tcase_add_test(shm, copied_replica_serves_every_write);
     tcase_add_test(shm, a_learner_counts_once_promoted);
     tcase_add_test(shm, a_leaving_primary_hands_over);
     suite_add_tcase(s, shm);

@@ -49,6 +49,7 @@
 
 struct key_state {
     uint64_t acked;                 /* newest acknowledged sequence number */
+    uint64_t acked_version;         /* the version its acknowledgment named */
     uint64_t issued;                /* newest sent */
     bool busy;                      /* a call in flight */
 };
@@ -110,7 +111,6 @@ static void done(void *arg, int status, const void *val, size_t len, uint64_t ve
     struct key_state *ks = &fo->keys[sl->key];
     uint64_t now = tern_now_ns();
 
-    (void)version;
     sl->busy = false;
     ks->busy = false;
     if (sl->is_put) {
@@ -120,8 +120,10 @@ static void done(void *arg, int status, const void *val, size_t len, uint64_t ve
         }
         fo->puts_ok++;
         hist_add(&fo->put_lat, now - sl->sent_ns);
-        if (sl->seq > ks->acked)
+        if (sl->seq > ks->acked) {
             ks->acked = sl->seq;
+            ks->acked_version = version;
+        }
         if (fo->last_put_ok && now - fo->last_put_ok > OUTAGE_NS && fo->n_outages < MAX_OUTAGES) {
             fo->outage_start[fo->n_outages] = fo->last_put_ok;
             fo->outage[fo->n_outages++] = now - fo->last_put_ok;
@@ -154,8 +156,9 @@ static void done(void *arg, int status, const void *val, size_t len, uint64_t ve
         } else if (seq < sl->acked_then) {
             fo->lost++;
             fprintf(stderr, "rpcbench failover: key %" PRIu64 " holds write %" PRIu64
-                    ", but write %" PRIu64 " was acknowledged: lost\n", sl->key, seq,
-                    sl->acked_then);
+                    " (version %" PRIx64 "), but write %" PRIu64 " was acknowledged (at "
+                    "version %" PRIx64 " or after): lost\n", sl->key, seq, version,
+                    sl->acked_then, ks->acked_version);
         } else {
             fo->gets_ok++;
         }

@@ -20,7 +20,10 @@
 # so the ternds and clients here run on TCP (TERN_FABRICS=tcp).
 # MODE=kill kills the primary's ternd with SIGKILL instead (and starts it
 # again half a second later), waits for convergence, then CUT s more: the
-# kill test of tools/rpcbench/failover-kv.sh on rack hosts.
+# kill test of tools/rpcbench/failover-kv.sh on rack hosts. LOAD_LOG sets
+# the load's log level (TERN_LOG; default warn). On a failure every log,
+# the load's report and the times of the cuts are kept in a directory the
+# script names.
 #
 #   tools/rpcbench/partition-kv.sh BUILD_DIR [ROUNDS] [CUT] [LEASE]
 #
@@ -68,6 +71,12 @@ print('  replicas: ' + ', '.join(x['node'] + ' ' + x['state'] for x in r['replic
         [ -f "$TERN_RACK_DIR/$h/ternd.log" ] &&
             grep -h "repl\|cluster" "$TERN_RACK_DIR/$h/ternd.log" | tail -12 | sed "s/^/  $h: /" >&2
     done
+    # Every log, the load's report and the times of the cuts, for a look
+    # after the rack is down.
+    kept=$(mktemp -d /tmp/tern-part-failed-XXXXXX)
+    cp -r "$TERN_RACK_DIR" "$kept/rack" 2>/dev/null || true
+    cp -r "$work" "$kept/work" 2>/dev/null || true
+    echo "partition-kv: logs kept in $kept" >&2
     exit 1
 }
 on() { "$rack" exec "$@"; }
@@ -112,9 +121,10 @@ primary >/dev/null || fail "no primary after 10 s"
 
 uris=tcp://$(addr r2h1):7300,tcp://$(addr r2h2):7300,tcp://$(addr r2h3):7300
 secs=$(( rounds * (cut + 45) + 10 ))
-"$rack" exec r1h2 "$bench" failover --replicas "$uris" --records 5000 --seconds "$secs" --window 16 \
+"$rack" exec r1h2 env TERN_LOG=${LOAD_LOG:-warn} "$bench" failover --replicas "$uris" --records 5000 --seconds "$secs" --window 16 \
     --json >"$work/load.json" 2>"$work/load.err" &
 load_pid=$!
+echo "load started at $(date +%T.%N)" >>"$work/times"
 sleep 4
 kill -0 "$load_pid" 2>/dev/null || fail "the load ended early: $(tail -3 "$work/load.err")"
 stray=0
@@ -137,6 +147,7 @@ for r in $(seq "$rounds"); do
         continue
     fi
     "$rack" cut "$victim"
+    echo "round $r: cut $victim at $(date +%T.%N)" >>"$work/times"
     # The client left with it: writes to it alone, for as long as it is cut.
     on "$victim" "$bench" failover --replicas "tcp://$(addr "$victim"):7300" --no-load \
         --mix put --records 1000 --seconds $((cut - 1)) --window 4 --json \
@@ -148,6 +159,7 @@ for r in $(seq "$rounds"); do
     stray=$((stray + acked))
     echo "partition-kv: round $r: $victim cut off for ${cut} s; its own client had $acked of $tried writes acknowledged"
     "$rack" heal "$victim"
+    echo "round $r: healed $victim at $(date +%T.%N)" >>"$work/times"
     t0=$(date +%s%N)
     for _ in $(seq 300); do converged && break; sleep 0.1; done
     converged || fail "round $r: no convergence 30 s after healing $victim"

@@ -13,6 +13,7 @@
  */
 #include <arpa/inet.h>
 #include <endian.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -154,6 +155,27 @@ static void set_epollout(struct tcp_conn *c, bool on)
 
 /* ---- connection lifetime ---- */
 
+/* How long data sent may go unacknowledged before the connection counts as
+ * dead (TCP_USER_TIMEOUT; TERN_TCP_DEAD_MS, default 2 s as for NTB links).
+ * Without it a peer cut off for a while keeps a connection that looks open:
+ * what was sent into the cut sits in the send queue while retransmissions
+ * back off (25 s after a 15 s cut), so the connection stays silent long
+ * after the path is back, and then delivers requests whose callers gave up
+ * long ago, a write among them that overwrites the writes made since. A
+ * dead connection drops its queue; a caller dials again. */
+static unsigned dead_ms(void)
+{
+    static unsigned v;
+
+    if (!v) {
+        const char *e = getenv("TERN_TCP_DEAD_MS");
+        long n = e ? strtol(e, NULL, 10) : 0;
+
+        v = n >= 100 && n <= 600000 ? (unsigned)n : 2000;
+    }
+    return v;
+}
+
 static struct tcp_conn *conn_new(struct tcp_ep *ep, int fd)
 {
     struct tcp_conn *c = calloc(1, sizeof(*c));
@@ -170,6 +192,7 @@ static struct tcp_conn *conn_new(struct tcp_ep *ep, int fd)
     c->base.ep = &ep->base;
     c->obj = (struct tcp_obj){.kind = KIND_CONN, .fd = fd};
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &(unsigned){dead_ms()}, sizeof(unsigned));
     e.data.ptr = &c->obj;
     if (epoll_ctl(ep->epfd, EPOLL_CTL_ADD, fd, &e) < 0)
         goto fail;
@@ -274,7 +297,11 @@ static void tx_flush(struct tcp_conn *c)
         }
         if (n < 0 && errno == EINTR)
             continue;
-        conn_fail(c, TERN_ECONNRESET, "send failed");
+        if (n < 0 && errno == ETIMEDOUT)
+            conn_fail(c, TERN_ETIMEDOUT, "the peer acknowledged nothing in time "
+                                         "(TERN_TCP_DEAD_MS)");
+        else
+            conn_fail(c, TERN_ECONNRESET, "send failed");
         return;
     }
     if (c->tx_head == c->tx_tail && !c->tx_resv) {
@@ -684,6 +711,8 @@ static void rx_read(struct tcp_conn *c)
         c->rx_eof = true;
     } else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
         c->rx_more = false;
+    } else if (errno == ETIMEDOUT) {
+        conn_fail(c, TERN_ETIMEDOUT, "the peer acknowledged nothing in time (TERN_TCP_DEAD_MS)");
     } else {
         conn_fail(c, TERN_ECONNRESET, "recv failed");
     }

@@ -17,7 +17,9 @@
 #   tools/rpcbench/repl-cost.sh BUILD_DIR [FABRIC...]     (default: shm rdma)
 #
 # NODE_CONF adds lines to every ternd's [node] section (say "busy = yes");
-# SECONDS_EACH is each measurement's length (default 5).
+# SECONDS_EACH is each measurement's length (default 5). The last column is the
+# CPU time each ternd spent per PUT at window 16: the plain one; the
+# primary + the backup (the busier first).
 set -euo pipefail
 
 build=$(cd "${1:?usage: repl-cost.sh BUILD_DIR [FABRIC...]}" && pwd)
@@ -95,19 +97,30 @@ start() {    # NAME FABRIC
     echo "repl-cost: $1 not ready: $(cat "$dir/$1.out")" >&2
     exit 1
 }
-run() {    # FABRIC URIS -> "p50 p99 puts/s(window 1) puts/s(window 16)"
-    local a b
-    a=$(TERN_FABRICS=$1,tcp "$bench" failover --replicas "$2" --mix put --window 1 --records 1000 \
+# CPU seconds a process has used (user and system).
+cpu_of() { awk -v hz="$(getconf CLK_TCK)" '{printf "%.3f\n", ($14 + $15) / hz}' "/proc/$1/stat"; }
+run() {    # FABRIC URIS PID... -> "p50 p99 puts/s(window 1) puts/s(window 16) cpu-us/PUT..."
+    local a b f=$1 uris=$2 n t0=() t1=() i
+    shift 2
+    a=$(TERN_FABRICS=$f,tcp "$bench" failover --replicas "$uris" --mix put --window 1 --records 1000 \
         --seconds "$secs" --json 2>"$dir/bench.err" |
         python3 -c "import json,sys; r=json.load(sys.stdin); assert r['lost']==0; print(r['put_p50_us'], r['put_p99_us'])")
-    b=$(TERN_FABRICS=$1,tcp "$bench" failover --replicas "$2" --mix put --window 16 --records 1000 \
+    for i in "$@"; do t0+=("$(cpu_of "$i")"); done
+    b=$(TERN_FABRICS=$f,tcp "$bench" failover --replicas "$uris" --mix put --window 16 --records 1000 \
         --seconds "$secs" --json 2>"$dir/bench.err" |
-        python3 -c "import json,sys; r=json.load(sys.stdin); assert r['lost']==0; print(int(r['puts_ok'] / r['seconds']))")
-    echo "$a $b"
+        python3 -c "import json,sys; r=json.load(sys.stdin); assert r['lost']==0; print(r['puts_ok'], int(r['puts_ok'] / r['seconds']))")
+    for i in "$@"; do t1+=("$(cpu_of "$i")"); done
+    n=${b%% *}
+    # Each node's CPU per PUT at window 16, the busier node first (the
+    # primary: a backup fed one-sided sleeps between the rings it takes).
+    echo "$a ${b#* } $(for i in "${!t0[@]}"; do
+        python3 -c "import sys; n, a, b = map(float, sys.argv[1:]); print(f'{(b - a) * 1e6 / n:.2f}')" \
+            "$n" "${t0[$i]}" "${t1[$i]}"; done |
+        sort -rn | tr '\n' ' ')"
 }
-printf "%-6s %20s %20s %20s %7s %7s %11s %11s %11s %7s %7s\n" fabric "alone p50/p99" \
+printf "%-6s %20s %20s %20s %7s %7s %11s %11s %11s %7s %7s %22s\n" fabric "alone p50/p99" \
     "${SHIP:-auto} p50/p99" "by call p50/p99" "it/alone" "call/it" "alone/s" "${SHIP:-auto}/s" \
-    "by call/s" "alone/it" "it/call"
+    "by call/s" "alone/it" "it/call" "CPU us/PUT alone; it"
 ratio() { python3 -c "print(f'{$1/$2:.2f}x')"; }
 # Each measurement alone on the machine: the nodes of the one before stop.
 stop_nodes() {
@@ -118,7 +131,7 @@ stop_nodes() {
 for f in "${fabrics[@]}"; do
     conf "p$f" "$f" no
     start "p$f" "$f"
-    read -r a50 a99 at < <(run "$f" "auto://127.0.0.1:$(cat "$dir/p$f.port")")
+    read -r a50 a99 at acpu < <(run "$f" "auto://127.0.0.1:$(cat "$dir/p$f.port")" "${pids[-1]}")
     stop_nodes
     for ship in "${SHIP:-auto}" call; do
         a=a$f$ship b=b$f$ship
@@ -127,13 +140,18 @@ for f in "${fabrics[@]}"; do
         "$tern" shard define --etcd "$etcd_url" --prefix "/c$f$ship" kv "$a" "$b" >/dev/null 2>&1 || true
         start "$a" "$f"
         start "$b" "$f"
-        read -r r50 r99 rt < <(run "$f" "auto://127.0.0.1:$(cat "$dir/$a.port"),auto://127.0.0.1:$(cat "$dir/$b.port")")
+        read -r r50 r99 rt rcpu1 rcpu2 < <(run "$f" "auto://127.0.0.1:$(cat "$dir/$a.port"),auto://127.0.0.1:$(cat "$dir/$b.port")" "${pids[-2]}" "${pids[-1]}")
         stop_nodes
-        if [ "$ship" = call ]; then call=("$r50" "$r99" "$rt"); else onesided=("$r50" "$r99" "$rt"); fi
+        if [ "$ship" = call ]; then
+            call=("$r50" "$r99" "$rt")
+        else
+            onesided=("$r50" "$r99" "$rt" "$rcpu1" "$rcpu2")
+        fi
     done
-    printf "%-6s %9s / %-8s %9s / %-8s %9s / %-8s %7s %7s %11s %11s %11s %7s %7s\n" "$f" \
+    printf "%-6s %9s / %-8s %9s / %-8s %9s / %-8s %7s %7s %11s %11s %11s %7s %7s %22s\n" "$f" \
         "$a50" "$a99" "${onesided[0]}" "${onesided[1]}" "${call[0]}" "${call[1]}" \
         "$(ratio "${onesided[0]}" "$a50")" "$(ratio "${call[0]}" "${onesided[0]}")" \
         "$at" "${onesided[2]}" "${call[2]}" "$(ratio "$at" "${onesided[2]}")" \
-        "$(ratio "${onesided[2]}" "${call[2]}")"
+        "$(ratio "${onesided[2]}" "${call[2]}")" \
+        "$acpu; ${onesided[3]} + ${onesided[4]}"
 done

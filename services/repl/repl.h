@@ -202,10 +202,12 @@ enum repl_step repl_members_step(const struct repl *r, char name[64]);
 size_t repl_member_addrs(const struct repl *r, char *buf, size_t cap);
 
 /* Connect to replicas, ship, take over; on a backup, take the frames its
- * ring holds. Outside tern_rpc_poll. True if it shipped, took or committed
+ * ring holds. Outside tern_rpc_poll. True if it shipped or committed
  * anything: replies may be free to go (records shipped one-sided make no
  * event a loop could sleep on, so a loop that would block should poll
- * again at once). */
+ * again at once). Frames taken on a backup do not count: they free no
+ * reply, and a backup fed one-sided may sleep until a call wakes it (the
+ * primary calls when the ring is full) or its loop's timeout. */
 bool repl_tick(struct repl *r);
 
 struct repl_replica_status {

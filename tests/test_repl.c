@@ -950,6 +950,23 @@ START_TEST(far_behind_backup_gets_a_full_copy)
 }
 END_TEST
 
+/* n0, primary at epoch 1 with client session s, is cut off from both
+ * backups (still primary by its own view), takes a w=1 write nobody else
+ * gets, and dies; n1 is elected at epoch 2. A session to n1. */
+static struct tern_session *depose_with_a_lonely_write(struct tern_session *s)
+{
+    /* The view set whole: a view taken before its cut was set would never
+     * be taken again, and the write would reach the backups. */
+    set_view_cut(0, REPL_PRIMARY, 1, 0, (1u << 1) | (1u << 2));
+    usleep(100000);
+    ck_assert_int_eq(kv_put(s, "lonely", "w=1 on n0 alone", KV_F_W_ONE, 2000000000u, NULL), 0);
+    tern_rpc_disconnect(s);
+    node_kill(0);
+    elect(1, 2);
+    ck_assert(wait_state(1, "primary", 10000));
+    return connect_to(1);
+}
+
 /* A primary that acknowledged w=1 writes no backup got, then died, comes
  * back as a backup with a log that parted from the new primary's: it gets
  * a full copy, and those writes (never on a majority) are gone. */
@@ -963,17 +980,7 @@ START_TEST(parted_replica_is_copied_over)
     ck_assert(wait_state(0, "primary", 5000));
     s = connect_to(0);
     ck_assert_int_eq(kv_put(s, "shared", "by all", KV_F_W_ALL, 2000000000u, NULL), 0);
-    /* n0 cut off from both backups, still primary by its own view (set
-     * whole: a view taken before its cut was set would never be taken
-     * again, and the write below would reach the backups). */
-    set_view_cut(0, REPL_PRIMARY, 1, 0, (1u << 1) | (1u << 2));
-    usleep(100000);
-    ck_assert_int_eq(kv_put(s, "lonely", "w=1 on n0 alone", KV_F_W_ONE, 2000000000u, NULL), 0);
-    tern_rpc_disconnect(s);
-    node_kill(0);
-    elect(1, 2);
-    ck_assert(wait_state(1, "primary", 10000));
-    s = connect_to(1);
+    s = depose_with_a_lonely_write(s);
     ck_assert_int_eq(put_retrying(s, "after", "epoch 2", &ver), 0);
     node_start(0);
     set_view(0, REPL_BACKUP, 2, 1);
@@ -1017,14 +1024,7 @@ START_TEST(copied_replica_serves_every_write)
     ck_assert(wait_state(0, "primary", 5000));
     s = connect_to(0);
     write_round(s, KEYS, 1);
-    set_view_cut(0, REPL_PRIMARY, 1, 0, (1u << 1) | (1u << 2));
-    usleep(100000);
-    ck_assert_int_eq(kv_put(s, "lonely", "w=1 on n0 alone", KV_F_W_ONE, 2000000000u, NULL), 0);
-    tern_rpc_disconnect(s);
-    node_kill(0);
-    elect(1, 2);
-    ck_assert(wait_state(1, "primary", 10000));
-    s = connect_to(1);
+    s = depose_with_a_lonely_write(s);
     write_round(s, KEYS, 2);
     node_start(0);
     set_view(0, REPL_BACKUP, 2, 1);

@@ -259,6 +259,7 @@ struct node {
     struct repl *r;
     pthread_t th;
     int stop;
+    int sleepy;                 /* no pass of its own: frames only on calls */
     bool up;
     pthread_mutex_t mu;
     bool view_pending;
@@ -311,7 +312,10 @@ static void *node_loop(void *arg)
             n->view_pending = false;
         }
         pthread_mutex_unlock(&n->mu);
-        repl_tick(n->r);
+        /* A sleepy backup is ternd's asleep in epoll: it takes its ring's
+         * frames only when a call comes in (group_of drains first). */
+        if (!__atomic_load_n(&n->sleepy, __ATOMIC_ACQUIRE))
+            repl_tick(n->r);
         pthread_mutex_lock(&n->mu);
         repl_status(n->r, &n->st);
         n->step = repl_members_step(n->r, n->step_name);
@@ -344,6 +348,7 @@ static void node_start(unsigned i)
     ck_assert_int_eq(repl_open(n->host, &rc, &n->r), 0);
     kv_service_replicate(n->kv, n->r);
     n->stop = 0;
+    n->sleepy = 0;
     n->view_pending = false;
     n->up = true;
     ck_assert_int_eq(pthread_create(&n->th, NULL, node_loop, n), 0);
@@ -1149,6 +1154,46 @@ START_TEST(shm_ships_one_sided)
 }
 END_TEST
 
+/* Backups that take their rings' frames only when called, as a ternd
+ * asleep in epoll does: once a ring is full, the primary must wake its
+ * backup by a call, or every write waiting for it waits forever. 5 MB of
+ * writes through 2 MiB rings, each held until both backups have it. */
+START_TEST(full_ring_wakes_a_sleeping_backup)
+{
+    struct tern_session *s;
+    struct repl_status st;
+    char key[32], val[3001], got[3100];
+    uint64_t ver = 0;
+
+    elect(0, 1);
+    ck_assert(wait_state(0, "primary", 5000));
+    s = connect_to(0);
+    ck_assert_int_eq(kv_put(s, "first", "ring", KV_F_W_ALL, 2000000000u, &ver), 0);
+    __atomic_store_n(&nodes[1].sleepy, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&nodes[2].sleepy, 1, __ATOMIC_RELEASE);
+    memset(val, 'v', sizeof(val) - 1);
+    val[sizeof(val) - 1] = 0;
+    for (int i = 0; i < 1700; i++) {
+        snprintf(key, sizeof(key), "full%d", i);
+        val[0] = (char)('a' + i % 26);
+        ck_assert_msg(kv_put(s, key, val, KV_F_W_ALL, 2000000000u, &ver) == 0,
+                      "write %d, held for both sleeping backups, never went", i);
+    }
+    tern_rpc_disconnect(s);
+    st = status_of(0);
+    for (unsigned i = 0; i < st.n; i++)
+        ck_assert_msg(st.replicas[i].path && !strcmp(st.replicas[i].path, "one-sided"),
+                      "%s ships by %s", st.replicas[i].name, st.replicas[i].path);
+    /* The last frames wait in its ring until its next pass. */
+    __atomic_store_n(&nodes[2].sleepy, 0, __ATOMIC_RELEASE);
+    ck_assert(wait_position(2, ver, 5000));
+    node_kill(2);
+    ck_assert_int_eq(pool_get(2, "full1699", got, sizeof(got), NULL), 0);
+    ck_assert_int_eq(got[0], 'a' + 1699 % 26);
+    ck_assert_uint_eq(strlen(got), sizeof(val) - 1);
+}
+END_TEST
+
 /* A client told of one backup learns the others from it (the shard's map,
  * as the view has it) and reaches the primary. */
 START_TEST(client_learns_the_members)
@@ -1377,6 +1422,7 @@ Suite *suite_repl(void)
     tcase_add_checked_fixture(shm, repl_setup_shm, repl_teardown);
     tcase_set_timeout(shm, 60);
     tcase_add_test(shm, shm_ships_one_sided);
+    tcase_add_test(shm, full_ring_wakes_a_sleeping_backup);
     tcase_add_test(shm, writes_wait_for_their_concern);
     tcase_add_test(shm, returning_backup_catches_up);
     tcase_add_test(shm, new_primary_takes_the_newest_log);

@@ -300,7 +300,7 @@ static void ship(struct repl *r, struct replica *p)
                      (unsigned long long)p->sent, (unsigned long long)r->log.base);
             return;
         }
-        if (!b.n && p->sent < r->log.last) {
+        if (!ring && !b.n && p->sent < r->log.last) {
             /* The next record is larger than a batch: the store wrote what
              * its group cannot ship. Said, not hidden: the replica stays
              * here until a full copy or a new view. */

@@ -78,6 +78,18 @@ int repl_take_rec(void *arg, const struct repl_rec *h, const void *key, const vo
     return 0;
 }
 
+/* A heartbeat (no records) sent before frames this replica has taken from
+ * the primary's ring since: behind, but no gap. Versions of one epoch come
+ * from its one primary, and are taken in order, so a position at the
+ * heartbeat's epoch past its `prev` holds only that primary's records.
+ * Said to be a gap, it would cost the primary its grant at every full
+ * ring (it forgets the ring and asks again). */
+static bool heartbeat_behind(const struct repl *r, const struct repl_batch *b)
+{
+    return !b->n && b->epoch == r->seen && b->prev < r->position &&
+           repl_epoch_of(b->prev) == b->epoch && repl_epoch_of(r->position) == b->epoch;
+}
+
 int repl_apply_batch(struct repl *r, const void *data, size_t len, struct repl_pos *pos)
 {
     struct repl_batch b;
@@ -87,7 +99,7 @@ int repl_apply_batch(struct repl *r, const void *data, size_t len, struct repl_p
     memset(pos, 0, sizeof(*pos));
     if (rc < 0)
         return rc;
-    if (b.prev != r->position) {
+    if (b.prev != r->position && !heartbeat_behind(r, &b)) {
         pos->flags = REPL_GAP;
     } else if (b.n) {
         rc = repl_batch_walk(data, len, NULL, repl_take_rec, &a);

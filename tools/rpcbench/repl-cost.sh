@@ -17,9 +17,11 @@
 #   tools/rpcbench/repl-cost.sh BUILD_DIR [FABRIC...]     (default: shm rdma)
 #
 # NODE_CONF adds lines to every ternd's [node] section (say "busy = yes");
-# SECONDS_EACH is each measurement's length (default 5). The last column is the
-# CPU time each ternd spent per PUT at window 16: the plain one; the
-# primary + the backup (the busier first).
+# SECONDS_EACH is each measurement's length (default 5); ROUNDS (default 3)
+# how often each is taken, in turn with the others, every figure printed
+# being the median of its rounds. The last column is the CPU time each
+# ternd spent per PUT at window 16: the plain one; the primary + the
+# backup (the busier first).
 set -euo pipefail
 
 build=$(cd "${1:?usage: repl-cost.sh BUILD_DIR [FABRIC...]}" && pwd)
@@ -122,17 +124,21 @@ printf "%-6s %20s %20s %20s %7s %7s %11s %11s %11s %7s %7s %22s\n" fabric "alone
     "${SHIP:-auto} p50/p99" "by call p50/p99" "it/alone" "call/it" "alone/s" "${SHIP:-auto}/s" \
     "by call/s" "alone/it" "it/call" "CPU us/PUT alone; it"
 ratio() { python3 -c "print(f'{$1/$2:.2f}x')"; }
-# Each measurement alone on the machine: the nodes of the one before stop.
+med() { python3 -c "import statistics, sys; print(statistics.median(map(float, sys.argv[1:])))" "$@"; }
 stop_nodes() {
     for p in "${pids[@]:1}"; do kill "$p" 2>/dev/null || true; done
     wait "${pids[@]:1}" 2>/dev/null || true
     pids=("${pids[0]}")
 }
 for f in "${fabrics[@]}"; do
+    # The three set-ups side by side, measured in turn ROUNDS times: the
+    # machine drifts (other guests, frequency) over a run, and a ratio of
+    # figures taken minutes apart would carry that drift. The two not
+    # measured sleep meanwhile (their loops block in epoll).
     conf "p$f" "$f" no
     start "p$f" "$f"
-    read -r a50 a99 at acpu < <(run "$f" "auto://127.0.0.1:$(cat "$dir/p$f.port")" "${pids[-1]}")
-    stop_nodes
+    declare -A uris=([alone]="auto://127.0.0.1:$(cat "$dir/p$f.port")")
+    declare -A node_pids=([alone]="${pids[-1]}")
     for ship in "${SHIP:-auto}" call; do
         a=a$f$ship b=b$f$ship
         conf "$a" "$f" yes "c$f$ship" "$ship"
@@ -140,18 +146,28 @@ for f in "${fabrics[@]}"; do
         "$tern" shard define --etcd "$etcd_url" --prefix "/c$f$ship" kv "$a" "$b" >/dev/null 2>&1 || true
         start "$a" "$f"
         start "$b" "$f"
-        read -r r50 r99 rt rcpu1 rcpu2 < <(run "$f" "auto://127.0.0.1:$(cat "$dir/$a.port"),auto://127.0.0.1:$(cat "$dir/$b.port")" "${pids[-2]}" "${pids[-1]}")
-        stop_nodes
-        if [ "$ship" = call ]; then
-            call=("$r50" "$r99" "$rt")
-        else
-            onesided=("$r50" "$r99" "$rt" "$rcpu1" "$rcpu2")
-        fi
+        k=$([ "$ship" = call ] && echo call || echo it)
+        uris[$k]="auto://127.0.0.1:$(cat "$dir/$a.port"),auto://127.0.0.1:$(cat "$dir/$b.port")"
+        node_pids[$k]="${pids[-2]} ${pids[-1]}"
     done
-    printf "%-6s %9s / %-8s %9s / %-8s %9s / %-8s %7s %7s %11s %11s %11s %7s %7s %22s\n" "$f" \
-        "$a50" "$a99" "${onesided[0]}" "${onesided[1]}" "${call[0]}" "${call[1]}" \
-        "$(ratio "${onesided[0]}" "$a50")" "$(ratio "${call[0]}" "${onesided[0]}")" \
-        "$at" "${onesided[2]}" "${call[2]}" "$(ratio "$at" "${onesided[2]}")" \
-        "$(ratio "${onesided[2]}" "${call[2]}")" \
-        "$acpu; ${onesided[3]} + ${onesided[4]}"
+    declare -A col=()
+    for _ in $(seq "${ROUNDS:-3}"); do
+        for k in alone it call; do
+            # shellcheck disable=SC2086
+            read -r -a v < <(run "$f" "${uris[$k]}" ${node_pids[$k]})
+            for i in "${!v[@]}"; do col[$k.$i]="${col[$k.$i]:-} ${v[$i]}"; done
+        done
+    done
+    stop_nodes
+    declare -A m=()
+    for key in "${!col[@]}"; do
+        # shellcheck disable=SC2086
+        m[$key]=$(med ${col[$key]})
+    done
+    printf "%-6s %9s / %-8s %9s / %-8s %9s / %-8s %7s %7s %11.0f %11.0f %11.0f %7s %7s %22s\n" "$f" \
+        "${m[alone.0]}" "${m[alone.1]}" "${m[it.0]}" "${m[it.1]}" "${m[call.0]}" "${m[call.1]}" \
+        "$(ratio "${m[it.0]}" "${m[alone.0]}")" "$(ratio "${m[call.0]}" "${m[it.0]}")" \
+        "${m[alone.2]}" "${m[it.2]}" "${m[call.2]}" "$(ratio "${m[alone.2]}" "${m[it.2]}")" \
+        "$(ratio "${m[it.2]}" "${m[call.2]}")" "${m[alone.3]}; ${m[it.3]} + ${m[it.4]}"
+    unset uris node_pids col m
 done

@@ -137,14 +137,12 @@ static void refresh_view(struct ternd_replica *t)
 }
 #endif
 
-bool ternd_replica_tick(struct ternd_replica *t)
+bool ternd_replica_tick(struct ternd_replica *t, uint64_t now)
 {
-    uint64_t now;
     bool busy;
 
     if (!t || !t->r)
         return false;
-    now = tern_now_ns();
 #if TERN_HAVE_CLUSTER
     if (now >= t->next_view) {
         refresh_view(t);

@@ -34,9 +34,10 @@ int ternd_replica_open(const struct ternd_opts *o, struct ternd_node *n,
                        struct tern_rpc_ep *ep, const struct ternd_replica_def *def,
                        struct ternd_replica **out);
 
-/* Each pass of the serving loop: the view (every 20 ms), then repl_tick;
- * its answer (true: replies may be free to go, poll again at once). */
-bool ternd_replica_tick(struct ternd_replica *r);
+/* Each pass of the serving loop, `now` its tern_now_ns(): the view (every
+ * 20 ms), then repl_tick; its answer (true: replies may be free to go,
+ * poll again at once). */
+bool ternd_replica_tick(struct ternd_replica *r, uint64_t now);
 
 /* The last status published (every 100 ms), for STATUS and the metrics:
  * false if there is none. Any thread. */

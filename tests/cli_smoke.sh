@@ -174,6 +174,36 @@ if $services; then
     fi
 fi
 
+# tern info: every fabric built in, tcp and shm usable here, rdma's
+# emulation named, the settings in force shown; and every TERN_* variable
+# the library's and tools' sources read is in its list.
+if [ -x "$tern" ]; then
+    helps "$tern" info --help
+    usage_error "$tern" info --bogus
+    run env TERN_FABRICS=shm,tcp "$tern" info
+    [ $rc -eq 0 ] || fail "tern info exited $rc: $(cat "$err")"
+    grep -qE '^tcp +yes ' "$out" || fail "tern info: tcp not usable: $(cat "$out")"
+    grep -qE '^shm +yes ' "$out" || fail "tern info: shm not usable: $(cat "$out")"
+    grep -qE '^ntb +no +not probed: give --ntb-eal' "$out" ||
+        fail "tern info: ntb without EAL arguments: $(cat "$out")"
+    if grep -qE '^rdma ' "$out"; then
+        grep -q 'emulated by softverbs0' "$out" || fail "tern info: rdma's emulation: $(cat "$out")"
+    fi
+    grep -qE '^TERN_FABRICS +shm,tcp ' "$out" || fail "tern info: TERN_FABRICS in force: $(cat "$out")"
+    src=$(cd "$(dirname "$0")/.." && pwd)
+    for v in $(grep -rhoE 'getenv\("TERN_[A-Z_]+"\)' "$src/transport" "$src/rpc" "$src/services" \
+        "$src/tools" | sed 's/getenv("//; s/")//' | sort -u); do
+        grep -qE "^$v " "$out" || fail "tern info does not list $v, which the sources read"
+    done
+    run "$tern" info --json
+    python3 -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+f = {x["name"]: x for x in d["fabrics"]}
+assert f["tcp"]["hardware"] and "msg" in f["tcp"]["caps"], f
+assert any(e["name"] == "TERN_LOG" for e in d["environment"])' "$out" 2>>"$err" ||
+        fail "tern info --json: $(cat "$err")"
+fi
+
 if ! $services; then
     [ $failures -eq 0 ] || { echo "cli smoke: $failures failures" >&2; exit 1; }
     echo "cli smoke: ok (rpcbench only: built without the services)"

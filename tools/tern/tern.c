@@ -5,6 +5,7 @@
  *   tern doc PATH           a document pool's databases, collections, indexes
  *   tern doc --uri URI      the same, asked of a running ternd
  *   tern chain gen|append|info|verify ...   a block-sync chain (chain.c)
+ *   tern info               this host's fabrics and the settings in force (info.c)
  *   tern --help | --version
  *
  * The report goes to stdout. Exit status: 0 sound, 1 corrupt (the report
@@ -35,6 +36,10 @@ static void usage(FILE *f)
             "       tern status [--json] [--key-file F] ADDRESS\n"
             "                              a running ternd: node, uptime, services, and per\n"
             "                              peer the fabric, calls, errors, failovers, credits\n"
+            "       tern info [--json] [--ntb-eal 'EAL ARGS']\n"
+            "                              the fabrics built in, whether this host has each\n"
+            "                              one's hardware (or why not), what emulates it, and\n"
+            "                              the TERN_* settings in force (as ucx_info -d, -c)\n"
             "       tern ntb pull|plug ntb://emu:NAME   pull an emulated NTB cable or plug it\n"
             "                              back in (both ends see the link go down or up)\n"
             "       tern shard define --etcd URLS [--prefix P] ID NODE...\n"
@@ -97,6 +102,8 @@ int main(int argc, char **argv)
 
     if (argc > 1 && strcmp(argv[1], "chain") == 0)
         return tern_chain_cmd(argc - 2, argv + 2);
+    if (argc > 1 && strcmp(argv[1], "info") == 0)
+        return tern_info_cmd(argc - 2, argv + 2);
     if (argc > 1 && strcmp(argv[1], "ntb") == 0 &&
         !(argc > 2 && (strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0)))
         return tern_ntb_cmd(argc - 2, argv + 2);

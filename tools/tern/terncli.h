@@ -21,6 +21,10 @@ int tern_node_cmd(const char *cmd, int argc, char **argv);
 /* `tern shard define|list ...` (built with services/cluster). */
 int tern_shard_cmd(int argc, char **argv);
 
+/* `tern info [--json] [--ntb-eal ARGS]`: the fabrics of this host and the
+ * settings in force (info.c). */
+int tern_info_cmd(int argc, char **argv);
+
 /* `tern ntb pull|plug ntb://emu:NAME`. */
 int tern_ntb_cmd(int argc, char **argv);
 

@@ -32,6 +32,7 @@ PKGS=(build-essential meson ninja-build pkg-config check libsubunit-dev python3
       etcd-client                 # etcdctl: tools/rack and the cluster script ask etcd's health
       scdoc                       # the man pages, built from docs/man/*.scd
       iperf3                      # rpcbench blocksync: the tcp ceiling it compares with
+      gnuplot-nox                 # tools/rpcbench/plot.py: rpcbench's results as a PNG
       redis-tools                     # redis-cli/redis-benchmark against the RESP gateway
       python3-pymongo libmongoc-dev   # MongoDB clients against the gateway (tests/mongo)
       clang)                          # libFuzzer: the fuzz targets of tests/fuzz
@@ -228,6 +229,7 @@ run_tests() {
         suite build
         count cli-smoke tests/cli_smoke.sh build
         count rpcbench-smoke tests/rpcbench_smoke.sh build/tools/rpcbench/rpcbench
+        count plot-smoke tests/plot_smoke.sh build/tools/rpcbench/rpcbench
         count rpcbench-kv-smoke tests/rpcbench_kv_smoke.sh build/tools/rpcbench/rpcbench
         count rpcbench-doc-smoke tests/rpcbench_doc_smoke.sh build/tools/rpcbench/rpcbench
         count rpcbench-blocksync-smoke tests/rpcbench_bs_smoke.sh build/tools/rpcbench/rpcbench

@@ -249,6 +249,38 @@ if ! kill -0 $pid 2>/dev/null; then
     exit 1
 fi
 
+# tern kv against that ternd, over the native RPC: put (also from stdin),
+# get, scan (with --match, --values), stat, del; an absent key is exit 1
+# with one line on stderr, a command it does not know or a dead address
+# exit 2 with one line.
+kv=("$tern" kv)
+run "${kv[@]}" put "127.0.0.1:$rpc_port" cli:one "the first"
+{ [ $rc -eq 0 ] && grep -qE '^version [0-9a-f]+$' "$out"; } || fail "tern kv put (exit $rc): $(cat "$out" "$err")"
+printf 'line\n\001binary' >"$dir/val"
+rc=0
+"${kv[@]}" put "127.0.0.1:$rpc_port" cli:two - <"$dir/val" >"$out" 2>"$err" || rc=$?
+[ $rc -eq 0 ] || fail "tern kv put from stdin (exit $rc): $(cat "$err")"
+run "${kv[@]}" get "127.0.0.1:$rpc_port" cli:two
+{ [ $rc -eq 0 ] && cmp -s "$out" "$dir/val"; } || fail "tern kv get gave back other bytes (exit $rc): $(od -c "$out" | head -3)"
+run "${kv[@]}" scan "127.0.0.1:$rpc_port" --match 'cli:*' --values
+[ "$(sort "$out")" = "$(printf 'cli:one\tthe first\ncli:two\tline\\x0a\\x01binary')" ] ||
+    fail "tern kv scan --values: $(cat "$out" "$err")"
+run "${kv[@]}" stat "127.0.0.1:$rpc_port"
+grep -qE '^keys [0-9]+$' "$out" || fail "tern kv stat: $(cat "$out" "$err")"
+run "${kv[@]}" del "127.0.0.1:$rpc_port" cli:one
+[ $rc -eq 0 ] || fail "tern kv del (exit $rc): $(cat "$err")"
+run "${kv[@]}" get "127.0.0.1:$rpc_port" cli:one
+{ [ $rc -eq 1 ] && [ ! -s "$out" ] && [ "$(wc -l <"$err")" -eq 1 ] && grep -q 'no such key' "$err"; } ||
+    fail "tern kv get of a deleted key (exit $rc): $(cat "$out" "$err")"
+run "${kv[@]}" del "127.0.0.1:$rpc_port" cli:one
+[ $rc -eq 1 ] || fail "tern kv del of an absent key exited $rc, not 1"
+usage_error "${kv[@]}" frob "127.0.0.1:$rpc_port"
+usage_error "${kv[@]}" get "127.0.0.1:$rpc_port"
+helps "${kv[@]}" --help
+run "${kv[@]}" get 127.0.0.1:1 cli:one --timeout 500
+{ [ $rc -eq 2 ] && [ "$(wc -l <"$err")" -eq 1 ]; } ||
+    fail "tern kv against a dead address (exit $rc) should say why once: $(cat "$err")"
+
 # 5. A start that fails leaves no new pool: the RPC port is taken (by the
 # ternd above), then the RESP port. The data directory ternd made for it
 # goes too; one that was there stays, and so does a pool that was there.

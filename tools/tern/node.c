@@ -21,13 +21,13 @@
 /* The cluster key of --key-file, else of $TERN_KEY_FILE, else none. */
 static const char *key_path;
 
-static int open_session(const char *addr, struct tern_rpc_ep **ep, struct tern_session **s)
+int tern_cli_endpoint(const char *key_file, struct tern_rpc_ep **ep)
 {
     struct tern_rpc_config cfg = {.size = sizeof(cfg)};
-    const char *path = key_path ? key_path : getenv("TERN_KEY_FILE");
+    const char *path = key_file ? key_file : getenv("TERN_KEY_FILE");
     uint8_t key[KEY_MAX];
     size_t key_len = 0;
-    char uri[256], why[160];
+    char why[160];
     int rc;
 
     if (path && *path) {
@@ -38,18 +38,34 @@ static int open_session(const char *addr, struct tern_rpc_ep **ep, struct tern_s
         cfg.key = key;
         cfg.key_len = key_len;
     }
-    if (strstr(addr, "://"))
-        snprintf(uri, sizeof(uri), "%s", addr);
-    else
-        snprintf(uri, sizeof(uri), "auto://%s", addr);
     rc = tern_rpc_open(&cfg, ep);
     memset(key, 0, sizeof(key));
-    if (rc == 0 && (rc = tern_rpc_connect(*ep, uri, CALL_TIMEOUT_NS, s)) < 0) {
+    if (rc < 0)
+        fprintf(stderr, "tern: %s\n", tern_strerror(rc));
+    return rc;
+}
+
+void tern_cli_uri(const char *addr, char *uri, size_t cap)
+{
+    if (strstr(addr, "://"))
+        snprintf(uri, cap, "%s", addr);
+    else
+        snprintf(uri, cap, "auto://%s", addr);
+}
+
+static int open_session(const char *addr, struct tern_rpc_ep **ep, struct tern_session **s)
+{
+    char uri[256];
+    int rc;
+
+    tern_cli_uri(addr, uri, sizeof(uri));
+    if ((rc = tern_cli_endpoint(key_path, ep)) < 0)
+        return rc;
+    if ((rc = tern_rpc_connect(*ep, uri, CALL_TIMEOUT_NS, s)) < 0) {
         tern_rpc_close(*ep);
         *ep = NULL;
-    }
-    if (rc < 0)
         fprintf(stderr, "tern: %s: %s\n", uri, tern_strerror(rc));
+    }
     return rc;
 }
 

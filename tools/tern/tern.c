@@ -5,6 +5,7 @@
  *   tern doc PATH           a document pool's databases, collections, indexes
  *   tern doc --uri URI      the same, asked of a running ternd
  *   tern chain gen|append|info|verify ...   a block-sync chain (chain.c)
+ *   tern kv get|put|del|scan|stat ADDRESS ...   a running KV store (kv.c)
  *   tern info               this host's fabrics and the settings in force (info.c)
  *   tern --help | --version
  *
@@ -36,6 +37,9 @@ static void usage(FILE *f)
             "       tern status [--json] [--key-file F] ADDRESS\n"
             "                              a running ternd: node, uptime, services, and per\n"
             "                              peer the fabric, calls, errors, failovers, credits\n"
+            "       tern kv get|put|del|scan|stat ADDRESS ...\n"
+            "                              a running ternd's KV store over the native RPC\n"
+            "                              (tern kv --help)\n"
             "       tern info [--json] [--ntb-eal 'EAL ARGS']\n"
             "                              the fabrics built in, whether this host has each\n"
             "                              one's hardware (or why not), what emulates it, and\n"
@@ -102,6 +106,8 @@ int main(int argc, char **argv)
 
     if (argc > 1 && strcmp(argv[1], "chain") == 0)
         return tern_chain_cmd(argc - 2, argv + 2);
+    if (argc > 1 && strcmp(argv[1], "kv") == 0)
+        return tern_kv_cmd(argc - 2, argv + 2);
     if (argc > 1 && strcmp(argv[1], "info") == 0)
         return tern_info_cmd(argc - 2, argv + 2);
     if (argc > 1 && strcmp(argv[1], "ntb") == 0 &&

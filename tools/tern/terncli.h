@@ -21,6 +21,19 @@ int tern_node_cmd(const char *cmd, int argc, char **argv);
 /* `tern shard define|list ...` (built with services/cluster). */
 int tern_shard_cmd(int argc, char **argv);
 
+/* An RPC endpoint holding the cluster key of key_file, else of
+ * $TERN_KEY_FILE, else none; what went wrong is said on stderr. The
+ * caller closes it (tern_rpc_close). */
+struct tern_rpc_ep;
+int tern_cli_endpoint(const char *key_file, struct tern_rpc_ep **ep);
+
+/* ADDRESS as a URI: HOST:PORT becomes auto://HOST:PORT, a URI stays. */
+void tern_cli_uri(const char *addr, char *uri, size_t cap);
+
+/* `tern kv get|put|del|scan|stat ADDRESS ...` over the native KV RPC
+ * (kv.c); argv holds what follows "kv". Returns the exit status. */
+int tern_kv_cmd(int argc, char **argv);
+
 /* `tern info [--json] [--ntb-eal ARGS]`: the fabrics of this host and the
  * settings in force (info.c). */
 int tern_info_cmd(int argc, char **argv);

@@ -761,10 +761,6 @@ START_TEST(info_config_and_friends)
     expect(c, "*0\r\n");
     CMD(c, "CONFIG", "GET");
     expect(c, "-ERR wrong number of arguments for 'config|get' command\r\n");
-    CMD(c, "COMMAND");
-    expect(c, "*0\r\n");
-    CMD(c, "COMMAND", "DOCS");
-    expect(c, "*0\r\n");
     CMD(c, "COMMAND", "COUNT");
     expect_prefix(c, ":2");
     CMD(c, "SELECT", "0");
@@ -777,14 +773,135 @@ START_TEST(info_config_and_friends)
 }
 END_TEST
 
+/* COMMAND lists what is served, and only that: as many entries as COMMAND
+ * COUNT says, each in Redis 7's layout; INFO of an unknown name is nil;
+ * DOCS names a summary and a group; unknown subcommands are errors. */
+START_TEST(command_tells_what_is_served)
+{
+    struct conn *c = conn_open();
+    char *r, count[32];
+    long long n;
+
+    CMD(c, "COMMAND", "COUNT");
+    r = next_reply(c, NULL);
+    ck_assert_int_eq(sscanf(r, ":%lld", &n), 1);
+    ck_assert_int_gt(n, 10);
+    free(r);
+    snprintf(count, sizeof(count), "*%lld\r\n", n);
+    CMD(c, "COMMAND");
+    r = next_reply(c, NULL);
+    ck_assert_msg(strncmp(r, count, strlen(count)) == 0, "%.80s", r);
+    ck_assert_ptr_nonnull(strstr(r, "*10\r\n$3\r\nget\r\n:2\r\n*2\r\n+readonly\r\n"));
+    ck_assert_ptr_nonnull(strstr(r, "*10\r\n$4\r\nmset\r\n:-3\r\n*2\r\n+write\r\n+denyoom\r\n"
+                                    ":1\r\n:-1\r\n:2\r\n"));
+    ck_assert_ptr_null(strstr(r, "lpush"));
+    free(r);
+    CMD(c, "COMMAND", "LIST");
+    r = next_reply(c, NULL);
+    ck_assert_msg(strncmp(r, count, strlen(count)) == 0, "%.80s", r);
+    ck_assert_ptr_nonnull(strstr(r, "$6\r\nincrby\r\n"));
+    free(r);
+    CMD(c, "COMMAND", "INFO", "get", "lpush");
+    r = next_reply(c, NULL);
+    ck_assert_msg(!strncmp(r, "*2\r\n*10\r\n$3\r\nget\r\n", 17) &&
+                      !strcmp(r + strlen(r) - 5, "*-1\r\n"), "%s", r);
+    free(r);
+    CMD(c, "COMMAND", "INFO", "lpush");
+    expect(c, "*1\r\n*-1\r\n");
+    CMD(c, "COMMAND", "DOCS", "get");
+    expect(c, "*2\r\n$3\r\nget\r\n*4\r\n$7\r\nsummary\r\n$34\r\nReturns the string value of a key."
+              "\r\n$5\r\ngroup\r\n$6\r\nstring\r\n");
+    CMD(c, "COMMAND", "GETKEYSANDFLAGS", "get", "a");
+    expect_prefix(c, "-ERR unknown subcommand or wrong number of arguments for 'GETKEYSANDFLAGS'");
+    CMD(c, "COMMAND", "HELP");
+    r = next_reply(c, NULL);
+    ck_assert_msg(!strncmp(r, "*13\r\n+COMMAND <subcommand>", 26), "%s", r);
+    free(r);
+    conn_close(c);
+}
+END_TEST
+
+/* CLIENT: names, ids, LIST and INFO with Redis's fields, KILL by id and
+ * address, and errors for what it does not know. HELLO 2 is answered;
+ * HELLO 3 gets what a Redis before 6 gives any HELLO. */
+START_TEST(client_and_hello)
+{
+    struct conn *a = conn_open(), *b = conn_open();
+    char *r, want[96], addr[64];
+    long long ida, idb;
+
+    CMD(a, "CLIENT", "ID");
+    r = next_reply(a, NULL);
+    ck_assert_int_eq(sscanf(r, ":%lld", &ida), 1);
+    free(r);
+    CMD(b, "CLIENT", "ID");
+    r = next_reply(b, NULL);
+    ck_assert_int_eq(sscanf(r, ":%lld", &idb), 1);
+    free(r);
+    ck_assert_int_ne(ida, idb);
+    CMD(a, "CLIENT", "GETNAME");
+    expect(a, "$-1\r\n");
+    CMD(a, "CLIENT", "SETNAME", "has space");
+    expect_prefix(a, "-ERR Client names cannot contain spaces");
+    CMD(a, "CLIENT", "SETNAME", "alpha");
+    expect(a, "+OK\r\n");
+    CMD(a, "CLIENT", "GETNAME");
+    expect(a, "$5\r\nalpha\r\n");
+    CMD(a, "CLIENT", "LIST");
+    r = next_reply(a, NULL);
+    snprintf(want, sizeof(want), "id=%lld addr=127.0.0.1:", ida);
+    ck_assert_msg(strstr(r, want) && strstr(r, " name=alpha ") && strstr(r, " cmd=client"), "%s", r);
+    snprintf(want, sizeof(want), "id=%lld addr=", idb);
+    ck_assert_msg(strstr(r, want), "%s", r);
+    free(r);
+    CMD(a, "CLIENT", "INFO");
+    r = next_reply(a, NULL);
+    snprintf(want, sizeof(want), "id=%lld ", ida);
+    ck_assert_msg(strstr(r, want) && !strstr(strstr(r, want), "\nid="), "%s", r);
+    ck_assert_int_eq(sscanf(strstr(r, "addr=") + 5, "%63s", addr), 1);
+    free(r);
+    snprintf(want, sizeof(want), "%lld", idb);
+    CMD(a, "CLIENT", "LIST", "ID", want);
+    r = next_reply(a, NULL);
+    ck_assert_msg(!strstr(r, "name=alpha") && strstr(r, "id="), "%s", r);
+    free(r);
+    CMD(a, "CLIENT", "FROB");
+    expect_prefix(a, "-ERR unknown subcommand or wrong number of arguments for 'FROB'");
+    CMD(a, "CLIENT", "KILL", "ID", "999999");
+    expect(a, ":0\r\n");
+    CMD(a, "CLIENT", "KILL", "ADDR", addr);      /* itself: SKIPME yes by default */
+    expect(a, ":0\r\n");
+    CMD(a, "CLIENT", "KILL", "ID", want);
+    expect(a, ":1\r\n");
+    ck_assert(conn_closed(b));
+    CMD(a, "CLIENT", "KILL", "127.0.0.1:1");
+    expect(a, "-ERR No such client\r\n");
+    CMD(a, "HELLO");
+    r = next_reply(a, NULL);
+    ck_assert_msg(!strncmp(r, "*14\r\n$6\r\nserver\r\n$5\r\nredis\r\n", 26) &&
+                      strstr(r, "$5\r\nproto\r\n:2\r\n"), "%s", r);
+    free(r);
+    CMD(a, "HELLO", "2", "SETNAME", "beta");
+    r = next_reply(a, NULL);
+    ck_assert_msg(!strncmp(r, "*14\r\n", 5), "%s", r);
+    free(r);
+    CMD(a, "CLIENT", "GETNAME");
+    expect(a, "$4\r\nbeta\r\n");
+    CMD(a, "HELLO", "3");
+    expect(a, "-ERR unknown command 'HELLO', with args beginning with: '3' \r\n");
+    CMD(a, "HELLO", "4");
+    expect(a, "-NOPROTO unsupported protocol version\r\n");
+    conn_close(a);
+    conn_close(b);
+}
+END_TEST
+
 START_TEST(unknown_command_and_arity)
 {
     struct conn *c = conn_open();
 
     CMD(c, "FOO", "a", "b");
     expect(c, "-ERR unknown command 'FOO', with args beginning with: 'a' 'b' \r\n");
-    CMD(c, "HELLO", "3");
-    expect_prefix(c, "-ERR unknown command 'HELLO'");
     /* A name with a line break in it must not break the error line. */
     CMD(c, "X\r\nY");
     expect(c, "-ERR unknown command 'X  Y', with args beginning with: \r\n");
@@ -1607,6 +1724,8 @@ Suite *suite_resp(void)
     tcase_add_test(cmds, dbsize_and_flushdb);
     tcase_add_test(cmds, set_options);
     tcase_add_test(cmds, info_config_and_friends);
+    tcase_add_test(cmds, command_tells_what_is_served);
+    tcase_add_test(cmds, client_and_hello);
     tcase_add_test(cmds, unknown_command_and_arity);
     tcase_add_test(cmds, quit_closes_after_reply);
     tcase_add_test(cmds, value_over_val_max_keeps_old);

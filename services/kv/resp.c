@@ -97,6 +97,10 @@ struct client {
     bool over;                  /* it did not fit: take it back */
     bool rerun;                 /* run the next command again once the output is empty */
     uint64_t id;
+    char name[64];              /* CLIENT SETNAME */
+    char addr[64];              /* the peer, "ip:port" (CLIENT LIST) */
+    time_t since, last;         /* connected; its last command */
+    const char *cmd;            /* its last command's name */
     uint64_t window;            /* the coalescing window it was last counted in */
     struct buf in, out;
     struct resp_parser parser;
@@ -728,15 +732,219 @@ static void cmd_quit(struct resp_gw *gw, struct client *c, const struct cmd *m)
     c->closing = true;
 }
 
-/* Connection bookkeeping that libraries send on connect; nothing to keep. */
+static void touch(struct resp_gw *gw, struct client *c);
+
+/* One line of CLIENT LIST / CLIENT INFO, with Redis's field names where
+ * they mean the same (tern keeps no per-client memory figures beyond its
+ * buffers, and has one database). */
+static void client_line(FILE *f, const struct client *k, time_t now)
+{
+    fprintf(f, "id=%llu addr=%s fd=%d name=%s age=%lld idle=%lld flags=N db=0 sub=0 psub=0 "
+             "multi=-1 qbuf=%zu qbuf-free=%zu obl=0 oll=0 omem=%zu events=r%s cmd=%s\n",
+             (unsigned long long)k->id, k->addr, k->fd, k->name, (long long)(now - k->since),
+             (long long)(now - k->last), k->in.len - k->in.off, k->in.cap - k->in.len,
+             k->out.len - k->out.off, k->out.len > k->out.off ? "w" : "",
+             k->cmd ? k->cmd : "NULL");
+}
+
+/* Names Redis accepts: printable, without blanks. */
+static bool name_ok(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (s[i] < '!' || s[i] > '~')
+            return false;
+    return true;
+}
+
+static void client_list(struct resp_gw *gw, struct client *c, const struct cmd *m)
+{
+    time_t now = time(NULL);
+    size_t first_id = 0, len = 0;
+    char *text = NULL;
+    FILE *f;
+
+    if (m->argc == 4 && arg_is(m, 2, "TYPE")) {
+        if (!arg_is(m, 3, "normal") && !arg_is(m, 3, "master") && !arg_is(m, 3, "replica") &&
+            !arg_is(m, 3, "pubsub")) {
+            out_err(c, "ERR Unknown client type '%.*s'",
+                    (int)(arglen(m, 3) < 64 ? arglen(m, 3) : 64), arg(m, 3));
+            return;
+        }
+        if (!arg_is(m, 3, "normal")) {
+            OUT_LIT(c, "$0\r\n\r\n");    /* tern has clients of no other type */
+            return;
+        }
+    } else if (m->argc > 3 && arg_is(m, 2, "ID")) {
+        first_id = 3;
+        for (size_t a = 3; a < m->argc; a++) {
+            long long id;
+
+            if (!parse_ll(arg(m, a), arglen(m, a), &id) || id <= 0) {
+                OUT_LIT(c, "-ERR Invalid client ID\r\n");
+                return;
+            }
+        }
+    } else if (m->argc > 2) {
+        OUT_LIT(c, "-ERR syntax error\r\n");
+        return;
+    }
+    if (!(f = open_memstream(&text, &len))) {
+        out_store_err(c, TERN_ENOMEM);
+        return;
+    }
+    for (const struct client *k = gw->clients; k; k = k->next) {
+        bool want = !first_id;
+
+        for (size_t a = first_id; first_id && a < m->argc && !want; a++) {
+            long long id = 0;
+
+            parse_ll(arg(m, a), arglen(m, a), &id);
+            want = (uint64_t)id == k->id;
+        }
+        if (want)
+            client_line(f, k, now);
+    }
+    if (fclose(f) == 0)
+        out_bulk(c, text, len);
+    else
+        out_store_err(c, TERN_ENOMEM);
+    free(text);
+}
+
+/* CLIENT KILL ID n | ADDR ip:port | SKIPME yes|no ...; or the old form
+ * CLIENT KILL ip:port (+OK). The killed close once this poll is over. */
+static void client_kill(struct resp_gw *gw, struct client *c, const struct cmd *m)
+{
+    const char *addr = NULL;
+    size_t addr_len = 0;
+    long long id = 0, n = 0;
+    bool old = m->argc == 3, skipme = true;
+
+    if (old) {
+        addr = arg(m, 2);
+        addr_len = arglen(m, 2);
+    } else {
+        if (m->argc % 2 == 1) {
+            OUT_LIT(c, "-ERR syntax error\r\n");
+            return;
+        }
+        for (size_t a = 2; a + 1 < m->argc; a += 2) {
+            if (arg_is(m, a, "ID")) {
+                if (!parse_ll(arg(m, a + 1), arglen(m, a + 1), &id) || id <= 0) {
+                    OUT_LIT(c, "-ERR client-id should be greater than 0\r\n");
+                    return;
+                }
+            } else if (arg_is(m, a, "ADDR")) {
+                addr = arg(m, a + 1);
+                addr_len = arglen(m, a + 1);
+            } else if (arg_is(m, a, "SKIPME")) {
+                if (arg_is(m, a + 1, "yes")) {
+                    skipme = true;
+                } else if (arg_is(m, a + 1, "no")) {
+                    skipme = false;
+                } else {
+                    OUT_LIT(c, "-ERR syntax error\r\n");
+                    return;
+                }
+            } else if (arg_is(m, a, "TYPE") || arg_is(m, a, "USER") || arg_is(m, a, "LADDR") ||
+                       arg_is(m, a, "MAXAGE")) {
+                out_err(c, "ERR CLIENT KILL %.*s is not supported by tern",
+                        (int)arglen(m, a), arg(m, a));
+                return;
+            } else {
+                OUT_LIT(c, "-ERR syntax error\r\n");
+                return;
+            }
+        }
+    }
+    for (struct client *k = gw->clients; k; k = k->next) {
+        if (id && k->id != (uint64_t)id)
+            continue;
+        if (addr && (strlen(k->addr) != addr_len || memcmp(k->addr, addr, addr_len)))
+            continue;
+        if (k == c && skipme && !old)
+            continue;
+        k->closing = true;      /* after what it was owed is sent */
+        touch(gw, k);           /* flushed, and so closed, at the end of this poll */
+        n++;
+    }
+    if (old && !n)
+        OUT_LIT(c, "-ERR No such client\r\n");
+    else if (old)
+        OUT_LIT(c, "+OK\r\n");
+    else
+        out_num(c, ':', n);
+}
+
+static const char *const client_help[] = {
+    "CLIENT <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+    "GETNAME", "    Return the name of the current connection.",
+    "ID", "    Return the ID of the current connection.",
+    "INFO", "    Return information about the current client connection.",
+    "KILL <ip:port> | KILL ID <id> | KILL ADDR <ip:port> [SKIPME yes|no]",
+    "    Kill connections.",
+    "LIST [TYPE normal] [ID <id> ...]", "    Return information about client connections.",
+    "SETNAME <name>", "    Assign the name <name> to the current connection.",
+    "SETINFO LIB-NAME|LIB-VER <value>", "    Accepted and ignored.",
+    "HELP", "    Print this help.",
+};
+
+static void out_lines(struct client *c, const char *const *lines, size_t n)
+{
+    out_num(c, '*', (long long)n);
+    for (size_t i = 0; i < n; i++) {
+        OUT_LIT(c, "+");
+        out_add(c, lines[i], strlen(lines[i]));
+        OUT_LIT(c, "\r\n");
+    }
+}
+
 static void cmd_client(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
-    if (arg_is(m, 1, "GETNAME"))
-        out_null(c);
-    else if (arg_is(m, 1, "ID"))
+    if (arg_is(m, 1, "ID") && m->argc == 2) {
         out_num(c, ':', (long long)c->id);
-    else
-        OUT_LIT(c, "+OK\r\n");
+    } else if (arg_is(m, 1, "GETNAME") && m->argc == 2) {
+        if (c->name[0])
+            out_bulk(c, c->name, strlen(c->name));
+        else
+            out_null(c);
+    } else if (arg_is(m, 1, "SETNAME") && m->argc == 3) {
+        if (!name_ok(arg(m, 2), arglen(m, 2)))
+            OUT_LIT(c, "-ERR Client names cannot contain spaces, newlines or special "
+                       "characters.\r\n");
+        else if (arglen(m, 2) >= sizeof(c->name))
+            out_err(c, "ERR Client names are limited to %zu bytes in tern", sizeof(c->name) - 1);
+        else {
+            memcpy(c->name, arg(m, 2), arglen(m, 2));
+            c->name[arglen(m, 2)] = '\0';
+            OUT_LIT(c, "+OK\r\n");
+        }
+    } else if (arg_is(m, 1, "LIST")) {
+        client_list(gw, c, m);
+    } else if (arg_is(m, 1, "INFO") && m->argc == 2) {
+        char line[512];
+        FILE *f = fmemopen(line, sizeof(line), "w");
+        long n;
+
+        if (!f) {
+            out_store_err(c, TERN_ENOMEM);
+            return;
+        }
+        client_line(f, c, time(NULL));
+        n = ftell(f);
+        fclose(f);
+        out_bulk(c, line, n > 0 ? (size_t)n : 0);
+    } else if (arg_is(m, 1, "KILL") && m->argc >= 3) {
+        client_kill(gw, c, m);
+    } else if (arg_is(m, 1, "SETINFO") && m->argc == 4 &&
+               (arg_is(m, 2, "LIB-NAME") || arg_is(m, 2, "LIB-VER"))) {
+        OUT_LIT(c, "+OK\r\n");     /* clients send it on connect; nothing uses it */
+    } else if (arg_is(m, 1, "HELP") && m->argc == 2) {
+        out_lines(c, client_help, sizeof(client_help) / sizeof(client_help[0]));
+    } else {
+        out_err(c, "ERR unknown subcommand or wrong number of arguments for '%.*s'. Try "
+                "CLIENT HELP.", (int)(arglen(m, 1) < 64 ? arglen(m, 1) : 64), arg(m, 1));
+    }
 }
 
 /* CONFIG GET answers the few settings tools ask about (redis-benchmark
@@ -794,6 +1002,8 @@ static void cmd_config(struct resp_gw *gw, struct client *c, const struct cmd *m
 }
 
 static void cmd_command(struct resp_gw *gw, struct client *c, const struct cmd *m);
+static void cmd_hello(struct resp_gw *gw, struct client *c, const struct cmd *m);
+static void reply_unknown(struct client *c, const struct cmd *m);
 
 enum {
     CMD_WRITE = 1,
@@ -806,44 +1016,204 @@ struct command {
     size_t min_args, max_args;  /* including the name; max 0 = no limit */
     unsigned flags;
     cmd_fn run;
+    /* What COMMAND reports: the keys' positions (first, last: -1 = the
+     * last argument, step), Redis's group and a summary (COMMAND DOCS). */
+    int first_key, last_key, key_step;
+    const char *group, *summary;
 };
 
-#define CMD(name, min, max, flags, fn) {name, sizeof(name) - 1, min, max, flags, fn}
+#define CMD(name, min, max, flags, fn, first, last, step, group, summary)                  \
+    {name, sizeof(name) - 1, min, max, flags, fn, first, last, step, group, summary}
 
 static const struct command commands[] = {
-    CMD("get", 2, 2, CMD_BIG, cmd_get),
-    CMD("set", 3, 0, CMD_WRITE, cmd_set),
-    CMD("ping", 1, 2, CMD_BIG, cmd_ping),
-    CMD("incr", 2, 2, CMD_WRITE, cmd_incr),
-    CMD("mget", 2, 0, CMD_BIG, cmd_mget),
-    CMD("mset", 3, 0, CMD_WRITE, cmd_mset),
-    CMD("del", 2, 0, CMD_WRITE, cmd_del),
-    CMD("exists", 2, 0, 0, cmd_exists),
-    CMD("echo", 2, 2, CMD_BIG, cmd_echo),
-    CMD("decr", 2, 2, CMD_WRITE, cmd_decr),
-    CMD("incrby", 3, 3, CMD_WRITE, cmd_incrby),
-    CMD("decrby", 3, 3, CMD_WRITE, cmd_decrby),
-    CMD("dbsize", 1, 1, 0, cmd_dbsize),
-    CMD("flushdb", 1, 2, CMD_WRITE, cmd_flush),
-    CMD("flushall", 1, 2, CMD_WRITE, cmd_flush),
-    CMD("info", 1, 0, 0, cmd_info),
-    CMD("command", 1, 0, 0, cmd_command),
-    CMD("config", 2, 0, 0, cmd_config),
-    CMD("select", 2, 2, 0, cmd_select),
-    CMD("client", 2, 0, 0, cmd_client),
-    CMD("quit", 1, 0, 0, cmd_quit),
+    CMD("get", 2, 2, CMD_BIG, cmd_get, 1, 1, 1, "string", "Returns the string value of a key."),
+    CMD("set", 3, 0, CMD_WRITE, cmd_set, 1, 1, 1, "string",
+        "Sets the string value of a key (NX, XX, GET)."),
+    CMD("ping", 1, 2, CMD_BIG, cmd_ping, 0, 0, 0, "connection", "Returns the server's liveliness response."),
+    CMD("incr", 2, 2, CMD_WRITE, cmd_incr, 1, 1, 1, "string",
+        "Increments the integer value of a key by one."),
+    CMD("mget", 2, 0, CMD_BIG, cmd_mget, 1, -1, 1, "string",
+        "Atomically returns the string values of one or more keys."),
+    CMD("mset", 3, 0, CMD_WRITE, cmd_mset, 1, -1, 2, "string",
+        "Atomically creates or modifies the string values of one or more keys."),
+    CMD("del", 2, 0, CMD_WRITE, cmd_del, 1, -1, 1, "generic", "Deletes one or more keys."),
+    CMD("exists", 2, 0, 0, cmd_exists, 1, -1, 1, "generic", "Determines whether one or more keys exist."),
+    CMD("echo", 2, 2, CMD_BIG, cmd_echo, 0, 0, 0, "connection", "Returns the given string."),
+    CMD("decr", 2, 2, CMD_WRITE, cmd_decr, 1, 1, 1, "string",
+        "Decrements the integer value of a key by one."),
+    CMD("incrby", 3, 3, CMD_WRITE, cmd_incrby, 1, 1, 1, "string",
+        "Increments the integer value of a key by a number."),
+    CMD("decrby", 3, 3, CMD_WRITE, cmd_decrby, 1, 1, 1, "string",
+        "Decrements a number from the integer value of a key."),
+    CMD("dbsize", 1, 1, 0, cmd_dbsize, 0, 0, 0, "server", "Returns the number of keys in the database."),
+    CMD("flushdb", 1, 2, CMD_WRITE, cmd_flush, 0, 0, 0, "server", "Removes all keys from the database."),
+    CMD("flushall", 1, 2, CMD_WRITE, cmd_flush, 0, 0, 0, "server",
+        "Removes all keys from the database (tern has one)."),
+    CMD("info", 1, 0, 0, cmd_info, 0, 0, 0, "server",
+        "Returns information and statistics about the server."),
+    CMD("command", 1, 0, 0, cmd_command, 0, 0, 0, "server",
+        "Returns detailed information about the commands served."),
+    CMD("config", 2, 0, 0, cmd_config, 0, 0, 0, "server", "Reads the settings that exist."),
+    CMD("select", 2, 2, 0, cmd_select, 0, 0, 0, "connection", "Selects database 0, the only one."),
+    CMD("client", 2, 0, 0, cmd_client, 0, 0, 0, "connection", "Manages client connections."),
+    CMD("hello", 1, 0, 0, cmd_hello, 0, 0, 0, "connection",
+        "Handshakes with the server (RESP2 only)."),
+    CMD("quit", 1, 0, 0, cmd_quit, 0, 0, 0, "connection", "Closes the connection."),
 };
 
 #define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))
 
-/* COMMAND's introspection is optional for clients; an empty answer tells
- * them to fall back on their own tables. */
+/* Redis's arity: the argument count with the name, negative for "at
+ * least". */
+static long long arity_of(const struct command *k)
+{
+    return k->max_args == k->min_args ? (long long)k->min_args : -(long long)k->min_args;
+}
+
+static void out_str(struct client *c, const char *s)
+{
+    out_bulk(c, s, strlen(s));
+}
+
+/* One entry of COMMAND / COMMAND INFO, as Redis 7 lays it out: name,
+ * arity, flags, first key, last key, step, ACL categories, tips, key
+ * specifications (none given), subcommands (none). */
+static void command_entry(struct client *c, const struct command *k)
+{
+    bool admin = !strcmp(k->group, "server") || !strcmp(k->group, "connection");
+
+    out_num(c, '*', 10);
+    out_str(c, k->name);
+    out_num(c, ':', arity_of(k));
+    if (k->flags & CMD_WRITE) {
+        OUT_LIT(c, "*2\r\n+write\r\n+denyoom\r\n");
+    } else if (admin) {
+        OUT_LIT(c, "*2\r\n+loading\r\n+stale\r\n");
+    } else {
+        OUT_LIT(c, "*2\r\n+readonly\r\n+fast\r\n");
+    }
+    out_num(c, ':', k->first_key);
+    out_num(c, ':', k->last_key);
+    out_num(c, ':', k->key_step);
+    out_num(c, '*', 1);
+    if (k->flags & CMD_WRITE)
+        OUT_LIT(c, "+@write\r\n");
+    else if (admin)
+        OUT_LIT(c, "+@admin\r\n");
+    else
+        OUT_LIT(c, "+@read\r\n");
+    OUT_LIT(c, "*0\r\n*0\r\n*0\r\n");
+}
+
+static const struct command *command_named(const char *s, size_t n)
+{
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        if (n == commands[i].len && strncasecmp(s, commands[i].name, n) == 0)
+            return &commands[i];
+    return NULL;
+}
+
+static const char *const command_help[] = {
+    "COMMAND <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
+    "(no subcommand)", "    Return details about all commands served.",
+    "COUNT", "    Return the number of commands served.",
+    "INFO [<command-name> ...]", "    Return details about the named (or all) commands.",
+    "DOCS [<command-name> ...]", "    Return the summary and group of the named (or all) commands.",
+    "LIST", "    Return the names of the commands served.",
+    "HELP", "    Print this help.",
+};
+
+/* What is served, and only that: COMMAND, COUNT, INFO, DOCS, LIST. */
 static void cmd_command(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
-    if (m->argc >= 2 && arg_is(m, 1, "COUNT"))
+    if (m->argc == 1 || arg_is(m, 1, "INFO")) {
+        size_t n = m->argc <= 2 ? N_COMMANDS : m->argc - 2;
+
+        out_num(c, '*', (long long)n);
+        for (size_t i = 0; i < n; i++) {
+            const struct command *k =
+                m->argc <= 2 ? &commands[i] : command_named(arg(m, i + 2), arglen(m, i + 2));
+
+            if (k)
+                command_entry(c, k);
+            else
+                OUT_LIT(c, "*-1\r\n");
+        }
+    } else if (arg_is(m, 1, "COUNT") && m->argc == 2) {
         out_num(c, ':', (long long)N_COMMANDS);
-    else
-        OUT_LIT(c, "*0\r\n");
+    } else if (arg_is(m, 1, "LIST") && m->argc == 2) {
+        out_num(c, '*', (long long)N_COMMANDS);
+        for (size_t i = 0; i < N_COMMANDS; i++)
+            out_str(c, commands[i].name);
+    } else if (arg_is(m, 1, "DOCS")) {
+        long long n = 0;
+        const struct command *k;
+
+        /* RESP2 has no map: name, then its fields as a flat list. */
+        for (size_t i = 0; i < (m->argc <= 2 ? N_COMMANDS : m->argc - 2); i++)
+            n += m->argc <= 2 || command_named(arg(m, i + 2), arglen(m, i + 2));
+        out_num(c, '*', 2 * n);
+        for (size_t i = 0; i < (m->argc <= 2 ? N_COMMANDS : m->argc - 2); i++) {
+            k = m->argc <= 2 ? &commands[i] : command_named(arg(m, i + 2), arglen(m, i + 2));
+            if (!k)
+                continue;
+            out_str(c, k->name);
+            OUT_LIT(c, "*4\r\n");
+            out_str(c, "summary");
+            out_str(c, k->summary);
+            out_str(c, "group");
+            out_str(c, k->group);
+        }
+    } else if (arg_is(m, 1, "HELP") && m->argc == 2) {
+        out_lines(c, command_help, sizeof(command_help) / sizeof(command_help[0]));
+    } else {
+        out_err(c, "ERR unknown subcommand or wrong number of arguments for '%.*s'. Try "
+                "COMMAND HELP.", (int)(arglen(m, 1) < 64 ? arglen(m, 1) : 64), arg(m, 1));
+    }
+}
+
+/* HELLO [2 [AUTH user pass] [SETNAME name]]: the RESP2 handshake. RESP3
+ * is not spoken: HELLO 3 gets what a Redis before 6 answers to HELLO,
+ * which clients take as "use RESP2". */
+static void cmd_hello(struct resp_gw *gw, struct client *c, const struct cmd *m)
+{
+    size_t i = 2;
+
+    if (m->argc >= 2 && !arg_is(m, 1, "2")) {
+        long long v;
+
+        if (!parse_ll(arg(m, 1), arglen(m, 1), &v))
+            OUT_LIT(c, "-ERR Protocol version is not an integer or out of range\r\n");
+        else if (v == 3)
+            reply_unknown(c, m);
+        else
+            OUT_LIT(c, "-NOPROTO unsupported protocol version\r\n");
+        return;
+    }
+    while (i < m->argc) {
+        if (arg_is(m, i, "SETNAME") && i + 1 < m->argc) {
+            if (!name_ok(arg(m, i + 1), arglen(m, i + 1)) || arglen(m, i + 1) >= sizeof(c->name)) {
+                OUT_LIT(c, "-ERR Client names cannot contain spaces, newlines or special "
+                           "characters.\r\n");
+                return;
+            }
+            memcpy(c->name, arg(m, i + 1), arglen(m, i + 1));
+            c->name[arglen(m, i + 1)] = '\0';
+            i += 2;
+        } else if (arg_is(m, i, "AUTH") && i + 2 < m->argc) {
+            OUT_LIT(c, "-ERR AUTH is not supported by tern's gateway: no password is set\r\n");
+            return;
+        } else {
+            out_err(c, "ERR Syntax error in HELLO option '%.*s'",
+                    (int)(arglen(m, i) < 64 ? arglen(m, i) : 64), arg(m, i));
+            return;
+        }
+    }
+    OUT_LIT(c, "*14\r\n$6\r\nserver\r\n$5\r\nredis\r\n$7\r\nversion\r\n$5\r\n7.0.0\r\n"
+               "$5\r\nproto\r\n:2\r\n$2\r\nid\r\n");
+    out_num(c, ':', (long long)c->id);
+    OUT_LIT(c, "$4\r\nmode\r\n$10\r\nstandalone\r\n$4\r\nrole\r\n$6\r\nmaster\r\n"
+               "$7\r\nmodules\r\n*0\r\n");
 }
 
 static const struct command *find_command(const struct cmd *m)
@@ -933,6 +1303,8 @@ static void run_command(struct resp_gw *gw, struct client *c, const struct cmd *
     /* Only replies that only read are capped: a write must never run
      * twice, and its reply is a few bytes. */
     c->capped = (k->flags & CMD_BIG) != 0;
+    c->cmd = k->name;
+    c->last = time(NULL);
     k->run(gw, c, m);
     c->capped = false;
     if (c->over) {
@@ -1013,6 +1385,22 @@ static void client_close(struct resp_gw *gw, struct client *c)
     free(c);
 }
 
+/* "ip:port" of the socket's peer ("[v6]:port" as Redis writes neither:
+ * it writes "v6:port"), or "?" */
+static void peer_name(int fd, char *out, size_t cap)
+{
+    struct sockaddr_storage ss;
+    socklen_t n = sizeof(ss);
+    char host[NI_MAXHOST], port[NI_MAXSERV];
+
+    if (getpeername(fd, (struct sockaddr *)&ss, &n) < 0 ||
+        getnameinfo((struct sockaddr *)&ss, n, host, sizeof(host), port, sizeof(port),
+                    NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+        snprintf(out, cap, "?");
+    else
+        snprintf(out, cap, "%s:%s", host, port);
+}
+
 static struct client *client_new(struct resp_gw *gw, int fd)
 {
     struct client *c = calloc(1, sizeof(*c));
@@ -1038,6 +1426,8 @@ static struct client *client_new(struct resp_gw *gw, int fd)
     }
     c->events = EPOLLIN;
     c->id = ++gw->next_id;
+    c->since = c->last = time(NULL);
+    peer_name(fd, c->addr, sizeof(c->addr));
     c->gw = gw;
     c->next = gw->clients;
     if (gw->clients)

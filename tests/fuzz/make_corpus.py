@@ -54,6 +54,12 @@ SEEDS["resp_gw"] = {
     "inline": u8(0) + b"SET k v\r\nGET k\r\nMGET k k k\r\n",
     "big-mget": u8(0) + resp("SET", "big", "x" * 3000) + resp("MGET", *(["big"] * 4)),
     "bad": u8(0) + b"*2\r\n$3\r\nGET\r\n+oops\r\n",
+    "introspection": u8(0) + resp("COMMAND") + resp("COMMAND", "INFO", "get", "nope") +
+    resp("COMMAND", "DOCS", "set") + resp("COMMAND", "LIST") + resp("COMMAND", "HELP") +
+    resp("CLIENT", "SETNAME", "me") + resp("CLIENT", "LIST", "ID", "1", "2") +
+    resp("CLIENT", "INFO") + resp("CLIENT", "KILL", "ID", "2") +
+    resp("CLIENT", "KILL", "ADDR", "?", "SKIPME", "no") + resp("CLIENT", "KILL", "1.2.3.4:5") +
+    resp("HELLO", "2", "SETNAME", "y") + resp("HELLO", "3") + resp("CLIENT", "HELP"),
 }
 
 # fuzz_select: uri buffer size - 1, policy length, policy, advertisement

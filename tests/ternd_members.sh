@@ -57,7 +57,8 @@ fail() {
     done
     exit 1
 }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# shellcheck source=tools/common/ports.sh
+. "$(dirname "$0")/../tools/common/ports.sh"
 
 ec=$(free_port)
 ep=$(free_port)

@@ -48,7 +48,8 @@ fail() {
     for h in a b c; do [ -f "$dir/$h.log" ] && sed "s/^/  $h: /" "$dir/$h.log" | tail -12 >&2; done
     exit 1
 }
-free_port() { "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# shellcheck source=tools/common/ports.sh
+. "$(dirname "$0")/../tools/common/ports.sh"
 
 ec=$(free_port)
 ep=$(free_port)

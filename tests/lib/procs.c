@@ -203,7 +203,7 @@ char *test_pool_dir(char *buf, size_t len, const char *name)
     const char *base = stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode) ? "/dev/shm" : "/tmp";
 
     snprintf(buf, len, "%s/tern-%s-XXXXXX", base, name);
-    ck_assert_ptr_nonnull(mkdtemp(buf));
+    ck_assert_msg(mkdtemp(buf) != NULL, "mkdtemp %s: %s", buf, strerror(errno));
     return buf;
 }
 

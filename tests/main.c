@@ -44,6 +44,8 @@ static const struct {
     {"kv_procs", suite_kv_procs},
     {"kv_onesided", suite_kv_onesided},
     {"resp", suite_resp},
+    {"kv_expiry", suite_kv_expiry},
+    {"resp_keys", suite_resp_keys},
     {"pm", suite_pm},
     {"repl", suite_repl},
 #endif

@@ -24,6 +24,8 @@ Suite *suite_kv_crash(void);
 Suite *suite_kv_procs(void);
 Suite *suite_kv_onesided(void);
 Suite *suite_resp(void);
+Suite *suite_kv_expiry(void);
+Suite *suite_resp_keys(void);
 Suite *suite_pm(void);
 Suite *suite_repl(void);       /* services/repl */
 Suite *suite_doc_bson(void);     /* the document service: with libbson and PCRE2 */

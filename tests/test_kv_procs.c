@@ -140,6 +140,37 @@ START_TEST(basic_ops_every_fabric)
     ck_assert_int_eq(tern_kv_del(kv, "k3", 2), 0);
     ck_assert_int_eq(tern_kv_count(kv, &keys), 0);
     ck_assert_uint_eq(keys, 4 + 9);
+
+    /* Deadlines: set, read, moved, taken away; a key gone at its deadline
+     * to GET whatever path the client takes. The server's clock decides;
+     * this host's is the same one. */
+    {
+        uint64_t now = test_wall_ms(), at = 1;
+
+        ck_assert_int_eq(tern_kv_put_until(kv, "ttl", 3, "val", 3, now + 100000, &v1), 0);
+        kv_expect_get(kv, "ttl", 3, "val", 3, v1);
+        ck_assert_int_eq(tern_kv_expiry(kv, "ttl", 3, &at), 0);
+        ck_assert_uint_eq(at, now + 100000);
+        ck_assert_int_eq(tern_kv_expire(kv, "ttl", 3, 0), 0);
+        ck_assert_int_eq(tern_kv_expiry(kv, "ttl", 3, &at), 0);
+        ck_assert_uint_eq(at, 0);
+        ck_assert_int_eq(tern_kv_expire(kv, "ttl", 3, now + 300), 0);
+        ck_assert_int_eq(tern_kv_expiry(kv, "ttl", 3, &at), 0);
+        ck_assert_uint_eq(at, now + 300);
+        ck_assert_int_eq(tern_kv_expiry(kv, "none", 4, &at), TERN_ENOENT);
+        ck_assert_int_eq(tern_kv_expire(kv, "none", 4, now + 300), TERN_ENOENT);
+        ck_assert_int_eq(tern_kv_put_until(kv, "past", 4, "x", 1, now - 1, NULL), 0);
+        rc = tern_kv_get(kv, "past", 4, small, sizeof(small), &got, NULL);
+        ck_assert_int_eq(rc, TERN_ENOENT);
+        while (test_wall_ms() <= now + 300)
+            usleep(10000);
+        rc = tern_kv_get(kv, "ttl", 3, small, sizeof(small), &got, NULL);
+        ck_assert_msg(rc == TERN_ENOENT, "get past the deadline: %s", tern_err_name(rc));
+        ck_assert_int_eq(tern_kv_expiry(kv, "ttl", 3, &at), TERN_ENOENT);
+        kv_must_put(kv, "ttl", 3, "back", 4, &v1);     /* a plain put: no deadline */
+        ck_assert_int_eq(tern_kv_expiry(kv, "ttl", 3, &at), 0);
+        ck_assert_uint_eq(at, 0);
+    }
     test_kv_end(ep, kv, 1);
 }
 END_TEST
@@ -817,7 +848,7 @@ START_TEST(bad_input_keeps_serving)
             memset(req, 0, 8);
             BAD("info with a payload", KV_M_INFO, 8, TERN_EPROTO);
             BAD("method 0", 0, 8, TERN_ENOMETHOD);
-            BAD("method 12", KV_M_MEMBERS + 1, 8, TERN_ENOMETHOD);
+            BAD("method 14", KV_M_EXPIRE + 1, 8, TERN_ENOMETHOD);
             BAD("members, with a payload", KV_M_MEMBERS, 8, TERN_EPROTO);
             BAD("method 0xffff", 0xffff, 0, TERN_ENOMETHOD);
             break;
@@ -834,6 +865,28 @@ START_TEST(bad_input_keeps_serving)
         case 19: /* DEL of an absent key */
             len = build_key_req(req, 6, 0, 0, "absent", 6);
             BAD("del, absent key", KV_M_DEL, len, TERN_ENOENT);
+            break;
+        case 20: /* a PUT that says it has a deadline, with a value too short for one */
+            len = build_key_req(req, (uint16_t)kin, KV_F_DEADLINE, 5, in, kin);
+            memset(req + len, 'd', 5);
+            len += 5;
+            BAD("put, deadline cut short", KV_M_PUT, len, TERN_EPROTO);
+            break;
+        case 21: /* EXPIRE without its 8 bytes, or with more; EXPIRY with a value */
+            len = build_key_req(req, (uint16_t)kin, 0, 4, in, kin);
+            memset(req + len, 0, 4);
+            len += 4;
+            BAD("expire, 4-byte deadline", KV_M_EXPIRE, len, TERN_EPROTO);
+            BAD("expiry with a value", KV_M_EXPIRY, len, TERN_EPROTO);
+            break;
+        case 22: /* the deadline of an absent key */
+            len = build_key_req(req, 6, 0, 0, "absent", 6);
+            BAD("expiry, absent key", KV_M_EXPIRY, len, TERN_ENOENT);
+            BAD("expire, absent key", KV_M_EXPIRE, len, TERN_EPROTO);
+            break;
+        case 23: /* the deadline of a key of the other half */
+            len = build_key_req(req, (uint16_t)kout, 0, 0, out, kout);
+            BAD("expiry, key out of range", KV_M_EXPIRY, len, TERN_EWRONGNODE);
             break;
         default:
             goto done;

@@ -58,6 +58,15 @@ const struct tern_service *tern_kv_service_def(struct tern_kv_service *svc);
  * posted. Stop calling it before tern_kv_service_close(). */
 int tern_kv_service_help(struct tern_kv_service *svc);
 
+/* Housekeeping on the service's thread: removes keys whose deadline has
+ * passed (see tern_kv_put_until), at most `max` of them (0 = 1000), soonest
+ * first, and makes the removals durable. A replicated shard's backups leave
+ * it to their primary, whose removals reach them as deletes: on a backup it
+ * does nothing. Call it about every 100 ms; readers never see a key past
+ * its deadline whether or not it has run. Returns the keys removed (max:
+ * more are due, call again soon), or a negative tern code. */
+int tern_kv_service_tick(struct tern_kv_service *svc, unsigned max);
+
 /* One-sided paths (see tern_kv_set_path). */
 struct tern_kv_onesided_opts {
     uint32_t window_blocks;          /* index window blocks of 8 buckets, a power of
@@ -165,6 +174,26 @@ int tern_kv_put(struct tern_kv *kv, const void *key, size_t klen, const void *va
 
 /* DELETE; TERN_ENOENT if absent. */
 int tern_kv_del(struct tern_kv *kv, const void *key, size_t klen);
+
+/* Keys that expire. A deadline is a wall-clock time in Unix milliseconds
+ * (CLOCK_REALTIME), kept with the key on the server: from it on the key
+ * is absent to every reader, across restarts and on every replica, and
+ * the server removes it in the background (tern_kv_service_tick). The
+ * server's clock decides; a client whose clock differs by d sees deadlines
+ * d off. Any plain put drops the key's deadline (as Redis's SET).
+ *
+ * tern_kv_put_until: tern_kv_put with a deadline (0: none). It goes by RPC
+ * whatever tern_kv_set_path says (one-sided puts write plain values).
+ * tern_kv_expiry: 0 with *at_ms (0: the key has none), or TERN_ENOENT.
+ * tern_kv_expire: give a present key a new deadline, or with 0 take its
+ * deadline away; one already past deletes the key. TERN_ENOENT if absent.
+ * Thread rules and write concern as for tern_kv_put. */
+int tern_kv_put_until_async(struct tern_kv *kv, const void *key, size_t klen, const void *val,
+                            size_t len, uint64_t at_ms, tern_kv_cb cb, void *arg);
+int tern_kv_put_until(struct tern_kv *kv, const void *key, size_t klen, const void *val,
+                      size_t len, uint64_t at_ms, uint64_t *version);
+int tern_kv_expiry(struct tern_kv *kv, const void *key, size_t klen, uint64_t *at_ms);
+int tern_kv_expire(struct tern_kv *kv, const void *key, size_t klen, uint64_t at_ms);
 
 /* Multi-get: one call per server, the keys of each packed together.
  * cb(arg_i) runs once per key with its own status; `i` is its index. */

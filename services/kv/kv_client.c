@@ -2,6 +2,7 @@
  * server, and gathers each request from a small header, the caller's key and
  * value (tern_callv), so a PUT value is copied once, into the send buffer.
  * Per-call state lives in a fixed slab: nothing is allocated per call. */
+#include <endian.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -79,14 +80,16 @@ int kv_op_call(struct kv_op *op, uint16_t method, const void *key, size_t klen,
                const void *val, size_t len)
 {
     struct tern_kv *kv = op->kv;
-    struct iovec iov[3];
-    int rc;
+    bool dl = method == KV_M_PUT && op->has_deadline;
+    struct iovec iov[4];
+    int n = 0, rc;
 
-    op->hdr = (struct kv_key){.klen = (uint16_t)klen, .vlen = (uint32_t)len};
-    if (method == KV_M_PUT || method == KV_M_DEL)
-        op->hdr.flags = kv->w_flags;
+    op->hdr = (struct kv_key){.klen = (uint16_t)klen,
+                              .vlen = (uint32_t)len + (dl ? sizeof(op->deadline_le) : 0)};
+    if (method == KV_M_PUT || method == KV_M_DEL || method == KV_M_EXPIRE)
+        op->hdr.flags = kv->w_flags | (dl ? KV_F_DEADLINE : 0);
     op->to = kv_route(kv, key, klen)->s;
-    if (method == KV_M_GET && kv->rep && kv->read_any) {
+    if ((method == KV_M_GET || method == KV_M_EXPIRY) && kv->rep && kv->read_any) {
         struct tern_session *s = kv_replica_reader(kv);
 
         if (s) {
@@ -100,18 +103,23 @@ int kv_op_call(struct kv_op *op, uint16_t method, const void *key, size_t klen,
     op->val = val;
     op->klen = (uint16_t)klen;
     op->vlen = (uint32_t)len;
-    iov[0] = (struct iovec){.iov_base = &op->hdr, .iov_len = sizeof(op->hdr)};
-    iov[1] = (struct iovec){.iov_base = (void *)key, .iov_len = klen};
-    iov[2] = (struct iovec){.iov_base = (void *)val, .iov_len = len};
-    rc = tern_callv(op->to, TERN_KV_SERVICE_ID, method, iov, len ? 3 : 2, kv->timeout,
+    iov[n++] = (struct iovec){.iov_base = &op->hdr, .iov_len = sizeof(op->hdr)};
+    iov[n++] = (struct iovec){.iov_base = (void *)key, .iov_len = klen};
+    if (dl)
+        iov[n++] = (struct iovec){.iov_base = &op->deadline_le, .iov_len = sizeof(op->deadline_le)};
+    if (len)
+        iov[n++] = (struct iovec){.iov_base = (void *)val, .iov_len = len};
+    rc = tern_callv(op->to, TERN_KV_SERVICE_ID, method, iov, (unsigned)n, kv->timeout,
                     kv_op_done, op, NULL);
     if (rc < 0)
         kv_op_put(kv, op);
     return rc;
 }
 
+/* A call about one key. `at`: PUT, EXPIRE: the deadline (PUT: 0 = none),
+ * in host order. */
 static int key_call(struct tern_kv *kv, uint16_t method, const void *key, size_t klen,
-                    const void *val, size_t len, tern_kv_cb cb, void *arg)
+                    const void *val, size_t len, uint64_t at, tern_kv_cb cb, void *arg)
 {
     struct kv_op *op;
 
@@ -123,31 +131,43 @@ static int key_call(struct tern_kv *kv, uint16_t method, const void *key, size_t
         kv_replicas_mend(kv);
     if (kv->path != TERN_KV_PATH_RPC && method == KV_M_GET)
         return kv_path_get(kv, key, klen, cb, arg);
-    if (kv->path != TERN_KV_PATH_RPC && method == KV_M_PUT)
+    /* One-sided puts write plain values: a deadline goes by RPC. */
+    if (kv->path != TERN_KV_PATH_RPC && method == KV_M_PUT && !at)
         return kv_path_put(kv, key, klen, val, len, cb, arg);
     op = kv_op_get(kv);
     if (!op)
         return TERN_ENOBUFS;
-    *op = (struct kv_op){.kv = kv, .cb = cb, .arg = arg, .stage = -1};
+    *op = (struct kv_op){.kv = kv, .cb = cb, .arg = arg, .stage = -1,
+                         .has_deadline = method == KV_M_PUT && at, .deadline_le = htole64(at)};
+    if (method == KV_M_EXPIRE)
+        return kv_op_call(op, method, key, klen, &op->deadline_le, sizeof(op->deadline_le));
     return kv_op_call(op, method, key, klen, val, len);
 }
 
 int tern_kv_get_async(struct tern_kv *kv, const void *key, size_t klen, tern_kv_cb cb,
                       void *arg)
 {
-    return key_call(kv, KV_M_GET, key, klen, NULL, 0, cb, arg);
+    return key_call(kv, KV_M_GET, key, klen, NULL, 0, 0, cb, arg);
 }
 
 int tern_kv_put_async(struct tern_kv *kv, const void *key, size_t klen, const void *val,
                       size_t len, tern_kv_cb cb, void *arg)
 {
-    return key_call(kv, KV_M_PUT, key, klen, val, len, cb, arg);
+    return key_call(kv, KV_M_PUT, key, klen, val, len, 0, cb, arg);
+}
+
+int tern_kv_put_until_async(struct tern_kv *kv, const void *key, size_t klen, const void *val,
+                            size_t len, uint64_t at_ms, tern_kv_cb cb, void *arg)
+{
+    if (len > UINT32_MAX - sizeof(uint64_t))
+        return TERN_E2BIG;
+    return key_call(kv, KV_M_PUT, key, klen, val, len, at_ms, cb, arg);
 }
 
 int tern_kv_del_async(struct tern_kv *kv, const void *key, size_t klen, tern_kv_cb cb,
                       void *arg)
 {
-    return key_call(kv, KV_M_DEL, key, klen, NULL, 0, cb, arg);
+    return key_call(kv, KV_M_DEL, key, klen, NULL, 0, 0, cb, arg);
 }
 
 /* ---- sync forms: start the async call and poll until it ends ---- */
@@ -229,6 +249,55 @@ int tern_kv_put(struct tern_kv *kv, const void *key, size_t klen, const void *va
     }
     if (version && rc == 0)
         *version = w.version;
+    return rc;
+}
+
+int tern_kv_put_until(struct tern_kv *kv, const void *key, size_t klen, const void *val,
+                      size_t len, uint64_t at_ms, uint64_t *version)
+{
+    struct waiter w = {0};
+    uint64_t start = tern_now_ns();
+    int rc = wait_for(kv, &w, tern_kv_put_until_async(kv, key, klen, val, len, at_ms, wait_cb,
+                                                      &w));
+
+    while (again(kv, rc, start)) {
+        w = (struct waiter){0};
+        rc = wait_for(kv, &w, tern_kv_put_until_async(kv, key, klen, val, len, at_ms, wait_cb,
+                                                      &w));
+    }
+    if (version && rc == 0)
+        *version = w.version;
+    return rc;
+}
+
+int tern_kv_expiry(struct tern_kv *kv, const void *key, size_t klen, uint64_t *at_ms)
+{
+    uint64_t le = 0;
+    struct waiter w = {.buf = &le, .cap = sizeof(le)};
+    uint64_t start = tern_now_ns();
+    int rc = wait_for(kv, &w, key_call(kv, KV_M_EXPIRY, key, klen, NULL, 0, 0, wait_cb, &w));
+
+    while (again(kv, rc, start)) {
+        w = (struct waiter){.buf = &le, .cap = sizeof(le)};
+        rc = wait_for(kv, &w, key_call(kv, KV_M_EXPIRY, key, klen, NULL, 0, 0, wait_cb, &w));
+    }
+    if (rc == 0 && w.len != sizeof(le))
+        rc = TERN_EPROTO;
+    if (rc == 0 && at_ms)
+        *at_ms = le64toh(le);
+    return rc;
+}
+
+int tern_kv_expire(struct tern_kv *kv, const void *key, size_t klen, uint64_t at_ms)
+{
+    struct waiter w = {0};
+    uint64_t start = tern_now_ns();
+    int rc = wait_for(kv, &w, key_call(kv, KV_M_EXPIRE, key, klen, NULL, 0, at_ms, wait_cb, &w));
+
+    while (again(kv, rc, start)) {
+        w = (struct waiter){0};
+        rc = wait_for(kv, &w, key_call(kv, KV_M_EXPIRE, key, klen, NULL, 0, at_ms, wait_cb, &w));
+    }
     return rc;
 }
 

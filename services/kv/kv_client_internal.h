@@ -53,6 +53,8 @@ struct kv_op {
     uint16_t method;                 /* RPC: to send again to another replica */
     struct tern_session *to;         /* RPC: where it was sent */
     struct kv_pget pget;             /* the PGET request while in flight */
+    bool has_deadline;               /* PUT: deadline_le goes before the value */
+    uint64_t deadline_le;            /* PUT, EXPIRE: the deadline as sent */
 };
 
 struct kv_onesided;

@@ -4,6 +4,8 @@
  * values are copied from the pool straight into the reply buffer, PUT values
  * from the receive buffer straight into the pool, and a PUT or DELETE is
  * durable before its reply is built. */
+#include <endian.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -57,8 +59,9 @@ static void kv_tap(void *arg, enum pm_rec_type type, const void *key, uint16_t k
 {
     struct tern_kv_service *svc = arg;
 
-    repl_written(svc->repl, type == PM_TOMBSTONE ? REPL_DEL : REPL_SET, key, klen, val, len,
-                 version);
+    repl_written(svc->repl, type == PM_TOMBSTONE ? REPL_DEL
+                            : type == PM_EXPIRING ? REPL_SET_EXPIRING : REPL_SET,
+                 key, klen, val, len, version);
 }
 
 void kv_service_replicate(struct tern_kv_service *svc, struct repl *r)
@@ -72,8 +75,10 @@ static int op_apply(void *ctx, uint8_t type, const void *key, uint16_t klen, con
 {
     struct tern_kv_service *svc = ctx;
 
-    return kvs_apply(svc->store, type == REPL_DEL ? PM_TOMBSTONE : PM_VALUE, key, klen, val,
-                     vlen, version, 0);
+    enum pm_rec_type t = type == REPL_DEL ? PM_TOMBSTONE
+                         : type == REPL_SET_EXPIRING ? PM_EXPIRING : PM_VALUE;
+
+    return kvs_apply(svc->store, t, key, klen, val, vlen, version, 0);
 }
 
 static int op_sync(void *ctx)
@@ -106,8 +111,8 @@ struct snap_ctx {
     bool full;
 };
 
-static int snap_one(void *arg, const void *key, size_t klen, const void *val, uint32_t len,
-                    uint64_t version)
+static int snap_one(void *arg, enum pm_rec_type type, const void *key, size_t klen,
+                    const void *val, uint32_t len, uint64_t version)
 {
     struct snap_ctx *c = arg;
     size_t size = repl_rec_size(klen, len);
@@ -116,7 +121,8 @@ static int snap_one(void *arg, const void *key, size_t klen, const void *val, ui
         c->full = true;
         return 1;
     }
-    repl_rec_write(c->dst + c->used, REPL_SET, version, key, (uint16_t)klen, val, len);
+    repl_rec_write(c->dst + c->used, type == PM_EXPIRING ? REPL_SET_EXPIRING : REPL_SET,
+                   version, key, (uint16_t)klen, val, len);
     c->used += size;
     c->n++;
     return 0;
@@ -134,7 +140,7 @@ static long op_snapshot(void *ctx, uint64_t cursor, void *dst, size_t cap, uint3
         size_t used = c.used;
         uint32_t count = c.n;
         uint64_t after;
-        int rc = kvs_scan(svc->store, *next, 1, snap_one, &c, &after);
+        int rc = kvs_scan_records(svc->store, *next, 1, snap_one, &c, &after);
 
         if (rc < 0)
             return rc;
@@ -235,16 +241,27 @@ static int h_put(struct tern_req *req, const void *data, size_t len, void *ctx)
     const uint8_t *key, *val;
     uint16_t klen;
     uint32_t vlen;
-    uint64_t version;
-    int rc = parse_key(data, len, true, KV_F_W_ONE | KV_F_W_ALL, &key, &klen, &val, &vlen);
+    uint64_t version, at = 0;
+    struct kv_key k;
+    int rc = parse_key(data, len, true, KV_F_W_ONE | KV_F_W_ALL | KV_F_DEADLINE, &key, &klen,
+                       &val, &vlen);
 
     if (rc < 0)
         return rc;
+    memcpy(&k, data, sizeof(k));
+    if (k.flags & KV_F_DEADLINE) {
+        if (vlen < sizeof(at))
+            return TERN_EPROTO;
+        memcpy(&at, val, sizeof(at));
+        at = le64toh(at);
+        val += sizeof(at);
+        vlen -= sizeof(at);
+    }
     if (!kv_owns(svc, key, klen))
         return TERN_EWRONGNODE;
     if (svc->repl && (rc = repl_writable(svc->repl)) < 0)
         return rc;
-    rc = kvs_put(svc->store, key, klen, val, vlen, TERN_KV_SYNC, &version);
+    rc = kvs_put_until(svc->store, key, klen, val, vlen, at, TERN_KV_SYNC, &version);
     if (rc == 0)
         kv_hold_write(svc, req, data);
     return rc < 0 ? rc : kv_reply_version(req, version);
@@ -266,6 +283,70 @@ static int h_del(struct tern_req *req, const void *data, size_t len, void *ctx)
         return rc;
     rc = kvs_del(svc->store, key, klen, TERN_KV_SYNC, &version);
     if (rc == 0)
+        kv_hold_write(svc, req, data);
+    return rc < 0 ? rc : kv_reply_version(req, version);
+}
+
+/* A key's deadline, read as GET reads (a backup may answer when asked). */
+static int h_expiry(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    struct tern_kv_service *svc = ctx;
+    const uint8_t *key;
+    uint16_t klen;
+    uint64_t at, version = 0;
+    struct kv_key k;
+    uint8_t *out;
+    int rc = parse_key(data, len, false, KV_F_READ_ANY, &key, &klen, NULL, NULL);
+
+    if (rc < 0)
+        return rc;
+    if (!kv_owns(svc, key, klen))
+        return TERN_EWRONGNODE;
+    memcpy(&k, data, sizeof(k));
+    if ((rc = kv_read_check(svc, k.flags & KV_F_READ_ANY)) < 0)
+        return rc;
+    rc = kvs_expiry(svc->store, key, klen, &at);
+    if (rc == 0 && svc->repl) {
+        const void *v;
+        uint32_t vlen;
+
+        kvs_get(svc->store, key, klen, &v, &vlen, &version);
+    }
+    if (svc->repl)
+        repl_hold_read(svc->repl, req, rc == 0 ? version : 0);
+    if (rc < 0)
+        return rc;
+    out = tern_reply_alloc(req, sizeof(struct kv_val) + sizeof(at));
+    if (!out)
+        return TERN_EMSGSIZE;
+    at = htole64(at);
+    memcpy(out, &version, sizeof(version));
+    memcpy(out + sizeof(struct kv_val), &at, sizeof(at));
+    return 0;
+}
+
+/* Set or (0) take away a key's deadline; one already past deletes it. */
+static int h_expire(struct tern_req *req, const void *data, size_t len, void *ctx)
+{
+    struct tern_kv_service *svc = ctx;
+    const uint8_t *key, *val;
+    uint16_t klen;
+    uint32_t vlen;
+    uint64_t at, version = 0;
+    int rc = parse_key(data, len, true, KV_F_W_ONE | KV_F_W_ALL, &key, &klen, &val, &vlen);
+
+    if (rc < 0)
+        return rc;
+    if (vlen != sizeof(at))
+        return TERN_EPROTO;
+    memcpy(&at, val, sizeof(at));
+    at = le64toh(at);
+    if (!kv_owns(svc, key, klen))
+        return TERN_EWRONGNODE;
+    if (svc->repl && (rc = repl_writable(svc->repl)) < 0)
+        return rc;
+    rc = kvs_set_expiry(svc->store, key, klen, at, TERN_KV_SYNC, &version);
+    if (rc == 0 && version)
         kv_hold_write(svc, req, data);
     return rc < 0 ? rc : kv_reply_version(req, version);
 }
@@ -503,6 +584,8 @@ static const struct tern_method kv_methods[] = {
     {.id = KV_M_LPUT, .name = "lput", .handler = kv_h_lput},
     {.id = KV_M_PGET, .name = "pget", .handler = kv_h_pget},
     {.id = KV_M_MEMBERS, .name = "members", .handler = h_members},
+    {.id = KV_M_EXPIRY, .name = "expiry", .handler = h_expiry},
+    {.id = KV_M_EXPIRE, .name = "expire", .handler = h_expire},
 };
 
 int tern_kv_service_open(const struct tern_kv_service_opts *o, struct tern_kv_service **out)
@@ -545,6 +628,19 @@ const struct tern_service *tern_kv_service_def(struct tern_kv_service *svc)
 struct kvs *kv_service_store(struct tern_kv_service *svc)
 {
     return svc->store;
+}
+
+int tern_kv_service_tick(struct tern_kv_service *svc, unsigned max)
+{
+    unsigned n;
+    int rc;
+
+    if (svc->repl && repl_writable(svc->repl) < 0)
+        return 0;
+    n = kvs_expire(svc->store, kvs_now_ms(), max ? max : 1000);
+    if (n && (rc = kvs_sync(svc->store)) < 0)
+        return rc;
+    return n > INT_MAX ? INT_MAX : (int)n;
 }
 
 int tern_kv_service_help(struct tern_kv_service *svc)

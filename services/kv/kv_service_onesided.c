@@ -636,7 +636,12 @@ int kv_h_pget(struct tern_req *req, const void *data, size_t len, void *ctx)
         return rc;
     vlen = hdr.val_len;
     val = (const uint8_t *)pm_rec_at(kvs_pool(svc->store), loc) + sizeof(hdr) + hdr.key_len;
-    if (size <= q.cap) {
+    /* An expiring value goes inline, without its deadline: clients take
+     * pushed records only as PM_VALUE ones. */
+    if (hdr.type == PM_EXPIRING) {
+        val = (const uint8_t *)val + PM_EXPIRY_BYTES;
+        vlen -= PM_EXPIRY_BYTES;
+    } else if (size <= q.cap) {
         rc = pget_push(req, svc, &q, loc, size, version, vlen);
         if (rc != TERN_ENOBUFS && rc != TERN_EAGAIN)
             return rc;

@@ -6,13 +6,23 @@
  * free segments run low, the pool's cleaner copies the live records of the
  * emptiest segment forward and frees it; the callbacks below tell it what is
  * live and keep the index and the n_old counts in step.
+ *
+ * An expiring value (PM_EXPIRING) carries its deadline before the value.
+ * Past it, the key reads as absent at once, everywhere (lazy expiry: no
+ * write on a read); kvs_expire() later writes its tombstone, in deadline
+ * order off a heap (active expiry). Since the deadline is wall-clock time
+ * in the record, a key never comes back after a restart and its time to
+ * live counts down across one.
  */
+#include <endian.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include "error.h"
+#include "kv_deadline.h"
 #include "kv_index.h"
 #include "kv_store.h"
 #include "kv_window.h"
@@ -43,7 +53,36 @@ struct kvs {
     kvs_tap_fn tap;                  /* kvs_set_tap() */
     void *tap_arg;
     uint64_t forced;                 /* kvs_apply: the version to write, 0 = a new one */
+    bool removing;                   /* kvs_del deletes keys past their deadline too */
+    struct kv_deadlines due;         /* expiring keys, soonest first */
+    uint64_t expiring;               /* live keys whose newest record is PM_EXPIRING */
+    uint8_t *xbuf;                   /* a deadline and a value, put together */
+    size_t xcap;
 };
+
+static uint64_t wall_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+uint64_t (*kvs_now_ms)(void) = wall_ms;
+
+static inline uint64_t get_le64(const void *p)
+{
+    uint64_t v;
+
+    memcpy(&v, p, sizeof(v));
+    return le64toh(v);
+}
+
+/* The deadline of an expiring record (from its value's first bytes). */
+static inline uint64_t rec_deadline(const struct pm_rec *r)
+{
+    return get_le64(pm_rec_val(r));
+}
 
 /* The version a write takes: the next of the pool's counter, or the one a
  * replica was told to write (kvs_apply). */
@@ -69,6 +108,32 @@ static inline bool ent_is_tomb(const struct kv_ent *e)
     return (e->loc & KV_TOMB) != 0;
 }
 
+/* Is the entry's newest record an expiring value (due or not)? */
+static bool ent_expiring(const struct kvs *s, const struct kv_ent *e)
+{
+    return !ent_is_tomb(e) && pm_rec_at(s->pool, ent_loc(e))->type == PM_EXPIRING;
+}
+
+/* Note the deadline of the key's newest record, if it has one. */
+static void note_deadline(struct kvs *s, const struct kv_ent *e)
+{
+    if (ent_expiring(s, e))
+        kv_deadline_push(&s->due, rec_deadline(pm_rec_at(s->pool, ent_loc(e))),
+                         (uint32_t)(e - s->ix.ents));
+}
+
+/* The heap again from the index: every expiring key once. */
+static void deadlines_rebuild(struct kvs *s)
+{
+    kv_deadline_clear(&s->due);
+    s->expiring = 0;
+    for (uint32_t i = 0; i < s->ix.top; i++)
+        if (s->ix.ents[i].loc != KV_FREE && ent_expiring(s, &s->ix.ents[i])) {
+            s->expiring++;
+            note_deadline(s, &s->ix.ents[i]);
+        }
+}
+
 /* Mirror an entry's newest record into the index window (a tombstone
  * leaves it: deleted keys are answered by the server). */
 static void mirror(struct kvs *s, struct kv_ent *e)
@@ -77,11 +142,8 @@ static void mirror(struct kvs *s, struct kv_ent *e)
 
     if (!s->win.hdr)
         return;
-    if (ent_is_tomb(e)) {
-        kv_window_clear(&s->win, &e->wslot);
-        return;
-    }
-    if (pm_rec_read(s->pool, ent_loc(e), &r) < 0) {
+    /* Expiring values too: a client's clock is not the server's. */
+    if (ent_is_tomb(e) || pm_rec_read(s->pool, ent_loc(e), &r) < 0 || r.type != PM_VALUE) {
         kv_window_clear(&s->win, &e->wslot);
         return;
     }
@@ -105,7 +167,7 @@ static int recover_rec(void *arg, pm_loc loc, const struct pm_rec *r)
     struct kvs *s = arg;
     const void *key = pm_rec_key(r);
     uint64_t h = kv_hash(key, r->key_len);
-    uint64_t flag = r->type == PM_TOMBSTONE ? KV_TOMB : 0;
+    uint64_t flag = r->type == PM_TOMBSTONE ? KV_TOMB : 0;   /* PM_EXPIRING: a value */
     struct kv_ent *e = kv_index_find(&s->ix, s->pool, h, key, r->key_len);
 
     if (!e) {
@@ -221,6 +283,7 @@ int kvs_open(const struct kvs_opts *o, struct kvs **out)
     for (uint32_t i = 0; i < s->ix.top; i++)
         if (s->ix.ents[i].loc != KV_FREE)
             retire_if_bare(s, &s->ix.ents[i]);
+    deadlines_rebuild(s);
     /* Keep a sixteenth of the pool (at least two segments) free, so that a
      * burst of writes rarely has to wait for a clean. */
     s->clean_low = info.n_segs / 16 > 2 ? info.n_segs / 16 : 2;
@@ -228,6 +291,7 @@ int kvs_open(const struct kvs_opts *o, struct kvs **out)
     return 0;
 fail:
     kv_index_free(&s->ix);
+    kv_deadline_free(&s->due);
     pm_close(s->pool);
     free((void *)s->opts.path);
     free(s);
@@ -240,6 +304,8 @@ void kvs_close(struct kvs *s)
         return;
     kvs_sync(s);
     kv_index_free(&s->ix);
+    kv_deadline_free(&s->due);
+    free(s->xbuf);
     pm_close(s->pool);
     free((void *)s->opts.path);
     free(s);
@@ -273,6 +339,8 @@ int kvs_wipe(struct kvs *s)
     s->ix = ix;
     s->pool = fresh;
     s->keys = 0;
+    s->expiring = 0;
+    kv_deadline_clear(&s->due);
     s->dirty = false;
     s->gen = 1;
     memset(&s->st, 0, sizeof(s->st));
@@ -299,6 +367,8 @@ static int newest(struct kvs *s, const void *key, size_t klen, pm_loc *loc,
     *loc = ent_loc(e);
     if (pm_rec_read(s->pool, *loc, hdr) < 0 || hdr->key_len != klen)
         return TERN_ECORRUPT;
+    if (hdr->type == PM_EXPIRING && rec_deadline(pm_rec_at(s->pool, *loc)) <= kvs_now_ms())
+        return TERN_ENOENT;
     s->st.hits++;
     return 0;
 }
@@ -314,8 +384,24 @@ int kvs_get(struct kvs *s, const void *key, size_t klen,
         return rc;
     *val = (const uint8_t *)pm_rec_at(s->pool, loc) + sizeof(hdr) + hdr.key_len;
     *len = hdr.val_len;
+    if (hdr.type == PM_EXPIRING) {
+        *val = (const uint8_t *)*val + PM_EXPIRY_BYTES;
+        *len -= PM_EXPIRY_BYTES;
+    }
     if (version)
         *version = hdr.version;
+    return 0;
+}
+
+int kvs_expiry(struct kvs *s, const void *key, size_t klen, uint64_t *at_ms)
+{
+    struct pm_rec hdr;
+    pm_loc loc;
+    int rc = newest(s, key, klen, &loc, &hdr);
+
+    if (rc < 0)
+        return rc;
+    *at_ms = hdr.type == PM_EXPIRING ? rec_deadline(pm_rec_at(s->pool, loc)) : 0;
     return 0;
 }
 
@@ -416,8 +502,8 @@ static int finish_write(struct kvs *s, unsigned flags)
 
 /* Make a new value record the key's newest (the index has room: see
  * kv_index_reserve). */
-static void point_at(struct kvs *s, uint64_t h, const void *key, uint16_t klen,
-                     pm_loc loc, uint64_t ver)
+static struct kv_ent *point_at(struct kvs *s, uint64_t h, const void *key, uint16_t klen,
+                               pm_loc loc, uint64_t ver)
 {
     struct kv_ent *e = kv_index_find(&s->ix, s->pool, h, key, klen);
 
@@ -427,6 +513,7 @@ static void point_at(struct kvs *s, uint64_t h, const void *key, uint16_t klen,
         e->base_ver = ver;
         s->keys++;
     } else {
+        s->expiring -= ent_expiring(s, e);
         pm_dead(s->pool, ent_loc(e));
         e->n_old++;
         s->keys += ent_is_tomb(e);
@@ -435,6 +522,7 @@ static void point_at(struct kvs *s, uint64_t h, const void *key, uint16_t klen,
     }
     e->gen = s->gen;
     mirror(s, e);
+    return e;
 }
 
 /* The key's newest record was written since the last sync, so nobody was
@@ -443,16 +531,19 @@ static void point_at(struct kvs *s, uint64_t h, const void *key, uint16_t klen,
  * record rather than appending one per SET. The pool allows it only where a
  * crash mid-rewrite loses nothing acknowledged (pm_rewrite_pending):
  * past the commit point, or over a slot rewritten in place before. */
-static int put_again(struct kvs *s, struct kv_ent *e, const void *key,
+static int put_again(struct kvs *s, struct kv_ent *e, enum pm_rec_type type, const void *key,
                      uint16_t klen, const void *val, uint32_t len, uint64_t *ver)
 {
+    bool was;
+
     if (ent_is_tomb(e) || pinned(s, ent_loc(e)) ||
         pm_slot_size(s->pool, ent_loc(e)) < pm_rec_size(klen, len))
         return 0;
+    was = ent_expiring(s, e);
     *ver = next_version(s);
-    if (pm_rewrite_pending(s->pool, ent_loc(e), PM_VALUE, *ver, key, klen, val,
-                                len) < 0)
+    if (pm_rewrite_pending(s->pool, ent_loc(e), type, *ver, key, klen, val, len) < 0)
         return 0;
+    s->expiring -= was;
     s->st.in_place++;
     mirror(s, e);
     return 1;
@@ -468,11 +559,12 @@ static int put_again(struct kvs *s, struct kv_ent *e, const void *key,
  * push is done, and one-sided readers check version and checksum and read
  * again. A key whose newest record is not synced yet is set again over that
  * record instead (put_again). Returns 1 if it did, 0 to append instead. */
-static int put_in_place(struct kvs *s, uint64_t h, const void *key, uint16_t klen,
-                        const void *val, uint32_t len, uint64_t *ver)
+static int put_in_place(struct kvs *s, uint64_t h, enum pm_rec_type type, const void *key,
+                        uint16_t klen, const void *val, uint32_t len, uint64_t *ver)
 {
     struct kv_ent *e;
     pm_loc prev;
+    bool was;
     int rc;
 
     if (s->append_only)
@@ -481,16 +573,17 @@ static int put_in_place(struct kvs *s, uint64_t h, const void *key, uint16_t kle
     if (!e)
         return 0;
     if (e->gen == s->gen)
-        return put_again(s, e, key, klen, val, len, ver);
+        return put_again(s, e, type, key, klen, val, len, ver);
     if (!e->old_loc || pinned(s, e->old_loc) ||
         pm_slot_size(s->pool, e->old_loc) < pm_rec_size(klen, len))
         return 0;
+    was = ent_expiring(s, e);
     *ver = next_version(s);
     /* Nothing pending is committed first: the newer version is durable. */
-    rc = pm_overwrite_behind(s->pool, e->old_loc, PM_VALUE, *ver, key, klen, val,
-                                  len);
+    rc = pm_overwrite_behind(s->pool, e->old_loc, type, *ver, key, klen, val, len);
     if (rc < 0)
         return 0;
+    s->expiring -= was;
     /* The rewritten slot is the newest now and the record it replaced goes
      * to the older ones: n_old does not change. */
     prev = ent_loc(e);
@@ -504,8 +597,10 @@ static int put_in_place(struct kvs *s, uint64_t h, const void *key, uint16_t kle
     return 1;
 }
 
-int kvs_put(struct kvs *s, const void *key, size_t klen,
-                      const void *val, size_t len, unsigned flags, uint64_t *version)
+/* Write a value record (PM_VALUE, or PM_EXPIRING with its deadline
+ * first in val) and make it the key's newest. */
+static int put_rec(struct kvs *s, enum pm_rec_type type, const void *key, size_t klen,
+                   const void *val, size_t len, unsigned flags, uint64_t *version)
 {
     uint64_t h, ver;
     pm_loc loc;
@@ -521,23 +616,97 @@ int kvs_put(struct kvs *s, const void *key, size_t klen,
     rc = kv_index_reserve(&s->ix);
     if (rc < 0)
         return rc;
-    if (put_in_place(s, h, key, (uint16_t)klen, val, (uint32_t)len, &ver)) {
-        tap(s, PM_VALUE, key, (uint16_t)klen, val, (uint32_t)len, ver);
-        s->st.puts++;
-        if (version)
-            *version = ver;
-        return finish_write(s, flags);
+    if (!put_in_place(s, h, type, key, (uint16_t)klen, val, (uint32_t)len, &ver)) {
+        rc = append(s, type, key, (uint16_t)klen, val, (uint32_t)len, &loc, &ver);
+        if (rc < 0)
+            return rc;
+        /* Looked up after the append: cleaning may have moved records. */
+        point_at(s, h, key, (uint16_t)klen, loc, ver);
     }
-    rc = append(s, PM_VALUE, key, (uint16_t)klen, val, (uint32_t)len, &loc, &ver);
-    if (rc < 0)
-        return rc;
-    /* Looked up after the append: cleaning may have moved records. */
-    point_at(s, h, key, (uint16_t)klen, loc, ver);
-    tap(s, PM_VALUE, key, (uint16_t)klen, val, (uint32_t)len, ver);
+    if (type == PM_EXPIRING) {
+        s->expiring++;
+        kv_deadline_push(&s->due, get_le64(val),
+                         (uint32_t)(kv_index_find(&s->ix, s->pool, h, key, (uint16_t)klen) -
+                                    s->ix.ents));
+    }
+    tap(s, type, key, (uint16_t)klen, val, (uint32_t)len, ver);
     s->st.puts++;
     if (version)
         *version = ver;
     return finish_write(s, flags);
+}
+
+int kvs_put(struct kvs *s, const void *key, size_t klen,
+                      const void *val, size_t len, unsigned flags, uint64_t *version)
+{
+    return put_rec(s, PM_VALUE, key, klen, val, len, flags, version);
+}
+
+/* The scratch buffer, with room for a deadline and `len` bytes of value. */
+static uint8_t *xbuf(struct kvs *s, size_t len)
+{
+    if (s->xcap < PM_EXPIRY_BYTES + len) {
+        uint8_t *b = realloc(s->xbuf, PM_EXPIRY_BYTES + len);
+
+        if (!b)
+            return NULL;
+        s->xbuf = b;
+        s->xcap = PM_EXPIRY_BYTES + len;
+    }
+    return s->xbuf;
+}
+
+int kvs_put_until(struct kvs *s, const void *key, size_t klen, const void *val, size_t len,
+                  uint64_t at_ms, unsigned flags, uint64_t *version)
+{
+    uint64_t le = htole64(at_ms);
+    uint8_t *b;
+
+    if (!at_ms)
+        return kvs_put(s, key, klen, val, len, flags, version);
+    if (!klen || (!val && len))
+        return TERN_EINVAL;
+    if (klen > KV_KEY_MAX || kvs_val_max(s, klen) < PM_EXPIRY_BYTES ||
+        len > kvs_val_max(s, klen) - PM_EXPIRY_BYTES)
+        return TERN_E2BIG;
+    b = xbuf(s, len);
+    if (!b)
+        return TERN_ENOMEM;
+    memcpy(b, &le, sizeof(le));
+    if (len)
+        memcpy(b + PM_EXPIRY_BYTES, val, len);
+    return put_rec(s, PM_EXPIRING, key, klen, b, PM_EXPIRY_BYTES + len, flags, version);
+}
+
+int kvs_set_expiry(struct kvs *s, const void *key, size_t klen, uint64_t at_ms,
+                   unsigned flags, uint64_t *version)
+{
+    const void *val;
+    uint32_t len;
+    uint64_t old;
+    uint8_t *b;
+    int rc = kvs_expiry(s, key, klen, &old);
+
+    if (rc < 0)
+        return rc;
+    if (!at_ms && !old)
+        return 0;       /* no deadline to remove */
+    /* A deadline already past removes the key, as Redis's EXPIRE does. */
+    if (at_ms && at_ms <= kvs_now_ms())
+        return kvs_del(s, key, klen, flags, version);
+    rc = kvs_get(s, key, klen, &val, &len, NULL);
+    if (rc < 0)
+        return rc;
+    /* The value is copied out first: the write may move its record. */
+    b = xbuf(s, len);
+    if (!b)
+        return TERN_ENOMEM;
+    memcpy(b + PM_EXPIRY_BYTES, val, len);
+    if (!at_ms)
+        return put_rec(s, PM_VALUE, key, klen, b + PM_EXPIRY_BYTES, len, flags, version);
+    at_ms = htole64(at_ms);
+    memcpy(b, &at_ms, sizeof(at_ms));
+    return put_rec(s, PM_EXPIRING, key, klen, b, PM_EXPIRY_BYTES + len, flags, version);
 }
 
 int kvs_del(struct kvs *s, const void *key, size_t klen, unsigned flags,
@@ -556,10 +725,15 @@ int kvs_del(struct kvs *s, const void *key, size_t klen, unsigned flags,
     e = kv_index_find(&s->ix, s->pool, h, key, (uint16_t)klen);
     if (!e || ent_is_tomb(e))
         return TERN_ENOENT;
+    /* Past its deadline the key is absent already; kvs_expire removes it. */
+    if (ent_expiring(s, e) && rec_deadline(pm_rec_at(s->pool, ent_loc(e))) <= kvs_now_ms() &&
+        !s->removing)
+        return TERN_ENOENT;
     rc = append(s, PM_TOMBSTONE, key, (uint16_t)klen, NULL, 0, &loc, &ver);
     if (rc < 0)
         return rc;
     e = kv_index_find(&s->ix, s->pool, h, key, (uint16_t)klen);
+    s->expiring -= ent_expiring(s, e);
     pm_dead(s->pool, ent_loc(e));
     e->n_old++;
     e->old_loc = ent_loc(e);
@@ -618,7 +792,9 @@ int kvs_clear(struct kvs *s, unsigned flags)
             continue;
         /* Copied: the delete may move the record. */
         memcpy(key, pm_rec_key(pm_rec_at(s->pool, ent_loc(e))), r.key_len);
+        s->removing = true;     /* keys past their deadline too */
         rc = kvs_del(s, key, r.key_len, 0, NULL);
+        s->removing = false;
         if (rc == TERN_ENOENT || rc == TERN_ECORRUPT)
             continue;
         if (rc < 0)
@@ -631,26 +807,50 @@ int kvs_clear(struct kvs *s, unsigned flags)
 
 struct scan_ctx {
     struct kvs *s;
-    tern_kv_scan_fn fn;
+    tern_kv_scan_fn fn;              /* values as kvs_get gives them ... */
+    kvs_rec_fn rec;                  /* ... or records as they are */
     void *arg;
+    uint64_t now;
 };
 
 static int scan_visit(void *arg, struct kv_ent *e)
 {
     struct scan_ctx *c = arg;
-    const uint8_t *at;
+    const uint8_t *at, *val;
     struct pm_rec r;
+    uint32_t len;
 
     if (ent_is_tomb(e) || pm_rec_read(c->s->pool, ent_loc(e), &r) < 0)
         return 0;
     at = (const uint8_t *)pm_rec_at(c->s->pool, ent_loc(e)) + sizeof(r);
-    return c->fn(c->arg, at, r.key_len, at + r.key_len, r.val_len, r.version);
+    val = at + r.key_len;
+    len = r.val_len;
+    if (c->rec)
+        return c->rec(c->arg, (enum pm_rec_type)r.type, at, r.key_len, val, len, r.version);
+    if (r.type == PM_EXPIRING) {
+        if (get_le64(val) <= c->now)
+            return 0;
+        val += PM_EXPIRY_BYTES;
+        len -= PM_EXPIRY_BYTES;
+    }
+    return c->fn(c->arg, at, r.key_len, val, len, r.version);
 }
 
 int kvs_scan(struct kvs *s, uint64_t cursor, unsigned max,
                        tern_kv_scan_fn fn, void *arg, uint64_t *next)
 {
-    struct scan_ctx c = {.s = s, .fn = fn, .arg = arg};
+    struct scan_ctx c = {.s = s, .fn = fn, .arg = arg, .now = kvs_now_ms()};
+
+    if (!fn || !next)
+        return TERN_EINVAL;
+    *next = kv_index_scan(&s->ix, cursor, max ? max : 1, scan_visit, &c);
+    return 0;
+}
+
+int kvs_scan_records(struct kvs *s, uint64_t cursor, unsigned max, kvs_rec_fn fn, void *arg,
+                     uint64_t *next)
+{
+    struct scan_ctx c = {.s = s, .rec = fn, .arg = arg};
 
     if (!fn || !next)
         return TERN_EINVAL;
@@ -824,15 +1024,17 @@ int kvs_apply(struct kvs *s, enum pm_rec_type type, const void *key, size_t klen
     uint64_t ver;
     int rc;
 
-    if (!version || !klen || klen > KV_KEY_MAX || (type != PM_VALUE && type != PM_TOMBSTONE))
+    if (!version || !klen || klen > KV_KEY_MAX || !pm_rec_type_ok(type, (uint32_t)len) ||
+        len > UINT32_MAX)
         return TERN_EINVAL;
     e = kv_index_find(&s->ix, s->pool, kv_hash(key, klen), key, (uint16_t)klen);
     /* Again, or older than what the key has: done already. */
     if (e && pm_rec_at(s->pool, ent_loc(e))->version >= version)
         return 0;
     s->forced = version;
-    if (type == PM_VALUE) {
-        rc = kvs_put(s, key, klen, val, len, flags, NULL);
+    s->removing = true;
+    if (type != PM_TOMBSTONE) {
+        rc = put_rec(s, type, key, klen, val, len, flags, NULL);
     } else if (e && !ent_is_tomb(e)) {
         rc = kvs_del(s, key, klen, flags, NULL);
     } else {
@@ -845,5 +1047,51 @@ int kvs_apply(struct kvs *s, enum pm_rec_type type, const void *key, size_t klen
         }
     }
     s->forced = 0;
+    s->removing = false;
     return rc;
+}
+
+/* ---- active expiry ---- */
+
+unsigned kvs_expire(struct kvs *s, uint64_t now_ms, unsigned max)
+{
+    unsigned n = 0;
+
+    /* Stale items (keys set again, deleted, given new deadlines) outnumber
+     * the keys: start again from the index. Amortised, a rebuild costs
+     * less than one entry's look per write that made an item. */
+    if (s->due.lost || s->due.n > 2 * (uint64_t)s->ix.n + 1024)
+        deadlines_rebuild(s);
+    s->removing = true;
+    for (const struct kv_deadline *d; n < max && (d = kv_deadline_top(&s->due)) &&
+                                     d->at_ms <= now_ms;) {
+        uint32_t i = d->ent;
+        struct kv_ent *e = i < s->ix.top ? &s->ix.ents[i] : NULL;
+        uint8_t key[KV_KEY_MAX];
+        struct pm_rec r;
+
+        kv_deadline_pop(&s->due);
+        /* Is the item still the truth: the entry's newest record an
+         * expiring one that is due? */
+        if (!e || e->loc == KV_FREE || !ent_expiring(s, e) ||
+            pm_rec_read(s->pool, ent_loc(e), &r) < 0 ||
+            rec_deadline(pm_rec_at(s->pool, ent_loc(e))) > now_ms)
+            continue;
+        /* Copied: the delete may move the record. */
+        memcpy(key, pm_rec_key(pm_rec_at(s->pool, ent_loc(e))), r.key_len);
+        if (kvs_del(s, key, r.key_len, 0, NULL) < 0) {
+            /* No room for a tombstone now: try again at the next round. */
+            kv_deadline_push(&s->due, now_ms, i);
+            break;
+        }
+        s->st.expired++;
+        n++;
+    }
+    s->removing = false;
+    return n;
+}
+
+uint64_t kvs_expiring(const struct kvs *s)
+{
+    return s->expiring;
 }

@@ -43,6 +43,7 @@ struct kvs_stats {
     uint64_t syncs;                  /* commits that wrote something */
     uint64_t segs_cleaned;
     uint64_t in_place;               /* PUTs written over an older record */
+    uint64_t expired;                /* keys removed by kvs_expire */
     struct pm_info pool;
 };
 
@@ -57,9 +58,49 @@ int kvs_open(const struct kvs_opts *o, struct kvs **out);
 void kvs_close(struct kvs *s);
 
 /* Look a key up. 0 with *val (in the pool), *len and *version set, or
- * TERN_ENOENT. *val is valid until the next write to the store. */
+ * TERN_ENOENT (also for a key past its deadline). *val is valid until the
+ * next write to the store. */
 int kvs_get(struct kvs *s, const void *key, size_t klen,
                       const void **val, uint32_t *len, uint64_t *version);
+
+/* ---- expiry ----
+ *
+ * A key may have a deadline (Unix milliseconds, wall-clock time, kept in
+ * its record: it holds across restarts and replicas). From the deadline
+ * on, the key is absent to every call here; kvs_expire() removes it for
+ * good (a tombstone) in the background. Any write of the key without a
+ * deadline (kvs_put, a one-sided put) drops the deadline, as SET does in
+ * Redis. */
+
+/* The clock deadlines are judged by: Unix milliseconds (CLOCK_REALTIME).
+ * Tests may point it elsewhere, before opening a store. */
+extern uint64_t (*kvs_now_ms)(void);
+
+/* kvs_put with a deadline (0: none, as kvs_put). The value may be
+ * PM_EXPIRY_BYTES shorter than kvs_val_max() allows. A deadline already
+ * past is written as it is: the key reads as absent. */
+int kvs_put_until(struct kvs *s, const void *key, size_t klen, const void *val, size_t len,
+                  uint64_t at_ms, unsigned flags, uint64_t *version);
+
+/* The key's deadline: 0 with *at_ms (0: none), or TERN_ENOENT. */
+int kvs_expiry(struct kvs *s, const void *key, size_t klen, uint64_t *at_ms);
+
+/* Give a present key a new deadline (rewriting its value), or with at_ms 0
+ * take its deadline away (a key without one is left alone, 0). A deadline
+ * already past deletes the key. TERN_ENOENT if it is absent; else as
+ * kvs_put. */
+int kvs_set_expiry(struct kvs *s, const void *key, size_t klen, uint64_t at_ms,
+                   unsigned flags, uint64_t *version);
+
+/* Remove up to `max` keys whose deadline is at or before now_ms, soonest
+ * first, and return how many (max: more may be due; call again soon). The
+ * tombstones are written like kvs_del's (sync them). Only the store's
+ * writer calls it: a replica's primary, never a backup, which is sent the
+ * primary's deletes. */
+unsigned kvs_expire(struct kvs *s, uint64_t now_ms, unsigned max);
+
+/* Live keys that have a deadline (due or not). */
+uint64_t kvs_expiring(const struct kvs *s);
 
 /* Set key = val; the value is copied into the pool once. *version (if not
  * NULL) gets the version written. TERN_E2BIG for a key over KV_KEY_MAX
@@ -68,7 +109,8 @@ int kvs_get(struct kvs *s, const void *key, size_t klen,
 int kvs_put(struct kvs *s, const void *key, size_t klen,
                       const void *val, size_t len, unsigned flags, uint64_t *version);
 
-/* Delete a key (writes a tombstone). TERN_ENOENT if it is absent. */
+/* Delete a key (writes a tombstone). TERN_ENOENT if it is absent (a key
+ * past its deadline is: kvs_expire deletes it). */
 int kvs_del(struct kvs *s, const void *key, size_t klen,
                       unsigned flags, uint64_t *version);
 
@@ -88,6 +130,14 @@ typedef int (*tern_kv_scan_fn)(void *arg, const void *key, size_t klen, const vo
                                uint32_t len, uint64_t version);
 int kvs_scan(struct kvs *s, uint64_t cursor, unsigned max,
                        tern_kv_scan_fn fn, void *arg, uint64_t *next);
+
+/* kvs_scan, but each key's newest record as it is: its type, and its value
+ * with the deadline of a PM_EXPIRING one (due or not). For copying a store
+ * whole (a replica's snapshot). */
+typedef int (*kvs_rec_fn)(void *arg, enum pm_rec_type type, const void *key, size_t klen,
+                          const void *val, uint32_t len, uint64_t version);
+int kvs_scan_records(struct kvs *s, uint64_t cursor, unsigned max, kvs_rec_fn fn, void *arg,
+                     uint64_t *next);
 
 /* Delete every key. */
 int kvs_clear(struct kvs *s, unsigned flags);
@@ -163,8 +213,8 @@ int kvs_lease_put(struct kvs *s, uint32_t seg, uint32_t off,
  * tap, so that the primary can ship it; a backup writes what it is shipped
  * with kvs_apply, under the shipped version. */
 
-/* Called for every write of a new version (put, delete, one-sided put),
- * after the index points at it and before it is synced. The key and value
+/* Called for every write of a new version (put, delete, one-sided put,
+ * expiry), with the record's type and value as in the pool, after the index points at it and before it is synced. The key and value
  * are valid only during the call (copy them). Not called for kvs_apply. */
 typedef void (*kvs_tap_fn)(void *arg, enum pm_rec_type type, const void *key, uint16_t klen,
                            const void *val, uint32_t len, uint64_t version);
@@ -176,8 +226,8 @@ uint64_t kvs_version(const struct kvs *s);
 /* Let the next new version be above v (an epoch's first). */
 void kvs_raise_version(struct kvs *s, uint64_t v);
 
-/* Write a shipped record under its own version: a value (PM_VALUE) or a
- * delete (PM_TOMBSTONE). A key that has this version or a newer one already
+/* Write a shipped record under its own version: a value (PM_VALUE or
+ * PM_EXPIRING, its deadline first in val) or a delete (PM_TOMBSTONE). A key that has this version or a newer one already
  * is left alone (0: shipping a record twice is harmless). A delete of a key
  * that is absent writes a dead tombstone, so that the version is still
  * the pool's highest. Errors: those of kvs_put. */

@@ -27,6 +27,10 @@ enum kv_method {
     /* A replicated shard's other replicas, as the shard's map names them:
      * "host:port" strings, each NUL-terminated (none for a store alone). */
     KV_M_MEMBERS = 11, /* empty                -> n x "host:port\0" */
+    /* Deadlines (Unix ms, little-endian u64; 0 = none); see kv_key_flags'
+     * KV_F_DEADLINE for a PUT with one. */
+    KV_M_EXPIRY = 12,  /* kv_key, key          -> kv_val, u64 deadline */
+    KV_M_EXPIRE = 13,  /* kv_key, key, u64 deadline (vlen 8) -> kv_val (version) */
 };
 
 /* Where a client reads the index window and the pool, on the fabric of the
@@ -103,6 +107,8 @@ enum kv_key_flags {
     KV_F_W_ONE = 1u << 0,   /* the primary alone */
     KV_F_W_ALL = 1u << 1,   /* every replica */
     KV_F_READ_ANY = 1u << 2,    /* GET: a backup may answer */
+    KV_F_DEADLINE = 1u << 3,    /* PUT: the value starts with its key's deadline
+                                 * (u64, as KV_M_EXPIRE's; counted in vlen) */
 };
 
 struct kv_val {

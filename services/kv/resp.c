@@ -50,6 +50,7 @@
 #include "kv_store.h"
 #include "log.h"
 #include "resp.h"
+#include "resp_internal.h"
 #include "resp_parse.h"
 #include "rpc.h"
 #include "tern_config.h"
@@ -62,7 +63,6 @@
 #define ACCEPT_BURST 64
 
 #define IN_INITIAL (16u * 1024)
-#define OUT_INITIAL (16u * 1024)
 #define MIN_READ 4096u
 /* An empty buffer larger than this (grown for one big command or reply)
  * goes back to its initial size so that idle clients stay small. */
@@ -72,381 +72,96 @@
 
 int (*resp_sync_fn)(struct kvs *s) = kvs_sync;
 
-struct buf {
-    char *p;
-    size_t off;                 /* bytes [off, len) are pending */
-    size_t len;
-    size_t cap;
-};
-
-/* A successful write reply of this batch, relative to out.off (which stays
- * valid when the buffer is compacted). */
-struct write_mark {
-    size_t start, end;
-};
-
-struct client {
-    int fd;
-    uint32_t events;            /* epoll interest as registered */
-    bool closing;               /* close once the output is sent */
-    bool dead;                  /* close at the end of the poll, output dropped */
-    bool touched;               /* on the poll's list */
-    bool marks_lost;            /* a write mark could not be recorded */
-    bool stalled;               /* input left unrun for the output to drain */
-    bool capped;                /* the running command's reply is held to max_output */
-    bool over;                  /* it did not fit: take it back */
-    bool rerun;                 /* run the next command again once the output is empty */
-    uint64_t id;
-    char name[64];              /* CLIENT SETNAME */
-    char addr[64];              /* the peer, "ip:port" (CLIENT LIST) */
-    time_t since, last;         /* connected; its last command */
-    const char *cmd;            /* its last command's name */
-    uint64_t window;            /* the coalescing window it was last counted in */
-    struct buf in, out;
-    struct resp_parser parser;
-    struct write_mark *marks;
-    size_t n_marks, marks_cap;
-    struct client *prev, *next;         /* every client */
-    struct client *next_touched;
-    struct resp_gw *gw;
-};
-
-struct resp_gw {
-    struct kvs *store;
-    unsigned max_clients;
-    size_t max_request;
-    size_t max_output;                  /* unsent output a client may have */
-    size_t out_peak;                    /* largest output buffer so far (INFO) */
-    int epfd, lfd;
-    uint16_t port;
-    unsigned n_clients;
-    struct client *clients;
-    struct client *touched;             /* clients with work this poll */
-    unsigned batch_cmds;
-    unsigned coalesce_us;
-    bool coalesce;                      /* the last window was busy */
-    uint64_t window, window_end_ns;     /* the current 1 ms window */
-    unsigned window_clients;            /* distinct clients served in it */
-    uint64_t coalesced_waits;           /* coalescing sleeps taken */
-    uint64_t next_id, total_conns, total_cmds;
-    time_t started;
-    int watch_fd;                       /* resp_gw_watch_fd(), -1 if none */
-    bool watch_ready;
-};
-
-/* A parsed command: arguments are offsets from `base`. */
-struct cmd {
-    const char *base;
-    const struct resp_arg *argv;
-    size_t argc;
-};
-
-static const char *arg(const struct cmd *m, size_t i)
-{
-    return m->base + m->argv[i].off;
-}
-
-static size_t arglen(const struct cmd *m, size_t i)
-{
-    return m->argv[i].len;
-}
-
-static bool arg_is(const struct cmd *m, size_t i, const char *word)
-{
-    size_t n = strlen(word);
-
-    return arglen(m, i) == n && strncasecmp(arg(m, i), word, n) == 0;
-}
-
-/* ---- numbers ---- */
-
-static size_t u64_text(char *dst, unsigned long long v)
-{
-    char tmp[20];
-    size_t n = 0;
-
-    do {
-        tmp[n++] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
-    for (size_t i = 0; i < n; i++)
-        dst[i] = tmp[n - 1 - i];
-    return n;
-}
-
-static size_t ll_text(char *dst, long long v)
-{
-    if (v >= 0)
-        return u64_text(dst, (unsigned long long)v);
-    dst[0] = '-';
-    return 1 + u64_text(dst + 1, 0ull - (unsigned long long)v);
-}
-
-/* A decimal int64 exactly as Redis accepts it: no blanks, no '+', no
- * leading zeros, no "-0". */
-static bool parse_ll(const char *s, size_t n, long long *out)
-{
-    unsigned long long v = 0, limit;
-    bool neg = false;
-    size_t i = 0;
-
-    if (n == 0 || n > 20)
-        return false;
-    if (n == 1 && s[0] == '0') {
-        *out = 0;
-        return true;
-    }
-    if (s[0] == '-') {
-        neg = true;
-        i = 1;
-    }
-    if (i == n || s[i] < '1' || s[i] > '9')
-        return false;
-    limit = neg ? (unsigned long long)LLONG_MAX + 1 : (unsigned long long)LLONG_MAX;
-    for (; i < n; i++) {
-        unsigned d;
-
-        if (s[i] < '0' || s[i] > '9')
-            return false;
-        d = (unsigned)(s[i] - '0');
-        if (v > (limit - d) / 10)
-            return false;
-        v = v * 10 + d;
-    }
-    *out = neg ? (long long)(0ull - v) : (long long)v;
-    return true;
-}
-
-/* ---- output ---- */
-
-/* Room for n more bytes of output; NULL (and the client is dropped) if
- * memory runs out, or (c->over) if a capped reply would take the output
- * past max_output. */
-static char *out_reserve(struct client *c, size_t n)
-{
-    struct buf *b = &c->out;
-    size_t cap;
-    char *p;
-
-    if (c->capped && (c->over || b->len - b->off + n > c->gw->max_output)) {
-        c->over = true;
-        return NULL;
-    }
-    if (b->cap - b->len >= n)
-        return b->p + b->len;
-    if (b->off > 0) {
-        memmove(b->p, b->p + b->off, b->len - b->off);
-        b->len -= b->off;
-        b->off = 0;
-        if (b->cap - b->len >= n)
-            return b->p + b->len;
-    }
-    cap = b->cap ? b->cap : OUT_INITIAL;
-    while (cap - b->len < n)
-        cap *= 2;
-    p = realloc(b->p, cap);
-    if (!p) {
-        c->dead = true;
-        return NULL;
-    }
-    b->p = p;
-    b->cap = cap;
-    if (cap > c->gw->out_peak)
-        c->gw->out_peak = cap;
-    return b->p + b->len;
-}
-
-static void out_add(struct client *c, const void *s, size_t n)
-{
-    char *p = out_reserve(c, n);
-
-    if (p) {
-        memcpy(p, s, n);
-        c->out.len += n;
-    }
-}
-
-#define OUT_LIT(c, s) out_add((c), (s), sizeof(s) - 1)
-
-/* ":v\r\n", "*v\r\n" or "$v\r\n". */
-static void out_num(struct client *c, char type, long long v)
-{
-    char *p = out_reserve(c, 24);
-    size_t n;
-
-    if (!p)
-        return;
-    p[0] = type;
-    n = 1 + ll_text(p + 1, v);
-    p[n++] = '\r';
-    p[n++] = '\n';
-    c->out.len += n;
-}
-
-static void out_bulk(struct client *c, const void *data, size_t len)
-{
-    char *p = out_reserve(c, len + 26);
-    size_t n;
-
-    if (!p)
-        return;
-    p[0] = '$';
-    n = 1 + u64_text(p + 1, len);
-    p[n++] = '\r';
-    p[n++] = '\n';
-    if (len)
-        memcpy(p + n, data, len);
-    n += len;
-    p[n++] = '\r';
-    p[n++] = '\n';
-    c->out.len += n;
-}
-
-static void out_null(struct client *c)
-{
-    OUT_LIT(c, "$-1\r\n");
-}
-
-/* "-<text>\r\n". The text may quote what the client sent, so line breaks
- * in it become blanks: they would end the error early. */
-__attribute__((format(printf, 2, 3)))
-static void out_err(struct client *c, const char *fmt, ...)
-{
-    char line[512];
-    va_list ap;
-    int n;
-
-    va_start(ap, fmt);
-    n = vsnprintf(line, sizeof(line), fmt, ap);
-    va_end(ap);
-    if (n < 0)
-        n = 0;
-    if ((size_t)n >= sizeof(line))
-        n = sizeof(line) - 1;
-    for (int i = 0; i < n; i++)
-        if (line[i] == '\r' || line[i] == '\n')
-            line[i] = ' ';
-    OUT_LIT(c, "-");
-    out_add(c, line, (size_t)n);
-    OUT_LIT(c, "\r\n");
-}
-
-static void out_store_err(struct client *c, int rc)
-{
-    if (rc == TERN_E2BIG)
-        OUT_LIT(c, "-ERR value too large for the store\r\n");
-    else if (rc == TERN_ENOSPC)
-        OUT_LIT(c, "-OOM pool is full\r\n");
-    else
-        out_err(c, "ERR %s", tern_strerror(rc));
-}
-
-static size_t out_pending(const struct client *c)
-{
-    return c->out.len - c->out.off;
-}
-
-/* ---- store access ---- */
-
-/* A key the store can hold; otherwise the client gets an error. */
-static bool key_ok(struct client *c, size_t klen)
-{
-    if (klen == 0) {
-        OUT_LIT(c, "-ERR empty keys are not supported\r\n");
-        return false;
-    }
-    if (klen > KV_KEY_MAX) {
-        OUT_LIT(c, "-ERR key too large for the store\r\n");
-        return false;
-    }
-    return true;
-}
-
-/* A key the store cannot hold cannot be in it: no need to ask. */
-static int lookup(struct resp_gw *gw, const char *key, size_t klen, const void **val,
-                  uint32_t *len)
-{
-    uint64_t version;
-
-    if (klen == 0 || klen > KV_KEY_MAX)
-        return TERN_ENOENT;
-    return kvs_get(gw->store, key, klen, val, len, &version);
-}
-
 /* ---- commands ---- */
-
-typedef void (*cmd_fn)(struct resp_gw *gw, struct client *c, const struct cmd *m);
 
 static void cmd_ping(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
     if (m->argc == 2)
-        out_bulk(c, arg(m, 1), arglen(m, 1));
+        resp_out_bulk(c, arg(m, 1), arglen(m, 1));
     else
         OUT_LIT(c, "+PONG\r\n");
 }
 
 static void cmd_echo(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
-    out_bulk(c, arg(m, 1), arglen(m, 1));
+    resp_out_bulk(c, arg(m, 1), arglen(m, 1));
 }
 
 static void cmd_get(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
     const void *val;
     uint32_t len;
-    int rc = lookup(gw, arg(m, 1), arglen(m, 1), &val, &len);
+    int rc = resp_lookup(gw, arg(m, 1), arglen(m, 1), &val, &len);
 
     if (rc == 0)
-        out_bulk(c, val, len);      /* now: val is valid only until the next write */
+        resp_out_bulk(c, val, len);      /* now: val is valid only until the next write */
     else if (rc == TERN_ENOENT)
-        out_null(c);
+        resp_out_null(c);
     else
-        out_store_err(c, rc);
+        resp_out_store_err(c, rc);
 }
 
-/* SET key value [NX|XX] [KEEPTTL]. There are no expiries, so KEEPTTL has
- * nothing to keep and EX/PX/EXAT/PXAT cannot be honoured. */
+static bool set_flag(const struct cmd *m, size_t i)
+{
+    return arg_is(m, i, "NX") || arg_is(m, i, "XX") || arg_is(m, i, "GET");
+}
+
+/* SET key value [NX|XX] [GET] [EX s|PX ms|EXAT t|PXAT t|KEEPTTL]. With
+ * GET the old value is the reply, whether or not NX/XX let the SET
+ * happen. */
 static void cmd_set(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
-    bool nx = false, xx = false;
+    bool nx = false, xx = false, get = false, keep, exists;
     const void *old;
     uint32_t old_len;
+    uint64_t at, old_at = 0;
+    size_t start = resp_out_pending(c);
+    bool persist = false;
     int rc;
 
     for (size_t i = 3; i < m->argc; i++) {
-        if (arg_is(m, i, "NX")) {
-            nx = true;
-        } else if (arg_is(m, i, "XX")) {
-            xx = true;
-        } else if (arg_is(m, i, "KEEPTTL")) {
-        } else if (arg_is(m, i, "EX") || arg_is(m, i, "PX") || arg_is(m, i, "EXAT") ||
-                   arg_is(m, i, "PXAT")) {
-            OUT_LIT(c, "-ERR expiry is not supported by tern\r\n");
-            return;
-        } else {
-            OUT_LIT(c, "-ERR syntax error\r\n");
-            return;
-        }
+        nx |= arg_is(m, i, "NX");
+        xx |= arg_is(m, i, "XX");
+        get |= arg_is(m, i, "GET");
+        persist |= arg_is(m, i, "PERSIST");     /* GETEX's word, not SET's */
     }
-    if (nx && xx) {
+    if (resp_set_deadline(c, m, 3, set_flag, &at, &keep) < 0)
+        return;
+    if ((nx && xx) || persist) {
         OUT_LIT(c, "-ERR syntax error\r\n");
         return;
     }
-    if (!key_ok(c, arglen(m, 1)))
+    if (!resp_key_ok(c, arglen(m, 1)))
         return;
-    if (nx || xx) {
-        bool exists = lookup(gw, arg(m, 1), arglen(m, 1), &old, &old_len) == 0;
-
-        if (exists == nx) {
-            out_null(c);
-            return;
-        }
+    rc = resp_lookup(gw, arg(m, 1), arglen(m, 1), &old, &old_len);
+    if (rc < 0 && rc != TERN_ENOENT) {
+        resp_out_store_err(c, rc);
+        return;
     }
-    rc = kvs_put(gw->store, arg(m, 1), arglen(m, 1), arg(m, 2), arglen(m, 2), 0, NULL);
-    if (rc < 0)
-        out_store_err(c, rc);
-    else
+    exists = rc == 0;
+    if (get) {
+        if (exists)
+            resp_out_bulk(c, old, old_len);    /* now: the write may move it */
+        else
+            resp_out_null(c);
+        if (c->dead)
+            return;
+    }
+    if ((nx || xx) && exists == nx) {
+        if (!get)
+            resp_out_null(c);
+        return;
+    }
+    if (keep && exists)
+        kvs_expiry(gw->store, arg(m, 1), arglen(m, 1), &old_at);
+    rc = kvs_put_until(gw->store, arg(m, 1), arglen(m, 1), arg(m, 2), arglen(m, 2),
+                       keep ? old_at : at, 0, NULL);
+    if (rc < 0) {
+        c->out.len = c->out.off + start;       /* no old value: nothing was set */
+        resp_out_store_err(c, rc);
+    } else if (!get) {
         OUT_LIT(c, "+OK\r\n");
+    }
 }
 
 static void cmd_del(struct resp_gw *gw, struct client *c, const struct cmd *m)
@@ -463,11 +178,11 @@ static void cmd_del(struct resp_gw *gw, struct client *c, const struct cmd *m)
         if (rc == 0) {
             n++;
         } else if (rc != TERN_ENOENT) {
-            out_store_err(c, rc);
+            resp_out_store_err(c, rc);
             return;
         }
     }
-    out_num(c, ':', n);
+    resp_out_num(c, ':', n);
 }
 
 static void cmd_exists(struct resp_gw *gw, struct client *c, const struct cmd *m)
@@ -477,31 +192,31 @@ static void cmd_exists(struct resp_gw *gw, struct client *c, const struct cmd *m
     for (size_t i = 1; i < m->argc; i++) {
         const void *val;
         uint32_t len;
-        int rc = lookup(gw, arg(m, i), arglen(m, i), &val, &len);
+        int rc = resp_lookup(gw, arg(m, i), arglen(m, i), &val, &len);
 
         if (rc == 0) {
             n++;
         } else if (rc != TERN_ENOENT) {
-            out_store_err(c, rc);
+            resp_out_store_err(c, rc);
             return;
         }
     }
-    out_num(c, ':', n);
+    resp_out_num(c, ':', n);
 }
 
 /* Any failure to read a key shows as a missing one: an array has no room
  * for a per-key error that clients would understand. */
 static void cmd_mget(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
-    out_num(c, '*', (long long)(m->argc - 1));
+    resp_out_num(c, '*', (long long)(m->argc - 1));
     for (size_t i = 1; i < m->argc && !c->over; i++) {
         const void *val;
         uint32_t len;
 
-        if (lookup(gw, arg(m, i), arglen(m, i), &val, &len) == 0)
-            out_bulk(c, val, len);
+        if (resp_lookup(gw, arg(m, i), arglen(m, i), &val, &len) == 0)
+            resp_out_bulk(c, val, len);
         else
-            out_null(c);
+            resp_out_null(c);
     }
 }
 
@@ -515,10 +230,10 @@ static void cmd_mset(struct resp_gw *gw, struct client *c, const struct cmd *m)
         return;
     }
     for (size_t i = 1; i < m->argc; i += 2) {
-        if (!key_ok(c, arglen(m, i)))
+        if (!resp_key_ok(c, arglen(m, i)))
             return;
         if (arglen(m, i + 1) > kvs_val_max(gw->store, arglen(m, i))) {
-            out_store_err(c, TERN_E2BIG);
+            resp_out_store_err(c, TERN_E2BIG);
             return;
         }
     }
@@ -527,7 +242,7 @@ static void cmd_mset(struct resp_gw *gw, struct client *c, const struct cmd *m)
                                    arglen(m, i + 1), 0, NULL);
 
         if (rc < 0) {
-            out_store_err(c, rc);
+            resp_out_store_err(c, rc);
             return;
         }
     }
@@ -540,18 +255,19 @@ static void incr_by(struct resp_gw *gw, struct client *c, const struct cmd *m,
     const void *val;
     uint32_t len;
     long long cur = 0;
+    uint64_t at = 0;
     char text[24];
     int rc;
 
-    if (!key_ok(c, arglen(m, 1)))
+    if (!resp_key_ok(c, arglen(m, 1)))
         return;
-    rc = lookup(gw, arg(m, 1), arglen(m, 1), &val, &len);
-    if (rc == 0 && !parse_ll(val, len, &cur)) {
+    rc = resp_lookup(gw, arg(m, 1), arglen(m, 1), &val, &len);
+    if (rc == 0 && !resp_ll_parse(val, len, &cur)) {
         OUT_LIT(c, "-ERR value is not an integer or out of range\r\n");
         return;
     }
     if (rc < 0 && rc != TERN_ENOENT) {
-        out_store_err(c, rc);
+        resp_out_store_err(c, rc);
         return;
     }
     if ((delta > 0 && cur > LLONG_MAX - delta) || (delta < 0 && cur < LLONG_MIN - delta)) {
@@ -559,12 +275,14 @@ static void incr_by(struct resp_gw *gw, struct client *c, const struct cmd *m,
         return;
     }
     cur += delta;
-    rc = kvs_put(gw->store, arg(m, 1), arglen(m, 1), text, ll_text(text, cur), 0,
-                           NULL);
+    if (rc == 0)                /* the deadline stays, as in Redis */
+        kvs_expiry(gw->store, arg(m, 1), arglen(m, 1), &at);
+    rc = kvs_put_until(gw->store, arg(m, 1), arglen(m, 1), text, resp_ll_text(text, cur), at,
+                       0, NULL);
     if (rc < 0)
-        out_store_err(c, rc);
+        resp_out_store_err(c, rc);
     else
-        out_num(c, ':', cur);
+        resp_out_num(c, ':', cur);
 }
 
 static void cmd_incr(struct resp_gw *gw, struct client *c, const struct cmd *m)
@@ -581,7 +299,7 @@ static void cmd_incrby(struct resp_gw *gw, struct client *c, const struct cmd *m
 {
     long long delta;
 
-    if (!parse_ll(arg(m, 2), arglen(m, 2), &delta)) {
+    if (!resp_ll_parse(arg(m, 2), arglen(m, 2), &delta)) {
         OUT_LIT(c, "-ERR value is not an integer or out of range\r\n");
         return;
     }
@@ -592,7 +310,7 @@ static void cmd_decrby(struct resp_gw *gw, struct client *c, const struct cmd *m
 {
     long long delta;
 
-    if (!parse_ll(arg(m, 2), arglen(m, 2), &delta)) {
+    if (!resp_ll_parse(arg(m, 2), arglen(m, 2), &delta)) {
         OUT_LIT(c, "-ERR value is not an integer or out of range\r\n");
         return;
     }
@@ -605,7 +323,7 @@ static void cmd_decrby(struct resp_gw *gw, struct client *c, const struct cmd *m
 
 static void cmd_dbsize(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
-    out_num(c, ':', (long long)kvs_count(gw->store));
+    resp_out_num(c, ':', (long long)kvs_count(gw->store));
 }
 
 /* FLUSHDB and FLUSHALL [ASYNC|SYNC]: one database, cleared at once. */
@@ -619,7 +337,7 @@ static void cmd_flush(struct resp_gw *gw, struct client *c, const struct cmd *m)
     }
     rc = kvs_clear(gw->store, 0);
     if (rc < 0)
-        out_store_err(c, rc);
+        resp_out_store_err(c, rc);
     else
         OUT_LIT(c, "+OK\r\n");
 }
@@ -679,7 +397,7 @@ static void cmd_info(struct resp_gw *gw, struct client *c, const struct cmd *m)
         size_t pending = 0;
 
         for (const struct client *k = gw->clients; k; k = k->next)
-            pending += out_pending(k);
+            pending += resp_out_pending(k);
         text_section(&t, "Clients");
         text_add(&t, "connected_clients:%u\r\nmaxclients:%u\r\ntern_output_limit:%zu\r\n"
                  "tern_output_pending:%zu\r\ntern_output_buffer_peak:%zu\r\n", gw->n_clients,
@@ -700,8 +418,10 @@ static void cmd_info(struct resp_gw *gw, struct client *c, const struct cmd *m)
     if (info_wants(m, "stats")) {
         text_section(&t, "Stats");
         text_add(&t, "total_connections_received:%llu\r\ntotal_commands_processed:%llu\r\n"
+                 "expired_keys:%llu\r\n"
                  "keyspace_hits:%llu\r\nkeyspace_misses:%llu\r\ntern_coalesced_waits:%llu\r\n",
                  (unsigned long long)gw->total_conns, (unsigned long long)gw->total_cmds,
+                 (unsigned long long)st.expired,
                  (unsigned long long)st.hits, (unsigned long long)(st.gets - st.hits),
                  (unsigned long long)gw->coalesced_waits);
     }
@@ -709,16 +429,17 @@ static void cmd_info(struct resp_gw *gw, struct client *c, const struct cmd *m)
         text_section(&t, "Keyspace");
         /* Like Redis, an empty database is not listed. */
         if (st.keys)
-            text_add(&t, "db0:keys=%llu,expires=0,avg_ttl=0\r\n", (unsigned long long)st.keys);
+            text_add(&t, "db0:keys=%llu,expires=%llu,avg_ttl=0\r\n", (unsigned long long)st.keys,
+                     (unsigned long long)kvs_expiring(gw->store));
     }
-    out_bulk(c, t.buf, t.len);
+    resp_out_bulk(c, t.buf, t.len);
 }
 
 static void cmd_select(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
     long long db;
 
-    if (!parse_ll(arg(m, 1), arglen(m, 1), &db))
+    if (!resp_ll_parse(arg(m, 1), arglen(m, 1), &db))
         OUT_LIT(c, "-ERR value is not an integer or out of range\r\n");
     else if (db != 0)
         OUT_LIT(c, "-ERR DB index is out of range\r\n");
@@ -766,7 +487,7 @@ static void client_list(struct resp_gw *gw, struct client *c, const struct cmd *
     if (m->argc == 4 && arg_is(m, 2, "TYPE")) {
         if (!arg_is(m, 3, "normal") && !arg_is(m, 3, "master") && !arg_is(m, 3, "replica") &&
             !arg_is(m, 3, "pubsub")) {
-            out_err(c, "ERR Unknown client type '%.*s'",
+            resp_out_err(c, "ERR Unknown client type '%.*s'",
                     (int)(arglen(m, 3) < 64 ? arglen(m, 3) : 64), arg(m, 3));
             return;
         }
@@ -779,7 +500,7 @@ static void client_list(struct resp_gw *gw, struct client *c, const struct cmd *
         for (size_t a = 3; a < m->argc; a++) {
             long long id;
 
-            if (!parse_ll(arg(m, a), arglen(m, a), &id) || id <= 0) {
+            if (!resp_ll_parse(arg(m, a), arglen(m, a), &id) || id <= 0) {
                 OUT_LIT(c, "-ERR Invalid client ID\r\n");
                 return;
             }
@@ -789,7 +510,7 @@ static void client_list(struct resp_gw *gw, struct client *c, const struct cmd *
         return;
     }
     if (!(f = open_memstream(&text, &len))) {
-        out_store_err(c, TERN_ENOMEM);
+        resp_out_store_err(c, TERN_ENOMEM);
         return;
     }
     for (const struct client *k = gw->clients; k; k = k->next) {
@@ -798,16 +519,16 @@ static void client_list(struct resp_gw *gw, struct client *c, const struct cmd *
         for (size_t a = first_id; first_id && a < m->argc && !want; a++) {
             long long id = 0;
 
-            parse_ll(arg(m, a), arglen(m, a), &id);
+            resp_ll_parse(arg(m, a), arglen(m, a), &id);
             want = (uint64_t)id == k->id;
         }
         if (want)
             client_line(f, k, now);
     }
     if (fclose(f) == 0)
-        out_bulk(c, text, len);
+        resp_out_bulk(c, text, len);
     else
-        out_store_err(c, TERN_ENOMEM);
+        resp_out_store_err(c, TERN_ENOMEM);
     free(text);
 }
 
@@ -830,7 +551,7 @@ static void client_kill(struct resp_gw *gw, struct client *c, const struct cmd *
         }
         for (size_t a = 2; a + 1 < m->argc; a += 2) {
             if (arg_is(m, a, "ID")) {
-                if (!parse_ll(arg(m, a + 1), arglen(m, a + 1), &id) || id <= 0) {
+                if (!resp_ll_parse(arg(m, a + 1), arglen(m, a + 1), &id) || id <= 0) {
                     OUT_LIT(c, "-ERR client-id should be greater than 0\r\n");
                     return;
                 }
@@ -848,7 +569,7 @@ static void client_kill(struct resp_gw *gw, struct client *c, const struct cmd *
                 }
             } else if (arg_is(m, a, "TYPE") || arg_is(m, a, "USER") || arg_is(m, a, "LADDR") ||
                        arg_is(m, a, "MAXAGE")) {
-                out_err(c, "ERR CLIENT KILL %.*s is not supported by tern",
+                resp_out_err(c, "ERR CLIENT KILL %.*s is not supported by tern",
                         (int)arglen(m, a), arg(m, a));
                 return;
             } else {
@@ -873,7 +594,7 @@ static void client_kill(struct resp_gw *gw, struct client *c, const struct cmd *
     else if (old)
         OUT_LIT(c, "+OK\r\n");
     else
-        out_num(c, ':', n);
+        resp_out_num(c, ':', n);
 }
 
 static const char *const client_help[] = {
@@ -889,31 +610,21 @@ static const char *const client_help[] = {
     "HELP", "    Print this help.",
 };
 
-static void out_lines(struct client *c, const char *const *lines, size_t n)
-{
-    out_num(c, '*', (long long)n);
-    for (size_t i = 0; i < n; i++) {
-        OUT_LIT(c, "+");
-        out_add(c, lines[i], strlen(lines[i]));
-        OUT_LIT(c, "\r\n");
-    }
-}
-
 static void cmd_client(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
     if (arg_is(m, 1, "ID") && m->argc == 2) {
-        out_num(c, ':', (long long)c->id);
+        resp_out_num(c, ':', (long long)c->id);
     } else if (arg_is(m, 1, "GETNAME") && m->argc == 2) {
         if (c->name[0])
-            out_bulk(c, c->name, strlen(c->name));
+            resp_out_bulk(c, c->name, strlen(c->name));
         else
-            out_null(c);
+            resp_out_null(c);
     } else if (arg_is(m, 1, "SETNAME") && m->argc == 3) {
         if (!name_ok(arg(m, 2), arglen(m, 2)))
             OUT_LIT(c, "-ERR Client names cannot contain spaces, newlines or special "
                        "characters.\r\n");
         else if (arglen(m, 2) >= sizeof(c->name))
-            out_err(c, "ERR Client names are limited to %zu bytes in tern", sizeof(c->name) - 1);
+            resp_out_err(c, "ERR Client names are limited to %zu bytes in tern", sizeof(c->name) - 1);
         else {
             memcpy(c->name, arg(m, 2), arglen(m, 2));
             c->name[arglen(m, 2)] = '\0';
@@ -927,22 +638,22 @@ static void cmd_client(struct resp_gw *gw, struct client *c, const struct cmd *m
         long n;
 
         if (!f) {
-            out_store_err(c, TERN_ENOMEM);
+            resp_out_store_err(c, TERN_ENOMEM);
             return;
         }
         client_line(f, c, time(NULL));
         n = ftell(f);
         fclose(f);
-        out_bulk(c, line, n > 0 ? (size_t)n : 0);
+        resp_out_bulk(c, line, n > 0 ? (size_t)n : 0);
     } else if (arg_is(m, 1, "KILL") && m->argc >= 3) {
         client_kill(gw, c, m);
     } else if (arg_is(m, 1, "SETINFO") && m->argc == 4 &&
                (arg_is(m, 2, "LIB-NAME") || arg_is(m, 2, "LIB-VER"))) {
         OUT_LIT(c, "+OK\r\n");     /* clients send it on connect; nothing uses it */
     } else if (arg_is(m, 1, "HELP") && m->argc == 2) {
-        out_lines(c, client_help, sizeof(client_help) / sizeof(client_help[0]));
+        resp_out_lines(c, client_help, sizeof(client_help) / sizeof(client_help[0]));
     } else {
-        out_err(c, "ERR unknown subcommand or wrong number of arguments for '%.*s'. Try "
+        resp_out_err(c, "ERR unknown subcommand or wrong number of arguments for '%.*s'. Try "
                 "CLIENT HELP.", (int)(arglen(m, 1) < 64 ? arglen(m, 1) : 64), arg(m, 1));
     }
 }
@@ -970,7 +681,7 @@ static void cmd_config(struct resp_gw *gw, struct client *c, const struct cmd *m
         if (arg_is(m, 1, "RESETSTAT"))
             OUT_LIT(c, "+OK\r\n");
         else
-            out_err(c, "ERR unknown subcommand '%.*s'. Try CONFIG HELP.",
+            resp_out_err(c, "ERR unknown subcommand '%.*s'. Try CONFIG HELP.",
                     (int)(arglen(m, 1) < 64 ? arglen(m, 1) : 64), arg(m, 1));
         return;
     }
@@ -993,11 +704,11 @@ static void cmd_config(struct resp_gw *gw, struct client *c, const struct cmd *m
                 n++;
             }
     }
-    out_num(c, '*', 2 * n);
+    resp_out_num(c, '*', 2 * n);
     for (size_t k = 0; k < N_PARAMS; k++)
         if (match[k]) {
-            out_bulk(c, params[k].name, strlen(params[k].name));
-            out_bulk(c, params[k].value, strlen(params[k].value));
+            resp_out_bulk(c, params[k].name, strlen(params[k].name));
+            resp_out_bulk(c, params[k].value, strlen(params[k].value));
         }
 }
 
@@ -1059,6 +770,49 @@ static const struct command commands[] = {
     CMD("hello", 1, 0, 0, cmd_hello, 0, 0, 0, "connection",
         "Handshakes with the server (RESP2 only)."),
     CMD("quit", 1, 0, 0, cmd_quit, 0, 0, 0, "connection", "Closes the connection."),
+    CMD("expire", 3, 0, CMD_WRITE, resp_cmd_expire, 1, 1, 1, "generic",
+        "Sets the expiration time of a key in seconds."),
+    CMD("pexpire", 3, 0, CMD_WRITE, resp_cmd_expire, 1, 1, 1, "generic",
+        "Sets the expiration time of a key in milliseconds."),
+    CMD("expireat", 3, 0, CMD_WRITE, resp_cmd_expire, 1, 1, 1, "generic",
+        "Sets the expiration time of a key to a Unix timestamp."),
+    CMD("pexpireat", 3, 0, CMD_WRITE, resp_cmd_expire, 1, 1, 1, "generic",
+        "Sets the expiration time of a key to a Unix milliseconds timestamp."),
+    CMD("ttl", 2, 2, 0, resp_cmd_ttl, 1, 1, 1, "generic",
+        "Returns the expiration time in seconds of a key."),
+    CMD("pttl", 2, 2, 0, resp_cmd_ttl, 1, 1, 1, "generic",
+        "Returns the expiration time in milliseconds of a key."),
+    CMD("persist", 2, 2, CMD_WRITE, resp_cmd_persist, 1, 1, 1, "generic",
+        "Removes the expiration time of a key."),
+    CMD("setex", 4, 4, CMD_WRITE, resp_cmd_setex, 1, 1, 1, "string",
+        "Sets the string value and expiration time of a key."),
+    CMD("psetex", 4, 4, CMD_WRITE, resp_cmd_setex, 1, 1, 1, "string",
+        "Sets both string value and expiration time in milliseconds of a key."),
+    CMD("getex", 2, 4, CMD_WRITE | CMD_BIG, resp_cmd_getex, 1, 1, 1, "string",
+        "Returns the string value of a key after setting its expiration time."),
+    CMD("getdel", 2, 2, CMD_WRITE | CMD_BIG, resp_cmd_getdel, 1, 1, 1, "string",
+        "Returns the string value of a key after deleting the key."),
+    CMD("type", 2, 2, 0, resp_cmd_type, 1, 1, 1, "generic", "Determines the type of value stored at a key."),
+    CMD("unlink", 2, 0, CMD_WRITE, cmd_del, 1, -1, 1, "generic",
+        "Deletes one or more keys (at once: there is nothing to free later)."),
+    CMD("scan", 2, 8, CMD_BIG, resp_cmd_scan, 0, 0, 0, "generic",
+        "Iterates over the key names in the database."),
+    CMD("keys", 2, 2, CMD_BIG, resp_cmd_keys, 0, 0, 0, "generic",
+        "Returns all key names that match a pattern."),
+    CMD("randomkey", 1, 1, 0, resp_cmd_randomkey, 0, 0, 0, "generic",
+        "Returns a random key name from the database."),
+    CMD("rename", 3, 3, CMD_WRITE, resp_cmd_rename, 1, 2, 1, "generic", "Renames a key and overwrites the destination."),
+    CMD("renamenx", 3, 3, CMD_WRITE, resp_cmd_rename, 1, 2, 1, "generic",
+        "Renames a key only when the target key name doesn't exist."),
+    CMD("append", 3, 3, CMD_WRITE, resp_cmd_append, 1, 1, 1, "string",
+        "Appends a string to the value of a key. Creates the key if it doesn't exist."),
+    CMD("strlen", 2, 2, 0, resp_cmd_strlen, 1, 1, 1, "string", "Returns the length of a string value."),
+    CMD("getrange", 4, 4, CMD_BIG, resp_cmd_getrange, 1, 1, 1, "string",
+        "Returns a substring of the string stored at a key."),
+    CMD("setrange", 4, 4, CMD_WRITE, resp_cmd_setrange, 1, 1, 1, "string",
+        "Overwrites a part of a string value with another by an offset."),
+    CMD("msetnx", 3, 0, CMD_WRITE, resp_cmd_msetnx, 1, -1, 2, "string",
+        "Modifies the string values of one or more keys only when all keys don't exist."),
 };
 
 #define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))
@@ -1070,11 +824,6 @@ static long long arity_of(const struct command *k)
     return k->max_args == k->min_args ? (long long)k->min_args : -(long long)k->min_args;
 }
 
-static void out_str(struct client *c, const char *s)
-{
-    out_bulk(c, s, strlen(s));
-}
-
 /* One entry of COMMAND / COMMAND INFO, as Redis 7 lays it out: name,
  * arity, flags, first key, last key, step, ACL categories, tips, key
  * specifications (none given), subcommands (none). */
@@ -1082,9 +831,9 @@ static void command_entry(struct client *c, const struct command *k)
 {
     bool admin = !strcmp(k->group, "server") || !strcmp(k->group, "connection");
 
-    out_num(c, '*', 10);
-    out_str(c, k->name);
-    out_num(c, ':', arity_of(k));
+    resp_out_num(c, '*', 10);
+    resp_out_str(c, k->name);
+    resp_out_num(c, ':', arity_of(k));
     if (k->flags & CMD_WRITE) {
         OUT_LIT(c, "*2\r\n+write\r\n+denyoom\r\n");
     } else if (admin) {
@@ -1092,10 +841,10 @@ static void command_entry(struct client *c, const struct command *k)
     } else {
         OUT_LIT(c, "*2\r\n+readonly\r\n+fast\r\n");
     }
-    out_num(c, ':', k->first_key);
-    out_num(c, ':', k->last_key);
-    out_num(c, ':', k->key_step);
-    out_num(c, '*', 1);
+    resp_out_num(c, ':', k->first_key);
+    resp_out_num(c, ':', k->last_key);
+    resp_out_num(c, ':', k->key_step);
+    resp_out_num(c, '*', 1);
     if (k->flags & CMD_WRITE)
         OUT_LIT(c, "+@write\r\n");
     else if (admin)
@@ -1129,7 +878,7 @@ static void cmd_command(struct resp_gw *gw, struct client *c, const struct cmd *
     if (m->argc == 1 || arg_is(m, 1, "INFO")) {
         size_t n = m->argc <= 2 ? N_COMMANDS : m->argc - 2;
 
-        out_num(c, '*', (long long)n);
+        resp_out_num(c, '*', (long long)n);
         for (size_t i = 0; i < n; i++) {
             const struct command *k =
                 m->argc <= 2 ? &commands[i] : command_named(arg(m, i + 2), arglen(m, i + 2));
@@ -1140,11 +889,11 @@ static void cmd_command(struct resp_gw *gw, struct client *c, const struct cmd *
                 OUT_LIT(c, "*-1\r\n");
         }
     } else if (arg_is(m, 1, "COUNT") && m->argc == 2) {
-        out_num(c, ':', (long long)N_COMMANDS);
+        resp_out_num(c, ':', (long long)N_COMMANDS);
     } else if (arg_is(m, 1, "LIST") && m->argc == 2) {
-        out_num(c, '*', (long long)N_COMMANDS);
+        resp_out_num(c, '*', (long long)N_COMMANDS);
         for (size_t i = 0; i < N_COMMANDS; i++)
-            out_str(c, commands[i].name);
+            resp_out_str(c, commands[i].name);
     } else if (arg_is(m, 1, "DOCS")) {
         long long n = 0;
         const struct command *k;
@@ -1152,22 +901,22 @@ static void cmd_command(struct resp_gw *gw, struct client *c, const struct cmd *
         /* RESP2 has no map: name, then its fields as a flat list. */
         for (size_t i = 0; i < (m->argc <= 2 ? N_COMMANDS : m->argc - 2); i++)
             n += m->argc <= 2 || command_named(arg(m, i + 2), arglen(m, i + 2));
-        out_num(c, '*', 2 * n);
+        resp_out_num(c, '*', 2 * n);
         for (size_t i = 0; i < (m->argc <= 2 ? N_COMMANDS : m->argc - 2); i++) {
             k = m->argc <= 2 ? &commands[i] : command_named(arg(m, i + 2), arglen(m, i + 2));
             if (!k)
                 continue;
-            out_str(c, k->name);
+            resp_out_str(c, k->name);
             OUT_LIT(c, "*4\r\n");
-            out_str(c, "summary");
-            out_str(c, k->summary);
-            out_str(c, "group");
-            out_str(c, k->group);
+            resp_out_str(c, "summary");
+            resp_out_str(c, k->summary);
+            resp_out_str(c, "group");
+            resp_out_str(c, k->group);
         }
     } else if (arg_is(m, 1, "HELP") && m->argc == 2) {
-        out_lines(c, command_help, sizeof(command_help) / sizeof(command_help[0]));
+        resp_out_lines(c, command_help, sizeof(command_help) / sizeof(command_help[0]));
     } else {
-        out_err(c, "ERR unknown subcommand or wrong number of arguments for '%.*s'. Try "
+        resp_out_err(c, "ERR unknown subcommand or wrong number of arguments for '%.*s'. Try "
                 "COMMAND HELP.", (int)(arglen(m, 1) < 64 ? arglen(m, 1) : 64), arg(m, 1));
     }
 }
@@ -1182,7 +931,7 @@ static void cmd_hello(struct resp_gw *gw, struct client *c, const struct cmd *m)
     if (m->argc >= 2 && !arg_is(m, 1, "2")) {
         long long v;
 
-        if (!parse_ll(arg(m, 1), arglen(m, 1), &v))
+        if (!resp_ll_parse(arg(m, 1), arglen(m, 1), &v))
             OUT_LIT(c, "-ERR Protocol version is not an integer or out of range\r\n");
         else if (v == 3)
             reply_unknown(c, m);
@@ -1204,14 +953,14 @@ static void cmd_hello(struct resp_gw *gw, struct client *c, const struct cmd *m)
             OUT_LIT(c, "-ERR AUTH is not supported by tern's gateway: no password is set\r\n");
             return;
         } else {
-            out_err(c, "ERR Syntax error in HELLO option '%.*s'",
+            resp_out_err(c, "ERR Syntax error in HELLO option '%.*s'",
                     (int)(arglen(m, i) < 64 ? arglen(m, i) : 64), arg(m, i));
             return;
         }
     }
     OUT_LIT(c, "*14\r\n$6\r\nserver\r\n$5\r\nredis\r\n$7\r\nversion\r\n$5\r\n7.0.0\r\n"
                "$5\r\nproto\r\n:2\r\n$2\r\nid\r\n");
-    out_num(c, ':', (long long)c->id);
+    resp_out_num(c, ':', (long long)c->id);
     OUT_LIT(c, "$4\r\nmode\r\n$10\r\nstandalone\r\n$4\r\nrole\r\n$6\r\nmaster\r\n"
                "$7\r\nmodules\r\n*0\r\n");
 }
@@ -1241,7 +990,7 @@ static void reply_unknown(struct client *c, const struct cmd *m)
             break;
         used += (size_t)n;
     }
-    out_err(c, "ERR unknown command '%.*s', with args beginning with: %s",
+    resp_out_err(c, "ERR unknown command '%.*s', with args beginning with: %s",
             (int)(arglen(m, 0) < 128 ? arglen(m, 0) : 128), arg(m, 0), args);
 }
 
@@ -1269,7 +1018,7 @@ static void out_trim(struct client *c)
 
 static void mark_write(struct client *c, size_t start)
 {
-    if (out_pending(c) == start || c->out.p[c->out.off + start] == '-')
+    if (resp_out_pending(c) == start || c->out.p[c->out.off + start] == '-')
         return;                 /* already an error: nothing to take back */
     if (c->n_marks == c->marks_cap) {
         size_t cap = c->marks_cap ? c->marks_cap * 2 : 64;
@@ -1283,21 +1032,21 @@ static void mark_write(struct client *c, size_t start)
         c->marks_cap = cap;
     }
     c->marks[c->n_marks].start = start;
-    c->marks[c->n_marks].end = out_pending(c);
+    c->marks[c->n_marks].end = resp_out_pending(c);
     c->n_marks++;
 }
 
 static void run_command(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
     const struct command *k = find_command(m);
-    size_t start = out_pending(c);
+    size_t start = resp_out_pending(c);
 
     if (!k) {
         reply_unknown(c, m);
         return;
     }
     if (m->argc < k->min_args || (k->max_args && m->argc > k->max_args)) {
-        out_err(c, "ERR wrong number of arguments for '%s' command", k->name);
+        resp_out_err(c, "ERR wrong number of arguments for '%s' command", k->name);
         return;
     }
     /* Only replies that only read are capped: a write must never run
@@ -1314,7 +1063,7 @@ static void run_command(struct resp_gw *gw, struct client *c, const struct cmd *
         if (start)
             c->rerun = true;    /* it may fit once what waits is sent */
         else
-            out_err(c, "ERR reply exceeds the gateway's output limit of %zu bytes",
+            resp_out_err(c, "ERR reply exceeds the gateway's output limit of %zu bytes",
                     gw->max_output);
         return;
     }
@@ -1515,7 +1264,7 @@ static bool in_make_room(struct resp_gw *gw, struct client *c)
  * a command taken back for want of room, before the output is all sent. */
 static bool may_run(const struct resp_gw *gw, const struct client *c)
 {
-    return c->rerun ? out_pending(c) == 0 : out_pending(c) <= gw->max_output;
+    return c->rerun ? resp_out_pending(c) == 0 : resp_out_pending(c) <= gw->max_output;
 }
 
 /* Run every complete command in the input buffer. */
@@ -1536,7 +1285,7 @@ static void run_input(struct resp_gw *gw, struct client *c)
             break;
         }
         if (rc == RESP_ERROR) {
-            out_err(c, "ERR Protocol error: %s", c->parser.error);
+            resp_out_err(c, "ERR Protocol error: %s", c->parser.error);
             c->closing = true;
             break;
         }
@@ -1611,7 +1360,7 @@ static void fail_writes(struct client *c, const char *err, size_t err_len)
         return;
     }
     first = c->marks[0].start;
-    total = out_pending(c);
+    total = resp_out_pending(c);
     tail = malloc(total - first);
     if (!tail) {
         c->dead = true;
@@ -1621,11 +1370,11 @@ static void fail_writes(struct client *c, const char *err, size_t err_len)
     c->out.len = c->out.off + first;
     at = first;
     for (size_t i = 0; i < c->n_marks; i++) {
-        out_add(c, tail + (at - first), c->marks[i].start - at);
-        out_add(c, err, err_len);
+        resp_out_add(c, tail + (at - first), c->marks[i].start - at);
+        resp_out_add(c, err, err_len);
         at = c->marks[i].end;
     }
-    out_add(c, tail + (at - first), total - at);
+    resp_out_add(c, tail + (at - first), total - at);
     free(tail);
 }
 
@@ -1762,6 +1511,7 @@ int resp_gw_poll(struct resp_gw *gw, int timeout_ms)
             client_read(gw, c);
         }
     }
+    resp_expire_cycle(gw, tern_now_ns());
     commit_batch(gw);
     while (gw->touched) {
         struct client *c = gw->touched;
@@ -1901,5 +1651,6 @@ void resp_gw_destroy(struct resp_gw *gw)
         client_close(gw, gw->clients);
     close(gw->lfd);
     close(gw->epfd);
+    free(gw->scratch);
     free(gw);
 }

@@ -10,11 +10,11 @@
  * that much is queued, and a reply (GET, MGET, ECHO, PING) that would not
  * fit under it even alone gets an error instead of being built.
  *
- * Commands: PING, ECHO, GET, SET [NX|XX|KEEPTTL], DEL, EXISTS, MGET, MSET,
- * INCR, INCRBY, DECR, DECRBY, DBSIZE, FLUSHDB, FLUSHALL, INFO, COMMAND,
- * CONFIG GET, SELECT 0, CLIENT, QUIT; any other gets Redis's "unknown
- * command" error, and expiry options an error saying tern has none.
- * Keys and values are the same bytes the native KV API sees.
+ * Commands: Redis's string and key commands, with expiry (docs/KV.md
+ * lists them; COMMAND LIST says the same); any other gets Redis's "unknown
+ * command" error. Keys and values are the same bytes the native KV API
+ * sees, deadlines the same as tern_kv_put_until's. Each poll also removes
+ * keys past their deadline (at most 1000 a poll, every 100 ms).
  */
 #ifndef TERN_RESP_H
 #define TERN_RESP_H

@@ -121,8 +121,7 @@ int pm_rec_check(const uint8_t *seg, uint64_t off, uint64_t used, uint32_t *size
         return TERN_ECORRUPT;
     }
     if (r->key_len == 0 || r->key_len > PM_KEY_MAX ||
-        (r->type != PM_VALUE && r->type != PM_TOMBSTONE) ||
-        (r->type == PM_TOMBSTONE && r->val_len) || (r->flags & ~PM_F_REWRITTEN)) {
+        !pm_rec_type_ok(r->type, r->val_len) || (r->flags & ~PM_F_REWRITTEN)) {
         *why = "record header malformed";
         return TERN_ECORRUPT;
     }
@@ -918,8 +917,7 @@ int pm_rec_read(const struct pm_pool *p, pm_loc loc, struct pm_rec *hdr)
     memcpy(hdr, pm_rec_at(p, loc), sizeof(*hdr));
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     if (!hdr->key_len || hdr->key_len > PM_KEY_MAX ||
-        (hdr->type != PM_VALUE && hdr->type != PM_TOMBSTONE) ||
-        (hdr->type == PM_TOMBSTONE && hdr->val_len) || hdr->val_len > p->seg_size ||
+        !pm_rec_type_ok(hdr->type, hdr->val_len) || hdr->val_len > p->seg_size ||
         off + (uint64_t)pm_rec_size(hdr->key_len, hdr->val_len) > end)
         return TERN_ECORRUPT;
     return 0;
@@ -1161,7 +1159,7 @@ int pm_append(struct pm_pool *p, enum pm_rec_type type, uint64_t version,
     uint8_t *dst;
     int rc;
 
-    if (!p->recovered || !key_len || (type != PM_VALUE && type != PM_TOMBSTONE))
+    if (!p->recovered || !key_len || !pm_rec_type_ok(type, val_len))
         return TERN_EINVAL;
     if (key_len > PM_KEY_MAX || val_len > pm_val_max(p, key_len))
         return TERN_E2BIG;
@@ -1287,8 +1285,7 @@ static void rewrite_slot(struct pm_pool *p, struct pm_rec *r, uint32_t slot,
 static int rewrite_fits(struct pm_rec *r, enum pm_rec_type type, const void *key,
                         uint16_t key_len, const void *val, uint32_t val_len, uint32_t *slot)
 {
-    if (!key_len || (type != PM_VALUE && type != PM_TOMBSTONE) ||
-        (type == PM_TOMBSTONE && val_len) || (!val && val_len))
+    if (!key_len || !pm_rec_type_ok(type, val_len) || (!val && val_len))
         return TERN_EINVAL;
     if (key_len > PM_KEY_MAX)
         return TERN_E2BIG;

@@ -20,7 +20,14 @@ extern "C" {
 enum pm_rec_type {
     PM_VALUE = 1,               /* key = value */
     PM_TOMBSTONE = 2,           /* key deleted (value empty) */
+    PM_EXPIRING = 3,            /* key = value until a time: the value's first
+                                 * PM_EXPIRY_BYTES hold it (pm_rec_expiry) */
 };
+
+/* An expiring value's deadline: milliseconds since the Unix epoch, little-
+ * endian, before the value itself. Wall-clock time, so that a key's time to
+ * live keeps counting down across a restart. */
+#define PM_EXPIRY_BYTES 8u
 
 /* A record as it lies in the pool, 8-byte aligned, followed by the key, the
  * value and zero padding up to the next multiple of 8. */
@@ -53,6 +60,13 @@ static inline const void *pm_rec_key(const struct pm_rec *r)
 static inline const void *pm_rec_val(const struct pm_rec *r)
 {
     return (const uint8_t *)(r + 1) + r->key_len;
+}
+
+/* Is a record of this type with a value this long well-formed? */
+static inline int pm_rec_type_ok(unsigned type, uint32_t val_len)
+{
+    return type == PM_VALUE || (type == PM_TOMBSTONE && val_len == 0) ||
+           (type == PM_EXPIRING && val_len >= PM_EXPIRY_BYTES);
 }
 
 /* Bytes a record with these lengths takes in the pool. */

@@ -61,8 +61,9 @@ static int walk_records(const uint8_t *p, size_t len, size_t off, uint32_t n, ui
         if (len - off < sizeof(r))
             return TERN_EPROTO;
         memcpy(&r, p + off, sizeof(r));
-        if ((r.type != REPL_SET && r.type != REPL_DEL) || r.flags || r.reserved ||
-            !r.key_len || r.key_len > REPL_KEY_MAX || (r.type == REPL_DEL && r.val_len) ||
+        if ((r.type != REPL_SET && r.type != REPL_DEL && r.type != REPL_SET_EXPIRING) ||
+            r.flags || r.reserved || !r.key_len || r.key_len > REPL_KEY_MAX ||
+            (r.type == REPL_DEL && r.val_len) || (r.type == REPL_SET_EXPIRING && r.val_len < 8) ||
             !r.version || (ordered && r.version <= last))
             return TERN_EPROTO;
         if (r.key_len > len - off - sizeof(r) ||

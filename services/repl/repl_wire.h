@@ -97,12 +97,17 @@ struct repl_rec {
     uint32_t sum;                   /* XXH3 (low 32 bits) of everything after it */
     uint32_t val_len;
     uint16_t key_len;
-    uint8_t type;                   /* REPL_SET, REPL_DEL */
+    uint8_t type;                   /* enum repl_rec_type */
     uint8_t flags;                  /* 0 */
     uint32_t reserved;              /* 0 */
 };
 
-enum repl_rec_type { REPL_SET = 1, REPL_DEL = 2 };
+enum repl_rec_type {
+    REPL_SET = 1,
+    REPL_DEL = 2,
+    REPL_SET_EXPIRING = 3,          /* a value whose first 8 bytes are its deadline
+                                     * (a KV store's PM_EXPIRING record) */
+};
 
 struct repl_ask {
     char shard[REPL_SHARD_MAX];

@@ -145,10 +145,14 @@ static size_t build_append(struct fz *f, uint64_t epoch, uint64_t prev)
 
     strcpy(b.shard, fz_u8(f) % 16 ? "s1" : "s2");
     for (unsigned i = 0; i < n; i++) {
-        uint8_t kb = fz_u8(f), type = fz_u8(f) % 4 ? REPL_SET : REPL_DEL;
+        uint8_t kb = fz_u8(f), t = fz_u8(f) % 8;
+        /* Mostly values; some deletes; some expiring values, whose first
+         * 8 bytes (a deadline, past or not) come from the input too and
+         * may be fewer than 8 (the backup must refuse those). */
+        uint8_t type = t < 5 ? REPL_SET : t < 7 ? REPL_DEL : REPL_SET_EXPIRING;
         char key[4] = {'a' + (kb & 3), 'a' + ((kb >> 2) & 3), 0, 0};
         const uint8_t *val;
-        size_t vlen = type == REPL_SET ? fz_take(f, fz_u8(f) % 200, &val) : 0;
+        size_t vlen = type != REPL_DEL ? fz_take(f, fz_u8(f) % 200, &val) : 0;
 
         v += 1 + fz_u8(f) % 3;
         if (off + repl_rec_size(2, vlen) > sizeof(req))

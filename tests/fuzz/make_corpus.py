@@ -60,6 +60,15 @@ SEEDS["resp_gw"] = {
     resp("CLIENT", "INFO") + resp("CLIENT", "KILL", "ID", "2") +
     resp("CLIENT", "KILL", "ADDR", "?", "SKIPME", "no") + resp("CLIENT", "KILL", "1.2.3.4:5") +
     resp("HELLO", "2", "SETNAME", "y") + resp("HELLO", "3") + resp("CLIENT", "HELP"),
+    "expiry-keys": u8(0) + resp("SET", "k", "v", "EX", "100", "GET") + resp("TTL", "k") +
+    resp("PEXPIRE", "k", "5", "LT") + resp("EXPIRE", "k", "-1") + resp("SETEX", "s", "9", "v") +
+    resp("PSETEX", "p", "1", "v") + resp("GETEX", "s", "PX", "20") + resp("PERSIST", "s") +
+    resp("SET", "s", "w", "KEEPTTL") + resp("EXPIREAT", "s", "1") + resp("PTTL", "s") +
+    resp("APPEND", "a", "xy") + resp("SETRANGE", "a", "9", "z") + resp("GETRANGE", "a", "-3", "-1") +
+    resp("STRLEN", "a") + resp("RENAME", "a", "b") + resp("RENAMENX", "b", "c") +
+    resp("MSETNX", "d", "1", "e", "2") + resp("TYPE", "d") + resp("GETDEL", "d") +
+    resp("UNLINK", "e") + resp("SCAN", "0", "MATCH", "[a-c]*", "COUNT", "5", "TYPE", "string") +
+    resp("KEYS", "*b\\?[^x]*") + resp("RANDOMKEY"),
 }
 
 # fuzz_select: uri buffer size - 1, policy length, policy, advertisement
@@ -516,6 +525,8 @@ SEEDS["repl"] = {
                append(2, [rec(3, 1, b"three", 0)]) + append(0, [rec(4, 1, b"stale", 0)]),
     "ask": u8(4) + u8(2) + u8(5) + u8(1) + u8(0) + u16(4096) + u8(1),
     "gap": u8(3) + u8(1) + u64(7) + u8(2) + u8(1) + rec(1, 1, b"x", 0) + rec(2, 1, b"y", 0),
+    "expiring": append(1, [rec(1, 7, u64(1) + b"gone", 0), rec(2, 7, u64(1 << 62) + b"stays", 1),
+                           rec(3, 7, b"short", 0), rec(1, 5, b"", 0)]),
 }
 
 for target, seeds in SEEDS.items():

@@ -42,6 +42,14 @@ double now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+uint64_t test_wall_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
 void test_pattern(uint8_t *p, size_t len, unsigned seed)
 {
     for (size_t j = 0; j < len; j++)

@@ -60,6 +60,10 @@ struct tern_tp_rkey tp_pair_rkey(struct tp_pair *p, struct tern_tp_mr *rmr);
 /* Milliseconds since an arbitrary start. */
 double now_ms(void);
 
+/* Wall-clock time in Unix milliseconds: what the KV store judges key
+ * deadlines by. */
+uint64_t test_wall_ms(void);
+
 /* An assertion that costs nothing while it holds: Check's own report each
  * passing check to the runner through a pipe, which loops of thousands of
  * checks cannot afford. */

@@ -326,9 +326,11 @@ static int shard_ok(const struct ternd_opts *o, const char *what, const char *sh
  * the first gateway's epoll, which watches the next gateway's epoll fd,
  * and the last watches the endpoint's fd: a gateway-only load costs one
  * epoll_wait per batch, as in Redis. */
-static void serve(const struct ternd_opts *o, struct tern_rpc_ep *ep, struct gw *gws, unsigned ngw)
+static void serve(const struct ternd_opts *o, struct tern_rpc_ep *ep, struct gw *gws, unsigned ngw,
+                  struct tern_kv_service *svc)
 {
     uint64_t spin = (uint64_t)o->spin_us * 1000u, last_rpc = tern_now_ns(), next_rpc = 0;
+    uint64_t next_expire = 0;
     int sleeper = -1;
     unsigned tick = 0;
 
@@ -362,6 +364,14 @@ static void serve(const struct ternd_opts *o, struct tern_rpc_ep *ep, struct gw 
         /* Records shipped one-sided raise no event: whatever they freed
          * (a gateway's held reply) is seen by polling hot, not by a wait. */
         bool freed = ternd_replica_tick(g_replica, now);
+
+        /* Keys past their deadline, ten times a second (Redis's hz), or at
+         * once again while a full batch was due. */
+        if (now >= next_expire) {
+            int removed = tern_kv_service_tick(svc, 0);
+
+            next_expire = now + (removed >= 1000 ? 0 : 100000000u);
+        }
 
         freed = ternd_replica_tick(g_doc_replica, now) || freed;
         if (freed) {
@@ -852,7 +862,7 @@ int main(int argc, char **argv)
 #endif
     if (gw)
         gws[ngw++] = (struct gw){gw, resp_poll_, resp_ready_, resp_watch_, resp_fd_};
-    serve(&o, g_ep, gws, ngw);
+    serve(&o, g_ep, gws, ngw, svc);
 
     stop_helpers();
     ternd_replica_close(g_replica);

@@ -1,0 +1,195 @@
+/* The RESP gateway's insides, shared by its files: resp.c (clients,
+ * batches, the command table and the server commands), resp_out.c (replies)
+ * and resp_keys.c (expiry and the key commands). Nothing here is for users
+ * of the gateway (resp.h).
+ *
+ * Every command runs on the gateway's thread, with its arguments pointing
+ * into the client's input buffer; it builds its reply with resp_out_*(),
+ * which never fail loudly: out of memory drops the client (c->dead), and a
+ * capped reply that outgrows max_output sets c->over for run_command() to
+ * take back. */
+#ifndef TERN_RESP_INTERNAL_H
+#define TERN_RESP_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <strings.h>
+#include <string.h>
+#include <time.h>
+
+#include "resp_parse.h"
+
+struct kvs;
+
+#define OUT_INITIAL (16u * 1024)
+
+struct buf {
+    char *p;
+    size_t off;                 /* bytes [off, len) are pending */
+    size_t len;
+    size_t cap;
+};
+
+/* A successful write reply of this batch, relative to out.off (which stays
+ * valid when the buffer is compacted). */
+struct write_mark {
+    size_t start, end;
+};
+
+struct client {
+    int fd;
+    uint32_t events;            /* epoll interest as registered */
+    bool closing;               /* close once the output is sent */
+    bool dead;                  /* close at the end of the poll, output dropped */
+    bool touched;               /* on the poll's list */
+    bool marks_lost;            /* a write mark could not be recorded */
+    bool stalled;               /* input left unrun for the output to drain */
+    bool capped;                /* the running command's reply is held to max_output */
+    bool over;                  /* it did not fit: take it back */
+    bool rerun;                 /* run the next command again once the output is empty */
+    uint64_t id;
+    char name[64];              /* CLIENT SETNAME */
+    char addr[64];              /* the peer, "ip:port" (CLIENT LIST) */
+    time_t since, last;         /* connected; its last command */
+    const char *cmd;            /* its last command's name */
+    uint64_t window;            /* the coalescing window it was last counted in */
+    struct buf in, out;
+    struct resp_parser parser;
+    struct write_mark *marks;
+    size_t n_marks, marks_cap;
+    struct client *prev, *next;         /* every client */
+    struct client *next_touched;
+    struct resp_gw *gw;
+};
+
+struct resp_gw {
+    struct kvs *store;
+    unsigned max_clients;
+    size_t max_request;
+    size_t max_output;                  /* unsent output a client may have */
+    size_t out_peak;                    /* largest output buffer so far (INFO) */
+    int epfd, lfd;
+    uint16_t port;
+    unsigned n_clients;
+    struct client *clients;
+    struct client *touched;             /* clients with work this poll */
+    unsigned batch_cmds;
+    unsigned coalesce_us;
+    bool coalesce;                      /* the last window was busy */
+    uint64_t window, window_end_ns;     /* the current 1 ms window */
+    unsigned window_clients;            /* distinct clients served in it */
+    uint64_t coalesced_waits;           /* coalescing sleeps taken */
+    uint64_t next_id, total_conns, total_cmds;
+    time_t started;
+    int watch_fd;                       /* resp_gw_watch_fd(), -1 if none */
+    bool watch_ready;
+    char *scratch;                      /* values copied out of the pool, replies
+                                         * gathered before their length is known */
+    size_t scratch_cap;
+    uint64_t next_expire_ns;            /* the next expiry cycle (resp_expire_cycle) */
+    uint64_t expired;                   /* keys it removed */
+};
+
+/* A parsed command: arguments are offsets from `base`. */
+struct cmd {
+    const char *base;
+    const struct resp_arg *argv;
+    size_t argc;
+};
+
+static inline const char *arg(const struct cmd *m, size_t i)
+{
+    return m->base + m->argv[i].off;
+}
+
+static inline size_t arglen(const struct cmd *m, size_t i)
+{
+    return m->argv[i].len;
+}
+
+static inline bool arg_is(const struct cmd *m, size_t i, const char *word)
+{
+    size_t n = strlen(word);
+
+    return arglen(m, i) == n && strncasecmp(arg(m, i), word, n) == 0;
+}
+
+typedef void (*cmd_fn)(struct resp_gw *gw, struct client *c, const struct cmd *m);
+
+/* ---- numbers (resp_out.c) ---- */
+
+/* Decimal text of v at dst (at most 20 bytes, no NUL); its length. */
+size_t resp_u64_text(char *dst, unsigned long long v);
+size_t resp_ll_text(char *dst, long long v);
+
+/* A decimal int64 exactly as Redis accepts it: no blanks, no '+', no
+ * leading zeros, no "-0". */
+bool resp_ll_parse(const char *s, size_t n, long long *out);
+
+/* ---- replies (resp_out.c) ---- */
+
+/* Room for n more bytes of output, or NULL (see above). */
+char *resp_out_reserve(struct client *c, size_t n);
+void resp_out_add(struct client *c, const void *s, size_t n);
+#define OUT_LIT(c, s) resp_out_add((c), (s), sizeof(s) - 1)
+/* ":v\r\n", "*v\r\n" or "$v\r\n". */
+void resp_out_num(struct client *c, char type, long long v);
+void resp_out_bulk(struct client *c, const void *data, size_t len);
+void resp_out_str(struct client *c, const char *s);
+void resp_out_null(struct client *c);
+/* "-<text>\r\n"; line breaks in the text become blanks. */
+__attribute__((format(printf, 2, 3)))
+void resp_out_err(struct client *c, const char *fmt, ...);
+/* The error for a store's failure code. */
+void resp_out_store_err(struct client *c, int rc);
+/* An array of simple strings (HELP texts). */
+void resp_out_lines(struct client *c, const char *const *lines, size_t n);
+/* Unsent output bytes. */
+size_t resp_out_pending(const struct client *c);
+
+/* ---- the store ---- */
+
+/* A key the store can hold; otherwise the client gets an error. */
+bool resp_key_ok(struct client *c, size_t klen);
+
+/* kvs_get, for a key the store cannot hold too (TERN_ENOENT). */
+int resp_lookup(struct resp_gw *gw, const char *key, size_t klen, const void **val,
+                uint32_t *len);
+
+/* ---- commands of resp_keys.c ---- */
+
+void resp_cmd_expire(struct resp_gw *gw, struct client *c, const struct cmd *m);
+void resp_cmd_ttl(struct resp_gw *gw, struct client *c, const struct cmd *m);
+void resp_cmd_persist(struct resp_gw *gw, struct client *c, const struct cmd *m);
+void resp_cmd_setex(struct resp_gw *gw, struct client *c, const struct cmd *m);
+void resp_cmd_getex(struct resp_gw *gw, struct client *c, const struct cmd *m);
+void resp_cmd_getdel(struct resp_gw *gw, struct client *c, const struct cmd *m);
+void resp_cmd_type(struct resp_gw *gw, struct client *c, const struct cmd *m);
+void resp_cmd_scan(struct resp_gw *gw, struct client *c, const struct cmd *m);
+void resp_cmd_keys(struct resp_gw *gw, struct client *c, const struct cmd *m);
+void resp_cmd_randomkey(struct resp_gw *gw, struct client *c, const struct cmd *m);
+void resp_cmd_rename(struct resp_gw *gw, struct client *c, const struct cmd *m);
+void resp_cmd_append(struct resp_gw *gw, struct client *c, const struct cmd *m);
+void resp_cmd_strlen(struct resp_gw *gw, struct client *c, const struct cmd *m);
+void resp_cmd_getrange(struct resp_gw *gw, struct client *c, const struct cmd *m);
+void resp_cmd_setrange(struct resp_gw *gw, struct client *c, const struct cmd *m);
+void resp_cmd_msetnx(struct resp_gw *gw, struct client *c, const struct cmd *m);
+
+/* The deadline SET's options ask for: 0 with *at_ms (0: none) and *keep
+ * (KEEPTTL), or -1 after replying with the error. Options from argv[from]
+ * on that are not about time are left to the caller: is_other(word) says
+ * which those are. */
+int resp_set_deadline(struct client *c, const struct cmd *m, size_t from,
+                      bool (*is_other)(const struct cmd *m, size_t i), uint64_t *at_ms,
+                      bool *keep);
+
+/* Does key match the glob pattern (Redis's: '*', '?', '[a-z]', '[^x]',
+ * '\\' quotes)? Binary-safe; O(pattern x key) at worst. */
+bool resp_glob(const char *pat, size_t plen, const char *key, size_t klen);
+
+/* Remove keys past their deadline (every 100 ms of the gateway's clock;
+ * resp_gw_poll calls it). */
+void resp_expire_cycle(struct resp_gw *gw, uint64_t now_ns);
+
+#endif

@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# Keys that expire, and SCAN under load, through ternd's RESP gateway:
+#
+#  - a key set with EX 2 is gone 2 s later, also across a kill -9 and
+#    restart in between, and never comes back after another one;
+#  - TTLs count down across the restart (the deadline is in the record);
+#  - keys nobody reads again are removed in the background (INFO's
+#    expired_keys and keyspace);
+#  - SCAN returns every key present for the whole scan while a second
+#    client writes, overwrites and deletes between its calls, enough to
+#    grow the index several times and make the pool clean segments.
+#
+#   tests/ternd_expiry.sh BUILD_DIR
+set -euo pipefail
+
+build=$1
+ternd=$build/tools/ternd/ternd
+command -v redis-cli >/dev/null || { echo "SKIP: redis-cli not installed"; exit 77; }
+base=/tmp
+[ -d /dev/shm ] && base=/dev/shm
+dir=$(mktemp -d "$base/tern-expiry-XXXXXX")
+pid=""
+trap '[ -n "$pid" ] && kill -9 $pid 2>/dev/null; rm -rf "$dir"' EXIT
+fail() { echo "ternd expiry: $*" >&2; exit 1; }
+
+start() {
+    : >"$dir/out"
+    "$ternd" --data-dir "$dir/data" --listen tcp://127.0.0.1:0 --resp-port 0 \
+        --pool-size 16m --seg-size 64k >"$dir/out" 2>>"$dir/err" &
+    pid=$!
+    for _ in $(seq 200); do
+        grep -q '^ternd ready' "$dir/out" && break
+        kill -0 $pid 2>/dev/null || fail "ternd exited: $(cat "$dir/err")"
+        sleep 0.05
+    done
+    port=$(sed -n 's/.* resp=127.0.0.1:\([0-9]*\).*/\1/p' "$dir/out")
+    [ -n "$port" ] || fail "no ready line: $(cat "$dir/out" "$dir/err")"
+}
+crash() {
+    kill -9 $pid
+    wait $pid 2>/dev/null || true
+    pid=""
+}
+r() { redis-cli -p "$port" "$@"; }
+now_ms() { echo $(($(date +%s%N) / 1000000)); }
+
+start
+t0=$(now_ms)
+[ "$(r set gone v EX 2)" = OK ] || fail "SET EX"
+r set long v EX 100 >/dev/null
+r set mid v PX 4000 >/dev/null
+r set plain v >/dev/null
+[ "$(r ttl gone)" = 2 ] || fail "TTL of a fresh EX 2 key: $(r ttl gone)"
+sleep 0.5
+crash
+start
+ttl=$(r ttl long)
+[ "$ttl" -ge 96 ] && [ "$ttl" -le 100 ] || fail "TTL after restart: $ttl, not 96..100"
+pttl=$(r pttl mid)
+elapsed=$(($(now_ms) - t0))
+[ "$pttl" -gt 0 ] && [ "$pttl" -le $((4000 - elapsed + 50)) ] ||
+    fail "PTTL after restart: $pttl with $elapsed ms gone (set PX 4000)"
+[ "$(r ttl plain)" = -1 ] || fail "a key without a deadline got one"
+# 2 s after the SET (and a restart later) the key is gone.
+while [ $(($(now_ms) - t0)) -lt 2000 ]; do sleep 0.05; done
+[ -z "$(r get gone)" ] || fail "EX 2 key still there 2 s later"
+[ "$(r exists gone)" = 0 ] && [ "$(r ttl gone)" = -2 ] || fail "EXISTS/TTL of an expired key"
+crash
+start
+[ -z "$(r get gone)" ] && [ "$(r exists gone)" = 0 ] || fail "an expired key came back after a restart"
+[ "$(r get long)" = v ] || fail "a key with 98 s to live was lost"
+
+# Background removal: 300 keys with 200 ms to live, never read again.
+before=$(r dbsize)
+for i in $(seq 300); do echo "SET tmp:$i x PX 200"; done | r >/dev/null
+[ "$(r dbsize)" = $((before + 300)) ] || fail "DBSIZE after the SETs: $(r dbsize)"
+for _ in $(seq 40); do
+    [ "$(r dbsize)" = "$before" ] && break
+    sleep 0.05
+done
+[ "$(r dbsize)" = "$before" ] || fail "keys past their deadline not removed: DBSIZE $(r dbsize), want $before"
+expired=$(r info stats | tr -d '\r' | sed -n 's/^expired_keys://p')
+[ "$expired" -ge 300 ] || fail "expired_keys $expired, want at least 300"
+r info keyspace | tr -d '\r' | grep -q "^db0:keys=$before,expires=[12]," ||
+    fail "INFO keyspace: $(r info keyspace)"
+
+# SCAN under writes, overwrites and deletes.
+python3 - "$port" <<'PY' || fail "SCAN under load"
+import socket, sys
+
+port = int(sys.argv[1])
+
+class Conn:
+    def __init__(self):
+        self.s = socket.create_connection(("127.0.0.1", port))
+        self.f = self.s.makefile("rb")
+    def send(self, cmds):
+        out = b""
+        for c in cmds:
+            out += b"*%d\r\n" % len(c)
+            for a in c:
+                a = a if isinstance(a, bytes) else str(a).encode()
+                out += b"$%d\r\n%s\r\n" % (len(a), a)
+        self.s.sendall(out)
+        return [self.reply() for _ in cmds]
+    def reply(self):
+        line = self.f.readline()
+        t, rest = line[:1], line[1:-2]
+        if t in (b"+", b":"):
+            return rest
+        if t == b"-":
+            raise SystemExit("error reply: %r" % rest)
+        if t == b"$":
+            n = int(rest)
+            if n < 0:
+                return None
+            data = self.f.read(n + 2)
+            return data[:-2]
+        if t == b"*":
+            return [self.reply() for _ in range(int(rest))]
+        raise SystemExit("bad reply %r" % line)
+
+scanner, writer = Conn(), Conn()
+stable = {b"stable:%d" % i for i in range(3000)}
+for i in range(0, 3000, 500):
+    writer.send([["SET", "stable:%d" % j, "s" * 40] for j in range(i, i + 500)])
+info = lambda: dict(l.split(b":", 1) for l in writer.send([["INFO"]])[0].split(b"\r\n")
+                    if b":" in l)
+cleaned0 = int(info()[b"tern_segs_cleaned"])
+seen, cursor, steps, n = set(), b"0", 0, 0
+while True:
+    cursor, keys = scanner.send([["SCAN", cursor, "COUNT", 20]])[0]
+    seen.update(keys)
+    steps += 1
+    # Between two SCAN calls: 60 new keys (the index grows), 30 of the
+    # newest deleted, 40 hot keys overwritten with values longer each time
+    # (never in place: dead records for the cleaner).
+    cmds = [["SET", "churn:%d" % (n + j), "c" * 30] for j in range(60)]
+    cmds += [["DEL", "churn:%d" % (n + j)] for j in range(0, 60, 2)]
+    cmds += [["SET", "hot:%d" % j, "h" * (200 + 4 * steps)] for j in range(40)]
+    writer.send(cmds)
+    n += 60
+    if cursor == b"0":
+        break
+missing = stable - seen
+cleaned = int(info()[b"tern_segs_cleaned"]) - cleaned0
+print("scan: %d calls, %d keys seen, %d churn keys written, %d segments cleaned meanwhile"
+      % (steps, len(seen), n, cleaned))
+if missing:
+    raise SystemExit("SCAN missed %d stable keys, e.g. %r" % (len(missing), sorted(missing)[:5]))
+if n < 3 * 3000:
+    raise SystemExit("the load was too light to grow the index: %d keys" % n)
+if cleaned == 0:
+    raise SystemExit("no segment was cleaned during the scan: the test did not test that")
+PY
+echo "ternd expiry: ok"

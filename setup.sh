@@ -236,7 +236,7 @@ run_tests() {
         count chain-smoke tests/chain_smoke.sh build
         count chain-kill-50 tests/kill_chain.sh build 50
         count ternd-smoke tests/ternd_smoke.sh build
-        count ternd-expiry tests/ternd_expiry.sh build
+        count ternd-resp tests/ternd_resp.sh build
         count ternd-config tests/ternd_config.sh build
         count ternd-peers tests/ternd_peers.sh build
         count ternd-cluster tests/ternd_cluster.sh build

@@ -44,6 +44,7 @@ static const struct {
     {"kv_procs", suite_kv_procs},
     {"kv_onesided", suite_kv_onesided},
     {"resp", suite_resp},
+    {"resp_admin", suite_resp_admin},
     {"kv_expiry", suite_kv_expiry},
     {"resp_keys", suite_resp_keys},
     {"pm", suite_pm},

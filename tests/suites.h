@@ -24,6 +24,7 @@ Suite *suite_kv_crash(void);
 Suite *suite_kv_procs(void);
 Suite *suite_kv_onesided(void);
 Suite *suite_resp(void);
+Suite *suite_resp_admin(void);
 Suite *suite_kv_expiry(void);
 Suite *suite_resp_keys(void);
 Suite *suite_pm(void);

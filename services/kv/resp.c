@@ -29,7 +29,6 @@
  * the pool straight into the output buffer.
  */
 #include <errno.h>
-#include <fnmatch.h>
 #include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -342,99 +341,6 @@ static void cmd_flush(struct resp_gw *gw, struct client *c, const struct cmd *m)
         OUT_LIT(c, "+OK\r\n");
 }
 
-/* INFO text, built on the stack (INFO is not on the data path). */
-struct text {
-    char buf[3072];
-    size_t len;
-};
-
-__attribute__((format(printf, 2, 3)))
-static void text_add(struct text *t, const char *fmt, ...)
-{
-    va_list ap;
-    int n;
-
-    if (t->len >= sizeof(t->buf))
-        return;
-    va_start(ap, fmt);
-    n = vsnprintf(t->buf + t->len, sizeof(t->buf) - t->len, fmt, ap);
-    va_end(ap);
-    if (n > 0)
-        t->len += (size_t)n < sizeof(t->buf) - t->len ? (size_t)n : sizeof(t->buf) - t->len - 1;
-}
-
-static void text_section(struct text *t, const char *name)
-{
-    text_add(t, "%s# %s\r\n", t->len ? "\r\n" : "", name);
-}
-
-static bool info_wants(const struct cmd *m, const char *section)
-{
-    if (m->argc == 1)
-        return true;
-    for (size_t i = 1; i < m->argc; i++)
-        if (arg_is(m, i, section) || arg_is(m, i, "all") || arg_is(m, i, "everything") ||
-            arg_is(m, i, "default"))
-            return true;
-    return false;
-}
-
-static void cmd_info(struct resp_gw *gw, struct client *c, const struct cmd *m)
-{
-    struct kvs_stats st;
-    struct text t = {.len = 0};
-
-    kvs_get_stats(gw->store, &st);
-    if (info_wants(m, "server")) {
-        text_section(&t, "Server");
-        text_add(&t, "redis_version:7.0.0\r\nredis_mode:standalone\r\ntern_version:%s\r\n"
-                 "os:Linux\r\narch_bits:%zu\r\nmultiplexing_api:epoll\r\nprocess_id:%ld\r\n"
-                 "tcp_port:%u\r\nuptime_in_seconds:%lld\r\n",
-                 TERN_VERSION, sizeof(void *) * 8, (long)getpid(), gw->port,
-                 (long long)(time(NULL) - gw->started));
-    }
-    if (info_wants(m, "clients")) {
-        size_t pending = 0;
-
-        for (const struct client *k = gw->clients; k; k = k->next)
-            pending += resp_out_pending(k);
-        text_section(&t, "Clients");
-        text_add(&t, "connected_clients:%u\r\nmaxclients:%u\r\ntern_output_limit:%zu\r\n"
-                 "tern_output_pending:%zu\r\ntern_output_buffer_peak:%zu\r\n", gw->n_clients,
-                 gw->max_clients, gw->max_output, pending, gw->out_peak);
-    }
-    if (info_wants(m, "persistence")) {
-        text_section(&t, "Persistence");
-        text_add(&t, "loading:0\r\naof_enabled:0\r\nrdb_changes_since_last_save:0\r\n"
-                 "tern_pool_bytes:%llu\r\ntern_pool_seg_bytes:%u\r\ntern_pool_segs:%u\r\n"
-                 "tern_pool_segs_used:%u\r\ntern_pool_bytes_committed:%llu\r\n"
-                 "tern_pool_bytes_live:%llu\r\ntern_pool_is_pmem:%d\r\ntern_syncs:%llu\r\n"
-                 "tern_segs_cleaned:%llu\r\n",
-                 (unsigned long long)st.pool.size, st.pool.seg_size, st.pool.n_segs,
-                 st.pool.segs_used, (unsigned long long)st.pool.bytes_committed,
-                 (unsigned long long)st.pool.bytes_live, st.pool.is_pmem ? 1 : 0,
-                 (unsigned long long)st.syncs, (unsigned long long)st.segs_cleaned);
-    }
-    if (info_wants(m, "stats")) {
-        text_section(&t, "Stats");
-        text_add(&t, "total_connections_received:%llu\r\ntotal_commands_processed:%llu\r\n"
-                 "expired_keys:%llu\r\n"
-                 "keyspace_hits:%llu\r\nkeyspace_misses:%llu\r\ntern_coalesced_waits:%llu\r\n",
-                 (unsigned long long)gw->total_conns, (unsigned long long)gw->total_cmds,
-                 (unsigned long long)st.expired,
-                 (unsigned long long)st.hits, (unsigned long long)(st.gets - st.hits),
-                 (unsigned long long)gw->coalesced_waits);
-    }
-    if (info_wants(m, "keyspace")) {
-        text_section(&t, "Keyspace");
-        /* Like Redis, an empty database is not listed. */
-        if (st.keys)
-            text_add(&t, "db0:keys=%llu,expires=%llu,avg_ttl=0\r\n", (unsigned long long)st.keys,
-                     (unsigned long long)kvs_expiring(gw->store));
-    }
-    resp_out_bulk(c, t.buf, t.len);
-}
-
 static void cmd_select(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
     long long db;
@@ -658,60 +564,6 @@ static void cmd_client(struct resp_gw *gw, struct client *c, const struct cmd *m
     }
 }
 
-/* CONFIG GET answers the few settings tools ask about (redis-benchmark
- * reads "save" and "appendonly"); there is nothing to set. */
-static void cmd_config(struct resp_gw *gw, struct client *c, const struct cmd *m)
-{
-    char port[8], maxclients[16];
-    const struct {
-        const char *name, *value;
-    } params[] = {
-        {"save", ""},
-        {"appendonly", "no"},
-        {"databases", "1"},
-        {"maxmemory", "0"},
-        {"port", port},
-        {"maxclients", maxclients},
-    };
-    enum { N_PARAMS = sizeof(params) / sizeof(params[0]) };
-    bool match[N_PARAMS] = {false};
-    long long n = 0;
-
-    if (!arg_is(m, 1, "GET")) {
-        if (arg_is(m, 1, "RESETSTAT"))
-            OUT_LIT(c, "+OK\r\n");
-        else
-            resp_out_err(c, "ERR unknown subcommand '%.*s'. Try CONFIG HELP.",
-                    (int)(arglen(m, 1) < 64 ? arglen(m, 1) : 64), arg(m, 1));
-        return;
-    }
-    if (m->argc < 3) {
-        OUT_LIT(c, "-ERR wrong number of arguments for 'config|get' command\r\n");
-        return;
-    }
-    snprintf(port, sizeof(port), "%u", gw->port);
-    snprintf(maxclients, sizeof(maxclients), "%u", gw->max_clients);
-    for (size_t i = 2; i < m->argc; i++) {
-        char pat[128];
-
-        if (arglen(m, i) >= sizeof(pat))
-            continue;
-        memcpy(pat, arg(m, i), arglen(m, i));
-        pat[arglen(m, i)] = '\0';
-        for (size_t k = 0; k < N_PARAMS; k++)
-            if (!match[k] && fnmatch(pat, params[k].name, FNM_CASEFOLD) == 0) {
-                match[k] = true;
-                n++;
-            }
-    }
-    resp_out_num(c, '*', 2 * n);
-    for (size_t k = 0; k < N_PARAMS; k++)
-        if (match[k]) {
-            resp_out_bulk(c, params[k].name, strlen(params[k].name));
-            resp_out_bulk(c, params[k].value, strlen(params[k].value));
-        }
-}
-
 static void cmd_command(struct resp_gw *gw, struct client *c, const struct cmd *m);
 static void cmd_hello(struct resp_gw *gw, struct client *c, const struct cmd *m);
 static void reply_unknown(struct client *c, const struct cmd *m);
@@ -719,6 +571,7 @@ static void reply_unknown(struct client *c, const struct cmd *m);
 enum {
     CMD_WRITE = 1,
     CMD_BIG = 2,                /* the reply grows with the data: held to max_output */
+    CMD_NOAUTH = 4,             /* runs before AUTH when a password is set */
 };
 
 struct command {
@@ -760,16 +613,22 @@ static const struct command commands[] = {
     CMD("flushdb", 1, 2, CMD_WRITE, cmd_flush, 0, 0, 0, "server", "Removes all keys from the database."),
     CMD("flushall", 1, 2, CMD_WRITE, cmd_flush, 0, 0, 0, "server",
         "Removes all keys from the database (tern has one)."),
-    CMD("info", 1, 0, 0, cmd_info, 0, 0, 0, "server",
+    CMD("info", 1, 0, 0, resp_cmd_info, 0, 0, 0, "server",
         "Returns information and statistics about the server."),
     CMD("command", 1, 0, 0, cmd_command, 0, 0, 0, "server",
         "Returns detailed information about the commands served."),
-    CMD("config", 2, 0, 0, cmd_config, 0, 0, 0, "server", "Reads the settings that exist."),
+    CMD("config", 2, 0, 0, resp_cmd_config, 0, 0, 0, "server", "Reads the settings that exist."),
     CMD("select", 2, 2, 0, cmd_select, 0, 0, 0, "connection", "Selects database 0, the only one."),
     CMD("client", 2, 0, 0, cmd_client, 0, 0, 0, "connection", "Manages client connections."),
-    CMD("hello", 1, 0, 0, cmd_hello, 0, 0, 0, "connection",
+    CMD("hello", 1, 0, CMD_NOAUTH, cmd_hello, 0, 0, 0, "connection",
         "Handshakes with the server (RESP2 only)."),
-    CMD("quit", 1, 0, 0, cmd_quit, 0, 0, 0, "connection", "Closes the connection."),
+    CMD("quit", 1, 0, CMD_NOAUTH, cmd_quit, 0, 0, 0, "connection", "Closes the connection."),
+    CMD("auth", 2, 3, CMD_NOAUTH, resp_cmd_auth, 0, 0, 0, "connection",
+        "Authenticates the connection."),
+    CMD("slowlog", 2, 3, 0, resp_cmd_slowlog, 0, 0, 0, "server",
+        "Reads or resets the log of slow commands."),
+    CMD("monitor", 1, 1, 0, resp_cmd_monitor, 0, 0, 0, "server",
+        "Refused: tern does not copy every command to a client."),
     CMD("expire", 3, 0, CMD_WRITE, resp_cmd_expire, 1, 1, 1, "generic",
         "Sets the expiration time of a key in seconds."),
     CMD("pexpire", 3, 0, CMD_WRITE, resp_cmd_expire, 1, 1, 1, "generic",
@@ -950,8 +809,10 @@ static void cmd_hello(struct resp_gw *gw, struct client *c, const struct cmd *m)
             c->name[arglen(m, i + 1)] = '\0';
             i += 2;
         } else if (arg_is(m, i, "AUTH") && i + 2 < m->argc) {
-            OUT_LIT(c, "-ERR AUTH is not supported by tern's gateway: no password is set\r\n");
-            return;
+            if (!resp_auth_check(gw, c, arg(m, i + 1), arglen(m, i + 1), arg(m, i + 2),
+                                 arglen(m, i + 2)))
+                return;
+            i += 3;
         } else {
             resp_out_err(c, "ERR Syntax error in HELLO option '%.*s'",
                     (int)(arglen(m, i) < 64 ? arglen(m, i) : 64), arg(m, i));
@@ -1045,6 +906,12 @@ static void run_command(struct resp_gw *gw, struct client *c, const struct cmd *
         reply_unknown(c, m);
         return;
     }
+    /* With a password set, a client that has not given it may only give
+     * it (AUTH, HELLO ... AUTH) or leave. */
+    if (!c->authed && gw->password[0] && !(k->flags & CMD_NOAUTH)) {
+        OUT_LIT(c, "-NOAUTH Authentication required.\r\n");
+        return;
+    }
     if (m->argc < k->min_args || (k->max_args && m->argc > k->max_args)) {
         resp_out_err(c, "ERR wrong number of arguments for '%s' command", k->name);
         return;
@@ -1054,7 +921,16 @@ static void run_command(struct resp_gw *gw, struct client *c, const struct cmd *
     c->capped = (k->flags & CMD_BIG) != 0;
     c->cmd = k->name;
     c->last = time(NULL);
+    /* Two clock reads a command (vDSO, no system call) for SLOWLOG. */
+    uint64_t t0 = gw->slow_us >= 0 ? tern_now_ns() : 0;
+
     k->run(gw, c, m);
+    if (gw->slow_us >= 0) {
+        uint64_t us = (tern_now_ns() - t0) / 1000;
+
+        if ((long long)us >= gw->slow_us)
+            resp_slow_note(gw, c, m, us);
+    }
     c->capped = false;
     if (c->over) {
         c->over = false;
@@ -1218,10 +1094,12 @@ static void accept_clients(struct resp_gw *gw)
             }
             return;
         }
-        if (gw->n_clients >= gw->max_clients)
+        if (gw->n_clients >= gw->max_clients) {
+            gw->rejected++;
             refuse(fd, "-ERR max number of clients reached\r\n", "too many clients");
-        else if (!client_new(gw, fd))
+        } else if (!client_new(gw, fd)) {
             refuse(fd, NULL, "out of memory");
+        }
     }
 }
 
@@ -1327,6 +1205,7 @@ static void client_read(struct resp_gw *gw, struct client *c)
     n = read(c->fd, c->in.p + c->in.len, c->in.cap - c->in.len);
     if (n > 0) {
         c->in.len += (size_t)n;
+        gw->net_in += (size_t)n;
         run_input(gw, c);
     } else if (n == 0) {
         /* The peer has finished sending (maybe only half-closed, as
@@ -1422,8 +1301,10 @@ static void client_flush(struct resp_gw *gw, struct client *c)
             client_close(gw, c);
             return;
         }
-        if (n > 0)
+        if (n > 0) {
             b->off += (size_t)n;
+            gw->net_out += (size_t)n;
+        }
         if (b->off == b->len) {
             b->off = b->len = 0;
             buf_shrink(b, OUT_INITIAL);
@@ -1580,6 +1461,16 @@ int resp_gw_create(struct kvs *store, const struct resp_config *cfg,
     if (gw->coalesce_us > RESP_COALESCE_MAX_US)
         gw->coalesce_us = RESP_COALESCE_MAX_US;
     gw->started = time(NULL);
+    snprintf(gw->host, sizeof(gw->host), "%s", cfg && cfg->host ? cfg->host : "127.0.0.1");
+    gw->slow_us = 10000;            /* Redis's defaults */
+    gw->slow_max = 128;
+    if (cfg && cfg->password) {
+        if (strlen(cfg->password) >= sizeof(gw->password)) {
+            free(gw);
+            return TERN_EINVAL;
+        }
+        snprintf(gw->password, sizeof(gw->password), "%s", cfg->password);
+    }
     gw->lfd = -1;
     gw->watch_fd = -1;
     gw->epfd = epoll_create1(EPOLL_CLOEXEC);
@@ -1651,6 +1542,7 @@ void resp_gw_destroy(struct resp_gw *gw)
         client_close(gw, gw->clients);
     close(gw->lfd);
     close(gw->epfd);
+    free(gw->slow);
     free(gw->scratch);
     free(gw);
 }

@@ -42,6 +42,9 @@ struct resp_config {
                                     0 = 64 MiB */
     unsigned coalesce_us;        /* 0 = off, at most RESP_COALESCE_MAX_US;
                                     see resp_gw_poll() */
+    const char *password;        /* clients must AUTH with it first (NULL: none;
+                                    copied; at most 255 bytes); CONFIG SET
+                                    requirepass changes it */
 };
 
 /* Listen and serve `store` (which must outlive the gateway). */

@@ -24,6 +24,25 @@ struct kvs;
 
 #define OUT_INITIAL (16u * 1024)
 
+/* SLOWLOG: what an entry keeps of a command, as Redis does, and how many
+ * entries may be asked for (slowlog-max-len). */
+#define RESP_SLOW_ARGS 32
+#define RESP_SLOW_ARG_BYTES 128
+#define RESP_SLOW_MAX 1024
+#define RESP_OPS_SAMPLES 16            /* instantaneous_ops_per_sec: 1.6 s of beats */
+#define RESP_PASSWORD_MAX 256
+
+struct resp_slow {
+    uint64_t id, us;
+    int64_t at;                        /* Unix seconds */
+    uint32_t argc;                     /* the command's arguments */
+    uint32_t n;                        /* kept */
+    uint16_t len[RESP_SLOW_ARGS];      /* bytes kept of each */
+    uint32_t full[RESP_SLOW_ARGS];     /* bytes each had */
+    char arg[RESP_SLOW_ARGS][RESP_SLOW_ARG_BYTES];
+    char addr[64], name[64];
+};
+
 struct buf {
     char *p;
     size_t off;                 /* bytes [off, len) are pending */
@@ -48,6 +67,7 @@ struct client {
     bool capped;                /* the running command's reply is held to max_output */
     bool over;                  /* it did not fit: take it back */
     bool rerun;                 /* run the next command again once the output is empty */
+    bool authed;                /* AUTH passed (or no password is set) */
     uint64_t id;
     char name[64];              /* CLIENT SETNAME */
     char addr[64];              /* the peer, "ip:port" (CLIENT LIST) */
@@ -89,6 +109,19 @@ struct resp_gw {
     size_t scratch_cap;
     uint64_t next_expire_ns;            /* the next expiry cycle (resp_expire_cycle) */
     uint64_t expired;                   /* keys it removed */
+    char host[64];                      /* the listen address (CONFIG GET bind) */
+    char password[RESP_PASSWORD_MAX];   /* "" = none (CONFIG SET requirepass) */
+    uint64_t auth_failures;
+    /* INFO stats, and where CONFIG RESETSTAT left the store's counters */
+    uint64_t net_in, net_out, rejected, mem_peak;
+    uint64_t base_expired, base_hits, base_misses;
+    uint64_t ops_ns[RESP_OPS_SAMPLES], ops_cmds[RESP_OPS_SAMPLES];
+    unsigned ops_n;
+    /* SLOWLOG: a ring of slow_max entries, allocated at the first one */
+    long long slow_us;                  /* slowlog-log-slower-than; -1 off */
+    unsigned slow_max, slow_n, slow_head;
+    uint64_t slow_next_id;
+    struct resp_slow *slow;
 };
 
 /* A parsed command: arguments are offsets from `base`. */
@@ -187,6 +220,33 @@ int resp_set_deadline(struct client *c, const struct cmd *m, size_t from,
 /* Does key match the glob pattern (Redis's: '*', '?', '[a-z]', '[^x]',
  * '\\' quotes)? Binary-safe; O(pattern x key) at worst. */
 bool resp_glob(const char *pat, size_t plen, const char *key, size_t klen);
+
+/* The same, with ASCII case ignored (CONFIG GET). */
+bool resp_glob_nocase(const char *pat, size_t plen, const char *key, size_t klen);
+
+/* ---- server commands (resp_admin.c) ---- */
+
+void resp_cmd_info(struct resp_gw *gw, struct client *c, const struct cmd *m);
+void resp_cmd_config(struct resp_gw *gw, struct client *c, const struct cmd *m);
+void resp_cmd_slowlog(struct resp_gw *gw, struct client *c, const struct cmd *m);
+void resp_cmd_auth(struct resp_gw *gw, struct client *c, const struct cmd *m);
+void resp_cmd_monitor(struct resp_gw *gw, struct client *c, const struct cmd *m);
+
+/* AUTH's check (also HELLO's AUTH option): true and c->authed if user
+ * (NULL: "default") and pass match; otherwise false after the error
+ * reply. */
+bool resp_auth_check(struct resp_gw *gw, struct client *c, const char *user, size_t ulen,
+                     const char *pass, size_t plen);
+
+/* Note a command that took `us` microseconds (slowlog-log-slower-than). */
+void resp_slow_note(struct resp_gw *gw, const struct client *c, const struct cmd *m,
+                    uint64_t us);
+
+/* Empty the slow log and let it hold `max` entries. */
+void resp_slow_resize(struct resp_gw *gw, unsigned max);
+
+/* One sample of the command count, every 100 ms (instantaneous_ops_per_sec). */
+void resp_admin_sample(struct resp_gw *gw, uint64_t now_ns);
 
 /* Remove keys past their deadline (every 100 ms of the gateway's clock;
  * resp_gw_poll calls it). */

@@ -336,19 +336,25 @@ void resp_cmd_type(struct resp_gw *gw, struct client *c, const struct cmd *m)
  * for "not", '\' quoting the next byte; binary-safe. One star is
  * backtracked to at a time, so a pattern of many stars costs
  * O(pattern x key), not an exponential search. */
-static bool class_match(const char **pp, const char *pe, char ch)
+static inline char fold(char ch, bool nocase)
+{
+    return nocase && ch >= 'A' && ch <= 'Z' ? (char)(ch - 'A' + 'a') : ch;
+}
+
+static bool class_match(const char **pp, const char *pe, char ch, bool nocase)
 {
     const char *p = *pp + 1;
     bool neg = p < pe && *p == '^', hit = false;
 
     if (neg)
         p++;
+    ch = fold(ch, nocase);
     for (; p < pe && *p != ']'; p++) {
         if (*p == '\\' && p + 1 < pe) {
             p++;
-            hit |= *p == ch;
+            hit |= fold(*p, nocase) == ch;
         } else if (p + 2 < pe && p[1] == '-' && p[2] != ']') {
-            unsigned char lo = (unsigned char)p[0], hi = (unsigned char)p[2];
+            unsigned char lo = (unsigned char)fold(p[0], nocase), hi = (unsigned char)fold(p[2], nocase);
 
             if (lo > hi) {
                 unsigned char t = lo;
@@ -359,14 +365,14 @@ static bool class_match(const char **pp, const char *pe, char ch)
             hit |= (unsigned char)ch >= lo && (unsigned char)ch <= hi;
             p += 2;
         } else {
-            hit |= *p == ch;
+            hit |= fold(*p, nocase) == ch;
         }
     }
     *pp = p < pe ? p : pe - 1;      /* on the ']' (or the last byte) */
     return hit != neg;
 }
 
-bool resp_glob(const char *pat, size_t plen, const char *s, size_t slen)
+static bool glob(const char *pat, size_t plen, const char *s, size_t slen, bool nocase)
 {
     const char *p = pat, *pe = pat + plen, *se = s + slen;
     const char *star = NULL, *resume = NULL;
@@ -388,12 +394,12 @@ bool resp_glob(const char *pat, size_t plen, const char *s, size_t slen)
             if (*q == '?') {
                 ok = true;
             } else if (*q == '[') {
-                ok = class_match(&q, pe, *s);
+                ok = class_match(&q, pe, *s, nocase);
             } else if (*q == '\\' && q + 1 < pe) {
                 q++;
-                ok = *q == *s;
+                ok = fold(*q, nocase) == fold(*s, nocase);
             } else {
-                ok = *q == *s;
+                ok = fold(*q, nocase) == fold(*s, nocase);
             }
             if (ok) {
                 p = q + 1;
@@ -409,6 +415,16 @@ bool resp_glob(const char *pat, size_t plen, const char *s, size_t slen)
     while (p < pe && *p == '*')
         p++;
     return p == pe;
+}
+
+bool resp_glob(const char *pat, size_t plen, const char *s, size_t slen)
+{
+    return glob(pat, plen, s, slen, false);
+}
+
+bool resp_glob_nocase(const char *pat, size_t plen, const char *s, size_t slen)
+{
+    return glob(pat, plen, s, slen, true);
 }
 
 /* Keys gathered for a reply whose length comes first: "$len\r\nkey\r\n"
@@ -840,6 +856,7 @@ void resp_expire_cycle(struct resp_gw *gw, uint64_t now_ns)
 
     if (now_ns < gw->next_expire_ns)
         return;
+    resp_admin_sample(gw, now_ns);
     n = kvs_expire(gw->store, kvs_now_ms(), EXPIRE_BATCH);
     gw->expired += n;
     /* A full batch: more are due; come back at the next poll. */

@@ -11,6 +11,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "key.h"
@@ -301,6 +302,38 @@ static bool set_key_file(struct ctx *c, const char *v)
         return false;
     }
     c->o->key_file = c->flags ? v : keep(v);
+    return true;
+}
+
+/* The gateway's password: the file's first line, the file readable by its
+ * owner alone (it is a secret, as the key file is). */
+static bool set_resp_password_file(struct ctx *c, const char *v)
+{
+    char *line = c->o->resp_password;
+    struct stat st;
+    FILE *f = fopen(v, "r");
+    bool ok;
+
+    if (!f || fstat(fileno(f), &st) < 0) {
+        say(c, "%s: %s", v, strerror(errno));
+        if (f)
+            fclose(f);
+        return false;
+    }
+    if (st.st_mode & 077) {
+        fclose(f);
+        say(c, "%s: readable by others (mode %o): chmod 600 it", v, (unsigned)(st.st_mode & 0777));
+        return false;
+    }
+    ok = fgets(line, sizeof(c->o->resp_password), f) != NULL;
+    fclose(f);
+    line[ok ? strcspn(line, "\r\n") : 0] = '\0';
+    if (!line[0] || strlen(line) >= sizeof(c->o->resp_password) - 1) {
+        say(c, "%s: the first line must hold the password (1..254 bytes)", v);
+        line[0] = '\0';
+        return false;
+    }
+    c->o->resp_password_file = c->flags ? v : keep(v);
     return true;
 }
 
@@ -625,6 +658,7 @@ static const struct key keys[] = {
     {"kv", "seg_size", "seg-size", 1, NULL, set_seg_size, false, "log segment size of a new KV pool, a power of two in 64k..1g (default 1m)"},
     {"kv", "range", "range", 1, NULL, set_range, false, "LO:HI, the 32-bit key-hash range this node owns (default all)"},
     {"kv", "resp_port", "resp-port", 1, NULL, set_resp_port, false, "serve the Redis protocol on 127.0.0.1:PORT (0: any; default off)"},
+    {"kv", "resp_password_file", "resp-password-file", 1, NULL, set_resp_password_file, false, "clients of the RESP gateway AUTH with this file's first line (mode 600; default: the cluster key's hex digits if key_file is set, else no password)"},
     {"kv", "resp_coalesce_us", "resp-coalesce-us", 1, NULL, set_coalesce, false, "under load, gather RESP commands this long before sleeping (0 off, default 50)"},
     {"kv", "flush_helpers", "flush-helpers", 1, NULL, set_helpers, false, "threads that take pieces of large flushes (PM pools; 0..64, default 0)"},
     {"doc", "enabled", "no-doc", 0, "no", set_doc, false, "host the document service on doc.pool (default yes)"},
@@ -1116,6 +1150,8 @@ void ternd_opts_print(FILE *f, const struct ternd_opts *o)
         fprintf(f, "resp_port = %d\n", o->resp_port);
     else
         fprintf(f, "resp_port = off\n");
+    if (o->resp_password_file)
+        fprintf(f, "resp_password_file = %s\n", o->resp_password_file);
     fprintf(f, "resp_coalesce_us = %u\nflush_helpers = %u\n", o->coalesce_us, o->helpers);
     opt_format(a, sizeof(a), o->doc_pool_size ? o->doc_pool_size : 1ull << 30, OPT_SIZE);
     fprintf(f, "\n[doc]\nenabled = %s\npool_size = %s\n", yes_no(o->doc), a);

@@ -96,6 +96,8 @@ struct ternd_opts {
     uint32_t seg_size;
     uint32_t range_lo, range_hi;
     int resp_port;                   /* -1: no gateway */
+    const char *resp_password_file;  /* NULL: the cluster key's hex, if any */
+    char resp_password[256];         /* ... its first line */
     unsigned coalesce_us;
     unsigned helpers;                /* flush helpers */
     /* [doc] */

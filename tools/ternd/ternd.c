@@ -771,6 +771,16 @@ int main(int argc, char **argv)
     if (rc == 0 && o.resp_port >= 0) {
         struct resp_config rc_cfg = {.port = (uint16_t)o.resp_port,
                                           .coalesce_us = o.coalesce_us};
+        char key_hex[2 * sizeof(o.key) + 1];
+
+        /* AUTH: the password file's, else the cluster key's hex digits. */
+        if (o.resp_password[0]) {
+            rc_cfg.password = o.resp_password;
+        } else if (o.key_len) {
+            for (size_t i = 0; i < o.key_len; i++)
+                snprintf(key_hex + 2 * i, 3, "%02x", o.key[i]);
+            rc_cfg.password = key_hex;
+        }
 
         rc = resp_gw_create(kv_service_store(svc), &rc_cfg, &gw);
         if (rc < 0)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Keys that expire, and SCAN under load, through ternd's RESP gateway:
+# ternd's RESP gateway end to end: keys that expire, SCAN under load,
+# redis-cli --stat, and AUTH with a password file.
 #
 #  - a key set with EX 2 is gone 2 s later, also across a kill -9 and
 #    restart in between, and never comes back after another one;
@@ -8,9 +9,12 @@
 #    expired_keys and keyspace);
 #  - SCAN returns every key present for the whole scan while a second
 #    client writes, overwrites and deletes between its calls, enough to
-#    grow the index several times and make the pool clean segments.
+#    grow the index several times and make the pool clean segments;
+#  - redis-cli --stat prints numbers, not blanks (it reads INFO's fields);
+#  - with resp_password_file, commands wait for AUTH; a world-readable
+#    password file is refused at start.
 #
-#   tests/ternd_expiry.sh BUILD_DIR
+#   tests/ternd_resp.sh BUILD_DIR
 set -euo pipefail
 
 build=$1
@@ -18,15 +22,15 @@ ternd=$build/tools/ternd/ternd
 command -v redis-cli >/dev/null || { echo "SKIP: redis-cli not installed"; exit 77; }
 base=/tmp
 [ -d /dev/shm ] && base=/dev/shm
-dir=$(mktemp -d "$base/tern-expiry-XXXXXX")
+dir=$(mktemp -d "$base/tern-resp-XXXXXX")
 pid=""
 trap '[ -n "$pid" ] && kill -9 $pid 2>/dev/null; rm -rf "$dir"' EXIT
-fail() { echo "ternd expiry: $*" >&2; exit 1; }
+fail() { echo "ternd resp: $*" >&2; exit 1; }
 
 start() {
     : >"$dir/out"
     "$ternd" --data-dir "$dir/data" --listen tcp://127.0.0.1:0 --resp-port 0 \
-        --pool-size 16m --seg-size 64k >"$dir/out" 2>>"$dir/err" &
+        --pool-size 16m --seg-size 64k "$@" >"$dir/out" 2>>"$dir/err" &
     pid=$!
     for _ in $(seq 200); do
         grep -q '^ternd ready' "$dir/out" && break
@@ -153,4 +157,31 @@ if n < 3 * 3000:
 if cleaned == 0:
     raise SystemExit("no segment was cleaned during the scan: the test did not test that")
 PY
-echo "ternd expiry: ok"
+
+# redis-cli --stat wants a terminal; script(1) gives it one.
+if command -v script >/dev/null; then
+    script -qc "timeout 3 redis-cli -p $port --stat -i 0.5" /dev/null >"$dir/stat" 2>&1 || true
+    tr -d '\r' <"$dir/stat" | grep -Eq '^[0-9]+ +[0-9.]+[BKMG] +[0-9]+ +0 +[0-9]+ \(\+[0-9]+\) +[0-9]+' ||
+        fail "redis-cli --stat: $(cat "$dir/stat")"
+else
+    echo "SKIP: redis-cli --stat check (no script(1))"
+fi
+
+# AUTH with a password file.
+crash
+printf 'pa55 word\n' >"$dir/pass"
+chmod 644 "$dir/pass"
+printf '[kv]\nresp_password_file = %s\n' "$dir/pass" >"$dir/conf"
+if "$ternd" --config "$dir/conf" --check >"$dir/check" 2>&1; then
+    fail "a world-readable password file was taken"
+fi
+grep -q "readable by others" "$dir/check" || fail "refused for another reason: $(cat "$dir/check")"
+chmod 600 "$dir/pass"
+"$ternd" --config "$dir/conf" --check | grep -q "^resp_password_file = $dir/pass" ||
+    fail "--check of a good password file: $("$ternd" --config "$dir/conf" --check 2>&1)"
+start --resp-password-file "$dir/pass"
+r get long | grep -q NOAUTH || fail "a command ran before AUTH: $(r get long)"
+[ "$(redis-cli -p "$port" --no-auth-warning -a wrong get long 2>&1)" != v ] || fail "a wrong password"
+[ "$(redis-cli -p "$port" --no-auth-warning -a 'pa55 word' get long)" = v ] ||
+    fail "AUTH with the file's password: $(redis-cli -p "$port" --no-auth-warning -a 'pa55 word' get long)"
+echo "ternd resp: ok"

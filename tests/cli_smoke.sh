@@ -274,6 +274,24 @@ run "${kv[@]}" get "127.0.0.1:$rpc_port" cli:one
     fail "tern kv get of a deleted key (exit $rc): $(cat "$out" "$err")"
 run "${kv[@]}" del "127.0.0.1:$rpc_port" cli:one
 [ $rc -eq 1 ] || fail "tern kv del of an absent key exited $rc, not 1"
+# Deadlines: put --ttl, ttl, expire (0 takes it away), and the key gone
+# after its time.
+run "${kv[@]}" put "127.0.0.1:$rpc_port" cli:ttl v --ttl 60000
+[ $rc -eq 0 ] || fail "tern kv put --ttl (exit $rc): $(cat "$err")"
+run "${kv[@]}" ttl "127.0.0.1:$rpc_port" cli:ttl
+{ [ $rc -eq 0 ] && [ "$(cat "$out")" -gt 55000 ] && [ "$(cat "$out")" -le 60000 ]; } ||
+    fail "tern kv ttl (exit $rc): $(cat "$out" "$err")"
+run "${kv[@]}" expire "127.0.0.1:$rpc_port" cli:ttl 0
+run "${kv[@]}" ttl "127.0.0.1:$rpc_port" cli:ttl
+[ "$(cat "$out")" = none ] || fail "tern kv expire 0 left a deadline: $(cat "$out" "$err")"
+run "${kv[@]}" expire "127.0.0.1:$rpc_port" cli:ttl 200
+sleep 0.3
+run "${kv[@]}" get "127.0.0.1:$rpc_port" cli:ttl
+[ $rc -eq 1 ] || fail "tern kv get after the deadline exited $rc: $(cat "$out" "$err")"
+run "${kv[@]}" ttl "127.0.0.1:$rpc_port" cli:ttl
+[ $rc -eq 1 ] || fail "tern kv ttl of an expired key exited $rc, not 1"
+usage_error "${kv[@]}" get "127.0.0.1:$rpc_port" cli:ttl --ttl 5
+usage_error "${kv[@]}" expire "127.0.0.1:$rpc_port" cli:ttl soon
 usage_error "${kv[@]}" frob "127.0.0.1:$rpc_port"
 usage_error "${kv[@]}" get "127.0.0.1:$rpc_port"
 helps "${kv[@]}" --help

@@ -10,11 +10,12 @@
  * ADDRESS is HOST:PORT or a URI, or several comma-separated: the servers
  * of a sharded store (their ranges must cover the hash space), or with
  * --replicas the replicas of one replicated shard. Exit status: 0 done,
- * 1 no such key (get, del), 2 usage or another error. */
+ * 1 no such key (get, del, ttl, expire), 2 usage or another error. */
 #include <fnmatch.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "error.h"
@@ -28,7 +29,7 @@
 #define VALUE_MAX (64u << 20)
 
 static const char usage_line[] =
-    "kv: get|put|del|scan|stat ADDRESS ... [--replicas] [-w one|majority|all] "
+    "kv: get|put|del|ttl|expire|scan|stat ADDRESS ... [--ttl MS] [--replicas] [-w one|majority|all] "
     "[--timeout MS] [--key-file F] (tern kv --help)";
 
 struct kv_args {
@@ -36,6 +37,7 @@ struct kv_args {
     bool replicas, values;
     int w;                          /* enum tern_kv_write_concern, -1: default */
     uint64_t timeout_ms, limit;
+    uint64_t ttl_ms;                /* put --ttl: 0 none */
 };
 
 static void help(void)
@@ -43,6 +45,9 @@ static void help(void)
     printf("usage: tern kv get ADDRESS KEY           the value, as stored, on stdout\n"
            "       tern kv put ADDRESS KEY VALUE     VALUE - reads standard input\n"
            "       tern kv del ADDRESS KEY\n"
+           "       tern kv put ADDRESS KEY VALUE --ttl MS   the key expires MS from now\n"
+           "       tern kv ttl ADDRESS KEY           milliseconds left, or \"none\"\n"
+           "       tern kv expire ADDRESS KEY MS     expire it MS from now (0: never)\n"
            "       tern kv scan ADDRESS [--match GLOB] [--limit N] [--values]\n"
            "                                          every key (and value), hash order\n"
            "       tern kv stat ADDRESS              keys, servers, the fabric taken\n"
@@ -74,6 +79,9 @@ static int parse(int argc, char **argv, struct kv_args *a)
         } else if (strcmp(o, "--limit") == 0 && i + 1 < argc) {
             if (!opt_num("tern kv", "--limit", argv[++i], 1, UINT32_MAX, 0, &a->limit))
                 return OPT_USAGE;
+        } else if (strcmp(o, "--ttl") == 0 && i + 1 < argc) {
+            if (!opt_num("tern kv", "--ttl", argv[++i], 1, UINT32_MAX * 1000ull, 0, &a->ttl_ms))
+                return OPT_USAGE;
         } else if (strcmp(o, "--timeout") == 0 && i + 1 < argc) {
             if (!opt_num("tern kv", "--timeout", argv[++i], 1, 3600000, 0, &a->timeout_ms))
                 return OPT_USAGE;
@@ -104,12 +112,14 @@ static int parse(int argc, char **argv, struct kv_args *a)
         return opt_usage_error("tern kv", "%s", usage_line);
     a->cmd = pos[0];
     a->addr = pos[1];
-    want = strcmp(a->cmd, "put") == 0                              ? 4
-           : strcmp(a->cmd, "get") == 0 || strcmp(a->cmd, "del") == 0 ? 3
+    want = strcmp(a->cmd, "put") == 0 || strcmp(a->cmd, "expire") == 0 ? 4
+           : strcmp(a->cmd, "get") == 0 || strcmp(a->cmd, "del") == 0 ||
+                   strcmp(a->cmd, "ttl") == 0 ? 3
            : strcmp(a->cmd, "scan") == 0 || strcmp(a->cmd, "stat") == 0 ? 2
                                                                     : 0;
     if (!want)
-        return opt_usage_error("tern kv", "unknown command '%s' (get, put, del, scan, stat)",
+        return opt_usage_error("tern kv",
+                               "unknown command '%s' (get, put, del, ttl, expire, scan, stat)",
                                a->cmd);
     if (npos != want)
         return opt_usage_error("tern kv", "%s: %s", a->cmd,
@@ -119,7 +129,26 @@ static int parse(int argc, char **argv, struct kv_args *a)
     a->val = want == 4 ? pos[3] : NULL;
     if (a->key && !*a->key)
         return opt_usage_error("tern kv", "%s: the key is empty", a->cmd);
+    if (a->ttl_ms && strcmp(a->cmd, "put") != 0)
+        return opt_usage_error("tern kv", "--ttl goes with put");
+    if (strcmp(a->cmd, "expire") == 0) {
+        uint64_t ms;
+
+        if (!opt_num("tern kv", "expire MS", a->val, 0, UINT32_MAX * 1000ull, 0, &ms))
+            return OPT_USAGE;
+        a->ttl_ms = ms;
+    }
     return 0;
+}
+
+/* Deadlines are wall-clock Unix milliseconds, judged by the server's
+ * clock: a TTL given here assumes the two clocks agree. */
+static uint64_t wall_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
 /* The value of "-": standard input, whole (up to VALUE_MAX). */
@@ -225,12 +254,25 @@ static int run(struct tern_kv *kv, const struct kv_args *a, unsigned n_servers)
             fprintf(stderr, "tern: kv put: standard input: %s\n", tern_strerror(TERN_E2BIG));
             return 2;
         }
-        rc = tern_kv_put(kv, a->key, klen, in ? in : a->val, len, &version);
+        rc = a->ttl_ms ? tern_kv_put_until(kv, a->key, klen, in ? in : a->val, len,
+                                           wall_ms() + a->ttl_ms, &version)
+                       : tern_kv_put(kv, a->key, klen, in ? in : a->val, len, &version);
         if (rc == 0)
             printf("version %llx\n", (unsigned long long)version);
         free(in);
     } else if (strcmp(a->cmd, "del") == 0) {
         rc = tern_kv_del(kv, a->key, klen);
+    } else if (strcmp(a->cmd, "ttl") == 0) {
+        uint64_t at = 0, now;
+
+        rc = tern_kv_expiry(kv, a->key, klen, &at);
+        now = wall_ms();
+        if (rc == 0 && at)
+            printf("%llu\n", (unsigned long long)(at > now ? at - now : 0));
+        else if (rc == 0)
+            printf("none\n");
+    } else if (strcmp(a->cmd, "expire") == 0) {
+        rc = tern_kv_expire(kv, a->key, klen, a->ttl_ms ? wall_ms() + a->ttl_ms : 0);
     } else if (strcmp(a->cmd, "scan") == 0) {
         struct scan_state st = {.a = a};
         uint64_t cursor = 0;

@@ -108,7 +108,7 @@ char *resp_out_reserve(struct client *c, size_t n)
 
 void resp_out_add(struct client *c, const void *s, size_t n)
 {
-    char *p = resp_out_reserve(c, n);
+    char *p = n ? resp_out_reserve(c, n) : NULL;   /* s may be NULL when n is 0 */
 
     if (p) {
         memcpy(p, s, n);

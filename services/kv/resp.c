@@ -1344,6 +1344,9 @@ int resp_gw_poll(struct resp_gw *gw, int timeout_ms)
     struct epoll_event ev[MAX_EVENTS];
     int n;
 
+    /* Expired keys still to remove: do not sleep on them. */
+    if (gw->next_expire_ns == 0 && gw->expired)
+        timeout_ms = 0;
     if (gw->coalesce_us)
         coalesce_window(gw);
     if (gw->coalesce && timeout_ms) {

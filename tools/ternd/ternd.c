@@ -331,6 +331,7 @@ static void serve(const struct ternd_opts *o, struct tern_rpc_ep *ep, struct gw 
 {
     uint64_t spin = (uint64_t)o->spin_us * 1000u, last_rpc = tern_now_ns(), next_rpc = 0;
     uint64_t next_expire = 0;
+    bool due = false;                /* a full batch of expired keys went: more wait */
     int sleeper = -1;
     unsigned tick = 0;
 
@@ -365,25 +366,25 @@ static void serve(const struct ternd_opts *o, struct tern_rpc_ep *ep, struct gw 
          * (a gateway's held reply) is seen by polling hot, not by a wait. */
         bool freed = ternd_replica_tick(g_replica, now);
 
+        freed = ternd_replica_tick(g_doc_replica, now) || freed;
+        if (freed) {
+            last_rpc = now;
+            hot = true;
+        }
         /* Keys past their deadline, ten times a second (Redis's hz), or at
          * once again while a full batch was due. */
         if (now >= next_expire) {
             int removed = tern_kv_service_tick(svc, 0);
 
-            next_expire = now + (removed >= 1000 ? 0 : 100000000u);
-        }
-
-        freed = ternd_replica_tick(g_doc_replica, now) || freed;
-        if (freed) {
-            last_rpc = now;
-            hot = true;
+            due = removed >= 1000;
+            next_expire = now + (due ? 0 : 100000000u);
         }
         if (ngw && (!hot || (++tick & 15) == 0)) {
             int timeout = 0;
 
             /* Block only when RPC is quiet and armed; if it has work
              * owed, poll it hot instead. */
-            if (!hot) {
+            if (!hot && !due) {
                 if (tern_rpc_arm(ep) == 0)
                     timeout = 100;
                 else
@@ -397,7 +398,7 @@ static void serve(const struct ternd_opts *o, struct tern_rpc_ep *ep, struct gw 
             }
             continue;
         }
-        if (n > 0 || sleeper < 0 || hot)
+        if (n > 0 || sleeper < 0 || hot || due)
             continue;
         if (tern_rpc_arm(ep) == 0) {
             struct epoll_event e;

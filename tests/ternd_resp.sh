@@ -24,7 +24,7 @@ base=/tmp
 [ -d /dev/shm ] && base=/dev/shm
 dir=$(mktemp -d "$base/tern-resp-XXXXXX")
 pid=""
-trap '[ -n "$pid" ] && kill -9 $pid 2>/dev/null; rm -rf "$dir"' EXIT
+trap '[ -n "$pid" ] && kill -9 $pid 2>/dev/null && wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
 fail() { echo "ternd resp: $*" >&2; exit 1; }
 
 start() {

@@ -87,6 +87,15 @@ START_TEST(config_get_set_help)
     CMD(c, "CONFIG", "SET", "maxclients", "0");
     expect(c, "-ERR CONFIG SET failed (possibly related to argument 'maxclients') - argument "
               "must be between the limits shown by CONFIG HELP\r\n");
+    CMD(c, "CONFIG", "SET", "tern-output-limit", "65536", "tern-coalesce-us", "20");
+    expect(c, "+OK\r\n");
+    CMD(c, "CONFIG", "GET", "tern-*");
+    expect(c, "*4\r\n$17\r\ntern-output-limit\r\n$5\r\n65536\r\n"
+              "$16\r\ntern-coalesce-us\r\n$2\r\n20\r\n");
+    ck_assert_uint_eq(info_number(c, "clients", "tern_output_limit"), 65536);
+    CMD(c, "CONFIG", "SET", "tern-coalesce-us", "1000001");
+    expect(c, "-ERR CONFIG SET failed (possibly related to argument 'tern-coalesce-us') - "
+              "argument must be between the limits shown by CONFIG HELP\r\n");
     CMD(c, "CONFIG", "SET", "no-such", "1");
     expect(c, "-ERR Unknown option or number of arguments for CONFIG SET - 'no-such'\r\n");
     CMD(c, "CONFIG", "SET", "maxclients");
@@ -187,6 +196,7 @@ START_TEST(auth_with_a_password)
     expect(d, "-WRONGPASS invalid username-password pair or user is disabled.\r\n");
     CMD(d, "SET", "k", "v");
     expect(d, "-NOAUTH Authentication required.\r\n");
+    ck_assert_uint_eq(info_number(c, "stats", "tern_auth_failures"), 3);
     CMD(d, "AUTH", "default", "s3cret");
     expect(d, "+OK\r\n");
     CMD(d, "SET", "k", "v");

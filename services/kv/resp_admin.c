@@ -14,6 +14,7 @@
 
 #include "error.h"
 #include "kv_store.h"
+#include "resp.h"
 #include "resp_internal.h"
 #include "rpc.h"
 #include "tern_config.h"
@@ -183,14 +184,16 @@ void resp_cmd_info(struct resp_gw *gw, struct client *c, const struct cmd *m)
                  "instantaneous_ops_per_sec:%llu\r\ntotal_net_input_bytes:%llu\r\n"
                  "total_net_output_bytes:%llu\r\nrejected_connections:%llu\r\n"
                  "expired_keys:%llu\r\nevicted_keys:0\r\n"
-                 "keyspace_hits:%llu\r\nkeyspace_misses:%llu\r\ntern_coalesced_waits:%llu\r\n",
+                 "keyspace_hits:%llu\r\nkeyspace_misses:%llu\r\ntern_coalesced_waits:%llu\r\n"
+                 "tern_auth_failures:%llu\r\n",
                  (unsigned long long)gw->total_conns, (unsigned long long)gw->total_cmds,
                  (unsigned long long)ops_per_sec(gw), (unsigned long long)gw->net_in,
                  (unsigned long long)gw->net_out, (unsigned long long)gw->rejected,
                  (unsigned long long)(st.expired - gw->base_expired),
                  (unsigned long long)(st.hits - gw->base_hits),
                  (unsigned long long)((st.gets - st.hits) - gw->base_misses),
-                 (unsigned long long)gw->coalesced_waits);
+                 (unsigned long long)gw->coalesced_waits,
+                 (unsigned long long)gw->auth_failures);
     }
     if (info_wants(m, "replication")) {
         /* The gateway serves only stores that are not replicated. */
@@ -242,6 +245,9 @@ static const struct param {
     {"slowlog-log-slower-than", P_INT, -1, LLONG_MAX / 1000},
     {"slowlog-max-len", P_INT, 0, RESP_SLOW_MAX},
     {"requirepass", P_PASS, 0, 0},
+    /* tern's own: the output cap (resp_config.max_output) and coalescing */
+    {"tern-output-limit", P_INT, 4096, 1ll << 40},
+    {"tern-coalesce-us", P_INT, 0, RESP_COALESCE_MAX_US},
 };
 #define N_PARAMS (sizeof(params) / sizeof(params[0]))
 
@@ -270,6 +276,10 @@ static void param_value(const struct resp_gw *gw, size_t k, char *out, size_t ca
         snprintf(out, cap, "%u", gw->max_clients);
     else if (!strcmp(name, "slowlog-log-slower-than"))
         snprintf(out, cap, "%lld", gw->slow_us);
+    else if (!strcmp(name, "tern-output-limit"))
+        snprintf(out, cap, "%zu", gw->max_output);
+    else if (!strcmp(name, "tern-coalesce-us"))
+        snprintf(out, cap, "%u", gw->coalesce_us);
     else
         snprintf(out, cap, "%u", gw->slow_max);
 }
@@ -359,6 +369,10 @@ static void config_set(struct resp_gw *gw, struct client *c, const struct cmd *m
             gw->max_clients = (unsigned)v;
         else if (!strcmp(p->name, "slowlog-log-slower-than"))
             gw->slow_us = v;
+        else if (!strcmp(p->name, "tern-output-limit"))
+            gw->max_output = (size_t)v;     /* replies already queued stay */
+        else if (!strcmp(p->name, "tern-coalesce-us"))
+            gw->coalesce_us = (unsigned)v;
         else
             resp_slow_resize(gw, (unsigned)v);
     }
@@ -370,8 +384,9 @@ static const char *const config_help[] = {
     "GET <pattern>", "    Return parameters matching the glob-like <pattern> and their values.",
     "SET <directive> <value> [<directive> <value> ...]",
     "    Set the configuration <directive> to <value>. tern sets maxclients (1..1000000),",
-    "    slowlog-log-slower-than (microseconds, -1 off), slowlog-max-len (0..1024) and",
-    "    requirepass; the others CONFIG GET shows are fixed.",
+    "    slowlog-log-slower-than (microseconds, -1 off), slowlog-max-len (0..1024),",
+    "    requirepass, tern-output-limit (a client's unsent reply bytes, 4096..2^40) and",
+    "    tern-coalesce-us (0..1000000); the others CONFIG GET shows are fixed.",
     "RESETSTAT", "    Reset statistics reported by the INFO command.",
     "HELP", "    Print this help.",
 };

@@ -24,7 +24,10 @@ base=/tmp
 [ -d /dev/shm ] && base=/dev/shm
 dir=$(mktemp -d "$base/tern-resp-XXXXXX")
 pid=""
-trap '[ -n "$pid" ] && kill -9 $pid 2>/dev/null && wait $pid 2>/dev/null; rm -rf "$dir"' EXIT
+# The last ternd is waited for, so that bash prints no "Killed" line; its
+# status (137) must not become the script's.
+trap 'if [ -n "$pid" ]; then kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null || true; fi
+      rm -rf "$dir"' EXIT
 fail() { echo "ternd resp: $*" >&2; exit 1; }
 
 start() {

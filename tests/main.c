@@ -46,6 +46,8 @@ static const struct {
     {"resp", suite_resp},
     {"resp_admin", suite_resp_admin},
     {"kv_expiry", suite_kv_expiry},
+    {"kv_mset", suite_kv_mset},
+    {"kv_zskip", suite_kv_zskip},
     {"resp_keys", suite_resp_keys},
     {"pm", suite_pm},
     {"repl", suite_repl},

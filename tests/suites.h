@@ -26,6 +26,8 @@ Suite *suite_kv_onesided(void);
 Suite *suite_resp(void);
 Suite *suite_resp_admin(void);
 Suite *suite_kv_expiry(void);
+Suite *suite_kv_mset(void);
+Suite *suite_kv_zskip(void);
 Suite *suite_resp_keys(void);
 Suite *suite_pm(void);
 Suite *suite_repl(void);       /* services/repl */

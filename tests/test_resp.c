@@ -398,7 +398,7 @@ START_TEST(info_config_and_friends)
     CMD(c, "CONFIG", "GET");
     expect(c, "-ERR wrong number of arguments for 'config|get' command\r\n");
     CMD(c, "COMMAND", "COUNT");
-    expect_prefix(c, ":4");
+    expect_prefix(c, ":112");
     CMD(c, "SELECT", "0");
     expect(c, "+OK\r\n");
     CMD(c, "SELECT", "1");
@@ -430,19 +430,20 @@ START_TEST(command_tells_what_is_served)
     ck_assert_ptr_nonnull(strstr(r, "*10\r\n$3\r\nget\r\n:2\r\n*2\r\n+readonly\r\n"));
     ck_assert_ptr_nonnull(strstr(r, "*10\r\n$4\r\nmset\r\n:-3\r\n*2\r\n+write\r\n+denyoom\r\n"
                                     ":1\r\n:-1\r\n:2\r\n"));
-    ck_assert_ptr_null(strstr(r, "lpush"));
+    ck_assert_ptr_nonnull(strstr(r, "*10\r\n$5\r\nlpush\r\n:-3\r\n*2\r\n+write\r\n"));
+    ck_assert_ptr_null(strstr(r, "xadd"));
     free(r);
     CMD(c, "COMMAND", "LIST");
     r = next_reply(c, NULL);
     ck_assert_msg(strncmp(r, count, strlen(count)) == 0, "%.80s", r);
     ck_assert_ptr_nonnull(strstr(r, "$6\r\nincrby\r\n"));
     free(r);
-    CMD(c, "COMMAND", "INFO", "get", "lpush");
+    CMD(c, "COMMAND", "INFO", "get", "xadd");
     r = next_reply(c, NULL);
     ck_assert_msg(!strncmp(r, "*2\r\n*10\r\n$3\r\nget\r\n", 17) &&
                       !strcmp(r + strlen(r) - 5, "*-1\r\n"), "%s", r);
     free(r);
-    CMD(c, "COMMAND", "INFO", "lpush");
+    CMD(c, "COMMAND", "INFO", "xadd");
     expect(c, "*1\r\n*-1\r\n");
     CMD(c, "COMMAND", "DOCS", "get");
     expect(c, "*2\r\n$3\r\nget\r\n*4\r\n$7\r\nsummary\r\n$34\r\nReturns the string value of a key."

@@ -46,6 +46,7 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "kv/coll/coll.h"
 #include "kv_store.h"
 #include "log.h"
 #include "resp.h"
@@ -133,11 +134,11 @@ static void cmd_set(struct resp_gw *gw, struct client *c, const struct cmd *m)
     if (!resp_key_ok(c, arglen(m, 1)))
         return;
     rc = resp_lookup(gw, arg(m, 1), arglen(m, 1), &old, &old_len);
-    if (rc < 0 && rc != TERN_ENOENT) {
+    if (rc < 0 && rc != TERN_ENOENT && (rc != RESP_EWRONGTYPE || get)) {
         resp_out_store_err(c, rc);
         return;
     }
-    exists = rc == 0;
+    exists = rc == 0 || rc == RESP_EWRONGTYPE;
     if (get) {
         if (exists)
             resp_out_bulk(c, old, old_len);    /* now: the write may move it */
@@ -151,8 +152,18 @@ static void cmd_set(struct resp_gw *gw, struct client *c, const struct cmd *m)
             resp_out_null(c);
         return;
     }
-    if (keep && exists)
+    if (rc == RESP_EWRONGTYPE) {        /* SET overwrites a collection */
+        struct kvc_coll *k = resp_coll_find(gw, arg(m, 1), arglen(m, 1));
+
+        old_at = k ? k->deadline : 0;
+        rc = resp_coll_drop(gw, arg(m, 1), arglen(m, 1));
+        if (rc < 0) {
+            resp_out_store_err(c, rc);
+            return;
+        }
+    } else if (keep && exists) {
         kvs_expiry(gw->store, arg(m, 1), arglen(m, 1), &old_at);
+    }
     rc = kvs_put_until(gw->store, arg(m, 1), arglen(m, 1), arg(m, 2), arglen(m, 2),
                        keep ? old_at : at, 0, NULL);
     if (rc < 0) {
@@ -174,6 +185,11 @@ static void cmd_del(struct resp_gw *gw, struct client *c, const struct cmd *m)
         if (arglen(m, i) == 0 || arglen(m, i) > KV_KEY_MAX)
             continue;
         rc = kvs_del(gw->store, arg(m, i), arglen(m, i), 0, &version);
+        if (rc == TERN_ENOENT && gw->coll) {
+            struct kvc_coll *k = resp_coll_find(gw, arg(m, i), arglen(m, i));
+
+            rc = k ? kvc_delete(gw->coll, k) : TERN_ENOENT;
+        }
         if (rc == 0) {
             n++;
         } else if (rc != TERN_ENOENT) {
@@ -193,7 +209,7 @@ static void cmd_exists(struct resp_gw *gw, struct client *c, const struct cmd *m
         uint32_t len;
         int rc = resp_lookup(gw, arg(m, i), arglen(m, i), &val, &len);
 
-        if (rc == 0) {
+        if (rc == 0 || rc == RESP_EWRONGTYPE) {
             n++;
         } else if (rc != TERN_ENOENT) {
             resp_out_store_err(c, rc);
@@ -237,8 +253,11 @@ static void cmd_mset(struct resp_gw *gw, struct client *c, const struct cmd *m)
         }
     }
     for (size_t i = 1; i < m->argc; i += 2) {
-        int rc = kvs_put(gw->store, arg(m, i), arglen(m, i), arg(m, i + 1),
-                                   arglen(m, i + 1), 0, NULL);
+        int rc = resp_coll_drop(gw, arg(m, i), arglen(m, i));
+
+        if (rc == 0)
+            rc = kvs_put(gw->store, arg(m, i), arglen(m, i), arg(m, i + 1), arglen(m, i + 1), 0,
+                         NULL);
 
         if (rc < 0) {
             resp_out_store_err(c, rc);
@@ -322,7 +341,7 @@ static void cmd_decrby(struct resp_gw *gw, struct client *c, const struct cmd *m
 
 static void cmd_dbsize(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
-    resp_out_num(c, ':', (long long)kvs_count(gw->store));
+    resp_out_num(c, ':', (long long)(kvs_count(gw->store) + (gw->coll ? kvc_count(gw->coll) : 0)));
 }
 
 /* FLUSHDB and FLUSHALL [ASYNC|SYNC]: one database, cleared at once. */
@@ -335,6 +354,8 @@ static void cmd_flush(struct resp_gw *gw, struct client *c, const struct cmd *m)
         return;
     }
     rc = kvs_clear(gw->store, 0);
+    if (rc == 0 && gw->coll)
+        rc = kvc_clear(gw->coll);
     if (rc < 0)
         resp_out_store_err(c, rc);
     else
@@ -671,7 +692,134 @@ static const struct command commands[] = {
     CMD("setrange", 4, 4, CMD_WRITE, resp_cmd_setrange, 1, 1, 1, "string",
         "Overwrites a part of a string value with another by an offset."),
     CMD("msetnx", 3, 0, CMD_WRITE, resp_cmd_msetnx, 1, -1, 2, "string",
-        "Modifies the string values of one or more keys only when all keys don't exist."),
+        "Modifies the string values of one or more keys only when all keys don't exist."),    CMD("lpush", 3, 0, CMD_WRITE, resp_cmd_lpush, 1, 1, 1, "list",
+        "Prepends one or more elements to a list. Creates the key if it doesn't exist."),
+    CMD("rpush", 3, 0, CMD_WRITE, resp_cmd_lpush, 1, 1, 1, "list",
+        "Appends one or more elements to a list. Creates the key if it doesn't exist."),
+    CMD("lpushx", 3, 0, CMD_WRITE, resp_cmd_lpushx, 1, 1, 1, "list",
+        "Prepends one or more elements to a list only when the list exists."),
+    CMD("rpushx", 3, 0, CMD_WRITE, resp_cmd_lpushx, 1, 1, 1, "list",
+        "Appends one or more elements to a list only when the list exists."),
+    CMD("lpop", 2, 3, CMD_WRITE | CMD_BIG, resp_cmd_lpop, 1, 1, 1, "list",
+        "Returns the first elements in a list after removing it. Deletes the list if the last element was popped."),
+    CMD("rpop", 2, 3, CMD_WRITE | CMD_BIG, resp_cmd_lpop, 1, 1, 1, "list",
+        "Returns and removes the last elements of a list. Deletes the list if the last element was popped."),
+    CMD("llen", 2, 2, 0, resp_cmd_llen, 1, 1, 1, "list",
+        "Returns the length of a list."),
+    CMD("lrange", 4, 4, CMD_BIG, resp_cmd_lrange, 1, 1, 1, "list",
+        "Returns a range of elements from a list."),
+    CMD("lindex", 3, 3, CMD_BIG, resp_cmd_lindex, 1, 1, 1, "list",
+        "Returns an element from a list by its index."),
+    CMD("lset", 4, 4, CMD_WRITE, resp_cmd_lset, 1, 1, 1, "list",
+        "Sets the value of an element in a list by its index."),
+    CMD("ltrim", 4, 4, CMD_WRITE, resp_cmd_ltrim, 1, 1, 1, "list",
+        "Removes elements from both ends a list. Deletes the list if all elements were trimmed."),
+    CMD("lrem", 4, 4, CMD_WRITE, resp_cmd_lrem, 1, 1, 1, "list",
+        "Removes elements from a list. Deletes the list if the last element was removed."),
+    CMD("linsert", 5, 5, CMD_WRITE, resp_cmd_linsert, 1, 1, 1, "list",
+        "Inserts an element before or after another element in a list."),
+    CMD("lmove", 5, 5, CMD_WRITE | CMD_BIG, resp_cmd_lmove, 1, 2, 1, "list",
+        "Returns an element after popping it from one list and pushing it to another. Deletes the list if the last element was moved."),
+    CMD("rpoplpush", 3, 3, CMD_WRITE | CMD_BIG, resp_cmd_rpoplpush, 1, 2, 1, "list",
+        "Returns the last element of a list after removing and pushing it to another list. Deletes the list if the last element was popped."),
+    CMD("hset", 4, 0, CMD_WRITE, resp_cmd_hset, 1, 1, 1, "hash",
+        "Creates or modifies the value of a field in a hash."),
+    CMD("hmset", 4, 0, CMD_WRITE, resp_cmd_hset, 1, 1, 1, "hash",
+        "Sets the values of multiple fields."),
+    CMD("hsetnx", 4, 4, CMD_WRITE, resp_cmd_hsetnx, 1, 1, 1, "hash",
+        "Sets the value of a field in a hash only when the field doesn't exist."),
+    CMD("hget", 3, 3, CMD_BIG, resp_cmd_hget, 1, 1, 1, "hash",
+        "Returns the value of a field in a hash."),
+    CMD("hmget", 3, 0, CMD_BIG, resp_cmd_hmget, 1, 1, 1, "hash",
+        "Returns the values of all fields in a hash."),
+    CMD("hdel", 3, 0, CMD_WRITE, resp_cmd_hdel, 1, 1, 1, "hash",
+        "Deletes one or more fields and their values from a hash. Deletes the hash if no fields remain."),
+    CMD("hlen", 2, 2, 0, resp_cmd_hlen, 1, 1, 1, "hash",
+        "Returns the number of fields in a hash."),
+    CMD("hexists", 3, 3, 0, resp_cmd_hexists, 1, 1, 1, "hash",
+        "Determines whether a field exists in a hash."),
+    CMD("hgetall", 2, 2, CMD_BIG, resp_cmd_hgetall, 1, 1, 1, "hash",
+        "Returns all fields and values in a hash."),
+    CMD("hkeys", 2, 2, CMD_BIG, resp_cmd_hgetall, 1, 1, 1, "hash",
+        "Returns all fields in a hash."),
+    CMD("hvals", 2, 2, CMD_BIG, resp_cmd_hgetall, 1, 1, 1, "hash",
+        "Returns all values in a hash."),
+    CMD("hincrby", 4, 4, CMD_WRITE, resp_cmd_hincrby, 1, 1, 1, "hash",
+        "Increments the integer value of a field in a hash by a number. Uses 0 as initial value if the field doesn't exist."),
+    CMD("hincrbyfloat", 4, 4, CMD_WRITE, resp_cmd_hincrbyfloat, 1, 1, 1, "hash",
+        "Increments the floating point value of a field by a number. Uses 0 as initial value if the field doesn't exist."),
+    CMD("hstrlen", 3, 3, 0, resp_cmd_hstrlen, 1, 1, 1, "hash",
+        "Returns the length of the value of a field."),
+    CMD("hscan", 3, 7, CMD_BIG, resp_cmd_hscan, 1, 1, 1, "hash",
+        "Iterates over fields and values of a hash."),
+    CMD("sadd", 3, 0, CMD_WRITE, resp_cmd_sadd, 1, 1, 1, "set",
+        "Adds one or more members to a set. Creates the key if it doesn't exist."),
+    CMD("srem", 3, 0, CMD_WRITE, resp_cmd_srem, 1, 1, 1, "set",
+        "Removes one or more members from a set. Deletes the set if the last member was removed."),
+    CMD("sismember", 3, 3, 0, resp_cmd_sismember, 1, 1, 1, "set",
+        "Determines whether a member belongs to a set."),
+    CMD("smismember", 3, 0, 0, resp_cmd_smismember, 1, 1, 1, "set",
+        "Determines whether multiple members belong to a set."),
+    CMD("scard", 2, 2, 0, resp_cmd_scard, 1, 1, 1, "set",
+        "Returns the number of members in a set."),
+    CMD("smembers", 2, 2, CMD_BIG, resp_cmd_smembers, 1, 1, 1, "set",
+        "Returns all members of a set."),
+    CMD("spop", 2, 3, CMD_WRITE | CMD_BIG, resp_cmd_spop, 1, 1, 1, "set",
+        "Returns one or more random members from a set after removing them. Deletes the set if the last member was popped."),
+    CMD("srandmember", 2, 3, CMD_BIG, resp_cmd_srandmember, 1, 1, 1, "set",
+        "Get one or multiple random members from a set"),
+    CMD("sscan", 3, 7, CMD_BIG, resp_cmd_sscan, 1, 1, 1, "set",
+        "Iterates over members of a set."),
+    CMD("smove", 4, 4, CMD_WRITE, resp_cmd_smove, 1, 2, 1, "set",
+        "Moves a member from one set to another."),
+    CMD("sinter", 2, 0, CMD_BIG, resp_cmd_sinter, 1, -1, 1, "set",
+        "Returns the intersect of multiple sets."),
+    CMD("sunion", 2, 0, CMD_BIG, resp_cmd_sinter, 1, -1, 1, "set",
+        "Returns the union of multiple sets."),
+    CMD("sdiff", 2, 0, CMD_BIG, resp_cmd_sinter, 1, -1, 1, "set",
+        "Returns the difference of multiple sets."),
+    CMD("sinterstore", 3, 0, CMD_WRITE, resp_cmd_sinterstore, 1, -1, 1, "set",
+        "Stores the intersect of multiple sets in a key."),
+    CMD("sunionstore", 3, 0, CMD_WRITE, resp_cmd_sinterstore, 1, -1, 1, "set",
+        "Stores the union of multiple sets in a key."),
+    CMD("sdiffstore", 3, 0, CMD_WRITE, resp_cmd_sinterstore, 1, -1, 1, "set",
+        "Stores the difference of multiple sets in a key."),
+    CMD("zadd", 4, 0, CMD_WRITE, resp_cmd_zadd, 1, 1, 1, "sorted-set",
+        "Adds one or more members to a sorted set, or updates their scores. Creates the key if it doesn't exist."),
+    CMD("zincrby", 4, 4, CMD_WRITE, resp_cmd_zincrby, 1, 1, 1, "sorted-set",
+        "Increments the score of a member in a sorted set."),
+    CMD("zscore", 3, 3, 0, resp_cmd_zscore, 1, 1, 1, "sorted-set",
+        "Returns the score of a member in a sorted set."),
+    CMD("zmscore", 3, 0, 0, resp_cmd_zmscore, 1, 1, 1, "sorted-set",
+        "Returns the score of one or more members in a sorted set."),
+    CMD("zcard", 2, 2, 0, resp_cmd_zcard, 1, 1, 1, "sorted-set",
+        "Returns the number of members in a sorted set."),
+    CMD("zrem", 3, 0, CMD_WRITE, resp_cmd_zrem, 1, 1, 1, "sorted-set",
+        "Removes one or more members from a sorted set. Deletes the sorted set if all members were removed."),
+    CMD("zrank", 3, 3, 0, resp_cmd_zrank, 1, 1, 1, "sorted-set",
+        "Returns the index of a member in a sorted set ordered by ascending scores."),
+    CMD("zrevrank", 3, 3, 0, resp_cmd_zrank, 1, 1, 1, "sorted-set",
+        "Returns the index of a member in a sorted set ordered by descending scores."),
+    CMD("zcount", 4, 4, 0, resp_cmd_zcount, 1, 1, 1, "sorted-set",
+        "Returns the count of members in a sorted set that have scores within a range."),
+    CMD("zrange", 4, 0, CMD_BIG, resp_cmd_zrange, 1, 1, 1, "sorted-set",
+        "Returns members in a sorted set within a range of indexes."),
+    CMD("zrevrange", 4, 5, CMD_BIG, resp_cmd_zrange, 1, 1, 1, "sorted-set",
+        "Returns members in a sorted set within a range of indexes in reverse order."),
+    CMD("zrangebyscore", 4, 0, CMD_BIG, resp_cmd_zrange, 1, 1, 1, "sorted-set",
+        "Returns members in a sorted set within a range of scores."),
+    CMD("zrevrangebyscore", 4, 0, CMD_BIG, resp_cmd_zrange, 1, 1, 1, "sorted-set",
+        "Returns members in a sorted set within a range of scores in reverse order."),
+    CMD("zpopmin", 2, 3, CMD_WRITE | CMD_BIG, resp_cmd_zpopmin, 1, 1, 1, "sorted-set",
+        "Returns the lowest-scoring members from a sorted set after removing them. Deletes the sorted set if the last member was popped."),
+    CMD("zpopmax", 2, 3, CMD_WRITE | CMD_BIG, resp_cmd_zpopmin, 1, 1, 1, "sorted-set",
+        "Returns the highest-scoring members from a sorted set after removing them. Deletes the sorted set if the last member was popped."),
+    CMD("zscan", 3, 7, CMD_BIG, resp_cmd_zscan, 1, 1, 1, "sorted-set",
+        "Iterates over members and scores of a sorted set."),
+    CMD("zremrangebyrank", 4, 4, CMD_WRITE, resp_cmd_zremrangebyrank, 1, 1, 1, "sorted-set",
+        "Removes members in a sorted set within a range of indexes. Deletes the sorted set if all members were removed."),
+    CMD("zremrangebyscore", 4, 4, CMD_WRITE, resp_cmd_zremrangebyscore, 1, 1, 1, "sorted-set",
+        "Removes members in a sorted set within a range of scores. Deletes the sorted set if all members were removed."),
 };
 
 #define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))
@@ -1264,9 +1412,12 @@ static void commit_batch(struct resp_gw *gw)
     char err[160];
     int rc, n;
 
-    if (!kvs_dirty(gw->store))
-        return;
-    rc = resp_sync_fn(gw->store);
+    /* The collections' first: a SET over a list deletes the list there
+     * and writes here, and a crash between the two syncs must not leave
+     * the list alone. Both there is resolved (the string wins). */
+    rc = gw->coll && kvc_dirty(gw->coll) ? resp_sync_fn(kvc_store(gw->coll)) : 0;
+    if (rc >= 0 && kvs_dirty(gw->store))
+        rc = resp_sync_fn(gw->store);
     if (rc >= 0)
         return;
     if (tern_log_allow(&limit)) {
@@ -1457,6 +1608,7 @@ int resp_gw_create(struct kvs *store, const struct resp_config *cfg,
     if (!gw)
         return TERN_ENOMEM;
     gw->store = store;
+    gw->coll = cfg ? cfg->collections : NULL;
     gw->max_clients = cfg && cfg->max_clients ? cfg->max_clients : DEFAULT_MAX_CLIENTS;
     gw->max_request = cfg && cfg->max_request ? cfg->max_request : DEFAULT_MAX_REQUEST;
     gw->max_output = cfg && cfg->max_output ? cfg->max_output : DEFAULT_MAX_OUTPUT;
@@ -1496,6 +1648,11 @@ int resp_gw_create(struct kvs *store, const struct resp_config *cfg,
             close(gw->lfd);
         close(gw->epfd);
         free(gw);
+        return rc;
+    }
+    rc = resp_coll_reconcile(gw);
+    if (rc < 0) {
+        resp_gw_destroy(gw);
         return rc;
     }
     tern_log(TERN_LOG_INFO, LOG_WHO, "listening on port %u", gw->port);
@@ -1547,5 +1704,6 @@ void resp_gw_destroy(struct resp_gw *gw)
     close(gw->epfd);
     free(gw->slow);
     free(gw->scratch);
+    free(gw->tmp);
     free(gw);
 }

@@ -10,9 +10,10 @@
  * that much is queued, and a reply (GET, MGET, ECHO, PING) that would not
  * fit under it even alone gets an error instead of being built.
  *
- * Commands: Redis's string and key commands, with expiry (docs/KV.md
- * lists them; COMMAND LIST says the same); any other gets Redis's "unknown
- * command" error. Keys and values are the same bytes the native KV API
+ * Commands: Redis's string and key commands, with expiry, and its list,
+ * hash, set and sorted-set commands when given a collection engine
+ * (docs/KV.md lists them; COMMAND LIST says the same); any other gets
+ * Redis's "unknown command" error. Keys and values are the same bytes the native KV API
  * sees, deadlines the same as tern_kv_put_until's. Each poll also removes
  * keys past their deadline (at most 1000 a poll, every 100 ms).
  */
@@ -28,6 +29,7 @@ extern "C" {
 #endif
 
 struct kvs;
+struct kvc;
 struct resp_gw;
 
 struct resp_config {
@@ -42,6 +44,9 @@ struct resp_config {
                                     0 = 64 MiB */
     unsigned coalesce_us;        /* 0 = off, at most RESP_COALESCE_MAX_US;
                                     see resp_gw_poll() */
+    struct kvc *collections;     /* lists, hashes, sets and sorted sets (kv/coll/coll.h),
+                                    owned by the caller and outliving the gateway;
+                                    NULL: their commands get an error */
     const char *password;        /* clients must AUTH with it first (NULL: none;
                                     copied; at most 255 bytes); CONFIG SET
                                     requirepass changes it */

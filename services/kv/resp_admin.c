@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "kv/coll/coll.h"
 #include "kv_store.h"
 #include "resp.h"
 #include "resp_internal.h"
@@ -216,9 +217,13 @@ void resp_cmd_info(struct resp_gw *gw, struct client *c, const struct cmd *m)
     if (info_wants(m, "keyspace")) {
         text_section(&t, "Keyspace");
         /* Like Redis, an empty database is not listed. */
-        if (st.keys)
-            text_add(&t, "db0:keys=%llu,expires=%llu,avg_ttl=0\r\n", (unsigned long long)st.keys,
-                     (unsigned long long)kvs_expiring(gw->store));
+        uint64_t colls = gw->coll ? kvc_count(gw->coll) : 0;
+
+        if (st.keys + colls)
+            text_add(&t, "db0:keys=%llu,expires=%llu,avg_ttl=0\r\n",
+                     (unsigned long long)(st.keys + colls),
+                     (unsigned long long)(kvs_expiring(gw->store) +
+                                          (gw->coll ? kvc_expiring(gw->coll) : 0)));
     }
     resp_out_bulk(c, t.buf, t.len);
 }

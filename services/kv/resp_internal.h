@@ -21,6 +21,8 @@
 #include "resp_parse.h"
 
 struct kvs;
+struct kvc;
+struct kvc_coll;
 
 #define OUT_INITIAL (16u * 1024)
 
@@ -85,6 +87,9 @@ struct client {
 
 struct resp_gw {
     struct kvs *store;
+    struct kvc *coll;                   /* lists, hashes, sets, sorted sets; NULL: none */
+    void **tmp;                         /* pointers gathered for one reply (resp_tmp) */
+    size_t tmp_cap;
     unsigned max_clients;
     size_t max_request;
     size_t max_output;                  /* unsent output a client may have */
@@ -186,9 +191,82 @@ size_t resp_out_pending(const struct client *c);
 /* A key the store can hold; otherwise the client gets an error. */
 bool resp_key_ok(struct client *c, size_t klen);
 
-/* kvs_get, for a key the store cannot hold too (TERN_ENOENT). */
+/* kvs_get, for a key the store cannot hold too (TERN_ENOENT);
+ * RESP_EWRONGTYPE for a collection's key. */
 int resp_lookup(struct resp_gw *gw, const char *key, size_t klen, const void **val,
                 uint32_t *len);
+
+/* A key that holds a collection where a string is wanted, or the
+ * reverse (resp_lookup, resp_out_store_err). */
+#define RESP_EWRONGTYPE (-(1 << 24))
+
+/* ---- collections (resp_coll.c) ---- */
+
+enum kvc_type;
+
+/* The collection at key (due ones are deleted here), or NULL. */
+struct kvc_coll *resp_coll_find(struct resp_gw *gw, const char *key, size_t klen);
+
+/* Delete the collection at key, if any (a SET overwrites it). 0 or a
+ * store error. */
+int resp_coll_drop(struct resp_gw *gw, const char *key, size_t klen);
+
+/* For a command on collections of `type`: the one at key, or NULL if it
+ * is absent. *failed after an error reply (a string or another type is
+ * there: WRONGTYPE; no engine). */
+struct kvc_coll *resp_coll_get(struct resp_gw *gw, struct client *c, const char *key,
+                               size_t klen, enum kvc_type type, bool *failed);
+
+/* The same, but an absent one is made (empty: the first element writes
+ * it); NULL after an error reply. */
+struct kvc_coll *resp_coll_make(struct resp_gw *gw, struct client *c, const char *key,
+                                size_t klen, enum kvc_type type);
+
+/* Settle keys that are both a string and a collection (a crash between
+ * the two stores' syncs, a native put of a collection's key): the string
+ * wins. At gateway creation. 0 or a store error. */
+int resp_coll_reconcile(struct resp_gw *gw);
+
+/* TYPE's word for it. */
+const char *resp_coll_type_name(enum kvc_type t);
+
+/* Room for n pointers gathered for one reply (the gateway's, reused);
+ * NULL after an error reply. */
+void **resp_tmp(struct resp_gw *gw, struct client *c, size_t n);
+
+/* Floats as Redis 7.0 reads ("inf", no NaN, no blanks) and writes them. */
+bool resp_double_parse(const char *s, size_t n, double *out);
+size_t resp_double_text(char *dst, double d);   /* at most 32 bytes */
+void resp_out_double(struct client *c, double d);
+
+/* argv[i] as an int64, or false after the error reply. */
+bool resp_arg_ll(struct client *c, const struct cmd *m, size_t i, long long *out);
+
+/* LRANGE's and ZRANGE's index rules: [start, stop] of a collection of len,
+ * negatives from the end, clipped; false if empty. */
+bool resp_range(long long start, long long stop, uint64_t len, uint64_t *from, uint64_t *to);
+
+/* SCAN's cursor, and HSCAN's, SSCAN's and ZSCAN's MATCH and COUNT from
+ * argv[from] on; false or -1 after the error reply. */
+bool resp_cursor_parse(struct client *c, const char *s, size_t n, uint64_t *out);
+int resp_scan_opts(struct client *c, const struct cmd *m, size_t from, const char **pat,
+                   size_t *plen, long long *count);
+
+/* ---- commands of resp_list.c, resp_hash.c, resp_set.c, resp_zset.c ---- */
+
+#define RESP_COLL_COMMANDS(X)                                                                  \
+    X(lpush) X(lpushx) X(lpop) X(llen) X(lrange) X(lindex) X(lset) X(ltrim) X(lrem)          \
+    X(linsert) X(lmove) X(rpoplpush)                                                  \
+    X(hset) X(hsetnx) X(hget) X(hmget) X(hdel) X(hlen) X(hexists) X(hgetall) X(hincrby)       \
+    X(hincrbyfloat) X(hstrlen) X(hscan)                                         \
+    X(sadd) X(srem) X(sismember) X(smismember) X(scard) X(smembers) X(spop) X(srandmember)    \
+    X(sscan) X(smove) X(sinter) X(sinterstore)                                  \
+    X(zadd) X(zincrby) X(zscore) X(zmscore) X(zcard) X(zrem) X(zrank) X(zcount) X(zrange)     \
+    X(zpopmin) X(zscan) X(zremrangebyrank) X(zremrangebyscore)
+#define RESP_DECLARE(name) \
+    void resp_cmd_##name(struct resp_gw *gw, struct client *c, const struct cmd *m);
+RESP_COLL_COMMANDS(RESP_DECLARE)
+#undef RESP_DECLARE
 
 /* ---- commands of resp_keys.c ---- */
 

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 
 #include "error.h"
+#include "kv/coll/coll.h"
 #include "kv_store.h"
 #include "resp_internal.h"
 #include "rpc.h"
@@ -48,12 +49,32 @@ static char *scratch(struct resp_gw *gw, struct client *c, size_t n)
     return gw->scratch;
 }
 
-/* The key's deadline, 0 for none; TERN_ENOENT if the key is absent. */
+/* The key's deadline (a string's or a collection's), 0 for none;
+ * TERN_ENOENT if the key is absent. */
 static int deadline_of(struct resp_gw *gw, const char *key, size_t klen, uint64_t *at)
 {
+    struct kvc_coll *k;
+    int rc;
+
     if (klen == 0 || klen > KV_KEY_MAX)
         return TERN_ENOENT;
-    return kvs_expiry(gw->store, key, klen, at);
+    rc = kvs_expiry(gw->store, key, klen, at);
+    if (rc == TERN_ENOENT && (k = resp_coll_find(gw, key, klen))) {
+        *at = k->deadline;
+        return 0;
+    }
+    return rc;
+}
+
+/* Give a present key (either kind) a new deadline; 0 takes it away. */
+static int set_deadline(struct resp_gw *gw, const char *key, size_t klen, uint64_t at)
+{
+    int rc = kvs_set_expiry(gw->store, key, klen, at, 0, NULL);
+    struct kvc_coll *k;
+
+    if (rc == TERN_ENOENT && (k = resp_coll_find(gw, key, klen)))
+        rc = kvc_set_expiry(gw->coll, k, at);
+    return rc > 0 ? 0 : rc;
 }
 
 /* A relative time in `unit` ms from now, or an absolute one (unit 0: ms
@@ -134,7 +155,7 @@ void resp_cmd_expire(struct resp_gw *gw, struct client *c, const struct cmd *m)
         OUT_LIT(c, ":0\r\n");
         return;
     }
-    rc = kvs_set_expiry(gw->store, arg(m, 1), arglen(m, 1), when, 0, NULL);
+    rc = set_deadline(gw, arg(m, 1), arglen(m, 1), when);
     if (rc < 0)
         resp_out_store_err(c, rc);
     else
@@ -168,7 +189,7 @@ void resp_cmd_persist(struct resp_gw *gw, struct client *c, const struct cmd *m)
     int rc = deadline_of(gw, arg(m, 1), arglen(m, 1), &at);
 
     if (rc == 0 && at)
-        rc = kvs_set_expiry(gw->store, arg(m, 1), arglen(m, 1), 0, 0, NULL);
+        rc = set_deadline(gw, arg(m, 1), arglen(m, 1), 0);
     else if (rc == 0 || rc == TERN_ENOENT)
         rc = 1;         /* nothing to take away */
     if (rc < 0)
@@ -195,7 +216,10 @@ void resp_cmd_setex(struct resp_gw *gw, struct client *c, const struct cmd *m)
     }
     if (!resp_key_ok(c, arglen(m, 1)))
         return;
-    rc = kvs_put_until(gw->store, arg(m, 1), arglen(m, 1), arg(m, 3), arglen(m, 3), at, 0, NULL);
+    rc = resp_coll_drop(gw, arg(m, 1), arglen(m, 1));
+    if (rc == 0)
+        rc = kvs_put_until(gw->store, arg(m, 1), arglen(m, 1), arg(m, 3), arglen(m, 3), at, 0,
+                           NULL);
     if (rc < 0)
         resp_out_store_err(c, rc);
     else
@@ -322,9 +346,15 @@ void resp_cmd_type(struct resp_gw *gw, struct client *c, const struct cmd *m)
     uint32_t len;
     int rc = resp_lookup(gw, arg(m, 1), arglen(m, 1), &val, &len);
 
-    if (rc == 0)
+    if (rc == 0) {
         OUT_LIT(c, "+string\r\n");
-    else if (rc == TERN_ENOENT)
+    } else if (rc == RESP_EWRONGTYPE) {
+        struct kvc_coll *k = resp_coll_find(gw, arg(m, 1), arglen(m, 1));
+
+        OUT_LIT(c, "+");
+        resp_out_add(c, resp_coll_type_name(k->type), strlen(resp_coll_type_name(k->type)));
+        OUT_LIT(c, "\r\n");
+    } else if (rc == TERN_ENOENT)
         OUT_LIT(c, "+none\r\n");
     else
         resp_out_store_err(c, rc);
@@ -434,7 +464,7 @@ struct gather {
     struct client *c;
     const char *pat;
     size_t plen;
-    bool strings;               /* TYPE string or no TYPE: keys are wanted */
+    int want;                   /* TYPE: 0 any, 'S' strings, a kvc_type, '?' none */
     size_t used, n, limit;
     bool failed;                /* out of memory or over the output cap */
 };
@@ -447,7 +477,7 @@ static int gather_key(void *arg, const void *key, size_t klen, const void *val, 
     char *p;
 
     (void)val, (void)len, (void)version;
-    if (!g->strings || (g->pat && !resp_glob(g->pat, g->plen, key, klen)))
+    if ((g->want && g->want != 'S') || (g->pat && !resp_glob(g->pat, g->plen, key, klen)))
         return 0;
     if (g->used + need > g->limit) {
         g->failed = true;
@@ -477,6 +507,35 @@ static int gather_key(void *arg, const void *key, size_t klen, const void *val, 
     return 0;
 }
 
+static void gather_coll(void *arg, struct kvc_coll *k)
+{
+    struct gather *g = arg;
+    uint32_t klen;
+    const void *key = kvc_key(k, &klen);
+    int want = g->want;
+
+    if (g->failed || (want && want != (int)k->type))
+        return;
+    g->want = 0;
+    gather_key(g, key, klen, NULL, 0, 0);
+    g->want = want;
+}
+
+/* TYPE's argument as gather.want. */
+static int type_wanted(const struct cmd *m, size_t i)
+{
+    static const struct {
+        const char *name;
+        int want;
+    } types[] = {{"string", 'S'}, {"list", KVC_LIST}, {"hash", KVC_HASH}, {"set", KVC_SET},
+                 {"zset", KVC_ZSET}};
+
+    for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++)
+        if (arg_is(m, i, types[t].name))
+            return types[t].want;
+    return '?';
+}
+
 static void out_gathered(struct client *c, const struct gather *g)
 {
     resp_out_num(c, '*', (long long)g->n);
@@ -489,31 +548,23 @@ static void gather_failed(struct resp_gw *gw, struct client *c)
                  gw->max_output);
 }
 
-/* SCAN cursor [MATCH pattern] [COUNT count] [TYPE type]. The cursor is
- * the store's (kvs_scan): every key present for the whole scan comes
- * back at least once, however the index grows meanwhile. */
+/* SCAN's cursor walks the strings (the store's cursor, kvs_scan), then
+ * the collections (the engine's, with this bit set). Either keeps
+ * Redis's promise: every key present for the whole scan comes back at
+ * least once, however the tables grow or shrink meanwhile. */
+#define SCAN_COLLS (1ull << 62)
+
+/* SCAN cursor [MATCH pattern] [COUNT count] [TYPE type]. */
 void resp_cmd_scan(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
-    struct gather g = {.gw = gw, .c = c, .strings = true, .limit = gw->max_output};
-    unsigned long long cursor = 0;
+    struct gather g = {.gw = gw, .c = c, .limit = gw->max_output};
+    uint64_t cursor;
     long long count = 10;
     uint64_t next;
     char text[24];
 
-    for (size_t i = 0; i < arglen(m, 1); i++) {
-        char d = arg(m, 1)[i];
-
-        if (d < '0' || d > '9' || arglen(m, 1) > 20 ||
-            cursor > (ULLONG_MAX - (unsigned)(d - '0')) / 10) {
-            OUT_LIT(c, "-ERR invalid cursor\r\n");
-            return;
-        }
-        cursor = cursor * 10 + (unsigned)(d - '0');
-    }
-    if (!arglen(m, 1)) {
-        OUT_LIT(c, "-ERR invalid cursor\r\n");
+    if (!resp_cursor_parse(c, arg(m, 1), arglen(m, 1), &cursor))
         return;
-    }
     for (size_t i = 2; i < m->argc; i += 2) {
         if (i + 1 == m->argc) {
             OUT_LIT(c, "-ERR syntax error\r\n");
@@ -534,7 +585,7 @@ void resp_cmd_scan(struct resp_gw *gw, struct client *c, const struct cmd *m)
                 return;
             }
         } else if (arg_is(m, i, "TYPE")) {
-            g.strings = arg_is(m, i + 1, "string");
+            g.want = type_wanted(m, i + 1);
         } else {
             OUT_LIT(c, "-ERR syntax error\r\n");
             return;
@@ -542,7 +593,16 @@ void resp_cmd_scan(struct resp_gw *gw, struct client *c, const struct cmd *m)
     }
     if (count > 100000)
         count = 100000;         /* one reply stays small; the cursor goes on */
-    kvs_scan(gw->store, cursor, (unsigned)count, gather_key, &g, &next);
+    if (cursor & SCAN_COLLS) {
+        next = gw->coll ? kvc_scan(gw->coll, cursor & ~SCAN_COLLS, (unsigned)count, gather_coll, &g)
+                        : 0;
+        if (next)
+            next |= SCAN_COLLS;
+    } else {
+        kvs_scan(gw->store, cursor, (unsigned)count, gather_key, &g, &next);
+        if (!next && gw->coll && kvc_count(gw->coll))
+            next = SCAN_COLLS;
+    }
     if (g.failed) {
         gather_failed(gw, c);
         return;
@@ -554,8 +614,8 @@ void resp_cmd_scan(struct resp_gw *gw, struct client *c, const struct cmd *m)
 
 void resp_cmd_keys(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
-    struct gather g = {.gw = gw, .c = c, .strings = true, .pat = arg(m, 1),
-                       .plen = arglen(m, 1), .limit = gw->max_output};
+    struct gather g = {.gw = gw, .c = c, .pat = arg(m, 1), .plen = arglen(m, 1),
+                       .limit = gw->max_output};
     uint64_t cursor = 0;
 
     if (g.plen == 1 && g.pat[0] == '*')
@@ -563,6 +623,8 @@ void resp_cmd_keys(struct resp_gw *gw, struct client *c, const struct cmd *m)
     do
         kvs_scan(gw->store, cursor, 1024, gather_key, &g, &cursor);
     while (cursor && !g.failed);
+    while (gw->coll && !g.failed && (cursor = kvc_scan(gw->coll, cursor, 1024, gather_coll, &g)))
+        ;
     if (g.failed)
         gather_failed(gw, c);
     else
@@ -593,6 +655,19 @@ void resp_cmd_randomkey(struct resp_gw *gw, struct client *c, const struct cmd *
     uint64_t next;
 
     (void)m;
+    /* A collection, in proportion to how many keys are collections. */
+    if (gw->coll && kvc_count(gw->coll) &&
+        (uint64_t)random() % (kvs_count(gw->store) + kvc_count(gw->coll)) >= kvs_count(gw->store)) {
+        struct kvc_coll *k = kvc_random(gw->coll);
+
+        if (k) {
+            uint32_t klen;
+            const void *key = kvc_key(k, &klen);
+
+            resp_out_bulk(c, key, klen);
+            return;
+        }
+    }
     for (unsigned tries = 0; tries < 64 && !f.found && kvs_count(gw->store); tries++) {
         uint64_t cursor = ((uint64_t)random() << 33) ^ ((uint64_t)random() << 2) ^
                           (uint64_t)random();
@@ -618,6 +693,42 @@ static int put_keep(struct resp_gw *gw, const char *key, size_t klen, const void
     return kvs_put_until(gw->store, key, klen, val, len, at, 0, NULL);
 }
 
+/* RENAME of a collection: its head moves, its elements stay (they are
+ * named by generation). Whatever the new key held goes. */
+static void rename_coll(struct resp_gw *gw, struct client *c, const struct cmd *m, bool nx)
+{
+    struct kvc_coll *k = resp_coll_find(gw, arg(m, 1), arglen(m, 1)), *old;
+    uint64_t dummy;
+    int rc;
+
+    if (arglen(m, 2) == 0 || arglen(m, 2) > KVC_KEY_MAX) {
+        resp_key_ok(c, arglen(m, 2) ? KV_KEY_MAX + 1 : 0);
+        return;
+    }
+    if (arglen(m, 1) == arglen(m, 2) && memcmp(arg(m, 1), arg(m, 2), arglen(m, 1)) == 0) {
+        if (nx)
+            OUT_LIT(c, ":0\r\n");
+        else
+            OUT_LIT(c, "+OK\r\n");
+        return;
+    }
+    if (nx && deadline_of(gw, arg(m, 2), arglen(m, 2), &dummy) == 0) {
+        OUT_LIT(c, ":0\r\n");
+        return;
+    }
+    rc = kvs_del(gw->store, arg(m, 2), arglen(m, 2), 0, NULL);
+    if (rc == 0 || rc == TERN_ENOENT)
+        rc = (old = resp_coll_find(gw, arg(m, 2), arglen(m, 2))) ? kvc_delete(gw->coll, old) : 0;
+    if (rc == 0)
+        rc = kvc_rename(gw->coll, k, arg(m, 2), arglen(m, 2));
+    if (rc < 0)
+        resp_out_store_err(c, rc);
+    else if (nx)
+        OUT_LIT(c, ":1\r\n");
+    else
+        OUT_LIT(c, "+OK\r\n");
+}
+
 /* RENAME key newkey, RENAMENX key newkey: the value and its deadline
  * move together; both writes go in the batch's one commit. */
 void resp_cmd_rename(struct resp_gw *gw, struct client *c, const struct cmd *m)
@@ -635,6 +746,10 @@ void resp_cmd_rename(struct resp_gw *gw, struct client *c, const struct cmd *m)
     }
     if (rc == 0)
         rc = resp_lookup(gw, arg(m, 1), arglen(m, 1), &val, &len);
+    if (rc == RESP_EWRONGTYPE) {
+        rename_coll(gw, c, m, nx);
+        return;
+    }
     if (rc < 0) {
         resp_out_store_err(c, rc);
         return;
@@ -656,7 +771,9 @@ void resp_cmd_rename(struct resp_gw *gw, struct client *c, const struct cmd *m)
     if (!copy)
         return;
     memcpy(copy, val, len);
-    rc = put_keep(gw, arg(m, 2), arglen(m, 2), copy, len, at);
+    rc = resp_coll_drop(gw, arg(m, 2), arglen(m, 2));
+    if (rc == 0)
+        rc = put_keep(gw, arg(m, 2), arglen(m, 2), copy, len, at);
     if (rc == 0)
         rc = kvs_del(gw->store, arg(m, 1), arglen(m, 1), 0, NULL);
     if (rc < 0)
@@ -831,7 +948,9 @@ void resp_cmd_msetnx(struct resp_gw *gw, struct client *c, const struct cmd *m)
             resp_out_store_err(c, TERN_E2BIG);
             return;
         }
-        if (resp_lookup(gw, arg(m, i), arglen(m, i), &val, &len) == 0) {
+        int rc = resp_lookup(gw, arg(m, i), arglen(m, i), &val, &len);
+
+        if (rc == 0 || rc == RESP_EWRONGTYPE) {
             OUT_LIT(c, ":0\r\n");
             return;
         }
@@ -859,6 +978,12 @@ void resp_expire_cycle(struct resp_gw *gw, uint64_t now_ns)
     resp_admin_sample(gw, now_ns);
     n = kvs_expire(gw->store, kvs_now_ms(), EXPIRE_BATCH);
     gw->expired += n;
+    if (gw->coll) {
+        unsigned k = kvc_expire(gw->coll, kvs_now_ms(), EXPIRE_BATCH);
+
+        gw->expired += k;
+        n = n > k ? n : k;
+    }
     /* A full batch: more are due; come back at the next poll. */
     gw->next_expire_ns = n == EXPIRE_BATCH ? 0 : now_ns + EXPIRE_EVERY_NS;
 }

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "error.h"
+#include "kv/coll/coll.h"
 #include "kv_store.h"
 #include "resp_internal.h"
 
@@ -180,7 +181,9 @@ void resp_out_err(struct client *c, const char *fmt, ...)
 
 void resp_out_store_err(struct client *c, int rc)
 {
-    if (rc == TERN_E2BIG)
+    if (rc == RESP_EWRONGTYPE)
+        OUT_LIT(c, "-WRONGTYPE Operation against a key holding the wrong kind of value\r\n");
+    else if (rc == TERN_E2BIG)
         OUT_LIT(c, "-ERR value too large for the store\r\n");
     else if (rc == TERN_ENOSPC)
         OUT_LIT(c, "-OOM pool is full\r\n");
@@ -214,10 +217,14 @@ int resp_lookup(struct resp_gw *gw, const char *key, size_t klen, const void **v
                   uint32_t *len)
 {
     uint64_t version;
+    int rc;
 
     if (klen == 0 || klen > KV_KEY_MAX)
         return TERN_ENOENT;
-    return kvs_get(gw->store, key, klen, val, len, &version);
+    rc = kvs_get(gw->store, key, klen, val, len, &version);
+    if (rc == TERN_ENOENT && gw->coll && resp_coll_find(gw, key, klen))
+        return RESP_EWRONGTYPE;
+    return rc;
 }
 
 void resp_out_lines(struct client *c, const char *const *lines, size_t n)

@@ -504,6 +504,12 @@ static bool set_doc_pool(struct ctx *c, const char *v)
     return num(c, v, 4096 + (128ull << 20), POOL_MAX, OPT_SIZE, &c->o->doc_pool_size);
 }
 
+static bool set_coll_pool(struct ctx *c, const char *v)
+{
+    /* 4 KiB of header and four 1 MiB segments at least. */
+    return num(c, v, 4096 + (4ull << 20), POOL_MAX, OPT_SIZE, &c->o->coll_pool_size);
+}
+
 static bool set_chain(struct ctx *c, const char *v) { return boolean(c, v, &c->o->chain.on); }
 
 static bool set_chain_id(struct ctx *c, const char *v)
@@ -659,6 +665,7 @@ static const struct key keys[] = {
     {"kv", "range", "range", 1, NULL, set_range, false, "LO:HI, the 32-bit key-hash range this node owns (default all)"},
     {"kv", "resp_port", "resp-port", 1, NULL, set_resp_port, false, "serve the Redis protocol on 127.0.0.1:PORT (0: any; default off)"},
     {"kv", "resp_password_file", "resp-password-file", 1, NULL, set_resp_password_file, false, "clients of the RESP gateway AUTH with this file's first line (mode 600; default: the cluster key's hex digits if key_file is set, else no password)"},
+    {"kv", "collections_pool_size", "collections-pool-size", 1, NULL, set_coll_pool, false, "size of a new pool for the RESP gateway's lists, hashes, sets and sorted sets (collections.pool), k/m/g/t (default 256m)"},
     {"kv", "resp_coalesce_us", "resp-coalesce-us", 1, NULL, set_coalesce, false, "under load, gather RESP commands this long before sleeping (0 off, default 50)"},
     {"kv", "flush_helpers", "flush-helpers", 1, NULL, set_helpers, false, "threads that take pieces of large flushes (PM pools; 0..64, default 0)"},
     {"doc", "enabled", "no-doc", 0, "no", set_doc, false, "host the document service on doc.pool (default yes)"},
@@ -1152,6 +1159,8 @@ void ternd_opts_print(FILE *f, const struct ternd_opts *o)
         fprintf(f, "resp_port = off\n");
     if (o->resp_password_file)
         fprintf(f, "resp_password_file = %s\n", o->resp_password_file);
+    opt_format(a, sizeof(a), o->coll_pool_size ? o->coll_pool_size : 256ull << 20, OPT_SIZE);
+    fprintf(f, "collections_pool_size = %s\n", a);
     fprintf(f, "resp_coalesce_us = %u\nflush_helpers = %u\n", o->coalesce_us, o->helpers);
     opt_format(a, sizeof(a), o->doc_pool_size ? o->doc_pool_size : 1ull << 30, OPT_SIZE);
     fprintf(f, "\n[doc]\nenabled = %s\npool_size = %s\n", yes_no(o->doc), a);

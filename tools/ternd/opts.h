@@ -5,7 +5,7 @@
  *   [node]    name, rack, data_dir, listen (repeatable), shm, spin_us, busy,
  *             log_level, log_file, metrics_port, key_file, protected
  *   [kv]      pool_size, seg_size, range, resp_port, resp_coalesce_us,
- *             flush_helpers
+ *             resp_password_file, collections_pool_size, flush_helpers
  *   [doc]     enabled, pool_size, mongo_port, mongo_host
  *   [chain]   enabled, id, size, peer (repeatable), producers, workers, fault
  *   [policy]  same_rack, other_rack (fabric lists), subnet (repeatable:
@@ -98,6 +98,7 @@ struct ternd_opts {
     int resp_port;                   /* -1: no gateway */
     const char *resp_password_file;  /* NULL: the cluster key's hex, if any */
     char resp_password[256];         /* ... its first line */
+    uint64_t coll_pool_size;         /* the gateway's lists, hashes, sets, sorted sets */
     unsigned coalesce_us;
     unsigned helpers;                /* flush helpers */
     /* [doc] */

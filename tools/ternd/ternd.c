@@ -25,6 +25,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -51,6 +52,7 @@
 #include "member.h"
 #endif
 #include "log.h"
+#include "kv/coll/coll.h"
 #include "kv_store.h"
 #include "opt.h"
 #include "resp.h"
@@ -491,6 +493,7 @@ int main(int argc, char **argv)
     struct tern_kv_service_opts ko = {0};
     struct tern_kv_service *svc = NULL;
     struct resp_gw *gw = NULL;
+    struct kvc *coll = NULL;
 #if TERN_HAVE_DOC
     struct mongo_gw *mgw = NULL;
     struct doc_store *dstore = NULL;
@@ -783,13 +786,24 @@ int main(int argc, char **argv)
             rc_cfg.password = key_hex;
         }
 
-        rc = resp_gw_create(kv_service_store(svc), &rc_cfg, &gw);
-        if (rc < 0)
-            tern_log(TERN_LOG_ERROR, "ternd", "--resp-port: 127.0.0.1:%d: %s", o.resp_port,
-                    tern_strerror(rc));
-        else if (at < sizeof(line))
-            at += (size_t)snprintf(line + at, sizeof(line) - at, " resp=127.0.0.1:%u",
-                                   resp_gw_port(gw));
+        char cpool[PATH_MAX];
+        struct kvc_opts co = {.path = cpool, .pool_size = o.coll_pool_size ? o.coll_pool_size
+                                                                           : 256ull << 20};
+
+        snprintf(cpool, sizeof(cpool), "%s/collections.pool", o.data_dir);
+        rc = kvc_open(&co, &coll);
+        if (rc < 0) {
+            tern_log(TERN_LOG_ERROR, "ternd", "%s: %s", cpool, tern_strerror(rc));
+        } else {
+            rc_cfg.collections = coll;
+            rc = resp_gw_create(kv_service_store(svc), &rc_cfg, &gw);
+            if (rc < 0)
+                tern_log(TERN_LOG_ERROR, "ternd", "--resp-port: 127.0.0.1:%d: %s", o.resp_port,
+                        tern_strerror(rc));
+            else if (at < sizeof(line))
+                at += (size_t)snprintf(line + at, sizeof(line) - at, " resp=127.0.0.1:%u",
+                                       resp_gw_port(gw));
+        }
     }
     /* A replica's store may be wiped for a full copy (its pool made anew):
      * no thread may hold on to the pool then. */
@@ -808,6 +822,7 @@ int main(int argc, char **argv)
         mongo_gw_destroy(mgw);
 #endif
         resp_gw_destroy(gw);
+        kvc_close(coll);
         tern_rpc_close(g_ep);
         ternd_replica_free(g_replica);
         ternd_replica_free(g_doc_replica);
@@ -883,6 +898,7 @@ int main(int argc, char **argv)
     mongo_gw_destroy(mgw);
 #endif
     resp_gw_destroy(gw);
+    kvc_close(coll);
     tern_rpc_close(g_ep);
     ternd_replica_free(g_replica);
     ternd_replica_free(g_doc_replica);

@@ -47,8 +47,10 @@ static const struct {
     {"resp_admin", suite_resp_admin},
     {"kv_expiry", suite_kv_expiry},
     {"kv_mset", suite_kv_mset},
+    {"kv_coll", suite_kv_coll},
     {"kv_zskip", suite_kv_zskip},
     {"resp_keys", suite_resp_keys},
+    {"resp_coll", suite_resp_coll},
     {"pm", suite_pm},
     {"repl", suite_repl},
 #endif

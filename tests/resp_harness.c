@@ -20,7 +20,9 @@
 
 char dir[64];
 char pool_path[128];
+char coll_path[128];
 struct kvs *store;
+struct kvc *coll;
 struct resp_gw *gw;
 long cmds_run;       /* commands the gateway reported running */
 
@@ -53,9 +55,24 @@ void store_recreate(uint64_t pool_size, uint32_t seg_size)
     ck_assert_msg(rc == 0, "gateway: %s", tern_strerror(rc));
 }
 
+/* The collection engine on its own pool beside the store's. */
+void coll_open(void)
+{
+    struct kvc_opts o = {.path = coll_path, .pool_size = POOL_SIZE, .seg_size = SEG_SIZE};
+    int rc = kvc_open(&o, &coll);
+
+    ck_assert_msg(rc == 0, "collections open: %s", tern_strerror(rc));
+}
+
+/* Every gateway gets the collection engine unless the test gave one. */
 void gw_open(const struct resp_config *cfg)
 {
-    int rc = resp_gw_create(store, cfg, &gw);
+    struct resp_config c = cfg ? *cfg : (struct resp_config){0};
+    int rc;
+
+    if (!c.collections)
+        c.collections = coll;
+    rc = resp_gw_create(store, &c, &gw);
 
     ck_assert_msg(rc == 0, "gateway: %s", tern_strerror(rc));
     ck_assert_uint_ne(resp_gw_port(gw), 0);
@@ -71,7 +88,9 @@ void setup(void)
 {
     test_pool_dir(dir, sizeof(dir), "resp");
     snprintf(pool_path, sizeof(pool_path), "%s/pool", dir);
+    snprintf(coll_path, sizeof(coll_path), "%s/coll.pool", dir);
     store_open();
+    coll_open();
     gw_open(NULL);
     cmds_run = 0;
     resp_sync_fn = kvs_sync;
@@ -84,7 +103,10 @@ void teardown(void)
     if (store)
         kvs_close(store);
     store = NULL;
+    kvc_close(coll);
+    coll = NULL;
     unlink(pool_path);
+    unlink(coll_path);
     rmdir(dir);
 }
 
@@ -190,16 +212,24 @@ void conn_sends(struct conn *c, const char *s)
 /* A command as a multibulk from `argc` strings with their lengths. */
 void conn_cmdv(struct conn *c, int argc, const char *const *argv, const size_t *lens)
 {
-    char hdr[32];
+    /* One send for the whole command: in pieces, Nagle's algorithm holds
+     * the rest back until the gateway's delayed ACK, 40 ms a command. */
+    size_t cap = 32, n;
+    char *buf;
 
-    snprintf(hdr, sizeof(hdr), "*%d\r\n", argc);
-    conn_sends(c, hdr);
+    for (int i = 0; i < argc; i++)
+        cap += lens[i] + 32;
+    buf = malloc(cap);
+    ck_assert_ptr_nonnull(buf);
+    n = (size_t)snprintf(buf, cap, "*%d\r\n", argc);
     for (int i = 0; i < argc; i++) {
-        snprintf(hdr, sizeof(hdr), "$%zu\r\n", lens[i]);
-        conn_sends(c, hdr);
-        conn_send(c, argv[i], lens[i]);
-        conn_sends(c, "\r\n");
+        n += (size_t)snprintf(buf + n, cap - n, "$%zu\r\n", lens[i]);
+        memcpy(buf + n, argv[i], lens[i]);
+        memcpy(buf + n + lens[i], "\r\n", 2);
+        n += lens[i] + 2;
     }
+    conn_send(c, buf, n);
+    free(buf);
 }
 
 /* The same from NUL-terminated strings, up to a NULL. */

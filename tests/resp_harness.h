@@ -1,7 +1,8 @@
 /* A test's RESP gateway on a store in a temporary pool, and clients of it
  * in the same process: a client sends with MSG_DONTWAIT and, while it waits
- * for a reply, polls the gateway itself (pump()). Shared by the resp and
- * resp_keys suites; setup()/teardown() are their fixture. */
+ * for a reply, polls the gateway itself (pump()), and a collection engine on
+ * a pool of its own. Shared by the resp, resp_keys and resp_coll suites;
+ * setup()/teardown() are their fixture. */
 #ifndef TERN_TEST_RESP_HARNESS_H
 #define TERN_TEST_RESP_HARNESS_H
 
@@ -9,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kv/coll/coll.h"
 #include "kv_store.h"
 #include "resp.h"
 
@@ -25,11 +27,14 @@ struct conn {
 
 extern char dir[64];
 extern char pool_path[128];
+extern char coll_path[128];
 extern struct kvs *store;
+extern struct kvc *coll;        /* every gateway's collection engine */
 extern struct resp_gw *gw;
 extern long cmds_run;
 
 void store_open(void);
+void coll_open(void);
 void store_recreate(uint64_t pool_size, uint32_t seg_size);
 void gw_open(const struct resp_config *cfg);
 void gw_close(void);

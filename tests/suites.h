@@ -27,8 +27,10 @@ Suite *suite_resp(void);
 Suite *suite_resp_admin(void);
 Suite *suite_kv_expiry(void);
 Suite *suite_kv_mset(void);
+Suite *suite_kv_coll(void);
 Suite *suite_kv_zskip(void);
 Suite *suite_resp_keys(void);
+Suite *suite_resp_coll(void);
 Suite *suite_pm(void);
 Suite *suite_repl(void);       /* services/repl */
 Suite *suite_doc_bson(void);     /* the document service: with libbson and PCRE2 */

@@ -1,15 +1,18 @@
 /* Whole commands through the RESP gateway (services/kv/resp.c): parsing,
  * dispatch, every command's argument checks, replies held to the output
- * cap, group commit and its failure, on a store in /dev/shm. The input (a
+ * cap, group commit and its failure, on a store in /dev/shm, with a
+ * collection engine (kv/coll/coll.h) on a pool of its own beside it, so
+ * that the list, hash, set and sorted-set commands run too. The input (a
  * flags byte, then the client's bytes) is written into one end of a
  * socketpair whose other end the gateway serves as a client; then that end
  * is shut for writing. The gateway must answer what came and hang up, and
- * every reply byte is read. Between runs the store is emptied. */
+ * every reply byte is read. Between runs both stores are emptied. */
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "fuzz.h"
+#include "kv/coll/coll.h"
 #include "kv/kv_store.h"
 #include "kv/resp.h"
 #include "kv/resp_parse.h"
@@ -19,7 +22,14 @@
 
 static const char *pool_path;
 static struct kvs *store;
+static struct kvc *coll;
+static char coll_path[64];
 static struct resp_gw *gw;
+
+static void remove_coll_pool(void)
+{
+    unlink(coll_path);
+}
 
 static int failing_sync(struct kvs *s)
 {
@@ -30,6 +40,7 @@ static int failing_sync(struct kvs *s)
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     struct kvs_opts o = {.pool_size = 4u << 20, .seg_size = 64u * 1024};
+    struct kvc_opts co = {.path = coll_path, .pool_size = 4u << 20, .seg_size = 64u * 1024};
     /* Small limits, so that short inputs reach them. */
     struct resp_config cfg = {.max_request = 4096, .max_output = 8192};
     int rc;
@@ -39,6 +50,13 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     o.path = pool_path;
     rc = kvs_open(&o, &store);
     FZ_CHECK(rc == 0, "store: %d", rc);
+    /* fz_tmp_pool names one pool; the collections' is named here. */
+    snprintf(coll_path, sizeof(coll_path), "/dev/shm/tern-fuzz-resp-coll.%d", (int)getpid());
+    unlink(coll_path);
+    atexit(remove_coll_pool);
+    rc = kvc_open(&co, &coll);
+    FZ_CHECK(rc == 0, "collections: %d", rc);
+    cfg.collections = coll;
     rc = resp_gw_create(store, &cfg, &gw);
     FZ_CHECK(rc == 0, "gateway: %d", rc);
     return 0;
@@ -85,5 +103,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     close(sv[1]);
     resp_sync_fn = kvs_sync;
     FZ_CHECK(kvs_clear(store, TERN_KV_SYNC) == 0, "clear");
+    FZ_CHECK(kvc_clear(coll) == 0 && kvc_sync(coll) == 0, "clear the collections");
+    FZ_CHECK(kvc_count(coll) == 0, "collections left after a clear");
     return 0;
 }

@@ -71,6 +71,70 @@ SEEDS["resp_gw"] = {
     resp("KEYS", "*b\\?[^x]*") + resp("RANDOMKEY"),
 }
 
+# Collections (the gateway has a collection engine): lists, hashes, sets,
+# sorted sets, and the key commands across them and strings.
+SEEDS["resp_gw"].update({
+    "coll-lists": u8(0) + resp("RPUSH", "l", "a", "b", "c", "d", "e") + resp("LPUSH", "l", "z", "y") +
+    resp("LPOP", "l", "2") + resp("RPOP", "l", "1") + resp("LRANGE", "l", "0", "-1") +
+    resp("LINSERT", "l", "BEFORE", "c", "x") + resp("LINSERT", "l", "AFTER", "nope", "q") +
+    resp("LREM", "l", "-1", "x") + resp("LREM", "l", "0", "a") + resp("LSET", "l", "0", "first") +
+    resp("LINDEX", "l", "-1") + resp("LTRIM", "l", "0", "2") + resp("LMOVE", "l", "m", "LEFT", "RIGHT") +
+    resp("LMOVE", "m", "m", "RIGHT", "LEFT") + resp("RPOPLPUSH", "l", "m") + resp("LLEN", "m") +
+    resp("LPUSHX", "nope", "v") + resp("RPUSHX", "m", "w") + resp("LRANGE", "m", "-100", "100") +
+    resp("LPOP", "m", "0") + resp("RPOP", "m", "10") + resp("TYPE", "m"),
+    "coll-hashes": u8(0) + resp("HSET", "h", "f1", "v1", "f2", "v2") + resp("HSETNX", "h", "f1", "x") +
+    resp("HGET", "h", "f1") + resp("HMGET", "h", "f1", "nope") + resp("HINCRBY", "h", "n", "5") +
+    resp("HINCRBYFLOAT", "h", "fl", "1.5") + resp("HINCRBYFLOAT", "h", "fl", "-0.25e1") +
+    resp("HINCRBYFLOAT", "h", "f1", "1") + resp("HINCRBYFLOAT", "h", "fl", "inf") +
+    resp("HSTRLEN", "h", "f2") + resp("HEXISTS", "h", "f2") + resp("HLEN", "h") +
+    resp("HGETALL", "h") + resp("HKEYS", "h") + resp("HVALS", "h") +
+    resp("HSCAN", "h", "0", "MATCH", "f*", "COUNT", "2") + resp("HMSET", "h", "a", "1") +
+    resp("HDEL", "h", "f1", "f2", "nope") + resp("HDEL", "h", "n", "fl", "a") + resp("EXISTS", "h"),
+    "coll-sets": u8(0) + resp("SADD", "s", "a", "b", "c", "d", "e") + resp("SADD", "t", "c", "d", "e", "f") +
+    resp("SISMEMBER", "s", "a") + resp("SMISMEMBER", "s", "a", "z") + resp("SCARD", "s") +
+    resp("SMEMBERS", "t") + resp("SPOP", "s", "2") + resp("SRANDMEMBER", "t", "-5") +
+    resp("SRANDMEMBER", "t", "3") + resp("SINTER", "s", "t") + resp("SUNION", "s", "t") +
+    resp("SDIFF", "s", "t") + resp("SINTERSTORE", "d", "s", "t") + resp("SUNIONSTORE", "u", "s", "t", "nope") +
+    resp("SDIFFSTORE", "x", "t", "s") + resp("SINTERSTORE", "t", "t", "nope") + resp("SMOVE", "u", "s", "f") +
+    resp("SSCAN", "u", "0", "COUNT", "1") + resp("SREM", "s", "a") + resp("SPOP", "u") + resp("SPOP", "u", "100"),
+    "coll-zsets": u8(0) + resp("ZADD", "z", "1", "a", "2", "b", "3", "c") + resp("ZADD", "z", "NX", "5", "a", "6", "d") +
+    resp("ZADD", "z", "GT", "CH", "0", "a", "10", "b") + resp("ZADD", "z", "INCR", "2.5", "c") +
+    resp("ZADD", "z", "XX", "LT", "1", "d") + resp("ZADD", "z", "-inf", "lo", "+inf", "hi") +
+    resp("ZADD", "z", "NX", "XX", "1", "a") + resp("ZADD", "z", "nan", "a") +
+    resp("ZINCRBY", "z", "1", "a") + resp("ZSCORE", "z", "a") + resp("ZMSCORE", "z", "a", "nope") +
+    resp("ZCARD", "z") + resp("ZRANK", "z", "b") + resp("ZREVRANK", "z", "b") +
+    resp("ZCOUNT", "z", "(1", "+inf") + resp("ZRANGE", "z", "0", "-1", "WITHSCORES") +
+    resp("ZRANGE", "z", "+inf", "(1", "BYSCORE", "REV", "LIMIT", "0", "2", "WITHSCORES") +
+    resp("ZRANGEBYSCORE", "z", "-inf", "5", "LIMIT", "1", "1") + resp("ZREVRANGEBYSCORE", "z", "10", "0") +
+    resp("ZREVRANGE", "z", "0", "1") + resp("ZPOPMAX", "z", "2") + resp("ZPOPMIN", "z") +
+    resp("ZSCAN", "z", "0", "MATCH", "*", "COUNT", "10") + resp("ZREMRANGEBYRANK", "z", "0", "0") +
+    resp("ZREMRANGEBYSCORE", "z", "-inf", "2") + resp("ZREM", "z", "hi", "nope") + resp("ZPOPMAX", "z", "100"),
+    "coll-keys": u8(0) + resp("RPUSH", "l", "a") + resp("HSET", "h", "f", "v") + resp("SADD", "s", "m") +
+    resp("ZADD", "z", "1", "m") + resp("SET", "str", "v") + resp("TYPE", "l") + resp("TYPE", "h") +
+    resp("TYPE", "s") + resp("TYPE", "z") + resp("TYPE", "str") + resp("SCAN", "0", "TYPE", "list") +
+    resp("SCAN", "0", "TYPE", "zset", "COUNT", "100") + resp("SCAN", "0", "MATCH", "*") + resp("KEYS", "*") +
+    resp("EXISTS", "l", "h", "s", "z", "str") + resp("DBSIZE") + resp("RENAME", "l", "l2") +
+    resp("RENAME", "h", "s") + resp("RENAMENX", "z", "str") + resp("RENAME", "str", "z") +
+    resp("EXPIRE", "s", "100") + resp("TTL", "s") + resp("PEXPIRE", "l2", "1") + resp("PERSIST", "s") +
+    resp("EXPIRE", "s", "0") + resp("TYPE", "s") + resp("DEL", "l2", "s", "z", "str") +
+    resp("HSET", "h2", "f", "v") + resp("SET", "h2", "over") + resp("GET", "h2") + resp("LPUSH", "h2", "x") +
+    resp("SADD", "s2", "m") + resp("GET", "s2") + resp("RANDOMKEY") + resp("UNLINK", "s2") + resp("FLUSHDB") +
+    resp("DBSIZE"),
+    "coll-set-over-list": u8(0) + resp("RPUSH", "k", "a", "b", "c") + resp("SET", "k", "v") + resp("TYPE", "k") +
+    resp("LRANGE", "k", "0", "-1") + resp("GET", "k") + resp("LPUSH", "k", "x") + resp("RPUSH", "k2", "a") +
+    resp("MSET", "k2", "1", "k3", "2") + resp("RPUSH", "k4", "a") + resp("APPEND", "k4", "z") +
+    resp("GETDEL", "k4") + resp("INCR", "k4") + resp("RPUSH", "k5", "a") + resp("SET", "k5", "v", "NX") +
+    resp("SET", "k5", "v", "XX", "GET") + resp("MSETNX", "k5", "1") + resp("SETEX", "k5", "10", "v") +
+    resp("RENAME", "k2", "k5") + resp("TYPE", "k5"),
+    "coll-sync-fails": u8(1) + resp("RPUSH", "l", "a", "b") + resp("LPOP", "l") + resp("HSET", "h", "f", "v") +
+    resp("SADD", "s", "m") + resp("ZADD", "z", "1", "m") + resp("DEL", "l") + resp("SET", "h", "v"),
+    "coll-big": u8(0) + resp("RPUSH", "big", *(["x" * 1500] * 4)) + resp("LRANGE", "big", "0", "-1") +
+    resp("HSET", "bh", "f", "y" * 3000, "g", "y" * 3000) + resp("HGETALL", "bh") +
+    resp("SADD", "bs", *[str(i) for i in range(300)]) + resp("SMEMBERS", "bs") +
+    resp("SPOP", "bs", "250") + resp("ZADD", "bz", *sum(([str(i), "m%d" % i] for i in range(200)), [])) +
+    resp("ZRANGE", "bz", "0", "-1", "WITHSCORES") + resp("ZRANGE", "bz", "(5", "150", "BYSCORE", "LIMIT", "10", "-1"),
+})
+
 # fuzz_select: uri buffer size - 1, policy length, policy, advertisement
 # ("@=" stands for this host's node id).
 ads = b"shm://tern-a@=;ntb://emu:dev@=;rdma://soft:127.0.0.1:5@=;tcp://127.0.0.1:9@other;"
@@ -527,6 +591,50 @@ SEEDS["repl"] = {
     "gap": u8(3) + u8(1) + u64(7) + u8(2) + u8(1) + rec(1, 1, b"x", 0) + rec(2, 1, b"y", 0),
     "expiring": append(1, [rec(1, 7, u64(1) + b"gone", 0), rec(2, 7, u64(1 << 62) + b"stays", 1),
                            rec(3, 7, b"short", 0), rec(1, 5, b"", 0)]),
+}
+
+
+# ---- coll_file: the collection pool's records (tests/fuzz/fuzz_coll_file.c).
+# An op is kind | m << 3, then its fields; GEN 0x80 is a fresh generation,
+# 0..0x7f head i's; SEQ 0x78 is 0, 0xf5 the last one + 1; SCORE 6 is no
+# value, 7 a VALUE, >= 10 (that - 136) / 4.
+def ck(k): return u8(len(k)) + k
+def cv(v): return (u8(len(v)) if len(v) < 255 else u8(0xff) + u16(len(v))) + v
+def c_head(key, t, gen=0x80, dl=0, m=0): return u8(m << 3) + ck(key) + u8(ord(t) if isinstance(t, str) else t) + u8(gen) + u8(dl)
+def c_list(gen, seq, v): return u8(1) + u8(gen) + u8(seq) + cv(v)
+def c_mem(gen, suffix, score, extra=b""): return u8(2) + u8(gen) + ck(suffix) + u8(score) + extra
+def c_run(gen, count, seq, step, vlen): return u8(3) + u8(gen) + u8(count - 1) + u8(seq) + u8(step) + u8(vlen)
+def c_mems(gen, count, score): return u8(4) + u8(gen) + u8(count - 1) + u8(score)
+def c_del(h): return u8(5) + u8(h)
+def c_raw(k, v): return u8(6) + u8(len(k)) + k + cv(v)
+def c_rewrite(h, v): return u8(7) + u8(h) + cv(v)
+
+
+SEEDS["coll_file"] = {
+    "list": c_head(b"L", "l") + c_list(0, 0x78, b"a") + c_list(0, 0xf5, b"b") + c_list(0, 0xf5, b"c") +
+            c_run(0, 5, 0xf5, 1, 3),
+    "hash": c_head(b"H", "h") + c_mem(0, b"f1", 7, cv(b"v1")) + c_mem(0, b"f2", 7, cv(b"")) +
+            c_mem(0, b"f3", 6) + c_rewrite(1, b"v1 again"),
+    "set": c_head(b"S", "s") + c_mem(0, b"a", 6) + c_mem(0, b"b", 6) + c_mems(0, 10, 6),
+    "zset": c_head(b"Z", "z") + c_mem(0, b"x", 16) + c_mem(0, b"y", 140) + c_mem(0, b"w", 140) +
+            c_mem(0, b"inf", 2) + c_mem(0, b"-inf", 3) + c_mem(0, b"neg0", 4) + c_mem(0, b"zero", 136) +
+            c_mems(0, 8, 130),
+    "all-four": c_head(b"l", "l", dl=0x10) + c_head(b"h", "h", dl=0x90) + c_head(b"s", "s") + c_head(b"z", "z") +
+                c_run(0, 3, 0x78, 1, 2) + c_mem(1, b"f", 7, cv(b"v")) + c_mem(2, b"m", 6) + c_mem(3, b"m", 150),
+    "orphan": c_head(b"L", "l") + c_list(0, 0x78, b"a") + c_list(0xc5, 0x78, b"orphan") +
+              c_mem(0xc6, b"m", 6) + c_mem(0x90, b"fresh", 6),
+    "gap": c_head(b"L", "l") + c_run(0, 10, 0x78, 2, 4) + c_list(0, 0xf7, b"z"),
+    "two-heads": c_head(b"A", "s") + c_head(b"B", "s", gen=0x00) + c_mem(0, b"m", 6) + c_mem(1, b"n", 6),
+    "tombstones": c_head(b"L", "l") + c_run(0, 4, 0x78, 1, 1) + c_head(b"S", "s") + c_mem(1, b"m", 6) +
+                  c_del(2) + c_del(4) + c_del(0),
+    "empty-head": c_head(b"E", "h") + c_head(b"L", "l") + c_list(1, 0x78, b"x"),
+    "nan-score": c_head(b"Z", "z") + c_mem(0, b"x", 16) + c_mem(0, b"y", 0),
+    "bad-type": c_head(b"Q", "q") + c_head(b"R", "l", m=6) + cv(b"l" + bytes(7) + u64(5) + u64(0)),
+    "raw-keys": c_head(b"L", "l") + c_list(0, 0x78, b"a") + c_raw(b"X", b"what") + c_raw(b"M\x01", b""),
+    "list-bad-suffix": c_head(b"L", "l") + c_list(0, 0x78, b"a") + c_mem(0, b"short", 6),
+    "list-far-apart": c_head(b"L", "l") + c_list(0, 0xf0, b"min") + c_list(0, 0xf3, b"max-1") +
+                      c_list(0, 0x78, b""),
+    "list-at-int64-max": c_head(b"L", "l") + c_list(0, 0xf1, b"max"),
 }
 
 for target, seeds in SEEDS.items():

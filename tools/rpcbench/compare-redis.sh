@@ -3,11 +3,17 @@
 #
 #   tools/rpcbench/compare-redis.sh [--ternd PATH] [--requests N] [--clients C]
 #                                   [--size BYTES] [--rounds R] [--pool-dir DIR]
+#                                   [--tests LIST] [--pipelines LIST]
 #
 # For each round, each pipeline depth (1 and 16) and each test (SET, GET),
 # redis-benchmark runs against redis-server (persistence off) and against
 # ternd --resp-port (every SET persistent before its +OK), one after the
-# other. The server's CPU time (utime + stime from /proc/PID/stat) over the
+# other, each on a freshly started server. With --tests (redis-benchmark's
+# names: lpush,rpush,lpop,...), the tests run in that order on one server
+# per round and pipeline depth, so that LPOP finds what LPUSH left, as in
+# redis-benchmark's default list. For an LRANGE test redis-benchmark
+# first fills the list with as many LPUSHes: its row's ops/s is the
+# LRANGE's, its CPU per operation counts both. The server's CPU time (utime + stime from /proc/PID/stat) over the
 # run divided by the requests gives CPU per operation: on a 2-core machine
 # redis-benchmark saturates a core, so ops/s mostly measures the client and
 # CPU per operation is the figure that shows the server's cost.
@@ -27,6 +33,8 @@ CLIENTS=50
 SIZE=64
 ROUNDS=3
 POOL_DIR=/dev/shm
+TESTS=""
+PIPES="1 16"
 
 while [ $# -gt 0 ]; do
     case $1 in
@@ -36,7 +44,9 @@ while [ $# -gt 0 ]; do
         --size) SIZE=$2; shift 2 ;;
         --rounds) ROUNDS=$2; shift 2 ;;
         --pool-dir) POOL_DIR=$2; shift 2 ;;
-        *) echo "usage: $0 [--ternd PATH] [--requests N] [--clients C] [--size B] [--rounds R] [--pool-dir DIR]" >&2
+        --tests) TESTS=${2//,/ }; shift 2 ;;
+        --pipelines) PIPES=${2//,/ }; shift 2 ;;
+        *) echo "usage: $0 [--ternd PATH] [--requests N] [--clients C] [--size B] [--rounds R] [--pool-dir DIR] [--tests LIST] [--pipelines LIST]" >&2
            exit 2 ;;
     esac
 done
@@ -98,7 +108,7 @@ run() {
     local target=$1 port=$2 pipe=$3 test=$4 before after rps
     before=$(cpu_ticks "$PID")
     rps=$(redis-benchmark -p "$port" -t "$test" -d "$SIZE" -c "$CLIENTS" -n "$REQUESTS" \
-          -P "$pipe" --csv 2>/dev/null | awk -F'"' 'NR > 1 && $2 != "" {print $4; exit}')
+          -P "$pipe" --csv 2>/dev/null | awk -F'"' 'NR > 1 && $2 != "" {r = $4} END {print r}')
     after=$(cpu_ticks "$PID")
     awk -v t="$target" -v p="$pipe" -v x="$test" -v r="$rps" -v d="$((after - before))" \
         -v hz="$HZ" -v n="$REQUESTS" \
@@ -107,7 +117,16 @@ run() {
 
 echo "# redis-benchmark -d $SIZE -c $CLIENTS -n $REQUESTS, $ROUNDS rounds; ternd pool in $POOL_DIR" >&2
 for round in $(seq "$ROUNDS"); do
-    for pipe in 1 16; do
+    for pipe in $PIPES; do
+        if [ -n "$TESTS" ]; then
+            start_redis
+            for test in $TESTS; do run redis "$RPORT" "$pipe" "$test"; done
+            stop
+            start_ternd
+            for test in $TESTS; do run ternd "$TPORT" "$pipe" "$test"; done
+            stop
+            continue
+        fi
         for test in set get; do
             start_redis; run redis "$RPORT" "$pipe" "$test"; stop
             start_ternd; run ternd "$TPORT" "$pipe" "$test"; stop
@@ -124,18 +143,18 @@ rows = {}
 for line in open(sys.argv[1]):
     t, p, x, rps, cpu = line.split()
     rows.setdefault((t, int(p), x), []).append((float(rps), float(cpu)))
-print(f"{'target':8} {'pipeline':>8} {'test':>5} {'ops/s':>12} {'cpu_us/op':>10}")
+print(f"{'target':8} {'pipeline':>8} {'test':>10} {'ops/s':>12} {'cpu_us/op':>10}")
 med = {}
 for key in sorted(rows):
     rps = statistics.median(r for r, _ in rows[key])
     cpu = statistics.median(c for _, c in rows[key])
     med[key] = (rps, cpu)
-    print(f"{key[0]:8} {key[1]:>8} {key[2]:>5} {rps:>12.0f} {cpu:>10.3f}")
+    print(f"{key[0]:8} {key[1]:>8} {key[2]:>10} {rps:>12.0f} {cpu:>10.3f}")
 print(f"\nternd/redis (ternd persists every SET: {sys.argv[2]})")
-print(f"{'pipeline':>8} {'test':>5} {'ops/s ratio':>12} {'cpu/op ratio':>13}")
+print(f"{'pipeline':>8} {'test':>10} {'ops/s ratio':>12} {'cpu/op ratio':>13}")
 for (t, p, x), (rps, cpu) in sorted(med.items()):
     if t != "ternd" or ("redis", p, x) not in med:
         continue
     r_rps, r_cpu = med[("redis", p, x)]
-    print(f"{p:>8} {x:>5} {rps / r_rps:>12.2f} {cpu / r_cpu:>13.2f}")
+    print(f"{p:>8} {x:>10} {rps / r_rps:>12.2f} {cpu / r_cpu:>13.2f}")
 EOF

@@ -3,7 +3,8 @@
  * service (chain.pool: tools/ternd/chain.c) on pools under data_dir,
  * serves them over tern RPC (TCP, plus shm for clients on this host that
  * come in through auto://), with resp_port also speaks the Redis protocol
- * on the KV store, and with mongo_port MongoDB's wire protocol on the
+ * on the KV store (its lists, hashes, sets and sorted sets on
+ * collections.pool), and with mongo_port MongoDB's wire protocol on the
  * document store (on 127.0.0.1, or mongo_host). Its settings come from a
  * configuration file and flags (opts.h; ternd(8) lists them).
  *

@@ -22,7 +22,6 @@ struct kvc {
     uint8_t key[PM_KEY_MAX];         /* a record key being built */
     uint8_t *vbuf;                   /* a value copied out of the pool */
     size_t vcap;
-    uint64_t rng;
 };
 
 #define grave_next(c) ((c)->next_grave)
@@ -434,6 +433,8 @@ static struct gen_ref *ref_find(struct load *l, uint64_t gen)
 {
     struct gen_ref key = {.gen = gen};
 
+    if (!l->n_refs)
+        return NULL;            /* refs is NULL: bsearch may not take it */
     return bsearch(&key, l->refs, l->n_refs, sizeof(key), ref_cmp);
 }
 
@@ -470,9 +471,11 @@ static int load_elem(void *arg, const void *key, size_t klen, const void *val, u
     case KVC_LIST: {
         int64_t seq;
 
-        if (klen != 8)
-            goto corrupt;
         seq = seq_of(k);
+        /* The engine never writes INT64_MAX: a list's end [head, tail)
+         * could not hold it (see kvc_list_push). */
+        if (klen != 8 || seq == INT64_MAX)
+            goto corrupt;
         if (seq < c->head)
             c->head = seq;
         if (seq > c->tail)
@@ -604,7 +607,8 @@ static int close_gaps(struct kvc *e, struct kvc_coll *c)
             e->vbuf = p;
             e->vcap = len;
         }
-        memcpy(e->vbuf, v, len);
+        if (len)                /* vbuf is NULL until a value needs it */
+            memcpy(e->vbuf, v, len);
         rc = kvs_put(e->s, e->key, seq_key(e, c->gen, want), e->vbuf, len, 0, NULL);
         if (rc == 0)
             rc = del_elem(e, seq_key(e, c->gen, s.v[i]));
@@ -662,7 +666,8 @@ static int repair(struct kvc *e, struct load *l)
             continue;
         uint64_t n = l->refs[i].count;
 
-        if (n && (uint64_t)(c->tail - c->head) + 1 != n) {
+        /* Unsigned: positions from a pool may lie 2^63 or more apart. */
+        if (n && (uint64_t)c->tail - (uint64_t)c->head + 1 != n) {
             rc = close_gaps(e, c);
             if (rc < 0)
                 return rc;
@@ -707,7 +712,7 @@ int kvc_open(const struct kvc_opts *o, struct kvc **out)
     if (!e)
         return TERN_ENOMEM;
     kvm_init(&e->map);
-    e->rng = (uint64_t)time(NULL) | 1;
+    rnd_state ^= (uint64_t)time(NULL) << 1;    /* RANDOMKEY differs run to run */
     rc = kvs_open(&so, &e->s);
     if (rc < 0) {
         free(e);
@@ -716,7 +721,8 @@ int kvc_open(const struct kvc_opts *o, struct kvc **out)
     l.e = e;
     rc = scan_all(e->s, load_head, &l);
     if (rc == 0) {
-        qsort(l.refs, l.n_refs, sizeof(*l.refs), ref_cmp);
+        if (l.n_refs)           /* refs is NULL while no head was found */
+            qsort(l.refs, l.n_refs, sizeof(*l.refs), ref_cmp);
         rc = dedupe(e, &l);
     }
     if (rc == 0) {
@@ -973,8 +979,13 @@ int kvc_clear(struct kvc *e)
 int kvc_list_push(struct kvc *e, struct kvc_coll *c, bool left, const void *v, size_t len)
 {
     int64_t seq;
-    int rc = ensure_head(e, c);
+    int rc;
 
+    /* Positions end at the int64 range's ends (reached only from a pool
+     * written so); a list there grows at its other end only. */
+    if (left ? c->head == INT64_MIN : c->tail == INT64_MAX)
+        return TERN_ERANGE;
+    rc = ensure_head(e, c);
     if (rc < 0) {
         settle(e, c);
         return rc;
@@ -1043,7 +1054,8 @@ int kvc_list_remove_at(struct kvc *e, struct kvc_coll *c, uint64_t i)
             e->vbuf = p;
             e->vcap = len;
         }
-        memcpy(e->vbuf, v, len);
+        if (len)                /* vbuf is NULL until a value needs it */
+            memcpy(e->vbuf, v, len);
         rc = kvc_list_set(e, c, j, e->vbuf, len);
         if (rc < 0)
             return rc;
@@ -1073,8 +1085,10 @@ static int put_member(struct kvc *e, struct kvc_coll *c, const void *mb, size_t 
     struct kvm_member *m;
     int added, rc;
 
-    if (mlen > KVC_MEMBER_MAX)
+    if (mlen > KVC_MEMBER_MAX) {
+        settle(e, c);           /* a new collection is left empty: deleted */
         return TERN_E2BIG;
+    }
     rc = ensure_head(e, c);
     if (rc < 0) {
         settle(e, c);
@@ -1146,8 +1160,10 @@ int kvc_zset_put(struct kvc *e, struct kvc_coll *c, const void *m, size_t mlen, 
 {
     uint8_t v[8];
 
-    if (isnan(score))
+    if (isnan(score)) {
+        settle(e, c);           /* as put_member's refusals */
         return TERN_EINVAL;
+    }
     put_score(v, score);
     return put_member(e, c, m, mlen, v, 8, score, out);
 }

@@ -163,7 +163,8 @@ int kvc_clear(struct kvc *e);
 /* ---- lists: elements by index, 0 .. kvc_len-1 from the head ---- */
 
 /* Add an element at the head (left) or the tail. Errors: TERN_E2BIG for a
- * value the pool cannot hold, kvs_put's. */
+ * value the pool cannot hold, TERN_ERANGE at the end of the positions'
+ * range (2^63 pushes at one end, or a pool written so), kvs_put's. */
 int kvc_list_push(struct kvc *e, struct kvc_coll *c, bool left, const void *v, size_t len);
 
 /* The element at index i (< kvc_len): 0 with *v (in the pool) and *len. */
@@ -192,7 +193,8 @@ int kvc_hash_value(struct kvc *e, struct kvc_coll *c, const struct kvm_member *m
 
 /* Set a hash field: 1 if it is new, 0 if it was replaced. Errors:
  * TERN_E2BIG for a field over KVC_MEMBER_MAX or a value the pool cannot
- * hold, TERN_ENOMEM, kvs_put's (nothing changed). */
+ * hold, TERN_ENOMEM, kvs_put's: nothing changed, except that a collection
+ * left empty (one made by kvc_create for this call) is deleted and freed. */
 int kvc_hash_set(struct kvc *e, struct kvc_coll *c, const void *f, size_t flen, const void *v,
                  size_t vlen);
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # ternd's RESP gateway end to end: keys that expire, SCAN under load,
+# redis-benchmark's default list, collections across kill -9,
 # redis-cli --stat, and AUTH with a password file.
 #
 #  - a key set with EX 2 is gone 2 s later, also across a kill -9 and
@@ -182,6 +183,39 @@ if command -v redis-benchmark >/dev/null; then
 else
     echo "SKIP: redis-benchmark checks (redis-tools not installed)"
 fi
+
+# Lists, hashes, sets and sorted sets across kill -9: contents, order,
+# scores and deadlines come back; a deleted big set and an expired list
+# do not; RENAME moved the list for good.
+r del mylist myhash myset myzset >/dev/null
+r rpush q a b c d >/dev/null
+r lpop q >/dev/null
+r lpush q z >/dev/null
+r hset h f 1 g 2 >/dev/null
+r hincrby h f 41 >/dev/null
+r sadd s x y x >/dev/null
+r zadd z 2.5 b 1 a 3 c >/dev/null
+r zincrby z 10 a >/dev/null
+r expire z 100 >/dev/null
+r rename q q2 >/dev/null
+for i in $(seq 500); do echo "SADD big m$i"; done | r >/dev/null
+r del big >/dev/null
+r rpush short x >/dev/null
+r pexpire short 300 >/dev/null
+crash
+start
+[ "$(r lrange q2 0 -1 | tr '\n' ' ')" = "z b c d " ] || fail "list after restart: $(r lrange q2 0 -1)"
+[ "$(r exists q)" = 0 ] || fail "a renamed list came back under its old key"
+[ "$(r hget h f)" = 42 ] && [ "$(r hlen h)" = 2 ] || fail "hash after restart: $(r hgetall h)"
+[ "$(r scard s)" = 2 ] && [ "$(r sismember s y)" = 1 ] || fail "set after restart: $(r smembers s)"
+[ "$(r zrange z 0 -1 withscores | tr '\n' ' ')" = "b 2.5 c 3 a 11 " ] ||
+    fail "sorted set after restart: $(r zrange z 0 -1 withscores)"
+ttl=$(r ttl z)
+[ "$ttl" -ge 90 ] && [ "$ttl" -le 100 ] || fail "a sorted set's TTL after restart: $ttl"
+[ "$(r exists big)" = 0 ] || fail "a deleted set came back"
+sleep 0.4
+[ "$(r exists short)" = 0 ] || fail "a list past its deadline is still there"
+[ "$(r type q2) $(r type h) $(r type s) $(r type z)" = "list hash set zset" ] || fail "TYPE after restart"
 
 # redis-cli --stat wants a terminal; script(1) gives it one.
 if command -v script >/dev/null; then

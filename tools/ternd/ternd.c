@@ -509,7 +509,8 @@ int main(int argc, char **argv)
     char pool[4096], bound[256], line[1400];
     char bound_uris[TERND_MAX_LISTEN + 1 + 2 * TERND_MAX_PEERS][256];
     unsigned n_bound = 0;
-    bool made_dir, new_pool;
+    bool made_dir, new_pool, new_cpool = false;
+    char cpool[PATH_MAX] = "";
 #if TERN_HAVE_DOC
     char dpool[4096], maddr[128] = "";
     bool new_dpool = false;
@@ -787,11 +788,12 @@ int main(int argc, char **argv)
             rc_cfg.password = key_hex;
         }
 
-        char cpool[PATH_MAX];
+        struct stat cst;
         struct kvc_opts co = {.path = cpool, .pool_size = o.coll_pool_size ? o.coll_pool_size
                                                                            : 256ull << 20};
 
         snprintf(cpool, sizeof(cpool), "%s/collections.pool", o.data_dir);
+        new_cpool = stat(cpool, &cst) < 0 && errno == ENOENT;
         rc = kvc_open(&co, &coll);
         if (rc < 0) {
             tern_log(TERN_LOG_ERROR, "ternd", "%s: %s", cpool, tern_strerror(rc));
@@ -824,6 +826,8 @@ int main(int argc, char **argv)
 #endif
         resp_gw_destroy(gw);
         kvc_close(coll);
+        if (new_cpool)
+            unlink(cpool);
         tern_rpc_close(g_ep);
         ternd_replica_free(g_replica);
         ternd_replica_free(g_doc_replica);

@@ -89,6 +89,39 @@ struct kvc_coll *resp_coll_make(struct resp_gw *gw, struct client *c, const char
     return k;
 }
 
+void resp_coll_out_len(struct resp_gw *gw, struct client *c, const struct cmd *m,
+                       enum kvc_type type)
+{
+    bool failed;
+    struct kvc_coll *k = resp_coll_get(gw, c, arg(m, 1), arglen(m, 1), type, &failed);
+
+    if (!failed)
+        resp_out_num(c, ':', k ? (long long)kvc_len(k) : 0);
+}
+
+void resp_coll_del_members(struct resp_gw *gw, struct client *c, const struct cmd *m,
+                           struct kvc_coll *k)
+{
+    long long n = 0;
+
+    for (size_t i = 2; k && i < m->argc; i++) {
+        struct kvm_member *e = kvc_member(k, arg(m, i), arglen(m, i));
+        int rc;
+
+        if (!e)
+            continue;
+        rc = kvc_member_del(gw->coll, k, e);
+        if (rc < 0) {
+            resp_out_store_err(c, rc);
+            return;
+        }
+        n++;
+        if (rc == 1)
+            break;              /* the last member: the collection is gone */
+    }
+    resp_out_num(c, ':', n);
+}
+
 const char *resp_coll_type_name(enum kvc_type t)
 {
     switch (t) {

@@ -136,35 +136,14 @@ void resp_cmd_hdel(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
     bool failed;
     struct kvc_coll *k = hash_get(gw, c, m, &failed);
-    long long n = 0;
 
-    if (failed)
-        return;
-    for (size_t i = 2; k && i < m->argc; i++) {
-        struct kvm_member *f = kvc_member(k, arg(m, i), arglen(m, i));
-        int rc;
-
-        if (!f)
-            continue;
-        rc = kvc_member_del(gw->coll, k, f);
-        if (rc < 0) {
-            resp_out_store_err(c, rc);
-            return;
-        }
-        n++;
-        if (rc == 1)
-            break;              /* the last field: the hash is gone */
-    }
-    resp_out_num(c, ':', n);
+    if (!failed)
+        resp_coll_del_members(gw, c, m, k);
 }
 
 void resp_cmd_hlen(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
-    bool failed;
-    struct kvc_coll *k = hash_get(gw, c, m, &failed);
-
-    if (!failed)
-        resp_out_num(c, ':', k ? (long long)kvc_len(k) : 0);
+    resp_coll_out_len(gw, c, m, KVC_HASH);
 }
 
 void resp_cmd_hexists(struct resp_gw *gw, struct client *c, const struct cmd *m)

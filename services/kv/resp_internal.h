@@ -222,6 +222,17 @@ struct kvc_coll *resp_coll_get(struct resp_gw *gw, struct client *c, const char 
 struct kvc_coll *resp_coll_make(struct resp_gw *gw, struct client *c, const char *key,
                                 size_t klen, enum kvc_type type);
 
+/* LLEN, SCARD, ZCARD and HLEN: the length of the collection of `type` at
+ * argument 1, 0 if it is absent. */
+void resp_coll_out_len(struct resp_gw *gw, struct client *c, const struct cmd *m,
+                       enum kvc_type type);
+
+/* SREM, ZREM and HDEL's work: remove the members (fields) named by
+ * arguments 2.. from `k` (NULL: absent, nothing to remove) and answer how
+ * many were there, or the store's error. */
+void resp_coll_del_members(struct resp_gw *gw, struct client *c, const struct cmd *m,
+                           struct kvc_coll *k);
+
 /* Settle keys that are both a string and a collection (a crash between
  * the two stores' syncs, a native put of a collection's key): the string
  * wins. At gateway creation. 0 or a store error. */

@@ -127,11 +127,7 @@ void resp_cmd_lpop(struct resp_gw *gw, struct client *c, const struct cmd *m)
 
 void resp_cmd_llen(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
-    bool failed;
-    struct kvc_coll *k = resp_coll_get(gw, c, arg(m, 1), arglen(m, 1), KVC_LIST, &failed);
-
-    if (!failed)
-        resp_out_num(c, ':', k ? (long long)kvc_len(k) : 0);
+    resp_coll_out_len(gw, c, m, KVC_LIST);
 }
 
 void resp_cmd_lrange(struct resp_gw *gw, struct client *c, const struct cmd *m)

@@ -179,37 +179,16 @@ void resp_cmd_zmscore(struct resp_gw *gw, struct client *c, const struct cmd *m)
 
 void resp_cmd_zcard(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
-    bool failed;
-    struct kvc_coll *k = zset_get(gw, c, m, &failed);
-
-    if (!failed)
-        resp_out_num(c, ':', k ? (long long)kvc_len(k) : 0);
+    resp_coll_out_len(gw, c, m, KVC_ZSET);
 }
 
 void resp_cmd_zrem(struct resp_gw *gw, struct client *c, const struct cmd *m)
 {
     bool failed;
     struct kvc_coll *k = zset_get(gw, c, m, &failed);
-    long long n = 0;
 
-    if (failed)
-        return;
-    for (size_t i = 2; k && i < m->argc; i++) {
-        struct kvm_member *e = kvc_member(k, arg(m, i), arglen(m, i));
-        int rc;
-
-        if (!e)
-            continue;
-        rc = kvc_member_del(gw->coll, k, e);
-        if (rc < 0) {
-            resp_out_store_err(c, rc);
-            return;
-        }
-        n++;
-        if (rc == 1)
-            break;
-    }
-    resp_out_num(c, ':', n);
+    if (!failed)
+        resp_coll_del_members(gw, c, m, k);
 }
 
 /* ZRANK and ZREVRANK key member. */

@@ -234,8 +234,9 @@ START_TEST(rewrites_keep_the_deadline)
 }
 END_TEST
 
-/* Keys past their deadline that nobody touches are removed by the
- * gateway's poll within about 100 ms: DBSIZE falls, INFO counts them. */
+/* Keys and collections past their deadline that nobody touches are
+ * removed by the gateway's poll within about 100 ms: DBSIZE falls, INFO
+ * counts them. */
 START_TEST(background_removal)
 {
     struct conn *c = conn_open();
@@ -250,16 +251,25 @@ START_TEST(background_removal)
         CMD(c, "SET", key, "v", "PX", "100");
         expect(c, "+OK\r\n");
     }
+    for (int i = 0; i < 5; i++) {
+        snprintf(key, sizeof(key), "l%d", i);
+        CMD(c, "RPUSH", key, "a", "b");
+        expect(c, ":2\r\n");
+        CMD(c, "PEXPIRE", key, "100");
+        expect(c, ":1\r\n");
+    }
     CMD(c, "DBSIZE");
-    expect(c, ":51\r\n");
+    expect(c, ":56\r\n");
     ck_assert_uint_eq(kvs_expiring(store), 51);
     advance(101);
     end = now_ms() + WAIT_MS;
-    while (now_ms() < end && (keys = kvs_count(store)) != 1)
+    while (now_ms() < end && ((keys = kvs_count(store)) != 1 || kvc_count(coll)))
         pump();
     ck_assert_uint_eq(keys, 1);
+    ck_assert_uint_eq(kvc_count(coll), 0);
     ck_assert_uint_eq(kvs_expiring(store), 1);
-    ck_assert_uint_eq(info_number(c, "stats", "expired_keys"), 50);
+    /* Collections count too, as in Redis. */
+    ck_assert_uint_eq(info_number(c, "stats", "expired_keys"), 55);
     CMD(c, "INFO", "keyspace");
     char *r = next_reply(c, NULL);
 

@@ -48,6 +48,12 @@ static void text_section(struct text *t, const char *name)
     text_add(t, "%s# %s\r\n", t->len ? "\r\n" : "", name);
 }
 
+/* Keys removed at their deadline: strings and collections. */
+static uint64_t expired(const struct resp_gw *gw, const struct kvs_stats *st)
+{
+    return st->expired + (gw->coll ? kvc_expired(gw->coll) : 0);
+}
+
 static bool info_wants(const struct cmd *m, const char *section)
 {
     if (m->argc == 1)
@@ -190,7 +196,7 @@ void resp_cmd_info(struct resp_gw *gw, struct client *c, const struct cmd *m)
                  (unsigned long long)gw->total_conns, (unsigned long long)gw->total_cmds,
                  (unsigned long long)ops_per_sec(gw), (unsigned long long)gw->net_in,
                  (unsigned long long)gw->net_out, (unsigned long long)gw->rejected,
-                 (unsigned long long)(st.expired - gw->base_expired),
+                 (unsigned long long)(expired(gw, &st) - gw->base_expired),
                  (unsigned long long)(st.hits - gw->base_hits),
                  (unsigned long long)((st.gets - st.hits) - gw->base_misses),
                  (unsigned long long)gw->coalesced_waits,
@@ -411,7 +417,7 @@ void resp_cmd_config(struct resp_gw *gw, struct client *c, const struct cmd *m)
         kvs_get_stats(gw->store, &st);
         gw->total_conns = gw->total_cmds = gw->net_in = gw->net_out = gw->rejected = 0;
         gw->coalesced_waits = 0;
-        gw->base_expired = st.expired;
+        gw->base_expired = expired(gw, &st);
         gw->base_hits = st.hits;
         gw->base_misses = st.gets - st.hits;
         gw->ops_n = 0;

@@ -379,6 +379,7 @@ struct kvc_coll *kvc_find(struct kvc *e, const void *key, size_t klen)
         return NULL;
     c = coll_of(m);
     if (due(c, now_ms())) {
+        e->expired++;
         if (kvc_delete(e, c) < 0) {
             coll_unmap(e, c);
             bury(e, c);
@@ -487,8 +488,14 @@ unsigned kvc_expire(struct kvc *e, uint64_t now, unsigned max)
             break;
         done++;
     }
+    e->expired += done;
     reap_graves(e, max * 4);
     return done;
+}
+
+uint64_t kvc_expired(const struct kvc *e)
+{
+    return e->expired;
 }
 
 uint64_t kvc_count(const struct kvc *e)

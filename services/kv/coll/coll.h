@@ -144,6 +144,10 @@ int kvc_set_expiry(struct kvc *e, struct kvc_coll *c, uint64_t at_ms);
 /* Delete up to max collections whose deadline has passed; how many. */
 unsigned kvc_expire(struct kvc *e, uint64_t now_ms, unsigned max);
 
+/* Collections removed because their deadline passed (by kvc_expire, or
+ * when a lookup found them due), since the engine was opened. */
+uint64_t kvc_expired(const struct kvc *e);
+
 /* Collections in the engine, and how many of them have a deadline. */
 uint64_t kvc_count(const struct kvc *e);
 uint64_t kvc_expiring(const struct kvc *e);

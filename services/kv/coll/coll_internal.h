@@ -20,6 +20,7 @@ struct kvc {
     struct kvm_set map;              /* key -> collection (member data) */
     struct kvc_coll **exp;           /* collections with a deadline */
     uint32_t n_exp, cap_exp, exp_next;
+    uint64_t expired;               /* removed at their deadline, since open */
     struct kvc_coll *graves;         /* deleted, elements still to delete */
     uint8_t key[PM_KEY_MAX];         /* a record key being built */
     uint8_t *vbuf;                   /* a value copied out of the pool */

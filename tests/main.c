@@ -77,6 +77,7 @@ static const struct {
     {"doc_native", suite_doc_native},
     {"mongo_wire", suite_mongo_wire},
     {"doc_crash", suite_doc_crash},
+    {"doc_election", suite_doc_election},
 #endif
 };
 

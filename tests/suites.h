@@ -42,6 +42,7 @@ Suite *suite_doc_store(void);
 Suite *suite_doc_repl(void);
 Suite *suite_doc_cmd(void);
 Suite *suite_doc_native(void);  /* with the document service */
+Suite *suite_doc_election(void);
 Suite *suite_mongo_wire(void);
 Suite *suite_doc_crash(void);
 Suite *suite_bs_block(void);    /* with libcrypto (services/blocksync) */

@@ -59,15 +59,20 @@ struct tern_doc_cursor;
  * call that one refuses because it is not the primary (MongoDB's
  * NotWritablePrimary and kin, TERN_ENOTPRIMARY), or that is lost with its
  * session, is sent on to the next live one, which calls go to from then
- * on, at most twice round them: during an election the call ends with
- * TERN_ENOTPRIMARY, to be tried again. A write lost with its session may
- * have been done (at least once). A cursor stays on the server that
- * opened it. Lost sessions are dialled again before later calls, without
+ * on, at most twice round them. During an election every replica
+ * refuses: an async call then ends with TERN_ENOTPRIMARY, while a sync
+ * call waits it out, sent again every 10 ms until its deadline
+ * (tern_doc_set_timeout; with none, until a primary answers), as tern_kv's
+ * sync calls do; so does a sync call that finds no replica live. A write
+ * lost with its session may have been done (at least once), and is not
+ * sent again after that round. A cursor stays on the server that opened
+ * it. Lost sessions are dialled again before later calls, without
  * waiting. At open, and after a refusal, the client also asks the server
  * it uses for the set's members (hello's ternMembers, from the shard's
  * map) and dials those it was not given: told of one member, it finds the
- * others, and it follows a primary onto a node added since. Returns the first one's error if none answers; TERN_EINVAL
- * past 7. The endpoint must outlive the client. */
+ * others, and it follows a primary onto a node added since. Returns the
+ * first one's error if none answers; TERN_EINVAL past 7. The endpoint
+ * must outlive the client. */
 int tern_doc_open(struct tern_rpc_ep *ep, const char *const *uris, unsigned n,
                   uint64_t timeout_ns, struct tern_doc **out);
 

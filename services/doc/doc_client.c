@@ -50,6 +50,11 @@ struct doc_op {
     struct tern_session *to;         /* where it was sent */
     bool pinned;                     /* getMore, killCursors: its cursor's server only */
     unsigned tries;                  /* sent on to another replica so often */
+    /* A sync call's op, refused by every replica (an election): sent
+     * again every AGAIN_NS until `until` (doc_hold); next_free links the
+     * held ones. */
+    uint64_t until, again_at;
+    int refused;                     /* the last refusal, its status at the end */
 };
 
 /* tern_doc_open's URIs: one server and its alternatives, or the replicas
@@ -57,6 +62,7 @@ struct doc_op {
 #define DOC_REPLICAS_MAX 7
 #define REDIAL_NS 200000000ull
 #define MEMBERS_NS 1000000000ull
+#define AGAIN_NS 10000000ull
 
 struct tern_doc {
     struct tern_rpc_ep *ep;
@@ -76,6 +82,8 @@ struct tern_doc {
     uint64_t members_at;
     bool members_asked, members_due;
     uint64_t timeout;
+    uint64_t sync_until;             /* a sync call's deadline while it runs, else 0 */
+    struct doc_op *held;             /* its ops waiting out an election */
     enum tern_doc_path path;
     struct doc_op ops[DOC_OPS];
     struct doc_op *free_ops;
@@ -251,22 +259,32 @@ static int op_call(struct tern_doc *doc, struct doc_op *op)
                       op, NULL);
 }
 
+/* Why a call did not run where it was sent, or 0 if it did: refused by a
+ * replica that is not the primary (an error status, or a reply whose code
+ * says so), lost with its session, or never sent (no live one). */
+static int refusal(int status, const bson_t *r)
+{
+    if (status == 0 && r)
+        return map_code((int32_t)get_int(r, "code")) == TERN_ENOTPRIMARY ? TERN_ENOTPRIMARY : 0;
+    if (status == TERN_ENOTPRIMARY || status == TERN_ECONNRESET || status == TERN_ENOTCONN)
+        return status;
+    return 0;
+}
+
 /* A call refused because its replica is not the primary (or lost with
  * it): send it on to the next live replica, which becomes the one calls go
- * to; at most twice round them (an election takes longer: the caller
- * sees TERN_ENOTPRIMARY and tries again). Not a cursor's getMore or
- * killCursors: the cursor lives on its server. A call lost with its
- * replica may have been done there (writes are at least once). Runs in
- * the continuation: it never dials (doc_mend does, outside the poll). */
+ * to; at most twice round them (an election takes longer: a sync call
+ * waits it out, doc_hold; an async one ends with TERN_ENOTPRIMARY). Not a
+ * cursor's getMore or killCursors: the cursor lives on its server. A call
+ * lost with its replica may have been done there (writes are at least
+ * once). Runs in the continuation: it never dials (doc_mend does, outside
+ * the poll). */
 static bool doc_follow(struct doc_op *op, int status, const bson_t *r)
 {
     struct tern_doc *doc = op->doc;
     unsigned from = doc->cur_rep;
-    bool refused = status == TERN_ENOTPRIMARY || status == TERN_ECONNRESET ||
-                   status == TERN_ENOTCONN;
+    bool refused = refusal(status, r) != 0;
 
-    if (status == 0 && r)
-        refused = map_code((int32_t)get_int(r, "code")) == TERN_ENOTPRIMARY;
     if (refused)
         doc->members_due = true;    /* the set may have moved on: ask it */
     if (!refused || op->pinned || doc->closing || doc->n_rep < 2 ||
@@ -292,25 +310,74 @@ static bool doc_follow(struct doc_op *op, int status, const bson_t *r)
     return false;
 }
 
-static void op_done(void *arg, int status, const void *reply, size_t len)
+/* A sync call that every replica refused (an election under way), or that
+ * found none live to go to, surely did not run: it waits AGAIN_NS and goes
+ * again (doc_send_held), until the call's deadline, as tern_kv's sync
+ * forms do. A call lost with its session may have run, and a document
+ * write is not idempotent: that one ends (doc_follow has sent it on
+ * already). True if held. */
+static bool doc_hold(struct doc_op *op, int status, const bson_t *r)
 {
-    struct doc_op *op = arg;
     struct tern_doc *doc = op->doc;
-    struct doc_rep rep = {0};
+    int why = refusal(status, r);
+    uint64_t now;
+
+    if ((why != TERN_ENOTPRIMARY && why != TERN_ENOTCONN) || !op->until || op->pinned ||
+        doc->closing || doc->n_rep < 2)
+        return false;
+    now = tern_now_ns();
+    if (now >= op->until)
+        return false;
+    op->refused = why;
+    op->again_at = now + AGAIN_NS;
+    op->next_free = doc->held;
+    doc->held = op;
+    return true;
+}
+
+static void op_end(struct doc_op *op, int status, const struct doc_rep *rep, const bson_t *r);
+
+/* Held ops whose time came go again, to the replica taken for the primary
+ * now; past their deadline they end with their last refusal. */
+static void doc_send_held(struct tern_doc *doc)
+{
+    uint64_t now = tern_now_ns();
+    struct doc_op **pp = &doc->held;
+
+    while (*pp) {
+        struct doc_op *op = *pp;
+
+        if (now < op->again_at && now < op->until) {
+            pp = &op->next_free;
+            continue;
+        }
+        *pp = op->next_free;
+        if (now >= op->until) {
+            op_end(op, op->refused, NULL, NULL);
+            continue;
+        }
+        doc_mend(doc);
+        op->tries = 0;
+        op->to = doc->s;
+        op->hdr = (struct doc_req){0};  /* batches inline: a key was the old session's */
+        if (!op->to || op_call(doc, op) < 0) {
+            if (!doc_hold(op, TERN_ENOTCONN, NULL))
+                op_end(op, TERN_ENOTCONN, NULL, NULL);
+        }
+        pp = &doc->held;            /* the list changed under us */
+    }
+}
+
+/* The op's end: its slot is free again, its cursor and its callback are
+ * told (r: the reply, when status is 0). */
+static void op_end(struct doc_op *op, int status, const struct doc_rep *rep, const bson_t *r)
+{
+    struct tern_doc *doc = op->doc;
     tern_doc_cb cb = op->cb;
     void *cb_arg = op->arg;
     struct tern_doc_cursor *cur = op->cur;
     bool pushed = op->hdr.flags & DOC_REQ_PUSH;
-    bson_t r;
 
-    if (status == 0 && (len < sizeof(rep) + 5 ||
-                        !bson_init_static(&r, (const uint8_t *)reply + sizeof(rep),
-                                          len - sizeof(rep))))
-        status = TERN_EPROTO;
-    if (status == 0)
-        memcpy(&rep, reply, sizeof(rep));
-    if (doc_follow(op, status, status == 0 ? &r : NULL))
-        return;         /* sent on to another replica */
     if (cur && status == 0 && !op->pinned)
         cur->s = op->to;    /* a new cursor lives where it was opened */
     op_put(op);
@@ -330,19 +397,41 @@ static void op_done(void *arg, int status, const void *reply, size_t len)
     }
     doc->st.commands++;
     doc->err = (struct tern_doc_error){.index = -1};
-    status = reply_status(doc, &r);
+    status = reply_status(doc, r);
     if (cur)
-        cursor_took(cur, &rep, &r, status);
+        cursor_took(cur, rep, r, status);
     if (cb)
-        cb(cb_arg, status, &r);
+        cb(cb_arg, status, r);
+}
+
+static void op_done(void *arg, int status, const void *reply, size_t len)
+{
+    struct doc_op *op = arg;
+    struct doc_rep rep = {0};
+    bson_t r;
+
+    if (status == 0 && (len < sizeof(rep) + 5 ||
+                        !bson_init_static(&r, (const uint8_t *)reply + sizeof(rep),
+                                          len - sizeof(rep))))
+        status = TERN_EPROTO;
+    if (status == 0)
+        memcpy(&rep, reply, sizeof(rep));
+    if (doc_follow(op, status, status == 0 ? &r : NULL))
+        return;         /* sent on to another replica */
+    if (doc_hold(op, status, status == 0 ? &r : NULL))
+        return;         /* to go again once an election is over */
+    op_end(op, status, &rep, status == 0 ? &r : NULL);
 }
 
 static int op_send(struct tern_doc *doc, struct doc_op *op)
 {
     int rc;
 
+    op->until = doc->sync_until;
     if (!op->to)
         op->to = doc->s;
+    if (!op->to && doc_hold(op, TERN_ENOTCONN, NULL))
+        return 0;               /* no replica live: a sync call waits for one */
     rc = op->to ? op_call(doc, op) : TERN_ENOTCONN;
     if (rc < 0)
         op_put(op);
@@ -542,14 +631,35 @@ static void doc_learn(struct tern_doc *doc)
         doc->members_asked = false;
 }
 
+/* The sync forms: SYNC(doc, &w, start) gives the ops that `start` (an
+ * async form, or op_finish) sends the call's deadline, then polls until
+ * the call is done, sending held ops (an election) on as their time
+ * comes. */
+static void sync_begin(struct tern_doc *doc)
+{
+    doc->sync_until = doc->timeout ? tern_now_ns() + doc->timeout : UINT64_MAX;
+}
+
 static int wait_for(struct tern_doc *doc, struct waiter *w, int rc)
 {
     while (rc == 0 && !w->done) {
         rc = tern_rpc_poll(doc->ep);
         rc = rc < 0 ? rc : 0;
+        if (doc->held)
+            doc_send_held(doc);
+    }
+    doc->sync_until = 0;
+    /* Ops a callback started meanwhile, held: nothing drives them now. */
+    while (doc->held) {
+        struct doc_op *op = doc->held;
+
+        doc->held = op->next_free;
+        op_end(op, op->refused, NULL, NULL);
     }
     return rc < 0 ? rc : w->status;
 }
+
+#define SYNC(doc, w, start) (sync_begin(doc), wait_for((doc), (w), (start)))
 
 /* ---- the generic command ---- */
 
@@ -572,7 +682,7 @@ int tern_doc_command(struct tern_doc *doc, const char *db, const bson_t *cmd, bs
 
     if (reply)
         bson_init(reply);
-    return wait_for(doc, &w, tern_doc_command_async(doc, db, cmd, wait_cb, &w));
+    return SYNC(doc, &w, tern_doc_command_async(doc, db, cmd, wait_cb, &w));
 }
 
 /* ---- writes ---- */
@@ -648,8 +758,8 @@ int tern_doc_insert_many(struct tern_doc *doc, const char *db, const char *coll,
             bytes += docs[j]->len + ELEM_OVERHEAD;
             j++;
         }
-        rc = wait_for(doc, &w, tern_doc_insert_many_async(doc, db, coll, docs + i, j - i, ordered,
-                                                          wait_cb, &w));
+        rc = SYNC(doc, &w, tern_doc_insert_many_async(doc, db, coll, docs + i, j - i, ordered,
+                                                      wait_cb, &w));
         if (rc == TERN_EMSGSIZE && j - i > 1 && doc->insert_budget > 4096) {
             doc->insert_budget /= 2;
             continue;
@@ -704,8 +814,8 @@ static int update_sync(struct tern_doc *doc, const char *db, const char *coll,
                        struct tern_doc_update_result *res)
 {
     struct waiter w = {0};
-    int rc = wait_for(doc, &w, tern_doc_update_async(doc, db, coll, filter, update, upsert,
-                                                     multi, wait_cb, &w));
+    int rc = SYNC(doc, &w, tern_doc_update_async(doc, db, coll, filter, update, upsert,
+                                                 multi, wait_cb, &w));
 
     if (res) {
         *res = (struct tern_doc_update_result){0};
@@ -756,7 +866,7 @@ static int delete_sync(struct tern_doc *doc, const char *db, const char *coll,
                        const bson_t *filter, bool multi, uint64_t *deleted)
 {
     struct waiter w = {0};
-    int rc = wait_for(doc, &w, tern_doc_delete_async(doc, db, coll, filter, multi, wait_cb, &w));
+    int rc = SYNC(doc, &w, tern_doc_delete_async(doc, db, coll, filter, multi, wait_cb, &w));
 
     if (deleted)
         *deleted = w.done && w.n > 0 ? (uint64_t)w.n : 0;
@@ -796,7 +906,7 @@ int tern_doc_count(struct tern_doc *doc, const char *db, const char *coll,
                    const bson_t *filter, uint64_t *n)
 {
     struct waiter w = {0};
-    int rc = wait_for(doc, &w, tern_doc_count_async(doc, db, coll, filter, wait_cb, &w));
+    int rc = SYNC(doc, &w, tern_doc_count_async(doc, db, coll, filter, wait_cb, &w));
 
     if (n)
         *n = rc == 0 && w.n > 0 ? (uint64_t)w.n : 0;
@@ -829,7 +939,7 @@ int tern_doc_find_id(struct tern_doc *doc, const char *db, const char *coll,
 
     if (!out)
         return TERN_EINVAL;
-    rc = wait_for(doc, &w, tern_doc_find_id_async(doc, db, coll, id, wait_cb, &w));
+    rc = SYNC(doc, &w, tern_doc_find_id_async(doc, db, coll, id, wait_cb, &w));
     if (rc == 0 && !w.found)
         rc = TERN_ENOENT;
     if (rc < 0 && w.found)
@@ -1024,7 +1134,7 @@ static int cursor_call(struct tern_doc_cursor *cur, struct doc_op *op, const cha
         return TERN_ENOTCONN;       /* its server's session is gone */
     }
     cursor_hdr(cur, &op->hdr, op->to);
-    rc = wait_for(cur->doc, &w, op_finish(cur->doc, op, db, ok, wait_cb, &w));
+    rc = SYNC(cur->doc, &w, op_finish(cur->doc, op, db, ok, wait_cb, &w));
     if (rc == 0 && cur->status < 0)
         rc = cur->status;
     return rc;
@@ -1215,7 +1325,7 @@ static int simple(struct tern_doc *doc, struct doc_op *op, const char *db, bool 
 {
     struct waiter w = {0};
 
-    return wait_for(doc, &w, op_finish(doc, op, db, ok, wait_cb, &w));
+    return SYNC(doc, &w, op_finish(doc, op, db, ok, wait_cb, &w));
 }
 
 int tern_doc_create_index(struct tern_doc *doc, const char *db, const char *coll,

@@ -1429,6 +1429,43 @@ START_TEST(a_leaving_primary_hands_over)
 }
 END_TEST
 
+/* Two voters, the primary leaving, and it dies before it resigns: the
+ * other hears no majority of the two, but every write acknowledged is on
+ * it (both were needed), so it takes over as the one voter that stays,
+ * has every write, and drops the dead one; writes go on once the map has
+ * dropped it. */
+START_TEST(a_leaving_primary_that_dies_is_replaced)
+{
+    struct tern_session *s;
+    uint64_t ver = 0;
+    char key[32], got[64];
+
+    node_kill(2);
+    set_votes(REPL_VOTER, REPL_VOTER, NOT_IN);
+    elect(0, 1);
+    ck_assert(wait_state(0, "primary", 5000));
+    s = connect_to(0);
+    for (int i = 0; i < 100; i++) {
+        snprintf(key, sizeof(key), "d%d", i);
+        ck_assert_int_eq(kv_put(s, key, "before", 0, 2000000000u, &ver), 0);
+    }
+    set_votes(REPL_LEAVING, REPL_VOTER, NOT_IN);
+    ck_assert(wait_step(0, REPL_STEP_RESIGN, NULL, 5000));
+    tern_rpc_disconnect(s);
+    node_kill(0);
+    elect(1, 2);
+    ck_assert(wait_state(1, "primary", 5000));
+    ck_assert(wait_step(1, REPL_STEP_DROP, "n0", 5000));
+    set_votes(NOT_IN, REPL_VOTER, NOT_IN);
+    s = connect_to(1);
+    ck_assert_int_eq(kv_get(s, "d99", got, sizeof(got), 2000000000u), 0);
+    ck_assert_str_eq(got, "before");
+    ck_assert_int_eq(put_retrying(s, "after", "v", &ver), 0);
+    ck_assert_uint_eq(repl_epoch_of(ver), 2);
+    tern_rpc_disconnect(s);
+}
+END_TEST
+
 Suite *suite_repl(void)
 {
     Suite *s = suite_create("repl");
@@ -1460,6 +1497,7 @@ Suite *suite_repl(void)
     tcase_add_test(group, a_learner_counts_once_promoted);
     tcase_add_test(group, a_leaving_backup_is_dropped_when_safe);
     tcase_add_test(group, a_leaving_primary_hands_over);
+    tcase_add_test(group, a_leaving_primary_that_dies_is_replaced);
     suite_add_tcase(s, group);
     /* The same over shm, where records go by direct stores. */
     tcase_add_checked_fixture(shm, repl_setup_shm, repl_teardown);

@@ -501,6 +501,40 @@ static uint64_t takeover_target(const struct repl *r, unsigned voters, unsigned 
     return pos[heard + voters / 2 + 1 - voters - 1];
 }
 
+/* A voter is leaving and no majority of the voters answers (two voters,
+ * the leaving one a primary that died before it resigned): a majority of
+ * the voters that stay will do. Every acknowledged write is on one: while
+ * the member changes, writes count majorities of both configurations;
+ * before, a majority of the old, which meets every majority of those that
+ * stay (all of the old but one). The same meeting fences: any primary
+ * before ours needs a voter that answered us at our epoch. The target is
+ * the highest position heard, since a majority of the old may have put a
+ * write on only one of them. True with *target set. */
+static bool heard_those_that_stay(const struct repl *r, unsigned *heard, unsigned *voters,
+                                  uint64_t *target)
+{
+    bool leaving = false;
+
+    *heard = *voters = 1;
+    *target = r->position;
+    if (r->promoting[0] || !votes(r, NULL, CFG_NEW))
+        return false;
+    for (unsigned i = 0; i < r->n_peers; i++) {
+        const struct replica *p = &r->peers[i];
+
+        leaving |= p->vote == REPL_LEAVING;
+        if (!votes(r, p, CFG_NEW))
+            continue;
+        (*voters)++;
+        if (p->answered) {
+            (*heard)++;
+            if (p->position > *target)
+                *target = p->position;
+        }
+    }
+    return leaving && *heard >= *voters / 2 + 1;
+}
+
 /* A majority (this node included) answered POSITION at our epoch, so no
  * older primary can have a write acknowledged any more; take what we lack
  * of the acknowledged writes, then serve. */
@@ -514,9 +548,12 @@ static void take_over(struct repl *r)
             voters++;
             heard += r->peers[i].answered;
         }
-    if (heard < voters / 2 + 1 || r->fetching)
+    if (r->fetching)
         return;
-    target = takeover_target(r, voters, heard);
+    if (heard >= voters / 2 + 1)
+        target = takeover_target(r, voters, heard);
+    else if (!heard_those_that_stay(r, &heard, &voters, &target))
+        return;
     if (r->position < target) {
         struct replica *from = NULL;
 

@@ -25,6 +25,67 @@
 
 #define BUF 65536
 
+/* What a node's buffer is, which decides how a peer reaches it (map.c):
+ * anonymous pages (by system call), memory from sv_buf_alloc, or a file
+ * with a path (both mapped by the peer, the copy a memcpy). The tests of
+ * the "rc" case run once with each; a forked peer inherits the choice. */
+enum { MEM_ANON, MEM_BUF, MEM_FILE, MEM_KINDS };
+static int mem_kind;
+/* First in a loop test: the kind is the loop's index. */
+#define MEM_KIND_OF_LOOP __attribute__((unused)) const int mem_kind_of_loop = (mem_kind = _i)
+
+static uint8_t *mem_alloc(size_t len)
+{
+    uint8_t *p = NULL;
+
+    if (mem_kind == MEM_BUF) {
+        p = sv_buf_alloc(len);
+    } else if (mem_kind == MEM_FILE) {
+        char path[] = "/dev/shm/tern-svtest-XXXXXX";
+        int fd = mkstemp(path);
+
+        ck_assert_int_ge(fd, 0);
+        ck_assert_int_eq(ftruncate(fd, (off_t)len), 0);
+        p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        ck_assert(p != MAP_FAILED);
+        close(fd);
+        return p;   /* the path stays while peers may map it: mem_free */
+    } else {
+        p = calloc(1, len);
+    }
+    ck_assert_ptr_nonnull(p);
+    return p;
+}
+
+static void mem_free(uint8_t *p, size_t len)
+{
+    if (mem_kind == MEM_BUF) {
+        sv_buf_free(p, len);
+    } else if (mem_kind == MEM_FILE) {
+        char path[64];
+        FILE *f = fopen("/proc/self/maps", "r");
+        char line[512];
+
+        path[0] = '\0';
+        while (f && fgets(line, sizeof(line), f)) {
+            unsigned long long a;
+            char *at = strchr(line, '/');
+
+            if (sscanf(line, "%llx-", &a) == 1 && a == (uintptr_t)p && at) {
+                at[strcspn(at, "\n")] = '\0';
+                snprintf(path, sizeof(path), "%s", at);
+            }
+        }
+        if (f)
+            fclose(f);
+        munmap(p, len);
+        if (path[0])
+            unlink(path);
+    } else {
+        free(p);
+    }
+}
+
 struct node {
     struct ibv_context *ctx;
     struct ibv_pd *pd;
@@ -61,7 +122,8 @@ static void node_open(struct node *n, bool srq, int access)
         n->srq = sv_create_srq(n->pd, &sa);
         ck_assert_ptr_nonnull(n->srq);
     }
-    n->buf = calloc(1, BUF);
+    n->buf = mem_alloc(BUF);
+    memset(n->buf, 0, BUF);
     n->mr = sv_reg_mr(n->pd, n->buf, BUF, access);
     ck_assert_ptr_nonnull(n->mr);
 }
@@ -77,7 +139,7 @@ static void node_close(struct node *n)
     ck_assert_int_eq(sv_destroy_cq(n->cq), 0);
     ck_assert_int_eq(sv_dealloc_pd(n->pd), 0);
     ck_assert_int_eq(sv_close_device(n->ctx), 0);
-    free(n->buf);
+    mem_free(n->buf, BUF);
 }
 
 static struct ibv_qp *qp_new(struct node *n)
@@ -223,6 +285,14 @@ static pid_t peer_start(int *fd, struct card *peer_card, bool srq, int recvs, ui
                 xfer(sv[1], n.buf + (wc.wr_id >= 100 ? (wc.wr_id - 100) * 4096 : 0), 64, true);
             } else if (cmd == 'p') {
                 post_recvs(&n, srq ? NULL : n.qp, 1, rlen);
+            } else if (cmd == 'r') {
+                /* Register anew: a new key. */
+                ck_assert_int_eq(sv_dereg_mr(n.mr), 0);
+                n.mr = sv_reg_mr(n.pd, n.buf, BUF, IBV_ACCESS_LOCAL_WRITE |
+                                                       IBV_ACCESS_REMOTE_WRITE |
+                                                       IBV_ACCESS_REMOTE_READ);
+                ck_assert_ptr_nonnull(n.mr);
+                xfer(sv[1], &n.mr->rkey, sizeof(n.mr->rkey), true);
             }
         }
     }
@@ -281,6 +351,7 @@ static void local_restart(struct node *n, int fd, const struct card *peer, uint8
  * sits in read(2): no CPU of its takes part. */
 START_TEST(write_and_read_need_no_peer_cpu)
 {
+    MEM_KIND_OF_LOOP;
     struct node n;
     struct card peer;
     int fd;
@@ -310,10 +381,67 @@ START_TEST(write_and_read_need_no_peer_cpu)
 }
 END_TEST
 
+/* How many mappings of sv_buf_alloc memory this process has. */
+static int buf_maps(void)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512];
+    int n = 0;
+
+    ck_assert_ptr_nonnull(f);
+    while (fgets(line, sizeof(line), f))
+        n += strstr(line, "/memfd:softverbs") != NULL;
+    fclose(f);
+    return n;
+}
+
+/* A peer's region is mapped at the first access, the map is dropped when
+ * the peer deregisters it (the next access sees a new generation) and
+ * when the peer dies; what lands through the map is in the peer's memory. */
+START_TEST(peer_regions_are_mapped_and_dropped)
+{
+    struct node n;
+    struct card peer;
+    int fd, before;
+    pid_t pid;
+    char cmd = 'c', ok = 0;
+    uint32_t rkey;
+
+    mem_kind = MEM_BUF;
+    pid = peer_start(&fd, &peer, false, 0, 0, 7);
+    local_start(&n, fd, &peer, 7);
+    before = buf_maps();
+    for (size_t i = 0; i < 4096; i++)
+        n.buf[i] = (uint8_t)(i * 7);
+    ck_assert_int_eq(post(n.qp, IBV_WR_RDMA_WRITE, &n, 0, 4096, &peer, 0, peer.rkey, 1), 0);
+    ck_assert_int_eq(wait_wc(n.cq).status, IBV_WC_SUCCESS);
+    ck_assert_int_eq(buf_maps(), before + 1);
+    xfer(fd, &cmd, 1, true);
+    xfer(fd, &ok, 1, false);
+    ck_assert_int_eq(ok, 1);
+
+    cmd = 'r';
+    xfer(fd, &cmd, 1, true);
+    xfer(fd, &rkey, sizeof(rkey), false);
+    ck_assert_uint_ne(rkey, peer.rkey);
+    ck_assert_int_eq(post(n.qp, IBV_WR_RDMA_READ, &n, 8192, 4096, &peer, 0, rkey, 2), 0);
+    ck_assert_int_eq(wait_wc(n.cq).status, IBV_WC_SUCCESS);
+    ck_assert_int_eq(memcmp(n.buf, n.buf + 8192, 4096), 0);
+    ck_assert_int_eq(buf_maps(), before + 1);     /* the old map went */
+
+    peer_stop(fd, pid);
+    ck_assert_int_eq(post(n.qp, IBV_WR_RDMA_WRITE, &n, 0, 64, &peer, 0, rkey, 3), 0);
+    ck_assert_int_eq(wait_wc(n.cq).status, IBV_WC_RETRY_EXC_ERR);
+    ck_assert_int_eq(buf_maps(), before);
+    node_close(&n);
+}
+END_TEST
+
 /* SEND, SEND with immediate and WRITE with immediate consume the peer's
  * receives, in order, with the opcodes, lengths and immediates a NIC gives. */
 START_TEST(sends_consume_receives_in_order)
 {
+    MEM_KIND_OF_LOOP;
     struct node n;
     struct card peer;
     int fd;
@@ -353,6 +481,7 @@ END_TEST
  * QP then goes to error and what follows is flushed. */
 START_TEST(bad_keys_and_ranges_fail_like_a_nic)
 {
+    MEM_KIND_OF_LOOP;
     struct card peer;
     int fd;
     pid_t pid = peer_start(&fd, &peer, false, 0, 0, 7);
@@ -388,6 +517,7 @@ END_TEST
 /* A local key that does not cover the buffer is a local protection error. */
 START_TEST(bad_lkey_is_a_local_error)
 {
+    MEM_KIND_OF_LOOP;
     struct card peer;
     int fd;
     pid_t pid = peer_start(&fd, &peer, false, 0, 0, 7);
@@ -414,6 +544,7 @@ END_TEST
  * exceeded; with 7 (for ever) it waits and lands once the peer posts. */
 START_TEST(receiver_not_ready)
 {
+    MEM_KIND_OF_LOOP;
     struct card peer;
     int fd;
     pid_t pid = peer_start(&fd, &peer, false, 0, 1024, 7);
@@ -445,6 +576,7 @@ END_TEST
  * error, the sender an invalid request. */
 START_TEST(receive_too_small)
 {
+    MEM_KIND_OF_LOOP;
     struct card peer;
     int fd;
     pid_t pid = peer_start(&fd, &peer, false, 1, 32, 7);
@@ -466,6 +598,7 @@ END_TEST
 /* Receives posted to an SRQ serve sends of the QP that uses it. */
 START_TEST(srq_serves_sends)
 {
+    MEM_KIND_OF_LOOP;
     struct card peer;
     int fd;
     pid_t pid = peer_start(&fd, &peer, true, 2, 1024, 7);
@@ -491,6 +624,7 @@ END_TEST
 /* A peer that died: sends fail with retries exceeded, and the QP errs. */
 START_TEST(dead_peer_is_retry_exceeded)
 {
+    MEM_KIND_OF_LOOP;
     struct card peer;
     int fd;
     pid_t pid = peer_start(&fd, &peer, false, 4, 1024, 7);
@@ -503,10 +637,21 @@ START_TEST(dead_peer_is_retry_exceeded)
     kill(pid, SIGKILL);
     waitpid(pid, NULL, 0);
     close(fd);
-    ck_assert_int_eq(post(n.qp, IBV_WR_RDMA_WRITE, &n, 0, 64, &peer, 0, peer.rkey, 2), 0);
-    wc = wait_wc(n.cq);
+    /* As a NIC learns of it from a timeout, softverbs looks at most every
+     * SV_ALIVE_NS (1 ms): a write into mapped memory of the dead peer
+     * may land before (nobody reads it; its pages go with the map). Then
+     * the QP fails, and stays failed. */
+    for (uint64_t id = 2;; id++) {
+        ck_assert_int_eq(post(n.qp, IBV_WR_RDMA_WRITE, &n, 0, 64, &peer, 0, peer.rkey, id), 0);
+        wc = wait_wc(n.cq);
+        ck_assert_uint_eq(wc.wr_id, id);
+        if (wc.status != IBV_WC_SUCCESS)
+            break;
+        ck_assert_int_ne(mem_kind, MEM_ANON);   /* that copy is a system call */
+        ck_assert_uint_lt(id, 2 + 1000);
+        usleep(100);
+    }
     ck_assert_int_eq(wc.status, IBV_WC_RETRY_EXC_ERR);
-    ck_assert_uint_eq(wc.wr_id, 2);
     node_close(&n);
     /* The killed peer could not remove its segment; the next device open
      * on this host would sweep it, this test does it now. */
@@ -522,6 +667,7 @@ END_TEST
 /* An armed CQ rings its completion channel when a peer completes on it. */
 START_TEST(completion_channel_wakes)
 {
+    MEM_KIND_OF_LOOP;
     struct node a, b;
     struct ibv_comp_channel *ch;
     struct ibv_cq *rcq, *got;
@@ -594,6 +740,7 @@ END_TEST
 /* Posting on a QP that is not ready to send is refused at once. */
 START_TEST(post_before_rts_is_refused)
 {
+    MEM_KIND_OF_LOOP;
     struct node n;
     struct ibv_send_wr wr = {.opcode = IBV_WR_SEND}, *bad = NULL;
 
@@ -1586,6 +1733,7 @@ static void window_owner(int fd)
  * and a freed window's key no longer works. */
 START_TEST(window_answers_only_its_qp)
 {
+    MEM_KIND_OF_LOOP;
     int sv[2];
     pid_t pid;
     struct node n;
@@ -1651,6 +1799,7 @@ END_TEST
 /* What a bind checks, each failure breaking its QP as on a NIC. */
 START_TEST(window_bind_rules)
 {
+    MEM_KIND_OF_LOOP;
     struct node n;
     struct ibv_mr *plain;
     struct ibv_mw *mw;
@@ -1721,18 +1870,19 @@ Suite *suite_softverbs(void)
     TCase *tc = tcase_create("rc");
 
     tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, write_and_read_need_no_peer_cpu);
-    tcase_add_test(tc, sends_consume_receives_in_order);
-    tcase_add_test(tc, bad_keys_and_ranges_fail_like_a_nic);
-    tcase_add_test(tc, bad_lkey_is_a_local_error);
-    tcase_add_test(tc, receiver_not_ready);
-    tcase_add_test(tc, receive_too_small);
-    tcase_add_test(tc, srq_serves_sends);
-    tcase_add_test(tc, dead_peer_is_retry_exceeded);
-    tcase_add_test(tc, completion_channel_wakes);
-    tcase_add_test(tc, post_before_rts_is_refused);
-    tcase_add_test(tc, window_answers_only_its_qp);
-    tcase_add_test(tc, window_bind_rules);
+    tcase_add_loop_test(tc, write_and_read_need_no_peer_cpu, 0, MEM_KINDS);
+    tcase_add_loop_test(tc, sends_consume_receives_in_order, 0, MEM_KINDS);
+    tcase_add_loop_test(tc, bad_keys_and_ranges_fail_like_a_nic, 0, MEM_KINDS);
+    tcase_add_loop_test(tc, bad_lkey_is_a_local_error, 0, MEM_KINDS);
+    tcase_add_loop_test(tc, receiver_not_ready, 0, MEM_KINDS);
+    tcase_add_loop_test(tc, receive_too_small, 0, MEM_KINDS);
+    tcase_add_loop_test(tc, srq_serves_sends, 0, MEM_KINDS);
+    tcase_add_loop_test(tc, dead_peer_is_retry_exceeded, 0, MEM_KINDS);
+    tcase_add_loop_test(tc, completion_channel_wakes, 0, MEM_KINDS);
+    tcase_add_loop_test(tc, post_before_rts_is_refused, 0, MEM_KINDS);
+    tcase_add_loop_test(tc, window_answers_only_its_qp, 0, MEM_KINDS);
+    tcase_add_loop_test(tc, window_bind_rules, 0, MEM_KINDS);
+    tcase_add_test(tc, peer_regions_are_mapped_and_dropped);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("cm");

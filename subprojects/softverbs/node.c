@@ -14,7 +14,7 @@
 
 #include "sv.h"
 
-#define SV_VERSION 2     /* 2: memory windows, keys index-first */
+#define SV_VERSION 3     /* 2: memory windows, keys index-first; 3: backing files */
 
 static void seg_name(char *buf, size_t len, pid_t pid)
 {
@@ -199,18 +199,32 @@ bool sv_seg_alive(const struct sv_seg *seg)
     return kill(seg->pid, 0) == 0 || errno != ESRCH;
 }
 
+/* The peer died: unmap its regions (their memory goes with the last map),
+ * once, under its mr_lock, which a dead holder leaves to be recovered. */
+static void peer_died(struct sv_peer *p)
+{
+    bool was = false;
+
+    if (!__atomic_compare_exchange_n(&p->dead, &was, true, false, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_RELAXED))
+        return;
+    sv_lock(&p->seg->mr_lock);
+    sv_map_drop(p);
+    sv_unlock(&p->seg->mr_lock);
+}
+
 bool sv_peer_alive(struct sv_peer *p, uint64_t now_ns)
 {
     if (__atomic_load_n(&p->dead, __ATOMIC_RELAXED))
         return false;
     if (__atomic_load_n(&p->seg->magic, __ATOMIC_ACQUIRE) != SV_MAGIC) {
-        __atomic_store_n(&p->dead, true, __ATOMIC_RELAXED);
+        peer_died(p);
         return false;
     }
     if (now_ns - __atomic_load_n(&p->seen_ns, __ATOMIC_RELAXED) < SV_ALIVE_NS)
         return true;
     if (!sv_seg_alive(p->seg)) {
-        __atomic_store_n(&p->dead, true, __ATOMIC_RELAXED);
+        peer_died(p);
         return false;
     }
     __atomic_store_n(&p->seen_ns, now_ns, __ATOMIC_RELAXED);

@@ -1,7 +1,8 @@
 /* The data path. A posted send is carried out by the posting process, as
  * its "NIC": it checks keys and ranges against the peer's memory region
- * table, copies with process_vm_writev/readv straight between the two
- * address spaces, takes the peer's receive request for a SEND and
+ * table, copies straight between the two address spaces (memcpy into the
+ * peer's region mapped here, map.c, or process_vm_writev/readv where it
+ * cannot be mapped), takes the peer's receive request for a SEND and
  * completes on the peer's CQ. The peer's CPU takes no part. Sends of one
  * QP are carried out in order; one waiting for the peer to post a receive
  * (RNR) holds back those behind it, and is retried when the process next
@@ -196,34 +197,79 @@ static struct sv_qp_ent *peer_qp(struct sv_qp *q, uint64_t now)
 {
     struct sv_seg *own = own_seg(q), *ps = q->peer ? q->peer->seg : NULL;
     uint32_t dest = own->qp[q->idx].dest_qpn;
+    const union ibv_gid *me = &sv_ctx(q->ibv.context)->gid;
     struct sv_qp_ent *e;
-    union ibv_gid me;
     uint32_t st;
 
     if (!ps || !sv_peer_alive(q->peer, now))
         return NULL;
     e = &ps->qp[dest & (SV_MAX_QP - 1)];
     st = __atomic_load_n(&e->state, __ATOMIC_ACQUIRE);
-    sv_seg_gid(own, &me);
     if (__atomic_load_n(&e->qpn, __ATOMIC_ACQUIRE) != dest || e->dest_qpn != q->ibv.qp_num ||
-        memcmp(&e->dgid, &me, sizeof(me)) != 0 ||
+        memcmp(&e->dgid, me, sizeof(*me)) != 0 ||
         (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD))
         return NULL;
     return e;
 }
 
-/* Copy between our iovecs and the peer's; false if the peer's memory was
- * not there (it died, or unmapped a registered range). */
-static bool copy_remote(pid_t pid, bool write, struct iovec *l, int nl, struct iovec *r, int nr,
-                        size_t total, bool *gone)
+/* Copy the bytes of one list of iovecs into another, as far as both go. */
+static size_t iov_copy(const struct iovec *d, int nd, const struct iovec *src, int ns)
+{
+    size_t done = 0, doff = 0, soff = 0;
+    int i = 0, j = 0;
+
+    while (i < nd && j < ns) {
+        size_t n = d[i].iov_len - doff < src[j].iov_len - soff ? d[i].iov_len - doff
+                                                                : src[j].iov_len - soff;
+
+        memcpy((uint8_t *)d[i].iov_base + doff, (const uint8_t *)src[j].iov_base + soff, n);
+        done += n;
+        doff += n;
+        soff += n;
+        if (doff == d[i].iov_len)
+            i++, doff = 0;
+        if (soff == src[j].iov_len)
+            j++, soff = 0;
+    }
+    return done;
+}
+
+/* Move bytes between our iovecs `l` and the peer's `r`, each of which lies
+ * in the peer's region or window `re[k]` (checked): by memcpy when every
+ * one is mapped (map.c), else by one system call. What process_vm_*
+ * returns: the bytes moved, or -1 with errno (ESRCH: the peer is gone).
+ * Caller holds the peer's mr_lock. */
+#define SV_MAX_RIOV 32    /* SV_BATCH writes, or a receive's SGEs */
+
+static ssize_t move(struct sv_peer *p, bool write, const struct iovec *l, int nl,
+                    const struct iovec *r, const struct sv_mr_ent *const *re, int nr)
+{
+    struct iovec m[SV_MAX_RIOV];
+
+    for (int k = 0; k < nr; k++) {
+        void *at = sv_map_addr(p, re[k], (uint64_t)(uintptr_t)r[k].iov_base, r[k].iov_len);
+
+        if (!at)
+            goto by_call;
+        m[k] = (struct iovec){at, r[k].iov_len};
+    }
+    return (ssize_t)(write ? iov_copy(m, nr, l, nl) : iov_copy(l, nl, m, nr));
+by_call:
+    return write ? process_vm_writev(p->seg->pid, l, (unsigned long)nl, r, (unsigned long)nr, 0)
+                 : process_vm_readv(p->seg->pid, l, (unsigned long)nl, r, (unsigned long)nr, 0);
+}
+
+/* move() for one work request; false if the peer's memory was not there
+ * (it died, or unmapped a registered range). */
+static bool copy_remote(struct sv_peer *p, bool write, struct iovec *l, int nl, struct iovec *r,
+                        const struct sv_mr_ent *const *re, int nr, size_t total, bool *gone)
 {
     ssize_t done;
 
     *gone = false;
     if (!total)
         return true;
-    done = write ? process_vm_writev(pid, l, (unsigned long)nl, r, (unsigned long)nr, 0)
-                 : process_vm_readv(pid, l, (unsigned long)nl, r, (unsigned long)nr, 0);
+    done = move(p, write, l, nl, r, re, nr);
     if (done < 0 && errno == ESRCH)
         *gone = true;
     return done == (ssize_t)total;
@@ -235,6 +281,7 @@ static int execute(struct sv_qp *q, struct sv_swr *s, uint64_t now, enum ibv_wc_
     struct sv_seg *ps;
     struct sv_qp_ent *e = s->wr.opcode == IBV_WR_BIND_MW ? NULL : peer_qp(q, now);
     struct iovec liov[SV_MAX_SGE], riov[SV_MAX_SGE];
+    const struct sv_mr_ent *rent[SV_MAX_SGE];
     enum ibv_wr_opcode op = s->wr.opcode;
     bool is_read = op == IBV_WR_RDMA_READ, gone;
     bool one_sided = op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM || is_read;
@@ -268,8 +315,9 @@ static int execute(struct sv_qp *q, struct sv_swr *s, uint64_t now, enum ibv_wc_
     if (one_sided) {
         uint32_t need = is_read ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
 
-        if (!mr_find(ps, s->wr.wr.rdma.rkey, s->wr.wr.rdma.remote_addr, total, need, e->pd,
-                     e->qpn)) {
+        rent[0] = mr_find(ps, s->wr.wr.rdma.rkey, s->wr.wr.rdma.remote_addr, total, need, e->pd,
+                          e->qpn);
+        if (!rent[0]) {
             sv_unlock(&ps->mr_lock);
             *status = IBV_WC_REM_ACCESS_ERR;
             return DONE;
@@ -299,8 +347,9 @@ static int execute(struct sv_qp *q, struct sv_swr *s, uint64_t now, enum ibv_wc_
         bool ok = true;
 
         for (uint32_t i = 0; i < wqe.num_sge && ok; i++) {
-            ok = mr_find(ps, wqe.sge[i].lkey, wqe.sge[i].addr, wqe.sge[i].length,
-                         IBV_ACCESS_LOCAL_WRITE, e->pd, e->qpn) != NULL;
+            rent[nr] = mr_find(ps, wqe.sge[i].lkey, wqe.sge[i].addr, wqe.sge[i].length,
+                               IBV_ACCESS_LOCAL_WRITE, e->pd, e->qpn);
+            ok = rent[nr] != NULL;
             riov[nr++] = (struct iovec){(void *)(uintptr_t)wqe.sge[i].addr, wqe.sge[i].length};
             room += wqe.sge[i].length;
         }
@@ -316,7 +365,7 @@ static int execute(struct sv_qp *q, struct sv_swr *s, uint64_t now, enum ibv_wc_
             return DONE;
         }
     }
-    if (!copy_remote(ps->pid, !is_read, liov, nl, riov, nr, total, &gone)) {
+    if (!copy_remote(q->peer, !is_read, liov, nl, riov, rent, nr, total, &gone)) {
         sv_unlock(&ps->mr_lock);
         *status = gone ? IBV_WC_RETRY_EXC_ERR : IBV_WC_REM_ACCESS_ERR;
         return DONE;
@@ -346,14 +395,16 @@ static int execute(struct sv_qp *q, struct sv_swr *s, uint64_t now, enum ibv_wc_
 }
 
 /* A NIC takes a chain of work requests with one doorbell and moves them
- * without the CPU; the emulation's cost is a system call per copy. So a
- * run of RDMA writes at the head of the send queue goes as one copy: each
+ * without the CPU; the emulation's cost is a system call per copy where
+ * the peer's memory is not mapped. So a run of RDMA writes at the head of
+ * the send queue goes as one copy: each
  * is checked (local and remote keys) and, for a write with immediate,
  * given its receive, under one hold of the peer's mr_lock; then one
  * process_vm_writev moves them all, and their completions follow in order.
  * A write that does not qualify ends the run; execute() takes it alone.
  * Returns how many were carried out (0: none, the caller uses execute()). */
 #define SV_BATCH 32
+_Static_assert(SV_BATCH <= SV_MAX_RIOV && SV_MAX_SGE <= SV_MAX_RIOV, "move()'s iovecs");
 
 static bool batchable(const struct sv_swr *s)
 {
@@ -364,6 +415,7 @@ static bool batchable(const struct sv_swr *s)
 static unsigned execute_batch(struct sv_qp *q, uint64_t now)
 {
     struct iovec liov[SV_BATCH * SV_MAX_SGE], riov[SV_BATCH];
+    const struct sv_mr_ent *rent[SV_BATCH];
     struct sv_wqe wqe[SV_BATCH];
     size_t len[SV_BATCH], total = 0, sum = 0;
     struct sv_qp_ent *e;
@@ -387,8 +439,8 @@ static unsigned execute_batch(struct sv_qp *q, uint64_t now)
 
         if (!batchable(s) || !local_iov(q, s, liov + nl, &k, &len[n], 0) ||
             len[n] > SV_MAX_MSG ||
-            !mr_find(ps, s->wr.wr.rdma.rkey, s->wr.wr.rdma.remote_addr, len[n],
-                     IBV_ACCESS_REMOTE_WRITE, e->pd, e->qpn))
+            !(rent[n] = mr_find(ps, s->wr.wr.rdma.rkey, s->wr.wr.rdma.remote_addr, len[n],
+                                IBV_ACCESS_REMOTE_WRITE, e->pd, e->qpn)))
             break;
         if (s->wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
             if (!rq) {
@@ -417,7 +469,7 @@ static unsigned execute_batch(struct sv_qp *q, uint64_t now)
         return 0;
     }
     if (total)
-        done = process_vm_writev(ps->pid, liov, (unsigned long)nl, riov, n, 0);
+        done = move(q->peer, true, liov, nl, riov, rent, (int)n);
     if (done < 0 && errno == ESRCH)
         gone = true;
     sv_unlock(&ps->mr_lock);
@@ -574,6 +626,14 @@ void sv_progress(struct sv_context *ctx)
 
     pthread_mutex_lock(&ctx->lock);
     for (struct sv_qp *q = ctx->qps; q; q = q->next) {
+        /* Nothing pending and no error from a peer to take in: nothing to
+         * lock for (a poll is a memory read, as on a NIC). The reads race
+         * with a post, whose thread carries out what it posts itself. */
+        if (__atomic_load_n(&q->sq_head, __ATOMIC_RELAXED) ==
+                __atomic_load_n(&q->sq_tail, __ATOMIC_RELAXED) &&
+            (__atomic_load_n(&ctx->seg->qp[q->idx].state, __ATOMIC_RELAXED) != IBV_QPS_ERR ||
+             __atomic_load_n(&q->ibv.state, __ATOMIC_RELAXED) == IBV_QPS_ERR))
+            continue;
         /* Its owner is posting to it, and carries out its sends itself. */
         if (pthread_mutex_trylock(&q->lock) != 0)
             continue;

@@ -12,10 +12,13 @@
  *   ibv_* namesakes, so a caller picks real verbs or softverbs with one
  *   table of function pointers and runs the same code on both;
  * - one-sided WRITE and READ land in or come from the peer's registered
- *   memory without the peer's CPU (process_vm_writev/readv from the
- *   initiator, after an rkey and bounds check against the peer's memory
- *   region table); SEND and WRITE_WITH_IMM consume a receive request of the
- *   peer's QP or SRQ and complete on the peer's CQ;
+ *   memory without the peer's CPU, after an rkey and bounds check against
+ *   the peer's memory region table: by memcpy where the region is a
+ *   shared file mapping the initiator can map too (a file with a path, or
+ *   memory from sv_buf_alloc), as a NIC's DMA costs the initiator no
+ *   system call; otherwise by process_vm_writev/readv from the initiator
+ *   (always with SOFTVERBS_MAP=0); SEND and WRITE_WITH_IMM consume a
+ *   receive request of the peer's QP or SRQ and complete on the peer's CQ;
  * - errors are the ones a NIC reports: a bad rkey or range is
  *   IBV_WC_REM_ACCESS_ERR, a bad lkey IBV_WC_LOC_PROT_ERR, a receive too
  *   small IBV_WC_REM_INV_REQ_ERR (and IBV_WC_LOC_LEN_ERR at the receiver),
@@ -56,6 +59,15 @@ int sv_query_gid(struct ibv_context *context, uint8_t port_num, int index, union
 
 struct ibv_pd *sv_alloc_pd(struct ibv_context *context);
 int sv_dealloc_pd(struct ibv_pd *pd);
+/* Memory for a region that peers write into or read from: a sealed memfd
+ * mapped shared, which peers map on their first access instead of copying
+ * by system call (map.c). Pages come on first touch. NULL with errno.
+ * sv_buf_free takes it back (any thread); the region over it must be
+ * deregistered first. A file-backed region of the caller's own (mmap of a
+ * file with a path) is mapped by peers the same way; it must keep its
+ * size while registered. */
+void *sv_buf_alloc(size_t len);
+void sv_buf_free(void *p, size_t len);
 struct ibv_mr *sv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access);
 /* EBUSY while a memory window is bound to the region. */
 int sv_dereg_mr(struct ibv_mr *mr);

@@ -21,6 +21,7 @@
 #define SV_MAX_CQE 16384
 #define SV_MAX_INLINE 256
 #define SV_MAX_MSG (1u << 30)       /* what the port reports as max_msg_sz */
+#define SV_BK_PATH 192              /* a region's backing file's path */
 
 /* QP numbers: the table index in the low bits, a generation above it, so
  * that a stale QP number never reaches a reused slot. Keys the other way
@@ -71,7 +72,16 @@ struct sv_mr_ent {
     uint32_t mw;                    /* 1: a window */
     uint32_t qpn;                   /* a bound window: its QP */
     uint32_t mr_key;                /* a bound window: its region's key */
+    /* A region whose memory is a shared mapping of a file, which peers
+     * may map too (map.c): how to open it (SV_BK_FILE: the segment's
+     * bk_path; SV_BK_FD: /proc/PID/fd/bk_fd), its identity and the file
+     * offset of `addr`. SV_BK_NONE: peers copy by system call. */
+    uint32_t bk;
+    int32_t bk_fd;
+    uint64_t bk_dev, bk_ino, bk_off;
 };
+
+enum { SV_BK_NONE, SV_BK_FILE, SV_BK_FD };
 
 /* What a peer needs to know of one of our QPs. */
 struct sv_qp_ent {
@@ -99,7 +109,10 @@ struct sv_seg {
     uint64_t incarnation;
     pthread_mutex_t mr_lock;        /* held across a remote access: a
                                      * deregistration waits for it */
+    uint32_t mr_gen;                /* bumped when an entry is freed: peers
+                                     * then drop their maps of it (map.c) */
     struct sv_mr_ent mr[SV_MAX_MR];
+    char bk_path[SV_MAX_MR][SV_BK_PATH];
     struct sv_qp_ent qp[SV_MAX_QP];
     struct sv_srq_ent srq[SV_MAX_SRQ];
     struct sv_cq cq[SV_MAX_CQ];
@@ -115,6 +128,10 @@ struct sv_peer {
      * harmlessly: at worst two look at once. */
     uint64_t seen_ns;
     bool dead;
+    /* The peer's regions mapped into this process (map.c), guarded by the
+     * peer's mr_lock, which every access to its memory holds. */
+    struct sv_map *maps;
+    uint32_t n_maps, maps_gen;
 };
 
 /* ---- node.c ---- */
@@ -150,6 +167,21 @@ void sv_lock(pthread_mutex_t *m);
 void sv_unlock(pthread_mutex_t *m);
 int sv_mutex_init(pthread_mutex_t *m);
 
+/* ---- map.c: peers' regions mapped, so that an access is a memcpy ---- */
+
+/* Fill in the backing fields of `e` (a region over [e->addr, e->len)) and
+ * `path`: where a peer can map the same memory from, if anywhere. */
+void sv_backing_probe(struct sv_mr_ent *e, char path[SV_BK_PATH]);
+/* Where remote address `addr` of region or window `e` of peer `p` is in
+ * this process, for `len` bytes; NULL: copy by system call. Caller holds
+ * the peer's mr_lock and has checked the access against `e`. */
+void *sv_map_addr(struct sv_peer *p, const struct sv_mr_ent *e, uint64_t addr, uint64_t len);
+/* Unmap everything of `p` (it died, or the context closes). Caller holds
+ * the peer's mr_lock or is the only user of `p`. */
+void sv_map_drop(struct sv_peer *p);
+/* False when SOFTVERBS_MAP=0: every copy is a system call, as before. */
+bool sv_map_enabled(void);
+
 /* ---- verbs.c: the objects behind the handles ---- */
 
 /* One context serves every thread of the process (rdma_cm hands out one
@@ -159,6 +191,7 @@ int sv_mutex_init(pthread_mutex_t *m);
 struct sv_context {
     struct ibv_context ibv;
     struct sv_seg *seg;
+    union ibv_gid gid;              /* the segment's: what peers' QPs name */
     pthread_mutex_t lock;
     struct sv_peer *peers;
     struct sv_qp *qps;              /* every QP, for send progress */

@@ -55,6 +55,7 @@ struct ibv_context *sv_open_device(struct ibv_device *device)
         free(ctx);
         return NULL;
     }
+    sv_seg_gid(ctx->seg, &ctx->gid);
     ctx->ibv.device = device;
     ctx->ibv.cmd_fd = -1;
     ctx->ibv.async_fd = -1;
@@ -81,6 +82,8 @@ int sv_close_device(struct ibv_context *context)
         struct sv_peer *p = ctx->peers;
 
         ctx->peers = p->next;
+        sv_map_drop(p);
+        free(p->maps);
         sv_seg_detach(p->seg);
         free(p);
     }
@@ -192,7 +195,7 @@ static uint32_t pd_id(struct ibv_pd *pd)
  * fields set and the key stored last (what a lock-free reader checks,
  * post.c). Caller holds mr_lock. The slot index, or -1 if the table is
  * full. */
-static int ent_take(struct sv_seg *seg, const struct sv_mr_ent *tmpl)
+static int ent_take(struct sv_seg *seg, const struct sv_mr_ent *tmpl, const char *path)
 {
     static uint32_t gen;
 
@@ -210,6 +213,13 @@ static int ent_take(struct sv_seg *seg, const struct sv_mr_ent *tmpl)
         __atomic_store_n(&e->mw, tmpl->mw, __ATOMIC_RELAXED);
         __atomic_store_n(&e->qpn, 0, __ATOMIC_RELAXED);
         __atomic_store_n(&e->mr_key, 0, __ATOMIC_RELAXED);
+        /* Peers read these under mr_lock only (map.c). */
+        e->bk = tmpl->bk;
+        e->bk_fd = tmpl->bk_fd;
+        e->bk_dev = tmpl->bk_dev;
+        e->bk_ino = tmpl->bk_ino;
+        e->bk_off = tmpl->bk_off;
+        snprintf(seg->bk_path[i], SV_BK_PATH, "%s", path ? path : "");
         __atomic_store_n(&e->key, i << (32 - SV_MR_BITS) | gen, __ATOMIC_RELEASE);
         return (int)i;
     }
@@ -232,6 +242,9 @@ static void ent_clear(struct sv_seg *seg, uint32_t idx)
     __atomic_store_n(&e->mw, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&e->qpn, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&e->mr_key, 0, __ATOMIC_RELAXED);
+    e->bk = SV_BK_NONE;
+    /* Peers drop their maps of it at their next access (map.c). */
+    __atomic_store_n(&seg->mr_gen, seg->mr_gen + 1, __ATOMIC_RELEASE);
 }
 
 struct ibv_mr *sv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access)
@@ -239,6 +252,8 @@ struct ibv_mr *sv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int acces
     struct sv_seg *seg = sv_ctx(pd->context)->seg;
     const int known = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                       IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND;
+    struct sv_mr_ent tmpl;
+    char path[SV_BK_PATH];
     struct sv_mr *mr;
     int idx;
 
@@ -256,10 +271,11 @@ struct ibv_mr *sv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int acces
     mr = calloc(1, sizeof(*mr));
     if (!mr)
         return NULL;
+    tmpl = (struct sv_mr_ent){.access = (uint32_t)access, .addr = (uint64_t)(uintptr_t)addr,
+                              .len = (uint64_t)length, .pd = pd_id(pd)};
+    sv_backing_probe(&tmpl, path);     /* can peers map it? */
     sv_lock(&seg->mr_lock);
-    idx = ent_take(seg, &(struct sv_mr_ent){.access = (uint32_t)access,
-                                            .addr = (uint64_t)(uintptr_t)addr,
-                                            .len = (uint64_t)length, .pd = pd_id(pd)});
+    idx = ent_take(seg, &tmpl, path);
     if (idx < 0) {
         sv_unlock(&seg->mr_lock);
         free(mr);
@@ -309,7 +325,7 @@ struct ibv_mw *sv_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type)
     if (!mw)
         return NULL;
     sv_lock(&seg->mr_lock);
-    idx = ent_take(seg, &(struct sv_mr_ent){.pd = pd_id(pd), .mw = 1});
+    idx = ent_take(seg, &(struct sv_mr_ent){.pd = pd_id(pd), .mw = 1}, NULL);
     if (idx < 0) {
         sv_unlock(&seg->mr_lock);
         free(mw);
@@ -853,6 +869,8 @@ int sv_destroy_qp(struct ibv_qp *ibqp)
 
     /* Peers sending to it from now on find no QP: their sends fail. Off
      * the list, no other thread's sv_progress reaches it any more. */
+    struct sv_peer *idle = q->peer;
+
     pthread_mutex_lock(&ctx->lock);
     __atomic_store_n(&e->state, (uint32_t)IBV_QPS_RESET, __ATOMIC_RELEASE);
     __atomic_store_n(&e->qpn, 0, __ATOMIC_RELEASE);
@@ -861,7 +879,18 @@ int sv_destroy_qp(struct ibv_qp *ibqp)
             *pp = q->next;
             break;
         }
+    for (struct sv_qp *o = ctx->qps; o && idle; o = o->next)
+        if (o->peer == idle)
+            idle = NULL;
     pthread_mutex_unlock(&ctx->lock);
+    /* No QP of ours reaches that peer any more: its maps would only hold
+     * its memory (a peer that died or went away keeps no pages alive). A
+     * later connection maps again. */
+    if (idle) {
+        sv_lock(&idle->seg->mr_lock);
+        sv_map_drop(idle);
+        sv_unlock(&idle->seg->mr_lock);
+    }
     pthread_mutex_destroy(&q->lock);
     free(q->sq);
     free(q);

@@ -29,6 +29,11 @@ struct tern_rdma_api {
     int (*dealloc_pd)(struct ibv_pd *pd);
     struct ibv_mr *(*reg_mr)(struct ibv_pd *pd, void *addr, size_t len, int access);
     int (*dereg_mr)(struct ibv_mr *mr);
+    /* Optional: memory for a ring that peers write into, from the
+     * provider (softverbs: memory peers map instead of copying by system
+     * call). NULL: anonymous pages. buf_free is called after dereg_mr. */
+    void *(*buf_alloc)(size_t len);
+    void (*buf_free)(void *p, size_t len);
 
     struct ibv_comp_channel *(*create_comp_channel)(struct ibv_context *ctx);
     int (*destroy_comp_channel)(struct ibv_comp_channel *ch);

@@ -72,26 +72,32 @@ static void ring_free(struct rdma_ep *ep, uint8_t **p, uint64_t size, struct ibv
 {
     if (*mr)
         ep->api->dereg_mr(*mr);
-    if (*p)
+    if (*p && ep->api->buf_free)
+        ep->api->buf_free(*p, size);    /* its own, or anonymous pages */
+    else if (*p)
         munmap(*p, size);
     *mr = NULL;
     *p = NULL;
 }
 
-/* Anonymous pages: untouched parts of a large ring cost nothing until a
- * NIC registration pins them. */
+/* A ring peers write into comes from the provider where it has memory for
+ * that (rdma_api.h); otherwise, and if that fails, anonymous pages, whose
+ * untouched parts cost nothing until a NIC registration pins them. */
 static int ring_alloc(struct rdma_ep *ep, uint64_t size, int access, uint8_t **p,
                       struct ibv_mr **mr)
 {
-    *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    *p = NULL;
+    if (ep->api->buf_alloc && (access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_MW_BIND)))
+        *p = ep->api->buf_alloc(size);
+    if (!*p)
+        *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (*p == MAP_FAILED) {
         *p = NULL;
         return TERN_ENOMEM;
     }
     *mr = ep->api->reg_mr(ep->pd, *p, size, access);
     if (!*mr) {
-        munmap(*p, size);
-        *p = NULL;
+        ring_free(ep, p, size, mr);
         return TERN_ENOMEM;
     }
     return 0;

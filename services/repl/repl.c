@@ -875,13 +875,14 @@ void repl_hold(struct repl *r, struct tern_req *req, enum repl_w w)
      * first, in the same handler), and a refusal goes at once. */
     if (w == REPL_W_ONE || r->st != S_PRIMARY)
         return;             /* the service synced before it replies */
-    /* The first write since the last pass ships into the rings mapped here
-     * now: a lone write then needs no gate. More in the same poll mean
-     * writes come faster than one at a time; the pass ships them
+    /* The first write since the last pass ships now into the rings that
+     * need no call: a lone write then needs no gate (mapped), or its put
+     * and read leave with this poll's flush (rdma). More in the same poll
+     * mean writes come faster than one at a time; the pass ships them
      * together, one frame, one flush and one apply at the backup for
      * many. */
     if (r->written_in_pass == 1)
-        repl_ring_ship_mapped(r);
+        repl_ring_ship_now(r);
     /* Shipped into mapped rings just now, or a write that made no record (a delete of nothing, a drop of what
      * was not there) may already be where its concern wants it: gates are
      * passed only when positions move, so it would wait for the next

@@ -162,11 +162,13 @@ struct repl_ring_peer {
  * they go by APPEND. */
 bool repl_ring_ship(struct repl *r, struct replica *p);
 
-/* The same, now, for every replica whose ring is mapped here (shm): a
- * handler that wrote records may ship them itself, so that its reply
- * finds them durable there instead of waiting at a gate for the next
- * pass. Never sends anything (what needs a call waits for the pass). */
-void repl_ring_ship_mapped(struct repl *r);
+/* The same, now, for every replica whose frames become durable without a
+ * call: stores into a ring mapped here (shm), or a put and a read into a
+ * ring on PM (rdma). A handler that wrote records ships them itself, so
+ * that its reply finds them durable at once (mapped) or the put and the
+ * read leave with the poll's flush, one doorbell, instead of waiting for
+ * the next pass. Never makes a call (what needs one waits for the pass). */
+void repl_ring_ship_now(struct repl *r);
 
 /* Forget the replica's ring (its session ended, it needs a copy, ...). */
 void repl_ring_forget(struct replica *p);

@@ -474,16 +474,18 @@ read_head:
     return true;
 }
 
-void repl_ring_ship_mapped(struct repl *r)
+void repl_ring_ship_now(struct repl *r)
 {
     for (unsigned i = 0; i < r->n_peers; i++) {
         struct replica *p = &r->peers[i];
         struct repl_ring_peer *q = &p->ring;
 
-        /* Mapped and streaming with nothing out: repl_ring_ship then only
-         * stores and flushes, or marks the ring full for the pass. */
-        if (p->s && p->state == R_STREAM && q->st == RG_ON && q->headp && !q->flushing &&
-            q->sess_epoch == tern_session_epoch(p->s) && !r->lease_doubt)
+        /* Streaming with nothing out, mapped or synced by a read:
+         * repl_ring_ship then only stores and flushes, or puts and reads
+         * (or reads the head of a full ring), or marks the ring full for
+         * the pass. */
+        if (p->s && p->state == R_STREAM && q->st == RG_ON && (q->headp || !q->by_sync) &&
+            !q->flushing && q->sess_epoch == tern_session_epoch(p->s) && !r->lease_doubt)
             repl_ring_ship(r, p);
     }
 }

@@ -283,7 +283,8 @@ static void map_open(struct sv_peer *p, const struct sv_mr_ent *e, uint32_t key,
         return;
     /* The file must be the one registered, and hold the whole region. */
     if (fstat(fd, &st) < 0 || (uint64_t)st.st_dev != e->bk_dev ||
-        (uint64_t)st.st_ino != e->bk_ino || (uint64_t)st.st_size < e->bk_off + e->len) {
+        (uint64_t)st.st_ino != e->bk_ino || e->bk_off > (uint64_t)st.st_size ||
+        e->len > (uint64_t)st.st_size - e->bk_off) {
         close(fd);
         return;
     }

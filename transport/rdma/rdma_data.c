@@ -262,7 +262,7 @@ static uint32_t imm_out(struct rdma_conn *c, bool low)
 /* Build the next work request of `c` into wr/sge: a record, a one-sided
  * operation (in the order they were issued), or credit. False if none. */
 static bool next_wr(struct rdma_conn *c, struct ibv_send_wr *wr,
-                    struct ibv_sge *sge)
+                    struct ibv_sge *sge, uint32_t seq)
 {
     for (;;) {
         struct rdma_os *os = c->os_posted != c->ev.pend_tail
@@ -336,6 +336,7 @@ static bool next_wr(struct rdma_conn *c, struct ibv_send_wr *wr,
             if (os->is_put && os->len <= c->max_inline)
                 wr->send_flags |= IBV_SEND_INLINE;
             wr->wr_id = WR_ONESIDED;
+            os->seq = seq;
             return true;
         }
         if (c->credit_owed) {
@@ -363,13 +364,24 @@ static bool conn_post(struct rdma_ep *ep, struct rdma_conn *c)
     if (c->state != RC_OPEN || c->relayout_log2)
         return false;
     while (n < RDMA_FLUSH_BATCH && (uint32_t)n < room && ep->cq_free - n > 0 &&
-           next_wr(c, &wr[n], &sge[n]))
+           next_wr(c, &wr[n], &sge[n], c->sq_posted + (uint32_t)n))
         n++;
     /* Records wait for the peer's ring key (its arrival marks us dirty). */
     left = (c->tx_sent != c->tx_head && c->peer_keyed) || c->os_posted != c->ev.pend_tail ||
            c->credit_owed || c->wins_unposted || c->key_owed;
     if (!n)
         return left;
+    /* Of a batch's one-sided operations only the last needs a completion:
+     * completions come in order, so its stands for those before it
+     * (send_done); an error always completes. A put followed by its read
+     * then costs the CQ one entry. */
+    for (int i = n - 1, later = 0; i >= 0; i--) {
+        if (wr[i].wr_id != WR_ONESIDED)
+            continue;
+        if (later)
+            wr[i].send_flags &= ~(unsigned)IBV_SEND_SIGNALED;
+        later = 1;
+    }
     for (int i = 0; i < n; i++) {
         uint32_t seq = c->sq_posted + (uint32_t)i;
 
@@ -472,14 +484,22 @@ static void send_done(struct rdma_ep *ep, struct rdma_conn *c, const struct ibv_
     if (c->state == RC_DEAD)
         return;     /* reported already (the marker could not be posted) */
     if (kind == WR_ONESIDED) {
-        unsigned i = c->ev.pend_head + c->ev.done;
+        bool any = false;
 
-        if (i != c->os_posted) {
-            c->ev.pend[i % TP_PEND_MAX].status = status;
+        /* It completes the unsignalled ones posted before it too. */
+        for (;;) {
+            unsigned i = c->ev.pend_head + c->ev.done;
+            const struct rdma_os *o = &c->os[i % TP_PEND_MAX];
+
+            if (i == c->os_posted || (int32_t)(seq - o->seq) < 0)
+                break;
+            c->ev.pend[i % TP_PEND_MAX].status = o->seq == seq ? status : 0;
             c->ev.done++;
             onesided_settle(c);
-            tp_ready_push(&c->base);
+            any = true;
         }
+        if (any)
+            tp_ready_push(&c->base);
     }
     if (kind == WR_MARKER) {
         c->state = RC_DEAD;

@@ -109,6 +109,7 @@ struct rdma_os {
     uint64_t after;             /* goes out after the records before this */
     uint64_t laddr, raddr;
     uint32_t len, lkey, rkey;
+    uint32_t seq;               /* its work request's, once posted */
 };
 
 /* A memory window bound to one connection's queue pair: over its receive

@@ -5,6 +5,7 @@
  * rdma-core's own inline ibv_post_send / ibv_poll_cq, which dispatch to
  * softverbs through the context's ops. */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -41,8 +42,12 @@ static uint8_t *mem_alloc(size_t len)
     if (mem_kind == MEM_BUF) {
         p = sv_buf_alloc(len);
     } else if (mem_kind == MEM_FILE) {
-        char path[] = "/dev/shm/tern-svtest-XXXXXX";
-        int fd = mkstemp(path);
+        char path[64];
+        int fd;
+
+        /* Named by the process, so that one killed can be cleaned after. */
+        snprintf(path, sizeof(path), "/dev/shm/tern-svtest-%d-XXXXXX", (int)getpid());
+        fd = mkstemp(path);
 
         ck_assert_int_ge(fd, 0);
         ck_assert_int_eq(ftruncate(fd, (off_t)len), 0);
@@ -57,27 +62,39 @@ static uint8_t *mem_alloc(size_t len)
     return p;
 }
 
+/* The path of the file mapped at `p` (one replaced since reads as its
+ * path, not "... (deleted)"), or "". */
+static void mem_path(const uint8_t *p, char *path, size_t size)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512];
+
+    path[0] = '\0';
+    while (f && fgets(line, sizeof(line), f)) {
+        unsigned long long a;
+        char *at = strchr(line, '/');
+
+        if (sscanf(line, "%llx-", &a) == 1 && a == (uintptr_t)p && at) {
+            char *gone = strstr(at, " (deleted)");
+
+            at[strcspn(at, "\n")] = '\0';
+            if (gone)
+                *gone = '\0';
+            snprintf(path, size, "%s", at);
+        }
+    }
+    if (f)
+        fclose(f);
+}
+
 static void mem_free(uint8_t *p, size_t len)
 {
     if (mem_kind == MEM_BUF) {
         sv_buf_free(p, len);
     } else if (mem_kind == MEM_FILE) {
         char path[64];
-        FILE *f = fopen("/proc/self/maps", "r");
-        char line[512];
 
-        path[0] = '\0';
-        while (f && fgets(line, sizeof(line), f)) {
-            unsigned long long a;
-            char *at = strchr(line, '/');
-
-            if (sscanf(line, "%llx-", &a) == 1 && a == (uintptr_t)p && at) {
-                at[strcspn(at, "\n")] = '\0';
-                snprintf(path, sizeof(path), "%s", at);
-            }
-        }
-        if (f)
-            fclose(f);
+        mem_path(p, path, sizeof(path));
         munmap(p, len);
         if (path[0])
             unlink(path);
@@ -285,6 +302,19 @@ static pid_t peer_start(int *fd, struct card *peer_card, bool srq, int recvs, ui
                 xfer(sv[1], n.buf + (wc.wr_id >= 100 ? (wc.wr_id - 100) * 4096 : 0), 64, true);
             } else if (cmd == 'p') {
                 post_recvs(&n, srq ? NULL : n.qp, 1, rlen);
+            } else if (cmd == 'x') {
+                /* Put another file where the buffer's was: what a peer
+                 * opens by that path is no longer the registered one. */
+                char path[64];
+                int nfd;
+
+                mem_path(n.buf, path, sizeof(path));
+                ck_assert(path[0] && unlink(path) == 0);
+                nfd = open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
+                ck_assert_int_ge(nfd, 0);
+                ck_assert_int_eq(ftruncate(nfd, BUF), 0);
+                close(nfd);
+                xfer(sv[1], &cmd, 1, true);
             } else if (cmd == 'r') {
                 /* Register anew: a new key. */
                 ck_assert_int_eq(sv_dereg_mr(n.mr), 0);
@@ -433,6 +463,68 @@ START_TEST(peer_regions_are_mapped_and_dropped)
     ck_assert_int_eq(post(n.qp, IBV_WR_RDMA_WRITE, &n, 0, 64, &peer, 0, rkey, 3), 0);
     ck_assert_int_eq(wait_wc(n.cq).status, IBV_WC_RETRY_EXC_ERR);
     ck_assert_int_eq(buf_maps(), before);
+    node_close(&n);
+}
+END_TEST
+
+/* Remove the files a killed process of the tests left (mem_alloc). */
+static void mem_sweep(pid_t pid)
+{
+    DIR *d = opendir("/dev/shm");
+    char prefix[64], path[320];
+    struct dirent *e;
+
+    ck_assert_ptr_nonnull(d);
+    snprintf(prefix, sizeof(prefix), "tern-svtest-%d-", (int)pid);
+    while ((e = readdir(d)))
+        if (!strncmp(e->d_name, prefix, strlen(prefix))) {
+            snprintf(path, sizeof(path), "/dev/shm/%s", e->d_name);
+            unlink(path);
+        }
+    closedir(d);
+}
+
+/* How many mappings of the tests' own files this process has. */
+static int file_maps(void)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512];
+    int n = 0;
+
+    ck_assert_ptr_nonnull(f);
+    while (fgets(line, sizeof(line), f))
+        n += strstr(line, "/tern-svtest-") != NULL;
+    fclose(f);
+    return n;
+}
+
+/* A file that is no longer the one the peer registered (replaced at its
+ * path) is not mapped: the copy goes by system call into the peer's
+ * memory, where the data lands all the same. */
+START_TEST(a_replaced_backing_file_is_not_mapped)
+{
+    struct node n;
+    struct card peer;
+    int fd, before;
+    pid_t pid;
+    char cmd = 'x', ok = 0;
+
+    mem_kind = MEM_FILE;
+    pid = peer_start(&fd, &peer, false, 0, 0, 7);
+    local_start(&n, fd, &peer, 7);
+    xfer(fd, &cmd, 1, true);
+    xfer(fd, &cmd, 1, false);
+    before = file_maps();
+    for (size_t i = 0; i < 4096; i++)
+        n.buf[i] = (uint8_t)(i * 7);
+    ck_assert_int_eq(post(n.qp, IBV_WR_RDMA_WRITE, &n, 0, 4096, &peer, 0, peer.rkey, 1), 0);
+    ck_assert_int_eq(wait_wc(n.cq).status, IBV_WC_SUCCESS);
+    ck_assert_int_eq(file_maps(), before);
+    cmd = 'c';
+    xfer(fd, &cmd, 1, true);
+    xfer(fd, &ok, 1, false);
+    ck_assert_int_eq(ok, 1);
+    peer_stop(fd, pid);
     node_close(&n);
 }
 END_TEST
@@ -661,6 +753,7 @@ START_TEST(dead_peer_is_retry_exceeded)
         snprintf(name, sizeof(name), "/softverbs.%d", (int)pid);
         ck_assert_int_eq(shm_unlink(name), 0);
     }
+    mem_sweep(pid);
 }
 END_TEST
 
@@ -1883,6 +1976,7 @@ Suite *suite_softverbs(void)
     tcase_add_loop_test(tc, window_answers_only_its_qp, 0, MEM_KINDS);
     tcase_add_loop_test(tc, window_bind_rules, 0, MEM_KINDS);
     tcase_add_test(tc, peer_regions_are_mapped_and_dropped);
+    tcase_add_test(tc, a_replaced_backing_file_is_not_mapped);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("cm");
